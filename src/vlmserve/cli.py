@@ -1,0 +1,80 @@
+"""Command-line wiring only: each verb lives in its own package and registers itself.
+
+Every package that offers verbs exposes `register(app: typer.Typer) -> None` in a
+module named in `VERB_MODULES`. Keeping the list here (rather than discovering it)
+makes the CLI's surface explicit and reviewable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from vlmserve import __version__
+from vlmserve.errors import UserError
+
+VERB_MODULES: list[str] = [
+    # one line per verb package; keep alphabetical to avoid merge churn
+]
+
+app = typer.Typer(
+    name="vlmserve",
+    help="Take a vision-language model from weights on disk to a service that is proven deployable.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"vlmserve {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """vlmserve: up, gateway, bench, sweep, report, plan, engine sim, batch."""
+
+
+def build_app() -> typer.Typer:
+    """Import every verb module and let it attach its commands."""
+    for module_name in VERB_MODULES:
+        module = importlib.import_module(module_name)
+        module.register(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: user errors become one line and a non-zero exit."""
+    build_app()
+    try:
+        app(args=argv, standalone_mode=False)
+    except UserError as err:
+        typer.echo(f"error: {err.message}", err=True)
+        sys.exit(err.exit_code)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as err:  # click usage errors carry their own message and exit code
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

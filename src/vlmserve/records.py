@@ -1,0 +1,80 @@
+"""RequestRecord: one per request, the unit every metric, report and comparison reads.
+
+A measured run (bench) and a simulated run (plan) both produce these, so every
+downstream tool works on both. Times are seconds; absolute times are on the
+client's monotonic-derived wall clock (`time.time()` at send, then monotonic deltas).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request, as seen by the client (or the simulator)."""
+
+    request_id: str
+    scheduled_at_s: float
+    """When the load schedule wanted it sent (absolute, seconds)."""
+    sent_at_s: float
+    """When it was actually sent (absolute, seconds)."""
+    first_token_at_s: float | None = None
+    """When the first content-bearing chunk arrived."""
+    finished_at_s: float | None = None
+    """When the last byte arrived."""
+    chunk_times_s: list[float] = field(default_factory=list)
+    """Arrival time of every content-bearing chunk (absolute)."""
+    chunk_tokens: list[int] = field(default_factory=list)
+    """Tokens carried by each content chunk (1 per chunk unless the server batches)."""
+    prompt_tokens: int | None = None
+    """From the server's usage."""
+    output_tokens: int | None = None
+    """From the server's usage."""
+    requested_prompt_tokens: int | None = None
+    requested_output_tokens: int | None = None
+    tokenizer_output_tokens: int | None = None
+    """The client tokenizer's count of the answer text, to check usage against."""
+    image_count: int = 0
+    reasoning_tokens: int | None = None
+    tool_calls: int = 0
+    ok: bool = False
+    error_kind: str | None = None
+    """'http_429', 'http_500', 'timeout', 'connect', 'stream_error', ... when not ok."""
+    error_message: str | None = None
+    http_status: int | None = None
+    workload: str = "random"
+    turn_index: int = 0
+    conversation_id: str | None = None
+    warmup: bool = False
+    simulated: bool = False
+    worker: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: first content chunk − sent."""
+        if self.first_token_at_s is None:
+            return None
+        return self.first_token_at_s - self.sent_at_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        """End to end: last byte − sent."""
+        if self.finished_at_s is None:
+            return None
+        return self.finished_at_s - self.sent_at_s
+
+    @property
+    def send_lag_s(self) -> float:
+        """How late the client sent it compared with its schedule."""
+        return self.sent_at_s - self.scheduled_at_s
+
+    def to_row(self) -> dict[str, Any]:
+        """A flat dict for Parquet/DuckDB (lists stay lists)."""
+        return asdict(self)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "RequestRecord":
+        names = {item.name for item in fields(cls)}
+        return cls(**{key: value for key, value in row.items() if key in names})

@@ -1,0 +1,225 @@
+"""The shared vocabulary: what is deployed (DeploymentSpec) and how it is loaded (LoadSpec).
+
+Deploy-time and client-side parameters are kept apart on purpose: a load spec never
+changes a server, and a benchmark result names the deployment it ran against.
+Both load from YAML and fail with messages that name the field and what was wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from vlmserve.errors import UserError
+
+EMBEDDED_MODEL = "embedded"
+"""The model name that means: the tiny VLM vlmserve makes itself (see vlmserve.tinymodel)."""
+
+
+class EngineArgs(BaseModel):
+    """vLLM engine arguments that are fixed when a replica starts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: str = "auto"
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=16)
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    kv_cache_dtype: str | None = None
+    enable_prefix_caching: bool | None = None
+    limit_mm_per_prompt: dict[str, int] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    async_scheduling: bool | None = None
+    served_model_name: str | None = None
+    extra_args: list[str] = Field(default_factory=list, description="free-form extra engine flags")
+
+
+class SimEngineOptions(BaseModel):
+    """Options for the simulated engine (`--engine sim`), passed to `vlmserve engine sim`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str | None = None
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class DeploymentSpec(BaseModel):
+    """Everything `vlmserve up` needs to start and supervise a deployment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "default"
+    model: str = EMBEDDED_MODEL
+    engine: Literal["vllm", "sim"] = "vllm"
+    replicas: int = Field(1, ge=1, le=64)
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535, description="gateway port; replicas take the ports after it")
+    replica_base_port: int | None = Field(None, ge=1, le=65535)
+    gateway: bool = True
+    gateway_policy: str = "least-outstanding-tokens"
+    devices: Literal["auto", "cpu", "gpu"] = "auto"
+    cpu_threads_per_replica: int | None = Field(None, ge=1)
+    kv_cache_space_gb: float | None = Field(None, gt=0)
+    engine_args: EngineArgs = Field(default_factory=EngineArgs)
+    sim: SimEngineOptions = Field(default_factory=SimEngineOptions)
+    env: dict[str, str] = Field(default_factory=dict)
+    log_dir: str | None = None
+    ready_timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", value):
+            raise ValueError("use letters, digits, '-', '_' or '.' only")
+        return value
+
+    def replica_ports(self) -> list[int]:
+        """Ports of the replicas: consecutive, after the gateway port unless set."""
+        base = self.replica_base_port or (self.port + 1)
+        return [base + index for index in range(self.replicas)]
+
+
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
+_SLO_KEY = re.compile(r"^(ttft|tpot|itl|e2e)_(p50|p90|p95|p99|p999|mean)$")
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|us)?\s*$")
+
+
+def parse_duration_s(text: str) -> float:
+    """Parse '500ms', '5s', '0.2' (seconds) into seconds, or raise ValueError."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"'{text}' is not a duration; write it like 500ms or 5s")
+    value = float(match.group(1))
+    unit = match.group(2) or "s"
+    return value / 1000.0 if unit == "ms" else value / 1e6 if unit == "us" else value
+
+
+class SLO(BaseModel):
+    """Latency objectives, each a percentile bound in seconds, e.g. ttft_p95 ≤ 0.5 s."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bounds_s: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("bounds_s")
+    @classmethod
+    def _keys_known(cls, bounds: dict[str, float]) -> dict[str, float]:
+        for key, value in bounds.items():
+            if not _SLO_KEY.match(key):
+                raise ValueError(
+                    f"unknown SLO '{key}'; use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>"
+                )
+            if value <= 0:
+                raise ValueError(f"SLO '{key}' must be positive")
+        return bounds
+
+    @classmethod
+    def parse(cls, text: str | None) -> "SLO":
+        """Parse 'ttft_p95=500ms,tpot_p99=50ms' as given on the command line."""
+        if not text:
+            return cls()
+        bounds: dict[str, float] = {}
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "=" not in part:
+                raise UserError(f"--slo: '{part}' has no '='; write it like ttft_p95=500ms,e2e_p95=5s")
+            key, raw = (item.strip() for item in part.split("=", 1))
+            if not _SLO_KEY.match(key):
+                raise UserError(
+                    f"--slo: unknown objective '{key}'; use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>"
+                )
+            try:
+                bounds[key] = parse_duration_s(raw)
+            except ValueError as err:
+                raise UserError(f"--slo: {err}") from None
+            if bounds[key] <= 0:
+                raise UserError(f"--slo: '{key}' must be positive")
+        return cls(bounds_s=bounds)
+
+    def per_request_bounds(self) -> dict[str, float]:
+        """Bounds that apply to each request (metric -> seconds) for goodput counting."""
+        return {key.split("_", 1)[0]: value for key, value in self.bounds_s.items()}
+
+
+class LoadSpec(BaseModel):
+    """Client-side load: workload, lengths, concurrency or rate, count or duration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    api: Literal["chat", "completions"] = "chat"
+    dataset: Literal["random", "sharegpt", "images", "mixed", "trace"] = "random"
+    dataset_path: str | None = None
+    input_len: int = Field(128, ge=1)
+    output_len: int = Field(64, ge=1)
+    concurrency: int | None = Field(None, ge=1)
+    rate: float | None = Field(None, gt=0)
+    arrival: Literal["poisson", "constant", "gamma"] = "poisson"
+    burstiness: float = Field(1.0, gt=0)
+    num_requests: int | None = Field(None, ge=1)
+    duration_s: float | None = Field(None, gt=0)
+    warmup: int = Field(0, ge=0)
+    multi_turn: Literal["first", "dataset", "live"] = "first"
+    image_size: tuple[int, int] = (64, 64)
+    images_per_request: int = Field(1, ge=0)
+    image_format: Literal["png", "jpeg"] = "png"
+    mix: dict[str, float] | None = None
+    extra_body: dict[str, Any] | None = None
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_load_and_one_stop(self) -> "LoadSpec":
+        if self.concurrency is not None and self.rate is not None:
+            raise ValueError("give either concurrency or rate, not both")
+        if self.concurrency is None and self.rate is None:
+            raise ValueError("give concurrency (closed loop) or rate (open loop)")
+        if self.num_requests is None and self.duration_s is None:
+            raise ValueError("give num_requests or duration_s")
+        if self.dataset in ("sharegpt", "trace") and not self.dataset_path:
+            raise ValueError(f"dataset '{self.dataset}' needs dataset_path")
+        return self
+
+
+def describe_validation_error(err: ValidationError, source: str) -> str:
+    """One line naming the first bad field and what was wrong with it."""
+    first = err.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown field; check its spelling"
+    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: field '{where}': {message}{more}"
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    """Read a YAML file, turning missing files and syntax errors into UserError."""
+    file_path = Path(path)
+    if not file_path.is_file():
+        raise UserError(f"{file_path}: no such file; check the path")
+    try:
+        return yaml.safe_load(file_path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{file_path}: not valid YAML{where}; fix the syntax") from None
+
+
+def load_deployment_spec(path: str | Path) -> DeploymentSpec:
+    """Load and validate a deployment spec; a bad one is one clear line."""
+    data = load_yaml_file(path)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a deployment spec is a YAML mapping (model:, replicas:, ...)")
+    try:
+        return DeploymentSpec.model_validate(data)
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err, str(path))) from None

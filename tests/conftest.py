@@ -1,0 +1,29 @@
+"""Shared fixtures. Fixtures that start real engines live in the test packages that need them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS_DIR = REPO_ROOT / "artifacts"
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    """Where tests keep things a person may want to look at (screenshots, reports)."""
+    ARTIFACTS_DIR.mkdir(exist_ok=True)
+    return ARTIFACTS_DIR
+
+
+@pytest.fixture
+def vlmserve_cmd() -> list[str]:
+    """argv prefix that runs this checkout's CLI in a subprocess."""
+    return [sys.executable, "-m", "vlmserve"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("VLMSERVE_TEST", "1")
