@@ -1,0 +1,1 @@
+"""Helpers shared by tests: start real engines and servers in subprocesses."""
