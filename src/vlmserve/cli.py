@@ -17,6 +17,8 @@ from vlmserve.errors import UserError
 
 VERB_MODULES: list[str] = [
     # one line per verb package; keep alphabetical to avoid merge churn
+    "vlmserve.export.cli",
+    "vlmserve.observe.cli",
 ]
 
 app = typer.Typer(

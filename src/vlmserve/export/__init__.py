@@ -1,0 +1,1 @@
+"""Exports of a DeploymentSpec to other platforms (Kubernetes manifests)."""

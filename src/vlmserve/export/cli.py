@@ -1,0 +1,74 @@
+"""`vlmserve export k8s`: render a DeploymentSpec as Kubernetes manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from vlmserve.errors import UserError
+
+export_app = typer.Typer(help="Export a deployment to other platforms.", no_args_is_help=True)
+
+
+def _parse_label(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise UserError(f"--monitoring-label: '{text}' has no '='; write it like release=kube-prometheus-stack")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+@export_app.command("k8s")
+def k8s(
+    spec_file: Path = typer.Option(..., "-f", "--file", help="Deployment spec (deploy.yaml)."),
+    out: Path = typer.Option(..., "--out", help="Folder to write the manifests into."),
+    namespace: str = typer.Option("default", "--namespace", help="Namespace of every object."),
+    vllm_image: str = typer.Option("vllm/vllm-openai:latest", "--vllm-image", help="Engine image (pin a tag)."),
+    vlmserve_image: str = typer.Option("vlmserve:0.1.0", "--vlmserve-image",
+                                       help="Image with vlmserve installed (gateway, sim engine)."),
+    model_pvc: Optional[str] = typer.Option(None, "--model-pvc",
+                                            help="PersistentVolumeClaim holding a local weights folder."),
+    hf_token_secret: Optional[str] = typer.Option(None, "--hf-token-secret",
+                                                  help="Secret with key 'token' for gated Hugging Face models."),
+    max_replicas: Optional[int] = typer.Option(None, "--max-replicas", min=1,
+                                               help="KEDA upper bound (default 4x replicas)."),
+    waiting_per_replica: int = typer.Option(5, "--waiting-per-replica", min=1,
+                                            help="Queued requests per replica before KEDA adds one."),
+    prometheus_url: str = typer.Option("http://prometheus-operated.monitoring.svc:9090", "--prometheus-url",
+                                       help="Prometheus that KEDA queries."),
+    monitoring_label: list[str] = typer.Option([], "--monitoring-label",
+                                               help="KEY=VALUE label your Prometheus Operator selects on "
+                                                    "(e.g. release=kube-prometheus-stack); repeatable."),
+    ttft_slo: str = typer.Option("500ms", "--ttft-slo", help="p95 TTFT objective in the PrometheusRule."),
+) -> None:
+    """Write Deployments, Services, a KEDA ScaledObject, a ServiceMonitor and a PrometheusRule."""
+    from vlmserve.export.k8s import K8sOptions, render_manifests
+    from vlmserve.observe.alerts import AlertSettings
+    from vlmserve.observe.pack import to_yaml
+    from vlmserve.spec import load_deployment_spec, parse_duration_s
+
+    spec = load_deployment_spec(spec_file)
+    try:
+        slo_s = parse_duration_s(ttft_slo)
+    except ValueError as err:
+        raise UserError(f"--ttft-slo: {err}") from None
+    options = K8sOptions(namespace=namespace, vllm_image=vllm_image, vlmserve_image=vlmserve_image,
+                         model_pvc=model_pvc, hf_token_secret=hf_token_secret, max_replicas=max_replicas,
+                         waiting_per_replica=waiting_per_replica, prometheus_url=prometheus_url,
+                         monitoring_labels=tuple(_parse_label(text) for text in monitoring_label))
+    manifests = render_manifests(spec, options, AlertSettings(ttft_slo_s=slo_s))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out: cannot create {out}: {err.strerror}; pick a writable folder") from None
+    for name, manifest in manifests.items():
+        (out / name).write_text(to_yaml(manifest))
+        typer.echo(f"wrote {out / name}")
+    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                     "resources": list(manifests)}
+    (out / "kustomization.yaml").write_text(to_yaml(kustomization))
+    typer.echo(f"wrote {out / 'kustomization.yaml'}; apply with: kubectl apply -k {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(export_app, name="export")

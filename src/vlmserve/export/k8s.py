@@ -1,0 +1,274 @@
+"""Kubernetes manifests from a DeploymentSpec: the same deployment, beyond one machine.
+
+One engine Deployment for the replica group (GPU requests = tensor-parallel size, probes
+sized for model load, /dev/shm in memory), its Service, the gateway Deployment and Service,
+a KEDA ScaledObject scaling on the engines' queue, and a ServiceMonitor plus PrometheusRule
+carrying the observability pack's alerts so Kubernetes and `vlmserve up` alert alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from vlmserve.errors import UserError
+from vlmserve.observe.alerts import AlertSettings, alert_rules
+from vlmserve.observe.queries import ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
+from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+
+CONTAINER_PORT = 8000
+JOB_LABEL = "vlmserve.io/job"
+MODEL_MOUNT = "/models"
+STARTUP_PROBE_PERIOD_S = 10
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    """What a cluster needs that a one-machine DeploymentSpec does not say."""
+
+    namespace: str = "default"
+    vllm_image: str = "vllm/vllm-openai:latest"
+    vlmserve_image: str = "vlmserve:0.1.0"
+    model_pvc: str | None = None
+    hf_token_secret: str | None = None
+    max_replicas: int | None = None
+    waiting_per_replica: int = 5
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    monitoring_labels: tuple[tuple[str, str], ...] = ()
+    shm_size: str = "8Gi"
+
+
+def _labels(spec: DeploymentSpec, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name,
+            "app.kubernetes.io/component": component}
+
+
+def _meta(name: str, options: K8sOptions, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": options.namespace, "labels": labels}
+
+
+def engine_name(spec: DeploymentSpec) -> str:
+    return f"{spec.name}-engine"
+
+
+def gateway_name(spec: DeploymentSpec) -> str:
+    return f"{spec.name}-gateway"
+
+
+def vllm_engine_flags(args: EngineArgs) -> list[str]:
+    """vLLM CLI flags for the engine arguments that are set (None means: vLLM's default)."""
+    flags: list[str] = ["--dtype", args.dtype, "--tensor-parallel-size", str(args.tensor_parallel_size)]
+    numeric = {"--max-model-len": args.max_model_len, "--gpu-memory-utilization": args.gpu_memory_utilization,
+               "--max-num-seqs": args.max_num_seqs, "--max-num-batched-tokens": args.max_num_batched_tokens,
+               "--kv-cache-dtype": args.kv_cache_dtype}
+    for flag, value in numeric.items():
+        if value is not None:
+            flags += [flag, str(value)]
+    if args.enable_prefix_caching is not None:
+        flags.append("--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching")
+    if args.async_scheduling:
+        flags.append("--async-scheduling")
+    if args.limit_mm_per_prompt is not None:
+        flags += ["--limit-mm-per-prompt", json.dumps(args.limit_mm_per_prompt)]
+    if args.mm_processor_kwargs is not None:
+        flags += ["--mm-processor-kwargs", json.dumps(args.mm_processor_kwargs)]
+    return flags + list(args.extra_args)
+
+
+def _is_local_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or Path(model).exists()
+
+
+def _model_location(spec: DeploymentSpec, options: K8sOptions) -> tuple[str, list[dict], list[dict]]:
+    """(model argument inside the pod, volumes, volume mounts) for the engine container."""
+    if spec.engine == "sim":
+        return spec.model, [], []
+    if spec.model == EMBEDDED_MODEL:
+        raise UserError("model 'embedded' is the tiny test model that exists only on this machine; "
+                        "set model: to a Hugging Face id or a weights folder (with --model-pvc)")
+    if _is_local_path(spec.model):
+        if not options.model_pvc:
+            raise UserError(f"model '{spec.model}' is a local folder; copy it to a PersistentVolumeClaim "
+                            "and pass --model-pvc NAME (it is mounted at /models/<folder name>)")
+        in_pod = str(PurePosixPath(MODEL_MOUNT) / Path(spec.model).expanduser().name)
+        return (in_pod,
+                [{"name": "models", "persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}],
+                [{"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True}])
+    cache = [{"name": "hf-cache", "emptyDir": {}}], [{"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}]
+    return spec.model, cache[0], cache[1]
+
+
+def _probes(ready_timeout_s: float) -> dict[str, Any]:
+    """Startup budget covers model load (the spec's ready timeout); after that, quick checks."""
+    health = {"httpGet": {"path": "/health", "port": "http"}}
+    return {
+        "startupProbe": {**health, "periodSeconds": STARTUP_PROBE_PERIOD_S, "timeoutSeconds": 5,
+                         "failureThreshold": max(1, math.ceil(ready_timeout_s / STARTUP_PROBE_PERIOD_S))},
+        "readinessProbe": {**health, "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**health, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+    }
+
+
+def _env(spec: DeploymentSpec, options: K8sOptions) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
+    if options.hf_token_secret:
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": options.hf_token_secret,
+                                                                       "key": "token"}}})
+    return env
+
+
+def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[dict]) -> dict:
+    port_flags = ["--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+    resources: dict[str, Any]
+    if spec.engine == "sim":
+        sim = spec.sim
+        args = ["engine", "sim", *port_flags, "--model", spec.model]
+        for flag, value in (("--profile", sim.profile), ("--ttft-ms", sim.ttft_ms), ("--itl-ms", sim.itl_ms)):
+            if value is not None:
+                args += [flag, str(value)]
+        command, image = ["vlmserve"], options.vlmserve_image
+        args += list(sim.extra_args)
+        resources = {"requests": {"cpu": "500m", "memory": "512Mi"}}
+    else:
+        served_name = spec.engine_args.served_model_name or spec.model
+        command, image = ["vllm", "serve"], options.vllm_image
+        args = [model, *port_flags, "--served-model-name", served_name, *vllm_engine_flags(spec.engine_args)]
+        tp = spec.engine_args.tensor_parallel_size
+        if spec.devices == "cpu":
+            resources = {"requests": {"cpu": str(4 * tp), "memory": f"{16 * tp}Gi"}}
+        else:
+            gpus = {"nvidia.com/gpu": str(tp)}
+            resources = {"requests": {**gpus, "cpu": str(4 * tp), "memory": f"{16 * tp}Gi"}, "limits": gpus}
+    return {
+        "name": "engine", "image": image, "command": command, "args": args,
+        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "env": _env(spec, options), "resources": resources, **_probes(spec.ready_timeout_s),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *mounts],
+    }
+
+
+def engine_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    """The replica group as one Deployment (replicas = spec.replicas)."""
+    model, volumes, mounts = _model_location(spec, options)
+    labels = _labels(spec, "engine")
+    pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 60,
+        "containers": [_engine_container(spec, options, model, mounts)],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}, *volumes],
+    }
+    if spec.engine == "vllm" and spec.devices != "cpu":
+        pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(engine_name(spec), options, labels),
+        "spec": {"replicas": spec.replicas, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": pod_spec}},
+    }
+
+
+def _service(name: str, spec: DeploymentSpec, options: K8sOptions, component: str, job: str,
+             port: int) -> dict[str, Any]:
+    selector = _labels(spec, component)
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(name, options, {**selector, JOB_LABEL: job}),
+        "spec": {"selector": selector,
+                 "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
+    }
+
+
+def engine_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    return _service(engine_name(spec), spec, options, "engine", ENGINE_JOB, CONTAINER_PORT)
+
+
+def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    """The gateway, routing to the engine Service (Kubernetes spreads across its pods)."""
+    labels = _labels(spec, "gateway")
+    engine_url = f"http://{engine_name(spec)}.{options.namespace}.svc:{CONTAINER_PORT}"
+    container = {
+        "name": "gateway", "image": options.vlmserve_image, "command": ["vlmserve"],
+        "args": ["gateway", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--replica", engine_url,
+                 "--policy", spec.gateway_policy],
+        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        **_probes(60.0),
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(gateway_name(spec), options, labels),
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
+    }
+
+
+def gateway_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    return _service(gateway_name(spec), spec, options, "gateway", GATEWAY_JOB, spec.port)
+
+
+def scaled_object(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    """KEDA: add engine replicas when requests queue up inside the engines."""
+    max_replicas = options.max_replicas or max(spec.replicas * 4, spec.replicas + 1)
+    if max_replicas < spec.replicas:
+        raise UserError(f"--max-replicas {max_replicas} is below replicas: {spec.replicas} in the spec; raise it")
+    query = (f'sum({VLLM_WAITING}{{namespace="{options.namespace}",service="{engine_name(spec)}"}})')
+    return {
+        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "metadata": _meta(engine_name(spec), options, _labels(spec, "engine")),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": engine_name(spec)},
+            "minReplicaCount": spec.replicas,
+            "maxReplicaCount": max_replicas,
+            "pollingInterval": 15,
+            "cooldownPeriod": 600,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+                "scaleDown": {"stabilizationWindowSeconds": 600}}}},
+            "triggers": [{"type": "prometheus", "metadata": {
+                "serverAddress": options.prometheus_url, "query": query,
+                "threshold": str(options.waiting_per_replica)}}],
+        },
+    }
+
+
+def _monitoring_meta(name: str, spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name,
+              **dict(options.monitoring_labels)}
+    return _meta(name, options, labels)
+
+
+def service_monitor(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    """Prometheus Operator scrapes the engine and gateway Services; job = their vlmserve.io/job label."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": _monitoring_meta(spec.name, spec, options),
+        "spec": {
+            "jobLabel": JOB_LABEL,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "vlmserve",
+                                         "app.kubernetes.io/instance": spec.name}},
+            "namespaceSelector": {"matchNames": [options.namespace]},
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def prometheus_rule(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+        "metadata": _monitoring_meta(spec.name, spec, options),
+        "spec": alert_rules(settings),
+    }
+
+
+def render_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, dict]:
+    """File name -> manifest, in the order `kubectl apply` should see them."""
+    manifests = {
+        "engine-deployment.yaml": engine_deployment(spec, options),
+        "engine-service.yaml": engine_service(spec, options),
+    }
+    if spec.gateway:
+        manifests["gateway-deployment.yaml"] = gateway_deployment(spec, options)
+        manifests["gateway-service.yaml"] = gateway_service(spec, options)
+    manifests["engine-scaledobject.yaml"] = scaled_object(spec, options)
+    manifests["servicemonitor.yaml"] = service_monitor(spec, options)
+    manifests["prometheusrule.yaml"] = prometheus_rule(spec, options, settings)
+    return manifests
