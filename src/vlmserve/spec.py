@@ -176,12 +176,23 @@ class LoadSpec(BaseModel):
     mix: dict[str, float] | None = None
     extra_body: dict[str, Any] | None = None
     seed: int = 0
+    # bench details (defaults keep older specs valid)
+    tokenizer: str | None = None
+    """Local tokenizer path/name for exact prompt lengths; else the server's /tokenize."""
+    ignore_eos: bool = True
+    fixed_output_len: bool = False
+    """sharegpt: ask for output_len tokens instead of the dataset reply's length."""
+    image_dir: str | None = None
+    image_urls: list[str] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    request_timeout_s: float = Field(600.0, gt=0)
+    workers: int | None = Field(None, ge=1, description="client worker processes; None: as the load needs")
 
     @model_validator(mode="after")
     def _one_load_and_one_stop(self) -> "LoadSpec":
         if self.concurrency is not None and self.rate is not None:
             raise ValueError("give either concurrency or rate, not both")
-        if self.concurrency is None and self.rate is None:
+        if self.concurrency is None and self.rate is None and self.dataset != "trace":
             raise ValueError("give concurrency (closed loop) or rate (open loop)")
         if self.num_requests is None and self.duration_s is None:
             raise ValueError("give num_requests or duration_s")
