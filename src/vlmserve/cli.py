@@ -19,6 +19,8 @@ VERB_MODULES: list[str] = [
     # one line per verb package; keep alphabetical to avoid merge churn
     "vlmserve.export.cli",
     "vlmserve.observe.cli",
+    "vlmserve.report.cli",
+    "vlmserve.sweep.cli",
 ]
 
 app = typer.Typer(

@@ -1,0 +1,1 @@
+"""Reports of runs and sweeps: console, HTML (offline), Markdown, and compare."""

@@ -1,0 +1,52 @@
+"""`vlmserve report RUN_OR_SWEEP` and `vlmserve compare BASELINE CANDIDATE`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+
+def report_command(
+    source: str = typer.Argument(..., metavar="RUN_OR_SWEEP",
+                                 help="A stored run id, a sweep directory, or a sweep name."),
+    html: Path | None = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
+    md: Path | None = typer.Option(None, "--md", help="Write the Markdown summary to this file."),
+    cells: bool = typer.Option(False, "--cells", help="Also print every cell's numbers."),
+) -> None:
+    """Print a run's or a sweep's headline; write the HTML page (offline, no CDN) and a Markdown summary."""
+    from vlmserve.report.console import print_report
+    from vlmserve.report.html import write_html
+    from vlmserve.report.markdown import write_markdown
+    from vlmserve.report.source import load_source
+
+    results = load_source(source)
+    print_report(results, Console(), cells=cells)
+    if html is not None:
+        typer.echo(f"HTML report: {write_html(results, html)}")
+    if md is not None:
+        typer.echo(f"markdown summary: {write_markdown(results, md)}")
+
+
+def compare_command(
+    baseline: str = typer.Argument(..., help="Baseline run id or sweep."),
+    candidate: str = typer.Argument(..., help="Candidate run id or sweep."),
+    threshold: float = typer.Option(0.10, "--threshold",
+                                    help="Noise threshold: a change worse than this fraction is a regression."),
+    fail_on_regression: bool = typer.Option(False, "--fail-on-regression",
+                                            help="Exit 1 when any regression is found (for CI)."),
+) -> None:
+    """The same cells side by side: ratios ("TTFT p50 5.6× lower") and regressions beyond the noise threshold."""
+    from vlmserve.report.compare import compare, print_comparison
+    from vlmserve.report.source import load_source
+
+    comparison = compare(load_source(baseline), load_source(candidate), threshold)
+    print_comparison(comparison, Console())
+    if fail_on_regression and comparison.regressions():
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report_command)
+    app.command("compare")(compare_command)

@@ -1,0 +1,37 @@
+"""The terminal view of a report: the outcome line, the headline table and the findings."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
+from vlmserve.sweep.rank import cheapest, rank_deployments
+from vlmserve.sweep.results import SweepResults
+
+_ROW_STYLE = {"failed": "red", "limited": "yellow", "best": "green", "": ""}
+
+
+def rich_table(table: Table) -> RichTable:
+    view = RichTable(title=table.title, title_justify="left", show_lines=False)
+    for column in table.columns:
+        view.add_column(column, overflow="fold")
+    for row, flag in zip(table.rows, table.flags):
+        view.add_row(*row, style=_ROW_STYLE.get(flag, ""))
+    return view
+
+
+def print_report(results: SweepResults, console: Console, *, cells: bool = False) -> None:
+    """Print the headline (and every cell when asked) to the terminal."""
+    choices = rank_deployments(results)
+    done, total = results.counts()
+    console.print(f"[bold]{results.name}[/]: " + results.outcome_line(), style="green" if done == total else "yellow")
+    console.print(rich_table(headline_table(results, choices)))
+    for sentence in knee_sentences(results):
+        console.print(f"• {sentence}")
+    cheap = cheapest(choices)
+    if cheap is not None:
+        console.print(f"• cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} "
+                      "per million output tokens")
+    if cells:
+        console.print(rich_table(cell_table(results)))

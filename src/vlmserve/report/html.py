@@ -1,0 +1,133 @@
+"""The self-contained HTML report: one file, works offline (plotly.js embedded once, no CDN).
+
+It answers "is it deployable, and in which configuration": the headline table first, then
+the knee findings, the four load charts, every cell's numbers, the failures, and the
+deployment specs and versions that produced them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from pathlib import Path
+
+from plotly.offline import get_plotlyjs
+
+from vlmserve import __version__
+from vlmserve.report.charts import all_charts
+from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
+from vlmserve.sweep.rank import cheapest, rank_deployments
+from vlmserve.sweep.results import SweepResults
+
+_CSS = """
+body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif; margin: 24px auto;
+       max-width: 1280px; color: #222; padding: 0 16px; }
+h1 { font-size: 24px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32px; border-bottom: 1px solid #ddd; }
+.sub { color: #666; margin-top: 0; }
+.outcome { padding: 10px 14px; border-radius: 6px; background: #eef6ee; border: 1px solid #b6d8b6; }
+.outcome.partial { background: #fff4e5; border-color: #f0c27b; }
+.note { color: #8a5a00; }
+table { border-collapse: collapse; font-size: 13px; margin: 8px 0; width: 100%; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; white-space: nowrap; }
+th { background: #f4f4f4; } td:nth-child(-n+2), th:nth-child(-n+2) { text-align: left; }
+td.reason { text-align: left; white-space: normal; max-width: 420px; font-family: monospace; font-size: 12px; }
+tr.failed td { background: #fdecea; } tr.limited td { background: #fff8e1; } tr.best td { background: #e8f5e9; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }
+.chart { border: 1px solid #eee; border-radius: 6px; min-height: 420px; }
+pre { background: #f7f7f7; padding: 10px; overflow-x: auto; font-size: 12px; }
+.legend span { display: inline-block; padding: 0 8px; margin-right: 8px; border-radius: 3px; }
+"""
+
+
+def _table_html(table: Table, reason_column: str | None = None) -> str:
+    head = "".join(f"<th>{html.escape(column)}</th>" for column in table.columns)
+    body: list[str] = []
+    reason_index = table.columns.index(reason_column) if reason_column in table.columns else -1
+    for row, flag in zip(table.rows, table.flags):
+        cells = "".join(
+            f'<td class="reason">{html.escape(value)}</td>' if index == reason_index else f"<td>{html.escape(value)}</td>"
+            for index, value in enumerate(row)
+        )
+        body.append(f'<tr class="{flag}">{cells}</tr>')
+    return f"<h2>{html.escape(table.title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _deployments_html(results: SweepResults) -> str:
+    parts = ["<h2>Deployments: specs and versions</h2>"]
+    for info in results.deployments:
+        version = info.server_version or "not reported"
+        status = info.status + (f": {info.reason}" if info.reason else "")
+        header = (f"<h3>{html.escape(info.name)}</h3><p>{html.escape(info.kind)} · {info.devices:g} device(s) · "
+                  f"model {html.escape(str(info.model))} · server version {html.escape(version)} · "
+                  f"status {html.escape(status)}</p>")
+        body = info.spec if info.spec is not None else {"endpoint": info.endpoint, "model": info.model}
+        parts.append(header + f"<pre>{html.escape(json.dumps(body, indent=2, sort_keys=True))}</pre>")
+    return "".join(parts)
+
+
+def _simulated_note(results: SweepResults) -> str:
+    simulated = [cell for cell in results.cells if cell.ok and (cell.summary or {}).get("meta", {}).get("simulated")]
+    sim_engines = [info for info in results.deployments if (info.spec or {}).get("engine") == "sim"]
+    if simulated or sim_engines:
+        return ('<p class="note">Figures from the simulated engine or the planner are simulated, '
+                "not measured on the named hardware.</p>")
+    return ""
+
+
+def render_html(results: SweepResults) -> str:
+    """The whole page as a string."""
+    choices = rank_deployments(results)
+    done, total = results.counts()
+    outcome_class = "outcome" if done == total else "outcome partial"
+    knees = knee_sentences(results)
+    cheap = cheapest(choices)
+    findings = [html.escape(sentence) for sentence in knees]
+    if cheap is not None:
+        findings.append(html.escape(
+            f"cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} "
+            "per million output tokens"))
+    if results.slo.bounds_s:
+        slo_text = ", ".join(f"{key} ≤ {value * 1000:g} ms" for key, value in sorted(results.slo.bounds_s.items()))
+    else:
+        slo_text = "none given (best point = highest throughput)"
+    charts = all_charts(results)
+    chart_divs = "".join(
+        figure.to_html(full_html=False, include_plotlyjs=False, div_id=element_id,
+                       config={"displaylogo": False, "responsive": True})
+        .replace("<div>", '<div class="chart">', 1)
+        for element_id, figure in charts
+    )
+    generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>vlmserve report: {html.escape(results.name)}</title>
+<style>{_CSS}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body>
+<h1>vlmserve report: {html.escape(results.name)}</h1>
+<p class="sub">{html.escape(results.description or '')} source {html.escape(results.source)} · generated {generated}
+ · vlmserve {__version__}</p>
+<p class="{outcome_class}">{html.escape(results.outcome_line())}</p>
+{_simulated_note(results)}
+<p>SLOs: {html.escape(slo_text)}</p>
+{_table_html(headline_table(results, choices))}
+<h2>Findings</h2>
+<ul>{''.join(f'<li>{item}</li>' for item in findings) or '<li>no knee found: throughput still scaled at the highest load measured</li>'}</ul>
+<h2>Load charts</h2>
+<p class="legend">Circles are measured points; crosses mark client-limited cells (the load generator set the pace).</p>
+<div class="charts">{chart_divs}</div>
+{_table_html(cell_table(results), reason_column="run id / reason")}
+<p class="legend"><span style="background:#fdecea">failed</span><span style="background:#fff8e1">client-limited</span>
+<span style="background:#e8f5e9">best deployment</span></p>
+{_deployments_html(results)}
+</body></html>
+"""
+
+
+def write_html(results: SweepResults, path: Path) -> Path:
+    """Write the report file (parent directories created) and return its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(results), encoding="utf-8")
+    return path

@@ -1,0 +1,141 @@
+"""Turn what the user names (a sweep directory, a sweep name or a stored run id) into SweepResults.
+
+Reports and comparisons read one shape; a single bench run is shown as a sweep with one
+deployment and one cell.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from vlmserve.errors import UserError
+from vlmserve.sweep.manifest import SweepManifest
+from vlmserve.sweep.results import CellOutcome, DeploymentInfo, SweepResults
+from vlmserve.sweep.spec import SweepSpec
+
+
+def vlmserve_home() -> Path:
+    """$VLMSERVE_HOME, default ~/.local/share/vlmserve (where the run store lives too)."""
+    return Path(os.environ.get("VLMSERVE_HOME") or Path.home() / ".local" / "share" / "vlmserve")
+
+
+def default_sweep_dir(name: str) -> Path:
+    return vlmserve_home() / "sweeps" / name
+
+
+def results_from_sweep_dir(directory: Path) -> SweepResults:
+    """Read a sweep directory's spec and manifest (finished, failed and not-yet-run cells)."""
+    manifest = SweepManifest.load(directory)
+    spec = SweepSpec.model_validate(manifest.spec_json())
+    deployments: list[DeploymentInfo] = []
+    for entry in spec.deployments:
+        state = manifest.deployment(entry.name)
+        deployments.append(
+            DeploymentInfo(
+                name=entry.name,
+                kind="managed" if entry.managed else "endpoint",
+                devices=entry.device_count(),
+                usd_per_gpu_hour=entry.usd_per_gpu_hour,
+                spec=entry.spec.model_dump(mode="json") if entry.spec else None,
+                endpoint=entry.endpoint or state.get("base_url"),
+                model=entry.served_model(),
+                status=str(state.get("status", "pending")),
+                reason=state.get("reason"),
+                server_version=state.get("server_version"),
+            )
+        )
+    cells: list[CellOutcome] = []
+    for entry in spec.deployments:
+        for cell in spec.cells:
+            state = manifest.cell(entry.name, cell.name)
+            cells.append(
+                CellOutcome(
+                    deployment=entry.name,
+                    cell=cell.name,
+                    load=cell.load.model_dump(mode="json"),
+                    status=str(state.get("status", "pending")),
+                    run_id=state.get("run_id"),
+                    summary=state.get("summary"),
+                    reason=state.get("reason"),
+                    wall_s=state.get("wall_s"),
+                )
+            )
+    return SweepResults(
+        name=spec.name,
+        deployments=deployments,
+        cells=cells,
+        slo=spec.slo,
+        knee_min_gain_fraction=spec.knee.min_gain_fraction,
+        source=str(directory),
+        description=spec.description,
+    )
+
+
+def results_from_run(run_id: str) -> SweepResults:
+    """A stored bench run as a one-cell sweep."""
+    from vlmserve import store
+
+    try:
+        result = store.load_run(run_id)
+    except UserError:
+        raise
+    except (KeyError, FileNotFoundError, LookupError):
+        raise UserError(f"no stored run or sweep named '{run_id}'; list runs with `vlmserve runs`") from None
+    summary: dict[str, Any] = result.summary
+    meta = summary.get("meta") or {}
+    load = meta.get("load") or meta.get("load_spec") or {}
+    deployment_spec = meta.get("deployment") or meta.get("deployment_spec")
+    label = str(meta.get("label") or run_id)
+    deployment_name = str((deployment_spec or {}).get("name") or meta.get("target") or "endpoint")
+    from vlmserve.spec import SLO
+
+    slo_bounds = (meta.get("slo") or {}).get("bounds_s") if isinstance(meta.get("slo"), dict) else None
+    info = DeploymentInfo(
+        name=deployment_name,
+        kind="managed" if deployment_spec else "endpoint",
+        devices=float(_devices(deployment_spec)),
+        spec=deployment_spec if isinstance(deployment_spec, dict) else None,
+        endpoint=meta.get("target"),
+        model=meta.get("model"),
+        status="done",
+        server_version=meta.get("server_version"),
+    )
+    cell = CellOutcome(
+        deployment=deployment_name,
+        cell=label,
+        load=load if isinstance(load, dict) else {},
+        status="done",
+        run_id=str(meta.get("run_id") or run_id),
+        summary=summary,
+    )
+    return SweepResults(
+        name=label,
+        deployments=[info],
+        cells=[cell],
+        slo=SLO(bounds_s=slo_bounds or {}),
+        source=run_id,
+    )
+
+
+def _devices(deployment_spec: Any) -> int:
+    if not isinstance(deployment_spec, dict):
+        return 1
+    replicas = int(deployment_spec.get("replicas") or 1)
+    tp = int((deployment_spec.get("engine_args") or {}).get("tensor_parallel_size") or 1)
+    return replicas * tp
+
+
+def load_source(name: str) -> SweepResults:
+    """Resolve RUN_OR_SWEEP: a sweep directory, a sweep name under $VLMSERVE_HOME/sweeps, or a run id."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not SweepManifest.is_sweep_dir(path):
+            raise UserError(f"{path} is a directory but not a sweep directory (no manifest.json); "
+                            "give a sweep directory or a run id")
+        return results_from_sweep_dir(path)
+    named = default_sweep_dir(name) if "/" not in name else None
+    if named is not None and SweepManifest.is_sweep_dir(named):
+        return results_from_sweep_dir(named)
+    return results_from_run(name)

@@ -1,0 +1,1 @@
+"""Sweeps: deployments × load cells, run with hygiene, resumable; knee detection and ranking."""

@@ -1,0 +1,59 @@
+"""`vlmserve sweep SPEC.yaml`: run a study of deployments × load cells and write its report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+
+
+def sweep_command(
+    spec_file: Path = typer.Argument(..., help="Sweep spec YAML (see examples/sweep-*.yaml)."),
+    out: Path | None = typer.Option(None, "--out", "-o",
+                                    help="Sweep directory (default $VLMSERVE_HOME/sweeps/<name>); rerun to resume."),
+    restart: bool = typer.Option(False, "--restart", help="Forget finished cells in --out and start over."),
+    html: Path | None = typer.Option(None, "--html", help="Write the HTML report here (default <out>/report.html)."),
+    md: Path | None = typer.Option(None, "--md", help="Also write the Markdown summary here."),
+    scale_requests: float = typer.Option(1.0, "--scale-requests", min=0.001,
+                                         help="Multiply every cell's num_requests and duration_s (smoke runs)."),
+    scale_users: float = typer.Option(1.0, "--scale-users", min=0.001,
+                                      help="Multiply every cell's concurrency and rate (smoke runs)."),
+    max_output_len: int | None = typer.Option(None, "--max-output-len", min=1, help="Cap every cell's output_len."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the live progress display."),
+) -> None:
+    """Start each deployment fresh, verify and warm it, run every load cell, tear it down; then report.
+
+    Failed cells and deployments are recorded with their reason and the sweep goes on; the exit
+    code is 1 when any cell failed. Rerunning the same command skips finished cells.
+    """
+    from vlmserve.report.console import print_report
+    from vlmserve.report.html import write_html
+    from vlmserve.report.markdown import write_markdown
+    from vlmserve.report.source import default_sweep_dir, results_from_sweep_dir
+    from vlmserve.sweep.runner import SweepOverrides, run_sweep
+    from vlmserve.sweep.spec import load_sweep_spec
+
+    spec = load_sweep_spec(spec_file)
+    directory = out or default_sweep_dir(spec.name)
+    console = Console(stderr=True)
+    overrides = SweepOverrides(request_scale=scale_requests, user_scale=scale_users, max_output_len=max_output_len)
+    run_sweep(spec, directory, overrides=overrides, restart=restart, progress=progress, console=console)
+    results = results_from_sweep_dir(directory)
+    print_report(results, Console())
+    html_path = write_html(results, html or directory / "report.html")
+    typer.echo(f"sweep directory: {directory}")
+    if md is not None:
+        typer.echo(f"markdown summary: {write_markdown(results, md)}")
+    typer.echo(f"HTML report: {html_path}")
+    done, total = results.counts()
+    if done < total:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep_command)
+
+
+

@@ -1,0 +1,100 @@
+"""Choosing: the best operating point of each deployment, and deployments ranked against each other.
+
+The best operating point is the cell with the highest goodput among those meeting every
+SLO at the percentile the SLO names. Deployments are then ranked by goodput per device
+and, where a $/GPU-hour is known, by cost per million output tokens at that point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vlmserve.spec import SLO
+from vlmserve.sweep.results import CellOutcome, SweepResults
+
+_SLO_FIELD = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e_ms"}
+
+
+def slo_misses(cell: CellOutcome, slo: SLO) -> list[str]:
+    """The objectives this cell misses, e.g. ['ttft_p95 812ms > 500ms']; empty when all are met."""
+    misses: list[str] = []
+    for key, bound_s in sorted(slo.bounds_s.items()):
+        metric, stat = key.split("_", 1)
+        value_ms = cell.metric(f"{_SLO_FIELD[metric]}.{stat}")
+        if value_ms is None:
+            misses.append(f"{key} not measured")
+        elif value_ms > bound_s * 1000.0:
+            misses.append(f"{key} {value_ms:.0f}ms > {bound_s * 1000.0:.0f}ms")
+    return misses
+
+
+def goodput_rps(cell: CellOutcome) -> float | None:
+    """Requests/s that met every per-request SLO (bench's goodput); plain throughput when no SLO was set."""
+    for path in ("goodput.requests_per_s", "goodput.rps"):
+        value = cell.metric(path)
+        if value is not None:
+            return value
+    return cell.metric("throughput.requests_per_s")
+
+
+@dataclass(frozen=True)
+class DeploymentChoice:
+    """A deployment's best operating point and what it costs."""
+
+    deployment: str
+    devices: float
+    best_cell: str | None
+    goodput_rps: float | None
+    output_tokens_per_s: float | None
+    goodput_per_device: float | None
+    output_tokens_per_s_per_device: float | None
+    usd_per_million_output_tokens: float | None
+    note: str = ""
+
+
+def best_operating_point(cells: list[CellOutcome], slo: SLO) -> tuple[CellOutcome | None, str]:
+    """Highest-goodput cell meeting every SLO, and a note when none does."""
+    ran = [cell for cell in cells if cell.ok]
+    if not ran:
+        return None, "no cell ran"
+    meeting = [cell for cell in ran if not slo_misses(cell, slo)]
+    if not meeting:
+        return None, "no cell met every SLO"
+    return max(meeting, key=lambda cell: goodput_rps(cell) or 0.0), ""
+
+
+def rank_deployments(results: SweepResults) -> list[DeploymentChoice]:
+    """Deployments best first: goodput per device, then (with prices) lower cost per token."""
+    choices: list[DeploymentChoice] = []
+    for info in results.deployments:
+        best, note = best_operating_point(results.cells_of(info.name), results.slo)
+        if info.status == "failed":
+            note = f"deployment failed: {info.reason}"
+        if best is None:
+            choices.append(DeploymentChoice(info.name, info.devices, None, None, None, None, None, None, note))
+            continue
+        goodput = goodput_rps(best)
+        tokens = best.metric("throughput.output_tokens_per_s")
+        cost = None
+        if info.usd_per_gpu_hour is not None and tokens:
+            cost = info.usd_per_gpu_hour * info.devices / 3600.0 / tokens * 1e6
+        choices.append(
+            DeploymentChoice(
+                deployment=info.name,
+                devices=info.devices,
+                best_cell=best.cell,
+                goodput_rps=goodput,
+                output_tokens_per_s=tokens,
+                goodput_per_device=(goodput / info.devices) if goodput is not None else None,
+                output_tokens_per_s_per_device=(tokens / info.devices) if tokens is not None else None,
+                usd_per_million_output_tokens=cost,
+                note=note,
+            )
+        )
+    return sorted(choices, key=lambda choice: -(choice.goodput_per_device or -1.0))
+
+
+def cheapest(choices: list[DeploymentChoice]) -> DeploymentChoice | None:
+    """The deployment with the lowest cost per million output tokens, when any price was given."""
+    priced = [choice for choice in choices if choice.usd_per_million_output_tokens is not None]
+    return min(priced, key=lambda choice: choice.usd_per_million_output_tokens or 0.0) if priced else None

@@ -1,0 +1,143 @@
+"""What a finished (or partly finished) sweep holds: one outcome per deployment × cell.
+
+Reports, knee detection, ranking and compare all read this one shape. A single bench
+run is shown through the same shape (one deployment, one cell), so `vlmserve report`
+and `vlmserve compare` accept a run id or a sweep alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlmserve.spec import SLO
+
+LOAD_LEVEL_FIELDS = ("concurrency", "rate")
+"""LoadSpec fields that say how hard a cell pushes; cells differing only in these form a series."""
+
+_NOT_SERIES_FIELDS = {"name", "concurrency", "rate", "num_requests", "duration_s", "seed", "warmup"}
+
+
+def summary_value(summary: dict[str, Any] | None, dotted: str) -> float | None:
+    """Read `ttft_ms.p95` style paths from a bench summary; None when absent or not a number."""
+    node: Any = summary
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        return None
+    return float(node)
+
+
+@dataclass
+class CellOutcome:
+    """One deployment × cell: its summary when it ran, its reason when it did not."""
+
+    deployment: str
+    cell: str
+    load: dict[str, Any]
+    status: str
+    """'done', 'failed' or 'pending'."""
+    run_id: str | None = None
+    summary: dict[str, Any] | None = None
+    reason: str | None = None
+    wall_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done" and self.summary is not None
+
+    @property
+    def load_level(self) -> float | None:
+        """Concurrency (closed loop) or rate (open loop): the x axis of every load plot."""
+        for key in LOAD_LEVEL_FIELDS:
+            value = self.load.get(key)
+            if value is not None:
+                return float(value)
+        return None
+
+    @property
+    def load_level_name(self) -> str:
+        return "concurrency" if self.load.get("concurrency") is not None else "rate"
+
+    @property
+    def series_key(self) -> str:
+        """Cells of one deployment that differ only in load level belong to one curve."""
+        shape = {key: value for key, value in sorted(self.load.items()) if key not in _NOT_SERIES_FIELDS}
+        return self.deployment + " " + json.dumps(shape, sort_keys=True, default=str)
+
+    @property
+    def client_limited(self) -> bool:
+        """True when the load generator, not the server, set the pace (the numbers understate the server)."""
+        client = (self.summary or {}).get("client") or {}
+        return bool(client.get("limited"))
+
+    def metric(self, dotted: str) -> float | None:
+        return summary_value(self.summary, dotted)
+
+
+@dataclass
+class DeploymentInfo:
+    """What a deployment was: its spec, where it ran, the versions it reported."""
+
+    name: str
+    kind: str
+    """'managed' (vlmserve started it) or 'endpoint'."""
+    devices: float
+    usd_per_gpu_hour: float | None = None
+    spec: dict[str, Any] | None = None
+    endpoint: str | None = None
+    model: str | None = None
+    status: str = "pending"
+    reason: str | None = None
+    server_version: str | None = None
+
+
+@dataclass
+class SweepResults:
+    """Everything a report needs: deployments, outcomes, the SLOs and knee settings."""
+
+    name: str
+    deployments: list[DeploymentInfo]
+    cells: list[CellOutcome]
+    slo: SLO = field(default_factory=SLO)
+    knee_min_gain_fraction: float = 0.5
+    source: str = ""
+    """A sweep directory or a run id."""
+    description: str | None = None
+
+    def cells_of(self, deployment: str) -> list[CellOutcome]:
+        return [cell for cell in self.cells if cell.deployment == deployment]
+
+    def deployment(self, name: str) -> DeploymentInfo:
+        for info in self.deployments:
+            if info.name == name:
+                return info
+        raise KeyError(name)
+
+    def counts(self) -> tuple[int, int]:
+        """(succeeded, total) cells."""
+        return sum(1 for cell in self.cells if cell.ok), len(self.cells)
+
+    def failures(self) -> list[CellOutcome]:
+        return [cell for cell in self.cells if cell.status == "failed"]
+
+    def outcome_line(self) -> str:
+        """'14 of 15 succeeded; the image cell failed: <reason>' — the sentence a ticket needs."""
+        done, total = self.counts()
+        line = f"{done} of {total} cells succeeded"
+        failed = self.failures()
+        failed_deployments = [info for info in self.deployments if info.status == "failed"]
+        parts: list[str] = []
+        for info in failed_deployments:
+            parts.append(f"deployment {info.name} failed: {info.reason}")
+        for cell in failed:
+            if any(cell.deployment == info.name for info in failed_deployments):
+                continue
+            parts.append(f"the {cell.cell} cell on {cell.deployment} failed: {cell.reason}")
+        pending = sum(1 for cell in self.cells if cell.status == "pending")
+        if pending:
+            parts.append(f"{pending} not run yet")
+        return line + ("; " + "; ".join(parts) if parts else "")

@@ -1,0 +1,294 @@
+"""Running a sweep: every deployment started fresh, verified, warmed up, driven through every cell, torn down.
+
+A cell or a deployment that fails is recorded with its reason and the sweep goes on;
+finished cells are written to the manifest (and their runs to the store) one by one, so a
+rerun skips them and Ctrl-C never loses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from vlmserve.errors import UserError
+from vlmserve.spec import LoadSpec
+from vlmserve.sweep.hygiene import check_ports_free, server_version, verify_serving, with_free_ports
+from vlmserve.sweep.manifest import SweepManifest
+from vlmserve.sweep.spec import CellEntry, DeploymentEntry, SweepSpec
+
+if TYPE_CHECKING:
+    from vlmserve.bench.result import RunResult
+
+
+@dataclass(frozen=True)
+class SweepOverrides:
+    """Shrink a study without editing its YAML (smoke tests, CI): scale counts, durations and users."""
+
+    request_scale: float = 1.0
+    """Multiplies num_requests and duration_s."""
+    user_scale: float = 1.0
+    """Multiplies concurrency and rate."""
+    max_output_len: int | None = None
+    """Caps output_len."""
+
+    def apply(self, load: LoadSpec) -> LoadSpec:
+        update: dict[str, Any] = {}
+        if self.request_scale != 1.0:
+            if load.num_requests is not None:
+                update["num_requests"] = max(1, round(load.num_requests * self.request_scale))
+            if load.duration_s is not None:
+                update["duration_s"] = max(0.5, load.duration_s * self.request_scale)
+        if self.user_scale != 1.0:
+            if load.concurrency is not None:
+                update["concurrency"] = max(1, round(load.concurrency * self.user_scale))
+            if load.rate is not None:
+                update["rate"] = load.rate * self.user_scale
+        if self.max_output_len is not None and load.output_len > self.max_output_len:
+            update["output_len"] = self.max_output_len
+        return load.model_copy(update=update) if update else load
+
+
+def apply_overrides(spec: SweepSpec, overrides: SweepOverrides) -> SweepSpec:
+    """The spec actually run: every cell's load with the overrides applied."""
+    cells = [CellEntry(name=cell.name, load=overrides.apply(cell.load)) for cell in spec.cells]
+    return spec.model_copy(update={"cells": cells})
+
+
+def one_line(err: BaseException, limit: int = 300) -> str:
+    """An exception as one short line for the manifest and the report."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if not isinstance(err, UserError):
+        text = f"{type(err).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def failed_run_reason(result: "RunResult") -> str | None:
+    """Why a run that produced no successful request counts as failed; None when some succeeded."""
+    completed = sum(1 for record in result.records if record.ok and not record.warmup)
+    if completed > 0:
+        return None
+    failures = [record for record in result.records if not record.ok and not record.warmup]
+    if not failures:
+        return "no requests were sent"
+    kinds = Counter(record.error_kind or "error" for record in failures)
+    kind, count = kinds.most_common(1)[0]
+    example = next((record.error_message for record in failures if record.error_kind == kind), None) or ""
+    example = example.strip().splitlines()[0][:200] if example.strip() else ""
+    return f"all {len(failures)} requests failed ({kind} ×{count}){': ' + example if example else ''}"
+
+
+def _base_url(supervisor: Any, entry: DeploymentEntry) -> str:
+    """Where clients talk to a managed deployment: the gateway, or the only replica."""
+    url = getattr(supervisor, "base_url", None)
+    if isinstance(url, str) and url:
+        return url.rstrip("/")
+    spec = entry.spec
+    assert spec is not None
+    port = spec.port if spec.gateway else spec.replica_ports()[0]
+    return f"http://{spec.host}:{port}"
+
+
+@contextlib.contextmanager
+def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[str]:
+    """Yield the base URL of a ready deployment; a managed one is started fresh and always torn down."""
+    if entry.endpoint is not None:
+        yield entry.endpoint
+        return
+    assert entry.spec is not None
+    check_ports_free(entry.spec)
+    from vlmserve.supervisor import Supervisor
+
+    with Supervisor(entry.spec) as supervisor:
+        yield _base_url(supervisor, entry)
+
+
+def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str,
+              deployment: dict[str, Any] | None) -> "RunResult":
+    from vlmserve.bench.runner import Target, run_load
+
+    slo = spec.slo if spec.slo.bounds_s else None
+    return asyncio.run(
+        run_load(load, Target(base_url=base_url, model=model), slo=slo, progress=False, label=label,
+                 deployment=deployment)
+    )
+
+
+def _warmup_load(spec: SweepSpec) -> LoadSpec:
+    """A few short requests so the first cell does not pay for compilation and cold caches."""
+    return LoadSpec(
+        name="warmup",
+        concurrency=min(2, spec.warmup_requests),
+        num_requests=spec.warmup_requests,
+        input_len=64,
+        output_len=8,
+    )
+
+
+class SweepRunner:
+    """Runs one sweep spec into one sweep directory, with a progress display."""
+
+    def __init__(self, spec: SweepSpec, directory: Path, *, restart: bool = False,
+                 console: Console | None = None, progress: bool = True) -> None:
+        self.spec = spec
+        self.directory = directory
+        self.console = console or Console(stderr=True)
+        self.show_progress = progress
+        self._attempted: set[str] = set()
+        """Cells of the current deployment tried in this pass (their own outcome is already recorded)."""
+        self.manifest = SweepManifest.open_for_run(
+            directory, spec.name, spec.fingerprint(), spec.model_dump(mode="json"), restart
+        )
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> SweepManifest:
+        """Run every unfinished cell; returns the manifest. Ctrl-C keeps every finished cell."""
+        total = len(self.spec.cell_keys())
+        done_before = sum(1 for dep, cell in self.spec.cell_keys() if self.manifest.is_done(dep, cell))
+        if done_before:
+            self.console.print(f"resuming {self.spec.name}: {done_before} of {total} cells already done")
+        progress = Progress(
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("cells"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=not self.show_progress,
+            speed_estimate_period=3600.0,
+        )
+        try:
+            with progress:
+                task = progress.add_task(self.spec.name, total=total, completed=done_before)
+                for entry in self.spec.deployments:
+                    self._run_deployment(entry, progress, task)
+        except KeyboardInterrupt:
+            kept = sum(1 for dep, cell in self.spec.cell_keys() if self.manifest.is_done(dep, cell))
+            raise UserError(
+                f"sweep interrupted; {kept} of {total} finished cells kept in {self.directory}; "
+                "rerun the same command to resume",
+                exit_code=130,
+            ) from None
+        return self.manifest
+
+    def _pending_cells(self, entry: DeploymentEntry) -> list[CellEntry]:
+        return [cell for cell in self.spec.cells if not self.manifest.is_done(entry.name, cell.name)]
+
+    def _run_deployment(self, entry: DeploymentEntry, progress: Progress, task: Any) -> None:
+        pending = self._pending_cells(entry)
+        if not pending:
+            return
+        if entry.spec is not None:
+            try:
+                entry = entry.model_copy(update={"spec": with_free_ports(entry.spec)})
+            except UserError as err:
+                self._fail_deployment(entry, pending, err.message, progress, task)
+                return
+        progress.update(task, description=f"{self.spec.name}: starting {entry.name}")
+        started = time.monotonic()
+        self._attempted = set()
+        try:
+            with _deployment_endpoint(entry) as base_url:
+                max_len = entry.spec.engine_args.max_model_len if entry.spec else None
+                verify_serving(base_url, entry.served_model(), max_len)
+                version = server_version(base_url)
+                self.manifest.record_deployment(
+                    entry.name, "running", None, base_url=base_url, server_version=version,
+                    start_s=round(time.monotonic() - started, 2),
+                )
+                if self.spec.warmup_requests:
+                    progress.update(task, description=f"{self.spec.name}: warming up {entry.name}")
+                    warm = _run_load(_warmup_load(self.spec), base_url, entry.served_model(), self.spec,
+                                     f"{self.spec.name}/{entry.name}/warmup", None)
+                    reason = failed_run_reason(warm)
+                    if reason:
+                        raise UserError(f"warm-up failed: {reason}")
+                for cell in pending:
+                    self._run_cell(entry, cell, base_url, progress, task)
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # a deployment that cannot start or serve: record it, go on
+            reason = one_line(err)
+            untried = [cell for cell in self._pending_cells(entry) if cell.name not in self._attempted]
+            self._fail_deployment(entry, untried, reason, progress, task)
+            return
+        failed = sum(1 for cell in self.spec.cells if self.manifest.cell(entry.name, cell.name).get("status") == "failed")
+        self.manifest.record_deployment(entry.name, "done" if failed == 0 else "partial", None)
+
+    def _fail_deployment(self, entry: DeploymentEntry, cells: list[CellEntry], reason: str,
+                         progress: Progress, task: Any) -> None:
+        self.manifest.record_deployment(entry.name, "failed", reason)
+        for cell in cells:
+            self.manifest.record_cell_failed(entry.name, cell.name, f"deployment failed: {reason}")
+            progress.advance(task)
+        progress.console.print(f"[red]✗ {entry.name}[/]: deployment failed: {reason}")
+
+    def _run_cell(self, entry: DeploymentEntry, cell: CellEntry, base_url: str, progress: Progress,
+                  task: Any) -> None:
+        from vlmserve import store
+
+        progress.update(task, description=f"{self.spec.name}: {entry.name} / {cell.name}")
+        self._attempted.add(cell.name)
+        started = time.monotonic()
+        deployment = entry.spec.model_dump(mode="json") if entry.spec else {"endpoint": entry.endpoint}
+        try:
+            result = _run_load(cell.load.model_copy(update={"name": cell.name}), base_url, entry.served_model(),
+                               self.spec, f"{self.spec.name}/{entry.name}/{cell.name}", deployment)
+            run_id = store.save_run(result)
+            wall = time.monotonic() - started
+            reason = failed_run_reason(result)
+            if reason:
+                self.manifest.record_cell_failed(entry.name, cell.name, reason, wall, run_id)
+                progress.console.print(f"[red]✗ {entry.name}/{cell.name}[/]: {reason}")
+            else:
+                self.manifest.record_cell_done(entry.name, cell.name, run_id, result.summary, wall)
+                progress.console.print(f"[green]✓ {entry.name}/{cell.name}[/] {_cell_brief(result.summary)}")
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # one bad cell must not stop the study
+            reason = one_line(err)
+            self.manifest.record_cell_failed(entry.name, cell.name, reason, time.monotonic() - started)
+            progress.console.print(f"[red]✗ {entry.name}/{cell.name}[/]: {reason}")
+        progress.advance(task)
+
+
+def _cell_brief(summary: dict[str, Any]) -> str:
+    from vlmserve.sweep.results import summary_value
+
+    parts = []
+    rps = summary_value(summary, "throughput.requests_per_s")
+    tok = summary_value(summary, "throughput.output_tokens_per_s")
+    ttft = summary_value(summary, "ttft_ms.p50")
+    if rps is not None:
+        parts.append(f"{rps:.2f} req/s")
+    if tok is not None:
+        parts.append(f"{tok:.0f} tok/s")
+    if ttft is not None:
+        parts.append(f"TTFT p50 {ttft:.0f} ms")
+    return "  ".join(parts)
+
+
+def run_sweep(spec: SweepSpec, directory: Path, *, overrides: SweepOverrides | None = None,
+              restart: bool = False, progress: bool = True, console: Console | None = None) -> SweepManifest:
+    """Run (or resume) `spec` into `directory`; the study's entry point for the CLI and tests."""
+    effective = apply_overrides(spec, overrides or SweepOverrides())
+    runner = SweepRunner(effective, directory, restart=restart, console=console, progress=progress)
+    return runner.run()
