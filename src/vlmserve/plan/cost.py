@@ -1,0 +1,114 @@
+"""Roofline pricing of one engine step: a `StepCostModel` for a real model on a real GPU.
+
+A step's time is the larger of its compute time and its memory time (the roofline),
+plus tensor-parallel all-reduces and a fixed per-step overhead:
+
+- memory: weights the batch touches (MoE: only the experts its tokens route to) plus the
+  KV cache attention reads and writes, at `bandwidth` × peak;
+- compute: 2·active params per token, attention FLOPs that grow with context, the LM head
+  for sampled tokens and the vision encoder for new image tokens, at `compute` × peak;
+- communication: two all-reduces of the batch's hidden states per layer when TP > 1.
+
+The per-step inputs come from the shared scheduler's `StepContents`, so the planner and
+the sim engine price the very same schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vlmserve.plan.calibration import Efficiency
+from vlmserve.plan.hardware import GPU, allreduce_time_s
+from vlmserve.plan.models import ModelCost
+from vlmserve.sched.step_cost import StepContents
+
+ACTIVATION_BYTES = 2.0
+"""Hidden states travel between GPUs in BF16."""
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """The parts of one step's time, for `--explain` and for tests."""
+
+    compute_s: float
+    memory_s: float
+    communication_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.communication_s + self.overhead_s
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+@dataclass
+class RooflineStepCost:
+    """Prices StepContents for `model` on `tp` × `gpu` with calibrated efficiencies."""
+
+    model: ModelCost
+    gpu: GPU
+    tp: int
+    weight_dtype: str
+    kv_dtype: str
+    efficiency: Efficiency
+    _weight_bytes_cache: dict[int, float] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        eff = self.efficiency
+        self._bytes_per_s = self.gpu.bandwidth_bytes_s * max(eff.bandwidth, 1e-6) * self.tp
+        self._flops_per_s = self.gpu.peak_flops(self.weight_dtype) * max(eff.compute, 1e-6) * self.tp
+        self._kv_bytes_per_token = self.model.kv_bytes_per_token(self.kv_dtype)
+        self._linear_flops = self.model.linear_flops_per_token()
+        self._lm_head_flops = self.model.lm_head_flops_per_sampled_token()
+        vision = self.model.vision
+        self._vision_flops = vision.flops_per_image_token if vision else 0.0
+        self._vision_bytes = 2.0 * vision.params if vision else 0.0
+
+    def weight_bytes(self, batch_tokens: int) -> float:
+        """Weight bytes a forward pass over `batch_tokens` streams (cached per batch size)."""
+        cached = self._weight_bytes_cache.get(batch_tokens)
+        if cached is None:
+            cached = self.model.step_weight_bytes(batch_tokens, self.weight_dtype, self.efficiency.moe_expert_spread)
+            self._weight_bytes_cache[batch_tokens] = cached
+        return cached
+
+    def breakdown(self, step: StepContents) -> StepBreakdown:
+        """Compute, memory, communication and overhead time of one step."""
+        eff = self.efficiency
+        seqs = step.prefill_seqs + step.decode_seqs
+        tokens = step.batch_tokens
+        overhead = eff.step_overhead_s + eff.per_seq_overhead_s * seqs
+        if tokens <= 0 and step.image_tokens <= 0:
+            return StepBreakdown(0.0, 0.0, 0.0, overhead)
+        model = self.model
+        mean_context = step.kv_tokens_read / seqs if seqs else 0.0
+
+        kv_read = seqs * model.kv_bytes_for_context(mean_context, self.kv_dtype)
+        kv_write = tokens * self._kv_bytes_per_token
+        memory_bytes = self.weight_bytes(tokens) + kv_read + kv_write
+        if step.image_tokens:
+            memory_bytes += self._vision_bytes
+
+        flops = tokens * self._linear_flops + seqs * self._lm_head_flops
+        if step.decode_seqs:
+            flops += step.decode_seqs * model.attention_flops_per_query(mean_context)
+        if step.prefill_tokens:
+            chunk = step.prefill_tokens / max(step.prefill_seqs, 1)
+            # A chunk's queries see, on average, the context before it plus half the chunk.
+            query_context = max(mean_context - chunk / 2.0, chunk / 2.0)
+            flops += step.prefill_tokens * model.attention_flops_per_query(query_context)
+        flops += step.image_tokens * self._vision_flops
+
+        communication = 0.0
+        if self.tp > 1 and tokens > 0:
+            message = tokens * model.hidden_size * ACTIVATION_BYTES
+            per_call = allreduce_time_s(message, self.tp, self.gpu, eff.interconnect, eff.allreduce_latency_s)
+            communication = 2 * model.num_layers * per_call
+        return StepBreakdown(flops / self._flops_per_s, memory_bytes / self._bytes_per_s, communication, overhead)
+
+    def step_time_s(self, step: StepContents) -> float:
+        """Seconds the step takes: max(compute, memory) + TP communication + overhead."""
+        return self.breakdown(step).total_s

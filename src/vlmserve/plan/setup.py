@@ -1,0 +1,130 @@
+"""A deployment to plan: model × GPU × TP × replicas × engine limits, and what follows from it.
+
+`PlanSetup` turns the user's choices into the two things the shared scheduler needs — a
+`SchedulerConfig` (with the KV block count the memory left after weights allows) and a
+`RooflineStepCost` — and fails early, in one line, when the model does not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vlmserve.errors import UserError
+from vlmserve.plan.calibration import Calibration, Efficiency, default_calibration
+from vlmserve.plan.cost import RooflineStepCost
+from vlmserve.plan.dtypes import normalize_dtype
+from vlmserve.plan.hardware import GPU, MemoryPlan, get_gpu, plan_memory
+from vlmserve.plan.models import ModelCost, load_model
+from vlmserve.sched.scheduler import SchedulerConfig
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass
+class PlanSetup:
+    """One deployment as the planner models it."""
+
+    model: ModelCost
+    gpu: GPU
+    tp: int = 1
+    replicas: int = 1
+    weight_dtype: str | None = None
+    """None → the checkpoint's own format (e.g. MXFP4 for gpt-oss)."""
+    kv_dtype: str = "bf16"
+    calibration: Calibration = field(default_factory=default_calibration)
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    routing: str = "least-outstanding"
+
+    def __post_init__(self) -> None:
+        self.weight_dtype = normalize_dtype(self.weight_dtype or self.model.default_weight_dtype, "--weight-dtype")
+        self.kv_dtype = normalize_dtype(self.kv_dtype, "--kv-dtype")
+        if self.replicas < 1:
+            raise UserError("--replicas must be at least 1")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise UserError("--max-num-seqs and --max-num-batched-tokens must be at least 1")
+
+    @classmethod
+    def from_names(cls, model: str, gpu: str, **options: Any) -> "PlanSetup":
+        return cls(model=load_model(model), gpu=get_gpu(gpu), **options)
+
+    @property
+    def efficiency(self) -> Efficiency:
+        return self.calibration.for_gpu(self.gpu.key)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.replicas
+
+    def memory(self) -> MemoryPlan:
+        assert self.weight_dtype is not None
+        return plan_memory(
+            self.model,
+            self.gpu,
+            self.tp,
+            weight_dtype=self.weight_dtype,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            reserved_gb=self.efficiency.reserved_memory_gb,
+        )
+
+    def kv_capacity_tokens(self, typical_context: int) -> int:
+        """Tokens the KV cache holds when sequences are about `typical_context` long.
+
+        Sliding-window layers keep at most their window, so bytes per token depend on
+        context length; pricing at the workload's typical length turns the hybrid cache
+        into the single block pool the scheduler models.
+        """
+        context = max(typical_context, 1)
+        per_sequence = self.model.kv_bytes_for_context(context, self.kv_dtype)
+        bytes_per_token = per_sequence / context if per_sequence > 0 else 1.0
+        return int(self.memory().kv_bytes_total / bytes_per_token)
+
+    def scheduler_config(self, typical_context: int, longest_request: int) -> SchedulerConfig:
+        """Engine limits for one replica, failing in one line when the KV cache is too small."""
+        capacity = self.kv_capacity_tokens(typical_context)
+        max_model_len = self.max_model_len or max(longest_request, min(self.model.max_position_embeddings or 8192, 8192))
+        if longest_request > max_model_len:
+            raise UserError(
+                f"a request of {longest_request} tokens exceeds --max-model-len {max_model_len}; raise it or shorten the workload"
+            )
+        if capacity < longest_request:
+            missing_gb = (longest_request - capacity) * self.model.kv_bytes_for_context(longest_request, self.kv_dtype) / longest_request / 1e9
+            raise UserError(
+                f"{self.model.name} on {self.tp}× {self.gpu.name}: the KV cache left after weights holds {capacity} tokens, "
+                f"less than one {longest_request}-token request ({missing_gb:.2f} GB missing); raise --tp or use a larger GPU"
+            )
+        max_model_len = min(max_model_len, capacity)
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=max(self.max_num_batched_tokens, 1),
+            num_kv_blocks=max(capacity // DEFAULT_BLOCK_SIZE, 1),
+            block_size=DEFAULT_BLOCK_SIZE,
+            enable_prefix_caching=self.enable_prefix_caching,
+            enable_chunked_prefill=True,
+            max_model_len=max(max_model_len, longest_request),
+        )
+
+    def cost_model(self) -> RooflineStepCost:
+        assert self.weight_dtype is not None
+        return RooflineStepCost(self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency)
+
+    def describe(self) -> dict[str, Any]:
+        """The deployment as it goes into a simulated run's meta."""
+        return {
+            "model": self.model.name,
+            "gpu": self.gpu.name,
+            "tp": self.tp,
+            "replicas": self.replicas,
+            "weight_dtype": self.weight_dtype,
+            "kv_dtype": self.kv_dtype,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "routing": self.routing,
+            "calibration": self.calibration.source,
+        }
