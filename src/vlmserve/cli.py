@@ -17,6 +17,7 @@ from vlmserve.errors import UserError
 
 VERB_MODULES: list[str] = [
     # one line per verb package; keep alphabetical to avoid merge churn
+    "vlmserve.batch.cli",
     "vlmserve.export.cli",
     "vlmserve.observe.cli",
     "vlmserve.report.cli",

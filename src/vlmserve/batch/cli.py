@@ -1,0 +1,56 @@
+"""`vlmserve batch INPUT.jsonl --output OUT.jsonl --base-url URL`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vlmserve.errors import UserError
+
+
+def batch(
+    input_path: Path = typer.Argument(..., metavar="INPUT.jsonl", help="OpenAI Batch-format input lines."),
+    output: Path = typer.Option(..., "--output", "-o", help="Results JSONL; appended to, so a rerun resumes."),
+    base_url: str = typer.Option(..., "--base-url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000."),
+    concurrency: int = typer.Option(16, "--concurrency", "-c", min=1, max=4096, help="Requests in flight."),
+    priority: Optional[str] = typer.Option(None, "--priority",
+                                           help="Gateway priority class sent as X-Priority (e.g. batch)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token."),
+    max_retries: int = typer.Option(5, "--max-retries", min=0, help="Retries on 429/5xx and lost connections."),
+    request_timeout: float = typer.Option(600.0, "--request-timeout", min=1.0, help="Seconds per request."),
+    price_per_gpu_hour: Optional[float] = typer.Option(None, "--price-per-gpu-hour", min=0.0,
+                                                       help="$ per GPU-hour, to report the run's cost."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs behind the endpoint (for the cost)."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (logs, CI)."),
+) -> None:
+    """Run an OpenAI Batch JSONL file against an endpoint; rerun the same command to resume."""
+    from rich.console import Console
+
+    from vlmserve.batch.runner import BatchOptions, run_batch_job
+    from vlmserve.batch.send import RetryPolicy
+    from vlmserve.batch.summary import Pricing, print_summary
+
+    if priority is not None and priority not in ("batch", "interactive"):
+        raise UserError(f"--priority '{priority}': use batch or interactive")
+    console = Console(stderr=True)
+    options = BatchOptions(input_path=input_path, output_path=output, base_url=base_url, concurrency=concurrency,
+                           priority=priority, api_key=api_key, retry=RetryPolicy(max_retries=max_retries),
+                           request_timeout_s=request_timeout, progress=not no_progress)
+    outcome = run_batch_job(options, console)
+    pricing = Pricing(price_per_gpu_hour, gpus) if price_per_gpu_hour is not None else None
+    print_summary(console, outcome, pricing)
+    if outcome.interrupted:
+        raise UserError(f"interrupted: {outcome.remaining:,} lines not answered yet; rerun the same command "
+                        "to resume", exit_code=130)
+    if outcome.remaining:
+        raise UserError(f"{outcome.remaining:,} lines not answered ({outcome.stop_reason or 'no answer'}); "
+                        "rerun the same command to send them", exit_code=1)
+    if outcome.failed:
+        raise UserError(f"{outcome.failed:,} lines failed; see their response.status_code / error in {output}",
+                        exit_code=1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("batch")(batch)

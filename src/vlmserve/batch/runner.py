@@ -1,0 +1,267 @@
+"""Run a batch job: stream the input, send with bounded concurrency, append each result.
+
+Guarantees, and how they are kept:
+- nothing lost: each result is one unbuffered `write` of a whole line, made only after the
+  full response arrived; a killed run leaves at most a partial last line, which the next
+  run cuts off (`scan.drop_partial_tail`) and sends again;
+- resumable: the next run skips every line whose result is already in the output;
+- flat memory: lines are read one at a time; only 8-byte hashes of done ids are kept;
+- clean stop: the first Ctrl-C (or SIGTERM) stops taking lines and lets requests in flight
+  finish; a second one abandons them without writing anything for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, error_line, response_line
+from vlmserve.batch.scan import InputScan, PriorResults, entry_key, iter_input, scan_input, scan_output
+from vlmserve.batch.send import NoAnswer, RetryPolicy, send_with_retries
+from vlmserve.errors import UserError
+
+NO_ANSWER_STREAK_LIMIT_FACTOR = 2
+"""Stop the job after this many x concurrency consecutive requests got no answer at all."""
+FSYNC_EVERY_S = 1.0
+
+
+@dataclass
+class BatchOptions:
+    input_path: Path
+    output_path: Path
+    base_url: str
+    concurrency: int = 16
+    priority: str | None = None
+    api_key: str | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    request_timeout_s: float = 600.0
+    progress: bool = True
+
+
+@dataclass
+class BatchOutcome:
+    """The whole job as the output file now stands, plus what this run did."""
+
+    entries: int
+    answered_before: int
+    answered_now: int = 0
+    succeeded: int = 0
+    failed_by_cause: Counter = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    run_completion_tokens: int = 0
+    no_answer: int = 0
+    retries: int = 0
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+    stop_reason: str | None = None
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failed_by_cause.values())
+
+    @property
+    def remaining(self) -> int:
+        return self.entries - self.answered_before - self.answered_now
+
+
+def api_root(base_url: str) -> str:
+    """The server root: input urls already start with /v1, so a trailing /v1 is dropped."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def _request_headers(options: BatchOptions) -> dict[str, str]:
+    headers = {}
+    if options.api_key:
+        headers["Authorization"] = f"Bearer {options.api_key}"
+    if options.priority:
+        headers["X-Priority"] = options.priority
+    return headers
+
+
+class _Job:
+    """One run over the input; state shared by the reader and the request tasks."""
+
+    def __init__(self, options: BatchOptions, prior: PriorResults, scan: InputScan, console: Console) -> None:
+        self.options = options
+        self.prior = prior
+        self.console = console
+        self.outcome = BatchOutcome(entries=scan.entries, answered_before=scan.already_done,
+                                    succeeded=prior.succeeded, failed_by_cause=Counter(prior.failed_by_cause),
+                                    prompt_tokens=prior.prompt_tokens, completion_tokens=prior.completion_tokens)
+        self.to_do = scan.entries - scan.already_done
+        self.headers = _request_headers(options)
+        self.root = api_root(options.base_url)
+        self.slots = asyncio.Semaphore(options.concurrency)
+        self.in_flight: set[asyncio.Task] = set()
+        self.stopping = False
+        self.no_answer_streak = 0
+        self.started = time.monotonic()
+        self.last_fsync = self.started
+        self.out_fd = -1
+        self.progress: Progress | None = None
+        self.task_id = None
+
+    # --- stopping ---
+    def on_signal(self) -> None:
+        if not self.stopping:
+            self.stop("interrupted")
+            self.console.print(f"[yellow]stopping: letting {len(self.in_flight)} requests in flight finish "
+                               "(press Ctrl-C again to abandon them)[/]")
+            return
+        for task in list(self.in_flight):
+            task.cancel()
+
+    def stop(self, reason: str) -> None:
+        self.stopping = True
+        if self.outcome.stop_reason is None:
+            self.outcome.stop_reason = reason
+        self.outcome.interrupted = reason == "interrupted"
+
+    # --- output ---
+    def _append(self, line: bytes) -> None:
+        view = memoryview(line)
+        while view:
+            written = os.write(self.out_fd, view)
+            view = view[written:]
+        now = time.monotonic()
+        if now - self.last_fsync >= FSYNC_EVERY_S:
+            os.fsync(self.out_fd)
+            self.last_fsync = now
+
+    def _record(self, line: bytes, cause: str | None, prompt: int = 0, completion: int = 0) -> None:
+        self._append(line)
+        outcome = self.outcome
+        outcome.answered_now += 1
+        if cause is None:
+            outcome.succeeded += 1
+        else:
+            outcome.failed_by_cause[cause] += 1
+        outcome.prompt_tokens += prompt
+        outcome.completion_tokens += completion
+        outcome.run_completion_tokens += completion
+        if self.progress is not None:
+            elapsed = max(time.monotonic() - self.started, 1e-6)
+            self.progress.update(self.task_id, advance=1,
+                                 tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}",
+                                 failed=outcome.failed)
+
+    # --- work ---
+    async def _send(self, session: aiohttp.ClientSession, request: BatchRequest) -> None:
+        try:
+            answer = await send_with_retries(session, self.root + request.url, request.body, self.headers,
+                                             self.options.retry)
+        except NoAnswer as err:
+            self.outcome.no_answer += 1
+            self.no_answer_streak += 1
+            if self.no_answer_streak >= NO_ANSWER_STREAK_LIMIT_FACTOR * self.options.concurrency \
+                    and not self.stopping:
+                self.stop(f"the endpoint stopped answering ({err})")
+            return
+        finally:
+            self.slots.release()
+        self.no_answer_streak = 0
+        self.outcome.retries += answer.retries
+        line = response_line(request.custom_id, answer.status_code, answer.request_id, answer.body)
+        usage = answer.body.get("usage") if isinstance(answer.body, dict) else None
+        usage = usage if isinstance(usage, dict) else {}
+        cause = None if answer.status_code < 400 else f"http_{answer.status_code}"
+        self._record(line, cause, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+
+    async def run(self) -> BatchOutcome:
+        timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
+        connector = aiohttp.TCPConnector(limit=self.options.concurrency)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            seen = 0
+            for _, entry in iter_input(self.options.input_path):
+                seen += 1
+                if seen % 1000 == 0:
+                    await asyncio.sleep(0)  # let signals and finished requests through
+                if self.stopping:
+                    break
+                if entry_key(entry) in self.prior.done:
+                    continue
+                if isinstance(entry, MalformedLine):
+                    self._record(error_line(entry.custom_id, MALFORMED, entry.reason, entry.line_no), MALFORMED)
+                    continue
+                await self.slots.acquire()
+                if self.stopping:
+                    self.slots.release()
+                    break
+                task = asyncio.create_task(self._send(session, entry))
+                self.in_flight.add(task)
+                task.add_done_callback(self.in_flight.discard)
+            while self.in_flight:
+                await asyncio.wait(set(self.in_flight))
+        self.outcome.elapsed_s = time.monotonic() - self.started
+        return self.outcome
+
+    async def run_with_signals(self) -> BatchOutcome:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, self.on_signal)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        self.out_fd = os.open(self.options.output_path, flags, 0o644)
+        try:
+            with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[tok_s]} tok/s · {task.fields[failed]} failed"),
+                          TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                          console=self.console, disable=not self.options.progress) as progress:
+                self.progress = progress
+                self.task_id = progress.add_task("batch", total=self.to_do, tok_s="0", failed=0)
+                return await self.run()
+        finally:
+            os.fsync(self.out_fd)
+            os.close(self.out_fd)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+
+
+async def _preflight(options: BatchOptions) -> None:
+    """Refuse to start against an endpoint that is down or rejects our key: nothing is sent."""
+    url = api_root(options.base_url) + "/v1/models"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            async with session.get(url, headers=_request_headers(options)) as response:
+                status = response.status
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+        raise UserError(f"cannot reach {options.base_url} ({type(err).__name__}); start the server or fix "
+                        "--base-url (nothing was sent)") from None
+    if status in (401, 403):
+        raise UserError(f"{options.base_url} refused the API key (HTTP {status}); pass a valid --api-key")
+
+
+def check_paths(options: BatchOptions) -> None:
+    if options.input_path.resolve() == options.output_path.resolve():
+        raise UserError("--output must differ from the input file")
+    if not options.output_path.parent.is_dir():
+        raise UserError(f"--output: folder {options.output_path.parent} does not exist; create it first")
+    if not options.base_url.startswith(("http://", "https://")):
+        raise UserError(f"--base-url '{options.base_url}' must start with http:// or https://")
+
+
+def run_batch_job(options: BatchOptions, console: Console) -> BatchOutcome:
+    """Check, scan, and run the job to completion or to a clean stop."""
+    check_paths(options)
+    prior = scan_output(options.output_path)
+    scan = scan_input(options.input_path, prior.done)
+    if scan.already_done:
+        console.print(f"resuming: {scan.already_done} of {scan.entries} lines already answered in "
+                      f"{options.output_path}")
+    job = _Job(options, prior, scan, console)
+    if job.to_do == 0:
+        return job.outcome
+    if scan.requests > 0:
+        asyncio.run(_preflight(options))
+    return asyncio.run(job.run_with_signals())
+
