@@ -19,6 +19,7 @@ VERB_MODULES: list[str] = [
     # one line per verb package; keep alphabetical to avoid merge churn
     "vlmserve.batch.cli",
     "vlmserve.export.cli",
+    "vlmserve.gateway.cli",
     "vlmserve.observe.cli",
     "vlmserve.report.cli",
     "vlmserve.sweep.cli",

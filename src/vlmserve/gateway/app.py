@@ -1,0 +1,306 @@
+"""The gateway's aiohttp application: routes, admission, and wiring of the parts.
+
+`build_app(config)` returns an `aiohttp.web.Application`; starting it (on_startup) opens the
+upstream connection pool, checks every replica once and starts the background tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected, load_keys_file
+from vlmserve.gateway.audit import AuditLog
+from vlmserve.gateway.config import GatewayConfig
+from vlmserve.gateway.metrics import GatewayMetrics
+from vlmserve.gateway.openai_errors import error_response
+from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
+from vlmserve.gateway.proxy import CONNECTION_ERRORS, Forwarder, RequestLog
+from vlmserve.gateway.replicas import Replica, ReplicaPool
+from vlmserve.gateway.request_info import TokenEstimator, describe_request
+from vlmserve.gateway.retry_budget import RetryBudget
+from vlmserve.gateway.watchdog import Watchdog
+
+log = logging.getLogger("vlmserve.gateway")
+
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
+
+STATE_KEY: web.AppKey["Gateway"] = web.AppKey("gateway", object)  # type: ignore[arg-type]
+
+
+def _new_upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
+    """Pooled keep-alive connections to the replicas, no limit on how many (admission limits that)."""
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                 skip_auto_headers=("User-Agent",))
+
+
+class Gateway:
+    """Everything one running gateway owns."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        config.validate()
+        self.config = config
+        tenants = load_keys_file(config.keys_file) if config.keys_file else None
+        self.admission = Admission(
+            tenants,
+            max_in_flight=config.max_in_flight,
+            queue_limits={"interactive": config.queue_limit_interactive, "batch": config.queue_limit_batch},
+            queue_timeout_s=config.queue_timeout_s,
+        )
+        self.policy: RoutingPolicy = build_policy(config)
+        self.estimator = TokenEstimator(config.chars_per_token, config.image_token_estimate, config.default_max_tokens)
+        self.audit = AuditLog(config.audit_log, log_content=config.log_content)
+        self.metrics = GatewayMetrics(self._snapshot)
+        upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
+        self.pool = ReplicaPool(
+            config.normalized_replicas,
+            lambda: _new_upstream_session(config),
+            health_interval_s=config.health_interval_s,
+            metrics_interval_s=config.metrics_interval_s if self.policy.uses_engine_load else None,
+            breaker_failures=config.breaker_failures,
+            breaker_open_s=config.breaker_open_s,
+            breaker_open_max_s=config.breaker_open_max_s,
+            upstream_headers=upstream_headers,
+            on_load_update=self.policy.on_load_update,
+            on_ejection=lambda replica: self.metrics.ejections.labels(replica.name).inc(),
+        )
+        self.watchdog = Watchdog()
+        self.session: aiohttp.ClientSession | None = None
+        self.forwarder: Forwarder | None = None
+        self._other_paths_rotation = RoundRobin()
+        self.draining = False
+        self.requests_in_progress = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.session = _new_upstream_session(self.config)
+        self.forwarder = Forwarder(
+            self.pool, self.policy, self.session, self.watchdog,
+            max_attempts=self.config.max_attempts,
+            retry_budget=RetryBudget(self.config.retry_budget_ratio, self.config.retry_budget_min_per_s),
+            idle_chunk_timeout_s=self.config.idle_chunk_timeout_s,
+            first_token_timeout_s=self.config.first_token_timeout_s,
+            upstream_auth=self.config.replica_api_key,
+            on_retry=lambda replica, reason: self.metrics.retries.labels(replica.name, reason).inc(),
+        )
+        await self.pool.start()
+        self.watchdog.start()
+        healthy = sum(r.healthy for r in self.pool.replicas)
+        log.info("gateway routing to %d replica(s) (%d healthy) with policy %s", len(self.pool.replicas), healthy, self.policy.name)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests (503, /health 503) and wait for those in progress to finish."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.requests_in_progress > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        await self.watchdog.stop()
+        await self.pool.stop()
+        if self.session is not None:
+            await self.session.close()
+        self.audit.close()
+
+    # ---- state for /metrics and /health --------------------------------------------------------
+
+    def _outstanding_tokens(self) -> dict[int, int] | None:
+        policy = self.policy.inner if isinstance(self.policy, SessionAffinity) else self.policy
+        return policy.outstanding if isinstance(policy, LeastOutstandingTokens) else None
+
+    def _snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        outstanding = self._outstanding_tokens()
+        return {
+            "replicas": {
+                r.name: {
+                    "in_flight": r.in_flight,
+                    "routable": r.routable(now),
+                    "outstanding_tokens": None if outstanding is None else outstanding.get(r.index, 0),
+                }
+                for r in self.pool.replicas
+            },
+            "queued": {p: self.admission.queued(p) for p in PRIORITIES},
+        }
+
+    # ---- handlers ------------------------------------------------------------------------------
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        routable = sum(r.routable(now) for r in self.pool.replicas)
+        ok = routable > 0 and not self.draining
+        payload = {
+            "status": "ok" if ok else ("draining" if self.draining else "no healthy replica"),
+            "policy": self.policy.name,
+            "replicas": [r.describe() for r in self.pool.replicas],
+        }
+        return web.json_response(payload, status=200 if ok else 503)
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        models = self.pool.known_models()
+        if not models and not self.pool.any_healthy():
+            return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
+        return web.json_response({"object": "list", "data": list(models.values())})
+
+    async def handle_generation(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/chat/completions and /v1/completions."""
+        request_log = RequestLog(
+            request_id=request.headers.get("X-Request-ID") or uuid.uuid4().hex,
+            path=request.path, received_at=time.time(), received_mono=time.monotonic(),
+        )
+        self.requests_in_progress += 1
+        tenant = None
+        slot_held = False
+        content: Any = None
+        try:
+            try:
+                if self.draining:
+                    request_log.status = "503"
+                    return error_response(503, "gateway is shutting down: retry on another gateway", "draining",
+                                          retry_after_s=1, request_id=request_log.request_id)
+                tenant = self.admission.authenticate(request.headers.get("Authorization"), request.headers.get("X-API-Key"))
+                request_log.tenant = tenant.name
+                body, payload = await self._read_json(request)
+                content = payload.get("messages", payload.get("prompt"))
+                model = payload.get("model")
+                if model is not None and not isinstance(model, str):
+                    raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
+                known = self.pool.known_models()
+                if isinstance(model, str) and known and model not in known:
+                    raise AdmissionRejected(404, f"model {model!r} is not served here: choose one of {', '.join(sorted(known))}", "model_not_found")
+                routed = describe_request(
+                    payload, request_id=request_log.request_id, estimator=self.estimator,
+                    prefix_block_chars=self.config.prefix_block_chars if self.policy.uses_prefix_hashes else None,
+                )
+                routed.tenant = tenant.name
+                routed.session_id = request.headers.get("X-Session-ID")
+                routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
+                request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
+                request_log.estimated_tokens = routed.expected_total_tokens
+                self.admission.check_rate(tenant, routed.expected_total_tokens)
+                await self.admission.acquire_slot(routed.priority)
+                slot_held = True
+            except AdmissionRejected as rejected:
+                request_log.status, request_log.error = str(rejected.status), rejected.message
+                if rejected.status == 429:
+                    self.metrics.shed.labels(request_log.tenant, rejected.reason).inc()
+                return error_response(rejected.status, rejected.message, rejected.code,
+                                      retry_after_s=rejected.retry_after_s, request_id=request_log.request_id)
+            assert self.forwarder is not None
+            return await self.forwarder.forward(request, body, routed, request_log)
+        except asyncio.CancelledError:
+            request_log.status = "abandoned"
+            raise
+        except Exception as err:  # a bug must cost one request, never the gateway
+            log.exception("request %s failed inside the gateway", request_log.request_id)
+            request_log.status, request_log.error = "500", f"{type(err).__name__}: {err}"
+            return error_response(500, "internal gateway error; see the gateway log", "internal_error",
+                                  request_id=request_log.request_id)
+        finally:
+            self.requests_in_progress -= 1
+            if slot_held:
+                self.admission.release_slot()
+                if tenant is not None:
+                    used = None if request_log.completion_tokens is None else (request_log.prompt_tokens or 0) + request_log.completion_tokens
+                    self.admission.settle_tokens(tenant, request_log.estimated_tokens, used)
+            self._finish(request_log, content)
+
+    async def _read_json(self, request: web.Request) -> tuple[bytes, dict]:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise AdmissionRejected(413, f"request body is {request.content_length} bytes, over the {limit}-byte limit: send smaller images or raise --max-body-bytes", "body_too_large")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise AdmissionRejected(413, f"request body is over the {limit}-byte limit: send smaller images or raise --max-body-bytes", "body_too_large") from None
+        try:
+            payload = json.loads(body)
+        except ValueError as err:
+            raise AdmissionRejected(400, f"request body is not valid JSON ({err.msg} at char {err.pos})" if isinstance(err, json.JSONDecodeError) else "request body is not valid JSON", "invalid_json") from None
+        if not isinstance(payload, dict):
+            raise AdmissionRejected(400, "request body must be a JSON object", "invalid_json")
+        return body, payload
+
+    def _finish(self, request_log: RequestLog, content: Any) -> None:
+        request_log.finished_mono = time.monotonic()
+        self.metrics.requests.labels(request_log.status, request_log.tenant, request_log.replica).inc()
+        if request_log.first_byte_mono is not None and request_log.status == "200":
+            self.metrics.ttft.labels(request_log.replica).observe(request_log.first_byte_mono - request_log.received_mono)
+            self.metrics.e2e.labels(request_log.replica).observe(request_log.finished_mono - request_log.received_mono)
+        self.audit.write(request_log.to_record(), content)
+
+    async def handle_other(self, request: web.Request) -> web.StreamResponse:
+        """Any other /v1 path: forwarded to one healthy replica, response streamed back as is."""
+        if self.draining:
+            return error_response(503, "gateway is shutting down: retry on another gateway", "draining", retry_after_s=1)
+        try:
+            self.admission.authenticate(request.headers.get("Authorization"), request.headers.get("X-API-Key"))
+        except AdmissionRejected as rejected:
+            return error_response(rejected.status, rejected.message, rejected.code)
+        candidates = self.pool.candidates(None)
+        if not candidates:
+            return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica", retry_after_s=1)
+        replica: Replica = self._other_paths_rotation.choose(None, candidates)  # type: ignore[arg-type]
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(413, f"request body is over the {self.config.max_body_bytes}-byte limit", "body_too_large")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in ("authorization", "x-api-key")}
+        if self.config.replica_api_key:
+            headers["Authorization"] = f"Bearer {self.config.replica_api_key}"
+        assert self.session is not None
+        try:
+            async with self.session.request(request.method, replica.url + request.path_qs, data=body or None,
+                                            headers=headers) as upstream:
+                response = web.StreamResponse(status=upstream.status, headers={
+                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
+                })
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except CONNECTION_ERRORS as err:
+            self.pool.record_failure(replica)
+            return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
+
+
+def build_app(config: GatewayConfig) -> web.Application:
+    """The aiohttp application for `config`; the Gateway object is at `app[STATE_KEY]`."""
+    gateway = Gateway(config)
+    app = web.Application(client_max_size=config.max_body_bytes)
+    app[STATE_KEY] = gateway
+
+    async def on_startup(_: web.Application) -> None:
+        await gateway.start()
+
+    async def on_shutdown(_: web.Application) -> None:
+        await gateway.drain(config.drain_timeout_s)
+
+    async def on_cleanup(_: web.Application) -> None:
+        await gateway.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_get("/health", gateway.handle_health)
+    app.router.add_get("/metrics", gateway.handle_metrics)
+    app.router.add_get("/v1/models", gateway.handle_models)
+    for path in GENERATION_PATHS:
+        app.router.add_post(path, gateway.handle_generation)
+    app.router.add_route("*", "/v1/{tail:.*}", gateway.handle_other)
+    return app

@@ -1,0 +1,55 @@
+"""`vlmserve gateway`: wiring from flags to `GatewayConfig` and `serve_forever`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+from vlmserve.gateway.config import POLICY_NAMES, GatewayConfig
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("gateway")
+    def gateway(
+        replica: list[str] = typer.Option(..., "--replica", "-r", help="Base URL of an engine replica (repeat for each)."),
+        host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+        port: int = typer.Option(8080, help="Port to listen on."),
+        policy: str = typer.Option("least-outstanding-tokens", help=f"Routing policy: {', '.join(POLICY_NAMES)}."),
+        keys_file: Path | None = typer.Option(None, help="YAML file of tenants and API keys; without it the gateway is open."),
+        audit_log: Path | None = typer.Option(None, help="Append one JSON line per request to this file."),
+        log_content: bool = typer.Option(False, help="Include prompts (and image references) in the audit log."),
+        max_body_bytes: int = typer.Option(32 * 1024 * 1024, help="Refuse larger request bodies with 413."),
+        connect_timeout: float = typer.Option(3.0, help="Seconds to connect to a replica."),
+        first_token_timeout: float = typer.Option(300.0, help="Seconds to wait for a replica's first byte (retryable)."),
+        idle_chunk_timeout: float = typer.Option(60.0, help="Seconds a stream may stall before it is ended with an error event."),
+        max_attempts: int = typer.Option(3, help="Replicas tried per request (retries happen before the first byte only)."),
+        max_in_flight: int = typer.Option(0, help="Requests in flight to the engines at once; the rest queue by priority (0 = no cap)."),
+        queue_limit_interactive: int = typer.Option(1024, help="Interactive requests that may wait before 429."),
+        queue_limit_batch: int = typer.Option(4096, help="Batch requests that may wait before 429."),
+        prefix_load_factor: float = typer.Option(1.25, help="prefix-affinity: how far over its fair share a replica may go."),
+        health_interval: float = typer.Option(1.0, help="Seconds between active health checks."),
+        metrics_interval: float = typer.Option(0.5, help="engine-aware: seconds between engine /metrics polls."),
+        replica_api_key: str | None = typer.Option(None, envvar="VLMSERVE_REPLICA_API_KEY", help="API key the replicas expect."),
+        drain_timeout: float = typer.Option(30.0, help="On shutdown, seconds to let requests in progress finish."),
+    ) -> None:
+        """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
+        from vlmserve.gateway.server import serve_forever
+
+        config = GatewayConfig(
+            replicas=replica, host=host, port=port, policy=policy, keys_file=keys_file, audit_log=audit_log,
+            log_content=log_content, max_body_bytes=max_body_bytes, connect_timeout_s=connect_timeout,
+            first_token_timeout_s=first_token_timeout, idle_chunk_timeout_s=idle_chunk_timeout,
+            max_attempts=max_attempts, max_in_flight=max_in_flight, queue_limit_interactive=queue_limit_interactive,
+            queue_limit_batch=queue_limit_batch, prefix_load_factor=prefix_load_factor,
+            health_interval_s=health_interval, metrics_interval_s=metrics_interval,
+            replica_api_key=replica_api_key, drain_timeout_s=drain_timeout,
+        )
+        config.validate()
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+        def ready(bound_port: int) -> None:
+            typer.echo(f"vlmserve gateway listening on http://{host}:{bound_port} ({policy}, {len(replica)} replica(s))", err=True)
+
+        serve_forever(config, on_ready=ready)

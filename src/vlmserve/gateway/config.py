@@ -1,0 +1,81 @@
+"""All gateway settings in one place, so the CLI, `vlmserve up` and tests build the same thing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vlmserve.errors import UserError
+
+POLICY_NAMES = ("round-robin", "least-outstanding-tokens", "prefix-affinity", "engine-aware")
+
+
+@dataclass
+class GatewayConfig:
+    """Settings of one gateway process. Defaults suit a few vLLM replicas on one host."""
+
+    replicas: list[str]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    policy: str = "least-outstanding-tokens"
+    keys_file: Path | None = None
+    audit_log: Path | None = None
+    log_content: bool = False
+    # Requests larger than this are refused with 413 before they are read completely.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # Timeouts (seconds). The first-token one covers queueing inside the engine.
+    connect_timeout_s: float = 3.0
+    first_token_timeout_s: float = 300.0
+    idle_chunk_timeout_s: float = 60.0
+    # Retries happen only before the first byte reaches the client.
+    max_attempts: int = 3
+    retry_budget_ratio: float = 0.2
+    retry_budget_min_per_s: float = 5.0
+    # Health and ejection.
+    health_interval_s: float = 1.0
+    metrics_interval_s: float = 0.5
+    breaker_failures: int = 3
+    breaker_open_s: float = 5.0
+    breaker_open_max_s: float = 60.0
+    # Admission: how many requests may be in flight to the engines at once (0 = no limit),
+    # and how many may wait per priority class before 429.
+    max_in_flight: int = 0
+    queue_limit_interactive: int = 1024
+    queue_limit_batch: int = 4096
+    queue_timeout_s: float = 60.0
+    # Token estimates used by the load-aware policies (the gateway has no tokenizer).
+    chars_per_token: float = 4.0
+    image_token_estimate: int = 576
+    default_max_tokens: int = 256
+    # Prefix affinity: characters per hashed block, and how far over its fair share a
+    # replica may go before affinity yields (consistent hashing with bounded loads).
+    prefix_block_chars: int = 256
+    prefix_load_factor: float = 1.25
+    replica_api_key: str | None = None
+    drain_timeout_s: float = 30.0
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Reject settings that cannot work, with a message that says what to change."""
+        if not self.replicas:
+            raise UserError("no replicas given: pass --replica URL at least once (e.g. --replica http://127.0.0.1:8001)")
+        for url in self.replicas:
+            if not (url.startswith("http://") or url.startswith("https://")):
+                raise UserError(f"replica URL {url!r} must start with http:// or https://")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise UserError("the same replica URL was given twice: pass each --replica once")
+        if self.policy not in POLICY_NAMES:
+            raise UserError(f"unknown policy {self.policy!r}: choose one of {', '.join(POLICY_NAMES)}")
+        if self.keys_file is not None and not Path(self.keys_file).is_file():
+            raise UserError(f"keys file {self.keys_file} does not exist: create it or drop --keys-file")
+        if self.max_attempts < 1:
+            raise UserError("--max-attempts must be at least 1")
+        if self.prefix_load_factor < 1.0:
+            raise UserError("--prefix-load-factor must be at least 1.0 (1.0 = strict fair share)")
+        for name in ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_timeout_s", "health_interval_s"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name.replace('_', '-')} must be positive")
+
+    @property
+    def normalized_replicas(self) -> list[str]:
+        return [url.rstrip("/") for url in self.replicas]

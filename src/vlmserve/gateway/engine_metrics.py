@@ -1,0 +1,48 @@
+"""Read the few load figures the engine-aware policy needs from an engine's Prometheus text.
+
+vLLM (and the sim engine) expose hundreds of lines; a full Prometheus parse of every replica
+each second would stall the event loop the streams run on, so only the wanted lines are split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """One scrape of an engine: queue depth, batch size and KV-cache fill (0..1)."""
+
+    waiting: float
+    running: float
+    kv_usage: float
+    scraped_at: float
+
+
+def _sample_value(line: str) -> float:
+    try:
+        return float(line.rsplit(" ", 1)[1])
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def parse_engine_load(text: str, scraped_at: float) -> EngineLoad:
+    """Sum each wanted gauge over its label sets (one engine may report several)."""
+    waiting = running = 0.0
+    kv_values: list[float] = []
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == WAITING:
+            waiting += _sample_value(line)
+        elif name == RUNNING:
+            running += _sample_value(line)
+        elif name in KV_USAGE_NAMES:
+            kv_values.append(_sample_value(line))
+    kv_usage = max(kv_values) if kv_values else 0.0
+    return EngineLoad(waiting=waiting, running=running, kv_usage=kv_usage, scraped_at=scraped_at)

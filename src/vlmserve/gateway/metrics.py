@@ -1,0 +1,78 @@
+"""The gateway's Prometheus metrics, all named `vlmserve_gateway_*` (never `vllm:`).
+
+Counters and histograms are updated on the request path; gauges that describe current state
+(in flight, queued, replica health) are read from the live objects at scrape time, so the
+request path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+)
+
+
+class _StateCollector(Collector):
+    """Gauges computed from a snapshot function when Prometheus scrapes."""
+
+    def __init__(self, snapshot: Callable[[], dict]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        state = self._snapshot()
+        in_flight = GaugeMetricFamily("vlmserve_gateway_in_flight", "Requests sent to a replica and not finished", labels=["replica"])
+        healthy = GaugeMetricFamily("vlmserve_gateway_replica_healthy", "1 if the replica passes health checks and is not ejected", labels=["replica"])
+        outstanding = GaugeMetricFamily("vlmserve_gateway_outstanding_tokens", "Tokens in flight per replica as the least-outstanding-tokens policy counts them", labels=["replica"])
+        for name, figures in state["replicas"].items():
+            in_flight.add_metric([name], figures["in_flight"])
+            healthy.add_metric([name], 1.0 if figures["routable"] else 0.0)
+            if figures.get("outstanding_tokens") is not None:
+                outstanding.add_metric([name], figures["outstanding_tokens"])
+        queued = GaugeMetricFamily("vlmserve_gateway_queued", "Requests waiting for an admission slot", labels=["priority"])
+        for priority, count in state["queued"].items():
+            queued.add_metric([priority], count)
+        yield in_flight
+        yield healthy
+        yield outstanding
+        yield queued
+
+
+class GatewayMetrics:
+    """One registry per gateway, so several gateways can live in one process (tests)."""
+
+    def __init__(self, snapshot: Callable[[], dict]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "vlmserve_gateway_requests", "Requests finished, by final status (HTTP code, stream_error, abandoned)",
+            ["status", "tenant", "replica"], registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "vlmserve_gateway_time_to_first_token_seconds", "Request received to first response byte sent, at the gateway",
+            ["replica"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "vlmserve_gateway_e2e_request_latency_seconds", "Request received to last byte sent, at the gateway",
+            ["replica"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )
+        self.retries = Counter(
+            "vlmserve_gateway_retries", "Attempts retried on another replica, by the replica that failed and why",
+            ["replica", "reason"], registry=self.registry,
+        )
+        self.ejections = Counter(
+            "vlmserve_gateway_ejections", "Replicas ejected by their circuit breaker", ["replica"], registry=self.registry,
+        )
+        self.shed = Counter(
+            "vlmserve_gateway_shed_requests", "Requests refused by admission control (429)", ["tenant", "reason"],
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(snapshot))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

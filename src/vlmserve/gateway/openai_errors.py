@@ -1,0 +1,48 @@
+"""Errors in the OpenAI format, as HTTP responses and as a final SSE event of a broken stream."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from aiohttp import web
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "api_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def error_response(
+    status: int, message: str, code: str | None = None, *, retry_after_s: float | None = None,
+    request_id: str | None = None,
+) -> web.Response:
+    headers = {}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    if request_id is not None:
+        headers["X-Request-ID"] = request_id
+    return web.json_response(error_body(status, message, code), status=status, headers=headers)
+
+
+def sse_error_event(status: int, message: str, code: str | None = None) -> bytes:
+    """The last event of a stream the gateway had to cut: clients see why, then EOF."""
+    return b"data: " + json.dumps(error_body(status, message, code)).encode() + b"\n\n"

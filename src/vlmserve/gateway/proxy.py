@@ -1,0 +1,356 @@
+"""Forwarding one generation request: choose, send, retry before the first byte, stream through.
+
+The rules this module keeps:
+- A request is retried on another replica only while nothing has been sent to the client
+  (connect failure, 5xx/429, the replica closing or timing out before its first byte), and
+  only while the retry budget allows.
+- The client's response starts only once the upstream's first body bytes are in hand, so
+  every failure up to then is still retryable. After that, bytes are passed on as they arrive
+  (never buffered); a replica that dies or stalls mid-stream ends the stream with a final SSE
+  error event — the client never hangs.
+- A client that goes away cancels the handler; closing the upstream connection makes the
+  engine abort the request.
+- Every attempt ends with exactly one policy.on_finish and one in-flight decrement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from vlmserve.gateway.openai_errors import error_response, sse_error_event
+from vlmserve.gateway.policies import Outcome, RoutingPolicy
+from vlmserve.gateway.replicas import Replica, ReplicaPool
+from vlmserve.gateway.request_info import RoutedRequest
+from vlmserve.gateway.retry_budget import RetryBudget
+from vlmserve.gateway.watchdog import Exchange, Watchdog
+
+RETRYABLE_STATUS = {429, 500, 502, 503, 504}
+RESPONSE_HEADERS_KEPT = ("Content-Type",)
+CONNECTION_ERRORS = (aiohttp.ClientError, OSError, asyncio.IncompleteReadError)
+
+
+@dataclass
+class RequestLog:
+    """What the audit log and the metrics learn about one request."""
+
+    request_id: str
+    path: str
+    tenant: str = "anonymous"
+    model: str | None = None
+    stream: bool = False
+    priority: str = "interactive"
+    replica: str = "none"
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    received_at: float = 0.0  # wall clock, for people
+    received_mono: float = 0.0  # monotonic, for durations
+    first_byte_mono: float | None = None
+    finished_mono: float | None = None
+    status: str = "pending"
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    estimated_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def retries(self) -> int:
+        return max(0, len(self.attempts) - 1)
+
+    def to_record(self) -> dict[str, Any]:
+        def ms(mono: float | None) -> float | None:
+            return None if mono is None else round((mono - self.received_mono) * 1000, 3)
+
+        return {
+            "id": self.request_id,
+            "tenant": self.tenant,
+            "model": self.model,
+            "path": self.path,
+            "stream": self.stream,
+            "priority": self.priority,
+            "replica": self.replica,
+            "status": self.status,
+            "retries": self.retries,
+            "attempts": self.attempts,
+            "received_at": self.received_at,
+            "ttft_ms": ms(self.first_byte_mono),
+            "e2e_ms": ms(self.finished_mono),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "error": self.error,
+        }
+
+
+class _RetryableFailure(Exception):
+    """An attempt failed before anything reached the client."""
+
+    def __init__(self, reason: str, message: str, response: web.Response | None = None,
+                 replica_at_fault: bool = True) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.response = response  # the replica's own error answer, passed on if retries run out
+        self.replica_at_fault = replica_at_fault  # counts towards ejecting the replica
+
+
+def _usage_from_sse_tail(tail: bytes) -> dict | None:
+    """The `usage` object of the last SSE event that carries one (engines send it last)."""
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            try:
+                usage = json.loads(line[6:]).get("usage")
+            except ValueError:
+                continue
+            if isinstance(usage, dict):
+                return usage
+    return None
+
+
+class Forwarder:
+    """Sends generation requests to replicas on behalf of the app."""
+
+    def __init__(
+        self,
+        pool: ReplicaPool,
+        policy: RoutingPolicy,
+        session: aiohttp.ClientSession,
+        watchdog: Watchdog,
+        *,
+        max_attempts: int,
+        retry_budget: RetryBudget,
+        idle_chunk_timeout_s: float,
+        first_token_timeout_s: float,
+        upstream_auth: str | None = None,
+        on_retry: Any = None,
+    ) -> None:
+        self.pool = pool
+        self.policy = policy
+        self.session = session
+        self.watchdog = watchdog
+        self.max_attempts = max_attempts
+        self.retry_budget = retry_budget
+        self.idle_chunk_timeout_s = idle_chunk_timeout_s
+        self.first_token_timeout_s = first_token_timeout_s
+        self.upstream_auth = upstream_auth
+        self.on_retry = on_retry
+
+    def _upstream_headers(self, request_id: str) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "X-Request-ID": request_id}
+        if self.upstream_auth:
+            headers["Authorization"] = f"Bearer {self.upstream_auth}"
+        return headers
+
+    async def forward(self, request: web.Request, body: bytes, routed: RoutedRequest, log: RequestLog) -> web.StreamResponse:
+        """Try replicas until one answers; the returned response may already be sent (streams)."""
+        self.retry_budget.on_request()
+        excluded: set[int] = set()
+        last_failure: _RetryableFailure | None = None
+        while True:
+            candidates = self.pool.candidates(routed.model, excluded)
+            if not candidates:
+                break
+            replica = self.policy.choose(routed, candidates)
+            try:
+                return await self._attempt(request, body, routed, replica, log)
+            except _RetryableFailure as failure:
+                last_failure = failure
+                log.attempts[-1]["error"] = failure.reason
+                excluded.add(replica.index)
+                if len(log.attempts) >= self.max_attempts:
+                    break
+                if not self.pool.candidates(routed.model, excluded):
+                    break
+                if not self.retry_budget.try_spend():
+                    failure.message += " (retry budget exhausted)"
+                    break
+                if self.on_retry is not None:
+                    self.on_retry(replica, failure.reason)
+        if last_failure is None:
+            log.status, log.error = "503", "no healthy replica"
+            what = f"model {routed.model!r}" if routed.model else "this request"
+            return error_response(503, f"no healthy replica can serve {what}: check the replicas' health (GET /health)",
+                                  "no_healthy_replica", retry_after_s=1, request_id=log.request_id)
+        log.error = last_failure.message
+        if last_failure.response is not None:
+            log.status = str(last_failure.response.status)
+            return last_failure.response
+        status = 504 if last_failure.reason == "first_token_timeout" else 502
+        log.status = str(status)
+        return error_response(status, f"request failed on {len(log.attempts)} replica(s): {last_failure.message}",
+                              last_failure.reason, request_id=log.request_id)
+
+    async def _attempt(self, request: web.Request, body: bytes, routed: RoutedRequest, replica: Replica,
+                       log: RequestLog) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        replica.in_flight += 1
+        replica.dispatched_total += 1
+        replica.breaker.on_dispatch(time.monotonic())
+        self.policy.on_dispatch(routed, replica)
+        log.replica = replica.name
+        log.attempts.append({"replica": replica.name})
+        exchange = Exchange(task, self.first_token_timeout_s, loop.time())
+        self.watchdog.active.add(exchange)
+        outcome = Outcome.FAILED
+        upstream: aiohttp.ClientResponse | None = None
+        response: web.StreamResponse | None = None
+        try:
+            try:
+                upstream = await self.session.post(
+                    replica.url + request.path, data=body, headers=self._upstream_headers(log.request_id)
+                )
+                if upstream.status != 200:
+                    payload = await upstream.read()
+                    self._raise_if_retryable(upstream, payload, replica, log)
+                    replica.breaker.record_success()  # a 4xx is the request's fault, not the replica's
+                    outcome = Outcome.COMPLETED
+                    return self._passthrough_error(upstream, payload, log)
+                if not routed.stream:
+                    payload = await upstream.read()
+                    outcome = Outcome.COMPLETED
+                    return self._unary_response(upstream, payload, replica, routed, log)
+                first = await upstream.content.readany()
+                if not first:
+                    raise _RetryableFailure("closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
+            except asyncio.CancelledError:
+                if exchange.expired and task.uncancel() == 0:
+                    self.pool.record_failure(replica)
+                    raise _RetryableFailure(
+                        "first_token_timeout",
+                        f"replica {replica.name} sent nothing within {self.first_token_timeout_s:g} s",
+                    ) from None
+                outcome = Outcome.ABANDONED
+                raise
+            except _RetryableFailure as failure:
+                if failure.replica_at_fault:
+                    self.pool.record_failure(replica)
+                raise
+            except CONNECTION_ERRORS as err:
+                self.pool.record_failure(replica)
+                raise _RetryableFailure("connect_error", f"replica {replica.name}: {type(err).__name__}: {err}") from None
+            # --- from here on the client has (or is about to have) bytes: no more retries ---
+            replica.breaker.record_success()
+            exchange.streaming(self.idle_chunk_timeout_s, loop.time())
+            self.policy.on_first_token(routed, replica)
+            response = web.StreamResponse(status=200, headers={
+                "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+                "Cache-Control": "no-cache",
+                "X-Request-ID": log.request_id,
+            })
+            outcome = await self._stream(request, upstream, first, response, exchange, replica, routed, log)
+            return response
+        except asyncio.CancelledError:
+            outcome = Outcome.ABANDONED
+            log.status = "abandoned"
+            raise
+        finally:
+            self.watchdog.active.discard(exchange)
+            if upstream is not None:
+                if outcome is Outcome.COMPLETED:
+                    upstream.release()
+                else:
+                    upstream.close()  # the engine sees the disconnect and aborts the request
+            if outcome is Outcome.ABANDONED:
+                replica.breaker.record_abandoned()
+            replica.in_flight -= 1
+            self.policy.on_finish(routed, replica, outcome)
+
+    def _raise_if_retryable(self, upstream: aiohttp.ClientResponse, payload: bytes, replica: Replica,
+                            log: RequestLog) -> None:
+        """A replica answered 5xx or 429 before streaming anything: another replica may do better."""
+        if upstream.status in RETRYABLE_STATUS:
+            raise _RetryableFailure(
+                f"upstream_{upstream.status}",
+                f"replica {replica.name} answered {upstream.status}",
+                response=self._passthrough_error(upstream, payload, log),
+                replica_at_fault=upstream.status >= 500,
+            )
+
+    def _passthrough_error(self, upstream: aiohttp.ClientResponse, payload: bytes, log: RequestLog) -> web.Response:
+        log.status = str(upstream.status)
+        log.first_byte_mono = log.finished_mono = time.monotonic()
+        return web.Response(status=upstream.status, body=payload, headers={
+            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "X-Request-ID": log.request_id,
+        })
+
+    def _unary_response(self, upstream: aiohttp.ClientResponse, payload: bytes, replica: Replica,
+                        routed: RoutedRequest, log: RequestLog) -> web.Response:
+        replica.breaker.record_success()
+        self.policy.on_first_token(routed, replica)
+        log.first_byte_mono = time.monotonic()
+        try:
+            usage = json.loads(payload).get("usage")
+        except (ValueError, AttributeError):
+            usage = None
+        if isinstance(usage, dict):
+            log.prompt_tokens = usage.get("prompt_tokens")
+            log.completion_tokens = usage.get("completion_tokens")
+        log.status = "200"
+        return web.Response(status=200, body=payload, headers={
+            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "X-Request-ID": log.request_id,
+        })
+
+    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
+                      response: web.StreamResponse, exchange: Exchange, replica: Replica,
+                      routed: RoutedRequest, log: RequestLog) -> Outcome:
+        """Pass the stream through; end it with an SSE error event if the replica fails."""
+        task = exchange.task
+        await response.prepare(request)
+        log.first_byte_mono = time.monotonic()
+        events = first.count(b"data:")
+        tail = first
+        failure: tuple[int, str, str] | None = None
+        try:
+            try:
+                await response.write(first)
+                read = upstream.content.readany
+                write = response.write
+                while True:
+                    chunk = await read()
+                    if not chunk:
+                        break
+                    exchange.chunks += 1
+                    events += chunk.count(b"data:")
+                    tail = tail[-512:] + chunk if len(chunk) < 2048 else chunk
+                    await write(chunk)
+            except asyncio.CancelledError:
+                if not (exchange.expired and task.uncancel() == 0):
+                    raise
+                failure = (504, f"replica {replica.name} stalled: no data for {self.idle_chunk_timeout_s:g} s", "idle_chunk_timeout")
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError) as err:
+                if request.transport is None or request.transport.is_closing():
+                    raise asyncio.CancelledError from err  # it was the client's side that broke
+                failure = (502, f"replica {replica.name} failed mid-stream ({type(err).__name__}); the answer is incomplete", "upstream_stream_error")
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            log.status = "abandoned"
+            return Outcome.ABANDONED
+        usage = _usage_from_sse_tail(tail)
+        if usage is not None:
+            log.prompt_tokens = usage.get("prompt_tokens")
+            log.completion_tokens = usage.get("completion_tokens")
+        else:
+            log.completion_tokens = max(0, events - 1)  # SSE events less [DONE]: roughly one token each
+        if failure is not None:
+            self.pool.record_failure(replica)
+            log.status, log.error = "stream_error", failure[1]
+            try:
+                await response.write(sse_error_event(*failure))
+                await response.write_eof()
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+                pass
+            return Outcome.FAILED
+        log.status = "200"
+        try:
+            await response.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            log.status = "abandoned"
+            return Outcome.ABANDONED
+        return Outcome.COMPLETED

@@ -1,0 +1,220 @@
+"""The gateway's picture of its replicas: alive or not, what they serve, how loaded they are.
+
+Two sources of truth are combined. Active checks (GET /health every `health_interval_s`)
+notice a replica that is down even when no traffic goes to it; the circuit breaker notices one
+that fails real requests. Engine load (/metrics) is polled only when the policy uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
+from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
+
+log = logging.getLogger("vlmserve.gateway")
+
+HEALTH_FAILURES_TO_MARK_DOWN = 2
+MODELS_REFRESH_S = 10.0
+
+
+@dataclass(eq=False)
+class Replica:
+    """One engine behind the gateway and the gateway's own bookkeeping about it."""
+
+    index: int
+    url: str
+    breaker: CircuitBreaker
+    healthy: bool = False
+    health_failures: int = 0
+    models: list[dict] = field(default_factory=list)
+    models_checked_at: float = 0.0
+    load: EngineLoad | None = None
+    in_flight: int = 0  # requests dispatched and not yet finished (the gateway's own count)
+    dispatched_total: int = 0
+
+    @property
+    def name(self) -> str:
+        """host:port, used as the `replica` label in metrics and the audit log."""
+        return urlsplit(self.url).netloc or self.url
+
+    @property
+    def model_ids(self) -> set[str]:
+        return {str(m.get("id")) for m in self.models if isinstance(m, dict)}
+
+    def routable(self, now: float) -> bool:
+        return self.healthy and self.breaker.available(now)
+
+    def serves(self, model: str | None) -> bool:
+        """Unknown model lists (not fetched yet) count as 'maybe': the engine will answer."""
+        return model is None or not self.models or model in self.model_ids
+
+    def describe(self) -> dict:
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "breaker": self.breaker.state.value,
+            "in_flight": self.in_flight,
+            "models": sorted(self.model_ids),
+        }
+
+
+class ReplicaPool:
+    """Owns the replicas and the background tasks that keep their state current."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        session_factory: Callable[[], aiohttp.ClientSession],
+        *,
+        health_interval_s: float = 1.0,
+        metrics_interval_s: float | None = None,
+        breaker_failures: int = 3,
+        breaker_open_s: float = 5.0,
+        breaker_open_max_s: float = 60.0,
+        upstream_headers: dict[str, str] | None = None,
+        on_load_update: Callable[[Replica, EngineLoad], None] | None = None,
+        on_ejection: Callable[[Replica], None] | None = None,
+    ) -> None:
+        self.replicas = [
+            Replica(index=i, url=url.rstrip("/"), breaker=CircuitBreaker(breaker_failures, breaker_open_s, breaker_open_max_s))
+            for i, url in enumerate(urls)
+        ]
+        self._session_factory = session_factory
+        self._session: aiohttp.ClientSession | None = None
+        self.health_interval_s = health_interval_s
+        self.metrics_interval_s = metrics_interval_s
+        self.upstream_headers = upstream_headers or {}
+        self.on_load_update = on_load_update
+        self.on_ejection = on_ejection
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Check every replica once (so /health is meaningful at once), then keep checking."""
+        self._session = self._session_factory()
+        await asyncio.gather(*(self._check_health(r) for r in self.replicas))
+        self._tasks.append(asyncio.create_task(self._health_loop(), name="gateway-health"))
+        if self.metrics_interval_s:
+            await asyncio.gather(*(self._poll_metrics(r) for r in self.replicas))
+            self._tasks.append(asyncio.create_task(self._metrics_loop(), name="gateway-metrics"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ---- queries used on the request path --------------------------------------------------
+
+    def candidates(self, model: str | None, exclude: set[int] | frozenset[int] = frozenset()) -> list[Replica]:
+        now = time.monotonic()
+        return [r for r in self.replicas if r.index not in exclude and r.routable(now) and r.serves(model)]
+
+    def known_models(self) -> dict[str, dict]:
+        """Union of every healthy replica's /v1/models entries, keyed by model id."""
+        union: dict[str, dict] = {}
+        for replica in self.replicas:
+            if not replica.healthy:
+                continue
+            for entry in replica.models:
+                if isinstance(entry, dict) and "id" in entry:
+                    union.setdefault(str(entry["id"]), entry)
+        return union
+
+    def any_healthy(self) -> bool:
+        return any(r.healthy for r in self.replicas)
+
+    # ---- passive outcomes reported by the proxy --------------------------------------------
+
+    def record_failure(self, replica: Replica) -> None:
+        was_open = replica.breaker.state is BreakerState.OPEN
+        if replica.breaker.record_failure(time.monotonic()) and not was_open:
+            log.warning("replica %s ejected after repeated failures", replica.url)
+            if self.on_ejection is not None:
+                self.on_ejection(replica)
+
+    # ---- background checks -----------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await asyncio.gather(*(self._check_health(r) for r in self.replicas))
+
+    async def _metrics_loop(self) -> None:
+        assert self.metrics_interval_s
+        while True:
+            await asyncio.sleep(self.metrics_interval_s)
+            await asyncio.gather(*(self._poll_metrics(r) for r in self.replicas if r.healthy))
+
+    def _probe_timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=max(1.0, 2 * self.health_interval_s))
+
+    async def _check_health(self, replica: Replica) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                replica.url + "/health", headers=self.upstream_headers, timeout=self._probe_timeout()
+            ) as resp:
+                await resp.read()
+                ok = resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            ok = False
+        if ok:
+            if not replica.healthy:
+                log.info("replica %s is healthy", replica.url)
+            replica.healthy = True
+            replica.health_failures = 0
+            if not replica.models or time.monotonic() - replica.models_checked_at > MODELS_REFRESH_S:
+                await self._refresh_models(replica)
+            return
+        replica.health_failures += 1
+        # A fresh replica that never answered is simply down; a known one gets one grace check.
+        if replica.healthy and replica.health_failures >= HEALTH_FAILURES_TO_MARK_DOWN:
+            log.warning("replica %s failed %d health checks; no longer routed to", replica.url, replica.health_failures)
+            replica.healthy = False
+
+    async def _refresh_models(self, replica: Replica) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                replica.url + "/v1/models", headers=self.upstream_headers, timeout=self._probe_timeout()
+            ) as resp:
+                if resp.status == 200:
+                    payload = await resp.json(content_type=None)
+                    data = payload.get("data") if isinstance(payload, dict) else None
+                    if isinstance(data, list):
+                        replica.models = [m for m in data if isinstance(m, dict)]
+                        replica.models_checked_at = time.monotonic()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            pass
+
+    async def _poll_metrics(self, replica: Replica) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                replica.url + "/metrics", headers=self.upstream_headers, timeout=self._probe_timeout()
+            ) as resp:
+                if resp.status != 200:
+                    return
+                text = await resp.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+            return
+        replica.load = parse_engine_load(text, time.monotonic())
+        if self.on_load_update is not None:
+            self.on_load_update(replica, replica.load)

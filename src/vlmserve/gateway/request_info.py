@@ -1,0 +1,129 @@
+"""What the router needs to know about one request, read once from its JSON body.
+
+The gateway has no tokenizer, so sizes are estimates (characters / chars-per-token, a fixed
+count per image). They only need to be proportional to the real work for load balancing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TokenEstimator:
+    """Turns request text into approximate token counts."""
+
+    chars_per_token: float = 4.0
+    image_tokens: int = 576
+    default_max_tokens: int = 256
+
+    def text_tokens(self, chars: int) -> int:
+        return max(1, int(chars / self.chars_per_token))
+
+
+@dataclass
+class RoutedRequest:
+    """A request as the policies see it. Mutable only by the proxy (attempt bookkeeping)."""
+
+    request_id: str
+    model: str | None
+    stream: bool
+    prompt_tokens: int
+    expected_output_tokens: int
+    tenant: str = "anonymous"
+    priority: str = "interactive"
+    session_id: str | None = None
+    # Chained hashes of the chat-templated conversation, block by block.
+    prefix_hashes: list[int] = field(default_factory=list)
+
+    @property
+    def expected_total_tokens(self) -> int:
+        return self.prompt_tokens + self.expected_output_tokens
+
+
+def template_conversation(body: dict[str, Any]) -> tuple[str, int]:
+    """A canonical text of the prompt and the number of images in it.
+
+    Chat messages become `<|role|>content` in order (a stand-in for the model's chat template:
+    what matters is that equal conversation prefixes give equal text prefixes). Images become a
+    short digest of their URL, so two requests with the same image share that block.
+    """
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts: list[str] = []
+        images = 0
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            parts.append(f"<|{message.get('role', '')}|>")
+            content = message.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                for piece in content:
+                    if not isinstance(piece, dict):
+                        continue
+                    kind = piece.get("type")
+                    if kind == "text":
+                        parts.append(str(piece.get("text", "")))
+                    elif kind in ("image_url", "input_image", "image"):
+                        images += 1
+                        ref = piece.get("image_url")
+                        url = ref.get("url", "") if isinstance(ref, dict) else str(ref or "")
+                        digest = hashlib.blake2b(url.encode("utf-8", "replace"), digest_size=8).hexdigest()
+                        parts.append(f"<image:{digest}>")
+        return "".join(parts), images
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt, 0
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(item, int) for item in prompt):
+            return " ".join(map(str, prompt)), 0
+        return "".join(str(item) for item in prompt), 0
+    return "", 0
+
+
+def block_hashes(text: str, block_chars: int, max_blocks: int = 512) -> list[int]:
+    """Chained hashes of whole blocks of `text`: hash i covers text[: (i+1)*block_chars].
+
+    Like vLLM's prefix-cache block hashes, a block's hash depends on everything before it, so
+    matching the i-th hash means matching the whole prefix up to it. The tail shorter than a
+    block is left out, as an engine cannot cache a partial block either.
+    """
+    hashes: list[int] = []
+    previous = 0
+    for start in range(0, min(len(text) // block_chars, max_blocks) * block_chars, block_chars):
+        previous = hash((previous, text[start : start + block_chars]))
+        hashes.append(previous)
+    return hashes
+
+
+def expected_output_tokens(body: dict[str, Any], default: int) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return default
+
+
+def describe_request(
+    body: dict[str, Any],
+    *,
+    request_id: str,
+    estimator: TokenEstimator,
+    prefix_block_chars: int | None,
+) -> RoutedRequest:
+    """Build the router's view of a parsed request body (a JSON object)."""
+    text, images = template_conversation(body)
+    prompt_tokens = estimator.text_tokens(len(text)) + images * estimator.image_tokens
+    model = body.get("model")
+    return RoutedRequest(
+        request_id=request_id,
+        model=model if isinstance(model, str) else None,
+        stream=bool(body.get("stream", False)),
+        prompt_tokens=prompt_tokens,
+        expected_output_tokens=expected_output_tokens(body, estimator.default_max_tokens),
+        prefix_hashes=block_hashes(text, prefix_block_chars) if prefix_block_chars else [],
+    )

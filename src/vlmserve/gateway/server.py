@@ -1,0 +1,157 @@
+"""Ways to run a gateway: in the foreground (CLI), or in a background thread (tests, embedding).
+
+Both bind the socket before reporting ready, check the replicas once, and on stop drain:
+the listening socket closes, in-progress requests get up to `drain_timeout_s` to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+from aiohttp import web
+
+from vlmserve.errors import UserError
+from vlmserve.gateway.app import STATE_KEY, Gateway, build_app
+from vlmserve.gateway.config import GatewayConfig
+
+log = logging.getLogger("vlmserve.gateway")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (faster socket I/O on the hot path), else asyncio's own loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class RunningGateway:
+    """A started gateway inside a running event loop."""
+
+    def __init__(self, runner: web.AppRunner, site: web.TCPSite, gateway: Gateway, port: int) -> None:
+        self.runner = runner
+        self.site = site
+        self.gateway = gateway
+        self.port = port
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_gateway(config: GatewayConfig) -> RunningGateway:
+    """Build, bind and start a gateway in the current event loop; port 0 picks a free port."""
+    app = build_app(config)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=config.drain_timeout_s)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096)
+    try:
+        await site.start()
+    except OSError as err:
+        await runner.cleanup()
+        if err.errno == errno.EADDRINUSE:
+            raise UserError(f"port {config.port} on {config.host} is already in use: choose another --port") from None
+        raise UserError(f"cannot listen on {config.host}:{config.port}: {err.strerror}") from None
+    server = site._server  # aiohttp keeps the asyncio server here; the only way to learn port 0's pick
+    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else config.port
+    return RunningGateway(runner, site, app[STATE_KEY], port)
+
+
+def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then drain and exit (the `vlmserve gateway` command)."""
+
+    async def main() -> None:
+        running = await start_gateway(config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if on_ready is not None:
+            on_ready(running.port)
+        await stop.wait()
+        log.info("draining: waiting up to %.0f s for requests in progress", config.drain_timeout_s)
+        await running.stop()
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(main())
+
+
+class GatewayServer:
+    """A gateway on its own event loop in a background thread.
+
+    with GatewayServer(GatewayConfig(replicas=[...], port=0)) as gw:
+        httpx.get(gw.base_url + "/health")
+    """
+
+    def __init__(self, config: GatewayConfig, start_timeout_s: float = 30.0) -> None:
+        self.config = config
+        self.start_timeout_s = start_timeout_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.running: RunningGateway | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.running is not None, "gateway not started"
+        return self.running.port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def gateway(self) -> Gateway:
+        assert self.running is not None, "gateway not started"
+        return self.running.gateway
+
+    def start(self) -> GatewayServer:
+        self._thread = threading.Thread(target=self._run, name="vlmserve-gateway", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(self.start_timeout_s):
+            raise RuntimeError("gateway did not start in time")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        self.loop = new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.running = self.loop.run_until_complete(start_gateway(self.config))
+        except BaseException as err:  # reported to the starting thread
+            self._error = err
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.running.stop())
+        self.loop.close()
+
+    def call(self, fn: Callable[[], object]) -> object:
+        """Run `fn` on the gateway's loop thread and return its result (for inspecting state)."""
+        assert self.loop is not None
+        future: asyncio.Future = asyncio.run_coroutine_threadsafe(_call_async(fn), self.loop)  # type: ignore[assignment]
+        return future.result(timeout=10)
+
+    def stop(self) -> None:
+        if self.loop is not None and self._thread is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=self.config.drain_timeout_s + 10)
+
+    def __enter__(self) -> GatewayServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _call_async(fn: Callable[[], object]) -> object:
+    return fn()
