@@ -39,7 +39,8 @@ def _x_title(results: SweepResults) -> str:
     return "concurrent users" if names == {"concurrency"} else "load (users or req/s)"
 
 
-def _layout(figure: go.Figure, title: str, x_title: str, y_title: str, log_x: bool = False) -> go.Figure:
+def _layout(figure: go.Figure, title: str, x_title: str, y_title: str,
+            log_levels: list[float] | None = None) -> go.Figure:
     figure.update_layout(
         title=title,
         xaxis_title=x_title,
@@ -50,8 +51,8 @@ def _layout(figure: go.Figure, title: str, x_title: str, y_title: str, log_x: bo
         legend={"font": {"size": 11}},
         hovermode="closest",
     )
-    if log_x:
-        figure.update_xaxes(type="log")
+    if log_levels:
+        figure.update_xaxes(type="log", tickvals=log_levels, ticktext=[f"{level:g}" for level in log_levels])
     return figure
 
 
@@ -63,9 +64,10 @@ def _hover(cells: list[CellOutcome]) -> list[str]:
     return [f"{cell.deployment}/{cell.cell}" + (" (client-limited)" if cell.client_limited else "") for cell in cells]
 
 
-def _wide_load_range(results: SweepResults) -> bool:
-    levels = [cell.load_level for cell in results.cells if cell.ok and cell.load_level]
-    return bool(levels) and max(levels) / min(levels) >= 16
+def _wide_load_range(results: SweepResults) -> list[float] | None:
+    """The measured load levels when they span 16× or more (then the x axis is logarithmic), else None."""
+    levels = sorted({cell.load_level for cell in results.cells if cell.ok and cell.load_level})
+    return levels if levels and levels[-1] / levels[0] >= 16 else None
 
 
 def throughput_chart(results: SweepResults) -> go.Figure:
@@ -161,8 +163,9 @@ def pareto_chart(results: SweepResults) -> go.Figure:
     front = pareto_front(points)
     if front:
         figure.add_trace(go.Scatter(
-            x=[point[0] for point in front], y=[point[1] for point in front], mode="lines",
+            x=[point[0] for point in front], y=[point[1] for point in front], mode="lines+markers",
             name="Pareto front", line={"color": "#333", "dash": "dash"}, hoverinfo="skip",
+            marker={"size": 16, "symbol": "circle-open", "color": "#333"},
         ))
     return _layout(figure, "Latency–throughput Pareto front", "tokens/s per user (1000 / TPOT p50 ms)",
                    "output tokens/s per device")

@@ -22,19 +22,21 @@ from vlmserve.sweep.results import SweepResults
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif; margin: 24px auto;
-       max-width: 1280px; color: #222; padding: 0 16px; }
+       max-width: 1500px; color: #222; padding: 0 16px; }
 h1 { font-size: 24px; margin-bottom: 4px; } h2 { font-size: 18px; margin-top: 32px; border-bottom: 1px solid #ddd; }
 .sub { color: #666; margin-top: 0; }
 .outcome { padding: 10px 14px; border-radius: 6px; background: #eef6ee; border: 1px solid #b6d8b6; }
 .outcome.partial { background: #fff4e5; border-color: #f0c27b; }
 .note { color: #8a5a00; }
-table { border-collapse: collapse; font-size: 13px; margin: 8px 0; width: 100%; }
+table { border-collapse: collapse; font-size: 12px; margin: 8px 0; width: 100%; }
 th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; white-space: nowrap; }
 th { background: #f4f4f4; } td:nth-child(-n+2), th:nth-child(-n+2) { text-align: left; }
 td.reason { text-align: left; white-space: normal; max-width: 420px; font-family: monospace; font-size: 12px; }
 tr.failed td { background: #fdecea; } tr.limited td { background: #fff8e1; } tr.best td { background: #e8f5e9; }
-.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(560px, 1fr)); gap: 12px; }
-.chart { border: 1px solid #eee; border-radius: 6px; min-height: 420px; }
+.charts { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 12px; }
+@media (max-width: 1000px) { .charts { grid-template-columns: minmax(0, 1fr); } }
+.scroll { overflow-x: auto; }
+.chart { border: 1px solid #eee; border-radius: 6px; min-height: 420px; min-width: 0; overflow: hidden; }
 pre { background: #f7f7f7; padding: 10px; overflow-x: auto; font-size: 12px; }
 .legend span { display: inline-block; padding: 0 8px; margin-right: 8px; border-radius: 3px; }
 """
@@ -50,7 +52,8 @@ def _table_html(table: Table, reason_column: str | None = None) -> str:
             for index, value in enumerate(row)
         )
         body.append(f'<tr class="{flag}">{cells}</tr>')
-    return f"<h2>{html.escape(table.title)}</h2><table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f"<h2>{html.escape(table.title)}</h2><div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
 def _deployments_html(results: SweepResults) -> str:

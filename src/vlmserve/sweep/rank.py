@@ -17,8 +17,16 @@ _SLO_FIELD = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e
 
 def slo_misses(cell: CellOutcome, slo: SLO) -> list[str]:
     """The objectives this cell misses, e.g. ['ttft_p95 812ms > 500ms']; empty when all are met."""
+    checks = ((cell.summary or {}).get("goodput") or {}).get("checks") or {}
     misses: list[str] = []
     for key, bound_s in sorted(slo.bounds_s.items()):
+        check = checks.get(key)
+        if check is not None:  # bench already judged this objective; read its verdict
+            if not check.get("met"):
+                measured = check.get("measured_ms")
+                misses.append(f"{key} {measured:.0f}ms > {bound_s * 1000.0:.0f}ms" if measured is not None
+                              else f"{key} not measured")
+            continue
         metric, stat = key.split("_", 1)
         value_ms = cell.metric(f"{_SLO_FIELD[metric]}.{stat}")
         if value_ms is None:

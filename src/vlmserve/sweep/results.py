@@ -16,7 +16,8 @@ from vlmserve.spec import SLO
 LOAD_LEVEL_FIELDS = ("concurrency", "rate")
 """LoadSpec fields that say how hard a cell pushes; cells differing only in these form a series."""
 
-_NOT_SERIES_FIELDS = {"name", "concurrency", "rate", "num_requests", "duration_s", "seed", "warmup"}
+_NOT_SERIES_FIELDS = {"name", "concurrency", "rate", "num_requests", "duration_s", "seed", "warmup", "workers",
+                      "request_timeout_s"}
 
 
 def summary_value(summary: dict[str, Any] | None, dotted: str) -> float | None:
