@@ -198,9 +198,9 @@ class EngineAware(RoutingPolicy):
     """Score replicas from their engines' own load figures and the gateway's in-flight counts.
 
     Scorers (each in 0..1, higher is better), summed with weights, as llm-d's picker does:
-    queue (engine waiting+running, or the gateway's in-flight count if larger — it sees
-    dispatches the last scrape has not), waiting alone (a queue means the batch is full), and
-    free KV cache. Scrapes older than `stale_after_s` are ignored.
+    queue (engine waiting+running), waiting alone (a queue means the batch is full), and free
+    KV cache. Requests the gateway has in flight beyond what the last scrape counted are added
+    to both queue and waiting: the scrape has not seen them yet, so they herd otherwise. Scrapes older than `stale_after_s` are ignored.
     """
 
     name = "engine-aware"
@@ -222,7 +222,9 @@ class EngineAware(RoutingPolicy):
         load = self.loads.get(replica.index)
         if load is None or now - load.scraped_at > self.stale_after_s:
             return float(replica.in_flight), 0.0, 0.0
-        return max(load.waiting + load.running, float(replica.in_flight)), load.waiting, load.kv_usage
+        engine_queue = load.waiting + load.running
+        unseen = max(0.0, replica.in_flight - engine_queue)  # dispatched since the scrape: they will wait too
+        return engine_queue + unseen, load.waiting + unseen, load.kv_usage
 
     def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
         now = time.monotonic()
