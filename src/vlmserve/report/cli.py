@@ -44,7 +44,7 @@ def compare_command(
     comparison = compare(load_source(baseline), load_source(candidate), threshold)
     print_comparison(comparison, Console())
     if fail_on_regression and comparison.regressions():
-        raise typer.Exit(1)
+        raise SystemExit(1)  # typer.Exit codes are swallowed under standalone_mode=False
 
 
 def register(app: typer.Typer) -> None:

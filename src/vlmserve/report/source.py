@@ -6,7 +6,6 @@ deployment and one cell.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,11 @@ from vlmserve.sweep.results import CellOutcome, DeploymentInfo, SweepResults
 from vlmserve.sweep.spec import SweepSpec
 
 
-def vlmserve_home() -> Path:
-    """$VLMSERVE_HOME, default ~/.local/share/vlmserve (where the run store lives too)."""
-    return Path(os.environ.get("VLMSERVE_HOME") or Path.home() / ".local" / "share" / "vlmserve")
-
-
 def default_sweep_dir(name: str) -> Path:
-    return vlmserve_home() / "sweeps" / name
+    """$VLMSERVE_HOME/sweeps/<name>, beside the run store."""
+    from vlmserve.store import home_dir
+
+    return home_dir() / "sweeps" / name
 
 
 def results_from_sweep_dir(directory: Path) -> SweepResults:
@@ -77,12 +74,14 @@ def results_from_run(run_id: str) -> SweepResults:
     """A stored bench run as a one-cell sweep."""
     from vlmserve import store
 
+    missing = (f"no stored run or sweep named '{run_id}'; give a run id (see `vlmserve runs list`), "
+               "a sweep directory or a sweep name")
+    if not store.database_path().exists():
+        raise UserError(missing)
     try:
         result = store.load_run(run_id)
-    except UserError:
-        raise
-    except (KeyError, FileNotFoundError, LookupError):
-        raise UserError(f"no stored run or sweep named '{run_id}'; list runs with `vlmserve runs`") from None
+    except UserError as err:
+        raise UserError(missing if err.message.startswith("no run") else err.message) from None
     summary: dict[str, Any] = result.summary
     meta = summary.get("meta") or {}
     load = meta.get("load") or meta.get("load_spec") or {}

@@ -49,7 +49,7 @@ def sweep_command(
     typer.echo(f"HTML report: {html_path}")
     done, total = results.counts()
     if done < total:
-        raise typer.Exit(1)
+        raise SystemExit(1)  # typer.Exit codes are swallowed under standalone_mode=False
 
 
 def register(app: typer.Typer) -> None:

@@ -93,17 +93,6 @@ def failed_run_reason(result: "RunResult") -> str | None:
     return f"all {len(failures)} requests failed ({kind} ×{count}){': ' + example if example else ''}"
 
 
-def _base_url(supervisor: Any, entry: DeploymentEntry) -> str:
-    """Where clients talk to a managed deployment: the gateway, or the only replica."""
-    url = getattr(supervisor, "base_url", None)
-    if isinstance(url, str) and url:
-        return url.rstrip("/")
-    spec = entry.spec
-    assert spec is not None
-    port = spec.port if spec.gateway else spec.replica_ports()[0]
-    return f"http://{spec.host}:{port}"
-
-
 @contextlib.contextmanager
 def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[str]:
     """Yield the base URL of a ready deployment; a managed one is started fresh and always torn down."""
@@ -115,7 +104,7 @@ def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[str]:
     from vlmserve.supervisor import Supervisor
 
     with Supervisor(entry.spec) as supervisor:
-        yield _base_url(supervisor, entry)
+        yield supervisor.endpoint.rstrip("/")
 
 
 def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str,

@@ -65,6 +65,14 @@ class DeploymentEntry(BaseModel):
         return value.rstrip("/") if value else value
 
     @model_validator(mode="after")
+    def _name_the_deployment(self) -> "DeploymentEntry":
+        """A spec without its own name runs under the entry's name (the supervisor keys its state by it)."""
+        if self.spec is not None and "name" not in self.spec.model_fields_set:
+            self.spec = self.spec.model_copy(update={"name": self.name})
+            self.spec.model_fields_set.add("name")
+        return self
+
+    @model_validator(mode="after")
     def _exactly_one_source(self) -> "DeploymentEntry":
         given = [key for key in ("spec", "spec_file", "endpoint") if getattr(self, key) is not None]
         if len(given) != 1:
@@ -89,7 +97,9 @@ class DeploymentEntry(BaseModel):
     def served_model(self) -> str:
         """The model name clients must send."""
         if self.spec is not None:
-            return self.spec.engine_args.served_model_name or self.spec.model
+            from vlmserve.engines.vllm import served_model_name
+
+            return served_model_name(self.spec)
         return self.model or ""
 
 
