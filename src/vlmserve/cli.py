@@ -20,8 +20,10 @@ VERB_MODULES: list[str] = [
     "vlmserve.batch.cli",
     "vlmserve.export.cli",
     "vlmserve.gateway.cli",
+    "vlmserve.model_cli",
     "vlmserve.observe.cli",
     "vlmserve.report.cli",
+    "vlmserve.supervisor_cli",
     "vlmserve.sweep.cli",
 ]
 

@@ -1,0 +1,1 @@
+"""Engines vlmserve starts: vLLM (GPU or CPU build) and the simulated engine."""

@@ -1,0 +1,257 @@
+"""How one vLLM replica is launched: its argv, its environment, its devices.
+
+The engine runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console
+script fails on some installs on a package-metadata lookup; the module entry point does
+not). This module only computes the command; starting and watching it is the supervisor's
+job, so the same launch can be printed, tested and reproduced by hand.
+
+Device placement differs by machine:
+- GPU: each replica gets its own group of `tensor_parallel_size` GPUs via
+  CUDA_VISIBLE_DEVICES, so replicas never share a device.
+- CPU (vLLM's CPU build): `--gpu-memory-utilization` would reserve that fraction of *host*
+  memory, so the KV cache is sized with VLLM_CPU_KVCACHE_SPACE (whole GB) instead, and each
+  replica's OpenMP threads are bound to their own cores with VLLM_CPU_OMP_THREADS_BIND.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from vlmserve.errors import UserError
+from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
+
+DeviceKind = Literal["cpu", "gpu"]
+
+DEFAULT_CPU_KV_CACHE_GB = 1
+"""KV cache per CPU replica when the spec does not say: enough for the embedded model."""
+
+CPU_ENGINE_OVERHEAD_GB = 2.5
+"""Host memory a CPU engine needs besides weights and KV cache (Python, torch, the API
+server and the engine-core process). Measured: about 2.5 GB RSS over the API server, engine core and worker
+for the embedded model, besides its 1 GB KV cache."""
+
+GPU_ENGINE_HOST_OVERHEAD_GB = 4.0
+"""Host memory a GPU engine process needs (CUDA context, torch, tokenizer, API server)."""
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """Everything needed to start one replica: argv, extra environment, and what it serves."""
+
+    argv: list[str]
+    env: dict[str, str]
+    served_model_name: str
+    model: str
+    port: int
+    devices: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def full_env(self) -> dict[str, str]:
+        """The process environment: ours plus this replica's overrides."""
+        merged = dict(os.environ)
+        merged.update(self.env)
+        return merged
+
+
+def detect_device_kind(requested: Literal["auto", "cpu", "gpu"] = "auto") -> DeviceKind:
+    """'auto' means GPU when nvidia-smi lists one, CPU otherwise."""
+    if requested != "auto":
+        return requested
+    return "gpu" if gpu_count() > 0 else "cpu"
+
+
+def gpu_count() -> int:
+    """GPUs that nvidia-smi can see (0 when there is no driver or no nvidia-smi)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    if listed.returncode != 0:
+        return 0
+    return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
+
+
+def usable_cpus() -> list[int]:
+    """CPU ids this process may run on (respects taskset/cgroup affinity)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_bind_groups(replicas: int, threads_per_replica: int | None, cpus: list[int] | None = None) -> list[str]:
+    """One VLLM_CPU_OMP_THREADS_BIND value per replica: disjoint core ranges while they last.
+
+    With 2 cores and 2 replicas that is "0" and "1". When there are more replicas than
+    cores, replicas share cores round-robin (slow, but it starts; the supervisor says so).
+    """
+    cpus = cpus if cpus is not None else usable_cpus()
+    per_replica = threads_per_replica or max(1, len(cpus) // replicas)
+    groups = []
+    for index in range(replicas):
+        start = (index * per_replica) % len(cpus)
+        chosen = [cpus[(start + offset) % len(cpus)] for offset in range(min(per_replica, len(cpus)))]
+        groups.append(_cpu_list_text(chosen))
+    return groups
+
+
+def _cpu_list_text(cpus: list[int]) -> str:
+    """[0,1,2,5] -> '0-2,5' (the format VLLM_CPU_OMP_THREADS_BIND takes)."""
+    parts: list[str] = []
+    ordered = sorted(set(cpus))
+    run_start = previous = ordered[0]
+    for cpu in ordered[1:] + [None]:  # type: ignore[list-item]
+        if cpu is not None and cpu == previous + 1:
+            previous = cpu
+            continue
+        parts.append(str(run_start) if run_start == previous else f"{run_start}-{previous}")
+        if cpu is not None:
+            run_start = previous = cpu
+    return ",".join(parts)
+
+
+def gpu_groups(replicas: int, tensor_parallel_size: int, available: int) -> list[str]:
+    """CUDA_VISIBLE_DEVICES per replica: consecutive groups of tensor_parallel_size GPUs."""
+    needed = replicas * tensor_parallel_size
+    if needed > available:
+        raise UserError(
+            f"{replicas} replica(s) x tensor-parallel-size {tensor_parallel_size} need {needed} GPUs "
+            f"but {available} are visible; lower --replicas or --tensor-parallel-size"
+        )
+    return [
+        ",".join(str(gpu) for gpu in range(index * tensor_parallel_size, (index + 1) * tensor_parallel_size))
+        for index in range(replicas)
+    ]
+
+
+def served_model_name(spec: DeploymentSpec) -> str:
+    """The name clients send: explicit, else 'embedded' for the tiny model, else the model id."""
+    if spec.engine_args.served_model_name:
+        return spec.engine_args.served_model_name
+    return spec.model
+
+
+def cpu_kv_cache_gb(spec: DeploymentSpec) -> int:
+    """VLLM_CPU_KVCACHE_SPACE takes whole GB; round a fractional spec value up."""
+    if spec.kv_cache_space_gb is None:
+        return DEFAULT_CPU_KV_CACHE_GB
+    return max(1, math.ceil(spec.kv_cache_space_gb))
+
+
+def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind) -> list[str]:
+    """argv for one replica; only flags the spec sets are passed, so vLLM's defaults stay."""
+    args = spec.engine_args
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--served-model-name",
+        served_model_name(spec),
+        "--host",
+        spec.host,
+        "--port",
+        str(port),
+        "--dtype",
+        args.dtype,
+    ]
+    if args.tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
+    optional: dict[str, object | None] = {
+        "--max-model-len": args.max_model_len,
+        "--max-num-seqs": args.max_num_seqs,
+        "--max-num-batched-tokens": args.max_num_batched_tokens,
+        "--kv-cache-dtype": args.kv_cache_dtype,
+    }
+    if device_kind == "gpu":
+        optional["--gpu-memory-utilization"] = args.gpu_memory_utilization
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching")
+    if args.async_scheduling is not None:
+        argv.append("--async-scheduling" if args.async_scheduling else "--no-async-scheduling")
+    if args.limit_mm_per_prompt is not None:
+        argv += ["--limit-mm-per-prompt", _json(args.limit_mm_per_prompt)]
+    if args.mm_processor_kwargs is not None:
+        argv += ["--mm-processor-kwargs", _json(args.mm_processor_kwargs)]
+    argv += list(args.extra_args)
+    return argv
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))
+
+
+def plan_launches(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind) -> list[EngineLaunch]:
+    """One EngineLaunch per replica, with its port and its own devices."""
+    ports = spec.replica_ports()
+    common_env = {
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if spec.model == EMBEDDED_MODEL or Path(model_path).is_dir():
+        # A local model needs no hub; don't let a missing network slow the start down.
+        common_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    notes: list[str] = []
+    if device_kind == "gpu":
+        groups = gpu_groups(spec.replicas, spec.engine_args.tensor_parallel_size, gpu_count())
+        device_env = [{"CUDA_VISIBLE_DEVICES": group} for group in groups]
+    else:
+        cpus = usable_cpus()
+        groups = cpu_bind_groups(spec.replicas, spec.cpu_threads_per_replica, cpus)
+        kv_gb = str(cpu_kv_cache_gb(spec))
+        device_env = [{"VLLM_CPU_OMP_THREADS_BIND": group, "VLLM_CPU_KVCACHE_SPACE": kv_gb} for group in groups]
+        if spec.engine_args.gpu_memory_utilization is not None:
+            notes.append("gpu_memory_utilization is not passed on CPU (it would reserve host memory); "
+                         "the KV cache is sized by kv_cache_space_gb")
+        if spec.replicas * (spec.cpu_threads_per_replica or 1) > len(cpus):
+            notes.append(f"{spec.replicas} replicas share {len(cpus)} CPU core(s); expect them to be slow")
+    launches = []
+    for port, group, env in zip(ports, groups, device_env):
+        launch_env = {**common_env, **env, **spec.env}
+        launches.append(
+            EngineLaunch(
+                argv=engine_argv(spec, model_path, port, device_kind),
+                env=launch_env,
+                served_model_name=served_model_name(spec),
+                model=model_path,
+                port=port,
+                devices=group,
+                notes=notes,
+            )
+        )
+    return launches
+
+
+def model_weights_gb(model_path: str) -> float:
+    """Size of the weight files of a local model (0 for a hub id we cannot see)."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return 0.0
+    total = sum(item.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.pt") for item in path.glob(pattern))
+    return total / 1e9
+
+
+def host_memory_needed_gb(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind) -> float:
+    """Host memory all replicas need together, for the check before anything starts."""
+    weights = model_weights_gb(model_path)
+    if device_kind == "cpu":
+        per_replica = CPU_ENGINE_OVERHEAD_GB + weights + cpu_kv_cache_gb(spec)
+    else:
+        per_replica = GPU_ENGINE_HOST_OVERHEAD_GB
+    return per_replica * spec.replicas

@@ -1,0 +1,175 @@
+"""Child processes that can be stopped completely: own process group, whole-tree kill, ports.
+
+vLLM's API server forks an engine-core process which starts worker processes; stopping
+only the PID we started leaves those behind holding memory and ports. So every engine
+runs in its own session (process group), and stopping it signals the group *and* every
+descendant psutil can still see (a descendant may have moved to another group).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+STOP_GRACE_S = 15.0
+"""How long a process tree gets to exit after SIGTERM before it is SIGKILLed."""
+
+
+def start_process_group(argv: list[str], env: dict[str, str], log_path: Path, header: str = "") -> subprocess.Popen[bytes]:
+    """Start argv in a new session, stdout and stderr appended to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file: IO[bytes] = open(log_path, "ab")
+    if header:
+        log_file.write(header.encode() + b"\n")
+        log_file.flush()
+    try:
+        return subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        log_file.close()  # the child holds its own descriptor
+
+
+def tree_pids(pid: int) -> list[int]:
+    """pid and all its living descendants."""
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_process_tree(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group and every descendant; SIGKILL whatever is left after grace_s."""
+    pids = tree_pids(process.pid)
+    _signal_group(process.pid, signal.SIGTERM)
+    _signal_pids(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        process.poll()
+        if not _alive(pids) and process.returncode is not None:
+            break
+        pids = sorted(set(pids) | set(tree_pids(process.pid)))
+        time.sleep(0.1)
+    _signal_group(process.pid, signal.SIGKILL)
+    _signal_pids(pids, signal.SIGKILL)
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    psutil.wait_procs(_procs(pids), timeout=5)
+
+
+def kill_process_group(pid: int) -> None:
+    """SIGKILL a process group at once (what a crash or the OOM killer looks like)."""
+    _signal_group(pid, signal.SIGKILL)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # the child is its session's leader: its pgid is its pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_pids(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _procs(pids: Iterable[int]) -> list[psutil.Process]:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def _alive(pids: Iterable[int]) -> bool:
+    for proc in _procs(pids):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            continue
+    return False
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when nothing listens on host:port (we can bind it ourselves)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
+    """First port of `count` consecutive free ports (for a gateway + its replicas)."""
+    for _ in range(attempts):
+        base = free_port(host)
+        if base + count < 65535 and all(port_is_free(host, base + offset) for offset in range(count)):
+            return base
+    raise RuntimeError(f"could not find {count} consecutive free ports")
+
+
+def port_listeners(port: int) -> list[int]:
+    """PIDs listening on a TCP port, where the OS lets us see them."""
+    pids = []
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, OSError):
+        return []
+    for conn in connections:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            pids.append(conn.pid)
+    return sorted(set(pids))
+
+
+def describe_pid(pid: int) -> str:
+    """'pid 123 (python -m vllm...)' for error messages."""
+    try:
+        command = " ".join(psutil.Process(pid).cmdline())[:80]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        command = "?"
+    return f"pid {pid} ({command})"
+
+
+def log_tail(log_path: Path, lines: int = 12) -> list[str]:
+    """The last lines of a log file (decoded leniently)."""
+    try:
+        with open(log_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]

@@ -1,0 +1,228 @@
+"""`vlmserve up`, `vlmserve status`, `vlmserve demo`: wiring from flags to the supervisor."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from vlmserve.errors import UserError
+
+console = Console(highlight=False)
+
+
+def build_spec(file: Path | None, overrides: dict[str, Any], engine_overrides: dict[str, Any]):  # -> DeploymentSpec
+    """The spec file (if any) with the flags that were given laid over it."""
+    from vlmserve.spec import DeploymentSpec, describe_validation_error, load_yaml_file
+
+    data: dict[str, Any] = {}
+    source = "flags"
+    if file is not None:
+        loaded = load_yaml_file(file)
+        if not isinstance(loaded, dict):
+            raise UserError(f"{file}: a deployment spec is a YAML mapping (model:, replicas:, ...)")
+        data = loaded
+        source = str(file)
+    data.update({key: value for key, value in overrides.items() if value is not None})
+    engine_args = dict(data.get("engine_args") or {})
+    extra = engine_overrides.pop("extra_args", None)
+    engine_args.update({key: value for key, value in engine_overrides.items() if value is not None})
+    if extra:
+        engine_args["extra_args"] = list(engine_args.get("extra_args") or []) + extra
+    if engine_args:
+        data["engine_args"] = engine_args
+    try:
+        return DeploymentSpec.model_validate(data)
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err, source)) from None
+
+
+def split_engine_args(values: list[str] | None) -> list[str]:
+    """`--engine-arg "--swap-space 1" --engine-arg=--enforce-eager` -> a flat argv list."""
+    flat: list[str] = []
+    for value in values or []:
+        flat.extend(shlex.split(value))
+    return flat
+
+
+def up(
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="Deployment spec (YAML). Flags override its values."),
+    model: Optional[str] = typer.Option(None, help="Model: 'embedded' (default), a local directory, or a hub id."),
+    name: Optional[str] = typer.Option(None, help="Deployment name (state and logs go under it). Default: default."),
+    replicas: Optional[int] = typer.Option(None, help="Number of engine replicas."),
+    port: Optional[int] = typer.Option(None, help="Gateway port; replicas take the ports after it."),
+    host: Optional[str] = typer.Option(None, help="Address to listen on (default 127.0.0.1)."),
+    engine: Optional[str] = typer.Option(None, help="vllm (real engine) or sim (simulated engine)."),
+    devices: Optional[str] = typer.Option(None, help="auto, cpu or gpu (auto: GPU when nvidia-smi sees one)."),
+    gateway: Optional[bool] = typer.Option(None, "--gateway/--no-gateway", help="Start the gateway in front."),
+    gateway_policy: Optional[str] = typer.Option(None, help="Gateway routing policy."),
+    kv_cache_space_gb: Optional[float] = typer.Option(None, help="CPU engines: KV cache per replica in GB."),
+    cpu_threads_per_replica: Optional[int] = typer.Option(None, help="CPU engines: cores bound to each replica."),
+    dtype: Optional[str] = typer.Option(None, help="Engine dtype (auto, bfloat16, float16, ...)."),
+    tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "-tp", help="GPUs per replica."),
+    max_model_len: Optional[int] = typer.Option(None, help="Context length the engine serves."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU engines: fraction of GPU memory to use."),
+    max_num_seqs: Optional[int] = typer.Option(None, help="Engine: most sequences in a batch."),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, help="Engine: token budget per step."),
+    kv_cache_dtype: Optional[str] = typer.Option(None, help="Engine: KV cache dtype (auto, fp8, ...)."),
+    enable_prefix_caching: Optional[bool] = typer.Option(
+        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Engine: prefix caching."
+    ),
+    served_model_name: Optional[str] = typer.Option(None, help="The model name clients send."),
+    engine_arg: Optional[list[str]] = typer.Option(
+        None, "--engine-arg", help="Extra engine flag(s), passed as given, e.g. --engine-arg=--enforce-eager."
+    ),
+    ready_timeout_s: Optional[float] = typer.Option(None, help="Seconds each process may take to become ready."),
+    print_plan: bool = typer.Option(False, "--print-plan", help="Print each replica's command and environment; start nothing."),
+) -> None:
+    """Start and supervise engine replicas (and the gateway) until Ctrl-C or SIGTERM."""
+    spec = build_spec(
+        file,
+        {
+            "model": model, "name": name, "replicas": replicas, "port": port, "host": host, "engine": engine,
+            "devices": devices, "gateway": gateway, "gateway_policy": gateway_policy,
+            "kv_cache_space_gb": kv_cache_space_gb, "cpu_threads_per_replica": cpu_threads_per_replica,
+            "ready_timeout_s": ready_timeout_s,
+        },
+        {
+            "dtype": dtype, "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
+            "gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
+            "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
+            "extra_args": split_engine_args(engine_arg),
+        },
+    )  # fmt: skip
+    if print_plan:
+        _print_plan(spec)
+        return
+    run_until_signalled(spec)
+
+
+def run_until_signalled(spec) -> None:  # spec: DeploymentSpec
+    """Start the deployment, print where it is, and keep it up until Ctrl-C or SIGTERM."""
+    from vlmserve.supervisor import Supervisor
+
+    def _terminate(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous_term = signal.signal(signal.SIGTERM, _terminate)
+    supervisor = Supervisor(spec, on_event=console.print)
+    try:
+        supervisor.start()
+        console.print(status_table([supervisor.status()]))
+        console.print(f"[bold green]serving[/bold green] {supervisor.served_model_name} at {supervisor.endpoint} "
+                      "— Ctrl-C stops everything")
+        while not supervisor._stopping.is_set():
+            supervisor.wait(1.0)
+    except KeyboardInterrupt:
+        console.print("stopping every process (Ctrl-C / SIGTERM)")
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            supervisor.stop()
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, previous_term)
+    console.print("all processes stopped")
+
+
+def _print_plan(spec) -> None:  # spec: DeploymentSpec
+    from vlmserve.engines import vllm as vllm_engine
+    from vlmserve.supervisor import resolve_model_path, sim_engine_argv
+
+    if spec.engine == "sim":
+        plans = [(port, sim_engine_argv(spec, port, seed=index), {}) for index, port in enumerate(spec.replica_ports())]
+    else:
+        model_path = resolve_model_path(spec.model)
+        kind = vllm_engine.detect_device_kind(spec.devices)
+        plans = [(launch.port, launch.argv, launch.env) for launch in vllm_engine.plan_launches(spec, model_path, kind)]
+    for index, (port, argv, env) in enumerate(plans):
+        console.print(f"[bold]replica {index}[/bold] port {port}")
+        env_text = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(env.items()))
+        console.print(f"  {env_text} {shlex.join(argv)}", soft_wrap=True)
+
+
+def status(
+    name: Optional[str] = typer.Argument(None, help="Deployment name (default: every deployment)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the raw state as JSON."),
+) -> None:
+    """List each deployment's replicas: port, pid, state, restarts, uptime."""
+    from vlmserve.deployment_state import list_deployments, read_state, supervisor_alive, vlmserve_home
+
+    names = [name] if name else list_deployments()
+    states = []
+    for each in names:
+        state = read_state(each)
+        if state is None:
+            raise UserError(f"no deployment named '{each}' under {vlmserve_home()}; start one with `vlmserve up`")
+        if not supervisor_alive(state):
+            state = _mark_stopped(state)
+        states.append(state)
+    if as_json:
+        typer.echo(json.dumps(states, indent=2))
+        return
+    if not states:
+        console.print(f"no deployments under {vlmserve_home()}; start one with `vlmserve up`")
+        return
+    console.print(status_table(states))
+
+
+def _mark_stopped(state: dict[str, Any]) -> dict[str, Any]:
+    """A state whose supervisor is gone: nothing in it is running any more."""
+    members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
+    for member in members:
+        if member.get("state") != "stopped":
+            member["state"] = "stopped (supervisor gone)"
+        member["started_at"] = None
+    return state
+
+
+def status_table(states: list[dict[str, Any]]) -> Table:
+    from vlmserve.deployment_state import format_uptime
+
+    table = Table(title="vlmserve deployments")
+    for column in ("deployment", "process", "url", "pid", "state", "restarts", "uptime", "devices"):
+        table.add_column(column, justify="right" if column in ("pid", "restarts") else "left")
+    now = time.time()
+    for state in states:
+        members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
+        for member in members:
+            label = f"replica {member['index']}" if member["role"] == "replica" else "gateway"
+            colour = {"ready": "green", "restarting": "yellow", "failed": "red"}.get(member["state"], "white")
+            table.add_row(
+                state["name"],
+                label,
+                member["url"],
+                str(member.get("pid") or "-"),
+                f"[{colour}]{member['state']}[/{colour}]",
+                str(member.get("restarts", 0)),
+                format_uptime(member.get("started_at"), now),
+                member.get("devices") or "",
+            )
+    return table
+
+
+def demo(
+    model: str = typer.Option("embedded", help="Model to demo (default: the embedded tiny VLM)."),
+    max_tokens: int = typer.Option(32, help="Tokens to generate per answer."),
+) -> None:
+    """Make the embedded VLM, start it, send a text and an image request, print timings, stop."""
+    from vlmserve.demo import run_demo
+
+    run_demo(console, model=model, max_tokens=max_tokens)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("status")(status)
+    app.command("demo")(demo)
