@@ -51,9 +51,11 @@ def test_gpu_deployment_manifests_validate_and_carry_the_spec() -> None:
     pod = engine["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert container["args"][0] == "Qwen/Qwen2.5-VL-7B-Instruct"
+    assert container["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert container["args"][container["args"].index("--model") + 1] == "Qwen/Qwen2.5-VL-7B-Instruct"
+    assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"
     assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == "2"
-    assert '{"image": 2}' in container["args"]
+    assert '{"image":2}' in container["args"]
     # startup budget covers the spec's model-load timeout: 900 s / 10 s period
     assert container["startupProbe"]["httpGet"]["path"] == "/health"
     assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 900
@@ -106,7 +108,7 @@ def test_local_weights_need_a_volume_claim(tmp_path: Path) -> None:
         render_manifests(spec, K8sOptions(), AlertSettings())
     manifests = render_manifests(spec, K8sOptions(model_pvc="weights"), AlertSettings())
     container = manifests["engine-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"][0] == "/models/qwen-vl"
+    assert container["args"][container["args"].index("--model") + 1] == "/models/qwen-vl"
     validate(manifests["engine-deployment.yaml"])
 
 

@@ -8,16 +8,16 @@ carrying the observability pack's alerts so Kubernetes and `vlmserve up` alert a
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from vlmserve.engines.vllm import engine_argv
 from vlmserve.errors import UserError
 from vlmserve.observe.alerts import AlertSettings, alert_rules
 from vlmserve.observe.queries import ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
-from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
 
 CONTAINER_PORT = 8000
 JOB_LABEL = "vlmserve.io/job"
@@ -56,26 +56,6 @@ def engine_name(spec: DeploymentSpec) -> str:
 
 def gateway_name(spec: DeploymentSpec) -> str:
     return f"{spec.name}-gateway"
-
-
-def vllm_engine_flags(args: EngineArgs) -> list[str]:
-    """vLLM CLI flags for the engine arguments that are set (None means: vLLM's default)."""
-    flags: list[str] = ["--dtype", args.dtype, "--tensor-parallel-size", str(args.tensor_parallel_size)]
-    numeric = {"--max-model-len": args.max_model_len, "--gpu-memory-utilization": args.gpu_memory_utilization,
-               "--max-num-seqs": args.max_num_seqs, "--max-num-batched-tokens": args.max_num_batched_tokens,
-               "--kv-cache-dtype": args.kv_cache_dtype}
-    for flag, value in numeric.items():
-        if value is not None:
-            flags += [flag, str(value)]
-    if args.enable_prefix_caching is not None:
-        flags.append("--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching")
-    if args.async_scheduling:
-        flags.append("--async-scheduling")
-    if args.limit_mm_per_prompt is not None:
-        flags += ["--limit-mm-per-prompt", json.dumps(args.limit_mm_per_prompt)]
-    if args.mm_processor_kwargs is not None:
-        flags += ["--mm-processor-kwargs", json.dumps(args.mm_processor_kwargs)]
-    return flags + list(args.extra_args)
 
 
 def _is_local_path(model: str) -> bool:
@@ -133,9 +113,12 @@ def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mou
         args += list(sim.extra_args)
         resources = {"requests": {"cpu": "500m", "memory": "512Mi"}}
     else:
-        served_name = spec.engine_args.served_model_name or spec.model
-        command, image = ["vllm", "serve"], options.vllm_image
-        args = [model, *port_flags, "--served-model-name", served_name, *vllm_engine_flags(spec.engine_args)]
+        device_kind = "cpu" if spec.devices == "cpu" else "gpu"
+        in_pod = spec.model_copy(update={"host": "0.0.0.0"})
+        argv = engine_argv(in_pod, model, CONTAINER_PORT, device_kind)
+        # same flags `vlmserve up` passes; the image's python replaces this machine's interpreter
+        command, image = ["python3", *argv[1:3]], options.vllm_image
+        args = argv[3:]
         tp = spec.engine_args.tensor_parallel_size
         if spec.devices == "cpu":
             resources = {"requests": {"cpu": str(4 * tp), "memory": f"{16 * tp}Gi"}}

@@ -35,16 +35,16 @@ VLLM_ITL = "vllm:inter_token_latency_seconds"
 VLLM_E2E = "vllm:e2e_request_latency_seconds"
 VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"
 
-# --- vlmserve gateway metrics (as scraped) ---
-GW_REQUESTS = "vlmserve_gateway_requests_total"
-GW_TTFT = "vlmserve_gateway_ttft_seconds"
-GW_E2E = "vlmserve_gateway_request_duration_seconds"
-GW_IN_FLIGHT = "vlmserve_gateway_in_flight_requests"
-GW_QUEUE = "vlmserve_gateway_queue_depth"
-GW_SHED = "vlmserve_gateway_shed_total"
-GW_REPLICA_HEALTHY = "vlmserve_gateway_replica_healthy"
-GW_OUTPUT_TOKENS = "vlmserve_gateway_output_tokens_total"
-
+# --- vlmserve gateway metrics (as scraped; see vlmserve/gateway/metrics.py) ---
+GW_REQUESTS = "vlmserve_gateway_requests_total"  # labels: status, tenant, replica
+GW_TTFT = "vlmserve_gateway_time_to_first_token_seconds"  # labels: replica
+GW_E2E = "vlmserve_gateway_e2e_request_latency_seconds"  # labels: replica
+GW_IN_FLIGHT = "vlmserve_gateway_in_flight"  # labels: replica
+GW_OUTSTANDING_TOKENS = "vlmserve_gateway_outstanding_tokens"  # labels: replica
+GW_QUEUED = "vlmserve_gateway_queued"  # labels: priority
+GW_SHED = "vlmserve_gateway_shed_requests_total"  # labels: tenant, reason
+GW_RETRIES = "vlmserve_gateway_retries_total"  # labels: replica, reason
+GW_REPLICA_HEALTHY = "vlmserve_gateway_replica_healthy"  # labels: replica
 
 @dataclass(frozen=True)
 class Query:
@@ -146,23 +146,23 @@ GATEWAY_PANELS: tuple[Panel, ...] = (
           (rate_by(GW_REQUESTS, "status"),)),
     Panel("gateway_requests_replica", "Requests per second (by replica)", "reqps",
           (rate_by(GW_REQUESTS, "replica"),)),
-    Panel("gateway_requests_tenant", "Requests per second (by tenant)", "reqps",
-          (rate_by(GW_REQUESTS, "tenant"),)),
-    _latency_panel("gateway_ttft", "Time to first token at the gateway", GW_TTFT),
-    Panel("gateway_ttft_tenant", "Time to first token p95 (by tenant)", "s",
-          (quantile(0.95, GW_TTFT, "tenant"),)),
+    Panel("gateway_requests_tenant", "Requests per second (by tenant, status)", "reqps",
+          (rate_by(GW_REQUESTS, "tenant, status"),)),
+    _latency_panel("gateway_ttft", "Time to first byte at the gateway", GW_TTFT),
     _latency_panel("gateway_e2e", "Request duration at the gateway", GW_E2E),
-    Panel("gateway_load", "In flight and queued at the gateway", "short",
+    Panel("gateway_load", "In flight per replica and queued per priority", "short",
           (Query(f"sum by (replica) ({GW_IN_FLIGHT})", "in flight {{replica}}"),
-           Query(f"sum({GW_QUEUE})", "queued"))),
-    Panel("gateway_tokens", "Output tokens per second (by tenant)", "short",
-          (rate_by(GW_OUTPUT_TOKENS, "tenant"),)),
+           Query(f"sum by (priority) ({GW_QUEUED})", "queued {{priority}}"))),
+    Panel("gateway_outstanding_tokens", "Outstanding tokens per replica", "short",
+          (gauge_by(GW_OUTSTANDING_TOKENS, "replica"),)),
     Panel("gateway_errors", "Error share (5xx)", "percentunit", (GATEWAY_ERROR_RATIO,)),
-    Panel("gateway_shed", "Requests shed by admission control", "reqps", (GATEWAY_SHED_RATE,)),
+    Panel("gateway_shed", "Requests shed by admission control", "reqps",
+          (GATEWAY_SHED_RATE, rate_by(GW_SHED, "tenant, reason"))),
+    Panel("gateway_retries", "Retries on another replica", "reqps",
+          (Query(f"sum(rate({GW_RETRIES}[{{window}}])) or vector(0)", "retries/s"),)),
     Panel("gateway_replicas", "Replicas healthy (gateway view)", "short",
           (gauge_by(GW_REPLICA_HEALTHY, "replica", "max"),)),
 )
-
 
 def all_panels() -> tuple[Panel, ...]:
     return ENGINE_PANELS + GATEWAY_PANELS
