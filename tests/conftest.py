@@ -25,5 +25,14 @@ def vlmserve_cmd() -> list[str]:
     return [sys.executable, "-m", "vlmserve"]
 
 
+@pytest.fixture(scope="session")
+def embedded_engine(tmp_path_factory: pytest.TempPathFactory):  # -> tests.helpers.engine.EmbeddedEngine
+    """The ONE real embedded vLLM engine shared by every test that needs it (see tests/helpers/engine.py)."""
+    from tests.helpers.engine import start_embedded_engine
+
+    with start_embedded_engine(tmp_path_factory.mktemp("embedded-engine")) as engine:
+        yield engine
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLMSERVE_TEST", "1")

@@ -33,17 +33,16 @@ def state_path(name: str) -> Path:
     return deployment_dir(name) / "state.json"
 
 
-def write_state(name: str, state: dict[str, Any]) -> None:
-    """Atomically replace the deployment's state file."""
-    path = state_path(name)
+def write_state(path: Path, state: dict[str, Any]) -> None:
+    """Atomically replace a deployment's state file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
     os.replace(tmp, path)
 
 
-def read_state(name: str) -> dict[str, Any] | None:
-    path = state_path(name)
+def read_state(path: Path) -> dict[str, Any] | None:
+    """The state in a state.json, or None when there is none (or it is unreadable)."""
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

@@ -121,7 +121,11 @@ EventSink = Callable[[str], None]
 class Supervisor:
     """Runs one deployment; `with Supervisor(spec) as sup:` starts it and stops it on exit."""
 
-    def __init__(self, spec: DeploymentSpec, *, on_event: EventSink | None = None) -> None:
+    def __init__(
+        self, spec: DeploymentSpec, *, on_event: EventSink | None = None, state_dir: Path | None = None
+    ) -> None:
+        """state_dir: where state.json, supervisor.log and logs/ go (default
+        $VLMSERVE_HOME/deployments/<name>; tests pass a temporary directory)."""
         self.spec = spec
         self._on_event = on_event
         self._lock = threading.RLock()
@@ -134,7 +138,7 @@ class Supervisor:
         self.model_path: str = spec.model
         self.notes: list[str] = []
         self.started_at = time.time()
-        self.state_dir = deployment_dir(spec.name)
+        self.state_dir = Path(state_dir) if state_dir is not None else deployment_dir(spec.name)
         self.log_dir = Path(spec.log_dir).expanduser() if spec.log_dir else self.state_dir / "logs"
 
     # ---- public surface -------------------------------------------------------------
@@ -249,7 +253,7 @@ class Supervisor:
             self._event(note)
 
     def _refuse_running_duplicate(self) -> None:
-        previous = read_state(self.spec.name)
+        previous = read_state(self.state_dir / "state.json")
         if previous and supervisor_alive(previous) and previous.get("supervisor_pid") != os.getpid():
             raise UserError(
                 f"deployment '{self.spec.name}' is already running (supervisor pid {previous['supervisor_pid']}); "
@@ -482,7 +486,7 @@ class Supervisor:
     # ---- bookkeeping ------------------------------------------------------------------
 
     def _write_state(self) -> None:
-        write_state(self.spec.name, self.status())
+        write_state(self.state_dir / "state.json", self.status())
 
     def _event(self, message: str) -> None:
         stamp = time.strftime("%H:%M:%S")

@@ -157,12 +157,12 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the raw state as JSON."),
 ) -> None:
     """List each deployment's replicas: port, pid, state, restarts, uptime."""
-    from vlmserve.deployment_state import list_deployments, read_state, supervisor_alive, vlmserve_home
+    from vlmserve.deployment_state import list_deployments, read_state, state_path, supervisor_alive, vlmserve_home
 
     names = [name] if name else list_deployments()
     states = []
     for each in names:
-        state = read_state(each)
+        state = read_state(state_path(each))
         if state is None:
             raise UserError(f"no deployment named '{each}' under {vlmserve_home()}; start one with `vlmserve up`")
         if not supervisor_alive(state):

@@ -1,0 +1,60 @@
+"""One real embedded vLLM engine for the whole test session (it takes about a minute to start).
+
+Use the `embedded_engine` fixture (tests/conftest.py) rather than starting your own: every
+engine costs a minute of the shared CPU and about 3.5 GB of memory. The engine runs under
+the real supervisor, so it has passed the same readiness checks `vlmserve up` uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlmserve.processes import free_port_block
+from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+from vlmserve.supervisor import Supervisor
+
+EMBEDDED_MAX_MODEL_LEN = 2048
+
+
+@dataclass(frozen=True)
+class EmbeddedEngine:
+    """Where the shared engine listens and what it serves."""
+
+    base_url: str
+    model: str
+    model_path: str
+    max_model_len: int
+    log_path: Path
+    pid: int
+    spec: DeploymentSpec
+
+
+@contextmanager
+def start_embedded_engine(
+    workdir: Path, *, max_model_len: int = EMBEDDED_MAX_MODEL_LEN, extra_args: tuple[str, ...] = ()
+) -> Iterator[EmbeddedEngine]:
+    """Start the embedded model on free ports; stop it (whole process tree) on exit."""
+    spec = DeploymentSpec(
+        name="test-embedded",
+        model=EMBEDDED_MODEL,
+        replicas=1,
+        port=free_port_block(2),
+        gateway=False,
+        kv_cache_space_gb=1,
+        engine_args=EngineArgs(max_model_len=max_model_len, extra_args=list(extra_args)),
+    )
+    with Supervisor(spec, state_dir=workdir) as supervisor:
+        replica = supervisor.replicas[0]
+        assert replica.pid is not None
+        yield EmbeddedEngine(
+            base_url=replica.plan.url,
+            model=supervisor.served_model_name,
+            model_path=supervisor.model_path,
+            max_model_len=max_model_len,
+            log_path=replica.plan.log_path,
+            pid=replica.pid,
+            spec=spec,
+        )
