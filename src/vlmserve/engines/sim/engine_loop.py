@@ -1,0 +1,255 @@
+"""The real-time engine loop: one task runs scheduler steps and emits their tokens on time.
+
+For the vLLM scheduler model a step is priced when it starts; the loop sleeps until
+its end, then writes every token of that step to its stream in one pass. One timer
+for all streams, no task per stream. Steps run back to back while there is work,
+each starting where the previous one ended on the model's clock (so throughput is
+the cost model's, not Python's); if the loop falls far behind, it re-syncs to now.
+
+For the constant-latency model the loop sleeps until the next token is due, and a
+new request may wake it early.
+
+Sleeping: asyncio timers fire up to ~1 ms late (millisecond poll timeouts), so in
+step mode the loop wakes 1 ms early and spins the rest, which keeps emission within
+a fraction of a millisecond of schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from vlmserve.engines.sim.metrics import EngineMetrics
+from vlmserve.engines.sim.options import EngineCore
+from vlmserve.engines.sim.outputs import ActiveRequest
+from vlmserve.engines.sim.timing import EmissionTimingRecorder
+from vlmserve.sched.scheduler import SimRequest, StepResult
+
+RESYNC_AFTER_S = 0.050
+"""If a step would start this far in the past, start it now instead."""
+SPIN_S = 0.001
+
+
+class EngineLoop:
+    """Owns the scheduler, the in-flight requests and the task that drives them."""
+
+    def __init__(
+        self,
+        core: EngineCore,
+        metrics: EngineMetrics,
+        timing: EmissionTimingRecorder | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.core = core
+        self.metrics = metrics
+        self.timing = timing
+        self.clock = clock
+        self.active: dict[str, ActiveRequest] = {}
+        self.constant_mode = getattr(core, "is_constant_latency", False)
+        self._wake: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._previous_end_s: float | None = None
+        self.steps = 0
+        metrics.bind_state(
+            running=lambda: core.num_running, waiting=lambda: core.num_waiting, kv_usage=lambda: core.kv_usage
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for request in list(self.active.values()):
+            request.resolve("aborted")
+        self.active.clear()
+
+    # -- requests ------------------------------------------------------------------------------
+    def submit(self, request: ActiveRequest) -> None:
+        """Hand a request to the scheduler; raises ValueError if it can never run."""
+        self.core.add_request(
+            SimRequest(
+                request_id=request.request_id,
+                prompt_token_ids=request.parsed.prompt_token_ids,
+                max_output_tokens=request.plan.num_tokens,
+                arrival_s=request.arrival_s,
+                image_tokens=request.parsed.image_tokens,
+                images=request.parsed.images,
+                output_token_ids=request.plan.token_ids,
+            )
+        )
+        self.active[request.request_id] = request
+        self._poke()
+
+    def abort(self, request_id: str) -> None:
+        """The client went away (or the stream was cut): stop generating for it."""
+        request = self.active.pop(request_id, None)
+        self.core.abort_request(request_id)
+        if request is not None and not request.aborted:
+            request.aborted = True
+            self.metrics.request_success["abort"].inc()
+            request.resolve("aborted")
+
+    def _poke(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    # -- the loop ------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        core = self.core
+        clock = self.clock
+        while True:
+            if not core.has_work():
+                self._previous_end_s = None
+                await self._wait(loop, None)
+                continue
+            now = clock()
+            if self.constant_mode:
+                due = core.next_event_s(now)  # type: ignore[union-attr]
+                if due is None or due > now + 0.0002:
+                    await self._wait(loop, due)
+                    continue
+                result = core.step(max(due, now - RESYNC_AFTER_S) if due < now else due)
+                emit_at = result.start_s
+            else:
+                start = self._previous_end_s
+                if start is None or now - start > RESYNC_AFTER_S:
+                    start = now
+                result = core.step(start)
+                emit_at = result.end_s
+                await self._sleep_until(loop, emit_at)
+                self._previous_end_s = emit_at
+            self.steps += 1
+            self._emit(result, emit_at)
+
+    async def _wait(self, loop: asyncio.AbstractEventLoop, deadline: float | None) -> None:
+        """Sleep until `deadline` (None: forever) or until a new request pokes the loop."""
+        wake: asyncio.Future[None] = loop.create_future()
+        self._wake = wake
+        handle = None
+        if deadline is not None:
+            handle = loop.call_at(deadline, _resolve, wake)
+        try:
+            await wake
+        finally:
+            self._wake = None
+            if handle is not None:
+                handle.cancel()
+
+    async def _sleep_until(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Sleep (not interruptible) to within SPIN_S of the deadline, then spin to it."""
+        clock = self.clock
+        if deadline - clock() > SPIN_S:
+            done: asyncio.Future[None] = loop.create_future()
+            loop.call_at(deadline - SPIN_S, _resolve, done)
+            await done
+        while clock() < deadline:
+            pass
+
+    # -- emission --------------------------------------------------------------------------------
+    def _emit(self, result: StepResult, emit_at: float) -> None:
+        """Deliver one step's tokens and finishes to their requests, and update the metrics."""
+        metrics = self.metrics
+        active = self.active
+        for request_id, _cached in result.first_scheduled:
+            request = active.get(request_id)
+            if request is not None:
+                metrics.request_queue_time.observe(max(0.0, result.start_s - request.arrival_s))
+        if result.preempted:
+            metrics.num_preemptions.inc(len(result.preempted))
+        if result.prefix_queries_tokens:
+            metrics.prefix_cache_queries.inc(result.prefix_queries_tokens)
+            metrics.prefix_cache_hits.inc(result.prefix_hits_tokens)
+        if result.tokens:
+            metrics.generation_tokens.inc(len(result.tokens))
+
+        timing = self.timing
+        clock = self.clock
+        itl_values: list[float] = []
+        lost: list[str] = []
+        for request_id, count in result.tokens:
+            request = active.get(request_id)
+            if request is None:
+                continue
+            request.emitted += count
+            if request.first_token_s is None:
+                request.first_token_s = emit_at
+                metrics.time_to_first_token.observe(emit_at - request.arrival_s)
+                metrics.prompt_tokens.inc(len(request.parsed.prompt_token_ids))
+            else:
+                itl_values.append(emit_at - request.last_token_s)
+            request.last_token_s = emit_at
+            if request.transport is None:
+                request.written = request.emitted
+                continue
+            if not self._deliver(request):
+                lost.append(request_id)
+                continue
+            if timing is not None:
+                timing.record(clock() - emit_at)
+        if itl_values:
+            metrics.inter_token_latency.observe_many(itl_values)
+
+        for request_id in result.finished:
+            request = active.pop(request_id, None)
+            if request is None:
+                continue
+            request.finish_reason = request.plan.finish_reason
+            metrics.request_success[request.plan.finish_reason].inc()
+            metrics.e2e_request_latency.observe(emit_at - request.arrival_s)
+            metrics.request_generation_tokens.observe(request.plan.num_tokens)
+            metrics.request_prompt_tokens.observe(len(request.parsed.prompt_token_ids))
+            if request.written >= request.plan.num_tokens:
+                request.resolve("finished")
+            # else: a stalled stream; its flush timer resolves it (or the client gives up).
+        for request_id in lost:
+            self.abort(request_id)
+
+    def _deliver(self, request: ActiveRequest) -> bool:
+        """Write what the client may see now, applying stall/drop faults; False if the client is gone."""
+        target = request.emitted
+        if request.drop_after is not None and target > request.drop_after:
+            request.write_tokens_upto(request.drop_after)
+            transport = request.transport
+            if transport is not None:
+                transport.abort()  # RST, no terminating chunk: a dropped connection
+            request.resolve("dropped")
+            return False
+        if request.stall_after is not None and target > request.stall_after:
+            if request.stalled_forever:
+                return request.write_tokens_upto(request.stall_after)
+            now = self.clock()
+            if request.stall_until_s is None:
+                request.stall_until_s = now + (request.stall_duration_s or 0.0)
+                if not request.write_tokens_upto(request.stall_after):
+                    return False
+                request._flush_handle = asyncio.get_running_loop().call_at(
+                    request.stall_until_s, self._flush_stalled, request
+                )
+                return True
+            if now < request.stall_until_s:
+                return not (request.transport is not None and request.transport.is_closing())
+        return request.write_tokens_upto(target)
+
+    def _flush_stalled(self, request: ActiveRequest) -> None:
+        """End of an injected stall: send what piled up, finish if the engine already did."""
+        request._flush_handle = None
+        request.stall_after = None
+        if not request.write_tokens_upto(request.emitted):
+            self.abort(request.request_id)
+            return
+        if request.finish_reason is not None and request.written >= request.plan.num_tokens:
+            request.resolve("finished")
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,176 @@
+"""Everything a sim engine is started with, validated once, and the factory for its scheduler."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from vlmserve.errors import UserError
+from vlmserve.sched.constant import ConstantLatencyScheduler
+from vlmserve.sched.parametric_cost import make_step_cost_model
+from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
+
+GEMMA_IMAGE_BUDGETS = (70, 140, 280, 560, 1120)
+
+
+@dataclass(frozen=True)
+class OutputLengthDistribution:
+    """How many tokens a request generates before its natural end (EOS), when not forced.
+
+    Written as `fixed:N`, `uniform:LOW:HIGH`, `exponential:MEAN` or `lognormal:MEAN:SIGMA`
+    (MEAN is the distribution's mean in tokens; SIGMA the log-space spread).
+    """
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> "OutputLengthDistribution":
+        parts = text.strip().split(":")
+        try:
+            kind, numbers = parts[0], [float(part) for part in parts[1:]]
+        except ValueError:
+            raise UserError(_DIST_HELP.format(text=text)) from None
+        expected = {"fixed": 1, "uniform": 2, "exponential": 1, "lognormal": 2}.get(kind)
+        if expected is None or len(numbers) != expected or any(value <= 0 for value in numbers):
+            raise UserError(_DIST_HELP.format(text=text))
+        if kind == "uniform" and numbers[1] < numbers[0]:
+            raise UserError(f"output length 'uniform:{numbers[0]:g}:{numbers[1]:g}': HIGH must be >= LOW")
+        return cls(kind, numbers[0], numbers[1] if len(numbers) > 1 else 0.0)
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            value = self.a
+        elif self.kind == "uniform":
+            value = rng.uniform(self.a, self.b)
+        elif self.kind == "exponential":
+            value = rng.expovariate(1.0 / self.a)
+        else:
+            sigma = self.b
+            value = rng.lognormvariate(math.log(self.a) - sigma * sigma / 2.0, sigma)
+        return max(1, int(round(value)))
+
+
+_DIST_HELP = (
+    "output length distribution '{text}' is not understood; write fixed:N, uniform:LOW:HIGH, "
+    "exponential:MEAN or lognormal:MEAN:SIGMA with positive numbers"
+)
+
+
+@dataclass
+class FaultOptions:
+    """Failures to inject, for testing what sits in front of an engine."""
+
+    error_rate: float = 0.0
+    """Fraction of API requests answered with an injected 5xx instead of being served."""
+    error_codes: tuple[int, ...] = (500,)
+    """Status codes the injected errors are drawn from."""
+    crash_after: int | None = None
+    """The process exits (code 3) when request number crash_after + 1 arrives."""
+    startup_delay_s: float = 0.0
+    """/health (and the API) answer 503 for this long after start."""
+    stall_after_tokens: int | None = None
+    """Streams stop sending after this many tokens ..."""
+    stall_s: float | None = None
+    """... for this long (None: forever, until the client gives up)."""
+    drop_after_tokens: int | None = None
+    """Streams are cut (transport closed abruptly) after this many tokens."""
+    fault_rate: float = 1.0
+    """Fraction of streams that stall/drop (1.0: every stream)."""
+
+    def validate(self) -> None:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise UserError(f"--error-rate must be between 0 and 1, got {self.error_rate}")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise UserError(f"--fault-rate must be between 0 and 1, got {self.fault_rate}")
+        for code in self.error_codes:
+            if not 500 <= code <= 599:
+                raise UserError(f"--error-codes takes 5xx status codes, got {code}")
+        for name in ("crash_after", "stall_after_tokens", "drop_after_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise UserError(f"--{name.replace('_', '-')} must not be negative, got {value}")
+        if self.startup_delay_s < 0:
+            raise UserError("--startup-delay must not be negative")
+
+
+@dataclass
+class SimEngineConfig:
+    """How one sim engine behaves; `vlmserve engine sim` flags map one-to-one onto these."""
+
+    model: str = "sim-model"
+    served_model_names: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    seed: int = 0
+    profile: str | None = None
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    max_model_len: int = 8192
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    num_kv_blocks: int = 8192
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    image_tokens: int = 256
+    """Vision tokens per image unless the request picks a budget via mm_processor_kwargs."""
+    allowed_image_budgets: tuple[int, ...] = ()
+    """If set, the only budgets a request may pick (e.g. Gemma's 70/140/280/560/1120)."""
+    output_len: OutputLengthDistribution = field(default_factory=lambda: OutputLengthDistribution("lognormal", 200, 0.8))
+    faults: FaultOptions = field(default_factory=FaultOptions)
+    record_timing: bool = True
+    """Record scheduled vs actual emission time of every chunk (exposed at /debug/timing)."""
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.served_model_names or (self.model,)
+
+    @property
+    def constant_mode(self) -> bool:
+        return self.ttft_ms is not None or self.itl_ms is not None
+
+    def validate(self) -> None:
+        """Raise UserError for combinations the engine cannot run with."""
+        if self.constant_mode and self.profile:
+            raise UserError("--profile and --ttft-ms/--itl-ms exclude each other; pick one timing model")
+        if self.constant_mode and ((self.ttft_ms or 0) < 0 or (self.itl_ms or 0) < 0):
+            raise UserError("--ttft-ms and --itl-ms must not be negative")
+        if self.image_tokens < 1:
+            raise UserError("--image-tokens must be at least 1")
+        if not 1 <= self.port <= 65535 and self.port != 0:
+            raise UserError(f"--port must be between 1 and 65535, got {self.port}")
+        self.faults.validate()
+        try:
+            self.scheduler_config().validate()
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        make_step_cost_model(self.profile)  # unknown profile -> UserError
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_kv_blocks=self.num_kv_blocks,
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            max_model_len=self.max_model_len,
+        )
+
+
+EngineCore = Scheduler | ConstantLatencyScheduler
+
+
+def build_engine_core(config: SimEngineConfig) -> EngineCore:
+    """The scheduler that times this engine: constant latencies, or vLLM's rules on a cost model."""
+    if config.constant_mode:
+        return ConstantLatencyScheduler(
+            ttft_s=(config.ttft_ms or 0.0) / 1000.0,
+            itl_s=(config.itl_ms or 0.0) / 1000.0,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len,
+        )
+    return Scheduler(config.scheduler_config(), make_step_cost_model(config.profile))

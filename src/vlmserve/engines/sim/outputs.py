@@ -1,0 +1,217 @@
+"""One in-flight request's output: OpenAI response bodies and SSE chunks, written straight to the socket.
+
+Streaming is the hot path (thousands of chunks a second on one core), so each
+request pre-encodes the bytes around a token's text once, the text of every
+possible token is JSON-encoded once at import, and the engine loop writes a
+ready HTTP/1.1 chunk to the transport synchronously: no coroutine, queue or
+task per token. The handler coroutine only wakes when the request is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from vlmserve.engines.sim import tokenizer
+from vlmserve.engines.sim.generation import OutputPlan
+from vlmserve.engines.sim.protocol import ParsedRequest
+
+_PIECE_JSON: dict[str, bytes] = {piece: json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES}
+
+
+def piece_json(piece: str) -> bytes:
+    cached = _PIECE_JSON.get(piece)
+    return cached if cached is not None else json.dumps(piece).encode()
+
+
+def http_chunk(data: bytes) -> bytes:
+    """One HTTP/1.1 chunked-transfer frame."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class ActiveRequest:
+    """State of one request between arrival and its last byte."""
+
+    __slots__ = (
+        "request_id", "response_id", "parsed", "plan", "created", "arrival_s", "first_token_s",
+        "last_token_s", "emitted", "written", "transport", "done", "finish_reason", "aborted",
+        "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
+        "_flush_handle",
+    )  # fmt: skip
+
+    def __init__(
+        self, request_id: str, response_id: str, parsed: ParsedRequest, plan: OutputPlan, arrival_s: float
+    ) -> None:
+        self.request_id = request_id
+        self.response_id = response_id
+        self.parsed = parsed
+        self.plan = plan
+        self.created = int(time.time())
+        self.arrival_s = arrival_s
+        self.first_token_s: float | None = None
+        self.last_token_s = 0.0
+        self.emitted = 0
+        """Tokens the engine has produced for this request."""
+        self.written = 0
+        """Tokens whose chunks were written to the client (lags `emitted` while stalled)."""
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.finish_reason: str | None = None
+        self.aborted = False
+        self.stall_after: int | None = None
+        self.stall_duration_s: float | None = None
+        self.stall_until_s: float | None = None
+        self.stalled_forever = False
+        self.drop_after: int | None = None
+        self._flush_handle: asyncio.TimerHandle | None = None
+        model = json.dumps(parsed.model)
+        if parsed.kind == "chat":
+            self._prefix = (
+                f'data: {{"id":"{response_id}","object":"chat.completion.chunk","created":{self.created},'
+                f'"model":{model},"choices":[{{"index":0,"delta":{{"content":'
+            ).encode()
+            self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        else:
+            self._prefix = (
+                f'data: {{"id":"{response_id}","object":"text_completion","created":{self.created},'
+                f'"model":{model},"choices":[{{"index":0,"text":'
+            ).encode()
+            self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+
+    # -- streaming ---------------------------------------------------------------------------
+    def attach_stream(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def _chunk_for(self, index: int) -> bytes:
+        """SSE bytes for token `index` (empty when a stop string withheld its text)."""
+        piece = self.plan.pieces[index]
+        data = b""
+        if index == 0 and self.parsed.kind == "chat":
+            data = self._role_event()
+        if index == self.plan.num_tokens - 1:
+            return data + self._final_events(piece)
+        if not piece:
+            return data
+        if self.parsed.continuous_usage:
+            return data + self._event_with_usage(piece, None, index + 1)
+        return data + self._prefix + piece_json(piece) + self._suffix
+
+    def write_tokens_upto(self, count: int) -> bool:
+        """Write chunks for tokens [written, count); False if the client is gone."""
+        transport = self.transport
+        if transport is None:
+            self.written = count
+            return True
+        if transport.is_closing():
+            return False
+        if self.written >= count:
+            return True
+        parts = [self._chunk_for(index) for index in range(self.written, count)]
+        data = b"".join(parts)
+        self.written = count
+        if data:
+            transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        return True
+
+    def _role_event(self) -> bytes:
+        return sse_event(self._chunk_payload({"role": "assistant", "content": ""}, None))
+
+    def _chunk_payload(self, delta_or_text: Any, finish_reason: str | None) -> dict[str, Any]:
+        if self.parsed.kind == "chat":
+            choice: dict[str, Any] = {"index": 0, "delta": delta_or_text, "logprobs": None, "finish_reason": finish_reason}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": delta_or_text, "logprobs": None, "finish_reason": finish_reason}
+            obj = "text_completion"
+        if finish_reason is not None:
+            choice["stop_reason"] = self.plan.stop_reason
+        return {"id": self.response_id, "object": obj, "created": self.created, "model": self.parsed.model, "choices": [choice]}
+
+    def _event_with_usage(self, piece: str, finish_reason: str | None, completion_tokens: int) -> bytes:
+        delta: Any = {"content": piece} if self.parsed.kind == "chat" else piece
+        payload = self._chunk_payload(delta, finish_reason)
+        payload["usage"] = self.usage(completion_tokens)
+        return sse_event(payload)
+
+    def _final_events(self, piece: str) -> bytes:
+        """Last token (with finish_reason), optional usage chunk, then [DONE]."""
+        reason = self.plan.finish_reason
+        if self.parsed.continuous_usage:
+            events = [self._event_with_usage(piece, reason, self.plan.num_tokens)]
+        else:
+            delta: Any = ({"content": piece} if piece else {}) if self.parsed.kind == "chat" else piece
+            events = [sse_event(self._chunk_payload(delta, reason))]
+        if self.parsed.include_usage:
+            events.append(
+                sse_event(
+                    {
+                        "id": self.response_id,
+                        "object": "chat.completion.chunk" if self.parsed.kind == "chat" else "text_completion",
+                        "created": self.created,
+                        "model": self.parsed.model,
+                        "choices": [],
+                        "usage": self.usage(self.plan.num_tokens),
+                    }
+                )
+            )
+        events.append(SSE_DONE)
+        return b"".join(events)
+
+    # -- whole responses ---------------------------------------------------------------------
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
+        prompt_tokens = len(self.parsed.prompt_token_ids)
+        return {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+        }
+
+    def response_body(self) -> dict[str, Any]:
+        """The non-streaming JSON body, as vLLM returns it."""
+        text = self.plan.text
+        if self.parsed.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": [], "reasoning_content": None},
+                "logprobs": None,
+                "finish_reason": self.plan.finish_reason,
+                "stop_reason": self.plan.stop_reason,
+            }
+            obj = "chat.completion"
+        else:
+            if self.parsed.echo_prompt is not None:
+                text = self.parsed.echo_prompt + text
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": self.plan.finish_reason,
+                "stop_reason": self.plan.stop_reason,
+            }
+            obj = "text_completion"
+        return {
+            "id": self.response_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.parsed.model,
+            "choices": [choice],
+            "usage": self.usage(self.plan.num_tokens),
+        }
+
+    def resolve(self, outcome: str) -> None:
+        """Wake the handler: 'finished', 'aborted' or 'dropped'."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if not self.done.done():
+            self.done.set_result(outcome)

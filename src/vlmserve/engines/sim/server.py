@@ -1,0 +1,387 @@
+"""The simulated engine's HTTP server: vLLM's OpenAI-compatible surface on aiohttp.
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+GET /version, POST /tokenize, GET /metrics, GET /debug/timing (emission timing error;
+`?reset=1` clears it), GET /debug/state.
+
+Run it with `vlmserve engine sim ...` (the CLI calls `run_server`), inside an
+asyncio program with `start_server`, or in a background thread with `SimEngineThread`
+(for in-process tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from vlmserve import __version__
+from vlmserve.engines.sim.engine_loop import EngineLoop
+from vlmserve.engines.sim.generation import plan_output
+from vlmserve.engines.sim.metrics import EngineMetrics
+from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
+from vlmserve.engines.sim.outputs import ActiveRequest
+from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request, parse_generation_request
+from vlmserve.engines.sim.timing import EmissionTimingRecorder
+from vlmserve.errors import UserError
+
+_STATUS_TYPES = {
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
+CRASH_EXIT_CODE = 3
+
+
+def error_response(error: ApiError) -> web.Response:
+    return web.json_response(error.body(), status=error.status)
+
+
+class SimEngine:
+    """One simulated engine: configuration, scheduler loop, metrics and request handlers."""
+
+    def __init__(self, config: SimEngineConfig) -> None:
+        config.validate()
+        self.config = config
+        self.metrics = EngineMetrics(config.model_names[0])
+        self.timing = EmissionTimingRecorder() if config.record_timing else None
+        self.core = build_engine_core(config)
+        self.loop: EngineLoop | None = None
+        self.images = ImageValidator()
+        self.started_s = time.monotonic()
+        self.ready_at_s = self.started_s + config.faults.startup_delay_s
+        self.request_counter = 0
+        self.api_requests = 0
+        self.fault_rng = random.Random(f"faults:{config.seed}")
+        self.id_prefix = f"{random.Random(f'ids:{config.seed}').getrandbits(48):012x}"
+
+    # -- app ---------------------------------------------------------------------------------
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._api(self.chat_completions))
+        app.router.add_post("/v1/completions", self._api(self.completions))
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ping", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_post("/tokenize", self._api(self.tokenize, count=False))
+        app.router.add_get("/metrics", self.prometheus_metrics)
+        app.router.add_get("/debug/timing", self.debug_timing)
+        app.router.add_get("/debug/state", self.debug_state)
+        app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        self.loop = EngineLoop(self.core, self.metrics, self.timing)
+        self.loop.start()
+        self.started_s = time.monotonic()
+        self.ready_at_s = self.started_s + self.config.faults.startup_delay_s
+
+    async def _on_shutdown(self, _app: web.Application) -> None:
+        if self.loop is not None:
+            await self.loop.stop()
+
+    @property
+    def ready(self) -> bool:
+        return time.monotonic() >= self.ready_at_s
+
+    def _api(
+        self, handler: Callable[[web.Request, Any], Awaitable[web.StreamResponse]], count: bool = True
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """Wrap an API handler: readiness, injected faults, JSON parsing, OpenAI-format errors."""
+
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            try:
+                if not self.ready:
+                    raise ApiError(503, "The engine is starting up; retry shortly.", "ServiceUnavailableError")
+                if count:
+                    self._count_and_maybe_crash()
+                    self._maybe_inject_error()
+                try:
+                    body = json.loads(await request.read())
+                except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                    raise bad_request(f"the request body is not valid JSON: {err}") from None
+                return await handler(request, body)
+            except ApiError as err:
+                return error_response(err)
+
+        return wrapped
+
+    def _count_and_maybe_crash(self) -> None:
+        self.api_requests += 1
+        crash_after = self.config.faults.crash_after
+        if crash_after is not None and self.api_requests > crash_after:
+            print(f"sim engine: injected crash after {crash_after} requests", file=sys.stderr, flush=True)
+            os._exit(CRASH_EXIT_CODE)
+
+    def _maybe_inject_error(self) -> None:
+        faults = self.config.faults
+        if faults.error_rate > 0 and self.fault_rng.random() < faults.error_rate:
+            status = self.fault_rng.choice(faults.error_codes)
+            raise ApiError(status, f"injected fault: HTTP {status}", _STATUS_TYPES.get(status, "InternalServerError"))
+
+    # -- generation --------------------------------------------------------------------------
+    async def chat_completions(self, request: web.Request, body: Any) -> web.StreamResponse:
+        return await self._generate(request, body, "chat")
+
+    async def completions(self, request: web.Request, body: Any) -> web.StreamResponse:
+        return await self._generate(request, body, "completion")
+
+    def _request_rng(self, seed: int | None) -> random.Random:
+        if seed is not None:
+            return random.Random(f"{self.config.seed}:request-seed:{seed}")
+        return random.Random(self.config.seed * 1_000_003 + self.request_counter)
+
+    async def _generate(self, request: web.Request, body: Any, kind: str) -> web.StreamResponse:
+        parsed = parse_generation_request(body, kind, self.config, self.images)
+        self.request_counter += 1
+        plan = plan_output(parsed, self.config.output_len, self._request_rng(parsed.seed))
+        request_id = f"{self.id_prefix}-{self.request_counter}"
+        response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
+        assert self.loop is not None
+        active = ActiveRequest(request_id, response_id, parsed, plan, arrival_s=self.loop.clock())
+        self._assign_stream_faults(active)
+        response: web.StreamResponse | None = None
+        if parsed.stream:
+            response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            _send_headers_now(response)
+            transport = request.transport
+            if transport is None:
+                return response
+            active.attach_stream(transport)
+        try:
+            self.loop.submit(active)
+        except ValueError as err:
+            if response is not None:
+                return response
+            raise bad_request(str(err)) from None
+        try:
+            outcome = await active.done
+        finally:
+            if not active.done.done() or active.finish_reason is None:
+                self.loop.abort(request_id)
+        if response is None:
+            return web.json_response(active.response_body())
+        if outcome == "finished":
+            await response.write_eof()
+        return response
+
+    def _assign_stream_faults(self, active: ActiveRequest) -> None:
+        faults = self.config.faults
+        if not active.parsed.stream:
+            return
+        if faults.stall_after_tokens is None and faults.drop_after_tokens is None:
+            return
+        if faults.fault_rate < 1.0 and self.fault_rng.random() >= faults.fault_rate:
+            return
+        if faults.stall_after_tokens is not None:
+            active.stall_after = faults.stall_after_tokens
+            active.stall_duration_s = faults.stall_s
+            active.stalled_forever = faults.stall_s is None
+        if faults.drop_after_tokens is not None:
+            active.drop_after = faults.drop_after_tokens
+
+    # -- other routes ------------------------------------------------------------------------
+    async def tokenize(self, _request: web.Request, body: Any) -> web.StreamResponse:
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        if "messages" in body:
+            parsed = parse_generation_request({**body, "stream": False, "max_tokens": None}, "chat", self.config, self.images)
+        elif "prompt" in body:
+            parsed = parse_generation_request({**body, "stream": False, "max_tokens": None}, "completion", self.config, self.images)
+        else:
+            raise bad_request("'prompt' or 'messages' is required")
+        tokens = parsed.prompt_token_ids
+        return web.json_response(
+            {"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens, "token_strs": None}
+        )
+
+    async def models(self, _request: web.Request) -> web.Response:
+        created = int(time.time())
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": self.config.model,
+                "parent": None,
+                "max_model_len": self.config.max_model_len,
+                "permission": [],
+            }
+            for name in self.config.model_names
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, _request: web.Request) -> web.Response:
+        if not self.ready:
+            return error_response(ApiError(503, "The engine is starting up.", "ServiceUnavailableError"))
+        return web.Response(status=200)
+
+    async def version(self, _request: web.Request) -> web.Response:
+        return web.json_response({"version": f"sim-{__version__}", "engine": "vlmserve-sim"})
+
+    async def prometheus_metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def debug_timing(self, request: web.Request) -> web.Response:
+        if self.timing is None:
+            return web.json_response({"enabled": False})
+        summary = {"enabled": True, **self.timing.summary()}
+        if request.query.get("reset") in ("1", "true"):
+            self.timing.reset()
+        return web.json_response(summary)
+
+    async def debug_state(self, _request: web.Request) -> web.Response:
+        config = self.config
+        return web.json_response(
+            {
+                "model": config.model,
+                "mode": "constant" if config.constant_mode else "scheduler",
+                "profile": None if config.constant_mode else (config.profile or "tiny-cpu"),
+                "num_running": self.core.num_running,
+                "num_waiting": self.core.num_waiting,
+                "kv_usage": self.core.kv_usage,
+                "num_preemptions": self.core.num_preemptions_total,
+                "steps": self.loop.steps if self.loop else 0,
+                "requests": self.request_counter,
+                "scheduler": vars(config.scheduler_config()),
+            }
+        )
+
+
+def _send_headers_now(response: web.StreamResponse) -> None:
+    """aiohttp buffers headers until the first body write; SSE clients want them at once."""
+    writer = getattr(response, "_payload_writer", None)
+    send_headers = getattr(writer, "send_headers", None)
+    if send_headers is not None:
+        send_headers()
+
+
+# -- running it ----------------------------------------------------------------------------------
+async def start_server(config: SimEngineConfig) -> tuple[web.AppRunner, SimEngine, int]:
+    """Start the engine on config.host/port (port 0 = any free port); returns (runner, engine, port)."""
+    engine = SimEngine(config)
+    runner = web.AppRunner(engine.build_app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as err:
+        await runner.cleanup()
+        raise UserError(
+            f"cannot listen on {config.host}:{config.port} ({err.strerror or err}); pick another --port"
+        ) from None
+    sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+    port = sockets[0].getsockname()[1] if sockets else config.port
+    return runner, engine, port
+
+
+async def serve(config: SimEngineConfig, on_ready: Callable[[int], None] | None = None) -> None:
+    """Run until cancelled (SIGINT/SIGTERM in the CLI)."""
+    runner, _engine, port = await start_server(config)
+    if on_ready is not None:
+        on_ready(port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def run_server(config: SimEngineConfig) -> None:
+    """Blocking entry point for the CLI: uvloop when available, clean exit on SIGINT/SIGTERM."""
+    import signal
+
+    config.validate()
+
+    def announce(port: int) -> None:
+        print(f"sim engine serving {config.model_names[0]!r} on http://{config.host}:{port}", flush=True)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, task.cancel)
+        try:
+            await serve(config, announce)
+        except asyncio.CancelledError:
+            pass
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+
+
+class SimEngineThread:
+    """A sim engine in a background thread of this process (port 0 picks a free port).
+
+    `with SimEngineThread(SimEngineConfig(...)) as engine: httpx.get(engine.base_url + "/health")`
+    """
+
+    def __init__(self, config: SimEngineConfig) -> None:
+        self.config = config
+        self.port: int | None = None
+        self.engine: SimEngine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def start(self) -> "SimEngineThread":
+        self._thread = threading.Thread(target=self._main, name="sim-engine", daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout=30)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _main(self) -> None:
+        async def body() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            try:
+                runner, self.engine, self.port = await start_server(self.config)
+            except BaseException as err:  # reported to the starting thread
+                self._error = err
+                self._ready.set()
+                return
+            self._ready.set()
+            try:
+                await self._stop.wait()
+            finally:
+                await runner.cleanup()
+
+        asyncio.run(body())
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> "SimEngineThread":
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()

@@ -1,0 +1,104 @@
+"""`vlmserve engine sim`: start a simulated vLLM engine (OpenAI API, vLLM metrics, no GPU)."""
+
+from __future__ import annotations
+
+import typer
+
+from vlmserve.errors import UserError
+
+engine_app = typer.Typer(
+    name="engine",
+    help="Inference engines vlmserve can run itself (the simulated engine).",
+    no_args_is_help=True,
+)
+
+
+def _parse_codes(text: str) -> tuple[int, ...]:
+    try:
+        codes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UserError(f"--error-codes takes a comma-separated list like 500,503; got '{text}'") from None
+    if not codes:
+        raise UserError("--error-codes needs at least one status code, e.g. 500,503")
+    return codes
+
+
+def _parse_budgets(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UserError(f"--image-budgets takes a comma-separated list like 70,140,280; got '{text}'") from None
+
+
+@engine_app.command("sim")
+def sim(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on (0 picks a free one and prints it)."),
+    model: str = typer.Option("sim-model", help="Model name the engine serves (requests must name it)."),
+    served_model_name: list[str] = typer.Option([], help="Extra names the model answers to (repeatable)."),
+    seed: int = typer.Option(0, help="Seed for output lengths, text and injected faults (same seed, same run)."),
+    profile: str = typer.Option(None, help="Step-cost profile: tiny-cpu, a10g-8b, l40s-8b, a100-8b, h100-8b, h200-8b, h100-qwen3vl-4b."),
+    ttft_ms: float = typer.Option(None, help="Constant mode: every request's first token after this many ms."),
+    itl_ms: float = typer.Option(None, help="Constant mode: then one token every this many ms."),
+    max_model_len: int = typer.Option(8192, help="Longest prompt + output, in tokens (vLLM's --max-model-len)."),
+    max_num_seqs: int = typer.Option(256, help="Most requests running at once (vLLM's --max-num-seqs)."),
+    max_num_batched_tokens: int = typer.Option(8192, help="Token budget per step (vLLM's --max-num-batched-tokens)."),
+    num_kv_blocks: int = typer.Option(8192, help="KV cache size in blocks of --block-size tokens."),
+    block_size: int = typer.Option(16, help="Tokens per KV block."),
+    no_prefix_caching: bool = typer.Option(False, "--no-prefix-caching", help="Disable prefix caching."),
+    no_chunked_prefill: bool = typer.Option(False, "--no-chunked-prefill", help="Disable chunked prefill."),
+    image_tokens: int = typer.Option(256, help="Vision tokens per image (a request may pick another via mm_processor_kwargs.max_soft_tokens)."),
+    image_budgets: str = typer.Option(None, help="Allowed per-image budgets, e.g. 70,140,280,560,1120 (Gemma)."),
+    output_len: str = typer.Option("lognormal:200:0.8", help="Natural answer length when not forced: fixed:N, uniform:LO:HI, exponential:MEAN, lognormal:MEAN:SIGMA."),
+    error_rate: float = typer.Option(0.0, help="Fault: fraction of requests answered with an injected 5xx."),
+    error_codes: str = typer.Option("500", help="Fault: status codes injected errors use, e.g. 500,503."),
+    crash_after: int = typer.Option(None, help="Fault: the process exits (code 3) when request N+1 arrives."),
+    startup_delay: float = typer.Option(0.0, help="Fault: /health and the API answer 503 for this many seconds."),
+    stall_after_tokens: int = typer.Option(None, help="Fault: streams stop sending after this many tokens ..."),
+    stall_s: float = typer.Option(None, help="... for this many seconds (default: forever)."),
+    drop_after_tokens: int = typer.Option(None, help="Fault: streams are cut (connection reset) after this many tokens."),
+    fault_rate: float = typer.Option(1.0, help="Fault: fraction of streams that stall or drop."),
+    no_timing: bool = typer.Option(False, "--no-timing", help="Do not record emission timing error (/debug/timing)."),
+) -> None:
+    """Start a simulated vLLM engine: OpenAI API, vLLM metrics, timed by vLLM's scheduler rules."""
+    from vlmserve.engines.sim.options import FaultOptions, OutputLengthDistribution, SimEngineConfig
+    from vlmserve.engines.sim.server import run_server
+
+    config = SimEngineConfig(
+        model=model,
+        served_model_names=tuple([model, *served_model_name]) if served_model_name else (),
+        host=host,
+        port=port,
+        seed=seed,
+        profile=profile,
+        ttft_ms=ttft_ms,
+        itl_ms=itl_ms,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        num_kv_blocks=num_kv_blocks,
+        block_size=block_size,
+        enable_prefix_caching=not no_prefix_caching,
+        enable_chunked_prefill=not no_chunked_prefill,
+        image_tokens=image_tokens,
+        allowed_image_budgets=_parse_budgets(image_budgets),
+        output_len=OutputLengthDistribution.parse(output_len),
+        faults=FaultOptions(
+            error_rate=error_rate,
+            error_codes=_parse_codes(error_codes),
+            crash_after=crash_after,
+            startup_delay_s=startup_delay,
+            stall_after_tokens=stall_after_tokens,
+            stall_s=stall_s,
+            drop_after_tokens=drop_after_tokens,
+            fault_rate=fault_rate,
+        ),
+        record_timing=not no_timing,
+    )
+    run_server(config)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(engine_app, name="engine")
