@@ -72,12 +72,15 @@ def test_least_outstanding_tokens_updates_at_first_token_finish_and_abandon() ->
     a = req("a", prompt=1000, output=200)
     dispatch(policy, a, replicas[0])
     assert policy.outstanding[0] == 1200
+    a.engine_prompt_tokens = 2500  # the engine's own count, from the first chunk's usage
     policy.on_first_token(a, replicas[0])
-    assert policy.outstanding[0] == 200  # prefill done: only the output remains
+    assert policy.outstanding[0] == 2700
     finish(policy, a, replicas[0])
     assert policy.outstanding[0] == 0
     b = req("b", prompt=300, output=30)
     dispatch(policy, b, replicas[1])
+    policy.on_first_token(b, replicas[1])  # no usage in the stream: the estimate stands
+    assert policy.outstanding[1] == 330
     finish(policy, b, replicas[1], Outcome.ABANDONED)
     c = req("c", prompt=300, output=30)
     dispatch(policy, c, replicas[1])

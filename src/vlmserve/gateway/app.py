@@ -177,6 +177,7 @@ class Gateway:
                 body, payload = await self._read_json(request)
                 content = payload.get("messages", payload.get("prompt"))
                 model = payload.get("model")
+                request_log.model = model if isinstance(model, str) else None
                 if model is not None and not isinstance(model, str):
                     raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
                 known = self.pool.known_models()

@@ -78,10 +78,12 @@ class RoundRobin(RoutingPolicy):
 class LeastOutstandingTokens(RoutingPolicy):
     """Route to the replica with the fewest tokens of work the gateway has sent and not seen done.
 
-    A request adds prompt + expected output tokens at dispatch; its prompt part is removed at
-    the first token (prefill is done), the rest when it completes, fails or is abandoned. This
-    counts load the way an engine feels it, unlike request counts, which treat a 10-token and a
-    4,000-token request alike.
+    A request adds prompt + expected output tokens (max_tokens) at dispatch — the KV-cache
+    footprint it will reach, which is what limits how many requests an engine runs at once.
+    At the first token the prompt estimate is replaced by the engine's own count when the
+    stream reports it (vLLM does with `continuous_usage_stats`); the request's tokens leave
+    the count when it completes, fails or is abandoned. This counts load the way an engine
+    feels it, unlike request counts, which treat a 10-token and a 4,000-token request alike.
     """
 
     name = "least-outstanding-tokens"
@@ -115,8 +117,9 @@ class LeastOutstandingTokens(RoutingPolicy):
         self._charge(request, replica, request.expected_total_tokens)
 
     def on_first_token(self, request: RoutedRequest, replica: Replica) -> None:
-        self._refund(request, replica)
-        self._charge(request, replica, request.expected_output_tokens)
+        if request.engine_prompt_tokens is not None:
+            self._refund(request, replica)
+            self._charge(request, replica, request.engine_prompt_tokens + request.expected_output_tokens)
 
     def on_finish(self, request: RoutedRequest, replica: Replica, outcome: Outcome) -> None:
         self._refund(request, replica)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +110,15 @@ def _usage_from_sse_tail(tail: bytes) -> dict | None:
             if isinstance(usage, dict):
                 return usage
     return None
+
+
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+
+
+def _prompt_tokens_in(first_chunk: bytes) -> int | None:
+    """The engine's prompt token count if the first chunk carries usage (continuous usage stats)."""
+    match = _PROMPT_TOKENS.search(first_chunk)
+    return int(match.group(1)) if match else None
 
 
 class Forwarder:
@@ -237,6 +247,7 @@ class Forwarder:
             # --- from here on the client has (or is about to have) bytes: no more retries ---
             replica.breaker.record_success()
             exchange.streaming(self.idle_chunk_timeout_s, loop.time())
+            routed.engine_prompt_tokens = _prompt_tokens_in(first)
             self.policy.on_first_token(routed, replica)
             response = web.StreamResponse(status=200, headers={
                 "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),

@@ -37,6 +37,8 @@ class RoutedRequest:
     session_id: str | None = None
     # Chained hashes of the chat-templated conversation, block by block.
     prefix_hashes: list[int] = field(default_factory=list)
+    # The engine's own prompt token count, when its first stream chunk reports usage.
+    engine_prompt_tokens: int | None = None
 
     @property
     def expected_total_tokens(self) -> int:
