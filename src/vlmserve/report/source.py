@@ -90,7 +90,8 @@ def results_from_run(run_id: str) -> SweepResults:
     deployment_name = str((deployment_spec or {}).get("name") or meta.get("target") or "endpoint")
     from vlmserve.spec import SLO
 
-    slo_bounds = (meta.get("slo") or {}).get("bounds_s") if isinstance(meta.get("slo"), dict) else None
+    raw_slo = meta.get("slo")
+    slo_bounds = (raw_slo.get("bounds_s", raw_slo) if isinstance(raw_slo, dict) else None) or {}
     info = DeploymentInfo(
         name=deployment_name,
         kind="managed" if deployment_spec else "endpoint",
@@ -113,7 +114,7 @@ def results_from_run(run_id: str) -> SweepResults:
         name=label,
         deployments=[info],
         cells=[cell],
-        slo=SLO(bounds_s=slo_bounds or {}),
+        slo=SLO(bounds_s=slo_bounds),
         source=run_id,
     )
 

@@ -37,8 +37,8 @@ def ports_of(spec: DeploymentSpec) -> list[int]:
 
 
 def with_free_ports(spec: DeploymentSpec, attempts: int = 50) -> DeploymentSpec:
-    """A copy of spec on a free block of consecutive ports, unless the user fixed `port:` themselves."""
-    if "port" in spec.model_fields_set:
+    """A copy of spec on a free block of consecutive ports, unless the user fixed its ports themselves."""
+    if {"port", "replica_base_port"} & spec.model_fields_set:
         return spec
     width = spec.replicas + 1
     for _ in range(attempts):
@@ -54,7 +54,7 @@ def check_ports_free(spec: DeploymentSpec) -> None:
         if not port_is_free(spec.host, port):
             raise UserError(
                 f"port {port} on {spec.host} is already in use (another engine still running?); "
-                "stop that process or remove port: from the deployment so the sweep picks free ports"
+                "stop that process, or remove port:/replica_base_port: from the deployment so the sweep picks free ports"
             )
 
 

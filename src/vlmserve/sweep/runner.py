@@ -108,13 +108,14 @@ def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[str]:
 
 
 def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str,
-              deployment: dict[str, Any] | None) -> "RunResult":
-    from vlmserve.bench.runner import Target, run_load
+              deployment: dict[str, Any] | None, console: Console) -> "RunResult":
+    from vlmserve.bench.runner import run_load
+    from vlmserve.bench.target import Target
 
     slo = spec.slo if spec.slo.bounds_s else None
     return asyncio.run(
         run_load(load, Target(base_url=base_url, model=model), slo=slo, progress=False, label=label,
-                 deployment=deployment)
+                 deployment=deployment, console=console)
     )
 
 
@@ -172,7 +173,7 @@ class SweepRunner:
         except KeyboardInterrupt:
             kept = sum(1 for dep, cell in self.spec.cell_keys() if self.manifest.is_done(dep, cell))
             raise UserError(
-                f"sweep interrupted; {kept} of {total} finished cells kept in {self.directory}; "
+                f"sweep interrupted; {kept} of {total} cells finished and kept in {self.directory}; "
                 "rerun the same command to resume",
                 exit_code=130,
             ) from None
@@ -206,7 +207,7 @@ class SweepRunner:
                 if self.spec.warmup_requests:
                     progress.update(task, description=f"{self.spec.name}: warming up {entry.name}")
                     warm = _run_load(_warmup_load(self.spec), base_url, entry.served_model(), self.spec,
-                                     f"{self.spec.name}/{entry.name}/warmup", None)
+                                     f"{self.spec.name}/{entry.name}/warmup", None, self.console)
                     reason = failed_run_reason(warm)
                     if reason:
                         raise UserError(f"warm-up failed: {reason}")
@@ -240,7 +241,7 @@ class SweepRunner:
         deployment = entry.spec.model_dump(mode="json") if entry.spec else {"endpoint": entry.endpoint}
         try:
             result = _run_load(cell.load.model_copy(update={"name": cell.name}), base_url, entry.served_model(),
-                               self.spec, f"{self.spec.name}/{entry.name}/{cell.name}", deployment)
+                               self.spec, f"{self.spec.name}/{entry.name}/{cell.name}", deployment, self.console)
             run_id = store.save_run(result)
             wall = time.monotonic() - started
             reason = failed_run_reason(result)
