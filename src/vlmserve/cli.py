@@ -23,6 +23,7 @@ VERB_MODULES: list[str] = [
     "vlmserve.gateway.cli",
     "vlmserve.model_cli",
     "vlmserve.observe.cli",
+    "vlmserve.plan.cli",
     "vlmserve.report.cli",
     "vlmserve.supervisor_cli",
     "vlmserve.sweep.cli",

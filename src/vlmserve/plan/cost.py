@@ -61,7 +61,11 @@ class RooflineStepCost:
         self._bytes_per_s = self.gpu.bandwidth_bytes_s * max(eff.bandwidth, 1e-6) * self.tp
         self._flops_per_s = self.gpu.peak_flops(self.weight_dtype) * max(eff.compute, 1e-6) * self.tp
         self._kv_bytes_per_token = self.model.kv_bytes_per_token(self.kv_dtype)
-        self._linear_flops = self.model.linear_flops_per_token()
+        expert_flops = self.model.routed_expert_flops_per_token()
+        # Expert FLOPs count as if they ran at the dense rate divided by moe_compute.
+        self._linear_flops = (
+            self.model.linear_flops_per_token() - expert_flops + expert_flops / max(eff.moe_compute, 1e-6)
+        )
         self._lm_head_flops = self.model.lm_head_flops_per_sampled_token()
         vision = self.model.vision
         self._vision_flops = vision.flops_per_image_token if vision else 0.0

@@ -211,6 +211,10 @@ class ModelCost:
         """2·active params: the matmul FLOPs one token costs in the decoder."""
         return 2.0 * self.active_params_per_token
 
+    def routed_expert_flops_per_token(self) -> float:
+        """The part of `linear_flops_per_token` spent in routed experts."""
+        return 2.0 * self.experts_per_token * self.expert_params * self.moe_layers
+
     def lm_head_flops_per_sampled_token(self) -> float:
         return 2.0 * self.lm_head_params
 

@@ -22,6 +22,17 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_BLOCK_SIZE = 16
 
 
+def vllm_default_limits(gpu: GPU) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM's OpenAI server picks when not told.
+
+    vLLM (`EngineArgs.get_batch_defaults`) gives GPUs with at least 70 GiB that are not
+    A100s 1024 sequences and 8192 tokens per step, everything else 256 and 2048.
+    """
+    if gpu.memory_gb * 1e9 >= 70 * 2**30 and gpu.key != "a100":
+        return 1024, 8192
+    return 256, 2048
+
+
 @dataclass
 class PlanSetup:
     """One deployment as the planner models it."""
@@ -35,17 +46,23 @@ class PlanSetup:
     kv_dtype: str = "bf16"
     calibration: Calibration = field(default_factory=default_calibration)
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int | None = None
+    """None → vLLM's default for this GPU (see `vllm_default_limits`)."""
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     routing: str = "least-outstanding"
+    async_scheduling: bool = False
+    """vLLM's --async-scheduling: CPU scheduling overlaps the GPU step, hiding the fixed step overhead."""
 
     def __post_init__(self) -> None:
         self.weight_dtype = normalize_dtype(self.weight_dtype or self.model.default_weight_dtype, "--weight-dtype")
         self.kv_dtype = normalize_dtype(self.kv_dtype, "--kv-dtype")
         if self.replicas < 1:
             raise UserError("--replicas must be at least 1")
+        default_seqs, default_tokens = vllm_default_limits(self.gpu)
+        self.max_num_seqs = self.max_num_seqs or default_seqs
+        self.max_num_batched_tokens = self.max_num_batched_tokens or default_tokens
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise UserError("--max-num-seqs and --max-num-batched-tokens must be at least 1")
 
@@ -55,7 +72,8 @@ class PlanSetup:
 
     @property
     def efficiency(self) -> Efficiency:
-        return self.calibration.for_gpu(self.gpu.key)
+        efficiency = self.calibration.for_gpu(self.gpu.key)
+        return efficiency.with_values(step_overhead_s=0.0) if self.async_scheduling else efficiency
 
     @property
     def num_gpus(self) -> int:
@@ -100,8 +118,8 @@ class PlanSetup:
             )
         max_model_len = min(max_model_len, capacity)
         return SchedulerConfig(
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=max(self.max_num_batched_tokens, 1),
+            max_num_seqs=self.max_num_seqs or 1,
+            max_num_batched_tokens=self.max_num_batched_tokens or 1,
             num_kv_blocks=max(capacity // DEFAULT_BLOCK_SIZE, 1),
             block_size=DEFAULT_BLOCK_SIZE,
             enable_prefix_caching=self.enable_prefix_caching,
@@ -126,5 +144,6 @@ class PlanSetup:
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "routing": self.routing,
+            "async_scheduling": self.async_scheduling,
             "calibration": self.calibration.source,
         }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import time
 import uuid
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from vlmserve.plan.workload import PlannedRequest, planned_requests
 from vlmserve.records import RequestRecord
 from vlmserve.sched.offline import SimulationStats
 from vlmserve.sched.scheduler import Scheduler, SimRequest
+from vlmserve.sched.step_cost import StepContents
 from vlmserve.spec import SLO, LoadSpec
 
 ROUTING_POLICIES = ("round-robin", "least-outstanding")
@@ -105,8 +107,15 @@ def simulate_run(
     slo: SLO | None = None,
     label: str | None = None,
     record_token_times: bool = True,
+    staggered: bool = False,
 ) -> SimulationOutput:
-    """Simulate `load` against `setup` and summarize it exactly as a measured run."""
+    """Simulate `load` against `setup` and summarize it exactly as a measured run.
+
+    Closed loop starts all `concurrency` clients at once, as `vlmserve bench` does. With
+    `staggered=True` client i starts i/concurrency of an estimated request time later:
+    the steady state a long closed-loop run reaches once output lengths vary, without a
+    synchronized first wave of prefills (which fixed lengths would otherwise keep in lockstep).
+    """
     started = time.perf_counter()
     count = _default_count(load)
     image_tokens = setup.model.vision.default_tokens_per_image if setup.model.vision else 0
@@ -127,8 +136,10 @@ def simulate_run(
     closed_loop = load.rate is None
     next_unsent = 0
     if closed_loop:
-        for _ in range(min(load.concurrency or 1, count)):
-            pending.append((0.0, next_unsent, next_unsent))
+        clients = min(load.concurrency or 1, count)
+        spacing = estimated_request_s(setup, requests, clients) / clients if staggered else 0.0
+        for client in range(clients):
+            pending.append((client * spacing, next_unsent, next_unsent))
             next_unsent += 1
     else:
         pending = [(request.arrival_s, request.index, request.index) for request in requests]
@@ -182,6 +193,18 @@ def simulate_run(
     return SimulationOutput(RunResult(records=records, summary=summary), stats, time.perf_counter() - started)
 
 
+def estimated_request_s(setup: PlanSetup, requests: list[PlannedRequest], concurrency: int) -> float:
+    """Rough time one request takes at this concurrency: its prefill plus its decode steps."""
+    cost = setup.cost_model()
+    prompt = sum(request.prompt_tokens for request in requests) / len(requests)
+    output = sum(request.output_tokens for request in requests) / len(requests)
+    batch = max(min(concurrency, setup.max_num_seqs or concurrency), 1)
+    context = int(prompt + output / 2)
+    decode = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=batch, kv_tokens_read=batch * context)
+    prefill = StepContents(prefill_tokens=int(prompt), prefill_seqs=1, decode_seqs=0, kv_tokens_read=int(prompt))
+    return cost.step_time_s(prefill) + output * cost.step_time_s(decode)
+
+
 def _count_step(stats: SimulationStats, step: Any) -> None:
     stats.steps += 1
     stats.busy_s += step.duration_s
@@ -214,6 +237,7 @@ def _record(item: _Tracking, epoch: float, load: LoadSpec) -> RequestRecord:
         error_kind=None if item.finished_s is not None else "not_finished",
         workload=load.dataset,
         worker=item.replica,
+        warmup=planned.index < load.warmup,
         simulated=True,
     )
 
@@ -225,9 +249,9 @@ def _meta(setup: PlanSetup, load: LoadSpec, label: str | None, config: Any, coun
         "target": f"planner:{setup.gpu.key}",
         "model": setup.model.name,
         "server_version": "vlmserve planner (simulated)",
-        "load": load.model_dump(mode="json") | {"num_requests": count},
+        "load_spec": load.model_dump(mode="json") | {"num_requests": count},
         "deployment": setup.describe(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started_at": datetime.now(timezone.utc).isoformat(),
         "simulated": True,
         "simulation_id": uuid.uuid4().hex[:12],
         "kv_cache_tokens_per_replica": config.num_kv_blocks * config.block_size,

@@ -1,0 +1,309 @@
+"""The planner against published vLLM measurements, its shape checks, and its speed.
+
+Usage:
+    .venv/bin/python benchmarks/plan_vs_published.py            # evaluate the shipped calibration
+    .venv/bin/python benchmarks/plan_vs_published.py --refit    # refit it on the FIT rows, save, evaluate
+    .venv/bin/python benchmarks/plan_vs_published.py --markdown out.md
+
+Every row of /work/shared/reference/published_measurements.csv whose model and GPU the
+planner knows is compared. Workload details the source leaves out are written next to the
+scenario as ASSUMED (never guessed silently). Rows are split into FIT (used by --refit to
+fit the default coefficients) and HELD-OUT (never seen by the fit); errors are reported
+for both, separately. All figures are planner output (simulated), not measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from vlmserve.plan.calibrate import METRICS, Scenario, errors_by_family, fit, predict, relative_errors  # noqa: E402
+from vlmserve.plan.calibration import Calibration, default_calibration  # noqa: E402
+from vlmserve.plan.setup import PlanSetup  # noqa: E402
+from vlmserve.plan.simulate import simulate_run  # noqa: E402
+from vlmserve.spec import LoadSpec  # noqa: E402
+
+PUBLISHED = Path(os.environ.get("VLMSERVE_PUBLISHED_CSV", "/work/shared/reference/published_measurements.csv"))
+CALIBRATION_OUT = ROOT / "src/vlmserve/plan/data/calibration.json"
+
+
+@dataclass
+class Case:
+    """How one published measurement id maps onto a planner scenario."""
+
+    model: str
+    gpu: str
+    tp: int
+    role: str  # "fit" or "held-out"
+    dataset: str = "random"
+    input_len: int = 1024
+    output_len: int = 128
+    concurrency: int = 1
+    num_requests: int = 100
+    weight_dtype: str | None = None
+    kv_dtype: str = "bf16"
+    async_scheduling: bool = False
+    gpu_memory_utilization: float = 0.9
+    warmup: int = 0
+    staggered: bool = True
+    assumed: list[str] = field(default_factory=list)
+
+
+CASES: dict[str, Case] = {
+    "spark-oss-c1": Case("openai/gpt-oss-120b", "gb10", 1, "fit", input_len=1000, output_len=128, concurrency=1,
+                         num_requests=10, kv_dtype="fp8", gpu_memory_utilization=0.8,
+                         assumed=["lengths 1000/128 as the source infers", "10 prompts", "gpu-memory-utilization 0.8"]),
+    "spark-oss-c4": Case("openai/gpt-oss-120b", "gb10", 1, "held-out", input_len=1000, output_len=128, concurrency=4,
+                         num_requests=40, kv_dtype="fp8", gpu_memory_utilization=0.8,
+                         assumed=["lengths 1000/128", "10×concurrency prompts", "gpu-memory-utilization 0.8"]),
+    "spark-oss-c16": Case("openai/gpt-oss-120b", "gb10", 1, "fit", input_len=1000, output_len=128, concurrency=16,
+                          num_requests=160, kv_dtype="fp8", gpu_memory_utilization=0.8,
+                          assumed=["lengths 1000/128", "10×concurrency prompts", "gpu-memory-utilization 0.8"]),
+    "spark-oss-c64": Case("openai/gpt-oss-120b", "gb10", 1, "held-out", input_len=1000, output_len=128, concurrency=64,
+                          num_requests=640, kv_dtype="fp8", gpu_memory_utilization=0.8,
+                          assumed=["lengths 1000/128", "10×concurrency prompts", "gpu-memory-utilization 0.8"]),
+    "h100-oss-tp1": Case("openai/gpt-oss-120b", "h100", 1, "fit", dataset="sharegpt", concurrency=1000,
+                         num_requests=1000, staggered=False,
+                         assumed=["ShareGPT lengths: built-in distribution, means ~215 in / ~195 out",
+                                  "KV cache BF16 (vLLM default)"]),
+    "h100-oss-tp2": Case("openai/gpt-oss-120b", "h100", 2, "held-out", dataset="sharegpt", concurrency=1000,
+                         num_requests=1000, staggered=False, async_scheduling=True,
+                         assumed=["ShareGPT lengths: built-in distribution", "async scheduling hides the step overhead"]),
+    "h100-oss-tp4": Case("openai/gpt-oss-120b", "h100", 4, "held-out", dataset="sharegpt", concurrency=1000,
+                         num_requests=1000, staggered=False, assumed=["ShareGPT lengths: built-in distribution"]),
+    "h100-qwen3-8b-c4": Case("Qwen/Qwen3-8B", "h100", 1, "held-out", input_len=1024, output_len=128, concurrency=4,
+                             num_requests=100,
+                             assumed=["input/output 1024/128 (vllm bench random defaults; source: unknown)",
+                                      "100 prompts"]),
+    "h100-llama3-8b": Case("meta-llama/Meta-Llama-3-8B-Instruct", "h100", 1, "fit", input_len=1024, output_len=128,
+                           concurrency=1, num_requests=10,
+                           assumed=["input/output 1024/128 (vllm bench random defaults; source: unknown)"]),
+    "l4x4-qwen3-4b": Case("Qwen/Qwen3-4B", "l4", 4, "held-out", input_len=1024, output_len=200, concurrency=32,
+                          num_requests=320,
+                          assumed=["input 1024 (source: unknown)",
+                                   "output 200, inferred from the row: 32/5.6 req/s = 5.7 s per request = TTFT + 199×TPOT",
+                                   "10×concurrency prompts"]),
+}
+
+FIT_PARAMETERS: list[tuple[str, str]] = [
+    ("default", "bandwidth"),
+    ("default", "compute"),
+    ("default", "step_overhead_s"),
+    ("default", "reserved_memory_gb"),
+    ("default", "moe_compute"),
+    ("default", "moe_expert_spread"),
+    ("gb10", "bandwidth"),
+    ("gb10", "compute"),
+    ("gb10", "step_overhead_s"),
+]
+
+
+PRIOR = Calibration(
+    per_gpu={
+        # PCIe GPUs: vLLM's custom all-reduce needs NVLink, so NCCL over PCIe pays tens of µs a call.
+        "l4": {"allreduce_latency_s": 4e-5},
+        "l40s": {"allreduce_latency_s": 4e-5},
+    },
+    source="prior",
+)
+
+
+def read_published() -> dict[str, list[dict[str, str]]]:
+    rows: dict[str, list[dict[str, str]]] = {}
+    with PUBLISHED.open() as handle:
+        for row in csv.DictReader(handle):
+            rows.setdefault(row["id"], []).append(row)
+    return rows
+
+
+def build_scenarios(published: dict[str, list[dict[str, str]]]) -> tuple[list[Scenario], list[str]]:
+    scenarios: list[Scenario] = []
+    skipped: list[str] = []
+    for case_id, rows in published.items():
+        case = CASES.get(case_id)
+        if case is None:
+            skipped.append(f"{case_id}: no planner scenario defined")
+            continue
+        measured = {}
+        for row in rows:
+            if row["metric"] in METRICS:
+                measured[row["metric"]] = float(row["value"])
+            else:
+                skipped.append(f"{case_id}.{row['metric']}: metric not expressible")
+
+        def build(calibration: Calibration, case: Case = case) -> PlanSetup:
+            return PlanSetup.from_names(
+                case.model, case.gpu, tp=case.tp, weight_dtype=case.weight_dtype, kv_dtype=case.kv_dtype,
+                calibration=calibration, async_scheduling=case.async_scheduling,
+                gpu_memory_utilization=case.gpu_memory_utilization,
+            )
+
+        load = LoadSpec(
+            dataset=case.dataset, dataset_path="builtin" if case.dataset == "sharegpt" else None,
+            input_len=case.input_len, output_len=case.output_len, concurrency=case.concurrency,
+            num_requests=case.num_requests, warmup=case.warmup,
+        )
+        scenarios.append(Scenario(case_id, build, load, measured, staggered=case.staggered))
+    return scenarios, skipped
+
+
+def comparison_table(scenarios: list[Scenario], predictions: dict[str, dict[str, float]]) -> list[str]:
+    lines = ["| id | role | metric | published | planner | rel. error |", "|---|---|---|---:|---:|---:|"]
+    for scenario in scenarios:
+        for metric, measured in scenario.measured.items():
+            predicted = predictions[scenario.scenario_id].get(metric)
+            error = f"{predicted / measured - 1:+.0%}" if predicted is not None else "n/a"
+            shown = f"{predicted:.4g}" if predicted is not None else "n/a"
+            lines.append(f"| {scenario.scenario_id} | {CASES[scenario.scenario_id].role} | {metric} | {measured:g} | {shown} | {error} |")
+    return lines
+
+
+def error_summary(scenarios: list[Scenario], predictions: dict[str, dict[str, float]]) -> list[str]:
+    targets = {"throughput": 0.15, "tpot/itl": 0.15, "ttft": 0.25, "e2e": None}
+    lines = ["| metric family | held-out median abs error | fit-rows median abs error | all rows | target |",
+             "|---|---:|---:|---:|---:|"]
+    groups = {
+        role: [s for s in scenarios if CASES[s.scenario_id].role == role] for role in ("held-out", "fit")
+    }
+    by_role = {role: errors_by_family(relative_errors(items, predictions)) for role, items in groups.items()}
+    overall = errors_by_family(relative_errors(scenarios, predictions))
+    for family in overall:
+        target = targets.get(family)
+        cells = [f"{by_role[role][family]:.0%}" if family in by_role[role] else "–" for role in ("held-out", "fit")]
+        lines.append(f"| {family} | {cells[0]} | {cells[1]} | {overall[family]:.0%} | {f'≤ {target:.0%}' if target else '–'} |")
+    return lines
+
+
+def shape_replicas_vs_tp(calibration: Calibration) -> list[str]:
+    """Llama-3.1-8B on two H100s: two TP1 replicas vs one TP2 server, same heavy load."""
+    lines = ["| deployment | output tok/s | mean TTFT ms | mean TPOT ms |", "|---|---:|---:|---:|"]
+    load = LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=512, num_requests=2000)
+    results = {}
+    for label, tp, replicas in (("2 replicas × TP1", 1, 2), ("1 replica × TP2", 2, 1)):
+        setup = PlanSetup.from_names("llama-3.1-8b", "h100", tp=tp, replicas=replicas, calibration=calibration)
+        summary = simulate_run(setup, load).result.summary
+        results[label] = summary["throughput"]["output_tokens_per_s"]
+        lines.append(f"| {label} | {summary['throughput']['output_tokens_per_s']:.0f} | "
+                     f"{summary['ttft_ms']['mean']:.0f} | {summary['tpot_ms']['mean']:.1f} |")
+    ratio = results["2 replicas × TP1"] / results["1 replica × TP2"]
+    lines.append("")
+    lines.append(f"Two independent replicas give {ratio:.2f}× the output throughput of one TP2 server "
+                 f"({'reproduces' if ratio > 1 else 'does NOT reproduce'} the published finding).")
+    return lines
+
+
+def shape_knee(calibration: Calibration) -> list[str]:
+    """Llama-3.1-8B on one H100, open loop at rising rates: throughput flattens, TTFT climbs."""
+    lines = ["| offered rate req/s | achieved req/s | output tok/s | mean TTFT ms | p99 TTFT ms |",
+             "|---:|---:|---:|---:|---:|"]
+    setup = PlanSetup.from_names("llama-3.1-8b", "h100", calibration=calibration)
+    for rate in (4, 8, 16, 24, 32, 40, 48, 64):
+        load = LoadSpec(input_len=1024, output_len=256, rate=float(rate), num_requests=max(400, rate * 30))
+        summary = simulate_run(setup, load, record_token_times=True).result.summary
+        lines.append(f"| {rate} | {summary['throughput']['requests_per_s']:.1f} | "
+                     f"{summary['throughput']['output_tokens_per_s']:.0f} | {summary['ttft_ms']['mean']:.0f} | "
+                     f"{summary['ttft_ms']['p99']:.0f} |")
+    return lines
+
+
+def speed(calibration: Calibration) -> list[str]:
+    setup = PlanSetup.from_names("llama-3.1-8b", "h100", calibration=calibration)
+    load = LoadSpec(input_len=1024, output_len=128, concurrency=64, num_requests=2000)
+    walls, cpus = [], []
+    for _ in range(3):
+        wall, cpu = time.perf_counter(), time.process_time()
+        simulate_run(setup, load)
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    lines = [f"- one configuration, 2,000 requests (Llama-3.1-8B, H100, 1024/128, concurrency 64): "
+             f"best of 3 {min(walls):.2f} s wall, {min(cpus):.2f} s CPU (one process, one core)"]
+    try:
+        from vlmserve.plan.search import SearchSpace, run_search
+    except ImportError:
+        lines.append("- search: not available")
+        return lines
+    space = SearchSpace(
+        model="llama-3.1-8b", gpus=["h100", "h200", "l40s", "a100"], tps=[1, 2, 4], replicas=[1, 2, 3, 4],
+        max_num_seqs=[64, 128, 256], max_gpus=8,
+    )
+    load = LoadSpec(input_len=1024, output_len=128, rate=20.0, num_requests=400)
+    from vlmserve.spec import SLO
+
+    wall = time.perf_counter()
+    outcome = run_search(space, load, SLO.parse("ttft_p95=1s,tpot_p95=60ms"), prices={}, calibration=calibration)
+    lines.append(f"- search: {outcome.evaluated} configurations ({outcome.simulated} simulated, the rest pruned "
+                 f"with a stated reason) in {time.perf_counter() - wall:.1f} s wall")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--refit", action="store_true", help="fit the default calibration on the FIT rows and save it")
+    parser.add_argument("--markdown", help="also write the tables to this file")
+    parser.add_argument("--skip-speed", action="store_true")
+    args = parser.parse_args()
+
+    published = read_published()
+    scenarios, skipped = build_scenarios(published)
+    if args.refit:
+        fit_rows = [s for s in scenarios if CASES[s.scenario_id].role == "fit"]
+        started = time.perf_counter()
+        result = fit(fit_rows, PRIOR, FIT_PARAMETERS, progress=lambda line: print("  fit", line, flush=True))
+        calibration = result.calibration
+        calibration.source = (
+            "fitted by benchmarks/plan_vs_published.py --refit on published rows "
+            + ", ".join(s.scenario_id for s in fit_rows)
+            + "; held out: "
+            + ", ".join(s.scenario_id for s in scenarios if CASES[s.scenario_id].role != "fit")
+        )
+        calibration.fit_error = {family: round(value, 4) for family, value in result.errors_by_family.items()}
+        calibration.save(CALIBRATION_OUT)
+        print(f"fitted in {time.perf_counter() - started:.0f} s ({result.evaluations} evaluations); saved {CALIBRATION_OUT}")
+    calibration = default_calibration() if not args.refit else calibration
+    predictions = predict(scenarios, calibration)
+
+    out: list[str] = []
+    out.append(f"Calibration: {calibration.source}")
+    out.append("")
+    out += comparison_table(scenarios, predictions)
+    out.append("")
+    out += error_summary(scenarios, predictions)
+    out.append("")
+    out.append("Assumptions (workload details the sources do not give):")
+    out.append("- every closed-loop row: clients in steady state (start times staggered over one request's "
+               "duration) rather than one synchronized first wave; see `simulate_run(staggered=True)`")
+    for scenario in scenarios:
+        case = CASES[scenario.scenario_id]
+        out.append(f"- {scenario.scenario_id}: " + "; ".join(case.assumed))
+    for line in skipped:
+        out.append(f"- skipped {line}")
+    out.append("")
+    out.append("Shape 1 — replicas vs tensor parallelism (planner output):")
+    out.append("")
+    out += shape_replicas_vs_tp(calibration)
+    out.append("")
+    out.append("Shape 2 — the knee: Llama-3.1-8B on one H100, 1024 in / 256 out, Poisson arrivals (planner output):")
+    out.append("")
+    out += shape_knee(calibration)
+    if not args.skip_speed:
+        out.append("")
+        out.append("Speed:")
+        out += speed(calibration)
+    text = "\n".join(out)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

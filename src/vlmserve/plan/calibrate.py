@@ -1,0 +1,273 @@
+"""Fit the planner's efficiency coefficients to measured runs.
+
+A measured run is a scenario (model, GPU, TP, engine limits, load) plus the figures it
+produced. `fit` re-simulates every scenario under candidate coefficients and keeps the
+ones that minimise the squared log error over all observations (so 10% off is weighed
+the same for a 50 ms TTFT and a 3,000 tok/s throughput). The search is a coordinate
+descent over multiplicative steps: no extra dependency, deterministic, and a handful of
+coefficients converge in a few dozen simulations.
+
+Inputs come from bench JSON results (`vlmserve bench --json-out`) or, in the benchmark
+script, from published measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from vlmserve.errors import UserError
+from vlmserve.plan.calibration import COEFFICIENTS, Calibration, Efficiency
+from vlmserve.plan.setup import PlanSetup
+from vlmserve.plan.simulate import simulate_run
+from vlmserve.spec import LoadSpec
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """Where a metric lives in a bench summary, its scale to the published unit, its family."""
+
+    path: tuple[str, ...]
+    scale: float
+    family: str
+
+
+METRICS: dict[str, MetricSpec] = {
+    "request_throughput": MetricSpec(("throughput", "requests_per_s"), 1.0, "throughput"),
+    "output_tok_s": MetricSpec(("throughput", "output_tokens_per_s"), 1.0, "throughput"),
+    "total_tok_s": MetricSpec(("throughput", "total_tokens_per_s"), 1.0, "throughput"),
+    "mean_ttft_ms": MetricSpec(("ttft_ms", "mean"), 1.0, "ttft"),
+    "p99_ttft_ms": MetricSpec(("ttft_ms", "p99"), 1.0, "ttft"),
+    "mean_tpot_ms": MetricSpec(("tpot_ms", "mean"), 1.0, "tpot/itl"),
+    "median_tpot_ms": MetricSpec(("tpot_ms", "p50"), 1.0, "tpot/itl"),
+    "mean_itl_ms": MetricSpec(("itl_ms", "mean"), 1.0, "tpot/itl"),
+    "mean_e2e_s": MetricSpec(("e2e_ms", "mean"), 0.001, "e2e"),
+}
+
+
+def metric_value(summary: dict[str, Any], metric: str) -> float | None:
+    """A metric from a bench summary, in the unit its name says."""
+    spec = METRICS[metric]
+    value: Any = summary
+    for key in spec.path:
+        if not isinstance(value, dict) or value.get(key) is None:
+            return None
+        value = value[key]
+    return float(value) * spec.scale
+
+
+@dataclass
+class Scenario:
+    """A deployment and load that was measured; `build` makes its PlanSetup for a calibration."""
+
+    scenario_id: str
+    build: Callable[[Calibration], PlanSetup]
+    load: LoadSpec
+    measured: dict[str, float]
+    """metric name → measured value."""
+    staggered: bool = False
+    """Closed loop in steady state (see `simulate_run`)."""
+
+
+@dataclass
+class FitResult:
+    calibration: Calibration
+    predictions: dict[str, dict[str, float]] = field(default_factory=dict)
+    """scenario id → metric → predicted value."""
+    errors_by_family: dict[str, float] = field(default_factory=dict)
+    """family → median absolute relative error."""
+    evaluations: int = 0
+
+
+def predict(scenarios: Sequence[Scenario], calibration: Calibration) -> dict[str, dict[str, float]]:
+    """Predicted value of every measured metric of every scenario."""
+    predictions: dict[str, dict[str, float]] = {}
+    for scenario in scenarios:
+        output = simulate_run(scenario.build(calibration), scenario.load, staggered=scenario.staggered)
+        summary = output.result.summary
+        predictions[scenario.scenario_id] = {
+            metric: value for metric in scenario.measured if (value := metric_value(summary, metric)) is not None
+        }
+    return predictions
+
+
+def relative_errors(scenarios: Sequence[Scenario], predictions: dict[str, dict[str, float]]) -> list[tuple[str, str, float]]:
+    """(scenario, metric, predicted/measured − 1) for every pair with both values."""
+    rows = []
+    for scenario in scenarios:
+        for metric, measured in scenario.measured.items():
+            predicted = predictions.get(scenario.scenario_id, {}).get(metric)
+            if predicted is not None and measured > 0:
+                rows.append((scenario.scenario_id, metric, predicted / measured - 1.0))
+    return rows
+
+
+def errors_by_family(rows: Sequence[tuple[str, str, float]]) -> dict[str, float]:
+    """Median absolute relative error per metric family."""
+    families: dict[str, list[float]] = {}
+    for _scenario, metric, error in rows:
+        families.setdefault(METRICS[metric].family, []).append(abs(error))
+    return {family: median(values) for family, values in sorted(families.items())}
+
+
+def _loss(rows: Sequence[tuple[str, str, float]]) -> float:
+    return sum(math.log(max(1.0 + error, 1e-6)) ** 2 for _s, _m, error in rows) / max(len(rows), 1)
+
+
+def _with(calibration: Calibration, target: str, coefficient: str, value: float) -> Calibration:
+    per_gpu = {key: dict(values) for key, values in calibration.per_gpu.items()}
+    default = calibration.default
+    if target == "default":
+        default = default.with_values(**{coefficient: value})
+    else:
+        per_gpu.setdefault(target, {})[coefficient] = value
+    return Calibration(default, per_gpu, calibration.source, dict(calibration.fit_error))
+
+
+def _current(calibration: Calibration, target: str, coefficient: str) -> float:
+    efficiency = calibration.default if target == "default" else calibration.for_gpu(target)
+    return float(getattr(efficiency, coefficient))
+
+
+BOUNDS: dict[str, tuple[float, float]] = {
+    "bandwidth": (0.2, 1.0),
+    "compute": (0.05, 1.0),
+    "interconnect": (0.1, 1.0),
+    "moe_expert_spread": (0.05, 1.0),
+    "moe_compute": (0.05, 1.0),
+    "step_overhead_s": (0.0, 0.05),
+    "per_seq_overhead_s": (0.0, 0.002),
+    "allreduce_latency_s": (0.0, 0.002),
+    "request_overhead_s": (0.0, 0.5),
+    "reserved_memory_gb": (0.0, 40.0),
+}
+
+
+def fit(
+    scenarios: Sequence[Scenario],
+    start: Calibration,
+    parameters: Sequence[tuple[str, str]],
+    *,
+    rounds: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> FitResult:
+    """Coordinate descent with a line search per coefficient; target is 'default' or a GPU key.
+
+    Each round tries every coefficient at a handful of multiples of its current value
+    (a wide spread in round one, narrower after) and keeps the best; coefficients that
+    would make a scenario impossible (e.g. the model no longer fits) are skipped.
+    """
+    for _target, coefficient in parameters:
+        if coefficient not in COEFFICIENTS:
+            raise UserError(f"unknown coefficient '{coefficient}'; known: {', '.join(COEFFICIENTS)}")
+    if not scenarios:
+        raise UserError("nothing to fit: no measured scenario")
+    best = start
+    best_predictions = predict(scenarios, best)
+    best_loss = _loss(relative_errors(scenarios, best_predictions))
+    evaluations = 1
+    for round_index in range(rounds):
+        spread = (0.25, 0.5, 0.75, 1.33, 2.0, 4.0) if round_index == 0 else (0.7, 0.85, 0.93, 1.08, 1.18, 1.4)
+        for target, coefficient in parameters:
+            low, high = BOUNDS.get(coefficient, (0.0, math.inf))
+            current = _current(best, target, coefficient)
+            base = current if current > 0 else 0.1 * (high if math.isfinite(high) else 1.0)
+            for factor in spread:
+                candidate = min(max(base * factor, low), high)
+                if math.isclose(candidate, current):
+                    continue
+                trial = _with(best, target, coefficient, candidate)
+                evaluations += 1
+                try:
+                    trial_predictions = predict(scenarios, trial)
+                except UserError:  # e.g. the model no longer fits: not a candidate
+                    continue
+                trial_loss = _loss(relative_errors(scenarios, trial_predictions))
+                if trial_loss < best_loss - 1e-9:
+                    best, best_loss, best_predictions = trial, trial_loss, trial_predictions
+            if progress:
+                progress(f"round {round_index + 1}: {target}.{coefficient} = {_current(best, target, coefficient):.4g} (loss {best_loss:.4f})")
+    rows = relative_errors(scenarios, best_predictions)
+    return FitResult(best, best_predictions, errors_by_family(rows), evaluations)
+
+
+# ---- bench results as scenarios -----------------------------------------------------------------
+
+
+def scenario_from_bench_json(
+    path: str | Path,
+    *,
+    gpu: str,
+    model: str | None = None,
+    tp: int | None = None,
+    replicas: int | None = None,
+) -> Scenario:
+    """A measured bench result (the --json-out document) as a calibration scenario."""
+    file_path = Path(path)
+    if not file_path.is_file():
+        raise UserError(f"{file_path}: no such run file; give bench --json-out results")
+    try:
+        summary = json.loads(file_path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{file_path}: not valid JSON (line {err.lineno}); give a bench --json-out result") from None
+    meta = summary.get("meta") if isinstance(summary, dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("load_spec"), dict):
+        raise UserError(f"{file_path}: no meta.load_spec in it; give a `vlmserve bench --json-out` result")
+    if meta.get("simulated"):
+        raise UserError(f"{file_path}: is a simulated run; calibrate from measured runs only")
+    deployment = meta.get("deployment") or {}
+    engine_args = deployment.get("engine_args") or {}
+    model_name = model or meta.get("model") or deployment.get("model")
+    if not model_name:
+        raise UserError(f"{file_path}: names no model; pass --model NAME|config.json")
+    load_fields = {key: value for key, value in meta["load_spec"].items() if key in LoadSpec.model_fields}
+    try:
+        load = LoadSpec.model_validate(load_fields)
+    except Exception as err:  # pydantic ValidationError; one line is enough here
+        raise UserError(f"{file_path}: its meta.load_spec is not a valid load spec ({str(err).splitlines()[0]})") from None
+    measured = {metric: value for metric in METRICS if (value := metric_value(summary, metric)) is not None}
+    tp_value = tp or int(engine_args.get("tensor_parallel_size") or 1)
+    replicas_value = replicas or int(deployment.get("replicas") or 1)
+    limits = {
+        key: int(engine_args[key]) for key in ("max_num_seqs", "max_num_batched_tokens") if engine_args.get(key)
+    }
+
+    def build(calibration: Calibration) -> PlanSetup:
+        return PlanSetup.from_names(
+            str(model_name), gpu, tp=tp_value, replicas=replicas_value, calibration=calibration, **limits
+        )
+
+    build(Calibration())  # fail now, in one line, if the model or GPU is unknown or does not fit
+    return Scenario(file_path.stem, build, load, measured)
+
+
+DEFAULT_FIT_PARAMETERS = ("bandwidth", "compute", "step_overhead_s")
+
+
+def calibrate_runs(
+    paths: Sequence[str],
+    *,
+    gpu: str,
+    model: str | None,
+    start: Calibration,
+    parameters: Sequence[str] = DEFAULT_FIT_PARAMETERS,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[FitResult, list[Scenario]]:
+    """Fit per-GPU coefficients for `gpu` from bench results."""
+    from vlmserve.plan.hardware import get_gpu
+
+    gpu_key = get_gpu(gpu).key
+    scenarios = [scenario_from_bench_json(path, gpu=gpu, model=model) for path in paths]
+    result = fit(scenarios, start, [(gpu_key, name) for name in parameters], progress=progress)
+    result.calibration.source = f"fitted by `vlmserve plan calibrate` on {len(scenarios)} run(s) for {gpu_key}"
+    result.calibration.fit_error = {family: round(error, 4) for family, error in result.errors_by_family.items()}
+    return result, scenarios
+
+
+def efficiency_table(efficiency: Efficiency) -> dict[str, float]:
+    return {name: getattr(efficiency, name) for name in COEFFICIENTS}

@@ -1,0 +1,385 @@
+"""`vlmserve plan`: predict a deployment, search for the cheapest one, calibrate from runs.
+
+`vlmserve plan --model M --gpu G ...` runs one simulated configuration (the group's
+default action); `plan search`, `plan calibrate`, `plan models` and `plan gpus` are
+subcommands. All output that comes from the planner is labelled as simulated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vlmserve.errors import UserError
+from vlmserve.spec import SLO, LoadSpec, describe_validation_error
+
+SIMULATED_NOTE = "[yellow]planner output (simulated on a roofline cost model, not measured)[/]"
+
+plan_app = typer.Typer(
+    name="plan",
+    help="Predict latency, throughput and cost of a deployment on GPUs you don't have (simulated).",
+    invoke_without_command=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _load_spec(**fields: Any) -> LoadSpec:
+    from pydantic import ValidationError
+
+    clean = {key: value for key, value in fields.items() if value is not None}
+    if clean.get("concurrency") is None and clean.get("rate") is None:
+        raise UserError("give --concurrency N (closed loop) or --rate R (open loop, requests/s)")
+    if clean.get("dataset") == "sharegpt" and not clean.get("dataset_path"):
+        clean["dataset_path"] = "builtin"
+    try:
+        return LoadSpec.model_validate(clean)
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err, "plan")) from None
+
+
+def _setup(model: str, gpu: str, calibration_path: Optional[str], **options: Any) -> Any:
+    from vlmserve.plan.calibration import load_calibration
+    from vlmserve.plan.setup import PlanSetup
+
+    return PlanSetup.from_names(model, gpu, calibration=load_calibration(calibration_path), **options)
+
+
+@plan_app.callback()
+def plan(
+    ctx: typer.Context,
+    model: Optional[str] = typer.Option(None, "--model", help="Preset name (see `plan models`) or a config.json path."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU type (see `plan gpus`)."),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs per replica."),
+    replicas: int = typer.Option(1, "--replicas", min=1, help="Independent replicas behind the router."),
+    input_len: int = typer.Option(1024, "--input-len", min=1, help="Prompt tokens (random/images)."),
+    output_len: int = typer.Option(128, "--output-len", min=1, help="Output tokens (random/images)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Closed loop: concurrent clients in all."),
+    rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="Open loop: requests/s offered in all."),
+    num_requests: int = typer.Option(500, "--num-requests", min=1, help="Requests to simulate."),
+    dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
+    dataset_path: Optional[str] = typer.Option(None, "--dataset-path", help="ShareGPT file (default: built-in length distribution)."),
+    images_per_request: int = typer.Option(1, "--images-per-request", min=0, help="images dataset: images per request."),
+    arrival: str = typer.Option("poisson", "--arrival", help="Open loop arrivals: poisson | constant | gamma."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=16, help="vLLM --max-model-len."),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM --gpu-memory-utilization."),
+    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="bf16 | fp8 | mxfp4 (default: the checkpoint's)."),
+    kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16 | fp8."),
+    routing: str = typer.Option("least-outstanding", "--routing", help="round-robin | least-outstanding."),
+    async_scheduling: bool = typer.Option(False, "--async-scheduling", help="Model vLLM --async-scheduling."),
+    staggered: bool = typer.Option(False, "--steady-state", help="Closed loop: stagger client starts (no synchronized first wave)."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON from `plan calibrate`."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="e.g. ttft_p95=500ms,tpot_p95=50ms (goodput)."),
+    price: Optional[float] = typer.Option(None, "--price", min=0.0, help="Dollars per GPU-hour, for cost per million tokens."),
+    seed: int = typer.Option(0, "--seed", help="Random seed for lengths and arrivals."),
+    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the summary JSON (bench format) here."),
+    save: bool = typer.Option(False, "--save", help="Store the simulated run in the run history (report/compare)."),
+    explain: bool = typer.Option(False, "--explain", help="Print roofline napkin math."),
+    compare: Optional[Path] = typer.Option(None, "--compare", help="A measured bench JSON to set the prediction against."),
+) -> None:
+    """Simulate one deployment at one load (the default action of `vlmserve plan`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if model is None:
+        typer.echo(ctx.get_help())
+        raise UserError("give --model NAME|config.json (and --gpu, --concurrency or --rate)")
+    from vlmserve.plan.simulate import simulate_run
+
+    load = _load_spec(
+        dataset=dataset, dataset_path=dataset_path, input_len=input_len, output_len=output_len,
+        concurrency=concurrency, rate=rate, num_requests=num_requests, arrival=arrival,
+        images_per_request=images_per_request, seed=seed,
+    )
+    setup = _setup(
+        model, gpu, calibration, tp=tp, replicas=replicas, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+        routing=routing, async_scheduling=async_scheduling,
+    )
+    slo_spec = SLO.parse(slo) if slo else None
+    output = simulate_run(setup, load, slo=slo_spec, staggered=staggered)
+    result = output.result
+    console = Console()
+    _print_run(console, result.summary, setup, output.wall_s, price)
+    measured = _read_measured(compare) if compare else None
+    if explain or measured is not None:
+        _print_explain(console, setup, load, measured)
+    if measured is not None:
+        _print_comparison(console, result.summary, measured)
+    if json_out:
+        result.write_json(json_out)
+        console.print(f"summary written to {json_out}")
+    if save:
+        from vlmserve.store import save_run
+
+        console.print(f"stored as run {save_run(result)} (simulated)")
+
+
+def _print_run(console: Console, summary: dict[str, Any], setup: Any, wall_s: float, price: float | None) -> None:
+    from vlmserve.bench.console import print_summary
+
+    console.print(SIMULATED_NOTE)
+    memory = setup.memory()
+    simulation = summary.get("simulation", {})
+    console.print(
+        f"{setup.model.name} on {setup.replicas}× ({setup.tp}× {setup.gpu.name}), weights {setup.weight_dtype}, "
+        f"KV {setup.kv_dtype}: {memory.weight_bytes_per_gpu / 1e9:.1f} GB weights per GPU, "
+        f"{memory.kv_gb_total:.1f} GB KV cache per replica "
+        f"({summary['meta'].get('kv_cache_tokens_per_replica', 0):,} tokens)"
+    )
+    print_summary(console, summary)
+    console.print(
+        f"engine: {simulation.get('steps', 0):,} steps, max running {simulation.get('max_num_running')}, "
+        f"max waiting {simulation.get('max_num_waiting')}, peak KV use {simulation.get('max_kv_usage', 0):.0%}, "
+        f"{simulation.get('preemptions', 0)} preemptions; simulated in {wall_s:.2f} s"
+    )
+    if price is not None:
+        output_rate = summary["throughput"]["output_tokens_per_s"]
+        per_hour = price * setup.num_gpus
+        per_million = per_hour / (output_rate * 3600 / 1e6) if output_rate > 0 else float("inf")
+        console.print(f"cost: ${per_hour:.2f}/h for {setup.num_gpus} GPU(s), ${per_million:.3f} per million output tokens")
+
+
+def _read_measured(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"--compare {path}: no such file; give a `vlmserve bench --json-out` result")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"--compare {path}: not valid JSON (line {err.lineno})") from None
+    if not isinstance(data, dict) or "throughput" not in data:
+        raise UserError(f"--compare {path}: not a bench summary (no 'throughput'); give a `vlmserve bench --json-out` result")
+    return data
+
+
+def _print_explain(console: Console, setup: Any, load: LoadSpec, measured: dict[str, Any] | None) -> None:
+    from vlmserve.plan.explain import measured_efficiency, napkin
+
+    context = load.input_len + load.output_len // 2
+    batch = min(load.concurrency or setup.max_num_seqs, setup.max_num_seqs)
+    facts = napkin(setup, context, batch)
+    table = Table(title="roofline napkin math (one replica)", show_edge=False)
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    kinds = ", ".join(f"{kind} {value / 1024:.1f} KiB" for kind, value in facts["kv_bytes_per_token"].items())
+    rows = [
+        ("weights (all GPUs)", f"{facts['weights_total_gb']:.1f} GB"),
+        ("KV bytes per token", kinds or "none"),
+        (f"KV cache capacity at {context}-token context", f"{facts['kv_tokens_capacity']:,} tokens"),
+        ("bytes streamed per decode token, batch 1", f"{facts['decode_bytes_per_token_batch1'] / 1e9:.2f} GB"),
+        (f"bytes per decode step, batch {batch}", f"{facts['decode_bytes_per_step_at_batch'] / 1e9:.2f} GB"),
+        ("bandwidth-bound tok/s, batch 1 (peak / calibrated)",
+         f"{facts['bandwidth_bound_tok_s_batch1_peak']:.0f} / {facts['bandwidth_bound_tok_s_batch1_calibrated']:.0f}"),
+        (f"bandwidth-bound tok/s, batch {batch} (peak)", f"{facts['bandwidth_bound_tok_s_at_batch_peak']:.0f}"),
+        ("prefill FLOPs per token", f"{facts['prefill_flops_per_token'] / 1e9:.1f} GFLOP"),
+        ("compute-bound prefill tok/s (peak / calibrated)",
+         f"{facts['compute_bound_prefill_tok_s_peak']:.0f} / {facts['compute_bound_prefill_tok_s_calibrated']:.0f}"),
+        ("efficiency used (bandwidth, compute)", f"{facts['efficiency']['bandwidth']:.2f}, {facts['efficiency']['compute']:.2f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    if measured is not None:
+        for name, value in measured_efficiency(setup, measured, context, batch).items():
+            table.add_row(f"measured: {name.replace('_', ' ')}", f"{value:.3g}")
+    console.print(table)
+    for key, value in facts["assumed_gpu_figures"].items():
+        console.print(f"assumed for {setup.gpu.name}: {key} = {value:g} (not on the datasheet)")
+    for note in facts["model_notes"]:
+        console.print(f"model note: {note}")
+
+
+def _print_comparison(console: Console, predicted: dict[str, Any], measured: dict[str, Any]) -> None:
+    from vlmserve.plan.calibrate import METRICS, metric_value
+
+    table = Table(title="planner vs measured run", show_edge=False)
+    for column in ("metric", "measured", "planner", "rel. error"):
+        table.add_column(column, justify="right" if column != "metric" else "left")
+    for metric in METRICS:
+        real, sim = metric_value(measured, metric), metric_value(predicted, metric)
+        if real is None or sim is None or real == 0:
+            continue
+        table.add_row(metric, f"{real:.4g}", f"{sim:.4g}", f"{sim / real - 1:+.0%}")
+    console.print(table)
+
+
+@plan_app.command("search")
+def search(
+    model: str = typer.Option(..., "--model", help="Preset name or config.json path."),
+    slo: str = typer.Option(..., "--slo", help="Objectives to meet, e.g. ttft_p95=500ms,tpot_p95=50ms."),
+    gpus: str = typer.Option("h100,h200,l40s", "--gpus", help="Comma-separated GPU types to consider."),
+    price: Optional[str] = typer.Option(None, "--price", help="Dollars per GPU-hour, e.g. h100=3.0,h200=4.0,l40s=1.1."),
+    rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="Target load: requests/s offered (open loop)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Target load: concurrent clients."),
+    input_len: int = typer.Option(1024, "--input-len", min=1),
+    output_len: int = typer.Option(128, "--output-len", min=1),
+    dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
+    num_requests: int = typer.Option(300, "--num-requests", min=1, help="Requests simulated per configuration."),
+    tps: str = typer.Option("1,2,4,8", "--tps", help="TP sizes to try."),
+    replicas: str = typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."),
+    max_num_seqs: str = typer.Option("64,128,256", "--max-num-seqs", help="max-num-seqs values to try."),
+    max_gpus: int = typer.Option(8, "--max-gpus", min=1, help="Most GPUs a deployment may use."),
+    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
+    kv_dtype: str = typer.Option("bf16", "--kv-dtype"),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON."),
+    no_prune: bool = typer.Option(False, "--no-prune", help="Simulate every candidate (no early stop on replicas)."),
+    top: int = typer.Option(8, "--top", min=1, help="Runners-up to show."),
+    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write all candidates as JSON."),
+) -> None:
+    """Find the cheapest GPU × TP × replicas × max-num-seqs meeting the SLO at the target load."""
+    import time
+
+    from rich.progress import Progress
+
+    from vlmserve.plan.calibration import load_calibration
+    from vlmserve.plan.search import SearchSpace, parse_prices, run_search, runners_up
+
+    load = _load_spec(dataset=dataset, input_len=input_len, output_len=output_len, rate=rate,
+                      concurrency=concurrency, num_requests=num_requests)
+    space = SearchSpace(
+        model=model, gpus=_names(gpus, "--gpus"), tps=_ints(tps, "--tps"), replicas=_ints(replicas, "--replicas"),
+        max_num_seqs=_ints(max_num_seqs, "--max-num-seqs"), max_gpus=max_gpus, weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+    )
+    prices = parse_prices(price)
+    slo_spec = SLO.parse(slo)
+    console = Console()
+    started = time.perf_counter()
+    total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("simulating configurations", total=total)
+        outcome = run_search(space, load, slo_spec, prices=prices, calibration=load_calibration(calibration),
+                             prune=not no_prune, progress=lambda _c: progress.advance(task))
+    elapsed = time.perf_counter() - started
+    console.print(SIMULATED_NOTE)
+    console.print(f"{outcome.evaluated} configurations ({outcome.simulated} simulated) in {elapsed:.1f} s; ranked by {outcome.ranked_by}")
+    table = Table(show_edge=False)
+    for column in ("", "configuration", "GPUs", "$/h", "$/M out tok", "req/s", "TTFT p95 ms", "TPOT p95 ms", "verdict"):
+        table.add_column(column)
+    shown = ([outcome.best] if outcome.best else []) + runners_up(outcome, top)
+    for candidate in shown:
+        summary = candidate.summary or {}
+        mark = "best" if candidate is outcome.best else ""
+        table.add_row(
+            mark, candidate.label, str(candidate.num_gpus),
+            "-" if candidate.cost_per_hour is None else f"{candidate.cost_per_hour:.2f}",
+            "-" if candidate.cost_per_million_output_tokens is None else f"{candidate.cost_per_million_output_tokens:.3f}",
+            f"{summary['throughput']['requests_per_s']:.1f}" if summary else "-",
+            _ms(summary, "ttft_ms"), _ms(summary, "tpot_ms"),
+            "meets the SLO" if candidate is outcome.best else f"{candidate.status}: {candidate.reason}",
+        )
+    console.print(table)
+    if outcome.best is None:
+        console.print("[red]no configuration meets the SLO at this load[/]; relax the SLO, raise --max-gpus or add GPU types")
+    if json_out:
+        json_out.write_text(json.dumps([_candidate_json(c) for c in outcome.candidates], indent=2) + "\n")
+        console.print(f"candidates written to {json_out}")
+    if outcome.best is None:
+        raise typer.Exit(1)
+
+
+def _ms(summary: dict[str, Any], key: str) -> str:
+    value = (summary.get(key) or {}).get("p95")
+    return "-" if value is None else f"{value:.0f}"
+
+
+def _candidate_json(candidate: Any) -> dict[str, Any]:
+    summary = candidate.summary or {}
+    return {
+        "gpu": candidate.gpu, "tp": candidate.tp, "replicas": candidate.replicas,
+        "max_num_seqs": candidate.max_num_seqs, "num_gpus": candidate.num_gpus,
+        "cost_per_hour": candidate.cost_per_hour, "status": candidate.status, "reason": candidate.reason,
+        "throughput": summary.get("throughput"), "ttft_ms": summary.get("ttft_ms"), "tpot_ms": summary.get("tpot_ms"),
+    }
+
+
+def _names(text: str, flag: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise UserError(f"{flag}: give at least one value")
+    return names
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(part) for part in _names(text, flag)]
+    except ValueError:
+        raise UserError(f"{flag}: '{text}' is not a comma-separated list of whole numbers") from None
+    if any(value < 1 for value in values):
+        raise UserError(f"{flag}: values must be at least 1")
+    return values
+
+
+@plan_app.command("calibrate")
+def calibrate(
+    runs: list[Path] = typer.Argument(..., help="Measured bench results (--json-out files)."),
+    gpu: str = typer.Option(..., "--gpu", help="The GPU the runs were measured on."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model preset or config.json (default: from the runs)."),
+    output: Path = typer.Option(Path("calibration.json"), "--output", "-o", help="Where to save the calibration."),
+    start: Optional[str] = typer.Option(None, "--calibration", help="Start from this calibration (default: built-in)."),
+    parameters: str = typer.Option("bandwidth,compute,step_overhead_s", "--fit", help="Coefficients to fit."),
+) -> None:
+    """Fit efficiency coefficients for one GPU from measured runs; save a calibration `plan` can use."""
+    from vlmserve.plan.calibrate import calibrate_runs, relative_errors
+    from vlmserve.plan.calibration import load_calibration
+
+    console = Console()
+    result, scenarios = calibrate_runs(
+        [str(path) for path in runs], gpu=gpu, model=model, start=load_calibration(start),
+        parameters=_names(parameters, "--fit"), progress=lambda line: console.print(f"  {line}"),
+    )
+    result.calibration.save(output)
+    table = Table(title="fit error per metric (planner vs measured)", show_edge=False)
+    for column in ("run", "metric", "rel. error"):
+        table.add_column(column)
+    for scenario_id, metric, error in relative_errors(scenarios, result.predictions):
+        table.add_row(scenario_id, metric, f"{error:+.1%}")
+    console.print(table)
+    for family, error in result.errors_by_family.items():
+        console.print(f"median abs error, {family}: {error:.1%}")
+    console.print(f"saved {output} ({result.evaluations} simulations); use it with --calibration {output}")
+
+
+@plan_app.command("models")
+def models() -> None:
+    """List the model presets (HF config.json files shipped with vlmserve)."""
+    from vlmserve.plan.models import load_model, preset_index, preset_names
+
+    table = Table(show_edge=False)
+    for column in ("preset", "aliases", "params", "active", "KV KiB/token", "vision"):
+        table.add_column(column)
+    for name in preset_names():
+        cost = load_model(name)
+        kv = ", ".join(f"{kind} {value / 1024:.0f}" for kind, value in cost.kv_bytes_per_token_by_kind().items())
+        table.add_row(name, ", ".join(preset_index()[name].get("aliases", [])), f"{cost.total_params / 1e9:.1f}B",
+                      f"{cost.active_params_per_token / 1e9:.1f}B", kv, "yes" if cost.vision else "")
+    Console().print(table)
+
+
+@plan_app.command("gpus")
+def gpus() -> None:
+    """List the GPU catalog (datasheet figures)."""
+    from vlmserve.plan.hardware import ASSUMED_FIGURES, catalog
+
+    table = Table(show_edge=False)
+    for column in ("name", "GPU", "memory GB", "TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "interconnect GB/s"):
+        table.add_column(column)
+    for key, gpu in sorted(catalog().items()):
+        assumed = "*" if key in ASSUMED_FIGURES else ""
+        table.add_row(key, gpu.name, f"{gpu.memory_gb:g}", f"{gpu.memory_bandwidth_tb_s:g}", f"{gpu.bf16_tflops:g}{assumed}",
+                      "-" if gpu.fp8_tflops is None else f"{gpu.fp8_tflops:g}{assumed}", f"{gpu.interconnect_gb_s:g}")
+    console = Console()
+    console.print(table)
+    for key, figures in ASSUMED_FIGURES.items():
+        console.print(f"* {key}: not on the datasheet, assumed {figures}")
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `vlmserve plan` (and its subcommands) to the root CLI."""
+    app.add_typer(plan_app, name="plan")

@@ -1,0 +1,63 @@
+"""The roofline step cost: memory-bound decode, compute-bound prefill, TP and MoE effects."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlmserve.plan.calibration import Calibration, Efficiency
+from vlmserve.plan.setup import PlanSetup
+from vlmserve.sched.step_cost import StepContents
+
+EFFICIENCY = Efficiency(bandwidth=0.5, compute=0.5, step_overhead_s=0.001, per_seq_overhead_s=0.0)
+
+
+def _cost(model: str, gpu: str = "h100", tp: int = 1):
+    return PlanSetup.from_names(model, gpu, tp=tp, calibration=Calibration(EFFICIENCY)).cost_model()
+
+
+def test_decode_is_memory_bound_at_the_bandwidth_roofline() -> None:
+    cost = _cost("llama-3.1-8b")
+    step = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=1, kv_tokens_read=1000)
+    parts = cost.breakdown(step)
+    assert parts.bound == "memory"
+    expected_bytes = cost.model.step_weight_bytes(1, "bf16") + 131072 * 1000 + 131072
+    assert parts.memory_s == pytest.approx(expected_bytes / (3.35e12 * 0.5))
+    assert cost.step_time_s(step) == pytest.approx(parts.memory_s + 0.001)
+
+
+def test_prefill_is_compute_bound_and_scales_with_tokens() -> None:
+    cost = _cost("llama-3.1-8b")
+    small = cost.breakdown(StepContents(prefill_tokens=2048, prefill_seqs=1, decode_seqs=0, kv_tokens_read=2048))
+    large = cost.breakdown(StepContents(prefill_tokens=8192, prefill_seqs=4, decode_seqs=0, kv_tokens_read=8192))
+    assert small.bound == "compute" and large.bound == "compute"
+    assert large.compute_s == pytest.approx(4 * small.compute_s, rel=0.05)
+    linear = 8192 * 2 * cost.model.active_params_per_token / (989e12 * 0.5)
+    assert large.compute_s > linear
+
+
+def test_tensor_parallel_splits_work_and_adds_all_reduces() -> None:
+    step = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=64, kv_tokens_read=64 * 1000)
+    one, two = _cost("llama-3.1-8b").breakdown(step), _cost("llama-3.1-8b", tp=2).breakdown(step)
+    assert two.memory_s == pytest.approx(one.memory_s / 2)
+    assert one.communication_s == 0.0 and two.communication_s > 0.0
+    prefill = StepContents(prefill_tokens=8192, prefill_seqs=4, decode_seqs=0, kv_tokens_read=8192)
+    nvlink = _cost("llama-3.1-8b", tp=2).breakdown(prefill).communication_s
+    pcie = _cost("llama-3.1-8b", gpu="l40s", tp=2).breakdown(prefill).communication_s
+    assert pcie > 5 * nvlink  # 64 GB/s PCIe vs 900 GB/s NVLink
+
+
+def test_moe_decode_bytes_grow_with_the_experts_a_batch_touches() -> None:
+    cost = _cost("gpt-oss-120b", gpu="h200")
+
+    def decode(batch: int) -> float:
+        return cost.breakdown(StepContents(0, 0, batch, batch * 500)).memory_s
+
+    assert decode(8) > 1.5 * decode(1)
+    assert decode(256) < 1.2 * decode(128)  # all experts touched: bytes level off
+
+
+def test_images_add_vision_encoder_work() -> None:
+    cost = _cost("qwen3-vl-4b")
+    text = StepContents(prefill_tokens=1000, prefill_seqs=1, decode_seqs=0, kv_tokens_read=1000)
+    with_image = StepContents(prefill_tokens=1000, prefill_seqs=1, decode_seqs=0, kv_tokens_read=1000, image_tokens=256, images=1)
+    assert cost.step_time_s(with_image) > cost.step_time_s(text)
