@@ -247,8 +247,6 @@ class Forwarder:
             # --- from here on the client has (or is about to have) bytes: no more retries ---
             replica.breaker.record_success()
             exchange.streaming(self.idle_chunk_timeout_s, loop.time())
-            routed.engine_prompt_tokens = _prompt_tokens_in(first)
-            self.policy.on_first_token(routed, replica)
             response = web.StreamResponse(status=200, headers={
                 "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
                 "Cache-Control": "no-cache",
@@ -309,6 +307,15 @@ class Forwarder:
             "X-Request-ID": log.request_id,
         })
 
+    def _note_first_token(self, chunk: bytes, chunk_number: int, routed: RoutedRequest, replica: Replica) -> bool:
+        """Tell the policy about the first token if this chunk settles it; True when told."""
+        prompt_tokens = _prompt_tokens_in(chunk)
+        if prompt_tokens is None and chunk_number < 2:
+            return False
+        routed.engine_prompt_tokens = prompt_tokens
+        self.policy.on_first_token(routed, replica)
+        return True
+
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
                       response: web.StreamResponse, exchange: Exchange, replica: Replica,
                       routed: RoutedRequest, log: RequestLog) -> Outcome:
@@ -319,6 +326,9 @@ class Forwarder:
         events = first.count(b"data:")
         tail = first
         failure: tuple[int, str, str] | None = None
+        # The policy hears "first token" once the engine's prompt count is known (usage in the
+        # first chunks) or after the second chunk (the first may be only the role preamble).
+        first_token_pending = not self._note_first_token(first, 1, routed, replica)
         try:
             try:
                 await response.write(first)
@@ -329,6 +339,8 @@ class Forwarder:
                     if not chunk:
                         break
                     exchange.chunks += 1
+                    if first_token_pending:
+                        first_token_pending = not self._note_first_token(chunk, exchange.chunks, routed, replica)
                     events += chunk.count(b"data:")
                     tail = tail[-512:] + chunk if len(chunk) < 2048 else chunk
                     await write(chunk)
@@ -343,6 +355,8 @@ class Forwarder:
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             log.status = "abandoned"
             return Outcome.ABANDONED
+        if first_token_pending:
+            self.policy.on_first_token(routed, replica)
         usage = _usage_from_sse_tail(tail)
         if usage is not None:
             log.prompt_tokens = usage.get("prompt_tokens")

@@ -40,6 +40,10 @@ class RunningGateway:
         self.gateway = gateway
         self.port = port
 
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.gateway.config.host}:{self.port}"
+
     async def stop(self) -> None:
         await self.runner.cleanup()
 
