@@ -1,0 +1,47 @@
+"""`vlmserve engine sim` refuses bad flags with one line and exit code 2."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from vlmserve.cli import main
+
+
+def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    return int(exit_info.value.code or 0), capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--profile", "nope"], "error: unknown sim profile 'nope'; choose one of: a100-8b, a10g-8b,"),
+        (["--profile", "h100-8b", "--ttft-ms", "5"], "error: --profile and --ttft-ms/--itl-ms exclude each other"),
+        (["--output-len", "gauss:3"], "error: output length distribution 'gauss:3' is not understood"),
+        (["--error-codes", "404"], "error: --error-codes takes 5xx status codes, got 404"),
+        (["--error-rate", "1.5"], "error: --error-rate must be between 0 and 1"),
+        (["--num-kv-blocks", "10"], "error: the KV cache (10 blocks of 16 tokens = 160 tokens) cannot hold one request"),
+    ],
+)
+def test_bad_flags_get_one_line_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _run_cli(["engine", "sim", "--port", "0", *flags], capsys)
+    assert code == 2
+    assert err.startswith(message), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_port_in_use_is_a_clear_error(vlmserve_cmd: list[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [*vlmserve_cmd, "engine", "sim", "--port", str(port)], capture_output=True, text=True, timeout=60
+        )
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}"), result.stderr
+    assert "pick another --port" in result.stderr and "Traceback" not in result.stderr
