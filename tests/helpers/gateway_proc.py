@@ -1,11 +1,11 @@
 """Start a real `vlmserve gateway` in a subprocess on a free port, for tests that need one.
 
 (Used by the batch and observe tests; the gateway's own tests build the app in-process.)
+`wait_http_ok` and `stop_process` also serve other real servers those tests start (Prometheus).
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -16,11 +16,35 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers.sim import free_port
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["GatewayProcess", "free_port", "start_gateway", "stop_process", "wait_http_ok"]
+
+
+def wait_http_ok(url: str, process: subprocess.Popen, log_path: Path, what: str, timeout_s: float = 30.0) -> None:
+    """Poll url until it answers 200; fail with the process's log if it exits or times out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not ready in {timeout_s} s: {log_path.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited in time."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclass
@@ -47,23 +71,7 @@ def start_gateway(replica_urls: list[str], log_dir: Path, *flags: str,
         process = subprocess.Popen([*argv, *flags], stdout=log, stderr=subprocess.STDOUT)
     gateway = GatewayProcess(process, port, log_path)
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"gateway exited with {process.returncode}: {log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{gateway.base_url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gateway not ready in {ready_timeout_s} s: {log_path.read_text()[-2000:]}")
-            time.sleep(0.1)
+        wait_http_ok(f"{gateway.base_url}/health", process, log_path, "gateway", ready_timeout_s)
         yield gateway
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)

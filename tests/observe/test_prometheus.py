@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers.gateway_proc import free_port, start_gateway
+from tests.helpers.gateway_proc import free_port, start_gateway, stop_process, wait_http_ok
 from tests.helpers.sim import start_sim_engine
 from vlmserve.observe import queries as q
 from vlmserve.observe.alerts import AlertSettings, alert_rules, build_alerts
@@ -98,33 +98,14 @@ def prometheus_over_deployment(tmp_path: Path) -> Iterator[tuple[str, str, str]]
         load.start()
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_ready(url, prometheus, tmp_path / "prometheus.log")
+            wait_http_ok(f"{url}/-/ready", prometheus, tmp_path / "prometheus.log", "prometheus")
             yield url, _host_port(slow.base_url), _host_port(fast.base_url)
         finally:
             load.stop_event.set()
             load.join(timeout=30)
-            prometheus.terminate()
-            try:
-                prometheus.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                prometheus.kill()
-                prometheus.wait()
+            stop_process(prometheus)
             log.close()
         assert 200 in load.statuses and 429 in load.statuses, "load must be served and shed"
-
-
-def _wait_ready(url: str, process: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"prometheus exited: {log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("prometheus not ready in 30 s")
 
 
 def _finite_samples(url: str, expr: str) -> list[dict]:
