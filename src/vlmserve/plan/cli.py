@@ -29,6 +29,12 @@ plan_app = typer.Typer(
 )
 
 
+def _console() -> Console:
+    """A console wide enough for the tables when output is piped to a file or a test."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
 def _load_spec(**fields: Any) -> LoadSpec:
     from pydantic import ValidationError
 
@@ -106,7 +112,7 @@ def plan(
     slo_spec = SLO.parse(slo) if slo else None
     output = simulate_run(setup, load, slo=slo_spec, staggered=staggered)
     result = output.result
-    console = Console()
+    console = _console()
     _print_run(console, result.summary, setup, output.wall_s, price)
     measured = _read_measured(compare) if compare else None
     if explain or measured is not None:
@@ -249,7 +255,7 @@ def search(
     )
     prices = parse_prices(price)
     slo_spec = SLO.parse(slo)
-    console = Console()
+    console = _console()
     started = time.perf_counter()
     total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs)
     with Progress(console=console, transient=True) as progress:
@@ -329,7 +335,7 @@ def calibrate(
     from vlmserve.plan.calibrate import calibrate_runs, relative_errors
     from vlmserve.plan.calibration import load_calibration
 
-    console = Console()
+    console = _console()
     result, scenarios = calibrate_runs(
         [str(path) for path in runs], gpu=gpu, model=model, start=load_calibration(start),
         parameters=_names(parameters, "--fit"), progress=lambda line: console.print(f"  {line}"),
@@ -359,7 +365,7 @@ def models() -> None:
         kv = ", ".join(f"{kind} {value / 1024:.0f}" for kind, value in cost.kv_bytes_per_token_by_kind().items())
         table.add_row(name, ", ".join(preset_index()[name].get("aliases", [])), f"{cost.total_params / 1e9:.1f}B",
                       f"{cost.active_params_per_token / 1e9:.1f}B", kv, "yes" if cost.vision else "")
-    Console().print(table)
+    _console().print(table)
 
 
 @plan_app.command("gpus")
@@ -374,7 +380,7 @@ def gpus() -> None:
         assumed = "*" if key in ASSUMED_FIGURES else ""
         table.add_row(key, gpu.name, f"{gpu.memory_gb:g}", f"{gpu.memory_bandwidth_tb_s:g}", f"{gpu.bf16_tflops:g}{assumed}",
                       "-" if gpu.fp8_tflops is None else f"{gpu.fp8_tflops:g}{assumed}", f"{gpu.interconnect_gb_s:g}")
-    console = Console()
+    console = _console()
     console.print(table)
     for key, figures in ASSUMED_FIGURES.items():
         console.print(f"* {key}: not on the datasheet, assumed {figures}")

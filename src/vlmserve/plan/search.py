@@ -16,16 +16,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmserve.bench.result import RunResult
 from vlmserve.errors import UserError
 from vlmserve.plan.calibration import Calibration
 from vlmserve.plan.hardware import get_gpu
 from vlmserve.plan.models import load_model
 from vlmserve.plan.setup import PlanSetup
 from vlmserve.plan.simulate import simulate_run
+from vlmserve.records import RequestRecord
 from vlmserve.spec import SLO, LoadSpec
 
-KEEP_UP_FRACTION = 0.95
-"""Open loop: a deployment that completes fewer than this share of the offered rate is overloaded."""
+QUEUE_GROWTH_FACTOR = 2.0
+QUEUE_GROWTH_MIN_S = 0.5
+"""Open loop: overloaded when the last tenth of requests waits for its first token more than
+twice as long (and 0.5 s longer) as the first tenth — the queue grows without bound."""
 
 
 @dataclass
@@ -107,16 +111,31 @@ def slo_misses(summary: dict[str, Any], slo: SLO) -> list[str]:
     return misses
 
 
-def _judge(candidate: Candidate, summary: dict[str, Any], slo: SLO, load: LoadSpec) -> None:
+def queue_growth(records: list[RequestRecord]) -> tuple[float, float] | None:
+    """Mean TTFT (s) of the first and the last tenth of requests by send time, or None if too few."""
+    ordered = sorted((r for r in records if r.ttft_s is not None), key=lambda record: record.sent_at_s)
+    tenth = len(ordered) // 10
+    if tenth < 2:
+        return None
+    first = sum(record.ttft_s or 0.0 for record in ordered[:tenth]) / tenth
+    last = sum(record.ttft_s or 0.0 for record in ordered[-tenth:]) / tenth
+    return first, last
+
+
+def _judge(candidate: Candidate, result: RunResult, slo: SLO, load: LoadSpec) -> None:
+    summary = result.summary
     candidate.summary = summary
     reasons = slo_misses(summary, slo)
     failed = summary["requests"]["failed"]
     if failed:
         reasons.append(f"{failed} requests did not finish")
-    if load.rate is not None:
-        achieved = summary["throughput"]["requests_per_s"]
-        if achieved < KEEP_UP_FRACTION * load.rate:
-            reasons.append(f"overloaded: completes {achieved:.1f} of {load.rate:g} req/s offered")
+    growth = queue_growth(result.records) if load.rate is not None else None
+    if growth is not None:
+        first, last = growth
+        if last > QUEUE_GROWTH_FACTOR * first and last - first > QUEUE_GROWTH_MIN_S:
+            reasons.append(
+                f"overloaded at {load.rate:g} req/s: the queue grows (TTFT {first:.2f} s early, {last:.2f} s late)"
+            )
     candidate.status = "misses" if reasons else "meets"
     candidate.reason = "; ".join(reasons)
 
@@ -174,7 +193,7 @@ def run_search(
                 setup.memory()
                 output = simulate_run(setup, load, slo=slo, record_token_times=True)
                 simulated += 1
-                _judge(candidate, output.result.summary, slo, load)
+                _judge(candidate, output.result, slo, load)
                 if candidate.status == "meets":
                     passed_shapes.add(shape)
             except UserError as err:
