@@ -106,9 +106,13 @@ def failure_cause(record: dict[str, Any]) -> str | None:
 
 
 def usage_tokens(record: dict[str, Any]) -> tuple[int, int]:
-    """(prompt, completion) tokens of an answered line, from the body's usage block."""
+    """(prompt, completion) tokens of an answered output line."""
     response = record.get("response") or {}
-    body = response.get("body")
+    return body_usage_tokens(response.get("body"))
+
+
+def body_usage_tokens(body: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens from a response body's usage block; (0, 0) when absent."""
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
         return 0, 0

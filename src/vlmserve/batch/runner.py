@@ -24,7 +24,7 @@ import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, error_line, response_line
+from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, body_usage_tokens, error_line, response_line
 from vlmserve.batch.scan import InputScan, PriorResults, entry_key, iter_input, scan_input, scan_output
 from vlmserve.batch.send import NoAnswer, RetryPolicy, send_with_retries
 from vlmserve.errors import UserError
@@ -173,10 +173,8 @@ class _Job:
         self.no_answer_streak = 0
         self.outcome.retries += answer.retries
         line = response_line(request.custom_id, answer.status_code, answer.request_id, answer.body)
-        usage = answer.body.get("usage") if isinstance(answer.body, dict) else None
-        usage = usage if isinstance(usage, dict) else {}
         cause = None if answer.status_code < 400 else f"http_{answer.status_code}"
-        self._record(line, cause, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        self._record(line, cause, *body_usage_tokens(answer.body))
 
     async def run(self) -> BatchOutcome:
         timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
