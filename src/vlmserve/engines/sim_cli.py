@@ -61,6 +61,8 @@ def sim(
     drop_after_tokens: int = typer.Option(None, help="Fault: streams are cut (connection reset) after this many tokens."),
     fault_rate: float = typer.Option(1.0, help="Fault: fraction of streams that stall or drop."),
     no_timing: bool = typer.Option(False, "--no-timing", help="Do not record emission timing error (/debug/timing)."),
+    gpu: str = typer.Option(None, help="Planner mode: time steps as --model (a `plan models` preset or config.json) on this GPU; KV blocks from its memory."),
+    tp: int = typer.Option(1, min=1, help="Planner mode: tensor-parallel GPUs."),
 ) -> None:
     """Start a simulated vLLM engine: OpenAI API, vLLM metrics, timed by vLLM's scheduler rules."""
     from vlmserve.engines.sim.options import FaultOptions, OutputLengthDistribution, SimEngineConfig
@@ -96,6 +98,8 @@ def sim(
             fault_rate=fault_rate,
         ),
         record_timing=not no_timing,
+        gpu=gpu,
+        tp=tp,
     )
     run_server(config)
 

@@ -123,6 +123,9 @@ class SimEngineConfig:
     faults: FaultOptions = field(default_factory=FaultOptions)
     record_timing: bool = True
     """Record scheduled vs actual emission time of every chunk (exposed at /debug/timing)."""
+    gpu: str | None = None
+    """Planner mode: time steps with the roofline model of `model` on `tp` × this GPU."""
+    tp: int = 1
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -147,13 +150,20 @@ class SimEngineConfig:
             self.scheduler_config().validate()
         except ValueError as err:
             raise UserError(str(err)) from None
-        make_step_cost_model(self.profile)  # unknown profile -> UserError
+        make_step_cost_model(self.profile, model=self.model, gpu=self.gpu, tp=self.tp)  # bad choice -> UserError
+
+    def _planned_kv_blocks(self) -> int:
+        """Planner mode: the blocks the GPU memory left after weights holds."""
+        from vlmserve.plan.engine_hook import roofline_kv_blocks
+
+        typical = self.max_model_len // 4
+        return roofline_kv_blocks(self.model, self.gpu or "", self.tp, typical, self.block_size)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            num_kv_blocks=self.num_kv_blocks,
+            num_kv_blocks=self._planned_kv_blocks() if self.gpu else self.num_kv_blocks,
             block_size=self.block_size,
             enable_prefix_caching=self.enable_prefix_caching,
             enable_chunked_prefill=self.enable_chunked_prefill,
@@ -173,4 +183,5 @@ def build_engine_core(config: SimEngineConfig) -> EngineCore:
             max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len,
         )
-    return Scheduler(config.scheduler_config(), make_step_cost_model(config.profile))
+    cost = make_step_cost_model(config.profile, model=config.model, gpu=config.gpu, tp=config.tp)
+    return Scheduler(config.scheduler_config(), cost)
