@@ -23,7 +23,7 @@ from vlmserve.errors import UserError
 from vlmserve.plan.setup import PlanSetup
 from vlmserve.plan.workload import PlannedRequest, planned_requests
 from vlmserve.records import RequestRecord
-from vlmserve.sched.offline import SimulationStats
+from vlmserve.sched.offline import SimulationStats, accumulate_stats
 from vlmserve.sched.scheduler import Scheduler, SimRequest
 from vlmserve.sched.step_cost import StepContents
 from vlmserve.spec import SLO, LoadSpec
@@ -167,7 +167,7 @@ def simulate_run(
         step = next_step.scheduler.step(next_step.clock_s)
         end_s = step.end_s
         next_step.clock_s = end_s
-        _count_step(next_step.stats, step)
+        accumulate_stats(next_step.stats, step)
         for request_id, _tokens in step.tokens:
             item = tracking[request_id]
             if item.first_token_s is None:
@@ -203,17 +203,6 @@ def estimated_request_s(setup: PlanSetup, requests: list[PlannedRequest], concur
     decode = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=batch, kv_tokens_read=batch * context)
     prefill = StepContents(prefill_tokens=int(prompt), prefill_seqs=1, decode_seqs=0, kv_tokens_read=int(prompt))
     return cost.step_time_s(prefill) + output * cost.step_time_s(decode)
-
-
-def _count_step(stats: SimulationStats, step: Any) -> None:
-    stats.steps += 1
-    stats.busy_s += step.duration_s
-    stats.num_preemptions += len(step.preempted)
-    stats.prefix_queries_tokens += step.prefix_queries_tokens
-    stats.prefix_hits_tokens += step.prefix_hits_tokens
-    stats.max_num_running = max(stats.max_num_running, step.num_running)
-    stats.max_num_waiting = max(stats.max_num_waiting, step.num_waiting)
-    stats.max_kv_usage = max(stats.max_kv_usage, step.kv_usage)
 
 
 def _record(item: _Tracking, epoch: float, load: LoadSpec) -> RequestRecord:

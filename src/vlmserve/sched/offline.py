@@ -114,7 +114,7 @@ def simulate(
             continue
         result = scheduler.step(now_s)
         _apply_step(result, timings, record_token_times)
-        _accumulate(totals, result)
+        accumulate_stats(totals, result)
         now_s = result.end_s
     return [timings[request.request_id] for request in ordered]
 
@@ -142,7 +142,8 @@ def _apply_step(
         timings[request_id].finished_s = end_s
 
 
-def _accumulate(totals: SimulationStats, result: StepResult) -> None:
+def accumulate_stats(totals: SimulationStats, result: StepResult) -> None:
+    """Add one step to the engine totals (also used by the planner's multi-replica driver)."""
     totals.steps += 1
     totals.busy_s += result.duration_s
     totals.num_preemptions += len(result.preempted)
