@@ -18,6 +18,7 @@ from vlmserve.errors import UserError
 VERB_MODULES: list[str] = [
     # one line per verb package; keep alphabetical to avoid merge churn
     "vlmserve.batch.cli",
+    "vlmserve.bench.cli",
     "vlmserve.engines.sim_cli",
     "vlmserve.export.cli",
     "vlmserve.gateway.cli",

@@ -1,0 +1,250 @@
+"""`vlmserve bench` and `vlmserve runs list|show`: flag parsing and wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from vlmserve.errors import UserError
+from vlmserve.spec import SLO, LoadSpec, describe_validation_error, parse_duration_s
+
+FLAG_NAMES = {
+    "concurrency": "--concurrency", "rate": "--rate", "num_requests": "--num-requests", "duration_s": "--duration",
+    "dataset_path": "--dataset-path", "input_len": "--input-len", "output_len": "--output-len", "warmup": "--warmup",
+    "burstiness": "--burstiness", "images_per_request": "--images-per-request", "workers": "--workers",
+}
+
+
+def _json_option(text: str | None, flag: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    candidate = Path(text[1:]) if text.startswith("@") else None
+    raw = candidate.read_text() if candidate is not None and candidate.is_file() else text
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{flag}: not valid JSON ({err.msg} at character {err.pos}); write it like '{{\"key\": 1}}'") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{flag}: give a JSON object, like '{{\"key\": 1}}'")
+    return value
+
+
+def _duration(text: str | None) -> float | None:
+    if text is None:
+        return None
+    cleaned = text.strip().lower()
+    try:
+        if cleaned.endswith("min") or (cleaned.endswith("m") and not cleaned.endswith("ms")):
+            return float(cleaned.rstrip("min")) * 60.0
+        return parse_duration_s(cleaned)
+    except ValueError:
+        raise UserError(f"--duration '{text}': write it like 30s, 2m or 500ms") from None
+
+
+def _image_size(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    try:
+        width, height = (int(part) for part in parts) if len(parts) == 2 else (int(parts[0]),) * 2
+    except ValueError:
+        raise UserError(f"--image-size '{text}': write it like 512x512") from None
+    if width < 1 or height < 1 or width * height > 8192 * 8192:
+        raise UserError(f"--image-size '{text}': give a size between 1x1 and 8192x8192")
+    return width, height
+
+
+def _contradictions(args: dict[str, Any]) -> None:
+    """Flags that cannot go together: one line naming both."""
+    if args["concurrency"] is not None and args["rate"] is not None:
+        raise UserError("--concurrency and --rate contradict: give --concurrency N (closed loop) or --rate R (open loop)")
+    if args["concurrency"] is None and args["rate"] is None and args["dataset"] != "trace":
+        raise UserError("give --concurrency N (closed loop) or --rate R (open loop)")
+    if args["num_requests"] is not None and args["duration"] is not None:
+        raise UserError("--num-requests and --duration contradict: give one way to stop")
+    if args["num_requests"] is None and args["duration"] is None:
+        raise UserError("give --num-requests N or --duration S")
+    if args["concurrency"] is not None and (args["arrival"] is not None or args["burstiness"] is not None):
+        raise UserError("--arrival/--burstiness shape an open loop; use them with --rate, not --concurrency")
+    if args["burstiness"] is not None and (args["arrival"] or "poisson") != "gamma":
+        raise UserError("--burstiness applies to --arrival gamma only")
+    if args["mix"] is not None and args["dataset"] != "mixed":
+        raise UserError("--mix needs --dataset mixed")
+    if args["dataset"] == "mixed" and args["mix"] is None:
+        raise UserError("--dataset mixed needs --mix, e.g. --mix text:0.7,images:0.3")
+    if args["dataset"] in ("sharegpt", "trace") and not args["dataset_path"]:
+        raise UserError(f"--dataset {args['dataset']} needs --dataset-path FILE")
+    if args["dataset_path"] and args["dataset"] in ("random", "images"):
+        raise UserError(f"--dataset-path is read by sharegpt, trace and mixed; --dataset {args['dataset']} makes its own prompts")
+    if args["multi_turn"] != "first" and args["dataset"] not in ("sharegpt", "mixed"):
+        raise UserError("--multi-turn applies to --dataset sharegpt")
+
+
+def build_load_spec(args: dict[str, Any]) -> LoadSpec:
+    """Flags → LoadSpec, with every problem as one line naming the flag."""
+    _contradictions(args)
+    from vlmserve.bench.workloads.mixed import parse_mix
+
+    fields: dict[str, Any] = {
+        "api": args["api"], "dataset": args["dataset"], "dataset_path": args["dataset_path"],
+        "concurrency": args["concurrency"], "rate": args["rate"], "arrival": args["arrival"] or "poisson",
+        "burstiness": args["burstiness"] if args["burstiness"] is not None else 1.0,
+        "num_requests": args["num_requests"], "duration_s": _duration(args["duration"]), "warmup": args["warmup"],
+        "multi_turn": args["multi_turn"], "image_size": _image_size(args["image_size"]),
+        "images_per_request": args["images_per_request"], "image_format": args["image_format"],
+        "mix": parse_mix(args["mix"]) if args["mix"] else None,
+        "extra_body": _json_option(args["extra_body"], "--extra-body"), "seed": args["seed"],
+        "tokenizer": args["tokenizer"], "ignore_eos": args["ignore_eos"],
+        "image_dir": args["image_dir"], "image_urls": args["image_url"] or None,
+        "mm_processor_kwargs": _json_option(args["mm_processor_kwargs"], "--mm-processor-kwargs"),
+        "request_timeout_s": args["timeout"], "workers": args["workers"],
+    }
+    if args["input_len"] is not None:
+        fields["input_len"] = args["input_len"]
+    if args["output_len"] is not None:
+        fields["output_len"] = args["output_len"]
+        fields["fixed_output_len"] = True
+    try:
+        return LoadSpec(**fields)
+    except ValidationError as err:
+        message = describe_validation_error(err, "bench")
+        for name, flag in FLAG_NAMES.items():
+            message = message.replace(f"field '{name}'", flag)
+        raise UserError(message) from None
+
+
+def bench(
+    base_url: str = typer.Option(..., "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000"),
+    model: str = typer.Option(..., "--model", help="Model name as listed in /v1/models."),
+    api: str = typer.Option("chat", "--api", help="chat or completions."),
+    dataset: str = typer.Option("random", "--dataset", help="random, sharegpt, images, mixed or trace."),
+    dataset_path: Optional[str] = typer.Option(None, "--dataset-path", help="ShareGPT JSON or trace JSONL file."),
+    input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens (random, images). Default 128."),
+    output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens. Default 64; for sharegpt, the dataset reply's length."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop: N users, each sending when its last answer ends."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: requests per second."),
+    arrival: Optional[str] = typer.Option(None, "--arrival", help="Open-loop arrivals: poisson (default), constant or gamma."),
+    burstiness: Optional[float] = typer.Option(None, "--burstiness", help="Gamma shape; < 1 burstier than Poisson."),
+    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Stop after N measured requests."),
+    duration: Optional[str] = typer.Option(None, "--duration", help="Stop sending after this long (30s, 2m)."),
+    warmup: int = typer.Option(0, "--warmup", help="Requests sent first and left out of every figure."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s."),
+    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the summary JSON here."),
+    records_out: Optional[Path] = typer.Option(None, "--records-out", help="Write one row per request here (Parquet)."),
+    label: Optional[str] = typer.Option(None, "--label", help="A name for this run in the history."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token for the endpoint."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Local tokenizer (path or cached name) for exact prompt lengths; default: the server's /tokenize."),
+    multi_turn: str = typer.Option("first", "--multi-turn", help="sharegpt: first (first turn only), dataset (dataset replies as history) or live (live replies as history)."),
+    image_size: str = typer.Option("64x64", "--image-size", help="Synthetic image size WxH."),
+    images_per_request: int = typer.Option(1, "--images-per-request", help="Images in each request (images dataset)."),
+    image_format: str = typer.Option("png", "--image-format", help="Synthetic image format: png or jpeg."),
+    image_dir: Optional[str] = typer.Option(None, "--image-dir", help="Use images from this folder instead of synthetic ones."),
+    image_url: Optional[list[str]] = typer.Option(None, "--image-url", help="Send this image URL (repeatable) instead of data URLs."),
+    mm_processor_kwargs: Optional[str] = typer.Option(None, "--mm-processor-kwargs", help="JSON passed per request as mm_processor_kwargs (vision budget)."),
+    mix: Optional[str] = typer.Option(None, "--mix", help="mixed dataset ratios, e.g. text:0.7,images:0.3."),
+    extra_body: Optional[str] = typer.Option(None, "--extra-body", help="JSON (or @file) merged into every request body."),
+    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly the output length (vLLM ignore_eos)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Client worker processes; default: as many as the load needs."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds one request may take before it counts as failed."),
+    seed: int = typer.Option(0, "--seed", help="Seed for prompts, images and arrivals."),
+    max_send_lag_ms: float = typer.Option(25.0, "--max-send-lag-ms", help="Send-lag p99 above this marks the run client-limited."),
+    deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML this run targets (recorded with the run)."),
+    store_run: bool = typer.Option(True, "--store/--no-store", help="Save the run in the history (vlmserve runs)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."),
+) -> None:
+    """Load-test an OpenAI-compatible endpoint and report latency, throughput and goodput."""
+    from vlmserve import store
+    from vlmserve.bench import metrics
+    from vlmserve.bench.console import print_summary
+    from vlmserve.bench.runner import Target, run_load
+
+    args = dict(locals())
+    for name, allowed in (("api", ("chat", "completions")), ("dataset", ("random", "sharegpt", "images", "mixed", "trace")),
+                          ("arrival", ("poisson", "constant", "gamma", None)), ("multi_turn", ("first", "dataset", "live")),
+                          ("image_format", ("png", "jpeg"))):
+        if args[name] not in allowed:
+            choices = ", ".join(value for value in allowed if value)
+            raise UserError(f"--{name.replace('_', '-')} '{args[name]}': use one of {choices}")
+    load = build_load_spec(args)
+    objectives = SLO.parse(slo)
+    deployment = None
+    if deployment_file is not None:
+        from vlmserve.spec import load_deployment_spec
+
+        deployment = load_deployment_spec(deployment_file).model_dump(mode="json")
+    target = Target(base_url, model, api_key)
+    console = Console(stderr=True)
+    limits = metrics.ClientLimits(send_lag_p99_s=max_send_lag_ms / 1000.0)
+    result = asyncio.run(
+        run_load(load, target, slo=objectives, progress=progress, label=label, deployment=deployment, console=console, client_limits=limits)
+    )
+    if store_run:
+        store.save_run(result)
+    if json_out is not None:
+        result.write_json(json_out)
+    if records_out is not None:
+        store.write_records_parquet(result.records, records_out, meta=result.meta)
+    print_summary(Console(), result.summary)
+
+
+runs_app = typer.Typer(help="The run history: every bench (and sweep) run, stored in DuckDB.", no_args_is_help=True)
+
+
+@runs_app.command("list")
+def runs_list(
+    limit: int = typer.Option(20, "--limit", help="Newest N runs."),
+    label: Optional[str] = typer.Option(None, "--label", help="Only runs with this label."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """List stored runs, newest first."""
+    from vlmserve import store
+
+    rows = store.list_runs(limit=limit, label=label)
+    if as_json:
+        typer.echo(json.dumps(rows, default=str, indent=2))
+        return
+    if not rows:
+        typer.echo(f"no runs stored yet in {store.database_path()}")
+        return
+    table = Table(show_edge=False)
+    for column in ("run id", "started (UTC)", "label", "model", "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "flags"):
+        table.add_column(column)
+    for row in rows:
+        flags = ",".join(flag for flag, on in (("simulated", row["simulated"]), ("client-limited", row["client_limited"])) if on)
+        table.add_row(
+            row["run_id"], str(row["started_at"])[:19], row["label"] or "", row["model"] or "", str(row["completed"]),
+            str(row["failed"]), _num(row["requests_per_s"]), _num(row["output_tokens_per_s"]), _num(row["ttft_p50_ms"]),
+            _num(row["ttft_p99_ms"]), _num(row["tpot_p50_ms"]), flags,
+        )
+    Console().print(table)
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: str = typer.Argument(..., help="Run id (or a unique prefix) from `vlmserve runs list`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary JSON."),
+) -> None:
+    """Show one stored run's summary."""
+    from vlmserve import store
+    from vlmserve.bench.console import print_summary
+
+    result = store.load_run(run_id)
+    if as_json:
+        typer.echo(result.to_json())
+        return
+    print_summary(Console(), result.summary)
+    typer.echo(f"{len(result.records)} request records stored")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench", help="Load-test an OpenAI-compatible endpoint (latency, throughput, goodput).")(bench)
+    app.add_typer(runs_app, name="runs")

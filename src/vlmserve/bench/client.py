@@ -1,0 +1,256 @@
+"""One streamed request in, one RequestRecord out: the timing-critical path of the bench.
+
+Kept lean on purpose (it runs thousands of times a second in each worker): the body is
+serialised before the clock starts, the stream is read in whatever pieces the socket
+delivers, and only content-bearing chunks (answer text, reasoning text or tool calls)
+count as tokens. Per-chunk token counts come from `stream_options.continuous_usage_stats`
+where the server offers it (vLLM does), otherwise each chunk counts one token and the
+usage total is spread over the chunks at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from vlmserve.records import RequestRecord
+
+_loads = json.loads
+
+
+@dataclass
+class RequestOptions:
+    """How every request of a run is shaped (fixed for the run)."""
+
+    api: str = "chat"
+    model: str = ""
+    ignore_eos: bool = True
+    per_chunk_usage: bool = True
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    mm_processor_kwargs: dict[str, Any] | None = None
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+
+
+def build_body(
+    options: RequestOptions, max_tokens: int, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None
+) -> dict[str, Any]:
+    """The JSON body of one streamed request; `--extra-body` is merged last and wins."""
+    stream_options: dict[str, Any] = {"include_usage": True}
+    if options.per_chunk_usage:
+        stream_options["continuous_usage_stats"] = True
+    body: dict[str, Any] = {"model": options.model, "stream": True, "stream_options": stream_options, "max_tokens": max_tokens}
+    if options.api == "chat":
+        body["messages"] = messages or []
+    else:
+        body["prompt"] = prompt or ""
+    if options.ignore_eos:
+        body["ignore_eos"] = True
+    if options.mm_processor_kwargs:
+        body["mm_processor_kwargs"] = options.mm_processor_kwargs
+    body.update(options.extra_body)
+    return body
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _error_text(payload: bytes) -> str:
+    """The server's error message from an OpenAI-format error body, else the raw start."""
+    try:
+        data = _loads(payload)
+        error = data.get("error", data) if isinstance(data, dict) else data
+        if isinstance(error, dict):
+            return str(error.get("message") or error)[:300]
+        return str(error)[:300]
+    except ValueError:
+        return payload[:300].decode("utf-8", "replace")
+
+
+class _StreamState:
+    """What one SSE stream has told us so far."""
+
+    __slots__ = ("first", "times", "tokens", "parts", "usage", "last_completion", "tool_ids", "reasoning_chunks",
+                 "reasoning_tokens", "per_chunk", "done", "error")
+
+    def __init__(self, keep_text: bool) -> None:
+        self.first: float | None = None
+        self.times: list[float] = []
+        self.tokens: list[int] = []
+        self.parts: list[str] | None = [] if keep_text else None
+        self.usage: dict[str, Any] | None = None
+        self.last_completion = 0
+        self.tool_ids: set[Any] = set()
+        self.reasoning_chunks = 0
+        self.reasoning_tokens = 0
+        self.per_chunk = False
+        self.done = False
+        self.error: str | None = None
+
+    def event(self, data: bytes, now: float) -> None:
+        if data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            message = _loads(data)
+        except ValueError:
+            self.error = f"unparseable stream event: {data[:80]!r}"
+            return
+        if "error" in message or message.get("object") == "error":
+            self.error = _error_text(data)
+            return
+        usage = message.get("usage")
+        completion_now = self.last_completion
+        if usage:
+            self.usage = usage
+            tokens = usage.get("completion_tokens")
+            if tokens is not None:
+                completion_now = int(tokens)
+        choices = message.get("choices")
+        carried = False
+        if choices:
+            choice = choices[0]
+            delta = choice.get("delta")
+            if delta is not None:
+                text = delta.get("content")
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                tool_calls = delta.get("tool_calls")
+                if reasoning:
+                    self.reasoning_chunks += 1
+                if tool_calls:
+                    for call in tool_calls:
+                        self.tool_ids.add(call.get("index", call.get("id")))
+                carried = bool(text or reasoning or tool_calls)
+                if text and self.parts is not None:
+                    self.parts.append(text)
+            else:
+                text = choice.get("text")
+                carried = bool(text)
+                if text and self.parts is not None:
+                    self.parts.append(text)
+        if usage and choices is not None and usage.get("completion_tokens") is not None and choices:
+            self.per_chunk = True
+        if carried:
+            if self.first is None:
+                self.first = now
+            self.times.append(now)
+            if self.per_chunk:
+                self.tokens.append(max(completion_now - self.last_completion, 1))
+            else:
+                self.tokens.append(1)
+            if reasoning_in(choices):
+                self.reasoning_tokens += self.tokens[-1]
+        if usage and usage.get("completion_tokens") is not None:
+            self.last_completion = completion_now
+
+
+def reasoning_in(choices: list[dict[str, Any]]) -> bool:
+    delta = choices[0].get("delta") if choices else None
+    return bool(delta and (delta.get("reasoning_content") or delta.get("reasoning")))
+
+
+async def stream_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    record: RequestRecord,
+    *,
+    clock_offset: float,
+    timeout_s: float,
+    keep_text: bool = False,
+) -> str | None:
+    """Send one streamed request and fill `record` in place; returns the answer text if kept.
+
+    Times are `time.perf_counter()` (CLOCK_MONOTONIC, shared by all worker processes)
+    plus `clock_offset`, giving wall-clock seconds comparable across workers.
+    """
+    perf = time.perf_counter
+    state = _StreamState(keep_text)
+    record.sent_at_s = perf() + clock_offset
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+                record.http_status = response.status
+                if response.status != 200:
+                    payload = await response.read()
+                    record.finished_at_s = perf() + clock_offset
+                    record.error_kind = f"http_{response.status}"
+                    record.error_message = _error_text(payload)
+                    return None
+                buffer = b""
+                async for piece in response.content.iter_any():
+                    now = perf() + clock_offset
+                    buffer += piece
+                    if b"\n" not in piece:
+                        continue
+                    lines = buffer.split(b"\n")
+                    buffer = lines.pop()
+                    for line in lines:
+                        if line.startswith(b"data:"):
+                            state.event(line[5:].strip(), now)
+                    if state.error is not None:
+                        break
+                if buffer.startswith(b"data:"):
+                    state.event(buffer[5:].strip(), perf() + clock_offset)
+                record.finished_at_s = perf() + clock_offset
+    except TimeoutError:
+        record.finished_at_s = perf() + clock_offset
+        record.error_kind, record.error_message = "timeout", f"no complete answer within {timeout_s:g} s"
+    except aiohttp.ClientConnectorError as err:
+        record.finished_at_s = perf() + clock_offset
+        record.error_kind, record.error_message = "connect", str(err)[:300]
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+        record.finished_at_s = perf() + clock_offset
+        record.error_kind, record.error_message = "disconnected", f"{type(err).__name__}: {err}"[:300]
+    except aiohttp.ClientError as err:
+        record.finished_at_s = perf() + clock_offset
+        record.error_kind, record.error_message = "client_error", f"{type(err).__name__}: {err}"[:300]
+    _finish(record, state)
+    return "".join(state.parts) if state.parts is not None else None
+
+
+def _finish(record: RequestRecord, state: _StreamState) -> None:
+    """Copy the stream's findings into the record and decide ok / error cause."""
+    record.first_token_at_s = state.first
+    record.chunk_times_s = state.times
+    record.chunk_tokens = state.tokens
+    usage = state.usage or {}
+    if usage:
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.output_tokens = usage.get("completion_tokens")
+        details = usage.get("completion_tokens_details") or {}
+        if details.get("reasoning_tokens") is not None:
+            record.reasoning_tokens = int(details["reasoning_tokens"])
+    if record.reasoning_tokens is None and state.reasoning_chunks:
+        record.reasoning_tokens = state.reasoning_tokens
+    record.tool_calls = len(state.tool_ids)
+    if not state.per_chunk and record.output_tokens and state.tokens:
+        _spread_tokens(state.tokens, record.output_tokens)
+    if record.error_kind is not None:
+        return
+    if state.error is not None:
+        record.error_kind, record.error_message = "stream_error", state.error
+    elif not state.done:
+        record.error_kind, record.error_message = "incomplete_stream", "the stream ended without [DONE]"
+    elif state.first is None and not record.output_tokens:
+        record.error_kind, record.error_message = "empty_answer", "the answer had no content"
+    else:
+        record.ok = True
+
+
+def _spread_tokens(tokens: list[int], total: int) -> None:
+    """Without per-chunk counts, spread usage's total over the chunks (extra tokens evenly)."""
+    chunks = len(tokens)
+    if total <= chunks:
+        return
+    base, extra = divmod(total, chunks)
+    for index in range(chunks):
+        tokens[index] = base + (1 if index < extra else 0)

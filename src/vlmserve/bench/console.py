@@ -1,0 +1,169 @@
+"""What a person sees: a live progress line with running figures, then a summary table."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vlmserve.records import RequestRecord
+
+
+class LiveProgress:
+    """Rich progress bar fed one record at a time; shows ok/failed, req/s, tok/s, recent TTFT."""
+
+    def __init__(self, console: Console, total: int | None, duration_s: float | None, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.console = console
+        self.total = total
+        self.duration_s = duration_s
+        self.ok = 0
+        self.failed = 0
+        self.tokens = 0
+        self.recent_ttft: deque[float] = deque(maxlen=200)
+        self.started = time.monotonic()
+        self.progress = Progress(
+            TextColumn("[bold]bench"),
+            BarColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task("starting", total=total if total else duration_s)
+        self.live: Live | None = None
+
+    def __enter__(self) -> "LiveProgress":
+        if self.enabled:
+            self.live = Live(self.progress, console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def start_clock(self) -> None:
+        self.started = time.monotonic()
+
+    def add(self, record: RequestRecord, _text: str | None = None) -> None:
+        if record.ok:
+            self.ok += 1
+            self.tokens += record.output_tokens or 0
+            if record.ttft_s is not None:
+                self.recent_ttft.append(record.ttft_s)
+        else:
+            self.failed += 1
+        if self.enabled:
+            self._render()
+
+    def _render(self) -> None:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        ttft = sorted(self.recent_ttft)
+        median = f"{ttft[len(ttft) // 2] * 1000:.0f} ms" if ttft else "-"
+        description = (
+            f"ok {self.ok} failed {self.failed} | {self.ok / elapsed:.1f} req/s "
+            f"{self.tokens / elapsed:.0f} tok/s | TTFT p50 {median}"
+        )
+        done = self.ok + self.failed if self.total else min(elapsed, self.duration_s or elapsed)
+        self.progress.update(self.task, completed=done, description=description)
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """Latency distributions as rows, the percentiles as columns."""
+    table = Table(title="latency (ms)", show_edge=False)
+    columns = ["p50", "p90", "p95", "p99", "p999", "mean", "std", "min", "max"]
+    table.add_column("metric")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        block = summary.get(key) or {}
+        table.add_row(name, *(_fmt(block.get(column), 2) for column in columns))
+    return table
+
+
+def print_summary(console: Console, summary: dict[str, Any]) -> None:
+    """The console report of one run."""
+    meta = summary.get("meta", {})
+    requests = summary["requests"]
+    throughput = summary["throughput"]
+    tokens = summary.get("tokens", {})
+    client = summary.get("client", {})
+    console.print(
+        f"[bold]run {meta.get('run_id', '')}[/] {meta.get('label') or ''} → {meta.get('target')} "
+        f"model {meta.get('model')} ({meta.get('server_version') or 'unknown version'})"
+    )
+    failed = requests["failed"]
+    causes = ", ".join(f"{n} {cause}" for cause, n in requests.get("failed_by_cause", {}).items())
+    console.print(
+        f"requests: {requests['completed']} ok, {failed} failed{f' ({causes})' if causes else ''}"
+        f" in {summary['duration_s']:.2f} s"
+    )
+    console.print(
+        f"throughput: {throughput['requests_per_s']:.2f} req/s, {throughput['output_tokens_per_s']:.1f} output tok/s, "
+        f"{throughput['total_tokens_per_s']:.1f} total tok/s, {throughput['chunks_per_s']:.1f} chunks/s"
+    )
+    console.print(summary_table(summary))
+    console.print(
+        f"tokens: prompt {_fmt(tokens.get('actual_prompt_mean'))} mean (requested {_fmt(tokens.get('requested_prompt_mean'))}), "
+        f"output {_fmt(tokens.get('actual_output_mean'))} mean (requested {_fmt(tokens.get('requested_output_mean'))})"
+        + (f", reasoning {tokens['reasoning_total']}" if tokens.get("reasoning_total") else "")
+        + (f", tool calls {tokens['tool_calls_total']}" if tokens.get("tool_calls_total") else "")
+        + (f", images {tokens['images_total']}" if tokens.get("images_total") else "")
+    )
+    if tokens.get("usage_tokenizer_disagree"):
+        console.print(
+            f"[yellow]warning: usage and tokenizer disagree on output tokens for "
+            f"{tokens['usage_tokenizer_disagreements']} of {tokens['tokenizer_checked']} checked requests[/]"
+        )
+    good = summary.get("goodput")
+    if good:
+        checks = ", ".join(
+            f"{key} {_fmt(check['measured_ms'])}≤{check['bound_ms']:g} {'ok' if check['met'] else 'MISSED'}"
+            for key, check in good["checks"].items()
+        )
+        console.print(
+            f"goodput: {good['requests_per_s']:.2f} req/s, {good['fraction'] * 100:.1f}% of requests met every SLO ({checks})"
+        )
+    lag = client.get("send_lag_ms", {})
+    cpu = client.get("cpu", {}) or {}
+    busiest = max((cpu.get("worker_busy_fraction") or {}).values(), default=None)
+    console.print(
+        f"client: offered {_fmt(client.get('offered_rate'))} req/s, sent {_fmt(client.get('achieved_send_rate'))} req/s, "
+        f"send lag p50 {_fmt(lag.get('p50'), 2)} p99 {_fmt(lag.get('p99'), 2)} ms, "
+        f"{cpu.get('processes', 0)} process(es), busiest {_fmt(busiest * 100 if busiest is not None else None, 0)}% CPU"
+    )
+    if client.get("limited"):
+        console.print(f"[bold red]CLIENT-LIMITED: {'; '.join(client.get('limited_reasons', []))} — these figures measure the client, not the server[/]")
+    server = summary.get("server", {})
+    if server.get("available"):
+        hit = server.get("prefix_cache_hit_rate")
+        console.print(
+            f"server: prefix-cache hit rate {_fmt(hit * 100 if hit is not None else None)}%, preemptions {_fmt(server.get('preemptions'), 0)}, "
+            f"peak running {_fmt(server.get('peak_running'), 0)}, peak waiting {_fmt(server.get('peak_waiting'), 0)}, "
+            f"peak KV usage {_fmt((server.get('peak_kv_cache_usage') or 0) * 100)}%"
+        )
+    per_turn = summary.get("per_turn")
+    if per_turn:
+        table = Table(title="per turn", show_edge=False)
+        for column in ("turn", "requests", "failed", "TTFT p50", "TTFT p99", "E2E p50", "prompt tokens"):
+            table.add_column(column, justify="right")
+        for turn, block in per_turn.items():
+            table.add_row(
+                turn, str(block["requests"]), str(block["failed"]), _fmt(block["ttft_ms"]["p50"]),
+                _fmt(block["ttft_ms"]["p99"]), _fmt(block["e2e_ms"]["p50"]), _fmt(block.get("mean_prompt_tokens"), 0),
+            )
+        console.print(table)

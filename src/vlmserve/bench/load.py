@@ -1,0 +1,413 @@
+"""When requests are sent and when sending stops, in one or more worker processes.
+
+A *strategy* decides send times: a closed loop (N users, each sending its next request
+when its previous answer ends) or an open loop (absolute send offsets: constant,
+Poisson or gamma with a burstiness; or a trace's own arrival times). A *constraint*
+stops sending: a request count or a duration (requests in flight at the end are awaited
+and counted). Each worker runs one asyncio loop with its own connection pool; several
+workers are separate processes so a heavy load never waits on one Python thread.
+Records go back to the parent in small batches as they finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import multiprocessing
+import os
+import queue as queue_module
+import random
+import sys
+import types
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import aiohttp
+
+from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
+from vlmserve.bench.workloads import Conversation
+from vlmserve.records import RequestRecord
+
+RecordSink = Callable[[RequestRecord, str | None], None]
+
+
+# --- strategies: send offsets of an open loop ---------------------------------------------------
+
+
+def arrival_offsets(
+    arrival: str, rate: float, burstiness: float, rng: random.Random, *, count: int | None, duration_s: float | None
+) -> list[float]:
+    """Send offsets (seconds from the start) for an open loop; stops at `count` or `duration_s`.
+
+    constant: every 1/rate; poisson: exponential gaps of mean 1/rate; gamma: gaps with
+    shape `burstiness` and the same mean (burstiness < 1 is burstier than Poisson).
+    """
+    offsets: list[float] = []
+    now = 0.0
+    mean_gap = 1.0 / rate
+    while True:
+        if count is not None and len(offsets) >= count:
+            return offsets
+        if duration_s is not None and now >= duration_s:
+            return offsets
+        offsets.append(now)
+        if arrival == "constant":
+            now += mean_gap
+        elif arrival == "poisson":
+            now += rng.expovariate(rate)
+        else:
+            now += rng.gammavariate(burstiness, mean_gap / burstiness)
+
+
+# --- what a worker is given ------------------------------------------------------------------
+
+
+@dataclass
+class WorkItem:
+    """One conversation to send: prebuilt bodies per turn (None = build from live history)."""
+
+    conversation: Conversation
+    bodies: list[bytes | None]
+    offset_s: float | None = None
+    """Open loop: send offset of the first turn. None in a closed loop."""
+    warmup: bool = False
+
+
+@dataclass
+class WorkerPlan:
+    """Everything one worker needs; pickled to a worker process."""
+
+    index: int
+    url: str
+    headers: dict[str, str]
+    options: RequestOptions
+    items: list[WorkItem]
+    users: int | None = None
+    """Closed loop: concurrent users in this worker. None: open loop."""
+    max_requests: int | None = None
+    """Closed loop: requests (turns) this worker sends, warm-up included."""
+    warmup_requests: int = 0
+    duration_s: float | None = None
+    multi_turn: str = "first"
+    timeout_s: float = 600.0
+    keep_text: bool = False
+    """Ship answer texts back (for the tokenizer check)."""
+    clock_offset: float = 0.0
+
+
+def build_item_bodies(conversation: Conversation, options: RequestOptions, multi_turn: str) -> list[bytes | None]:
+    """Serialise every turn the parent can build; live multi-turn leaves later turns to the worker."""
+    bodies: list[bytes | None] = []
+    history: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}] if conversation.system else []
+    for index, turn in enumerate(conversation.turns):
+        if multi_turn == "live" and index > 0:
+            bodies.append(None)
+            continue
+        bodies.append(encode_body(_body_for(options, history, turn.content, turn.text, turn.max_tokens)))
+        history = history + [{"role": "user", "content": turn.content}]
+        history.append({"role": "assistant", "content": turn.reference_reply or ""})
+    return bodies
+
+
+def _body_for(options: RequestOptions, history: list[dict[str, Any]], content: Any, text: str, max_tokens: int) -> dict[str, Any]:
+    if options.api == "chat":
+        return build_body(options, max_tokens, messages=[*history, {"role": "user", "content": content}])
+    prompt = "\n".join(str(message["content"]) for message in history) + ("\n" if history else "") + text
+    return build_body(options, max_tokens, prompt=prompt)
+
+
+# --- one worker's loop ----------------------------------------------------------------------
+
+
+class _Slots:
+    """The request budget of a closed-loop worker (warm-up first)."""
+
+    def __init__(self, limit: int | None, warmup: int) -> None:
+        self.limit, self.warmup, self.taken = limit, warmup, 0
+
+    def claim(self) -> tuple[bool, bool]:
+        """(may send, is warm-up)."""
+        if self.limit is not None and self.taken >= self.limit:
+            return False, False
+        self.taken += 1
+        return True, self.taken <= self.warmup
+
+
+async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float) -> None:
+    """Run one worker's share of the load, starting at `start_perf` (perf_counter time)."""
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=False)
+    async with aiohttp.ClientSession(
+        connector=connector, headers=plan.headers, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
+    ) as session:
+        sequence = itertools.count()
+        deadline = start_perf + plan.duration_s if plan.duration_s is not None else None
+
+        async def send_conversation(item: WorkItem, scheduled_perf: float, slots: _Slots | None) -> float:
+            """Send every turn of a conversation; returns when the last one ended (perf time)."""
+            history: list[dict[str, Any]] = (
+                [{"role": "system", "content": item.conversation.system}] if item.conversation.system else []
+            )
+            for turn_index, turn in enumerate(item.conversation.turns):
+                warmup = item.warmup
+                if slots is not None:
+                    allowed, warmup = slots.claim()
+                    if not allowed or (deadline is not None and time.perf_counter() >= deadline):
+                        return scheduled_perf
+                body = item.bodies[turn_index] if turn_index < len(item.bodies) else None
+                if body is None:
+                    body = encode_body(_body_for(plan.options, history, turn.content, turn.text, turn.max_tokens))
+                record = RequestRecord(
+                    request_id=f"w{plan.index}-{next(sequence)}",
+                    scheduled_at_s=scheduled_perf + plan.clock_offset,
+                    sent_at_s=0.0,
+                    requested_prompt_tokens=turn.requested_prompt_tokens if turn_index == 0 else None,
+                    requested_output_tokens=turn.requested_output_tokens,
+                    image_count=turn.image_count,
+                    workload=item.conversation.workload,
+                    turn_index=turn_index,
+                    conversation_id=item.conversation.conversation_id,
+                    warmup=warmup,
+                    worker=plan.index,
+                )
+                keep = plan.keep_text or plan.multi_turn == "live"
+                text = await stream_request(
+                    session, plan.url, body, record, clock_offset=plan.clock_offset, timeout_s=plan.timeout_s, keep_text=keep
+                )
+                sink(record, text if plan.keep_text else None)
+                scheduled_perf = time.perf_counter()
+                if not record.ok:
+                    return scheduled_perf  # later turns depend on this answer
+                history = history + [
+                    {"role": "user", "content": turn.content},
+                    {"role": "assistant", "content": text if plan.multi_turn == "live" else (turn.reference_reply or "")},
+                ]
+            return scheduled_perf
+
+        if plan.users is None:
+            await _open_loop(plan, send_conversation, start_perf, deadline)
+        else:
+            await _closed_loop(plan, send_conversation, start_perf, deadline)
+
+
+async def _open_loop(plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None) -> None:
+    in_flight: set[asyncio.Task] = set()
+    for item in plan.items:
+        target = start_perf + (item.offset_s or 0.0)
+        if deadline is not None and target >= deadline:
+            break
+        delay = target - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(send(item, target, None))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    if in_flight:
+        await asyncio.gather(*in_flight)
+
+
+async def _closed_loop(plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None) -> None:
+    slots = _Slots(plan.max_requests, plan.warmup_requests)
+    # Users share one endless stream of conversations; the slots or the deadline stop it.
+    source: Iterator[WorkItem] = itertools.cycle(plan.items) if plan.items else iter(())
+
+    async def user() -> None:
+        scheduled = start_perf
+        for item in source:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            if plan.max_requests is not None and slots.taken >= plan.max_requests:
+                return
+            scheduled = await send(item, scheduled, slots)
+
+    delay = start_perf - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    await asyncio.gather(*(user() for _ in range(plan.users or 1)))
+
+
+# --- worker processes --------------------------------------------------------------------------
+
+_FLUSH_EVERY_S = 0.1
+
+
+def _worker_process(plan: WorkerPlan, results: Any, go: Any, start_at: Any) -> None:
+    """Entry point of a worker process: one asyncio loop, records sent back in batches."""
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(_worker_main(plan, results, go, start_at))
+    except BaseException:  # noqa: BLE001 - the parent reports it as one line
+        results.put(("error", plan.index, traceback.format_exc(limit=4)))
+
+
+async def _worker_main(plan: WorkerPlan, results: Any, go: Any, start_at: Any) -> None:
+    batch: list[tuple[RequestRecord, str | None]] = []
+
+    def sink(record: RequestRecord, text: str | None) -> None:
+        batch.append((record, text))
+
+    async def flusher() -> None:
+        while True:
+            await asyncio.sleep(_FLUSH_EVERY_S)
+            if batch:
+                results.put(("records", plan.index, batch[:]))
+                batch.clear()
+
+    results.put(("ready", plan.index, os.getpid()))
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, go.wait)
+    flush_task = asyncio.create_task(flusher())
+    await drive(plan, sink, start_at.value)
+    flush_task.cancel()
+    if batch:
+        results.put(("records", plan.index, batch[:]))
+    results.put(("done", plan.index, None))
+
+
+@contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start spawned workers without re-importing the caller's __main__.
+
+    A spawned child normally re-runs the parent's main script; a caller (a user's script,
+    a notebook) need not guard it with `if __name__ == "__main__"`, and the worker needs
+    nothing from it. The stand-in is in place only while the processes start.
+    """
+    real_main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = real_main
+
+
+@dataclass
+class LoadOutcome:
+    """What the load phase produced, before any figures are computed."""
+
+    records: list[RequestRecord]
+    texts: dict[str, str]
+    start_wall_s: float
+    end_wall_s: float
+    worker_pids: list[int] = field(default_factory=list)
+    in_process: bool = True
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process died; its message is the worker's traceback tail."""
+
+
+async def run_workers(
+    plans: list[WorkerPlan],
+    on_record: RecordSink,
+    *,
+    in_process: bool,
+    on_started: Callable[[list[int]], None] | None = None,
+) -> LoadOutcome:
+    """Run every plan (in this loop, or one process each) and collect their records."""
+    records: list[RequestRecord] = []
+    texts: dict[str, str] = {}
+
+    def collect(record: RequestRecord, text: str | None) -> None:
+        records.append(record)
+        if text is not None:
+            texts[record.request_id] = text
+        on_record(record, text)
+
+    if in_process:
+        start_perf = time.perf_counter() + 0.02
+        start_wall = start_perf + plans[0].clock_offset
+        if on_started:
+            on_started([os.getpid()])
+        await asyncio.gather(*(drive(plan, collect, start_perf) for plan in plans))
+        return LoadOutcome(records, texts, start_wall, time.time(), [os.getpid()], True)
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    go = context.Event()
+    start_at = context.Value("d", 0.0)
+    processes = [
+        context.Process(target=_worker_process, args=(plan, results, go, start_at), daemon=True, name=f"vlmserve-bench-w{plan.index}")
+        for plan in plans
+    ]
+    with _main_module_hidden():
+        for process in processes:
+            process.start()
+    loop = asyncio.get_running_loop()
+    pending = {plan.index for plan in plans}
+    ready: dict[int, int] = {}
+    errors: list[str] = []
+
+    def receive(timeout: float) -> Any:
+        try:
+            return results.get(timeout=timeout)
+        except queue_module.Empty:
+            return None
+
+    try:
+        while len(ready) < len(plans):
+            message = await loop.run_in_executor(None, receive, 0.5)
+            if message is None:
+                dead = [p for p in processes if not p.is_alive()]
+                if dead:
+                    raise WorkerFailed(f"bench worker exited with code {dead[0].exitcode} before starting")
+                continue
+            if message[0] == "ready":
+                ready[message[1]] = message[2]
+            elif message[0] == "error":
+                raise WorkerFailed(message[2].strip().splitlines()[-1])
+        start_at.value = time.perf_counter() + 0.05
+        start_wall = start_at.value + plans[0].clock_offset
+        go.set()
+        if on_started:
+            on_started(list(ready.values()))
+        while pending:
+            message = await loop.run_in_executor(None, receive, 0.5)
+            if message is None:
+                for plan, process in zip(plans, processes):
+                    if plan.index in pending and not process.is_alive():
+                        # give a final batch already on its way a moment to arrive
+                        late = await loop.run_in_executor(None, receive, 0.5)
+                        if late is not None:
+                            message = late
+                            break
+                        pending.discard(plan.index)
+                        errors.append(f"worker {plan.index} exited with code {process.exitcode}")
+                if message is None:
+                    continue
+            kind, index, payload = message
+            if kind == "records":
+                for record, text in payload:
+                    collect(record, text)
+            elif kind == "done":
+                pending.discard(index)
+            elif kind == "error":
+                pending.discard(index)
+                errors.append(f"worker {index}: {payload.strip().splitlines()[-1]}")
+    finally:
+        go.set()
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=5)
+    if errors:
+        raise WorkerFailed("; ".join(errors))
+    return LoadOutcome(records, texts, start_wall, time.time(), list(ready.values()), False)
+
+
+def workers_needed(concurrency: int | None, rate: float | None, cpu_count: int | None = None) -> int:
+    """How many worker processes a load needs: one per ~250 req/s or ~256 users, at most the cores."""
+    cores = cpu_count or os.cpu_count() or 1
+    if rate is not None:
+        need = math.ceil(rate / 250.0)
+    else:
+        need = math.ceil((concurrency or 1) / 256.0)
+    return max(1, min(need, cores))

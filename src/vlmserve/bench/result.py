@@ -1,0 +1,47 @@
+"""RunResult: what one bench run (measured or simulated) hands to reports, sweeps and the store."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlmserve.records import RequestRecord
+
+
+@dataclass
+class RunResult:
+    """The records of one run and its summary (the `--json-out` document).
+
+    `summary` carries `meta` (run_id, label, target, model, server_version, load spec,
+    deployment spec, started_at, simulated), the figures from `metrics.summarize`,
+    `client` (send lag, CPU, `limited`) and `server` (scraped /metrics deltas).
+    """
+
+    records: list[RequestRecord]
+    summary: dict[str, Any]
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Anything a producer wants to keep alongside (not persisted by the store)."""
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.summary.setdefault("meta", {})
+
+    @property
+    def run_id(self) -> str | None:
+        return self.meta.get("run_id")
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.meta.get("simulated", False))
+
+    @property
+    def client_limited(self) -> bool:
+        return bool(self.summary.get("client", {}).get("limited", False))
+
+    def to_json(self) -> str:
+        return json.dumps(self.summary, indent=2, sort_keys=False, default=str)
+
+    def write_json(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")

@@ -1,0 +1,216 @@
+"""run_load: one bench run from a LoadSpec and a Target to a RunResult.
+
+Order matters: the target is checked before anything is prepared (a wrong URL fails in
+a second), requests are fully prepared before the clock starts (so building prompts never
+delays a send), the server is scraped around the load, and figures come only from
+`metrics.summarize`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from rich.console import Console
+
+from vlmserve import store
+from vlmserve.bench import metrics
+from vlmserve.bench.client import RequestOptions
+from vlmserve.bench.clientcpu import ClientCpuMonitor
+from vlmserve.bench.console import LiveProgress
+from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
+from vlmserve.bench.result import RunResult
+from vlmserve.bench.scrape import ServerScraper
+from vlmserve.bench.target import Target, check_target
+from vlmserve.bench.tokens import TokenCounter, choose_counter
+from vlmserve.bench.workloads import Conversation, WorkloadContext, build_conversations
+from vlmserve.errors import UserError
+from vlmserve.records import RequestRecord
+from vlmserve.spec import SLO, LoadSpec
+
+__all__ = ["Target", "run_load", "RunResult"]
+
+DURATION_POOL_MAX = 2000
+"""Distinct conversations prepared for a duration-bounded run; they are reused in a cycle."""
+
+TOKENIZER_CHECK_MAX = 1000
+"""Answers re-counted with the tokenizer (a sample when there are more)."""
+
+
+def _conversations_needed(load: LoadSpec) -> int:
+    if load.num_requests is not None:
+        return load.num_requests + load.warmup
+    assert load.duration_s is not None
+    if load.rate is not None:
+        return min(DURATION_POOL_MAX, int(load.rate * load.duration_s * 1.1) + load.warmup + 1)
+    return min(DURATION_POOL_MAX, max((load.concurrency or 1) * 8, 64) + load.warmup)
+
+
+def _trim_to_requests(conversations: list[Conversation], requests: int) -> list[Conversation]:
+    """The first conversations whose turns add up to exactly `requests` (the last one cut short)."""
+    trimmed: list[Conversation] = []
+    remaining = requests
+    for conversation in conversations:
+        if remaining <= 0:
+            break
+        if len(conversation.turns) > remaining:
+            conversation = Conversation(
+                conversation.conversation_id, conversation.workload, conversation.turns[:remaining],
+                conversation.system, conversation.arrival_s,
+            )
+        trimmed.append(conversation)
+        remaining -= len(conversation.turns)
+    return trimmed
+
+
+def _plans(
+    load: LoadSpec, target: Target, options: RequestOptions, conversations: list[Conversation], workers: int, keep_text: bool
+) -> list[WorkerPlan]:
+    """Split the load over `workers`: users and budgets for a closed loop, send offsets for an open one."""
+    url = f"{target.base_url}{options.path}"
+    rng = random.Random(load.seed + 1)
+    closed = load.concurrency is not None
+    items = [WorkItem(c, build_item_bodies(c, options, load.multi_turn)) for c in conversations]
+    if not closed:
+        if load.dataset == "trace" and load.rate is None:
+            offsets = [c.arrival_s or 0.0 for c in conversations]
+        else:
+            assert load.rate is not None
+            total = len(items) if load.num_requests is not None else None
+            offsets = arrival_offsets(load.arrival, load.rate, load.burstiness, rng, count=total, duration_s=load.duration_s)
+        if load.num_requests is None:  # duration: reuse the prepared pool in a cycle
+            items = [WorkItem(items[i % len(items)].conversation, items[i % len(items)].bodies) for i in range(len(offsets))]
+        turns_seen = 0
+        for item, offset in zip(items, offsets):
+            item.offset_s = offset
+            item.warmup = turns_seen < load.warmup
+            turns_seen += len(item.conversation.turns)
+        items = items[: len(offsets)]
+    plans: list[WorkerPlan] = []
+    clock_offset = time.time() - time.perf_counter()
+    for index in range(workers):
+        share = items[index::workers]
+        plan = WorkerPlan(
+            index=index, url=url, headers=target.headers, options=options, items=share,
+            duration_s=load.duration_s if load.num_requests is None else None,
+            multi_turn=load.multi_turn, timeout_s=load.request_timeout_s, keep_text=keep_text, clock_offset=clock_offset,
+        )
+        if closed:
+            assert load.concurrency is not None
+            plan.users = load.concurrency // workers + (1 if index < load.concurrency % workers else 0)
+            if load.num_requests is not None:
+                total = load.num_requests + load.warmup
+                plan.max_requests = total // workers + (1 if index < total % workers else 0)
+            plan.warmup_requests = load.warmup // workers + (1 if index < load.warmup % workers else 0)
+            if plan.users == 0:
+                continue
+        plans.append(plan)
+    return plans
+
+
+def _tokenizer_check(records: list[RequestRecord], texts: dict[str, str], counter: TokenCounter, seed: int) -> None:
+    """Count answers with the tokenizer so usage can be checked against it (a sample if many)."""
+    if not counter.exact or not texts:
+        return
+    candidates = [record for record in records if record.ok and record.request_id in texts]
+    if len(candidates) > TOKENIZER_CHECK_MAX:
+        candidates = random.Random(seed).sample(candidates, TOKENIZER_CHECK_MAX)
+    for record in candidates:
+        try:
+            record.tokenizer_output_tokens = counter.count_text(texts[record.request_id])
+        except UserError:
+            return
+
+
+async def run_load(
+    load: LoadSpec,
+    target: Target,
+    *,
+    slo: SLO | None = None,
+    progress: bool = True,
+    label: str | None = None,
+    deployment: dict | None = None,
+    console: Console | None = None,
+    client_limits: metrics.ClientLimits = metrics.ClientLimits(),
+) -> RunResult:
+    """Check the target, prepare every request, drive the load, scrape the server, summarise."""
+    console = console or Console(stderr=True)
+    options = RequestOptions(
+        api=load.api, model=target.model, ignore_eos=load.ignore_eos, extra_body=dict(load.extra_body or {}),
+        mm_processor_kwargs=load.mm_processor_kwargs,
+    )
+    facts = await asyncio.to_thread(check_target, target, options)
+    options.per_chunk_usage = facts.per_chunk_usage
+
+    counter = await asyncio.to_thread(choose_counter, load.tokenizer, target.base_url, target.model, target.headers)
+    context = WorkloadContext(load=load, counter=counter, rng=random.Random(load.seed))
+    with console.status("preparing requests", spinner="dots") if progress else _nothing():
+        conversations = await asyncio.to_thread(build_conversations, context, _conversations_needed(load))
+    for notice in context.notices:
+        console.print(notice)
+    if load.num_requests is not None:
+        conversations = _trim_to_requests(conversations, load.num_requests + load.warmup)
+
+    workers = load.workers or workers_needed(load.concurrency, load.rate)
+    keep_text = counter.exact
+    plans = _plans(load, target, options, conversations, workers, keep_text)
+    in_process = len(plans) == 1 and load.workers is None
+
+    started_at = datetime.now(timezone.utc)
+    run_id = store.new_run_id(started_at)
+    scraper = ServerScraper(target.base_url, target.headers)
+    await scraper.start()
+    cpu = ClientCpuMonitor()
+    total = load.num_requests + load.warmup if load.num_requests is not None else None
+    with LiveProgress(console, total, load.duration_s, enabled=progress) as live:
+        outcome = await run_workers(
+            plans, live.add, in_process=in_process, on_started=lambda pids: (cpu.watch(pids), live.start_clock())
+        )
+        await cpu.stop()
+    server = await scraper.stop()
+
+    records = sorted(outcome.records, key=lambda record: record.sent_at_s)
+    await asyncio.to_thread(_tokenizer_check, records, outcome.texts, counter, load.seed)
+    summary = metrics.summarize(records, slo)
+    client = dict(summary["client"])
+    client["cpu"] = cpu.summary()
+    client["workers"] = len(plans)
+    client["in_process"] = in_process
+    summary["client"] = metrics.judge_client(client, client_limits, open_loop=load.concurrency is None)
+    summary["server"] = server
+    summary["meta"] = {
+        "run_id": run_id,
+        "label": label,
+        "target": target.base_url,
+        "model": target.model,
+        "server_version": facts.server_version,
+        "load_spec": load.model_dump(mode="json"),
+        "deployment": deployment,
+        "started_at": started_at.isoformat(),
+        "simulated": False,
+        "token_counter": counter.source,
+        "prompt_lengths_exact": counter.exact,
+        "per_chunk_usage": facts.per_chunk_usage,
+        "notices": context.notices,
+        "slo": slo.bounds_s if slo else None,
+        "client_limited": summary["client"]["limited"],
+        "host_cpus": os.cpu_count(),
+    }
+    return RunResult(records=records, summary=_ordered(summary))
+
+
+def _ordered(summary: dict[str, Any]) -> dict[str, Any]:
+    """meta first, then the figures, so the JSON reads top-down."""
+    return {"meta": summary["meta"], **{key: value for key, value in summary.items() if key != "meta"}}
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None

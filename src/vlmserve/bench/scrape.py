@@ -1,0 +1,142 @@
+"""The server's own view of a run, from its Prometheus /metrics (vLLM names).
+
+Counters are read before and after the run and reported as deltas; gauges (running
+and waiting requests, KV-cache usage) are sampled every second to find their peaks.
+Anything the target does not export is simply absent; a target without /metrics
+(not every OpenAI-compatible server has one) gives `available: false`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+COUNTERS = {
+    "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+    "requests_finished": ("vllm:request_success_total",),
+}
+"""Counter deltas reported under `server`, by the first of their names the target exports."""
+
+GAUGES = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+"""Gauges sampled every second; their peaks are reported."""
+
+
+def parse_samples(text: str) -> dict[str, float]:
+    """Sample name → value summed over label sets (several engines behind one endpoint add up)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    return values
+
+
+def _first(values: dict[str, float], names: tuple[str, ...]) -> float | None:
+    for name in names:
+        if name in values:
+            return values[name]
+    return None
+
+
+async def fetch_metrics(session: aiohttp.ClientSession, url: str) -> dict[str, float] | None:
+    """One scrape; None when the target has no usable /metrics."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+            if response.status != 200:
+                return None
+            text = await response.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return None
+    try:
+        return parse_samples(text)
+    except (ValueError, TypeError):
+        return None
+
+
+@dataclass
+class ServerScraper:
+    """Scrapes /metrics before, every second during, and after a run."""
+
+    base_url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    interval_s: float = 1.0
+    before: dict[str, float] | None = None
+    after: dict[str, float] | None = None
+    peaks: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+    _task: asyncio.Task | None = None
+    _session: aiohttp.ClientSession | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(headers=self.headers)
+        self.before = await fetch_metrics(self._session, self.url)
+        if self.before is not None:
+            self._observe(self.before)
+            self._task = asyncio.create_task(self._sample_forever())
+
+    def _observe(self, values: dict[str, float]) -> None:
+        self.samples += 1
+        for key, names in GAUGES.items():
+            value = _first(values, names)
+            if value is not None:
+                self.peaks[key] = max(self.peaks.get(key, value), value)
+
+    async def _sample_forever(self) -> None:
+        assert self._session is not None
+        while True:
+            await asyncio.sleep(self.interval_s)
+            values = await fetch_metrics(self._session, self.url)
+            if values is not None:
+                self._observe(values)
+
+    async def stop(self) -> dict[str, Any]:
+        """Stop sampling, scrape once more and return the `server` block of the summary."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._session is not None:
+            if self.before is not None:
+                self.after = await fetch_metrics(self._session, self.url)
+            await self._session.close()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        if self.before is None or self.after is None:
+            return {"available": False, "metrics_url": self.url}
+        self._observe(self.after)
+        deltas: dict[str, float | None] = {}
+        for key, names in COUNTERS.items():
+            start, end = _first(self.before, names), _first(self.after, names)
+            deltas[key] = (end - start) if start is not None and end is not None else None
+        queries, hits = deltas.get("prefix_cache_queries"), deltas.get("prefix_cache_hits")
+        return {
+            "available": True,
+            "metrics_url": self.url,
+            "counters": deltas,
+            "prefix_cache_hit_rate": (hits / queries) if queries and hits is not None else None,
+            "preemptions": deltas.get("preemptions"),
+            "peak_running": self.peaks.get("running"),
+            "peak_waiting": self.peaks.get("waiting"),
+            "peak_kv_cache_usage": self.peaks.get("kv_cache_usage"),
+            "gauge_samples": self.samples,
+        }

@@ -1,0 +1,135 @@
+"""Counting tokens the way the server will: a local tokenizer, the server's /tokenize, or words.
+
+Exact prompt lengths need the model's own tokenizer. A local one (a path, or a name in
+the Hugging Face cache, never downloaded) is fastest; a vLLM server's /tokenize is the
+fallback and also counts the chat template. Without either, words stand in and every
+output that mentions lengths says they are approximate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import httpx
+
+from vlmserve.errors import UserError
+
+Messages = list[dict[str, Any]]
+
+
+class TokenCounter(Protocol):
+    """Counts prompt tokens as the server sees them (template included) and answer tokens."""
+
+    exact: bool
+    source: str
+
+    def count_prompt(self, api: str, text: str, messages: Messages | None) -> int: ...
+
+    def count_text(self, text: str) -> int: ...
+
+
+class WordCounter:
+    """Approximation used when no tokenizer is reachable: one token per word."""
+
+    exact = False
+    source = "words (approximate)"
+
+    def count_prompt(self, api: str, text: str, messages: Messages | None) -> int:
+        return max(len(text.split()), 1)
+
+    def count_text(self, text: str) -> int:
+        return len(text.split())
+
+
+class LocalTokenizerCounter:
+    """The model's tokenizer loaded from a local path or the local Hugging Face cache."""
+
+    exact = True
+
+    def __init__(self, name_or_path: str) -> None:
+        try:
+            from transformers import AutoTokenizer  # heavy; only when asked for
+        except ImportError:  # pragma: no cover - transformers ships with the cpu extra
+            raise UserError("--tokenizer needs the 'transformers' package; pip install transformers") from None
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+        except Exception as err:  # transformers raises many types for a bad path
+            first = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise UserError(
+                f"--tokenizer {name_or_path}: cannot load a tokenizer from it ({first[:160]}); "
+                "give a local model directory"
+            ) from None
+        self.source = f"tokenizer {name_or_path}"
+
+    def count_prompt(self, api: str, text: str, messages: Messages | None) -> int:
+        if api == "chat" and messages is not None and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                _text_only(messages), tokenize=True, add_generation_prompt=True
+            )
+            if isinstance(ids, dict):  # newer transformers return a BatchEncoding
+                ids = ids["input_ids"]
+            return len(ids)
+        return len(self.tokenizer.encode(text))
+
+    def count_text(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+class ServerTokenCounter:
+    """A vLLM-compatible server's POST /tokenize (counts the chat template too)."""
+
+    exact = True
+
+    def __init__(self, base_url: str, model: str, headers: dict[str, str] | None = None) -> None:
+        self.url = f"{base_url}/tokenize"
+        self.model = model
+        self.client = httpx.Client(timeout=30.0, headers=headers or {})
+        self.source = f"server {self.url}"
+
+    def _count(self, body: dict[str, Any]) -> int:
+        response = self.client.post(self.url, json={"model": self.model, **body})
+        if response.status_code != 200:
+            raise UserError(f"{self.url} answered HTTP {response.status_code}; pass --tokenizer PATH instead")
+        return int(response.json()["count"])
+
+    def count_prompt(self, api: str, text: str, messages: Messages | None) -> int:
+        if api == "chat" and messages is not None:
+            return self._count({"messages": _text_only(messages), "add_generation_prompt": True})
+        return self._count({"prompt": text})
+
+    def count_text(self, text: str) -> int:
+        return self._count({"prompt": text, "add_special_tokens": False})
+
+    @classmethod
+    def probe(cls, base_url: str, model: str, headers: dict[str, str] | None = None) -> "ServerTokenCounter | None":
+        """The server's tokenizer if it offers /tokenize, else None."""
+        counter = cls(base_url, model, headers)
+        try:
+            counter._count({"prompt": "hello"})
+        except (httpx.HTTPError, UserError, KeyError, ValueError):
+            counter.client.close()
+            return None
+        return counter
+
+
+def _text_only(messages: Messages) -> Messages:
+    """Messages with image parts dropped: prompt fitting sizes the text, images add on top."""
+    cleaned: Messages = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            text = " ".join(part.get("text", "") for part in content if part.get("type") == "text")
+            cleaned.append({**message, "content": text})
+        else:
+            cleaned.append(message)
+    return cleaned
+
+
+def choose_counter(
+    tokenizer: str | None, base_url: str, model: str, headers: dict[str, str] | None = None
+) -> TokenCounter:
+    """--tokenizer when given, else the server's /tokenize, else words (approximate)."""
+    if tokenizer:
+        return LocalTokenizerCounter(tokenizer)
+    server = ServerTokenCounter.probe(base_url, model, headers)
+    return server if server is not None else WordCounter()

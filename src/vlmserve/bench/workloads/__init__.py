@@ -1,0 +1,88 @@
+"""Workloads decide what each request says; the load strategy decides when it is sent.
+
+Every workload produces `Conversation`s: one or more user `Turn`s. Single-turn workloads
+(random, images, trace) make one-turn conversations; ShareGPT keeps the dataset's turns.
+`build_conversations` is the one entry point the runner calls.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from vlmserve.bench.tokens import TokenCounter
+from vlmserve.errors import UserError
+from vlmserve.spec import LoadSpec
+
+
+@dataclass
+class Turn:
+    """One user message and how long an answer it asks for."""
+
+    content: str | list[dict[str, Any]]
+    """Chat content: text, or OpenAI content parts (text + image_url)."""
+    max_tokens: int
+    requested_prompt_tokens: int | None = None
+    requested_output_tokens: int | None = None
+    reference_reply: str | None = None
+    """The dataset's answer, used as history when replaying with dataset replies."""
+    image_count: int = 0
+
+    @property
+    def text(self) -> str:
+        """The text part (what the completions API receives)."""
+        if isinstance(self.content, str):
+            return self.content
+        return " ".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+
+
+@dataclass
+class Conversation:
+    """A user session: turns sent one after another, each after the previous answer ends."""
+
+    conversation_id: str
+    workload: str
+    turns: list[Turn]
+    system: str | None = None
+    arrival_s: float | None = None
+    """Trace replay: when the first turn is due, relative to the start of the run."""
+
+
+@dataclass
+class WorkloadContext:
+    """What workloads share: the load spec, a seeded RNG, the token counter, and notices."""
+
+    load: LoadSpec
+    counter: TokenCounter
+    rng: _random.Random
+    notices: list[str] = field(default_factory=list)
+    """One-line messages for the user (e.g. ShareGPT skips), printed before the run."""
+
+
+WorkloadBuilder = Callable[[WorkloadContext, int], list[Conversation]]
+
+
+def _builders() -> dict[str, WorkloadBuilder]:
+    from vlmserve.bench.workloads import images, mixed, random_text, sharegpt, trace
+
+    return {
+        "random": random_text.build,
+        "sharegpt": sharegpt.build,
+        "images": images.build,
+        "mixed": mixed.build,
+        "trace": trace.build,
+    }
+
+
+def build_conversations(context: WorkloadContext, count: int) -> list[Conversation]:
+    """`count` conversations of the load spec's dataset (fewer only when a file runs out)."""
+    builder = _builders().get(context.load.dataset)
+    if builder is None:
+        raise UserError(f"--dataset {context.load.dataset}: unknown; use random, sharegpt, images, mixed or trace")
+    return builder(context, count)
+
+
+def workload_builder(name: str) -> WorkloadBuilder:
+    """The builder for one dataset name (used by the mixed workload)."""
+    return _builders()[name]

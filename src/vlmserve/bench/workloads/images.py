@@ -1,0 +1,110 @@
+"""images: prompts with synthetic images or images from a folder, sent as data URLs.
+
+Synthetic images are random noise (incompressible, so a JPEG's size is realistic)
+of a given size and format. Image tokens come back from the server's usage; the
+requested prompt length covers the text only.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import random
+from pathlib import Path
+from typing import Any
+
+from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext
+from vlmserve.bench.workloads.text import fit_prompt
+from vlmserve.errors import UserError
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp"}
+_MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "gif": "image/gif", "bmp": "image/bmp"}
+
+
+def synthetic_image_url(rng: random.Random, size: tuple[int, int], image_format: str) -> str:
+    """A data URL of a noise image of `size` (width, height) in PNG or JPEG."""
+    from PIL import Image
+
+    width, height = size
+    noise = rng.randbytes(width * height * 3)
+    image = Image.frombytes("RGB", (width, height), noise)
+    buffer = io.BytesIO()
+    pil_format = "JPEG" if image_format == "jpeg" else "PNG"
+    image.save(buffer, format=pil_format, **({"quality": 90} if pil_format == "JPEG" else {}))
+    return f"data:{_MIME[image_format]};base64,{base64.b64encode(buffer.getvalue()).decode()}"
+
+
+def folder_image_urls(folder: str | Path) -> tuple[list[str], list[str]]:
+    """Data URLs of every readable image in a folder; (urls, one line per unreadable file)."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(folder)
+    if not path.is_dir():
+        raise UserError(f"--image-dir {path}: no such folder; give a folder of PNG/JPEG images")
+    urls: list[str] = []
+    skipped: list[str] = []
+    for file in sorted(path.iterdir()):
+        if file.suffix.lower() not in IMAGE_SUFFIXES:
+            continue
+        try:
+            data = file.read_bytes()
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()
+                kind = (image.format or "png").lower()
+        except (OSError, UnidentifiedImageError, ValueError):
+            skipped.append(file.name)
+            continue
+        urls.append(f"data:{_MIME.get(kind, 'image/png')};base64,{base64.b64encode(data).decode()}")
+    if not urls:
+        reason = f" ({len(skipped)} unreadable: {', '.join(skipped[:3])})" if skipped else ""
+        raise UserError(f"--image-dir {path}: no readable images{reason}; add PNG or JPEG files")
+    return urls, skipped
+
+
+def image_content(text: str, urls: list[str]) -> list[dict[str, Any]]:
+    """OpenAI content parts: the images first, then the question."""
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    parts.append({"type": "text", "text": text})
+    return parts
+
+
+def build(context: WorkloadContext, count: int) -> list[Conversation]:
+    load = context.load
+    if load.api != "chat":
+        raise UserError("--dataset images needs --api chat (the completions API takes no images)")
+    pool: list[str] | None = None
+    if load.image_urls:
+        pool = list(load.image_urls)
+    elif load.image_dir:
+        pool, skipped = folder_image_urls(load.image_dir)
+        if skipped:
+            context.notices.append(
+                f"images: {len(pool)} images from {load.image_dir}; skipped {len(skipped)} unreadable "
+                f"({', '.join(skipped[:3])}{'...' if len(skipped) > 3 else ''})"
+            )
+    conversations: list[Conversation] = []
+    for index in range(count):
+        text, _ = fit_prompt(context.rng, context.counter, load.api, load.input_len)
+        if pool is not None:
+            urls = [context.rng.choice(pool) for _ in range(load.images_per_request)]
+        else:
+            urls = [
+                synthetic_image_url(context.rng, load.image_size, load.image_format)
+                for _ in range(load.images_per_request)
+            ]
+        conversations.append(
+            Conversation(
+                conversation_id=f"images-{index}",
+                workload="images",
+                turns=[
+                    Turn(
+                        content=image_content(text, urls),
+                        max_tokens=load.output_len,
+                        requested_prompt_tokens=load.input_len,
+                        requested_output_tokens=load.output_len,
+                        image_count=len(urls),
+                    )
+                ],
+            )
+        )
+    return conversations

@@ -1,0 +1,149 @@
+"""sharegpt: real conversations from a ShareGPT-format JSON file, read as a stream.
+
+Real files are messy, so reading never crashes: every complete conversation is used,
+the rest are skipped with a counted reason (empty, no user turn, huge message, a
+truncated or unparseable tail), and one line says what happened. Multi-turn modes:
+`first` sends only the first user turn; `dataset` and `live` send every turn, with the
+dataset's replies or the live answers as history (the worker builds the live history).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+import ijson
+
+from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext
+from vlmserve.errors import UserError
+
+MAX_MESSAGE_CHARS = 200_000
+"""Messages longer than this are skipped: no chat model serves them and they bloat memory."""
+
+USER_ROLES = {"human", "user"}
+ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard", "model", "bing"}
+SYSTEM_ROLES = {"system"}
+
+
+class SkipConversation(Exception):
+    """A conversation that cannot be replayed; the message is the counted reason."""
+
+
+def _turns_of(item: Any) -> tuple[str | None, list[tuple[str, str | None]]]:
+    """(system prompt, [(user text, reference reply or None)]) of one ShareGPT item."""
+    if not isinstance(item, dict):
+        raise SkipConversation("not an object")
+    messages = item.get("conversations", item.get("conversation"))
+    if not isinstance(messages, list):
+        raise SkipConversation("no 'conversations' list")
+    if not messages:
+        raise SkipConversation("empty conversation")
+    system: str | None = None
+    pairs: list[tuple[str, str | None]] = []
+    pending_user: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise SkipConversation("malformed message")
+        role = str(message.get("from", message.get("role", ""))).lower()
+        value = message.get("value", message.get("content"))
+        if not isinstance(value, str):
+            raise SkipConversation("malformed message")
+        if len(value) > MAX_MESSAGE_CHARS:
+            raise SkipConversation("message too long")
+        if role in SYSTEM_ROLES:
+            system = value if system is None else f"{system}\n{value}"
+        elif role in USER_ROLES:
+            pending_user.append(value)
+        elif role in ASSISTANT_ROLES:
+            if pending_user:  # a reply before any question (odd start) is dropped
+                pairs.append(("\n".join(pending_user), value))
+                pending_user = []
+        else:
+            raise SkipConversation("unknown speaker")
+    if pending_user:  # odd turn count: a last question without a reference reply
+        pairs.append(("\n".join(pending_user), None))
+    pairs = [(user, reply) for user, reply in pairs if user.strip()]
+    if not pairs:
+        raise SkipConversation("no user turn")
+    return system, pairs
+
+
+def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, Any]]:
+    """Each top-level array element, stopping quietly (but counted) at a broken tail."""
+    with path.open("rb") as handle:
+        head = handle.read(1024).lstrip()
+        if not head.startswith(b"["):
+            raise UserError(
+                f"{path}: not a ShareGPT file (expected a JSON array of conversations); check --dataset-path"
+            )
+        handle.seek(0)
+        index = -1
+        try:
+            for index, item in enumerate(ijson.items(handle, "item", use_float=True)):
+                yield index, item
+        except ijson.IncompleteJSONError:
+            skips["truncated at end of file"] += 1
+        except ijson.JSONError:
+            skips[f"unparseable after conversation {index + 1}"] += 1
+
+
+def read_conversations(path_text: str, limit: int | None = None) -> tuple[list[tuple[str, str | None, list[tuple[str, str | None]]]], Counter[str]]:
+    """Up to `limit` replayable conversations (id, system, turns) and the skip counts."""
+    path = Path(path_text)
+    if not path.is_file():
+        raise UserError(f"--dataset-path {path}: no such file; give a ShareGPT JSON file")
+    skips: Counter[str] = Counter()
+    loaded: list[tuple[str, str | None, list[tuple[str, str | None]]]] = []
+    for index, item in _stream_items(path, skips):
+        try:
+            system, pairs = _turns_of(item)
+        except SkipConversation as reason:
+            skips[str(reason)] += 1
+            continue
+        conversation_id = str(item.get("id", index)) if isinstance(item, dict) else str(index)
+        loaded.append((conversation_id, system, pairs))
+        if limit is not None and len(loaded) >= limit:
+            break
+    return loaded, skips
+
+
+def describe(path: str, loaded: int, skips: Counter[str]) -> str:
+    """The one line the user sees about what was read."""
+    if not skips:
+        return f"sharegpt: loaded {loaded} conversations from {path}"
+    reasons = ", ".join(f"{count} {reason}" for reason, count in skips.most_common())
+    return f"sharegpt: loaded {loaded} conversations from {path}; skipped {sum(skips.values())} ({reasons})"
+
+
+def build(context: WorkloadContext, count: int) -> list[Conversation]:
+    load = context.load
+    assert load.dataset_path is not None  # LoadSpec guarantees it for sharegpt
+    loaded, skips = read_conversations(load.dataset_path, limit=count)
+    context.notices.append(describe(load.dataset_path, len(loaded), skips))
+    if not loaded:
+        raise UserError(f"--dataset-path {load.dataset_path}: no usable conversation in the file ({describe(load.dataset_path, 0, skips)})")
+    conversations: list[Conversation] = []
+    for index in range(count):
+        conversation_id, system, pairs = loaded[index % len(loaded)]
+        if index >= len(loaded):
+            conversation_id = f"{conversation_id}#{index // len(loaded) + 1}"
+        if load.multi_turn == "first":
+            pairs = pairs[:1]
+        turns = [_turn(context, user, reply) for user, reply in pairs]
+        conversations.append(Conversation(conversation_id, "sharegpt", turns, system=system))
+    return conversations
+
+
+def _turn(context: WorkloadContext, user: str, reply: str | None) -> Turn:
+    load = context.load
+    if reply is not None and not load.fixed_output_len:
+        max_tokens = max(context.counter.count_text(reply), 1)
+    else:
+        max_tokens = load.output_len
+    return Turn(
+        content=user,
+        max_tokens=max_tokens,
+        requested_output_tokens=max_tokens if load.ignore_eos else None,
+        reference_reply=reply,
+    )

@@ -1,0 +1,95 @@
+"""trace: replay a JSONL trace with arrival times.
+
+One JSON object per line: `timestamp` (milliseconds, as in the Mooncake traces) or
+`arrival_s` (seconds), `input_length` and `output_length` (tokens), and optionally
+`prompt` (sent as is) and `images` (a count of synthetic images). Lines that cannot be
+read are skipped with a counted reason; arrival times are made relative to the first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext
+from vlmserve.bench.workloads.images import image_content, synthetic_image_url
+from vlmserve.bench.workloads.text import fit_prompt
+from vlmserve.errors import UserError
+
+
+def _arrival_s(entry: dict) -> float:
+    if "arrival_s" in entry:
+        return float(entry["arrival_s"])
+    if "timestamp" in entry:
+        return float(entry["timestamp"]) / 1000.0
+    raise ValueError("no timestamp or arrival_s")
+
+
+def build(context: WorkloadContext, count: int) -> list[Conversation]:
+    load = context.load
+    path = Path(load.dataset_path or "")
+    if not path.is_file():
+        raise UserError(f"--dataset-path {path}: no such file; give a JSONL trace")
+    skips: Counter[str] = Counter()
+    conversations: list[Conversation] = []
+    with path.open("r", encoding="utf-8", errors="replace") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if len(conversations) >= count:
+                break
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if not isinstance(entry, dict):
+                    raise ValueError("not an object")
+                arrival = _arrival_s(entry)
+                input_len = int(entry.get("input_length", load.input_len))
+                output_len = int(entry.get("output_length", load.output_len))
+                images = int(entry.get("images", 0))
+                if input_len < 1 or output_len < 1 or images < 0:
+                    raise ValueError("lengths must be positive")
+            except json.JSONDecodeError:
+                skips["not JSON"] += 1
+                continue
+            except (ValueError, TypeError) as err:
+                skips[str(err) if "timestamp" in str(err) or "positive" in str(err) else "bad field"] += 1
+                continue
+            prompt = entry.get("prompt")
+            if not isinstance(prompt, str):
+                prompt, _ = fit_prompt(context.rng, context.counter, load.api, input_len)
+            content: str | list = prompt
+            if images:
+                if load.api != "chat":
+                    skips["images need --api chat"] += 1
+                    continue
+                urls = [synthetic_image_url(context.rng, load.image_size, load.image_format) for _ in range(images)]
+                content = image_content(prompt, urls)
+            conversations.append(
+                Conversation(
+                    conversation_id=f"trace-{line_number}",
+                    workload="trace",
+                    turns=[
+                        Turn(
+                            content=content,
+                            max_tokens=output_len,
+                            requested_prompt_tokens=input_len if "prompt" not in entry else None,
+                            requested_output_tokens=output_len,
+                            image_count=images,
+                        )
+                    ],
+                    arrival_s=arrival,
+                )
+            )
+    if not conversations:
+        reasons = ", ".join(f"{n} {why}" for why, n in skips.items()) or "empty file"
+        raise UserError(f"--dataset-path {path}: no usable trace line ({reasons})")
+    start = min(conversation.arrival_s or 0.0 for conversation in conversations)
+    for conversation in conversations:
+        conversation.arrival_s = (conversation.arrival_s or 0.0) - start
+    conversations.sort(key=lambda conversation: conversation.arrival_s or 0.0)
+    line = f"trace: {len(conversations)} requests over {conversations[-1].arrival_s:.1f} s from {path}"
+    if skips:
+        line += "; skipped " + ", ".join(f"{n} {why}" for why, n in skips.most_common())
+    context.notices.append(line)
+    return conversations
