@@ -10,6 +10,10 @@ from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SweepResults
 
 _ROW_STYLE = {"failed": "red", "limited": "yellow", "best": "green", "": ""}
+HEADLINE_COLUMNS = ["rank", "deployment", "devices", "cells ok", "best point", "goodput/device", "out tok/s/device",
+                    "TTFT p95 ms", "TPOT p50 ms", "$ / 1M out tok"]
+CELL_COLUMNS = ["deployment", "cell", "load", "status", "req/s", "out tok/s", "TTFT p50", "TTFT p95", "TPOT p50",
+                "run id / reason"]
 
 
 def rich_table(table: Table) -> RichTable:
@@ -26,7 +30,7 @@ def print_report(results: SweepResults, console: Console, *, cells: bool = False
     choices = rank_deployments(results)
     done, total = results.counts()
     console.print(f"[bold]{results.name}[/]: " + results.outcome_line(), style="green" if done == total else "yellow")
-    console.print(rich_table(headline_table(results, choices)))
+    console.print(rich_table(headline_table(results, choices).select(HEADLINE_COLUMNS)))
     for sentence in knee_sentences(results):
         console.print(f"• {sentence}")
     cheap = cheapest(choices)
@@ -34,4 +38,4 @@ def print_report(results: SweepResults, console: Console, *, cells: bool = False
         console.print(f"• cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} "
                       "per million output tokens")
     if cells:
-        console.print(rich_table(cell_table(results)))
+        console.print(rich_table(cell_table(results).select(CELL_COLUMNS)))

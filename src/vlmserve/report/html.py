@@ -11,11 +11,14 @@ import datetime as _dt
 import html
 import json
 from pathlib import Path
+from typing import Any
 
 from plotly.offline import get_plotlyjs
+from pydantic import ValidationError
 
 from vlmserve import __version__
 from vlmserve.report.charts import all_charts
+from vlmserve.spec import DeploymentSpec
 from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
 from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SweepResults
@@ -56,16 +59,30 @@ def _table_html(table: Table, reason_column: str | None = None) -> str:
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
+def _compact_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Only what differs from the defaults: the part of a deployment spec a reader needs."""
+    try:
+        return DeploymentSpec.model_validate(spec).model_dump(mode="json", exclude_defaults=True)
+    except ValidationError:
+        return {key: value for key, value in spec.items() if value not in (None, [], {})}
+
+
 def _deployments_html(results: SweepResults) -> str:
     parts = ["<h2>Deployments: specs and versions</h2>"]
     for info in results.deployments:
         version = info.server_version or "not reported"
         status = info.status + (f": {info.reason}" if info.reason else "")
+        where = f" · served at {html.escape(info.endpoint)}" if info.endpoint else ""
         header = (f"<h3>{html.escape(info.name)}</h3><p>{html.escape(info.kind)} · {info.devices:g} device(s) · "
-                  f"model {html.escape(str(info.model))} · server version {html.escape(version)} · "
+                  f"model {html.escape(str(info.model))} · server version {html.escape(version)}{where} · "
                   f"status {html.escape(status)}</p>")
-        body = info.spec if info.spec is not None else {"endpoint": info.endpoint, "model": info.model}
-        parts.append(header + f"<pre>{html.escape(json.dumps(body, indent=2, sort_keys=True))}</pre>")
+        if info.spec is None:
+            parts.append(header)
+            continue
+        compact = json.dumps(_compact_spec(info.spec), indent=2, sort_keys=True)
+        full = json.dumps(info.spec, indent=2, sort_keys=True)
+        parts.append(header + f"<pre>{html.escape(compact)}</pre>"
+                     f"<details><summary>full spec</summary><pre>{html.escape(full)}</pre></details>")
     return "".join(parts)
 
 

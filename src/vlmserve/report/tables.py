@@ -22,6 +22,12 @@ class Table:
     flags: list[str]
     """Per row: '' (normal), 'failed', 'limited' (client-limited), 'best'."""
 
+    def select(self, columns: list[str]) -> "Table":
+        """The same table with only `columns` (those it has), for narrow outputs like a terminal."""
+        keep = [self.columns.index(column) for column in columns if column in self.columns]
+        return Table(self.title, [self.columns[i] for i in keep], [[row[i] for i in keep] for row in self.rows],
+                     list(self.flags))
+
 
 def fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
     """A number for a table cell: '—' when missing, thousands separated when large."""

@@ -21,6 +21,8 @@ def sweep_command(
     scale_users: float = typer.Option(1.0, "--scale-users", min=0.001,
                                       help="Multiply every cell's concurrency and rate (smoke runs)."),
     max_output_len: int | None = typer.Option(None, "--max-output-len", min=1, help="Cap every cell's output_len."),
+    cells: str | None = typer.Option(None, "--cells",
+                                     help="Run only these cells: comma-separated names or shell patterns (in512-*)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the live progress display."),
 ) -> None:
     """Start each deployment fresh, verify and warm it, run every load cell, tear it down; then report.
@@ -38,7 +40,9 @@ def sweep_command(
     spec = load_sweep_spec(spec_file)
     directory = out or default_sweep_dir(spec.name)
     console = Console(stderr=True)
-    overrides = SweepOverrides(request_scale=scale_requests, user_scale=scale_users, max_output_len=max_output_len)
+    patterns = tuple(part.strip() for part in (cells or "").split(",") if part.strip())
+    overrides = SweepOverrides(request_scale=scale_requests, user_scale=scale_users, max_output_len=max_output_len,
+                               cell_patterns=patterns)
     run_sweep(spec, directory, overrides=overrides, restart=restart, progress=progress, console=console)
     results = results_from_sweep_dir(directory)
     print_report(results, Console())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ class SweepOverrides:
     """Multiplies concurrency and rate."""
     max_output_len: int | None = None
     """Caps output_len."""
+    cell_patterns: tuple[str, ...] = ()
+    """Run only cells whose name matches one of these shell patterns (e.g. 'in512-*')."""
 
     def apply(self, load: LoadSpec) -> LoadSpec:
         update: dict[str, Any] = {}
@@ -65,8 +68,15 @@ class SweepOverrides:
 
 
 def apply_overrides(spec: SweepSpec, overrides: SweepOverrides) -> SweepSpec:
-    """The spec actually run: every cell's load with the overrides applied."""
-    cells = [CellEntry(name=cell.name, load=overrides.apply(cell.load)) for cell in spec.cells]
+    """The spec actually run: the selected cells, each with the overrides applied."""
+    chosen = spec.cells
+    if overrides.cell_patterns:
+        chosen = [cell for cell in spec.cells
+                  if any(fnmatch.fnmatchcase(cell.name, pattern) for pattern in overrides.cell_patterns)]
+        if not chosen:
+            names = ", ".join(cell.name for cell in spec.cells)
+            raise UserError(f"--cells {','.join(overrides.cell_patterns)} matches no cell; the spec has: {names}")
+    cells = [CellEntry(name=cell.name, load=overrides.apply(cell.load)) for cell in chosen]
     return spec.model_copy(update={"cells": cells})
 
 
