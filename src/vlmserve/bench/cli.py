@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -189,7 +190,7 @@ def bench(
         result.write_json(json_out)
     if records_out is not None:
         store.write_records_parquet(result.records, records_out, meta=result.meta)
-    print_summary(Console(), result.summary)
+    print_summary(_wide_console(), result.summary)
 
 
 runs_app = typer.Typer(help="The run history: every bench (and sweep) run, stored in DuckDB.", no_args_is_help=True)
@@ -212,7 +213,8 @@ def runs_list(
         typer.echo(f"no runs stored yet in {store.database_path()}")
         return
     table = Table(show_edge=False)
-    for column in ("run id", "started (UTC)", "label", "model", "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "flags"):
+    table.add_column("run id", no_wrap=True)
+    for column in ( "started (UTC)", "label", "model", "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "flags"):
         table.add_column(column)
     for row in rows:
         flags = ",".join(flag for flag, on in (("simulated", row["simulated"]), ("client-limited", row["client_limited"])) if on)
@@ -221,7 +223,7 @@ def runs_list(
             str(row["failed"]), _num(row["requests_per_s"]), _num(row["output_tokens_per_s"]), _num(row["ttft_p50_ms"]),
             _num(row["ttft_p99_ms"]), _num(row["tpot_p50_ms"]), flags,
         )
-    Console().print(table)
+    _wide_console().print(table)
 
 
 @runs_app.command("show")
@@ -237,8 +239,13 @@ def runs_show(
     if as_json:
         typer.echo(result.to_json())
         return
-    print_summary(Console(), result.summary)
+    print_summary(_wide_console(), result.summary)
     typer.echo(f"{len(result.records)} request records stored")
+
+
+def _wide_console() -> Console:
+    """Tables keep their columns when piped (rich would squeeze them to 80 characters)."""
+    return Console() if sys.stdout.isatty() else Console(width=220)
 
 
 def _num(value: float | None) -> str:

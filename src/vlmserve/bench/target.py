@@ -17,6 +17,10 @@ from vlmserve.bench.client import RequestOptions, build_body
 from vlmserve.errors import UserError
 
 
+PROBE_ATTEMPTS = 5
+"""Tries of the pre-flight test request when the server answers 5xx or 429."""
+
+
 @dataclass
 class Target:
     """An OpenAI-compatible endpoint: base URL (with or without /v1), model, optional API key."""
@@ -101,10 +105,13 @@ def _probe(client: httpx.Client, target: Target, options: RequestOptions) -> boo
         body = build_body(
             probe_options, 1, messages=[{"role": "user", "content": "hi"}], prompt="hi"
         )
-        try:
-            response = client.post(url, json=body)
-        except httpx.HTTPError as err:
-            raise UserError(f"{url}: a test request failed ({type(err).__name__}); check the server") from None
+        for _attempt in range(PROBE_ATTEMPTS):  # a server error may be transient (or injected)
+            try:
+                response = client.post(url, json=body)
+            except httpx.HTTPError as err:
+                raise UserError(f"{url}: a test request failed ({type(err).__name__}); check the server") from None
+            if response.status_code < 500 and response.status_code != 429:
+                break
         if response.status_code == 200:
             return per_chunk
         last_error = _message(response)
