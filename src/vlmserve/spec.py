@@ -36,6 +36,7 @@ class EngineArgs(BaseModel):
     limit_mm_per_prompt: dict[str, int] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     async_scheduling: bool | None = None
+    enforce_eager: bool | None = Field(None, description="skip torch.compile; default: on for the embedded model only")
     served_model_name: str | None = None
     extra_args: list[str] = Field(default_factory=list, description="free-form extra engine flags")
 

@@ -77,6 +77,9 @@ def up(
     enable_prefix_caching: Optional[bool] = typer.Option(
         None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Engine: prefix caching."
     ),
+    enforce_eager: Optional[bool] = typer.Option(
+        None, "--enforce-eager/--no-enforce-eager", help="Engine: skip torch.compile (default: only for 'embedded')."
+    ),
     served_model_name: Optional[str] = typer.Option(None, help="The model name clients send."),
     engine_arg: Optional[list[str]] = typer.Option(
         None, "--engine-arg", help="Extra engine flag(s), passed as given, e.g. --engine-arg=--enforce-eager."
@@ -98,6 +101,7 @@ def up(
             "gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
             "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
+            "enforce_eager": enforce_eager,
             "extra_args": split_engine_args(engine_arg),
         },
     )  # fmt: skip

