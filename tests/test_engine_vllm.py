@@ -145,3 +145,17 @@ def test_served_configuration_is_verified(embedded_engine) -> None:  # type: ign
         with pytest.raises(StaleReplica) as caught:
             read_served_config(client, "some-other-model")
         assert "lists model(s) embedded, not 'some-other-model'" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["deploy-embedded.yaml", "deploy-gpu-gemma.yaml"])
+def test_example_specs_are_valid(name: str) -> None:
+    from pathlib import Path
+
+    from vlmserve.spec import load_deployment_spec
+
+    spec = load_deployment_spec(Path(__file__).resolve().parent.parent / "examples" / name)
+    kind = "gpu" if spec.devices == "gpu" else "cpu"
+    argv = vllm_engine.engine_argv(spec, spec.model, spec.replica_ports()[0], kind)
+    assert argv[argv.index("--model") + 1] == spec.model
+    if kind == "gpu":
+        assert vllm_engine.gpu_groups(spec.replicas, spec.engine_args.tensor_parallel_size, available=4) == ["0,1", "2,3"]
