@@ -56,7 +56,7 @@ def arrival_offsets(
             return offsets
         offsets.append(now)
         if arrival == "constant":
-            now += mean_gap
+            now = len(offsets) * mean_gap  # from the index, so no rounding drift accumulates
         elif arrival == "poisson":
             now += rng.expovariate(rate)
         else:

@@ -8,6 +8,8 @@ output that mentions lengths says they are approximate.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -47,6 +49,11 @@ class LocalTokenizerCounter:
     exact = True
 
     def __init__(self, name_or_path: str) -> None:
+        if not _locally_available(name_or_path):
+            raise UserError(
+                f"--tokenizer {name_or_path}: no such directory and not in the local Hugging Face cache; "
+                "give a local model directory"
+            )
         try:
             from transformers import AutoTokenizer  # heavy; only when asked for
         except ImportError:  # pragma: no cover - transformers ships with the cpu extra
@@ -110,6 +117,14 @@ class ServerTokenCounter:
             counter.client.close()
             return None
         return counter
+
+
+def _locally_available(name_or_path: str) -> bool:
+    """A directory, or a model name already in the Hugging Face cache (nothing is downloaded)."""
+    if Path(name_or_path).expanduser().is_dir():
+        return True
+    cache = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub")
+    return (cache / f"models--{name_or_path.replace('/', '--')}").is_dir()
 
 
 def _text_only(messages: Messages) -> Messages:
