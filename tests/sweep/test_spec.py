@@ -55,6 +55,7 @@ def test_matrix_expands_and_slo_parses(tmp_path: Path) -> None:
         (GOOD.replace("name: one", "name: c1"), "name 'c1' is used twice"),
         (GOOD.replace('name: "c{concurrency}"', 'name: "c{users}"'), "field 'cells.0.name'"),
         ("name: x\ncells: []\n", "field 'deployments'"),
+        (GOOD.replace("name: tiny", "name: tiny sweep"), "field 'name': use letters, digits"),
         ("- just a list\n", "a sweep spec is a YAML mapping"),
     ],
 )

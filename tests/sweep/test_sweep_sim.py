@@ -20,7 +20,7 @@ import pytest
 from tests.report.browser import find_chromium
 from tests.report.test_html_report import check_report_in_browser
 from vlmserve.report.source import results_from_sweep_dir
-from vlmserve.sweep.hygiene import port_is_free
+from vlmserve.processes import port_is_free
 from vlmserve.errors import UserError
 from vlmserve.sweep.runner import SweepOverrides, apply_overrides, run_sweep
 from vlmserve.sweep.spec import parse_sweep_spec
@@ -63,6 +63,8 @@ def test_prompt_length_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd
     assert by_name["images-c4"].metric("tokens.images_total") > 0
     assert by_name["chat-u4"].summary["meta"]["load_spec"]["dataset"] == "sharegpt"
     assert "| rank | deployment |" in (out / "summary.md").read_text()
+    assert "shrunk run (request counts and durations ×0.01; outputs capped at 8 tokens)" in (
+        out / "report.html").read_text()
     (artifacts_dir / "sweep-prompt-lengths.html").write_bytes((out / "report.html").read_bytes())
 
 

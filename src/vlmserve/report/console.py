@@ -30,6 +30,8 @@ def print_report(results: SweepResults, console: Console, *, cells: bool = False
     choices = rank_deployments(results)
     done, total = results.counts()
     console.print(f"[bold]{results.name}[/]: " + results.outcome_line(), style="green" if done == total else "yellow")
+    for note in results.notes:
+        console.print(f"[yellow]⚠ {note}[/]")
     console.print(rich_table(headline_table(results, choices).select(HEADLINE_COLUMNS)))
     for sentence in knee_sentences(results):
         console.print(f"• {sentence}")

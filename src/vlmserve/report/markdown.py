@@ -27,6 +27,7 @@ def table_markdown(table: Table) -> str:
 def render_markdown(results: SweepResults) -> str:
     choices = rank_deployments(results)
     parts = [f"## vlmserve report: {results.name}", "", f"**{results.outcome_line()}**", ""]
+    parts += [f"> ⚠ {note}\n" for note in results.notes]
     if results.slo.bounds_s:
         parts.append("SLOs: " + ", ".join(f"{key} ≤ {value * 1000:g} ms"
                                            for key, value in sorted(results.slo.bounds_s.items())))

@@ -40,7 +40,7 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
                 model=entry.served_model(),
                 status=str(state.get("status", "pending")),
                 reason=state.get("reason"),
-                server_version=state.get("server_version"),
+                server_version=state.get("server_version") or _version_from_runs(manifest, entry.name),
             )
         )
     cells: list[CellOutcome] = []
@@ -67,7 +67,32 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
         knee_min_gain_fraction=spec.knee.min_gain_fraction,
         source=str(directory),
         description=spec.description,
+        notes=_override_notes(manifest.data.get("overrides") or {}),
     )
+
+
+def _version_from_runs(manifest: SweepManifest, deployment: str) -> str | None:
+    """The server version bench recorded with a finished cell (gateways may not answer /version)."""
+    for key, cell in manifest.data.get("cells", {}).items():
+        if key.startswith(f"{deployment}/") and cell.get("summary"):
+            version = (cell["summary"].get("meta") or {}).get("server_version")
+            if version:
+                return str(version)
+    return None
+
+
+def _override_notes(overrides: dict[str, Any]) -> list[str]:
+    """Say plainly when a sweep ran shrunk, so nobody quotes a smoke run as the study."""
+    parts = []
+    if overrides.get("request_scale", 1.0) != 1.0:
+        parts.append(f"request counts and durations ×{overrides['request_scale']:g}")
+    if overrides.get("user_scale", 1.0) != 1.0:
+        parts.append(f"users and rates ×{overrides['user_scale']:g}")
+    if overrides.get("max_output_len"):
+        parts.append(f"outputs capped at {overrides['max_output_len']} tokens")
+    if overrides.get("cell_patterns"):
+        parts.append(f"only cells {', '.join(overrides['cell_patterns'])}")
+    return [f"shrunk run ({'; '.join(parts)}): not the full study"] if parts else []
 
 
 def results_from_run(run_id: str) -> SweepResults:

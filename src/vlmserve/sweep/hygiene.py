@@ -7,25 +7,13 @@ still serves its previous configuration. Both are checked before any cell runs.
 
 from __future__ import annotations
 
-import random
-import socket
 from typing import Any
 
 import httpx
 
 from vlmserve.errors import UserError
+from vlmserve.processes import free_port_block, port_is_free
 from vlmserve.spec import DeploymentSpec
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """True when nothing listens on host:port and we could bind it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def ports_of(spec: DeploymentSpec) -> list[int]:
@@ -41,11 +29,11 @@ def with_free_ports(spec: DeploymentSpec, attempts: int = 50) -> DeploymentSpec:
     if {"port", "replica_base_port"} & spec.model_fields_set:
         return spec
     width = spec.replicas + 1
-    for _ in range(attempts):
-        base = random.randint(20000, 60000 - width)
-        if all(port_is_free(spec.host, base + offset) for offset in range(width)):
-            return spec.model_copy(update={"port": base, "replica_base_port": base + 1})
-    raise UserError(f"could not find {width} free consecutive ports on {spec.host}; free some ports and retry")
+    try:
+        base = free_port_block(width, spec.host, attempts)
+    except RuntimeError:
+        raise UserError(f"could not find {width} free consecutive ports on {spec.host}; free some ports and retry") from None
+    return spec.model_copy(update={"port": base, "replica_base_port": base + 1})
 
 
 def check_ports_free(spec: DeploymentSpec) -> None:

@@ -53,7 +53,8 @@ class SweepManifest:
 
     @classmethod
     def open_for_run(
-        cls, directory: Path, name: str, fingerprint: str, spec_json: dict[str, Any], restart: bool
+        cls, directory: Path, name: str, fingerprint: str, spec_json: dict[str, Any], restart: bool,
+        overrides: dict[str, Any] | None = None,
     ) -> "SweepManifest":
         """Create the directory, or reopen it to resume the same study (refusing a different one)."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -70,6 +71,7 @@ class SweepManifest:
             "name": name,
             "fingerprint": fingerprint,
             "created_at": time.time(),
+            "overrides": overrides or {},
             "deployments": {},
             "cells": {},
         }

@@ -108,6 +108,8 @@ class SweepResults:
     source: str = ""
     """A sweep directory or a run id."""
     description: str | None = None
+    notes: list[str] = field(default_factory=list)
+    """Caveats a reader must see first (e.g. the sweep was shrunk for a smoke run)."""
 
     def cells_of(self, deployment: str) -> list[CellOutcome]:
         return [cell for cell in self.cells if cell.deployment == deployment]

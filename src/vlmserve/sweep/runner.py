@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fnmatch
 import time
 from collections import Counter
@@ -103,18 +104,27 @@ def failed_run_reason(result: "RunResult") -> str | None:
     return f"all {len(failures)} requests failed ({kind} ×{count}){': ' + example if example else ''}"
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadyDeployment:
+    """Where a ready deployment answers, and the engine version its replicas reported at start."""
+
+    base_url: str
+    engine_version: str | None = None
+
+
 @contextlib.contextmanager
-def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[str]:
-    """Yield the base URL of a ready deployment; a managed one is started fresh and always torn down."""
+def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[ReadyDeployment]:
+    """Yield a ready deployment; a managed one is started fresh and always torn down."""
     if entry.endpoint is not None:
-        yield entry.endpoint
+        yield ReadyDeployment(entry.endpoint)
         return
     assert entry.spec is not None
     check_ports_free(entry.spec)
     from vlmserve.supervisor import Supervisor
 
     with Supervisor(entry.spec) as supervisor:
-        yield supervisor.endpoint.rstrip("/")
+        versions = [replica.served.engine_version for replica in supervisor.replicas if replica.served]
+        yield ReadyDeployment(supervisor.endpoint.rstrip("/"), next((v for v in versions if v), None))
 
 
 def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str,
@@ -144,7 +154,8 @@ class SweepRunner:
     """Runs one sweep spec into one sweep directory, with a progress display."""
 
     def __init__(self, spec: SweepSpec, directory: Path, *, restart: bool = False,
-                 console: Console | None = None, progress: bool = True) -> None:
+                 console: Console | None = None, progress: bool = True,
+                 overrides: SweepOverrides | None = None) -> None:
         self.spec = spec
         self.directory = directory
         self.console = console or Console(stderr=True)
@@ -152,7 +163,8 @@ class SweepRunner:
         self._attempted: set[str] = set()
         """Cells of the current deployment tried in this pass (their own outcome is already recorded)."""
         self.manifest = SweepManifest.open_for_run(
-            directory, spec.name, spec.fingerprint(), spec.model_dump(mode="json"), restart
+            directory, spec.name, spec.fingerprint(), spec.model_dump(mode="json"), restart,
+            dataclasses.asdict(overrides) if overrides else None,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -196,7 +208,7 @@ class SweepRunner:
         pending = self._pending_cells(entry)
         if not pending:
             return
-        if entry.spec is not None:
+        if entry.managed and entry.spec is not None:
             try:
                 entry = entry.model_copy(update={"spec": with_free_ports(entry.spec)})
             except UserError as err:
@@ -206,10 +218,11 @@ class SweepRunner:
         started = time.monotonic()
         self._attempted = set()
         try:
-            with _deployment_endpoint(entry) as base_url:
+            with _deployment_endpoint(entry) as ready:
+                base_url = ready.base_url
                 max_len = entry.spec.engine_args.max_model_len if entry.spec else None
                 verify_serving(base_url, entry.served_model(), max_len)
-                version = server_version(base_url)
+                version = server_version(base_url) or ready.engine_version
                 self.manifest.record_deployment(
                     entry.name, "running", None, base_url=base_url, server_version=version,
                     start_s=round(time.monotonic() - started, 2),
@@ -289,6 +302,8 @@ def _cell_brief(summary: dict[str, Any]) -> str:
 def run_sweep(spec: SweepSpec, directory: Path, *, overrides: SweepOverrides | None = None,
               restart: bool = False, progress: bool = True, console: Console | None = None) -> SweepManifest:
     """Run (or resume) `spec` into `directory`; the study's entry point for the CLI and tests."""
-    effective = apply_overrides(spec, overrides or SweepOverrides())
-    runner = SweepRunner(effective, directory, restart=restart, console=console, progress=progress)
+    overrides = overrides or SweepOverrides()
+    effective = apply_overrides(spec, overrides)
+    runner = SweepRunner(effective, directory, restart=restart, console=console, progress=progress,
+                         overrides=overrides)
     return runner.run()

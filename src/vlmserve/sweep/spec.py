@@ -14,9 +14,9 @@ import itertools
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vlmserve.errors import UserError
 from vlmserve.spec import (
@@ -31,12 +31,22 @@ from vlmserve.spec import (
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+def _simple_name(value: str) -> str:
+    """Names become directory and label parts, so keep them plain."""
+    if not _NAME.match(value):
+        raise ValueError("use letters, digits, '-', '_' or '.' only")
+    return value
+
+
+SimpleName = Annotated[str, AfterValidator(_simple_name)]
+
+
 class DeploymentEntry(BaseModel):
     """One deployment of the sweep: started by vlmserve (`spec`) or already running (`endpoint`)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: SimpleName
     spec: DeploymentSpec | None = None
     """A deployment vlmserve starts fresh, verifies, warms up and tears down."""
     spec_file: str | None = None
@@ -50,12 +60,6 @@ class DeploymentEntry(BaseModel):
     usd_per_gpu_hour: float | None = Field(None, ge=0)
     """Price of one device-hour; enables cost per million tokens."""
 
-    @field_validator("name")
-    @classmethod
-    def _simple_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("use letters, digits, '-', '_' or '.' only")
-        return value
 
     @field_validator("endpoint")
     @classmethod
@@ -74,16 +78,20 @@ class DeploymentEntry(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "DeploymentEntry":
-        given = [key for key in ("spec", "spec_file", "endpoint") if getattr(self, key) is not None]
-        if len(given) != 1:
+        given = [key for key in ("spec", "spec_file") if getattr(self, key) is not None]
+        if len(given) > 1 or (not given and self.endpoint is None):
             raise ValueError("give exactly one of spec, spec_file or endpoint")
-        if self.endpoint is not None and not self.model:
+        if self.endpoint is not None and not (self.model or self.spec):
             raise ValueError("an endpoint deployment needs model: (the name to request)")
         return self
 
     @property
     def managed(self) -> bool:
-        """True when vlmserve starts and stops this deployment itself."""
+        """True when vlmserve starts and stops this deployment itself.
+
+        An `endpoint` with a `spec` describes a deployment already running (e.g. the demo's):
+        the sweep uses it as it is and the report still shows its spec.
+        """
         return self.endpoint is None
 
     def device_count(self) -> float:
@@ -96,6 +104,8 @@ class DeploymentEntry(BaseModel):
 
     def served_model(self) -> str:
         """The model name clients must send."""
+        if self.model:
+            return self.model
         if self.spec is not None:
             from vlmserve.engines.vllm import served_model_name
 
@@ -108,15 +118,9 @@ class CellEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: SimpleName
     load: LoadSpec
 
-    @field_validator("name")
-    @classmethod
-    def _simple_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("use letters, digits, '-', '_' or '.' only")
-        return value
 
 
 class KneeSettings(BaseModel):
@@ -132,7 +136,7 @@ class SweepSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: SimpleName
     description: str | None = None
     deployments: list[DeploymentEntry] = Field(min_length=1)
     cells: list[CellEntry] = Field(min_length=1)
@@ -141,12 +145,6 @@ class SweepSpec(BaseModel):
     warmup_requests: int = Field(4, ge=0)
     """Requests sent (and discarded) after a deployment is ready, before its first cell."""
 
-    @field_validator("name")
-    @classmethod
-    def _simple_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("use letters, digits, '-', '_' or '.' only")
-        return value
 
     @model_validator(mode="after")
     def _unique_names(self) -> "SweepSpec":
