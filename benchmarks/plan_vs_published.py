@@ -99,11 +99,10 @@ FIT_PARAMETERS: list[tuple[str, str]] = [
     ("default", "compute"),
     ("default", "step_overhead_s"),
     ("default", "reserved_memory_gb"),
-    ("default", "moe_compute"),
+    ("default", "moe_efficiency"),
     ("default", "moe_expert_spread"),
     ("gb10", "bandwidth"),
     ("gb10", "compute"),
-    ("gb10", "step_overhead_s"),
 ]
 
 
@@ -226,22 +225,24 @@ def speed(calibration: Calibration) -> list[str]:
         cpus.append(time.process_time() - cpu)
     lines = [f"- one configuration, 2,000 requests (Llama-3.1-8B, H100, 1024/128, concurrency 64): "
              f"best of 3 {min(walls):.2f} s wall, {min(cpus):.2f} s CPU (one process, one core)"]
-    try:
-        from vlmserve.plan.search import SearchSpace, run_search
-    except ImportError:
-        lines.append("- search: not available")
-        return lines
+    from vlmserve.plan.search import SearchSpace, run_search
+    from vlmserve.spec import SLO
+
     space = SearchSpace(
         model="llama-3.1-8b", gpus=["h100", "h200", "l40s", "a100"], tps=[1, 2, 4], replicas=[1, 2, 3, 4],
         max_num_seqs=[64, 128, 256], max_gpus=8,
     )
-    load = LoadSpec(input_len=1024, output_len=128, rate=20.0, num_requests=400)
-    from vlmserve.spec import SLO
-
-    wall = time.perf_counter()
-    outcome = run_search(space, load, SLO.parse("ttft_p95=1s,tpot_p95=60ms"), prices={}, calibration=calibration)
-    lines.append(f"- search: {outcome.evaluated} configurations ({outcome.simulated} simulated, the rest pruned "
-                 f"with a stated reason) in {time.perf_counter() - wall:.1f} s wall")
+    load = LoadSpec(input_len=1024, output_len=128, rate=20.0, num_requests=300)
+    slo = SLO.parse("ttft_p95=1s,tpot_p95=60ms")
+    for prune in (True, False):
+        wall = time.perf_counter()
+        outcome = run_search(space, load, slo, prices={"h100": 3.0, "h200": 4.0, "l40s": 1.2, "a100": 2.0},
+                             calibration=calibration, prune=prune)
+        lines.append(
+            f"- search {'with' if prune else 'without'} pruning: {outcome.evaluated} configurations, "
+            f"{outcome.simulated} simulated (300 requests each), {time.perf_counter() - wall:.1f} s wall; "
+            f"best: {outcome.best.label if outcome.best else 'none'}"
+        )
     return lines
 
 
@@ -257,7 +258,8 @@ def main() -> int:
     if args.refit:
         fit_rows = [s for s in scenarios if CASES[s.scenario_id].role == "fit"]
         started = time.perf_counter()
-        result = fit(fit_rows, PRIOR, FIT_PARAMETERS, progress=lambda line: print("  fit", line, flush=True))
+        result = fit(fit_rows, PRIOR, FIT_PARAMETERS, max_evaluations=220,
+                     progress=lambda line: print("  fit", line, flush=True))
         calibration = result.calibration
         calibration.source = (
             "fitted by benchmarks/plan_vs_published.py --refit on published rows "

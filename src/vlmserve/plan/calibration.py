@@ -26,8 +26,9 @@ class Efficiency:
     """Fraction of peak memory bandwidth reached while streaming weights and KV (decode)."""
     compute: float = 0.40
     """Fraction of peak dense FLOP/s reached by prefill GEMMs and attention."""
-    moe_compute: float = 1.0
-    """Routed-expert GEMMs relative to dense ones (grouped, often weight-only-quantized kernels)."""
+    moe_efficiency: float = 1.0
+    """Routed-expert kernels relative to dense ones, for both their FLOPs and their weight bytes
+    (grouped GEMMs, often weight-only-quantized: MXFP4 on Hopper dequantizes in the kernel)."""
     step_overhead_s: float = 0.002
     """Fixed cost of one engine step: scheduling, input prep, kernel launches, sampling."""
     per_seq_overhead_s: float = 0.00002

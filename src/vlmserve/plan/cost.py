@@ -62,9 +62,9 @@ class RooflineStepCost:
         self._flops_per_s = self.gpu.peak_flops(self.weight_dtype) * max(eff.compute, 1e-6) * self.tp
         self._kv_bytes_per_token = self.model.kv_bytes_per_token(self.kv_dtype)
         expert_flops = self.model.routed_expert_flops_per_token()
-        # Expert FLOPs count as if they ran at the dense rate divided by moe_compute.
+        # Expert FLOPs count as if they ran at the dense rate times moe_efficiency.
         self._linear_flops = (
-            self.model.linear_flops_per_token() - expert_flops + expert_flops / max(eff.moe_compute, 1e-6)
+            self.model.linear_flops_per_token() - expert_flops + expert_flops / max(eff.moe_efficiency, 1e-6)
         )
         self._lm_head_flops = self.model.lm_head_flops_per_sampled_token()
         vision = self.model.vision
@@ -72,10 +72,14 @@ class RooflineStepCost:
         self._vision_bytes = 2.0 * vision.params if vision else 0.0
 
     def weight_bytes(self, batch_tokens: int) -> float:
-        """Weight bytes a forward pass over `batch_tokens` streams (cached per batch size)."""
+        """Effective weight bytes a forward pass over `batch_tokens` streams (cached per batch size)."""
         cached = self._weight_bytes_cache.get(batch_tokens)
         if cached is None:
-            cached = self.model.step_weight_bytes(batch_tokens, self.weight_dtype, self.efficiency.moe_expert_spread)
+            spread = self.efficiency.moe_expert_spread
+            total = self.model.step_weight_bytes(batch_tokens, self.weight_dtype, spread)
+            experts = self.model.step_expert_bytes(batch_tokens, self.weight_dtype, spread)
+            # Expert bytes count as if streamed at the dense rate times moe_efficiency.
+            cached = total - experts + experts / max(self.efficiency.moe_efficiency, 1e-6)
             self._weight_bytes_cache[batch_tokens] = cached
         return cached
 

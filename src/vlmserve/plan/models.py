@@ -184,6 +184,11 @@ class ModelCost:
             + 2.0 * (self.router_params + self.lm_head_params)
         )
 
+    def step_expert_bytes(self, batch_tokens: float, weight_dtype: str | None = None, spread: float = 1.0) -> float:
+        """The routed-expert part of `step_weight_bytes`."""
+        _attention_bpp, mlp_bpp = self._bytes_per_param(weight_dtype or self.default_weight_dtype)
+        return mlp_bpp * self.expected_experts_touched(batch_tokens, spread) * self.expert_params * self.moe_layers
+
     def kv_bytes_per_token_by_kind(self, kv_dtype: str = "bf16") -> dict[str, float]:
         """KV bytes one token adds, per layer kind ('full', 'sliding'); shared layers add none."""
         size = bytes_per_element(normalize_dtype(kv_dtype, "KV cache dtype"))
