@@ -104,7 +104,8 @@ class PlanSetup:
 
     def scheduler_config(self, typical_context: int, longest_request: int) -> SchedulerConfig:
         """Engine limits for one replica, failing in one line when the KV cache is too small."""
-        capacity = self.kv_capacity_tokens(typical_context)
+        num_blocks = max(self.kv_capacity_tokens(typical_context) // DEFAULT_BLOCK_SIZE, 1)
+        capacity = num_blocks * DEFAULT_BLOCK_SIZE
         max_model_len = self.max_model_len or max(longest_request, min(self.model.max_position_embeddings or 8192, 8192))
         if longest_request > max_model_len:
             raise UserError(
@@ -120,7 +121,7 @@ class PlanSetup:
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs or 1,
             max_num_batched_tokens=self.max_num_batched_tokens or 1,
-            num_kv_blocks=max(capacity // DEFAULT_BLOCK_SIZE, 1),
+            num_kv_blocks=num_blocks,
             block_size=DEFAULT_BLOCK_SIZE,
             enable_prefix_caching=self.enable_prefix_caching,
             enable_chunked_prefill=True,

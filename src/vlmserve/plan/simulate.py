@@ -127,7 +127,10 @@ def simulate_run(
     config = setup.scheduler_config(typical, longest)
     cost = setup.cost_model()
     overhead_s = setup.efficiency.request_overhead_s
-    replicas = [_Replica(Scheduler(config, cost)) for _ in range(setup.replicas)]
+    try:
+        replicas = [_Replica(Scheduler(config, cost)) for _ in range(setup.replicas)]
+    except ValueError as err:  # engine limits vLLM would refuse to start with
+        raise UserError(f"{setup.model.name} on {setup.tp}× {setup.gpu.name}: {err}") from None
     router = _Router(setup.routing, replicas)
 
     # Pending sends: (time, sequence, request index). Closed loop starts `concurrency`
