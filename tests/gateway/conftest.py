@@ -23,12 +23,19 @@ MODEL = "sim-model"
 
 @contextmanager
 def sim_engines(count: int, log_dir: Path, **options: Any) -> Iterator[list[SimHandle]]:
-    """Start `count` sim engines at once (each start costs seconds of imports) and stop them after."""
+    """Start `count` alike sim engines at once and stop them after."""
+    with varied_sim_engines(log_dir, [options] * count) as handles:
+        yield handles
+
+
+@contextmanager
+def varied_sim_engines(log_dir: Path, option_sets: list[dict[str, Any]]) -> Iterator[list[SimHandle]]:
+    """One sim engine per option set, all started before waiting (each start costs seconds of imports)."""
     import subprocess
 
     handles: list[SimHandle] = []
     try:
-        for _ in range(count):
+        for options in option_sets:
             port = free_port()
             log_path = log_dir / f"sim-{port}.log"
             with log_path.open("wb") as log:
