@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vlmserve.sched.kv_cache import BlockHash, hash_request_blocks
+from vlmserve.sched.kv_cache import ROOT_HASH, BlockHash, hash_block_tokens, hash_request_blocks
 from vlmserve.sched.kv_cache_manager import KVCacheManager
 from vlmserve.sched.step_cost import StepContents, StepCostModel
 
@@ -77,7 +78,7 @@ class SimRequest:
     arrival_s: float = 0.0
     image_tokens: int = 0
     images: int = 0
-    output_token_ids: list[int] | None = None
+    output_token_ids: Sequence[int] | None = None
     """Ids of the tokens it will generate, if known: lets output blocks be cached too (multi-turn hits)."""
 
 
@@ -149,18 +150,20 @@ class Request:
 
     def extend_block_hashes(self, block_size: int) -> None:
         """Hash output blocks that just became full, when the output ids are known."""
-        if self.output_token_ids is None:
+        output_ids = self.output_token_ids
+        if output_ids is None:
             return
-        num_full = self.num_tokens // block_size
-        if num_full <= len(self.block_hashes):
-            return
-        known = self.prompt_token_ids + self.output_token_ids[: self.num_output_tokens]
-        parent = self.block_hashes[-1] if self.block_hashes else None
-        start_block = len(self.block_hashes)
-        if parent is None:
-            self.block_hashes.extend(hash_request_blocks(known, block_size))
-        else:
-            self.block_hashes.extend(hash_request_blocks(known, block_size, parent, start_block))
+        hashes = self.block_hashes
+        num_prompt = self.num_prompt_tokens
+        parent = hashes[-1] if hashes else ROOT_HASH
+        for block_index in range(len(hashes), self.num_tokens // block_size):
+            start, end = block_index * block_size, (block_index + 1) * block_size
+            if start >= num_prompt:
+                block = list(output_ids[start - num_prompt : end - num_prompt])
+            else:
+                block = self.prompt_token_ids[start:num_prompt] + list(output_ids[0 : end - num_prompt])
+            parent = hash_block_tokens(parent, block)
+            hashes.append(parent)
 
 
 class Scheduler:

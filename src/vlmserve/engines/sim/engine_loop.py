@@ -29,6 +29,8 @@ from vlmserve.sched.scheduler import SimRequest, StepResult
 RESYNC_AFTER_S = 0.050
 """If a step would start this far in the past, start it now instead."""
 SPIN_S = 0.001
+TIMING_GROUP = 8
+"""Chunks written between two clock reads when recording emission timing."""
 
 
 class EngineLoop:
@@ -117,15 +119,22 @@ class EngineLoop:
                 if due is None or due > now + 0.0002:
                     await self._wait(loop, due)
                     continue
-                result = core.step(max(due, now - RESYNC_AFTER_S) if due < now else due)
-                emit_at = result.start_s
+                # Behind schedule: emit everything due by now; its lateness is counted from `due`.
+                result = core.step(max(due, now))
+                emit_at = due
+                ready = self._prepare_chunks(result)
+                self._send(ready, emit_at)
+                await asyncio.sleep(0)  # let sockets and new requests in between emissions
             else:
                 start = self._previous_end_s
                 if start is None or now - start > RESYNC_AFTER_S:
                     start = now
                 result = core.step(start)
                 emit_at = result.end_s
+                # Render the step's chunks while the modelled GPU works; only the sends wait for its end.
+                ready = self._prepare_chunks(result)
                 await self._sleep_until(loop, emit_at)
+                self._send(ready, emit_at)
                 self._previous_end_s = emit_at
             self.steps += 1
             self._emit(result, emit_at)
@@ -151,10 +160,48 @@ class EngineLoop:
             done: asyncio.Future[None] = loop.create_future()
             loop.call_at(deadline - SPIN_S, _resolve, done)
             await done
+        else:
+            await asyncio.sleep(0)  # always let I/O in once per step, even when running late
         while clock() < deadline:
             pass
 
     # -- emission --------------------------------------------------------------------------------
+    def _prepare_chunks(self, result: StepResult) -> list[tuple[ActiveRequest, bytes]]:
+        """Pre-render the HTTP chunks of plain streams' middle tokens (the bulk of all chunks).
+
+        Marks them written; everything else (first and last tokens, faults, non-streaming)
+        is handled by `_emit` after the sends.
+        """
+        active_get = self.active.get
+        ready: list[tuple[ActiveRequest, bytes]] = []
+        for request_id, count in result.tokens:
+            request = active_get(request_id)
+            if request is None or not request.plain or count != 1:
+                continue
+            index = request.emitted
+            if request.written == index and 0 < index < request.plan.num_tokens - 1:
+                ready.append((request, request.plain_frame(index)))
+                request.written = index + 1
+        return ready
+
+    def _send(self, ready: list[tuple[ActiveRequest, bytes]], emit_at: float) -> None:
+        """Write pre-rendered chunks: the only per-chunk work done at the step boundary."""
+        timing = self.timing
+        clock = self.clock
+        untimed = 0
+        for request, frame in ready:
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                continue  # client gone; `_emit` notices and aborts it
+            transport.write(frame)
+            untimed += 1
+            if untimed == TIMING_GROUP and timing is not None:
+                # The group's last write time bounds every chunk in it: never understates lateness.
+                timing.record(clock() - emit_at, untimed)
+                untimed = 0
+        if untimed and timing is not None:
+            timing.record(clock() - emit_at, untimed)
+
     def _emit(self, result: StepResult, emit_at: float) -> None:
         """Deliver one step's tokens and finishes to their requests, and update the metrics."""
         metrics = self.metrics
@@ -171,30 +218,45 @@ class EngineLoop:
         if result.tokens:
             metrics.generation_tokens.inc(len(result.tokens))
 
+        # One pass over the step's tokens: bookkeeping, and the chunks `_send` did not cover.
         timing = self.timing
         clock = self.clock
+        active_get = active.get
         itl_values: list[float] = []
+        itl_append = itl_values.append
         lost: list[str] = []
+        untimed = 0
         for request_id, count in result.tokens:
-            request = active.get(request_id)
+            request = active_get(request_id)
             if request is None:
                 continue
-            request.emitted += count
+            index = request.emitted
+            request.emitted = index + count
             if request.first_token_s is None:
                 request.first_token_s = emit_at
                 metrics.time_to_first_token.observe(emit_at - request.arrival_s)
                 metrics.prompt_tokens.inc(len(request.parsed.prompt_token_ids))
             else:
-                itl_values.append(emit_at - request.last_token_s)
+                itl_append(emit_at - request.last_token_s)
             request.last_token_s = emit_at
-            if request.transport is None:
+            transport = request.transport
+            if transport is None:
                 request.written = request.emitted
+                continue
+            if request.written >= request.emitted:  # sent by `_send`
+                if transport.is_closing():
+                    lost.append(request_id)
                 continue
             if not self._deliver(request):
                 lost.append(request_id)
                 continue
-            if timing is not None:
-                timing.record(clock() - emit_at)
+            untimed += 1
+            if untimed == TIMING_GROUP and timing is not None:
+                # The group's last write time bounds every chunk in it: never understates lateness.
+                timing.record(clock() - emit_at, untimed)
+                untimed = 0
+        if untimed and timing is not None:
+            timing.record(clock() - emit_at, untimed)
         if itl_values:
             metrics.inter_token_latency.observe_many(itl_values)
 

@@ -19,6 +19,7 @@ from vlmserve.engines.sim.generation import OutputPlan
 from vlmserve.engines.sim.protocol import ParsedRequest
 
 _PIECE_JSON: dict[str, bytes] = {piece: json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES}
+_PIECE_JSON_BY_INDEX: list[bytes] = [json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES]
 
 
 def piece_json(piece: str) -> bytes:
@@ -45,7 +46,7 @@ class ActiveRequest:
         "request_id", "response_id", "parsed", "plan", "created", "arrival_s", "first_token_s",
         "last_token_s", "emitted", "written", "transport", "done", "finish_reason", "aborted",
         "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
-        "_flush_handle",
+        "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len",
     )  # fmt: skip
 
     def __init__(
@@ -86,14 +87,30 @@ class ActiveRequest:
                 f'"model":{model},"choices":[{{"index":0,"text":'
             ).encode()
             self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        self._suffix_crlf = self._suffix + b"\r\n"
+        self._frame_base_len = len(self._prefix) + len(self._suffix)
+        self.plain = False
+        """True when a middle token's chunk is just prefix + text + suffix (the fast path)."""
 
     # -- streaming ---------------------------------------------------------------------------
     def attach_stream(self, transport: asyncio.Transport) -> None:
+        """Stream to `transport`; call after faults are assigned (they decide the fast path)."""
         self.transport = transport
+        self.plain = (
+            not self.parsed.continuous_usage
+            and self.stall_after is None
+            and self.drop_after is None
+            and not self.plan.trimmed
+        )
+
+    def plain_frame(self, index: int) -> bytes:
+        """The HTTP chunk for a middle token (not first, not last) of a plain stream."""
+        piece = _PIECE_JSON_BY_INDEX[self.plan.piece_index(index)]
+        return b"%x\r\n%s%s%s" % (self._frame_base_len + len(piece), self._prefix, piece, self._suffix_crlf)
 
     def _chunk_for(self, index: int) -> bytes:
         """SSE bytes for token `index` (empty when a stop string withheld its text)."""
-        piece = self.plan.pieces[index]
+        piece = self.plan.piece(index)
         data = b""
         if index == 0 and self.parsed.kind == "chat":
             data = self._role_event()

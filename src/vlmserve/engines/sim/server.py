@@ -156,10 +156,13 @@ class SimEngine:
         if parsed.stream:
             response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             response.enable_chunked_encoding()
-            await response.prepare(request)
-            _send_headers_now(response)
+            try:
+                await response.prepare(request)
+                _send_headers_now(response)
+            except ConnectionResetError:  # the client left before we answered
+                return response
             transport = request.transport
-            if transport is None:
+            if transport is None or transport.is_closing():
                 return response
             active.attach_stream(transport)
         try:
@@ -174,6 +177,8 @@ class SimEngine:
             if not active.done.done() or active.finish_reason is None:
                 self.loop.abort(request_id)
         if response is None:
+            if outcome != "finished":
+                raise ApiError(503, "The request was aborted: the engine is shutting down.", "ServiceUnavailableError")
             return web.json_response(active.response_body())
         if outcome == "finished":
             await response.write_eof()
