@@ -81,25 +81,30 @@ def stream_chat(base_url: str, model: str, messages: list[dict[str, Any]], max_t
     )
 
 
-def demo_spec(model: str = EMBEDDED_MODEL, max_model_len: int = 2048) -> DeploymentSpec:
-    """One replica on free ports, no gateway: the smallest deployment that proves the path."""
-    base = free_port_block(2)
+def demo_spec(model: str = EMBEDDED_MODEL, max_model_len: int = 2048, replicas: int = 1) -> DeploymentSpec:
+    """Replicas on free ports (behind the gateway when more than one): the smallest deployment that proves the path."""
+    base = free_port_block(replicas + 1)
     return DeploymentSpec(
         name="demo",
         model=model,
-        replicas=1,
+        replicas=replicas,
         port=base,
-        gateway=False,
+        gateway=replicas > 1,
         kv_cache_space_gb=1,
         engine_args=EngineArgs(max_model_len=max_model_len),
     )
 
 
-def run_demo(console: Console, model: str = EMBEDDED_MODEL, max_tokens: int = 32) -> list[DemoAnswer]:
-    """Start, ask, print, stop. Returns the answers (the CLI prints them)."""
-    spec = demo_spec(model)
+def run_demo(console: Console, model: str = EMBEDDED_MODEL, max_tokens: int = 32, report: bool = False) -> list[DemoAnswer]:
+    """Start, ask, print, stop. Returns the answers (the CLI prints them).
+
+    With `report`, two replicas start behind the gateway and a short sweep (vlmserve.sweep.demo)
+    runs against them before they stop; the HTML report's path is printed last.
+    """
+    spec = demo_spec(model, replicas=2 if report else 1)
     started = time.perf_counter()
-    console.print(f"[bold]vlmserve demo[/bold]: model [cyan]{model}[/cyan], 1 replica (vLLM), port {spec.replica_ports()[0]}")
+    report_path = None
+    console.print(f"[bold]vlmserve demo[/bold]: model [cyan]{model}[/cyan], {spec.replicas} replica(s) (vLLM), port {spec.port if report else spec.replica_ports()[0]}")
     with Supervisor(spec, on_event=lambda line: console.print(f"  {line}")) as supervisor:
         ready_s = time.perf_counter() - started
         url = supervisor.endpoint
@@ -109,7 +114,13 @@ def run_demo(console: Console, model: str = EMBEDDED_MODEL, max_tokens: int = 32
             stream_chat(url, name, [image_message(IMAGE_PROMPT, tiny_png_data_url(seed=7))], max_tokens, "image"),
         ]
         served = supervisor.replicas[0].served
-    console.print(answers_table(answers))
+        if report:
+            console.print(answers_table(answers))
+            from vlmserve.sweep.demo import sweep_running_deployment
+
+            report_path = sweep_running_deployment(url, name, spec, console, tokenizer=supervisor.model_path)
+    if not report:
+        console.print(answers_table(answers))
     if model == EMBEDDED_MODEL:
         console.print("[dim]The embedded model has random weights: its words are gibberish by design; "
                       "timings, token counts and the image path are real.[/dim]")
@@ -118,6 +129,8 @@ def run_demo(console: Console, model: str = EMBEDDED_MODEL, max_tokens: int = 32
         f"{engine}, max_model_len {served.max_model_len if served else '?'}; ready after {ready_s:.0f} s; "
         f"all processes stopped; total {time.perf_counter() - started:.0f} s"
     )
+    if report_path is not None:
+        console.print(f"HTML report: {report_path}")
     return answers
 
 

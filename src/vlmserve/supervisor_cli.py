@@ -219,11 +219,13 @@ def status_table(states: list[dict[str, Any]]) -> Table:
 def demo(
     model: str = typer.Option("embedded", help="Model to demo (default: the embedded tiny VLM)."),
     max_tokens: int = typer.Option(32, help="Tokens to generate per answer."),
+    report: bool = typer.Option(True, "--report/--no-report",
+                                help="Two replicas behind the gateway, a short sweep and an HTML report (default)."),
 ) -> None:
-    """Make the embedded VLM, start it, send a text and an image request, print timings, stop."""
+    """Make the embedded VLM, start it, send a text and an image request, sweep briefly, write the report, stop."""
     from vlmserve.demo import run_demo
 
-    run_demo(console, model=model, max_tokens=max_tokens)
+    run_demo(console, model=model, max_tokens=max_tokens, report=report)
 
 
 def register(app: typer.Typer) -> None:

@@ -110,6 +110,8 @@ class ReadyDeployment:
 
     base_url: str
     engine_version: str | None = None
+    tokenizer: str | None = None
+    """A local tokenizer directory for exact prompt lengths (gateways do not offer /tokenize)."""
 
 
 @contextlib.contextmanager
@@ -124,7 +126,9 @@ def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[ReadyDeployment]:
 
     with Supervisor(entry.spec) as supervisor:
         versions = [replica.served.engine_version for replica in supervisor.replicas if replica.served]
-        yield ReadyDeployment(supervisor.endpoint.rstrip("/"), next((v for v in versions if v), None))
+        model_dir = Path(supervisor.model_path)
+        tokenizer = str(model_dir) if entry.spec.engine == "vllm" and model_dir.is_dir() else None
+        yield ReadyDeployment(supervisor.endpoint.rstrip("/"), next((v for v in versions if v), None), tokenizer)
 
 
 def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str,
@@ -235,6 +239,8 @@ class SweepRunner:
                     if reason:
                         raise UserError(f"warm-up failed: {reason}")
                 for cell in pending:
+                    if ready.tokenizer and cell.load.tokenizer is None:
+                        cell = CellEntry(name=cell.name, load=cell.load.model_copy(update={"tokenizer": ready.tokenizer}))
                     self._run_cell(entry, cell, base_url, progress, task)
         except KeyboardInterrupt:
             raise
