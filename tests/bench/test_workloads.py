@@ -74,7 +74,7 @@ def test_fit_prompt_hits_exact_length_with_a_real_counter():
         length = CharsCounter().count_prompt("chat", text, None)
         assert length <= 200
         hits += exact
-    assert hits >= 15
+    assert hits == 20
 
 
 def test_arrival_schedules():

@@ -73,7 +73,7 @@ class LocalTokenizerCounter:
             ids = self.tokenizer.apply_chat_template(
                 _text_only(messages), tokenize=True, add_generation_prompt=True
             )
-            if isinstance(ids, dict):  # newer transformers return a BatchEncoding
+            if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
                 ids = ids["input_ids"]
             return len(ids)
         return len(self.tokenizer.encode(text))

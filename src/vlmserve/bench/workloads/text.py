@@ -26,7 +26,10 @@ WORDS = (
     "engine bridge winter summer signal camera doctor lesson planet ocean silver basket"
 ).split()
 
-MAX_FIT_ROUNDS = 12
+MAX_COARSE_ROUNDS = 8
+MAX_FINE_STEPS = 60
+FILLERS = tuple("abcdefghijklmnopqrstuvwxyz") + ("is", "to", "of", "in", "on", "at", "by", "we", "it", "no")
+"""Short pieces tried one at a time to land on the exact length once the text is close."""
 
 
 def random_words(rng: random.Random, count: int) -> list[str]:
@@ -44,25 +47,48 @@ def chat_messages(text: str, system: str | None = None) -> list[dict[str, Any]]:
 def fit_prompt(rng: random.Random, counter: TokenCounter, api: str, target_tokens: int) -> tuple[str, bool]:
     """Random text whose prompt is exactly `target_tokens` tokens; (text, exact).
 
-    `exact` is False when the counter is approximate or the fit did not converge (a word
-    boundary can change the count by two); the closest length not above the target is kept.
+    A coarse pass scales the word count by the measured tokens per word; a fine pass
+    drops words until the prompt fits, then appends short pieces that keep it within the
+    target until it is exact. `exact` is False when the counter is approximate or no
+    piece lands exactly (the closest length not above the target is kept).
     """
-    words = random_words(rng, target_tokens)
-    best: tuple[int, list[str]] | None = None
-    for _ in range(MAX_FIT_ROUNDS):
+
+    def measure(words: list[str]) -> int:
         text = " ".join(words)
-        count = counter.count_prompt(api, text, chat_messages(text) if api == "chat" else None)
-        if count == target_tokens:
-            return text, counter.exact
-        if count < target_tokens and (best is None or count > best[0]):
-            best = (count, list(words))
+        return counter.count_prompt(api, text, chat_messages(text) if api == "chat" else None)
+
+    words = random_words(rng, max(target_tokens, 1))
+    count = measure(words)
+    for _ in range(MAX_COARSE_ROUNDS):
         difference = target_tokens - count
-        if difference > 0:
-            words.extend(random_words(rng, max(1, difference // 2 if len(words) > 4 else difference)))
+        if abs(difference) <= 2:
+            break
+        per_word = max(count / max(len(words), 1), 1.0)
+        change = int(difference / per_word) or (1 if difference > 0 else -1)
+        words = words + random_words(rng, change) if change > 0 else words[: max(1, len(words) + change)]
+        count = measure(words)
+    steps = 0
+    while count > target_tokens and len(words) > 1 and steps < MAX_FINE_STEPS:
+        words.pop()
+        count = measure(words)
+        steps += 1
+    fillers = list(FILLERS)
+    rng.shuffle(fillers)
+    while count < target_tokens and steps < MAX_FINE_STEPS:
+        neutral: str | None = None  # a piece that adds text but no token yet (merges with the next)
+        for piece in fillers:
+            steps += 1
+            longer = measure([*words, piece])
+            if count < longer <= target_tokens:
+                words.append(piece)
+                count = longer
+                break
+            if longer == count and neutral is None:
+                neutral = piece
+            if steps >= MAX_FINE_STEPS:
+                break
         else:
-            per_word = count / max(len(words), 1)
-            remove = max(1, int(-difference / max(per_word, 1.0)))
-            words = words[: max(1, len(words) - remove)]
-    if best is None:
-        return " ".join(words), False
-    return " ".join(best[1]), False
+            if neutral is None:
+                break  # no piece fits any more
+            words.append(neutral)
+    return " ".join(words), counter.exact and count == target_tokens

