@@ -224,5 +224,29 @@ def test_non_image_in_an_image_part_is_a_400(engine: SimHandle) -> None:
     _assert_openai_error(_chat(engine, messages=[{"role": "user", "content": parts}]), 400, "BadRequestError", "unsupported type 'audio'")
 
 
+def test_client_disconnect_aborts_the_request(engine: SimHandle) -> None:
+    import time
+
+    aborted_before = _abort_count(engine)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{engine.base_url}/v1/chat/completions", json=body, timeout=10) as response:
+        for line in response.iter_lines():
+            if '"content":" ' in line.replace('"content": "', '"content":"'):
+                break  # read one token, then hang up
+    deadline = time.monotonic() + 10
+    while _abort_count(engine) < aborted_before + 1:
+        assert time.monotonic() < deadline, "the engine never noticed the client leaving"
+        time.sleep(0.05)
+    assert httpx.get(f"{engine.base_url}/debug/state").json()["num_running"] == 0
+
+
+def _abort_count(engine: SimHandle) -> float:
+    prefix = f'vllm:request_success_total{{engine="0",finished_reason="abort",model_name="{MODEL}"}} '
+    for line in engine.metrics_text().splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return 0.0
+
+
 def test_engine_still_serves_after_errors(engine: SimHandle) -> None:
     assert _chat(engine, max_tokens=2).status_code == 200
