@@ -13,23 +13,14 @@ engine_app = typer.Typer(
 )
 
 
-def _parse_codes(text: str) -> tuple[int, ...]:
-    try:
-        codes = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise UserError(f"--error-codes takes a comma-separated list like 500,503; got '{text}'") from None
-    if not codes:
-        raise UserError("--error-codes needs at least one status code, e.g. 500,503")
-    return codes
-
-
-def _parse_budgets(text: str | None) -> tuple[int, ...]:
+def _parse_int_list(text: str | None, flag: str, example: str) -> tuple[int, ...]:
+    """'500,503' → (500, 503); a UserError naming the flag otherwise."""
     if not text:
         return ()
     try:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise UserError(f"--image-budgets takes a comma-separated list like 70,140,280; got '{text}'") from None
+        raise UserError(f"{flag} takes a comma-separated list like {example}; got '{text}'") from None
 
 
 @engine_app.command("sim")
@@ -85,11 +76,11 @@ def sim(
         enable_prefix_caching=not no_prefix_caching,
         enable_chunked_prefill=not no_chunked_prefill,
         image_tokens=image_tokens,
-        allowed_image_budgets=_parse_budgets(image_budgets),
+        allowed_image_budgets=_parse_int_list(image_budgets, "--image-budgets", "70,140,280"),
         output_len=OutputLengthDistribution.parse(output_len),
         faults=FaultOptions(
             error_rate=error_rate,
-            error_codes=_parse_codes(error_codes),
+            error_codes=_parse_int_list(error_codes, "--error-codes", "500,503") or (500,),
             crash_after=crash_after,
             startup_delay_s=startup_delay,
             stall_after_tokens=stall_after_tokens,

@@ -15,7 +15,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
-from vlmserve.sched.scheduler import SimRequest, StepResult
+from vlmserve.sched.scheduler import SimRequest, StepResult, check_new_request
 from vlmserve.sched.step_cost import StepContents
 
 EMISSION_WINDOW_S = 0.0005
@@ -54,10 +54,7 @@ class ConstantLatencyScheduler:
         self.num_preemptions_total = 0
 
     def add_request(self, request: SimRequest) -> None:
-        if request.request_id in self.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        if request.max_output_tokens < 1:
-            raise ValueError("max_output_tokens must be at least 1")
+        check_new_request(request, self.requests, self.max_model_len)
         state = _ConstantRequest(request.request_id, len(request.prompt_token_ids), request.max_output_tokens)
         self.requests[request.request_id] = state
         self.waiting.append(state)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vlmserve.sched.kv_cache import ROOT_HASH, BlockHash, hash_block_tokens, hash_request_blocks
@@ -107,6 +107,22 @@ class StepResult:
         return self.start_s + self.duration_s
 
 
+def check_new_request(request: SimRequest, known: Mapping[str, object], max_model_len: int) -> None:
+    """Raise ValueError for a request no engine could run (shared by every scheduler)."""
+    if request.request_id in known:
+        raise ValueError(f"duplicate request id {request.request_id!r}")
+    if not request.prompt_token_ids:
+        raise ValueError("a request needs at least one prompt token")
+    if request.max_output_tokens < 1:
+        raise ValueError("max_output_tokens must be at least 1")
+    total = len(request.prompt_token_ids) + request.max_output_tokens
+    if total > max_model_len:
+        raise ValueError(
+            f"prompt ({len(request.prompt_token_ids)}) + max_output_tokens "
+            f"({request.max_output_tokens}) exceeds max_model_len {max_model_len}"
+        )
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -184,18 +200,7 @@ class Scheduler:
     # -- requests in and out ---------------------------------------------------------------
     def add_request(self, request: SimRequest) -> None:
         """Queue a request; raises ValueError if it could never run (vLLM refuses these up front)."""
-        if request.request_id in self.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        if not request.prompt_token_ids:
-            raise ValueError("a request needs at least one prompt token")
-        if request.max_output_tokens < 1:
-            raise ValueError("max_output_tokens must be at least 1")
-        total = len(request.prompt_token_ids) + request.max_output_tokens
-        if total > self.config.max_model_len:
-            raise ValueError(
-                f"prompt ({len(request.prompt_token_ids)}) + max_output_tokens "
-                f"({request.max_output_tokens}) exceeds max_model_len {self.config.max_model_len}"
-            )
+        check_new_request(request, self.requests, self.config.max_model_len)
         state = Request(request, self.config.block_size)
         self.requests[request.request_id] = state
         self.waiting.append(state)

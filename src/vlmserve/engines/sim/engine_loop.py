@@ -186,21 +186,14 @@ class EngineLoop:
 
     def _send(self, ready: list[tuple[ActiveRequest, bytes]], emit_at: float) -> None:
         """Write pre-rendered chunks: the only per-chunk work done at the step boundary."""
-        timing = self.timing
-        clock = self.clock
-        untimed = 0
+        timer = _GroupTimer(self.timing, self.clock, emit_at)
         for request, frame in ready:
             transport = request.transport
             if transport is None or transport.is_closing():
                 continue  # client gone; `_emit` notices and aborts it
             transport.write(frame)
-            untimed += 1
-            if untimed == TIMING_GROUP and timing is not None:
-                # The group's last write time bounds every chunk in it: never understates lateness.
-                timing.record(clock() - emit_at, untimed)
-                untimed = 0
-        if untimed and timing is not None:
-            timing.record(clock() - emit_at, untimed)
+            timer.tick()
+        timer.flush()
 
     def _emit(self, result: StepResult, emit_at: float) -> None:
         """Deliver one step's tokens and finishes to their requests, and update the metrics."""
@@ -219,13 +212,11 @@ class EngineLoop:
             metrics.generation_tokens.inc(len(result.tokens))
 
         # One pass over the step's tokens: bookkeeping, and the chunks `_send` did not cover.
-        timing = self.timing
-        clock = self.clock
+        timer = _GroupTimer(self.timing, self.clock, emit_at)
         active_get = active.get
         itl_values: list[float] = []
         itl_append = itl_values.append
         lost: list[str] = []
-        untimed = 0
         for request_id, count in result.tokens:
             request = active_get(request_id)
             if request is None:
@@ -250,13 +241,8 @@ class EngineLoop:
             if not self._deliver(request):
                 lost.append(request_id)
                 continue
-            untimed += 1
-            if untimed == TIMING_GROUP and timing is not None:
-                # The group's last write time bounds every chunk in it: never understates lateness.
-                timing.record(clock() - emit_at, untimed)
-                untimed = 0
-        if untimed and timing is not None:
-            timing.record(clock() - emit_at, untimed)
+            timer.tick()
+        timer.flush()
         if itl_values:
             metrics.inter_token_latency.observe_many(itl_values)
 
@@ -310,6 +296,32 @@ class EngineLoop:
             return
         if request.finish_reason is not None and request.written >= request.plan.num_tokens:
             request.resolve("finished")
+
+
+class _GroupTimer:
+    """Records emission lateness once per TIMING_GROUP chunks.
+
+    The clock is read after the group's last write, which bounds the lateness of every
+    chunk in the group: the recorded distribution never understates it.
+    """
+
+    __slots__ = ("timing", "clock", "emit_at", "untimed")
+
+    def __init__(self, timing: EmissionTimingRecorder | None, clock: Callable[[], float], emit_at: float) -> None:
+        self.timing = timing
+        self.clock = clock
+        self.emit_at = emit_at
+        self.untimed = 0
+
+    def tick(self) -> None:
+        self.untimed += 1
+        if self.untimed == TIMING_GROUP:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.untimed and self.timing is not None:
+            self.timing.record(self.clock() - self.emit_at, self.untimed)
+        self.untimed = 0
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
