@@ -250,3 +250,13 @@ def _abort_count(engine: SimHandle) -> float:
 
 def test_engine_still_serves_after_errors(engine: SimHandle) -> None:
     assert _chat(engine, max_tokens=2).status_code == 200
+
+
+def test_engine_runs_in_process_in_a_thread() -> None:
+    from vlmserve.engines.sim.options import SimEngineConfig
+    from vlmserve.engines.sim.server import SimEngineThread
+
+    with SimEngineThread(SimEngineConfig(model="in-process", port=0, ttft_ms=1, itl_ms=1)) as engine:
+        assert engine.port and httpx.get(f"{engine.base_url}/health").status_code == 200
+        body = {"model": "in-process", "prompt": "hi", "max_tokens": 3}
+        assert httpx.post(f"{engine.base_url}/v1/completions", json=body).json()["usage"]["completion_tokens"] == 3

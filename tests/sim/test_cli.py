@@ -21,6 +21,7 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     [
         (["--profile", "nope"], "error: unknown sim profile 'nope'; choose one of: a100-8b, a10g-8b,"),
         (["--profile", "h100-8b", "--ttft-ms", "5"], "error: --profile and --ttft-ms/--itl-ms exclude each other"),
+        (["--gpu", "h100", "--itl-ms", "5"], "error: --gpu and --ttft-ms/--itl-ms exclude each other"),
         (["--output-len", "gauss:3"], "error: output length distribution 'gauss:3' is not understood"),
         (["--error-codes", "404"], "error: --error-codes takes 5xx status codes, got 404"),
         (["--error-rate", "1.5"], "error: --error-rate must be between 0 and 1"),

@@ -137,8 +137,9 @@ class SimEngineConfig:
 
     def validate(self) -> None:
         """Raise UserError for combinations the engine cannot run with."""
-        if self.constant_mode and self.profile:
-            raise UserError("--profile and --ttft-ms/--itl-ms exclude each other; pick one timing model")
+        if self.constant_mode and (self.profile or self.gpu):
+            chosen = "--profile" if self.profile else "--gpu"
+            raise UserError(f"{chosen} and --ttft-ms/--itl-ms exclude each other; pick one timing model")
         if self.constant_mode and ((self.ttft_ms or 0) < 0 or (self.itl_ms or 0) < 0):
             raise UserError("--ttft-ms and --itl-ms must not be negative")
         if self.image_tokens < 1:

@@ -256,7 +256,9 @@ class SimEngine:
             {
                 "model": config.model,
                 "mode": "constant" if config.constant_mode else "scheduler",
-                "profile": None if config.constant_mode else (config.profile or "tiny-cpu"),
+                "profile": None if config.constant_mode or config.gpu else (config.profile or "tiny-cpu"),
+                "gpu": config.gpu,
+                "tp": config.tp,
                 "num_running": self.core.num_running,
                 "num_waiting": self.core.num_waiting,
                 "kv_usage": self.core.kv_usage,
