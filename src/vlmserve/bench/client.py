@@ -148,7 +148,7 @@ class _StreamState:
                 self.tokens.append(1)
             if reasoning_in(choices):
                 self.reasoning_tokens += self.tokens[-1]
-        if usage and usage.get("completion_tokens") is not None:
+            # tokens reported on chunks without content (held-back text) go to the next content chunk
             self.last_completion = completion_now
 
 
@@ -232,8 +232,12 @@ def _finish(record: RequestRecord, state: _StreamState) -> None:
     if record.reasoning_tokens is None and state.reasoning_chunks:
         record.reasoning_tokens = state.reasoning_tokens
     record.tool_calls = len(state.tool_ids)
-    if not state.per_chunk and record.output_tokens and state.tokens:
-        _spread_tokens(state.tokens, record.output_tokens)
+    if record.output_tokens and state.tokens:
+        if not state.per_chunk:
+            _spread_tokens(state.tokens, record.output_tokens)
+        elif record.output_tokens > sum(state.tokens):
+            # tokens whose text never appeared in a content chunk belong to the last one
+            state.tokens[-1] += record.output_tokens - sum(state.tokens)
     if record.error_kind is not None:
         return
     if state.error is not None:

@@ -12,6 +12,8 @@ from typing import Any
 
 import psutil
 
+from vlmserve.bench.tasks import cancel_and_wait
+
 
 class ClientCpuMonitor:
     """Samples CPU use of the given processes once a second while the load runs."""
@@ -62,12 +64,7 @@ class ClientCpuMonitor:
                 self.end_times[pid] = self._cpu_s(process)
             except psutil.Error:
                 pass  # the worker has exited: keep its last sample
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     def summary(self) -> dict[str, Any]:
         wall = max(self.ended - self.started, 1e-9)

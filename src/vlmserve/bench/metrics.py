@@ -7,7 +7,7 @@ written out in docs/metrics.md and must stay in step with this module.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -381,10 +381,3 @@ def judge_client(client: dict[str, Any], limits: ClientLimits = ClientLimits(), 
             reasons.append(f"worker {worker} CPU {busy * 100:.0f}% busy")
     return {**client, "limited": bool(reasons), "limited_reasons": reasons}
 
-
-def group_by(records: Iterable[RequestRecord], key: str) -> dict[Any, list[RequestRecord]]:
-    """Records grouped by one attribute (e.g. 'worker'), for reports that slice a run."""
-    groups: dict[Any, list[RequestRecord]] = defaultdict(list)
-    for record in records:
-        groups[getattr(record, key)].append(record)
-    return dict(groups)

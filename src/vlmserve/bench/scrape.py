@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from vlmserve.bench.tasks import cancel_and_wait
+
 COUNTERS = {
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
@@ -108,12 +110,7 @@ class ServerScraper:
 
     async def stop(self) -> dict[str, Any]:
         """Stop sampling, scrape once more and return the `server` block of the summary."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         if self._session is not None:
             if self.before is not None:
                 self.after = await fetch_metrics(self._session, self.url)
