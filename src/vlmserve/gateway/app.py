@@ -238,11 +238,12 @@ class Gateway:
 
     def _finish(self, request_log: RequestLog, content: Any) -> None:
         request_log.finished_mono = time.monotonic()
-        self.metrics.requests.labels(request_log.status, request_log.tenant, request_log.replica).inc()
+        self.metrics.count_request(request_log.status, request_log.tenant, request_log.replica)
         if request_log.first_byte_mono is not None and request_log.status == "200":
-            self.metrics.ttft.labels(request_log.replica).observe(request_log.first_byte_mono - request_log.received_mono)
-            self.metrics.e2e.labels(request_log.replica).observe(request_log.finished_mono - request_log.received_mono)
-        self.audit.write(request_log.to_record(), content)
+            self.metrics.observe_latency(request_log.replica, request_log.first_byte_mono - request_log.received_mono,
+                                         request_log.finished_mono - request_log.received_mono)
+        if self.audit.enabled:
+            self.audit.write(request_log.to_record(), content)
 
     async def handle_other(self, request: web.Request) -> web.StreamResponse:
         """Any other /v1 path: forwarded to one healthy replica, response streamed back as is."""

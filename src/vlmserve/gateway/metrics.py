@@ -8,6 +8,7 @@ request path pays nothing for them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -73,6 +74,23 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.registry.register(_StateCollector(snapshot))
+        self._request_children: dict[tuple[str, str, str], Any] = {}
+        self._latency_children: dict[str, tuple[Any, Any]] = {}
+
+    def count_request(self, status: str, tenant: str, replica: str) -> None:
+        key = (status, tenant, replica)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(*key)
+        child.inc()
+
+    def observe_latency(self, replica: str, ttft_s: float, e2e_s: float) -> None:
+        """Both histograms of a finished request; label lookups are cached (hot path)."""
+        children = self._latency_children.get(replica)
+        if children is None:
+            children = self._latency_children[replica] = (self.ttft.labels(replica), self.e2e.labels(replica))
+        children[0].observe(ttft_s)
+        children[1].observe(e2e_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -213,7 +213,7 @@ class Forwarder:
         try:
             try:
                 upstream = await self.session.post(
-                    replica.url + request.path, data=body, headers=self._upstream_headers(log.request_id)
+                    replica.endpoint(request.path), data=body, headers=self._upstream_headers(log.request_id)
                 )
                 if upstream.status != 200:
                     payload = await upstream.read()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import aiohttp
+from yarl import URL
 
 from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
@@ -39,6 +40,14 @@ class Replica:
     load: EngineLoad | None = None
     in_flight: int = 0  # requests dispatched and not yet finished (the gateway's own count)
     dispatched_total: int = 0
+    _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
+
+    def endpoint(self, path: str) -> URL:
+        """The replica's URL for `path`, parsed once (URL parsing is a measurable share of a proxied request)."""
+        url = self._endpoints.get(path)
+        if url is None:
+            url = self._endpoints[path] = URL(self.url + path)
+        return url
 
     @property
     def name(self) -> str:

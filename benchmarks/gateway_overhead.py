@@ -1,0 +1,386 @@
+"""What does a proxy in front of an engine cost? TTFT and throughput, direct vs through proxies.
+
+One simulated engine (`vlmserve engine sim`, fixed TTFT and inter-token latency) is reached
+four ways, alternately, in many rounds of the same closed-loop load (N concurrent streams):
+
+  direct          the client talks to the engine
+  vlmserve        through `vlmserve gateway` (default policy)
+  nginx           through nginx with proxy_buffering off: the near-zero-overhead floor
+  vllm-router     through the vLLM project's router (PyPI `vllm-router`), if it installs
+
+Each round runs every configuration once, in a rotated order; a configuration's cost is its
+difference from `direct` *in the same round* (paired), and the figures quoted are the medians
+of those paired differences over the rounds. The engine, the proxies and the load generator
+are pinned to CPUs (taskset / sched_setaffinity), and the load generator's and the proxy's CPU
+use are printed with every trial so a saturated client is visible rather than hidden.
+
+    .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 8
+
+Figures are from the simulated engine: they measure the proxies, not a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import httpx
+import psutil
+
+from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
+from vlmserve.records import RequestRecord
+
+MODEL = "sim-model"
+VLLM_ROUTER_VENV = Path(tempfile.gettempdir()) / "vlmserve-bench-vllm-router"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pinned(cpus: str, argv: list[str]) -> list[str]:
+    return ["taskset", "-c", cpus, *argv] if cpus and shutil.which("taskset") else argv
+
+
+@dataclass
+class Route:
+    """One way of reaching the engine, and the processes that make it."""
+
+    name: str
+    base_url: str
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the proxy's processes and their children (nginx's workers)."""
+        total = 0.0
+        for process in self.processes:
+            try:
+                parent = psutil.Process(process.pid)
+                for proc in [parent, *parent.children(recursive=True)]:
+                    times = proc.cpu_times()
+                    total += times.user + times.system
+            except psutil.Error:
+                pass
+        return total
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def wait_healthy(url: str, timeout_s: float = 60.0, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise SystemExit(f"{url}: process exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{url} not healthy within {timeout_s:.0f} s")
+
+
+def start_engine(args: argparse.Namespace, log_dir: Path) -> Route:
+    port = free_port()
+    argv = [sys.executable, "-m", "vlmserve", "engine", "sim", "--host", "127.0.0.1", "--port", str(port),
+            "--model", MODEL, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
+            "--max-num-seqs", str(max(1024, args.streams * 2))]
+    with (log_dir / "engine.log").open("wb") as log:
+        process = subprocess.Popen(pinned(args.engine_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
+    route = Route("direct", f"http://127.0.0.1:{port}", [process])
+    wait_healthy(route.base_url + "/health", process=process)
+    return route
+
+
+def start_vlmserve(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route:
+    port = free_port()
+    argv = [sys.executable, "-m", "vlmserve", "gateway", "--replica", engine.base_url, "--host", "127.0.0.1",
+            "--port", str(port), "--policy", args.policy]
+    with (log_dir / "vlmserve-gateway.log").open("wb") as log:
+        process = subprocess.Popen(pinned(args.proxy_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
+    route = Route("vlmserve", f"http://127.0.0.1:{port}", [process])
+    wait_healthy(route.base_url + "/health", process=process)
+    return route
+
+
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/nginx-error.log warn;
+events {{ worker_connections 8192; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream engine {{ server 127.0.0.1:{engine_port}; keepalive 1024; }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route | None:
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None:
+        print("note: nginx not installed (apt-get install -y nginx); skipping the nginx floor")
+        return None
+    port = free_port()
+    conf_dir = log_dir / "nginx"
+    conf_dir.mkdir(exist_ok=True)
+    conf = conf_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=conf_dir, engine_port=engine.base_url.rsplit(":", 1)[1], port=port))
+    with (log_dir / "nginx.log").open("wb") as log:
+        process = subprocess.Popen(pinned(args.proxy_cpus, [binary, "-c", str(conf), "-p", str(conf_dir)]),
+                                   stdout=log, stderr=subprocess.STDOUT)
+    route = Route("nginx", f"http://127.0.0.1:{port}", [process])
+    wait_healthy(route.base_url + "/health", process=process)
+    return route
+
+
+def vllm_router_binary(venv: Path) -> Path | None:
+    """vllm-router from a private venv, installed there (pip) on first use; None if it cannot be."""
+    binary = venv / "bin" / "vllm-router"
+    if binary.exists():
+        return binary
+    print(f"installing vllm-router into {venv} ...")
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "vllm-router"], check=True,
+                       capture_output=True, timeout=900)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+        stderr = getattr(err, "stderr", b"") or b""
+        print(f"note: vllm-router did not install ({stderr.decode(errors='replace').strip()[-200:]}); skipping it")
+        return None
+    return binary if binary.exists() else None
+
+
+def start_vllm_router(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route | None:
+    binary = vllm_router_binary(Path(args.vllm_router_venv))
+    if binary is None:
+        return None
+    port = free_port()
+    argv = [str(binary), "--worker-urls", engine.base_url, "--host", "127.0.0.1", "--port", str(port),
+            "--policy", "round_robin", "--log-level", "warning"]
+    with (log_dir / "vllm-router.log").open("wb") as log:
+        process = subprocess.Popen(pinned(args.proxy_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
+    route = Route("vllm-router", f"http://127.0.0.1:{port}", [process])
+    wait_healthy(route.base_url + "/health", process=process)
+    return route
+
+
+# ---- load generation ------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    """One configuration's share of one round."""
+
+    route: str
+    ttft_ms: list[float]
+    ok: int
+    failed: int
+    output_tokens: int
+    wall_s: float
+    loadgen_cpu: float  # cores used by this process during the trial
+    proxy_cpu: float  # cores used by the proxy during the trial
+
+    def percentile(self, q: float) -> float:
+        ordered = sorted(self.ttft_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s
+
+
+async def run_trial(session: aiohttp.ClientSession, route: Route, body: bytes, requests: int, streams: int) -> Trial:
+    """Closed loop: `streams` workers send `requests` streamed requests in total."""
+    remaining = requests
+    records: list[RequestRecord] = []
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            record = RequestRecord(request_id=str(remaining), scheduled_at_s=0.0, sent_at_s=0.0)
+            await stream_request(session, route.base_url + "/v1/chat/completions", body, record,
+                                 clock_offset=0.0, timeout_s=120)
+            records.append(record)
+
+    usage_before = resource.getrusage(resource.RUSAGE_SELF)
+    proxy_before = route.cpu_seconds() if route.name != "direct" else 0.0
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(streams)))
+    wall = time.perf_counter() - started
+    usage_after = resource.getrusage(resource.RUSAGE_SELF)
+    loadgen_cpu = (usage_after.ru_utime - usage_before.ru_utime + usage_after.ru_stime - usage_before.ru_stime) / wall
+    proxy_cpu = (route.cpu_seconds() - proxy_before) / wall if route.name != "direct" else 0.0
+    ok = [r for r in records if r.ok]
+    return Trial(
+        route=route.name,
+        ttft_ms=[r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+        ok=len(ok),
+        failed=len(records) - len(ok),
+        output_tokens=sum(r.output_tokens or 0 for r in ok),
+        wall_s=wall,
+        loadgen_cpu=loadgen_cpu,
+        proxy_cpu=proxy_cpu,
+    )
+
+
+def summarize(trials: list[list[Trial]], names: list[str]) -> dict:
+    """Per configuration: medians of the per-round paired differences from direct."""
+    summary: dict[str, dict] = {}
+    for name in names:
+        rows = []
+        for round_trials in trials:
+            by_name = {t.route: t for t in round_trials}
+            direct, this = by_name["direct"], by_name[name]
+            rows.append({
+                "ttft_p50_ms": this.percentile(0.50),
+                "ttft_p99_ms": this.percentile(0.99),
+                "tokens_per_s": this.tokens_per_s,
+                "added_ttft_p50_ms": this.percentile(0.50) - direct.percentile(0.50),
+                "added_ttft_p99_ms": this.percentile(0.99) - direct.percentile(0.99),
+                "throughput_ratio": this.tokens_per_s / direct.tokens_per_s,
+                "failed": this.failed,
+                "loadgen_cpu": this.loadgen_cpu,
+                "proxy_cpu": this.proxy_cpu,
+            })
+        summary[name] = {
+            key: {"median": statistics.median(r[key] for r in rows), "min": min(r[key] for r in rows),
+                  "max": max(r[key] for r in rows)}
+            for key in rows[0]
+        }
+        summary[name]["failed_total"] = sum(r["failed"] for r in rows)
+    return summary
+
+
+def print_summary(summary: dict, args: argparse.Namespace) -> None:
+    print()
+    print(f"{args.streams} streams, {args.rounds} rounds x {args.requests} requests per configuration, "
+          f"engine TTFT {args.ttft_ms} ms / ITL {args.itl_ms} ms / {args.output_tokens} tokens (simulated engine)")
+    header = (f"{'route':<12} {'TTFT p50':>9} {'TTFT p99':>9} {'+p50 (paired)':>14} {'+p99 (paired)':>14} "
+              f"{'tok/s':>8} {'tput vs direct':>15} {'proxy CPU':>10} {'client CPU':>11} {'failed':>7}")
+    print(header)
+    for name, figures in summary.items():
+        def med(key: str) -> float:
+            return figures[key]["median"]
+
+        spread = f"[{figures['added_ttft_p50_ms']['min']:+.2f},{figures['added_ttft_p50_ms']['max']:+.2f}]"
+        print(f"{name:<12} {med('ttft_p50_ms'):>8.2f}ms {med('ttft_p99_ms'):>8.2f}ms "
+              f"{med('added_ttft_p50_ms'):>+12.2f}ms {med('added_ttft_p99_ms'):>+12.2f}ms "
+              f"{med('tokens_per_s'):>8.0f} {med('throughput_ratio'):>14.3f}x "
+              f"{med('proxy_cpu'):>9.2f}c {med('loadgen_cpu'):>10.2f}c {figures['failed_total']:>7d}   p50 diff range {spread}")
+
+
+async def run(args: argparse.Namespace, routes: list[Route]) -> list[list[Trial]]:
+    if args.loadgen_cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(cpu) for cpu in args.loadgen_cpus.split(",")})
+    body = encode_body(build_body(RequestOptions(model=MODEL, per_chunk_usage=False), args.output_tokens,
+                                  messages=[{"role": "user", "content": "Describe the radiograph in one line."}]))
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    rounds: list[list[Trial]] = []
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for route in routes:  # warm-up: connections, caches, JITs of the proxies
+            await run_trial(session, route, body, min(args.requests, args.streams), args.streams)
+        for index in range(args.rounds):
+            order = routes[index % len(routes):] + routes[: index % len(routes)]
+            trials = []
+            for route in order:
+                trial = await run_trial(session, route, body, args.requests, args.streams)
+                trials.append(trial)
+                print(f"round {index + 1}/{args.rounds} {route.name:<12} TTFT p50 {trial.percentile(0.5):7.2f} ms "
+                      f"p99 {trial.percentile(0.99):7.2f} ms  {trial.tokens_per_s:8.0f} tok/s  "
+                      f"failed {trial.failed}  client CPU {trial.loadgen_cpu:.2f}  proxy CPU {trial.proxy_cpu:.2f}",
+                      flush=True)
+            rounds.append(trials)
+    return rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", type=int, default=256, help="concurrent streams (closed loop)")
+    parser.add_argument("--requests", type=int, default=768, help="requests per configuration per round")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--ttft-ms", type=float, default=20.0, help="the sim engine's time to first token")
+    parser.add_argument("--itl-ms", type=float, default=40.0, help="the sim engine's inter-token latency")
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--policy", default="least-outstanding-tokens", help="vlmserve gateway policy")
+    parser.add_argument("--engine-cpus", default="0", help="taskset CPU list for the engine")
+    parser.add_argument("--proxy-cpus", default="1", help="taskset CPU list for each proxy")
+    parser.add_argument("--loadgen-cpus", default="0", help="CPU list for this load generator")
+    parser.add_argument("--only", default="", help="comma-separated subset of vlmserve,nginx,vllm-router")
+    parser.add_argument("--vllm-router-venv", default=str(VLLM_ROUTER_VENV))
+    parser.add_argument("--json-out", type=Path, help="write per-round trials and the summary here")
+    args = parser.parse_args()
+    wanted = set(args.only.split(",")) if args.only else {"vlmserve", "nginx", "vllm-router"}
+
+    log_dir = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
+    routes: list[Route] = []
+    try:
+        engine = start_engine(args, log_dir)
+        routes.append(engine)
+        starters = {"vlmserve": start_vlmserve, "nginx": start_nginx, "vllm-router": start_vllm_router}
+        for name, starter in starters.items():
+            if name in wanted:
+                route = starter(engine, args, log_dir)
+                if route is not None:
+                    routes.append(route)
+        print(f"routes: {', '.join(r.name for r in routes)}; cpus: engine {args.engine_cpus}, proxies "
+              f"{args.proxy_cpus}, load generator {args.loadgen_cpus} (of {os.cpu_count()}); logs in {log_dir}")
+        import uvloop
+
+        rounds = uvloop.run(run(args, routes))
+        summary = summarize(rounds, [r.name for r in routes])
+        print_summary(summary, args)
+        if args.json_out:
+            args.json_out.write_text(json.dumps({
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "summary": summary,
+                "rounds": [[{**vars(t), "ttft_ms": None} for t in trials] for trials in rounds],
+            }, indent=2))
+    finally:
+        for route in reversed(routes):
+            route.stop()
+
+
+if __name__ == "__main__":
+    main()
