@@ -165,6 +165,17 @@ def up_process(vlmserve_cmd: list[str], home: Path) -> Iterator[list[subprocess.
             proc.wait(timeout=30)
 
 
+def spawn_up(
+    vlmserve_cmd: list[str], home: Path, started: list[subprocess.Popen[str]], *args: str
+) -> subprocess.Popen[str]:
+    """`vlmserve up ...` in the background (its output piped), remembered for clean-up."""
+    proc = subprocess.Popen(
+        [*vlmserve_cmd, "up", *args], env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    started.append(proc)
+    return proc
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_two_replicas_serve_restart_and_stop_cleanly(
@@ -172,12 +183,8 @@ def test_two_replicas_serve_restart_and_stop_cleanly(
 ) -> None:
     base = free_port_block(3)
     name = "two"
-    proc = subprocess.Popen(
-        [*vlmserve_cmd, "up", "--name", name, "--replicas", "2", "--port", str(base), "--no-gateway",
-         "--max-model-len", "1024", "--kv-cache-space-gb", "1"],
-        env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    up_process.append(proc)
+    proc = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--replicas", "2", "--port", str(base),
+                    "--no-gateway", "--max-model-len", "1024", "--kv-cache-space-gb", "1")  # fmt: skip
     state = wait_for(lambda: all_ready(home, name, 2), 480, "both replicas ready", proc)
 
     # both replicas serve text and images, each on its own port and cores
@@ -238,12 +245,8 @@ def test_sim_replicas_behind_gateway_stop_on_sigterm(
 ) -> None:
     base = free_port_block(3)
     name = "simgw"
-    proc = subprocess.Popen(
-        [*vlmserve_cmd, "up", "--name", name, "--engine", "sim", "--model", "sim-model", "--replicas", "2",
-         "--port", str(base)],
-        env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    up_process.append(proc)
+    proc = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--engine", "sim", "--model", "sim-model",
+                    "--replicas", "2", "--port", str(base))  # fmt: skip
 
     def gateway_ready() -> dict | None:  # type: ignore[type-arg]
         state = all_ready(home, name, 2)

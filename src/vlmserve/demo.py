@@ -145,10 +145,14 @@ def answers_table(answers: list[DemoAnswer]) -> Table:
     for answer in answers:
         table.add_row(
             answer.kind,
-            answer.answer.replace("\n", " "),
+            _shorten(answer.answer.replace("\n", " ").strip(), 90),
             f"{answer.time_to_first_token_s * 1000:.0f}" if answer.time_to_first_token_s is not None else "-",
             f"{answer.end_to_end_s * 1000:.0f}",
             str(answer.prompt_tokens if answer.prompt_tokens is not None else "-"),
             str(answer.completion_tokens if answer.completion_tokens is not None else "-"),
         )
     return table
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.console import Group
 from rich.table import Table
 
 from vlmserve.errors import UserError
@@ -191,29 +192,35 @@ def _mark_stopped(state: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def status_table(states: list[dict[str, Any]]) -> Table:
+def status_table(states: list[dict[str, Any]]) -> Group:
+    """One table per deployment: each process's port, pid, state, restarts and uptime."""
     from vlmserve.deployment_state import format_uptime
 
-    table = Table(title="vlmserve deployments")
-    for column in ("deployment", "process", "url", "pid", "state", "restarts", "uptime", "devices"):
-        table.add_column(column, justify="right" if column in ("pid", "restarts") else "left")
     now = time.time()
+    tables = []
     for state in states:
+        table = Table(
+            title=f"deployment [bold]{state['name']}[/bold]: {state.get('served_model_name') or state.get('model')} "
+            f"at {state.get('endpoint') or '-'}",
+            title_justify="left",
+        )
+        for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices"):
+            table.add_column(column, justify="right" if column in ("port", "pid", "restarts") else "left")
         members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
         for member in members:
             label = f"replica {member['index']}" if member["role"] == "replica" else "gateway"
             colour = {"ready": "green", "restarting": "yellow", "failed": "red"}.get(member["state"], "white")
             table.add_row(
-                state["name"],
                 label,
-                member["url"],
+                str(member["port"]),
                 str(member.get("pid") or "-"),
                 f"[{colour}]{member['state']}[/{colour}]",
                 str(member.get("restarts", 0)),
                 format_uptime(member.get("started_at"), now),
                 member.get("devices") or "",
             )
-    return table
+        tables.append(table)
+    return Group(*tables)
 
 
 def demo(
