@@ -94,6 +94,24 @@ def check_output(path: Path, expected: int | None) -> tuple[int, int]:
     return lines, len(seen)
 
 
+def measure_resume(argv: list[str]) -> tuple[float, float]:
+    """(seconds, peak RSS MB) of rerunning the finished job: the resume scan alone (no engine needed)."""
+    argv = [*argv[:argv.index("--base-url") + 1], "http://127.0.0.1:9", *argv[argv.index("--base-url") + 2:]]
+    started = time.monotonic()
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = psutil.Process(job.pid)
+    peak = 0
+    while job.poll() is None:
+        try:
+            peak = max(peak, process.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    if job.wait() != 0:
+        raise SystemExit(f"resume rerun exited {job.returncode}; expected 0 with nothing left to send")
+    return time.monotonic() - started, peak / 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lines", type=int, default=1_000_000)
@@ -147,12 +165,16 @@ def main() -> None:
         engine.wait(timeout=30)
 
     lines, ids = check_output(output_path, None if stopped_early else args.lines)
+    resume = None if stopped_early else measure_resume(argv)
     rate = lines / elapsed
     print(f"batch exit code {code}; answered {lines:,} lines ({ids:,} distinct ids) in {elapsed:,.1f} s")
     print(f"throughput: {rate:,.0f} lines/s (concurrency {args.concurrency}, sim engine, machine shared)")
     print(f"peak RSS of the batch process: {peak_rss / 1e6:,.1f} MB")
     print("RSS (MB) at each tenth of the file: "
           + ", ".join(f"{tenth * 10}%: {mb:,.1f}" for tenth, mb in sorted(rss_by_tenth.items())))
+    if resume is not None:
+        print(f"rerun over the finished job (resume: scan input + output, send nothing): "
+              f"{resume[0]:,.1f} s, peak RSS {resume[1]:,.1f} MB")
     if stopped_early:
         print(f"EXTRAPOLATED (stopped after {args.time_budget:.0f} s): the full {args.lines:,} lines would take "
               f"about {args.lines / rate / 60:,.1f} min at this rate")
