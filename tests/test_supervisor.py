@@ -90,6 +90,11 @@ def test_malformed_flags(vlmserve_cmd: list[str], home: Path) -> None:
     assert_one_line_error(done, "field 'engine'")
 
 
+def test_malformed_json_flag(vlmserve_cmd: list[str], home: Path) -> None:
+    done = run_up(vlmserve_cmd, home, "--limit-mm-per-prompt", "{image: 2", "--print-plan")
+    assert_one_line_error(done, "--limit-mm-per-prompt: not valid JSON")
+
+
 def test_status_of_unknown_deployment(vlmserve_cmd: list[str], home: Path) -> None:
     done = subprocess.run([*vlmserve_cmd, "status", "nope"], capture_output=True, text=True, timeout=120, env=cli_env(home))
     assert_one_line_error(done, "no deployment named 'nope'")

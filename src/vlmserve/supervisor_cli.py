@@ -47,6 +47,19 @@ def build_spec(file: Path | None, overrides: dict[str, Any], engine_overrides: d
         raise UserError(describe_validation_error(err, source)) from None
 
 
+def parse_json_flag(flag: str, text: str | None) -> Any:
+    """A flag whose value is a JSON object; a bad one is one clear line."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{flag}: not valid JSON ({err.msg}); write it like '{{\"image\": 2}}'") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{flag}: give a JSON object, like '{{\"image\": 2}}'")
+    return value
+
+
 def split_engine_args(values: list[str] | None) -> list[str]:
     """`--engine-arg "--swap-space 1" --engine-arg=--enforce-eager` -> a flat argv list."""
     flat: list[str] = []
@@ -78,6 +91,11 @@ def up(
     enable_prefix_caching: Optional[bool] = typer.Option(
         None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Engine: prefix caching."
     ),
+    limit_mm_per_prompt: Optional[str] = typer.Option(None, help='Engine: JSON, e.g. \'{"image": 2}\'.'),
+    mm_processor_kwargs: Optional[str] = typer.Option(None, help="Engine: JSON kwargs for the multimodal processor."),
+    async_scheduling: Optional[bool] = typer.Option(
+        None, "--async-scheduling/--no-async-scheduling", help="Engine: overlap scheduling with execution."
+    ),
     enforce_eager: Optional[bool] = typer.Option(
         None, "--enforce-eager/--no-enforce-eager", help="Engine: skip torch.compile (default: only for 'embedded')."
     ),
@@ -102,7 +120,9 @@ def up(
             "gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
             "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
-            "enforce_eager": enforce_eager,
+            "enforce_eager": enforce_eager, "async_scheduling": async_scheduling,
+            "limit_mm_per_prompt": parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt),
+            "mm_processor_kwargs": parse_json_flag("--mm-processor-kwargs", mm_processor_kwargs),
             "extra_args": split_engine_args(engine_arg),
         },
     )  # fmt: skip
