@@ -25,8 +25,10 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import resource
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -230,24 +232,31 @@ class Trial:
         return self.output_tokens / self.wall_s
 
 
-async def run_trial(session: aiohttp.ClientSession, route: Route, body: bytes, requests: int, streams: int) -> Trial:
-    """Closed loop: `streams` workers send `requests` streamed requests in total."""
+async def run_trial(session: aiohttp.ClientSession, route: Route, bodies: list[bytes], requests: int, streams: int,
+                    stagger_s: float) -> Trial:
+    """Closed loop: `streams` workers send `requests` streamed requests in total.
+
+    Output lengths vary (the `bodies` cycle) and workers start `stagger_s` apart, so requests do
+    not finish and restart in lock-step: otherwise every proxy would see bursts of `streams`
+    simultaneous arrivals, which no real deployment produces.
+    """
     remaining = requests
     records: list[RequestRecord] = []
+    url = route.base_url + "/v1/chat/completions"
 
-    async def worker() -> None:
+    async def worker(index: int) -> None:
         nonlocal remaining
+        await asyncio.sleep(index * stagger_s)
         while remaining > 0:
             remaining -= 1
             record = RequestRecord(request_id=str(remaining), scheduled_at_s=0.0, sent_at_s=0.0)
-            await stream_request(session, route.base_url + "/v1/chat/completions", body, record,
-                                 clock_offset=0.0, timeout_s=120)
+            await stream_request(session, url, bodies[remaining % len(bodies)], record, clock_offset=0.0, timeout_s=120)
             records.append(record)
 
     usage_before = resource.getrusage(resource.RUSAGE_SELF)
     proxy_before = route.cpu_seconds() if route.name != "direct" else 0.0
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(streams)))
+    await asyncio.gather(*(worker(index) for index in range(streams)))
     wall = time.perf_counter() - started
     usage_after = resource.getrusage(resource.RUSAGE_SELF)
     loadgen_cpu = (usage_after.ru_utime - usage_before.ru_utime + usage_after.ru_stime - usage_before.ru_stime) / wall
@@ -314,18 +323,23 @@ def print_summary(summary: dict, args: argparse.Namespace) -> None:
 async def run(args: argparse.Namespace, routes: list[Route]) -> list[list[Trial]]:
     if args.loadgen_cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(cpu) for cpu in args.loadgen_cpus.split(",")})
-    body = encode_body(build_body(RequestOptions(model=MODEL, per_chunk_usage=False), args.output_tokens,
-                                  messages=[{"role": "user", "content": "Describe the radiograph in one line."}]))
+    rng = random.Random(0)
+    options = RequestOptions(model=MODEL, per_chunk_usage=False)
+    messages = [{"role": "user", "content": "Describe the radiograph in one line."}]
+    low, high = max(1, args.output_tokens // 2), args.output_tokens * 3 // 2
+    bodies = [encode_body(build_body(options, rng.randint(low, high), messages=messages)) for _ in range(97)]
+    request_s = (args.ttft_ms + args.itl_ms * args.output_tokens) / 1000
+    stagger_s = request_s / args.streams
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     rounds: list[list[Trial]] = []
     async with aiohttp.ClientSession(connector=connector) as session:
         for route in routes:  # warm-up: connections, caches, JITs of the proxies
-            await run_trial(session, route, body, min(args.requests, args.streams), args.streams)
+            await run_trial(session, route, bodies, min(args.requests, args.streams), args.streams, stagger_s)
         for index in range(args.rounds):
             order = routes[index % len(routes):] + routes[: index % len(routes)]
             trials = []
             for route in order:
-                trial = await run_trial(session, route, body, args.requests, args.streams)
+                trial = await run_trial(session, route, bodies, args.requests, args.streams, stagger_s)
                 trials.append(trial)
                 print(f"round {index + 1}/{args.rounds} {route.name:<12} TTFT p50 {trial.percentile(0.5):7.2f} ms "
                       f"p99 {trial.percentile(0.99):7.2f} ms  {trial.tokens_per_s:8.0f} tok/s  "
@@ -342,7 +356,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--ttft-ms", type=float, default=20.0, help="the sim engine's time to first token")
     parser.add_argument("--itl-ms", type=float, default=40.0, help="the sim engine's inter-token latency")
-    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--output-tokens", type=int, default=32, help="mean output length (uniform 0.5x..1.5x)")
     parser.add_argument("--policy", default="least-outstanding-tokens", help="vlmserve gateway policy")
     parser.add_argument("--engine-cpus", default="0", help="taskset CPU list for the engine")
     parser.add_argument("--proxy-cpus", default="1", help="taskset CPU list for each proxy")
@@ -353,6 +367,8 @@ def main() -> None:
     args = parser.parse_args()
     wanted = set(args.only.split(",")) if args.only else {"vlmserve", "nginx", "vllm-router"}
 
+    # SIGTERM unwinds like Ctrl-C, so the `finally` below stops the engine and proxies.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log_dir = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
     routes: list[Route] = []
     try:

@@ -8,6 +8,7 @@ that fails real requests. Engine load (/metrics) is polled only when the policy 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -171,20 +172,19 @@ class ReplicaPool:
             await asyncio.sleep(self.metrics_interval_s)
             await asyncio.gather(*(self._poll_metrics(r) for r in self.replicas if r.healthy))
 
-    def _probe_timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=max(1.0, 2 * self.health_interval_s))
+    async def _probe(self, replica: Replica, path: str) -> bytes | None:
+        """GET `path` on the replica; the body when it answers 200, else None (never raises)."""
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=max(1.0, 2 * self.health_interval_s))
+        try:
+            async with self._session.get(replica.url + path, headers=self.upstream_headers, timeout=timeout) as resp:
+                body = await resp.read()
+                return body if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return None
 
     async def _check_health(self, replica: Replica) -> None:
-        assert self._session is not None
-        try:
-            async with self._session.get(
-                replica.url + "/health", headers=self.upstream_headers, timeout=self._probe_timeout()
-            ) as resp:
-                await resp.read()
-                ok = resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            ok = False
-        if ok:
+        if await self._probe(replica, "/health") is not None:
             if not replica.healthy:
                 log.info("replica %s is healthy", replica.url)
             replica.healthy = True
@@ -199,31 +199,20 @@ class ReplicaPool:
             replica.healthy = False
 
     async def _refresh_models(self, replica: Replica) -> None:
-        assert self._session is not None
+        body = await self._probe(replica, "/v1/models")
         try:
-            async with self._session.get(
-                replica.url + "/v1/models", headers=self.upstream_headers, timeout=self._probe_timeout()
-            ) as resp:
-                if resp.status == 200:
-                    payload = await resp.json(content_type=None)
-                    data = payload.get("data") if isinstance(payload, dict) else None
-                    if isinstance(data, list):
-                        replica.models = [m for m in data if isinstance(m, dict)]
-                        replica.models_checked_at = time.monotonic()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            pass
+            payload = json.loads(body) if body is not None else None
+        except ValueError:
+            return
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if isinstance(data, list):
+            replica.models = [m for m in data if isinstance(m, dict)]
+            replica.models_checked_at = time.monotonic()
 
     async def _poll_metrics(self, replica: Replica) -> None:
-        assert self._session is not None
-        try:
-            async with self._session.get(
-                replica.url + "/metrics", headers=self.upstream_headers, timeout=self._probe_timeout()
-            ) as resp:
-                if resp.status != 200:
-                    return
-                text = await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError):
+        body = await self._probe(replica, "/metrics")
+        if body is None:
             return
-        replica.load = parse_engine_load(text, time.monotonic())
+        replica.load = parse_engine_load(body.decode("utf-8", "replace"), time.monotonic())
         if self.on_load_update is not None:
             self.on_load_update(replica, replica.load)
