@@ -26,7 +26,7 @@ from vlmserve.sweep.runner import SweepOverrides, apply_overrides, run_sweep
 from vlmserve.sweep.spec import parse_sweep_spec
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = ["--scale-requests", "0.01", "--max-output-len", "8", "--no-progress"]
+SMOKE = ["--requests-per-user", "2", "--max-output-len", "8", "--no-progress"]
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_prompt_length_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd
     assert by_name["images-c4"].metric("tokens.images_total") > 0
     assert by_name["chat-u4"].summary["meta"]["load_spec"]["dataset"] == "sharegpt"
     assert "| rank | deployment |" in (out / "summary.md").read_text()
-    assert "shrunk run (request counts and durations ×0.01; outputs capped at 8 tokens)" in (
+    assert "shrunk run (2 requests per user (counts and durations replaced); outputs capped at 8 tokens)" in (
         out / "report.html").read_text()
     (artifacts_dir / "sweep-prompt-lengths.html").write_bytes((out / "report.html").read_bytes())
 
@@ -198,3 +198,5 @@ def test_overrides_shrink_cells() -> None:
                              "cells": [{"name": "c", "concurrency": 100, "duration_s": 60, "output_len": 128}]}, "s")
     load = SweepOverrides(request_scale=0.1, user_scale=0.04, max_output_len=8).apply(spec.cells[0].load)
     assert (load.concurrency, load.duration_s, load.output_len) == (4, 6.0, 8)
+    load = SweepOverrides(user_scale=0.04, requests_per_user=3).apply(spec.cells[0].load)
+    assert (load.concurrency, load.num_requests, load.duration_s) == (4, 12, None)

@@ -88,6 +88,8 @@ def _override_notes(overrides: dict[str, Any]) -> list[str]:
         parts.append(f"request counts and durations ×{overrides['request_scale']:g}")
     if overrides.get("user_scale", 1.0) != 1.0:
         parts.append(f"users and rates ×{overrides['user_scale']:g}")
+    if overrides.get("requests_per_user"):
+        parts.append(f"{overrides['requests_per_user']} requests per user (counts and durations replaced)")
     if overrides.get("max_output_len"):
         parts.append(f"outputs capped at {overrides['max_output_len']} tokens")
     if overrides.get("cell_patterns"):

@@ -21,6 +21,9 @@ def sweep_command(
     scale_users: float = typer.Option(1.0, "--scale-users", min=0.001,
                                       help="Multiply every cell's concurrency and rate (smoke runs)."),
     max_output_len: int | None = typer.Option(None, "--max-output-len", min=1, help="Cap every cell's output_len."),
+    requests_per_user: int | None = typer.Option(
+        None, "--requests-per-user", min=1,
+        help="Replace every cell's count or duration by N requests per user (quick smoke runs)."),
     cells: str | None = typer.Option(None, "--cells",
                                      help="Run only these cells: comma-separated names or shell patterns (in512-*)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the live progress display."),
@@ -42,7 +45,7 @@ def sweep_command(
     console = Console(stderr=True)
     patterns = tuple(part.strip() for part in (cells or "").split(",") if part.strip())
     overrides = SweepOverrides(request_scale=scale_requests, user_scale=scale_users, max_output_len=max_output_len,
-                               cell_patterns=patterns)
+                               cell_patterns=patterns, requests_per_user=requests_per_user)
     run_sweep(spec, directory, overrides=overrides, restart=restart, progress=progress, console=console)
     results = results_from_sweep_dir(directory)
     print_report(results, Console())

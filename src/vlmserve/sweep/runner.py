@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fnmatch
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ class SweepOverrides:
     """Caps output_len."""
     cell_patterns: tuple[str, ...] = ()
     """Run only cells whose name matches one of these shell patterns (e.g. 'in512-*')."""
+    requests_per_user: int | None = None
+    """Replace each cell's count or duration by this many requests per user (per req/s for open loops)."""
 
     def apply(self, load: LoadSpec) -> LoadSpec:
         update: dict[str, Any] = {}
@@ -63,6 +66,9 @@ class SweepOverrides:
                 update["concurrency"] = max(1, round(load.concurrency * self.user_scale))
             if load.rate is not None:
                 update["rate"] = load.rate * self.user_scale
+        if self.requests_per_user is not None:
+            users = update.get("concurrency", load.concurrency) or math.ceil(update.get("rate", load.rate) or 1)
+            update.update(num_requests=self.requests_per_user * users, duration_s=None)
         if self.max_output_len is not None and load.output_len > self.max_output_len:
             update["output_len"] = self.max_output_len
         return load.model_copy(update=update) if update else load
