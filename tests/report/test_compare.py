@@ -82,3 +82,18 @@ def test_negative_threshold_is_refused(home: Path) -> None:
     run_id = stored_run("x", slowdown=1.0)
     with pytest.raises(UserError, match="--threshold"):
         compare(load_source(run_id), load_source(run_id), threshold=-1)
+
+
+def test_report_by_sweep_name_shows_cells_not_run_yet(home: Path, vlmserve_cmd: list[str]) -> None:
+    from vlmserve.report.source import default_sweep_dir
+    from vlmserve.sweep.manifest import SweepManifest
+    from vlmserve.sweep.spec import parse_sweep_spec
+
+    spec = parse_sweep_spec({"name": "planned", "deployments": [{"name": "e", "endpoint": "http://127.0.0.1:1",
+                                                                  "model": "m"}],
+                             "cells": [{"name": "c1", "concurrency": 1, "num_requests": 1}]}, "planned")
+    SweepManifest.open_for_run(default_sweep_dir("planned"), spec.name, spec.fingerprint(),
+                               spec.model_dump(mode="json"), restart=False)
+    done = run_cli(vlmserve_cmd, home, "report", "planned")
+    assert done.returncode == 0, done.stderr
+    assert "0 of 1 cells succeeded; 1 not run yet" in done.stdout
