@@ -9,6 +9,7 @@ descendant psutil can still see (a descendant may have moved to another group).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -131,13 +132,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
-def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
-    """First port of `count` consecutive free ports (for a gateway + its replicas)."""
+QUIET_PORT_RANGE = (20000, 32000)
+"""Below Linux's ephemeral range (32768-60999): the kernel never hands these to outgoing
+connections, so a port found free here stays free while an engine takes ~20 s to bind it."""
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """First port of `count` consecutive free ports (for a gateway + its replicas).
+
+    Ports from bind(0) come from the ephemeral range, where any client connection on the
+    machine may take them before a slow-starting engine binds; so look below that range.
+    """
+    chooser = random.Random(os.getpid() ^ time.monotonic_ns())
+    low, high = QUIET_PORT_RANGE
     for _ in range(attempts):
-        base = free_port(host)
-        if base + count < 65535 and all(port_is_free(host, base + offset) for offset in range(count)):
+        base = chooser.randrange(low, high - count)
+        if all(port_is_free(host, base + offset) for offset in range(count)):
             return base
-    raise RuntimeError(f"could not find {count} consecutive free ports")
+    raise RuntimeError(f"could not find {count} consecutive free ports in {low}-{high}")
 
 
 def port_listeners(port: int) -> list[int]:

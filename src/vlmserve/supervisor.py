@@ -226,15 +226,6 @@ class Supervisor:
                 "spec": self.spec.model_dump(mode="json"),
             }
 
-    def kill_replica_engine(self, index: int) -> int:
-        """SIGKILL one replica's whole process group, as a crash would (for tests and drills)."""
-        replica = self.replicas[index]
-        if replica.process is None:
-            raise RuntimeError(f"replica {index} is not running")
-        pid = replica.process.pid
-        processes.kill_process_group(pid)
-        return pid
-
     # ---- checks before anything starts ------------------------------------------------
 
     def _preflight(self) -> None:
@@ -557,11 +548,22 @@ def gateway_available() -> bool:
 
 
 def registered_verbs() -> set[str]:
+    """Top-level verbs this install offers, registered into a throwaway app (the real one is
+    left as it is, so calling this from inside the CLI does not register anything twice)."""
+    import importlib
+
+    import typer
     import typer.main
 
-    from vlmserve.cli import build_app
+    from vlmserve.cli import VERB_MODULES
 
-    group = typer.main.get_command(build_app())
+    probe = typer.Typer()
+    for module_name in VERB_MODULES:
+        try:
+            importlib.import_module(module_name).register(probe)
+        except ImportError:
+            continue  # a verb package that is not installed is simply not offered
+    group = typer.main.get_command(probe)
     return set(getattr(group, "commands", {}))
 
 

@@ -1,0 +1,75 @@
+"""Embedded engine: time to ready and decode speed, eager vs torch.compile, interleaved.
+
+Why: vlmserve runs the embedded model with --enforce-eager by default (see
+vlmserve.engines.vllm.eager_by_default). This measures what that choice costs and saves:
+start-to-ready time under the supervisor (all readiness checks included) and the
+latency of short streamed requests. Runs alternate (eager, compiled, eager, ...) so both
+modes see the same machine load.
+
+    .venv/bin/python benchmarks/engine_start.py --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from vlmserve.demo import stream_chat
+from vlmserve.processes import free_port_block
+from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+from vlmserve.supervisor import Supervisor
+
+
+def one_run(enforce_eager: bool, requests: int, workdir: Path) -> dict[str, float]:
+    spec = DeploymentSpec(
+        name="bench-start",
+        model=EMBEDDED_MODEL,
+        replicas=1,
+        port=free_port_block(2),
+        gateway=False,
+        kv_cache_space_gb=1,
+        engine_args=EngineArgs(max_model_len=2048, enforce_eager=enforce_eager),
+    )
+    started = time.perf_counter()
+    with Supervisor(spec, state_dir=workdir) as supervisor:
+        ready_s = time.perf_counter() - started
+        url, model = supervisor.endpoint, supervisor.served_model_name
+        answers = []
+        for index in range(requests):
+            messages = [{"role": "user", "content": f"Request {index}: tell me about the clinic."}]
+            answers.append(stream_chat(url, model, messages, 64, "text"))
+    ttft = statistics.median(a.time_to_first_token_s or 0.0 for a in answers)
+    e2e = statistics.median(a.end_to_end_s for a in answers)
+    tokens = statistics.median(a.completion_tokens or 0 for a in answers)
+    return {"ready_s": ready_s, "ttft_ms": ttft * 1000, "e2e_ms": e2e * 1000, "tokens": tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=5)
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, float]]] = {"eager": [], "compiled": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for mode in ("eager", "compiled"):
+                run = one_run(mode == "eager", args.requests, Path(tmp) / f"{mode}-{repeat}")
+                results[mode].append(run)
+                print(f"{mode:9s} run {repeat}: ready {run['ready_s']:.1f} s, TTFT p50 {run['ttft_ms']:.0f} ms, "
+                      f"E2E p50 {run['e2e_ms']:.0f} ms ({run['tokens']:.0f} tokens)", flush=True)
+    print("\n| mode | ready (s), each run | median ready | TTFT p50 (ms) | E2E p50, 64 tokens (ms) |")
+    print("|---|---|---:|---:|---:|")
+    for mode, runs in results.items():
+        readies = ", ".join(f"{run['ready_s']:.1f}" for run in runs)
+        print(f"| {mode} | {readies} | {statistics.median(r['ready_s'] for r in runs):.1f} | "
+              f"{statistics.median(r['ttft_ms'] for r in runs):.0f} | {statistics.median(r['e2e_ms'] for r in runs):.0f} |")
+    eager_ready = statistics.median(r["ready_s"] for r in results["eager"])
+    compiled_ready = statistics.median(r["ready_s"] for r in results["compiled"])
+    print(f"\nready-time ratio compiled/eager: {compiled_ready / eager_ready:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
