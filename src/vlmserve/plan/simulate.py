@@ -197,15 +197,24 @@ def simulate_run(
 
 
 def estimated_request_s(setup: PlanSetup, requests: list[PlannedRequest], concurrency: int) -> float:
-    """Rough time one request takes at this concurrency: its prefill plus its decode steps."""
+    """Rough time one request takes at this concurrency in steady state.
+
+    Each step decodes for every running request and, on average, prefills the prompts of
+    the requests that replace the ones finishing: concurrency × prompt / output tokens.
+    """
     cost = setup.cost_model()
     prompt = sum(request.prompt_tokens for request in requests) / len(requests)
-    output = sum(request.output_tokens for request in requests) / len(requests)
+    output = max(sum(request.output_tokens for request in requests) / len(requests), 1.0)
     batch = max(min(concurrency, setup.max_num_seqs or concurrency), 1)
+    prefill_per_step = int(batch * prompt / output)
     context = int(prompt + output / 2)
-    decode = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=batch, kv_tokens_read=batch * context)
-    prefill = StepContents(prefill_tokens=int(prompt), prefill_seqs=1, decode_seqs=0, kv_tokens_read=int(prompt))
-    return cost.step_time_s(prefill) + output * cost.step_time_s(decode)
+    step = StepContents(
+        prefill_tokens=prefill_per_step,
+        prefill_seqs=1 if prefill_per_step else 0,
+        decode_seqs=batch,
+        kv_tokens_read=batch * context + prefill_per_step,
+    )
+    return output * cost.step_time_s(step)
 
 
 def _record(item: _Tracking, epoch: float, load: LoadSpec) -> RequestRecord:
