@@ -89,3 +89,25 @@ def test_slo_parse_errors(text: str, fragment: str) -> None:
     with pytest.raises(UserError) as caught:
         SLO.parse(text)
     assert fragment in caught.value.message
+
+
+def test_exit_code_from_a_command_reaches_the_shell() -> None:
+    """typer.Exit(n) raised inside a command must become the process's exit status."""
+    import typer
+
+    from vlmserve import cli
+
+    done = subprocess.run(
+        [
+            __import__("sys").executable,
+            "-c",
+            "import typer\nfrom vlmserve import cli\n"
+            "@cli.app.command('exit-three')\ndef _exit_three():\n    raise typer.Exit(3)\n"
+            "cli.main(['exit-three'])\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3, done.stderr
+    assert typer and cli

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: user errors become one line and a non-zero exit."""
     build_app()
     try:
-        app(args=argv, standalone_mode=False)
+        returned = app(args=argv, standalone_mode=False)
     except UserError as err:
         typer.echo(f"error: {err.message}", err=True)
         sys.exit(err.exit_code)
@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+    if isinstance(returned, int) and returned != 0:  # typer.Exit(n) inside a command returns n here
+        sys.exit(returned)
 
 
 if __name__ == "__main__":
