@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,13 +94,9 @@ def test_slo_parse_errors(text: str, fragment: str) -> None:
 
 def test_exit_code_from_a_command_reaches_the_shell() -> None:
     """typer.Exit(n) raised inside a command must become the process's exit status."""
-    import typer
-
-    from vlmserve import cli
-
     done = subprocess.run(
         [
-            __import__("sys").executable,
+            sys.executable,
             "-c",
             "import typer\nfrom vlmserve import cli\n"
             "@cli.app.command('exit-three')\ndef _exit_three():\n    raise typer.Exit(3)\n"
@@ -110,4 +107,3 @@ def test_exit_code_from_a_command_reaches_the_shell() -> None:
         timeout=60,
     )
     assert done.returncode == 3, done.stderr
-    assert typer and cli
