@@ -115,3 +115,17 @@ def test_real_subprocess_exit_code(vlmserve_cmd: list[str]) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: unknown GPU 'tpu9'")
+
+
+def test_compare_with_a_measured_run_shows_errors_and_efficiency(tmp_path: Path, capsys) -> None:
+    measured = tmp_path / "measured.json"
+    code, _out, _err = _run(["plan", "--model", "llama-3.1-8b", "--concurrency", "4", "--num-requests", "12",
+                             "--input-len", "256", "--output-len", "16", "--json-out", str(measured)], capsys)
+    assert code == 0
+    code, out, _err = _run(["plan", "--model", "llama-3.1-8b", "--concurrency", "4", "--num-requests", "12",
+                            "--input-len", "256", "--output-len", "16", "--compare", str(measured)], capsys)
+    assert code == 0
+    assert "planner vs measured run" in out and "+0%" in out
+    assert "measured: bandwidth fraction of peak" in out
+    code, _out, err = _run(["plan", "--model", "llama-3.1-8b", "--concurrency", "1", "--compare", str(tmp_path / "x.json")], capsys)
+    assert code == 2 and "--compare" in err and "no such file" in err
