@@ -10,7 +10,7 @@ from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SweepResults
 
 _ROW_STYLE = {"failed": "red", "limited": "yellow", "best": "green", "": ""}
-HEADLINE_COLUMNS = ["rank", "deployment", "devices", "cells ok", "best point", "goodput/device", "out tok/s/device",
+HEADLINE_COLUMNS = ["rank", "deployment", "devices", "cells ok", "best point", "goodput/dev", "tok/s/dev",
                     "TTFT p95 ms", "TPOT p50 ms", "$ / 1M out tok"]
 CELL_COLUMNS = ["deployment", "cell", "load", "status", "req/s", "out tok/s", "TTFT p50", "TTFT p95", "TPOT p50",
                 "run id / reason"]

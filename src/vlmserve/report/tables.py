@@ -74,8 +74,8 @@ def headline_table(results: SweepResults, choices: list[DeploymentChoice] | None
     choices = choices if choices is not None else rank_deployments(results)
     knees = find_knees(results)
     priced = any(choice.usd_per_million_output_tokens is not None for choice in choices)
-    columns = ["rank", "deployment", "devices", "cells ok", "best point", "goodput req/s", "goodput/device",
-               "out tok/s/device", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "knee"]
+    columns = ["rank", "deployment", "devices", "cells ok", "best point", "goodput req/s", "goodput/dev",
+               "tok/s/dev", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "knee"]
     if priced:
         columns.append("$ / 1M out tok")
     rows: list[list[str]] = []

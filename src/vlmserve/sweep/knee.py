@@ -1,13 +1,17 @@
 """Saturation: the load level past which more load buys queueing instead of throughput.
 
 Walking a series (one deployment, one workload shape, rising concurrency or rate), the
-knee is the last level before the first step whose throughput gain is less than
-`min_gain_fraction` of the load increase while p95 TTFT grows faster than throughput.
+knee is the last level before the first step whose throughput grows by less than
+`min_gain_fraction` of the load's growth while p95 TTFT grows faster than throughput.
+Growth is compared in log terms (the step's throughput elasticity, ln(thr_b/thr_a) /
+ln(load_b/load_a)), so a 4× step and a 1.2× step are judged alike: 20% more users buying
+4% more requests/s is an elasticity of 0.2; 4× the users buying 2.2× the requests/s is 0.57.
 Example: 20% more users bought 4% more requests/s and 34% more p95 TTFT → knee.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vlmserve.sweep.results import CellOutcome, SweepResults
@@ -49,21 +53,25 @@ class Knee:
         )
 
 
+def throughput_elasticity(before: LoadPoint, after: LoadPoint) -> float:
+    """ln(throughput ratio) / ln(load ratio): 1 = scales with load, 0 = flat, < 0 = falls."""
+    if after.throughput <= 0:
+        return float("-inf")
+    return math.log(after.throughput / before.throughput) / math.log(after.level / before.level)
+
+
 def find_knee(points: list[LoadPoint], min_gain_fraction: float) -> tuple[LoadPoint, LoadPoint] | None:
-    """First step (a → b) whose throughput gain < min_gain_fraction × load gain and TTFT p95 grows faster.
+    """First step (a → b) with throughput elasticity < min_gain_fraction while p95 TTFT grows faster.
 
     Returns (knee point, the point after it) or None when throughput still scales at the top level.
     """
     ordered = sorted(points, key=lambda point: point.level)
     for before, after in zip(ordered, ordered[1:]):
-        if before.level <= 0 or before.throughput <= 0 or before.ttft_p95_ms <= 0:
+        if before.level <= 0 or after.level <= before.level or before.throughput <= 0 or before.ttft_p95_ms <= 0:
             continue
-        load_gain = after.level / before.level - 1.0
         throughput_gain = after.throughput / before.throughput - 1.0
         ttft_growth = after.ttft_p95_ms / before.ttft_p95_ms - 1.0
-        if load_gain <= 0:
-            continue
-        if throughput_gain < min_gain_fraction * load_gain and ttft_growth > throughput_gain:
+        if throughput_elasticity(before, after) < min_gain_fraction and ttft_growth > throughput_gain:
             return before, after
     return None
 

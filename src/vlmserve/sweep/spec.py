@@ -124,7 +124,10 @@ class CellEntry(BaseModel):
 
 
 class KneeSettings(BaseModel):
-    """When more load stops paying: throughput gain below `min_gain_fraction` of the load increase."""
+    """When more load stops paying: throughput grows by less than `min_gain_fraction` of the load's growth.
+
+    Growth is compared in log terms (see vlmserve.sweep.knee), so uneven load steps are judged alike.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
