@@ -22,13 +22,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-def stored_run(label: str, slowdown: float) -> str:
+def stored_run(label: str, slowdown: float, input_len: int = 128) -> str:
     from vlmserve import store
 
     records = saturating_records(4, slowdown=slowdown)
     summary = summarize(records, None)
     summary["meta"] = {"label": label, "target": "http://127.0.0.1:1", "model": "m",
-                       "load_spec": {"dataset": "random", "input_len": 128, "output_len": 32, "concurrency": 4}}
+                       "load_spec": {"dataset": "random", "input_len": input_len, "output_len": 32, "concurrency": 4}}
     return store.save_run(RunResult(records=records, summary=summary))
 
 
@@ -45,6 +45,7 @@ def test_compare_prints_ratios_and_flags_regression(home: Path, vlmserve_cmd: li
     assert "TTFT p50 5.6× lower" in done.stdout
     assert "throughput 5.6× higher" in done.stdout
     assert "no regression beyond the 10% noise threshold" in done.stdout
+    assert "the loads differ" not in done.stdout
 
     # injected regression: the candidate is 30% slower than the baseline
     slower = stored_run("regressed", slowdown=5.6 * 1.3)
@@ -57,6 +58,10 @@ def test_compare_prints_ratios_and_flags_regression(home: Path, vlmserve_cmd: li
     # a generous threshold treats 30% as noise
     loose = compare(load_source(baseline), load_source(slower), threshold=0.5)
     assert loose.regressions() == []
+    # comparing different workloads is said out loud
+    other = stored_run("longer-prompts", slowdown=5.6, input_len=2048)
+    done = run_cli(vlmserve_cmd, home, "compare", baseline, other)
+    assert "the loads differ (input_len 128 → 2048)" in done.stdout
 
 
 def test_unknown_run_id_is_one_clear_line(home: Path, vlmserve_cmd: list[str]) -> None:

@@ -86,6 +86,8 @@ class CellComparison:
     level: str
     changes: list[MetricChange]
     failed_fraction: tuple[float, float]
+    load_differences: list[str]
+    """How the two runs' loads differ (e.g. 'output_len 8 → 128'): a ratio across different loads misleads."""
 
 
 @dataclass
@@ -120,6 +122,17 @@ class Comparison:
                 if change.metric.path in ("ttft_ms.p50", "throughput.output_tokens_per_s", "ttft_ms.p95"):
                     lines.append(f"{change.metric.label} {change.phrase()}{where}")
         return lines
+
+
+_LOAD_KEYS_IGNORED = {"name", "seed", "workers", "tokenizer", "request_timeout_s", "num_requests", "duration_s",
+                      "warmup"}
+
+
+def load_differences(baseline: dict, candidate: dict) -> list[str]:
+    """What differs in the workload itself (not its length or client plumbing) between two cells."""
+    keys = sorted((set(baseline) | set(candidate)) - _LOAD_KEYS_IGNORED)
+    return [f"{key} {baseline.get(key)} → {candidate.get(key)}" for key in keys
+            if baseline.get(key) != candidate.get(key)]
 
 
 def _failed_fraction(cell: CellOutcome) -> float:
@@ -167,7 +180,8 @@ def compare(baseline: SweepResults, candidate: SweepResults, threshold: float = 
             before, after = base.metric(metric.path), cand.metric(metric.path)
             if before is not None and after is not None:
                 changes.append(MetricChange(name, metric, before, after))
-        cells.append(CellComparison(name, level_label(cand), changes, (_failed_fraction(base), _failed_fraction(cand))))
+        cells.append(CellComparison(name, level_label(cand), changes, (_failed_fraction(base), _failed_fraction(cand)),
+                                    load_differences(base.load, cand.load)))
     return Comparison(baseline, candidate, threshold, cells, unmatched)
 
 
@@ -185,6 +199,9 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
             table.add_row(change.metric.label, fmt(change.baseline, 2), fmt(change.candidate, 2), change.phrase(),
                           verdict)
         console.print(table)
+        if cell.load_differences:
+            console.print(f"[yellow]  ⚠ the loads differ ({'; '.join(cell.load_differences)}): "
+                          "these ratios compare different workloads[/]")
     for line in comparison.headlines():
         console.print(f"• {line}")
     if comparison.unmatched:
