@@ -45,7 +45,12 @@ async def test_replica_killed_mid_run_loses_no_unstarted_request(
             aiohttp.ClientSession() as session:
         requests = [asyncio.create_task(post_chat(session, gw.base_url, chat_body(f"q{i}", max_tokens=30)))
                     for i in range(45)]
-        await asyncio.sleep(0.4)  # the victim's 4 running streams are mid-answer, 11 more wait in its queue
+        async def victim_streaming_with_a_queue() -> bool:
+            figures = await scrape_engine(session, victim)
+            return figures.get("vllm:generation_tokens_total", 0) >= 4 and figures.get("vllm:num_requests_waiting", 0) >= 1
+
+        # Kill it once its 4 running streams are mid-answer and more requests wait in its queue.
+        assert await wait_until(victim_streaming_with_a_queue, timeout_s=20, interval_s=0.01)
         victim.kill()
         results = await asyncio.gather(*requests)
         after = [await post_chat(session, gw.base_url, chat_body(f"after {i}", max_tokens=4)) for i in range(6)]
