@@ -218,7 +218,7 @@ class Forwarder:
                 if upstream.status != 200:
                     payload = await upstream.read()
                     self._raise_if_retryable(upstream, payload, replica, log)
-                    replica.breaker.record_success()  # a 4xx is the request's fault, not the replica's
+                    replica.record_success()  # a 4xx is the request's fault, not the replica's
                     outcome = Outcome.COMPLETED
                     return self._passthrough_error(upstream, payload, log)
                 if not routed.stream:
@@ -245,7 +245,7 @@ class Forwarder:
                 self.pool.record_failure(replica)
                 raise _RetryableFailure("connect_error", f"replica {replica.name}: {type(err).__name__}: {err}") from None
             # --- from here on the client has (or is about to have) bytes: no more retries ---
-            replica.breaker.record_success()
+            replica.record_success()
             exchange.streaming(self.idle_chunk_timeout_s, loop.time())
             response = web.StreamResponse(status=200, headers={
                 "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
@@ -291,7 +291,7 @@ class Forwarder:
 
     def _unary_response(self, upstream: aiohttp.ClientResponse, payload: bytes, replica: Replica,
                         routed: RoutedRequest, log: RequestLog) -> web.Response:
-        replica.breaker.record_success()
+        replica.record_success()
         self.policy.on_first_token(routed, replica)
         log.first_byte_mono = time.monotonic()
         try:

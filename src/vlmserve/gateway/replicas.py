@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ log = logging.getLogger("vlmserve.gateway")
 
 HEALTH_FAILURES_TO_MARK_DOWN = 2
 MODELS_REFRESH_S = 10.0
+# A replica that answered real traffic this recently is alive, whatever a slow /health says:
+# an engine under heavy load can take seconds to answer /health while it serves fine.
+RECENT_SUCCESS_S = 10.0
 
 
 @dataclass(eq=False)
@@ -40,6 +44,7 @@ class Replica:
     models_checked_at: float = 0.0
     load: EngineLoad | None = None
     in_flight: int = 0  # requests dispatched and not yet finished (the gateway's own count)
+    last_success_at: float = -math.inf  # monotonic time of the last request it answered well
     dispatched_total: int = 0
     _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
 
@@ -58,6 +63,10 @@ class Replica:
     @property
     def model_ids(self) -> set[str]:
         return {str(m.get("id")) for m in self.models if isinstance(m, dict)}
+
+    def record_success(self) -> None:
+        self.last_success_at = time.monotonic()
+        self.breaker.record_success()
 
     def routable(self, now: float) -> bool:
         return self.healthy and self.breaker.available(now)
@@ -174,17 +183,27 @@ class ReplicaPool:
 
     async def _probe(self, replica: Replica, path: str) -> bytes | None:
         """GET `path` on the replica; the body when it answers 200, else None (never raises)."""
+        body, _ = await self._probe_status(replica, path)
+        return body
+
+    async def _probe_status(self, replica: Replica, path: str) -> tuple[bytes | None, str]:
+        """Like `_probe`, plus why it failed: 'refused' (nothing listens), 'timeout' or 'error'."""
         assert self._session is not None
-        timeout = aiohttp.ClientTimeout(total=max(1.0, 2 * self.health_interval_s))
+        timeout = aiohttp.ClientTimeout(total=max(3.0, 3 * self.health_interval_s))
         try:
             async with self._session.get(replica.url + path, headers=self.upstream_headers, timeout=timeout) as resp:
                 body = await resp.read()
-                return body if resp.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return None
+                return (body, "ok") if resp.status == 200 else (None, "error")
+        except aiohttp.ClientConnectorError:
+            return None, "refused"
+        except asyncio.TimeoutError:
+            return None, "timeout"
+        except (aiohttp.ClientError, OSError):
+            return None, "error"
 
     async def _check_health(self, replica: Replica) -> None:
-        if await self._probe(replica, "/health") is not None:
+        body, why = await self._probe_status(replica, "/health")
+        if body is not None:
             if not replica.healthy:
                 log.info("replica %s is healthy", replica.url)
             replica.healthy = True
@@ -192,10 +211,13 @@ class ReplicaPool:
             if not replica.models or time.monotonic() - replica.models_checked_at > MODELS_REFRESH_S:
                 await self._refresh_models(replica)
             return
+        if why == "timeout" and time.monotonic() - replica.last_success_at < RECENT_SUCCESS_S:
+            return  # slow to answer /health but serving traffic: busy, not down
         replica.health_failures += 1
         # A fresh replica that never answered is simply down; a known one gets one grace check.
         if replica.healthy and replica.health_failures >= HEALTH_FAILURES_TO_MARK_DOWN:
-            log.warning("replica %s failed %d health checks; no longer routed to", replica.url, replica.health_failures)
+            log.warning("replica %s failed %d health checks (%s); no longer routed to", replica.url,
+                        replica.health_failures, why)
             replica.healthy = False
 
     async def _refresh_models(self, replica: Replica) -> None:
