@@ -417,8 +417,9 @@ class Supervisor:
         telling = next(
             (line for line in reversed(tail) if "Error" in line or "error:" in line.lower()), tail[-1] if tail else ""
         )
+        what = f"{member.plan.label} engine" if member.plan.role == "replica" else member.plan.label
         summary = (
-            f"{member.plan.label} engine exited with code {code} during start-up: {telling.strip()[:300]} "
+            f"{what} exited with code {code} during start-up: {telling.strip()[:300]} "
             f"(full log: {member.plan.log_path})"
         )
         if tail:

@@ -298,11 +298,3 @@ def _file_lock(lock_path: Path) -> Iterator[None]:
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
-
-def resolve_model(model: str) -> str:
-    """Map the deployment's model to what the engine loads: 'embedded' -> the cached tiny model."""
-    from vlmserve.spec import EMBEDDED_MODEL
-
-    if model == EMBEDDED_MODEL:
-        return str(ensure_tiny_model())
-    return model
