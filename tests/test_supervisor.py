@@ -90,6 +90,12 @@ def test_malformed_flags(vlmserve_cmd: list[str], home: Path) -> None:
     assert_one_line_error(done, "field 'engine'")
 
 
+def test_unknown_gateway_policy(vlmserve_cmd: list[str], home: Path) -> None:
+    done = run_up(vlmserve_cmd, home, "--engine", "sim", "--port", str(free_port_block(2)), "--gateway-policy", "bogus")
+    assert_one_line_error(done, "gateway_policy 'bogus' is unknown; choose one of round-robin")
+    assert "starting replica" not in done.stdout  # refused before anything started
+
+
 def test_malformed_json_flag(vlmserve_cmd: list[str], home: Path) -> None:
     done = run_up(vlmserve_cmd, home, "--limit-mm-per-prompt", "{image: 2", "--print-plan")
     assert_one_line_error(done, "--limit-mm-per-prompt: not valid JSON")

@@ -322,6 +322,7 @@ class Supervisor:
             self.gateway_note = "gateway unavailable (the `vlmserve gateway` command is not installed); replicas are served directly"
             self.notes.append(self.gateway_note)
             return None
+        check_gateway_policy(self.spec.gateway_policy)
         argv = [sys.executable, "-m", "vlmserve", "gateway"]
         for replica in self.replicas:
             argv += ["--replica", replica.plan.url]
@@ -546,6 +547,16 @@ def sim_engine_argv(spec: DeploymentSpec, port: int, seed: int = 0) -> list[str]
 def gateway_available() -> bool:
     """Is the `vlmserve gateway` command registered in this install?"""
     return "gateway" in registered_verbs()
+
+
+def check_gateway_policy(policy: str) -> None:
+    """Refuse an unknown routing policy before any engine starts (not a minute later)."""
+    try:
+        from vlmserve.gateway.config import POLICY_NAMES
+    except ImportError:
+        return  # the gateway checks it itself when it starts
+    if policy not in POLICY_NAMES:
+        raise UserError(f"gateway_policy '{policy}' is unknown; choose one of {', '.join(POLICY_NAMES)}")
 
 
 def registered_verbs() -> set[str]:
