@@ -20,6 +20,8 @@ from vlmserve.sched.step_cost import StepContents
 
 EMISSION_WINDOW_S = 0.0005
 """Tokens due within this window of each other are emitted together (fewer wake-ups)."""
+MAX_TOKENS_PER_STEP = 2048
+"""When the caller has fallen behind, emit the backlog in bounded steps (keeps its loop responsive)."""
 
 _EMPTY_CONTENTS = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=0, kv_tokens_read=0)
 
@@ -114,7 +116,7 @@ class ConstantLatencyScheduler:
         finished: list[str] = []
         horizon = now_s + EMISSION_WINDOW_S
         due = self._due
-        while due and due[0][0] <= horizon:
+        while due and due[0][0] <= horizon and len(tokens) < MAX_TOKENS_PER_STEP:
             due_s, _sequence, state = heapq.heappop(due)
             if not state.active:
                 continue
