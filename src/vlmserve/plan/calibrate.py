@@ -13,7 +13,6 @@ script, from published measurements.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 from vlmserve.errors import UserError
 from vlmserve.plan.calibration import COEFFICIENTS, Calibration, Efficiency
+from vlmserve.plan.jsonfile import read_json_file
 from vlmserve.plan.setup import PlanSetup
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.spec import LoadSpec
@@ -244,12 +244,7 @@ def scenario_from_bench_json(
 ) -> Scenario:
     """A measured bench result (the --json-out document) as a calibration scenario."""
     file_path = Path(path)
-    if not file_path.is_file():
-        raise UserError(f"{file_path}: no such run file; give bench --json-out results")
-    try:
-        summary = json.loads(file_path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{file_path}: not valid JSON (line {err.lineno}); give a bench --json-out result") from None
+    summary = read_json_file(file_path, "run file", "give `vlmserve bench --json-out` results")
     meta = summary.get("meta") if isinstance(summary, dict) else None
     if not isinstance(meta, dict) or not isinstance(meta.get("load_spec"), dict):
         raise UserError(f"{file_path}: no meta.load_spec in it; give a `vlmserve bench --json-out` result")

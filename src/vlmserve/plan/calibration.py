@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmserve.errors import UserError
+from vlmserve.plan.jsonfile import read_json_file
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,8 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
-        file_path = Path(path)
-        if not file_path.is_file():
-            raise UserError(f"{file_path}: no such calibration file; create one with `vlmserve plan calibrate`")
-        try:
-            data = json.loads(file_path.read_text())
-        except json.JSONDecodeError as err:
-            raise UserError(f"{file_path}: not valid JSON (line {err.lineno}); fix or regenerate it") from None
-        return cls.from_dict(data, str(file_path))
+        data = read_json_file(path, "calibration file", "create one with `vlmserve plan calibrate`")
+        return cls.from_dict(data, str(path))
 
 
 

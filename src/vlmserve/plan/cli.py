@@ -154,12 +154,9 @@ def _print_run(console: Console, summary: dict[str, Any], setup: Any, wall_s: fl
 
 
 def _read_measured(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise UserError(f"--compare {path}: no such file; give a `vlmserve bench --json-out` result")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"--compare {path}: not valid JSON (line {err.lineno})") from None
+    from vlmserve.plan.jsonfile import read_json_file
+
+    data = read_json_file(path, "file for --compare", "give a `vlmserve bench --json-out` result")
     if not isinstance(data, dict) or "throughput" not in data:
         raise UserError(f"--compare {path}: not a bench summary (no 'throughput'); give a `vlmserve bench --json-out` result")
     return data

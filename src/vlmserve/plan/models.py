@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from vlmserve.errors import UserError
 from vlmserve.plan.dtypes import bytes_per_element, normalize_dtype
+from vlmserve.plan.jsonfile import read_json_file
 
 AttentionKind = Literal["full", "sliding"]
 
@@ -459,12 +460,7 @@ def load_model(spec: str) -> ModelCost:
     if path.is_dir():
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
-            raise UserError(f"{path}: no such file; give a config.json path or a preset name (vlmserve plan models)")
-        try:
-            config = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}: not valid JSON (line {err.lineno}); fix the file") from None
+        config = read_json_file(path, "file", "give a config.json path or a preset name (vlmserve plan models)")
         return parse_config(config, name=str(config.get("_name_or_path") or path.parent.name or path.stem), source=str(path))
     canonical = resolve_preset(spec)
     if canonical is None:
