@@ -18,7 +18,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import re
 import shutil
 import socket
 import subprocess
