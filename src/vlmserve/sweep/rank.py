@@ -77,7 +77,7 @@ def rank_deployments(results: SweepResults) -> list[DeploymentChoice]:
     for info in results.deployments:
         best, note = best_operating_point(results.cells_of(info.name), results.slo)
         if info.status == "failed":
-            note = f"deployment failed: {info.reason}"
+            note = "deployment failed (reason above)"
         if best is None:
             choices.append(DeploymentChoice(info.name, info.devices, None, None, None, None, None, None, note))
             continue
