@@ -51,6 +51,10 @@ def sim(
     stall_s: float = typer.Option(None, help="... for this many seconds (default: forever)."),
     drop_after_tokens: int = typer.Option(None, help="Fault: streams are cut (connection reset) after this many tokens."),
     fault_rate: float = typer.Option(1.0, help="Fault: fraction of streams that stall or drop."),
+    reject_over_context: bool = typer.Option(
+        False, "--reject-over-context",
+        help="Refuse prompt + max_tokens > --max-model-len with 400, as earlier vLLM releases did (default: clamp max_tokens, as vLLM 0.32 does).",
+    ),
     no_timing: bool = typer.Option(False, "--no-timing", help="Do not record emission timing error (/debug/timing)."),
     gpu: str = typer.Option(None, help="Planner mode: time steps as --model (a `plan models` preset or config.json) on this GPU; KV blocks from its memory."),
     tp: int = typer.Option(1, min=1, help="Planner mode: tensor-parallel GPUs."),
@@ -88,6 +92,7 @@ def sim(
             drop_after_tokens=drop_after_tokens,
             fault_rate=fault_rate,
         ),
+        reject_over_context=reject_over_context,
         record_timing=not no_timing,
         gpu=gpu,
         tp=tp,

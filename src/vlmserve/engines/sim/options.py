@@ -121,6 +121,8 @@ class SimEngineConfig:
     """If set, the only budgets a request may pick (e.g. Gemma's 70/140/280/560/1120)."""
     output_len: OutputLengthDistribution = field(default_factory=lambda: OutputLengthDistribution("lognormal", 200, 0.8))
     faults: FaultOptions = field(default_factory=FaultOptions)
+    reject_over_context: bool = False
+    """Refuse prompt + max_tokens > max_model_len with 400 (earlier vLLM) instead of clamping (vLLM 0.32)."""
     record_timing: bool = True
     """Record scheduled vs actual emission time of every chunk (exposed at /debug/timing)."""
     gpu: str | None = None

@@ -6,7 +6,9 @@ engine as from a real vLLM (checked against vLLM 0.32's entrypoints):
 - unknown model → 404 NotFoundError "The model `X` does not exist."
 - prompt longer than max_model_len → 400 "This model's maximum context length is ..."
 - max_tokens above max_model_len → 400 "max_tokens=N cannot be greater than max_model_len=M ..."
-- prompt + max_tokens above max_model_len → max_tokens is clamped (vLLM ≥ 0.11 does this).
+- prompt + max_tokens above max_model_len → max_tokens is clamped (as vLLM 0.32 does), or,
+  with `--reject-over-context`, 400 in the wording of earlier vLLM releases ("... you requested
+  N tokens (P in the messages, M in the completion) ...").
 """
 
 from __future__ import annotations
@@ -272,6 +274,14 @@ def parse_generation_request(
         raise bad_request(
             f"{limit_name}={requested} cannot be greater than max_model_len={max_model_len}. "
             "Please request fewer output tokens.",
+            limit_name,
+        )
+    if requested is not None and prompt_len + requested > max_model_len and config.reject_over_context:
+        kind_word = "messages" if kind == "chat" else "prompt"
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_len + requested} tokens ({prompt_len} in the {kind_word}, {requested} in the completion). "
+            f"Please reduce the length of the {kind_word} or completion.",
             limit_name,
         )
     max_tokens = max_model_len - prompt_len if requested is None else min(requested, max_model_len - prompt_len)
