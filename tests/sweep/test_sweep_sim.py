@@ -149,7 +149,8 @@ def test_failing_cell_and_deployment_are_recorded_and_resume_skips_finished(home
     assert port_is_free("127.0.0.1", blocked_port), "the sweep left its engine running"
 
 
-def test_ctrl_c_keeps_finished_cells(home: Path, tmp_path: Path, vlmserve_cmd: list[str]) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_keeps_finished_cells(home: Path, tmp_path: Path, vlmserve_cmd: list[str], stop_signal: int) -> None:
     spec_file = tmp_path / "interrupt.yaml"
     spec_file.write_text("""
 name: interrupt
@@ -172,7 +173,7 @@ warmup_requests: 0
                 break
             time.sleep(0.3)
         time.sleep(1.5)  # inside the long cell now
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop_signal)
         stdout, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import typer
@@ -40,6 +41,7 @@ def sweep_command(
     from vlmserve.sweep.runner import SweepOverrides, run_sweep
     from vlmserve.sweep.spec import load_sweep_spec
 
+    signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
     spec = load_sweep_spec(spec_file)
     directory = out or default_sweep_dir(spec.name)
     console = Console(stderr=True)
@@ -57,6 +59,11 @@ def sweep_command(
     done, total = results.counts()
     if done < total:
         raise SystemExit(1)  # typer.Exit codes are swallowed under standalone_mode=False
+
+
+def _terminate_like_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM (a CI timeout, `kill`) takes the Ctrl-C path: engines torn down, finished cells kept."""
+    raise KeyboardInterrupt
 
 
 def register(app: typer.Typer) -> None:

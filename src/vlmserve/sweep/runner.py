@@ -270,7 +270,8 @@ class SweepRunner:
                   task: Any) -> None:
         from vlmserve import store
 
-        progress.update(task, description=f"{self.spec.name}: {entry.name} / {cell.name}")
+        size = f"{cell.load.duration_s:g} s" if cell.load.duration_s is not None else f"{cell.load.num_requests} requests"
+        progress.update(task, description=f"{self.spec.name}: {entry.name} / {cell.name} ({size})")
         self._attempted.add(cell.name)
         started = time.monotonic()
         deployment = entry.spec.model_dump(mode="json") if entry.spec else {"endpoint": entry.endpoint}
