@@ -176,7 +176,8 @@ class ActiveRequest:
                         "created": self.created,
                         "model": self.parsed.model,
                         "choices": [],
-                        "usage": self.usage(self.plan.num_tokens),
+                        # vLLM drops null fields from this chunk (exclude_none)
+                        "usage": {k: v for k, v in self.usage(self.plan.num_tokens).items() if v is not None},
                     }
                 )
             )
