@@ -8,7 +8,7 @@ by from their own reports. The server is the same for both, so where one client 
 and the other does not, the difference is the client. vlmserve also reports its send lag and
 whether it marked the run client-limited.
 
-    .venv/bin/python benchmarks/bench_client_capacity.py [--rates 50,200,400,700,1000,1500] [--seconds 6]
+    .venv/bin/python benchmarks/bench_client_capacity.py [--rates 50,200,400,700,1000,1500] [--seconds 5] [--repeats 2]
 
 Note: a sim engine is one Python process; above some rate it becomes the bottleneck for both
 clients (then neither holds the rate, and the ratio is a lower bound).
@@ -66,39 +66,45 @@ def run_vlmserve(base_url: str, tokenizer: str, rate: float, count: int, out: Pa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="50,200,400,700,1000,1500")
-    parser.add_argument("--seconds", type=float, default=6.0, help="seconds of arrivals per rate")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds of arrivals per rate")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per client and rate (the best counts)")
     args = parser.parse_args()
     rates = [float(rate) for rate in args.rates.split(",")]
     tokenizer = str(ensure_tiny_model())
     workdir = Path(tempfile.mkdtemp(prefix="client-capacity-"))
-    results: dict[str, dict[float, dict]] = {"vllm": {}, "vlmserve": {}}
+    # every rate is run `repeats` times per client, alternating the order; other load on a shared
+    # machine can only make a client look worse, so each client is judged by its best run
+    results: dict[str, dict[float, list[dict]]] = {"vllm": {}, "vlmserve": {}}
     with start_sim_engine(model=MODEL, ttft_ms=TTFT_MS, itl_ms=ITL_MS, max_num_seqs=100000, no_timing=True) as sim:
         for index, rate in enumerate(rates):
             count = max(int(rate * args.seconds), 20)
-            order = ("vllm", "vlmserve") if index % 2 == 0 else ("vlmserve", "vllm")
-            for client in order:
-                out = workdir / f"{client}-{int(rate)}.json"
-                runner = run_vllm if client == "vllm" else run_vlmserve
-                figures = runner(sim.base_url, tokenizer, rate, count, out)
-                results[client][rate] = figures
-                print(f"rate {rate:7.0f} {client:8s} " + " ".join(
-                    f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}" for key, value in figures.items()), flush=True)
+            for repeat in range(args.repeats):
+                order = ("vllm", "vlmserve") if (index + repeat) % 2 == 0 else ("vlmserve", "vllm")
+                for client in order:
+                    out = workdir / f"{client}-{int(rate)}-{repeat}.json"
+                    runner = run_vllm if client == "vllm" else run_vlmserve
+                    figures = runner(sim.base_url, tokenizer, rate, count, out)
+                    results[client].setdefault(rate, []).append(figures)
+                    print(f"rate {rate:7.0f} {client:8s} " + " ".join(
+                        f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}" for key, value in figures.items()), flush=True)
     print()
     print(f"sim engine constant mode: TTFT {TTFT_MS} ms, ITL {ITL_MS} ms, {OUTPUT_TOKENS} output tokens, Poisson arrivals, "
           f"{args.seconds:g} s of arrivals per rate; held = achieved ≥ 95% offered and median TTFT ≤ 1.1 × low-load")
     held: dict[str, float] = {}
     for client, by_rate in results.items():
-        base = by_rate[rates[0]]["ttft_p50_ms"]
+        base = min(run["ttft_p50_ms"] for run in by_rate[rates[0]])
         best = 0.0
+        marks = []
         for rate in rates:
-            figures = by_rate[rate]
-            ok = figures["achieved"] >= 0.95 * rate and figures["ttft_p50_ms"] <= 1.10 * base and figures["failed"] == 0
-            figures["held"] = ok
+            ok = any(
+                run["achieved"] >= 0.95 * rate and run["ttft_p50_ms"] <= 1.10 * base and run["failed"] == 0
+                for run in by_rate[rate]
+            )
+            marks.append(f"{rate:g}:{'held' if ok else 'no'}")
             if ok and best == max((r for r in rates if r < rate), default=0.0):
                 best = rate  # the highest rate held with every lower rate held too
         held[client] = best
-        print(f"{client:8s} low-load TTFT p50 {base:.1f} ms; " + ", ".join(
-            f"{rate:g}:{'held' if by_rate[rate]['held'] else 'no'}" for rate in rates) + f" → highest held {best:g} req/s")
+        print(f"{client:8s} low-load TTFT p50 {base:.1f} ms; {', '.join(marks)} → highest held {best:g} req/s")
     if held["vllm"]:
         print(f"ratio vlmserve / vllm highest held rate: {held['vlmserve'] / held['vllm']:.2f}")
 

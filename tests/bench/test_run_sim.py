@@ -237,3 +237,12 @@ def test_runs_list_and_show_from_history(sim, cli):
     assert loaded.summary["meta"]["label"] == "one" and len(loaded.records) == 4
     missing = cli("runs", "show", "nope")
     assert missing.code == 2 and "no run 'nope'" in missing.error_line
+
+
+def test_closed_loop_stops_at_duration(sim):
+    result = run(sim, concurrency=3, duration_s=0.8, input_len=8, output_len=4)
+    summary = result.summary
+    assert summary["requests"]["completed"] >= 6 and summary["requests"]["failed"] == 0
+    first_send = min(record.sent_at_s for record in result.records)
+    # nothing is sent after the deadline; requests in flight at the deadline are awaited and counted
+    assert max(record.sent_at_s for record in result.records) - first_send < 0.8 + 0.05
