@@ -7,7 +7,7 @@ from rich.table import Table as RichTable
 
 from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
 from vlmserve.sweep.rank import cheapest, rank_deployments
-from vlmserve.sweep.results import SweepResults
+from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
 _ROW_STYLE = {"failed": "red", "limited": "yellow", "best": "green", "": ""}
 HEADLINE_COLUMNS = ["rank", "deployment", "devices", "cells ok", "best point", "goodput/dev", "tok/s/dev",
@@ -32,6 +32,8 @@ def print_report(results: SweepResults, console: Console, *, cells: bool = False
     console.print(f"[bold]{results.name}[/]: " + results.outcome_line(), style="green" if done == total else "yellow")
     for note in results.notes:
         console.print(f"[yellow]⚠ {note}[/]")
+    if results.simulated():
+        console.print(f"[dim]{SIMULATED_NOTE}[/]")
     console.print(rich_table(headline_table(results, choices).select(HEADLINE_COLUMNS)))
     for sentence in knee_sentences(results):
         console.print(f"• {sentence}")

@@ -21,7 +21,7 @@ from vlmserve.report.charts import all_charts
 from vlmserve.spec import DeploymentSpec
 from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
 from vlmserve.sweep.rank import cheapest, rank_deployments
-from vlmserve.sweep.results import SweepResults
+from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif; margin: 24px auto;
@@ -87,12 +87,7 @@ def _deployments_html(results: SweepResults) -> str:
 
 
 def _simulated_note(results: SweepResults) -> str:
-    simulated = [cell for cell in results.cells if cell.ok and (cell.summary or {}).get("meta", {}).get("simulated")]
-    sim_engines = [info for info in results.deployments if (info.spec or {}).get("engine") == "sim"]
-    if simulated or sim_engines:
-        return ('<p class="note">Figures from the simulated engine or the planner are simulated, '
-                "not measured on the named hardware.</p>")
-    return ""
+    return f'<p class="note">{html.escape(SIMULATED_NOTE)}</p>' if results.simulated() else ""
 
 
 def render_html(results: SweepResults) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
 from vlmserve.sweep.rank import cheapest, rank_deployments
-from vlmserve.sweep.results import SweepResults
+from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
 
 def _escape(text: str) -> str:
@@ -28,6 +28,8 @@ def render_markdown(results: SweepResults) -> str:
     choices = rank_deployments(results)
     parts = [f"## vlmserve report: {results.name}", "", f"**{results.outcome_line()}**", ""]
     parts += [f"> ⚠ {note}\n" for note in results.notes]
+    if results.simulated():
+        parts += [f"_{SIMULATED_NOTE}_", ""]
     if results.slo.bounds_s:
         parts.append("SLOs: " + ", ".join(f"{key} ≤ {value * 1000:g} ms"
                                            for key, value in sorted(results.slo.bounds_s.items())))

@@ -13,6 +13,8 @@ from typing import Any
 
 from vlmserve.spec import SLO
 
+SIMULATED_NOTE = "Figures from the simulated engine or the planner are simulated, not measured on the named hardware."
+
 LOAD_LEVEL_FIELDS = ("concurrency", "rate")
 """LoadSpec fields that say how hard a cell pushes; cells differing only in these form a series."""
 
@@ -110,6 +112,12 @@ class SweepResults:
     description: str | None = None
     notes: list[str] = field(default_factory=list)
     """Caveats a reader must see first (e.g. the sweep was shrunk for a smoke run)."""
+
+    def simulated(self) -> bool:
+        """True when any figure came from the simulated engine or the planner (they must say so)."""
+        if any(cell.ok and ((cell.summary or {}).get("meta") or {}).get("simulated") for cell in self.cells):
+            return True
+        return any((info.spec or {}).get("engine") == "sim" for info in self.deployments)
 
     def cells_of(self, deployment: str) -> list[CellOutcome]:
         return [cell for cell in self.cells if cell.deployment == deployment]
