@@ -166,3 +166,23 @@ def visit_page(path: Path, *, ready_js: str, checks_js: dict[str, str], screensh
             os.killpg(process.pid, 9)
             process.wait(timeout=10)
         shutil.rmtree(profile, ignore_errors=True)
+
+
+CHART_IDS = ("chart-throughput", "chart-ttft", "chart-tpot", "chart-pareto")
+READY_JS = ("Array.from(document.querySelectorAll('.js-plotly-plot')).length >= 4 && "
+            "Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.querySelector('svg.main-svg'))")
+
+
+def check_report_in_browser(report: Path, screenshot: Path) -> None:
+    """Open a vlmserve HTML report as a user would: no console errors, every chart drawn, nothing fetched."""
+    checks = {chart: (f"(() => {{ const d = document.getElementById('{chart}'); if (!d) return -1;"
+                      " return d.querySelectorAll('svg.main-svg .scatterlayer .trace').length; })()")
+              for chart in CHART_IDS}
+    checks["external"] = ("Array.from(document.querySelectorAll('script[src],link[href]'))"
+                          ".map(e => e.src || e.href).filter(u => !u.startsWith('file:'))")
+    visit = visit_page(report, ready_js=READY_JS, checks_js=checks, screenshot=screenshot)
+    assert visit.console_errors == [], visit.console_errors
+    for chart in CHART_IDS:
+        assert visit.checks[chart] and visit.checks[chart] > 0, f"{chart} drew no traces: {visit.checks}"
+    assert visit.checks["external"] == [], "the report must not load anything from the network"
+    assert visit.screenshot is not None and visit.screenshot.stat().st_size > 10_000

@@ -7,33 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.report.browser import find_chromium, visit_page
+from tests.report.browser import check_report_in_browser, find_chromium
 from tests.report.synthetic import sweep_results
 from vlmserve.report.html import write_html
 from vlmserve.report.markdown import render_markdown
 from vlmserve.spec import SLO
 from vlmserve.sweep.results import SweepResults
 
-CHART_IDS = ("chart-throughput", "chart-ttft", "chart-tpot", "chart-pareto")
-READY_JS = ("Array.from(document.querySelectorAll('.js-plotly-plot')).length >= 4 && "
-            "Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.querySelector('svg.main-svg'))")
 needs_chromium = pytest.mark.skipif(find_chromium() is None, reason="chromium not installed (scripts/ci-system-deps)")
-
-
-def check_report_in_browser(report: Path, screenshot: Path) -> None:
-    """Shared by this test and the end-to-end sweep tests: open the page as a user would."""
-    checks = {chart: (f"(() => {{ const d = document.getElementById('{chart}'); if (!d) return -1;"
-                      " return d.querySelectorAll('svg.main-svg .scatterlayer .trace').length; })()")
-              for chart in CHART_IDS}
-    checks["external"] = ("Array.from(document.querySelectorAll('script[src],link[href]'))"
-                          ".map(e => e.src || e.href).filter(u => !u.startsWith('file:'))")
-    checks["title"] = "document.title"
-    visit = visit_page(report, ready_js=READY_JS, checks_js=checks, screenshot=screenshot)
-    assert visit.console_errors == [], visit.console_errors
-    for chart in CHART_IDS:
-        assert visit.checks[chart] and visit.checks[chart] > 0, f"{chart} drew no traces: {visit.checks}"
-    assert visit.checks["external"] == [], "the report must not load anything from the network"
-    assert visit.screenshot is not None and visit.screenshot.stat().st_size > 10_000
 
 
 def synthetic() -> SweepResults:

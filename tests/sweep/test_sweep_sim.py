@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.report.browser import find_chromium
-from tests.report.test_html_report import check_report_in_browser
+from tests.report.browser import check_report_in_browser, find_chromium
 from vlmserve.report.source import results_from_sweep_dir
 from vlmserve.processes import port_is_free
 from vlmserve.errors import UserError
