@@ -17,13 +17,13 @@ NOISY = {"Authorization": "Bearer sk-noisy"}
 
 
 async def calm_latencies(session: aiohttp.ClientSession, url: str, count: int) -> list[float]:
-    """End-to-end seconds of `count` calm requests, three at a time (a steady interactive user)."""
+    """End-to-end seconds of `count` calm requests, four at a time (a steady interactive user)."""
     latencies: list[float] = []
-    semaphore = asyncio.Semaphore(3)
+    semaphore = asyncio.Semaphore(4)
 
     async def one(i: int) -> None:
         async with semaphore:
-            result = await post_chat(session, url, chat_body(f"calm {i}", max_tokens=15), CALM)
+            result = await post_chat(session, url, chat_body(f"calm {i}", max_tokens=50), CALM)
             assert result.status == 200 and result.done
             latencies.append(result.e2e_s)
 
@@ -56,8 +56,8 @@ async def flood(session: aiohttp.ClientSession, url: str, rate_per_s: float, sto
 async def test_tenant_over_its_limit_gets_429_and_the_other_tenant_keeps_its_latency(
     constant_engines: list[SimHandle], tmp_path: Path
 ) -> None:
-    """A behaviour check with a tolerance, not a speed test: calm requests take ~100 ms of engine
-    time (20 ms TTFT + 15 tokens × 5 ms), so milliseconds of scheduling noise stay far below 10 %.
+    """A behaviour check with a tolerance, not a speed test: calm requests take ~270 ms of engine
+    time (20 ms TTFT + 50 tokens × 5 ms), so milliseconds of scheduling noise stay far below 10 %.
     The unloaded median is taken before and after the flood, to cancel drift in machine load."""
     keys = tmp_path / "keys.yaml"
     keys.write_text(
@@ -66,19 +66,19 @@ async def test_tenant_over_its_limit_gets_429_and_the_other_tenant_keeps_its_lat
         "  - name: noisy\n    keys: [sk-noisy]\n    requests_per_s: 5\n    burst_requests: 5\n"
     )
     async with running_gateway(constant_engines, keys_file=keys) as gw, aiohttp.ClientSession() as session:
-        await calm_latencies(session, gw.base_url, 6)  # warm connections
-        unloaded = await calm_latencies(session, gw.base_url, 30)
+        await calm_latencies(session, gw.base_url, 4)  # warm connections
+        unloaded = await calm_latencies(session, gw.base_url, 24)
         stop = asyncio.Event()
         noisy = asyncio.create_task(flood(session, gw.base_url, rate_per_s=60, stop=stop))
         await asyncio.sleep(0.3)
-        loaded = await calm_latencies(session, gw.base_url, 30)
+        loaded = await calm_latencies(session, gw.base_url, 24)
         stop.set()
         statuses = await noisy
-        unloaded += await calm_latencies(session, gw.base_url, 30)
+        unloaded += await calm_latencies(session, gw.base_url, 24)
     shed = statuses.count(429)
     admitted = statuses.count(200)
-    assert shed >= len(statuses) // 2 and admitted >= 5 and shed + admitted == len(statuses)
+    assert shed >= len(statuses) // 2 and admitted >= 5 and shed + admitted == len(statuses), statuses
     unloaded_median, loaded_median = statistics.median(unloaded), statistics.median(loaded)
     print(f"calm median e2e: unloaded {unloaded_median * 1000:.1f} ms, with the flood {loaded_median * 1000:.1f} ms; "
           f"noisy: {admitted} admitted, {shed} shed")
-    assert loaded_median <= 1.10 * unloaded_median
+    assert loaded_median <= 1.10 * unloaded_median, (unloaded, loaded)

@@ -323,8 +323,7 @@ class Forwarder:
         task = exchange.task
         await response.prepare(request)
         log.first_byte_mono = time.monotonic()
-        events = first.count(b"data:")
-        tail = first
+        previous, last = b"", first  # the usage event is in the last one or two chunks
         failure: tuple[int, str, str] | None = None
         # The policy hears "first token" once the engine's prompt count is known (usage in the
         # first chunks) or after the second chunk (the first may be only the role preamble).
@@ -341,8 +340,7 @@ class Forwarder:
                     exchange.chunks += 1
                     if first_token_pending:
                         first_token_pending = not self._note_first_token(chunk, exchange.chunks, routed, replica)
-                    events += chunk.count(b"data:")
-                    tail = tail[-512:] + chunk if len(chunk) < 2048 else chunk
+                    previous, last = last, chunk
                     await write(chunk)
             except asyncio.CancelledError:
                 if not (exchange.expired and task.uncancel() == 0):
@@ -357,12 +355,12 @@ class Forwarder:
             return Outcome.ABANDONED
         if first_token_pending:
             self.policy.on_first_token(routed, replica)
-        usage = _usage_from_sse_tail(tail)
+        usage = _usage_from_sse_tail(previous[-4096:] + last)
         if usage is not None:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")
         else:
-            log.completion_tokens = max(0, events - 1)  # SSE events less [DONE]: roughly one token each
+            log.completion_tokens = max(0, exchange.chunks - 2)  # roughly one token per chunk, less role and [DONE]
         if failure is not None:
             self.pool.record_failure(replica)
             log.status, log.error = "stream_error", failure[1]
