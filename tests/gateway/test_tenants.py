@@ -82,3 +82,29 @@ async def test_tenant_over_its_limit_gets_429_and_the_other_tenant_keeps_its_lat
     print(f"calm median e2e: unloaded {unloaded_median * 1000:.1f} ms, with the flood {loaded_median * 1000:.1f} ms; "
           f"noisy: {admitted} admitted, {shed} shed")
     assert loaded_median <= 1.10 * unloaded_median, (unloaded, loaded)
+
+
+async def test_capped_gateway_serves_interactive_first_and_sheds_a_full_queue(constant_engines: list[SimHandle]) -> None:
+    """One request at a time reaches the engine; the rest wait by priority, and a full queue is 429."""
+    async with running_gateway(constant_engines[:1], max_in_flight=1, queue_limit_batch=1,
+                               queue_limit_interactive=1) as gw, aiohttp.ClientSession() as session:
+        finished: list[str] = []
+
+        async def send(name: str, priority: str, max_tokens: int):
+            result = await post_chat(session, gw.base_url, chat_body(name, max_tokens=max_tokens), {"X-Priority": priority})
+            finished.append(name)
+            return result
+
+        holder = asyncio.create_task(send("holder", "interactive", 60))  # ~320 ms on the engine
+        await asyncio.sleep(0.1)
+        batch = asyncio.create_task(send("batch", "batch", 4))
+        await asyncio.sleep(0.05)
+        interactive = asyncio.create_task(send("interactive", "interactive", 4))
+        await asyncio.sleep(0.05)
+        shed = await post_chat(session, gw.base_url, chat_body("one too many", max_tokens=4), {"X-Priority": "batch"})
+        assert shed.status == 429 and shed.body["error"]["code"] == "queue_full" and shed.headers["Retry-After"] == "1"
+        results = await asyncio.gather(holder, batch, interactive)
+        assert all(r.status == 200 and r.done for r in results)
+        assert finished == ["holder", "interactive", "batch"]  # the later interactive request went first
+        text = await (await session.get(gw.base_url + "/metrics")).text()
+    assert 'vlmserve_gateway_shed_requests_total{reason="queue_full",tenant="anonymous"} 1.0' in text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from vlmserve.errors import UserError
@@ -53,7 +53,6 @@ class GatewayConfig:
     prefix_load_factor: float = 1.25
     replica_api_key: str | None = None
     drain_timeout_s: float = 30.0
-    extra: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""

@@ -33,7 +33,6 @@ from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.watchdog import Exchange, Watchdog
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
-RESPONSE_HEADERS_KEPT = ("Content-Type",)
 CONNECTION_ERRORS = (aiohttp.ClientError, OSError, asyncio.IncompleteReadError)
 
 
