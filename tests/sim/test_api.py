@@ -263,7 +263,11 @@ def test_engine_runs_in_process_in_a_thread() -> None:
 
 
 def test_reject_over_context_refuses_prompt_plus_max_tokens_like_earlier_vllm() -> None:
-    with start_sim_engine(model=MODEL, ttft_ms=1, itl_ms=1, max_model_len=256, num_kv_blocks=64, reject_over_context=True) as strict:
+    from vlmserve.engines.sim.options import SimEngineConfig
+    from vlmserve.engines.sim.server import SimEngineThread
+
+    config = SimEngineConfig(model=MODEL, port=0, ttft_ms=1, itl_ms=1, max_model_len=256, num_kv_blocks=64, reject_over_context=True)
+    with SimEngineThread(config) as strict:
         body = {"model": MODEL, "messages": [{"role": "user", "content": " ".join(["word"] * 100)}], "max_tokens": 200}
         response = httpx.post(f"{strict.base_url}/v1/chat/completions", json=body)
         _assert_openai_error(response, 400, "BadRequestError", "This model's maximum context length is 256 tokens. However, you requested")

@@ -103,13 +103,14 @@ def test_too_small_kv_cache_preempts_and_it_shows_in_metrics() -> None:
     assert _metric(metrics, "vllm:request_success_total", finished_reason="length") >= 8
 
 
-def test_repeated_prompt_prefix_raises_prefix_cache_hits() -> None:
+def test_prefix_cache_hits_for_a_repeated_prefix_and_for_a_multi_turn_answer() -> None:
     shared = "You are a dental radiograph assistant. " + " ".join(f"rule{index}" for index in range(300))
     with start_sim_engine(model=MODEL, profile="tiny-cpu") as engine:
+        url = f"{engine.base_url}/v1/chat/completions"
 
         def ask(question: str) -> None:
             body = {"model": MODEL, "messages": [{"role": "user", "content": shared + " " + question}], "max_tokens": 2}
-            assert httpx.post(f"{engine.base_url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+            assert httpx.post(url, json=body, timeout=30).status_code == 200
 
         ask("first question")
         first = engine.metrics_text()
@@ -118,23 +119,19 @@ def test_repeated_prompt_prefix_raises_prefix_cache_hits() -> None:
         for question in ("second question", "third question", "fourth question"):
             ask(question)
         after = engine.metrics_text()
-    hits = _metric(after, "vllm:prefix_cache_hits_total")
-    queries = _metric(after, "vllm:prefix_cache_queries_total")
-    assert hits >= 3 * (queries_once - 32)  # every later request reuses all full blocks of the shared part
-    assert hits / queries > 0.6
+        hits = _metric(after, "vllm:prefix_cache_hits_total")
+        queries = _metric(after, "vllm:prefix_cache_queries_total")
+        assert hits >= 3 * (queries_once - 32)  # every later request reuses all full blocks of the shared part
+        assert hits / queries > 0.6
 
-
-def test_multi_turn_conversation_reuses_the_previous_answer_from_the_cache() -> None:
-    """Generated text re-tokenizes to the generated ids, so turn 2 hits prompt *and* answer blocks."""
-    with start_sim_engine(model=MODEL, profile="tiny-cpu") as engine:
-        url = f"{engine.base_url}/v1/chat/completions"
+        # Generated text re-tokenizes to the generated ids, so turn 2 hits prompt *and* answer blocks.
         turn_one = [{"role": "user", "content": "Describe the image in detail."}]
-        first = httpx.post(url, json={"model": MODEL, "messages": turn_one, "max_tokens": 200, "ignore_eos": True}).json()
-        answer = first["choices"][0]["message"]["content"]
+        first_turn = httpx.post(url, json={"model": MODEL, "messages": turn_one, "max_tokens": 200, "ignore_eos": True}).json()
+        answer = first_turn["choices"][0]["message"]["content"]
         before = _metric(engine.metrics_text(), "vllm:prefix_cache_hits_total")
         turn_two = [*turn_one, {"role": "assistant", "content": answer}, {"role": "user", "content": "And the left side?"}]
-        second = httpx.post(url, json={"model": MODEL, "messages": turn_two, "max_tokens": 2}).json()
-        hits = _metric(engine.metrics_text(), "vllm:prefix_cache_hits_total") - before
-    reusable = first["usage"]["total_tokens"] - 1  # prompt + answer, less the token still being generated
-    assert second["usage"]["prompt_tokens"] > reusable
-    assert hits >= (reusable // 16) * 16 - 16, (hits, reusable)
+        second_turn = httpx.post(url, json={"model": MODEL, "messages": turn_two, "max_tokens": 2}).json()
+        turn_hits = _metric(engine.metrics_text(), "vllm:prefix_cache_hits_total") - before
+    reusable = first_turn["usage"]["total_tokens"] - 1  # prompt + answer, less the token still being generated
+    assert second_turn["usage"]["prompt_tokens"] > reusable
+    assert turn_hits >= (reusable // 16) * 16 - 16, (turn_hits, reusable)
