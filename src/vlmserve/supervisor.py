@@ -194,6 +194,8 @@ class Supervisor:
         with self._lock:
             members = ([self.gateway] if self.gateway else []) + list(reversed(self.replicas))
             for member in members:
+                if member.state == "stopped":
+                    continue  # already stopped once: never signal a process group id twice
                 if member.process is not None and member.process.poll() is None:
                     self._event(f"stopping {member.plan.label} (pid {member.pid})")
                 if member.process is not None:
