@@ -116,7 +116,7 @@ def plan(
     _print_run(console, result.summary, setup, output.wall_s, price)
     measured = _read_measured(compare) if compare else None
     if explain or measured is not None:
-        _print_explain(console, setup, load, measured)
+        _print_explain(console, setup, load, result.summary, measured)
     if measured is not None:
         _print_comparison(console, result.summary, measured)
     if json_out:
@@ -162,10 +162,15 @@ def _read_measured(path: Path) -> dict[str, Any]:
     return data
 
 
-def _print_explain(console: Console, setup: Any, load: LoadSpec, measured: dict[str, Any] | None) -> None:
+def _print_explain(
+    console: Console, setup: Any, load: LoadSpec, summary: dict[str, Any], measured: dict[str, Any] | None
+) -> None:
     from vlmserve.plan.explain import measured_efficiency, napkin
 
-    context = load.input_len + load.output_len // 2
+    tokens = summary.get("tokens") or {}
+    prompt = tokens.get("actual_prompt_mean") or load.input_len
+    output = tokens.get("actual_output_mean") or load.output_len
+    context = int(prompt + output / 2)  # the mean context a decode step reads
     batch = min(load.concurrency or setup.max_num_seqs, setup.max_num_seqs)
     facts = napkin(setup, context, batch)
     table = Table(title="roofline napkin math (one replica)", show_edge=False)
@@ -177,7 +182,7 @@ def _print_explain(console: Console, setup: Any, load: LoadSpec, measured: dict[
         ("KV bytes per token", kinds or "none"),
         (f"KV cache capacity at {context}-token context", f"{facts['kv_tokens_capacity']:,} tokens"),
         ("bytes streamed per decode token, batch 1", f"{facts['decode_bytes_per_token_batch1'] / 1e9:.2f} GB"),
-        (f"bytes per decode step, batch {batch}", f"{facts['decode_bytes_per_step_at_batch'] / 1e9:.2f} GB"),
+        (f"bytes per decode step, batch {batch} (calibrated routing spread)", f"{facts['decode_bytes_per_step_at_batch'] / 1e9:.2f} GB"),
         ("bandwidth-bound tok/s, batch 1 (peak / calibrated)",
          f"{facts['bandwidth_bound_tok_s_batch1_peak']:.0f} / {facts['bandwidth_bound_tok_s_batch1_calibrated']:.0f}"),
         (f"bandwidth-bound tok/s, batch {batch} (peak)", f"{facts['bandwidth_bound_tok_s_at_batch_peak']:.0f}"),

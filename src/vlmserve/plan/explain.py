@@ -21,7 +21,7 @@ def napkin(setup: PlanSetup, context_tokens: int, batch: int) -> dict[str, Any]:
     model, gpu, tp = setup.model, setup.gpu, setup.tp
     assert setup.weight_dtype is not None
     weights_one = model.step_weight_bytes(1, setup.weight_dtype)
-    weights_batch = model.step_weight_bytes(batch, setup.weight_dtype)
+    weights_batch = model.step_weight_bytes(batch, setup.weight_dtype, setup.efficiency.moe_expert_spread)
     kv_one = model.kv_bytes_for_context(context_tokens, setup.kv_dtype)
     bandwidth = gpu.bandwidth_bytes_s * tp
     peak_flops = gpu.peak_flops(setup.weight_dtype) * tp
@@ -56,7 +56,8 @@ def measured_efficiency(setup: PlanSetup, summary: dict[str, Any], context_token
     if not tpot_ms:
         return {}
     assert setup.weight_dtype is not None
-    step_bytes = setup.model.step_weight_bytes(batch, setup.weight_dtype) + batch * setup.model.kv_bytes_for_context(
+    spread = setup.efficiency.moe_expert_spread
+    step_bytes = setup.model.step_weight_bytes(batch, setup.weight_dtype, spread) + batch * setup.model.kv_bytes_for_context(
         context_tokens, setup.kv_dtype
     )
     reached = step_bytes / (tpot_ms / 1000.0)
