@@ -88,3 +88,11 @@ def test_simulated_run_can_be_stored_and_reloaded(tmp_path, monkeypatch) -> None
     run_id = save_run(result)
     loaded = load_run(run_id)
     assert loaded.simulated and len(loaded.records) == 6 and all(record.simulated for record in loaded.records)
+    # `vlmserve report` reads it like any measured run
+    from vlmserve.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["report", run_id, "--md", str(tmp_path / "report.md")])
+        raise SystemExit(0)
+    assert done.value.code in (0, None)
+    assert "plan meta-llama/Llama-3.1-8B-Instruct" in (tmp_path / "report.md").read_text()
