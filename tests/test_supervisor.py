@@ -276,3 +276,50 @@ def test_sim_replicas_behind_gateway_stop_on_sigterm(
     assert proc.returncode == 0, output
     leftovers = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert leftovers == [], f"left behind: {leftovers}"
+
+
+def tree_of(proc: subprocess.Popen[str]) -> list[int]:
+    return [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+
+
+def living(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.mark.skipif(not sim_available(), reason="`vlmserve engine sim` is not registered yet")
+def test_down_stops_a_deployment_and_cleans_up_after_a_killed_supervisor(
+    vlmserve_cmd: list[str], home: Path, up_process: list[subprocess.Popen[str]]
+) -> None:
+    def down(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*vlmserve_cmd, "down", name], capture_output=True, text=True, timeout=120, env=cli_env(home))
+
+    # a running supervisor is asked to stop, and stops everything
+    proc = spawn_up(vlmserve_cmd, home, up_process, "--name", "d1", "--engine", "sim", "--model", "m", "--no-gateway",
+                    "--port", str(free_port_block(2)))  # fmt: skip
+    wait_for(lambda: all_ready(home, "d1", 1), 120, "sim replica ready", proc)
+    tree = tree_of(proc)
+    done = down("d1")
+    assert done.returncode == 0 and "'d1' stopped" in done.stdout, done.stderr
+    assert proc.wait(timeout=30) == 0
+    assert living(tree) == []
+
+    # a supervisor killed outright leaves its engines behind; `down` finds and stops them
+    proc = spawn_up(vlmserve_cmd, home, up_process, "--name", "d2", "--engine", "sim", "--model", "m", "--no-gateway",
+                    "--port", str(free_port_block(2)))  # fmt: skip
+    wait_for(lambda: all_ready(home, "d2", 1), 120, "sim replica ready", proc)
+    tree = tree_of(proc)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert living(tree), "the orphaned engine should still be running before `down`"
+    done = down("d2")
+    assert done.returncode == 0 and "1 leftover process group(s) cleaned up" in done.stdout, done.stdout + done.stderr
+    assert living(tree) == []
+    done = down("nope")
+    assert_one_line_error(done, "no deployment named 'nope'")

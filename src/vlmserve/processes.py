@@ -53,25 +53,45 @@ def tree_pids(pid: int) -> list[int]:
         return []
 
 
-def stop_process_tree(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the process group and every descendant; SIGKILL whatever is left after grace_s."""
-    pids = tree_pids(process.pid)
-    _signal_group(process.pid, signal.SIGTERM)
+def stop_process_tree(process: subprocess.Popen[bytes] | int, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group and every descendant; SIGKILL whatever is left after grace_s.
+
+    `process` is a Popen we started (it is reaped too) or the pid of a group leader found in
+    a state file (see `matches_recorded`)."""
+    leader = process if isinstance(process, int) else process.pid
+    popen = None if isinstance(process, int) else process
+    pids = tree_pids(leader)
+    _signal_group(leader, signal.SIGTERM)
     _signal_pids(pids, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        process.poll()
-        if not _alive(pids) and process.returncode is not None:
+        leader_done = popen.poll() is not None if popen is not None else True
+        if leader_done and not _alive(pids):
             break
-        pids = sorted(set(pids) | set(tree_pids(process.pid)))
+        pids = sorted(set(pids) | set(tree_pids(leader)))
         time.sleep(0.1)
-    _signal_group(process.pid, signal.SIGKILL)
+    _signal_group(leader, signal.SIGKILL)
     _signal_pids(pids, signal.SIGKILL)
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+    if popen is not None:
+        try:
+            popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
     psutil.wait_procs(_procs(pids), timeout=5)
+
+
+def created_at(pid: int) -> float | None:
+    """When a process started (psutil's create_time), or None when it is gone."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def matches_recorded(pid: int, recorded_created_at: float | None) -> bool:
+    """Is `pid` still the very process that was recorded (not a later one reusing the number)?"""
+    now = created_at(pid)
+    return now is not None and recorded_created_at is not None and abs(now - recorded_created_at) < 1.0
 
 
 def kill_process_group(pid: int) -> None:

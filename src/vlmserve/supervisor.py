@@ -91,7 +91,9 @@ class ManagedProcess:
     backoff_s: float = BACKOFF_START_S
     restart_at: float | None = None
     served: ServedConfig | None = None
-    notes: list[str] = field(default_factory=list)
+    pid_created_at: float | None = None
+    """The process's start time as the OS reports it: with the pid, it identifies the process
+    for `vlmserve down` even after the supervisor is gone (pids are reused)."""
 
     @property
     def pid(self) -> int | None:
@@ -104,6 +106,7 @@ class ManagedProcess:
             "url": self.plan.url,
             "port": self.plan.port,
             "pid": self.pid,
+            "pid_created_at": self.pid_created_at,
             "state": self.state,
             "restarts": self.restarts,
             "started_at": self.started_at,
@@ -351,6 +354,7 @@ class Supervisor:
             member.state = "starting" if first_start else "restarting"
             header = f"=== vlmserve: starting {plan.label} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(plan.argv)}"
             member.process = processes.start_process_group(plan.argv, plan.env, plan.log_path, header=header)
+            member.pid_created_at = processes.created_at(member.process.pid)
             member.started_at = time.time()
             member.ready_at = None
             self._write_state()

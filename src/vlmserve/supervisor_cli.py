@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import time
@@ -140,6 +141,7 @@ def run_until_signalled(spec) -> None:  # spec: DeploymentSpec
         raise KeyboardInterrupt
 
     previous_term = signal.signal(signal.SIGTERM, _terminate)
+    previous_hup = signal.signal(signal.SIGHUP, _terminate)  # a closed terminal stops it cleanly too
     supervisor = Supervisor(spec, on_event=console.print)
     try:
         supervisor.start()
@@ -149,15 +151,17 @@ def run_until_signalled(spec) -> None:  # spec: DeploymentSpec
         while not supervisor._stopping.is_set():
             supervisor.wait(1.0)
     except KeyboardInterrupt:
-        console.print("stopping every process (Ctrl-C / SIGTERM)")
+        console.print("stopping every process (Ctrl-C / SIGTERM / SIGHUP)")
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
             supervisor.stop()
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, previous_term)
+            signal.signal(signal.SIGHUP, previous_hup)
     console.print("all processes stopped")
 
 
@@ -243,6 +247,41 @@ def status_table(states: list[dict[str, Any]]) -> Group:
     return Group(*tables)
 
 
+def down(
+    name: str = typer.Argument("default", help="Deployment name."),
+    timeout_s: float = typer.Option(90.0, help="How long to wait for the supervisor to stop everything."),
+) -> None:
+    """Stop a deployment from another terminal (also cleans up after a supervisor that was killed)."""
+    from vlmserve.deployment_state import read_state, state_path, supervisor_alive, vlmserve_home, write_state
+    from vlmserve.processes import matches_recorded, stop_process_tree
+
+    path = state_path(name)
+    state = read_state(path)
+    if state is None:
+        raise UserError(f"no deployment named '{name}' under {vlmserve_home()}; see `vlmserve status`")
+    if supervisor_alive(state):
+        pid = int(state["supervisor_pid"])
+        console.print(f"asking the supervisor (pid {pid}) to stop '{name}'")
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while supervisor_alive(state) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if supervisor_alive(state):
+            raise UserError(f"the supervisor (pid {pid}) did not stop within {timeout_s:.0f} s; try again or kill it")
+        console.print(f"'{name}' stopped")
+        return
+    members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
+    leftovers = [m for m in members if m.get("pid") and matches_recorded(int(m["pid"]), m.get("pid_created_at"))]
+    for member in leftovers:
+        console.print(f"stopping leftover {member['role']} {member['index']} (pid {member['pid']}, port {member['port']})")
+        stop_process_tree(int(member["pid"]))
+    for member in members:
+        member["state"] = "stopped"
+        member["started_at"] = None
+    write_state(path, state)
+    console.print(f"'{name}' stopped ({len(leftovers)} leftover process group(s) cleaned up)")
+
+
 def demo(
     model: str = typer.Option("embedded", help="Model to demo (default: the embedded tiny VLM)."),
     max_tokens: int = typer.Option(32, help="Tokens to generate per answer."),
@@ -258,4 +297,5 @@ def demo(
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("status")(status)
+    app.command("down")(down)
     app.command("demo")(demo)
