@@ -318,6 +318,8 @@ def test_down_stops_a_deployment_and_cleans_up_after_a_killed_supervisor(
     proc.kill()
     proc.wait(timeout=30)
     assert living(tree), "the orphaned engine should still be running before `down`"
+    status = subprocess.run([*vlmserve_cmd, "status", "d2"], capture_output=True, text=True, timeout=60, env=cli_env(home))
+    assert "orphaned: run `vlmserve down d2`" in status.stdout, status.stdout
     done = down("d2")
     assert done.returncode == 0 and "1 leftover process group(s) cleaned up" in done.stdout, done.stdout + done.stderr
     assert living(tree) == []

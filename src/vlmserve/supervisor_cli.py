@@ -207,9 +207,14 @@ def status(
 
 
 def _mark_stopped(state: dict[str, Any]) -> dict[str, Any]:
-    """A state whose supervisor is gone: nothing in it is running any more."""
+    """A state whose supervisor is gone: its processes are stopped, or orphans to clean up."""
+    from vlmserve.processes import matches_recorded
+
     members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
     for member in members:
+        if member.get("pid") and matches_recorded(int(member["pid"]), member.get("pid_created_at")):
+            member["state"] = f"orphaned: run `vlmserve down {state['name']}`"
+            continue
         if member.get("state") != "stopped":
             member["state"] = "stopped (supervisor gone)"
         member["started_at"] = None
