@@ -18,7 +18,7 @@ from vlmserve.readiness import (
     read_served_config,
     tiny_png_data_url,
 )
-from vlmserve.spec import DeploymentSpec, EngineArgs
+from vlmserve.spec import DeploymentSpec
 
 
 def cpu_spec(**changes: object) -> DeploymentSpec:
