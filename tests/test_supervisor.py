@@ -325,3 +325,29 @@ def test_down_stops_a_deployment_and_cleans_up_after_a_killed_supervisor(
     assert living(tree) == []
     done = down("nope")
     assert_one_line_error(done, "no deployment named 'nope'")
+
+
+@pytest.mark.skipif(not sim_available(), reason="`vlmserve engine sim` is not registered yet")
+def test_stale_engine_on_the_port_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the port check cannot close: a leftover engine grabs the port after the check.
+
+    The leftover serves another model; the supervisor must refuse it (its own engine cannot
+    bind, or the stranger is caught by the model/owner check), never report it ready.
+    """
+    from tests.helpers.sim import start_sim_engine
+    from vlmserve import processes
+    from vlmserve.errors import UserError
+    from vlmserve.spec import DeploymentSpec
+    from vlmserve.supervisor import Supervisor
+
+    with start_sim_engine(model="yesterdays-model") as stale:
+        monkeypatch.setattr(processes, "port_is_free", lambda host, port: True)  # the check ran before it came up
+        spec = DeploymentSpec(name="stale", engine="sim", model="todays-model", gateway=False,
+                              port=stale.port - 1, ready_timeout_s=60)  # fmt: skip
+        with pytest.raises(UserError) as caught:
+            Supervisor(spec, state_dir=tmp_path).start()
+        message = caught.value.message
+        assert ("serves another configuration" in message and "yesterdays-model" in message) or (
+            "exited with code" in message and "ddress already in use" in message
+        ), message
+        assert httpx.get(f"{stale.base_url}/health", timeout=10).status_code == 200  # the stranger is left alone
