@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import logging
 import signal
 import threading
@@ -72,6 +73,7 @@ def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None 
 
     async def main() -> None:
         running = await start_gateway(config)
+        quiet_garbage_collector()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -84,6 +86,18 @@ def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None 
 
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         runner.run(main())
+
+
+def quiet_garbage_collector() -> None:
+    """Keep the cyclic garbage collector out of the streams' way (a dedicated gateway process only).
+
+    Everything built at start-up (modules, app, routes) is moved out of the collector's sight
+    (`gc.freeze`), and young-generation collections run less often: a full collection walking
+    the whole heap mid-stream shows up directly in the TTFT tail.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
 
 
 class GatewayServer:
