@@ -207,3 +207,30 @@ def test_circuit_breaker_ejects_probes_and_readmits() -> None:
     breaker.on_dispatch(15.3)
     breaker.record_success()
     assert breaker.available(15.4) and breaker.state.value == "closed"
+
+
+async def test_a_busy_replica_is_not_marked_down_by_a_slow_health_check() -> None:
+    """/health timing out while the replica serves traffic means busy, not dead; refused means down."""
+    import time as clock
+
+    from vlmserve.gateway.replicas import ReplicaPool
+
+    pool = ReplicaPool(["http://127.0.0.1:9"], session_factory=lambda: None)  # type: ignore[arg-type,return-value]
+    replica = pool.replicas[0]
+    replica.healthy = True
+    answers: list[tuple[bytes | None, str]] = []
+
+    async def fake_probe(_replica, _path):
+        return answers.pop(0)
+
+    pool._probe_status = fake_probe  # type: ignore[method-assign]
+    replica.record_success()
+    answers[:] = [(None, "timeout")] * 3
+    for _ in range(3):
+        await pool._check_health(replica)
+    assert replica.healthy
+    replica.last_success_at = clock.monotonic() - 60  # no traffic answered lately
+    answers[:] = [(None, "refused")] * 2
+    for _ in range(2):
+        await pool._check_health(replica)
+    assert not replica.healthy
