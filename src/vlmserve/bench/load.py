@@ -403,11 +403,22 @@ async def run_workers(
     return LoadOutcome(records, texts, start_wall, time.time(), list(ready.values()), False)
 
 
-def workers_needed(concurrency: int | None, rate: float | None, cpu_count: int | None = None) -> int:
-    """How many worker processes a load needs: one per ~250 req/s or ~256 users, at most the cores."""
+def workers_needed(
+    concurrency: int | None, rate: float | None, output_len: int = 64, cpu_count: int | None = None
+) -> int:
+    """Worker processes a load needs, at most one per core.
+
+    What costs a worker CPU is the stream of chunks it parses, so an open loop is sized by its
+    expected chunks per second (one worker per ~5,000; a Python worker saturates a little above
+    10,000), a closed loop by its users (one worker per 128 streams).
+    """
     cores = cpu_count or os.cpu_count() or 1
     if rate is not None:
-        need = math.ceil(rate / 250.0)
+        need = math.ceil(rate * (output_len + 2) / CHUNKS_PER_WORKER)
     else:
-        need = math.ceil((concurrency or 1) / 256.0)
+        need = math.ceil((concurrency or 1) / STREAMS_PER_WORKER)
     return max(1, min(need, cores))
+
+
+CHUNKS_PER_WORKER = 5000.0
+STREAMS_PER_WORKER = 128

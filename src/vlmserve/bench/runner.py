@@ -155,7 +155,7 @@ async def run_load(
     if load.num_requests is not None:
         conversations = _trim_to_requests(conversations, load.num_requests + load.warmup)
 
-    workers = load.workers or workers_needed(load.concurrency, load.rate)
+    workers = load.workers or workers_needed(load.concurrency, load.rate, load.output_len)
     keep_text = counter.exact
     plans = _plans(load, target, options, conversations, workers, keep_text)
     in_process = len(plans) == 1 and load.workers is None
