@@ -2,8 +2,8 @@
 
 Kept lean on purpose (it runs thousands of times a second in each worker): the body is
 serialised before the clock starts, the stream is read in whatever pieces the socket
-delivers, and only content-bearing chunks (answer text, reasoning text or tool calls)
-count as tokens. Per-chunk token counts come from `stream_options.continuous_usage_stats`
+delivers, and only token-bearing chunks count: answer text, reasoning text or tool calls,
+or (with per-chunk counts) a chunk whose token count grew although its text is empty. Per-chunk token counts come from `stream_options.continuous_usage_stats`
 where the server offers it (vLLM does), otherwise each chunk counts one token and the
 usage total is spread over the chunks at the end.
 """
@@ -138,6 +138,9 @@ class _StreamState:
                     self.parts.append(text)
         if usage and choices is not None and usage.get("completion_tokens") is not None and choices:
             self.per_chunk = True
+            # a token whose text is still held back (a partial UTF-8 character, a special
+            # token) arrives with empty text: with per-chunk counts it still is a token
+            carried = carried or completion_now > self.last_completion
         if carried:
             if self.first is None:
                 self.first = now
