@@ -246,3 +246,23 @@ def test_closed_loop_stops_at_duration(sim):
     first_send = min(record.sent_at_s for record in result.records)
     # nothing is sent after the deadline; requests in flight at the deadline are awaited and counted
     assert max(record.sent_at_s for record in result.records) - first_send < 0.8 + 0.05
+
+
+def test_first_token_with_held_back_text_counts_for_ttft():
+    """With per-chunk counts, a token whose text the server holds back still marks the first token."""
+    from vlmserve.bench.client import _finish, _StreamState
+    from vlmserve.records import RequestRecord
+
+    state = _StreamState(keep_text=False)
+    events = [
+        {"choices": [{"text": ""}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+        {"choices": [{"text": "é"}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+        {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 3, "completion_tokens": 3}},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}},
+    ]
+    for moment, event in enumerate(events):
+        state.event(json.dumps(event).encode(), 1.0 + moment)
+    state.event(b"[DONE]", 5.0)
+    record = RequestRecord(request_id="r", scheduled_at_s=0.0, sent_at_s=0.0, finished_at_s=5.0)
+    _finish(record, state)
+    assert record.ok and record.ttft_s == 1.0 and record.chunk_tokens == [1, 1, 1]
