@@ -195,19 +195,31 @@ def test_two_replicas_serve_restart_and_stop_cleanly(
     base = free_port_block(3)
     name = "two"
     proc = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--replicas", "2", "--port", str(base),
-                    "--no-gateway", "--max-model-len", "1024", "--kv-cache-space-gb", "1")  # fmt: skip
-    state = wait_for(lambda: all_ready(home, name, 2), 480, "both replicas ready", proc)
+                    "--max-model-len", "1024", "--kv-cache-space-gb", "1")  # fmt: skip
+    with_gateway = "gateway" in registered_verbs()
 
-    # both replicas serve text and images, each on its own port and cores
+    def everything_ready() -> dict | None:  # type: ignore[type-arg]
+        state = all_ready(home, name, 2)
+        if state and (not with_gateway or (state["gateway"] and state["gateway"]["state"] == "ready")):
+            return state
+        return None
+
+    state = wait_for(everything_ready, 480, "both replicas (and the gateway) ready", proc)
+
+    # both replicas serve text and images, each on its own port and cores; so does the gateway
     for replica in state["replicas"]:
         assert ask(replica["url"], "embedded", with_image=False)["completion_tokens"] >= 1
         assert ask(replica["url"], "embedded", with_image=True)["prompt_tokens"] > 20
     assert {r["devices"] for r in state["replicas"]} == {"0", "1"}
-    assert state["gateway"] is None and "replicas are served directly" not in (state["gateway_note"] or "")
+    if with_gateway:
+        assert state["endpoint"] == f"http://127.0.0.1:{base}"
+        assert ask(state["endpoint"], "embedded", with_image=True)["prompt_tokens"] > 20
+    else:
+        assert "replicas are served directly" in state["gateway_note"]
 
     status = subprocess.run([*vlmserve_cmd, "status", name], capture_output=True, text=True, timeout=60, env=cli_env(home))
     assert status.returncode == 0, status.stderr
-    assert status.stdout.count("ready") == 2 and str(base + 1) in status.stdout and str(base + 2) in status.stdout
+    assert status.stdout.count("ready") == 2 + with_gateway and str(base + 1) in status.stdout and str(base + 2) in status.stdout
 
     # the same deployment name cannot be started twice
     again = run_up(vlmserve_cmd, home, "--name", name, "--port", str(free_port_block(2)), "--engine", "sim")
@@ -231,14 +243,14 @@ def test_two_replicas_serve_restart_and_stop_cleanly(
 
     # Ctrl-C stops every process the supervisor started: nothing is left behind
     tree = [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
-    assert len(tree) >= 4  # two API servers, each with its engine core (and workers)
+    assert len(tree) >= 4  # two API servers, each with its engine core (and workers), and the gateway
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=90)
     assert proc.returncode == 0, output
     assert "all processes stopped" in output
     leftovers = [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert leftovers == [], f"left behind: {leftovers}"
-    assert port_is_free("127.0.0.1", base + 1) and port_is_free("127.0.0.1", base + 2)
+    assert all(port_is_free("127.0.0.1", port) for port in (base, base + 1, base + 2))
     final = read_state(home, name)
     assert final is not None and {r["state"] for r in final["replicas"]} == {"stopped"}
 
