@@ -181,6 +181,8 @@ class LoadSpec(BaseModel):
     tokenizer: str | None = None
     """Local tokenizer path/name for exact prompt lengths; else the server's /tokenize."""
     ignore_eos: bool = True
+    per_chunk_usage: bool = True
+    """Ask for usage on every chunk (exact tokens per chunk) where the server supports it."""
     fixed_output_len: bool = False
     """sharegpt: ask for output_len tokens instead of the dataset reply's length."""
     image_dir: str | None = None

@@ -141,7 +141,7 @@ async def run_load(
     console = console or Console(stderr=True)
     options = RequestOptions(
         api=load.api, model=target.model, ignore_eos=load.ignore_eos, extra_body=dict(load.extra_body or {}),
-        mm_processor_kwargs=load.mm_processor_kwargs,
+        mm_processor_kwargs=load.mm_processor_kwargs, per_chunk_usage=load.per_chunk_usage,
     )
     facts = await asyncio.to_thread(check_target, target, options)
     options.per_chunk_usage = facts.per_chunk_usage
