@@ -5,7 +5,7 @@ the completions API (vLLM's default backend), the model's own tokenizer for both
 interleaved A B B A … so drift on a shared machine hits both clients alike, and the script
 prints each figure's ratio (vlmserve / vLLM) from the pooled runs.
 
-    .venv/bin/python benchmarks/bench_vs_vllm_engine.py [--pairs 2] [--num-requests 64]
+    .venv/bin/python benchmarks/bench_vs_vllm_engine.py [--pairs 2] [--num-requests 64] [--vlmserve-args=--no-per-chunk-usage]
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def run_vlmserve_bench(base_url: str, model: str, tokenizer: str, args: argparse
         sys.executable, "-m", "vlmserve", "bench", "--base-url", base_url, "--model", model, "--api", "completions",
         "--dataset", "random", "--input-len", str(args.input_len), "--output-len", str(args.output_len),
         "--concurrency", str(args.concurrency), "--num-requests", str(args.num_requests), "--tokenizer", tokenizer,
-        "--json-out", str(out), "--no-progress", "--no-store", "--seed", str(seed),
+        "--json-out", str(out), "--no-progress", "--no-store", "--seed", str(seed), *args.vlmserve_args.split(),
     ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     data = json.loads(out.read_text())
@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--vlmserve-args", default="", help="extra flags for vlmserve bench, e.g. --no-per-chunk-usage")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
@@ -108,7 +109,7 @@ def main() -> None:
                 print(f"pair {pair} {client:8s} " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()), flush=True)
     print()
     print(f"workload: random, input {args.input_len}, output {args.output_len} (ignore_eos), concurrency {args.concurrency}, "
-          f"{args.num_requests} requests, completions API, {args.pairs} runs per client")
+          f"{args.num_requests} requests, completions API, {args.pairs} runs per client; vlmserve flags: {args.vlmserve_args or '(none)'}")
     print("ratio = vlmserve / vllm per pair (a pair ran back to back); the median of the pair ratios is the figure to quote")
     print(f"{'figure':22s} {'vlmserve':>10s} {'vllm':>10s} {'pair ratios':>28s} {'median':>8s}")
     for key in ("requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms"):
