@@ -81,7 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as err:  # click usage errors carry their own message and exit code
         import click
 
-        if isinstance(err, click.exceptions.ClickException):
+        usage_errors: tuple[type[Exception], ...] = (click.exceptions.ClickException,)
+        try:  # newer typer raises its own vendored copy of click's exceptions
+            from typer._click.exceptions import ClickException as TyperClickException
+
+            usage_errors += (TyperClickException,)
+        except ImportError:
+            pass
+        if isinstance(err, usage_errors):
             err.show()
             sys.exit(err.exit_code)
         raise

@@ -37,6 +37,11 @@ def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], args:
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
 
 
+def test_missing_replica_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    code, stderr = run_cli(capsys)
+    assert code == 2 and "Missing option '--replica'" in stderr and "Traceback" not in stderr
+
+
 def test_port_in_use_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
