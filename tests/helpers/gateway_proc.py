@@ -8,43 +8,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from tests.helpers.sim import free_port
+from tests.helpers.procs import free_port, stop_process, wait_http_ok
 
 __all__ = ["GatewayProcess", "free_port", "start_gateway", "stop_process", "wait_http_ok"]
-
-
-def wait_http_ok(url: str, process: subprocess.Popen, log_path: Path, what: str, timeout_s: float = 30.0) -> None:
-    """Poll url until it answers 200; fail with the process's log if it exits or times out."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready in {timeout_s} s: {log_path.read_text()[-2000:]}")
-        time.sleep(0.1)
-
-
-def stop_process(process: subprocess.Popen, timeout_s: float = 15.0) -> None:
-    """SIGTERM, then SIGKILL if it has not exited in time."""
-    process.terminate()
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @dataclass

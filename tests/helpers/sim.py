@@ -11,12 +11,9 @@ in its own process so that killing it (or an injected crash) is real.
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,11 +22,7 @@ from typing import Any
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.helpers.procs import free_port, stop_process, wait_http_ok
 
 
 def sim_engine_argv(port: int, **options: Any) -> list[str]:
@@ -85,30 +78,19 @@ class SimHandle:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not exit within 10 s."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process, timeout_s=10.0)
 
 
 def wait_ready(handle: SimHandle, timeout_s: float = 30.0, require_health: bool = True) -> None:
     """Wait until /health is 200 (or, with require_health=False, until the port answers at all)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if handle.process.poll() is not None:
-            raise RuntimeError(f"sim engine exited with {handle.process.returncode}: {handle.log()[-2000:]}")
-        try:
-            response = httpx.get(f"{handle.base_url}/health", timeout=1.0)
-            if response.status_code == 200 or not require_health:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"sim engine not ready in {timeout_s} s: {handle.log()[-2000:]}")
-        time.sleep(0.05)
+    wait_http_ok(
+        f"{handle.base_url}/health",
+        handle.process,
+        handle.log_path,
+        "sim engine",
+        timeout_s,
+        accept=(lambda status: status == 200) if require_health else (lambda status: True),
+    )
 
 
 @contextmanager
