@@ -246,7 +246,7 @@ class Gateway:
             self.audit.write(request_log.to_record(), content)
 
     async def handle_other(self, request: web.Request) -> web.StreamResponse:
-        """Any other /v1 path: forwarded to one healthy replica, response streamed back as is."""
+        """Any other /v1 path (and vLLM's /version, /tokenize, /detokenize): forwarded to one healthy replica, response streamed back as is."""
         if self.draining:
             return error_response(503, "gateway is shutting down: retry on another gateway", "draining", retry_after_s=1)
         try:
@@ -281,6 +281,10 @@ class Gateway:
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
 
 
+ENGINE_HELPER_PATHS = ("/version", "/tokenize", "/detokenize")
+"""Paths outside /v1 that vLLM serves and the gateway forwards to one healthy replica."""
+
+
 def build_app(config: GatewayConfig) -> web.Application:
     """The aiohttp application for `config`; the Gateway object is at `app[STATE_KEY]`."""
     gateway = Gateway(config)
@@ -305,4 +309,7 @@ def build_app(config: GatewayConfig) -> web.Application:
     for path in GENERATION_PATHS:
         app.router.add_post(path, gateway.handle_generation)
     app.router.add_route("*", "/v1/{tail:.*}", gateway.handle_other)
+    # vLLM's un-versioned helpers: clients (the bench's exact prompt lengths, version checks) need them.
+    for path in ENGINE_HELPER_PATHS:
+        app.router.add_route("*", path, gateway.handle_other)
     return app
