@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest

@@ -12,6 +12,7 @@ import asyncio
 import os
 import random
 import time
+from contextlib import nullcontext
 from datetime import datetime, timezone
 from typing import Any
 
@@ -148,7 +149,7 @@ async def run_load(
 
     counter = await asyncio.to_thread(choose_counter, load.tokenizer, target.base_url, target.model, target.headers)
     context = WorkloadContext(load=load, counter=counter, rng=random.Random(load.seed))
-    with console.status("preparing requests", spinner="dots") if progress else _nothing():
+    with console.status("preparing requests", spinner="dots") if progress else nullcontext():
         conversations = await asyncio.to_thread(build_conversations, context, _conversations_needed(load))
     for notice in context.notices:
         console.print(notice)
@@ -207,10 +208,3 @@ def _ordered(summary: dict[str, Any]) -> dict[str, Any]:
     """meta first, then the figures, so the JSON reads top-down."""
     return {"meta": summary["meta"], **{key: value for key, value in summary.items() if key != "meta"}}
 
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
