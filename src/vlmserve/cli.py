@@ -54,11 +54,20 @@ def _root(
     """vlmserve: up, gateway, bench, sweep, report, plan, engine sim, batch."""
 
 
+_registered = False
+
+
 def build_app() -> typer.Typer:
-    """Import every verb module and let it attach its commands."""
-    for module_name in VERB_MODULES:
-        module = importlib.import_module(module_name)
-        module.register(app)
+    """Import every verb module and let it attach its commands (once per process).
+
+    Tests call `main` many times in one process; registering again would stack duplicate
+    commands and make every call slower.
+    """
+    global _registered
+    if not _registered:
+        for module_name in VERB_MODULES:
+            importlib.import_module(module_name).register(app)
+        _registered = True
     return app
 
 

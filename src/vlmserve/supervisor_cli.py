@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.console import Group
 from rich.table import Table
 
+from vlmserve.cli_options import parse_json_object_flag
 from vlmserve.errors import UserError
 
 console = Console(highlight=False)
@@ -46,19 +47,6 @@ def build_spec(file: Path | None, overrides: dict[str, Any], engine_overrides: d
         return DeploymentSpec.model_validate(data)
     except ValidationError as err:
         raise UserError(describe_validation_error(err, source)) from None
-
-
-def parse_json_flag(flag: str, text: str | None) -> Any:
-    """A flag whose value is a JSON object; a bad one is one clear line."""
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{flag}: not valid JSON ({err.msg}); write it like '{{\"image\": 2}}'") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{flag}: give a JSON object, like '{{\"image\": 2}}'")
-    return value
 
 
 def split_engine_args(values: list[str] | None) -> list[str]:
@@ -122,8 +110,8 @@ def up(
             "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
             "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
             "enforce_eager": enforce_eager, "async_scheduling": async_scheduling,
-            "limit_mm_per_prompt": parse_json_flag("--limit-mm-per-prompt", limit_mm_per_prompt),
-            "mm_processor_kwargs": parse_json_flag("--mm-processor-kwargs", mm_processor_kwargs),
+            "limit_mm_per_prompt": parse_json_object_flag("--limit-mm-per-prompt", limit_mm_per_prompt),
+            "mm_processor_kwargs": parse_json_object_flag("--mm-processor-kwargs", mm_processor_kwargs),
             "extra_args": split_engine_args(engine_arg),
         },
     )  # fmt: skip

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from vlmserve.cli_options import parse_json_object_flag
 from vlmserve.errors import UserError
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error, parse_duration_s
 
@@ -21,20 +22,6 @@ FLAG_NAMES = {
     "dataset_path": "--dataset-path", "input_len": "--input-len", "output_len": "--output-len", "warmup": "--warmup",
     "burstiness": "--burstiness", "images_per_request": "--images-per-request", "workers": "--workers",
 }
-
-
-def _json_option(text: str | None, flag: str) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    candidate = Path(text[1:]) if text.startswith("@") else None
-    raw = candidate.read_text() if candidate is not None and candidate.is_file() else text
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{flag}: not valid JSON ({err.msg} at character {err.pos}); write it like '{{\"key\": 1}}'") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{flag}: give a JSON object, like '{{\"key\": 1}}'")
-    return value
 
 
 def _duration(text: str | None) -> float | None:
@@ -99,10 +86,10 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         "multi_turn": args["multi_turn"], "image_size": _image_size(args["image_size"]),
         "images_per_request": args["images_per_request"], "image_format": args["image_format"],
         "mix": parse_mix(args["mix"]) if args["mix"] else None,
-        "extra_body": _json_option(args["extra_body"], "--extra-body"), "seed": args["seed"],
+        "extra_body": parse_json_object_flag("--extra-body", args["extra_body"]), "seed": args["seed"],
         "tokenizer": args["tokenizer"], "ignore_eos": args["ignore_eos"], "per_chunk_usage": args["per_chunk_usage"],
         "image_dir": args["image_dir"], "image_urls": args["image_url"] or None,
-        "mm_processor_kwargs": _json_option(args["mm_processor_kwargs"], "--mm-processor-kwargs"),
+        "mm_processor_kwargs": parse_json_object_flag("--mm-processor-kwargs", args["mm_processor_kwargs"]),
         "request_timeout_s": args["timeout"], "workers": args["workers"],
     }
     if args["input_len"] is not None:
