@@ -103,7 +103,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     tokens = summary.get("tokens", {})
     client = summary.get("client", {})
     console.print(
-        f"[bold]run {meta.get('run_id', '')}[/] {meta.get('label') or ''} → {meta.get('target')} "
+        f"[bold]run {meta.get('run_id') or '(not stored)'}[/] {meta.get('label') or ''} → {meta.get('target')} "
         f"model {meta.get('model')} ({meta.get('server_version') or 'unknown version'})"
     )
     failed = requests["failed"]

@@ -56,8 +56,12 @@ class LocalTokenizerCounter:
             )
         try:
             from transformers import AutoTokenizer  # heavy; only when asked for
+            from transformers.utils import logging as transformers_logging
         except ImportError:  # pragma: no cover - transformers ships with the cpu extra
             raise UserError("--tokenizer needs the 'transformers' package; pip install transformers") from None
+        # Loading a tokenizer builds the model's config too, and some configs (Idefics3's defaults)
+        # warn about fields a tokenizer never uses; keep the bench's console for what matters.
+        transformers_logging.set_verbosity_error()
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
         except Exception as err:  # transformers raises many types for a bad path
