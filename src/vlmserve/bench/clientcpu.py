@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from vlmserve.bench.tasks import cancel_and_wait
+from vlmserve.async_tasks import cancel_and_wait
 
 
 class ClientCpuMonitor:

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from vlmserve.bench.tasks import cancel_and_wait
+from vlmserve.async_tasks import cancel_and_wait
 
 COUNTERS = {
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),

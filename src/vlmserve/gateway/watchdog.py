@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+from vlmserve.async_tasks import cancel_and_wait
+
 
 class Exchange:
     """One attempt on one replica, as the watchdog sees it."""
@@ -42,12 +44,7 @@ class Watchdog:
         self._task = asyncio.create_task(self._run(), name="gateway-watchdog")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -20,6 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from vlmserve.async_tasks import cancel_and_wait
 from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import EngineCore
 from vlmserve.engines.sim.outputs import ActiveRequest
@@ -62,12 +63,7 @@ class EngineLoop:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine-loop")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)
         for request in list(self.active.values()):
             request.resolve("aborted")
         self.active.clear()

@@ -1,4 +1,4 @@
-"""Small asyncio helpers shared by the bench's background samplers."""
+"""Small asyncio helpers shared by background loops (bench samplers, the gateway watchdog, the sim engine loop)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 
 async def cancel_and_wait(task: asyncio.Task | None) -> None:
-    """Stop a background sampler and wait until it has really stopped."""
+    """Stop a background task and wait until it has really stopped (no task left pending at shutdown)."""
     if task is None:
         return
     task.cancel()
