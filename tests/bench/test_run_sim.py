@@ -202,10 +202,10 @@ def test_extra_body_reasoning_and_tool_calls_are_counted():
 
 def test_cli_outputs_history_and_client_limited_mark(sim, cli, tmp_path):
     json_out, records_out = tmp_path / "s.json", tmp_path / "r.parquet"
-    # One worker asked for 20,000 req/s cannot keep the schedule (each send costs a few
-    # hundred microseconds of Python): the run must say the client limited it, everywhere.
-    done = cli(*bench_args(sim, "--rate", 20000, "--arrival", "constant", "--num-requests", 200, "--input-len", 8,
-                           "--output-len", 2, "--workers", 1, "--max-send-lag-ms", 5, "--label", "overload",
+    # One worker asked for a million req/s cannot keep the schedule (each send costs tens of
+    # microseconds of Python, 200 sends several ms): the run must say the client limited it, everywhere.
+    done = cli(*bench_args(sim, "--rate", 1000000, "--arrival", "constant", "--num-requests", 200, "--input-len", 8,
+                           "--output-len", 2, "--workers", 1, "--max-send-lag-ms", 1, "--label", "overload",
                            "--json-out", json_out, "--records-out", records_out))
     assert done.code == 0, done.err
     summary = json.loads(json_out.read_text())

@@ -16,8 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
+from vlmserve.bench.http_stream import ConnectionLost, ConnectionPool, HttpProtocolError, post_stream
 from vlmserve.records import RequestRecord
 
 _loads = json.loads
@@ -79,9 +78,11 @@ class _StreamState:
     """What one SSE stream has told us so far."""
 
     __slots__ = ("first", "times", "tokens", "parts", "usage", "last_completion", "tool_ids", "reasoning_chunks",
-                 "reasoning_tokens", "per_chunk", "done", "error")
+                 "reasoning_tokens", "per_chunk", "done", "error", "offset")
 
-    def __init__(self, keep_text: bool) -> None:
+    def __init__(self, keep_text: bool, offset: float = 0.0) -> None:
+        self.offset = offset
+        """Added to perf_counter times to give wall-clock seconds."""
         self.first: float | None = None
         self.times: list[float] = []
         self.tokens: list[int] = []
@@ -142,6 +143,7 @@ class _StreamState:
             # token) arrives with empty text: with per-chunk counts it still is a token
             carried = carried or completion_now > self.last_completion
         if carried:
+            now += self.offset
             if self.first is None:
                 self.first = now
             self.times.append(now)
@@ -160,9 +162,34 @@ def reasoning_in(choices: list[dict[str, Any]]) -> bool:
     return bool(delta and (delta.get("reasoning_content") or delta.get("reasoning")))
 
 
+class _SSELines:
+    """Splits decoded body pieces into SSE `data:` events for the stream state."""
+
+    __slots__ = ("state", "buffer")
+
+    def __init__(self, state: _StreamState) -> None:
+        self.state = state
+        self.buffer = b""
+
+    def feed(self, piece: bytes, now: float) -> None:
+        if b"\n" not in piece:
+            self.buffer += piece
+            return
+        lines = (self.buffer + piece).split(b"\n") if self.buffer else piece.split(b"\n")
+        self.buffer = lines.pop()
+        event = self.state.event
+        for line in lines:
+            if line.startswith(b"data:"):
+                event(line[5:].strip(), now)
+
+    def close(self, now: float) -> None:
+        if self.buffer.startswith(b"data:"):
+            self.state.event(self.buffer[5:].strip(), now)
+        self.buffer = b""
+
+
 async def stream_request(
-    session: aiohttp.ClientSession,
-    url: str,
+    pool: ConnectionPool,
     body: bytes,
     record: RequestRecord,
     *,
@@ -173,49 +200,35 @@ async def stream_request(
     """Send one streamed request and fill `record` in place; returns the answer text if kept.
 
     Times are `time.perf_counter()` (CLOCK_MONOTONIC, shared by all worker processes)
-    plus `clock_offset`, giving wall-clock seconds comparable across workers.
+    plus `clock_offset`, giving wall-clock seconds comparable across workers. A chunk's
+    time is when the read that brought it returned.
     """
     perf = time.perf_counter
-    state = _StreamState(keep_text)
+    state = _StreamState(keep_text, clock_offset)
+    lines = _SSELines(state)
     record.sent_at_s = perf() + clock_offset
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
-                record.http_status = response.status
-                if response.status != 200:
-                    payload = await response.read()
-                    record.finished_at_s = perf() + clock_offset
-                    record.error_kind = f"http_{response.status}"
-                    record.error_message = _error_text(payload)
-                    return None
-                buffer = b""
-                async for piece in response.content.iter_any():
-                    now = perf() + clock_offset
-                    buffer += piece
-                    if b"\n" not in piece:
-                        continue
-                    lines = buffer.split(b"\n")
-                    buffer = lines.pop()
-                    for line in lines:
-                        if line.startswith(b"data:"):
-                            state.event(line[5:].strip(), now)
-                    if state.error is not None:
-                        break
-                if buffer.startswith(b"data:"):
-                    state.event(buffer[5:].strip(), perf() + clock_offset)
-                record.finished_at_s = perf() + clock_offset
+            response = await post_stream(pool, body, lines.feed)
+        record.http_status = response.status
+        record.finished_at_s = perf() + clock_offset
+        if response.status != 200:
+            record.error_kind = f"http_{response.status}"
+            record.error_message = _error_text(bytes(response.error_body))
+            return None
+        lines.close(perf())
     except TimeoutError:
         record.finished_at_s = perf() + clock_offset
         record.error_kind, record.error_message = "timeout", f"no complete answer within {timeout_s:g} s"
-    except aiohttp.ClientConnectorError as err:
+    except ConnectionLost as err:
         record.finished_at_s = perf() + clock_offset
-        record.error_kind, record.error_message = "connect", str(err)[:300]
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+        record.error_kind, record.error_message = "disconnected", str(err)[:300]
+    except HttpProtocolError as err:
         record.finished_at_s = perf() + clock_offset
-        record.error_kind, record.error_message = "disconnected", f"{type(err).__name__}: {err}"[:300]
-    except aiohttp.ClientError as err:
+        record.error_kind, record.error_message = "protocol_error", str(err)[:300]
+    except OSError as err:  # refused, unreachable, name resolution, TLS handshake
         record.finished_at_s = perf() + clock_offset
-        record.error_kind, record.error_message = "client_error", f"{type(err).__name__}: {err}"[:300]
+        record.error_kind, record.error_message = "connect", f"{type(err).__name__}: {err}"[:300]
     _finish(record, state)
     return "".join(state.parts) if state.parts is not None else None
 

@@ -26,9 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-import aiohttp
-
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
+from vlmserve.bench.http_stream import ConnectionPool, Endpoint
 from vlmserve.bench.workloads import Conversation
 from vlmserve.records import RequestRecord
 
@@ -139,10 +138,8 @@ class _Slots:
 
 async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float) -> None:
     """Run one worker's share of the load, starting at `start_perf` (perf_counter time)."""
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=False)
-    async with aiohttp.ClientSession(
-        connector=connector, headers=plan.headers, timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False
-    ) as session:
+    pool = ConnectionPool(Endpoint.from_url(plan.url), plan.headers)
+    try:
         sequence = itertools.count()
         deadline = start_perf + plan.duration_s if plan.duration_s is not None else None
 
@@ -175,7 +172,7 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float) -> None:
                 )
                 keep = plan.keep_text or plan.multi_turn == "live"
                 text = await stream_request(
-                    session, plan.url, body, record, clock_offset=plan.clock_offset, timeout_s=plan.timeout_s, keep_text=keep
+                    pool, body, record, clock_offset=plan.clock_offset, timeout_s=plan.timeout_s, keep_text=keep
                 )
                 sink(record, text if plan.keep_text else None)
                 scheduled_perf = time.perf_counter()
@@ -191,6 +188,8 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float) -> None:
             await _open_loop(plan, send_conversation, start_perf, deadline)
         else:
             await _closed_loop(plan, send_conversation, start_perf, deadline)
+    finally:
+        pool.close()
 
 
 async def _open_loop(plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None) -> None:

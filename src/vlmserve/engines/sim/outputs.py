@@ -46,7 +46,7 @@ class ActiveRequest:
         "request_id", "response_id", "parsed", "plan", "created", "arrival_s", "first_token_s",
         "last_token_s", "emitted", "written", "transport", "done", "finish_reason", "aborted",
         "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
-        "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len",
+        "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len", "_usage_suffix",
     )  # fmt: skip
 
     def __init__(
@@ -80,25 +80,31 @@ class ActiveRequest:
                 f'data: {{"id":"{response_id}","object":"chat.completion.chunk","created":{self.created},'
                 f'"model":{model},"choices":[{{"index":0,"delta":{{"content":'
             ).encode()
-            self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+            choice_end = b'},"logprobs":null,"finish_reason":null}]'
         else:
             self._prefix = (
                 f'data: {{"id":"{response_id}","object":"text_completion","created":{self.created},'
                 f'"model":{model},"choices":[{{"index":0,"text":'
             ).encode()
-            self._suffix = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+            choice_end = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]'
+        self._suffix = choice_end + b"}\n\n"
         self._suffix_crlf = self._suffix + b"\r\n"
         self._frame_base_len = len(self._prefix) + len(self._suffix)
+        prompt_tokens = len(parsed.prompt_token_ids)
+        # continuous_usage_stats: the same chunk with the running counts; only the two numbers change
+        self._usage_suffix = choice_end + (
+            b',"usage":{"prompt_tokens":%d,"total_tokens":%%d,"completion_tokens":%%d,"prompt_tokens_details":null}}\n\n'
+            % prompt_tokens
+        )
         self.plain = False
-        """True when a middle token's chunk is just prefix + text + suffix (the fast path)."""
+        """True when a middle token's chunk needs no per-request decisions (the fast path)."""
 
     # -- streaming ---------------------------------------------------------------------------
     def attach_stream(self, transport: asyncio.Transport) -> None:
         """Stream to `transport`; call after faults are assigned (they decide the fast path)."""
         self.transport = transport
         self.plain = (
-            not self.parsed.continuous_usage
-            and self.stall_after is None
+            self.stall_after is None
             and self.drop_after is None
             and not self.plan.trimmed
         )
@@ -106,7 +112,16 @@ class ActiveRequest:
     def plain_frame(self, index: int) -> bytes:
         """The HTTP chunk for a middle token (not first, not last) of a plain stream."""
         piece = _PIECE_JSON_BY_INDEX[self.plan.piece_index(index)]
+        if self.parsed.continuous_usage:
+            return http_chunk(self._token_event(piece, index))
         return b"%x\r\n%s%s%s" % (self._frame_base_len + len(piece), self._prefix, piece, self._suffix_crlf)
+
+    def _token_event(self, piece_json_bytes: bytes, index: int) -> bytes:
+        """The SSE event of a middle token, with the running usage when the client asked for it."""
+        if self.parsed.continuous_usage:
+            prompt_tokens = len(self.parsed.prompt_token_ids)
+            return self._prefix + piece_json_bytes + self._usage_suffix % (prompt_tokens + index + 1, index + 1)
+        return self._prefix + piece_json_bytes + self._suffix
 
     def _chunk_for(self, index: int) -> bytes:
         """SSE bytes for token `index` (empty when a stop string withheld its text)."""
@@ -118,9 +133,7 @@ class ActiveRequest:
             return data + self._final_events(piece)
         if not piece:
             return data
-        if self.parsed.continuous_usage:
-            return data + self._event_with_usage(piece, None, index + 1)
-        return data + self._prefix + piece_json(piece) + self._suffix
+        return data + self._token_event(piece_json(piece), index)
 
     def write_tokens_upto(self, count: int) -> bool:
         """Write chunks for tokens [written, count); False if the client is gone."""
