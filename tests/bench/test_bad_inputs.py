@@ -73,6 +73,20 @@ def test_missing_dataset(sim, cli, tmp_path):
     assert "no such file" in dataset_error(sim, cli, tmp_path / "absent.json")
 
 
+def test_missing_local_files_are_reported_before_the_server_is_tried(cli, tmp_path):
+    """Nothing listens at the URL, but the missing file is the first thing the user must fix."""
+    unreachable = "http://127.0.0.1:9"
+    for flags, expected in (
+        (["--dataset", "sharegpt", "--dataset-path", tmp_path / "absent.json"], "give a ShareGPT JSON file"),
+        (["--dataset", "trace", "--dataset-path", tmp_path / "absent.jsonl"], "give a JSONL trace"),
+        (["--dataset", "images", "--image-dir", tmp_path / "no-images"], "no such folder"),
+        (["--dataset", "mixed", "--mix", "text:0.5,sharegpt:0.5"], "--dataset-path (none): no such file"),
+    ):
+        done = cli("bench", "--base-url", unreachable, "--model", "m", "--no-progress", "--concurrency", 1,
+                   "--num-requests", 1, *flags)
+        assert done.code == 2 and expected in done.error_line, done.err
+
+
 def test_malformed_dataset(sim, cli, tmp_path):
     path = tmp_path / "object.json"
     path.write_text('{"conversations": []}')

@@ -170,7 +170,8 @@ def bench(
     console = Console(stderr=True)
     limits = metrics.ClientLimits(send_lag_p99_s=max_send_lag_ms / 1000.0)
     result = asyncio.run(
-        run_load(load, target, slo=objectives, progress=progress, label=label, deployment=deployment, console=console, client_limits=limits)
+        run_load(load, target, slo=objectives, progress=progress, label=label, deployment=deployment, console=console,
+                 client_limits=limits, stop_on_ctrl_c=True)
     )
     if store_run:
         store.save_run(result)
@@ -179,6 +180,10 @@ def bench(
     if records_out is not None:
         store.write_records_parquet(result.records, records_out, meta=result.meta)
     print_summary(_wide_console(), result.summary)
+    if result.meta.get("interrupted"):
+        kept = len(result.records)
+        console.print(f"interrupted by Ctrl-C: {kept} request record(s) kept and written; the figures cover only them")
+        raise typer.Exit(130)
 
 
 runs_app = typer.Typer(help="The run history: every bench (and sweep) run, stored in DuckDB.", no_args_is_help=True)
@@ -205,7 +210,8 @@ def runs_list(
     for column in ( "started (UTC)", "label", "model", "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "flags"):
         table.add_column(column)
     for row in rows:
-        flags = ",".join(flag for flag, on in (("simulated", row["simulated"]), ("client-limited", row["client_limited"])) if on)
+        flags = ",".join(flag for flag, on in (("simulated", row["simulated"]), ("client-limited", row["client_limited"]),
+                                                   ("interrupted", row["interrupted"])) if on)
         table.add_row(
             row["run_id"], str(row["started_at"])[:19], row["label"] or "", row["model"] or "", str(row["completed"]),
             str(row["failed"]), _num(row["requests_per_s"]), _num(row["output_tokens_per_s"]), _num(row["ttft_p50_ms"]),

@@ -229,6 +229,11 @@ async def stream_request(
     except OSError as err:  # refused, unreachable, name resolution, TLS handshake
         record.finished_at_s = perf() + clock_offset
         record.error_kind, record.error_message = "connect", f"{type(err).__name__}: {err}"[:300]
+    except asyncio.CancelledError:  # the run was stopped (Ctrl-C): keep what this request got
+        record.finished_at_s = perf() + clock_offset
+        record.error_kind, record.error_message = "interrupted", "the run was stopped before the answer ended"
+        _finish(record, state)
+        raise
     _finish(record, state)
     return "".join(state.parts) if state.parts is not None else None
 

@@ -111,6 +111,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(
         f"requests: {requests['completed']} ok, {failed} failed{f' ({causes})' if causes else ''}"
         f" in {summary['duration_s']:.2f} s"
+        + (" [bold yellow](INTERRUPTED: stopped by Ctrl-C)[/]" if meta.get("interrupted") else "")
     )
     console.print(
         f"throughput: {throughput['requests_per_s']:.2f} req/s, {throughput['output_tokens_per_s']:.1f} output tok/s, "

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import queue as queue_module
 import random
+import signal
 import sys
 import types
 import time
@@ -28,11 +29,11 @@ from typing import Any, Callable, Iterator
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool, Endpoint
+from vlmserve.bench.interrupt import GRACE_S, Interrupt
 from vlmserve.bench.workloads import Conversation
 from vlmserve.records import RequestRecord
 
 RecordSink = Callable[[RequestRecord, str | None], None]
-
 
 # --- strategies: send offsets of an open loop ---------------------------------------------------
 
@@ -96,6 +97,8 @@ class WorkerPlan:
     keep_text: bool = False
     """Ship answer texts back (for the tokenizer check)."""
     clock_offset: float = 0.0
+    grace_s: float = GRACE_S
+    """After a first Ctrl-C, how long requests in flight may take to finish."""
 
 
 def build_item_bodies(conversation: Conversation, options: RequestOptions, multi_turn: str) -> list[bytes | None]:
@@ -136,8 +139,10 @@ class _Slots:
         return True, self.taken <= self.warmup
 
 
-async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float) -> None:
+async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt: Interrupt | None = None) -> None:
     """Run one worker's share of the load, starting at `start_perf` (perf_counter time)."""
+    interrupt = interrupt or Interrupt()
+    stopping = interrupt.stopping
     pool = ConnectionPool(Endpoint.from_url(plan.url), plan.headers)
     try:
         sequence = itertools.count()
@@ -150,6 +155,8 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float) -> None:
             )
             for turn_index, turn in enumerate(item.conversation.turns):
                 warmup = item.warmup
+                if stopping.is_set():
+                    return scheduled_perf
                 if slots is not None:
                     allowed, warmup = slots.claim()
                     if not allowed or (deadline is not None and time.perf_counter() >= deadline):
@@ -171,9 +178,13 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float) -> None:
                     worker=plan.index,
                 )
                 keep = plan.keep_text or plan.multi_turn == "live"
-                text = await stream_request(
-                    pool, body, record, clock_offset=plan.clock_offset, timeout_s=plan.timeout_s, keep_text=keep
-                )
+                try:
+                    text = await stream_request(
+                        pool, body, record, clock_offset=plan.clock_offset, timeout_s=plan.timeout_s, keep_text=keep
+                    )
+                except asyncio.CancelledError:
+                    sink(record, None)  # stopped mid-answer: the record says so and is kept
+                    raise
                 sink(record, text if plan.keep_text else None)
                 scheduled_perf = time.perf_counter()
                 if not record.ok:
@@ -185,22 +196,55 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float) -> None:
             return scheduled_perf
 
         if plan.users is None:
-            await _open_loop(plan, send_conversation, start_perf, deadline)
+            load = _open_loop(plan, send_conversation, start_perf, deadline, stopping)
         else:
-            await _closed_loop(plan, send_conversation, start_perf, deadline)
+            load = _closed_loop(plan, send_conversation, start_perf, deadline, stopping)
+        await _until_interrupted(load, interrupt, plan.grace_s)
     finally:
         pool.close()
 
 
-async def _open_loop(plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None) -> None:
+async def _until_interrupted(load: Any, interrupt: Interrupt, grace_s: float) -> None:
+    """Run the load; once stopped, give requests in flight `grace_s` (or until STOP_NOW), then cancel."""
+    task = asyncio.ensure_future(load)
+    stop_wait = asyncio.ensure_future(interrupt.stopping.wait())
+    now_wait: asyncio.Future | None = None
+    try:
+        await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            now_wait = asyncio.ensure_future(interrupt.now.wait())
+            await asyncio.wait({task, now_wait}, timeout=grace_s, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not interrupt.stopping.is_set():
+                raise
+    finally:
+        for waiter in (stop_wait, now_wait, task):
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+
+
+async def _open_loop(
+    plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None, stopping: asyncio.Event
+) -> None:
     in_flight: set[asyncio.Task] = set()
     for item in plan.items:
         target = start_perf + (item.offset_s or 0.0)
         if deadline is not None and target >= deadline:
             break
         delay = target - time.perf_counter()
-        if delay > 0:
+        if delay > _STOP_CHECK_S:  # a long gap: wake early if the run is stopped
+            try:
+                await asyncio.wait_for(stopping.wait(), delay)
+            except TimeoutError:
+                pass
+        elif delay > 0:
             await asyncio.sleep(delay)
+        if stopping.is_set():
+            break
         task = asyncio.create_task(send(item, target, None))
         in_flight.add(task)
         task.add_done_callback(in_flight.discard)
@@ -208,7 +252,12 @@ async def _open_loop(plan: WorkerPlan, send: Callable, start_perf: float, deadli
         await asyncio.gather(*in_flight)
 
 
-async def _closed_loop(plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None) -> None:
+_STOP_CHECK_S = 0.2
+
+
+async def _closed_loop(
+    plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None, stopping: asyncio.Event
+) -> None:
     slots = _Slots(plan.max_requests, plan.warmup_requests)
     # Users share one endless stream of conversations; the slots or the deadline stop it.
     source: Iterator[WorkItem] = itertools.cycle(plan.items) if plan.items else iter(())
@@ -218,7 +267,7 @@ async def _closed_loop(plan: WorkerPlan, send: Callable, start_perf: float, dead
         for item in source:
             if deadline is not None and time.perf_counter() >= deadline:
                 return
-            if plan.max_requests is not None and slots.taken >= plan.max_requests:
+            if (plan.max_requests is not None and slots.taken >= plan.max_requests) or stopping.is_set():
                 return
             scheduled = await send(item, scheduled, slots)
 
@@ -233,8 +282,13 @@ async def _closed_loop(plan: WorkerPlan, send: Callable, start_perf: float, dead
 _FLUSH_EVERY_S = 0.1
 
 
-def _worker_process(plan: WorkerPlan, results: Any, go: Any, start_at: Any) -> None:
-    """Entry point of a worker process: one asyncio loop, records sent back in batches."""
+def _worker_process(plan: WorkerPlan, results: Any, go: Any, start_at: Any, stop_level: Any) -> None:
+    """Entry point of a worker process: one asyncio loop, records sent back in batches.
+
+    Ctrl-C reaches every process of the terminal's group; workers ignore it and follow the
+    parent's `stop_level` instead, so records in flight are kept rather than lost.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         import uvloop  # type: ignore[import-not-found]
 
@@ -242,13 +296,14 @@ def _worker_process(plan: WorkerPlan, results: Any, go: Any, start_at: Any) -> N
     except ImportError:
         pass
     try:
-        asyncio.run(_worker_main(plan, results, go, start_at))
+        asyncio.run(_worker_main(plan, results, go, start_at, stop_level))
     except BaseException:  # noqa: BLE001 - the parent reports it as one line
         results.put(("error", plan.index, traceback.format_exc(limit=4)))
 
 
-async def _worker_main(plan: WorkerPlan, results: Any, go: Any, start_at: Any) -> None:
+async def _worker_main(plan: WorkerPlan, results: Any, go: Any, start_at: Any, stop_level: Any) -> None:
     batch: list[tuple[RequestRecord, str | None]] = []
+    interrupt = Interrupt()
 
     def sink(record: RequestRecord, text: str | None) -> None:
         batch.append((record, text))
@@ -256,6 +311,7 @@ async def _worker_main(plan: WorkerPlan, results: Any, go: Any, start_at: Any) -
     async def flusher() -> None:
         while True:
             await asyncio.sleep(_FLUSH_EVERY_S)
+            interrupt.raise_to(stop_level.value)
             if batch:
                 results.put(("records", plan.index, batch[:]))
                 batch.clear()
@@ -264,7 +320,7 @@ async def _worker_main(plan: WorkerPlan, results: Any, go: Any, start_at: Any) -
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, go.wait)
     flush_task = asyncio.create_task(flusher())
-    await drive(plan, sink, start_at.value)
+    await drive(plan, sink, start_at.value, interrupt)
     flush_task.cancel()
     if batch:
         results.put(("records", plan.index, batch[:]))
@@ -297,6 +353,8 @@ class LoadOutcome:
     end_wall_s: float
     worker_pids: list[int] = field(default_factory=list)
     in_process: bool = True
+    interrupted: bool = False
+    """Stopped by Ctrl-C: the records are what was sent until then."""
 
 
 class WorkerFailed(RuntimeError):
@@ -309,8 +367,14 @@ async def run_workers(
     *,
     in_process: bool,
     on_started: Callable[[list[int]], None] | None = None,
+    interrupt: Interrupt | None = None,
 ) -> LoadOutcome:
-    """Run every plan (in this loop, or one process each) and collect their records."""
+    """Run every plan (in this loop, or one process each) and collect their records.
+
+    `interrupt` (raised by the caller's Ctrl-C handler) stops the load early; the records
+    collected so far are returned, marked `interrupted`.
+    """
+    interrupt = interrupt or Interrupt()
     records: list[RequestRecord] = []
     texts: dict[str, str] = {}
 
@@ -325,15 +389,17 @@ async def run_workers(
         start_wall = start_perf + plans[0].clock_offset
         if on_started:
             on_started([os.getpid()])
-        await asyncio.gather(*(drive(plan, collect, start_perf) for plan in plans))
-        return LoadOutcome(records, texts, start_wall, time.time(), [os.getpid()], True)
+        await asyncio.gather(*(drive(plan, collect, start_perf, interrupt) for plan in plans))
+        return LoadOutcome(records, texts, start_wall, time.time(), [os.getpid()], True, interrupt.level > 0)
 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     go = context.Event()
     start_at = context.Value("d", 0.0)
+    stop_level = context.Value("i", 0)
+    interrupt.listen(lambda level: setattr(stop_level, "value", level))
     processes = [
-        context.Process(target=_worker_process, args=(plan, results, go, start_at), daemon=True, name=f"vlmserve-bench-w{plan.index}")
+        context.Process(target=_worker_process, args=(plan, results, go, start_at, stop_level), daemon=True, name=f"vlmserve-bench-w{plan.index}")
         for plan in plans
     ]
     with _main_module_hidden():
@@ -352,6 +418,8 @@ async def run_workers(
 
     try:
         while len(ready) < len(plans):
+            if interrupt.level:
+                raise KeyboardInterrupt  # nothing was sent yet: nothing to keep
             message = await loop.run_in_executor(None, receive, 0.5)
             if message is None:
                 dead = [p for p in processes if not p.is_alive()]
@@ -399,7 +467,7 @@ async def run_workers(
                 process.join(timeout=5)
     if errors:
         raise WorkerFailed("; ".join(errors))
-    return LoadOutcome(records, texts, start_wall, time.time(), list(ready.values()), False)
+    return LoadOutcome(records, texts, start_wall, time.time(), list(ready.values()), False, interrupt.level > 0)
 
 
 def workers_needed(

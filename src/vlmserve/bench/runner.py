@@ -23,12 +23,13 @@ from vlmserve.bench import metrics
 from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.clientcpu import ClientCpuMonitor
 from vlmserve.bench.console import LiveProgress
+from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
 from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
 from vlmserve.bench.result import RunResult
 from vlmserve.bench.scrape import ServerScraper
 from vlmserve.bench.target import Target, check_target
 from vlmserve.bench.tokens import TokenCounter, choose_counter
-from vlmserve.bench.workloads import Conversation, WorkloadContext, build_conversations
+from vlmserve.bench.workloads import Conversation, WorkloadContext, build_conversations, check_local_inputs
 from vlmserve.errors import UserError
 from vlmserve.records import RequestRecord
 from vlmserve.spec import SLO, LoadSpec
@@ -137,13 +138,19 @@ async def run_load(
     deployment: dict | None = None,
     console: Console | None = None,
     client_limits: metrics.ClientLimits = metrics.ClientLimits(),
+    stop_on_ctrl_c: bool = False,
 ) -> RunResult:
-    """Check the target, prepare every request, drive the load, scrape the server, summarise."""
+    """Check the target, prepare every request, drive the load, scrape the server, summarise.
+
+    With `stop_on_ctrl_c` (the CLI), Ctrl-C during the load stops it but still gives a
+    result: every record so far, summarised and marked `interrupted` in the meta.
+    """
     console = console or Console(stderr=True)
     options = RequestOptions(
         api=load.api, model=target.model, ignore_eos=load.ignore_eos, extra_body=dict(load.extra_body or {}),
         mm_processor_kwargs=load.mm_processor_kwargs, per_chunk_usage=load.per_chunk_usage,
     )
+    check_local_inputs(load)  # a missing file is the user's to fix first, whatever the server says
     facts = await asyncio.to_thread(check_target, target, options)
     options.per_chunk_usage = facts.per_chunk_usage
 
@@ -167,9 +174,12 @@ async def run_load(
     await scraper.start()
     cpu = ClientCpuMonitor()
     total = load.num_requests + load.warmup if load.num_requests is not None else None
-    with LiveProgress(console, total, load.duration_s, enabled=progress) as live:
+    interrupt = Interrupt()
+    stop_guard = ctrl_c_stops_load(interrupt, console, GRACE_S) if stop_on_ctrl_c else nullcontext()
+    with LiveProgress(console, total, load.duration_s, enabled=progress) as live, stop_guard:
         outcome = await run_workers(
-            plans, live.add, in_process=in_process, on_started=lambda pids: (cpu.watch(pids), live.start_clock())
+            plans, live.add, in_process=in_process, on_started=lambda pids: (cpu.watch(pids), live.start_clock()),
+            interrupt=interrupt,
         )
         await cpu.stop()
     server = await scraper.stop()
@@ -199,6 +209,7 @@ async def run_load(
         "notices": context.notices,
         "slo": slo.bounds_s if slo else None,
         "client_limited": summary["client"]["limited"],
+        "interrupted": outcome.interrupted,
         "host_cpus": os.cpu_count(),
     }
     return RunResult(records=records, summary=_ordered(summary))

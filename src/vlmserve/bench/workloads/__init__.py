@@ -8,6 +8,7 @@ Every workload produces `Conversation`s: one or more user `Turn`s. Single-turn w
 from __future__ import annotations
 
 import random as _random
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -73,6 +74,33 @@ def _builders() -> dict[str, WorkloadBuilder]:
         "mixed": mixed.build,
         "trace": trace.build,
     }
+
+
+DATASET_FILE_KIND = {"sharegpt": "a ShareGPT JSON file", "trace": "a JSONL trace"}
+
+
+def require_dataset_file(path_text: str | None, dataset: str) -> Path:
+    """The dataset file, or the one-line error saying what to give instead."""
+    path = Path(path_text or "")
+    if not path_text or not path.is_file():
+        raise UserError(f"--dataset-path {path_text or '(none)'}: no such file; give {DATASET_FILE_KIND[dataset]}")
+    return path
+
+
+def require_image_dir(path_text: str) -> Path:
+    path = Path(path_text)
+    if not path.is_dir():
+        raise UserError(f"--image-dir {path}: no such folder; give a folder of PNG/JPEG images")
+    return path
+
+
+def check_local_inputs(load: LoadSpec) -> None:
+    """Fail on missing local files before anything touches the network (existence checks only)."""
+    datasets = {load.dataset} | set(load.mix or {})
+    for dataset in sorted(datasets & DATASET_FILE_KIND.keys()):
+        require_dataset_file(load.dataset_path, dataset)
+    if load.image_dir and datasets & {"images", "mixed"}:
+        require_image_dir(load.image_dir)
 
 
 def build_conversations(context: WorkloadContext, count: int) -> list[Conversation]:

@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext
+from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_image_dir
 from vlmserve.bench.workloads.text import fit_prompt
 from vlmserve.errors import UserError
 
@@ -38,9 +38,7 @@ def folder_image_urls(folder: str | Path) -> tuple[list[str], list[str]]:
     """Data URLs of every readable image in a folder; (urls, one line per unreadable file)."""
     from PIL import Image, UnidentifiedImageError
 
-    path = Path(folder)
-    if not path.is_dir():
-        raise UserError(f"--image-dir {path}: no such folder; give a folder of PNG/JPEG images")
+    path = require_image_dir(str(folder))
     urls: list[str] = []
     skipped: list[str] = []
     for file in sorted(path.iterdir()):

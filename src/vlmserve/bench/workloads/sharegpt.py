@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import ijson
 
-from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext
+from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_dataset_file
 from vlmserve.errors import UserError
 
 MAX_MESSAGE_CHARS = 200_000
@@ -90,9 +90,7 @@ def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, Any]]:
 
 def read_conversations(path_text: str, limit: int | None = None) -> tuple[list[tuple[str, str | None, list[tuple[str, str | None]]]], Counter[str]]:
     """Up to `limit` replayable conversations (id, system, turns) and the skip counts."""
-    path = Path(path_text)
-    if not path.is_file():
-        raise UserError(f"--dataset-path {path}: no such file; give a ShareGPT JSON file")
+    path = require_dataset_file(path_text, "sharegpt")
     skips: Counter[str] = Counter()
     loaded: list[tuple[str, str | None, list[tuple[str, str | None]]]] = []
     for index, item in _stream_items(path, skips):

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
-from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext
+from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_dataset_file
 from vlmserve.bench.workloads.images import image_content, synthetic_image_url
 from vlmserve.bench.workloads.text import fit_prompt
 from vlmserve.errors import UserError
@@ -28,9 +27,7 @@ def _arrival_s(entry: dict) -> float:
 
 def build(context: WorkloadContext, count: int) -> list[Conversation]:
     load = context.load
-    path = Path(load.dataset_path or "")
-    if not path.is_file():
-        raise UserError(f"--dataset-path {path}: no such file; give a JSONL trace")
+    path = require_dataset_file(load.dataset_path, "trace")
     skips: Counter[str] = Counter()
     conversations: list[Conversation] = []
     with path.open("r", encoding="utf-8", errors="replace") as handle:
