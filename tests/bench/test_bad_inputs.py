@@ -53,6 +53,7 @@ def test_not_a_url(cli):
         (["--concurrency", 1, "--num-requests", 1, "--multi-turn", "live"], "--multi-turn applies to --dataset sharegpt"),
         (["--concurrency", 1, "--num-requests", 1, "--image-size", "big"], "--image-size 'big': write it like 512x512"),
         (["--concurrency", 1, "--num-requests", 1, "--dataset", "images", "--api", "completions"], "--dataset images needs --api chat"),
+        (["--concurrency", 1, "--num-requests", 1, "--server-metrics-interval", -1], "--server-metrics-interval -1: give seconds ≥ 0"),
     ],
 )
 def test_bad_flags(sim, cli, flags, expected):

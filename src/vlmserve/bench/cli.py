@@ -142,6 +142,7 @@ def bench(
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds one request may take before it counts as failed."),
     seed: int = typer.Option(0, "--seed", help="Seed for prompts, images and arrivals."),
     max_send_lag_ms: float = typer.Option(25.0, "--max-send-lag-ms", help="Send-lag p99 above this marks the run client-limited."),
+    server_metrics_interval: float = typer.Option(1.0, "--server-metrics-interval", help="Seconds between /metrics samples during the run (peaks); 0: only before and after (each scrape costs a small server a few ms)."),
     deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML this run targets (recorded with the run)."),
     store_run: bool = typer.Option(True, "--store/--no-store", help="Save the run in the history (vlmserve runs)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."),
@@ -169,9 +170,11 @@ def bench(
     target = Target(base_url, model, api_key)
     console = Console(stderr=True)
     limits = metrics.ClientLimits(send_lag_p99_s=max_send_lag_ms / 1000.0)
+    if server_metrics_interval < 0:
+        raise UserError(f"--server-metrics-interval {server_metrics_interval:g}: give seconds ≥ 0 (0 = before and after only)")
     result = asyncio.run(
         run_load(load, target, slo=objectives, progress=progress, label=label, deployment=deployment, console=console,
-                 client_limits=limits, stop_on_ctrl_c=True)
+                 client_limits=limits, stop_on_ctrl_c=True, server_metrics_interval_s=server_metrics_interval)
     )
     if store_run:
         store.save_run(result)

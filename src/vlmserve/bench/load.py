@@ -12,6 +12,7 @@ Records go back to the parent in small batches as they finish.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import math
 import multiprocessing
@@ -316,6 +317,8 @@ async def _worker_main(plan: WorkerPlan, results: Any, go: Any, start_at: Any, s
                 results.put(("records", plan.index, batch[:]))
                 batch.clear()
 
+    gc.collect()
+    gc.freeze()  # the plan's prepared requests live for the whole run: keep GC pauses short
     results.put(("ready", plan.index, os.getpid()))
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, go.wait)

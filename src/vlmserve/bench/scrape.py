@@ -103,7 +103,8 @@ class ServerScraper:
         self.before = await fetch_metrics(self._session, self.url)
         if self.before is not None:
             self._observe(self.before)
-            self._task = asyncio.create_task(self._sample_forever())
+            if self.interval_s > 0:
+                self._task = asyncio.create_task(self._sample_forever())
 
     def _observe(self, values: dict[str, float]) -> None:
         self.samples += 1
