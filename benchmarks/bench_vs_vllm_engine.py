@@ -25,6 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
+from vlmserve.bench.scrape import parse_samples
 from vlmserve.processes import free_port_block
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
 from vlmserve.supervisor import Supervisor
@@ -52,19 +55,31 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
+def prefix_cache_counts(base_url: str) -> tuple[float, float]:
+    """The engine's prefix-cache (queries, hits) token counters, to show what each run's prompts hit."""
+    values = parse_samples(httpx.get(f"{base_url}/metrics", timeout=10).text)
+    return values.get("vllm:prefix_cache_queries_total", 0.0), values.get("vllm:prefix_cache_hits_total", 0.0)
+
+
 CLIENT_CPUS: set[int] | None = None
 """Where client commands run (set from --client-cpus)."""
 
 
-def run_client(command: list[str]) -> None:
-    """Run one client command on the client CPUs."""
+def start_client(command: list[str]) -> subprocess.Popen:
+    """Start one client command on the client CPUs."""
     cpus = CLIENT_CPUS
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                   preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
 
-def run_vllm_bench(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path) -> dict:
-    command = [
+def finish_client(process: subprocess.Popen) -> None:
+    _, err = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"client failed (exit {process.returncode}): {err.strip()[-500:]}")
+
+
+def vllm_command(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path) -> list[str]:
+    return [
         sys.executable, "-c", VLLM_BENCH, "bench", "serve", "--backend", "openai", "--base-url", base_url,
         "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
         "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
@@ -72,7 +87,9 @@ def run_vllm_bench(base_url: str, model: str, tokenizer: str, args: argparse.Nam
         "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--seed", str(int(time.time())),
     ]
-    run_client(command)
+
+
+def vllm_figures(out: Path) -> dict:
     data = json.loads(out.read_text())
     return {
         "requests_per_s": data["request_throughput"],
@@ -83,14 +100,16 @@ def run_vllm_bench(base_url: str, model: str, tokenizer: str, args: argparse.Nam
     }
 
 
-def run_vlmserve_bench(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path, seed: int) -> dict:
-    command = [
+def vlmserve_command(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path, seed: int) -> list[str]:
+    return [
         sys.executable, "-m", "vlmserve", "bench", "--base-url", base_url, "--model", model, "--api", "completions",
         "--dataset", "random", "--input-len", str(args.input_len), "--output-len", str(args.output_len),
         "--concurrency", str(args.concurrency), "--num-requests", str(args.num_requests), "--tokenizer", tokenizer,
         "--json-out", str(out), "--no-progress", "--no-store", "--seed", str(seed), *args.vlmserve_args.split(),
     ]
-    run_client(command)
+
+
+def vlmserve_figures(out: Path) -> dict:
     data = json.loads(out.read_text())
     return {
         "requests_per_s": data["throughput"]["requests_per_s"],
@@ -103,6 +122,45 @@ def run_vlmserve_bench(base_url: str, model: str, tokenizer: str, args: argparse
     }
 
 
+def run_one(client: str, base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path, seed: int) -> dict:
+    """One client alone on the engine."""
+    if client == "vllm":
+        finish_client(start_client(vllm_command(base_url, model, tokenizer, args, out)))
+        return vllm_figures(out)
+    finish_client(start_client(vlmserve_command(base_url, model, tokenizer, args, out, seed)))
+    return vlmserve_figures(out)
+
+
+def requests_in_flight(base_url: str) -> float:
+    values = parse_samples(httpx.get(f"{base_url}/metrics", timeout=10).text)
+    return values.get("vllm:num_requests_running", 0.0) + values.get("vllm:num_requests_waiting", 0.0)
+
+
+def run_together(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, workdir: Path, seed: int) -> dict[str, dict]:
+    """Both clients on the engine at once, each with the same workload: engine drift hits both alike.
+
+    vLLM's client takes ~20 s to import before it sends; vlmserve is started the moment the
+    engine sees vLLM's first requests and starts sending a few seconds later, so each client
+    runs alone for about that long (vLLM at the start, vlmserve at the end).
+    """
+    vllm_out, vlm_out = workdir / f"together-vllm-{seed}.json", workdir / f"together-vlmserve-{seed}.json"
+    first = start_client(vllm_command(base_url, model, tokenizer, args, vllm_out))
+    deadline = time.monotonic() + 180
+    while requests_in_flight(base_url) < 1:
+        if first.poll() is not None or time.monotonic() > deadline:
+            finish_client(first)
+            raise SystemExit("vllm bench serve never started sending")
+        time.sleep(0.02)
+    joined_at = time.monotonic()
+    second = start_client(vlmserve_command(base_url, model, tokenizer, args, vlm_out, seed))
+    finish_client(first)
+    vllm_done = time.monotonic()
+    finish_client(second)
+    figures = {"vllm": vllm_figures(vllm_out), "vlmserve": vlmserve_figures(vlm_out)}
+    figures["vllm"]["ended_after_join_s"] = vllm_done - joined_at
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=2, help="A-B-B-A pairs (each pair = one run of each client)")
@@ -111,6 +169,10 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--vlmserve-args", default="", help="extra flags for vlmserve bench, e.g. --no-per-chunk-usage")
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                        help="engine prefix caching (default off: the two clients' random prompts hit the cache differently)")
+    parser.add_argument("--together", action="store_true",
+                        help="run both clients at once on the engine (each its own workload) instead of alternating runs")
     parser.add_argument("--engine-cpus", default="0", help="CPUs for the engine ('' = all); default the first core")
     parser.add_argument("--client-cpus", default="1-1023", help="CPUs for the clients ('' = all); default all but the first")
     args = parser.parse_args()
@@ -125,30 +187,39 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
     spec = DeploymentSpec(
         name="bench-vs-vllm", model=EMBEDDED_MODEL, replicas=1, port=free_port_block(2), gateway=False,
-        kv_cache_space_gb=1, engine_args=EngineArgs(max_model_len=2048),
+        kv_cache_space_gb=1, engine_args=EngineArgs(max_model_len=2048, enable_prefix_caching=args.prefix_caching),
     )
     print(f"starting the embedded vLLM engine (logs under {workdir}) ...", flush=True)
     with Supervisor(spec, state_dir=workdir) as supervisor:
         base_url = supervisor.replicas[0].plan.url
         model, tokenizer = supervisor.served_model_name, supervisor.model_path
         # warm the engine once so neither client pays for first-request compilation
-        run_vlmserve_bench(base_url, model, tokenizer, argparse.Namespace(**{**vars(args), "num_requests": 8}), workdir / "warm.json", 99)
+        finish_client(start_client(vlmserve_command(base_url, model, tokenizer, argparse.Namespace(**{**vars(args), "num_requests": 8}), workdir / "warm.json", 99)))
         results: dict[str, list[dict]] = {"vlmserve": [], "vllm": []}
         for pair in range(args.pairs):
-            order = ("vllm", "vlmserve") if pair % 2 == 0 else ("vlmserve", "vllm")
-            for client in order:
-                out = workdir / f"{client}-{pair}.json"
-                if client == "vllm":
-                    figures = run_vllm_bench(base_url, model, tokenizer, args, out)
-                else:
-                    figures = run_vlmserve_bench(base_url, model, tokenizer, args, out, seed=pair)
-                results[client].append(figures)
-                print(f"pair {pair} {client:8s} " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()), flush=True)
+            if args.together:
+                together = run_together(base_url, model, tokenizer, args, workdir, seed=pair)
+                for client in ("vllm", "vlmserve"):
+                    results[client].append(together[client])
+                    print(f"round {pair} {client:8s} " + _line(together[client]), flush=True)
+            else:
+                order = ("vllm", "vlmserve") if pair % 2 == 0 else ("vlmserve", "vllm")
+                for client in order:
+                    before = prefix_cache_counts(base_url)
+                    figures = run_one(client, base_url, model, tokenizer, args, workdir / f"{client}-{pair}.json", seed=pair)
+                    after = prefix_cache_counts(base_url)
+                    queries = after[0] - before[0]
+                    figures["prefix_hit_rate"] = (after[1] - before[1]) / queries if queries else 0.0
+                    results[client].append(figures)
+                    print(f"pair {pair} {client:8s} " + _line(figures), flush=True)
     print()
-    print(f"engine CPUs {sorted(engine_cpus or usable)}, client CPUs {sorted(CLIENT_CPUS or usable)}")
+    print(f"engine CPUs {sorted(engine_cpus or usable)}, client CPUs {sorted(CLIENT_CPUS or usable)}, "
+          f"prefix caching {'on' if args.prefix_caching else 'off'}")
     print(f"workload: random, input {args.input_len}, output {args.output_len} (ignore_eos), concurrency {args.concurrency}, "
           f"{args.num_requests} requests, completions API, {args.pairs} runs per client; vlmserve flags: {args.vlmserve_args or '(none)'}")
-    print("ratio = vlmserve / vllm per pair (a pair ran back to back); the median of the pair ratios is the figure to quote")
+    mode = "both clients at once, each with this workload" if args.together else "alternating runs, one client at a time"
+    print(f"mode: {mode}")
+    print("ratio = vlmserve / vllm per pair (a pair ran back to back, or together); the median of the pair ratios is the figure to quote")
     print(f"{'figure':22s} {'vlmserve':>10s} {'vllm':>10s} {'pair ratios':>28s} {'median':>8s}")
     for key in ("requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms"):
         ours = [run[key] for run in results["vlmserve"]]
@@ -156,6 +227,10 @@ def main() -> None:
         ratios = [a / b for a, b in zip(ours, theirs)]
         print(f"{key:22s} {statistics.mean(ours):10.3f} {statistics.mean(theirs):10.3f} "
               f"{' '.join(f'{r:.3f}' for r in ratios):>28s} {statistics.median(ratios):8.3f}")
+
+def _line(figures: dict) -> str:
+    return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())
+
 
 if __name__ == "__main__":
     main()
