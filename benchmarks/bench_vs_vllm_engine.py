@@ -55,10 +55,26 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
-def prefix_cache_counts(base_url: str) -> tuple[float, float]:
-    """The engine's prefix-cache (queries, hits) token counters, to show what each run's prompts hit."""
-    values = parse_samples(httpx.get(f"{base_url}/metrics", timeout=10).text)
-    return values.get("vllm:prefix_cache_queries_total", 0.0), values.get("vllm:prefix_cache_hits_total", 0.0)
+SERVER_COUNTERS = (
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+)
+
+
+def server_counters(base_url: str) -> dict[str, float]:
+    """The engine's own counters around a run: prefix-cache tokens and its TTFT histogram's sum and count."""
+    values = parse_samples(httpx.get(f"{base_url}/metrics", timeout=10).text, None)
+    return {name: values.get(name, 0.0) for name in SERVER_COUNTERS}
+
+
+def server_view(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the engine saw of one run: prefix-cache hit rate and its mean TTFT (arrival to first token)."""
+    delta = {name: after[name] - before[name] for name in SERVER_COUNTERS}
+    queries, ttft_count = delta["vllm:prefix_cache_queries_total"], delta["vllm:time_to_first_token_seconds_count"]
+    return {
+        "prefix_hit_rate": delta["vllm:prefix_cache_hits_total"] / queries if queries else 0.0,
+        "server_ttft_mean_ms": 1000 * delta["vllm:time_to_first_token_seconds_sum"] / ttft_count if ttft_count else float("nan"),
+    }
 
 
 CLIENT_CPUS: set[int] | None = None
@@ -95,6 +111,7 @@ def vllm_figures(out: Path) -> dict:
         "requests_per_s": data["request_throughput"],
         "output_tokens_per_s": data["output_throughput"],
         "ttft_p50_ms": data["median_ttft_ms"],
+        "ttft_mean_ms": data["mean_ttft_ms"],
         "tpot_p50_ms": data["median_tpot_ms"],
         "completed": data["completed"],
     }
@@ -115,6 +132,7 @@ def vlmserve_figures(out: Path) -> dict:
         "requests_per_s": data["throughput"]["requests_per_s"],
         "output_tokens_per_s": data["throughput"]["output_tokens_per_s"],
         "ttft_p50_ms": data["ttft_ms"]["p50"],
+        "ttft_mean_ms": data["ttft_ms"]["mean"],
         "tpot_p50_ms": data["tpot_ms"]["p50"],
         "completed": data["requests"]["completed"],
         "client_limited": data["client"]["limited"],
@@ -205,11 +223,9 @@ def main() -> None:
             else:
                 order = ("vllm", "vlmserve") if pair % 2 == 0 else ("vlmserve", "vllm")
                 for client in order:
-                    before = prefix_cache_counts(base_url)
+                    before = server_counters(base_url)
                     figures = run_one(client, base_url, model, tokenizer, args, workdir / f"{client}-{pair}.json", seed=pair)
-                    after = prefix_cache_counts(base_url)
-                    queries = after[0] - before[0]
-                    figures["prefix_hit_rate"] = (after[1] - before[1]) / queries if queries else 0.0
+                    figures.update(server_view(before, server_counters(base_url)))
                     results[client].append(figures)
                     print(f"pair {pair} {client:8s} " + _line(figures), flush=True)
     print()
@@ -221,7 +237,10 @@ def main() -> None:
     print(f"mode: {mode}")
     print("ratio = vlmserve / vllm per pair (a pair ran back to back, or together); the median of the pair ratios is the figure to quote")
     print(f"{'figure':22s} {'vlmserve':>10s} {'vllm':>10s} {'pair ratios':>28s} {'median':>8s}")
-    for key in ("requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms"):
+    keys = ["requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms", "ttft_mean_ms"]
+    if not args.together:
+        keys.append("server_ttft_mean_ms")  # the engine's own TTFT histogram: what each client's requests really got
+    for key in keys:
         ours = [run[key] for run in results["vlmserve"]]
         theirs = [run[key] for run in results["vllm"]]
         ratios = [a / b for a, b in zip(ours, theirs)]
