@@ -62,11 +62,10 @@ def slow_sim():
         yield handle
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("workers", [[], ["--workers", "1"], ["--workers", "2"]], ids=["in-process", "1-worker", "2-workers"])
 def test_one_ctrl_c_stops_sending_and_lets_requests_in_flight_finish(slow_sim, tmp_path, workers):
-    done, summary, records_out = _bench_until_ctrl_c(
-        slow_sim.base_url, tmp_path, 1, "--concurrency", "6", "--workers", workers
-    )
+    done, summary, records_out = _bench_until_ctrl_c(slow_sim.base_url, tmp_path, 1, "--concurrency", "6", *workers)
+    assert summary["client"]["in_process"] is (not workers)
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr
     assert "no new requests" in done.stderr and "interrupted by Ctrl-C" in done.stderr
