@@ -61,3 +61,20 @@ def test_images_add_vision_encoder_work() -> None:
     text = StepContents(prefill_tokens=1000, prefill_seqs=1, decode_seqs=0, kv_tokens_read=1000)
     with_image = StepContents(prefill_tokens=1000, prefill_seqs=1, decode_seqs=0, kv_tokens_read=1000, image_tokens=256, images=1)
     assert cost.step_time_s(with_image) > cost.step_time_s(text)
+
+
+def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step() -> None:
+    efficiency = Efficiency(bandwidth=0.5, compute=0.5, step_overhead_s=0.002, per_seq_overhead_s=0.00002)
+
+    def cost(async_scheduling: bool):
+        return PlanSetup.from_names("llama-3.1-8b", "h100", calibration=Calibration(efficiency),
+                                    async_scheduling=async_scheduling).cost_model()
+
+    decode = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=256, kv_tokens_read=256 * 1000)
+    serial, overlapped = cost(False).breakdown(decode), cost(True).breakdown(decode)
+    assert serial.overhead_s == pytest.approx(0.002 + 256 * 0.00002)
+    assert cost(False).step_time_s(decode) == pytest.approx(serial.gpu_s + serial.overhead_s)
+    assert cost(True).step_time_s(decode) == pytest.approx(max(overlapped.gpu_s, overlapped.overhead_s))
+    # a tiny step is CPU-bound even when overlapped: the overhead is a floor, not removed
+    idle = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=0, kv_tokens_read=0)
+    assert cost(True).step_time_s(idle) == pytest.approx(0.002)

@@ -7,7 +7,11 @@ plus tensor-parallel all-reduces and a fixed per-step overhead:
   KV cache attention reads and writes, at `bandwidth` × peak;
 - compute: 2·active params per token, attention FLOPs that grow with context, the LM head
   for sampled tokens and the vision encoder for new image tokens, at `compute` × peak;
-- communication: two all-reduces of the batch's hidden states per layer when TP > 1.
+- communication: two all-reduces of the batch's hidden states per layer when TP > 1;
+- overhead: the engine's CPU work per step (scheduling, input preparation, sampling
+  bookkeeping), fixed plus per sequence. It adds to the GPU time, except under vLLM's
+  --async-scheduling, where it runs while the GPU executes the previous step, so a step
+  takes the longer of the two.
 
 The per-step inputs come from the shared scheduler's `StepContents`, so the planner and
 the sim engine price the very same schedule.
@@ -34,10 +38,18 @@ class StepBreakdown:
     memory_s: float
     communication_s: float
     overhead_s: float
+    overlapped: bool = False
+    """True under async scheduling: the CPU overhead hides behind the GPU work."""
+
+    @property
+    def gpu_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.communication_s
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.communication_s + self.overhead_s
+        if self.overlapped:
+            return max(self.gpu_s, self.overhead_s)
+        return self.gpu_s + self.overhead_s
 
     @property
     def bound(self) -> str:
@@ -54,6 +66,7 @@ class RooflineStepCost:
     weight_dtype: str
     kv_dtype: str
     efficiency: Efficiency
+    async_scheduling: bool = False
     _weight_bytes_cache: dict[int, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,7 +103,7 @@ class RooflineStepCost:
         tokens = step.batch_tokens
         overhead = eff.step_overhead_s + eff.per_seq_overhead_s * seqs
         if tokens <= 0 and step.image_tokens <= 0:
-            return StepBreakdown(0.0, 0.0, 0.0, overhead)
+            return StepBreakdown(0.0, 0.0, 0.0, overhead, self.async_scheduling)
         model = self.model
         mean_context = step.kv_tokens_read / seqs if seqs else 0.0
 
@@ -115,8 +128,10 @@ class RooflineStepCost:
             message = tokens * model.hidden_size * ACTIVATION_BYTES
             per_call = allreduce_time_s(message, self.tp, self.gpu, eff.interconnect, eff.allreduce_latency_s)
             communication = 2 * model.num_layers * per_call
-        return StepBreakdown(flops / self._flops_per_s, memory_bytes / self._bytes_per_s, communication, overhead)
+        return StepBreakdown(
+            flops / self._flops_per_s, memory_bytes / self._bytes_per_s, communication, overhead, self.async_scheduling
+        )
 
     def step_time_s(self, step: StepContents) -> float:
-        """Seconds the step takes: max(compute, memory) + TP communication + overhead."""
+        """Seconds the step takes: max(compute, memory) + TP communication, plus (or, async, overlapping) overhead."""
         return self.breakdown(step).total_s

@@ -51,6 +51,13 @@ class GPU:
     def bandwidth_bytes_s(self) -> float:
         return self.memory_bandwidth_tb_s * 1e12
 
+    @property
+    def link_bytes_s_per_direction(self) -> float:
+        """GPU-to-GPU bytes/s one way. Datasheet link figures count both directions together
+        (NVLink 4: 900 GB/s = 450 each way; PCIe 4 x16: 64 GB/s = 32 each way), while a ring
+        all-reduce step sends and receives at once, each at the one-way rate."""
+        return self.interconnect_gb_s * 1e9 / 2.0
+
     def peak_flops(self, weight_dtype: str) -> float:
         """Dense FLOP/s for matmuls on weights of this format.
 
@@ -164,8 +171,8 @@ def plan_memory(
 
 
 def allreduce_time_s(message_bytes: float, tp: int, gpu: GPU, link_efficiency: float, latency_s: float) -> float:
-    """Ring all-reduce: 2·(tp−1)/tp · bytes over the link, plus a fixed latency."""
+    """Ring all-reduce: each GPU sends (and receives) 2·(tp−1)/tp · bytes over its link, plus a fixed latency."""
     if tp <= 1 or message_bytes <= 0:
         return 0.0
-    link_bytes_s = gpu.interconnect_gb_s * 1e9 * max(link_efficiency, 1e-6)
+    link_bytes_s = gpu.link_bytes_s_per_direction * max(link_efficiency, 1e-6)
     return latency_s + 2.0 * (tp - 1) / tp * message_bytes / link_bytes_s

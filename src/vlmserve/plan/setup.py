@@ -53,7 +53,7 @@ class PlanSetup:
     enable_prefix_caching: bool = True
     routing: str = "least-outstanding"
     async_scheduling: bool = False
-    """vLLM's --async-scheduling: CPU scheduling overlaps the GPU step, hiding the fixed step overhead."""
+    """vLLM's --async-scheduling: the CPU work of a step overlaps the GPU's previous step."""
 
     def __post_init__(self) -> None:
         self.weight_dtype = normalize_dtype(self.weight_dtype or self.model.default_weight_dtype, "--weight-dtype")
@@ -72,8 +72,7 @@ class PlanSetup:
 
     @property
     def efficiency(self) -> Efficiency:
-        efficiency = self.calibration.for_gpu(self.gpu.key)
-        return efficiency.with_values(step_overhead_s=0.0) if self.async_scheduling else efficiency
+        return self.calibration.for_gpu(self.gpu.key)
 
     @property
     def num_gpus(self) -> int:
@@ -130,7 +129,9 @@ class PlanSetup:
 
     def cost_model(self) -> RooflineStepCost:
         assert self.weight_dtype is not None
-        return RooflineStepCost(self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency)
+        return RooflineStepCost(
+            self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency, self.async_scheduling
+        )
 
     def describe(self) -> dict[str, Any]:
         """The deployment as it goes into a simulated run's meta."""
