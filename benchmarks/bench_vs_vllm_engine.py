@@ -28,8 +28,7 @@ from pathlib import Path
 import httpx
 
 from vlmserve.bench.scrape import parse_samples
-from vlmserve.processes import free_port_block
-from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+from vlmserve.demo import demo_spec
 from vlmserve.supervisor import Supervisor
 
 VLLM_BENCH = (
@@ -203,10 +202,7 @@ def main() -> None:
     print(f"engine on CPUs {sorted(engine_cpus or usable)}, clients on CPUs {sorted(CLIENT_CPUS or usable)}", flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
-    spec = DeploymentSpec(
-        name="bench-vs-vllm", model=EMBEDDED_MODEL, replicas=1, port=free_port_block(2), gateway=False,
-        kv_cache_space_gb=1, engine_args=EngineArgs(max_model_len=2048, enable_prefix_caching=args.prefix_caching),
-    )
+    spec = demo_spec(name="bench-vs-vllm", enable_prefix_caching=args.prefix_caching)
     print(f"starting the embedded vLLM engine (logs under {workdir}) ...", flush=True)
     with Supervisor(spec, state_dir=workdir) as supervisor:
         base_url = supervisor.replicas[0].plan.url

@@ -18,9 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vlmserve.demo import stream_chat
-from vlmserve.processes import free_port_block
-from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+from vlmserve.demo import demo_spec, stream_chat
 from vlmserve.supervisor import Supervisor
 
 
@@ -30,15 +28,7 @@ the part that eager mode changes, without the import time that machine load infl
 
 
 def one_run(enforce_eager: bool, requests: int, workdir: Path) -> dict[str, float]:
-    spec = DeploymentSpec(
-        name="bench-start",
-        model=EMBEDDED_MODEL,
-        replicas=1,
-        port=free_port_block(2),
-        gateway=False,
-        kv_cache_space_gb=1,
-        engine_args=EngineArgs(max_model_len=2048, enforce_eager=enforce_eager),
-    )
+    spec = demo_spec(name="bench-start", enforce_eager=enforce_eager)
     started = time.perf_counter()
     with Supervisor(spec, state_dir=workdir) as supervisor:
         ready_s = time.perf_counter() - started

@@ -81,17 +81,23 @@ def stream_chat(base_url: str, model: str, messages: list[dict[str, Any]], max_t
     )
 
 
-def demo_spec(model: str = EMBEDDED_MODEL, max_model_len: int = 2048, replicas: int = 1) -> DeploymentSpec:
-    """Replicas on free ports (behind the gateway when more than one): the smallest deployment that proves the path."""
+def demo_spec(
+    model: str = EMBEDDED_MODEL, max_model_len: int = 2048, replicas: int = 1, *, name: str = "demo", **engine_args: Any
+) -> DeploymentSpec:
+    """Replicas on free ports (behind the gateway when more than one): the smallest deployment that proves the path.
+
+    The demo, the engine tests and the engine benchmarks all start it; `engine_args` adds
+    vLLM flags (e.g. `enforce_eager=False`, `enable_prefix_caching=False`).
+    """
     base = free_port_block(replicas + 1)
     return DeploymentSpec(
-        name="demo",
+        name=name,
         model=model,
         replicas=replicas,
         port=base,
         gateway=replicas > 1,
         kv_cache_space_gb=1,
-        engine_args=EngineArgs(max_model_len=max_model_len),
+        engine_args=EngineArgs(max_model_len=max_model_len, **engine_args),
     )
 
 

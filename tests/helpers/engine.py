@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmserve.processes import free_port_block
-from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+from vlmserve.demo import demo_spec
+from vlmserve.spec import DeploymentSpec
 from vlmserve.supervisor import Supervisor
 
 EMBEDDED_MAX_MODEL_LEN = 2048
@@ -37,15 +37,7 @@ def start_embedded_engine(
     workdir: Path, *, max_model_len: int = EMBEDDED_MAX_MODEL_LEN, extra_args: tuple[str, ...] = ()
 ) -> Iterator[EmbeddedEngine]:
     """Start the embedded model on free ports; stop it (whole process tree) on exit."""
-    spec = DeploymentSpec(
-        name="test-embedded",
-        model=EMBEDDED_MODEL,
-        replicas=1,
-        port=free_port_block(2),
-        gateway=False,
-        kv_cache_space_gb=1,
-        engine_args=EngineArgs(max_model_len=max_model_len, extra_args=list(extra_args)),
-    )
+    spec = demo_spec(max_model_len=max_model_len, name="test-embedded", extra_args=list(extra_args))
     with Supervisor(spec, state_dir=workdir) as supervisor:
         replica = supervisor.replicas[0]
         assert replica.pid is not None
