@@ -4,8 +4,9 @@ Why not aiohttp here: on the bench's hot path every SSE chunk arrives on its own
 aiohttp hands each one through a stream reader, a future and a task wake-up before our
 code sees it. Here the socket's `data_received` callback decodes the chunked body and
 hands complete lines to the caller synchronously, with the arrival time taken once per
-read. That roughly halves the client's CPU per chunk, which is what decides the highest
-request rate one client core can drive (see benchmarks/bench_client_capacity.py).
+read. At 1,400 req/s that took a worker from 44 % to 34 % of a core, and client CPU per
+chunk decides the highest request rate one client core can drive
+(benchmarks/bench_client_capacity.py; figures in docs/benchmarks.md).
 
 Scope, kept deliberately small: one request at a time per connection (no pipelining),
 keep-alive reuse through `ConnectionPool`, `Content-Length`, chunked and read-until-close

@@ -228,6 +228,10 @@ async def _until_interrupted(load: Any, interrupt: Interrupt, grace_s: float) ->
                 waiter.cancel()
 
 
+_STOP_CHECK_S = 0.2
+"""An open loop waiting longer than this for its next send wakes early when the run is stopped."""
+
+
 async def _open_loop(
     plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None, stopping: asyncio.Event
 ) -> None:
@@ -251,9 +255,6 @@ async def _open_loop(
         task.add_done_callback(in_flight.discard)
     if in_flight:
         await asyncio.gather(*in_flight)
-
-
-_STOP_CHECK_S = 0.2
 
 
 async def _closed_loop(

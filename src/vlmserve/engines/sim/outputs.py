@@ -46,7 +46,7 @@ class ActiveRequest:
         "request_id", "response_id", "parsed", "plan", "created", "arrival_s", "first_token_s",
         "last_token_s", "emitted", "written", "transport", "done", "finish_reason", "aborted",
         "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
-        "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len", "_usage_suffix",
+        "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len", "_usage_suffix", "_prompt_tokens",
     )  # fmt: skip
 
     def __init__(
@@ -90,11 +90,11 @@ class ActiveRequest:
         self._suffix = choice_end + b"}\n\n"
         self._suffix_crlf = self._suffix + b"\r\n"
         self._frame_base_len = len(self._prefix) + len(self._suffix)
-        prompt_tokens = len(parsed.prompt_token_ids)
+        self._prompt_tokens = len(parsed.prompt_token_ids)
         # continuous_usage_stats: the same chunk with the running counts; only the two numbers change
         self._usage_suffix = choice_end + (
             b',"usage":{"prompt_tokens":%d,"total_tokens":%%d,"completion_tokens":%%d,"prompt_tokens_details":null}}\n\n'
-            % prompt_tokens
+            % self._prompt_tokens
         )
         self.plain = False
         """True when a middle token's chunk needs no per-request decisions (the fast path)."""
@@ -119,8 +119,10 @@ class ActiveRequest:
     def _token_event(self, piece_json_bytes: bytes, index: int) -> bytes:
         """The SSE event of a middle token, with the running usage when the client asked for it."""
         if self.parsed.continuous_usage:
-            prompt_tokens = len(self.parsed.prompt_token_ids)
-            return self._prefix + piece_json_bytes + self._usage_suffix % (prompt_tokens + index + 1, index + 1)
+            completion_tokens = index + 1
+            return self._prefix + piece_json_bytes + self._usage_suffix % (
+                self._prompt_tokens + completion_tokens, completion_tokens
+            )
         return self._prefix + piece_json_bytes + self._suffix
 
     def _chunk_for(self, index: int) -> bytes:
