@@ -102,15 +102,16 @@ class GuardedRequestHandler(RequestHandler):
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        if isinstance(exc, HttpProcessingError):
-            what = ascii(str(exc.message or exc))[:_LOGGED_ERROR_CHARS]
-            log.info("malformed HTTP request from %s answered %d: %s", request.remote, status, what)
-        return super().handle_error(request, status, exc, message)
-
-    def log_exception(self, *args: Any, **kw: Any) -> None:
-        if isinstance(kw.get("exc_info"), HttpProcessingError):
-            return  # handle_error logged it in one line
-        super().log_exception(*args, **kw)
+        """A request aiohttp could not parse: one log line and a plain 400 (aiohttp's own logs a traceback)."""
+        if not isinstance(exc, HttpProcessingError) or status >= 500:
+            return super().handle_error(request, status, exc, message)
+        what = ascii(" ".join(str(exc.message or exc).split()))[1:-1][:_LOGGED_ERROR_CHARS]  # one line, printable
+        log.info("malformed HTTP request from %s answered %d: %s", request.remote, status, what)
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was already sent; the connection is closed instead")
+        response = web.Response(status=status, text=f"{status} {what}\n", content_type="text/plain")
+        response.force_close()
+        return response
 
 
 class _Refusal(asyncio.Protocol):

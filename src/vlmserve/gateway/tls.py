@@ -31,11 +31,11 @@ def server_ssl_context(certfile: Path | None, keyfile: Path | None) -> ssl.SSLCo
     try:
         context.load_cert_chain(certfile=str(certfile), keyfile=str(keyfile), password=_encrypted_key(keyfile))
     except ssl.SSLError as err:
-        reason = err.reason or str(err)
+        reason = err.reason or (err.args[1] if len(err.args) > 1 else str(err))
         if reason == "KEY_VALUES_MISMATCH":
             raise UserError(f"--ssl-keyfile {keyfile} is not the key of --ssl-certfile {certfile}: pass the matching pair") from None
-        raise UserError(f"cannot load TLS certificate {certfile} with key {keyfile} ({reason}): "
-                        "both must be PEM files, the key unencrypted") from None
+        raise UserError(f"--ssl-certfile {certfile} with --ssl-keyfile {keyfile} cannot be loaded ({reason}): "
+                        "give a PEM certificate (chain) and its unencrypted PEM key") from None
     except OSError as err:
         raise UserError(f"cannot read TLS certificate {certfile} or key {keyfile}: {err.strerror}") from None
     return context
