@@ -14,6 +14,9 @@ The rules kept (settings in `GatewayConfig`; defaults close to nginx's):
   handshake are not counted (the handshake timeout bounds them).
 - Malformed HTTP (garbage, a bad request line, an invalid header) gets aiohttp's 400 and one
   INFO log line, never a traceback.
+- File descriptors: `vlmserve gateway` raises its soft open-file limit to what the cap needs
+  (two per client connection: the client's and an upstream one), within the hard limit, and
+  warns in one line when it cannot.
 - Cost: nothing on the response (streaming) path; two attribute checks per chunk of request
   bytes received.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -181,3 +185,21 @@ class GuardedSite(web.TCPSite):
         )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+def ensure_file_descriptors(max_connections: int) -> None:
+    """Raise the soft open-file limit to cover `max_connections` (two fds each, plus slack), or warn."""
+    if not max_connections:
+        return
+    want = 2 * max_connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning("open-file limit %d is below the %d that --max-connections %d needs: raise `ulimit -n` "
+                    "or lower --max-connections", soft, want, max_connections)

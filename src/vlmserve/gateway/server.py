@@ -21,7 +21,7 @@ from aiohttp import web
 
 from vlmserve.errors import UserError
 from vlmserve.gateway.app import STATE_KEY, Gateway, build_app
-from vlmserve.gateway.client_limits import GuardedSite
+from vlmserve.gateway.client_limits import GuardedSite, ensure_file_descriptors
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.tls import server_ssl_context
 
@@ -80,6 +80,7 @@ def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None 
     """Run until SIGINT/SIGTERM, then drain and exit (the `vlmserve gateway` command)."""
 
     async def main() -> None:
+        ensure_file_descriptors(config.max_connections)
         running = await start_gateway(config)
         quiet_garbage_collector()
         stop = asyncio.Event()
