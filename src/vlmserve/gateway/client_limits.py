@@ -33,7 +33,8 @@ import asyncio
 import logging
 import resource
 import ssl
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -55,17 +56,26 @@ _LOGGED_ERROR_CHARS = 160
 
 @dataclass
 class ClientStats:
-    """Counts read by /metrics at scrape time."""
+    """Counts read by /metrics at scrape time.
 
-    open: int = 0
+    A connection counts from its accept (not its connection_made, which asyncio runs later and,
+    over TLS, only after the handshake): under a burst of accepts the cap holds exactly. A
+    connection whose TLS handshake fails is never made nor lost; it leaves the set when its
+    handler is garbage."""
+
+    live: weakref.WeakSet = field(default_factory=weakref.WeakSet)
     refused: int = 0
     header_timeouts: int = 0
+
+    @property
+    def open(self) -> int:
+        return len(self.live)
 
 
 class GuardedRequestHandler(RequestHandler):
     """aiohttp's connection handler plus a header timer and one-line logging of malformed requests."""
 
-    __slots__ = ("_stats", "_header_timeout_s", "_header_handle")
+    __slots__ = ("_stats", "_header_timeout_s", "_header_handle", "__weakref__")
 
     def __init__(self, manager: web.Server, *, stats: ClientStats, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -74,7 +84,6 @@ class GuardedRequestHandler(RequestHandler):
         self._header_handle: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._stats.open += 1
         super().connection_made(transport)
         self._arm_header_timer()
 
@@ -82,7 +91,7 @@ class GuardedRequestHandler(RequestHandler):
         if self._header_handle is not None:
             self._header_handle.cancel()
             self._header_handle = None
-        self._stats.open -= 1
+        self._stats.live.discard(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -157,8 +166,10 @@ class ClientGuard:
         if self.max_connections and self.stats.open >= self.max_connections:
             self.stats.refused += 1
             return _Refusal()
-        return GuardedRequestHandler(self.server, loop=self._loop, stats=self.stats,
-                                     header_timeout_s=self.header_timeout_s, **self._handler_kwargs)
+        handler = GuardedRequestHandler(self.server, loop=self._loop, stats=self.stats,
+                                        header_timeout_s=self.header_timeout_s, **self._handler_kwargs)
+        self.stats.live.add(handler)
+        return handler
 
 
 class GuardedSite(web.TCPSite):
