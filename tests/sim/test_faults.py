@@ -108,3 +108,11 @@ def test_dropped_connection_cuts_the_stream_mid_way() -> None:
         assert httpx.post(f"{engine.base_url}/v1/chat/completions", json=_chat_body()).status_code == 200
         metrics = engine.metrics_text()
         assert f'vllm:request_success_total{{engine="0",finished_reason="abort",model_name="{MODEL}"}} 1.0' in metrics
+
+
+def test_poison_marker_fails_only_requests_that_carry_it() -> None:
+    with start_sim_engine(model=MODEL, ttft_ms=1, itl_ms=1, poison_marker="XPOISONX") as engine:
+        url = f"{engine.base_url}/v1/chat/completions"
+        poisoned = httpx.post(url, json=_chat_body(messages=[{"role": "user", "content": "a XPOISONX b"}]))
+        assert poisoned.status_code == 500 and "poisoned request" in poisoned.json()["error"]["message"]
+        assert httpx.post(url, json=_chat_body()).status_code == 200

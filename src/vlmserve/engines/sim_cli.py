@@ -51,6 +51,7 @@ def sim(
     stall_s: float = typer.Option(None, help="... for this many seconds (default: forever)."),
     drop_after_tokens: int = typer.Option(None, help="Fault: streams are cut (connection reset) after this many tokens."),
     fault_rate: float = typer.Option(1.0, help="Fault: fraction of streams that stall or drop."),
+    poison_marker: str = typer.Option(None, help="Fault: requests whose body contains this text are answered 500, on every replica."),
     reject_over_context: bool = typer.Option(
         False, "--reject-over-context",
         help="Refuse prompt + max_tokens > --max-model-len with 400, as earlier vLLM releases did (default: clamp max_tokens, as vLLM 0.32 does).",
@@ -91,6 +92,7 @@ def sim(
             stall_s=stall_s,
             drop_after_tokens=drop_after_tokens,
             fault_rate=fault_rate,
+            poison_marker=poison_marker,
         ),
         reject_over_context=reject_over_context,
         record_timing=not no_timing,

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected, load_keys_file
 from vlmserve.gateway.audit import AuditLog
+from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
@@ -70,10 +71,12 @@ class Gateway:
             breaker_failures=config.breaker_failures,
             breaker_open_s=config.breaker_open_s,
             breaker_open_max_s=config.breaker_open_max_s,
+            max_ejection_fraction=config.max_ejection_fraction,
             upstream_headers=upstream_headers,
             on_load_update=self.policy.on_load_update,
             on_ejection=lambda replica: self.metrics.ejections.labels(replica.name).inc(),
         )
+        self.client_stats = ClientStats()  # filled by the listening socket's guard (client_limits.py)
         self.watchdog = Watchdog()
         self.session: aiohttp.ClientSession | None = None
         self.forwarder: Forwarder | None = None
@@ -132,16 +135,18 @@ class Gateway:
                 for r in self.pool.replicas
             },
             "queued": {p: self.admission.queued(p) for p in PRIORITIES},
+            "ejected": self.pool.ejected_count(),
+            "panic": self.pool.in_panic(),
+            "clients": self.client_stats,
         }
 
     # ---- handlers ------------------------------------------------------------------------------
 
     async def handle_health(self, request: web.Request) -> web.Response:
-        now = time.monotonic()
-        routable = sum(r.routable(now) for r in self.pool.replicas)
-        ok = routable > 0 and not self.draining
+        ok = bool(self.pool.candidates(None)) and not self.draining  # panic routing counts: ejection alone never fails /health
+        status = "panic" if ok and self.pool.in_panic() else "ok"
         payload = {
-            "status": "ok" if ok else ("draining" if self.draining else "no healthy replica"),
+            "status": status if ok else ("draining" if self.draining else "no healthy replica"),
             "policy": self.policy.name,
             "replicas": [r.describe() for r in self.pool.replicas],
         }

@@ -4,6 +4,9 @@ closed ──(N consecutive failures)──► open ──(open time passes)─�
    ▲                                   ▲                              │
    └──────────── probe succeeds ───────┼──────────────────────────────┤
                                        └──── probe fails (open time doubles, up to a cap) ◄┘
+
+The pool may forbid opening (`may_open=False`) when its ejection cap is reached: the breaker then
+stays closed and keeps counting, and opens on a later failure once opening is allowed again.
 """
 
 from __future__ import annotations
@@ -52,20 +55,21 @@ class CircuitBreaker:
         self.current_open_s = self.base_open_s
         self.probes_in_flight = 0
 
-    def record_failure(self, now: float) -> bool:
+    def record_failure(self, now: float, may_open: bool = True) -> bool:
         """Count a failure; returns True when this failure ejected the replica."""
         self.consecutive_failures += 1
         if self.state is BreakerState.HALF_OPEN:
             self.current_open_s = min(self.current_open_s * 2, self.open_max_s)
             self._open(now)
             return True
-        if self.state is BreakerState.CLOSED and self.consecutive_failures >= self.failures_to_open:
+        if self.state is BreakerState.CLOSED and self.consecutive_failures >= self.failures_to_open and may_open:
             self._open(now)
             return True
         return False
 
     def record_abandoned(self) -> None:
-        """The client left before we learned anything; a probe slot is freed, nothing else."""
+        """No verdict on this attempt (the client left, or the failure may be the request's own):
+        a probe slot is freed, nothing else."""
         if self.state is BreakerState.HALF_OPEN and self.probes_in_flight > 0:
             self.probes_in_flight -= 1
 

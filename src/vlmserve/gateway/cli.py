@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
 import typer
 
 from vlmserve.gateway.config import POLICY_NAMES, GatewayConfig
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
 
 
 def register(app: typer.Typer) -> None:
@@ -33,6 +36,13 @@ def register(app: typer.Typer) -> None:
         metrics_interval: float = typer.Option(0.5, help="engine-aware: seconds between engine /metrics polls."),
         replica_api_key: str | None = typer.Option(None, envvar="VLMSERVE_REPLICA_API_KEY", help="API key the replicas expect."),
         drain_timeout: float = typer.Option(30.0, help="On shutdown, seconds to let requests in progress finish."),
+        # Trust boundary (defaults live in GatewayConfig).
+        max_ejection_fraction: float = typer.Option(_DEFAULTS["max_ejection_fraction"], help="Most replicas passive ejection may remove at once, as a fraction (rounded down: 1 replica is never ejected); beyond it, every replica passing its health check is routed to."),
+        header_timeout: float = typer.Option(_DEFAULTS["header_timeout_s"], help="Seconds a client has to send complete request headers (and a TLS handshake) before 408 and close."),
+        keepalive_timeout: float = typer.Option(_DEFAULTS["keepalive_timeout_s"], help="Seconds an idle kept-alive client connection stays open."),
+        max_connections: int = typer.Option(_DEFAULTS["max_connections"], help="Client connections open at once; one more is answered 503 and closed (0 = no cap)."),
+        ssl_certfile: Path | None = typer.Option(None, help="PEM certificate (chain): serve HTTPS (with --ssl-keyfile)."),
+        ssl_keyfile: Path | None = typer.Option(None, help="PEM private key (unencrypted) of --ssl-certfile."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
@@ -45,11 +55,15 @@ def register(app: typer.Typer) -> None:
             queue_limit_batch=queue_limit_batch, prefix_load_factor=prefix_load_factor,
             health_interval_s=health_interval, metrics_interval_s=metrics_interval,
             replica_api_key=replica_api_key, drain_timeout_s=drain_timeout,
+            max_ejection_fraction=max_ejection_fraction, header_timeout_s=header_timeout,
+            keepalive_timeout_s=keepalive_timeout, max_connections=max_connections,
+            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
         def ready(bound_port: int) -> None:
-            typer.echo(f"vlmserve gateway listening on http://{host}:{bound_port} ({policy}, {len(replica)} replica(s))", err=True)
+            scheme = "https" if ssl_certfile else "http"
+            typer.echo(f"vlmserve gateway listening on {scheme}://{host}:{bound_port} ({policy}, {len(replica)} replica(s))", err=True)
 
         serve_forever(config, on_ready=ready)

@@ -53,6 +53,17 @@ class GatewayConfig:
     prefix_load_factor: float = 1.25
     replica_api_key: str | None = None
     drain_timeout_s: float = 30.0
+    # Trust boundary: passive ejection never removes more than this share of the replicas
+    # (rounded down: one replica is never ejected); beyond it, panic routing (replicas.py).
+    max_ejection_fraction: float = 0.5
+    # Slow, idle and too many clients (client_limits.py; nginx: client_header_timeout 60 s,
+    # keepalive_timeout 75 s). Over max_connections a new connection gets 503 (0 = no cap).
+    header_timeout_s: float = 15.0
+    keepalive_timeout_s: float = 75.0
+    max_connections: int = 4096
+    # HTTPS (tls.py): both PEM files or neither.
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
@@ -71,7 +82,14 @@ class GatewayConfig:
             raise UserError("--max-attempts must be at least 1")
         if self.prefix_load_factor < 1.0:
             raise UserError("--prefix-load-factor must be at least 1.0 (1.0 = strict fair share)")
-        for name in ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_timeout_s", "health_interval_s"):
+        if not 0.0 <= self.max_ejection_fraction <= 1.0:
+            raise UserError("--max-ejection-fraction must be between 0 and 1 (0 = never eject, 1 = any number)")
+        if self.max_connections < 0:
+            raise UserError("--max-connections must be 0 (no cap) or more")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise UserError("HTTPS needs both --ssl-certfile and --ssl-keyfile: pass both, or neither for plain HTTP")
+        for name in ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_timeout_s", "health_interval_s",
+                     "header_timeout_s", "keepalive_timeout_s"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name.replace('_', '-')} must be positive")
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS_S = (
@@ -43,6 +43,12 @@ class _StateCollector(Collector):
         yield healthy
         yield outstanding
         yield queued
+        yield GaugeMetricFamily("vlmserve_gateway_ejected_replicas", "Replicas passively ejected now (breaker open or probing)", value=state["ejected"])
+        yield GaugeMetricFamily("vlmserve_gateway_panic", "1 when every replica passing its health check is ejected, so all of them are routed to", value=1.0 if state["panic"] else 0.0)
+        clients = state["clients"]
+        yield GaugeMetricFamily("vlmserve_gateway_client_connections", "Client connections open", value=clients.open)
+        yield CounterMetricFamily("vlmserve_gateway_client_connections_refused", "Client connections answered 503 over --max-connections", value=clients.refused)
+        yield CounterMetricFamily("vlmserve_gateway_client_header_timeouts", "Client connections closed (408) for not sending complete headers in time", value=clients.header_timeouts)
 
 
 class GatewayMetrics:

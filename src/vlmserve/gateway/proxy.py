@@ -11,6 +11,18 @@ The rules this module keeps:
 - A client that goes away cancels the handler; closing the upstream connection makes the
   engine abort the request.
 - Every attempt ends with exactly one policy.on_finish and one in-flight decrement.
+
+Who caused a failure decides whether it counts towards ejecting the replica (its breaker):
+- The replica: connect errors, timeouts (first byte, stalled stream), a stream closed or broken
+  by the replica. These count at once.
+- Undecided: an error answer (5xx) is what a broken replica and a poison request (one that
+  makes any engine fail) look like alike. It counts nothing when it happens; the request goes
+  to another replica. If that one serves it (2xx), the first replica's 5xx counts against it.
+  If that one answers 5xx too, the request is at fault: it is not retried further, the second
+  answer is returned, and neither replica is charged. A 5xx with no second opinion (retries
+  or the retry budget exhausted, no other replica) is never charged: a poison request cannot
+  open breakers, whatever its rate.
+- Nobody: 429 (the replica is busy) and 4xx answers (the request is wrong).
 """
 
 from __future__ import annotations
@@ -86,16 +98,22 @@ class RequestLog:
         }
 
 
+# Who an attempt's failure is charged to (see the module docstring).
+FAULT_REPLICA = "replica"  # counts towards ejecting the replica now
+FAULT_UNDECIDED = "undecided"  # an error answer: charged only if another replica serves the request
+FAULT_NOBODY = "nobody"  # the replica was busy (429): nothing is charged
+
+
 class _RetryableFailure(Exception):
     """An attempt failed before anything reached the client."""
 
     def __init__(self, reason: str, message: str, response: web.Response | None = None,
-                 replica_at_fault: bool = True) -> None:
+                 fault: str = FAULT_REPLICA) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.response = response  # the replica's own error answer, passed on if retries run out
-        self.replica_at_fault = replica_at_fault  # counts towards ejecting the replica
+        self.fault = fault
 
 
 def _usage_from_sse_tail(tail: bytes) -> dict | None:
@@ -159,17 +177,23 @@ class Forwarder:
         self.retry_budget.on_request()
         excluded: set[int] = set()
         last_failure: _RetryableFailure | None = None
+        suspect: Replica | None = None  # answered 5xx; charged only if another replica serves the request
         while True:
             candidates = self.pool.candidates(routed.model, excluded)
             if not candidates:
                 break
             replica = self.policy.choose(routed, candidates)
             try:
-                return await self._attempt(request, body, routed, replica, log)
+                response = await self._attempt(request, body, routed, replica, log)
             except _RetryableFailure as failure:
                 last_failure = failure
                 log.attempts[-1]["error"] = failure.reason
                 excluded.add(replica.index)
+                if failure.fault == FAULT_UNDECIDED:
+                    if suspect is not None:  # a second replica failed it too: the request's fault
+                        failure.message += " (as did another replica: the request is at fault; not retried)"
+                        break
+                    suspect = replica
                 if len(log.attempts) >= self.max_attempts:
                     break
                 if not self.pool.candidates(routed.model, excluded):
@@ -179,6 +203,10 @@ class Forwarder:
                     break
                 if self.on_retry is not None:
                     self.on_retry(replica, failure.reason)
+            else:
+                if suspect is not None and response.status < 300:  # served here: the 5xx was the replica's
+                    self.pool.record_failure(suspect)
+                return response
         if last_failure is None:
             log.status, log.error = "503", "no healthy replica"
             what = f"model {routed.model!r}" if routed.model else "this request"
@@ -237,8 +265,10 @@ class Forwarder:
                 outcome = Outcome.ABANDONED
                 raise
             except _RetryableFailure as failure:
-                if failure.replica_at_fault:
+                if failure.fault == FAULT_REPLICA:
                     self.pool.record_failure(replica)
+                else:
+                    replica.breaker.record_abandoned()  # no verdict (yet): free a probe slot
                 raise
             except CONNECTION_ERRORS as err:
                 self.pool.record_failure(replica)
@@ -277,7 +307,7 @@ class Forwarder:
                 f"upstream_{upstream.status}",
                 f"replica {replica.name} answered {upstream.status}",
                 response=self._passthrough_error(upstream, payload, log),
-                replica_at_fault=upstream.status >= 500,
+                fault=FAULT_UNDECIDED if upstream.status >= 500 else FAULT_NOBODY,
             )
 
     def _passthrough_error(self, upstream: aiohttp.ClientResponse, payload: bytes, log: RequestLog) -> web.Response:

@@ -3,6 +3,16 @@
 Two sources of truth are combined. Active checks (GET /health every `health_interval_s`)
 notice a replica that is down even when no traffic goes to it; the circuit breaker notices one
 that fails real requests. Engine load (/metrics) is polled only when the policy uses it.
+
+Passive ejection is bounded, as Envoy's outlier detection is:
+- At most floor(max_ejection_fraction × replicas) breakers are open (or probing) at once; a
+  replica that reaches its failure threshold beyond that stays in rotation (its breaker keeps
+  counting). Unlike Envoy, which ejects at least one host whatever the percentage, the count
+  rounds down: with one replica (or two at a fraction below 0.5) nothing is ever ejected,
+  since there is nowhere else to send the traffic.
+- Panic mode: when no replica that passes its active health check is also un-ejected, every
+  replica passing its health check is routed to, ejected or not (Envoy's panic threshold at
+  its extreme): an ejection can shrink the pool, never empty it.
 """
 
 from __future__ import annotations
@@ -98,6 +108,7 @@ class ReplicaPool:
         breaker_failures: int = 3,
         breaker_open_s: float = 5.0,
         breaker_open_max_s: float = 60.0,
+        max_ejection_fraction: float = 0.5,
         upstream_headers: dict[str, str] | None = None,
         on_load_update: Callable[[Replica, EngineLoad], None] | None = None,
         on_ejection: Callable[[Replica], None] | None = None,
@@ -106,6 +117,7 @@ class ReplicaPool:
             Replica(index=i, url=url.rstrip("/"), breaker=CircuitBreaker(breaker_failures, breaker_open_s, breaker_open_max_s))
             for i, url in enumerate(urls)
         ]
+        self.max_ejections = math.floor(max_ejection_fraction * len(self.replicas) + 1e-9)
         self._session_factory = session_factory
         self._session: aiohttp.ClientSession | None = None
         self.health_interval_s = health_interval_s
@@ -142,8 +154,23 @@ class ReplicaPool:
     # ---- queries used on the request path --------------------------------------------------
 
     def candidates(self, model: str | None, exclude: set[int] | frozenset[int] = frozenset()) -> list[Replica]:
+        """Replicas that may take a request for `model` now, less `exclude` (tried already).
+
+        Healthy and not ejected; in panic mode (no such replica) every healthy one."""
         now = time.monotonic()
-        return [r for r in self.replicas if r.index not in exclude and r.routable(now) and r.serves(model)]
+        healthy = [r for r in self.replicas if r.healthy and r.serves(model)]
+        routable = [r for r in healthy if r.breaker.available(now)] or healthy
+        return [r for r in routable if r.index not in exclude] if exclude else routable
+
+    def ejected_count(self) -> int:
+        """Replicas whose breaker is open or probing (passively ejected)."""
+        return sum(r.breaker.state is not BreakerState.CLOSED for r in self.replicas)
+
+    def in_panic(self) -> bool:
+        """Some replica passes its health check, but every one that does is ejected."""
+        now = time.monotonic()
+        healthy = [r for r in self.replicas if r.healthy]
+        return bool(healthy) and not any(r.breaker.available(now) for r in healthy)
 
     def known_models(self) -> dict[str, dict]:
         """Union of every healthy replica's /v1/models entries, keyed by model id."""
@@ -162,8 +189,10 @@ class ReplicaPool:
     # ---- passive outcomes reported by the proxy --------------------------------------------
 
     def record_failure(self, replica: Replica) -> None:
+        """A failure that is the replica's fault; ejects it unless the ejection cap is reached."""
         was_open = replica.breaker.state is BreakerState.OPEN
-        if replica.breaker.record_failure(time.monotonic()) and not was_open:
+        may_open = replica.breaker.state is not BreakerState.CLOSED or self.ejected_count() < self.max_ejections
+        if replica.breaker.record_failure(time.monotonic(), may_open) and not was_open:
             log.warning("replica %s ejected after repeated failures", replica.url)
             if self.on_ejection is not None:
                 self.on_ejection(replica)

@@ -2,6 +2,9 @@
 
 Both bind the socket before reporting ready, check the replicas once, and on stop drain:
 the listening socket closes, in-progress requests get up to `drain_timeout_s` to finish.
+The socket listens through client_limits.py's guard (header and idle timeouts, a connection
+cap) and serves HTTPS when a certificate is configured; a bad certificate or key is a
+one-line error before anything binds.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from aiohttp import web
 
 from vlmserve.errors import UserError
 from vlmserve.gateway.app import STATE_KEY, Gateway, build_app
+from vlmserve.gateway.client_limits import GuardedSite, ensure_file_descriptors
 from vlmserve.gateway.config import GatewayConfig
+from vlmserve.gateway.tls import server_ssl_context
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -43,7 +48,8 @@ class RunningGateway:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.gateway.config.host}:{self.port}"
+        scheme = "https" if self.gateway.config.ssl_certfile else "http"
+        return f"{scheme}://{self.gateway.config.host}:{self.port}"
 
     async def stop(self) -> None:
         await self.runner.cleanup()
@@ -51,11 +57,13 @@ class RunningGateway:
 
 async def start_gateway(config: GatewayConfig) -> RunningGateway:
     """Build, bind and start a gateway in the current event loop; port 0 picks a free port."""
+    ssl_context = server_ssl_context(config.ssl_certfile, config.ssl_keyfile)
     app = build_app(config)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=config.drain_timeout_s)
+                           shutdown_timeout=config.drain_timeout_s, keepalive_timeout=config.keepalive_timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=4096)
+    site = GuardedSite(runner, config.host, config.port, app[STATE_KEY].client_stats, ssl_context=ssl_context,
+                       header_timeout_s=config.header_timeout_s, max_connections=config.max_connections, backlog=4096)
     try:
         await site.start()
     except OSError as err:
@@ -72,6 +80,7 @@ def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None 
     """Run until SIGINT/SIGTERM, then drain and exit (the `vlmserve gateway` command)."""
 
     async def main() -> None:
+        ensure_file_descriptors(config.max_connections)
         running = await start_gateway(config)
         quiet_garbage_collector()
         stop = asyncio.Event()
@@ -123,7 +132,8 @@ class GatewayServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.config.host}:{self.port}"
+        assert self.running is not None, "gateway not started"
+        return self.running.base_url
 
     @property
     def gateway(self) -> Gateway:

@@ -79,6 +79,8 @@ class FaultOptions:
     """Streams are cut (transport closed abruptly) after this many tokens."""
     fault_rate: float = 1.0
     """Fraction of streams that stall/drop (1.0: every stream)."""
+    poison_marker: str | None = None
+    """A request whose body contains this text is answered 500 (a fault that follows the request)."""
 
     def validate(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:

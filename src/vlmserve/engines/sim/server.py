@@ -108,8 +108,11 @@ class SimEngine:
                 if count:
                     self._count_and_maybe_crash()
                     self._maybe_inject_error()
+                raw = await request.read()
+                if count:
+                    self._maybe_poisoned(raw)
                 try:
-                    body = json.loads(await request.read())
+                    body = json.loads(raw)
                 except (json.JSONDecodeError, UnicodeDecodeError) as err:
                     raise bad_request(f"the request body is not valid JSON: {err}") from None
                 return await handler(request, body)
@@ -130,6 +133,12 @@ class SimEngine:
         if faults.error_rate > 0 and self.fault_rng.random() < faults.error_rate:
             status = self.fault_rng.choice(faults.error_codes)
             raise ApiError(status, f"injected fault: HTTP {status}", _STATUS_TYPES.get(status, "InternalServerError"))
+
+    def _maybe_poisoned(self, raw: bytes) -> None:
+        """A request carrying the poison marker fails on every engine: the request's fault, not the replica's."""
+        marker = self.config.faults.poison_marker
+        if marker and marker.encode() in raw:
+            raise ApiError(500, "injected fault: poisoned request (HTTP 500)", "InternalServerError")
 
     # -- generation --------------------------------------------------------------------------
     async def chat_completions(self, request: web.Request, body: Any) -> web.StreamResponse:

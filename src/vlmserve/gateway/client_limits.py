@@ -1,0 +1,216 @@
+"""Slow, idle, malformed and too many clients: what the gateway's listening socket tolerates.
+
+The rules kept (settings in `GatewayConfig`; defaults close to nginx's):
+- Headers in time: a client must complete its request headers within `header_timeout_s` of the
+  connection opening, or of the first byte of a later request on a kept-alive connection; if
+  not, it is sent `408 Request Timeout` and the connection is closed (nginx:
+  client_header_timeout). Over TLS the handshake gets the same time.
+- Idle connections: a kept-alive connection with no request for `keepalive_timeout_s` is
+  closed (aiohttp's own keep-alive timer; nginx: keepalive_timeout).
+- A cap on connections: with `max_connections` client connections open, one more is answered
+  `503` with `Retry-After: 1` and `Connection: close` without being read, then closed; the
+  listening socket keeps accepting, so a flood costs each extra connection an accept and one
+  write, and the connections already open are untouched. Connections still in their TLS
+  handshake are not counted (the handshake timeout bounds them).
+- Malformed HTTP (garbage, a bad request line, an invalid header) gets aiohttp's 400 and one
+  INFO log line, never a traceback.
+- File descriptors: `vlmserve gateway` raises its soft open-file limit to what the cap needs
+  (two per client connection: the client's and an upstream one), within the hard limit, and
+  warns in one line when it cannot.
+- Cost: nothing on the response (streaming) path; two attribute checks per chunk of request
+  bytes received.
+
+aiohttp's server has no header timeout and no connection cap, so the listening socket's
+protocol factory (`ClientGuard`) makes `GuardedRequestHandler`s (aiohttp's RequestHandler plus a
+header timer) or, over the cap, `_Refusal`s. The handler reads three of aiohttp's private
+attributes (`_waiter`: waiting for a request; `_messages`: parsed requests not yet handled;
+`_request_in_progress`); tests/gateway/test_client_limits.py pins the behaviour they give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import ssl
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+log = logging.getLogger("vlmserve.gateway")
+
+_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+_TOO_MANY_BODY = (b'{"error":{"message":"the gateway has too many open connections: retry shortly",'
+                  b'"type":"ServiceUnavailableError","code":"too_many_connections"}}')
+_TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
+             b"Content-Type: application/json\r\nContent-Length: " + str(len(_TOO_MANY_BODY)).encode()
+             + b"\r\n\r\n" + _TOO_MANY_BODY)
+REFUSAL_LINGER_S = 1.0  # a refused connection is read (and discarded) this long so the 503 is not reset away
+_LOGGED_ERROR_CHARS = 160
+
+
+@dataclass
+class ClientStats:
+    """Counts read by /metrics at scrape time.
+
+    A connection counts from its accept (not its connection_made, which asyncio runs later and,
+    over TLS, only after the handshake): under a burst of accepts the cap holds exactly. A
+    connection whose TLS handshake fails is never made nor lost; it leaves the set when its
+    handler is garbage."""
+
+    live: weakref.WeakSet = field(default_factory=weakref.WeakSet)
+    refused: int = 0
+    header_timeouts: int = 0
+
+    @property
+    def open(self) -> int:
+        return len(self.live)
+
+
+class GuardedRequestHandler(RequestHandler):
+    """aiohttp's connection handler plus a header timer and one-line logging of malformed requests."""
+
+    __slots__ = ("_stats", "_header_timeout_s", "_header_handle", "__weakref__")
+
+    def __init__(self, manager: web.Server, *, stats: ClientStats, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._stats = stats
+        self._header_timeout_s = header_timeout_s
+        self._header_handle: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._header_handle is not None:
+            self._header_handle.cancel()
+            self._header_handle = None
+        self._stats.live.discard(self)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_handle is None and self._waiter is not None:
+            self._arm_header_timer()  # first bytes of a new request on a kept-alive connection
+        super().data_received(data)
+        if self._header_handle is not None and self._messages:
+            self._header_handle.cancel()  # headers complete
+            self._header_handle = None
+
+    def _arm_header_timer(self) -> None:
+        self._header_handle = self._loop.call_later(self._header_timeout_s, self._on_header_timeout)
+
+    def _on_header_timeout(self) -> None:
+        self._header_handle = None
+        if self._messages or self._request_in_progress or self.transport is None:
+            return
+        self._stats.header_timeouts += 1
+        self.transport.write(_REQUEST_TIMEOUT)
+        self.force_close()  # the transport flushes the 408, then closes
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """A request aiohttp could not parse: one log line and a plain 400 (aiohttp's own logs a traceback)."""
+        if not isinstance(exc, HttpProcessingError) or status >= 500:
+            return super().handle_error(request, status, exc, message)
+        what = ascii(" ".join(str(exc.message or exc).split()))[1:-1][:_LOGGED_ERROR_CHARS]  # one line, printable
+        log.info("malformed HTTP request from %s answered %d: %s", request.remote, status, what)
+        if request.writer.output_size > 0:
+            raise ConnectionError("a response was already sent; the connection is closed instead")
+        response = web.Response(status=status, text=f"{status} {what}\n", content_type="text/plain")
+        response.force_close()
+        return response
+
+
+class _Refusal(asyncio.Protocol):
+    """A connection over the cap: 503, then closed once the client is done or after a short linger."""
+
+    def __init__(self) -> None:
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(_TOO_MANY)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # discarded: closing with unread bytes would reset the connection and lose the 503
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class ClientGuard:
+    """The listening socket's protocol factory: a guarded handler, or a refusal over the cap."""
+
+    def __init__(self, server: web.Server, stats: ClientStats, *, header_timeout_s: float, max_connections: int) -> None:
+        self.server = server
+        self.stats = stats
+        self.header_timeout_s = header_timeout_s
+        self.max_connections = max_connections
+        self._loop = asyncio.get_running_loop()
+        self._handler_kwargs = server._kwargs  # what the AppRunner was given (keepalive_timeout, access_log ...)
+
+    def __call__(self) -> asyncio.Protocol:
+        if self.max_connections and self.stats.open >= self.max_connections:
+            self.stats.refused += 1
+            return _Refusal()
+        handler = GuardedRequestHandler(self.server, loop=self._loop, stats=self.stats,
+                                        header_timeout_s=self.header_timeout_s, **self._handler_kwargs)
+        self.stats.live.add(handler)
+        return handler
+
+
+class GuardedSite(web.TCPSite):
+    """aiohttp's TCPSite, listening through a `ClientGuard` (and a TLS handshake timeout)."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, stats: ClientStats, *,
+                 header_timeout_s: float, max_connections: int, ssl_context: ssl.SSLContext | None = None,
+                 backlog: int = 128) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog)
+        self._stats = stats
+        self._header_timeout_s = header_timeout_s
+        self._max_connections = max_connections
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner (TCPSite.start would listen unguarded)
+        server = self._runner.server
+        assert server is not None
+        guard = ClientGuard(server, self._stats, header_timeout_s=self._header_timeout_s,
+                            max_connections=self._max_connections)
+        self._server = await asyncio.get_running_loop().create_server(
+            guard, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
+            ssl_handshake_timeout=self._header_timeout_s if self._ssl_context is not None else None,
+        )
+        if self._server.sockets:
+            self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
+def ensure_file_descriptors(max_connections: int) -> None:
+    """Raise the soft open-file limit to cover `max_connections` (two fds each, plus slack), or warn."""
+    if not max_connections:
+        return
+    want = 2 * max_connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning("open-file limit %d is below the %d that --max-connections %d needs: raise `ulimit -n` "
+                    "or lower --max-connections", soft, want, max_connections)
