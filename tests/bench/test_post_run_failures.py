@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.bench.conftest import SIM_MODEL
-from tests.helpers.sim import free_port, start_sim_engine
+from tests.helpers.sim import SimHandle, free_port, start_sim_engine
 
 WARNINGS_EXIT_CODE = 3
 """Documented in docs/benchmarks.md: results written, but a post-run step failed."""
 
 
-def _engine_finished(handle) -> float:
+def _engine_finished(handle: SimHandle) -> float:
     text = handle.metrics_text()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:request_success_total"))

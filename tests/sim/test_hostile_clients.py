@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers.sim import start_sim_engine
+from tests.helpers.sim import SimHandle, start_sim_engine
 
 MODEL = "sim-hostile"
 RSS_GROWTH_LIMIT_MB = 32.0
@@ -79,7 +79,7 @@ def _open_unread_stream(port: int, tokens: int) -> socket.socket:
     return sock
 
 
-def _finished_requests(handle) -> float:
+def _finished_requests(handle: SimHandle) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in handle.metrics_text().splitlines()
                if line.startswith("vllm:request_success_total"))
 
