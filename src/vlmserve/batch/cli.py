@@ -41,6 +41,10 @@ def batch(
     outcome = run_batch_job(options, console)
     pricing = Pricing(price_per_gpu_hour, gpus) if price_per_gpu_hour is not None else None
     print_summary(console, outcome, pricing)
+    if outcome.write_error:
+        raise UserError(f"{outcome.write_error}; every line in it is complete — free space (or pick a writable "
+                        f"folder) and rerun the same command to answer the {outcome.remaining:,} lines left",
+                        exit_code=1)
     if outcome.interrupted:
         raise UserError(f"interrupted: {outcome.remaining:,} lines not answered yet; rerun the same command "
                         "to resume", exit_code=130)

@@ -4,6 +4,11 @@ Guarantees, and how they are kept:
 - nothing lost: each result is one unbuffered `write` of a whole line, made only after the
   full response arrived; a killed run leaves at most a partial last line, which the next
   run cuts off (`scan.drop_partial_tail`) and sends again;
+- one writer: the output's lock (`lock.output_lock`) is held from the resume scan to the
+  last fsync, so two runs never interleave and each custom_id is answered exactly once;
+- a write that fails (disk full, read-only, I/O error) is cut back to the last complete
+  line at once, the job stops (requests in flight are abandoned, unwritten) and the
+  command ends with one line; the rerun resumes, sending only what has no line yet;
 - resumable: the next run skips every line whose result is already in the output;
 - flat memory: lines are read one at a time; only 8-byte hashes of done ids are kept;
 - clean stop: the first Ctrl-C (or SIGTERM) stops taking lines and lets requests in flight
@@ -25,6 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, body_usage_tokens, error_line, response_line
+from vlmserve.batch.lock import output_lock
 from vlmserve.batch.scan import InputScan, PriorResults, entry_key, iter_input, scan_input, scan_output
 from vlmserve.batch.send import NoAnswer, RetryPolicy, send_with_retries
 from vlmserve.errors import UserError
@@ -64,6 +70,8 @@ class BatchOutcome:
     elapsed_s: float = 0.0
     interrupted: bool = False
     stop_reason: str | None = None
+    write_error: str | None = None
+    """Why the output file refused a line (disk full, read-only); the job stopped there."""
 
     @property
     def failed(self) -> int:
@@ -109,6 +117,9 @@ class _Job:
         self.started = time.monotonic()
         self.last_fsync = self.started
         self.out_fd = -1
+        self.out_size = 0
+        """Bytes of complete lines in the output: where a failed write is cut back to."""
+        self.write_failed = False
         self.progress: Progress | None = None
         self.task_id = None
 
@@ -129,18 +140,47 @@ class _Job:
         self.outcome.interrupted = reason == "interrupted"
 
     # --- output ---
-    def _append(self, line: bytes) -> None:
-        view = memoryview(line)
-        while view:
-            written = os.write(self.out_fd, view)
-            view = view[written:]
+    def _append(self, line: bytes) -> bool:
+        """Append one whole line; False (and the job stops) if the file refused it."""
+        if self.write_failed:
+            return False
+        try:
+            view = memoryview(line)
+            while view:
+                written = os.write(self.out_fd, view)
+                view = view[written:]
+        except OSError as err:
+            self._write_failed(err)
+            return False
+        self.out_size += len(line)
         now = time.monotonic()
         if now - self.last_fsync >= FSYNC_EVERY_S:
-            os.fsync(self.out_fd)
             self.last_fsync = now
+            try:
+                os.fsync(self.out_fd)
+            except OSError as err:
+                self._write_failed(err)  # this line is whole; the job stops after it
+        return True
+
+    def _write_failed(self, err: OSError) -> None:
+        """Cut the output back to its last complete line, stop, and abandon what is in flight."""
+        self.write_failed = True
+        reason = err.strerror or type(err).__name__
+        self.outcome.write_error = f"cannot write {self.options.output_path}: {reason}"
+        try:
+            os.ftruncate(self.out_fd, self.out_size)
+        except OSError:
+            pass  # the next run cuts a partial last line anyway (scan.drop_partial_tail)
+        self.stop(self.outcome.write_error)
+        self.outcome.stop_reason = self.outcome.write_error
+        current = asyncio.current_task()
+        for task in list(self.in_flight):
+            if task is not current:
+                task.cancel()
 
     def _record(self, line: bytes, cause: str | None, prompt: int = 0, completion: int = 0) -> None:
-        self._append(line)
+        if not self._append(line):
+            return
         outcome = self.outcome
         outcome.answered_now += 1
         if cause is None:
@@ -209,7 +249,12 @@ class _Job:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.on_signal)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-        self.out_fd = os.open(self.options.output_path, flags, 0o644)
+        try:
+            self.out_fd = os.open(self.options.output_path, flags, 0o644)
+        except OSError as err:
+            raise UserError(f"--output: cannot open {self.options.output_path} for appending ({err.strerror}); "
+                            "pick a writable file") from None
+        self.out_size = os.fstat(self.out_fd).st_size
         try:
             with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("{task.fields[tok_s]} tok/s · {task.fields[failed]} failed"),
@@ -219,7 +264,11 @@ class _Job:
                 self.task_id = progress.add_task("batch", total=self.to_do, tok_s="0", failed=0)
                 return await self.run()
         finally:
-            os.fsync(self.out_fd)
+            try:
+                os.fsync(self.out_fd)
+            except OSError as err:
+                if not self.write_failed:
+                    self._write_failed(err)
             os.close(self.out_fd)
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
@@ -251,15 +300,16 @@ def check_paths(options: BatchOptions) -> None:
 def run_batch_job(options: BatchOptions, console: Console) -> BatchOutcome:
     """Check, scan, and run the job to completion or to a clean stop."""
     check_paths(options)
-    prior = scan_output(options.output_path)
-    scan = scan_input(options.input_path, prior.done)
-    if scan.already_done:
-        console.print(f"resuming: {scan.already_done} of {scan.entries} lines already answered in "
-                      f"{options.output_path}")
-    job = _Job(options, prior, scan, console)
-    if job.to_do == 0:
-        return job.outcome
-    if scan.requests > 0:
-        asyncio.run(_preflight(options))
-    return asyncio.run(job.run_with_signals())
+    with output_lock(options.output_path):
+        prior = scan_output(options.output_path)
+        scan = scan_input(options.input_path, prior.done)
+        if scan.already_done:
+            console.print(f"resuming: {scan.already_done} of {scan.entries} lines already answered in "
+                          f"{options.output_path}")
+        job = _Job(options, prior, scan, console)
+        if job.to_do == 0:
+            return job.outcome
+        if scan.requests > 0:
+            asyncio.run(_preflight(options))
+        return asyncio.run(job.run_with_signals())
 

@@ -148,9 +148,9 @@ def bench(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."),
 ) -> None:
     """Load-test an OpenAI-compatible endpoint and report latency, throughput and goodput."""
-    from vlmserve import store
     from vlmserve.bench import metrics
     from vlmserve.bench.console import print_summary
+    from vlmserve.bench.post_run import WARNINGS_EXIT_CODE, print_warnings, save_results
     from vlmserve.bench.runner import Target, run_load
 
     args = dict(locals())
@@ -176,17 +176,15 @@ def bench(
         run_load(load, target, slo=objectives, progress=progress, label=label, deployment=deployment, console=console,
                  client_limits=limits, stop_on_ctrl_c=True, server_metrics_interval_s=server_metrics_interval)
     )
-    if store_run:
-        store.save_run(result)
-    if json_out is not None:
-        result.write_json(json_out)
-    if records_out is not None:
-        store.write_records_parquet(result.records, records_out, meta=result.meta)
+    warnings = save_results(result, store_run=store_run, json_out=json_out, records_out=records_out)
     print_summary(_wide_console(), result.summary)
+    print_warnings(warnings)
     if result.meta.get("interrupted"):
         kept = len(result.records)
         console.print(f"interrupted by Ctrl-C: {kept} request record(s) kept and written; the figures cover only them")
         raise typer.Exit(130)
+    if warnings:
+        raise typer.Exit(WARNINGS_EXIT_CODE)
 
 
 runs_app = typer.Typer(help="The run history: every bench (and sweep) run, stored in DuckDB.", no_args_is_help=True)

@@ -16,7 +16,8 @@ class RunResult:
 
     `summary` carries `meta` (run_id, label, target, model, server_version, load spec,
     deployment spec, started_at, simulated), the figures from `metrics.summarize`,
-    `client` (send lag, CPU, `limited`) and `server` (scraped /metrics deltas).
+    `client` (send lag, CPU, `limited`), `server` (scraped /metrics deltas) and `warnings`
+    (post-run steps that failed: the figures are complete, something around them is not).
     """
 
     records: list[RequestRecord]
@@ -27,6 +28,11 @@ class RunResult:
     @property
     def meta(self) -> dict[str, Any]:
         return self.summary.setdefault("meta", {})
+
+    @property
+    def warnings(self) -> list[str]:
+        """Post-run steps that failed (see `bench.post_run`); empty when everything was written."""
+        return self.summary.setdefault("warnings", [])
 
     @property
     def run_id(self) -> str | None:

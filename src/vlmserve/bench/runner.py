@@ -26,6 +26,7 @@ from vlmserve.bench.clientcpu import ClientCpuMonitor
 from vlmserve.bench.console import LiveProgress
 from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
 from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
+from vlmserve.bench.post_run import PostRunWarnings
 from vlmserve.bench.result import RunResult
 from vlmserve.bench.scrape import ServerScraper
 from vlmserve.bench.target import Target, check_target
@@ -116,17 +117,18 @@ def _plans(
 
 
 def _tokenizer_check(records: list[RequestRecord], texts: dict[str, str], counter: TokenCounter, seed: int) -> None:
-    """Count answers with the tokenizer so usage can be checked against it (a sample if many)."""
+    """Count answers with the tokenizer so usage can be checked against it (a sample if many).
+
+    All or nothing: a failure part-way (the server gone) raises and leaves every record as it was.
+    """
     if not counter.exact or not texts:
         return
     candidates = [record for record in records if record.ok and record.request_id in texts]
     if len(candidates) > TOKENIZER_CHECK_MAX:
         candidates = random.Random(seed).sample(candidates, TOKENIZER_CHECK_MAX)
-    for record in candidates:
-        try:
-            record.tokenizer_output_tokens = counter.count_text(texts[record.request_id])
-        except UserError:
-            return
+    counts = [counter.count_text(texts[record.request_id]) for record in candidates]
+    for record, count in zip(candidates, counts):
+        record.tokenizer_output_tokens = count
 
 
 async def run_load(
@@ -191,10 +193,20 @@ async def run_load(
             await cpu.stop()
     finally:
         gc.unfreeze()
-    server = await scraper.stop()
+    # From here on the records are the run: a failing step is a warning, never a lost run.
+    warnings = PostRunWarnings()
+    server = await warnings.attempt_async("the last /metrics scrape", scraper.stop,
+                                          {"available": False, "metrics_url": scraper.url},
+                                          "the server's counters are missing")
+    if scraper.before is not None and scraper.after is None:
+        warnings.add(f"{scraper.url} did not answer after the load; the server's counters are missing")
 
     records = sorted(outcome.records, key=lambda record: record.sent_at_s)
-    await asyncio.to_thread(_tokenizer_check, records, outcome.texts, counter, load.seed)
+    await warnings.attempt_async(
+        "re-counting the answers with the tokenizer",
+        lambda: asyncio.to_thread(_tokenizer_check, records, outcome.texts, counter, load.seed),
+        None, "usage is not cross-checked against the tokenizer",
+    )
     summary = metrics.summarize(records, slo)
     client = dict(summary["client"])
     client["cpu"] = cpu.summary()
@@ -202,6 +214,7 @@ async def run_load(
     client["in_process"] = in_process
     summary["client"] = metrics.judge_client(client, client_limits, open_loop=load.concurrency is None)
     summary["server"] = server
+    summary["warnings"] = warnings.messages
     summary["meta"] = {
         "run_id": run_id,
         "label": label,
@@ -225,6 +238,7 @@ async def run_load(
 
 
 def _ordered(summary: dict[str, Any]) -> dict[str, Any]:
-    """meta first, then the figures, so the JSON reads top-down."""
-    return {"meta": summary["meta"], **{key: value for key, value in summary.items() if key != "meta"}}
+    """meta and warnings first, then the figures, so the JSON reads top-down."""
+    first = {"meta": summary["meta"], "warnings": summary.get("warnings", [])}
+    return {**first, **{key: value for key, value in summary.items() if key not in first}}
 

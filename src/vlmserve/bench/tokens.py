@@ -98,10 +98,18 @@ class ServerTokenCounter:
         self.source = f"server {self.url}"
 
     def _count(self, body: dict[str, Any]) -> int:
-        response = self.client.post(self.url, json={"model": self.model, **body})
+        """One /tokenize call; every failure is a one-line UserError (the server may be gone)."""
+        try:
+            response = self.client.post(self.url, json={"model": self.model, **body})
+        except httpx.HTTPError as err:
+            raise UserError(f"cannot reach {self.url} ({type(err).__name__}); is the server still running? "
+                            "or pass --tokenizer PATH") from None
         if response.status_code != 200:
             raise UserError(f"{self.url} answered HTTP {response.status_code}; pass --tokenizer PATH instead")
-        return int(response.json()["count"])
+        try:
+            return int(response.json()["count"])
+        except (ValueError, KeyError, TypeError):
+            raise UserError(f"{self.url} did not return a token count; pass --tokenizer PATH instead") from None
 
     def count_prompt(self, api: str, text: str, messages: Messages | None) -> int:
         if api == "chat" and messages is not None:
@@ -117,7 +125,7 @@ class ServerTokenCounter:
         counter = cls(base_url, model, headers)
         try:
             counter._count({"prompt": "hello"})
-        except (httpx.HTTPError, UserError, KeyError, ValueError):
+        except UserError:
             counter.client.close()
             return None
         return counter

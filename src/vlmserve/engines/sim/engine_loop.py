@@ -9,6 +9,10 @@ the cost model's, not Python's); if the loop falls far behind, it re-syncs to no
 For the constant-latency model the loop sleeps until the next token is due, and a
 new request may wake it early.
 
+Slow readers: a stream whose client is behind (`ActiveRequest.backlogged`) is not
+written to until its transport drains (see `outputs`); a timer every BACKLOG_RETRY_S
+writes what is pending, and finishes the request once all of it is out.
+
 Sleeping: asyncio timers fire up to ~1 ms late (millisecond poll timeouts), so in
 step mode the loop wakes 1 ms early and spins the rest, which keeps emission within
 a fraction of a millisecond of schedule.
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from vlmserve.async_tasks import cancel_and_wait
 from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import EngineCore
-from vlmserve.engines.sim.outputs import ActiveRequest
+from vlmserve.engines.sim.outputs import WRITE_BUFFER_HIGH_BYTES, ActiveRequest
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.sched.scheduler import SimRequest, StepResult
 
@@ -32,6 +36,8 @@ RESYNC_AFTER_S = 0.050
 SPIN_S = 0.001
 TIMING_GROUP = 8
 """Chunks written between two clock reads when recording emission timing."""
+BACKLOG_RETRY_S = 0.02
+"""How often a slow reader's pending tokens are offered to its transport again."""
 
 
 class EngineLoop:
@@ -175,7 +181,8 @@ class EngineLoop:
             if request is None or not request.plain or count != 1 or request.transport is None:
                 continue
             index = request.emitted
-            if request.written == index and 0 < index < request.plan.num_tokens - 1:
+            if (request.written == index and 0 < index < request.plan.num_tokens - 1
+                    and request.transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES):
                 ready.append((request.transport, request.plain_frame(index)))
                 request.written = index + 1
         return ready
@@ -242,6 +249,10 @@ class EngineLoop:
             if not self._deliver(request):
                 lost.append(request_id)
                 continue
+            if request.backlogged and request._flush_handle is None and request.stall_after is None:
+                request._flush_handle = asyncio.get_running_loop().call_later(
+                    BACKLOG_RETRY_S, self._flush_backlog, request
+                )
             timer.tick()
         timer.flush()
         if itl_values:
@@ -258,7 +269,7 @@ class EngineLoop:
             metrics.request_prompt_tokens.observe(len(request.parsed.prompt_token_ids))
             if request.written >= request.plan.num_tokens:
                 request.resolve("finished")
-            # else: a stalled stream; its flush timer resolves it (or the client gives up).
+            # else: a stalled or slow-read stream; its flush timer resolves it (or the client gives up).
         for request_id in lost:
             self.abort(request_id)
 
@@ -290,12 +301,21 @@ class EngineLoop:
 
     def _flush_stalled(self, request: ActiveRequest) -> None:
         """End of an injected stall: send what piled up, finish if the engine already did."""
-        request._flush_handle = None
         request.stall_after = None
+        self._flush_backlog(request)
+
+    def _flush_backlog(self, request: ActiveRequest) -> None:
+        """Offer pending tokens to the transport again; finish, retry later, or give up on a gone client."""
+        request._flush_handle = None
         if not request.write_tokens_upto(request.emitted):
             self.abort(request.request_id)
+            request.resolve("aborted")  # already finished by the engine: abort() no longer holds it
             return
-        if request.finish_reason is not None and request.written >= request.plan.num_tokens:
+        if request.backlogged:
+            request._flush_handle = asyncio.get_running_loop().call_later(
+                BACKLOG_RETRY_S, self._flush_backlog, request
+            )
+        elif request.finish_reason is not None and request.written >= request.plan.num_tokens:
             request.resolve("finished")
 
 

@@ -5,6 +5,13 @@ request pre-encodes the bytes around a token's text once, the text of every
 possible token is JSON-encoded once at import, and the engine loop writes a
 ready HTTP/1.1 chunk to the transport synchronously: no coroutine, queue or
 task per token. The handler coroutine only wakes when the request is done.
+
+Backpressure: a client that reads slowly must not make the engine hold its stream in
+memory. A stream is written to only while its transport holds at most
+WRITE_BUFFER_HIGH_BYTES unsent; past that, its tokens wait as a count (`written` lags
+`emitted`), not as bytes, and are rendered when the client has read enough, in batches
+of at most WRITE_BATCH_MAX_BYTES. So one slow stream costs about the high-water mark plus
+a batch plus the kernel's socket buffer, however long it is.
 """
 
 from __future__ import annotations
@@ -37,6 +44,11 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+WRITE_BUFFER_HIGH_BYTES = 256 * 1024
+"""Unsent bytes a stream's transport may hold before the engine stops writing to it."""
+WRITE_BATCH_MAX_BYTES = 256 * 1024
+"""Most bytes rendered for one stream in one catch-up write."""
 
 
 class ActiveRequest:
@@ -138,21 +150,37 @@ class ActiveRequest:
         return data + self._token_event(piece_json(piece), index)
 
     def write_tokens_upto(self, count: int) -> bool:
-        """Write chunks for tokens [written, count); False if the client is gone."""
+        """Write chunks for tokens [written, count) as far as backpressure allows; False if the client is gone.
+
+        `written < count` afterwards means the client is behind (see `backlogged`).
+        """
         transport = self.transport
         if transport is None:
             self.written = count
             return True
         if transport.is_closing():
             return False
-        if self.written >= count:
-            return True
-        parts = [self._chunk_for(index) for index in range(self.written, count)]
-        data = b"".join(parts)
-        self.written = count
-        if data:
-            transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        # each batch goes straight to the kernel while it takes it; the transport's own buffer
+        # only grows (to the high-water mark, then no more) once the client stops reading
+        while self.written < count and transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES:
+            parts: list[bytes] = []
+            size = 0
+            index = self.written
+            while index < count and size < WRITE_BATCH_MAX_BYTES:
+                part = self._chunk_for(index)
+                parts.append(part)
+                size += len(part)
+                index += 1
+            self.written = index
+            if size:
+                data = b"".join(parts)
+                transport.write(b"%x\r\n%s\r\n" % (len(data), data))
         return True
+
+    @property
+    def backlogged(self) -> bool:
+        """Tokens produced but not yet written because the client reads slowly."""
+        return self.transport is not None and self.written < self.emitted
 
     def _role_event(self) -> bytes:
         return sse_event(self._chunk_payload({"role": "assistant", "content": ""}, None))

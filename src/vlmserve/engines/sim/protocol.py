@@ -9,6 +9,10 @@ engine as from a real vLLM (checked against vLLM 0.32's entrypoints):
 - prompt + max_tokens above max_model_len → max_tokens is clamped (as vLLM 0.32 does), or,
   with `--reject-over-context`, 400 in the wording of earlier vLLM releases ("... you requested
   N tokens (P in the messages, M in the completion) ...").
+
+The body itself must be valid Unicode: strict UTF-8 bytes, and no lone UTF-16 surrogate
+from a `\ud800`-style escape (Python's json accepts both, and the first `str.encode()`
+downstream would fail as a 500). Either is a 400 like any other bad body.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import base64
 import binascii
 import hashlib
 import io
+import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +49,46 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, "BadRequestError", param)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""An escape that may encode half of a surrogate pair: only bodies with one are walked."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def decode_json_body(raw: bytes) -> Any:
+    """The request body as JSON; a 400 ApiError for bytes that are not valid UTF-8 JSON text."""
+    try:
+        text = raw.decode("utf-8")  # strict: invalid bytes and encoded surrogates are refused
+    except UnicodeDecodeError as err:
+        raise bad_request(f"the request body is not valid UTF-8 (byte {err.start}); send UTF-8 encoded JSON") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise bad_request(f"the request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
+    if _SURROGATE_ESCAPE.search(text) and _holds_lone_surrogate(body):
+        raise bad_request(
+            "the request body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape); send valid Unicode text"
+        )
+    return body
+
+
+def _holds_lone_surrogate(value: Any) -> bool:
+    """True if any string (key or value) in the decoded JSON holds an unpaired surrogate."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 @dataclass

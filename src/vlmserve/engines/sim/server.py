@@ -12,12 +12,12 @@ asyncio program with `start_server`, or in a background thread with `SimEngineTh
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -29,7 +29,7 @@ from vlmserve.engines.sim.generation import plan_output
 from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
 from vlmserve.engines.sim.outputs import ActiveRequest
-from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request, parse_generation_request
+from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request, decode_json_body, parse_generation_request
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.errors import UserError
 
@@ -99,7 +99,11 @@ class SimEngine:
     def _api(
         self, handler: Callable[[web.Request, Any], Awaitable[web.StreamResponse]], count: bool = True
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        """Wrap an API handler: readiness, injected faults, JSON parsing, OpenAI-format errors."""
+        """Wrap an API handler: readiness, injected faults, JSON parsing, OpenAI-format errors.
+
+        Every answer is JSON: a bug surfacing as an exception is a 500 in OpenAI format
+        (its traceback goes to stderr), never aiohttp's plain-text page.
+        """
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
             try:
@@ -111,13 +115,15 @@ class SimEngine:
                 raw = await request.read()
                 if count:
                     self._maybe_poisoned(raw)
-                try:
-                    body = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                    raise bad_request(f"the request body is not valid JSON: {err}") from None
+                body = decode_json_body(raw)
                 return await handler(request, body)
             except ApiError as err:
                 return error_response(err)
+            except web.HTTPException:
+                raise  # aiohttp's own answers (413 for an oversized body)
+            except Exception:  # noqa: BLE001 - a bug; the client still gets OpenAI-format JSON
+                traceback.print_exc(file=sys.stderr)
+                return error_response(ApiError(500, "internal error in the sim engine; see its log", "InternalServerError"))
 
         return wrapped
 
