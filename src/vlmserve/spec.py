@@ -212,7 +212,10 @@ class LoadSpec(BaseModel):
         if self.shared_prefix_len and self.dataset != "random":
             raise ValueError("shared_prefix_len applies to the random dataset (it writes its own prompts)")
         if self.shared_prefix_len >= self.input_len:
-            raise ValueError(f"shared_prefix_len {self.shared_prefix_len} must be below input_len {self.input_len}")
+            raise ValueError(
+                f"shared_prefix_len {self.shared_prefix_len} must be below input_len {self.input_len} "
+                "(the prefix is part of the prompt); shorten the prefix"
+            )
         return self
 
 

@@ -105,7 +105,9 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         message = describe_validation_error(err, "bench")
         for name, flag in FLAG_NAMES.items():
             message = message.replace(f"field '{name}'", flag)
-        raise UserError(message) from None
+            if "_" in name:  # a rule across fields names them in its text
+                message = message.replace(name, flag)
+        raise UserError(message.replace("field '(top level)': ", "")) from None
 
 
 def bench(
