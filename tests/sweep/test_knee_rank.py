@@ -52,3 +52,24 @@ def test_no_cell_meeting_slo_is_said() -> None:
     best, note = best_operating_point(results.cells, results.slo)
     assert best is None and note == "no cell met every SLO"
     assert rank_deployments(results)[0].note == "no cell met every SLO"
+
+
+def test_best_point_is_chosen_within_one_workload_shape() -> None:
+    # the long-prompt cells are the sweep's main shape; a lone short-prompt cell serves far
+    # more requests/s but is other work: it must not become the best operating point
+    results = sweep_results([1, 2, 4], {"fast": 1.0})
+    for cell in results.cells:
+        cell.load = {**cell.load, "input_len": 2048}
+    short = sweep_results([32], {"fast": 1.0}).cells[0]
+    short.cell = "short-c32"
+    results.cells.append(short)
+    best, note = best_operating_point(results.cells, results.slo)
+    assert best is not None and best.cell != "short-c32" and best.load["input_len"] == 2048
+    choice = rank_deployments(results)[0]
+    assert choice.best_cell == best.cell and choice.workload == "random 2048→32"
+
+
+def test_slo_misses_read_as_words() -> None:
+    results = sweep_results([32], {"slow": 2.0}, slo=SLO.parse("ttft_p95=10ms"))
+    miss = slo_misses(results.cells[0], results.slo)[0]
+    assert miss.startswith("ttft_p95 ") and miss.endswith(" ms > 10 ms: missed")

@@ -87,3 +87,19 @@ def test_cli_malformed_spec_is_one_line(tmp_path: Path, vlmserve_cmd: list[str])
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: ") and "deployments.0.spec.replicas" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_each_cell_draws_its_own_prompts_unless_it_sets_a_seed() -> None:
+    # one engine serves every cell in turn: a shared seed would hand a later cell the prompts an
+    # earlier one left in the prefix cache
+    from vlmserve.sweep.runner import _cell_seed
+    from vlmserve.sweep.spec import parse_sweep_spec
+
+    spec = parse_sweep_spec({
+        "name": "s", "deployments": [{"name": "d", "endpoint": "http://127.0.0.1:9", "model": "m"}],
+        "cells": [{"name": "a", "concurrency": 1, "num_requests": 1},
+                  {"name": "b", "concurrency": 4, "num_requests": 1},
+                  {"name": "c", "concurrency": 4, "num_requests": 1, "seed": 7}],
+    }, "test")
+    seeds = [_cell_seed(spec, cell) for cell in spec.cells]
+    assert seeds[0] != seeds[1] and 0 not in seeds[:2] and seeds[2] == 7

@@ -82,6 +82,25 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _known(value: Any, digits: int = 1) -> str:
+    """Like `_fmt`, but a missing value reads 'unknown' (in prose, '-' would read as a dash)."""
+    return "unknown" if value is None else _fmt(value, digits)
+
+
+def _pct(value: float | None) -> str:
+    """A fraction as a percentage, or 'unknown': a missing figure must never read as 0 %."""
+    return "unknown" if value is None else f"{value * 100:,.1f}%"
+
+
+def slo_verdict(key: str, check: dict[str, Any]) -> str:
+    """'ttft_p95 47.7 ms > 40 ms: missed' (or '≤ …: met'); the unit and the verdict in words."""
+    measured = check.get("measured_ms")
+    if measured is None:
+        return f"{key} not measured (bound {check['bound_ms']:g} ms): missed"
+    relation = "≤" if check["met"] else ">"
+    return f"{key} {measured:,.1f} ms {relation} {check['bound_ms']:g} ms: {'met' if check['met'] else 'missed'}"
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     """Latency distributions as rows, the percentiles as columns."""
     table = Table(title="latency (ms)", show_edge=False)
@@ -105,6 +124,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     console.print(
         f"[bold]run {meta.get('run_id') or '(not stored)'}[/] {meta.get('label') or ''} → {meta.get('target')} "
         f"model {meta.get('model')} ({meta.get('server_version') or 'unknown version'})"
+        + (" [bold yellow]SIMULATED (sim engine or planner, not measured on hardware)[/]" if meta.get("simulated") else "")
     )
     failed = requests["failed"]
     causes = ", ".join(f"{n} {cause}" for cause, n in requests.get("failed_by_cause", {}).items())
@@ -132,10 +152,7 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         )
     good = summary.get("goodput")
     if good:
-        checks = ", ".join(
-            f"{key} {_fmt(check['measured_ms'])}≤{check['bound_ms']:g} {'ok' if check['met'] else 'MISSED'}"
-            for key, check in good["checks"].items()
-        )
+        checks = ", ".join(slo_verdict(key, check) for key, check in good["checks"].items())
         console.print(
             f"goodput: {good['requests_per_s']:.2f} req/s, {good['fraction'] * 100:.1f}% of requests met every SLO ({checks})"
         )
@@ -151,12 +168,19 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         console.print(f"[bold red]CLIENT-LIMITED: {'; '.join(client.get('limited_reasons', []))} — these figures measure the client, not the server[/]")
     server = summary.get("server", {})
     if server.get("available"):
-        hit = server.get("prefix_cache_hit_rate")
+        cache = summary.get("prefix_cache") or {}
+        expected = cache.get("expected_hit_rate")
+        intended = f" (intended {_pct(expected)} for {cache['workload']})" if cache.get("workload") else ""
         console.print(
-            f"server: prefix-cache hit rate {_fmt(hit * 100 if hit is not None else None)}%, preemptions {_fmt(server.get('preemptions'), 0)}, "
-            f"peak running {_fmt(server.get('peak_running'), 0)}, peak waiting {_fmt(server.get('peak_waiting'), 0)}, "
-            f"peak KV usage {_fmt((server.get('peak_kv_cache_usage') or 0) * 100)}%"
+            f"server: prefix-cache hit rate {_pct(server.get('prefix_cache_hit_rate'))}{intended}, "
+            f"preemptions {_known(server.get('preemptions'), 0)}, "
+            f"peak running {_known(server.get('peak_running'), 0)}, peak waiting {_known(server.get('peak_waiting'), 0)}, "
+            f"peak KV usage {_pct(server.get('peak_kv_cache_usage'))}"
         )
+    else:
+        console.print("server: no /metrics at the target; prefix-cache hit rate, KV usage and preemptions unknown")
+    for warning in summary.get("warnings") or []:
+        console.print(f"[bold yellow]warning: {warning}[/]")
     per_turn = summary.get("per_turn")
     if per_turn:
         table = Table(title="per turn", show_edge=False)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool, Endpoint
 from vlmserve.bench.interrupt import GRACE_S, Interrupt
-from vlmserve.bench.workloads import Conversation
+from vlmserve.bench.workloads import Conversation, fresh_variant
 from vlmserve.records import RequestRecord
 
 RecordSink = Callable[[RequestRecord, str | None], None]
@@ -76,6 +76,8 @@ class WorkItem:
     offset_s: float | None = None
     """Open loop: send offset of the first turn. None in a closed loop."""
     warmup: bool = False
+    variant: int = 0
+    """How many times the prepared conversation was sent before in this run (0: first use)."""
 
 
 @dataclass
@@ -100,6 +102,9 @@ class WorkerPlan:
     clock_offset: float = 0.0
     grace_s: float = GRACE_S
     """After a first Ctrl-C, how long requests in flight may take to finish."""
+    fresh_seed: int | None = None
+    """A conversation sent again (variant > 0) is reshuffled from this seed so the prefix cache
+    has not seen it; None: repeats are sent as they are (an explicit prompt pool)."""
 
 
 def build_item_bodies(conversation: Conversation, options: RequestOptions, multi_turn: str) -> list[bytes | None]:
@@ -151,10 +156,13 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
 
         async def send_conversation(item: WorkItem, scheduled_perf: float, slots: _Slots | None) -> float:
             """Send every turn of a conversation; returns when the last one ended (perf time)."""
+            conversation, bodies = item.conversation, item.bodies
+            if item.variant and plan.fresh_seed is not None:  # a repeat: send an unseen variant
+                conversation, bodies = fresh_variant(conversation, plan.fresh_seed, item.variant), []
             history: list[dict[str, Any]] = (
-                [{"role": "system", "content": item.conversation.system}] if item.conversation.system else []
+                [{"role": "system", "content": conversation.system}] if conversation.system else []
             )
-            for turn_index, turn in enumerate(item.conversation.turns):
+            for turn_index, turn in enumerate(conversation.turns):
                 warmup = item.warmup
                 if stopping.is_set():
                     return scheduled_perf
@@ -162,7 +170,7 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                     allowed, warmup = slots.claim()
                     if not allowed or (deadline is not None and time.perf_counter() >= deadline):
                         return scheduled_perf
-                body = item.bodies[turn_index] if turn_index < len(item.bodies) else None
+                body = bodies[turn_index] if turn_index < len(bodies) else None
                 if body is None:
                     body = encode_body(_body_for(plan.options, history, turn.content, turn.text, turn.max_tokens))
                 record = RequestRecord(
@@ -172,9 +180,9 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                     requested_prompt_tokens=turn.requested_prompt_tokens if turn_index == 0 else None,
                     requested_output_tokens=turn.requested_output_tokens,
                     image_count=turn.image_count,
-                    workload=item.conversation.workload,
+                    workload=conversation.workload,
                     turn_index=turn_index,
-                    conversation_id=item.conversation.conversation_id,
+                    conversation_id=conversation.conversation_id,
                     warmup=warmup,
                     worker=plan.index,
                 )
@@ -257,12 +265,21 @@ async def _open_loop(
         await asyncio.gather(*in_flight)
 
 
+def repeat_items(items: list[WorkItem]) -> Iterator[WorkItem]:
+    """The items over and over, each pass marked as a later variant (so repeats can be sent fresh)."""
+    if not items:
+        return
+    for variant in itertools.count():
+        for item in items:
+            yield item if variant == 0 else WorkItem(item.conversation, item.bodies, item.offset_s, item.warmup, variant)
+
+
 async def _closed_loop(
     plan: WorkerPlan, send: Callable, start_perf: float, deadline: float | None, stopping: asyncio.Event
 ) -> None:
     slots = _Slots(plan.max_requests, plan.warmup_requests)
     # Users share one endless stream of conversations; the slots or the deadline stop it.
-    source: Iterator[WorkItem] = itertools.cycle(plan.items) if plan.items else iter(())
+    source: Iterator[WorkItem] = repeat_items(plan.items)
 
     async def user() -> None:
         scheduled = start_perf

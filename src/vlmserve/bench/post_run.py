@@ -62,13 +62,20 @@ class PostRunWarnings:
 
 
 def save_results(result: RunResult, *, store_run: bool, json_out: Path | None, records_out: Path | None) -> list[str]:
-    """History, Parquet, then JSON (last, so it carries every warning); returns the warnings.
+    """History, Parquet, then JSON (last, so it carries every warning); returns the failures.
 
-    Each write is attempted even when an earlier one failed.
+    Each write is attempted even when an earlier one failed. The failures join the summary's
+    `warnings` (beside workload warnings such as a prefix-cache mismatch), and
+    `meta.post_run_failed` says a post-run step failed: what the exit code follows.
     """
     from vlmserve import store
 
     warnings = PostRunWarnings(result.warnings)
+    already = len(warnings.messages)
+
+    def note_failure() -> None:
+        if len(warnings.messages) > already:
+            result.meta["post_run_failed"] = True
     if store_run:
         warnings.attempt(f"saving the run in the history ({store.database_path()})", lambda: store.save_run(result),
                          None, "it is missing from `vlmserve runs`")
@@ -76,10 +83,12 @@ def save_results(result: RunResult, *, store_run: bool, json_out: Path | None, r
         warnings.attempt(f"writing {records_out}",
                          lambda: store.write_records_parquet(result.records, records_out, meta=result.meta),
                          None, "the records are not in that file")
+    note_failure()
     if json_out is not None:
         warnings.attempt(f"writing {json_out}", lambda: result.write_json(json_out), None,
                          "the summary is not in that file")
-    return warnings.messages
+    note_failure()
+    return warnings.messages[already:]
 
 
 def print_warnings(messages: list[str]) -> None:

@@ -25,6 +25,7 @@ from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.clientcpu import ClientCpuMonitor
 from vlmserve.bench.console import LiveProgress
 from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
+from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
 from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
 from vlmserve.bench.post_run import PostRunWarnings
 from vlmserve.bench.result import RunResult
@@ -39,19 +40,24 @@ from vlmserve.spec import SLO, LoadSpec
 __all__ = ["Target", "run_load", "RunResult"]
 
 DURATION_POOL_MAX = 2000
-"""Distinct conversations prepared for a duration-bounded run; they are reused in a cycle."""
+"""Conversations prepared for a duration-bounded run. Sent again, each is reshuffled into an
+unseen variant at send time (`fresh_variant`), unless the load asks for a prompt pool."""
 
 TOKENIZER_CHECK_MAX = 1000
 """Answers re-counted with the tokenizer (a sample when there are more)."""
 
 
 def _conversations_needed(load: LoadSpec) -> int:
+    """Conversations to prepare: every request's, a duration run's base set, or the prompt pool."""
     if load.num_requests is not None:
-        return load.num_requests + load.warmup
-    assert load.duration_s is not None
-    if load.rate is not None:
-        return min(DURATION_POOL_MAX, int(load.rate * load.duration_s * 1.1) + load.warmup + 1)
-    return min(DURATION_POOL_MAX, max((load.concurrency or 1) * 8, 64) + load.warmup)
+        needed = load.num_requests + load.warmup
+    else:
+        assert load.duration_s is not None
+        if load.rate is not None:
+            needed = min(DURATION_POOL_MAX, int(load.rate * load.duration_s * 1.1) + load.warmup + 1)
+        else:
+            needed = min(DURATION_POOL_MAX, max((load.concurrency or 1) * 8, 64) + load.warmup)
+    return min(needed, load.prompt_pool_size) if load.prompt_pool_size else needed
 
 
 def _trim_to_requests(conversations: list[Conversation], requests: int) -> list[Conversation]:
@@ -85,9 +91,13 @@ def _plans(
         else:
             assert load.rate is not None
             total = len(items) if load.num_requests is not None else None
+            if load.num_requests is not None and load.prompt_pool_size:
+                total = load.num_requests + load.warmup  # a pool: conversations are sent more than once
             offsets = arrival_offsets(load.arrival, load.rate, load.burstiness, rng, count=total, duration_s=load.duration_s)
-        if load.num_requests is None:  # duration: reuse the prepared pool in a cycle
-            items = [WorkItem(items[i % len(items)].conversation, items[i % len(items)].bodies) for i in range(len(offsets))]
+        if len(offsets) > len(items):  # send the prepared ones again: as fresh variants, or as is from a pool
+            base = items
+            items = [WorkItem(base[i % len(base)].conversation, base[i % len(base)].bodies, variant=i // len(base))
+                     for i in range(len(offsets))]
         turns_seen = 0
         for item, offset in zip(items, offsets):
             item.offset_s = offset
@@ -98,10 +108,13 @@ def _plans(
     clock_offset = time.time() - time.perf_counter()
     for index in range(workers):
         share = items[index::workers]
+        if closed and not share and items:  # a prompt pool smaller than the workers: users still need prompts
+            share = [items[index % len(items)]]
         plan = WorkerPlan(
             index=index, url=url, headers=target.headers, options=options, items=share,
             duration_s=load.duration_s if load.num_requests is None else None,
             multi_turn=load.multi_turn, timeout_s=load.request_timeout_s, keep_text=keep_text, clock_offset=clock_offset,
+            fresh_seed=None if load.prompt_pool_size else load.seed,
         )
         if closed:
             assert load.concurrency is not None
@@ -202,6 +215,8 @@ async def run_load(
         warnings.add(f"{scraper.url} did not answer after the load; the server's counters are missing")
 
     records = sorted(outcome.records, key=lambda record: record.sent_at_s)
+    for record in records:
+        record.simulated = facts.simulated
     await warnings.attempt_async(
         "re-counting the answers with the tokenizer",
         lambda: asyncio.to_thread(_tokenizer_check, records, outcome.texts, counter, load.seed),
@@ -214,7 +229,8 @@ async def run_load(
     client["in_process"] = in_process
     summary["client"] = metrics.judge_client(client, client_limits, open_loop=load.concurrency is None)
     summary["server"] = server
-    summary["warnings"] = warnings.messages
+    summary["prefix_cache"] = prefix_cache_block(load, server, len(records))
+    summary["warnings"] = warnings.messages + prefix_cache_warnings(summary["prefix_cache"])
     summary["meta"] = {
         "run_id": run_id,
         "label": label,
@@ -224,7 +240,8 @@ async def run_load(
         "load_spec": load.model_dump(mode="json"),
         "deployment": deployment,
         "started_at": started_at.isoformat(),
-        "simulated": False,
+        "simulated": facts.simulated,
+        "post_run_failed": bool(warnings.messages),
         "token_counter": counter.source,
         "prompt_lengths_exact": counter.exact,
         "per_chunk_usage": facts.per_chunk_usage,

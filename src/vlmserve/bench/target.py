@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from vlmserve.bench.client import RequestOptions, build_body
+from vlmserve.engines.sim import SIM_ENGINE_NAME
 from vlmserve.errors import UserError
 
 
@@ -49,6 +50,8 @@ class ServerFacts:
     server_version: str | None
     per_chunk_usage: bool
     notes: list[str] = field(default_factory=list)
+    simulated: bool = False
+    """The server said it is vlmserve's sim engine: its figures are simulated, not measured."""
 
 
 def _get(client: httpx.Client, url: str) -> httpx.Response:
@@ -78,21 +81,22 @@ def check_target(target: Target, options: RequestOptions, timeout_s: float = 10.
         if target.model not in models:
             served = ", ".join(models[:8]) or "none"
             raise UserError(f"model '{target.model}' is not served at {target.base_url} (it serves: {served}); fix --model")
-        version = _server_version(client, target, response)
+        version, engine = _server_version(client, target, response)
         per_chunk = _probe(client, target, options)
-    return ServerFacts(models=models, server_version=version, per_chunk_usage=per_chunk)
+    return ServerFacts(models=models, server_version=version, per_chunk_usage=per_chunk, simulated=engine == SIM_ENGINE_NAME)
 
 
-def _server_version(client: httpx.Client, target: Target, models_response: httpx.Response) -> str | None:
+def _server_version(client: httpx.Client, target: Target, models_response: httpx.Response) -> tuple[str | None, str | None]:
+    """(version, engine) from /version; the engine name is how a sim engine identifies itself."""
     try:
         response = client.get(f"{target.base_url}/version")
         if response.status_code == 200:
             data = response.json()
             if isinstance(data, dict) and data.get("version"):
-                return str(data["version"])
+                return str(data["version"]), (str(data["engine"]) if data.get("engine") else None)
     except (httpx.HTTPError, ValueError):
         pass
-    return models_response.headers.get("server")
+    return models_response.headers.get("server"), None
 
 
 def _probe(client: httpx.Client, target: Target, options: RequestOptions) -> bool:

@@ -30,7 +30,7 @@ def print_report(results: SweepResults, console: Console, *, cells: bool = False
     choices = rank_deployments(results)
     done, total = results.counts()
     console.print(f"[bold]{results.name}[/]: " + results.outcome_line(), style="green" if done == total else "yellow")
-    for note in results.notes:
+    for note in results.all_notes():
         console.print(f"[yellow]⚠ {note}[/]")
     if results.simulated():
         console.print(f"[dim]{SIMULATED_NOTE}[/]")

@@ -125,7 +125,7 @@ def render_html(results: SweepResults) -> str:
 <p class="sub">{html.escape(results.description or '')} source {html.escape(results.source)} · generated {generated}
  · vlmserve {__version__}</p>
 <p class="{outcome_class}">{html.escape(results.outcome_line())}</p>
-{''.join(f'<p class="note"><b>{html.escape(note)}</b></p>' for note in results.notes)}
+{''.join(f'<p class="note"><b>{html.escape(note)}</b></p>' for note in results.all_notes())}
 {_simulated_note(results)}
 <p>SLOs: {html.escape(slo_text)}</p>
 {_table_html(headline_table(results, choices))}

@@ -27,7 +27,7 @@ def table_markdown(table: Table) -> str:
 def render_markdown(results: SweepResults) -> str:
     choices = rank_deployments(results)
     parts = [f"## vlmserve report: {results.name}", "", f"**{results.outcome_line()}**", ""]
-    parts += [f"> ⚠ {note}\n" for note in results.notes]
+    parts += [f"> ⚠ {note}\n" for note in results.all_notes()]
     if results.simulated():
         parts += [f"_{SIMULATED_NOTE}_", ""]
     if results.slo.bounds_s:

@@ -43,15 +43,8 @@ def fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
 
 
 def workload_label(cell: CellOutcome) -> str:
-    """A short description of what a cell sends: 'random 512→64', 'sharegpt', 'images 1×64×64'."""
-    load = cell.load
-    dataset = str(load.get("dataset", "random"))
-    if dataset == "random":
-        return f"random {load.get('input_len')}→{load.get('output_len')}"
-    if dataset == "images":
-        size = load.get("image_size") or ["?", "?"]
-        return f"images {load.get('images_per_request', 1)}×{size[0]}×{size[1]}"
-    return dataset
+    """A short description of what a cell sends (one definition: `CellOutcome.workload_text`)."""
+    return cell.workload_text
 
 
 def level_label(cell: CellOutcome) -> str:
@@ -102,7 +95,10 @@ def headline_table(results: SweepResults, choices: list[DeploymentChoice] | None
             row.append(fmt(choice.usd_per_million_output_tokens, 2))
         rows.append(row)
         flags.append("best" if index == 1 and choice.best_cell else ("failed" if not choice.best_cell else ""))
-    return Table("Headline: best operating point per deployment", columns, rows, flags)
+    shapes = {cell.workload_shape for cell in results.cells}
+    workload = choices[0].workload if choices and len(shapes) > 1 else ""
+    title = "Headline: best operating point per deployment" + (f" (workload {workload}, the sweep's main shape)" if workload else "")
+    return Table(title, columns, rows, flags)
 
 
 def cell_table(results: SweepResults) -> Table:

@@ -1,7 +1,9 @@
 """Choosing: the best operating point of each deployment, and deployments ranked against each other.
 
 The best operating point is the cell with the highest goodput among those meeting every
-SLO at the percentile the SLO names. Deployments are then ranked by goodput per device
+SLO at the percentile the SLO names, within one workload shape (the sweep's headline shape:
+the one with most cells): short prompts always out-serve long ones, so comparing across
+shapes would crown the cheapest workload, not the best load level. Deployments are then ranked by goodput per device
 and, where a $/GPU-hour is known, by cost per million output tokens at that point.
 """
 
@@ -24,16 +26,28 @@ def slo_misses(cell: CellOutcome, slo: SLO) -> list[str]:
         if check is not None:  # bench already judged this objective; read its verdict
             if not check.get("met"):
                 measured = check.get("measured_ms")
-                misses.append(f"{key} {measured:.0f}ms > {bound_s * 1000.0:.0f}ms" if measured is not None
-                              else f"{key} not measured")
+                misses.append(_missed(key, measured, bound_s))
             continue
         metric, stat = key.split("_", 1)
         value_ms = cell.metric(f"{_SLO_FIELD[metric]}.{stat}")
-        if value_ms is None:
-            misses.append(f"{key} not measured")
-        elif value_ms > bound_s * 1000.0:
-            misses.append(f"{key} {value_ms:.0f}ms > {bound_s * 1000.0:.0f}ms")
+        if value_ms is None or value_ms > bound_s * 1000.0:
+            misses.append(_missed(key, value_ms, bound_s))
     return misses
+
+
+def _missed(key: str, measured_ms: float | None, bound_s: float) -> str:
+    """'ttft_p95 812.0 ms > 500 ms: missed' (the bench console's wording)."""
+    if measured_ms is None:
+        return f"{key} not measured: missed"
+    return f"{key} {measured_ms:,.1f} ms > {bound_s * 1000.0:g} ms: missed"
+
+
+def headline_shape(cells: list[CellOutcome]) -> str | None:
+    """The workload shape the best points are chosen in: the one with most cells (first seen on a tie)."""
+    counts: dict[str, int] = {}
+    for cell in cells:
+        counts[cell.workload_shape] = counts.get(cell.workload_shape, 0) + 1
+    return max(counts, key=lambda shape: counts[shape]) if counts else None
 
 
 def goodput_rps(cell: CellOutcome) -> float | None:
@@ -58,11 +72,19 @@ class DeploymentChoice:
     output_tokens_per_s_per_device: float | None
     usd_per_million_output_tokens: float | None
     note: str = ""
+    workload: str = ""
+    """The workload shape the best point was chosen in, in words."""
 
 
-def best_operating_point(cells: list[CellOutcome], slo: SLO) -> tuple[CellOutcome | None, str]:
-    """Highest-goodput cell meeting every SLO, and a note when none does."""
-    ran = [cell for cell in cells if cell.ok]
+def best_operating_point(
+    cells: list[CellOutcome], slo: SLO, shape: str | None = None
+) -> tuple[CellOutcome | None, str]:
+    """Highest-goodput cell meeting every SLO within one workload shape, and a note when none does.
+
+    `shape`: a `CellOutcome.workload_shape`; default: the headline shape of `cells`.
+    """
+    shape = shape if shape is not None else headline_shape(cells)
+    ran = [cell for cell in cells if cell.ok and cell.workload_shape == shape]
     if not ran:
         return None, "no cell ran"
     meeting = [cell for cell in ran if not slo_misses(cell, slo)]
@@ -74,12 +96,14 @@ def best_operating_point(cells: list[CellOutcome], slo: SLO) -> tuple[CellOutcom
 def rank_deployments(results: SweepResults) -> list[DeploymentChoice]:
     """Deployments best first: goodput per device, then (with prices) lower cost per token."""
     choices: list[DeploymentChoice] = []
+    shape = headline_shape(results.cells)  # one shape for every deployment, so they rank on the same work
+    workload = next((cell.workload_text for cell in results.cells if cell.workload_shape == shape), "")
     for info in results.deployments:
-        best, note = best_operating_point(results.cells_of(info.name), results.slo)
+        best, note = best_operating_point(results.cells_of(info.name), results.slo, shape)
         if info.status == "failed":
             note = "deployment failed (reason above)"
         if best is None:
-            choices.append(DeploymentChoice(info.name, info.devices, None, None, None, None, None, None, note))
+            choices.append(DeploymentChoice(info.name, info.devices, None, None, None, None, None, None, note, workload))
             continue
         goodput = goodput_rps(best)
         tokens = best.metric("throughput.output_tokens_per_s")
@@ -97,6 +121,7 @@ def rank_deployments(results: SweepResults) -> list[DeploymentChoice]:
                 output_tokens_per_s_per_device=(tokens / info.devices) if tokens is not None else None,
                 usd_per_million_output_tokens=cost,
                 note=note,
+                workload=workload,
             )
         )
     return sorted(choices, key=lambda choice: -(choice.goodput_per_device or -1.0))

@@ -66,10 +66,36 @@ class CellOutcome:
         return "concurrency" if self.load.get("concurrency") is not None else "rate"
 
     @property
+    def workload_shape(self) -> str:
+        """What each request is (dataset, lengths, reuse), apart from how hard and how long it is sent.
+
+        Figures compare only within one shape: 128-token prompts always beat 2048-token ones.
+        """
+        shape = {key: value for key, value in sorted(self.load.items()) if key not in _NOT_SERIES_FIELDS}
+        return json.dumps(shape, sort_keys=True, default=str)
+
+    @property
     def series_key(self) -> str:
         """Cells of one deployment that differ only in load level belong to one curve."""
-        shape = {key: value for key, value in sorted(self.load.items()) if key not in _NOT_SERIES_FIELDS}
-        return self.deployment + " " + json.dumps(shape, sort_keys=True, default=str)
+        return self.deployment + " " + self.workload_shape
+
+    @property
+    def workload_text(self) -> str:
+        """What a cell sends, in a few words: 'random 512→64', 'sharegpt', 'images 1×64×64', plus explicit reuse."""
+        load = self.load
+        dataset = str(load.get("dataset", "random"))
+        if dataset == "random":
+            text = f"random {load.get('input_len')}→{load.get('output_len')}"
+        elif dataset == "images":
+            size = load.get("image_size") or ["?", "?"]
+            text = f"images {load.get('images_per_request', 1)}×{size[0]}×{size[1]}"
+        else:
+            text = dataset
+        if load.get("prompt_pool_size"):
+            text += f" pool {load['prompt_pool_size']}"
+        if load.get("shared_prefix_len"):
+            text += f" shared prefix {load['shared_prefix_len']}"
+        return text
 
     @property
     def client_limited(self) -> bool:
@@ -111,6 +137,15 @@ class SweepResults:
     """A sweep directory or a run id."""
     description: str | None = None
     notes: list[str] = field(default_factory=list)
+
+    def all_notes(self) -> list[str]:
+        """The sweep's notes, then every cell's run warnings (e.g. a prefix-cache hit rate above intent)."""
+        warnings = [
+            f"{cell.deployment}/{cell.cell}: {warning}"
+            for cell in self.cells if cell.ok
+            for warning in (cell.summary or {}).get("warnings") or []
+        ]
+        return [*self.notes, *warnings]
     """Caveats a reader must see first (e.g. the sweep was shrunk for a smoke run)."""
 
     def simulated(self) -> bool:

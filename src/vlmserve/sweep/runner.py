@@ -276,7 +276,8 @@ class SweepRunner:
         started = time.monotonic()
         deployment = entry.spec.model_dump(mode="json") if entry.spec else {"endpoint": entry.endpoint}
         try:
-            result = _run_load(cell.load.model_copy(update={"name": cell.name}), base_url, entry.served_model(),
+            load = cell.load.model_copy(update={"name": cell.name, "seed": _cell_seed(self.spec, cell)})
+            result = _run_load(load, base_url, entry.served_model(),
                                self.spec, f"{self.spec.name}/{entry.name}/{cell.name}", deployment, self.console)
             run_id = store.save_run(result)
             wall = time.monotonic() - started
@@ -294,6 +295,19 @@ class SweepRunner:
             self.manifest.record_cell_failed(entry.name, cell.name, reason, time.monotonic() - started)
             progress.console.print(f"[red]✗ {entry.name}/{cell.name}[/]: {reason}")
         progress.advance(task)
+
+
+def _cell_seed(spec: SweepSpec, cell: CellEntry) -> int:
+    """The cell's own seed unless it sets one: its position in the sweep, after the warm-up's 0.
+
+    Cells run one after another against one engine; with one seed, a cell would send the
+    prompts an earlier cell left in the prefix cache (the same seed draws the same prompts),
+    and its TTFT would be flattered.
+    """
+    if "seed" in cell.load.model_fields_set:
+        return cell.load.seed
+    names = [entry.name for entry in spec.cells]
+    return cell.load.seed + 1 + (names.index(cell.name) if cell.name in names else len(names))
 
 
 def _cell_brief(summary: dict[str, Any]) -> str:

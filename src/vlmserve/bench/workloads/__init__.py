@@ -29,6 +29,8 @@ class Turn:
     reference_reply: str | None = None
     """The dataset's answer, used as history when replaying with dataset replies."""
     image_count: int = 0
+    shared_words: int = 0
+    """Leading words every request shares on purpose (the shared prefix); a fresh variant keeps them."""
 
     @property
     def text(self) -> str:
@@ -109,6 +111,34 @@ def build_conversations(context: WorkloadContext, count: int) -> list[Conversati
     if builder is None:
         raise UserError(f"--dataset {context.load.dataset}: unknown; use random, sharegpt, images, mixed or trace")
     return builder(context, count)
+
+
+def fresh_variant(conversation: Conversation, seed: int, variant: int) -> Conversation:
+    """The conversation with every turn's words reshuffled: its `variant`-th use in a run, unseen by the cache.
+
+    Deterministic in (seed, conversation id, variant), so a seed reproduces the run's prompts.
+    Images are kept as they are (an image is content, not a prompt the cache should miss on).
+    """
+    from vlmserve.bench.workloads.text import freshen_text
+
+    rng = _random.Random(f"{seed}:{conversation.conversation_id}:{variant}")
+    turns: list[Turn] = []
+    for turn in conversation.turns:
+        keep = turn.shared_words
+        if isinstance(turn.content, str):
+            content: str | list[dict[str, Any]] = freshen_text(turn.content, rng, keep)
+        else:
+            content = [
+                {**part, "text": freshen_text(part["text"], rng, keep)} if part.get("type") == "text" else part
+                for part in turn.content
+            ]
+        turns.append(Turn(
+            content, turn.max_tokens, turn.requested_prompt_tokens, turn.requested_output_tokens,
+            turn.reference_reply, turn.image_count, turn.shared_words,
+        ))
+    return Conversation(
+        f"{conversation.conversation_id}~{variant}", conversation.workload, turns, conversation.system, conversation.arrival_s
+    )
 
 
 def workload_builder(name: str) -> WorkloadBuilder:

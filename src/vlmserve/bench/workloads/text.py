@@ -44,8 +44,13 @@ def chat_messages(text: str, system: str | None = None) -> list[dict[str, Any]]:
     return messages
 
 
-def fit_prompt(rng: random.Random, counter: TokenCounter, api: str, target_tokens: int) -> tuple[str, bool]:
+def fit_prompt(
+    rng: random.Random, counter: TokenCounter, api: str, target_tokens: int, prefix: str = ""
+) -> tuple[str, bool]:
     """Random text whose prompt is exactly `target_tokens` tokens; (text, exact).
+
+    `prefix` (a shared prefix) starts the text unchanged and counts toward the target;
+    only the random words after it are fitted.
 
     A coarse pass scales the word count by the measured tokens per word; a fine pass
     drops words until the prompt fits, then appends short pieces that keep it within the
@@ -53,11 +58,13 @@ def fit_prompt(rng: random.Random, counter: TokenCounter, api: str, target_token
     piece lands exactly (the closest length not above the target is kept).
     """
 
+    head = [prefix] if prefix else []
+
     def measure(words: list[str]) -> int:
-        text = " ".join(words)
+        text = " ".join([*head, *words])
         return counter.count_prompt(api, text, chat_messages(text) if api == "chat" else None)
 
-    words = random_words(rng, max(target_tokens, 1))
+    words = random_words(rng, max(target_tokens - (measure([]) if prefix else 0), 1))
     count = measure(words)
     for _ in range(MAX_COARSE_ROUNDS):
         difference = target_tokens - count
@@ -91,4 +98,20 @@ def fit_prompt(rng: random.Random, counter: TokenCounter, api: str, target_token
             if neutral is None:
                 break  # no piece fits any more
             words.append(neutral)
-    return " ".join(words), counter.exact and count == target_tokens
+    return " ".join([*head, *words]), counter.exact and count == target_tokens
+
+
+def freshen_text(text: str, rng: random.Random, keep_words: int = 1) -> str:
+    """The same words in a new order after the first `keep_words`: a prompt the prefix cache has not seen.
+
+    Used when a duration run sends more requests than it prepared: re-fitting a prompt costs
+    tokenizer calls, while a reshuffle is cheap enough to do at send time. The words keep
+    their tokens (tokenizers split on spaces first), so the prompt keeps its length; the
+    first word stays first because it alone has no leading space. A shared prefix is kept
+    by keeping its words.
+    """
+    words = text.split(" ")
+    keep = max(keep_words, 1)
+    tail = words[keep:]
+    rng.shuffle(tail)
+    return " ".join(words[:keep] + tail)

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from vlmserve import __version__
+from vlmserve.engines.sim import SIM_ENGINE_NAME
 from vlmserve.engines.sim.engine_loop import EngineLoop
 from vlmserve.engines.sim.generation import plan_output
 from vlmserve.engines.sim.metrics import EngineMetrics
@@ -252,7 +253,7 @@ class SimEngine:
         return web.Response(status=200)
 
     async def version(self, _request: web.Request) -> web.Response:
-        return web.json_response({"version": f"sim-{__version__}", "engine": "vlmserve-sim"})
+        return web.json_response({"version": f"sim-{__version__}", "engine": SIM_ENGINE_NAME})
 
     async def prometheus_metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
