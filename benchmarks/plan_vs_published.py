@@ -5,6 +5,7 @@ Usage:
     .venv/bin/python benchmarks/plan_vs_published.py --cv       # + leave-one-id-out cross-validation
     .venv/bin/python benchmarks/plan_vs_published.py --refit    # refit the shipped calibration on all rows
     .venv/bin/python benchmarks/plan_vs_published.py --markdown out.md
+    .venv/bin/python benchmarks/plan_vs_published.py --smoke    # seconds: shapes and speed on a few requests
 
 Every row of /work/shared/reference/published_measurements.csv whose model and GPU the
 planner knows is compared. Workload details the source leaves out are written next to the
@@ -28,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from _smoke import parse_args  # noqa: E402
 
 from vlmserve.plan.calibrate import METRICS, Scenario, errors_by_family, predict, relative_errors  # noqa: E402
 from vlmserve.plan.calibration import Calibration, Efficiency, default_calibration  # noqa: E402
@@ -229,12 +232,18 @@ def error_summary(
     return lines
 
 
-def shape_replicas_vs_tp(calibration: Calibration) -> list[str]:
+def scaled(requests: int, scale: float) -> int:
+    """A request count shrunk for --smoke (`scale` < 1), never below a handful."""
+    return max(8, int(requests * scale))
+
+
+def shape_replicas_vs_tp(calibration: Calibration, scale: float = 1.0) -> list[str]:
     """Llama-3.1-8B (fits one H100): N TP1 replicas vs one TPN server on the same N GPUs, same heavy load."""
     lines = ["| GPUs | deployment | output tok/s | mean TTFT ms | mean TPOT ms |", "|---:|---|---:|---:|---:|"]
     ratios = []
     for gpus in (2, 4):
-        load = LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=256 * gpus, num_requests=1000 * gpus)
+        load = LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=256 * gpus,
+                        num_requests=scaled(1000 * gpus, scale))
         results = {}
         for label, tp, replicas in ((f"{gpus} replicas × TP1", 1, gpus), (f"1 replica × TP{gpus}", gpus, 1)):
             setup = PlanSetup.from_names("llama-3.1-8b", "h100", tp=tp, replicas=replicas, calibration=calibration)
@@ -250,13 +259,13 @@ def shape_replicas_vs_tp(calibration: Calibration) -> list[str]:
     return lines
 
 
-def shape_knee(calibration: Calibration) -> list[str]:
+def shape_knee(calibration: Calibration, scale: float = 1.0) -> list[str]:
     """Llama-3.1-8B on one H100, open loop at rising rates: throughput flattens, TTFT climbs."""
     lines = ["| offered rate req/s | achieved req/s | output tok/s | mean TTFT ms | p99 TTFT ms |",
              "|---:|---:|---:|---:|---:|"]
     setup = PlanSetup.from_names("llama-3.1-8b", "h100", calibration=calibration)
     for rate in (4, 8, 16, 24, 32, 40, 48, 64):
-        load = LoadSpec(input_len=1024, output_len=256, rate=float(rate), num_requests=max(400, rate * 30))
+        load = LoadSpec(input_len=1024, output_len=256, rate=float(rate), num_requests=scaled(max(400, rate * 30), scale))
         summary = simulate_run(setup, load, record_token_times=True).result.summary
         lines.append(f"| {rate} | {summary['throughput']['requests_per_s']:.1f} | "
                      f"{summary['throughput']['output_tokens_per_s']:.0f} | {summary['ttft_ms']['mean']:.0f} | "
@@ -264,25 +273,25 @@ def shape_knee(calibration: Calibration) -> list[str]:
     return lines
 
 
-def speed(calibration: Calibration) -> list[str]:
+def speed(calibration: Calibration, scale: float = 1.0) -> list[str]:
     setup = PlanSetup.from_names("llama-3.1-8b", "h100", calibration=calibration)
-    load = LoadSpec(input_len=1024, output_len=128, concurrency=64, num_requests=2000)
+    load = LoadSpec(input_len=1024, output_len=128, concurrency=64, num_requests=scaled(2000, scale))
     walls, cpus = [], []
     for _ in range(3):
         wall, cpu = time.perf_counter(), time.process_time()
         simulate_run(setup, load)
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
-    lines = [f"- one configuration, 2,000 requests (Llama-3.1-8B, H100, 1024/128, concurrency 64): "
+    lines = [f"- one configuration, {load.num_requests:,} requests (Llama-3.1-8B, H100, 1024/128, concurrency 64): "
              f"best of 3 {min(walls):.2f} s wall, {min(cpus):.2f} s CPU (one process, one core)"]
     from vlmserve.plan.search import SearchSpace, run_search
     from vlmserve.spec import SLO
 
     space = SearchSpace(
-        model="llama-3.1-8b", gpus=["h100", "h200", "l40s", "a100"], tps=[1, 2, 4], replicas=[1, 2, 3, 4],
-        max_num_seqs=[64, 128, 256], max_gpus=8,
+        model="llama-3.1-8b", gpus=["h100", "h200", "l40s", "a100"] if scale == 1.0 else ["h100"], tps=[1, 2, 4],
+        replicas=[1, 2, 3, 4], max_num_seqs=[64, 128, 256], max_gpus=8,
     )
-    load = LoadSpec(input_len=1024, output_len=128, rate=20.0, num_requests=300)
+    load = LoadSpec(input_len=1024, output_len=128, rate=20.0, num_requests=scaled(300, scale))
     slo = SLO.parse("ttft_p95=1s,tpot_p95=60ms")
     for prune in (True, False):
         wall, cpu = time.perf_counter(), time.process_time()
@@ -290,7 +299,7 @@ def speed(calibration: Calibration) -> list[str]:
                              calibration=calibration, prune=prune)
         lines.append(
             f"- search {'with' if prune else 'without'} pruning: {outcome.evaluated} configurations, "
-            f"{outcome.simulated} simulated (300 requests each), {time.perf_counter() - wall:.1f} s wall, "
+            f"{outcome.simulated} simulated ({load.num_requests} requests each), {time.perf_counter() - wall:.1f} s wall, "
             f"{time.process_time() - cpu:.1f} s CPU; best: {outcome.best.label if outcome.best else 'none'}"
         )
     return lines
@@ -318,7 +327,8 @@ def main() -> int:
     parser.add_argument("--markdown", help="also write the tables to this file")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-shapes", action="store_true")
-    args = parser.parse_args()
+    args = parse_args(parser)
+    scale = 0.02 if args.smoke else 1.0
 
     published = read_published()
     scenarios, skipped = build_scenarios(published)
@@ -370,15 +380,15 @@ def main() -> int:
         out.append("")
         out.append("Shape 1 — replicas vs tensor parallelism (planner output):")
         out.append("")
-        out += shape_replicas_vs_tp(calibration)
+        out += shape_replicas_vs_tp(calibration, scale)
         out.append("")
         out.append("Shape 2 — the knee: Llama-3.1-8B on one H100, 1024 in / 256 out, Poisson arrivals (planner output):")
         out.append("")
-        out += shape_knee(calibration)
+        out += shape_knee(calibration, scale)
     if not args.skip_speed:
         out.append("")
         out.append("Speed:")
-        out += speed(calibration)
+        out += speed(calibration, scale)
     text = "\n".join(out)
     print(text)
     if args.markdown:

@@ -1,6 +1,7 @@
 """How much faster than real time the scheduler model runs on its virtual clock.
 
     python benchmarks/sched_offline_speed.py --requests 5000 --rate 20 --profile h100-8b
+    python benchmarks/sched_offline_speed.py --smoke    # seconds: checks it still runs
 
 Poisson arrivals, random prompts (distinct, so no prefix hits) of --prompt-len tokens and
 --output-len output tokens each; prints simulated seconds, wall seconds, their ratio and
@@ -13,6 +14,8 @@ import argparse
 import json
 import random
 import time
+
+from _smoke import parse_args
 
 from vlmserve.sched.offline import SimulationStats, simulate
 from vlmserve.sched.parametric_cost import get_profile
@@ -28,7 +31,7 @@ def main() -> None:
     parser.add_argument("--profile", default="h100-8b")
     parser.add_argument("--num-kv-blocks", type=int, default=30000)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parse_args(parser, requests=50, prompt_len=64, output_len=8)
 
     rng = random.Random(args.seed)
     now = 0.0

@@ -4,6 +4,7 @@ stays within p99 ≤ 2 ms.
 
     python benchmarks/sim_engine_capacity.py --mode constant --levels 250,500,1000,1500
     python benchmarks/sim_engine_capacity.py --mode scheduler --levels 250,500,1000,1500
+    python benchmarks/sim_engine_capacity.py --smoke    # seconds: checks it still runs
 
 The engine runs pinned to one core (`taskset -c ENGINE_CPU`); the load generator runs in
 worker processes pinned to the other core(s). Each level adds streams (ramped, so prefills do
@@ -27,6 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
+from _smoke import parse_args
 
 MODEL = "bench-model"
 
@@ -163,7 +165,8 @@ def main() -> None:
     parser.add_argument("--measure-s", type=float, default=5.0)
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--json-out", type=Path)
-    args = parser.parse_args()
+    args = parse_args(parser, levels="4,8", workers=1, ttft_ms=5.0, itl_ms=5.0, ramp_s=0.1, settle_s=0.3,
+                      measure_s=0.5, max_tokens=64)
     levels = [int(level) for level in args.levels.split(",")]
     if args.max_num_seqs is None:
         args.max_num_seqs = 256 if args.mode == "scheduler" else 8192
@@ -268,6 +271,8 @@ def main() -> None:
         print("\nno level kept the timing error within p99 ≤ 2 ms")
     if args.json_out:
         args.json_out.write_text(json.dumps(summary, indent=2))
+    if args.smoke and (not rows or any(row["client_errors"] or not row["chunks_timed"] for row in rows)):
+        raise SystemExit(f"smoke: a level streamed nothing or had client errors; engine log {log_path}")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ Part 1 (against one real sim engine): the same cell run N times directly through
 `run_load`, and N times as cells of a sweep (which adds saving the run to the store and the
 manifest write); paired and interleaved, so machine noise hits both alike.
 Part 2: rendering the HTML and Markdown report of a large synthetic sweep (4 deployments ×
-30 load levels) — the page's size and the seconds it takes.
+--report-levels load levels) — the page's size and the seconds it takes.
 
 Run: .venv/bin/python benchmarks/sweep_overhead.py [--repeats 5]
+     .venv/bin/python benchmarks/sweep_overhead.py --smoke    # seconds: checks it still runs
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _smoke import parse_args  # noqa: E402
 
 from tests.report.synthetic import sweep_results  # noqa: E402
 from vlmserve.bench.runner import run_load  # noqa: E402
@@ -51,7 +54,8 @@ def bench_in_sweep(base_url: str, directory: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--report-levels", type=int, default=30, help="load levels per deployment in the synthetic report")
+    args = parse_args(parser, repeats=1, report_levels=2)
     from tests.helpers.sim import start_sim_engine
 
     with tempfile.TemporaryDirectory() as home:
@@ -68,7 +72,7 @@ def main() -> None:
         print(f"  as sweep cell  : median {statistics.median(swept):.3f} s  (all: {', '.join(f'{v:.2f}' for v in swept)})")
         print(f"  sweep / direct : {statistics.median(swept) / statistics.median(direct):.2f}x")
 
-    results = sweep_results(list(range(1, 31)), {"a": 1.0, "b": 1.5, "c": 2.0, "d": 3.0})
+    results = sweep_results(list(range(1, args.report_levels + 1)), {"a": 1.0, "b": 1.5, "c": 2.0, "d": 3.0})
     started = time.perf_counter()
     page = render_html(results)
     html_s = time.perf_counter() - started

@@ -36,6 +36,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help, for every verb (the root's mode reaches each command): rich's option
+    # table cuts long flag names ("--input-len,--ra…") at 80 columns; click's wraps the help text
+    # and keeps every name whole (tests/test_help_width.py)
+    rich_markup_mode=None,
 )
 
 

@@ -91,7 +91,13 @@ SERVICE_MONITOR = _resource("monitoring.coreos.com/v1", "ServiceMonitor", {
                            "scheme": {"enum": ["http", "https"]},
                            "interval": {"type": "string", "pattern": DURATION},
                            "scrapeTimeout": {"type": "string", "pattern": DURATION},
-                           "honorLabels": {"type": "boolean"}}}},
+                           "honorLabels": {"type": "boolean"},
+                           "relabelings": {"type": "array", "items": {
+                               "type": "object", "additionalProperties": False,
+                               "properties": {"sourceLabels": {"type": "array", "items": {"type": "string"}},
+                                              "targetLabel": {"type": "string"}, "regex": {"type": "string"},
+                                              "replacement": {"type": "string"}, "separator": {"type": "string"},
+                                              "action": {"type": "string"}}}}}}},
     },
 })
 

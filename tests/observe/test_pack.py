@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import yaml
 
 from vlmserve.observe import queries as q
 from vlmserve.observe.alerts import AlertSettings, alert_rules, build_alerts
-from vlmserve.observe.dashboards import GRAFANA_RATE_WINDOW
+from vlmserve.observe.dashboards import DASHBOARD_FILTERS, GRAFANA_RATE_WINDOW
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed "
@@ -48,12 +49,31 @@ def test_promtool_accepts_rules_and_config(tmp_path: Path, vlmserve_cmd: list[st
 
 def test_dashboards_use_only_the_query_table(tmp_path: Path, vlmserve_cmd: list[str]) -> None:
     assert export(vlmserve_cmd, tmp_path).returncode == 0
-    known = {query.render(GRAFANA_RATE_WINDOW) for panel in q.all_panels() for query in panel.queries}
+    known = {query.render(GRAFANA_RATE_WINDOW, DASHBOARD_FILTERS) for panel in q.all_panels() for query in panel.queries}
     for name, panels in (("grafana-engines.json", q.ENGINE_PANELS), ("grafana-gateway.json", q.GATEWAY_PANELS)):
         board = json.loads((tmp_path / name).read_text())
         exprs = [target["expr"] for panel in board["panels"] for target in panel["targets"]]
         assert set(exprs) <= known and len(board["panels"]) == len(panels)
         assert len({panel["id"] for panel in board["panels"]}) == len(board["panels"])
+
+
+def test_dashboards_narrow_every_selector_to_one_deployment(tmp_path: Path, vlmserve_cmd: list[str]) -> None:
+    """Two deployments in one Prometheus must not merge: every series a panel reads is filtered."""
+    assert export(vlmserve_cmd, tmp_path).returncode == 0
+    metric = re.compile(r"(vllm:[a-z0-9_]+|vlmserve_gateway_[a-z0-9_]+|\bup\b)(\{[^}]*\})?")
+    for name in ("grafana-engines.json", "grafana-gateway.json"):
+        board = json.loads((tmp_path / name).read_text())
+        variables = {variable["name"]: variable for variable in board["templating"]["list"]}
+        assert variables["deployment"]["includeAll"] is False
+        for expr in (target["expr"] for panel in board["panels"] for target in panel["targets"]):
+            for found in metric.finditer(expr):
+                assert 'deployment=~"$deployment"' in (found.group(2) or ""), f"{name}: {found.group(0)} in {expr}"
+                if found.group(1).startswith("vllm:"):
+                    assert 'model_name=~"$model"' in found.group(2), f"{name}: {found.group(0)}"
+    engines = json.loads((tmp_path / "grafana-engines.json").read_text())
+    assert [v["name"] for v in engines["templating"]["list"]] == ["datasource", "deployment", "model"]
+    gateway = json.loads((tmp_path / "grafana-gateway.json").read_text())
+    assert [v["name"] for v in gateway["templating"]["list"]] == ["datasource", "deployment"]  # no model label there
 
 
 def test_current_vllm_metric_names_only() -> None:

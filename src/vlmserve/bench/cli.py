@@ -25,6 +25,56 @@ FLAG_NAMES = {
 }
 
 
+VLLM_ALIASES: dict[str, str] = {
+    "--dataset": "--dataset-name", "--num-requests": "--num-prompts", "--input-len": "--random-input-len",
+    "--output-len": "--random-output-len", "--concurrency": "--max-concurrency", "--rate": "--request-rate",
+}
+"""vlmserve flag -> the `vllm bench serve` flag accepted as its alias, so existing vLLM command lines run.
+
+Same meanings, except: `--max-concurrency N` is vLLM's cap on requests in flight under its
+`--request-rate` (default inf: all sent at once, so N in flight = N closed-loop users); here it
+is N closed-loop users, and a finite `--request-rate` with it is refused (vlmserve runs either
+loop, not a capped open loop). `--request-rate inf` means "no rate": use it with --max-concurrency.
+`--dataset-name` takes vlmserve's workloads (random and sharegpt are vLLM's too). `--endpoint`
+and `--goodput` are separate flags below (they map onto --api and --slo)."""
+
+
+def _alias(flag: str) -> tuple[str, ...]:
+    """The flag's names: its own, then its vLLM alias (for `typer.Option`)."""
+    return (flag, VLLM_ALIASES[flag]) if flag in VLLM_ALIASES else (flag,)
+
+
+GOODPUT_PERCENTILE = "p99"
+"""vLLM's `--goodput ttft:500` bounds each request; as a vlmserve SLO the same bound counts goodput
+per request, and the run's met/missed verdict is read at this percentile."""
+_GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
+
+
+def goodput_to_slo(pairs: list[str]) -> str:
+    """vLLM's `--goodput ttft:500 tpot:50` (milliseconds) as vlmserve's --slo text."""
+    objectives = []
+    for pair in (item for text in pairs for item in text.split()):
+        key, _, value = pair.partition(":")
+        if key not in _GOODPUT_KEYS or not value:
+            raise UserError(f"--goodput '{pair}': write KEY:MILLISECONDS with KEY one of ttft, tpot, e2el, e.g. ttft:500")
+        try:
+            milliseconds = float(value)
+        except ValueError:
+            raise UserError(f"--goodput '{pair}': {value} is not a number of milliseconds") from None
+        objectives.append(f"{_GOODPUT_KEYS[key]}_{GOODPUT_PERCENTILE}={milliseconds:g}ms")
+    return ",".join(objectives)
+
+
+_ENDPOINT_API = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+def _api_from_endpoint(endpoint: str) -> str:
+    """vLLM's `--endpoint` path as vlmserve's --api."""
+    if endpoint not in _ENDPOINT_API:
+        raise UserError(f"--endpoint '{endpoint}': use /v1/chat/completions or /v1/completions")
+    return _ENDPOINT_API[endpoint]
+
+
 def _duration(text: str | None) -> float | None:
     if text is None:
         return None
@@ -51,7 +101,8 @@ def _image_size(text: str) -> tuple[int, int]:
 def _contradictions(args: dict[str, Any]) -> None:
     """Flags that cannot go together: one line naming both."""
     if args["concurrency"] is not None and args["rate"] is not None:
-        raise UserError("--concurrency and --rate contradict: give --concurrency N (closed loop) or --rate R (open loop)")
+        raise UserError("--concurrency and --rate contradict: give --concurrency N (closed loop) or --rate R (open loop); "
+                        "vLLM's --max-concurrency with a finite --request-rate (a capped open loop) is not run here")
     if args["concurrency"] is None and args["rate"] is None and args["dataset"] != "trace":
         raise UserError("give --concurrency N (closed loop) or --rate R (open loop)")
     if args["num_requests"] is not None and args["duration"] is not None:
@@ -114,18 +165,20 @@ def bench(
     base_url: str = typer.Option(..., "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000"),
     model: str = typer.Option(..., "--model", help="Model name as listed in /v1/models."),
     api: str = typer.Option("chat", "--api", help="chat or completions."),
-    dataset: str = typer.Option("random", "--dataset", help="random, sharegpt, images, mixed or trace."),
+    dataset: str = typer.Option("random", *_alias("--dataset"), help="random, sharegpt, images, mixed or trace."),
     dataset_path: Optional[str] = typer.Option(None, "--dataset-path", help="ShareGPT JSON or trace JSONL file."),
-    input_len: Optional[int] = typer.Option(None, "--input-len", help="Prompt tokens (random, images). Default 128."),
-    output_len: Optional[int] = typer.Option(None, "--output-len", help="Output tokens. Default 64; for sharegpt, the dataset reply's length."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop: N users, each sending when its last answer ends."),
-    rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: requests per second."),
+    input_len: Optional[int] = typer.Option(None, *_alias("--input-len"), help="Prompt tokens (random, images). Default 128."),
+    output_len: Optional[int] = typer.Option(None, *_alias("--output-len"), help="Output tokens. Default 64; for sharegpt, the dataset reply's length."),
+    concurrency: Optional[int] = typer.Option(None, *_alias("--concurrency"), help="Closed loop: N users, each sending when its last answer ends. As --max-concurrency: N users, not vLLM's in-flight cap on an open loop."),
+    rate: Optional[float] = typer.Option(None, *_alias("--rate"), help="Open loop: requests per second (inf: none, as vLLM)."),
     arrival: Optional[str] = typer.Option(None, "--arrival", help="Open-loop arrivals: poisson (default), constant or gamma."),
     burstiness: Optional[float] = typer.Option(None, "--burstiness", help="Gamma shape; < 1 burstier than Poisson."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", help="Stop after N measured requests."),
+    num_requests: Optional[int] = typer.Option(None, *_alias("--num-requests"), help="Stop after N measured requests."),
     duration: Optional[str] = typer.Option(None, "--duration", help="Stop sending after this long (30s, 2m)."),
     warmup: int = typer.Option(0, "--warmup", help="Requests sent first and left out of every figure."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s."),
+    goodput: Optional[list[str]] = typer.Option(None, "--goodput", help="vLLM's SLO syntax, 'ttft:500 tpot:50' (ms; quoted or repeated): each becomes --slo KEY_p99."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="vLLM's name for --api: /v1/chat/completions or /v1/completions."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the summary JSON here."),
     records_out: Optional[Path] = typer.Option(None, "--records-out", help="Write one row per request here (Parquet)."),
     label: Optional[str] = typer.Option(None, "--label", help="A name for this run in the history."),
@@ -160,6 +213,16 @@ def bench(
     from vlmserve.bench.runner import Target, run_load
 
     args = dict(locals())
+    if endpoint is not None:
+        args["api"] = _api_from_endpoint(endpoint)
+    if rate is not None and rate == float("inf"):
+        args["rate"] = None  # vLLM's "no rate": every request at once, in flight up to --max-concurrency
+        if concurrency is None:
+            raise UserError("--request-rate inf sends everything at once; give --max-concurrency N with it (N users)")
+    if goodput:
+        if slo is not None:
+            raise UserError("--goodput and --slo contradict: give one set of objectives")
+        slo = goodput_to_slo(goodput)
     for name, allowed in (("api", ("chat", "completions")), ("dataset", ("random", "sharegpt", "images", "mixed", "trace")),
                           ("arrival", ("poisson", "constant", "gamma", None)), ("multi_turn", ("first", "dataset", "live")),
                           ("image_format", ("png", "jpeg"))):

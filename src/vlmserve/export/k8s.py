@@ -16,7 +16,7 @@ from typing import Any
 from vlmserve.engines.vllm import engine_argv
 from vlmserve.errors import UserError
 from vlmserve.observe.alerts import AlertSettings, alert_rules
-from vlmserve.observe.queries import ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
+from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
 
 CONTAINER_PORT = 8000
@@ -229,7 +229,10 @@ def service_monitor(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]
             "selector": {"matchLabels": {"app.kubernetes.io/name": "vlmserve",
                                          "app.kubernetes.io/instance": spec.name}},
             "namespaceSelector": {"matchNames": [options.namespace]},
-            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            # the label the dashboards and alerts split deployments by, as prometheus.yml sets it
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s", "relabelings": [{
+                "sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
+                "targetLabel": DEPLOYMENT_LABEL}]}],
         },
     }
 

@@ -2,7 +2,13 @@
 
 Each alert is a *signal* query (always returns series while targets are scraped) compared
 against a threshold. Keeping the signal separate lets the tests check that every signal has
-data in a real Prometheus, while the rule itself only returns series when it fires.
+data in a real Prometheus, while the rule itself only returns series when it fires. The
+signal is parenthesised before the comparison: PromQL's `or` binds looser than `>`, so
+`a or vector(0) > 0` would compare only the fallback (and fire for ever).
+
+Signals are split by `deployment` (set by the scrape config), so two deployments scraped by
+one Prometheus raise separate alerts. tests/observe/alert_rules_test.yaml checks each rule's
+behaviour with `promtool test rules`.
 """
 
 from __future__ import annotations
@@ -39,39 +45,40 @@ class Alert:
     description: str
 
     def expr(self, window: str) -> str:
-        return f"{self.signal.render(window)} {self.comparator} {self.threshold:g}"
+        return f"({self.signal.render(window)}) {self.comparator} {self.threshold:g}"
 
 
 def build_alerts(settings: AlertSettings) -> list[Alert]:
     """The alert list; thresholds from settings, queries from the shared table."""
-    ttft_p95 = q.quantile(0.95, q.VLLM_TTFT, "instance")
+    per_replica = f"{q.DEPLOYMENT_LABEL}, instance"
+    ttft_p95 = q.quantile(0.95, q.vllm_sel(q.VLLM_TTFT + "_bucket"), per_replica)
     return [
         Alert("VlmserveTTFTAboveSLO", ttft_p95, ">", settings.ttft_slo_s, "5m", "warning",
               "p95 time to first token above the SLO on {{ $labels.instance }}",
               f"p95 TTFT is {{{{ $value | humanizeDuration }}}} against an SLO of {settings.ttft_slo_s:g}s. "
               "Add replicas, lower max_num_batched_tokens, or shed batch traffic."),
-        Alert("VlmserveQueueBacklog", q.Query(f"sum by (instance) ({q.VLLM_WAITING})", ""), ">",
+        Alert("VlmserveQueueBacklog", q.gauge_by(q.vllm_sel(q.VLLM_WAITING), per_replica), ">",
               settings.queue_backlog, "5m", "warning",
               "Requests piling up in the engine queue on {{ $labels.instance }}",
               "{{ $value }} requests waiting. The replica is saturated; scale out or admit less."),
-        Alert("VlmserveKVCacheNearFull", q.Query(f"max by (instance) ({q.VLLM_KV_USAGE})", ""), ">",
+        Alert("VlmserveKVCacheNearFull", q.gauge_by(q.vllm_sel(q.VLLM_KV_USAGE), per_replica, "max"), ">",
               settings.kv_cache_full, "10m", "warning",
               "KV cache nearly full on {{ $labels.instance }}",
               "KV-cache usage {{ $value | humanizePercentage }}; expect preemptions and rising latency."),
-        Alert("VlmservePreemptions", q.rate_by(q.VLLM_PREEMPTIONS, "instance"), ">",
+        Alert("VlmservePreemptions", q.rate_by(q.vllm_sel(q.VLLM_PREEMPTIONS), per_replica), ">",
               settings.preemptions_per_s, "10m", "warning",
               "Engine preempting requests on {{ $labels.instance }}",
               "{{ $value }} preemptions/s: KV cache too small for the load; raise gpu_memory_utilization "
               "or lower max_num_seqs."),
-        Alert("VlmserveReplicaDown", q.Query(f'up{{job="{q.ENGINE_JOB}"}}', ""), "<", 1, "1m", "critical",
+        Alert("VlmserveReplicaDown", q.Query(q.sel("up", f'job="{q.ENGINE_JOB}"'), ""), "<", 1, "1m", "critical",
               "Engine replica {{ $labels.instance }} is down",
               "Prometheus cannot scrape the replica; the gateway routes around it meanwhile."),
-        Alert("VlmserveGatewayDown", q.Query(f'up{{job="{q.GATEWAY_JOB}"}}', ""), "<", 1, "1m", "critical",
+        Alert("VlmserveGatewayDown", q.Query(q.sel("up", f'job="{q.GATEWAY_JOB}"'), ""), "<", 1, "1m", "critical",
               "The vlmserve gateway {{ $labels.instance }} is down",
               "Prometheus cannot scrape the gateway; clients get connection errors."),
         Alert("VlmserveHighErrorRate", q.GATEWAY_ERROR_RATIO, ">", settings.error_ratio, "5m", "critical",
               f"More than {settings.error_ratio:.0%} of gateway requests fail",
-              "{{ $value | humanizePercentage }} of requests answered 5xx."),
+              "{{ $value | humanizePercentage }} of requests failed: answered 5xx, or the stream broke after it began."),
         Alert("VlmserveGatewayShedding", q.GATEWAY_SHED_RATE, ">", 0, "5m", "warning",
               "The gateway is shedding requests",
               "{{ $value }} requests/s refused by admission control: the deployment is at capacity."),

@@ -46,6 +46,36 @@ GW_SHED = "vlmserve_gateway_shed_requests_total"  # labels: tenant, reason
 GW_RETRIES = "vlmserve_gateway_retries_total"  # labels: replica, reason
 GW_REPLICA_HEALTHY = "vlmserve_gateway_replica_healthy"  # labels: replica
 
+DEPLOYMENT_LABEL = "deployment"
+"""Set on every target by the scrape config (`scrape.py`, the ServiceMonitor's relabeling): which deployment."""
+MODEL_LABEL = "model_name"
+"""vLLM's label on every engine metric: the served model."""
+
+_SCOPE_MARK = "<scope:{}>"
+"""Where a label filter may go in a selector; `Query.render` fills it in or drops it."""
+
+GW_SERVER_FAILED = "5..|stream_error"
+"""Gateway `status` values that are the server's fault: a 5xx answer, or a stream that broke after
+its 200 header (the gateway records those as `stream_error`, see gateway/proxy.py). `abandoned`
+(the client left) and 4xx are not."""
+
+
+def sel(metric: str, matchers: str = "", *, scoped_by: tuple[str, ...] = (DEPLOYMENT_LABEL,)) -> str:
+    """A vector selector that dashboards can narrow to one deployment (and model), alerts leave whole."""
+    marks = "".join(_SCOPE_MARK.format(label) for label in scoped_by)
+    return f"{metric}{{{marks}{matchers}}}"
+
+
+def vllm_sel(metric: str, matchers: str = "") -> str:
+    """A selector of an engine metric: narrowed by deployment and by model."""
+    return sel(metric, matchers, scoped_by=(DEPLOYMENT_LABEL, MODEL_LABEL))
+
+
+def scoped_labels(expr: str) -> set[str]:
+    """The labels an expression can be narrowed by (each becomes a dashboard variable)."""
+    return {label for label in (DEPLOYMENT_LABEL, MODEL_LABEL) if _SCOPE_MARK.format(label) in expr}
+
+
 @dataclass(frozen=True)
 class Query:
     """One PromQL expression with how to show it."""
@@ -53,9 +83,17 @@ class Query:
     expr: str
     legend: str
 
-    def render(self, window: str) -> str:
-        """The expression with its rate window filled in (e.g. '5m', '$__rate_interval')."""
-        return self.expr.replace("{window}", window)
+    def render(self, window: str, filters: dict[str, str] | None = None) -> str:
+        """The expression with its rate window (e.g. '5m', '$__rate_interval') and label filters filled in.
+
+        `filters` maps a label to the regex it must match (dashboards pass their variables);
+        selectors without a filter are left whole (`metric{}` becomes `metric`).
+        """
+        text = self.expr.replace("{window}", window)
+        for label in (DEPLOYMENT_LABEL, MODEL_LABEL):
+            value = (filters or {}).get(label)
+            text = text.replace(_SCOPE_MARK.format(label), f'{label}=~"{value}",' if value is not None else "")
+        return text.replace("{}", "").replace(",}", "}")
 
 
 @dataclass(frozen=True)
@@ -69,11 +107,18 @@ class Panel:
     description: str = ""
 
 
-def quantile(q: float, histogram: str, by: str = "") -> Query:
-    """p-quantile of a histogram over the window, optionally split by labels."""
+def _legend(by: str) -> str:
+    return " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(","))
+
+
+def quantile(q: float, histogram_selector: str, by: str = "") -> Query:
+    """p-quantile of a histogram over the window, optionally split by labels.
+
+    `histogram_selector` is `sel(name + "_bucket")` or `vllm_sel(...)`, so the buckets are scoped.
+    """
     labels = f"le, {by}" if by else "le"
-    legend = f"p{_percent(q)}" + (f" {{{{{by}}}}}" if by else "")
-    return Query(f"histogram_quantile({q}, sum by ({labels}) (rate({histogram}_bucket[{{window}}])))", legend)
+    legend = f"p{_percent(q)}" + (f" {_legend(by)}" if by else "")
+    return Query(f"histogram_quantile({q}, sum by ({labels}) (rate({histogram_selector}[{{window}}])))", legend)
 
 
 def _percent(q: float) -> str:
@@ -81,88 +126,97 @@ def _percent(q: float) -> str:
     return text.replace(".", "")
 
 
-def rate_by(counter: str, by: str, selector: str = "", *, zero_fill: bool = False) -> Query:
-    """Per-second rate of a counter split by labels; zero_fill keeps a 0 series when nothing matched."""
-    expr = f"sum by ({by}) (rate({counter}{selector}[{{window}}]))"
-    if zero_fill and selector:
-        expr = f"{expr} or (0 * sum by ({by}) (rate({counter}[{{window}}])))"
-    return Query(expr, " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(",")))
+def rate_by(counter_selector: str, by: str, subset_selector: str | None = None) -> Query:
+    """Per-second rate of a counter split by labels.
+
+    With `subset_selector` (e.g. the counter narrowed to one status, or a counter that only
+    appears once something happens), the rate of that subset instead, falling back to 0 per
+    group while `counter_selector` has data: "none failed" reads as 0, not as "no data".
+    """
+    whole = f"sum by ({by}) (rate({counter_selector}[{{window}}]))"
+    if subset_selector is None:
+        return Query(whole, _legend(by))
+    subset = f"sum by ({by}) (rate({subset_selector}[{{window}}]))"
+    return Query(f"{subset} or (0 * {whole})", _legend(by))
 
 
-def gauge_by(gauge: str, by: str, how: str = "sum") -> Query:
-    return Query(f"{how} by ({by}) ({gauge})", f"{{{{{by}}}}}")
+def gauge_by(gauge_selector: str, by: str, how: str = "sum") -> Query:
+    return Query(f"{how} by ({by}) ({gauge_selector})", _legend(by))
 
 
-def _latency_panel(key: str, title: str, histogram: str) -> Panel:
+def _latency_panel(key: str, title: str, buckets: str) -> Panel:
     return Panel(
         key,
         title,
         "s",
-        (quantile(0.5, histogram), quantile(0.95, histogram), quantile(0.99, histogram),
-         quantile(0.95, histogram, "instance")),
+        (quantile(0.5, buckets), quantile(0.95, buckets), quantile(0.99, buckets), quantile(0.95, buckets, "instance")),
         "Percentiles from the histogram over the rate window; the last series is p95 per replica.",
     )
 
 
 ENGINE_PANELS: tuple[Panel, ...] = (
     Panel("engine_requests", "Finished requests per second (by replica, reason)", "reqps",
-          (rate_by(VLLM_REQUEST_SUCCESS, "instance, finished_reason"),)),
+          (rate_by(vllm_sel(VLLM_REQUEST_SUCCESS), "instance, finished_reason"),)),
     Panel("engine_queue", "Running and waiting requests", "short",
-          (Query(f"sum by (instance) ({VLLM_RUNNING})", "running {{instance}}"),
-           Query(f"sum by (instance) ({VLLM_WAITING})", "waiting {{instance}}"))),
-    _latency_panel("engine_ttft", "Time to first token", VLLM_TTFT),
-    _latency_panel("engine_itl", "Inter-token latency", VLLM_ITL),
-    _latency_panel("engine_e2e", "End-to-end request latency", VLLM_E2E),
+          (Query(f"sum by (instance) ({vllm_sel(VLLM_RUNNING)})", "running {{instance}}"),
+           Query(f"sum by (instance) ({vllm_sel(VLLM_WAITING)})", "waiting {{instance}}"))),
+    _latency_panel("engine_ttft", "Time to first token", vllm_sel(VLLM_TTFT + "_bucket")),
+    _latency_panel("engine_itl", "Inter-token latency", vllm_sel(VLLM_ITL + "_bucket")),
+    _latency_panel("engine_e2e", "End-to-end request latency", vllm_sel(VLLM_E2E + "_bucket")),
     Panel("engine_queue_time", "Time waiting in the engine queue (p95)", "s",
-          (quantile(0.95, VLLM_QUEUE_TIME, "instance"),)),
+          (quantile(0.95, vllm_sel(VLLM_QUEUE_TIME + "_bucket"), "instance"),)),
     Panel("engine_throughput", "Tokens per second", "short",
-          (Query(f"sum by (instance) (rate({VLLM_PROMPT_TOKENS}[{{window}}]))", "prompt {{instance}}"),
-           Query(f"sum by (instance) (rate({VLLM_GENERATION_TOKENS}[{{window}}]))", "generated {{instance}}"))),
+          (Query(f"sum by (instance) (rate({vllm_sel(VLLM_PROMPT_TOKENS)}[{{window}}]))", "prompt {{instance}}"),
+           Query(f"sum by (instance) (rate({vllm_sel(VLLM_GENERATION_TOKENS)}[{{window}}]))", "generated {{instance}}"))),
     Panel("engine_kv_cache", "KV-cache usage", "percentunit",
-          (gauge_by(VLLM_KV_USAGE, "instance", "max"),)),
+          (gauge_by(vllm_sel(VLLM_KV_USAGE), "instance", "max"),)),
     Panel("engine_prefix_cache", "Prefix-cache hit rate", "percentunit",
-          (Query(f"sum by (instance) (rate({VLLM_PREFIX_HITS}[{{window}}])) / "
-                 f"clamp_min(sum by (instance) (rate({VLLM_PREFIX_QUERIES}[{{window}}])), 1e-9)",
+          (Query(f"sum by (instance) (rate({vllm_sel(VLLM_PREFIX_HITS)}[{{window}}])) / "
+                 f"clamp_min(sum by (instance) (rate({vllm_sel(VLLM_PREFIX_QUERIES)}[{{window}}])), 1e-9)",
                  "{{instance}}"),),
           "Share of prompt tokens found in the prefix cache (0 when nothing was queried)."),
     Panel("engine_preemptions", "Preemptions per second", "short",
-          (rate_by(VLLM_PREEMPTIONS, "instance"),)),
+          (rate_by(vllm_sel(VLLM_PREEMPTIONS), "instance"),)),
     Panel("engine_errors", "Aborted requests per second", "reqps",
-          (rate_by(VLLM_REQUEST_SUCCESS, "instance", '{finished_reason="abort"}', zero_fill=True),),
+          (rate_by(vllm_sel(VLLM_REQUEST_SUCCESS), "instance",
+                   vllm_sel(VLLM_REQUEST_SUCCESS, 'finished_reason="abort"')),),
           "Requests the engine finished with reason 'abort' (client gone, errors)."),
     Panel("engine_up", "Replicas up", "short",
-          (Query(f'up{{job="{ENGINE_JOB}"}}', "{{instance}}"),)),
+          (Query(sel("up", f'job="{ENGINE_JOB}"'), "{{instance}}"),)),
 )
 
+_GW_FAILED_SHARE = rate_by(sel(GW_REQUESTS), DEPLOYMENT_LABEL, sel(GW_REQUESTS, f'status=~"{GW_SERVER_FAILED}"'))
 GATEWAY_ERROR_RATIO = Query(
-    f'(sum(rate({GW_REQUESTS}{{status=~"5.."}}[{{window}}])) or vector(0)) / '
-    f"clamp_min(sum(rate({GW_REQUESTS}[{{window}}])), 1e-9)",
-    "5xx share",
+    f"({_GW_FAILED_SHARE.expr}) / clamp_min(sum by ({DEPLOYMENT_LABEL}) (rate({sel(GW_REQUESTS)}[{{window}}])), 1e-9)",
+    "failed share",
 )
-GATEWAY_SHED_RATE = Query(f"sum(rate({GW_SHED}[{{window}}])) or vector(0)", "shed/s")
+"""Share of the gateway's answers that failed on the server's side (5xx or broken mid-stream), per deployment."""
+GATEWAY_SHED_RATE = Query(rate_by(sel(GW_REQUESTS), DEPLOYMENT_LABEL, sel(GW_SHED)).expr, "shed/s")
+"""Requests/s refused by admission control, per deployment; 0 while the gateway serves and sheds nothing."""
 
 GATEWAY_PANELS: tuple[Panel, ...] = (
     Panel("gateway_requests", "Requests per second (by status)", "reqps",
-          (rate_by(GW_REQUESTS, "status"),)),
+          (rate_by(sel(GW_REQUESTS), "status"),)),
     Panel("gateway_requests_replica", "Requests per second (by replica)", "reqps",
-          (rate_by(GW_REQUESTS, "replica"),)),
+          (rate_by(sel(GW_REQUESTS), "replica"),)),
     Panel("gateway_requests_tenant", "Requests per second (by tenant, status)", "reqps",
-          (rate_by(GW_REQUESTS, "tenant, status"),)),
-    _latency_panel("gateway_ttft", "Time to first byte at the gateway", GW_TTFT),
-    _latency_panel("gateway_e2e", "Request duration at the gateway", GW_E2E),
+          (rate_by(sel(GW_REQUESTS), "tenant, status"),)),
+    _latency_panel("gateway_ttft", "Time to first byte at the gateway", sel(GW_TTFT + "_bucket")),
+    _latency_panel("gateway_e2e", "Request duration at the gateway", sel(GW_E2E + "_bucket")),
     Panel("gateway_load", "In flight per replica and queued per priority", "short",
-          (Query(f"sum by (replica) ({GW_IN_FLIGHT})", "in flight {{replica}}"),
-           Query(f"sum by (priority) ({GW_QUEUED})", "queued {{priority}}"))),
+          (Query(f"sum by (replica) ({sel(GW_IN_FLIGHT)})", "in flight {{replica}}"),
+           Query(f"sum by (priority) ({sel(GW_QUEUED)})", "queued {{priority}}"))),
     Panel("gateway_outstanding_tokens", "Outstanding tokens per replica", "short",
-          (gauge_by(GW_OUTSTANDING_TOKENS, "replica"),)),
-    Panel("gateway_errors", "Error share (5xx)", "percentunit", (GATEWAY_ERROR_RATIO,)),
+          (gauge_by(sel(GW_OUTSTANDING_TOKENS), "replica"),)),
+    Panel("gateway_errors", "Failed share (5xx or broken mid-stream)", "percentunit", (GATEWAY_ERROR_RATIO,)),
     Panel("gateway_shed", "Requests shed by admission control", "reqps",
-          (GATEWAY_SHED_RATE, rate_by(GW_SHED, "tenant, reason"))),
+          (GATEWAY_SHED_RATE, rate_by(sel(GW_SHED), "tenant, reason"))),
     Panel("gateway_retries", "Retries on another replica", "reqps",
-          (Query(f"sum(rate({GW_RETRIES}[{{window}}])) or vector(0)", "retries/s"),)),
+          (Query(f"sum(rate({sel(GW_RETRIES)}[{{window}}])) or vector(0)", "retries/s"),)),
     Panel("gateway_replicas", "Replicas healthy (gateway view)", "short",
-          (gauge_by(GW_REPLICA_HEALTHY, "replica", "max"),)),
+          (gauge_by(sel(GW_REPLICA_HEALTHY), "replica", "max"),)),
 )
+
 
 def all_panels() -> tuple[Panel, ...]:
     return ENGINE_PANELS + GATEWAY_PANELS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlmserve.observe.queries import ENGINE_JOB, GATEWAY_JOB
+from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB
 from vlmserve.spec import DeploymentSpec
 
 
@@ -30,7 +30,7 @@ def prometheus_config(
     rule_files: list[str] | None = None,
 ) -> dict[str, Any]:
     """A complete prometheus.yml (as a dict) scraping the gateway and the engines."""
-    labels = {"deployment": deployment}
+    labels = {DEPLOYMENT_LABEL: deployment}
     scrape_configs = []
     if gateway_targets:
         scrape_configs.append({"job_name": GATEWAY_JOB, "metrics_path": "/metrics",
