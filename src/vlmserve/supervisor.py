@@ -605,7 +605,8 @@ def check_trust_boundary(spec: DeploymentSpec, *, gateway_runs: bool) -> None:
     gateway_only = [name for name in ("keys_file", "audit_log", "ssl_certfile") if getattr(spec, name)]
     if gateway_only and not gateway_runs:
         raise UserError(
-            f"{', '.join(gateway_only)} need the gateway, which is off; set gateway: true (or drop --no-gateway)"
+            f"{', '.join(gateway_only)} {'needs' if len(gateway_only) == 1 else 'need'} the gateway, which is off; "
+            "set gateway: true (or drop --no-gateway)"
         )
     if spec.loopback_only or spec.open:
         return
