@@ -32,12 +32,13 @@ from tests.test_supervisor import (
 )
 from tests.test_supervisor import home as home  # noqa: F401  (fixture)
 from tests.test_supervisor import up_process as up_process  # noqa: F401  (fixture)
-from vlmserve.engines.vllm import NO_REMOTE_MEDIA_DOMAIN, engine_argv
 from vlmserve.errors import UserError
 from vlmserve.processes import free_port_block
-from vlmserve.spec import DeploymentSpec, LivenessOptions
-from vlmserve.supervisor import check_trust_boundary, gateway_argv
+from vlmserve.spec import DeploymentSpec
 from vlmserve.supervisor_cli import build_spec
+
+# What this suite checks is imported inside each test, so that every case is collected
+# (and fails on what it checks) on code that lacks it.
 
 needs_sim = pytest.mark.skipif(not sim_available(), reason="`vlmserve engine sim` is not registered")
 
@@ -55,6 +56,16 @@ def ready_with_gateway(home: Path, name: str, replicas: int):  # type: ignore[no
     return None
 
 
+def gateway_requests_finished(endpoint: str) -> float:
+    """Requests the gateway has finished so far, from its own /metrics."""
+    reply = httpx.get(f"{endpoint}/metrics", timeout=10, trust_env=False)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in reply.text.splitlines()
+        if line.startswith("vlmserve_gateway_requests_total{")
+    )
+
+
 def stop_up(proc: subprocess.Popen[str]) -> str:
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=90)
@@ -66,6 +77,8 @@ def stop_up(proc: subprocess.Popen[str]) -> str:
 
 
 def test_vllm_replicas_fetch_media_only_from_listed_hosts() -> None:
+    from vlmserve.engines.vllm import NO_REMOTE_MEDIA_DOMAIN, engine_argv
+
     listed = DeploymentSpec(allowed_media_domains=["images.example.com", "cdn.example.org"])
     argv = engine_argv(listed, "/models/m", 8001, "cpu")
     at = argv.index("--allowed-media-domains")
@@ -78,6 +91,8 @@ def test_vllm_replicas_fetch_media_only_from_listed_hosts() -> None:
 
 
 def test_replicas_listen_on_loopback_behind_the_gateway() -> None:
+    from vlmserve.engines.vllm import engine_argv
+
     exposed = DeploymentSpec(host="0.0.0.0", keys_file="/k.yaml")
     argv = engine_argv(exposed, "/models/m", 8001, "cpu")
     assert argv[argv.index("--host") + 1] == "127.0.0.1"  # the gateway's keys cannot be walked around
@@ -86,6 +101,8 @@ def test_replicas_listen_on_loopback_behind_the_gateway() -> None:
 
 
 def test_gateway_gets_keys_audit_tls_and_media_allowlist() -> None:
+    from vlmserve.supervisor import gateway_argv
+
     spec = DeploymentSpec(
         host="0.0.0.0", port=9000, keys_file="/etc/vlm/keys.yaml", audit_log="/var/log/vlm/audit.jsonl",
         ssl_certfile="/etc/vlm/cert.pem", ssl_keyfile="/etc/vlm/key.pem",
@@ -119,6 +136,8 @@ def test_spec_paths_are_read_next_to_the_spec_file(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.hostile("a deployment on a non-loopback address with no keys is refused unless open: true")
 def test_trust_boundary_rules() -> None:
+    from vlmserve.supervisor import check_trust_boundary
+
     check_trust_boundary(DeploymentSpec(), gateway_runs=True)  # loopback: fine
     check_trust_boundary(DeploymentSpec(host="0.0.0.0", keys_file="/k.yaml"), gateway_runs=True)
     check_trust_boundary(DeploymentSpec(host="0.0.0.0", open=True), gateway_runs=True)
@@ -131,6 +150,8 @@ def test_trust_boundary_rules() -> None:
 
 
 def test_default_detection_time_is_documented() -> None:
+    from vlmserve.spec import LivenessOptions
+
     default = LivenessOptions()
     assert default.detection_s == 15.0
     assert "within 15 s" in (Path(__file__).resolve().parent.parent / "docs" / "up.md").read_text()
@@ -147,21 +168,21 @@ def test_hung_replica_is_restarted_and_every_request_ends(
 ) -> None:
     name = "hung"
     liveness = {"interval_s": 0.5, "timeout_s": 1.0, "failures": 2, "probe_timeout_s": 1.0}
-    detection_s = LivenessOptions(**liveness).detection_s  # 3.5 s
     spec = write_spec(tmp_path / "hung.yaml", name=name, engine="sim", model="sim-model", replicas=2,
-                      port=free_port_block(3), sim={"ttft_ms": 20, "itl_ms": 2}, liveness=liveness)  # fmt: skip
+                      port=free_port_block(3), sim={"ttft_ms": 20, "itl_ms": 10}, liveness=liveness)  # fmt: skip
     proc = spawn_up(vlmserve_cmd, home, up_process, "-f", str(spec))
     state = wait_for(lambda: ready_with_gateway(home, name, 2), 180, "sim replicas and gateway ready", proc)
     victim = state["replicas"][1]
     summary_file, records_file = tmp_path / "bench.json", tmp_path / "records.parquet"
     bench = subprocess.Popen(
         [*vlmserve_cmd, "bench", "--base-url", state["endpoint"], "--model", "sim-model", "--concurrency", "32",
-         "--num-requests", "500", "--input-len", "32", "--output-len", "8", "--json-out", str(summary_file),
+         "--num-requests", "500", "--input-len", "32", "--output-len", "32", "--json-out", str(summary_file),
          "--records-out", str(records_file), "--label", "hung-replica"],
         env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        time.sleep(1.0)  # the bench is sending: the stop lands on requests in flight
+        # the stop lands mid-run, on requests in flight (not on the bench's set-up calls)
+        wait_for(lambda: gateway_requests_finished(state["endpoint"]) >= 32, 120, "the bench to be under way", proc)
         os.killpg(victim["pid"], signal.SIGSTOP)
         stopped_at = time.monotonic()
 
@@ -172,6 +193,9 @@ def test_hung_replica_is_restarted_and_every_request_ends(
 
         wait_for(killed, 120, "the hung replica to be killed", proc)
         took_s = time.monotonic() - stopped_at
+        from vlmserve.spec import LivenessOptions
+
+        detection_s = LivenessOptions(**liveness).detection_s  # 3.5 s
         state = wait_for(
             lambda: (s := all_ready(home, name, 2)) and s["replicas"][1]["restarts"] == 1 and s, 120,
             "the hung replica to be ready again", proc,
@@ -220,7 +244,7 @@ def test_orphans_of_a_killed_supervisor_block_a_second_up(
 
         second = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--engine", "sim", "--model", "m",
                           "--port", str(free_port_block(2)))  # fmt: skip
-        output, _ = second.communicate(timeout=120)
+        output, _ = second.communicate(timeout=60)
         assert second.returncode == 2, output
         assert "Traceback" not in output
         [error] = [line for line in output.splitlines() if line.startswith("error: ")]
@@ -252,7 +276,7 @@ def test_non_loopback_without_keys_needs_open(
     port = free_port_block(2)
     refused = spawn_up(vlmserve_cmd, home, up_process, "--name", "exposed", "--engine", "sim", "--host", "0.0.0.0",
                        "--port", str(port))  # fmt: skip
-    output, _ = refused.communicate(timeout=120)
+    output, _ = refused.communicate(timeout=60)
     assert refused.returncode == 2, output
     [error] = [line for line in output.splitlines() if line.startswith("error: ")]
     assert "host 0.0.0.0 is reachable from other machines but the gateway has no keys_file" in error
