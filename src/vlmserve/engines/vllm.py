@@ -151,8 +151,12 @@ def cpu_kv_cache_gb(spec: DeploymentSpec) -> int:
     return max(1, math.ceil(spec.kv_cache_space_gb))
 
 
-def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind) -> list[str]:
-    """argv for one replica; only flags the spec sets are passed, so vLLM's defaults stay."""
+def engine_argv(
+    spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind, host: str | None = None
+) -> list[str]:
+    """argv for one replica; only flags the spec sets are passed, so vLLM's defaults stay.
+
+    host: where it listens; default `spec.replica_host` (loopback behind the gateway)."""
     args = spec.engine_args
     argv = [
         sys.executable,
@@ -163,7 +167,7 @@ def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: D
         "--served-model-name",
         served_model_name(spec),
         "--host",
-        spec.replica_host,
+        host or spec.replica_host,
         "--port",
         str(port),
         "--dtype",
