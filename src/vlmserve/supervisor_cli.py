@@ -181,7 +181,8 @@ def door_description(spec, *, open_door: bool) -> str:  # spec: DeploymentSpec
 
 def _print_plan(spec) -> None:  # spec: DeploymentSpec
     from vlmserve.engines import vllm as vllm_engine
-    from vlmserve.supervisor import gateway_argv, resolve_model_path, sim_engine_argv
+    from vlmserve.front_door import gateway_argv
+    from vlmserve.supervisor import resolve_model_path, sim_engine_argv
 
     if spec.engine == "sim":
         plans = [(port, sim_engine_argv(spec, port, seed=index), {}) for index, port in enumerate(spec.replica_ports())]
