@@ -94,6 +94,17 @@ def matches_recorded(pid: int, recorded_created_at: float | None) -> bool:
     return now is not None and recorded_created_at is not None and abs(now - recorded_created_at) < 1.0
 
 
+def kill_process_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group and every descendant at once, without asking first.
+
+    For a hung process: a stopped (SIGSTOP) one leaves SIGTERM pending until it is continued,
+    so the polite path of `stop_process_tree` would only wait out its grace period. The
+    leader is not reaped here; whoever owns the Popen sees the exit code (-9) as for a crash."""
+    pids = tree_pids(process.pid)
+    _signal_group(process.pid, signal.SIGKILL)
+    _signal_pids(pids, signal.SIGKILL)
+
+
 def kill_process_group(pid: int) -> None:
     """SIGKILL a process group at once (what a crash or the OOM killer looks like)."""
     _signal_group(pid, signal.SIGKILL)

@@ -52,6 +52,35 @@ class SimEngineOptions(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
 
 
+class LivenessOptions(BaseModel):
+    """How the supervisor tells a hung replica from a busy one (see vlmserve.liveness).
+
+    Every `interval_s` each ready replica gets `GET /health` with `timeout_s`; after
+    `failures` failed checks in a row a 1-token generation with `probe_timeout_s` decides:
+    an answer means busy (the count starts again), none means hung (killed and restarted).
+    Worst-case detection: interval_s + failures x max(interval_s, timeout_s) + probe_timeout_s.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    interval_s: float = Field(2.0, gt=0)
+    timeout_s: float = Field(3.0, gt=0)
+    failures: int = Field(3, ge=1)
+    probe_timeout_s: float = Field(4.0, gt=0)
+
+    @property
+    def detection_s(self) -> float:
+        """The longest a hung replica goes unnoticed (15 s with the defaults)."""
+        return self.interval_s + self.failures * max(self.interval_s, self.timeout_s) + self.probe_timeout_s
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+SPEC_FILE_PATHS = ("keys_file", "audit_log", "ssl_certfile", "ssl_keyfile", "log_dir")
+"""Spec fields that are file paths: relative ones are read relative to the spec file."""
+
+
 class DeploymentSpec(BaseModel):
     """Everything `vlmserve up` needs to start and supervise a deployment."""
 
@@ -74,6 +103,42 @@ class DeploymentSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     log_dir: str | None = None
     ready_timeout_s: float = Field(600.0, gt=0)
+    liveness: LivenessOptions = Field(default_factory=LivenessOptions)
+    # The trust boundary: what the gateway asks of clients, and what media the engines fetch.
+    keys_file: str | None = Field(None, description="gateway: YAML file of tenants and API keys")
+    audit_log: str | None = Field(None, description="gateway: one JSON line per request is appended here")
+    ssl_certfile: str | None = Field(None, description="gateway: TLS certificate (PEM); needs ssl_keyfile")
+    ssl_keyfile: str | None = Field(None, description="gateway: TLS private key (PEM); needs ssl_certfile")
+    allowed_media_domains: list[str] = Field(
+        default_factory=list,
+        description="hosts image URLs may point at; empty: no remote media, images come inline (data: URLs)",
+    )
+    open: bool = Field(False, description="serve a non-loopback host without keys_file, on purpose")
+
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _bare_host_names(cls, domains: list[str]) -> list[str]:
+        for domain in domains:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", domain):
+                raise ValueError(f"'{domain}' is not a host name; list bare host names like images.example.com")
+        return domains
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "DeploymentSpec":
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("give both ssl_certfile and ssl_keyfile, or neither")
+        return self
+
+    @property
+    def replica_host(self) -> str:
+        """Where replicas listen: loopback behind a gateway (the gateway is the only door, so its
+        keys cannot be walked around), else `host`."""
+        return "127.0.0.1" if self.gateway else self.host
+
+    @property
+    def loopback_only(self) -> bool:
+        """Is `host` reachable from this machine only?"""
+        return self.host in LOOPBACK_HOSTS or self.host.startswith("127.")
 
     @field_validator("name")
     @classmethod
@@ -243,11 +308,23 @@ def load_yaml_file(path: str | Path) -> Any:
         raise UserError(f"{file_path}: not valid YAML{where}; fix the syntax") from None
 
 
+def resolve_spec_paths(data: dict[str, Any], spec_file: str | Path) -> dict[str, Any]:
+    """Relative file paths in a spec file mean: next to the spec file (not the current directory)."""
+    base = Path(spec_file).resolve().parent
+    resolved = dict(data)
+    for key in SPEC_FILE_PATHS:
+        value = resolved.get(key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            resolved[key] = str(base / value)
+    return resolved
+
+
 def load_deployment_spec(path: str | Path) -> DeploymentSpec:
     """Load and validate a deployment spec; a bad one is one clear line."""
     data = load_yaml_file(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: a deployment spec is a YAML mapping (model:, replicas:, ...)")
+    data = resolve_spec_paths(data, path)
     try:
         return DeploymentSpec.model_validate(data)
     except ValidationError as err:

@@ -9,6 +9,12 @@ simulated engine) and, when asked and available, the gateway in front of them:
   of start-up failures. Each must pass the readiness checks (vlmserve.readiness) and serve
   the configuration asked for, from a process vlmserve itself started.
 - A replica that dies is restarted with exponential back-off, and the event is logged.
+  One that hangs (no answer to /health, then none to a 1-token generation; see
+  vlmserve.liveness) is killed outright and restarted the same way, with the reason recorded.
+- A name whose previous supervisor is gone but whose processes still run is refused (the
+  state file that lets `vlmserve down` find them is never overwritten).
+- The trust boundary: with a gateway in front, replicas listen on loopback only; a host
+  reachable from other machines needs a keys file or an explicit `open: true`.
 - `stop()` (also on leaving the `with` block) stops every process tree it started.
 
 It is a library object (used by `vlmserve up`, `vlmserve demo` and `sweep`); signal handling
@@ -33,6 +39,8 @@ import psutil
 from vlmserve import processes
 from vlmserve.deployment_state import deployment_dir, read_state, supervisor_alive, write_state
 from vlmserve.errors import UserError
+from vlmserve.front_door import check_gateway_files, check_trust_boundary, gateway_argv
+from vlmserve.liveness import LivenessWatch, Subject
 from vlmserve.readiness import (
     ExpectedConfig,
     ReadinessAborted,
@@ -67,6 +75,7 @@ class ProcessPlan:
     log_path: Path
     expected: ExpectedConfig | None
     devices: str = ""
+    scheme: Literal["http", "https"] = "http"
 
     @property
     def label(self) -> str:
@@ -74,7 +83,7 @@ class ProcessPlan:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
 
 @dataclass
@@ -94,6 +103,9 @@ class ManagedProcess:
     pid_created_at: float | None = None
     """The process's start time as the OS reports it: with the pid, it identifies the process
     for `vlmserve down` even after the supervisor is gone (pids are reused)."""
+    kill_reason: str | None = None
+    """Set when the supervisor killed the process itself (hung); the exit it causes is not a crash."""
+    last_restart_reason: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -112,6 +124,7 @@ class ManagedProcess:
             "started_at": self.started_at,
             "ready_at": self.ready_at,
             "last_exit_code": self.last_exit_code,
+            "last_restart_reason": self.last_restart_reason,
             "devices": self.plan.devices,
             "log": str(self.plan.log_path),
             "served": self.served.as_dict() if self.served else None,
@@ -134,6 +147,7 @@ class Supervisor:
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._watches: list[LivenessWatch] = []
         self.replicas: list[ManagedProcess] = []
         self.gateway: ManagedProcess | None = None
         self.gateway_note: str | None = None
@@ -183,6 +197,10 @@ class Supervisor:
             raise
         self._monitor = threading.Thread(target=self._monitor_loop, name="vlmserve-supervisor", daemon=True)
         self._monitor.start()
+        if self.spec.liveness.enabled:
+            self._watches = [self._watch(replica) for replica in self.replicas]
+            for watch in self._watches:
+                watch.start()
         return self
 
     def wait(self, timeout_s: float | None = None) -> None:
@@ -194,6 +212,8 @@ class Supervisor:
         self._stopping.set()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=30)
+        for watch in self._watches:
+            watch.join(timeout=self.spec.liveness.timeout_s + self.spec.liveness.probe_timeout_s + 1)
         with self._lock:
             members = ([self.gateway] if self.gateway else []) + list(reversed(self.replicas))
             for member in members:
@@ -224,6 +244,7 @@ class Supervisor:
                 "started_at": self.started_at,
                 "updated_at": time.time(),
                 "endpoint": self.endpoint if self.replicas else None,
+                "open": self.is_open,
                 "gateway_note": self.gateway_note,
                 "notes": self.notes,
                 "replicas": [replica.as_state() for replica in self.replicas],
@@ -231,38 +252,55 @@ class Supervisor:
                 "spec": self.spec.model_dump(mode="json"),
             }
 
+    @property
+    def is_open(self) -> bool:
+        """Does the front door serve anyone who can reach it (no keys asked)?"""
+        return self.gateway is None or not self.spec.keys_file
+
     # ---- checks before anything starts ------------------------------------------------
 
     def _preflight(self) -> None:
         self._refuse_running_duplicate()
+        check_trust_boundary(self.spec, gateway_runs=self.spec.gateway and gateway_available())
         if self.spec.engine == "vllm":
             plans = self._plan_vllm_replicas()
         else:
             plans = self._plan_sim_replicas()
-        self._check_ports([plan.port for plan in plans])
+        self._check_ports(self.spec.replica_host, [plan.port for plan in plans])
         self.replicas = [ManagedProcess(plan=plan) for plan in plans]
         gateway_plan = self._plan_gateway()
         if gateway_plan is not None:
-            self._check_ports([gateway_plan.port])
+            self._check_ports(self.spec.host, [gateway_plan.port])
             self.gateway = ManagedProcess(plan=gateway_plan)
         for note in self.notes:
             self._event(note)
 
     def _refuse_running_duplicate(self) -> None:
+        """One deployment per name: refuse while its supervisor runs, or while processes a
+        killed supervisor left behind still run (their only record is this state file)."""
         previous = read_state(self.state_dir / "state.json")
-        if previous and supervisor_alive(previous) and previous.get("supervisor_pid") != os.getpid():
+        if not previous or previous.get("supervisor_pid") == os.getpid():
+            return
+        if supervisor_alive(previous):
             raise UserError(
                 f"deployment '{self.spec.name}' is already running (supervisor pid {previous['supervisor_pid']}); "
-                "stop it first or give this one another --name"
+                f"stop it with `vlmserve down {self.spec.name}` or give this one another --name"
+            )
+        orphans = living_members(previous)
+        if orphans:
+            listed = ", ".join(f"{member_label(member)} pid {member['pid']}" for member in orphans)
+            raise UserError(
+                f"deployment '{self.spec.name}' still has processes running from a supervisor that is gone "
+                f"({listed}); stop them with `vlmserve down {self.spec.name}`, then start it again"
             )
 
-    def _check_ports(self, ports: list[int]) -> None:
+    def _check_ports(self, host: str, ports: list[int]) -> None:
         for port in ports:
-            if not processes.port_is_free(self.spec.host, port):
+            if not processes.port_is_free(host, port):
                 owners = processes.port_listeners(port)
                 who = f" by {processes.describe_pid(owners[0])}" if owners else ""
                 raise UserError(
-                    f"port {port} on {self.spec.host} is already in use{who}; stop that process or choose "
+                    f"port {port} on {host} is already in use{who}; stop that process or choose "
                     "another --port"
                 )
 
@@ -288,7 +326,7 @@ class Supervisor:
                 index=index,
                 argv=launch.argv,
                 env=launch.full_env(),
-                host=self.spec.host,
+                host=self.spec.replica_host,
                 port=launch.port,
                 log_path=self.log_dir / f"replica-{index}.log",
                 expected=expected,
@@ -311,7 +349,7 @@ class Supervisor:
                 index=index,
                 argv=sim_engine_argv(self.spec, port, seed=index),
                 env=env,
-                host=self.spec.host,
+                host=self.spec.replica_host,
                 port=port,
                 log_path=self.log_dir / f"replica-{index}.log",
                 expected=expected,
@@ -328,19 +366,17 @@ class Supervisor:
             self.notes.append(self.gateway_note)
             return None
         check_gateway_policy(self.spec.gateway_policy)
-        argv = [sys.executable, "-m", "vlmserve", "gateway"]
-        for replica in self.replicas:
-            argv += ["--replica", replica.plan.url]
-        argv += ["--host", self.spec.host, "--port", str(self.spec.port), "--policy", self.spec.gateway_policy]
+        check_gateway_files(self.spec)
         return ProcessPlan(
             role="gateway",
             index=0,
-            argv=argv,
+            argv=gateway_argv(self.spec, self.replica_urls),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             host=self.spec.host,
             port=self.spec.port,
             log_path=self.log_dir / "gateway.log",
             expected=None,
+            scheme="https" if self.spec.ssl_certfile else "http",
         )
 
     # ---- starting one process ---------------------------------------------------------
@@ -454,11 +490,13 @@ class Supervisor:
             processes.stop_process_tree(member.process, grace_s=2.0)  # reap anything it left
             with self._lock:
                 member.last_exit_code = code
+                member.last_restart_reason = member.kill_reason or f"exited with code {code}"
+                member.kill_reason = None
                 member.state = "restarting"
                 member.restart_at = now + member.backoff_s
                 self._write_state()
             self._event(
-                f"{member.plan.label} (pid {member.pid}) exited with code {code}; "
+                f"{member.plan.label} (pid {member.pid}) {member.last_restart_reason}; "
                 f"restarting in {member.backoff_s:.0f} s (restart {member.restarts + 1})"
             )
             return
@@ -481,6 +519,31 @@ class Supervisor:
                 self._event(f"restart of {member.plan.label} failed: {first_line}; next try in {member.backoff_s:.0f} s")
                 return
             member.backoff_s = min(BACKOFF_MAX_S, member.backoff_s * 2)
+
+    def _watch(self, member: ManagedProcess) -> LivenessWatch:
+        """A liveness watch on one replica; it sees the replica only while it is ready."""
+
+        def subject() -> Subject | None:
+            with self._lock:
+                if member.state != "ready" or member.process is None or member.plan.expected is None:
+                    return None
+                return Subject(member.plan.url, member.plan.expected.served_model_name, member.process)
+
+        def on_hung(process: object, reason: str) -> None:
+            self._kill_hung(member, process, reason)
+
+        return LivenessWatch(member.plan.label, subject, on_hung, self.spec.liveness, self._stopping)
+
+    def _kill_hung(self, member: ManagedProcess, process: object, reason: str) -> None:
+        """SIGKILL a hung replica's whole process group; the monitor then restarts it as after a crash."""
+        with self._lock:
+            if self._stopping.is_set() or member.process is not process or member.state != "ready":
+                return  # restarted or stopping meanwhile: the verdict is about a process that is gone
+            if member.process.poll() is not None:
+                return
+            member.kill_reason = reason
+            self._event(f"{member.plan.label} (pid {member.pid}) is {reason}; killing its process group")
+            processes.kill_process_tree(member.process)
 
     # ---- bookkeeping ------------------------------------------------------------------
 
@@ -507,7 +570,8 @@ def _wait_for_health(url: str, timeout_s: float, keep_waiting: Callable[[], bool
         if not keep_waiting():
             raise ReadinessAborted(last)
         try:
-            reply = httpx.get(f"{url}/health", timeout=5, trust_env=False)
+            # our own gateway, maybe with a self-signed certificate: the check is "it answers"
+            reply = httpx.get(f"{url}/health", timeout=5, trust_env=False, verify=False)
             if reply.status_code == 200:
                 return
             last = f"/health answered {reply.status_code}"
@@ -516,6 +580,22 @@ def _wait_for_health(url: str, timeout_s: float, keep_waiting: Callable[[], bool
         if time.monotonic() >= deadline:
             raise TimeoutError(last)
         time.sleep(0.3)
+
+
+def member_label(member: dict[str, Any]) -> str:
+    """'replica 0' or 'gateway', from a member's entry in a state file."""
+    return f"replica {member.get('index')}" if member.get("role") == "replica" else str(member.get("role"))
+
+
+def living_members(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Members of a state file whose recorded process still runs: the same pid *and* the same
+    start time (a pid reused by another program since is not ours)."""
+    members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
+    return [
+        member
+        for member in members
+        if member.get("pid") and processes.matches_recorded(int(member["pid"]), member.get("pid_created_at"))
+    ]
 
 
 def _expected_cache_labels(spec: DeploymentSpec) -> dict[str, str]:
@@ -534,7 +614,7 @@ def sim_engine_argv(spec: DeploymentSpec, port: int, seed: int = 0) -> list[str]
 
     argv = [
         sys.executable, "-m", "vlmserve", "engine", "sim",
-        "--host", spec.host, "--port", str(port), "--model", served_model_name(spec), "--seed", str(seed),
+        "--host", spec.replica_host, "--port", str(port), "--model", served_model_name(spec), "--seed", str(seed),
     ]  # fmt: skip
     args = spec.engine_args
     for flag, value in (

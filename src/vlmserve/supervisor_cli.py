@@ -24,8 +24,11 @@ console = Console(highlight=False)
 
 
 def build_spec(file: Path | None, overrides: dict[str, Any], engine_overrides: dict[str, Any]):  # -> DeploymentSpec
-    """The spec file (if any) with the flags that were given laid over it."""
-    from vlmserve.spec import DeploymentSpec, describe_validation_error, load_yaml_file
+    """The spec file (if any) with the flags that were given laid over it.
+
+    Relative file paths in the spec file are read next to it; those given as flags, from the
+    current directory (made absolute here, so the gateway sees the same file wherever it runs)."""
+    from vlmserve.spec import SPEC_FILE_PATHS, DeploymentSpec, describe_validation_error, load_yaml_file, resolve_spec_paths
 
     data: dict[str, Any] = {}
     source = "flags"
@@ -33,8 +36,11 @@ def build_spec(file: Path | None, overrides: dict[str, Any], engine_overrides: d
         loaded = load_yaml_file(file)
         if not isinstance(loaded, dict):
             raise UserError(f"{file}: a deployment spec is a YAML mapping (model:, replicas:, ...)")
-        data = loaded
+        data = resolve_spec_paths(loaded, file)
         source = str(file)
+    for key in SPEC_FILE_PATHS:
+        if isinstance(overrides.get(key), (str, Path)):
+            overrides[key] = str(Path(overrides[key]).expanduser().resolve())
     data.update({key: value for key, value in overrides.items() if value is not None})
     engine_args = dict(data.get("engine_args") or {})
     extra = engine_overrides.pop("extra_args", None)
@@ -93,6 +99,16 @@ def up(
         None, "--engine-arg", help="Extra engine flag(s), passed as given, e.g. --engine-arg=--enforce-eager."
     ),
     ready_timeout_s: Optional[float] = typer.Option(None, help="Seconds each process may take to become ready."),
+    keys_file: Optional[Path] = typer.Option(None, help="Gateway: YAML file of tenants and API keys (clients must send one)."),
+    audit_log: Optional[Path] = typer.Option(None, help="Gateway: append one JSON line per request to this file."),
+    ssl_certfile: Optional[Path] = typer.Option(None, help="Gateway: TLS certificate (PEM); needs --ssl-keyfile."),
+    ssl_keyfile: Optional[Path] = typer.Option(None, help="Gateway: TLS private key (PEM)."),
+    allowed_media_domain: Optional[list[str]] = typer.Option(
+        None, "--allowed-media-domain", help="A host image URLs may point at (repeat); default: none, images inline only."
+    ),
+    open_: Optional[bool] = typer.Option(
+        None, "--open", help="Serve a non-loopback --host without --keys-file, on purpose."
+    ),
     print_plan: bool = typer.Option(False, "--print-plan", help="Print each replica's command and environment; start nothing."),
 ) -> None:
     """Start and supervise engine replicas (and the gateway) until Ctrl-C or SIGTERM."""
@@ -102,7 +118,9 @@ def up(
             "model": model, "name": name, "replicas": replicas, "port": port, "host": host, "engine": engine,
             "devices": devices, "gateway": gateway, "gateway_policy": gateway_policy,
             "kv_cache_space_gb": kv_cache_space_gb, "cpu_threads_per_replica": cpu_threads_per_replica,
-            "ready_timeout_s": ready_timeout_s,
+            "ready_timeout_s": ready_timeout_s, "keys_file": keys_file, "audit_log": audit_log,
+            "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,
+            "allowed_media_domains": allowed_media_domain or None, "open": open_,
         },
         {
             "dtype": dtype, "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
@@ -135,7 +153,7 @@ def run_until_signalled(spec) -> None:  # spec: DeploymentSpec
         supervisor.start()
         console.print(status_table([supervisor.status()]))
         console.print(f"[bold green]serving[/bold green] {supervisor.served_model_name} at {supervisor.endpoint} "
-                      "— Ctrl-C stops everything")
+                      f"({door_description(spec, open_door=supervisor.is_open)}) — Ctrl-C stops everything")
         while not supervisor._stopping.is_set():
             supervisor.wait(1.0)
     except KeyboardInterrupt:
@@ -153,8 +171,17 @@ def run_until_signalled(spec) -> None:  # spec: DeploymentSpec
     console.print("all processes stopped")
 
 
+def door_description(spec, *, open_door: bool) -> str:  # spec: DeploymentSpec
+    """How clients get in, for the start-up line: who may use it, and whether it is open."""
+    if open_door:
+        reach = "this machine only" if spec.loopback_only else "anyone who can reach it"
+        return f"[bold yellow]open[/bold yellow]: no API keys, {reach}"
+    return f"API keys required ({spec.keys_file})"
+
+
 def _print_plan(spec) -> None:  # spec: DeploymentSpec
     from vlmserve.engines import vllm as vllm_engine
+    from vlmserve.front_door import gateway_argv
     from vlmserve.supervisor import resolve_model_path, sim_engine_argv
 
     if spec.engine == "sim":
@@ -167,6 +194,10 @@ def _print_plan(spec) -> None:  # spec: DeploymentSpec
         console.print(f"[bold]replica {index}[/bold] port {port}")
         env_text = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(env.items()))
         console.print(f"  {env_text} {shlex.join(argv)}", soft_wrap=True)
+    if spec.gateway:
+        urls = [f"http://{spec.replica_host}:{port}" for port, _, _ in plans]
+        console.print(f"[bold]gateway[/bold] port {spec.port}")
+        console.print(f"  {shlex.join(gateway_argv(spec, urls))}", soft_wrap=True)
 
 
 def status(
@@ -221,7 +252,7 @@ def status_table(states: list[dict[str, Any]]) -> Group:
             f"at {state.get('endpoint') or '-'}",
             title_justify="left",
         )
-        for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices"):
+        for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices", "last restart"):
             table.add_column(column, justify="right" if column in ("port", "pid", "restarts") else "left")
         members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
         for member in members:
@@ -235,6 +266,7 @@ def status_table(states: list[dict[str, Any]]) -> Group:
                 str(member.get("restarts", 0)),
                 format_uptime(member.get("started_at"), now),
                 member.get("devices") or "",
+                member.get("last_restart_reason") or "",
             )
         tables.append(table)
     return Group(*tables)

@@ -37,6 +37,10 @@ CPU_ENGINE_OVERHEAD_GB = 2.5
 server and the engine-core process). Measured: about 2.5 GB RSS over the API server, engine core and worker
 for the embedded model, besides its 1 GB KV cache."""
 
+NO_REMOTE_MEDIA_DOMAIN = "no-remote-media.invalid"
+"""What `--allowed-media-domains` gets when the spec allows no remote media: vLLM reads an empty
+allowlist as "any host", so a name under .invalid (RFC 2606: never resolves) stands for none."""
+
 GPU_ENGINE_HOST_OVERHEAD_GB = 4.0
 """Host memory a GPU engine process needs (CUDA context, torch, tokenizer, API server)."""
 
@@ -147,8 +151,12 @@ def cpu_kv_cache_gb(spec: DeploymentSpec) -> int:
     return max(1, math.ceil(spec.kv_cache_space_gb))
 
 
-def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind) -> list[str]:
-    """argv for one replica; only flags the spec sets are passed, so vLLM's defaults stay."""
+def engine_argv(
+    spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind, host: str | None = None
+) -> list[str]:
+    """argv for one replica; only flags the spec sets are passed, so vLLM's defaults stay.
+
+    host: where it listens; default `spec.replica_host` (loopback behind the gateway)."""
     args = spec.engine_args
     argv = [
         sys.executable,
@@ -159,7 +167,7 @@ def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: D
         "--served-model-name",
         served_model_name(spec),
         "--host",
-        spec.host,
+        host or spec.replica_host,
         "--port",
         str(port),
         "--dtype",
@@ -188,6 +196,8 @@ def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: D
         argv += ["--limit-mm-per-prompt", _json(args.limit_mm_per_prompt)]
     if args.mm_processor_kwargs is not None:
         argv += ["--mm-processor-kwargs", _json(args.mm_processor_kwargs)]
+    # image URLs are fetched by the engine: only from listed hosts (SSRF), by default from none
+    argv += ["--allowed-media-domains", *(spec.allowed_media_domains or [NO_REMOTE_MEDIA_DOMAIN])]
     argv += list(args.extra_args)
     return argv
 

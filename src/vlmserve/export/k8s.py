@@ -114,8 +114,7 @@ def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mou
         resources = {"requests": {"cpu": "500m", "memory": "512Mi"}}
     else:
         device_kind = "cpu" if spec.devices == "cpu" else "gpu"
-        in_pod = spec.model_copy(update={"host": "0.0.0.0"})
-        argv = engine_argv(in_pod, model, CONTAINER_PORT, device_kind)
+        argv = engine_argv(spec, model, CONTAINER_PORT, device_kind, host="0.0.0.0")  # the pod's network
         # same flags `vlmserve up` passes; the image's python replaces this machine's interpreter
         command, image = ["python3", *argv[1:3]], options.vllm_image
         args = argv[3:]

@@ -1,0 +1,71 @@
+"""The deployment's front door: the gateway's command line, and who may reach it.
+
+One rule, kept here: a deployment is open to other machines only when its spec says so.
+With the gateway on, replicas listen on loopback (`DeploymentSpec.replica_host`), so the
+gateway, with its keys, audit log, TLS and media allowlist, is the only way in; a door on a
+non-loopback address without keys must be asked for with `open: true` (or `--open`). The
+checks run before any engine starts, so a mistake costs a second, not a model load.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from vlmserve.errors import UserError
+from vlmserve.spec import DeploymentSpec
+
+
+def check_trust_boundary(spec: DeploymentSpec, *, gateway_runs: bool) -> None:
+    """Refuse a deployment that would be open to other machines by accident.
+
+    With a gateway the replicas listen on loopback, so the gateway is the only door; a door
+    on a non-loopback address without keys must be asked for (`open: true` / `--open`)."""
+    gateway_only = [name for name in ("keys_file", "audit_log", "ssl_certfile") if getattr(spec, name)]
+    if gateway_only and not gateway_runs:
+        raise UserError(
+            f"{', '.join(gateway_only)} {'needs' if len(gateway_only) == 1 else 'need'} the gateway, which is off; "
+            "set gateway: true (or drop --no-gateway)"
+        )
+    if spec.loopback_only or spec.open:
+        return
+    if not gateway_runs:
+        raise UserError(
+            f"host {spec.host} is reachable from other machines and, without the gateway, nothing asks for keys; "
+            "turn the gateway on and set keys_file, or set open: true (or pass --open) to serve it open on purpose"
+        )
+    if not spec.keys_file:
+        raise UserError(
+            f"host {spec.host} is reachable from other machines but the gateway has no keys_file; set keys_file "
+            "in the spec (or --keys-file), or set open: true (or pass --open) to serve it without keys on purpose"
+        )
+
+
+def check_gateway_files(spec: DeploymentSpec) -> None:
+    """The gateway's input files exist, checked before any engine starts (not a minute later)."""
+    for name in ("keys_file", "ssl_certfile", "ssl_keyfile"):
+        value = getattr(spec, name)
+        if value and not Path(value).expanduser().is_file():
+            raise UserError(
+                f"{name} {value} does not exist; create it or fix the path "
+                "(relative paths are read next to the spec file)"
+            )
+
+
+def gateway_argv(spec: DeploymentSpec, replica_urls: list[str]) -> list[str]:
+    """`python -m vlmserve gateway ...` in front of the replicas, with the spec's trust settings."""
+    argv = [sys.executable, "-m", "vlmserve", "gateway"]
+    for url in replica_urls:
+        argv += ["--replica", url]
+    argv += ["--host", spec.host, "--port", str(spec.port), "--policy", spec.gateway_policy]
+    for flag, value in (
+        ("--keys-file", spec.keys_file),
+        ("--audit-log", spec.audit_log),
+        ("--ssl-certfile", spec.ssl_certfile),
+        ("--ssl-keyfile", spec.ssl_keyfile),
+    ):
+        if value:
+            argv += [flag, str(Path(value).expanduser())]
+    for domain in spec.allowed_media_domains:
+        argv += ["--allowed-media-domains", domain]
+    return argv
