@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from tests.helpers.tls import self_signed_certificate
 from tests.test_supervisor import (
     all_ready,
     assert_one_line_error,
@@ -295,22 +297,27 @@ def test_non_loopback_without_keys_needs_open(
 
 @needs_sim
 @pytest.mark.hostile("a spec with keys_file: the gateway answers 401 without a key; audit_log records requests")
-def test_keys_file_in_the_spec_makes_the_gateway_ask_for_keys(
+def test_keys_file_and_tls_in_the_spec_make_the_gateway_ask_for_keys_over_https(
     vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]]  # noqa: F811
 ) -> None:
     deploy = tmp_path / "deploy"
     write_spec(deploy / "keys.yaml", tenants=[{"name": "clinic", "keys": ["sk-clinic-1"]}])
+    cert, _ = self_signed_certificate(deploy)
     spec = write_spec(deploy / "spec.yaml", name="keyed", engine="sim", model="m", host="0.0.0.0",
-                      port=free_port_block(2), keys_file="keys.yaml", audit_log="audit.jsonl")  # fmt: skip
+                      port=free_port_block(2), keys_file="keys.yaml", audit_log="audit.jsonl",
+                      ssl_certfile="gw.crt", ssl_keyfile="gw.key")  # fmt: skip
     proc = spawn_up(vlmserve_cmd, home, up_process, "-f", str(spec))  # run from another directory on purpose
     state = wait_for(lambda: ready_with_gateway(home, "keyed", 1), 120, "keyed deployment ready", proc)
     assert state["open"] is False
-    gateway = f"http://127.0.0.1:{state['gateway']['port']}"
+    gateway = f"https://127.0.0.1:{state['gateway']['port']}"
     body = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    anonymous = httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=60, trust_env=False)
+    trust = {"verify": ssl.create_default_context(cafile=str(cert)), "timeout": 60, "trust_env": False}
+    with pytest.raises(httpx.TransportError):
+        httpx.post(gateway.replace("https://", "http://") + "/v1/chat/completions", json=body, timeout=10, trust_env=False)
+    anonymous = httpx.post(f"{gateway}/v1/chat/completions", json=body, **trust)
     assert anonymous.status_code == 401, anonymous.text
-    keyed = httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=60, trust_env=False,
-                       headers={"Authorization": "Bearer sk-clinic-1"})  # fmt: skip
+    keyed = httpx.post(f"{gateway}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-clinic-1"},
+                       **trust)  # fmt: skip
     assert keyed.status_code == 200, keyed.text
     output = stop_up(proc)
     assert f"API keys required ({deploy / 'keys.yaml'})" in output, output

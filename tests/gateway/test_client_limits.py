@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import logging
 import ssl
 import subprocess
@@ -17,6 +15,7 @@ import pytest
 
 from tests.gateway.conftest import chat_body, post_chat, running_gateway, sim_engines, wait_until
 from tests.helpers.sim import SimHandle
+from tests.helpers.tls import self_signed_certificate
 
 SLOW_HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
              b"X-Padding: " + b"a" * 200 + b"\r\n\r\n")
@@ -140,30 +139,9 @@ async def test_malformed_requests_get_400_and_one_log_line_each(engine: SimHandl
     assert all("\n" not in r.getMessage() for r in lines)
 
 
-def _self_signed(directory: Path, name: str = "gw") -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 @pytest.mark.hostile("plain-text traffic on the wire: the gateway serves HTTPS from --ssl-certfile/--ssl-keyfile")
 async def test_https_serves_with_the_given_certificate(engine: SimHandle, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_certificate(tmp_path)
     trust = ssl.create_default_context(cafile=str(cert))
     async with running_gateway([engine], ssl_certfile=cert, ssl_keyfile=key) as gw, aiohttp.ClientSession() as session:
         assert gw.base_url.startswith("https://")
@@ -181,11 +159,11 @@ async def test_https_serves_with_the_given_certificate(engine: SimHandle, tmp_pa
 @pytest.mark.hostile("a missing, mismatched or garbled TLS certificate or key")
 @pytest.mark.parametrize("problem", ["missing", "mismatched", "not_pem"])
 def test_bad_certificate_or_key_is_a_one_line_error(tmp_path: Path, problem: str) -> None:
-    cert, key = _self_signed(tmp_path, "one")
+    cert, key = self_signed_certificate(tmp_path, "one")
     if problem == "missing":
         cert = tmp_path / "nowhere.crt"
     elif problem == "mismatched":
-        key = _self_signed(tmp_path, "two")[1]
+        key = self_signed_certificate(tmp_path, "two")[1]
     else:
         cert.write_text("not a certificate\n")
     done = subprocess.run([sys.executable, "-m", "vlmserve", "gateway", "--replica", "http://127.0.0.1:9", "--port", "0",
