@@ -13,6 +13,7 @@ import signal
 import ssl
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -166,7 +167,8 @@ def test_default_detection_time_is_documented() -> None:
 @pytest.mark.slow
 @pytest.mark.hostile("one replica stops answering (SIGSTOP) under a 500-request bench: restarted, every request ends")
 def test_hung_replica_is_restarted_and_every_request_ends(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]]  # noqa: F811
+    vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]],  # noqa: F811
+    record_property: Callable[[str, object], None],
 ) -> None:
     name = "hung"
     liveness = {"interval_s": 0.5, "timeout_s": 1.0, "failures": 2, "probe_timeout_s": 1.0}
@@ -217,8 +219,10 @@ def test_hung_replica_is_restarted_and_every_request_ends(
     summary = json.loads(summary_file.read_text())
     assert summary["requests"]["total"] == 500, summary["requests"]
     rows = pq.read_table(records_file).to_pylist()
-    assert len(rows) == 500
     unclear = [row for row in rows if not row["ok"] and not (row["error_message"] or row["error_kind"])]
+    record_property("requests_sent", 500)
+    record_property("requests_lost", 500 - len(rows) + len(unclear))
+    assert len(rows) == 500
     assert unclear == [], unclear[:3]
     status = subprocess.run([*vlmserve_cmd, "status", name], capture_output=True, text=True, timeout=60, env=cli_env(home))
     assert status.returncode == 0 and "hung: no answer" in status.stdout, status.stdout

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -32,7 +33,8 @@ def _engine_finished(handle: SimHandle) -> float:
 
 
 @pytest.mark.hostile("bench: the engine dies mid-run; records and summary are still written, with a warning")
-def test_engine_killed_mid_run_keeps_every_record(tmp_path: Path, vlmserve_home: Path) -> None:
+def test_engine_killed_mid_run_keeps_every_record(tmp_path: Path, vlmserve_home: Path,
+                                                 record_property: Callable[[str, object], None]) -> None:
     requests = 400
     json_out, parquet_out = tmp_path / "run.json", tmp_path / "run.parquet"
     with start_sim_engine(model=SIM_MODEL, ttft_ms=5, itl_ms=2, seed=3) as engine:
@@ -60,6 +62,8 @@ def test_engine_killed_mid_run_keeps_every_record(tmp_path: Path, vlmserve_home:
     summary = json.loads(json_out.read_text())
     assert summary["warnings"] and any("/tokenize" in text for text in summary["warnings"])
     rows = pq.read_table(parquet_out).to_pylist()
+    record_property("requests_sent", requests)
+    record_property("requests_lost", requests - len(rows))
     assert len(rows) == requests  # every request sent has its record, answered or not
     completed = [row for row in rows if row["ok"]]
     assert len(completed) >= 60 and len(completed) < requests
