@@ -33,6 +33,14 @@ def register(app: typer.Typer) -> None:
         metrics_interval: float = typer.Option(0.5, help="engine-aware: seconds between engine /metrics polls."),
         replica_api_key: str | None = typer.Option(None, envvar="VLMSERVE_REPLICA_API_KEY", help="API key the replicas expect."),
         drain_timeout: float = typer.Option(30.0, help="On shutdown, seconds to let requests in progress finish."),
+        # Trust boundary: defaults live in GatewayConfig only.
+        allowed_media_domains: list[str] = typer.Option(
+            [], "--allowed-media-domains",
+            help="Host whose media URLs may reach the engines (exact hostname; repeat or comma-separate). "
+                 "Without it only inline data: URLs pass."),
+        max_json_depth: int = typer.Option(GatewayConfig.max_json_depth, help="Refuse bodies nested deeper (400)."),
+        max_json_items: int = typer.Option(GatewayConfig.max_json_items,
+                                           help="Refuse bodies with more JSON values: objects, arrays, elements (400)."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
@@ -45,6 +53,8 @@ def register(app: typer.Typer) -> None:
             queue_limit_batch=queue_limit_batch, prefix_load_factor=prefix_load_factor,
             health_interval_s=health_interval, metrics_interval_s=metrics_interval,
             replica_api_key=replica_api_key, drain_timeout_s=drain_timeout,
+            allowed_media_domains=[host for value in allowed_media_domains for host in value.split(",") if host.strip()],
+            max_json_depth=max_json_depth, max_json_items=max_json_items,
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmserve.errors import UserError
@@ -53,6 +53,12 @@ class GatewayConfig:
     prefix_load_factor: float = 1.25
     replica_api_key: str | None = None
     drain_timeout_s: float = 30.0
+    # Trust boundary (routes.py, media.py, json_limits.py). Remote media URLs reach an engine
+    # only when their host is listed (exact hostname, as vLLM's --allowed-media-domains);
+    # bodies nested deeper or holding more JSON values than these are refused with 400.
+    allowed_media_domains: list[str] = field(default_factory=list)
+    max_json_depth: int = 64
+    max_json_items: int = 100_000
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
@@ -71,6 +77,8 @@ class GatewayConfig:
             raise UserError("--max-attempts must be at least 1")
         if self.prefix_load_factor < 1.0:
             raise UserError("--prefix-load-factor must be at least 1.0 (1.0 = strict fair share)")
+        if self.max_json_depth < 2 or self.max_json_items < 1:
+            raise UserError("--max-json-depth must be at least 2 and --max-json-items at least 1")
         for name in ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_timeout_s", "health_interval_s"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name.replace('_', '-')} must be positive")

@@ -1,0 +1,71 @@
+"""Cheap checks of a JSON body's shape, run on the raw bytes before `json.loads`.
+
+The rules this module keeps:
+- Nesting deeper than `max_depth` is refused before any parser sees it, so no parser can
+  recurse out of stack (a 100,000-deep array used to raise RecursionError in `json.loads`).
+- At most `max_items` JSON containers and elements (counted as `{`, `[` and `,` outside
+  strings) are parsed. Parsed JSON costs tens to hundreds of bytes of Python objects per
+  value, so this bounds the gateway's memory for one request by its body size plus a fixed
+  amount (`max_items` small objects), however the body is shaped.
+- The scan is linear and bounded in time and memory: C-speed replaces drop escapes, the
+  quote count bounds the strings (refused before they are walked), one regex pass removes
+  strings, and the depth walk is a Python loop over at most 2 * `max_items` bracket bytes.
+  At most two copies of the body live at once. Nothing here recurses.
+"""
+
+from __future__ import annotations
+
+import re
+
+_STRING = re.compile(rb'"[^"]*"')  # once escapes are gone, a string is quote, non-quotes, quote
+_ALL_BYTES = bytes(range(256))
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_OPENERS = frozenset(b"[{")
+
+
+class JsonShapeRefused(Exception):
+    """The body is too deep, too big in values, or unbalanced; the message says what to change."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def _too_many(items: int, max_items: int) -> JsonShapeRefused:
+    return JsonShapeRefused(
+        f"request body has about {items} JSON values, over the {max_items} limit: split the request "
+        "(fewer messages or inputs) or ask the operator to raise --max-json-items", "too_many_json_items")
+
+
+def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
+    """Raise JsonShapeRefused if `body` nests deeper than max_depth or holds over max_items values."""
+    # Drop the escapes that could hide or fake a quote (C-speed replaces; pairs go left to
+    # right, as a JSON parser reads a run of backslashes). Outside strings a backslash is
+    # invalid JSON anyway, and json.loads rejects it at once.
+    cleaned = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    # A valid body has at most two strings per value (a key and its value), so a body with
+    # more quotes than that is over the limit: refuse it before the per-string pass below.
+    quotes = cleaned.count(b'"')
+    if quotes > 4 * (max_items + 1):
+        raise _too_many(quotes // 4, max_items)
+    structure = _STRING.sub(b"", cleaned)
+    del cleaned
+    openers = structure.count(b"{") + structure.count(b"[")
+    items = openers + structure.count(b",")
+    if items > max_items:
+        raise _too_many(items, max_items)
+    if structure.count(b"}") + structure.count(b"]") != openers:
+        raise JsonShapeRefused("request body is not valid JSON (unbalanced brackets): check how it is built", "invalid_json")
+    brackets = structure.translate(_ALL_BYTES, _NOT_BRACKETS)
+    del structure
+    depth = 0
+    for byte in brackets:
+        if byte in _OPENERS:
+            depth += 1
+            if depth > max_depth:
+                raise JsonShapeRefused(
+                    f"request body nests JSON deeper than {max_depth} levels: flatten it or ask the operator "
+                    "to raise --max-json-depth", "json_too_deep")
+        else:
+            depth -= 1
