@@ -53,11 +53,10 @@ def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
     del cleaned
     openers = structure.count(b"{") + structure.count(b"[")
     items = openers + structure.count(b",")
-    if items > max_items:
-        raise _too_many(items, max_items)
-    if structure.count(b"}") + structure.count(b"]") != openers:
-        raise JsonShapeRefused("request body is not valid JSON (unbalanced brackets): check how it is built", "invalid_json")
-    brackets = structure.translate(_ALL_BYTES, _NOT_BRACKETS)
+    balanced = structure.count(b"}") + structure.count(b"]") == openers
+    # Depth first (a deep body shows its depth within its first brackets); the walk covers
+    # at most the brackets a body within the item limit can have.
+    brackets = structure.translate(_ALL_BYTES, _NOT_BRACKETS)[: 2 * max_items + 2]
     del structure
     depth = 0
     for byte in brackets:
@@ -69,3 +68,7 @@ def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
                     "to raise --max-json-depth", "json_too_deep")
         else:
             depth -= 1
+    if items > max_items:
+        raise _too_many(items, max_items)
+    if not balanced:
+        raise JsonShapeRefused("request body is not valid JSON (unbalanced brackets): check how it is built", "invalid_json")
