@@ -8,16 +8,13 @@ The rules this module keeps:
   value, so this bounds the gateway's memory for one request by its body size plus a fixed
   amount (`max_items` small objects), however the body is shaped.
 - The scan is linear and bounded in time and memory: C-speed replaces drop escapes, the
-  quote count bounds the strings (refused before they are walked), one regex pass removes
+  quote count bounds the strings (refused before they are split off), one split removes
   strings, and the depth walk is a Python loop over at most 2 * `max_items` bracket bytes.
   At most two copies of the body live at once. Nothing here recurses.
 """
 
 from __future__ import annotations
 
-import re
-
-_STRING = re.compile(rb'"[^"]*"')  # once escapes are gone, a string is quote, non-quotes, quote
 _ALL_BYTES = bytes(range(256))
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _OPENERS = frozenset(b"[{")
@@ -49,7 +46,7 @@ def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
     quotes = cleaned.count(b'"')
     if quotes > 4 * (max_items + 1):
         raise _too_many(quotes // 4, max_items)
-    structure = _STRING.sub(b"", cleaned)
+    structure = b"".join(cleaned.split(b'"')[0::2])  # the bytes outside strings (half the memory of re.sub)
     del cleaned
     openers = structure.count(b"{") + structure.count(b"[")
     items = openers + structure.count(b",")

@@ -1,0 +1,152 @@
+"""How much memory does one large request body cost the gateway? Peak RSS per body shape.
+
+Each case starts a fresh `vlmserve gateway` process (its replica is a port nothing listens
+on, so every request is parsed, checked and described, then answered without an engine),
+reads the process's resident-set high-water mark (VmHWM in /proc/PID/status) after start-up,
+sends the case's requests (all at once when there are several), and reads the mark again.
+The difference is what those requests cost the gateway at their peak.
+
+Cases:
+  many-small    N tiny chat messages {"role":"user","content":"x"} (1,000,000 ≈ 30 MiB)
+  one-string    one message whose content is a single string of the same size (an inline image's shape)
+  many-small x4 four many-small bodies at once
+
+    PYTHONPATH=src .venv/bin/python benchmarks/gateway_body_memory.py            # full, ~30 MiB bodies
+    PYTHONPATH=src .venv/bin/python benchmarks/gateway_body_memory.py --smoke    # seconds
+
+Linux only (reads /proc). The gateway runs from whatever `vlmserve` PYTHONPATH resolves, so
+pointing PYTHONPATH at another checkout measures that one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+MIB = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def high_water_mark_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/PID/status: this benchmark needs Linux")
+
+
+def many_small_body(messages: int) -> bytes:
+    item = b'{"role":"user","content":"x"}'
+    return b'{"model":"m","max_tokens":1,"messages":[' + b",".join([item] * messages) + b"]}"
+
+
+def one_string_body(size: int) -> bytes:
+    return b'{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"' + b"A" * size + b'"}]}'
+
+
+@dataclass
+class Case:
+    name: str
+    body: bytes
+    copies: int = 1
+
+
+@dataclass
+class Measured:
+    case: Case
+    statuses: list[int]
+    baseline_bytes: int
+    peak_bytes: int
+
+    @property
+    def cost_bytes(self) -> int:
+        return self.peak_bytes - self.baseline_bytes
+
+    def row(self) -> str:
+        body_mib = len(self.case.body) / MIB
+        ratio = self.cost_bytes / (len(self.case.body) * self.case.copies)
+        return (f"{self.case.name:<16} {body_mib:8.1f} {self.case.copies:6d} {','.join(map(str, sorted(set(self.statuses)))):>8} "
+                f"{self.baseline_bytes / MIB:9.0f} {self.peak_bytes / MIB:9.0f} {self.cost_bytes / MIB:9.0f} {ratio:8.1f}")
+
+
+HEADER = f"{'case':<16} {'body MiB':>8} {'copies':>6} {'status':>8} {'base MiB':>9} {'peak MiB':>9} {'cost MiB':>9} {'x body':>8}"
+
+
+async def send_all(url: str, case: Case) -> list[int]:
+    async with httpx.AsyncClient(timeout=300) as client:
+        async def one() -> int:
+            response = await client.post(url, content=case.body, headers={"Content-Type": "application/json"})
+            return response.status_code
+
+        return list(await asyncio.gather(*(one() for _ in range(case.copies))))
+
+
+def measure(case: Case, log_dir: Path) -> Measured:
+    port = free_port()
+    argv = [sys.executable, "-m", "vlmserve", "gateway", "--replica", f"http://127.0.0.1:{free_port()}",
+            "--host", "127.0.0.1", "--port", str(port), "--health-interval", "5"]
+    log_path = log_dir / f"gateway-{port}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # /health answers 503 (no engine) once the gateway listens
+            if process.poll() is not None:
+                raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}")
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("gateway did not start in 60 s") from None
+                time.sleep(0.1)
+        baseline = high_water_mark_bytes(process.pid)
+        statuses = asyncio.run(send_all(f"http://127.0.0.1:{port}/v1/chat/completions", case))
+        return Measured(case, statuses, baseline, high_water_mark_bytes(process.pid))
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--smoke", action="store_true", help="small bodies, one case each: runs in seconds")
+    parser.add_argument("--messages", type=int, default=1_000_000, help="tiny messages in the many-small body")
+    parser.add_argument("--json", type=Path, help="also write the rows here as JSON")
+    args = parser.parse_args()
+    messages = 20_000 if args.smoke else args.messages
+    small = many_small_body(messages)
+    cases = [Case("many-small", small), Case("one-string", one_string_body(len(small)))]
+    if not args.smoke:
+        cases.append(Case("many-small x4", small, copies=4))
+    print(HEADER, flush=True)
+    results = []
+    with tempfile.TemporaryDirectory() as log_dir:
+        for case in cases:
+            measured = measure(case, Path(log_dir))
+            results.append(measured)
+            print(measured.row(), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps([
+            {"case": m.case.name, "body_bytes": len(m.case.body), "copies": m.case.copies, "statuses": m.statuses,
+             "baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes} for m in results], indent=1))
+    if any(status >= 500 and status != 503 for m in results for status in m.statuses):
+        sys.exit("a request failed inside the gateway (5xx other than 503 'no healthy replica'): see above")
+
+
+if __name__ == "__main__":
+    main()
