@@ -1,4 +1,7 @@
-"""The gateway's aiohttp application: routes, admission, and wiring of the parts.
+"""The gateway's aiohttp application: handlers per route kind, admission, and wiring of the parts.
+
+Which paths exist, and the checks on the raw path, are in routes.py (the route table and the
+trust-boundary middleware); this module registers a handler for each table route.
 
 `build_app(config)` returns an `aiohttp.web.Application`; starting it (on_startup) opens the
 upstream connection pool, checks every replica once and starts the background tasks.
@@ -20,6 +23,8 @@ from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected,
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
+from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
+from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
@@ -27,12 +32,11 @@ from vlmserve.gateway.proxy import CONNECTION_ERRORS, Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import TokenEstimator, describe_request
 from vlmserve.gateway.retry_budget import RetryBudget
+from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind, trust_boundary
 from vlmserve.gateway.watchdog import Watchdog
 
 log = logging.getLogger("vlmserve.gateway")
 
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
 
 STATE_KEY: web.AppKey["Gateway"] = web.AppKey("gateway", object)  # type: ignore[arg-type]
 
@@ -61,6 +65,7 @@ class Gateway:
         self.policy: RoutingPolicy = build_policy(config)
         self.estimator = TokenEstimator(config.chars_per_token, config.image_token_estimate, config.default_max_tokens)
         self.audit = AuditLog(config.audit_log, log_content=config.log_content)
+        self.allowed_media_hosts = allowed_host_set(config.allowed_media_domains)
         self.metrics = GatewayMetrics(self._snapshot)
         upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self.pool = ReplicaPool(
@@ -80,7 +85,7 @@ class Gateway:
         self.watchdog = Watchdog()
         self.session: aiohttp.ClientSession | None = None
         self.forwarder: Forwarder | None = None
-        self._other_paths_rotation = RoundRobin()
+        self._engine_info_rotation = RoundRobin()
         self.draining = False
         self.requests_in_progress = 0
 
@@ -156,16 +161,21 @@ class Gateway:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def handle_models(self, request: web.Request) -> web.Response:
+        try:
+            self.admission.authenticate(request.headers.get("Authorization"), request.headers.get("X-API-Key"))
+        except AdmissionRejected as rejected:
+            return error_response(rejected.status, rejected.message, rejected.code)
         models = self.pool.known_models()
         if not models and not self.pool.any_healthy():
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
         return web.json_response({"object": "list", "data": list(models.values())})
 
-    async def handle_generation(self, request: web.Request) -> web.StreamResponse:
-        """POST /v1/chat/completions and /v1/completions."""
+    async def handle_engine_work(self, request: web.Request) -> web.StreamResponse:
+        """Every ENGINE_WORK route (generation, pooling, tokenizer): admission, media policy, forwarding."""
+        route: Route = request[ROUTE_KEY]
         request_log = RequestLog(
             request_id=request.headers.get("X-Request-ID") or uuid.uuid4().hex,
-            path=request.path, received_at=time.time(), received_mono=time.monotonic(),
+            path=route.path, received_at=time.time(), received_mono=time.monotonic(),
         )
         self.requests_in_progress += 1
         tenant = None
@@ -180,7 +190,11 @@ class Gateway:
                 tenant = self.admission.authenticate(request.headers.get("Authorization"), request.headers.get("X-API-Key"))
                 request_log.tenant = tenant.name
                 body, payload = await self._read_json(request)
-                content = payload.get("messages", payload.get("prompt"))
+                content = next((payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
+                try:
+                    check_media(payload, self.allowed_media_hosts)
+                except MediaRefused as refused:
+                    raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
                 model = payload.get("model")
                 request_log.model = model if isinstance(model, str) else None
                 if model is not None and not isinstance(model, str):
@@ -191,6 +205,7 @@ class Gateway:
                 routed = describe_request(
                     payload, request_id=request_log.request_id, estimator=self.estimator,
                     prefix_block_chars=self.config.prefix_block_chars if self.policy.uses_prefix_hashes else None,
+                    generates=route.generates, streams=route.streams,
                 )
                 routed.tenant = tenant.name
                 routed.session_id = request.headers.get("X-Session-ID")
@@ -234,6 +249,10 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             raise AdmissionRejected(413, f"request body is over the {limit}-byte limit: send smaller images or raise --max-body-bytes", "body_too_large") from None
         try:
+            check_json_shape(body, max_depth=self.config.max_json_depth, max_items=self.config.max_json_items)
+        except JsonShapeRefused as refused:
+            raise AdmissionRejected(400, refused.message, refused.code) from None
+        try:
             payload = json.loads(body)
         except ValueError as err:
             raise AdmissionRejected(400, f"request body is not valid JSON ({err.msg} at char {err.pos})" if isinstance(err, json.JSONDecodeError) else "request body is not valid JSON", "invalid_json") from None
@@ -250,8 +269,9 @@ class Gateway:
         if self.audit.enabled:
             self.audit.write(request_log.to_record(), content)
 
-    async def handle_other(self, request: web.Request) -> web.StreamResponse:
-        """Any other /v1 path (and vLLM's /version, /tokenize, /detokenize): forwarded to one healthy replica, response streamed back as is."""
+    async def handle_engine_info(self, request: web.Request) -> web.StreamResponse:
+        """A cheap ENGINE_INFO GET (/version): forwarded under its table path to one healthy replica."""
+        route: Route = request[ROUTE_KEY]
         if self.draining:
             return error_response(503, "gateway is shutting down: retry on another gateway", "draining", retry_after_s=1)
         try:
@@ -261,39 +281,23 @@ class Gateway:
         candidates = self.pool.candidates(None)
         if not candidates:
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica", retry_after_s=1)
-        replica: Replica = self._other_paths_rotation.choose(None, candidates)  # type: ignore[arg-type]
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(413, f"request body is over the {self.config.max_body_bytes}-byte limit", "body_too_large")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in ("authorization", "x-api-key")}
-        if self.config.replica_api_key:
-            headers["Authorization"] = f"Bearer {self.config.replica_api_key}"
+        replica: Replica = self._engine_info_rotation.choose(None, candidates)  # type: ignore[arg-type]
+        headers = {"Authorization": f"Bearer {self.config.replica_api_key}"} if self.config.replica_api_key else {}
         assert self.session is not None
         try:
-            async with self.session.request(request.method, replica.url + request.path_qs, data=body or None,
-                                            headers=headers) as upstream:
-                response = web.StreamResponse(status=upstream.status, headers={
-                    k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP
-                })
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
+            async with self.session.get(replica.url + route.path, headers=headers) as upstream:
+                body = await upstream.read()
+                return web.Response(status=upstream.status, body=body, headers={
+                    "Content-Type": upstream.headers.get("Content-Type", "application/json")})
         except CONNECTION_ERRORS as err:
             self.pool.record_failure(replica)
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
 
 
-ENGINE_HELPER_PATHS = ("/version", "/tokenize", "/detokenize")
-"""Paths outside /v1 that vLLM serves and the gateway forwards to one healthy replica."""
-
-
 def build_app(config: GatewayConfig) -> web.Application:
     """The aiohttp application for `config`; the Gateway object is at `app[STATE_KEY]`."""
     gateway = Gateway(config)
-    app = web.Application(client_max_size=config.max_body_bytes)
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[trust_boundary])
     app[STATE_KEY] = gateway
 
     async def on_startup(_: web.Application) -> None:
@@ -308,13 +312,16 @@ def build_app(config: GatewayConfig) -> web.Application:
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
-    app.router.add_get("/health", gateway.handle_health)
-    app.router.add_get("/metrics", gateway.handle_metrics)
-    app.router.add_get("/v1/models", gateway.handle_models)
-    for path in GENERATION_PATHS:
-        app.router.add_post(path, gateway.handle_generation)
-    app.router.add_route("*", "/v1/{tail:.*}", gateway.handle_other)
-    # vLLM's un-versioned helpers: clients (the bench's exact prompt lengths, version checks) need them.
-    for path in ENGINE_HELPER_PATHS:
-        app.router.add_route("*", path, gateway.handle_other)
+    handlers = {
+        RouteKind.MODELS: gateway.handle_models,
+        RouteKind.ENGINE_INFO: gateway.handle_engine_info,
+        RouteKind.ENGINE_WORK: gateway.handle_engine_work,
+    }
+    own = {"/health": gateway.handle_health, "/metrics": gateway.handle_metrics}
+    for route in ROUTES.values():
+        handler = own[route.path] if route.kind is RouteKind.GATEWAY else handlers[route.kind]
+        if route.method == "GET":
+            app.router.add_get(route.path, handler)
+        else:
+            app.router.add_route(route.method, route.path, handler)
     return app

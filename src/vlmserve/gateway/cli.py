@@ -43,6 +43,13 @@ def register(app: typer.Typer) -> None:
         max_connections: int = typer.Option(_DEFAULTS["max_connections"], help="Client connections open at once; one more is answered 503 and closed (0 = no cap)."),
         ssl_certfile: Path | None = typer.Option(None, help="PEM certificate (chain): serve HTTPS (with --ssl-keyfile)."),
         ssl_keyfile: Path | None = typer.Option(None, help="PEM private key (unencrypted) of --ssl-certfile."),
+        allowed_media_domains: list[str] = typer.Option(
+            [], "--allowed-media-domains",
+            help="Host whose media URLs may reach the engines (exact hostname; repeat or comma-separate). "
+                 "Without it only inline data: URLs pass."),
+        max_json_depth: int = typer.Option(_DEFAULTS["max_json_depth"], help="Refuse bodies nested deeper (400)."),
+        max_json_items: int = typer.Option(_DEFAULTS["max_json_items"],
+                                           help="Refuse bodies with more JSON values: objects, arrays, elements (400)."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
@@ -58,6 +65,8 @@ def register(app: typer.Typer) -> None:
             max_ejection_fraction=max_ejection_fraction, header_timeout_s=header_timeout,
             keepalive_timeout_s=keepalive_timeout, max_connections=max_connections,
             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+            allowed_media_domains=[host.strip() for value in allowed_media_domains for host in value.split(",") if host.strip()],
+            max_json_depth=max_json_depth, max_json_items=max_json_items,
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

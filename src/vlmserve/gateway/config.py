@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmserve.errors import UserError
@@ -64,6 +64,12 @@ class GatewayConfig:
     # HTTPS (tls.py): both PEM files or neither.
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    # Trust boundary (routes.py, media.py, json_limits.py). Remote media URLs reach an engine
+    # only when their host is listed (exact hostname, as vLLM's --allowed-media-domains);
+    # bodies nested deeper or holding more JSON values than these are refused with 400.
+    allowed_media_domains: list[str] = field(default_factory=list)
+    max_json_depth: int = 64
+    max_json_items: int = 100_000
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
@@ -82,6 +88,8 @@ class GatewayConfig:
             raise UserError("--max-attempts must be at least 1")
         if self.prefix_load_factor < 1.0:
             raise UserError("--prefix-load-factor must be at least 1.0 (1.0 = strict fair share)")
+        if self.max_json_depth < 2 or self.max_json_items < 1:
+            raise UserError("--max-json-depth must be at least 2 and --max-json-items at least 1")
         if not 0.0 <= self.max_ejection_fraction <= 1.0:
             raise UserError("--max-ejection-fraction must be between 0 and 1 (0 = never eject, 1 = any number)")
         if self.max_connections < 0:

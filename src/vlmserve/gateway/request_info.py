@@ -45,46 +45,72 @@ class RoutedRequest:
         return self.prompt_tokens + self.expected_output_tokens
 
 
+_TEXT_PARTS = ("text", "input_text", "output_text")
+_IMAGE_PARTS = ("image_url", "input_image", "image")
+
+
+def _template_messages(messages: list[Any]) -> tuple[str, int]:
+    """Chat messages (or /v1/responses input items) as `<|role|>content`, and their image count."""
+    parts: list[str] = []
+    images = 0
+    for message in messages:
+        if isinstance(message, str):  # /v1/responses input may mix plain strings in
+            parts.append(message)
+            continue
+        if not isinstance(message, dict):
+            continue
+        parts.append(f"<|{message.get('role', '')}|>")
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            for piece in content:
+                if not isinstance(piece, dict):
+                    continue
+                kind = piece.get("type")
+                if kind in _TEXT_PARTS:
+                    parts.append(str(piece.get("text", "")))
+                elif kind in _IMAGE_PARTS:
+                    images += 1
+                    ref = piece.get("image_url")
+                    url = ref.get("url", "") if isinstance(ref, dict) else str(ref or "")
+                    digest = hashlib.blake2b(url.encode("utf-8", "replace"), digest_size=8).hexdigest()
+                    parts.append(f"<image:{digest}>")
+    return "".join(parts), images
+
+
+def _flatten_prompt(prompt: Any) -> str:
+    """A completions prompt or pooling input: a string, token ids, or a list of either."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(item, int) for item in prompt):
+            return " ".join(map(str, prompt))
+        return "".join(str(item) for item in prompt)
+    return ""
+
+
 def template_conversation(body: dict[str, Any]) -> tuple[str, int]:
     """A canonical text of the prompt and the number of images in it.
 
     Chat messages become `<|role|>content` in order (a stand-in for the model's chat template:
     what matters is that equal conversation prefixes give equal text prefixes). Images become a
-    short digest of their URL, so two requests with the same image share that block.
+    short digest of their URL, so two requests with the same image share that block. Without
+    `messages`, the completions `prompt` or the /v1/responses, embeddings and pooling `input`
+    is used.
     """
     messages = body.get("messages")
     if isinstance(messages, list):
-        parts: list[str] = []
-        images = 0
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            parts.append(f"<|{message.get('role', '')}|>")
-            content = message.get("content")
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                for piece in content:
-                    if not isinstance(piece, dict):
-                        continue
-                    kind = piece.get("type")
-                    if kind == "text":
-                        parts.append(str(piece.get("text", "")))
-                    elif kind in ("image_url", "input_image", "image"):
-                        images += 1
-                        ref = piece.get("image_url")
-                        url = ref.get("url", "") if isinstance(ref, dict) else str(ref or "")
-                        digest = hashlib.blake2b(url.encode("utf-8", "replace"), digest_size=8).hexdigest()
-                        parts.append(f"<image:{digest}>")
-        return "".join(parts), images
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt, 0
-    if isinstance(prompt, list):
-        if prompt and all(isinstance(item, int) for item in prompt):
-            return " ".join(map(str, prompt)), 0
-        return "".join(str(item) for item in prompt), 0
-    return "", 0
+        return _template_messages(messages)
+    if "prompt" in body:
+        return _flatten_prompt(body["prompt"]), 0
+    data = body.get("input")
+    if isinstance(data, list) and any(isinstance(item, dict) for item in data):
+        text, images = _template_messages(data)
+    else:
+        text, images = _flatten_prompt(data), 0
+    instructions = body.get("instructions")
+    return (instructions + text if isinstance(instructions, str) else text), images
 
 
 def block_hashes(text: str, block_chars: int, max_blocks: int = 512) -> list[int]:
@@ -103,7 +129,7 @@ def block_hashes(text: str, block_chars: int, max_blocks: int = 512) -> list[int
 
 
 def expected_output_tokens(body: dict[str, Any], default: int) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and value > 0:
             return value
@@ -116,16 +142,22 @@ def describe_request(
     request_id: str,
     estimator: TokenEstimator,
     prefix_block_chars: int | None,
+    generates: bool = True,
+    streams: bool = True,
 ) -> RoutedRequest:
-    """Build the router's view of a parsed request body (a JSON object)."""
+    """Build the router's view of a parsed request body (a JSON object).
+
+    `generates=False` (pooling, tokenizer routes) expects no output tokens; `streams=False`
+    answers as one JSON body whatever the request's "stream" says.
+    """
     text, images = template_conversation(body)
     prompt_tokens = estimator.text_tokens(len(text)) + images * estimator.image_tokens
     model = body.get("model")
     return RoutedRequest(
         request_id=request_id,
         model=model if isinstance(model, str) else None,
-        stream=bool(body.get("stream", False)),
+        stream=streams and bool(body.get("stream", False)),
         prompt_tokens=prompt_tokens,
-        expected_output_tokens=expected_output_tokens(body, estimator.default_max_tokens),
+        expected_output_tokens=expected_output_tokens(body, estimator.default_max_tokens) if generates else 0,
         prefix_hashes=block_hashes(text, prefix_block_chars) if prefix_block_chars else [],
     )

@@ -1,0 +1,92 @@
+"""Media policy: which media URLs in a request body may reach an engine (which would fetch them).
+
+The rules this module keeps:
+- Every `image_url`, `video_url`, `audio_url`, `input_image` and `file_url` field anywhere in
+  the body is checked (chat messages, /v1/responses input items, /tokenize, pooling inputs),
+  as a string or as `{"url": ...}`.
+- `data:` URLs pass (the media is inline; nothing is fetched).
+- `http:`/`https:` URLs pass only when their host is on `allowed_media_domains`, compared
+  exactly as vLLM's `--allowed-media-domains` does: the URL's hostname must equal a listed
+  entry (case-insensitive here); subdomains do not match. The list is empty by default, so
+  by default no remote URL passes (vLLM's own empty default means the opposite: all pass).
+- URLs that parsers could read differently are refused even for a listed host: user-info
+  (`user@host`), backslashes, whitespace or control characters, an unparseable host or port.
+- Every other scheme (`file:`, `ftp:`, none at all, ...) is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+MEDIA_URL_FIELDS = ("image_url", "video_url", "audio_url", "input_image", "file_url")
+FLAG = "--allowed-media-domains"
+
+_HOSTNAME = re.compile(r"[a-z0-9.-]+|[0-9a-f:.]+")  # a DNS name, an IPv4 or (unbracketed) IPv6 address
+_UNSAFE_CHAR = re.compile(r"[\x00-\x20\x7f\\]")
+
+
+class MediaRefused(Exception):
+    """A media URL the policy does not allow; the message names the way out."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def media_urls(payload: Any) -> Iterator[tuple[str, str]]:
+    """(field, url) for every media URL field in a parsed JSON body, walked without recursion."""
+    stack = [payload]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for name in MEDIA_URL_FIELDS:
+                value = node.get(name)
+                if isinstance(value, dict):
+                    value = value.get("url")
+                if isinstance(value, str):
+                    yield name, value
+            stack.extend(value for value in node.values() if isinstance(value, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend(value for value in node if isinstance(value, (dict, list)))
+
+
+def _kind(field: str) -> str:
+    return {"video_url": "video", "audio_url": "audio", "file_url": "file"}.get(field, "image")
+
+
+def check_media_url(field: str, url: str, allowed_hosts: frozenset[str]) -> None:
+    """Raise MediaRefused unless the policy lets an engine fetch `url`."""
+    scheme = url[: url.find(":")].lower() if ":" in url[:16] else ""
+    if scheme == "data":
+        return
+    kind = _kind(field)
+    if scheme not in ("http", "https"):
+        raise MediaRefused(f"{kind} URL scheme {scheme or 'missing'!r} is not allowed: send the {kind} inline as a "
+                           f"data: URL, or as an http(s) URL on a host listed in {FLAG}")
+    if _UNSAFE_CHAR.search(url):
+        raise MediaRefused(f"{kind} URL contains a backslash, space or control character: percent-encode it")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        parts.port  # noqa: B018 -- raises ValueError for a bad port
+    except ValueError:
+        raise MediaRefused(f"{kind} URL {url[:80]!r} cannot be parsed: send a plain http(s) URL or a data: URL") from None
+    if "@" in parts.netloc or not _HOSTNAME.fullmatch(host):
+        raise MediaRefused(f"{kind} URL {url[:80]!r} has user-info or an unusual host: send a plain http(s) URL or a data: URL")
+    if host not in allowed_hosts:
+        raise MediaRefused(f"{kind} URL host {host!r} is not allowed: send the {kind} inline as a data: URL, "
+                           f"or ask the operator to add the host to {FLAG}")
+
+
+def allowed_host_set(domains: Iterable[str]) -> frozenset[str]:
+    """The configured allowlist as the checks compare it (lower case, brackets off IPv6)."""
+    return frozenset(domain.strip().lower().strip("[]") for domain in domains if domain.strip())
+
+
+def check_media(payload: Any, allowed_hosts: frozenset[str]) -> None:
+    """Raise MediaRefused for the first media URL in `payload` the policy does not allow."""
+    for field, url in media_urls(payload):
+        check_media_url(field, url, allowed_hosts)

@@ -1,0 +1,138 @@
+"""The gateway's public surface: one table of every path it answers, and the path checks.
+
+The rules this module keeps:
+- The raw request target (what the client sent, before aiohttp or yarl decode or normalise
+  anything) is what is checked and looked up. A path with a dot segment (`.`, `..`), an
+  encoded dot, slash or backslash (`%2e`, `%2f`, `%5c`, either case), a backslash, an empty
+  segment (`//`) or a fragment is refused with 400 before any handler runs.
+- Only paths in `ROUTES`, matched exactly, are answered; everything else is 404 and a known
+  path with the wrong method is 405, all in the OpenAI error format. Nothing is forwarded by
+  prefix, so an engine's internals (/metrics, /debug/*, /docs, /openapi.json, /load,
+  /reset_prefix_cache, /sleep, LoRA loading, ...) are never reachable through the gateway.
+- A route is forwarded to the engine under its own table path, never the client's spelling.
+- Every route of kind ENGINE_WORK passes the full admission (key, tenant limits, in-flight cap,
+  priority queue), the body limits, the media policy, the metrics and the audit log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from aiohttp import web
+
+from vlmserve.gateway.openai_errors import error_response
+
+
+class RouteKind(Enum):
+    GATEWAY = "gateway"  # answered by the gateway itself (/health, /metrics); no key needed
+    MODELS = "models"  # answered by the gateway from the replicas' model lists; key needed
+    ENGINE_INFO = "engine_info"  # a cheap GET forwarded to one healthy replica; key needed
+    ENGINE_WORK = "engine_work"  # a JSON POST that makes an engine work; full admission
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str
+    method: str
+    kind: RouteKind
+    generates: bool = False  # produces output tokens (counted against token budgets as such)
+    streams: bool = False  # honours "stream": true (SSE); otherwise answered as one JSON body
+
+
+_GET, _POST = "GET", "POST"
+_WORK = RouteKind.ENGINE_WORK
+
+ROUTES: dict[str, Route] = {route.path: route for route in (
+    Route("/health", _GET, RouteKind.GATEWAY),
+    Route("/metrics", _GET, RouteKind.GATEWAY),
+    Route("/v1/models", _GET, RouteKind.MODELS),
+    Route("/version", _GET, RouteKind.ENGINE_INFO),
+    # Generation.
+    Route("/v1/chat/completions", _POST, _WORK, generates=True, streams=True),
+    Route("/v1/completions", _POST, _WORK, generates=True, streams=True),
+    Route("/v1/responses", _POST, _WORK, generates=True, streams=True),
+    # Pooling models (vLLM serves these for embedding, classification and reranking models).
+    Route("/v1/embeddings", _POST, _WORK),
+    Route("/pooling", _POST, _WORK),
+    Route("/classify", _POST, _WORK),
+    Route("/score", _POST, _WORK),
+    Route("/v1/score", _POST, _WORK),
+    Route("/rerank", _POST, _WORK),
+    Route("/v1/rerank", _POST, _WORK),
+    Route("/v2/rerank", _POST, _WORK),
+    # Tokenizer helpers: /tokenize renders chat messages, media included, so it is engine work too.
+    Route("/tokenize", _POST, _WORK),
+    Route("/detokenize", _POST, _WORK),
+)}
+"""Every public path. Not forwarded on purpose: GET/DELETE /v1/responses/{id} (state lives in
+one replica), /v1/audio/* (multipart bodies the gateway does not inspect), and every engine
+internal."""
+
+# request[ROUTE_KEY] is the Route the trust boundary found (RequestKey from aiohttp 3.12 on).
+ROUTE_KEY: Any = web.RequestKey("route", Route) if hasattr(web, "RequestKey") else "vlmserve.route"
+
+_ENCODED_SEPARATOR = re.compile(r"%(?:2e|2f|5c)", re.IGNORECASE)
+
+
+class RouteRefused(Exception):
+    """The request target is not a public path; carries the OpenAI-format answer's fields."""
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def target_path(raw_target: str) -> str:
+    """The path of a raw HTTP request target, refused (RouteRefused 400) unless it is canonical."""
+    target = raw_target
+    if not target.startswith("/"):  # absolute-form, as sent to proxies: http://host/path
+        scheme, sep, rest = target.partition("://")
+        if not sep or scheme.lower() not in ("http", "https"):
+            raise RouteRefused(400, "the request target must be a path such as /v1/chat/completions", "invalid_path")
+        slash = rest.find("/")
+        target = rest[slash:] if slash >= 0 else "/"
+    path = target.split("?", 1)[0]
+    shown = repr(path[:80])
+    if "\\" in path or "#" in path:
+        raise RouteRefused(400, f"path {shown} contains a backslash or '#': send the plain path, e.g. /v1/chat/completions", "invalid_path")
+    if _ENCODED_SEPARATOR.search(path):
+        raise RouteRefused(400, f"path {shown} contains an encoded '.', '/' or '\\': send the plain path, e.g. /v1/chat/completions", "invalid_path")
+    if "//" in path:
+        raise RouteRefused(400, f"path {shown} contains an empty segment ('//'): send the plain path, e.g. /v1/chat/completions", "invalid_path")
+    if any(segment in (".", "..") for segment in path.split("/")):
+        raise RouteRefused(400, f"path {shown} contains a '.' or '..' segment: send the plain path, e.g. /v1/chat/completions", "invalid_path")
+    return path
+
+
+def find_route(path: str, method: str) -> Route:
+    """The table's route for a checked path and method; RouteRefused 404/405 otherwise."""
+    route = ROUTES.get(path)
+    if route is None:
+        raise RouteRefused(404, f"no such endpoint {path[:80]!r}: see docs/gateway.md for the public paths", "not_found")
+    allowed = (route.method, "HEAD") if route.method == _GET else (route.method,)
+    if method not in allowed:
+        raise RouteRefused(405, f"{path} accepts {route.method} only", "method_not_allowed")
+    return route
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def trust_boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Check the raw target and find its route before any handler (or aiohttp's 404) runs."""
+    try:
+        path = target_path(request.raw_path)
+        route = find_route(path, request.method)
+        if request.path != route.path:  # what aiohttp decoded must be what was checked
+            raise RouteRefused(400, f"path {path[:80]!r} is not in canonical form: send it unencoded", "invalid_path")
+    except RouteRefused as refused:
+        return error_response(refused.status, refused.message, refused.code)
+    request[ROUTE_KEY] = route
+    return await handler(request)
