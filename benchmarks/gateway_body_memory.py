@@ -37,6 +37,8 @@ from pathlib import Path
 import httpx
 from aiohttp import web
 
+from _smoke import parse_args
+
 HELD = 0  # status recorded for a request the gateway forwarded and the black hole held
 
 MIB = 1024 * 1024
@@ -172,11 +174,10 @@ def measure(case: Case, replica: BlackHoleReplica, log_dir: Path, hold_s: float)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--smoke", action="store_true", help="small bodies, one case each: runs in seconds")
     parser.add_argument("--messages", type=int, default=1_000_000, help="tiny messages in the many-small body")
     parser.add_argument("--json", type=Path, help="also write the rows here as JSON")
-    args = parser.parse_args()
-    messages = 20_000 if args.smoke else args.messages
+    args = parse_args(parser, messages=20_000)
+    messages = args.messages
     small = many_small_body(messages)
     big_string = one_string_body(len(small))
     cases = [Case("many-small", small), Case("one-string", big_string)]

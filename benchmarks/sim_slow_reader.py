@@ -22,6 +22,8 @@ import time
 import httpx
 import psutil
 
+from _smoke import parse_args
+
 MODEL = "sim-model"
 
 
@@ -48,10 +50,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=400_000)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--smoke", action="store_true", help="1 client, 2 seconds")
-    args = parser.parse_args()
-    if args.smoke:
-        args.clients, args.seconds = 1, 2.0
+    args = parse_args(parser, clients=1, seconds=2.0)
     port = free_port()
     argv = [sys.executable, "-m", "vlmserve", "engine", "sim", "--port", str(port), "--model", MODEL,
             "--ttft-ms", "1", "--itl-ms", "0.01", "--max-model-len", str(args.tokens + 1000),
