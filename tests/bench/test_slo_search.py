@@ -93,3 +93,23 @@ def test_endpoint_and_objectives_are_required_clearly(cli) -> None:
     done = cli("slo-search", "--base-url", "http://127.0.0.1:9", "--model", "m", "--slo", "", "--rate-range", "1:4",
                "--num-requests", "4")
     assert done.error_line == "error: give --slo, e.g. --slo ttft_p95=500ms,tpot_p95=50ms: the search needs objectives"
+
+
+def test_search_starts_a_deployment_once_and_tears_it_down(cli, tmp_path) -> None:
+    spec = tmp_path / "deployment.yaml"
+    spec.write_text("name: slo-dep\nengine: sim\nmodel: sim-dep\ngateway: false\n"
+                    "sim: {profile: h100-qwen3vl-4b, extra_args: ['--max-num-seqs', '1']}\n")
+    out = tmp_path / "search.json"
+    done = cli("slo-search", "--deployment", spec, "--slo", "ttft_p95=100ms", "--concurrency-range", "1:4",
+               "--repeat", "1", "--num-requests", "6", "--input-len", "64", "--output-len", "32", "--no-progress",
+               "--json-out", out)
+    assert done.code == 0, done.err
+    search = json.loads(out.read_text())
+    assert search["status"] == "bounded" and search["boundary"]["missed"] - search["boundary"]["held"] == 1
+    runs = [store.load_run(probe["run_id"]).summary["meta"] for probe in search["probes"]]
+    assert {meta["deployment"]["name"] for meta in runs} == {"slo-dep"}
+    assert len({meta["target"] for meta in runs}) == 1  # started once, every probe against it
+    from vlmserve.processes import port_is_free
+    from urllib.parse import urlparse
+
+    assert port_is_free("127.0.0.1", urlparse(runs[0]["target"]).port)  # torn down at the end
