@@ -28,6 +28,7 @@ VERB_MODULES: list[str] = [
     "vlmserve.report.cli",
     "vlmserve.supervisor_cli",
     "vlmserve.sweep.cli",
+    "vlmserve.sweep.slo_cli",
 ]
 
 app = typer.Typer(

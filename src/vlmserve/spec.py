@@ -263,6 +263,12 @@ class LoadSpec(BaseModel):
     mm_processor_kwargs: dict[str, Any] | None = None
     request_timeout_s: float = Field(600.0, gt=0)
     workers: int | None = Field(None, ge=1, description="client worker processes; None: as the load needs")
+    repeat: int = Field(1, ge=1, le=100, description="runs of the same load, fresh prompts each (a seed per repeat)")
+    """More than 1 gives each headline figure a mean and a 95 % confidence interval (bench.repeats)."""
+    stop_when_oversaturated: bool | None = Field(
+        None, description="stop an open loop early once the server is past saturation; None: the verb's default"
+    )
+    """None means the verb decides: off for `bench`, on for `sweep` and `slo-search` (bench.saturation)."""
 
     @model_validator(mode="after")
     def _one_load_and_one_stop(self) -> "LoadSpec":

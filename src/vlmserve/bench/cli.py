@@ -21,7 +21,7 @@ FLAG_NAMES = {
     "concurrency": "--concurrency", "rate": "--rate", "num_requests": "--num-requests", "duration_s": "--duration",
     "dataset_path": "--dataset-path", "input_len": "--input-len", "output_len": "--output-len", "warmup": "--warmup",
     "burstiness": "--burstiness", "images_per_request": "--images-per-request", "workers": "--workers",
-    "prompt_pool_size": "--prompt-pool-size", "shared_prefix_len": "--shared-prefix-len",
+    "prompt_pool_size": "--prompt-pool-size", "shared_prefix_len": "--shared-prefix-len", "repeat": "--repeat",
 }
 
 
@@ -144,6 +144,7 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         "mm_processor_kwargs": parse_json_object_flag("--mm-processor-kwargs", args["mm_processor_kwargs"]),
         "request_timeout_s": args["timeout"], "workers": args["workers"],
         "prompt_pool_size": args["prompt_pool_size"], "shared_prefix_len": args["shared_prefix_len"],
+        "repeat": args["repeat"], "stop_when_oversaturated": args["stop_when_oversaturated"],
     }
     if args["input_len"] is not None:
         fields["input_len"] = args["input_len"]
@@ -161,56 +162,116 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         raise UserError(message.replace("field '(top level)': ", "")) from None
 
 
+OPTIONS: dict[str, Any] = {
+    # every bench flag once; `slo-search` reuses the load-shape ones from here
+    "base_url": typer.Option(..., "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000"),
+    "model": typer.Option(..., "--model", help="Model name as listed in /v1/models."),
+    "api": typer.Option("chat", "--api", help="chat or completions."),
+    "dataset": typer.Option("random", *_alias("--dataset"), help="random, sharegpt, images, mixed or trace."),
+    "dataset_path": typer.Option(None, "--dataset-path", help="ShareGPT JSON or trace JSONL file."),
+    "input_len": typer.Option(None, *_alias("--input-len"), help="Prompt tokens (random, images). Default 128."),
+    "output_len": typer.Option(None, *_alias("--output-len"), help="Output tokens. Default 64; for sharegpt, the dataset reply's length."),
+    "concurrency": typer.Option(None, *_alias("--concurrency"), help="Closed loop: N users, each sending when its last answer ends. As --max-concurrency: N users, not vLLM's in-flight cap on an open loop."),
+    "rate": typer.Option(None, *_alias("--rate"), help="Open loop: requests per second (inf: none, as vLLM)."),
+    "arrival": typer.Option(None, "--arrival", help="Open-loop arrivals: poisson (default), constant or gamma."),
+    "burstiness": typer.Option(None, "--burstiness", help="Gamma shape; < 1 burstier than Poisson."),
+    "num_requests": typer.Option(None, *_alias("--num-requests"), help="Stop after N measured requests."),
+    "duration": typer.Option(None, "--duration", help="Stop sending after this long (30s, 2m)."),
+    "warmup": typer.Option(0, "--warmup", help="Requests sent first and left out of every figure."),
+    "slo": typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s."),
+    "goodput": typer.Option(None, "--goodput", help="vLLM's SLO syntax, 'ttft:500 tpot:50' (ms; quoted or repeated): each becomes --slo KEY_p99."),
+    "endpoint": typer.Option(None, "--endpoint", help="vLLM's name for --api: /v1/chat/completions or /v1/completions."),
+    "json_out": typer.Option(None, "--json-out", help="Write the summary JSON here."),
+    "records_out": typer.Option(None, "--records-out", help="Write one row per request here (Parquet)."),
+    "label": typer.Option(None, "--label", help="A name for this run in the history."),
+    "api_key": typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token for the endpoint."),
+    "tokenizer": typer.Option(None, "--tokenizer", help="Local tokenizer (path or cached name) for exact prompt lengths; default: the server's /tokenize."),
+    "multi_turn": typer.Option("first", "--multi-turn", help="sharegpt: first (first turn only), dataset (dataset replies as history) or live (live replies as history)."),
+    "image_size": typer.Option("64x64", "--image-size", help="Synthetic image size WxH."),
+    "images_per_request": typer.Option(1, "--images-per-request", help="Images in each request (images dataset)."),
+    "image_format": typer.Option("png", "--image-format", help="Synthetic image format: png or jpeg."),
+    "image_dir": typer.Option(None, "--image-dir", help="Use images from this folder instead of synthetic ones."),
+    "image_url": typer.Option(None, "--image-url", help="Send this image URL (repeatable) instead of data URLs."),
+    "mm_processor_kwargs": typer.Option(None, "--mm-processor-kwargs", help="JSON passed per request as mm_processor_kwargs (vision budget)."),
+    "mix": typer.Option(None, "--mix", help="mixed dataset ratios, e.g. text:0.7,images:0.3."),
+    "extra_body": typer.Option(None, "--extra-body", help="JSON (or @file) merged into every request body."),
+    "ignore_eos": typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly the output length (vLLM ignore_eos)."),
+    "per_chunk_usage": typer.Option(True, "--per-chunk-usage/--no-per-chunk-usage", help="Ask for token counts on every chunk (exact ITL per token) where the server supports it."),
+    "workers": typer.Option(None, "--workers", help="Client worker processes; default: as many as the load needs."),
+    "timeout": typer.Option(600.0, "--timeout", help="Seconds one request may take before it counts as failed."),
+    "seed": typer.Option(0, "--seed", help="Seed for prompts, images and arrivals."),
+    "prompt_pool_size": typer.Option(None, "--prompt-pool-size", help="Cycle N distinct prompts (explicit reuse the prefix cache serves); default: every request gets its own prompt."),
+    "shared_prefix_len": typer.Option(0, "--shared-prefix-len", help="Tokens at the start of every prompt that all requests share (part of --input-len; random dataset)."),
+    "max_send_lag_ms": typer.Option(25.0, "--max-send-lag-ms", help="Send-lag p99 above this marks the run client-limited."),
+    "server_metrics_interval": typer.Option(1.0, "--server-metrics-interval", help="Seconds between /metrics samples during the run (peaks); 0: only before and after (each scrape costs a small server a few ms)."),
+    "deployment_file": typer.Option(None, "--deployment", help="Deployment spec YAML this run targets (recorded with the run)."),
+    "store_run": typer.Option(True, "--store/--no-store", help="Save the run in the history (vlmserve runs)."),
+    "progress": typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."),
+    "repeat": typer.Option(1, "--repeat", help="Run the same load N times, fresh prompts each; N > 1 reports each headline figure with its mean and 95% confidence interval (student t)."),
+    "stop_when_oversaturated": typer.Option(None, "--stop-when-oversaturated/--no-stop-when-oversaturated", help="Open loop: stop early once requests waiting and TTFT keep growing (past saturation); the summary says stopped: oversaturated. Default: off for bench, on for sweep and slo-search."),
+}
+"""The bench flags by parameter name (one definition each, shared with `vlmserve slo-search`)."""
+
+
+def option_defaults(given: dict[str, Any]) -> dict[str, Any]:
+    """`given` flag values with every other bench flag at its default (for verbs that reuse build_load_spec)."""
+    defaults = {name: option.default for name, option in OPTIONS.items() if option.default is not ...}
+    return {**defaults, **given}
+
+
 def bench(
-    base_url: str = typer.Option(..., "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000"),
-    model: str = typer.Option(..., "--model", help="Model name as listed in /v1/models."),
-    api: str = typer.Option("chat", "--api", help="chat or completions."),
-    dataset: str = typer.Option("random", *_alias("--dataset"), help="random, sharegpt, images, mixed or trace."),
-    dataset_path: Optional[str] = typer.Option(None, "--dataset-path", help="ShareGPT JSON or trace JSONL file."),
-    input_len: Optional[int] = typer.Option(None, *_alias("--input-len"), help="Prompt tokens (random, images). Default 128."),
-    output_len: Optional[int] = typer.Option(None, *_alias("--output-len"), help="Output tokens. Default 64; for sharegpt, the dataset reply's length."),
-    concurrency: Optional[int] = typer.Option(None, *_alias("--concurrency"), help="Closed loop: N users, each sending when its last answer ends. As --max-concurrency: N users, not vLLM's in-flight cap on an open loop."),
-    rate: Optional[float] = typer.Option(None, *_alias("--rate"), help="Open loop: requests per second (inf: none, as vLLM)."),
-    arrival: Optional[str] = typer.Option(None, "--arrival", help="Open-loop arrivals: poisson (default), constant or gamma."),
-    burstiness: Optional[float] = typer.Option(None, "--burstiness", help="Gamma shape; < 1 burstier than Poisson."),
-    num_requests: Optional[int] = typer.Option(None, *_alias("--num-requests"), help="Stop after N measured requests."),
-    duration: Optional[str] = typer.Option(None, "--duration", help="Stop sending after this long (30s, 2m)."),
-    warmup: int = typer.Option(0, "--warmup", help="Requests sent first and left out of every figure."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s."),
-    goodput: Optional[list[str]] = typer.Option(None, "--goodput", help="vLLM's SLO syntax, 'ttft:500 tpot:50' (ms; quoted or repeated): each becomes --slo KEY_p99."),
-    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="vLLM's name for --api: /v1/chat/completions or /v1/completions."),
-    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the summary JSON here."),
-    records_out: Optional[Path] = typer.Option(None, "--records-out", help="Write one row per request here (Parquet)."),
-    label: Optional[str] = typer.Option(None, "--label", help="A name for this run in the history."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token for the endpoint."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Local tokenizer (path or cached name) for exact prompt lengths; default: the server's /tokenize."),
-    multi_turn: str = typer.Option("first", "--multi-turn", help="sharegpt: first (first turn only), dataset (dataset replies as history) or live (live replies as history)."),
-    image_size: str = typer.Option("64x64", "--image-size", help="Synthetic image size WxH."),
-    images_per_request: int = typer.Option(1, "--images-per-request", help="Images in each request (images dataset)."),
-    image_format: str = typer.Option("png", "--image-format", help="Synthetic image format: png or jpeg."),
-    image_dir: Optional[str] = typer.Option(None, "--image-dir", help="Use images from this folder instead of synthetic ones."),
-    image_url: Optional[list[str]] = typer.Option(None, "--image-url", help="Send this image URL (repeatable) instead of data URLs."),
-    mm_processor_kwargs: Optional[str] = typer.Option(None, "--mm-processor-kwargs", help="JSON passed per request as mm_processor_kwargs (vision budget)."),
-    mix: Optional[str] = typer.Option(None, "--mix", help="mixed dataset ratios, e.g. text:0.7,images:0.3."),
-    extra_body: Optional[str] = typer.Option(None, "--extra-body", help="JSON (or @file) merged into every request body."),
-    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly the output length (vLLM ignore_eos)."),
-    per_chunk_usage: bool = typer.Option(True, "--per-chunk-usage/--no-per-chunk-usage", help="Ask for token counts on every chunk (exact ITL per token) where the server supports it."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Client worker processes; default: as many as the load needs."),
-    timeout: float = typer.Option(600.0, "--timeout", help="Seconds one request may take before it counts as failed."),
-    seed: int = typer.Option(0, "--seed", help="Seed for prompts, images and arrivals."),
-    prompt_pool_size: Optional[int] = typer.Option(None, "--prompt-pool-size", help="Cycle N distinct prompts (explicit reuse the prefix cache serves); default: every request gets its own prompt."),
-    shared_prefix_len: int = typer.Option(0, "--shared-prefix-len", help="Tokens at the start of every prompt that all requests share (part of --input-len; random dataset)."),
-    max_send_lag_ms: float = typer.Option(25.0, "--max-send-lag-ms", help="Send-lag p99 above this marks the run client-limited."),
-    server_metrics_interval: float = typer.Option(1.0, "--server-metrics-interval", help="Seconds between /metrics samples during the run (peaks); 0: only before and after (each scrape costs a small server a few ms)."),
-    deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML this run targets (recorded with the run)."),
-    store_run: bool = typer.Option(True, "--store/--no-store", help="Save the run in the history (vlmserve runs)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."),
+    base_url: str = OPTIONS["base_url"],
+    model: str = OPTIONS["model"],
+    api: str = OPTIONS["api"],
+    dataset: str = OPTIONS["dataset"],
+    dataset_path: Optional[str] = OPTIONS["dataset_path"],
+    input_len: Optional[int] = OPTIONS["input_len"],
+    output_len: Optional[int] = OPTIONS["output_len"],
+    concurrency: Optional[int] = OPTIONS["concurrency"],
+    rate: Optional[float] = OPTIONS["rate"],
+    arrival: Optional[str] = OPTIONS["arrival"],
+    burstiness: Optional[float] = OPTIONS["burstiness"],
+    num_requests: Optional[int] = OPTIONS["num_requests"],
+    duration: Optional[str] = OPTIONS["duration"],
+    warmup: int = OPTIONS["warmup"],
+    slo: Optional[str] = OPTIONS["slo"],
+    goodput: Optional[list[str]] = OPTIONS["goodput"],
+    endpoint: Optional[str] = OPTIONS["endpoint"],
+    json_out: Optional[Path] = OPTIONS["json_out"],
+    records_out: Optional[Path] = OPTIONS["records_out"],
+    label: Optional[str] = OPTIONS["label"],
+    api_key: Optional[str] = OPTIONS["api_key"],
+    tokenizer: Optional[str] = OPTIONS["tokenizer"],
+    multi_turn: str = OPTIONS["multi_turn"],
+    image_size: str = OPTIONS["image_size"],
+    images_per_request: int = OPTIONS["images_per_request"],
+    image_format: str = OPTIONS["image_format"],
+    image_dir: Optional[str] = OPTIONS["image_dir"],
+    image_url: Optional[list[str]] = OPTIONS["image_url"],
+    mm_processor_kwargs: Optional[str] = OPTIONS["mm_processor_kwargs"],
+    mix: Optional[str] = OPTIONS["mix"],
+    extra_body: Optional[str] = OPTIONS["extra_body"],
+    ignore_eos: bool = OPTIONS["ignore_eos"],
+    per_chunk_usage: bool = OPTIONS["per_chunk_usage"],
+    workers: Optional[int] = OPTIONS["workers"],
+    timeout: float = OPTIONS["timeout"],
+    seed: int = OPTIONS["seed"],
+    prompt_pool_size: Optional[int] = OPTIONS["prompt_pool_size"],
+    shared_prefix_len: int = OPTIONS["shared_prefix_len"],
+    max_send_lag_ms: float = OPTIONS["max_send_lag_ms"],
+    server_metrics_interval: float = OPTIONS["server_metrics_interval"],
+    deployment_file: Optional[Path] = OPTIONS["deployment_file"],
+    store_run: bool = OPTIONS["store_run"],
+    repeat: int = OPTIONS["repeat"],
+    stop_when_oversaturated: Optional[bool] = OPTIONS["stop_when_oversaturated"],
+    progress: bool = OPTIONS["progress"],
 ) -> None:
     """Load-test an OpenAI-compatible endpoint and report latency, throughput and goodput."""
     from vlmserve.bench import metrics
     from vlmserve.bench.console import print_summary
     from vlmserve.bench.post_run import WARNINGS_EXIT_CODE, print_warnings, save_results
-    from vlmserve.bench.runner import Target, run_load
+    from vlmserve.bench.repeats import run_repeated
+    from vlmserve.bench.runner import Target
 
     args = dict(locals())
     if endpoint is not None:
@@ -242,8 +303,9 @@ def bench(
     if server_metrics_interval < 0:
         raise UserError(f"--server-metrics-interval {server_metrics_interval:g}: give seconds ≥ 0 (0 = before and after only)")
     result = asyncio.run(
-        run_load(load, target, slo=objectives, progress=progress, label=label, deployment=deployment, console=console,
-                 client_limits=limits, stop_on_ctrl_c=True, server_metrics_interval_s=server_metrics_interval)
+        run_repeated(load, target, slo=objectives, progress=progress, label=label, deployment=deployment,
+                     console=console, client_limits=limits, stop_on_ctrl_c=True,
+                     server_metrics_interval_s=server_metrics_interval)
     )
     save_results(result, store_run=store_run, json_out=json_out, records_out=records_out)
     print_summary(_wide_console(), result.summary)

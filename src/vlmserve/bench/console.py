@@ -101,6 +101,23 @@ def slo_verdict(key: str, check: dict[str, Any]) -> str:
     return f"{key} {measured:,.1f} ms {relation} {check['bound_ms']:g} ms: {'met' if check['met'] else 'missed'}"
 
 
+_INTERVAL_LABELS = {
+    "throughput.requests_per_s": ("req/s", ""), "throughput.output_tokens_per_s": ("output tok/s", ""),
+    "ttft_ms.p50": ("TTFT p50", " ms"), "ttft_ms.p95": ("TTFT p95", " ms"),
+    "tpot_ms.p50": ("TPOT p50", " ms"), "tpot_ms.p95": ("TPOT p95", " ms"),
+}
+
+
+def repeats_line(repeats: dict[str, Any] | None) -> str:
+    """'single run: no confidence interval …' or '95% CI over 3 repeats: TTFT p50 33.1 ± 1.2 ms, …'."""
+    if not repeats or repeats.get("single_run", True):
+        return "single run: no confidence interval (--repeat N runs the load N times and gives one)"
+    intervals = repeats.get("intervals") or {}
+    parts = [f"{label} {intervals[path]['mean']:,.2f} ± {intervals[path]['half_width']:,.2f}{unit}"
+             for path, (label, unit) in _INTERVAL_LABELS.items() if path in intervals]
+    return f"mean and 95% CI over {repeats['count']} repeats (student t): " + ", ".join(parts)
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     """Latency distributions as rows, the percentiles as columns."""
     table = Table(title="latency (ms)", show_edge=False)
@@ -132,12 +149,16 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         f"requests: {requests['completed']} ok, {failed} failed{f' ({causes})' if causes else ''}"
         f" in {summary['duration_s']:.2f} s"
         + (" [bold yellow](INTERRUPTED: stopped by Ctrl-C)[/]" if meta.get("interrupted") else "")
+        + (f" [bold yellow](stopped: {meta['stopped']})[/]" if meta.get("stopped") else "")
     )
+    if meta.get("stopped_reason"):
+        console.print(f"[bold yellow]stopped early: {meta['stopped_reason']}; the figures cover the run until then[/]")
     console.print(
         f"throughput: {throughput['requests_per_s']:.2f} req/s, {throughput['output_tokens_per_s']:.1f} output tok/s, "
         f"{throughput['total_tokens_per_s']:.1f} total tok/s, {throughput['chunks_per_s']:.1f} chunks/s"
     )
     console.print(summary_table(summary))
+    console.print(repeats_line(summary.get("repeats")))
     console.print(
         f"tokens: prompt {_fmt(tokens.get('actual_prompt_mean'))} mean (requested {_fmt(tokens.get('requested_prompt_mean'))}), "
         f"output {_fmt(tokens.get('actual_output_mean'))} mean (requested {_fmt(tokens.get('requested_output_mean'))})"

@@ -29,6 +29,7 @@ from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warning
 from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
 from vlmserve.bench.post_run import PostRunWarnings
 from vlmserve.bench.result import RunResult
+from vlmserve.bench.saturation import OVERSATURATED, OversaturationDetector, SaturationRule, watch
 from vlmserve.bench.scrape import ServerScraper
 from vlmserve.bench.target import Target, check_target
 from vlmserve.bench.tokens import TokenCounter, choose_counter
@@ -129,6 +130,17 @@ def _plans(
     return plans
 
 
+def oversaturation_detector(load: LoadSpec, plans: list[WorkerPlan]) -> OversaturationDetector | None:
+    """The over-saturation stop for an open loop that asks for it (None: not judged)."""
+    if not load.stop_when_oversaturated or load.concurrency is not None:
+        return None
+    offsets = sorted(item.offset_s for plan in plans for item in plan.items if item.offset_s is not None)
+    if not offsets:
+        return None
+    expected = load.duration_s if load.duration_s is not None else offsets[-1]
+    return OversaturationDetector(SaturationRule.for_duration(expected), offsets)
+
+
 def _tokenizer_check(records: list[RequestRecord], texts: dict[str, str], counter: TokenCounter, seed: int) -> None:
     """Count answers with the tokenizer so usage can be checked against it (a sample if many).
 
@@ -197,15 +209,31 @@ async def run_load(
     # collector skips them, so its pauses stay off the clock (unfrozen after, for sweeps' sake)
     gc.collect()
     gc.freeze()
+    detector = oversaturation_detector(load, plans)
+    stopped: list[str] = []
+    watcher: asyncio.Task | None = None
+
+    def started(pids: list[int]) -> None:
+        nonlocal watcher
+        cpu.watch(pids)
+        live.start_clock()
+        if detector is not None:
+            detector.start()
+            watcher = asyncio.ensure_future(watch(detector, interrupt, stopped.append))
+
     try:
         with LiveProgress(console, total, load.duration_s, enabled=progress) as live, stop_guard:
-            outcome = await run_workers(
-                plans, live.add, in_process=in_process, on_started=lambda pids: (cpu.watch(pids), live.start_clock()),
-                interrupt=interrupt,
-            )
+            sink = live.add if detector is None else (lambda record, text: (live.add(record, text), detector.observe(record)))
+            try:
+                outcome = await run_workers(plans, sink, in_process=in_process, on_started=started, interrupt=interrupt)
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
             await cpu.stop()
     finally:
         gc.unfreeze()
+    if stopped:
+        console.print(f"[bold yellow]stopped early: {stopped[0]}[/]")
     # From here on the records are the run: a failing step is a warning, never a lost run.
     warnings = PostRunWarnings()
     server = await warnings.attempt_async("the last /metrics scrape", scraper.stop,
@@ -248,13 +276,15 @@ async def run_load(
         "notices": context.notices,
         "slo": slo.bounds_s if slo else None,
         "client_limited": summary["client"]["limited"],
-        "interrupted": outcome.interrupted,
+        "interrupted": outcome.interrupted and not stopped,
+        "stopped": OVERSATURATED if stopped else None,
+        "stopped_reason": stopped[0] if stopped else None,
         "host_cpus": os.cpu_count(),
     }
-    return RunResult(records=records, summary=_ordered(summary))
+    return RunResult(records=records, summary=ordered_summary(summary))
 
 
-def _ordered(summary: dict[str, Any]) -> dict[str, Any]:
+def ordered_summary(summary: dict[str, Any]) -> dict[str, Any]:
     """meta and warnings first, then the figures, so the JSON reads top-down."""
     first = {"meta": summary["meta"], "warnings": summary.get("warnings", [])}
     return {**first, **{key: value for key, value in summary.items() if key not in first}}

@@ -1,8 +1,11 @@
 """`vlmserve compare BASELINE CANDIDATE`: the same cells side by side, as ratios, with regressions flagged.
 
 Ratios are written the way people say them ("TTFT p50 5.6× lower", "throughput 5.7× higher").
-A change counts as a regression only when it is worse than the noise threshold (default 10%),
-so run-to-run jitter does not fail a CI job.
+When both sides were run with `--repeat N` (N ≥ 2) and carry a 95 % confidence interval for a
+figure, the intervals decide: overlapping intervals are "unchanged", separate ones a regression
+or an improvement (a conservative test: separate 95 % intervals mean a real difference). Single
+runs are labelled so and judged as before: a change worse than the noise threshold (default 10%)
+is a regression, so run-to-run jitter does not fail a CI job.
 """
 
 from __future__ import annotations
@@ -49,6 +52,20 @@ class MetricChange:
     metric: ComparedMetric
     baseline: float
     candidate: float
+    baseline_interval: tuple[float, float] | None = None
+    candidate_interval: tuple[float, float] | None = None
+    """95 % confidence intervals (low, high) of repeated runs; None for a single run."""
+
+    @property
+    def by_intervals(self) -> bool:
+        """True when both sides have an interval, so the intervals (not the threshold) decide."""
+        return self.baseline_interval is not None and self.candidate_interval is not None
+
+    @property
+    def intervals_overlap(self) -> bool:
+        assert self.baseline_interval is not None and self.candidate_interval is not None
+        return (self.baseline_interval[0] <= self.candidate_interval[1]
+                and self.candidate_interval[0] <= self.baseline_interval[1])
 
     @property
     def ratio(self) -> float:
@@ -75,7 +92,22 @@ class MetricChange:
         return f"{factor:.1f}× {direction}"
 
     def is_regression(self, threshold: float) -> bool:
+        if self.by_intervals:
+            return not self.intervals_overlap and self.worse_by > 0
         return self.worse_by > threshold
+
+    def is_improvement(self, threshold: float) -> bool:
+        if self.by_intervals:
+            return not self.intervals_overlap and self.worse_by < 0
+        return self.worse_by < -threshold
+
+    def verdict(self, threshold: float) -> str:
+        """'regressed' / 'improved' / 'unchanged' (intervals) or 'within noise' (single runs, threshold)."""
+        if self.is_regression(threshold):
+            return "regressed"
+        if self.is_improvement(threshold):
+            return "improved"
+        return "unchanged" if self.by_intervals else "within noise"
 
 
 @dataclass
@@ -88,6 +120,15 @@ class CellComparison:
     failed_fraction: tuple[float, float]
     load_differences: list[str]
     """How the two runs' loads differ (e.g. 'output_len 8 → 128'): a ratio across different loads misleads."""
+    repeats: tuple[int, int] = (1, 1)
+    """Repeats behind the baseline and the candidate (1: a single run)."""
+
+    def judged_by(self, threshold: float) -> str:
+        """How this cell's changes are judged, in words."""
+        if any(change.by_intervals for change in self.changes):
+            return f"judged by 95% confidence intervals ({self.repeats[0]} vs {self.repeats[1]} repeats)"
+        return (f"single runs: judged by the {threshold:.0%} noise threshold "
+                "(--repeat N on both gives confidence intervals)")
 
 
 @dataclass
@@ -104,13 +145,22 @@ class Comparison:
         for cell in self.cells:
             for change in cell.changes:
                 if change.is_regression(self.threshold):
+                    basis = ("95% intervals apart" if change.by_intervals
+                             else f"single runs, threshold {self.threshold:.0%}")
                     found.append(f"{cell.name}: {change.metric.label} {change.phrase()} "
-                                 f"({fmt(change.baseline, 2)} → {fmt(change.candidate, 2)}; "
-                                 f"threshold {self.threshold:.0%})")
+                                 f"({fmt(change.baseline, 2)} → {fmt(change.candidate, 2)}; {basis})")
             base_failed, cand_failed = cell.failed_fraction
             if cand_failed - base_failed > FAILED_FRACTION_TOLERANCE:
                 found.append(f"{cell.name}: failed requests {base_failed:.1%} → {cand_failed:.1%}")
         return found
+
+    def basis(self) -> str:
+        """What a regression had to exceed: the intervals, the threshold, or both (mixed runs)."""
+        by_intervals = [change.by_intervals for cell in self.cells for change in cell.changes]
+        noise = f"the {self.threshold:.0%} noise threshold"
+        if by_intervals and all(by_intervals):
+            return "the 95% confidence intervals"
+        return f"the 95% confidence intervals or {noise}" if any(by_intervals) else noise
 
     def headlines(self) -> list[str]:
         """The sentences for a ticket: 'TTFT p50 5.6× lower at 4 users'."""
@@ -125,7 +175,7 @@ class Comparison:
 
 
 _LOAD_KEYS_IGNORED = {"name", "seed", "workers", "tokenizer", "request_timeout_s", "num_requests", "duration_s",
-                      "warmup"}
+                      "warmup", "repeat", "stop_when_oversaturated"}
 
 
 def load_differences(baseline: dict, candidate: dict) -> list[str]:
@@ -133,6 +183,18 @@ def load_differences(baseline: dict, candidate: dict) -> list[str]:
     keys = sorted((set(baseline) | set(candidate)) - _LOAD_KEYS_IGNORED)
     return [f"{key} {baseline.get(key)} → {candidate.get(key)}" for key in keys
             if baseline.get(key) != candidate.get(key)]
+
+
+def _repeats(cell: CellOutcome) -> int:
+    return int(((cell.summary or {}).get("repeats") or {}).get("count") or 1)
+
+
+def _figure(cell: CellOutcome, path: str) -> tuple[float | None, tuple[float, float] | None]:
+    """A figure and its 95 % interval: the mean over repeats when there is one, else the run's value."""
+    interval = (((cell.summary or {}).get("repeats") or {}).get("intervals") or {}).get(path)
+    if interval and interval.get("low") is not None and interval.get("high") is not None:
+        return float(interval["mean"]), (float(interval["low"]), float(interval["high"]))
+    return cell.metric(path), None
 
 
 def _failed_fraction(cell: CellOutcome) -> float:
@@ -177,12 +239,19 @@ def compare(baseline: SweepResults, candidate: SweepResults, threshold: float = 
     for name, base, cand in pairs:
         changes = []
         for metric in COMPARED_METRICS:
-            before, after = base.metric(metric.path), cand.metric(metric.path)
+            (before, before_interval), (after, after_interval) = _figure(base, metric.path), _figure(cand, metric.path)
             if before is not None and after is not None:
-                changes.append(MetricChange(name, metric, before, after))
+                changes.append(MetricChange(name, metric, before, after, before_interval, after_interval))
         cells.append(CellComparison(name, level_label(cand), changes, (_failed_fraction(base), _failed_fraction(cand)),
-                                    load_differences(base.load, cand.load)))
+                                    load_differences(base.load, cand.load), (_repeats(base), _repeats(cand))))
     return Comparison(baseline, candidate, threshold, cells, unmatched)
+
+
+def _with_interval(value: float, interval: tuple[float, float] | None) -> str:
+    """'33.10 ± 1.20' for a repeated figure, '33.10' for a single run's."""
+    if interval is None:
+        return fmt(value, 2)
+    return f"{fmt(value, 2)} ± {fmt((interval[1] - interval[0]) / 2, 2)}"
 
 
 def print_comparison(comparison: Comparison, console: Console) -> None:
@@ -193,12 +262,12 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         for column in ("metric", "baseline", "candidate", "candidate vs baseline", "verdict"):
             table.add_column(column)
         for change in cell.changes:
-            regression = change.is_regression(comparison.threshold)
-            better = change.worse_by < -comparison.threshold
-            verdict = "[red]REGRESSION[/]" if regression else ("[green]better[/]" if better else "within noise")
-            table.add_row(change.metric.label, fmt(change.baseline, 2), fmt(change.candidate, 2), change.phrase(),
-                          verdict)
+            verdict = change.verdict(comparison.threshold)
+            shown = {"regressed": "[red]REGRESSION[/]", "improved": "[green]better[/]"}.get(verdict, verdict)
+            table.add_row(change.metric.label, _with_interval(change.baseline, change.baseline_interval),
+                          _with_interval(change.candidate, change.candidate_interval), change.phrase(), shown)
         console.print(table)
+        console.print(f"  {cell.judged_by(comparison.threshold)}")
         if cell.load_differences:
             console.print(f"[yellow]  ⚠ the loads differ ({'; '.join(cell.load_differences)}): "
                           "these ratios compare different workloads[/]")
@@ -208,8 +277,8 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         console.print(f"[yellow]not compared (only on one side):[/] {', '.join(comparison.unmatched)}")
     regressions = comparison.regressions()
     if regressions:
-        console.print(f"[red bold]{len(regressions)} regression(s) beyond the {comparison.threshold:.0%} noise threshold:[/]")
+        console.print(f"[red bold]{len(regressions)} regression(s) beyond {comparison.basis()}:[/]")
         for line in regressions:
             console.print(f"[red]  ✗ {line}[/]")
     else:
-        console.print(f"[green]no regression beyond the {comparison.threshold:.0%} noise threshold[/]")
+        console.print(f"[green]no regression beyond {comparison.basis()}[/]")

@@ -19,7 +19,7 @@ LOAD_LEVEL_FIELDS = ("concurrency", "rate")
 """LoadSpec fields that say how hard a cell pushes; cells differing only in these form a series."""
 
 _NOT_SERIES_FIELDS = {"name", "concurrency", "rate", "num_requests", "duration_s", "seed", "warmup", "workers",
-                      "request_timeout_s"}
+                      "request_timeout_s", "repeat", "stop_when_oversaturated"}
 
 
 def summary_value(summary: dict[str, Any] | None, dotted: str) -> float | None:

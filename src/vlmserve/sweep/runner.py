@@ -121,7 +121,7 @@ class ReadyDeployment:
 
 
 @contextlib.contextmanager
-def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[ReadyDeployment]:
+def deployment_endpoint(entry: DeploymentEntry) -> Iterator[ReadyDeployment]:
     """Yield a ready deployment; a managed one is started fresh and always torn down."""
     if entry.endpoint is not None:
         yield ReadyDeployment(entry.endpoint)
@@ -137,15 +137,22 @@ def _deployment_endpoint(entry: DeploymentEntry) -> Iterator[ReadyDeployment]:
         yield ReadyDeployment(supervisor.endpoint.rstrip("/"), next((v for v in versions if v), None), tokenizer)
 
 
+SWEEP_STOPS_WHEN_OVERSATURATED = True
+"""A sweep cell's open loop stops early past saturation unless the cell sets stop_when_oversaturated."""
+
+
 def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str,
               deployment: dict[str, Any] | None, console: Console) -> "RunResult":
-    from vlmserve.bench.runner import run_load
+    """One cell: its repeats (LoadSpec.repeat) combined into one run, stopped early when oversaturated."""
+    from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.target import Target
 
     slo = spec.slo if spec.slo.bounds_s else None
+    if load.stop_when_oversaturated is None:
+        load = load.model_copy(update={"stop_when_oversaturated": SWEEP_STOPS_WHEN_OVERSATURATED})
     return asyncio.run(
-        run_load(load, Target(base_url=base_url, model=model), slo=slo, progress=False, label=label,
-                 deployment=deployment, console=console)
+        run_repeated(load, Target(base_url=base_url, model=model), slo=slo, progress=False, label=label,
+                     deployment=deployment, console=console)
     )
 
 
@@ -228,7 +235,7 @@ class SweepRunner:
         started = time.monotonic()
         self._attempted = set()
         try:
-            with _deployment_endpoint(entry) as ready:
+            with deployment_endpoint(entry) as ready:
                 base_url = ready.base_url
                 max_len = entry.spec.engine_args.max_model_len if entry.spec else None
                 verify_serving(base_url, entry.served_model(), max_len)
@@ -323,6 +330,9 @@ def _cell_brief(summary: dict[str, Any]) -> str:
         parts.append(f"{tok:.0f} tok/s")
     if ttft is not None:
         parts.append(f"TTFT p50 {ttft:.0f} ms")
+    stopped = (summary.get("meta") or {}).get("stopped")
+    if stopped:
+        parts.append(f"stopped: {stopped}")
     return "  ".join(parts)
 
 
