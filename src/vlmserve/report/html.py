@@ -99,6 +99,19 @@ def _simulated_note(results: SweepResults) -> str:
     return f'<p class="note">{html.escape(SIMULATED_NOTE)}</p>' if results.simulated() else ""
 
 
+def page_html(title: str, body: str) -> str:
+    """A whole self-contained page: the report's style and plotly.js, inlined once, then `body`."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{_CSS}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body>
+{body}</body></html>
+"""
+
+
 def chart_html(element_id: str, figure: go.Figure, simulated: bool, wide: bool = False) -> str:
     """One figure as a div (plotly.js itself is on the page once), marked simulated when it is."""
     if simulated:
@@ -146,14 +159,7 @@ def render_html(results: SweepResults, records_for: RecordsLoader = stored_recor
     simulated = results.simulated()
     chart_divs = "".join(chart_html(element_id, figure, simulated) for element_id, figure in all_charts(results))
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>vlmserve report: {html.escape(results.name)}</title>
-<style>{_CSS}</style>
-<script type="text/javascript">{get_plotlyjs()}</script>
-</head><body>
-<h1>vlmserve report: {html.escape(results.name)}</h1>
+    return page_html(f"vlmserve report: {results.name}", f"""<h1>vlmserve report: {html.escape(results.name)}</h1>
 <p class="sub">{html.escape(results.description or '')} source {html.escape(results.source)} · generated {generated}
  · vlmserve {__version__}</p>
 <p class="{outcome_class}">{html.escape(results.outcome_line())}</p>
@@ -171,8 +177,7 @@ def render_html(results: SweepResults, records_for: RecordsLoader = stored_recor
 <p class="legend"><span style="background:#fdecea">failed</span><span style="background:#fff8e1">client-limited</span>
 <span style="background:#e8f5e9">best deployment</span></p>
 {_deployments_html(results)}
-</body></html>
-"""
+""")
 
 
 def write_html(results: SweepResults, path: Path, records_for: RecordsLoader = stored_records) -> Path:
