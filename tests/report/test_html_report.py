@@ -120,3 +120,13 @@ def test_timeline_buckets_by_second() -> None:
     assert len(line.start_s) == int(span) + 1 and line.start_s[:2] == [0.0, 1.0]
     assert sum(line.output_tokens_per_s) == sum(record.output_tokens or 0 for record in records)
     assert line.ttft_p50_ms[0] == pytest.approx(50.0) and line.tpot_p50_ms[1] == pytest.approx(10.0)
+
+
+def test_short_runs_get_finer_timeline_buckets() -> None:
+    from vlmserve.report.plots_timeline import bucket_size_s
+
+    long_run = saturating_records(1, requests=64)  # about 23 s
+    short_run = saturating_records(32, requests=64)[:8]  # about 2 s
+    assert bucket_size_s([long_run, short_run]) == 1.0
+    assert bucket_size_s([short_run]) == 0.2, "at least 10 buckets"
+    assert bucket_size_s([]) == 0.01

@@ -4,7 +4,9 @@ A run's summary averages over its whole window; the timeline shows what the aver
 hides: a warm-up ramp, a queue that keeps growing (the run was past saturation), a stall.
 Each bucket counts what happened in it: TTFT of requests sent in that second, TPOT of
 requests that finished in it, output tokens that arrived in it (from the chunk times, or
-at the finish when a record has none). Time zero is the run's first send.
+at the finish when a record has none). Time zero is the run's first send. Buckets are one
+second; runs shorter than `MIN_BUCKETS` seconds (smoke runs) get finer buckets, so they
+still draw a line, and the axis title says the bucket size.
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ from vlmserve.report.run_records import RecordsLoader
 from vlmserve.sweep.results import SweepResults
 
 BUCKET_S = 1.0
+MIN_BUCKETS = 10
+_FINER_BUCKETS_S = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
+
+
+def bucket_size_s(runs: list[list[RequestRecord]]) -> float:
+    """One second, or the largest finer bucket giving the longest run `MIN_BUCKETS` buckets."""
+    spans = [max(record.finished_at_s or record.sent_at_s for record in records)
+             - min(record.sent_at_s for record in records) for records in runs if records]
+    longest = max(spans, default=0.0)
+    if longest >= MIN_BUCKETS * BUCKET_S:
+        return BUCKET_S
+    return next((size for size in _FINER_BUCKETS_S if longest >= MIN_BUCKETS * size), _FINER_BUCKETS_S[-1])
 
 
 @dataclass
@@ -76,8 +90,8 @@ def timeline(records: list[RequestRecord], bucket_s: float = BUCKET_S) -> Timeli
 
 
 ROWS: tuple[tuple[str, str], ...] = (
-    ("ttft_p50_ms", "TTFT p50 (ms), by send second"),
-    ("tpot_p50_ms", "TPOT p50 (ms), by finish second"),
+    ("ttft_p50_ms", "TTFT p50 (ms), by send time"),
+    ("tpot_p50_ms", "TPOT p50 (ms), by finish time"),
     ("output_tokens_per_s", "output tokens/s"),
 )
 
@@ -86,15 +100,16 @@ def timeline_figure(title: str, series: list[tuple[str, list[RequestRecord]]]) -
     """Three stacked panels sharing the time axis; one line per run."""
     figure = make_subplots(rows=len(ROWS), cols=1, shared_xaxes=True, vertical_spacing=0.07,
                            subplot_titles=[axis for _, axis in ROWS])
+    bucket_s = bucket_size_s([records for _, records in series])
     for index, (name, records) in enumerate(series):
-        line = timeline(records)
+        line = timeline(records, bucket_s)
         for row, (attribute, _) in enumerate(ROWS, start=1):
             figure.add_trace(go.Scatter(
                 x=line.start_s, y=getattr(line, attribute), mode="lines+markers", name=name, legendgroup=name,
                 showlegend=row == 1, connectgaps=False, marker={"size": 4, "color": color(index)},
                 line={"color": color(index)},
             ), row=row, col=1)
-    figure.update_xaxes(title_text=f"seconds since the run's first send ({BUCKET_S:g} s buckets)", row=len(ROWS), col=1)
+    figure.update_xaxes(title_text=f"seconds since the run's first send ({bucket_s:g} s buckets)", row=len(ROWS), col=1)
     return style(figure, title, height=620)
 
 
