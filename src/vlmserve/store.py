@@ -206,7 +206,8 @@ def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[s
     query = (
         "SELECT run_id, started_at, label, target, model, server_version, simulated, client_limited,"
         " completed, failed, requests_per_s, output_tokens_per_s, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms,"
-        " coalesce(json_extract_string(summary, '$.meta.interrupted') = 'true', false) AS interrupted"
+        " coalesce(json_extract_string(summary, '$.meta.interrupted') = 'true', false) AS interrupted,"
+        " json_extract_string(summary, '$.meta.tool') AS tool"
         " FROM runs"
     )
     params: list[Any] = []

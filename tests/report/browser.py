@@ -169,20 +169,31 @@ def visit_page(path: Path, *, ready_js: str, checks_js: dict[str, str], screensh
 
 
 CHART_IDS = ("chart-throughput", "chart-ttft", "chart-tpot", "chart-pareto")
-READY_JS = ("Array.from(document.querySelectorAll('.js-plotly-plot')).length >= 4 && "
-            "Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.querySelector('svg.main-svg'))")
 
 
-def check_report_in_browser(report: Path, screenshot: Path) -> None:
-    """Open a vlmserve HTML report as a user would: no console errors, every chart drawn, nothing fetched."""
+def check_report_in_browser(report: Path, screenshot: Path, chart_ids: tuple[str, ...] = CHART_IDS,
+                            title_mark: str | None = None) -> dict[str, Any]:
+    """Open a vlmserve HTML page as a user would: no console errors, every chart drawn, nothing fetched.
+
+    Each of `chart_ids` must hold drawn traces; with `title_mark`, each chart's drawn title must
+    contain it (the simulated mark). Returns the checks' values (traces per chart, titles).
+    """
     checks = {chart: (f"(() => {{ const d = document.getElementById('{chart}'); if (!d) return -1;"
                       " return d.querySelectorAll('svg.main-svg .scatterlayer .trace').length; })()")
-              for chart in CHART_IDS}
+              for chart in chart_ids}
+    titles = {f"title:{chart}": (f"(() => {{ const t = document.querySelector('#{chart} .gtitle');"
+                                 " return t ? t.textContent : null; })()") for chart in chart_ids}
+    checks.update(titles)
     checks["external"] = ("Array.from(document.querySelectorAll('script[src],link[href]'))"
                           ".map(e => e.src || e.href).filter(u => !u.startsWith('file:'))")
-    visit = visit_page(report, ready_js=READY_JS, checks_js=checks, screenshot=screenshot)
+    ready_js = (f"Array.from(document.querySelectorAll('.js-plotly-plot')).length >= {len(chart_ids)} && "
+                "Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.querySelector('svg.main-svg'))")
+    visit = visit_page(report, ready_js=ready_js, checks_js=checks, screenshot=screenshot)
     assert visit.console_errors == [], visit.console_errors
-    for chart in CHART_IDS:
+    for chart in chart_ids:
         assert visit.checks[chart] and visit.checks[chart] > 0, f"{chart} drew no traces: {visit.checks}"
+        if title_mark is not None:
+            assert title_mark in (visit.checks[f"title:{chart}"] or ""), f"{chart} title lacks {title_mark!r}"
     assert visit.checks["external"] == [], "the report must not load anything from the network"
     assert visit.screenshot is not None and visit.screenshot.stat().st_size > 10_000
+    return visit.checks

@@ -36,6 +36,14 @@ def saturating_records(concurrency: int, *, capacity: int = 8, ttft_s: float = 0
 def sweep_results(levels: list[int], deployments: dict[str, float], slo: SLO | None = None,
                   failed_cell: tuple[str, str] | None = None) -> SweepResults:
     """A sweep over `levels` users for each deployment (name -> slowdown factor)."""
+    return sweep_with_records(levels, deployments, slo, failed_cell)[0]
+
+
+def sweep_with_records(levels: list[int], deployments: dict[str, float], slo: SLO | None = None,
+                       failed_cell: tuple[str, str] | None = None,
+                       ) -> tuple[SweepResults, dict[str, list[RequestRecord]]]:
+    """`sweep_results` and the records behind each finished cell, by run id."""
+    by_run: dict[str, list[RequestRecord]] = {}
     slo = slo or SLO()
     infos: list[DeploymentInfo] = []
     cells: list[CellOutcome] = []
@@ -48,6 +56,8 @@ def sweep_results(levels: list[int], deployments: dict[str, float], slo: SLO | N
             if (name, cell_name) == failed_cell:
                 cells.append(CellOutcome(name, cell_name, load, "failed", reason="all 64 requests failed (http_500 ×64)"))
                 continue
-            summary = summarize(saturating_records(level, slowdown=slowdown), slo if slo.bounds_s else None)
+            records = saturating_records(level, slowdown=slowdown)
+            summary = summarize(records, slo if slo.bounds_s else None)
+            by_run[f"run-{name}-{level}"] = records
             cells.append(CellOutcome(name, cell_name, load, "done", run_id=f"run-{name}-{level}", summary=summary))
-    return SweepResults(name="synthetic", deployments=infos, cells=cells, slo=slo, source="synthetic")
+    return SweepResults(name="synthetic", deployments=infos, cells=cells, slo=slo, source="synthetic"), by_run

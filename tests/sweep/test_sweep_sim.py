@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.report.browser import check_report_in_browser, find_chromium
+from tests.report.browser import CHART_IDS, check_report_in_browser, find_chromium
 from vlmserve.report.source import results_from_sweep_dir
 from vlmserve.processes import port_is_free
 from vlmserve.errors import UserError
@@ -83,7 +83,11 @@ def test_replica_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd: list
     assert replicas == {"r1": 1, "r2": 2, "r4": 4, "r8": 8}
     (artifacts_dir / "sweep-replicas.html").write_bytes((out / "report.html").read_bytes())
     if find_chromium():
-        check_report_in_browser(out / "report.html", artifacts_dir / "sweep-replicas.png")
+        # the per-shape plots too, the CDF and timeline from the records the sweep stored
+        shape_charts = ("chart-latency-throughput-0", "chart-cdf-0", "chart-timeline-0")
+        checks = check_report_in_browser(out / "report.html", artifacts_dir / "sweep-replicas.png",
+                                         chart_ids=CHART_IDS + shape_charts, title_mark="(simulated)")
+        assert checks["chart-cdf-0"] == 3 * len(results.cells), "TTFT, TPOT and E2E curves for every cell"
 
 
 FAILING_SPEC = """

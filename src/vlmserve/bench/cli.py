@@ -182,6 +182,7 @@ OPTIONS: dict[str, Any] = {
     "goodput": typer.Option(None, "--goodput", help="vLLM's SLO syntax, 'ttft:500 tpot:50' (ms; quoted or repeated): each becomes --slo KEY_p99."),
     "endpoint": typer.Option(None, "--endpoint", help="vLLM's name for --api: /v1/chat/completions or /v1/completions."),
     "json_out": typer.Option(None, "--json-out", help="Write the summary JSON here."),
+    "result_format": typer.Option("vlmserve", "--result-format", help="--json-out's format: vlmserve (the summary) or vllm (the keys of vllm bench serve --save-result --save-detailed)."),
     "records_out": typer.Option(None, "--records-out", help="Write one row per request here (Parquet)."),
     "label": typer.Option(None, "--label", help="A name for this run in the history."),
     "api_key": typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token for the endpoint."),
@@ -238,6 +239,7 @@ def bench(
     goodput: Optional[list[str]] = OPTIONS["goodput"],
     endpoint: Optional[str] = OPTIONS["endpoint"],
     json_out: Optional[Path] = OPTIONS["json_out"],
+    result_format: str = OPTIONS["result_format"],
     records_out: Optional[Path] = OPTIONS["records_out"],
     label: Optional[str] = OPTIONS["label"],
     api_key: Optional[str] = OPTIONS["api_key"],
@@ -269,7 +271,7 @@ def bench(
     """Load-test an OpenAI-compatible endpoint and report latency, throughput and goodput."""
     from vlmserve.bench import metrics
     from vlmserve.bench.console import print_summary
-    from vlmserve.bench.post_run import WARNINGS_EXIT_CODE, print_warnings, save_results
+    from vlmserve.bench.post_run import WARNINGS_EXIT_CODE, PostRunWarnings, print_warnings, save_results
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.runner import Target
 
@@ -290,6 +292,10 @@ def bench(
         if args[name] not in allowed:
             choices = ", ".join(value for value in allowed if value)
             raise UserError(f"--{name.replace('_', '-')} '{args[name]}': use one of {choices}")
+    if result_format not in ("vlmserve", "vllm"):
+        raise UserError(f"--result-format '{result_format}': use vlmserve or vllm")
+    if result_format == "vllm" and json_out is None:
+        raise UserError("--result-format vllm says how --json-out is written; give --json-out FILE with it")
     load = build_load_spec(args)
     objectives = SLO.parse(slo)
     deployment = None
@@ -307,7 +313,16 @@ def bench(
                      console=console, client_limits=limits, stop_on_ctrl_c=True,
                      server_metrics_interval_s=server_metrics_interval)
     )
-    save_results(result, store_run=store_run, json_out=json_out, records_out=records_out)
+    save_results(result, store_run=store_run, json_out=json_out if result_format == "vlmserve" else None,
+                 records_out=records_out)
+    if result_format == "vllm" and json_out is not None:
+        from vlmserve.interop.vllm_bench import write_vllm_result
+
+        before = len(result.warnings)
+        PostRunWarnings(result.warnings).attempt(f"writing {json_out}", lambda: write_vllm_result(result, json_out),
+                                                 None, "the vLLM-format result is not in that file")
+        if len(result.warnings) > before:
+            result.meta["post_run_failed"] = True
     print_summary(_wide_console(), result.summary)
     print_warnings(result.warnings)  # every warning once more on stderr, unwrapped, for scripts
     if result.meta.get("interrupted"):
@@ -344,6 +359,8 @@ def runs_list(
     for row in rows:
         flags = ",".join(flag for flag, on in (("simulated", row["simulated"]), ("client-limited", row["client_limited"]),
                                                    ("interrupted", row["interrupted"])) if on)
+        if row.get("tool"):
+            flags = ",".join(part for part in (flags, f"from {row['tool']}") if part)
         table.add_row(
             row["run_id"], str(row["started_at"])[:19], row["label"] or "", row["model"] or "", str(row["completed"]),
             str(row["failed"]), _num(row["requests_per_s"]), _num(row["output_tokens_per_s"]), _num(row["ttft_p50_ms"]),
@@ -367,6 +384,18 @@ def runs_show(
         return
     print_summary(_wide_console(), result.summary)
     typer.echo(f"{len(result.records)} request records stored")
+
+
+@runs_app.command("import")
+def runs_import(
+    path: Path = typer.Argument(..., metavar="FILE", help="A vllm bench serve --save-result JSON or AIPerf's profile_export_aiperf.json."),
+) -> None:
+    """Store another tool's result file in the history, beside vlmserve's runs (for report and compare)."""
+    from vlmserve.interop.importer import import_result_file
+
+    run_id, result = import_result_file(path)
+    records = f"{len(result.records)} request records" if result.records else "no per-request records (figures only)"
+    typer.echo(f"imported {path} as run {run_id} (from {result.meta['tool']}; {records})")
 
 
 def _wide_console() -> Console:

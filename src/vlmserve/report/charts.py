@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from vlmserve.report.plots_common import PALETTE as _PALETTE
 from vlmserve.report.tables import workload_label
 from vlmserve.sweep.results import CellOutcome, SweepResults
 
-_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-            "#bcbd22", "#7f7f7f"]
 _PERCENTILE_DASH = {"p50": "solid", "p95": "dash", "p99": "dot"}
 
 

@@ -36,6 +36,8 @@ def compare_command(
                                     help="Noise threshold: a change worse than this fraction is a regression."),
     fail_on_regression: bool = typer.Option(False, "--fail-on-regression",
                                             help="Exit 1 when any regression is found (for CI)."),
+    html: Path | None = typer.Option(None, "--html",
+                                     help="Also write the comparison as a self-contained HTML page with plots."),
 ) -> None:
     """The same cells side by side: ratios ("TTFT p50 5.6× lower") and regressions beyond the noise threshold."""
     from vlmserve.report.compare import compare, print_comparison
@@ -43,6 +45,10 @@ def compare_command(
 
     comparison = compare(load_source(baseline), load_source(candidate), threshold)
     print_comparison(comparison, Console())
+    if html is not None:
+        from vlmserve.report.compare_html import write_compare_html
+
+        typer.echo(f"HTML comparison: {write_compare_html(comparison, html)}")
     if fail_on_regression and comparison.regressions():
         raise SystemExit(1)  # typer.Exit codes are swallowed under standalone_mode=False
 

@@ -1,8 +1,10 @@
 """The self-contained HTML report: one file, works offline (plotly.js embedded once, no CDN).
 
 It answers "is it deployable, and in which configuration": the headline table first, then
-the knee findings, the four load charts, every cell's numbers, the failures, and the
-deployment specs and versions that produced them.
+the knee findings, the four load charts, per workload shape the latency-vs-throughput curve,
+the latency CDFs and each run's timeline (the last two from the per-request records), every
+cell's numbers, the failures, and the deployment specs and versions that produced them.
+Every figure drawn from simulated runs carries the simulated mark in its own title.
 """
 
 from __future__ import annotations
@@ -13,11 +15,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from pydantic import ValidationError
 
 from vlmserve import __version__
 from vlmserve.report.charts import all_charts
+from vlmserve.report.plots_cdf import latency_cdf_charts
+from vlmserve.report.plots_common import mark_simulated
+from vlmserve.report.plots_latency_throughput import latency_vs_throughput_charts
+from vlmserve.report.plots_timeline import timeline_charts
+from vlmserve.report.run_records import RecordsLoader, stored_records
 from vlmserve.spec import DeploymentSpec
 from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
 from vlmserve.sweep.rank import cheapest, rank_deployments
@@ -39,6 +47,7 @@ tr.failed td { background: #fdecea; } tr.limited td { background: #fff8e1; } tr.
 .charts { display: grid; grid-template-columns: repeat(2, minmax(0, 1fr)); gap: 12px; }
 @media (max-width: 1000px) { .charts { grid-template-columns: minmax(0, 1fr); } }
 .scroll { overflow-x: auto; }
+.chart.wide { grid-column: 1 / -1; }
 .chart { border: 1px solid #eee; border-radius: 6px; min-height: 420px; min-width: 0; overflow: hidden; }
 pre { background: #f7f7f7; padding: 10px; overflow-x: auto; font-size: 12px; }
 .legend span { display: inline-block; padding: 0 8px; margin-right: 8px; border-radius: 3px; }
@@ -90,8 +99,49 @@ def _simulated_note(results: SweepResults) -> str:
     return f'<p class="note">{html.escape(SIMULATED_NOTE)}</p>' if results.simulated() else ""
 
 
-def render_html(results: SweepResults) -> str:
-    """The whole page as a string."""
+def page_html(title: str, body: str) -> str:
+    """A whole self-contained page: the report's style and plotly.js, inlined once, then `body`."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{_CSS}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body>
+{body}</body></html>
+"""
+
+
+def chart_html(element_id: str, figure: go.Figure, simulated: bool, wide: bool = False) -> str:
+    """One figure as a div (plotly.js itself is on the page once), marked simulated when it is."""
+    if simulated:
+        mark_simulated(figure)
+    classes = "chart wide" if wide else "chart"
+    body = figure.to_html(full_html=False, include_plotlyjs=False, div_id=element_id,
+                          config={"displaylogo": False, "responsive": True})
+    return f'<div class="{classes}">{body}</div>'
+
+
+def shape_sections_html(results: SweepResults, records_for: RecordsLoader) -> str:
+    """Per workload shape: latency vs achieved throughput, latency CDFs, the runs' timelines."""
+    simulated = results.simulated()
+    sections: dict[str, list[str]] = {}
+    for charts in (latency_vs_throughput_charts(results), latency_cdf_charts(results, records_for),
+                   timeline_charts(results, records_for)):
+        for label, element_id, figure in charts:
+            sections.setdefault(label, []).append(chart_html(element_id, figure, simulated, wide=True))
+    if not sections:
+        return ""
+    parts = ["<h2>Per workload shape</h2>",
+             '<p class="legend">Latency against the throughput the server achieved; CDFs and timelines come from '
+             "the per-request records (left out for runs whose records are not stored).</p>"]
+    for label, divs in sections.items():
+        parts.append(f'<h3>{html.escape(label)}</h3><div class="charts">{"".join(divs)}</div>')
+    return "".join(parts)
+
+
+def render_html(results: SweepResults, records_for: RecordsLoader = stored_records) -> str:
+    """The whole page as a string; `records_for` gives each cell's per-request records (the history's by default)."""
     choices = rank_deployments(results)
     done, total = results.counts()
     outcome_class = "outcome" if done == total else "outcome partial"
@@ -106,22 +156,10 @@ def render_html(results: SweepResults) -> str:
         slo_text = ", ".join(f"{key} ≤ {value * 1000:g} ms" for key, value in sorted(results.slo.bounds_s.items()))
     else:
         slo_text = "none given (best point = highest throughput)"
-    charts = all_charts(results)
-    chart_divs = "".join(
-        figure.to_html(full_html=False, include_plotlyjs=False, div_id=element_id,
-                       config={"displaylogo": False, "responsive": True})
-        .replace("<div>", '<div class="chart">', 1)
-        for element_id, figure in charts
-    )
+    simulated = results.simulated()
+    chart_divs = "".join(chart_html(element_id, figure, simulated) for element_id, figure in all_charts(results))
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>vlmserve report: {html.escape(results.name)}</title>
-<style>{_CSS}</style>
-<script type="text/javascript">{get_plotlyjs()}</script>
-</head><body>
-<h1>vlmserve report: {html.escape(results.name)}</h1>
+    return page_html(f"vlmserve report: {results.name}", f"""<h1>vlmserve report: {html.escape(results.name)}</h1>
 <p class="sub">{html.escape(results.description or '')} source {html.escape(results.source)} · generated {generated}
  · vlmserve {__version__}</p>
 <p class="{outcome_class}">{html.escape(results.outcome_line())}</p>
@@ -134,16 +172,16 @@ def render_html(results: SweepResults) -> str:
 <h2>Load charts</h2>
 <p class="legend">Circles are measured points; crosses mark client-limited cells (the load generator set the pace).</p>
 <div class="charts">{chart_divs}</div>
+{shape_sections_html(results, records_for)}
 {_table_html(cell_table(results), reason_column="run id / reason")}
 <p class="legend"><span style="background:#fdecea">failed</span><span style="background:#fff8e1">client-limited</span>
 <span style="background:#e8f5e9">best deployment</span></p>
 {_deployments_html(results)}
-</body></html>
-"""
+""")
 
 
-def write_html(results: SweepResults, path: Path) -> Path:
+def write_html(results: SweepResults, path: Path, records_for: RecordsLoader = stored_records) -> Path:
     """Write the report file (parent directories created) and return its path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(results), encoding="utf-8")
+    path.write_text(render_html(results, records_for), encoding="utf-8")
     return path
