@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import psutil
+from _servers import wait_healthy
 from _smoke import parse_args
 
 MODEL = "sim-model"
@@ -53,15 +53,12 @@ def start_engine(port: int, log: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "vlmserve", "engine", "sim", "--host", "127.0.0.1", "--port", str(port),
             "--model", MODEL, "--ttft-ms", "1", "--itl-ms", "1", "--max-num-seqs", "1024"]
     engine = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return engine
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    engine.kill()
-    raise SystemExit(f"sim engine did not start: {log.read_text()[-2000:]}")
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", engine, log_path=log)
+    except SystemExit:
+        engine.kill()
+        raise
+    return engine
 
 
 class LineCounter:

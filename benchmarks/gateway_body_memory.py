@@ -30,13 +30,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from aiohttp import web
 
+from _servers import wait_healthy
 from _smoke import parse_args
 
 HELD = 0  # status recorded for a request the gateway forwarded and the black hole held
@@ -152,18 +152,8 @@ def measure(case: Case, replica: BlackHoleReplica, log_dir: Path, hold_s: float)
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # ready once /health says the black hole is routable
-            if process.poll() is not None:
-                raise RuntimeError(f"gateway exited: {log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("gateway did not become ready in 60 s")
-            time.sleep(0.1)
+        # ready once /health says the black hole is routable
+        wait_healthy(f"http://127.0.0.1:{port}/health", process, log_path=log_path)
         baseline = high_water_mark_bytes(process.pid)
         statuses = asyncio.run(send_all(f"http://127.0.0.1:{port}/v1/chat/completions", case, hold_s))
         return Measured(case, statuses, baseline, high_water_mark_bytes(process.pid))

@@ -39,9 +39,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
+from _servers import wait_healthy
 from _smoke import parse_args, skip
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
@@ -92,20 +92,6 @@ class Route:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-
-
-def wait_healthy(url: str, timeout_s: float = 60.0, process: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise SystemExit(f"{url}: process exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} not healthy within {timeout_s:.0f} s")
 
 
 def start_engine(args: argparse.Namespace, log_dir: Path) -> Route:

@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
+from _servers import wait_healthy
 from _smoke import parse_args
 
 MODEL = "bench-model"
@@ -128,16 +129,8 @@ def start_engine(args: argparse.Namespace, port: int, log_path: Path) -> subproc
         argv = ["chrt", "-f", "10", *argv]
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"engine did not start: {log_path.read_text()[-2000:]}")
-        time.sleep(0.1)
+    wait_healthy(f"http://127.0.0.1:{port}/health", process, log_path=log_path)
+    return process
 
 
 def main() -> None:

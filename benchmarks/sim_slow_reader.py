@@ -19,9 +19,9 @@ import subprocess
 import sys
 import time
 
-import httpx
 import psutil
 
+from _servers import wait_healthy
 from _smoke import parse_args
 
 MODEL = "sim-model"
@@ -57,16 +57,7 @@ def main() -> None:
             "--num-kv-blocks", str(args.clients * (args.tokens + 1000) // 16 + 64), "--no-timing"]
     engine = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the sim engine did not start")
-            time.sleep(0.1)
+        wait_healthy(f"http://127.0.0.1:{port}/health", engine, timeout_s=30)
         process = psutil.Process(engine.pid)
         before = process.memory_info().rss
         sockets = [slow_stream(port, args.tokens) for _ in range(args.clients)]

@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from vlmserve.bench.metrics import end_to_end_s, time_per_output_token_s, time_to_first_token_s
 from vlmserve.records import RequestRecord
-from vlmserve.report.plots_common import cell_label, color, has_many_deployments, style, workload_shapes
+from vlmserve.report.plots_common import color, per_shape_record_charts, style
 from vlmserve.report.run_records import RecordsLoader
 from vlmserve.sweep.results import SweepResults
 
@@ -64,11 +64,5 @@ def latency_cdf_figure(title: str, series: list[tuple[str, list[RequestRecord]]]
 
 def latency_cdf_charts(results: SweepResults, records_for: RecordsLoader) -> list[tuple[str, str, go.Figure]]:
     """(workload label, element id, figure) per workload shape whose cells have stored records."""
-    many = has_many_deployments(results)
-    charts: list[tuple[str, str, go.Figure]] = []
-    for index, (label, cells) in enumerate(workload_shapes(results)):
-        ordered = sorted(cells, key=lambda cell: (cell.deployment, cell.load_level or 0.0))
-        series = [(cell_label(cell, many), records) for cell in ordered if (records := records_for(cell))]
-        if series:
-            charts.append((label, f"chart-cdf-{index}", latency_cdf_figure(f"Latency CDFs: {label}", series)))
-    return charts
+    return per_shape_record_charts(results, records_for, "chart-cdf",
+                                   lambda label, series: latency_cdf_figure(f"Latency CDFs: {label}", series))

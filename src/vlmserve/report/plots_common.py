@@ -8,8 +8,12 @@ the banner above it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import plotly.graph_objects as go
 
+from vlmserve.records import RequestRecord
+from vlmserve.report.run_records import RecordsLoader
 from vlmserve.report.tables import level_label
 from vlmserve.sweep.results import CellOutcome, SweepResults
 
@@ -64,3 +68,23 @@ def cell_label(cell: CellOutcome, many_deployments: bool) -> str:
 
 def has_many_deployments(results: SweepResults) -> bool:
     return len({cell.deployment for cell in results.cells}) > 1
+
+
+RecordSeries = list[tuple[str, list[RequestRecord]]]
+"""(legend name, the cell's per-request records) for each cell drawn in one figure."""
+
+
+def per_shape_record_charts(results: SweepResults, records_for: RecordsLoader, id_prefix: str,
+                            figure_for: Callable[[str, RecordSeries], go.Figure]) -> list[tuple[str, str, go.Figure]]:
+    """(workload label, element id, figure) per workload shape whose cells have stored records.
+
+    Cells are ordered by deployment then load level; cells without records are left out.
+    """
+    many = has_many_deployments(results)
+    charts: list[tuple[str, str, go.Figure]] = []
+    for index, (label, cells) in enumerate(workload_shapes(results)):
+        ordered = sorted(cells, key=lambda cell: (cell.deployment, cell.load_level or 0.0))
+        series = [(cell_label(cell, many), records) for cell in ordered if (records := records_for(cell))]
+        if series:
+            charts.append((label, f"{id_prefix}-{index}", figure_for(label, series)))
+    return charts
