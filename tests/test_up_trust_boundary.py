@@ -300,7 +300,7 @@ def test_non_loopback_without_keys_needs_open(
 
 
 @needs_sim
-@pytest.mark.hostile("a spec with keys_file: the gateway answers 401 without a key; audit_log records requests")
+@pytest.mark.hostile("a spec with keys_file and TLS: HTTPS only, 401 without a key, audit_log records requests")
 def test_keys_file_and_tls_in_the_spec_make_the_gateway_ask_for_keys_over_https(
     vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]]  # noqa: F811
 ) -> None:
