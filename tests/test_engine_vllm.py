@@ -159,3 +159,36 @@ def test_example_specs_are_valid(name: str) -> None:
     assert argv[argv.index("--model") + 1] == spec.model
     if kind == "gpu":
         assert vllm_engine.gpu_groups(spec.replicas, spec.engine_args.tensor_parallel_size, available=4) == ["0,1", "2,3"]
+
+
+@pytest.mark.engine
+@pytest.mark.hostile("SSRF straight at a replica: real vLLM started by up refuses a loopback image URL and fetches nothing")
+def test_real_engine_fetches_no_media_from_unlisted_hosts(embedded_engine) -> None:  # type: ignore[no-untyped-def]
+    """The gateway refuses remote media, and the engine behind it must too: `up` passes vLLM
+    `--allowed-media-domains` (a name that never resolves when none are listed)."""
+    import http.server
+    import threading
+
+    fetched: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            fetched.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/x.png"
+        with httpx.Client(base_url=embedded_engine.base_url, timeout=120, trust_env=False) as client:
+            answer = client.post("/v1/chat/completions", json={
+                "model": embedded_engine.model, "messages": [image_message("What is it?", url)], "max_tokens": 4})
+    finally:
+        server.shutdown()
+    assert answer.status_code == 400, answer.text
+    assert "allowed" in answer.json()["error"]["message"].lower(), answer.text
+    assert fetched == []
