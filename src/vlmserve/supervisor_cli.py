@@ -103,8 +103,9 @@ def up(
     audit_log: Optional[Path] = typer.Option(None, help="Gateway: append one JSON line per request to this file."),
     ssl_certfile: Optional[Path] = typer.Option(None, help="Gateway: TLS certificate (PEM); needs --ssl-keyfile."),
     ssl_keyfile: Optional[Path] = typer.Option(None, help="Gateway: TLS private key (PEM)."),
-    allowed_media_domain: Optional[list[str]] = typer.Option(
-        None, "--allowed-media-domain", help="A host image URLs may point at (repeat); default: none, images inline only."
+    allowed_media_domains: Optional[list[str]] = typer.Option(
+        None, "--allowed-media-domains",
+        help="Host media URLs may point at, as vLLM's flag (repeat or comma-separate); default: none, images inline only.",
     ),
     open_: Optional[bool] = typer.Option(
         None, "--open", help="Serve a non-loopback --host without --keys-file, on purpose."
@@ -120,7 +121,8 @@ def up(
             "kv_cache_space_gb": kv_cache_space_gb, "cpu_threads_per_replica": cpu_threads_per_replica,
             "ready_timeout_s": ready_timeout_s, "keys_file": keys_file, "audit_log": audit_log,
             "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,
-            "allowed_media_domains": allowed_media_domain or None, "open": open_,
+            "allowed_media_domains": [domain.strip() for value in allowed_media_domains or [] for domain in value.split(",")
+                                      if domain.strip()] or None, "open": open_,
         },
         {
             "dtype": dtype, "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
