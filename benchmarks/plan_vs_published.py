@@ -39,7 +39,8 @@ from vlmserve.plan.setup import PlanSetup  # noqa: E402
 from vlmserve.plan.simulate import simulate_run  # noqa: E402
 from vlmserve.spec import LoadSpec  # noqa: E402
 
-PUBLISHED = Path(os.environ.get("VLMSERVE_PUBLISHED_CSV", "/work/shared/reference/published_measurements.csv"))
+PUBLISHED = Path(os.environ.get("VLMSERVE_PUBLISHED_CSV", ROOT.parent / "shared/reference/published_measurements.csv"))
+"""The shared reference data sits beside the checkout (../shared), as in CI; the variable overrides it."""
 CALIBRATION_OUT = ROOT / "src/vlmserve/plan/data/calibration.json"
 
 
@@ -330,6 +331,9 @@ def main() -> int:
     args = parse_args(parser)
     scale = 0.02 if args.smoke else 1.0
 
+    if not PUBLISHED.is_file():
+        raise SystemExit(f"error: {PUBLISHED} not found: put the shared reference data beside the checkout "
+                         "(../shared) or set VLMSERVE_PUBLISHED_CSV")
     published = read_published()
     scenarios, skipped = build_scenarios(published)
     fitter = StagedFitter(FIT_STAGES, max_evaluations=FIT_EVALUATIONS,

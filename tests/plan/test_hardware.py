@@ -13,8 +13,9 @@ from vlmserve.plan.hardware import allreduce_time_s, catalog, get_gpu, plan_memo
 from vlmserve.plan.models import load_model
 from vlmserve.plan.setup import PlanSetup, vllm_default_limits
 
-REFERENCE_CSV = Path("/work/shared/reference/hardware.csv")
-PACKAGED_CSV = Path(__file__).resolve().parents[2] / "src/vlmserve/plan/data/hardware.csv"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REFERENCE_CSV = REPO_ROOT.parent / "shared/reference/hardware.csv"  # the shared data beside the checkout
+PACKAGED_CSV = REPO_ROOT / "src/vlmserve/plan/data/hardware.csv"
 
 
 def test_catalog_matches_reference_and_names_are_case_insensitive() -> None:
