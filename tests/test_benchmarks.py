@@ -21,6 +21,7 @@ BENCHMARKS = sorted(path for path in (REPO_ROOT / "benchmarks").glob("*.py") if 
 SLOW = {
     "bench_client_capacity.py": "runs `vllm bench serve`, whose import alone takes 10 s or more",
     "bench_vs_vllm_engine.py": "runs `vllm bench serve`, whose import alone takes 10 s or more",
+    "client_accuracy.py": "runs `vllm bench serve` (and AIPerf, guidellm where installed), each 5-10 s to start",
 }
 
 

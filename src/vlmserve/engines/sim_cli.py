@@ -57,6 +57,7 @@ def sim(
         help="Refuse prompt + max_tokens > --max-model-len with 400, as earlier vLLM releases did (default: clamp max_tokens, as vLLM 0.32 does).",
     ),
     no_timing: bool = typer.Option(False, "--no-timing", help="Do not record emission timing error (/debug/timing)."),
+    trace_file: str = typer.Option(None, help="Append one JSON line per ended request: arrival, first-token and chunk emission times (monotonic clock), for judging clients' TTFT/ITL."),
     gpu: str = typer.Option(None, help="Planner mode: time steps as --model (a `plan models` preset or config.json) on this GPU; KV blocks from its memory."),
     tp: int = typer.Option(1, min=1, help="Planner mode: tensor-parallel GPUs."),
 ) -> None:
@@ -96,6 +97,7 @@ def sim(
         ),
         reject_over_context=reject_over_context,
         record_timing=not no_timing,
+        trace_file=trace_file,
         gpu=gpu,
         tp=tp,
     )

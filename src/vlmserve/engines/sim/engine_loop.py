@@ -29,6 +29,7 @@ from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import EngineCore
 from vlmserve.engines.sim.outputs import WRITE_BUFFER_HIGH_BYTES, ActiveRequest
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
+from vlmserve.engines.sim.trace import EmissionTrace
 from vlmserve.sched.scheduler import SimRequest, StepResult
 
 RESYNC_AFTER_S = 0.050
@@ -49,8 +50,10 @@ class EngineLoop:
         metrics: EngineMetrics,
         timing: EmissionTimingRecorder | None,
         clock: Callable[[], float] = time.monotonic,
+        trace: EmissionTrace | None = None,
     ) -> None:
         self.core = core
+        self.trace = trace
         self.metrics = metrics
         self.timing = timing
         self.clock = clock
@@ -71,8 +74,11 @@ class EngineLoop:
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
         for request in list(self.active.values()):
+            self._trace_request(request, "aborted")
             request.resolve("aborted")
         self.active.clear()
+        if self.trace is not None:
+            self.trace.close()
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request: ActiveRequest) -> None:
@@ -89,6 +95,9 @@ class EngineLoop:
             )
         )
         self.active[request.request_id] = request
+        if self.trace is not None:
+            request.chunk_s = []
+            request.chunk_tokens = []
         self._poke()
 
     def abort(self, request_id: str) -> None:
@@ -97,6 +106,7 @@ class EngineLoop:
         self.core.abort_request(request_id)
         if request is not None and not request.aborted:
             request.aborted = True
+            self._trace_request(request, "aborted")
             self.metrics.request_success["abort"].inc()
             request.resolve("aborted")
 
@@ -113,6 +123,8 @@ class EngineLoop:
         while True:
             if not core.has_work():
                 self._previous_end_s = None
+                if self.trace is not None:
+                    self.trace.flush()  # idle: whoever reads the trace sees every finished request
                 await self._wait(loop, None)
                 continue
             now = clock()
@@ -225,10 +237,14 @@ class EngineLoop:
         itl_values: list[float] = []
         itl_append = itl_values.append
         lost: list[str] = []
+        sent_s = self.clock() if self.trace is not None else 0.0  # after `_send`'s writes
         for request_id, count in result.tokens:
             request = active_get(request_id)
             if request is None:
                 continue
+            if request.chunk_s is not None:
+                request.chunk_s.append(sent_s)
+                request.chunk_tokens.append(count)  # type: ignore[union-attr]
             index = request.emitted
             request.emitted = index + count
             if request.first_token_s is None:
@@ -263,6 +279,7 @@ class EngineLoop:
             if request is None:
                 continue
             request.finish_reason = request.plan.finish_reason
+            self._trace_request(request, "finished")
             metrics.request_success[request.plan.finish_reason].inc()
             metrics.e2e_request_latency.observe(emit_at - request.arrival_s)
             metrics.request_generation_tokens.observe(request.plan.num_tokens)
@@ -272,6 +289,14 @@ class EngineLoop:
             # else: a stalled or slow-read stream; its flush timer resolves it (or the client gives up).
         for request_id in lost:
             self.abort(request_id)
+
+    def _trace_request(self, request: ActiveRequest, outcome: str) -> None:
+        """Append the request's emission times to the trace, once (it then stops collecting)."""
+        if self.trace is None or request.chunk_s is None:
+            return
+        self.trace.write(request.request_id, request.client_request_id, request.arrival_s, request.chunk_s,
+                         request.chunk_tokens or [], outcome)
+        request.chunk_s = None
 
     def _deliver(self, request: ActiveRequest) -> bool:
         """Write what the client may see now, applying stall/drop faults; False if the client is gone."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from vlmserve.errors import UserError
 from vlmserve.sched.constant import ConstantLatencyScheduler
@@ -127,6 +128,8 @@ class SimEngineConfig:
     """Refuse prompt + max_tokens > max_model_len with 400 (earlier vLLM) instead of clamping (vLLM 0.32)."""
     record_timing: bool = True
     """Record scheduled vs actual emission time of every chunk (exposed at /debug/timing)."""
+    trace_file: str | None = None
+    """Append one JSON line per ended request with its arrival and chunk emission times (see `trace`)."""
     gpu: str | None = None
     """Planner mode: time steps with the roofline model of `model` on `tp` × this GPU."""
     tp: int = 1
@@ -151,6 +154,8 @@ class SimEngineConfig:
         if not 1 <= self.port <= 65535 and self.port != 0:
             raise UserError(f"--port must be between 1 and 65535, got {self.port}")
         self.faults.validate()
+        if self.trace_file and not Path(self.trace_file).resolve().parent.is_dir():
+            raise UserError(f"--trace-file {self.trace_file}: its directory does not exist; create it or pick another path")
         try:
             self.scheduler_config().validate()
         except ValueError as err:

@@ -59,6 +59,7 @@ class ActiveRequest:
         "last_token_s", "emitted", "written", "transport", "done", "finish_reason", "aborted",
         "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
         "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len", "_usage_suffix", "_prompt_tokens",
+        "client_request_id", "chunk_s", "chunk_tokens",
     )  # fmt: skip
 
     def __init__(
@@ -86,6 +87,11 @@ class ActiveRequest:
         self.stalled_forever = False
         self.drop_after: int | None = None
         self._flush_handle: asyncio.TimerHandle | None = None
+        self.client_request_id: str | None = None
+        """The request's X-Request-ID header, if it had one (for the emission trace)."""
+        self.chunk_s: list[float] | None = None
+        """Emission time of each step's tokens, kept only when the engine writes a trace."""
+        self.chunk_tokens: list[int] | None = None
         model = json.dumps(parsed.model)
         if parsed.kind == "chat":
             self._prefix = (

@@ -32,6 +32,7 @@ from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
 from vlmserve.engines.sim.outputs import ActiveRequest
 from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request, decode_json_body, parse_generation_request
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
+from vlmserve.engines.sim.trace import EmissionTrace
 from vlmserve.errors import UserError
 
 _STATUS_TYPES = {
@@ -84,7 +85,8 @@ class SimEngine:
         return app
 
     async def _on_startup(self, _app: web.Application) -> None:
-        self.loop = EngineLoop(self.core, self.metrics, self.timing)
+        trace = EmissionTrace(self.config.trace_file) if self.config.trace_file else None
+        self.loop = EngineLoop(self.core, self.metrics, self.timing, trace=trace)
         self.loop.start()
         self.started_s = time.monotonic()
         self.ready_at_s = self.started_s + self.config.faults.startup_delay_s
@@ -167,6 +169,7 @@ class SimEngine:
         response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
         assert self.loop is not None
         active = ActiveRequest(request_id, response_id, parsed, plan, arrival_s=self.loop.clock())
+        active.client_request_id = request.headers.get("X-Request-ID")
         self._assign_stream_faults(active)
         response: web.StreamResponse | None = None
         if parsed.stream:
