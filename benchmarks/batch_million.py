@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 
 import psutil
-from _servers import wait_healthy
-from _smoke import parse_args
+from _smoke import wait_healthy, parse_args
 
 MODEL = "sim-model"
 

@@ -36,8 +36,7 @@ from pathlib import Path
 import httpx
 from aiohttp import web
 
-from _servers import wait_healthy
-from _smoke import parse_args
+from _smoke import wait_healthy, parse_args
 
 HELD = 0  # status recorded for a request the gateway forwarded and the black hole held
 

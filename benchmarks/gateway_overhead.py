@@ -41,8 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from _servers import wait_healthy
-from _smoke import parse_args, skip
+from _smoke import wait_healthy, parse_args, skip
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool, Endpoint

@@ -28,8 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
-from _servers import wait_healthy
-from _smoke import parse_args
+from _smoke import wait_healthy, parse_args
 
 MODEL = "bench-model"
 

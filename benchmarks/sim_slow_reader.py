@@ -8,6 +8,8 @@ backpressure the growth stays near the kernel's socket buffers; without it, the 
 queues the whole stream in memory.
 
     .venv/bin/python benchmarks/sim_slow_reader.py --clients 4 --tokens 400000 --seconds 10
+
+    PYTHONPATH=src .venv/bin/python benchmarks/sim_slow_reader.py --smoke    # seconds: checks it still runs
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ import time
 
 import psutil
 
-from _servers import wait_healthy
-from _smoke import parse_args
+from _smoke import wait_healthy, parse_args
 
 MODEL = "sim-model"
 
