@@ -31,7 +31,7 @@ from bench_vs_vllm_engine import VLLM_BENCH, vllm_installed  # noqa: E402  (the 
 
 from tests.helpers.sim import start_sim_engine  # noqa: E402
 
-from vlmserve.tinymodel import ensure_tiny_model  # noqa: E402
+from vlmserve.engines.embedded import ensure_tiny_model  # noqa: E402
 
 MODEL = "capacity-sim"
 TTFT_MS, ITL_MS, OUTPUT_TOKENS, INPUT_TOKENS = 20, 5, 32, 32

@@ -33,8 +33,8 @@ import httpx
 from _smoke import parse_args, skip
 
 from vlmserve.bench.scrape import parse_samples
-from vlmserve.demo import demo_spec
-from vlmserve.supervisor import Supervisor
+from vlmserve.demo.run import demo_spec
+from vlmserve.deploy.supervisor import Supervisor
 
 VLLM_BENCH = (
     "import importlib.metadata as m, sys, vllm\n"
@@ -63,7 +63,7 @@ def engine_endpoint(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[s
     if args.smoke:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.helpers.sim import start_sim_engine
-        from vlmserve.tinymodel import ensure_tiny_model
+        from vlmserve.engines.embedded import ensure_tiny_model
 
         skip("the embedded vLLM engine (a minute or more to start): a sim engine stands in")
         with start_sim_engine(model="smoke-model", ttft_ms=5, itl_ms=1, max_num_seqs=64) as sim:

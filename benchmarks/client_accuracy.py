@@ -59,7 +59,7 @@ from bench_vs_vllm_engine import VLLM_BENCH, parse_cpus  # noqa: E402  (the same
 from tests.helpers.sim import start_sim_engine  # noqa: E402
 
 from vlmserve import __version__ as vlmserve_version  # noqa: E402
-from vlmserve.tinymodel import ensure_tiny_model  # noqa: E402
+from vlmserve.engines.embedded import ensure_tiny_model  # noqa: E402
 
 MODEL = "accuracy-sim"
 TTFT_MS, ITL_MS = 30.0, 8.0

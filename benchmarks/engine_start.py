@@ -21,10 +21,10 @@ from pathlib import Path
 
 from _smoke import parse_args, skip
 
-from vlmserve.demo import demo_spec, stream_chat
-from vlmserve.processes import free_port_block
+from vlmserve.demo.run import demo_spec, stream_chat
+from vlmserve.deploy.processes import free_port_block
 from vlmserve.spec import DeploymentSpec, SimEngineOptions
-from vlmserve.supervisor import Supervisor
+from vlmserve.deploy.supervisor import Supervisor
 
 
 INIT_TOOK = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")

@@ -45,7 +45,7 @@ from _smoke import wait_healthy, parse_args, skip
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool, Endpoint
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 
 MODEL = "sim-model"
 VLLM_ROUTER_VENV = Path(tempfile.gettempdir()) / "vlmserve-bench-vllm-router"

@@ -30,7 +30,7 @@ def test_help_lists_verbs(vlmserve_cmd: list[str]) -> None:
 
 
 def test_every_verb_has_help(vlmserve_cmd: list[str]) -> None:
-    from vlmserve.cli import build_app
+    from vlmserve.cli.app import build_app
     import typer.main
 
     group = typer.main.get_command(build_app())
@@ -98,7 +98,7 @@ def test_exit_code_from_a_command_reaches_the_shell() -> None:
         [
             sys.executable,
             "-c",
-            "import typer\nfrom vlmserve import cli\n"
+            "import typer\nfrom vlmserve.cli import app as cli\n"
             "@cli.app.command('exit-three')\ndef _exit_three():\n    raise typer.Exit(3)\n"
             "cli.main(['exit-three'])\n",
         ],

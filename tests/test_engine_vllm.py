@@ -10,7 +10,7 @@ import pytest
 
 from vlmserve.engines import vllm as vllm_engine
 from vlmserve.errors import UserError
-from vlmserve.readiness import (
+from vlmserve.deploy.readiness import (
     ExpectedConfig,
     StaleReplica,
     config_mismatches,
@@ -116,7 +116,7 @@ def test_real_engine_answers_text_and_image(embedded_engine) -> None:  # type: i
 
 @pytest.mark.engine
 def test_real_engine_streams_with_usage(embedded_engine) -> None:  # type: ignore[no-untyped-def]
-    from vlmserve.demo import stream_chat
+    from vlmserve.demo.run import stream_chat
 
     answer = stream_chat(
         embedded_engine.base_url, embedded_engine.model, [image_message("What is it?", tiny_png_data_url(seed=3))], 8, "image"

@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from vlmserve.cli import build_app
+from vlmserve.cli.app import build_app
 
 
 def _commands() -> list[tuple[list[str], Any]]:

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vlmserve.liveness import LivenessWatch, Subject
+from vlmserve.deploy.liveness import LivenessWatch, Subject
 from vlmserve.spec import LivenessOptions
 
 

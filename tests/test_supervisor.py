@@ -15,9 +15,9 @@ import httpx
 import psutil
 import pytest
 
-from vlmserve.processes import free_port_block, port_is_free
-from vlmserve.readiness import image_message, tiny_png_data_url
-from vlmserve.supervisor import registered_verbs
+from vlmserve.deploy.processes import free_port_block, port_is_free
+from vlmserve.deploy.readiness import image_message, tiny_png_data_url
+from vlmserve.deploy.supervisor import registered_verbs
 
 
 @pytest.fixture
@@ -347,10 +347,10 @@ def test_stale_engine_on_the_port_is_refused(tmp_path: Path, monkeypatch: pytest
     bind, or the stranger is caught by the model/owner check), never report it ready.
     """
     from tests.helpers.sim import start_sim_engine
-    from vlmserve import processes
+    from vlmserve.deploy import processes
     from vlmserve.errors import UserError
     from vlmserve.spec import DeploymentSpec
-    from vlmserve.supervisor import Supervisor
+    from vlmserve.deploy.supervisor import Supervisor
 
     with start_sim_engine(model="yesterdays-model") as stale:
         monkeypatch.setattr(processes, "port_is_free", lambda host, port: True)  # the check ran before it came up

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vlmserve import tinymodel
+from vlmserve.engines import embedded as tinymodel
 from vlmserve.errors import UserError
 
 

@@ -36,9 +36,9 @@ from tests.test_supervisor import (
 from tests.test_supervisor import home as home  # noqa: F401  (fixture)
 from tests.test_supervisor import up_process as up_process  # noqa: F401  (fixture)
 from vlmserve.errors import UserError
-from vlmserve.processes import free_port_block
+from vlmserve.deploy.processes import free_port_block
 from vlmserve.spec import DeploymentSpec
-from vlmserve.supervisor_cli import build_spec
+from vlmserve.cli.up import build_spec
 
 # What this suite checks is imported inside each test, so that every case is collected
 # (and fails on what it checks) on code that lacks it.
@@ -104,7 +104,7 @@ def test_replicas_listen_on_loopback_behind_the_gateway() -> None:
 
 
 def test_gateway_gets_keys_audit_tls_and_media_allowlist() -> None:
-    from vlmserve.front_door import gateway_argv
+    from vlmserve.deploy.front_door import gateway_argv
 
     spec = DeploymentSpec(
         host="0.0.0.0", port=9000, keys_file="/etc/vlm/keys.yaml", audit_log="/var/log/vlm/audit.jsonl",
@@ -139,7 +139,7 @@ def test_spec_paths_are_read_next_to_the_spec_file(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.hostile("a deployment on a non-loopback address with no keys is refused unless open: true")
 def test_trust_boundary_rules() -> None:
-    from vlmserve.front_door import check_trust_boundary
+    from vlmserve.deploy.front_door import check_trust_boundary
 
     check_trust_boundary(DeploymentSpec(), gateway_runs=True)  # loopback: fine
     check_trust_boundary(DeploymentSpec(host="0.0.0.0", keys_file="/k.yaml"), gateway_runs=True)

@@ -1,5 +1,5 @@
 """`python -m vlmserve` is the same as the `vlmserve` console script."""
 
-from vlmserve.cli import main
+from vlmserve.cli.app import main
 
 main()

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from vlmserve.errors import UserError
 
 EMBEDDED_MODEL = "embedded"
-"""The model name that means: the tiny VLM vlmserve makes itself (see vlmserve.tinymodel)."""
+"""The model name that means: the tiny VLM vlmserve makes itself (see vlmserve.engines.embedded)."""
 
 
 class EngineArgs(BaseModel):
@@ -53,7 +53,7 @@ class SimEngineOptions(BaseModel):
 
 
 class LivenessOptions(BaseModel):
-    """How the supervisor tells a hung replica from a busy one (see vlmserve.liveness).
+    """How the supervisor tells a hung replica from a busy one (see vlmserve.deploy.liveness).
 
     Every `interval_s` each ready replica gets `GET /health` with `timeout_s`; after
     `failures` failed checks in a row a 1-token generation with `probe_timeout_s` decides:

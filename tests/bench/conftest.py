@@ -44,8 +44,8 @@ class CliResult:
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     """Run `vlmserve ARGS` in this process; returns exit code, stdout, stderr."""
-    from vlmserve import cli as cli_module
-    from vlmserve.cli import main
+    from vlmserve.cli import app as cli_module
+    from vlmserve.cli.app import main
 
     built = cli_module.build_app()  # register the verbs once, not on every call
     monkeypatch.setattr(cli_module, "build_app", lambda: built)

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from tests.bench.conftest import bench_args
-from vlmserve import store
+from vlmserve.results import store
 from vlmserve.bench.console import print_summary, slo_verdict
 
 

@@ -69,7 +69,7 @@ def test_engine_killed_mid_run_keeps_every_record(tmp_path: Path, vlmserve_home:
     assert len(completed) >= 60 and len(completed) < requests
     assert summary["requests"]["completed"] == len(completed)
 
-    from vlmserve import store
+    from vlmserve.results import store
 
     stored = store.list_runs()
     assert len(stored) == 1 and stored[0]["completed"] == len(completed)

@@ -10,8 +10,8 @@ import pytest
 
 from tests.bench.conftest import SIM_MODEL, bench_args, write_sharegpt
 from tests.helpers.sim import start_sim_engine
-from vlmserve import store
-from vlmserve.bench.metrics import ClientLimits
+from vlmserve.results import store
+from vlmserve.results.metrics import ClientLimits
 from vlmserve.bench.runner import Target, run_load
 from vlmserve.spec import SLO, LoadSpec
 
@@ -86,7 +86,7 @@ def test_goodput_counts_failures_in_denominator(tmp_path):
 
 
 def run_summary_with_slo(result, slo_text):
-    from vlmserve.bench.metrics import summarize
+    from vlmserve.results.metrics import summarize
 
     return summarize(result.records, SLO.parse(slo_text))["goodput"]
 
@@ -187,7 +187,7 @@ def test_server_metrics_sampling_can_be_limited_to_before_and_after(sim):
 def test_extra_body_reasoning_and_tool_calls_are_counted():
     """The client counts reasoning text and tool calls from the stream (a chat answer with both)."""
     from vlmserve.bench.client import _finish, _StreamState
-    from vlmserve.records import RequestRecord
+    from vlmserve.results.records import RequestRecord
 
     state = _StreamState(keep_text=True)
     events = [
@@ -260,7 +260,7 @@ def test_closed_loop_stops_at_duration(sim):
 def test_first_token_with_held_back_text_counts_for_ttft():
     """With per-chunk counts, a token whose text the server holds back still marks the first token."""
     from vlmserve.bench.client import _finish, _StreamState
-    from vlmserve.records import RequestRecord
+    from vlmserve.results.records import RequestRecord
 
     state = _StreamState(keep_text=False)
     events = [

@@ -7,7 +7,7 @@ import asyncio
 from tests.helpers.sim import start_sim_engine
 from vlmserve.bench.runner import Target, run_load
 from vlmserve.bench.saturation import OversaturationDetector, SaturationRule
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 from vlmserve.spec import LoadSpec
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers.sim import SimHandle, start_sim_engine
-from vlmserve import store
+from vlmserve.results import store
 
 MODEL = "slo-sim"
 
@@ -109,7 +109,7 @@ def test_search_starts_a_deployment_once_and_tears_it_down(cli, tmp_path) -> Non
     runs = [store.load_run(probe["run_id"]).summary["meta"] for probe in search["probes"]]
     assert {meta["deployment"]["name"] for meta in runs} == {"slo-dep"}
     assert len({meta["target"] for meta in runs}) == 1  # started once, every probe against it
-    from vlmserve.processes import port_is_free
+    from vlmserve.deploy.processes import port_is_free
     from urllib.parse import urlparse
 
     assert port_is_free("127.0.0.1", urlparse(runs[0]["target"]).port)  # torn down at the end

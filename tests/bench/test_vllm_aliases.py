@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.sim import start_sim_engine
-from vlmserve.bench.cli import goodput_to_slo
+from vlmserve.cli.bench import goodput_to_slo
 from vlmserve.errors import UserError
 
 

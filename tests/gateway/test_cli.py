@@ -11,7 +11,7 @@ import pytest
 from tests.gateway.conftest import MODEL
 from tests.helpers.gateway_proc import start_gateway
 from tests.helpers.sim import SimHandle
-from vlmserve.cli import main
+from vlmserve.cli.app import main
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

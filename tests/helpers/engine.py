@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmserve.demo import demo_spec
+from vlmserve.demo.run import demo_spec
 from vlmserve.spec import DeploymentSpec
-from vlmserve.supervisor import Supervisor
+from vlmserve.deploy.supervisor import Supervisor
 
 EMBEDDED_MAX_MODEL_LEN = 2048
 

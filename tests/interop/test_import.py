@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.report.synthetic import saturating_records
-from vlmserve.bench.metrics import summarize
-from vlmserve.bench.result import RunResult
+from vlmserve.results.metrics import summarize
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.interop.importer import read_result_file
 from vlmserve.interop.vllm_bench import from_vllm_result, to_vllm_result
@@ -60,7 +60,7 @@ def test_plain_vllm_file_keeps_vllms_figures_without_records() -> None:
 
 
 def test_runs_import_puts_vllm_runs_beside_vlmserve_runs(home: Path, vlmserve_cmd: list[str]) -> None:
-    from vlmserve import store
+    from vlmserve.results import store
 
     done = run_cli(vlmserve_cmd, home, "runs", "import", str(DETAILED))
     assert done.returncode == 0, done.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vlmserve.cli import main
+from vlmserve.cli.app import main
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:

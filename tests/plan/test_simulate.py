@@ -82,14 +82,14 @@ def test_staggered_closed_loop_has_no_synchronized_first_wave() -> None:
 
 def test_simulated_run_can_be_stored_and_reloaded(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("VLMSERVE_HOME", str(tmp_path))
-    from vlmserve.store import load_run, save_run
+    from vlmserve.results.store import load_run, save_run
 
     result = simulate_run(_setup(), LoadSpec(input_len=128, output_len=8, concurrency=2, num_requests=6)).result
     run_id = save_run(result)
     loaded = load_run(run_id)
     assert loaded.simulated and len(loaded.records) == 6 and all(record.simulated for record in loaded.records)
     # `vlmserve report` reads it like any measured run
-    from vlmserve.cli import main
+    from vlmserve.cli.app import main
 
     with pytest.raises(SystemExit) as done:
         main(["report", run_id, "--md", str(tmp_path / "report.md")])

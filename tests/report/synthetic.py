@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlmserve.bench.metrics import summarize
-from vlmserve.records import RequestRecord
+from vlmserve.results.metrics import summarize
+from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO
 from vlmserve.sweep.results import CellOutcome, DeploymentInfo, SweepResults
 

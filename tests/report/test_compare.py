@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.report.synthetic import saturating_records
-from vlmserve.bench.metrics import summarize
-from vlmserve.bench.result import RunResult
+from vlmserve.results.metrics import summarize
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.report.compare import compare
 from vlmserve.report.source import load_source
@@ -23,7 +23,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def stored_run(label: str, slowdown: float, input_len: int = 128) -> str:
-    from vlmserve import store
+    from vlmserve.results import store
 
     records = saturating_records(4, slowdown=slowdown)
     summary = summarize(records, None)

@@ -10,8 +10,8 @@ import pytest
 
 from tests.report.browser import check_report_in_browser, find_chromium
 from tests.report.synthetic import saturating_records
-from vlmserve.bench.metrics import summarize
-from vlmserve.bench.result import RunResult
+from vlmserve.results.metrics import summarize
+from vlmserve.results.run import RunResult
 from vlmserve.report.compare import compare
 from vlmserve.report.compare_html import render_compare_html
 from vlmserve.report.plots_common import SIMULATED_TITLE_MARK
@@ -27,7 +27,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def stored_run(label: str, slowdown: float, simulated: bool = False) -> str:
-    from vlmserve import store
+    from vlmserve.results import store
 
     records = saturating_records(4, slowdown=slowdown)
     summary = summarize(records, None)
@@ -55,7 +55,7 @@ def test_a_simulated_side_is_named_in_banner_and_titles(home: Path) -> None:
 
 
 def test_missing_records_leave_a_note_not_an_error(home: Path) -> None:
-    from vlmserve import store
+    from vlmserve.results import store
 
     baseline, candidate = stored_run("baseline", 1.0), stored_run("candidate", 1.0)
     (store.records_dir() / f"{baseline}.parquet").unlink()

@@ -9,8 +9,8 @@ import pytest
 
 from tests.report.browser import CHART_IDS, check_report_in_browser, find_chromium
 from tests.report.synthetic import saturating_records, sweep_results, sweep_with_records
-from vlmserve import store
-from vlmserve.records import RequestRecord
+from vlmserve.results import store
+from vlmserve.results.records import RequestRecord
 from vlmserve.report.html import render_html, write_html
 from vlmserve.report.markdown import render_markdown
 from vlmserve.report.plots_cdf import MAX_POINTS, cdf_points

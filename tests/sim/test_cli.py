@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from vlmserve.cli import main
+from vlmserve.cli.app import main
 
 
 def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers.sim import start_sim_engine
 from vlmserve.errors import UserError
-from vlmserve.processes import free_port
+from vlmserve.deploy.processes import free_port
 from vlmserve.sweep.hygiene import check_ports_free, verify_serving, with_free_ports
 from vlmserve.spec import DeploymentSpec
 

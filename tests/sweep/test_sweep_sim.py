@@ -19,7 +19,7 @@ import pytest
 
 from tests.report.browser import CHART_IDS, check_report_in_browser, find_chromium
 from vlmserve.report.source import results_from_sweep_dir
-from vlmserve.processes import port_is_free
+from vlmserve.deploy.processes import port_is_free
 from vlmserve.errors import UserError
 from vlmserve.sweep.runner import SweepOverrides, apply_overrides, run_sweep
 from vlmserve.sweep.spec import parse_sweep_spec

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.bench.http_stream import ConnectionLost, ConnectionPool, HttpProtocolError, post_stream
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 
 _loads = json.loads
 

@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 
 
 class LiveProgress:

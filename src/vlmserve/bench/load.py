@@ -32,7 +32,7 @@ from vlmserve.bench.client import RequestOptions, build_body, encode_body, strea
 from vlmserve.bench.http_stream import ConnectionPool, Endpoint
 from vlmserve.bench.interrupt import GRACE_S, Interrupt
 from vlmserve.bench.workloads import Conversation, fresh_variant
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 
 RecordSink = Callable[[RequestRecord, str | None], None]
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from vlmserve.bench.result import RunResult
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 
 T = TypeVar("T")
@@ -68,7 +68,7 @@ def save_results(result: RunResult, *, store_run: bool, json_out: Path | None, r
     `warnings` (beside workload warnings such as a prefix-cache mismatch), and
     `meta.post_run_failed` says a post-run step failed: what the exit code follows.
     """
-    from vlmserve import store
+    from vlmserve.results import store
 
     warnings = PostRunWarnings(result.warnings)
     already = len(warnings.messages)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from rich.console import Console
 
-from vlmserve.bench.result import RunResult
+from vlmserve.results.run import RunResult
 from vlmserve.spec import SLO, LoadSpec
 
 REPEAT_SEED_STRIDE = 100_003
@@ -123,7 +123,7 @@ def _repeat_row(index: int, seed: int, result: RunResult) -> dict[str, Any]:
 
 def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunResult:
     """One RunResult for N repeats: pooled records and figures, per-repeat values and intervals."""
-    from vlmserve.bench import metrics
+    from vlmserve.results import metrics
     from vlmserve.bench.runner import ordered_summary
 
     seeds = [repeat_seed(load.seed, index) for index in range(len(results))]

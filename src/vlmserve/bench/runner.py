@@ -19,8 +19,8 @@ from typing import Any
 
 from rich.console import Console
 
-from vlmserve import store
-from vlmserve.bench import metrics
+from vlmserve.results import store
+from vlmserve.results import metrics
 from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.clientcpu import ClientCpuMonitor
 from vlmserve.bench.console import LiveProgress
@@ -28,14 +28,14 @@ from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
 from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
 from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
 from vlmserve.bench.post_run import PostRunWarnings
-from vlmserve.bench.result import RunResult
+from vlmserve.results.run import RunResult
 from vlmserve.bench.saturation import OVERSATURATED, OversaturationDetector, SaturationRule, watch
 from vlmserve.bench.scrape import ServerScraper
 from vlmserve.bench.target import Target, check_target
 from vlmserve.bench.tokens import TokenCounter, choose_counter
 from vlmserve.bench.workloads import Conversation, WorkloadContext, build_conversations, check_local_inputs
 from vlmserve.errors import UserError
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO, LoadSpec
 
 __all__ = ["Target", "run_load", "RunResult"]

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from vlmserve.bench.interrupt import STOP_NOW, STOP_SENDING, Interrupt
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 
 OVERSATURATED = "oversaturated"
 """The value of `meta.stopped` for a run this constraint ended."""

@@ -33,7 +33,7 @@ from typing import Any, Awaitable, Callable, Literal
 
 from rich.console import Console
 
-from vlmserve.bench.result import RunResult
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.spec import SLO, LoadSpec
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlmserve.bench.metrics import PERCENTILES
-from vlmserve.bench.result import RunResult
+from vlmserve.results.metrics import PERCENTILES
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 
 TOOL = "aiperf"

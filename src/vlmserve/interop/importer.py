@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlmserve.bench.result import RunResult
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.interop import aiperf, vllm_bench
 
@@ -59,7 +59,7 @@ def read_result_file(path: Path) -> RunResult:
 
 def import_result_file(path: Path) -> tuple[str, RunResult]:
     """Read and store the file; returns (run id, result)."""
-    from vlmserve import store
+    from vlmserve.results import store
 
     result = read_result_file(path)
     return store.save_run(result), result

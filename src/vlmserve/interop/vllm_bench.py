@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from vlmserve.bench.metrics import PERCENTILES, summarize
-from vlmserve.bench.result import RunResult
+from vlmserve.results.metrics import PERCENTILES, summarize
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 
 TOOL = "vllm bench serve"
 

@@ -16,14 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.bench.result import RunResult
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.plan.calibration import Calibration
 from vlmserve.plan.hardware import get_gpu
 from vlmserve.plan.models import load_model
 from vlmserve.plan.setup import PlanSetup
 from vlmserve.plan.simulate import simulate_run
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO, LoadSpec
 
 QUEUE_GROWTH_FACTOR = 2.0

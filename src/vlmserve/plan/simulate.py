@@ -17,12 +17,12 @@ from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any
 
-from vlmserve.bench.metrics import summarize
-from vlmserve.bench.result import RunResult
+from vlmserve.results.metrics import summarize
+from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.plan.setup import PlanSetup
 from vlmserve.plan.workload import PlannedRequest, planned_requests
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 from vlmserve.sched.offline import SimulationStats, accumulate_stats
 from vlmserve.sched.scheduler import Scheduler, SimRequest
 from vlmserve.sched.step_cost import StepContents

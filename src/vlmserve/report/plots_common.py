@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import plotly.graph_objects as go
 
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 from vlmserve.report.run_records import RecordsLoader
 from vlmserve.report.tables import level_label
 from vlmserve.sweep.results import CellOutcome, SweepResults

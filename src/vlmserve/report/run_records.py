@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 from vlmserve.sweep.results import CellOutcome
 
 RecordsLoader = Callable[[CellOutcome], list[RequestRecord]]
@@ -20,7 +20,7 @@ RecordsLoader = Callable[[CellOutcome], list[RequestRecord]]
 
 def stored_records(cell: CellOutcome) -> list[RequestRecord]:
     """The cell's run records from the history, warm-up left out; [] when absent or unreadable."""
-    from vlmserve import store
+    from vlmserve.results import store
 
     if not cell.ok or not cell.run_id:
         return []

@@ -17,7 +17,7 @@ from vlmserve.sweep.spec import SweepSpec
 
 def default_sweep_dir(name: str) -> Path:
     """$VLMSERVE_HOME/sweeps/<name>, beside the run store."""
-    from vlmserve.store import home_dir
+    from vlmserve.results.store import home_dir
 
     return home_dir() / "sweeps" / name
 
@@ -99,7 +99,7 @@ def _override_notes(overrides: dict[str, Any]) -> list[str]:
 
 def results_from_run(run_id: str) -> SweepResults:
     """A stored bench run as a one-cell sweep."""
-    from vlmserve import store
+    from vlmserve.results import store
 
     missing = (f"no stored run or sweep named '{run_id}'; give a run id (see `vlmserve runs list`), "
                "a sweep directory or a sweep name")

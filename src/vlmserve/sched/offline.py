@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest, StepResult
 from vlmserve.sched.step_cost import StepCostModel
 

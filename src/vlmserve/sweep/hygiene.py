@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from vlmserve.errors import UserError
-from vlmserve.processes import free_port_block, port_is_free
+from vlmserve.deploy.processes import free_port_block, port_is_free
 from vlmserve.spec import DeploymentSpec
 
 

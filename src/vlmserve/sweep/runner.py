@@ -36,7 +36,7 @@ from vlmserve.sweep.manifest import SweepManifest
 from vlmserve.sweep.spec import CellEntry, DeploymentEntry, SweepSpec
 
 if TYPE_CHECKING:
-    from vlmserve.bench.result import RunResult
+    from vlmserve.results.run import RunResult
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def deployment_endpoint(entry: DeploymentEntry) -> Iterator[ReadyDeployment]:
         return
     assert entry.spec is not None
     check_ports_free(entry.spec)
-    from vlmserve.supervisor import Supervisor
+    from vlmserve.deploy.supervisor import Supervisor
 
     with Supervisor(entry.spec) as supervisor:
         versions = [replica.served.engine_version for replica in supervisor.replicas if replica.served]
@@ -275,7 +275,7 @@ class SweepRunner:
 
     def _run_cell(self, entry: DeploymentEntry, cell: CellEntry, base_url: str, progress: Progress,
                   task: Any) -> None:
-        from vlmserve import store
+        from vlmserve.results import store
 
         size = f"{cell.load.duration_s:g} s" if cell.load.duration_s is not None else f"{cell.load.num_requests} requests"
         progress.update(task, description=f"{self.spec.name}: {entry.name} / {cell.name} ({size})")

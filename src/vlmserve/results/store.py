@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlmserve.errors import UserError
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -225,7 +225,7 @@ def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[s
 
 def load_run(run_id: str) -> Any:
     """The RunResult saved under `run_id` (a unique prefix is enough)."""
-    from vlmserve.bench.result import RunResult
+    from vlmserve.results.run import RunResult
 
     with _connect(read_only=True) as connection:
         rows = connection.execute(

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from vlmserve.cli_options import parse_json_object_flag
+from vlmserve.cli.options import parse_json_object_flag
 from vlmserve.errors import UserError
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error, parse_duration_s
 
@@ -269,7 +269,7 @@ def bench(
     progress: bool = OPTIONS["progress"],
 ) -> None:
     """Load-test an OpenAI-compatible endpoint and report latency, throughput and goodput."""
-    from vlmserve.bench import metrics
+    from vlmserve.results import metrics
     from vlmserve.bench.console import print_summary
     from vlmserve.bench.post_run import WARNINGS_EXIT_CODE, PostRunWarnings, print_warnings, save_results
     from vlmserve.bench.repeats import run_repeated
@@ -343,7 +343,7 @@ def runs_list(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List stored runs, newest first."""
-    from vlmserve import store
+    from vlmserve.results import store
 
     rows = store.list_runs(limit=limit, label=label)
     if as_json:
@@ -375,7 +375,7 @@ def runs_show(
     as_json: bool = typer.Option(False, "--json", help="Print the summary JSON."),
 ) -> None:
     """Show one stored run's summary."""
-    from vlmserve import store
+    from vlmserve.results import store
     from vlmserve.bench.console import print_summary
 
     result = store.load_run(run_id)

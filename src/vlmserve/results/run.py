@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 
 
 @dataclass

@@ -17,18 +17,18 @@ from vlmserve.errors import UserError
 
 VERB_MODULES: list[str] = [
     # one line per verb package; keep alphabetical to avoid merge churn
-    "vlmserve.batch.cli",
-    "vlmserve.bench.cli",
-    "vlmserve.engines.sim_cli",
-    "vlmserve.export.cli",
-    "vlmserve.gateway.cli",
-    "vlmserve.model_cli",
-    "vlmserve.observe.cli",
-    "vlmserve.plan.cli",
-    "vlmserve.report.cli",
-    "vlmserve.supervisor_cli",
-    "vlmserve.sweep.cli",
-    "vlmserve.sweep.slo_cli",
+    "vlmserve.cli.batch",
+    "vlmserve.cli.bench",
+    "vlmserve.cli.engine",
+    "vlmserve.cli.export",
+    "vlmserve.cli.gateway",
+    "vlmserve.cli.model",
+    "vlmserve.cli.observe",
+    "vlmserve.cli.plan",
+    "vlmserve.cli.report",
+    "vlmserve.cli.up",
+    "vlmserve.cli.sweep",
+    "vlmserve.cli.slo_search",
 ]
 
 app = typer.Typer(

@@ -123,7 +123,7 @@ def plan(
         result.write_json(json_out)
         console.print(f"summary written to {json_out}")
     if save:
-        from vlmserve.store import save_run
+        from vlmserve.results.store import save_run
 
         console.print(f"stored as run {save_run(result)} (simulated)")
 

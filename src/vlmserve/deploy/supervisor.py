@@ -6,11 +6,11 @@ simulated engine) and, when asked and available, the gateway in front of them:
 - Checks first, before anything starts: the model exists, the ports are free, there is
   enough free memory, and no other supervisor runs a deployment of the same name.
 - Replicas start one at a time: two vLLM engines profiling memory at once is a known cause
-  of start-up failures. Each must pass the readiness checks (vlmserve.readiness) and serve
+  of start-up failures. Each must pass the readiness checks (vlmserve.deploy.readiness) and serve
   the configuration asked for, from a process vlmserve itself started.
 - A replica that dies is restarted with exponential back-off, and the event is logged.
   One that hangs (no answer to /health, then none to a 1-token generation; see
-  vlmserve.liveness) is killed outright and restarted the same way, with the reason recorded.
+  vlmserve.deploy.liveness) is killed outright and restarted the same way, with the reason recorded.
 - A name whose previous supervisor is gone but whose processes still run is refused (the
   state file that lets `vlmserve down` find them is never overwritten).
 - The trust boundary: with a gateway in front, replicas listen on loopback only; a host
@@ -36,12 +36,12 @@ from typing import Any, Literal
 
 import psutil
 
-from vlmserve import processes
-from vlmserve.deployment_state import deployment_dir, read_state, supervisor_alive, write_state
+from vlmserve.deploy import processes
+from vlmserve.deploy.state import deployment_dir, read_state, supervisor_alive, write_state
 from vlmserve.errors import UserError
-from vlmserve.front_door import check_gateway_files, check_trust_boundary, gateway_argv
-from vlmserve.liveness import LivenessWatch, Subject
-from vlmserve.readiness import (
+from vlmserve.deploy.front_door import check_gateway_files, check_trust_boundary, gateway_argv
+from vlmserve.deploy.liveness import LivenessWatch, Subject
+from vlmserve.deploy.readiness import (
     ExpectedConfig,
     ReadinessAborted,
     ServedConfig,
@@ -653,7 +653,7 @@ def registered_verbs() -> set[str]:
     import typer
     import typer.main
 
-    from vlmserve.cli import VERB_MODULES
+    from vlmserve.cli.app import VERB_MODULES
 
     probe = typer.Typer()
     for module_name in VERB_MODULES:
@@ -672,7 +672,7 @@ def looks_like_path(model: str) -> bool:
 
 def resolve_model_path(model: str, on_event: EventSink | None = None) -> str:
     """The directory or hub id the engine loads; makes the embedded model on first use."""
-    from vlmserve.tinymodel import ensure_tiny_model, is_complete, tiny_model_path
+    from vlmserve.engines.embedded import ensure_tiny_model, is_complete, tiny_model_path
 
     if model == EMBEDDED_MODEL:
         if not is_complete(tiny_model_path()) and on_event is not None:

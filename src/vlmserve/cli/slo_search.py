@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from vlmserve.bench.cli import OPTIONS, build_load_spec, option_defaults
+from vlmserve.cli.bench import OPTIONS, build_load_spec, option_defaults
 from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION, DEFAULT_REPEAT
 from vlmserve.errors import UserError
 
@@ -95,7 +95,7 @@ def slo_search_command(
 def _stored_runs(target: Any, slo: Any, label: str, deployment: dict[str, Any] | None, console: Console,
                  progress: bool) -> Any:
     """The probe runner: every repeat of one level, combined and saved in the history."""
-    from vlmserve import store
+    from vlmserve.results import store
     from vlmserve.bench.repeats import run_repeated
 
     async def run_point(load: Any, settled: Any) -> Any:

@@ -14,7 +14,7 @@ def make_tiny(
     out: Path = typer.Option(..., "--out", help="Directory to write the model into (must be new or empty)."),
 ) -> None:
     """Write the embedded tiny Idefics3 VLM (random weights, real tokenizer and processor) to DIR."""
-    from vlmserve.tinymodel import make_tiny_model
+    from vlmserve.engines.embedded import make_tiny_model
 
     written = make_tiny_model(out)
     typer.echo(str(written))
@@ -23,7 +23,7 @@ def make_tiny(
 @model_app.command("path")
 def path() -> None:
     """Print the cached embedded model's directory, making it first if needed."""
-    from vlmserve.tinymodel import ensure_tiny_model
+    from vlmserve.engines.embedded import ensure_tiny_model
 
     typer.echo(str(ensure_tiny_model()))
 

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.console import Group
 from rich.table import Table
 
-from vlmserve.cli_options import parse_json_object_flag
+from vlmserve.cli.options import parse_json_object_flag
 from vlmserve.errors import UserError
 
 console = Console(highlight=False)
@@ -143,7 +143,7 @@ def up(
 
 def run_until_signalled(spec) -> None:  # spec: DeploymentSpec
     """Start the deployment, print where it is, and keep it up until Ctrl-C or SIGTERM."""
-    from vlmserve.supervisor import Supervisor
+    from vlmserve.deploy.supervisor import Supervisor
 
     def _terminate(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -183,8 +183,8 @@ def door_description(spec, *, open_door: bool) -> str:  # spec: DeploymentSpec
 
 def _print_plan(spec) -> None:  # spec: DeploymentSpec
     from vlmserve.engines import vllm as vllm_engine
-    from vlmserve.front_door import gateway_argv
-    from vlmserve.supervisor import resolve_model_path, sim_engine_argv
+    from vlmserve.deploy.front_door import gateway_argv
+    from vlmserve.deploy.supervisor import resolve_model_path, sim_engine_argv
 
     if spec.engine == "sim":
         plans = [(port, sim_engine_argv(spec, port, seed=index), {}) for index, port in enumerate(spec.replica_ports())]
@@ -207,7 +207,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the raw state as JSON."),
 ) -> None:
     """List each deployment's replicas: port, pid, state, restarts, uptime."""
-    from vlmserve.deployment_state import list_deployments, read_state, state_path, supervisor_alive, vlmserve_home
+    from vlmserve.deploy.state import list_deployments, read_state, state_path, supervisor_alive, vlmserve_home
 
     names = [name] if name else list_deployments()
     states = []
@@ -229,7 +229,7 @@ def status(
 
 def _mark_stopped(state: dict[str, Any]) -> dict[str, Any]:
     """A state whose supervisor is gone: its processes are stopped, or orphans to clean up."""
-    from vlmserve.processes import matches_recorded
+    from vlmserve.deploy.processes import matches_recorded
 
     members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
     for member in members:
@@ -244,7 +244,7 @@ def _mark_stopped(state: dict[str, Any]) -> dict[str, Any]:
 
 def status_table(states: list[dict[str, Any]]) -> Group:
     """One table per deployment: each process's port, pid, state, restarts and uptime."""
-    from vlmserve.deployment_state import format_uptime
+    from vlmserve.deploy.state import format_uptime
 
     now = time.time()
     tables = []
@@ -279,8 +279,8 @@ def down(
     timeout_s: float = typer.Option(90.0, help="How long to wait for the supervisor to stop everything."),
 ) -> None:
     """Stop a deployment from another terminal (also cleans up after a supervisor that was killed)."""
-    from vlmserve.deployment_state import read_state, state_path, supervisor_alive, vlmserve_home, write_state
-    from vlmserve.processes import matches_recorded, stop_process_tree
+    from vlmserve.deploy.state import read_state, state_path, supervisor_alive, vlmserve_home, write_state
+    from vlmserve.deploy.processes import matches_recorded, stop_process_tree
 
     path = state_path(name)
     state = read_state(path)
@@ -316,7 +316,7 @@ def demo(
                                 help="Two replicas behind the gateway, a short sweep and an HTML report (default)."),
 ) -> None:
     """Make the embedded VLM, start it, send a text and an image request, sweep briefly, write the report, stop."""
-    from vlmserve.demo import run_demo
+    from vlmserve.demo.run import run_demo
 
     run_demo(console, model=model, max_tokens=max_tokens, report=report)
 

@@ -16,10 +16,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from vlmserve.processes import free_port_block
-from vlmserve.readiness import image_message, tiny_png_data_url
+from vlmserve.deploy.processes import free_port_block
+from vlmserve.deploy.readiness import image_message, tiny_png_data_url
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
-from vlmserve.supervisor import Supervisor
+from vlmserve.deploy.supervisor import Supervisor
 
 TEXT_PROMPT = "Write one sentence about a dental clinic."
 IMAGE_PROMPT = "What is in this picture?"
@@ -104,7 +104,7 @@ def demo_spec(
 def run_demo(console: Console, model: str = EMBEDDED_MODEL, max_tokens: int = 32, report: bool = False) -> list[DemoAnswer]:
     """Start, ask, print, stop. Returns the answers (the CLI prints them).
 
-    With `report`, two replicas start behind the gateway and a short sweep (vlmserve.sweep.demo)
+    With `report`, two replicas start behind the gateway and a short sweep (vlmserve.demo.sweep)
     runs against them before they stop; the HTML report's path is printed last.
     """
     spec = demo_spec(model, replicas=2 if report else 1)
@@ -122,7 +122,7 @@ def run_demo(console: Console, model: str = EMBEDDED_MODEL, max_tokens: int = 32
         served = supervisor.replicas[0].served
         if report:
             console.print(answers_table(answers))
-            from vlmserve.sweep.demo import sweep_running_deployment
+            from vlmserve.demo.sweep import sweep_running_deployment
 
             report_path = sweep_running_deployment(url, name, spec, console, tokenizer=supervisor.model_path)
     if not report:

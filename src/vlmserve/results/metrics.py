@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from vlmserve.records import RequestRecord
+from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO
 
 PERCENTILES: dict[str, float] = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
