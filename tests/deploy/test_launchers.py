@@ -39,8 +39,10 @@ def k8s_container(spec: DeploymentSpec) -> dict:
 
 
 def vllm_spec(devices: str) -> DeploymentSpec:
+    """Two CPU replicas, or one GPU replica (so one GPU is enough to plan it)."""
     return DeploymentSpec.model_validate({
-        "name": "same", "model": "org/some-vlm", "replicas": 2, "port": 9000, "devices": devices,
+        "name": "same", "model": "org/some-vlm", "replicas": 2 if devices == "cpu" else 1, "port": 9000,
+        "devices": devices,
         "engine_args": {"max_model_len": 4096, "max_num_seqs": 16, "max_num_batched_tokens": 2048,
                         "enable_prefix_caching": False, "kv_cache_dtype": "fp8", "async_scheduling": True,
                         "gpu_memory_utilization": 0.85, "served_model_name": "vision",
@@ -62,7 +64,7 @@ def sim_spec() -> DeploymentSpec:
 def test_vllm_export_and_supervisor_pass_the_same_flags(devices: str, tmp_path: Path) -> None:
     spec = vllm_spec(devices)
     if devices == "gpu" and gpu_count() < spec.replicas:
-        pytest.skip("planning GPU replicas here needs GPUs for each replica")
+        pytest.skip("planning a GPU replica here needs a GPU")
     argv = supervisor_argv(spec, tmp_path)
     container = k8s_container(spec)
     module = "vllm.entrypoints.openai.api_server"
