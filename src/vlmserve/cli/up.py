@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from pydantic import ValidationError
@@ -18,6 +18,9 @@ from rich.table import Table
 
 from vlmserve.cli.options import parse_json_object_flag
 from vlmserve.errors import UserError
+
+if TYPE_CHECKING:
+    from vlmserve.deploy.state import DeploymentState
 
 console = Console(highlight=False)
 
@@ -220,7 +223,7 @@ def status(
     console.print(status_table(states))
 
 
-def status_table(states: list[Any]) -> Group:  # states: list[DeploymentState]
+def status_table(states: "list[DeploymentState]") -> Group:
     """One table per deployment: each process's port, pid, state, restarts and uptime."""
     from vlmserve.deploy.state import format_uptime
 

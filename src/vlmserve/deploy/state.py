@@ -14,7 +14,8 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
 
 import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -23,6 +24,14 @@ from vlmserve import paths
 from vlmserve.deploy import processes
 
 Role = Literal["replica", "gateway"]
+
+Member = TypeVar("Member")
+
+
+def member_list(replicas: Sequence[Member], gateway: Member | None) -> list[Member]:
+    """Every replica in index order, then the gateway when there is one: the one order the
+    supervisor starts and watches its members in (and stops them in, reversed)."""
+    return [*replicas, *([gateway] if gateway is not None else [])]
 
 
 class MemberRecord(BaseModel):
@@ -83,8 +92,8 @@ class DeploymentState(BaseModel):
 
     @property
     def members(self) -> list[MemberRecord]:
-        """Every replica, then the gateway when there is one: the one list of members."""
-        return [*self.replicas, *([self.gateway] if self.gateway else [])]
+        """Every replica, then the gateway when there is one."""
+        return member_list(self.replicas, self.gateway)
 
     def supervisor_alive(self) -> bool:
         """True when the supervisor that wrote this state is still running."""

@@ -42,7 +42,7 @@ from vlmserve.deploy.plan import gateway_plan, replica_plans
 from vlmserve.deploy.preflight import check_free_memory, check_gateway_policy, check_ports, refuse_running_duplicate
 from vlmserve.deploy.readiness import ReadinessAborted
 from vlmserve.deploy.startup import await_ready
-from vlmserve.deploy.state import DeploymentState, write_state
+from vlmserve.deploy.state import DeploymentState, member_list, write_state
 from vlmserve.engines.launcher import make_launcher, served_model_name
 from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
@@ -84,7 +84,7 @@ class Supervisor:
     @property
     def members(self) -> list[ManagedProcess]:
         """Every replica, then the gateway when there is one."""
-        return [*self.replicas, *([self.gateway] if self.gateway else [])]
+        return member_list(self.replicas, self.gateway)
 
     @property
     def replica_urls(self) -> list[str]:

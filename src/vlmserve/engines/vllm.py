@@ -29,8 +29,6 @@ from vlmserve.engines.launcher import EngineLaunch, EventSink, ExpectedConfig, p
 from vlmserve.errors import UserError
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
 
-__all__ = ["EngineLaunch", "VllmLauncher", "engine_argv", "plan_launches", "served_model_name"]
-
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 
 DeviceKind = Literal["cpu", "gpu"]
