@@ -17,7 +17,21 @@ import pytest
 
 from vlmserve.deploy.processes import free_port_block, port_is_free
 from vlmserve.deploy.readiness import image_message, tiny_png_data_url
-from vlmserve.deploy.supervisor import registered_verbs
+
+
+def registered_verbs() -> set[str]:
+    """Top-level verbs this install offers, registered into a throwaway app."""
+    import importlib
+
+    import typer
+    import typer.main
+
+    from vlmserve.cli.app import VERB_MODULES
+
+    probe = typer.Typer()
+    for module_name in VERB_MODULES:
+        importlib.import_module(module_name).register(probe)
+    return set(getattr(typer.main.get_command(probe), "commands", {}))
 
 
 @pytest.fixture

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from pydantic import ValidationError
@@ -19,6 +18,9 @@ from rich.table import Table
 
 from vlmserve.cli.options import parse_json_object_flag
 from vlmserve.errors import UserError
+
+if TYPE_CHECKING:
+    from vlmserve.deploy.state import DeploymentState
 
 console = Console(highlight=False)
 
@@ -156,7 +158,7 @@ def run_until_signalled(spec) -> None:  # spec: DeploymentSpec
         console.print(status_table([supervisor.status()]))
         console.print(f"[bold green]serving[/bold green] {supervisor.served_model_name} at {supervisor.endpoint} "
                       f"({door_description(spec, open_door=supervisor.is_open)}) — Ctrl-C stops everything")
-        while not supervisor._stopping.is_set():
+        while not supervisor.stopping:
             supervisor.wait(1.0)
     except KeyboardInterrupt:
         console.print("stopping every process (Ctrl-C / SIGTERM / SIGHUP)")
@@ -182,22 +184,17 @@ def door_description(spec, *, open_door: bool) -> str:  # spec: DeploymentSpec
 
 
 def _print_plan(spec) -> None:  # spec: DeploymentSpec
-    from vlmserve.engines import vllm as vllm_engine
+    """Each replica's environment and command, then the gateway's: what `up` would start."""
     from vlmserve.deploy.front_door import gateway_argv
-    from vlmserve.deploy.supervisor import resolve_model_path, sim_engine_argv
+    from vlmserve.engines.launcher import make_launcher
 
-    if spec.engine == "sim":
-        plans = [(port, sim_engine_argv(spec, port, seed=index), {}) for index, port in enumerate(spec.replica_ports())]
-    else:
-        model_path = resolve_model_path(spec.model)
-        kind = vllm_engine.detect_device_kind(spec.devices)
-        plans = [(launch.port, launch.argv, launch.env) for launch in vllm_engine.plan_launches(spec, model_path, kind)]
-    for index, (port, argv, env) in enumerate(plans):
-        console.print(f"[bold]replica {index}[/bold] port {port}")
-        env_text = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(env.items()))
-        console.print(f"  {env_text} {shlex.join(argv)}", soft_wrap=True)
+    launches = make_launcher(spec).launches()
+    for index, launch in enumerate(launches):
+        console.print(f"[bold]replica {index}[/bold] port {launch.port}")
+        env_text = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(launch.env.items()))
+        console.print(f"  {env_text} {shlex.join(launch.argv)}", soft_wrap=True)
     if spec.gateway:
-        urls = [f"http://{spec.replica_host}:{port}" for port, _, _ in plans]
+        urls = [f"http://{spec.replica_host}:{launch.port}" for launch in launches]
         console.print(f"[bold]gateway[/bold] port {spec.port}")
         console.print(f"  {shlex.join(gateway_argv(spec, urls))}", soft_wrap=True)
 
@@ -207,42 +204,26 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the raw state as JSON."),
 ) -> None:
     """List each deployment's replicas: port, pid, state, restarts, uptime."""
-    from vlmserve.deploy.state import list_deployments, read_state, state_path, supervisor_alive, vlmserve_home
+    from vlmserve.deploy.state import list_deployments, read_state, state_path
+    from vlmserve.paths import home_dir
 
     names = [name] if name else list_deployments()
     states = []
     for each in names:
         state = read_state(state_path(each))
         if state is None:
-            raise UserError(f"no deployment named '{each}' under {vlmserve_home()}; start one with `vlmserve up`")
-        if not supervisor_alive(state):
-            state = _mark_stopped(state)
-        states.append(state)
+            raise UserError(f"no deployment named '{each}' under {home_dir()}; start one with `vlmserve up`")
+        states.append(state if state.supervisor_alive() else state.reconciled())
     if as_json:
-        typer.echo(json.dumps(states, indent=2))
+        typer.echo(json.dumps([state.model_dump(mode="json") for state in states], indent=2))
         return
     if not states:
-        console.print(f"no deployments under {vlmserve_home()}; start one with `vlmserve up`")
+        console.print(f"no deployments under {home_dir()}; start one with `vlmserve up`")
         return
     console.print(status_table(states))
 
 
-def _mark_stopped(state: dict[str, Any]) -> dict[str, Any]:
-    """A state whose supervisor is gone: its processes are stopped, or orphans to clean up."""
-    from vlmserve.deploy.processes import matches_recorded
-
-    members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
-    for member in members:
-        if member.get("pid") and matches_recorded(int(member["pid"]), member.get("pid_created_at")):
-            member["state"] = f"orphaned: run `vlmserve down {state['name']}`"
-            continue
-        if member.get("state") != "stopped":
-            member["state"] = "stopped (supervisor gone)"
-        member["started_at"] = None
-    return state
-
-
-def status_table(states: list[dict[str, Any]]) -> Group:
+def status_table(states: "list[DeploymentState]") -> Group:
     """One table per deployment: each process's port, pid, state, restarts and uptime."""
     from vlmserve.deploy.state import format_uptime
 
@@ -250,25 +231,23 @@ def status_table(states: list[dict[str, Any]]) -> Group:
     tables = []
     for state in states:
         table = Table(
-            title=f"deployment [bold]{state['name']}[/bold]: {state.get('served_model_name') or state.get('model')} "
-            f"at {state.get('endpoint') or '-'}",
+            title=f"deployment [bold]{state.name}[/bold]: {state.served_model_name or state.model} "
+            f"at {state.endpoint or '-'}",
             title_justify="left",
         )
         for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices", "last restart"):
             table.add_column(column, justify="right" if column in ("port", "pid", "restarts") else "left")
-        members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
-        for member in members:
-            label = f"replica {member['index']}" if member["role"] == "replica" else "gateway"
-            colour = {"ready": "green", "restarting": "yellow", "failed": "red"}.get(member["state"], "white")
+        for member in state.members:
+            colour = {"ready": "green", "restarting": "yellow", "failed": "red"}.get(member.state, "white")
             table.add_row(
-                label,
-                str(member["port"]),
-                str(member.get("pid") or "-"),
-                f"[{colour}]{member['state']}[/{colour}]",
-                str(member.get("restarts", 0)),
-                format_uptime(member.get("started_at"), now),
-                member.get("devices") or "",
-                member.get("last_restart_reason") or "",
+                member.label,
+                str(member.port),
+                str(member.pid or "-"),
+                f"[{colour}]{member.state}[/{colour}]",
+                str(member.restarts),
+                format_uptime(member.started_at, now),
+                member.devices or "",
+                member.last_restart_reason or "",
             )
         tables.append(table)
     return Group(*tables)
@@ -279,34 +258,9 @@ def down(
     timeout_s: float = typer.Option(90.0, help="How long to wait for the supervisor to stop everything."),
 ) -> None:
     """Stop a deployment from another terminal (also cleans up after a supervisor that was killed)."""
-    from vlmserve.deploy.state import read_state, state_path, supervisor_alive, vlmserve_home, write_state
-    from vlmserve.deploy.processes import matches_recorded, stop_process_tree
+    from vlmserve.deploy.down import stop_deployment
 
-    path = state_path(name)
-    state = read_state(path)
-    if state is None:
-        raise UserError(f"no deployment named '{name}' under {vlmserve_home()}; see `vlmserve status`")
-    if supervisor_alive(state):
-        pid = int(state["supervisor_pid"])
-        console.print(f"asking the supervisor (pid {pid}) to stop '{name}'")
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while supervisor_alive(state) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if supervisor_alive(state):
-            raise UserError(f"the supervisor (pid {pid}) did not stop within {timeout_s:.0f} s; try again or kill it")
-        console.print(f"'{name}' stopped")
-        return
-    members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
-    leftovers = [m for m in members if m.get("pid") and matches_recorded(int(m["pid"]), m.get("pid_created_at"))]
-    for member in leftovers:
-        console.print(f"stopping leftover {member['role']} {member['index']} (pid {member['pid']}, port {member['port']})")
-        stop_process_tree(int(member["pid"]))
-    for member in members:
-        member["state"] = "stopped"
-        member["started_at"] = None
-    write_state(path, state)
-    console.print(f"'{name}' stopped ({len(leftovers)} leftover process group(s) cleaned up)")
+    stop_deployment(name, timeout_s, console.print)
 
 
 def demo(

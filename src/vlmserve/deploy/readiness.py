@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from vlmserve.engines.launcher import ExpectedConfig  # what a replica must serve: the launcher says
+
 READY_POLL_S = 0.5
 CHECK_TIMEOUT_S = 120.0
 """Per-request timeout for the readiness generations (the first one compiles kernels)."""
@@ -51,19 +53,6 @@ class ServedConfig:
             "kv_blocks": self.cache_config.get("num_gpu_blocks") or self.cache_config.get("num_cpu_blocks"),
             "block_size": self.cache_config.get("block_size"),
         }
-
-
-@dataclass
-class ExpectedConfig:
-    """What the spec asks for; None means 'whatever the engine chose'."""
-
-    served_model_name: str
-    root: str | None = None
-    max_model_len: int | None = None
-    cache_config: dict[str, str] = field(default_factory=dict)
-    expects_images: bool | None = True
-    """True: the image generation must succeed. None: unknown model; an HTTP 400 to the image
-    request means a text-only model and is accepted. False: skip the image check."""
 
 
 def tiny_png_data_url(width: int = 64, height: int = 64, seed: int = 0) -> str:

@@ -1,8 +1,11 @@
-"""Where a running deployment writes down its state, and how `vlmserve status` reads it.
+"""A deployment's recorded state: its members, and which of their processes still run.
 
-`$VLMSERVE_HOME/deployments/<name>/state.json` holds the supervisor's pid and each
-process's pid, port, state, restarts and start time. It is rewritten atomically on every
-change, so `status` (another process) never reads half a file.
+`<home>/deployments/<name>/state.json` (vlmserve.paths) holds the supervisor's pid and each
+member's (every replica, then the gateway) pid, port, state, restarts and start time. The
+supervisor rewrites it atomically on every change, so `status` and `down` (other processes)
+never read half a file; they read it into the same typed `DeploymentState` the supervisor
+wrote. A pid alone does not identify a process (pids are reused), so a recorded member is
+alive only while a process with the same pid *and* the same start time runs (`reconcile`).
 """
 
 from __future__ import annotations
@@ -11,63 +14,147 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
 
 import psutil
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from vlmserve import paths
+from vlmserve.deploy import processes
+
+Role = Literal["replica", "gateway"]
+
+Member = TypeVar("Member")
 
 
-def vlmserve_home() -> Path:
-    """$VLMSERVE_HOME, else ~/.local/share/vlmserve (also where run history lives)."""
-    explicit = os.environ.get("VLMSERVE_HOME")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_DATA_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share") / "vlmserve"
+def member_list(replicas: Sequence[Member], gateway: Member | None) -> list[Member]:
+    """Every replica in index order, then the gateway when there is one: the one order the
+    supervisor starts and watches its members in (and stops them in, reversed)."""
+    return [*replicas, *([gateway] if gateway is not None else [])]
 
 
-def deployment_dir(name: str) -> Path:
-    return vlmserve_home() / "deployments" / name
+class MemberRecord(BaseModel):
+    """One supervised process as state.json records it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Role
+    index: int = 0
+    url: str = ""
+    port: int = 0
+    pid: int | None = None
+    pid_created_at: float | None = None
+    state: str = "pending"
+    """pending, starting, ready, restarting, failed, stopped; or, as `status` reconciles it,
+    'stopped (supervisor gone)' or 'orphaned: ...'."""
+    restarts: int = 0
+    started_at: float | None = None
+    ready_at: float | None = None
+    last_exit_code: int | None = None
+    last_restart_reason: str | None = None
+    devices: str = ""
+    log: str = ""
+    served: dict[str, Any] | None = None
+
+    @property
+    def label(self) -> str:
+        """'replica 0' or 'gateway'."""
+        return f"replica {self.index}" if self.role == "replica" else self.role
+
+    def is_running(self) -> bool:
+        """Does the recorded process still run (same pid, same start time)?"""
+        return bool(self.pid) and processes.matches_recorded(int(self.pid), self.pid_created_at)  # type: ignore[arg-type]
+
+
+class DeploymentState(BaseModel):
+    """The whole of state.json."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    engine: str = "vllm"
+    model: str = ""
+    model_path: str = ""
+    served_model_name: str | None = None
+    device_kind: str = "unknown"
+    supervisor_pid: int | None = None
+    supervisor_started_at: float | None = None
+    started_at: float | None = None
+    updated_at: float | None = None
+    endpoint: str | None = None
+    open: bool = True
+    gateway_note: str | None = None
+    notes: list[str] = []
+    replicas: list[MemberRecord] = []
+    gateway: MemberRecord | None = None
+    spec: dict[str, Any] = {}
+
+    @property
+    def members(self) -> list[MemberRecord]:
+        """Every replica, then the gateway when there is one."""
+        return member_list(self.replicas, self.gateway)
+
+    def supervisor_alive(self) -> bool:
+        """True when the supervisor that wrote this state is still running."""
+        if not self.supervisor_pid:
+            return False
+        try:
+            process = psutil.Process(int(self.supervisor_pid))
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE and (
+                abs(process.create_time() - float(self.supervisor_started_at or 0)) < 2.0
+            )
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+            return False
+
+    def living_members(self) -> list[MemberRecord]:
+        """Members whose recorded process still runs."""
+        return [member for member in self.members if member.is_running()]
+
+    def reconciled(self) -> "DeploymentState":
+        """What `status` shows when the supervisor is gone: orphans named, the rest stopped."""
+        state = self.model_copy(deep=True)
+        for member in state.members:
+            if member.is_running():
+                member.state = f"orphaned: run `vlmserve down {state.name}`"
+                continue
+            if member.state != "stopped":
+                member.state = "stopped (supervisor gone)"
+            member.started_at = None
+        return state
+
+    def mark_stopped(self) -> None:
+        """Every member stopped (after `down` stopped what was left)."""
+        for member in self.members:
+            member.state = "stopped"
+            member.started_at = None
 
 
 def state_path(name: str) -> Path:
-    return deployment_dir(name) / "state.json"
+    return paths.deployment_dir(name) / "state.json"
 
 
-def write_state(path: Path, state: dict[str, Any]) -> None:
+def write_state(path: Path, state: DeploymentState) -> None:
     """Atomically replace a deployment's state file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(state.model_dump(mode="json"), indent=2, default=str) + "\n")
     os.replace(tmp, path)
 
 
-def read_state(path: Path) -> dict[str, Any] | None:
+def read_state(path: Path) -> DeploymentState | None:
     """The state in a state.json, or None when there is none (or it is unreadable)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        return DeploymentState.model_validate_json(path.read_text())
+    except (OSError, ValidationError):
         return None
 
 
 def list_deployments() -> list[str]:
-    root = vlmserve_home() / "deployments"
+    root = paths.deployments_dir()
     if not root.is_dir():
         return []
     return sorted(item.name for item in root.iterdir() if (item / "state.json").is_file())
-
-
-def supervisor_alive(state: dict[str, Any]) -> bool:
-    """True when the supervisor that wrote the state is still running."""
-    pid = state.get("supervisor_pid")
-    if not pid:
-        return False
-    try:
-        process = psutil.Process(int(pid))
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE and (
-            abs(process.create_time() - float(state.get("supervisor_started_at", 0))) < 2.0
-        )
-    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
-        return False
 
 
 def format_uptime(started_at: float | None, now: float | None = None) -> str:

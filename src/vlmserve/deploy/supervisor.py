@@ -1,13 +1,14 @@
 """Start, ready-check, verify, restart and stop the processes of one deployment.
 
-`Supervisor(spec)` turns a DeploymentSpec into running engine replicas (vLLM or the
-simulated engine) and, when asked and available, the gateway in front of them:
+`Supervisor(spec)` turns a DeploymentSpec into running engine replicas (whatever the spec's
+`EngineLauncher` starts: vLLM or the simulated engine) and, when asked, the gateway in front:
 
-- Checks first, before anything starts: the model exists, the ports are free, there is
-  enough free memory, and no other supervisor runs a deployment of the same name.
+- Checks first, before anything starts (vlmserve.deploy.preflight): the model exists, the
+  ports are free, there is enough free memory, and no other supervisor runs a deployment of
+  the same name.
 - Replicas start one at a time: two vLLM engines profiling memory at once is a known cause
-  of start-up failures. Each must pass the readiness checks (vlmserve.deploy.readiness) and serve
-  the configuration asked for, from a process vlmserve itself started.
+  of start-up failures. Each must pass the readiness checks and serve the configuration its
+  launcher expects, from a process vlmserve itself started (vlmserve.deploy.startup).
 - A replica that dies is restarted with exponential back-off, and the event is logged.
   One that hangs (no answer to /health, then none to a 1-token generation; see
   vlmserve.deploy.liveness) is killed outright and restarted the same way, with the reason recorded.
@@ -23,113 +24,30 @@ belongs to the command that owns the terminal.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
 
 import psutil
 
+from vlmserve import paths
 from vlmserve.deploy import processes
-from vlmserve.deploy.state import deployment_dir, read_state, supervisor_alive, write_state
-from vlmserve.errors import UserError
-from vlmserve.deploy.front_door import check_gateway_files, check_trust_boundary, gateway_argv
+from vlmserve.deploy.front_door import check_gateway_files, check_trust_boundary
 from vlmserve.deploy.liveness import LivenessWatch, Subject
-from vlmserve.deploy.readiness import (
-    ExpectedConfig,
-    ReadinessAborted,
-    ServedConfig,
-    StaleReplica,
-    config_mismatches,
-    wait_until_ready,
-)
-from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
+from vlmserve.deploy.members import BACKOFF_MAX_S, BACKOFF_START_S, STABLE_AFTER_S, ManagedProcess
+from vlmserve.deploy.plan import gateway_plan, replica_plans
+from vlmserve.deploy.preflight import check_free_memory, check_gateway_policy, check_ports, refuse_running_duplicate
+from vlmserve.deploy.readiness import ReadinessAborted
+from vlmserve.deploy.startup import await_ready
+from vlmserve.deploy.state import DeploymentState, member_list, write_state
+from vlmserve.engines.launcher import make_launcher, served_model_name
+from vlmserve.errors import UserError
+from vlmserve.spec import DeploymentSpec
 
-Role = Literal["replica", "gateway"]
-ProcessState = Literal["pending", "starting", "ready", "restarting", "failed", "stopped"]
-
-BACKOFF_START_S = 1.0
-BACKOFF_MAX_S = 60.0
-STABLE_AFTER_S = 120.0
-"""A process that stayed up this long has its back-off reset to the start value."""
 MONITOR_POLL_S = 0.5
-SIM_ENGINE_HOST_GB = 0.3
-
-
-@dataclass
-class ProcessPlan:
-    """One process to supervise: what to run, where it listens, how to know it's right."""
-
-    role: Role
-    index: int
-    argv: list[str]
-    env: dict[str, str]
-    host: str
-    port: int
-    log_path: Path
-    expected: ExpectedConfig | None
-    devices: str = ""
-    scheme: Literal["http", "https"] = "http"
-
-    @property
-    def label(self) -> str:
-        return f"replica {self.index}" if self.role == "replica" else "gateway"
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}"
-
-
-@dataclass
-class ManagedProcess:
-    """A supervised process and its history."""
-
-    plan: ProcessPlan
-    process: subprocess.Popen[bytes] | None = None
-    state: ProcessState = "pending"
-    restarts: int = 0
-    started_at: float | None = None
-    ready_at: float | None = None
-    last_exit_code: int | None = None
-    backoff_s: float = BACKOFF_START_S
-    restart_at: float | None = None
-    served: ServedConfig | None = None
-    pid_created_at: float | None = None
-    """The process's start time as the OS reports it: with the pid, it identifies the process
-    for `vlmserve down` even after the supervisor is gone (pids are reused)."""
-    kill_reason: str | None = None
-    """Set when the supervisor killed the process itself (hung); the exit it causes is not a crash."""
-    last_restart_reason: str | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    def as_state(self) -> dict[str, Any]:
-        return {
-            "role": self.plan.role,
-            "index": self.plan.index,
-            "url": self.plan.url,
-            "port": self.plan.port,
-            "pid": self.pid,
-            "pid_created_at": self.pid_created_at,
-            "state": self.state,
-            "restarts": self.restarts,
-            "started_at": self.started_at,
-            "ready_at": self.ready_at,
-            "last_exit_code": self.last_exit_code,
-            "last_restart_reason": self.last_restart_reason,
-            "devices": self.plan.devices,
-            "log": str(self.plan.log_path),
-            "served": self.served.as_dict() if self.served else None,
-        }
-
 
 EventSink = Callable[[str], None]
 
@@ -150,21 +68,23 @@ class Supervisor:
         self._watches: list[LivenessWatch] = []
         self.replicas: list[ManagedProcess] = []
         self.gateway: ManagedProcess | None = None
-        self.gateway_note: str | None = None
         self.device_kind: str = "sim" if spec.engine == "sim" else "unknown"
         self.model_path: str = spec.model
         self.notes: list[str] = []
         self.started_at = time.time()
-        self.state_dir = Path(state_dir) if state_dir is not None else deployment_dir(spec.name)
+        self.state_dir = Path(state_dir) if state_dir is not None else paths.deployment_dir(spec.name)
         self.log_dir = Path(spec.log_dir).expanduser() if spec.log_dir else self.state_dir / "logs"
 
     # ---- public surface -------------------------------------------------------------
 
     @property
     def served_model_name(self) -> str:
-        from vlmserve.engines.vllm import served_model_name
-
         return served_model_name(self.spec)
+
+    @property
+    def members(self) -> list[ManagedProcess]:
+        """Every replica, then the gateway when there is one."""
+        return member_list(self.replicas, self.gateway)
 
     @property
     def replica_urls(self) -> list[str]:
@@ -177,6 +97,11 @@ class Supervisor:
             return self.gateway.plan.url
         return self.replica_urls[0]
 
+    @property
+    def stopping(self) -> bool:
+        """True once stop() was asked for (the CLI's wait loop ends on it)."""
+        return self._stopping.is_set()
+
     def __enter__(self) -> "Supervisor":
         return self.start()
 
@@ -188,10 +113,8 @@ class Supervisor:
         try:
             self._preflight()
             self._write_state()
-            for replica in self.replicas:
-                self._start_and_wait(replica, first_start=True)
-            if self.gateway is not None:
-                self._start_and_wait(self.gateway, first_start=True)
+            for member in self.members:
+                self._start_and_wait(member, first_start=True)
         except BaseException:
             self.stop()
             raise
@@ -208,15 +131,14 @@ class Supervisor:
         self._stopping.wait(timeout_s)
 
     def stop(self) -> None:
-        """Stop every process tree this supervisor started; idempotent."""
+        """Stop every process tree this supervisor started, gateway first; idempotent."""
         self._stopping.set()
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(timeout=30)
         for watch in self._watches:
             watch.join(timeout=self.spec.liveness.timeout_s + self.spec.liveness.probe_timeout_s + 1)
         with self._lock:
-            members = ([self.gateway] if self.gateway else []) + list(reversed(self.replicas))
-            for member in members:
+            for member in reversed(self.members):
                 if member.state == "stopped":
                     continue  # already stopped once: never signal a process group id twice
                 if member.process is not None and member.process.poll() is None:
@@ -229,28 +151,27 @@ class Supervisor:
             if self.replicas:
                 self._write_state()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> DeploymentState:
         """The state written to state.json."""
         with self._lock:
-            return {
-                "name": self.spec.name,
-                "engine": self.spec.engine,
-                "model": self.spec.model,
-                "model_path": self.model_path,
-                "served_model_name": self.served_model_name,
-                "device_kind": self.device_kind,
-                "supervisor_pid": os.getpid(),
-                "supervisor_started_at": psutil.Process().create_time(),
-                "started_at": self.started_at,
-                "updated_at": time.time(),
-                "endpoint": self.endpoint if self.replicas else None,
-                "open": self.is_open,
-                "gateway_note": self.gateway_note,
-                "notes": self.notes,
-                "replicas": [replica.as_state() for replica in self.replicas],
-                "gateway": self.gateway.as_state() if self.gateway else None,
-                "spec": self.spec.model_dump(mode="json"),
-            }
+            return DeploymentState(
+                name=self.spec.name,
+                engine=self.spec.engine,
+                model=self.spec.model,
+                model_path=self.model_path,
+                served_model_name=self.served_model_name,
+                device_kind=self.device_kind,
+                supervisor_pid=os.getpid(),
+                supervisor_started_at=psutil.Process().create_time(),
+                started_at=self.started_at,
+                updated_at=time.time(),
+                endpoint=self.endpoint if self.replicas else None,
+                open=self.is_open,
+                notes=list(self.notes),
+                replicas=[replica.record() for replica in self.replicas],
+                gateway=self.gateway.record() if self.gateway else None,
+                spec=self.spec.model_dump(mode="json"),
+            )
 
     @property
     def is_open(self) -> bool:
@@ -260,124 +181,24 @@ class Supervisor:
     # ---- checks before anything starts ------------------------------------------------
 
     def _preflight(self) -> None:
-        self._refuse_running_duplicate()
-        check_trust_boundary(self.spec, gateway_runs=self.spec.gateway and gateway_available())
-        if self.spec.engine == "vllm":
-            plans = self._plan_vllm_replicas()
-        else:
-            plans = self._plan_sim_replicas()
-        self._check_ports(self.spec.replica_host, [plan.port for plan in plans])
+        spec = self.spec
+        refuse_running_duplicate(spec.name, self.state_dir / "state.json")
+        check_trust_boundary(spec, gateway_runs=spec.gateway)
+        launcher = make_launcher(spec, on_event=self._event)
+        self.model_path, self.device_kind = launcher.model_path, launcher.device_kind
+        plans, notes = replica_plans(launcher, self.log_dir)
+        self.notes.extend(notes)
+        check_free_memory(launcher.host_memory_needed_gb(), spec.replicas)
+        check_ports(spec.replica_host, [plan.port for plan in plans])
         self.replicas = [ManagedProcess(plan=plan) for plan in plans]
-        gateway_plan = self._plan_gateway()
-        if gateway_plan is not None:
-            self._check_ports(self.spec.host, [gateway_plan.port])
-            self.gateway = ManagedProcess(plan=gateway_plan)
+        if spec.gateway:
+            check_gateway_policy(spec.gateway_policy)
+            check_gateway_files(spec)
+            plan = gateway_plan(spec, self.replica_urls, self.log_dir)
+            check_ports(spec.host, [plan.port])
+            self.gateway = ManagedProcess(plan=plan)
         for note in self.notes:
             self._event(note)
-
-    def _refuse_running_duplicate(self) -> None:
-        """One deployment per name: refuse while its supervisor runs, or while processes a
-        killed supervisor left behind still run (their only record is this state file)."""
-        previous = read_state(self.state_dir / "state.json")
-        if not previous or previous.get("supervisor_pid") == os.getpid():
-            return
-        if supervisor_alive(previous):
-            raise UserError(
-                f"deployment '{self.spec.name}' is already running (supervisor pid {previous['supervisor_pid']}); "
-                f"stop it with `vlmserve down {self.spec.name}` or give this one another --name"
-            )
-        orphans = living_members(previous)
-        if orphans:
-            listed = ", ".join(f"{member_label(member)} pid {member['pid']}" for member in orphans)
-            raise UserError(
-                f"deployment '{self.spec.name}' still has processes running from a supervisor that is gone "
-                f"({listed}); stop them with `vlmserve down {self.spec.name}`, then start it again"
-            )
-
-    def _check_ports(self, host: str, ports: list[int]) -> None:
-        for port in ports:
-            if not processes.port_is_free(host, port):
-                owners = processes.port_listeners(port)
-                who = f" by {processes.describe_pid(owners[0])}" if owners else ""
-                raise UserError(
-                    f"port {port} on {host} is already in use{who}; stop that process or choose "
-                    "another --port"
-                )
-
-    def _plan_vllm_replicas(self) -> list[ProcessPlan]:
-        from vlmserve.engines import vllm as vllm_engine
-
-        self.model_path = resolve_model_path(self.spec.model, on_event=self._event)
-        self.device_kind = vllm_engine.detect_device_kind(self.spec.devices)
-        launches = vllm_engine.plan_launches(self.spec, self.model_path, self.device_kind)  # type: ignore[arg-type]
-        self.notes.extend(launches[0].notes if launches else [])
-        needed_gb = vllm_engine.host_memory_needed_gb(self.spec, self.model_path, self.device_kind)  # type: ignore[arg-type]
-        check_free_memory(needed_gb, self.spec.replicas)
-        expected = ExpectedConfig(
-            served_model_name=vllm_engine.served_model_name(self.spec),
-            root=self.model_path,
-            max_model_len=self.spec.engine_args.max_model_len,
-            cache_config=_expected_cache_labels(self.spec),
-            expects_images=model_expects_images(self.spec.model, self.model_path),
-        )
-        return [
-            ProcessPlan(
-                role="replica",
-                index=index,
-                argv=launch.argv,
-                env=launch.full_env(),
-                host=self.spec.replica_host,
-                port=launch.port,
-                log_path=self.log_dir / f"replica-{index}.log",
-                expected=expected,
-                devices=launch.devices,
-            )
-            for index, launch in enumerate(launches)
-        ]
-
-    def _plan_sim_replicas(self) -> list[ProcessPlan]:
-        check_free_memory(SIM_ENGINE_HOST_GB * self.spec.replicas, self.spec.replicas)
-        expected = ExpectedConfig(
-            served_model_name=self.served_model_name,
-            max_model_len=self.spec.engine_args.max_model_len,
-            expects_images=None,
-        )
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.spec.env}
-        return [
-            ProcessPlan(
-                role="replica",
-                index=index,
-                argv=sim_engine_argv(self.spec, port, seed=index),
-                env=env,
-                host=self.spec.replica_host,
-                port=port,
-                log_path=self.log_dir / f"replica-{index}.log",
-                expected=expected,
-                devices="sim",
-            )
-            for index, port in enumerate(self.spec.replica_ports())
-        ]
-
-    def _plan_gateway(self) -> ProcessPlan | None:
-        if not self.spec.gateway:
-            return None
-        if not gateway_available():
-            self.gateway_note = "gateway unavailable (the `vlmserve gateway` command is not installed); replicas are served directly"
-            self.notes.append(self.gateway_note)
-            return None
-        check_gateway_policy(self.spec.gateway_policy)
-        check_gateway_files(self.spec)
-        return ProcessPlan(
-            role="gateway",
-            index=0,
-            argv=gateway_argv(self.spec, self.replica_urls),
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            host=self.spec.host,
-            port=self.spec.port,
-            log_path=self.log_dir / "gateway.log",
-            expected=None,
-            scheme="https" if self.spec.ssl_certfile else "http",
-        )
 
     # ---- starting one process ---------------------------------------------------------
 
@@ -396,36 +217,9 @@ class Supervisor:
             self._write_state()
         self._event(f"starting {plan.label} on port {plan.port} (pid {member.pid}, log {plan.log_path})")
         process = member.process
-        try:
-            if plan.expected is None:
-                served = None
-                _wait_for_health(plan.url, self.spec.ready_timeout_s, lambda: self._keep_waiting(process))
-            else:
-                served = wait_until_ready(
-                    plan.url,
-                    plan.expected,
-                    timeout_s=self.spec.ready_timeout_s,
-                    keep_waiting=lambda: self._keep_waiting(process),
-                )
-            self._verify_owner(member)
-            if served is not None and plan.expected is not None:
-                problems = config_mismatches(served, plan.expected)
-                if problems:
-                    raise StaleReplica("; ".join(problems))
-        except ReadinessAborted:
-            if self._stopping.is_set():
-                raise
-            raise UserError(self._start_failure_message(member)) from None
-        except TimeoutError as last_problem:
-            raise UserError(
-                f"{plan.label} did not become ready within {self.spec.ready_timeout_s:.0f} s "
-                f"(last check: {last_problem}); see its log {plan.log_path}"
-            ) from None
-        except StaleReplica as problem:
-            raise UserError(
-                f"{plan.label} on port {plan.port} serves another configuration ({problem}); a stale engine may "
-                f"hold the port: stop it and retry"
-            ) from None
+        served = await_ready(
+            member, self.spec.ready_timeout_s, lambda: self._keep_waiting(process), self._stopping.is_set
+        )
         with self._lock:
             member.served = served
             member.state = "ready"
@@ -438,43 +232,11 @@ class Supervisor:
     def _keep_waiting(self, process: subprocess.Popen[bytes]) -> bool:
         return not self._stopping.is_set() and process.poll() is None
 
-    def _verify_owner(self, member: ManagedProcess) -> None:
-        """The port must be answered by the process tree we started, not by a leftover."""
-        assert member.process is not None
-        listeners = processes.port_listeners(member.plan.port)
-        if not listeners:
-            return  # the OS would not tell us; the configuration check still runs
-        ours = set(processes.tree_pids(member.process.pid))
-        strangers = [pid for pid in listeners if pid not in ours]
-        if strangers and not ours.intersection(listeners):
-            raise StaleReplica(
-                f"port {member.plan.port} is answered by {processes.describe_pid(strangers[0])}, "
-                "not by the engine vlmserve started"
-            )
-
-    def _start_failure_message(self, member: ManagedProcess) -> str:
-        """One line that says what failed and where the log is, then the log's last lines."""
-        assert member.process is not None
-        code = member.process.poll()
-        tail = processes.log_tail(member.plan.log_path, lines=12)
-        telling = next(
-            (line for line in reversed(tail) if "Error" in line or "error:" in line.lower()), tail[-1] if tail else ""
-        )
-        what = f"{member.plan.label} engine" if member.plan.role == "replica" else member.plan.label
-        summary = (
-            f"{what} exited with code {code} during start-up: {telling.strip()[:300]} "
-            f"(full log: {member.plan.log_path})"
-        )
-        if tail:
-            summary += "\n  last lines of the log:\n" + "\n".join(f"    {line[:300]}" for line in tail)
-        return summary
-
     # ---- watching and restarting ------------------------------------------------------
 
     def _monitor_loop(self) -> None:
         while not self._stopping.wait(MONITOR_POLL_S):
-            members = list(self.replicas) + ([self.gateway] if self.gateway else [])
-            for member in members:
+            for member in self.members:
                 if self._stopping.is_set():
                     return
                 self._check_member(member)
@@ -558,163 +320,3 @@ class Supervisor:
             log.write(f"{time.strftime('%Y-%m-%d')} {line}\n")
         if self._on_event is not None:
             self._on_event(line)
-
-
-def _wait_for_health(url: str, timeout_s: float, keep_waiting: Callable[[], bool]) -> None:
-    """Readiness for the gateway: GET /health is 200."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    last = "no answer yet"
-    while True:
-        if not keep_waiting():
-            raise ReadinessAborted(last)
-        try:
-            # our own gateway, maybe with a self-signed certificate: the check is "it answers"
-            reply = httpx.get(f"{url}/health", timeout=5, trust_env=False, verify=False)
-            if reply.status_code == 200:
-                return
-            last = f"/health answered {reply.status_code}"
-        except httpx.TransportError as problem:
-            last = f"{type(problem).__name__}"
-        if time.monotonic() >= deadline:
-            raise TimeoutError(last)
-        time.sleep(0.3)
-
-
-def member_label(member: dict[str, Any]) -> str:
-    """'replica 0' or 'gateway', from a member's entry in a state file."""
-    return f"replica {member.get('index')}" if member.get("role") == "replica" else str(member.get("role"))
-
-
-def living_members(state: dict[str, Any]) -> list[dict[str, Any]]:
-    """Members of a state file whose recorded process still runs: the same pid *and* the same
-    start time (a pid reused by another program since is not ours)."""
-    members = list(state.get("replicas") or []) + ([state["gateway"]] if state.get("gateway") else [])
-    return [
-        member
-        for member in members
-        if member.get("pid") and processes.matches_recorded(int(member["pid"]), member.get("pid_created_at"))
-    ]
-
-
-def _expected_cache_labels(spec: DeploymentSpec) -> dict[str, str]:
-    """cache_config_info labels the spec pins down (compared after start)."""
-    labels: dict[str, str] = {}
-    if spec.engine_args.enable_prefix_caching is not None:
-        labels["enable_prefix_caching"] = str(spec.engine_args.enable_prefix_caching)
-    if spec.engine_args.kv_cache_dtype is not None:
-        labels["cache_dtype"] = spec.engine_args.kv_cache_dtype
-    return labels
-
-
-def sim_engine_argv(spec: DeploymentSpec, port: int, seed: int = 0) -> list[str]:
-    """`python -m vlmserve engine sim ...` for one simulated replica."""
-    from vlmserve.engines.vllm import served_model_name
-
-    argv = [
-        sys.executable, "-m", "vlmserve", "engine", "sim",
-        "--host", spec.replica_host, "--port", str(port), "--model", served_model_name(spec), "--seed", str(seed),
-    ]  # fmt: skip
-    args = spec.engine_args
-    for flag, value in (
-        ("--max-model-len", args.max_model_len),
-        ("--max-num-seqs", args.max_num_seqs),
-        ("--max-num-batched-tokens", args.max_num_batched_tokens),
-        ("--profile", spec.sim.profile),
-        ("--ttft-ms", spec.sim.ttft_ms),
-        ("--itl-ms", spec.sim.itl_ms),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv + list(spec.sim.extra_args)
-
-
-def gateway_available() -> bool:
-    """Is the `vlmserve gateway` command registered in this install?"""
-    return "gateway" in registered_verbs()
-
-
-def check_gateway_policy(policy: str) -> None:
-    """Refuse an unknown routing policy before any engine starts (not a minute later)."""
-    try:
-        from vlmserve.gateway.config import POLICY_NAMES
-    except ImportError:
-        return  # the gateway checks it itself when it starts
-    if policy not in POLICY_NAMES:
-        raise UserError(f"gateway_policy '{policy}' is unknown; choose one of {', '.join(POLICY_NAMES)}")
-
-
-def registered_verbs() -> set[str]:
-    """Top-level verbs this install offers, registered into a throwaway app (the real one is
-    left as it is, so calling this from inside the CLI does not register anything twice)."""
-    import importlib
-
-    import typer
-    import typer.main
-
-    from vlmserve.cli.app import VERB_MODULES
-
-    probe = typer.Typer()
-    for module_name in VERB_MODULES:
-        try:
-            importlib.import_module(module_name).register(probe)
-        except ImportError:
-            continue  # a verb package that is not installed is simply not offered
-    group = typer.main.get_command(probe)
-    return set(getattr(group, "commands", {}))
-
-
-def looks_like_path(model: str) -> bool:
-    """'/x', './x', '~/x', 'x/' or an existing path are paths; 'org/name' is a hub id."""
-    return model.startswith(("/", "./", "../", "~")) or model.endswith("/") or os.path.exists(model)
-
-
-def resolve_model_path(model: str, on_event: EventSink | None = None) -> str:
-    """The directory or hub id the engine loads; makes the embedded model on first use."""
-    from vlmserve.engines.embedded import ensure_tiny_model, is_complete, tiny_model_path
-
-    if model == EMBEDDED_MODEL:
-        if not is_complete(tiny_model_path()) and on_event is not None:
-            on_event("making the embedded tiny VLM (first use; a few seconds)")
-        return str(ensure_tiny_model())
-    if looks_like_path(model):
-        path = Path(model).expanduser().resolve()
-        if not path.exists():
-            raise UserError(f"model path {path} does not exist; give a model directory or a hub id like org/name")
-        if not path.is_dir() or not (path / "config.json").is_file():
-            raise UserError(f"model path {path} has no config.json; point --model at a Hugging Face model directory")
-        return str(path)
-    return model
-
-
-def model_expects_images(model: str, model_path: str) -> bool | None:
-    """True for a VLM, False for a text-only model, None when we cannot tell before it starts."""
-    if model == EMBEDDED_MODEL:
-        return True
-    config_file = Path(model_path) / "config.json"
-    if not config_file.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(model_path, "config.json")
-        except Exception:  # no hub library or a malformed id: decide after start
-            cached = None
-        if not isinstance(cached, str):
-            return None
-        config_file = Path(cached)
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return "vision_config" in config or "vision_tower" in json.dumps(config)
-
-
-def check_free_memory(needed_gb: float, replicas: int) -> None:
-    """Refuse to start when the replicas would not fit in the memory free now."""
-    available_gb = psutil.virtual_memory().available / 1e9
-    if needed_gb > available_gb:
-        raise UserError(
-            f"not enough free memory: {replicas} replica(s) need about {needed_gb:.1f} GB but "
-            f"{available_gb:.1f} GB is available; lower --replicas or kv_cache_space_gb, or free memory"
-        )

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from vlmserve import paths
 from vlmserve.errors import UserError
 
 TINY_MODEL_VERSION = "v1"
@@ -108,19 +109,9 @@ _WORDS_ENGLISH = (
 ).split()
 
 
-def cache_root() -> Path:
-    """Where vlmserve caches what it makes: $VLMSERVE_CACHE, else the user cache dir."""
-    explicit = os.environ.get("VLMSERVE_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "vlmserve"
-
-
 def tiny_model_path() -> Path:
-    """The cached embedded model's directory (it may not exist yet)."""
-    return cache_root() / TINY_MODEL_DIRNAME
+    """The cached embedded model's directory (it may not exist yet), under vlmserve.paths.cache_dir."""
+    return paths.cache_dir() / TINY_MODEL_DIRNAME
 
 
 def is_complete(model_dir: Path) -> bool:

@@ -2,8 +2,9 @@
 
 The engine runs as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console
 script fails on some installs on a package-metadata lookup; the module entry point does
-not). This module only computes the command; starting and watching it is the supervisor's
-job, so the same launch can be printed, tested and reproduced by hand.
+not). This module only computes the command (`VllmLauncher`, the vLLM side of
+`engines.launcher.EngineLauncher`); starting and watching it is the supervisor's job, so the
+same launch can be printed, exported to Kubernetes, tested and reproduced by hand.
 
 Device placement differs by machine:
 - GPU: each replica gets its own group of `tensor_parallel_size` GPUs via
@@ -15,17 +16,20 @@ Device placement differs by machine:
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import subprocess
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from vlmserve.engines.launcher import EngineLaunch, EventSink, ExpectedConfig, program, served_model_name
 from vlmserve.errors import UserError
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 
 DeviceKind = Literal["cpu", "gpu"]
 
@@ -43,25 +47,6 @@ allowlist as "any host", so a name under .invalid (RFC 2606: never resolves) sta
 
 GPU_ENGINE_HOST_OVERHEAD_GB = 4.0
 """Host memory a GPU engine process needs (CUDA context, torch, tokenizer, API server)."""
-
-
-@dataclass(frozen=True)
-class EngineLaunch:
-    """Everything needed to start one replica: argv, extra environment, and what it serves."""
-
-    argv: list[str]
-    env: dict[str, str]
-    served_model_name: str
-    model: str
-    port: int
-    devices: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    def full_env(self) -> dict[str, str]:
-        """The process environment: ours plus this replica's overrides."""
-        merged = dict(os.environ)
-        merged.update(self.env)
-        return merged
 
 
 def detect_device_kind(requested: Literal["auto", "cpu", "gpu"] = "auto") -> DeviceKind:
@@ -137,13 +122,6 @@ def gpu_groups(replicas: int, tensor_parallel_size: int, available: int) -> list
     ]
 
 
-def served_model_name(spec: DeploymentSpec) -> str:
-    """The name clients send: explicit, else 'embedded' for the tiny model, else the model id."""
-    if spec.engine_args.served_model_name:
-        return spec.engine_args.served_model_name
-    return spec.model
-
-
 def cpu_kv_cache_gb(spec: DeploymentSpec) -> int:
     """VLLM_CPU_KVCACHE_SPACE takes whole GB; round a fractional spec value up."""
     if spec.kv_cache_space_gb is None:
@@ -154,14 +132,18 @@ def cpu_kv_cache_gb(spec: DeploymentSpec) -> int:
 def engine_argv(
     spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind, host: str | None = None
 ) -> list[str]:
-    """argv for one replica; only flags the spec sets are passed, so vLLM's defaults stay.
+    """argv for one replica: this interpreter running vLLM's API server module, then its flags.
 
     host: where it listens; default `spec.replica_host` (loopback behind the gateway)."""
+    return program(VLLM_MODULE) + engine_arguments(spec, model_path, port, device_kind, host)
+
+
+def engine_arguments(
+    spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind, host: str | None = None
+) -> list[str]:
+    """The flags for one replica; only flags the spec sets are passed, so vLLM's defaults stay."""
     args = spec.engine_args
     argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
         "--model",
         model_path,
         "--served-model-name",
@@ -214,8 +196,6 @@ def eager_by_default(spec: DeploymentSpec) -> bool:
 
 
 def _json(value: object) -> str:
-    import json
-
     return json.dumps(value, separators=(",", ":"))
 
 
@@ -278,3 +258,93 @@ def host_memory_needed_gb(spec: DeploymentSpec, model_path: str, device_kind: De
     else:
         per_replica = GPU_ENGINE_HOST_OVERHEAD_GB
     return per_replica * spec.replicas
+
+
+def looks_like_path(model: str) -> bool:
+    """'/x', './x', '~/x', 'x/' or an existing path are paths; 'org/name' is a hub id."""
+    return model.startswith(("/", "./", "../", "~")) or model.endswith("/") or os.path.exists(model)
+
+
+def resolve_model_path(model: str, on_event: EventSink | None = None) -> str:
+    """The directory or hub id the engine loads; makes the embedded model on first use."""
+    from vlmserve.engines.embedded import ensure_tiny_model, is_complete, tiny_model_path
+
+    if model == EMBEDDED_MODEL:
+        if not is_complete(tiny_model_path()) and on_event is not None:
+            on_event("making the embedded tiny VLM (first use; a few seconds)")
+        return str(ensure_tiny_model())
+    if looks_like_path(model):
+        path = Path(model).expanduser().resolve()
+        if not path.exists():
+            raise UserError(f"model path {path} does not exist; give a model directory or a hub id like org/name")
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise UserError(f"model path {path} has no config.json; point --model at a Hugging Face model directory")
+        return str(path)
+    return model
+
+
+def model_expects_images(model: str, model_path: str) -> bool | None:
+    """True for a VLM, False for a text-only model, None when we cannot tell before it starts."""
+    if model == EMBEDDED_MODEL:
+        return True
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model_path, "config.json")
+        except Exception:  # no hub library or a malformed id: decide after start
+            cached = None
+        if not isinstance(cached, str):
+            return None
+        config_file = Path(cached)
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return "vision_config" in config or "vision_tower" in json.dumps(config)
+
+
+def expected_cache_labels(spec: DeploymentSpec) -> dict[str, str]:
+    """cache_config_info labels the spec pins down (compared after start)."""
+    labels: dict[str, str] = {}
+    if spec.engine_args.enable_prefix_caching is not None:
+        labels["enable_prefix_caching"] = str(spec.engine_args.enable_prefix_caching)
+    if spec.engine_args.kv_cache_dtype is not None:
+        labels["cache_dtype"] = spec.engine_args.kv_cache_dtype
+    return labels
+
+
+@dataclass(frozen=True)
+class VllmLauncher:
+    """vLLM's answers to the EngineLauncher questions, for one spec, model path and device kind."""
+
+    spec: DeploymentSpec
+    model_path: str
+    device_kind: DeviceKind
+    module: str = VLLM_MODULE
+
+    @classmethod
+    def on_this_machine(cls, spec: DeploymentSpec, on_event: EventSink | None = None) -> "VllmLauncher":
+        """Resolve the model here (made on first use for 'embedded') and detect the devices."""
+        model_path = resolve_model_path(spec.model, on_event=on_event)
+        return cls(spec, model_path, detect_device_kind(spec.devices))
+
+    def arguments(self, *, host: str, port: int, index: int) -> list[str]:
+        """vLLM's flags; every replica gets the same ones (its devices differ, through env)."""
+        return engine_arguments(self.spec, self.model_path, port, self.device_kind, host)
+
+    def launches(self) -> list[EngineLaunch]:
+        return plan_launches(self.spec, self.model_path, self.device_kind)
+
+    def expected(self) -> ExpectedConfig:
+        return ExpectedConfig(
+            served_model_name=served_model_name(self.spec),
+            root=self.model_path,
+            max_model_len=self.spec.engine_args.max_model_len,
+            cache_config=expected_cache_labels(self.spec),
+            expects_images=model_expects_images(self.spec.model, self.model_path),
+        )
+
+    def host_memory_needed_gb(self) -> float:
+        return host_memory_needed_gb(self.spec, self.model_path, self.device_kind)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vlmserve.engines.vllm import engine_argv
+from vlmserve.engines.launcher import make_launcher
 from vlmserve.errors import UserError
 from vlmserve.observe.alerts import AlertSettings, alert_rules
 from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
@@ -100,24 +100,23 @@ def _env(spec: DeploymentSpec, options: K8sOptions) -> list[dict[str, Any]]:
     return env
 
 
+def engine_container_command(spec: DeploymentSpec, model: str) -> tuple[list[str], list[str]]:
+    """(command, args) of the engine container: the flags `vlmserve up` passes, from the same
+    EngineLauncher, listening on the pod's network; the image's program replaces this machine's."""
+    launcher = make_launcher(spec, model_path=model, device_kind="cpu" if spec.devices == "cpu" else "gpu")
+    args = launcher.arguments(host="0.0.0.0", port=CONTAINER_PORT, index=0)
+    command = ["vlmserve"] if spec.engine == "sim" else ["python3", "-m", launcher.module]
+    return command, args
+
+
 def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[dict]) -> dict:
-    port_flags = ["--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+    command, args = engine_container_command(spec, model)
     resources: dict[str, Any]
     if spec.engine == "sim":
-        sim = spec.sim
-        args = ["engine", "sim", *port_flags, "--model", spec.model]
-        for flag, value in (("--profile", sim.profile), ("--ttft-ms", sim.ttft_ms), ("--itl-ms", sim.itl_ms)):
-            if value is not None:
-                args += [flag, str(value)]
-        command, image = ["vlmserve"], options.vlmserve_image
-        args += list(sim.extra_args)
+        image = options.vlmserve_image
         resources = {"requests": {"cpu": "500m", "memory": "512Mi"}}
     else:
-        device_kind = "cpu" if spec.devices == "cpu" else "gpu"
-        argv = engine_argv(spec, model, CONTAINER_PORT, device_kind, host="0.0.0.0")  # the pod's network
-        # same flags `vlmserve up` passes; the image's python replaces this machine's interpreter
-        command, image = ["python3", *argv[1:3]], options.vllm_image
-        args = argv[3:]
+        image = options.vllm_image
         tp = spec.engine_args.tensor_parallel_size
         if spec.devices == "cpu":
             resources = {"requests": {"cpu": str(4 * tp), "memory": f"{16 * tp}Gi"}}

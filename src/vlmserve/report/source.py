@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vlmserve import paths
 from vlmserve.errors import UserError
 from vlmserve.sweep.manifest import SweepManifest
 from vlmserve.sweep.results import CellOutcome, DeploymentInfo, SweepResults
@@ -16,10 +17,8 @@ from vlmserve.sweep.spec import SweepSpec
 
 
 def default_sweep_dir(name: str) -> Path:
-    """$VLMSERVE_HOME/sweeps/<name>, beside the run store."""
-    from vlmserve.results.store import home_dir
-
-    return home_dir() / "sweeps" / name
+    """$VLMSERVE_HOME/sweeps/<name>, beside the run store (vlmserve.paths.sweep_dir)."""
+    return paths.sweep_dir(name)
 
 
 def results_from_sweep_dir(directory: Path) -> SweepResults:

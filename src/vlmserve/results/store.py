@@ -9,7 +9,6 @@ opening retries briefly when another vlmserve process holds the file.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vlmserve import paths
 from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
 
@@ -81,16 +81,16 @@ RECORD_SCHEMA = pa.schema(
 
 
 def home_dir() -> Path:
-    """`$VLMSERVE_HOME`, or ~/.local/share/vlmserve."""
-    return Path(os.environ.get("VLMSERVE_HOME") or Path.home() / ".local" / "share" / "vlmserve")
+    """The data root; the one rule is vlmserve.paths.home_dir."""
+    return paths.home_dir()
 
 
 def database_path() -> Path:
-    return home_dir() / "runs.duckdb"
+    return paths.runs_database()
 
 
 def records_dir() -> Path:
-    return home_dir() / "records"
+    return paths.records_dir()
 
 
 def new_run_id(started_at: datetime | None = None) -> str:
