@@ -33,15 +33,15 @@ sys.path.insert(0, str(ROOT / "src"))
 from _smoke import parse_args  # noqa: E402
 
 from vlmserve.plan.calibrate import METRICS, Scenario, errors_by_family, predict, relative_errors  # noqa: E402
-from vlmserve.plan.calibration import Calibration, Efficiency, default_calibration  # noqa: E402
+from vlmserve.hardware.calibration import Calibration, Efficiency, default_calibration  # noqa: E402
 from vlmserve.plan.crossval import CrossValidation, FitStage, StagedFitter, cross_validate  # noqa: E402
-from vlmserve.plan.setup import PlanSetup  # noqa: E402
+from vlmserve.hardware.setup import PlanSetup  # noqa: E402
 from vlmserve.plan.simulate import simulate_run  # noqa: E402
 from vlmserve.spec import LoadSpec  # noqa: E402
 
 PUBLISHED = Path(os.environ.get("VLMSERVE_PUBLISHED_CSV", ROOT.parent / "shared/reference/published_measurements.csv"))
 """The shared reference data sits beside the checkout (../shared), as in CI; the variable overrides it."""
-CALIBRATION_OUT = ROOT / "src/vlmserve/plan/data/calibration.json"
+CALIBRATION_OUT = ROOT / "src/vlmserve/hardware/data/calibration.json"
 
 
 @dataclass

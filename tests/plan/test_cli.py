@@ -77,8 +77,8 @@ def test_search_prints_winner_and_runners_up(capsys) -> None:
 
 def test_calibrate_recovers_the_bandwidth_of_a_measured_run(tmp_path: Path, capsys) -> None:
     """A run 'measured' on a GPU at 50% bandwidth: the fit finds it from a 70% start."""
-    from vlmserve.plan.calibration import Calibration, Efficiency
-    from vlmserve.plan.setup import PlanSetup
+    from vlmserve.hardware.calibration import Calibration, Efficiency
+    from vlmserve.hardware.setup import PlanSetup
     from vlmserve.plan.simulate import simulate_run
     from vlmserve.spec import LoadSpec
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vlmserve.plan.calibration import Calibration, Efficiency
-from vlmserve.plan.setup import PlanSetup
+from vlmserve.hardware.calibration import Calibration, Efficiency
+from vlmserve.hardware.setup import PlanSetup
 from vlmserve.sched.step_cost import StepContents
 
 EFFICIENCY = Efficiency(bandwidth=0.5, compute=0.5, step_overhead_s=0.001, per_seq_overhead_s=0.0)

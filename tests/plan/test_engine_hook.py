@@ -10,8 +10,8 @@ import pytest
 from tests.helpers.sim import start_sim_engine
 from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
 from vlmserve.errors import UserError
-from vlmserve.plan.cost import RooflineStepCost
-from vlmserve.sched.parametric_cost import make_step_cost_model
+from vlmserve.hardware.cost import RooflineStepCost
+from vlmserve.hardware.roofline import make_step_cost_model
 
 
 def test_gpu_mode_builds_a_roofline_scheduler_with_planned_kv_blocks() -> None:

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from vlmserve.errors import UserError
-from vlmserve.plan.calibration import Calibration, Efficiency, default_calibration
-from vlmserve.plan.hardware import allreduce_time_s, catalog, get_gpu, plan_memory
-from vlmserve.plan.models import load_model
-from vlmserve.plan.setup import PlanSetup, vllm_default_limits
+from vlmserve.hardware.calibration import Calibration, Efficiency, default_calibration
+from vlmserve.hardware.gpus import allreduce_time_s, catalog, get_gpu, plan_memory
+from vlmserve.hardware.models import load_model
+from vlmserve.hardware.setup import PlanSetup, vllm_default_limits
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_CSV = REPO_ROOT.parent / "shared/reference/hardware.csv"  # the shared data beside the checkout
-PACKAGED_CSV = REPO_ROOT / "src/vlmserve/plan/data/hardware.csv"
+PACKAGED_CSV = REPO_ROOT / "src/vlmserve/hardware/data/hardware.csv"
 
 
 def test_catalog_matches_reference_and_names_are_case_insensitive() -> None:

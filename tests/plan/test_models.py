@@ -7,7 +7,7 @@ import json
 import pytest
 
 from vlmserve.errors import UserError
-from vlmserve.plan.models import load_model, parse_config, preset_config, preset_names
+from vlmserve.hardware.models import load_model, parse_config, preset_config, preset_names
 
 
 def test_every_preset_parses_and_is_roughly_its_advertised_size() -> None:

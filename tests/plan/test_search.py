@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vlmserve.errors import UserError
-from vlmserve.plan.calibration import Calibration, Efficiency
+from vlmserve.hardware.calibration import Calibration, Efficiency
 from vlmserve.plan.search import SearchSpace, parse_prices, run_search, runners_up
 from vlmserve.spec import SLO, LoadSpec
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from vlmserve.errors import UserError
-from vlmserve.plan.calibration import Calibration, Efficiency
-from vlmserve.plan.setup import PlanSetup
+from vlmserve.hardware.calibration import Calibration, Efficiency
+from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.spec import LoadSpec
 

@@ -50,8 +50,8 @@ def _load_spec(**fields: Any) -> LoadSpec:
 
 
 def _setup(model: str, gpu: str, calibration_path: Optional[str], **options: Any) -> Any:
-    from vlmserve.plan.calibration import load_calibration
-    from vlmserve.plan.setup import PlanSetup
+    from vlmserve.hardware.calibration import load_calibration
+    from vlmserve.hardware.setup import PlanSetup
 
     return PlanSetup.from_names(model, gpu, calibration=load_calibration(calibration_path), **options)
 
@@ -154,7 +154,7 @@ def _print_run(console: Console, summary: dict[str, Any], setup: Any, wall_s: fl
 
 
 def _read_measured(path: Path) -> dict[str, Any]:
-    from vlmserve.plan.jsonfile import read_json_file
+    from vlmserve.hardware.jsonfile import read_json_file
 
     data = read_json_file(path, "file for --compare", "give a `vlmserve bench --json-out` result")
     if not isinstance(data, dict) or "throughput" not in data:
@@ -245,7 +245,7 @@ def search(
 
     from rich.progress import Progress
 
-    from vlmserve.plan.calibration import load_calibration
+    from vlmserve.hardware.calibration import load_calibration
     from vlmserve.plan.search import SearchSpace, parse_prices, run_search, runners_up
 
     load = _load_spec(dataset=dataset, input_len=input_len, output_len=output_len, rate=rate,
@@ -335,7 +335,7 @@ def calibrate(
 ) -> None:
     """Fit efficiency coefficients for one GPU from measured runs; save a calibration `plan` can use."""
     from vlmserve.plan.calibrate import calibrate_runs, relative_errors
-    from vlmserve.plan.calibration import load_calibration
+    from vlmserve.hardware.calibration import load_calibration
 
     console = _console()
     result, scenarios = calibrate_runs(
@@ -357,7 +357,7 @@ def calibrate(
 @plan_app.command("models")
 def models() -> None:
     """List the model presets (HF config.json files shipped with vlmserve)."""
-    from vlmserve.plan.models import load_model, preset_index, preset_names
+    from vlmserve.hardware.models import load_model, preset_index, preset_names
 
     table = Table(show_edge=False)
     for column in ("preset", "aliases", "params", "active", "KV KiB/token", "vision"):
@@ -373,7 +373,7 @@ def models() -> None:
 @plan_app.command("gpus")
 def gpus() -> None:
     """List the GPU catalog (datasheet figures)."""
-    from vlmserve.plan.hardware import ASSUMED_FIGURES, catalog
+    from vlmserve.hardware.gpus import ASSUMED_FIGURES, catalog
 
     table = Table(show_edge=False)
     for column in ("name", "GPU", "memory GB", "TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "interconnect GB/s"):

@@ -21,9 +21,9 @@ from statistics import median
 from typing import Any
 
 from vlmserve.errors import UserError
-from vlmserve.plan.calibration import COEFFICIENTS, Calibration, Efficiency
-from vlmserve.plan.jsonfile import read_json_file
-from vlmserve.plan.setup import PlanSetup
+from vlmserve.hardware.calibration import COEFFICIENTS, Calibration, Efficiency
+from vlmserve.hardware.jsonfile import read_json_file
+from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.spec import LoadSpec
 
@@ -289,7 +289,7 @@ def calibrate_runs(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[FitResult, list[Scenario]]:
     """Fit per-GPU coefficients for `gpu` from bench results."""
-    from vlmserve.plan.hardware import get_gpu
+    from vlmserve.hardware.gpus import get_gpu
 
     gpu_key = get_gpu(gpu).key
     scenarios = [scenario_from_bench_json(path, gpu=gpu, model=model) for path in paths]

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from vlmserve.plan.calibrate import Scenario, fit, predict
-from vlmserve.plan.calibration import Calibration
+from vlmserve.hardware.calibration import Calibration
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlmserve.plan.hardware import ASSUMED_FIGURES
-from vlmserve.plan.setup import PlanSetup
+from vlmserve.hardware.gpus import ASSUMED_FIGURES
+from vlmserve.hardware.setup import PlanSetup
 
 GB = 1e9
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
-from vlmserve.plan.calibration import Calibration
-from vlmserve.plan.hardware import get_gpu
-from vlmserve.plan.models import load_model
-from vlmserve.plan.setup import PlanSetup
+from vlmserve.hardware.calibration import Calibration
+from vlmserve.hardware.gpus import get_gpu
+from vlmserve.hardware.models import load_model
+from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO, LoadSpec

@@ -20,7 +20,7 @@ from typing import Any
 from vlmserve.results.metrics import summarize
 from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
-from vlmserve.plan.setup import PlanSetup
+from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.workload import PlannedRequest, planned_requests
 from vlmserve.results.records import RequestRecord
 from vlmserve.sched.offline import SimulationStats, accumulate_stats

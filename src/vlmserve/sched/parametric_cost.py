@@ -124,20 +124,3 @@ def get_profile(name: str) -> ParametricStepCost:
     except KeyError:
         known = ", ".join(sorted(PROFILES))
         raise UserError(f"unknown sim profile '{name}'; choose one of: {known}") from None
-
-
-def make_step_cost_model(
-    profile: str | None = None, *, model: str | None = None, gpu: str | None = None, tp: int = 1
-) -> StepCostModel:
-    """The one place a sim engine's step-cost model is chosen.
-
-    A profile name maps to a ParametricStepCost; `gpu` (with `model` a planner preset or
-    config.json, and `tp`) prices steps with the planner's roofline model instead.
-    """
-    if gpu is not None:
-        if profile:
-            raise UserError("--profile and --gpu exclude each other; pick one timing model")
-        from vlmserve.plan.engine_hook import roofline_cost_model
-
-        return roofline_cost_model(model or "", gpu, tp)
-    return get_profile(profile or DEFAULT_PROFILE)

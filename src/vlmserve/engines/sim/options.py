@@ -9,7 +9,7 @@ from pathlib import Path
 
 from vlmserve.errors import UserError
 from vlmserve.sched.constant import ConstantLatencyScheduler
-from vlmserve.sched.parametric_cost import make_step_cost_model
+from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
 
 GEMMA_IMAGE_BUDGETS = (70, 140, 280, 560, 1120)
@@ -164,7 +164,7 @@ class SimEngineConfig:
 
     def _planned_kv_blocks(self) -> int:
         """Planner mode: the blocks the GPU memory left after weights holds."""
-        from vlmserve.plan.engine_hook import roofline_kv_blocks
+        from vlmserve.hardware.roofline import roofline_kv_blocks
 
         typical = self.max_model_len // 4
         return roofline_kv_blocks(self.model, self.gpu or "", self.tp, typical, self.block_size)

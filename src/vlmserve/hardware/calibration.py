@@ -4,7 +4,7 @@ Datasheet peaks are never reached by a serving engine; how far below them vLLM r
 depends on the GPU, the kernels and the batch. These numbers are therefore data, not
 constants in code: a `Calibration` holds defaults plus per-GPU overrides, loads and saves
 as JSON, and `vlmserve plan calibrate` fits it from measured runs. The shipped default
-(`plan/data/calibration.json`) says which published measurements it was fitted on.
+(`hardware/data/calibration.json`) says which published measurements it was fitted on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmserve.errors import UserError
-from vlmserve.plan.jsonfile import read_json_file
+from vlmserve.hardware.jsonfile import read_json_file
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _coefficients(raw: Any, where: str) -> dict[str, float]:
 
 def default_calibration() -> Calibration:
     """The shipped calibration (fitted on part of the published measurements)."""
-    text = resources.files("vlmserve.plan").joinpath("data/calibration.json").read_text()
+    text = resources.files("vlmserve.hardware").joinpath("data/calibration.json").read_text()
     return Calibration.from_dict(json.loads(text), "built-in calibration")
 
 

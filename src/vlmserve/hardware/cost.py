@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vlmserve.plan.calibration import Efficiency
-from vlmserve.plan.hardware import GPU, allreduce_time_s
-from vlmserve.plan.models import ModelCost
+from vlmserve.hardware.calibration import Efficiency
+from vlmserve.hardware.gpus import GPU, allreduce_time_s
+from vlmserve.hardware.models import ModelCost
 from vlmserve.sched.step_cost import StepContents
 
 ACTIVATION_BYTES = 2.0

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vlmserve.errors import UserError
-from vlmserve.plan.dtypes import bytes_per_element, normalize_dtype
-from vlmserve.plan.jsonfile import read_json_file
+from vlmserve.hardware.dtypes import bytes_per_element, normalize_dtype
+from vlmserve.hardware.jsonfile import read_json_file
 
 AttentionKind = Literal["full", "sliding"]
 
-PRESET_PACKAGE = "vlmserve.plan.presets"
+PRESET_PACKAGE = "vlmserve.hardware.presets"
 
 
 @dataclass(frozen=True)

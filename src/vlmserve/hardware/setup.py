@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.errors import UserError
-from vlmserve.plan.calibration import Calibration, Efficiency, default_calibration
-from vlmserve.plan.cost import RooflineStepCost
-from vlmserve.plan.dtypes import normalize_dtype
-from vlmserve.plan.hardware import GPU, MemoryPlan, get_gpu, plan_memory
-from vlmserve.plan.models import ModelCost, load_model
+from vlmserve.hardware.calibration import Calibration, Efficiency, default_calibration
+from vlmserve.hardware.cost import RooflineStepCost
+from vlmserve.hardware.dtypes import normalize_dtype
+from vlmserve.hardware.gpus import GPU, MemoryPlan, get_gpu, plan_memory
+from vlmserve.hardware.models import ModelCost, load_model
 from vlmserve.sched.scheduler import SchedulerConfig
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

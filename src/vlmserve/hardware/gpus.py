@@ -16,8 +16,8 @@ from functools import cache
 from importlib import resources
 
 from vlmserve.errors import UserError
-from vlmserve.plan.dtypes import normalize_dtype
-from vlmserve.plan.models import ModelCost
+from vlmserve.hardware.dtypes import normalize_dtype
+from vlmserve.hardware.models import ModelCost
 
 GB = 1e9
 
@@ -82,7 +82,7 @@ def _key(name: str) -> str:
 @cache
 def catalog() -> dict[str, GPU]:
     """Every GPU in the shipped table, by short key."""
-    text = resources.files("vlmserve.plan").joinpath("data/hardware.csv").read_text()
+    text = resources.files("vlmserve.hardware").joinpath("data/hardware.csv").read_text()
     gpus: dict[str, GPU] = {}
     for row in csv.DictReader(text.splitlines()):
         key = _key(row["gpu"])
