@@ -17,7 +17,7 @@ import time
 
 from _smoke import parse_args
 
-from vlmserve.sched.offline import SimulationStats, simulate
+from vlmserve.sched.virtual_clock import SimulationStats, simulate
 from vlmserve.sched.parametric_cost import get_profile
 from vlmserve.sched.scheduler import SchedulerConfig, SimRequest
 

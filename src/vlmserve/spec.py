@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.errors import UserError
 
 EMBEDDED_MODEL = "embedded"
@@ -94,7 +95,7 @@ class DeploymentSpec(BaseModel):
     port: int = Field(8000, ge=1, le=65535, description="gateway port; replicas take the ports after it")
     replica_base_port: int | None = Field(None, ge=1, le=65535)
     gateway: bool = True
-    gateway_policy: str = "least-outstanding-tokens"
+    gateway_policy: str = LEAST_OUTSTANDING_TOKENS
     devices: Literal["auto", "cpu", "gpu"] = "auto"
     cpu_threads_per_replica: int | None = Field(None, ge=1)
     kv_cache_space_gb: float | None = Field(None, gt=0)

@@ -8,7 +8,7 @@ import pytest
 
 from vlmserve.sched.constant import ConstantLatencyScheduler
 from vlmserve.sched.kv_cache import BlockPool, hash_request_blocks
-from vlmserve.sched.offline import SimulationStats, simulate
+from vlmserve.sched.virtual_clock import SimulationStats, simulate
 from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.parametric_cost import PROFILES, ParametricStepCost, get_profile
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest

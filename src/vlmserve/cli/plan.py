@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
 from vlmserve.errors import UserError
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
 
@@ -78,7 +79,7 @@ def plan(
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM --gpu-memory-utilization."),
     weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="bf16 | fp8 | mxfp4 (default: the checkpoint's)."),
     kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16 | fp8."),
-    routing: str = typer.Option("least-outstanding", "--routing", help="round-robin | least-outstanding."),
+    routing: str = typer.Option(LEAST_OUTSTANDING_TOKENS, "--routing", help=" | ".join(SIMULATED_POLICIES) + "."),
     async_scheduling: bool = typer.Option(False, "--async-scheduling", help="Model vLLM --async-scheduling."),
     staggered: bool = typer.Option(False, "--steady-state", help="Closed loop: stagger client starts (no synchronized first wave)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON from `plan calibrate`."),

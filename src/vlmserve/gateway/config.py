@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmserve.errors import UserError
-
-POLICY_NAMES = ("round-robin", "least-outstanding-tokens", "prefix-affinity", "engine-aware")
+from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
+from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 
 
 @dataclass
@@ -17,7 +17,7 @@ class GatewayConfig:
     replicas: list[str]
     host: str = "127.0.0.1"
     port: int = 8080
-    policy: str = "least-outstanding-tokens"
+    policy: str = LEAST_OUTSTANDING_TOKENS
     keys_file: Path | None = None
     audit_log: Path | None = None
     log_content: bool = False

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.errors import UserError
+from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.hardware.calibration import Calibration, Efficiency, default_calibration
 from vlmserve.hardware.cost import RooflineStepCost
 from vlmserve.hardware.dtypes import normalize_dtype
@@ -51,7 +52,7 @@ class PlanSetup:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
-    routing: str = "least-outstanding"
+    routing: str = LEAST_OUTSTANDING_TOKENS
     async_scheduling: bool = False
     """vLLM's --async-scheduling: the CPU work of a step overlaps the GPU's previous step."""
 

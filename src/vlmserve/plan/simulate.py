@@ -10,11 +10,10 @@ from the bench's own `metrics.summarize` — so `report` and `compare` work on i
 
 from __future__ import annotations
 
-import heapq
 import time
 import uuid
 from datetime import datetime, timezone
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vlmserve.results.metrics import summarize
@@ -23,53 +22,13 @@ from vlmserve.errors import UserError
 from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.workload import PlannedRequest, planned_requests
 from vlmserve.results.records import RequestRecord
-from vlmserve.sched.offline import SimulationStats, accumulate_stats
 from vlmserve.sched.scheduler import Scheduler, SimRequest
+from vlmserve.sched.virtual_clock import RequestTiming, Send, SimulationStats, run_virtual_clock
 from vlmserve.sched.step_cost import StepContents
 from vlmserve.spec import SLO, LoadSpec
 
-ROUTING_POLICIES = ("round-robin", "least-outstanding")
 TOKEN_ID_STRIDE = 1 << 24
 """Each request's prompt ids start at index·stride: distinct prompts, no false prefix hits."""
-
-
-@dataclass
-class _Replica:
-    scheduler: Scheduler
-    clock_s: float = 0.0
-    outstanding: int = 0
-    stats: SimulationStats = field(default_factory=SimulationStats)
-
-
-@dataclass
-class _Tracking:
-    """Per-request timings on the virtual clock."""
-
-    planned: PlannedRequest
-    sent_s: float
-    replica: int
-    token_times_s: list[float] = field(default_factory=list)
-    first_token_s: float | None = None
-    finished_s: float | None = None
-    preemptions: int = 0
-
-
-class _Router:
-    """Round-robin or least-outstanding-requests choice of replica."""
-
-    def __init__(self, policy: str, replicas: list[_Replica]) -> None:
-        if policy not in ROUTING_POLICIES:
-            raise UserError(f"--routing '{policy}' is not known; use one of: {', '.join(ROUTING_POLICIES)}")
-        self.policy = policy
-        self.replicas = replicas
-        self.next_index = 0
-
-    def choose(self) -> int:
-        if self.policy == "round-robin":
-            index = self.next_index
-            self.next_index = (self.next_index + 1) % len(self.replicas)
-            return index
-        return min(range(len(self.replicas)), key=lambda index: (self.replicas[index].outstanding, index))
 
 
 @dataclass
@@ -128,70 +87,36 @@ def simulate_run(
     cost = setup.cost_model()
     overhead_s = setup.efficiency.request_overhead_s
     try:
-        replicas = [_Replica(Scheduler(config, cost)) for _ in range(setup.replicas)]
+        cores = [Scheduler(config, cost) for _ in range(setup.replicas)]
     except ValueError as err:  # engine limits vLLM would refuse to start with
         raise UserError(f"{setup.model.name} on {setup.tp}× {setup.gpu.name}: {err}") from None
-    router = _Router(setup.routing, replicas)
 
-    # Pending sends: (time, sequence, request index). Closed loop starts `concurrency`
-    # at t=0 and sends the next one when one finishes; open loop has all times up front.
-    pending: list[tuple[float, int, int]] = []
-    closed_loop = load.rate is None
-    next_unsent = 0
-    if closed_loop:
+    def send(send_s: float, index: int) -> Send:
+        # the request reaches the engine after HTTP + tokenize
+        return Send(send_s, index, _sim_request(requests[index], send_s + overhead_s))
+
+    # Closed loop starts `concurrency` clients at t=0 and sends the next request when one
+    # finishes; open loop has every send time up front.
+    sends: list[Send]
+    next_send = None
+    if load.rate is None:
         clients = min(load.concurrency or 1, count)
         spacing = estimated_request_s(setup, requests, clients) / clients if staggered else 0.0
-        for client in range(clients):
-            pending.append((client * spacing, next_unsent, next_unsent))
-            next_unsent += 1
-    else:
-        pending = [(request.arrival_s, request.index, request.index) for request in requests]
-        next_unsent = count
-    heapq.heapify(pending)
-    tracking: dict[str, _Tracking] = {}
+        sends = [send(client * spacing, client) for client in range(clients)]
+        unsent = iter(range(clients, count))
 
-    while True:
-        busy = [replica for replica in replicas if replica.scheduler.has_work()]
-        next_step = min(busy, key=lambda replica: replica.clock_s) if busy else None
-        if pending and (next_step is None or pending[0][0] <= next_step.clock_s):
-            send_s, _, index = heapq.heappop(pending)
-            planned = requests[index]
-            arrival_s = send_s + overhead_s  # the request reaches the engine after HTTP + tokenize
-            chosen = router.choose()
-            replica = replicas[chosen]
-            if not replica.scheduler.has_work():
-                replica.clock_s = max(replica.clock_s, arrival_s)
-            replica.scheduler.add_request(_sim_request(planned, arrival_s))
-            replica.outstanding += 1
-            tracking[str(index)] = _Tracking(planned, send_s, chosen)
-            continue
-        if next_step is None:
-            break
-        step = next_step.scheduler.step(next_step.clock_s)
-        end_s = step.end_s
-        next_step.clock_s = end_s
-        accumulate_stats(next_step.stats, step)
-        for request_id, _tokens in step.tokens:
-            item = tracking[request_id]
-            if item.first_token_s is None:
-                item.first_token_s = end_s
-            if record_token_times:
-                item.token_times_s.append(end_s)
-        for request_id in step.preempted:
-            tracking[request_id].preemptions += 1
-        for request_id in step.finished:
-            item = tracking[request_id]
-            item.finished_s = end_s
-            replicas[item.replica].outstanding -= 1
-            if closed_loop and next_unsent < count:
-                heapq.heappush(pending, (end_s, next_unsent, next_unsent))
-                next_unsent += 1
+        def next_send(finished_s: float) -> Send | None:
+            index = next(unsent, None)
+            return None if index is None else send(finished_s, index)
+    else:
+        sends = [send(request.arrival_s, request.index) for request in requests]
+    timings, stats = run_virtual_clock(cores, sends, routing=setup.routing, next_send=next_send,
+                                       record_token_times=record_token_times)
 
     epoch = time.time()
-    records = [_record(tracking[str(request.index)], epoch, load) for request in requests]
+    records = [_record(timings[str(request.index)], request, epoch, load) for request in requests]
     summary = summarize(records, slo)
     summary["meta"] = _meta(setup, load, label, config, count)
-    stats = [replica.stats for replica in replicas]
     summary["simulation"] = _simulation_block(stats, config)
     return SimulationOutput(RunResult(records=records, summary=summary), stats, time.perf_counter() - started)
 
@@ -217,29 +142,16 @@ def estimated_request_s(setup: PlanSetup, requests: list[PlannedRequest], concur
     return output * cost.step_time_s(step)
 
 
-def _record(item: _Tracking, epoch: float, load: LoadSpec) -> RequestRecord:
+def _record(timing: RequestTiming, planned: PlannedRequest, epoch: float, load: LoadSpec) -> RequestRecord:
     """A bench RequestRecord on the wall clock of the run's start."""
-    planned = item.planned
-    times = [epoch + value for value in item.token_times_s]
-    return RequestRecord(
+    return timing.to_request_record(
+        epoch_s=epoch,
         request_id=f"sim-{planned.index}",
-        scheduled_at_s=epoch + (planned.arrival_s if load.rate is not None else item.sent_s),
-        sent_at_s=epoch + item.sent_s,
-        first_token_at_s=None if item.first_token_s is None else epoch + item.first_token_s,
-        finished_at_s=None if item.finished_s is None else epoch + item.finished_s,
-        chunk_times_s=times,
-        chunk_tokens=[1] * len(times),
-        prompt_tokens=planned.prompt_tokens,
-        output_tokens=len(item.token_times_s) if item.token_times_s else planned.output_tokens,
+        scheduled_s=planned.arrival_s if load.rate is not None else timing.sent_s,
         requested_prompt_tokens=planned.prompt_tokens - planned.image_tokens,
         requested_output_tokens=planned.output_tokens,
-        image_count=planned.images,
-        ok=item.finished_s is not None,
-        error_kind=None if item.finished_s is not None else "not_finished",
         workload=load.dataset,
-        worker=item.replica,
         warmup=planned.index < load.warmup,
-        simulated=True,
     )
 
 

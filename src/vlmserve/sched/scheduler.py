@@ -19,7 +19,7 @@ emitted a token, finished or were preempted. The rules follow vLLM V1:
 - A request emits a token in the step where its computed tokens catch up with its
   known tokens (end of prefill, or every decode step).
 
-Times are seconds on whatever clock the caller uses (virtual in `offline.py`, the
+Times are seconds on whatever clock the caller uses (virtual in `virtual_clock.py`, the
 monotonic clock in the sim engine).
 """
 
@@ -222,6 +222,10 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
+
+    def next_event_s(self, now_s: float) -> float | None:
+        """A priced scheduler steps back to back while it has work: the next step starts now."""
+        return now_s if self.has_work() else None
 
     @property
     def num_running(self) -> int:

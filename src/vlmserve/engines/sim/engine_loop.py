@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from vlmserve.async_tasks import cancel_and_wait
 from vlmserve.engines.sim.metrics import EngineMetrics
-from vlmserve.engines.sim.options import EngineCore
+from vlmserve.sched.engine_core import EngineCore
 from vlmserve.engines.sim.outputs import WRITE_BUFFER_HIGH_BYTES, ActiveRequest
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
@@ -129,7 +129,7 @@ class EngineLoop:
                 continue
             now = clock()
             if self.constant_mode:
-                due = core.next_event_s(now)  # type: ignore[union-attr]
+                due = core.next_event_s(now)
                 if due is None or due > now + 0.0002:
                     await self._wait(loop, due)
                     continue

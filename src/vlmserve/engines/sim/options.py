@@ -9,6 +9,7 @@ from pathlib import Path
 
 from vlmserve.errors import UserError
 from vlmserve.sched.constant import ConstantLatencyScheduler
+from vlmserve.sched.engine_core import EngineCore
 from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -181,7 +182,6 @@ class SimEngineConfig:
         )
 
 
-EngineCore = Scheduler | ConstantLatencyScheduler
 
 
 def build_engine_core(config: SimEngineConfig) -> EngineCore:
