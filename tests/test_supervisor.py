@@ -94,7 +94,7 @@ def test_malformed_spec_file(vlmserve_cmd: list[str], home: Path, tmp_path: Path
     assert_one_line_error(done, "deploy.yaml: field 'replicas'")
     spec.write_text("model: embedded\nengine_args:\n  max_num_seq: 4\n")
     done = run_up(vlmserve_cmd, home, "-f", str(spec))
-    assert_one_line_error(done, "field 'engine_args.max_num_seq': unknown field")
+    assert_one_line_error(done, "field 'engine_args.max_num_seq': not a flag of the installed vLLM; did you mean 'max_num_seqs'?")
 
 
 def test_malformed_flags(vlmserve_cmd: list[str], home: Path) -> None:

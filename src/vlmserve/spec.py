@@ -13,18 +13,26 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.errors import UserError
+from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
+from vlmserve.vllm_flags import check_engine_arg
 
 EMBEDDED_MODEL = "embedded"
 """The model name that means: the tiny VLM vlmserve makes itself (see vlmserve.engines.embedded)."""
 
 
 class EngineArgs(BaseModel):
-    """vLLM engine arguments that are fixed when a replica starts."""
+    """vLLM engine arguments that are fixed when a replica starts.
 
-    model_config = ConfigDict(extra="forbid")
+    The fields below are the ones vlmserve itself reads (to plan memory, verify the served
+    configuration, label metrics). Any other key is passed to `vllm serve` as a flag, after the
+    installed vLLM's own parser confirms it exists (`vllm_flags.py`): a misspelling is refused
+    with a suggestion, never silently dropped.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     dtype: str = "auto"
     tensor_parallel_size: int = Field(1, ge=1)
@@ -40,6 +48,18 @@ class EngineArgs(BaseModel):
     enforce_eager: bool | None = Field(None, description="skip torch.compile; default: on for the embedded model only")
     served_model_name: str | None = None
     extra_args: list[str] = Field(default_factory=list, description="free-form extra engine flags")
+
+    @model_validator(mode="after")
+    def _known_vllm_flags(self) -> EngineArgs:
+        for key in self.model_extra or {}:
+            problem = check_engine_arg(key)
+            if problem is not None:
+                raise PydanticCustomError("unknown_vllm_flag", problem, {"key": key})
+        return self
+
+    def vllm_flags(self) -> dict[str, Any]:
+        """The keys beyond vlmserve's own fields, for the engine's command line."""
+        return dict(self.model_extra or {})
 
 
 class SimEngineOptions(BaseModel):
@@ -298,6 +318,8 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown field; check its spelling"
+    elif first["type"] == "unknown_vllm_flag":
+        where = f"{where}.{first['ctx']['key']}"
     more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     return f"{source}: field '{where}': {message}{more}"
 

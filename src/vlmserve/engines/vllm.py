@@ -28,6 +28,7 @@ from typing import Literal
 from vlmserve.engines.launcher import EngineLaunch, EventSink, ExpectedConfig, program, served_model_name
 from vlmserve.errors import UserError
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
+from vlmserve.vllm_flags import engine_arg_argv
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -180,6 +181,8 @@ def engine_arguments(
         argv += ["--mm-processor-kwargs", _json(args.mm_processor_kwargs)]
     # image URLs are fetched by the engine: only from listed hosts (SSRF), by default from none
     argv += ["--allowed-media-domains", *(spec.allowed_media_domains or [NO_REMOTE_MEDIA_DOMAIN])]
+    for key, value in args.vllm_flags().items():
+        argv += engine_arg_argv(key, value)
     argv += list(args.extra_args)
     return argv
 

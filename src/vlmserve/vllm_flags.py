@@ -1,0 +1,90 @@
+"""The installed vLLM's own `vllm serve` flags, read from its argument parser (once per process).
+
+A deployment spec's `engine_args` may hold any flag vLLM accepts (`tool_call_parser`,
+`reasoning_parser`, `enable_auto_tool_choice`, …). Rather than a hand list that falls behind every
+vLLM release, vlmserve asks the installed vLLM which flags exist, refuses a misspelt one with a
+suggestion, and renders the value the way vLLM's parser reads it. Building vLLM's parser imports
+vLLM (about 5 s here), so it happens only when a spec uses a key vlmserve does not itself declare.
+Where vLLM is not installed (a laptop exporting a GPU deployment to Kubernetes) the keys are passed
+through unchecked: the engine that reads them checks them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+MANAGED_BY_VLMSERVE: dict[str, str] = {
+    "model": "the spec's `model` field",
+    "host": "the spec's `host`/`replica_host` (replicas sit behind the gateway)",
+    "port": "the spec's `port` (replica ports are assigned from it)",
+    "allowed_media_domains": "the spec's `allowed_media_domains` (the gateway checks it too)",
+}
+"""Flags vlmserve sets itself: a second value in engine_args would fight it."""
+
+
+@dataclass(frozen=True)
+class VllmFlag:
+    """One `vllm serve` option as its parser declares it."""
+
+    name: str  # e.g. "--tool-call-parser"
+    boolean: bool  # a switch (`--x` / `--no-x`) rather than a flag taking a value
+    multiple: bool  # takes several values (nargs "+" or "*")
+
+
+@lru_cache(maxsize=1)
+def installed_vllm_flags() -> dict[str, VllmFlag] | None:
+    """`vllm serve`'s flags keyed by their underscore name; None when vLLM is not installed."""
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        try:  # the older layout (vLLM up to 0.11)
+            from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef]
+            from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef,attr-defined]
+        except ImportError:
+            return None
+    parser = make_arg_parser(FlexibleArgumentParser())
+    flags: dict[str, VllmFlag] = {}
+    for action in parser._actions:  # argparse keeps no public list of options
+        boolean = action.nargs == 0
+        for option in action.option_strings:
+            if option.startswith("--no-") and boolean:
+                continue
+            if option.startswith("--"):
+                key = option[2:].replace("-", "_")
+                flags[key] = VllmFlag(option, boolean, action.nargs in ("+", "*"))
+    return flags
+
+
+def check_engine_arg(key: str) -> str | None:
+    """Why `key` cannot be an engine_args entry (None when vLLM accepts it, or vLLM is absent)."""
+    if key in MANAGED_BY_VLMSERVE:
+        return f"set by vlmserve; use {MANAGED_BY_VLMSERVE[key]}"
+    flags = installed_vllm_flags()
+    if flags is None or key in flags:
+        return None
+    close = difflib.get_close_matches(key, list(flags), n=1, cutoff=0.75)
+    hint = f"; did you mean '{close[0]}'?" if close else "; see `vllm serve --help` for the flags it takes"
+    return f"not a flag of the installed vLLM{hint}"
+
+
+def engine_arg_argv(key: str, value: Any) -> list[str]:
+    """`key: value` from a spec as vLLM's parser reads it (bools as switches, dicts as JSON)."""
+    flags = installed_vllm_flags()
+    flag = flags.get(key) if flags else None
+    option = flag.name if flag else "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        if flag is not None and not flag.boolean:
+            return [option, "true" if value else "false"]
+        return [option] if value else ["--no-" + option[2:]]
+    if value is None:
+        return []
+    if isinstance(value, dict):
+        return [option, json.dumps(value, separators=(",", ":"))]
+    if isinstance(value, (list, tuple)):
+        return [option, *(str(item) for item in value)]
+    return [option, str(value)]
