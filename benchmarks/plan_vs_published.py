@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field

@@ -18,7 +18,7 @@ def test_bench_against_embedded_vllm(embedded_engine):
         tokenizer=embedded_engine.model_path,
     )
     result = asyncio.run(run_load(load, target, slo=SLO.parse("ttft_p99=30s"), progress=False))
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert summary["requests"]["completed"] == 6, summary["requests"]
     tokens = summary["tokens"]
     # the model's own tokenizer fits prompts exactly; ignore_eos gives exact output lengths
@@ -39,6 +39,6 @@ def test_bench_against_embedded_vllm(embedded_engine):
 
     # a vision request through the real image processor: image tokens come back in usage
     images = LoadSpec(dataset="images", concurrency=1, num_requests=2, input_len=16, output_len=4, image_size=(64, 64))
-    vision = asyncio.run(run_load(images, target, progress=False)).summary
+    vision = asyncio.run(run_load(images, target, progress=False)).summary.to_dict()
     assert vision["requests"]["completed"] == 2, vision["requests"]
     assert vision["tokens"]["actual_prompt_mean"] > 16

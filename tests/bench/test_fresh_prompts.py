@@ -36,7 +36,7 @@ def test_duration_run_gets_fresh_prompts_past_its_prepared_set(cached_sim, monke
     # must reach the engine as a prompt its cache has not seen
     monkeypatch.setattr(runner, "DURATION_POOL_MAX", 8)
     result = run(cached_sim, input_len=512, output_len=16, concurrency=4, duration_s=3, seed=101)
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert len(result.records) > 16
     assert len({record.conversation_id for record in result.records}) == len(result.records)
     cache = summary["prefix_cache"]
@@ -50,19 +50,19 @@ def test_duration_run_gets_fresh_prompts_past_its_prepared_set(cached_sim, monke
 def test_prompt_pool_is_explicit_reuse_and_matches_its_expected_hit_rate(cached_sim):
     result = run(cached_sim, input_len=256, output_len=4, concurrency=4, num_requests=40, prompt_pool_size=4, seed=202)
     assert len({record.conversation_id for record in result.records}) == 4
-    cache = result.summary["prefix_cache"]
+    cache = result.summary.to_dict()["prefix_cache"]
     assert cache["workload"] == "a pool of 4 prompts"
     assert cache["expected_hit_rate"] == pytest.approx(0.9)
     assert cache["measured_hit_rate"] > 0.75 and cache["verdict"] == "as intended"
-    assert result.summary["warnings"] == []
+    assert result.summary.to_dict()["warnings"] == []
 
 
 def test_shared_prefix_is_served_from_the_cache_as_intended(cached_sim):
     result = run(cached_sim, input_len=512, output_len=4, concurrency=1, num_requests=8, shared_prefix_len=256, seed=303)
-    cache = result.summary["prefix_cache"]
+    cache = result.summary.to_dict()["prefix_cache"]
     assert cache["expected_hit_rate"] == pytest.approx(7 / 8 * 0.5)
     assert cache["verdict"] == "as intended", cache
-    assert result.summary["tokens"]["actual_prompt_mean"] == 512
+    assert result.summary.to_dict()["tokens"]["actual_prompt_mean"] == 512
 
 
 def test_prompts_cached_by_an_earlier_run_are_flagged_everywhere(cached_sim, cli, tmp_path):

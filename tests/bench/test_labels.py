@@ -10,6 +10,7 @@ from rich.console import Console
 from tests.bench.conftest import bench_args
 from vlmserve.results import store
 from vlmserve.bench.console import print_summary, slo_verdict
+from vlmserve.results.summary import RunSummary, SloCheck
 
 
 def test_a_run_against_the_sim_engine_is_labelled_simulated_everywhere(sim, cli, tmp_path):
@@ -38,12 +39,12 @@ def test_unknown_server_figures_read_unknown_not_zero():
         "server": {"available": True, "prefix_cache_hit_rate": None, "peak_kv_cache_usage": None},
     }
     console = Console(record=True, width=300)
-    print_summary(console, summary)
+    print_summary(console, RunSummary.model_validate(summary))
     text = console.export_text()
     assert "peak KV usage unknown" in text and "prefix-cache hit rate unknown" in text
     assert "0%" not in text and "0.0%" not in text
 
 
 def test_slo_verdict_wording():
-    assert slo_verdict("ttft_p95", {"measured_ms": 47.7, "bound_ms": 40.0, "met": False}) == "ttft_p95 47.7 ms > 40 ms: missed"
-    assert slo_verdict("tpot_p99", {"measured_ms": 12.0, "bound_ms": 50.0, "met": True}) == "tpot_p99 12.0 ms ≤ 50 ms: met"
+    assert slo_verdict("ttft_p95", SloCheck(measured_ms=47.7, bound_ms=40.0, met=False)) == "ttft_p95 47.7 ms > 40 ms: missed"
+    assert slo_verdict("tpot_p99", SloCheck(measured_ms=12.0, bound_ms=50.0, met=True)) == "tpot_p99 12.0 ms ≤ 50 ms: met"

@@ -40,7 +40,7 @@ def test_summary_percentiles_and_denominators():
     records = [record(i, ttft=0.01 * (i + 1), gaps=[0.005] * 9) for i in range(100)]
     records.append(RequestRecord(request_id="bad", scheduled_at_s=50.0, sent_at_s=50.0, finished_at_s=50.1, error_kind="http_503"))
     records.append(record(200, ttft=5.0, gaps=[], warmup=True))
-    summary = metrics.summarize(records, None)
+    summary = metrics.summarize(records, None).to_dict()
     assert summary["requests"] == {
         "total": 101, "completed": 100, "failed": 1, "failed_by_cause": {"http_503": 1}, "success_rate": 100 / 101,
         "warmup_excluded": 1,
@@ -64,18 +64,18 @@ def test_summary_percentiles_and_denominators():
 def test_goodput_per_request_and_aggregate_checks():
     records = [record(i, ttft=0.1 if i < 8 else 0.6, gaps=[0.01] * 4) for i in range(10)]
     records.append(RequestRecord(request_id="x", scheduled_at_s=30, sent_at_s=30, finished_at_s=30.2, error_kind="timeout"))
-    good = metrics.summarize(records, SLO.parse("ttft_p90=500ms,tpot_p99=20ms"))["goodput"]
+    good = metrics.summarize(records, SLO.parse("ttft_p90=500ms,tpot_p99=20ms")).to_dict()["goodput"]
     assert good["good_requests"] == 8
     assert good["fraction"] == pytest.approx(8 / 11)
     assert good["checks"]["ttft_p90"]["met"] is False  # p90 of [0.1]*8 + [0.6]*2 is above 0.5 s
     assert good["checks"]["tpot_p99"]["met"] is True
-    assert metrics.summarize(records, None)["goodput"] is None
+    assert metrics.summarize(records, None).to_dict()["goodput"] is None
 
 
 def test_usage_tokenizer_disagreement_is_flagged():
     agree = record(0, ttft=0.1, gaps=[0.01] * 99, tokenizer_output_tokens=100)
     off = record(1, ttft=0.1, gaps=[0.01] * 99, tokenizer_output_tokens=90)
-    tokens = metrics.summarize([agree, off], None)["tokens"]
+    tokens = metrics.summarize([agree, off], None).to_dict()["tokens"]
     assert tokens["tokenizer_checked"] == 2
     assert tokens["usage_tokenizer_disagreements"] == 1 and tokens["usage_tokenizer_disagree"] is True
 
@@ -90,7 +90,7 @@ def test_client_judgement():
 
 
 def test_empty_run_has_every_key():
-    summary = metrics.summarize([], SLO.parse("ttft_p95=1s"))
+    summary = metrics.summarize([], SLO.parse("ttft_p95=1s")).to_dict()
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert set(metrics.DISTRIBUTION_KEYS) <= set(summary[key])
     assert summary["requests"]["completed"] == 0 and summary["goodput"]["fraction"] == 0.0

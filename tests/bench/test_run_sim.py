@@ -25,7 +25,7 @@ def run(handle, slo: str | None = None, limits: ClientLimits = ClientLimits(), *
 
 def test_random_closed_loop_exact_lengths(sim):
     result = run(sim, concurrency=4, num_requests=24, input_len=40, output_len=8, warmup=4)
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert summary["requests"]["completed"] == 24
     assert summary["requests"]["warmup_excluded"] == 4
     assert len(result.records) == 28
@@ -48,14 +48,14 @@ def test_random_closed_loop_exact_lengths(sim):
 def test_open_loop_poisson_and_constant(sim):
     result = run(sim, rate=40, arrival="poisson", num_requests=30, input_len=16, output_len=4, api="completions",
                  per_chunk_usage=False)
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert summary["requests"]["completed"] == 30
     # without per-chunk counts each chunk is one token, and usage's total still matches
     assert summary["meta"]["per_chunk_usage"] is False and summary["itl_ms"]["count"] == 30 * 3
     assert summary["client"]["offered_rate"] is not None
     assert summary["client"]["send_lag_ms"]["p50"] < 25
     constant = run(sim, rate=50, arrival="constant", duration_s=0.6, input_len=16, output_len=4)
-    sent = constant.summary["requests"]["total"]
+    sent = constant.summary.to_dict()["requests"]["total"]
     assert 25 <= sent <= 31  # 0.6 s × 50/s = 30 sends (offsets 0 .. 0.58 s)
     scheduled = sorted(record.scheduled_at_s for record in constant.records)
     gaps = [b - a for a, b in zip(scheduled, scheduled[1:])]
@@ -64,16 +64,16 @@ def test_open_loop_poisson_and_constant(sim):
 
 def test_gamma_arrivals_in_worker_processes(sim):
     result = run(sim, rate=60, arrival="gamma", burstiness=0.5, num_requests=30, input_len=16, output_len=4, workers=2)
-    assert result.summary["requests"]["completed"] == 30
+    assert result.summary.to_dict()["requests"]["completed"] == 30
     assert {record.worker for record in result.records} == {0, 1}
-    assert result.summary["client"]["workers"] == 2 and result.summary["client"]["in_process"] is False
-    assert result.summary["client"]["cpu"]["processes"] == 2
+    assert result.summary.to_dict()["client"]["workers"] == 2 and result.summary.to_dict()["client"]["in_process"] is False
+    assert result.summary.to_dict()["client"]["cpu"]["processes"] == 2
 
 
 def test_goodput_counts_failures_in_denominator(tmp_path):
     with start_sim_engine(model=SIM_MODEL, ttft_ms=20, itl_ms=2, error_rate=0.3, seed=3) as flaky:
         result = run(flaky, slo="ttft_p95=2s,e2e_p99=5s", concurrency=4, num_requests=40, input_len=16, output_len=4)
-    summary = result.summary
+    summary = result.summary.to_dict()
     failed = summary["requests"]["failed"]
     assert failed > 0 and summary["requests"]["completed"] + failed == 40
     assert set(summary["requests"]["failed_by_cause"]) == {"http_500"}
@@ -88,7 +88,7 @@ def test_goodput_counts_failures_in_denominator(tmp_path):
 def run_summary_with_slo(result, slo_text):
     from vlmserve.results.metrics import summarize
 
-    return summarize(result.records, SLO.parse(slo_text))["goodput"]
+    return summarize(result.records, SLO.parse(slo_text)).to_dict()["goodput"]
 
 
 def sharegpt_conversations():
@@ -111,7 +111,7 @@ def sharegpt_conversations():
 def test_sharegpt_multi_turn_with_truncated_tail(sim, tmp_path, mode):
     path = write_sharegpt(tmp_path / "sg.json", sharegpt_conversations(), truncate_tail='{"id": "cut", "conversations": [{"from": "hum')
     result = run(sim, dataset="sharegpt", dataset_path=str(path), multi_turn=mode, concurrency=2, num_requests=8)
-    summary = result.summary
+    summary = result.summary.to_dict()
     notices = " ".join(summary["meta"]["notices"])
     assert "loaded 3 conversations" in notices and "1 empty conversation" in notices and "1 truncated at end of file" in notices
     assert summary["requests"]["completed"] == 8
@@ -132,7 +132,7 @@ def test_sharegpt_first_turn_only(sim, tmp_path):
 def test_images_synthetic_and_folder(sim, tmp_path):
     result = run(sim, dataset="images", images_per_request=2, image_size=(32, 24), image_format="jpeg",
                  concurrency=2, num_requests=6, input_len=20, output_len=4)
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert summary["requests"]["completed"] == 6
     assert summary["tokens"]["images_total"] == 12
     # image tokens come back in usage on top of the text prompt
@@ -145,14 +145,14 @@ def test_images_synthetic_and_folder(sim, tmp_path):
     (folder / "broken.png").write_bytes(b"not an image")
     from_folder = run(sim, dataset="images", image_dir=str(folder), concurrency=1, num_requests=2, input_len=10,
                       output_len=2, mm_processor_kwargs={"max_image_tokens": 64})
-    assert from_folder.summary["requests"]["completed"] == 2
-    assert any("skipped 1 unreadable (broken.png)" in notice for notice in from_folder.summary["meta"]["notices"])
+    assert from_folder.summary.to_dict()["requests"]["completed"] == 2
+    assert any("skipped 1 unreadable (broken.png)" in notice for notice in from_folder.summary.to_dict()["meta"]["notices"])
 
 
 def test_mixed_workload_reports_per_workload(sim):
     result = run(sim, dataset="mixed", mix={"random": 0.5, "images": 0.5}, concurrency=2, num_requests=12,
                  input_len=12, output_len=3, seed=5)
-    per_workload = result.summary["per_workload"]
+    per_workload = result.summary.to_dict()["per_workload"]
     assert set(per_workload) == {"random", "images"}
     assert sum(block["requests"] for block in per_workload.values()) == 12
 
@@ -168,17 +168,17 @@ def test_trace_replay_follows_arrival_times(sim, tmp_path):
     ]
     trace.write_text("\n".join(lines) + "\n")
     result = run(sim, dataset="trace", dataset_path=str(trace), num_requests=10)
-    assert result.summary["requests"]["completed"] == 3
+    assert result.summary.to_dict()["requests"]["completed"] == 3
     scheduled = sorted(record.scheduled_at_s for record in result.records)
     assert [round(t - scheduled[0], 3) for t in scheduled] == [0.0, 0.1, 0.3]
-    notice = " ".join(result.summary["meta"]["notices"])
+    notice = " ".join(result.summary.to_dict()["meta"]["notices"])
     assert "skipped" in notice and "1 not JSON" in notice
 
 
 def test_server_metrics_sampling_can_be_limited_to_before_and_after(sim):
     spec = LoadSpec(concurrency=2, num_requests=6, input_len=16, output_len=4)
     result = asyncio.run(run_load(spec, Target(sim.base_url, SIM_MODEL), progress=False, server_metrics_interval_s=0))
-    server = result.summary["server"]
+    server = result.summary.to_dict()["server"]
     # counters still come from the scrapes around the run; no sampling in between
     assert server["available"] is True and server["gauge_samples"] == 2
     assert server["counters"]["requests_finished"] >= 6
@@ -243,14 +243,14 @@ def test_runs_list_and_show_from_history(sim, cli):
     shown = cli("runs", "show", runs[1]["run_id"])
     assert shown.code == 0 and "4 ok, 0 failed" in shown.out and "4 request records stored" in shown.out
     loaded = store.load_run(runs[1]["run_id"])
-    assert loaded.summary["meta"]["label"] == "one" and len(loaded.records) == 4
+    assert loaded.summary.to_dict()["meta"]["label"] == "one" and len(loaded.records) == 4
     missing = cli("runs", "show", "nope")
     assert missing.code == 2 and "no run 'nope'" in missing.error_line
 
 
 def test_closed_loop_stops_at_duration(sim):
     result = run(sim, concurrency=3, duration_s=0.8, input_len=8, output_len=4)
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert summary["requests"]["completed"] >= 6 and summary["requests"]["failed"] == 0
     first_send = min(record.sent_at_s for record in result.records)
     # nothing is sent after the deadline; requests in flight at the deadline are awaited and counted

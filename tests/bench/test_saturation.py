@@ -43,7 +43,7 @@ def test_open_loop_past_saturation_stops_early_and_says_so() -> None:
         def run(rate: float, stop: bool | None) -> dict:
             load = LoadSpec(rate=rate, arrival="constant", duration_s=3.0, input_len=32, output_len=64,
                             stop_when_oversaturated=stop)
-            return asyncio.run(run_load(load, target, progress=False)).summary
+            return asyncio.run(run_load(load, target, progress=False)).summary.to_dict()
 
         collapsing = run(20.0, True)
         assert collapsing["meta"]["stopped"] == "oversaturated"

@@ -41,8 +41,8 @@ def test_search_finds_a_boundary_met_below_and_missed_above(profiled_sim, cli, t
     held, missed = boundary["held"], boundary["missed"]
     assert 1 <= held < missed <= 16 and missed / held <= 1.25
     # the runs behind the boundary are in the history: below it the SLO held, above it it did not
-    below = store.load_run(boundary["held_run_id"]).summary
-    above = store.load_run(boundary["missed_run_id"]).summary
+    below = store.load_run(boundary["held_run_id"]).summary.to_dict()
+    above = store.load_run(boundary["missed_run_id"]).summary.to_dict()
     assert below["meta"]["load_spec"]["rate"] == held and above["meta"]["load_spec"]["rate"] == missed
     assert sum(row["slo_met"] for row in below["repeats"]["runs"]) * 2 > len(below["repeats"]["runs"])
     assert sum(row["slo_met"] for row in above["repeats"]["runs"]) * 2 <= len(above["repeats"]["runs"])
@@ -106,7 +106,7 @@ def test_search_starts_a_deployment_once_and_tears_it_down(cli, tmp_path) -> Non
     assert done.code == 0, done.err
     search = json.loads(out.read_text())
     assert search["status"] == "bounded" and search["boundary"]["missed"] - search["boundary"]["held"] == 1
-    runs = [store.load_run(probe["run_id"]).summary["meta"] for probe in search["probes"]]
+    runs = [store.load_run(probe["run_id"]).summary.to_dict()["meta"] for probe in search["probes"]]
     assert {meta["deployment"]["name"] for meta in runs} == {"slo-dep"}
     assert len({meta["target"] for meta in runs}) == 1  # started once, every probe against it
     from vlmserve.deploy.processes import port_is_free

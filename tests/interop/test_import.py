@@ -41,7 +41,7 @@ def test_detailed_vllm_file_becomes_records_and_the_same_figures() -> None:
     result = read_result_file(DETAILED)
     assert result.meta["tool"] == "vllm bench serve" and result.meta["label"] == "vllm bench serve: vllm-detailed"
     assert len(result.records) == data["completed"] == 12
-    summary = result.summary
+    summary = result.summary.to_dict()
     assert summary["throughput"]["output_tokens_per_s"] == pytest.approx(data["output_throughput"])
     assert summary["throughput"]["requests_per_s"] == pytest.approx(data["request_throughput"])
     for ours, theirs in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("e2e_ms", "e2el")):
@@ -54,9 +54,9 @@ def test_plain_vllm_file_keeps_vllms_figures_without_records() -> None:
     data = json.loads(PLAIN.read_text())
     result = read_result_file(PLAIN)
     assert result.records == []
-    assert result.summary["ttft_ms"]["p50"] == data["median_ttft_ms"]
-    assert result.summary["ttft_ms"]["p99"] == data["p99_ttft_ms"]
-    assert result.summary["requests"]["completed"] == data["completed"]
+    assert result.summary.to_dict()["ttft_ms"]["p50"] == data["median_ttft_ms"]
+    assert result.summary.to_dict()["ttft_ms"]["p99"] == data["p99_ttft_ms"]
+    assert result.summary.to_dict()["requests"]["completed"] == data["completed"]
 
 
 def test_runs_import_puts_vllm_runs_beside_vlmserve_runs(home: Path, vlmserve_cmd: list[str]) -> None:
@@ -71,7 +71,7 @@ def test_runs_import_puts_vllm_runs_beside_vlmserve_runs(home: Path, vlmserve_cm
 
     records = saturating_records(4, output_tokens=8)
     summary = summarize(records, None)
-    summary["meta"] = {"label": "ours", "model": "sim-model",
+    summary.meta = {"label": "ours", "model": "sim-model",
                        "load_spec": {"dataset": "random", "input_len": 32, "output_len": 8, "concurrency": 4}}
     ours = store.save_run(RunResult(records=records, summary=summary))
     comparison = compare(load_source(imported), load_source(ours))
@@ -112,7 +112,7 @@ def test_vllm_format_has_vllms_keys_and_types_and_reads_back() -> None:
     real = json.loads(DETAILED.read_text())
     records = saturating_records(4, output_tokens=8, requests=12)
     summary = summarize(records, None)
-    summary["meta"] = {"label": "ours", "model": "sim-model", "started_at": "2026-11-23T21:00:00+00:00",
+    summary.meta = {"label": "ours", "model": "sim-model", "started_at": "2026-11-23T21:00:00+00:00",
                        "load_spec": {"api": "completions", "concurrency": 4, "burstiness": 1.0}}
     written = json.loads(json.dumps(to_vllm_result(RunResult(records=records, summary=summary))))
     assert set(real) <= set(written), set(real) - set(written)
@@ -123,8 +123,8 @@ def test_vllm_format_has_vllms_keys_and_types_and_reads_back() -> None:
     assert written["request_rate"] == "inf" and written["max_concurrency"] == 4 and written["date"] == "20261123-210000"
     assert written["max_concurrent_requests"] == 4 and written["max_output_tokens_per_s"] > 0
     back = from_vllm_result(written)
-    assert back.summary["ttft_ms"]["p50"] == pytest.approx(summary["ttft_ms"]["p50"])
-    assert back.summary["throughput"]["output_tokens_per_s"] == pytest.approx(summary["throughput"]["output_tokens_per_s"])
+    assert back.summary.to_dict()["ttft_ms"]["p50"] == pytest.approx(summary.to_dict()["ttft_ms"]["p50"])
+    assert back.summary.to_dict()["throughput"]["output_tokens_per_s"] == pytest.approx(summary.to_dict()["throughput"]["output_tokens_per_s"])
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from bench_vs_vllm_engine import vllm_figures  # the repository's own reader of vLLM result files
 
@@ -140,8 +140,8 @@ def test_aiperf_aggregate_file_imports_as_figures() -> None:
     result = read_result_file(FIXTURES / "profile_export_aiperf.json")
     assert result.meta["tool"] == "aiperf" and result.records == []
     assert result.meta["model"] == "openai/gpt-oss-20b" and result.meta["load_spec"]["concurrency"] == 100
-    assert result.summary["ttft_ms"]["p50"] == pytest.approx(787.54, abs=0.01)
-    assert result.summary["e2e_ms"]["p99"] == pytest.approx(9381.63, abs=0.01)
-    assert result.summary["tpot_ms"]["p50"] == pytest.approx(51.98)
-    assert result.summary["throughput"]["output_tokens_per_s"] == pytest.approx(1274.63)
-    assert result.summary["requests"] == {"total": 200, "completed": 200, "failed": 0}
+    assert result.summary.to_dict()["ttft_ms"]["p50"] == pytest.approx(787.54, abs=0.01)
+    assert result.summary.to_dict()["e2e_ms"]["p99"] == pytest.approx(9381.63, abs=0.01)
+    assert result.summary.to_dict()["tpot_ms"]["p50"] == pytest.approx(51.98)
+    assert result.summary.to_dict()["throughput"]["output_tokens_per_s"] == pytest.approx(1274.63)
+    assert result.summary.to_dict()["requests"] == {"total": 200, "completed": 200, "failed": 0}

@@ -25,7 +25,7 @@ def test_closed_loop_produces_simulated_bench_records() -> None:
     assert all(record.output_tokens == 32 and len(record.chunk_times_s) == 32 for record in records)
     assert all(record.prompt_tokens == 512 for record in records)
     assert all(record.first_token_at_s <= record.finished_at_s for record in records)
-    summary = output.result.summary
+    summary = output.result.summary.to_dict()
     assert summary["meta"]["simulated"] is True and output.result.simulated
     assert summary["requests"]["completed"] == 40
     assert summary["simulation"]["max_num_running"] == 8  # closed loop holds the concurrency
@@ -36,8 +36,8 @@ def test_closed_loop_produces_simulated_bench_records() -> None:
 
 def test_open_loop_overload_grows_ttft_not_throughput() -> None:
     setup = _setup(max_num_seqs=32)
-    light = simulate_run(setup, LoadSpec(input_len=1024, output_len=128, rate=2.0, num_requests=60)).result.summary
-    heavy = simulate_run(setup, LoadSpec(input_len=1024, output_len=128, rate=200.0, num_requests=300)).result.summary
+    light = simulate_run(setup, LoadSpec(input_len=1024, output_len=128, rate=2.0, num_requests=60)).result.summary.to_dict()
+    heavy = simulate_run(setup, LoadSpec(input_len=1024, output_len=128, rate=200.0, num_requests=300)).result.summary.to_dict()
     assert heavy["ttft_ms"]["mean"] > 10 * light["ttft_ms"]["mean"]
     assert heavy["throughput"]["requests_per_s"] < 200.0 * 0.5
 
@@ -48,35 +48,35 @@ def test_replicas_share_the_load() -> None:
     two = simulate_run(_setup(replicas=2, routing="round-robin"), load).result
     workers = {record.worker for record in two.records}
     assert workers == {0, 1}
-    assert two.summary["tpot_ms"]["mean"] < one.summary["tpot_ms"]["mean"]
+    assert two.summary.to_dict()["tpot_ms"]["mean"] < one.summary.to_dict()["tpot_ms"]["mean"]
 
 
 def test_kv_pressure_causes_preemption_or_queueing() -> None:
     setup = _setup(gpu="l4", model="qwen3-4b", gpu_memory_utilization=0.6, max_model_len=4096)
     output = simulate_run(setup, LoadSpec(input_len=2000, output_len=500, concurrency=64, num_requests=96))
-    simulation = output.result.summary["simulation"]
+    simulation = output.result.summary.to_dict()["simulation"]
     assert simulation["max_kv_usage"] > 0.9
     assert simulation["max_num_running"] < 64 or simulation["preemptions"] > 0
 
 
 def test_sharegpt_builtin_lengths_and_images() -> None:
     sharegpt = LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=16, num_requests=200)
-    summary = simulate_run(_setup(), sharegpt).result.summary
+    summary = simulate_run(_setup(), sharegpt).result.summary.to_dict()
     assert 150 < summary["tokens"]["actual_prompt_mean"] < 280
     assert 140 < summary["tokens"]["actual_output_mean"] < 250
     images = LoadSpec(dataset="images", input_len=64, output_len=16, concurrency=4, num_requests=12, images_per_request=2)
     vlm = simulate_run(_setup(model="qwen3-vl-4b"), images).result
     assert all(record.image_count == 2 and record.prompt_tokens > 64 for record in vlm.records)
     text_only = simulate_run(_setup(model="qwen3-vl-4b"), LoadSpec(input_len=64, output_len=16, concurrency=4, num_requests=12)).result
-    assert vlm.summary["ttft_ms"]["mean"] > text_only.summary["ttft_ms"]["mean"]
+    assert vlm.summary.to_dict()["ttft_ms"]["mean"] > text_only.summary.to_dict()["ttft_ms"]["mean"]
     with pytest.raises(UserError, match="has no vision tower"):
         simulate_run(_setup(), images)
 
 
 def test_staggered_closed_loop_has_no_synchronized_first_wave() -> None:
     load = LoadSpec(input_len=1024, output_len=64, concurrency=32, num_requests=256)
-    together = simulate_run(_setup(), load).result.summary
-    staggered = simulate_run(_setup(), load, staggered=True).result.summary
+    together = simulate_run(_setup(), load).result.summary.to_dict()
+    staggered = simulate_run(_setup(), load, staggered=True).result.summary.to_dict()
     assert staggered["ttft_ms"]["p99"] < together["ttft_ms"]["p99"]
 
 

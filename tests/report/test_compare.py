@@ -27,7 +27,7 @@ def stored_run(label: str, slowdown: float, input_len: int = 128) -> str:
 
     records = saturating_records(4, slowdown=slowdown)
     summary = summarize(records, None)
-    summary["meta"] = {"label": label, "target": "http://127.0.0.1:1", "model": "m",
+    summary.meta = {"label": label, "target": "http://127.0.0.1:1", "model": "m",
                        "load_spec": {"dataset": "random", "input_len": input_len, "output_len": 32, "concurrency": 4}}
     return store.save_run(RunResult(records=records, summary=summary))
 

@@ -31,7 +31,7 @@ def stored_run(label: str, slowdown: float, simulated: bool = False) -> str:
 
     records = saturating_records(4, slowdown=slowdown)
     summary = summarize(records, None)
-    summary["meta"] = {"label": label, "target": "http://127.0.0.1:1", "model": "m", "simulated": simulated,
+    summary.meta = {"label": label, "target": "http://127.0.0.1:1", "model": "m", "simulated": simulated,
                        "load_spec": {"dataset": "random", "input_len": 128, "output_len": 32, "concurrency": 4}}
     return store.save_run(RunResult(records=records, summary=summary))
 

@@ -14,7 +14,7 @@ WARNING = "prefix-cache hit rate 73% is above the 0% this workload intends (fres
 
 def test_cell_warnings_are_in_console_markdown_and_html() -> None:
     results = sweep_results([1, 4], {"fast": 1.0})
-    results.cells[1].summary = {**(results.cells[1].summary or {}), "warnings": [WARNING]}
+    results.cells[1].summary = results.cells[1].summary.model_copy(update={"warnings": [WARNING]})
     console = Console(record=True, width=400)
     print_report(results, console)
     assert f"fast/c4: {WARNING}" in console.export_text()

@@ -60,7 +60,7 @@ def test_prompt_length_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd
     assert by_name["in2048-c1"].metric("tokens.actual_prompt_mean") > 4 * by_name["in128-c1"].metric(
         "tokens.actual_prompt_mean")
     assert by_name["images-c4"].metric("tokens.images_total") > 0
-    assert by_name["chat-u4"].summary["meta"]["load_spec"]["dataset"] == "sharegpt"
+    assert by_name["chat-u4"].summary.to_dict()["meta"]["load_spec"]["dataset"] == "sharegpt"
     assert "| rank | deployment |" in (out / "summary.md").read_text()
     assert "shrunk run (2 requests per user (counts and durations replaced); outputs capped at 8 tokens)" in (
         out / "report.html").read_text()
@@ -79,7 +79,7 @@ def test_replica_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd: list
     assert [info.devices for info in results.deployments] == [1, 2, 4, 8]
     assert {info.status for info in results.deployments} == {"done"}
     # every deployment really ran its replicas: the spec recorded with each run says so
-    replicas = {cell.deployment: cell.summary["meta"]["deployment"]["replicas"] for cell in results.cells}
+    replicas = {cell.deployment: cell.summary.to_dict()["meta"]["deployment"]["replicas"] for cell in results.cells}
     assert replicas == {"r1": 1, "r2": 2, "r4": 4, "r8": 8}
     (artifacts_dir / "sweep-replicas.html").write_bytes((out / "report.html").read_bytes())
     if find_chromium():

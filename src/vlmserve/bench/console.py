@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from vlmserve.results.summary import DISTRIBUTION_STATS, LATENCY_METRICS, RunSummary, SloCheck
 from vlmserve.results.records import RequestRecord
 
 
@@ -92,13 +93,12 @@ def _pct(value: float | None) -> str:
     return "unknown" if value is None else f"{value * 100:,.1f}%"
 
 
-def slo_verdict(key: str, check: dict[str, Any]) -> str:
+def slo_verdict(key: str, check: SloCheck) -> str:
     """'ttft_p95 47.7 ms > 40 ms: missed' (or '≤ …: met'); the unit and the verdict in words."""
-    measured = check.get("measured_ms")
-    if measured is None:
-        return f"{key} not measured (bound {check['bound_ms']:g} ms): missed"
-    relation = "≤" if check["met"] else ">"
-    return f"{key} {measured:,.1f} ms {relation} {check['bound_ms']:g} ms: {'met' if check['met'] else 'missed'}"
+    if check.measured_ms is None:
+        return f"{key} not measured (bound {check.bound_ms:g} ms): missed"
+    relation = "≤" if check.met else ">"
+    return f"{key} {check.measured_ms:,.1f} ms {relation} {check.bound_ms:g} ms: {'met' if check.met else 'missed'}"
 
 
 _INTERVAL_LABELS = {
@@ -118,64 +118,63 @@ def repeats_line(repeats: dict[str, Any] | None) -> str:
     return f"mean and 95% CI over {repeats['count']} repeats (student t): " + ", ".join(parts)
 
 
-def summary_table(summary: dict[str, Any]) -> Table:
+def summary_table(summary: RunSummary) -> Table:
     """Latency distributions as rows, the percentiles as columns."""
     table = Table(title="latency (ms)", show_edge=False)
-    columns = ["p50", "p90", "p95", "p99", "p999", "mean", "std", "min", "max"]
     table.add_column("metric")
-    for column in columns:
+    for column in DISTRIBUTION_STATS:
         table.add_column(column, justify="right")
-    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
-        block = summary.get(key) or {}
-        table.add_row(name, *(_fmt(block.get(column), 2) for column in columns))
+    for key in LATENCY_METRICS:
+        block = summary.latency(key)
+        table.add_row(key.removesuffix("_ms").upper(), *(_fmt(block.stat(column), 2) for column in DISTRIBUTION_STATS))
     return table
 
 
-def print_summary(console: Console, summary: dict[str, Any]) -> None:
+def print_summary(console: Console, summary: RunSummary) -> None:
     """The console report of one run."""
-    meta = summary.get("meta", {})
-    requests = summary["requests"]
-    throughput = summary["throughput"]
-    tokens = summary.get("tokens", {})
-    client = summary.get("client", {})
+    meta = summary.meta
+    requests = summary.requests
+    throughput = summary.throughput
+    tokens = summary.tokens
+    client = summary.client
     console.print(
         f"[bold]run {meta.get('run_id') or '(not stored)'}[/] {meta.get('label') or ''} → {meta.get('target')} "
         f"model {meta.get('model')} ({meta.get('server_version') or 'unknown version'})"
         + (" [bold yellow]SIMULATED (sim engine or planner, not measured on hardware)[/]" if meta.get("simulated") else "")
     )
-    failed = requests["failed"]
-    causes = ", ".join(f"{n} {cause}" for cause, n in requests.get("failed_by_cause", {}).items())
+    failed = requests.failed
+    causes = ", ".join(f"{n} {cause}" for cause, n in requests.failed_by_cause.items())
     console.print(
-        f"requests: {requests['completed']} ok, {failed} failed{f' ({causes})' if causes else ''}"
-        f" in {summary['duration_s']:.2f} s"
+        f"requests: {requests.completed} ok, {failed} failed{f' ({causes})' if causes else ''}"
+        f" in {summary.duration_s:.2f} s"
         + (" [bold yellow](INTERRUPTED: stopped by Ctrl-C)[/]" if meta.get("interrupted") else "")
         + (f" [bold yellow](stopped: {meta['stopped']})[/]" if meta.get("stopped") else "")
     )
     if meta.get("stopped_reason"):
         console.print(f"[bold yellow]stopped early: {meta['stopped_reason']}; the figures cover the run until then[/]")
     console.print(
-        f"throughput: {throughput['requests_per_s']:.2f} req/s, {throughput['output_tokens_per_s']:.1f} output tok/s, "
-        f"{throughput['total_tokens_per_s']:.1f} total tok/s, {throughput['chunks_per_s']:.1f} chunks/s"
+        f"throughput: {throughput.requests_per_s:.2f} req/s, {throughput.output_tokens_per_s:.1f} output tok/s, "
+        f"{throughput.total_tokens_per_s:.1f} total tok/s, {throughput.chunks_per_s:.1f} chunks/s"
     )
     console.print(summary_table(summary))
-    console.print(repeats_line(summary.get("repeats")))
+    console.print(repeats_line(summary.repeats))
     console.print(
-        f"tokens: prompt {_fmt(tokens.get('actual_prompt_mean'))} mean (requested {_fmt(tokens.get('requested_prompt_mean'))}), "
-        f"output {_fmt(tokens.get('actual_output_mean'))} mean (requested {_fmt(tokens.get('requested_output_mean'))})"
-        + (f", reasoning {tokens['reasoning_total']}" if tokens.get("reasoning_total") else "")
-        + (f", tool calls {tokens['tool_calls_total']}" if tokens.get("tool_calls_total") else "")
-        + (f", images {tokens['images_total']}" if tokens.get("images_total") else "")
+        f"tokens: prompt {_fmt(tokens.actual_prompt_mean)} mean (requested {_fmt(tokens.requested_prompt_mean)}), "
+        f"output {_fmt(tokens.actual_output_mean)} mean (requested {_fmt(tokens.requested_output_mean)})"
+        + (f", reasoning {tokens.reasoning_total}" if tokens.reasoning_total else "")
+        + (f", tool calls {tokens.tool_calls_total}" if tokens.tool_calls_total else "")
+        + (f", images {tokens.images_total}" if tokens.images_total else "")
     )
-    if tokens.get("usage_tokenizer_disagree"):
+    if tokens.usage_tokenizer_disagree:
         console.print(
             f"[yellow]warning: usage and tokenizer disagree on output tokens for "
-            f"{tokens['usage_tokenizer_disagreements']} of {tokens['tokenizer_checked']} checked requests[/]"
+            f"{tokens.usage_tokenizer_disagreements} of {tokens.tokenizer_checked} checked requests[/]"
         )
-    good = summary.get("goodput")
-    if good:
-        checks = ", ".join(slo_verdict(key, check) for key, check in good["checks"].items())
+    good = summary.goodput
+    if good is not None:
+        checks = ", ".join(slo_verdict(key, check) for key, check in good.checks.items())
         console.print(
-            f"goodput: {good['requests_per_s']:.2f} req/s, {good['fraction'] * 100:.1f}% of requests met every SLO ({checks})"
+            f"goodput: {good.requests_per_s:.2f} req/s, {good.fraction * 100:.1f}% of requests met every SLO ({checks})"
         )
     lag = client.get("send_lag_ms", {})
     cpu = client.get("cpu", {}) or {}
@@ -187,9 +186,9 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
     )
     if client.get("limited"):
         console.print(f"[bold red]CLIENT-LIMITED: {'; '.join(client.get('limited_reasons', []))} — these figures measure the client, not the server[/]")
-    server = summary.get("server", {})
+    server = summary.server or {}
     if server.get("available"):
-        cache = summary.get("prefix_cache") or {}
+        cache = summary.prefix_cache or {}
         expected = cache.get("expected_hit_rate")
         intended = f" (intended {_pct(expected)} for {cache['workload']})" if cache.get("workload") else ""
         console.print(
@@ -200,16 +199,16 @@ def print_summary(console: Console, summary: dict[str, Any]) -> None:
         )
     else:
         console.print("server: no /metrics at the target; prefix-cache hit rate, KV usage and preemptions unknown")
-    for warning in summary.get("warnings") or []:
+    for warning in summary.warnings or []:
         console.print(f"[bold yellow]warning: {warning}[/]")
-    per_turn = summary.get("per_turn")
+    per_turn = summary.per_turn
     if per_turn:
         table = Table(title="per turn", show_edge=False)
         for column in ("turn", "requests", "failed", "TTFT p50", "TTFT p99", "E2E p50", "prompt tokens"):
             table.add_column(column, justify="right")
         for turn, block in per_turn.items():
             table.add_row(
-                turn, str(block["requests"]), str(block["failed"]), _fmt(block["ttft_ms"]["p50"]),
-                _fmt(block["ttft_ms"]["p99"]), _fmt(block["e2e_ms"]["p50"]), _fmt(block.get("mean_prompt_tokens"), 0),
+                turn, str(block.requests), str(block.failed), _fmt(block.ttft_ms.p50),
+                _fmt(block.ttft_ms.p99), _fmt(block.e2e_ms.p50), _fmt(block.mean_prompt_tokens, 0),
             )
         console.print(table)

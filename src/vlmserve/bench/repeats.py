@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 from rich.console import Console
 
 from vlmserve.results.run import RunResult
+from vlmserve.results.summary import RunSummary
 from vlmserve.spec import SLO, LoadSpec
 
 REPEAT_SEED_STRIDE = 100_003
@@ -43,7 +44,7 @@ INTERVAL_METRICS: tuple[str, ...] = (
     "itl_ms.p95",
     "e2e_ms.p95",
 )
-"""Summary paths that get an interval (the headline figures `compare` judges)."""
+"""Figures (results.summary.FIGURES) that get an interval (the headline figures `compare` judges)."""
 
 _T_975: dict[int, float] = {
     1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -77,28 +78,18 @@ def repeat_seed(seed: int, index: int) -> int:
     return seed + index * REPEAT_SEED_STRIDE
 
 
-def _value(summary: dict[str, Any], dotted: str) -> float | None:
-    node: Any = summary
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or node.get(part) is None:
-            return None
-        node = node[part]
-    return float(node) if isinstance(node, (int, float)) and not isinstance(node, bool) else None
-
-
-def repeat_verdict(summary: dict[str, Any], max_failed_fraction: float) -> bool | None:
+def repeat_verdict(summary: RunSummary, max_failed_fraction: float) -> bool | None:
     """Did one repeat meet its SLOs: every check met, few enough failures, not stopped early.
 
     None when the run had no SLO.
     """
-    good = summary.get("goodput")
-    if not good:
+    good = summary.goodput
+    if good is None:
         return None
-    requests = summary.get("requests") or {}
-    total = requests.get("total") or 0
-    failed_fraction = (requests.get("failed") or 0) / total if total else 1.0
-    stopped = (summary.get("meta") or {}).get("stopped")
-    return bool(good.get("all_met")) and failed_fraction <= max_failed_fraction and not stopped
+    total = summary.requests.total
+    failed_fraction = summary.requests.failed / total if total else 1.0
+    stopped = summary.meta.get("stopped")
+    return good.all_met and failed_fraction <= max_failed_fraction and not stopped
 
 
 MAX_FAILED_FRACTION = 0.01
@@ -107,52 +98,51 @@ MAX_FAILED_FRACTION = 0.01
 
 def _repeat_row(index: int, seed: int, result: RunResult) -> dict[str, Any]:
     summary = result.summary
-    requests = summary.get("requests") or {}
+    checks = summary.goodput.checks if summary.goodput is not None else {}
     return {
         "repeat": index + 1,
         "seed": seed,
-        "duration_s": summary.get("duration_s"),
-        "completed": requests.get("completed"),
-        "failed": requests.get("failed"),
-        "stopped": (summary.get("meta") or {}).get("stopped"),
+        "duration_s": summary.duration_s,
+        "completed": summary.requests.completed,
+        "failed": summary.requests.failed,
+        "stopped": summary.meta.get("stopped"),
         "slo_met": repeat_verdict(summary, MAX_FAILED_FRACTION),
-        "slo_checks": {key: check.get("measured_ms") for key, check in ((summary.get("goodput") or {}).get("checks") or {}).items()},
-        "figures": {path: _value(summary, path) for path in INTERVAL_METRICS},
+        "slo_checks": {key: check.measured_ms for key, check in checks.items()},
+        "figures": {name: summary.figure(name) for name in INTERVAL_METRICS},
     }
 
 
 def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunResult:
     """One RunResult for N repeats: pooled records and figures, per-repeat values and intervals."""
     from vlmserve.results import metrics
-    from vlmserve.bench.runner import ordered_summary
 
     seeds = [repeat_seed(load.seed, index) for index in range(len(results))]
     if len(results) == 1:
         only = results[0]
-        only.summary["repeats"] = {"count": 1, "single_run": True, "runs": [_repeat_row(0, seeds[0], only)]}
+        only.summary.repeats = {"count": 1, "single_run": True, "runs": [_repeat_row(0, seeds[0], only)]}
         return only
     records = []
     for index, result in enumerate(results):
         for record in result.records:
             record.request_id = f"r{index + 1}-{record.request_id}"
             records.append(record)
-    window = sum(float(result.summary.get("duration_s") or 0.0) for result in results)
+    window = sum(result.summary.duration_s for result in results)
     summary = metrics.summarize(records, slo, duration_s=window)
     first, last = results[0].summary, results[-1].summary
-    clients = [result.summary.get("client") or {} for result in results]
+    clients = [result.summary.client for result in results]
     client = dict(clients[0])
     client["limited"] = any(block.get("limited") for block in clients)
     client["limited_reasons"] = [f"repeat {index + 1}: {reason}" for index, block in enumerate(clients)
                                  for reason in block.get("limited_reasons") or []]
-    summary["client"] = client
-    summary["server"] = last.get("server")  # the last repeat's counters: caches at their warmest
-    summary["prefix_cache"] = last.get("prefix_cache")
-    summary["warnings"] = [f"repeat {index + 1}: {warning}" for index, result in enumerate(results)
+    summary.client = client
+    summary.server = last.server  # the last repeat's counters: caches at their warmest
+    summary.prefix_cache = last.prefix_cache
+    summary.warnings = [f"repeat {index + 1}: {warning}" for index, result in enumerate(results)
                            for warning in result.warnings]
     metas = [result.meta for result in results]
     stopped = next((meta.get("stopped") for meta in metas if meta.get("stopped")), None)
-    summary["meta"] = {
-        **first["meta"],
+    summary.meta = {
+        **first.meta,
         "load_spec": load.model_dump(mode="json"),
         "interrupted": any(meta.get("interrupted") for meta in metas),
         "post_run_failed": any(meta.get("post_run_failed") for meta in metas),
@@ -165,7 +155,7 @@ def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunRes
         values = [row["figures"][path] for row in rows]
         if all(value is not None for value in values):
             intervals[path] = confidence_interval(values)  # type: ignore[arg-type]
-    summary["repeats"] = {
+    summary.repeats = {
         "count": len(results),
         "single_run": False,
         "method": "student-t over per-repeat values",
@@ -174,7 +164,7 @@ def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunRes
         "intervals": intervals,
         "runs": rows,
     }
-    return RunResult(records=records, summary=ordered_summary(summary))
+    return RunResult(records=records, summary=summary)
 
 
 async def run_repeated(load: LoadSpec, target: Any, *, console: Console | None = None, slo: SLO | None = None,

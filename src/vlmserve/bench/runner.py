@@ -34,7 +34,6 @@ from vlmserve.bench.scrape import ServerScraper
 from vlmserve.bench.target import Target, check_target
 from vlmserve.bench.tokens import TokenCounter, choose_counter
 from vlmserve.bench.workloads import Conversation, WorkloadContext, build_conversations, check_local_inputs
-from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO, LoadSpec
 
@@ -251,15 +250,15 @@ async def run_load(
         None, "usage is not cross-checked against the tokenizer",
     )
     summary = metrics.summarize(records, slo)
-    client = dict(summary["client"])
+    client = dict(summary.client)
     client["cpu"] = cpu.summary()
     client["workers"] = len(plans)
     client["in_process"] = in_process
-    summary["client"] = metrics.judge_client(client, client_limits, open_loop=load.concurrency is None)
-    summary["server"] = server
-    summary["prefix_cache"] = prefix_cache_block(load, server, len(records))
-    summary["warnings"] = warnings.messages + prefix_cache_warnings(summary["prefix_cache"])
-    summary["meta"] = {
+    summary.client = metrics.judge_client(client, client_limits, open_loop=load.concurrency is None)
+    summary.server = server
+    summary.prefix_cache = prefix_cache_block(load, server, len(records))
+    summary.warnings = warnings.messages + prefix_cache_warnings(summary.prefix_cache)
+    summary.meta = {
         "run_id": run_id,
         "label": label,
         "target": target.base_url,
@@ -275,17 +274,11 @@ async def run_load(
         "per_chunk_usage": facts.per_chunk_usage,
         "notices": context.notices,
         "slo": slo.bounds_s if slo else None,
-        "client_limited": summary["client"]["limited"],
+        "client_limited": summary.client_limited,
         "interrupted": outcome.interrupted and not stopped,
         "stopped": OVERSATURATED if stopped else None,
         "stopped_reason": stopped[0] if stopped else None,
         "host_cpus": os.cpu_count(),
     }
-    return RunResult(records=records, summary=ordered_summary(summary))
-
-
-def ordered_summary(summary: dict[str, Any]) -> dict[str, Any]:
-    """meta and warnings first, then the figures, so the JSON reads top-down."""
-    first = {"meta": summary["meta"], "warnings": summary.get("warnings", [])}
-    return {**first, **{key: value for key, value in summary.items() if key not in first}}
+    return RunResult(records=records, summary=summary)
 

@@ -111,18 +111,18 @@ class ProbePoint:
 
     def row(self) -> dict[str, Any]:
         summary = self.result.summary
-        checks = (summary.get("goodput") or {}).get("checks") or {}
+        checks = summary.goodput.checks if summary.goodput is not None else {}
         return {
             "level": self.level,
             "held": self.held,
             "repeats_met": self.met,
             "repeats_run": self.ran,
             "run_id": self.run_id,
-            "stopped": (summary.get("meta") or {}).get("stopped"),
-            "requests_per_s": (summary.get("throughput") or {}).get("requests_per_s"),
-            "slo_measured_ms": {key: check.get("measured_ms") for key, check in checks.items()},
+            "stopped": summary.meta.get("stopped"),
+            "requests_per_s": summary.throughput.requests_per_s,
+            "slo_measured_ms": {key: check.measured_ms for key, check in checks.items()},
             "repeats": [{key: row.get(key) for key in ("repeat", "seed", "slo_met", "stopped", "slo_checks")}
-                        for row in (summary.get("repeats") or {}).get("runs") or []],
+                        for row in (summary.repeats or {}).get("runs") or []],
         }
 
 
@@ -232,7 +232,7 @@ async def search(template: LoadSpec, slo: SLO, space: SearchSpace, run_point: Ru
         load = probe_load(template, space, level, len(outcome.probes))
         console.print(f"probe {len(outcome.probes) + 1}: {space.knob} {level:g} ({load.repeat} repeat(s))")
         result = await run_point(load, majority_settled(load.repeat))
-        runs = (result.summary.get("repeats") or {}).get("runs") or []
+        runs = (result.summary.repeats or {}).get("runs") or []
         met = sum(1 for row in runs if row.get("slo_met"))
         point = ProbePoint(level, result, met, max(len(runs), 1))
         outcome.probes.append(point)

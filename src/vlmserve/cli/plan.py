@@ -15,8 +15,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
+from pydantic import ValidationError
+
 from vlmserve.errors import UserError
+from vlmserve.results.summary import RunSummary
+from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
 
 SIMULATED_NOTE = "[yellow]planner output (simulated on a roofline cost model, not measured)[/]"
@@ -129,17 +132,17 @@ def plan(
         console.print(f"stored as run {save_run(result)} (simulated)")
 
 
-def _print_run(console: Console, summary: dict[str, Any], setup: Any, wall_s: float, price: float | None) -> None:
+def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float, price: float | None) -> None:
     from vlmserve.bench.console import print_summary
 
     console.print(SIMULATED_NOTE)
     memory = setup.memory()
-    simulation = summary.get("simulation", {})
+    simulation = summary.simulation or {}
     console.print(
         f"{setup.model.name} on {setup.replicas}× ({setup.tp}× {setup.gpu.name}), weights {setup.weight_dtype}, "
         f"KV {setup.kv_dtype}: {memory.weight_bytes_per_gpu / 1e9:.1f} GB weights per GPU, "
         f"{memory.kv_gb_total:.1f} GB KV cache per replica "
-        f"({summary['meta'].get('kv_cache_tokens_per_replica', 0):,} tokens)"
+        f"({summary.meta.get('kv_cache_tokens_per_replica', 0):,} tokens)"
     )
     print_summary(console, summary)
     console.print(
@@ -148,29 +151,31 @@ def _print_run(console: Console, summary: dict[str, Any], setup: Any, wall_s: fl
         f"{simulation.get('preemptions', 0)} preemptions; simulated in {wall_s:.2f} s"
     )
     if price is not None:
-        output_rate = summary["throughput"]["output_tokens_per_s"]
+        output_rate = summary.throughput.output_tokens_per_s
         per_hour = price * setup.num_gpus
         per_million = per_hour / (output_rate * 3600 / 1e6) if output_rate > 0 else float("inf")
         console.print(f"cost: ${per_hour:.2f}/h for {setup.num_gpus} GPU(s), ${per_million:.3f} per million output tokens")
 
 
-def _read_measured(path: Path) -> dict[str, Any]:
+def _read_measured(path: Path) -> RunSummary:
     from vlmserve.hardware.jsonfile import read_json_file
 
     data = read_json_file(path, "file for --compare", "give a `vlmserve bench --json-out` result")
     if not isinstance(data, dict) or "throughput" not in data:
         raise UserError(f"--compare {path}: not a bench summary (no 'throughput'); give a `vlmserve bench --json-out` result")
-    return data
+    try:
+        return RunSummary.model_validate(data)
+    except ValidationError as err:
+        raise UserError(describe_validation_error(err, f"--compare {path}")) from None
 
 
 def _print_explain(
-    console: Console, setup: Any, load: LoadSpec, summary: dict[str, Any], measured: dict[str, Any] | None
+    console: Console, setup: Any, load: LoadSpec, summary: RunSummary, measured: RunSummary | None
 ) -> None:
     from vlmserve.plan.explain import measured_efficiency, napkin
 
-    tokens = summary.get("tokens") or {}
-    prompt = tokens.get("actual_prompt_mean") or load.input_len
-    output = tokens.get("actual_output_mean") or load.output_len
+    prompt = summary.tokens.actual_prompt_mean or load.input_len
+    output = summary.tokens.actual_output_mean or load.output_len
     context = int(prompt + output / 2)  # the mean context a decode step reads
     batch = min(load.concurrency or setup.max_num_seqs, setup.max_num_seqs)
     facts = napkin(setup, context, batch)
@@ -204,7 +209,7 @@ def _print_explain(
         console.print(f"model note: {note}")
 
 
-def _print_comparison(console: Console, predicted: dict[str, Any], measured: dict[str, Any]) -> None:
+def _print_comparison(console: Console, predicted: RunSummary, measured: RunSummary) -> None:
     from vlmserve.plan.calibrate import METRICS, metric_value
 
     table = Table(title="planner vs measured run", show_edge=False)
@@ -273,13 +278,13 @@ def search(
         table.add_column(column)
     shown = ([outcome.best] if outcome.best else []) + runners_up(outcome, top)
     for candidate in shown:
-        summary = candidate.summary or {}
+        summary = candidate.summary
         mark = "best" if candidate is outcome.best else ""
         table.add_row(
             mark, candidate.label, str(candidate.num_gpus),
             "-" if candidate.cost_per_hour is None else f"{candidate.cost_per_hour:.2f}",
             "-" if candidate.cost_per_million_output_tokens is None else f"{candidate.cost_per_million_output_tokens:.3f}",
-            f"{summary['throughput']['requests_per_s']:.1f}" if summary else "-",
+            f"{summary.throughput.requests_per_s:.1f}" if summary is not None else "-",
             _ms(summary, "ttft_ms"), _ms(summary, "tpot_ms"),
             "meets the SLO" if candidate is outcome.best else f"{candidate.status}: {candidate.reason}",
         )
@@ -293,18 +298,18 @@ def search(
         raise typer.Exit(1)
 
 
-def _ms(summary: dict[str, Any], key: str) -> str:
-    value = (summary.get(key) or {}).get("p95")
+def _ms(summary: RunSummary | None, key: str) -> str:
+    value = summary.latency(key).p95 if summary is not None else None
     return "-" if value is None else f"{value:.0f}"
 
 
 def _candidate_json(candidate: Any) -> dict[str, Any]:
-    summary = candidate.summary or {}
+    figures = candidate.summary.to_dict() if candidate.summary is not None else {}
     return {
         "gpu": candidate.gpu, "tp": candidate.tp, "replicas": candidate.replicas,
         "max_num_seqs": candidate.max_num_seqs, "num_gpus": candidate.num_gpus,
         "cost_per_hour": candidate.cost_per_hour, "status": candidate.status, "reason": candidate.reason,
-        "throughput": summary.get("throughput"), "ttft_ms": summary.get("ttft_ms"), "tpot_ms": summary.get("tpot_ms"),
+        "throughput": figures.get("throughput"), "ttft_ms": figures.get("ttft_ms"), "tpot_ms": figures.get("tpot_ms"),
     }
 
 

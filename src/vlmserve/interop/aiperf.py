@@ -13,6 +13,7 @@ from typing import Any
 
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
+from vlmserve.results.summary import RunSummary
 from vlmserve.errors import UserError
 
 TOOL = "aiperf"
@@ -52,23 +53,23 @@ def from_aiperf(data: dict[str, Any]) -> RunResult:
     duration = _value(data, "benchmark_duration")
     count = _value(data, "request_count") or 0.0
     failed = _value(data, "error_request_count") or 0.0  # null when no request failed
-    summary: dict[str, Any] = {
+    document: dict[str, Any] = {
         "requests": {"total": int(count + failed), "completed": int(count), "failed": int(failed)},
         "duration_s": duration,
         "throughput": {"requests_per_s": _value(data, "request_throughput"),
                        "output_tokens_per_s": _value(data, "output_token_throughput")},
-        "tokens": {"prompt_total": _value(data, "total_isl"), "output_total": _value(data, "total_osl")},
+        "tokens": {"prompt_total": _whole(_value(data, "total_isl")), "output_total": _whole(_value(data, "total_osl"))},
     }
     for name, block in METRIC_BLOCKS.items():
         if isinstance(data.get(name), dict):
-            summary[block] = _distribution(data[name], name)
+            document[block] = _distribution(data[name], name)
     config = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
     endpoint = config.get("endpoint") or {}
     loadgen = config.get("loadgen") or {}
     models = endpoint.get("model_names") or []
     load = {"concurrency": loadgen.get("concurrency"), "rate": loadgen.get("request_rate"),
             "api": endpoint.get("type")}
-    summary["meta"] = {
+    document["meta"] = {
         "model": models[0] if models else None,
         "target": endpoint.get("url"),
         "started_at": data.get("start_time"),
@@ -76,4 +77,8 @@ def from_aiperf(data: dict[str, Any]) -> RunResult:
         "tool": TOOL,
         "simulated": False,
     }
-    return RunResult(records=[], summary=summary)
+    return RunResult(records=[], summary=RunSummary.from_partial(document))
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(round(value))

@@ -23,6 +23,7 @@ import numpy as np
 
 from vlmserve.results.metrics import PERCENTILES, summarize
 from vlmserve.results.run import RunResult
+from vlmserve.results.summary import RunSummary
 from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
 
@@ -46,9 +47,7 @@ def to_vllm_result(result: RunResult) -> dict[str, Any]:
     """A vlmserve run as the dict `vllm bench serve --save-result --save-detailed` writes."""
     summary, meta = result.summary, result.meta
     load = meta.get("load_spec") or {}
-    requests = summary.get("requests") or {}
-    throughput = summary.get("throughput") or {}
-    tokens = summary.get("tokens") or {}
+    requests, throughput, tokens = summary.requests, summary.throughput, summary.tokens
     started = meta.get("started_at")
     try:
         date = datetime.fromisoformat(str(started)).strftime(DATE_FORMAT) if started else None
@@ -64,19 +63,19 @@ def to_vllm_result(result: RunResult) -> dict[str, Any]:
         "label": meta.get("label"),
         "model_id": meta.get("model"),
         "tokenizer_id": load.get("tokenizer") or meta.get("model"),
-        "num_prompts": requests.get("total"),
+        "num_prompts": requests.total,
         "request_rate": rate if rate is not None else "inf",
         "burstiness": load.get("burstiness", 1.0),
         "max_concurrency": load.get("concurrency"),
-        "duration": summary.get("duration_s"),
-        "completed": requests.get("completed"),
-        "failed": requests.get("failed"),
-        "total_input_tokens": tokens.get("prompt_total"),
-        "total_output_tokens": tokens.get("output_total"),
-        "request_throughput": throughput.get("requests_per_s"),
-        "request_goodput": (summary.get("goodput") or {}).get("requests_per_s"),
-        "output_throughput": throughput.get("output_tokens_per_s"),
-        "total_token_throughput": throughput.get("total_tokens_per_s"),
+        "duration": summary.duration_s,
+        "completed": requests.completed,
+        "failed": requests.failed,
+        "total_input_tokens": tokens.prompt_total,
+        "total_output_tokens": tokens.output_total,
+        "request_throughput": throughput.requests_per_s,
+        "request_goodput": summary.figure("goodput.requests_per_s"),
+        "output_throughput": throughput.output_tokens_per_s,
+        "total_token_throughput": throughput.total_tokens_per_s,
         "input_lens": [record.prompt_tokens or 0 for record in measured],
         "output_lens": [record.output_tokens or 0 for record in measured],
         "ttfts": [record.ttft_s or 0.0 for record in measured],
@@ -91,12 +90,12 @@ def to_vllm_result(result: RunResult) -> dict[str, Any]:
         "rtfx": 0.0,  # vLLM's speech-to-text figure; no meaning here
     }
     for name, block in METRIC_BLOCKS.items():
-        figures = summary.get(block) or {}
-        out[f"mean_{name}_ms"] = figures.get("mean")
-        out[f"median_{name}_ms"] = figures.get("p50")
-        out[f"std_{name}_ms"] = figures.get("std")
+        figures = summary.latency(block)
+        out[f"mean_{name}_ms"] = figures.mean
+        out[f"median_{name}_ms"] = figures.p50
+        out[f"std_{name}_ms"] = figures.std
         for key in PERCENTILES:
-            out[f"p{_percentile_word(key)}_{name}_ms"] = figures.get(key)
+            out[f"p{_percentile_word(key)}_{name}_ms"] = figures.stat(key)
     return out
 
 
@@ -170,9 +169,9 @@ def _spread(tokens: int, chunks: int) -> list[int]:
     return [base + (1 if index < extra else 0) for index in range(chunks)]
 
 
-def _aggregate_summary(data: dict[str, Any]) -> dict[str, Any]:
+def _aggregate_summary(data: dict[str, Any]) -> RunSummary:
     """vLLM's own figures as a vlmserve summary (a file saved without --save-detailed)."""
-    summary: dict[str, Any] = {
+    document: dict[str, Any] = {
         "requests": {"total": (data.get("completed") or 0) + (data.get("failed") or 0),
                      "completed": data.get("completed"), "failed": data.get("failed") or 0},
         "duration_s": data.get("duration"),
@@ -188,8 +187,8 @@ def _aggregate_summary(data: dict[str, Any]) -> dict[str, Any]:
             value = data.get(f"p{_percentile_word(key)}_{name}_ms")
             if value is not None:
                 figures[key] = value
-        summary[block] = figures
-    return summary
+        document[block] = figures
+    return RunSummary.from_partial(document)
 
 
 def _started_at(data: dict[str, Any]) -> str | None:
@@ -205,16 +204,16 @@ def from_vllm_result(data: dict[str, Any]) -> RunResult:
     summary = summarize(records, None, duration_s=float(data["duration"])) if records else _aggregate_summary(data)
     rate = data.get("request_rate")
     concurrency = data.get("max_concurrency")
-    lengths = summary.get("tokens") or {}
+    lengths = summary.tokens
     completed = data.get("completed") or 0
     load: dict[str, Any] = {
         "concurrency": concurrency if rate in (None, "inf") else None,
         "rate": None if rate in (None, "inf") else float(rate),
-        "input_len": round((lengths.get("prompt_total") or 0) / completed) if completed else None,
-        "output_len": round((lengths.get("output_total") or 0) / completed) if completed else None,
+        "input_len": round(lengths.prompt_total / completed) if completed else None,
+        "output_len": round(lengths.output_total / completed) if completed else None,
         "api": "chat" if str(data.get("backend", "")).endswith("chat") else "completions",
     }
-    summary["meta"] = {
+    summary.meta = {
         "label": data.get("label") or None,
         "model": data.get("model_id"),
         "started_at": _started_at(data),

@@ -23,6 +23,7 @@ from typing import Any
 from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import COEFFICIENTS, Calibration, Efficiency
 from vlmserve.hardware.jsonfile import read_json_file
+from vlmserve.results.summary import RunSummary
 from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.spec import LoadSpec
@@ -30,35 +31,31 @@ from vlmserve.spec import LoadSpec
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """Where a metric lives in a bench summary, its scale to the published unit, its family."""
+    """Which run figure (results.summary.FIGURES) a published metric is, its scale to the published unit, its family."""
 
-    path: tuple[str, ...]
+    figure: str
     scale: float
     family: str
 
 
 METRICS: dict[str, MetricSpec] = {
-    "request_throughput": MetricSpec(("throughput", "requests_per_s"), 1.0, "throughput"),
-    "output_tok_s": MetricSpec(("throughput", "output_tokens_per_s"), 1.0, "throughput"),
-    "total_tok_s": MetricSpec(("throughput", "total_tokens_per_s"), 1.0, "throughput"),
-    "mean_ttft_ms": MetricSpec(("ttft_ms", "mean"), 1.0, "ttft"),
-    "p99_ttft_ms": MetricSpec(("ttft_ms", "p99"), 1.0, "ttft"),
-    "mean_tpot_ms": MetricSpec(("tpot_ms", "mean"), 1.0, "tpot/itl"),
-    "median_tpot_ms": MetricSpec(("tpot_ms", "p50"), 1.0, "tpot/itl"),
-    "mean_itl_ms": MetricSpec(("itl_ms", "mean"), 1.0, "tpot/itl"),
-    "mean_e2e_s": MetricSpec(("e2e_ms", "mean"), 0.001, "e2e"),
+    "request_throughput": MetricSpec("throughput.requests_per_s", 1.0, "throughput"),
+    "output_tok_s": MetricSpec("throughput.output_tokens_per_s", 1.0, "throughput"),
+    "total_tok_s": MetricSpec("throughput.total_tokens_per_s", 1.0, "throughput"),
+    "mean_ttft_ms": MetricSpec("ttft_ms.mean", 1.0, "ttft"),
+    "p99_ttft_ms": MetricSpec("ttft_ms.p99", 1.0, "ttft"),
+    "mean_tpot_ms": MetricSpec("tpot_ms.mean", 1.0, "tpot/itl"),
+    "median_tpot_ms": MetricSpec("tpot_ms.p50", 1.0, "tpot/itl"),
+    "mean_itl_ms": MetricSpec("itl_ms.mean", 1.0, "tpot/itl"),
+    "mean_e2e_s": MetricSpec("e2e_ms.mean", 0.001, "e2e"),
 }
 
 
-def metric_value(summary: dict[str, Any], metric: str) -> float | None:
-    """A metric from a bench summary, in the unit its name says."""
+def metric_value(summary: RunSummary, metric: str) -> float | None:
+    """A metric from a run summary, in the unit its name says."""
     spec = METRICS[metric]
-    value: Any = summary
-    for key in spec.path:
-        if not isinstance(value, dict) or value.get(key) is None:
-            return None
-        value = value[key]
-    return float(value) * spec.scale
+    value = summary.figure(spec.figure)
+    return None if value is None else value * spec.scale
 
 
 @dataclass
@@ -244,8 +241,8 @@ def scenario_from_bench_json(
 ) -> Scenario:
     """A measured bench result (the --json-out document) as a calibration scenario."""
     file_path = Path(path)
-    summary = read_json_file(file_path, "run file", "give `vlmserve bench --json-out` results")
-    meta = summary.get("meta") if isinstance(summary, dict) else None
+    data = read_json_file(file_path, "run file", "give `vlmserve bench --json-out` results")
+    meta = data.get("meta") if isinstance(data, dict) else None
     if not isinstance(meta, dict) or not isinstance(meta.get("load_spec"), dict):
         raise UserError(f"{file_path}: no meta.load_spec in it; give a `vlmserve bench --json-out` result")
     if meta.get("simulated"):
@@ -260,6 +257,7 @@ def scenario_from_bench_json(
         load = LoadSpec.model_validate(load_fields)
     except Exception as err:  # pydantic ValidationError; one line is enough here
         raise UserError(f"{file_path}: its meta.load_spec is not a valid load spec ({str(err).splitlines()[0]})") from None
+    summary = RunSummary.model_validate(data)
     measured = {metric: value for metric in METRICS if (value := metric_value(summary, metric)) is not None}
     tp_value = tp or int(engine_args.get("tensor_parallel_size") or 1)
     replicas_value = replicas or int(deployment.get("replicas") or 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vlmserve.results.summary import RunSummary
 from vlmserve.hardware.gpus import ASSUMED_FIGURES
 from vlmserve.hardware.setup import PlanSetup
 
@@ -50,9 +51,9 @@ def napkin(setup: PlanSetup, context_tokens: int, batch: int) -> dict[str, Any]:
     }
 
 
-def measured_efficiency(setup: PlanSetup, summary: dict[str, Any], context_tokens: int, batch: int) -> dict[str, float]:
+def measured_efficiency(setup: PlanSetup, summary: RunSummary, context_tokens: int, batch: int) -> dict[str, float]:
     """Bandwidth fraction a measured run reached: bytes a step must stream over its measured TPOT."""
-    tpot_ms = (summary.get("tpot_ms") or {}).get("mean")
+    tpot_ms = summary.tpot_ms.mean
     if not tpot_ms:
         return {}
     assert setup.weight_dtype is not None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.results.run import RunResult
+from vlmserve.results.summary import RunSummary
 from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import Calibration
 from vlmserve.hardware.gpus import get_gpu
@@ -56,7 +57,7 @@ class Candidate:
     status: str = "pending"
     """'meets', 'misses', 'does not fit', 'over budget', 'pruned'."""
     reason: str = ""
-    summary: dict[str, Any] | None = None
+    summary: RunSummary | None = None
 
     @property
     def label(self) -> str:
@@ -64,9 +65,9 @@ class Candidate:
 
     @property
     def cost_per_million_output_tokens(self) -> float | None:
-        if self.cost_per_hour is None or not self.summary:
+        if self.cost_per_hour is None or self.summary is None:
             return None
-        rate = self.summary["throughput"]["output_tokens_per_s"]
+        rate = self.summary.throughput.output_tokens_per_s
         return self.cost_per_hour / (rate * 3600 / 1e6) if rate > 0 else None
 
 
@@ -99,12 +100,12 @@ def parse_prices(text: str | None) -> dict[str, float]:
     return prices
 
 
-def slo_misses(summary: dict[str, Any], slo: SLO) -> list[str]:
+def slo_misses(summary: RunSummary, slo: SLO) -> list[str]:
     """Each SLO bound the run's percentiles break, as 'ttft_p95 812 ms > 500 ms'."""
     misses = []
     for key, bound_s in slo.bounds_s.items():
-        metric, statistic = key.split("_", 1)
-        value_ms = (summary.get(f"{metric}_ms") or {}).get(statistic)
+        metric, statistic = key.split("_", 1)  # an SLO key names a metric and a statistic: ttft_p95
+        value_ms = summary.latency(f"{metric}_ms").stat(statistic)
         if value_ms is None or value_ms / 1000.0 > bound_s:
             shown = "no data" if value_ms is None else f"{value_ms:.0f} ms"
             misses.append(f"{key} {shown} > {bound_s * 1000:.0f} ms")
@@ -126,7 +127,7 @@ def _judge(candidate: Candidate, result: RunResult, slo: SLO, load: LoadSpec) ->
     summary = result.summary
     candidate.summary = summary
     reasons = slo_misses(summary, slo)
-    failed = summary["requests"]["failed"]
+    failed = summary.requests.failed
     if failed:
         reasons.append(f"{failed} requests did not finish")
     growth = queue_growth(result.records) if load.rate is not None else None
@@ -212,7 +213,7 @@ def run_search(
 
 def _rank_key(candidate: Candidate) -> tuple[float, int, float]:
     cost = candidate.cost_per_hour if candidate.cost_per_hour is not None else float(candidate.num_gpus)
-    ttft = (candidate.summary or {}).get("ttft_ms", {}).get("p95") or 0.0
+    ttft = (candidate.summary.ttft_ms.p95 if candidate.summary is not None else None) or 0.0
     return (cost, candidate.num_gpus, ttft)
 
 

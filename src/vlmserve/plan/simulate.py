@@ -116,8 +116,8 @@ def simulate_run(
     epoch = time.time()
     records = [_record(timings[str(request.index)], request, epoch, load) for request in requests]
     summary = summarize(records, slo)
-    summary["meta"] = _meta(setup, load, label, config, count)
-    summary["simulation"] = _simulation_block(stats, config)
+    summary.meta = _meta(setup, load, label, config, count)
+    summary.simulation = _simulation_block(stats, config)
     return SimulationOutput(RunResult(records=records, summary=summary), stats, time.perf_counter() - started)
 
 

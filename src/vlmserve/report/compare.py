@@ -186,12 +186,14 @@ def load_differences(baseline: dict, candidate: dict) -> list[str]:
 
 
 def _repeats(cell: CellOutcome) -> int:
-    return int(((cell.summary or {}).get("repeats") or {}).get("count") or 1)
+    repeats = cell.summary.repeats if cell.summary is not None else None
+    return int((repeats or {}).get("count") or 1)
 
 
 def _figure(cell: CellOutcome, path: str) -> tuple[float | None, tuple[float, float] | None]:
     """A figure and its 95 % interval: the mean over repeats when there is one, else the run's value."""
-    interval = (((cell.summary or {}).get("repeats") or {}).get("intervals") or {}).get(path)
+    repeats = cell.summary.repeats if cell.summary is not None else None
+    interval = ((repeats or {}).get("intervals") or {}).get(path)
     if interval and interval.get("low") is not None and interval.get("high") is not None:
         return float(interval["mean"]), (float(interval["low"]), float(interval["high"]))
     return cell.metric(path), None

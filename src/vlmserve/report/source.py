@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vlmserve.results.summary import RunSummary
 from vlmserve import paths
 from vlmserve.errors import UserError
 from vlmserve.sweep.manifest import SweepManifest
@@ -53,7 +54,7 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
                     load=cell.load.model_dump(mode="json"),
                     status=str(state.get("status", "pending")),
                     run_id=state.get("run_id"),
-                    summary=state.get("summary"),
+                    summary=RunSummary.model_validate(state["summary"]) if state.get("summary") else None,
                     reason=state.get("reason"),
                     wall_s=state.get("wall_s"),
                 )
@@ -108,8 +109,8 @@ def results_from_run(run_id: str) -> SweepResults:
         result = store.load_run(run_id)
     except UserError as err:
         raise UserError(missing if err.message.startswith("no run") else err.message) from None
-    summary: dict[str, Any] = result.summary
-    meta = summary.get("meta") or {}
+    summary = result.summary
+    meta = summary.meta
     load = meta.get("load") or meta.get("load_spec") or {}
     deployment_spec = meta.get("deployment") or meta.get("deployment_spec")
     label = str(meta.get("label") or run_id)

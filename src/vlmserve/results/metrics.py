@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from vlmserve.results.records import RequestRecord
+from vlmserve.results.summary import RunSummary
 from vlmserve.spec import SLO
 
 PERCENTILES: dict[str, float] = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
@@ -288,7 +289,7 @@ def summarize(
     duration_s: float | None = None,
     *,
     agreement: TokenAgreement = TokenAgreement(),
-) -> dict[str, Any]:
+) -> RunSummary:
     """The run summary (the `--json-out` document minus `meta`, `server` and client CPU).
 
     `duration_s` is the measurement window; when None it is taken from the records
@@ -301,7 +302,7 @@ def summarize(
     failed_by_cause = Counter(record.error_kind or "unknown" for record in counted if not record.ok)
     tokens = _token_block(counted, agreement)
     chunks = sum(len(record.chunk_times_s) for record in ok)
-    summary: dict[str, Any] = {
+    document: dict[str, Any] = {
         "requests": {
             "total": len(counted),
             "completed": len(ok),
@@ -327,13 +328,13 @@ def summarize(
     }
     turns = sorted({record.turn_index for record in counted})
     if len(turns) > 1:
-        summary["per_turn"] = {str(turn): _group_summary([r for r in counted if r.turn_index == turn]) for turn in turns}
+        document["per_turn"] = {str(turn): _group_summary([r for r in counted if r.turn_index == turn]) for turn in turns}
     workloads = sorted({record.workload for record in counted})
     if len(workloads) > 1:
-        summary["per_workload"] = {
+        document["per_workload"] = {
             name: _group_summary([r for r in counted if r.workload == name]) for name in workloads
         }
-    return summary
+    return RunSummary.model_validate(document)
 
 
 def _group_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmserve.results.records import RequestRecord
+from vlmserve.results.summary import RunSummary
 
 
 @dataclass
@@ -21,18 +22,20 @@ class RunResult:
     """
 
     records: list[RequestRecord]
-    summary: dict[str, Any]
+    summary: RunSummary
     extras: dict[str, Any] = field(default_factory=dict)
     """Anything a producer wants to keep alongside (not persisted by the store)."""
 
     @property
     def meta(self) -> dict[str, Any]:
-        return self.summary.setdefault("meta", {})
+        return self.summary.meta
 
     @property
     def warnings(self) -> list[str]:
         """Post-run steps that failed (see `bench.post_run`); empty when everything was written."""
-        return self.summary.setdefault("warnings", [])
+        if self.summary.warnings is None:
+            self.summary.warnings = []
+        return self.summary.warnings
 
     @property
     def run_id(self) -> str | None:
@@ -40,14 +43,14 @@ class RunResult:
 
     @property
     def simulated(self) -> bool:
-        return bool(self.meta.get("simulated", False))
+        return self.summary.simulated
 
     @property
     def client_limited(self) -> bool:
-        return bool(self.summary.get("client", {}).get("limited", False))
+        return self.summary.client_limited
 
     def to_json(self) -> str:
-        return json.dumps(self.summary, indent=2, sort_keys=False, default=str)
+        return json.dumps(self.summary.to_dict(), indent=2, sort_keys=False, default=str)
 
     def write_json(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json() + "\n")

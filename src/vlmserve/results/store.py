@@ -23,6 +23,8 @@ import pyarrow.parquet as pq
 from vlmserve import paths
 from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
+from vlmserve.results.run import RunResult
+from vlmserve.results.summary import RunSummary
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -158,19 +160,15 @@ def _started_at(meta: dict[str, Any]) -> datetime:
     return datetime.now(timezone.utc)
 
 
-def save_run(result: Any) -> str:
+def save_run(result: RunResult) -> str:
     """Store a RunResult (records to Parquet, metadata and summary to DuckDB); returns its run_id."""
-    meta = result.summary.setdefault("meta", {})
+    summary = result.summary
+    meta = summary.meta
     started = _started_at(meta)
     run_id = meta.get("run_id") or new_run_id(started)
     meta["run_id"] = run_id
-    meta.setdefault("client_limited", bool((result.summary.get("client") or {}).get("limited", False)))
+    meta.setdefault("client_limited", summary.client_limited)
     records_path = write_records_parquet(result.records, records_dir() / f"{run_id}.parquet", meta)
-    summary = result.summary
-    ttft = summary.get("ttft_ms", {}) or {}
-    tpot = summary.get("tpot_ms", {}) or {}
-    throughput = summary.get("throughput", {}) or {}
-    requests = summary.get("requests", {}) or {}
     row = (
         run_id,
         started.astimezone(timezone.utc).replace(tzinfo=None),
@@ -179,17 +177,17 @@ def save_run(result: Any) -> str:
         meta.get("model"),
         meta.get("server_version"),
         bool(meta.get("simulated", False)),
-        bool((summary.get("client") or {}).get("limited", False)),
-        requests.get("completed"),
-        requests.get("failed"),
-        throughput.get("requests_per_s"),
-        throughput.get("output_tokens_per_s"),
-        ttft.get("p50"),
-        ttft.get("p99"),
-        tpot.get("p50"),
+        summary.client_limited,
+        summary.requests.completed,
+        summary.requests.failed,
+        summary.throughput.requests_per_s,
+        summary.throughput.output_tokens_per_s,
+        summary.ttft_ms.p50,
+        summary.ttft_ms.p99,
+        summary.tpot_ms.p50,
         json.dumps(meta.get("load_spec"), default=str),
         json.dumps(meta.get("deployment"), default=str),
-        json.dumps(summary, default=str),
+        json.dumps(summary.to_dict(), default=str),
         str(records_path),
     )
     with _connect() as connection:
@@ -223,10 +221,8 @@ def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[s
         return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
-def load_run(run_id: str) -> Any:
+def load_run(run_id: str) -> RunResult:
     """The RunResult saved under `run_id` (a unique prefix is enough)."""
-    from vlmserve.results.run import RunResult
-
     with _connect(read_only=True) as connection:
         rows = connection.execute(
             "SELECT run_id, summary, records_path FROM runs WHERE run_id LIKE ? ORDER BY run_id",
@@ -238,6 +234,6 @@ def load_run(run_id: str) -> Any:
         raise UserError(f"run id '{run_id}' is ambiguous ({len(rows)} runs); give more of it")
     found_id, summary_text, records_path = rows[0]
     records = read_records_parquet(records_path) if records_path and Path(records_path).exists() else []
-    summary = json.loads(summary_text)
-    summary.setdefault("meta", {})["run_id"] = found_id
+    summary = RunSummary.model_validate_json(summary_text)
+    summary.meta["run_id"] = found_id
     return RunResult(records=records, summary=summary)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from vlmserve.errors import UserError
-from vlmserve.sched.step_cost import StepContents, StepCostModel
+from vlmserve.sched.step_cost import StepContents
 
 
 @dataclass(frozen=True)

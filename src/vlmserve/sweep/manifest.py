@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vlmserve.results.summary import RunSummary
 from vlmserve.errors import UserError
 
 MANIFEST_NAME = "manifest.json"
@@ -103,12 +104,12 @@ class SweepManifest:
         return self.cell(deployment, cell).get("status") == "done"
 
     def record_cell_done(
-        self, deployment: str, cell: str, run_id: str, summary: dict[str, Any], wall_s: float
+        self, deployment: str, cell: str, run_id: str, summary: RunSummary, wall_s: float
     ) -> None:
         self.data["cells"][cell_key(deployment, cell)] = {
             "status": "done",
             "run_id": run_id,
-            "summary": summary,
+            "summary": summary.to_dict(),
             "wall_s": wall_s,
             "finished_at": time.time(),
         }

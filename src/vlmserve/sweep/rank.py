@@ -19,17 +19,17 @@ _SLO_FIELD = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2e": "e2e
 
 def slo_misses(cell: CellOutcome, slo: SLO) -> list[str]:
     """The objectives this cell misses, e.g. ['ttft_p95 812ms > 500ms']; empty when all are met."""
-    checks = ((cell.summary or {}).get("goodput") or {}).get("checks") or {}
+    goodput = cell.summary.goodput if cell.summary is not None else None
+    checks = goodput.checks if goodput is not None else {}
     misses: list[str] = []
     for key, bound_s in sorted(slo.bounds_s.items()):
         check = checks.get(key)
         if check is not None:  # bench already judged this objective; read its verdict
-            if not check.get("met"):
-                measured = check.get("measured_ms")
-                misses.append(_missed(key, measured, bound_s))
+            if not check.met:
+                misses.append(_missed(key, check.measured_ms, bound_s))
             continue
-        metric, stat = key.split("_", 1)
-        value_ms = cell.metric(f"{_SLO_FIELD[metric]}.{stat}")
+        metric, stat = key.split("_", 1)  # an SLO key names a metric and a statistic: ttft_p95
+        value_ms = cell.summary.latency(_SLO_FIELD[metric]).stat(stat) if cell.summary is not None else None
         if value_ms is None or value_ms > bound_s * 1000.0:
             misses.append(_missed(key, value_ms, bound_s))
     return misses
@@ -52,11 +52,8 @@ def headline_shape(cells: list[CellOutcome]) -> str | None:
 
 def goodput_rps(cell: CellOutcome) -> float | None:
     """Requests/s that met every per-request SLO (bench's goodput); plain throughput when no SLO was set."""
-    for path in ("goodput.requests_per_s", "goodput.rps"):
-        value = cell.metric(path)
-        if value is not None:
-            return value
-    return cell.metric("throughput.requests_per_s")
+    value = cell.metric("goodput.requests_per_s")
+    return value if value is not None else cell.metric("throughput.requests_per_s")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmserve.results.summary import RunSummary, figure_value
 from vlmserve.spec import SLO
 
 SIMULATED_NOTE = "Figures from the simulated engine or the planner are simulated, not measured on the named hardware."
@@ -20,18 +21,6 @@ LOAD_LEVEL_FIELDS = ("concurrency", "rate")
 
 _NOT_SERIES_FIELDS = {"name", "concurrency", "rate", "num_requests", "duration_s", "seed", "warmup", "workers",
                       "request_timeout_s", "repeat", "stop_when_oversaturated"}
-
-
-def summary_value(summary: dict[str, Any] | None, dotted: str) -> float | None:
-    """Read `ttft_ms.p95` style paths from a bench summary; None when absent or not a number."""
-    node: Any = summary
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    if isinstance(node, bool) or not isinstance(node, (int, float)):
-        return None
-    return float(node)
 
 
 @dataclass
@@ -44,7 +33,7 @@ class CellOutcome:
     status: str
     """'done', 'failed' or 'pending'."""
     run_id: str | None = None
-    summary: dict[str, Any] | None = None
+    summary: RunSummary | None = None
     reason: str | None = None
     wall_s: float | None = None
 
@@ -100,11 +89,11 @@ class CellOutcome:
     @property
     def client_limited(self) -> bool:
         """True when the load generator, not the server, set the pace (the numbers understate the server)."""
-        client = (self.summary or {}).get("client") or {}
-        return bool(client.get("limited"))
+        return self.summary is not None and self.summary.client_limited
 
-    def metric(self, dotted: str) -> float | None:
-        return summary_value(self.summary, dotted)
+    def metric(self, name: str) -> float | None:
+        """The figure `name` (results.summary.FIGURES) of this cell; None when it did not run."""
+        return figure_value(self.summary, name)
 
 
 @dataclass
@@ -143,14 +132,14 @@ class SweepResults:
         warnings = [
             f"{cell.deployment}/{cell.cell}: {warning}"
             for cell in self.cells if cell.ok
-            for warning in (cell.summary or {}).get("warnings") or []
+            for warning in (cell.summary.warnings if cell.summary is not None else None) or []
         ]
         return [*self.notes, *warnings]
     """Caveats a reader must see first (e.g. the sweep was shrunk for a smoke run)."""
 
     def simulated(self) -> bool:
         """True when any figure came from the simulated engine or the planner (they must say so)."""
-        if any(cell.ok and ((cell.summary or {}).get("meta") or {}).get("simulated") for cell in self.cells):
+        if any(cell.summary is not None and cell.ok and cell.summary.simulated for cell in self.cells):
             return True
         return any((info.spec or {}).get("engine") == "sim" for info in self.deployments)
 

@@ -30,6 +30,7 @@ from rich.progress import (
 )
 
 from vlmserve.errors import UserError
+from vlmserve.results.summary import RunSummary
 from vlmserve.spec import LoadSpec
 from vlmserve.sweep.hygiene import check_ports_free, server_version, verify_serving, with_free_ports
 from vlmserve.sweep.manifest import SweepManifest
@@ -317,20 +318,18 @@ def _cell_seed(spec: SweepSpec, cell: CellEntry) -> int:
     return cell.load.seed + 1 + (names.index(cell.name) if cell.name in names else len(names))
 
 
-def _cell_brief(summary: dict[str, Any]) -> str:
-    from vlmserve.sweep.results import summary_value
-
+def _cell_brief(summary: RunSummary) -> str:
     parts = []
-    rps = summary_value(summary, "throughput.requests_per_s")
-    tok = summary_value(summary, "throughput.output_tokens_per_s")
-    ttft = summary_value(summary, "ttft_ms.p50")
+    rps = summary.figure("throughput.requests_per_s")
+    tok = summary.figure("throughput.output_tokens_per_s")
+    ttft = summary.figure("ttft_ms.p50")
     if rps is not None:
         parts.append(f"{rps:.2f} req/s")
     if tok is not None:
         parts.append(f"{tok:.0f} tok/s")
     if ttft is not None:
         parts.append(f"TTFT p50 {ttft:.0f} ms")
-    stopped = (summary.get("meta") or {}).get("stopped")
+    stopped = summary.meta.get("stopped")
     if stopped:
         parts.append(f"stopped: {stopped}")
     return "  ".join(parts)

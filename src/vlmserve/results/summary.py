@@ -1,0 +1,260 @@
+"""The typed run summary: what `summarize` computes, what the store keeps, what every reader reads.
+
+The JSON a run writes (`--json-out`, `bench.json` in the store, sweep cells) is this model's
+serialisation, with the same keys and nesting as docs/metrics.md describes: a field is written
+when it was set (by `summarize` or by the producer that added a block afterwards: `meta`, `server`,
+`simulation`, `warnings`), so older files load and dump back unchanged, and unknown keys from a
+newer version survive a round trip (`extra="allow"`).
+
+Readers name a figure (`"ttft_ms.p95"`, `"throughput.requests_per_s"`, `"goodput.requests_per_s"`)
+and `FIGURES` maps each name to a typed accessor: there is no dotted-path walker over dicts, so a
+renamed field breaks at one place and in mypy, not silently as a None in a report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+"""The latency distributions every summary holds (docs/metrics.md defines each)."""
+
+DISTRIBUTION_STATS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "p999", "mean", "std", "min", "max")
+
+
+class _Block(BaseModel):
+    """A part of the summary: unknown keys kept, so files from other versions round-trip."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Distribution(_Block):
+    """One latency distribution in milliseconds; every statistic None when nothing was measured."""
+
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    count: int = 0
+    p50_p99_spread: float | None = None
+    p99_over_p50: float | None = None
+
+    def stat(self, name: str) -> float | None:
+        """A statistic by name (`p95`, `mean`, …), as the SLO keys and figure names spell it."""
+        if name not in DISTRIBUTION_STATS:
+            raise KeyError(f"unknown statistic {name!r}; one of {', '.join(DISTRIBUTION_STATS)}")
+        value = getattr(self, name)
+        return None if value is None else float(value)
+
+
+class RequestCounts(_Block):
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    failed_by_cause: dict[str, int] = Field(default_factory=dict)
+    success_rate: float = 0.0
+    warmup_excluded: int = 0
+
+
+class Throughput(_Block):
+    requests_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    input_tokens_per_s: float = 0.0
+    total_tokens_per_s: float = 0.0
+    chunks_per_s: float = 0.0
+
+
+class TokenCounts(_Block):
+    """Prompt and output token totals, requested vs actual, and the usage/tokenizer cross-check."""
+
+    prompt_total: int = 0
+    output_total: int = 0
+    requested_prompt_mean: float | None = None
+    actual_prompt_mean: float | None = None
+    requested_output_mean: float | None = None
+    actual_output_mean: float | None = None
+    prompt_length_mismatches: int = 0
+    output_length_mismatches: int = 0
+    usage_missing: int = 0
+    tokenizer_checked: int = 0
+    usage_tokenizer_disagreements: int = 0
+    usage_tokenizer_disagree: bool = False
+    reasoning_total: int = 0
+    requests_with_reasoning: int = 0
+    tool_calls_total: int = 0
+    images_total: int = 0
+
+
+class SloCheck(_Block):
+    bound_ms: float
+    measured_ms: float | None = None
+    met: bool = False
+
+
+class Goodput(_Block):
+    """Requests that met every SLO given, per second and as a fraction (None when no SLO was set)."""
+
+    slo: dict[str, float] = Field(default_factory=dict)
+    slo_text: str = ""
+    good_requests: int = 0
+    requests_per_s: float = 0.0
+    fraction: float = 0.0
+    checks: dict[str, SloCheck] = Field(default_factory=dict)
+    all_met: bool = False
+
+
+class GroupSummary(_Block):
+    """Counts and latency distributions of one slice of a run (a turn, a workload)."""
+
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    ttft_ms: Distribution = Field(default_factory=Distribution)
+    tpot_ms: Distribution = Field(default_factory=Distribution)
+    itl_ms: Distribution = Field(default_factory=Distribution)
+    e2e_ms: Distribution = Field(default_factory=Distribution)
+    mean_prompt_tokens: float | None = None
+
+
+class RunSummary(_Block):
+    """One run's figures (measured or simulated) and the blocks producers attach to them."""
+
+    requests: RequestCounts = Field(default_factory=RequestCounts)
+    duration_s: float = 0.0
+    throughput: Throughput = Field(default_factory=Throughput)
+    ttft_ms: Distribution = Field(default_factory=Distribution)
+    tpot_ms: Distribution = Field(default_factory=Distribution)
+    itl_ms: Distribution = Field(default_factory=Distribution)
+    e2e_ms: Distribution = Field(default_factory=Distribution)
+    tokens: TokenCounts = Field(default_factory=TokenCounts)
+    goodput: Goodput | None = None
+    client: dict[str, Any] = Field(default_factory=dict)
+    """Send lag, offered vs achieved rate, client CPU, and whether the client limited the run."""
+    per_turn: dict[str, GroupSummary] | None = None
+    per_workload: dict[str, GroupSummary] | None = None
+    meta: dict[str, Any] = Field(default_factory=dict)
+    """run_id, label, target, model, server_version, load_spec, deployment, started_at, simulated."""
+    server: dict[str, Any] | None = None
+    """Scraped /metrics deltas of the endpoint (bench.scrape)."""
+    simulation: dict[str, Any] | None = None
+    """Engine-side totals of a simulated run (plan.simulate)."""
+    prefix_cache: dict[str, Any] | None = None
+    """Expected vs measured prefix-cache hits (bench.prefix_cache)."""
+    repeats: dict[str, Any] | None = None
+    """Per-repeat rows and intervals of a `--repeat N` run (bench.repeats)."""
+    warnings: list[str] | None = None
+    """Post-run steps that failed (bench.post_run): the figures are complete, something around them is not."""
+
+    @classmethod
+    def from_partial(cls, data: dict[str, Any]) -> RunSummary:
+        """A summary from another tool's figures (`runs import`): values it lacks (None) stay unset."""
+
+        def present(node: Any) -> Any:
+            if isinstance(node, dict):
+                return {key: present(value) for key, value in node.items() if value is not None}
+            return node
+
+        return cls.model_validate(present(data))
+
+    def latency(self, metric: str) -> Distribution:
+        """`ttft_ms`, `tpot_ms`, `itl_ms` or `e2e_ms`."""
+        if metric not in LATENCY_METRICS:
+            raise KeyError(f"unknown latency metric {metric!r}; one of {', '.join(LATENCY_METRICS)}")
+        distribution: Distribution = getattr(self, metric)
+        return distribution
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.meta.get("simulated", False))
+
+    @property
+    def client_limited(self) -> bool:
+        return bool(self.client.get("limited", False))
+
+    def figure(self, name: str) -> float | None:
+        """A headline figure by its name in `FIGURES`; None when this run has no value for it."""
+        return figure(name).read(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document (same keys and nesting as before the model existed).
+
+        Fields are written when set, or when a producer filled a default container in place
+        (`result.meta["run_id"] = …`), so nothing a producer recorded is lost.
+        """
+        data = self.model_dump(mode="json", exclude_unset=True)
+        for name, info in type(self).model_fields.items():
+            if name not in data and getattr(self, name) != info.get_default(call_default_factory=True):
+                data[name] = self.model_dump(mode="json", include={name})[name]
+        first: dict[str, Any] = {key: data.pop(key) for key in ("meta", "warnings") if key in data}  # reads top-down
+        return {**first, **data}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One named figure of a run: how to read it, its unit, and which direction is better."""
+
+    name: str
+    label: str
+    unit: str
+    read: Callable[[RunSummary], float | None]
+    lower_is_better: bool
+
+
+def _latency_figure(metric: str, stat: str) -> Figure:
+    label = f"{metric.removesuffix('_ms').upper()} {stat}"
+    return Figure(f"{metric}.{stat}", label, "ms", lambda summary: summary.latency(metric).stat(stat), True)
+
+
+def _goodput_rps(summary: RunSummary) -> float | None:
+    return None if summary.goodput is None else summary.goodput.requests_per_s
+
+
+def _goodput_fraction(summary: RunSummary) -> float | None:
+    return None if summary.goodput is None else summary.goodput.fraction
+
+
+FIGURES: dict[str, Figure] = {
+    figure.name: figure
+    for figure in [
+        *(_latency_figure(metric, stat) for metric in LATENCY_METRICS for stat in DISTRIBUTION_STATS),
+        Figure("throughput.requests_per_s", "requests/s", "req/s", lambda s: s.throughput.requests_per_s, False),
+        Figure("throughput.output_tokens_per_s", "output tok/s", "tok/s",
+               lambda s: s.throughput.output_tokens_per_s, False),
+        Figure("throughput.input_tokens_per_s", "input tok/s", "tok/s", lambda s: s.throughput.input_tokens_per_s, False),
+        Figure("throughput.total_tokens_per_s", "total tok/s", "tok/s", lambda s: s.throughput.total_tokens_per_s, False),
+        Figure("goodput.requests_per_s", "goodput req/s", "req/s", _goodput_rps, False),
+        Figure("goodput.fraction", "goodput fraction", "", _goodput_fraction, False),
+        Figure("requests.success_rate", "success rate", "", lambda s: s.requests.success_rate, False),
+        Figure("requests.failed", "failed requests", "", lambda s: float(s.requests.failed), True),
+        Figure("requests.completed", "completed requests", "", lambda s: float(s.requests.completed), False),
+        Figure("requests.total", "requests", "", lambda s: float(s.requests.total), False),
+        Figure("duration_s", "duration", "s", lambda s: s.duration_s, True),
+        Figure("tokens.prompt_total", "prompt tokens", "tok", lambda s: float(s.tokens.prompt_total), False),
+        Figure("tokens.output_total", "output tokens", "tok", lambda s: float(s.tokens.output_total), False),
+        Figure("tokens.actual_prompt_mean", "mean prompt tokens", "tok", lambda s: s.tokens.actual_prompt_mean, False),
+        Figure("tokens.actual_output_mean", "mean output tokens", "tok", lambda s: s.tokens.actual_output_mean, False),
+        Figure("tokens.images_total", "images", "", lambda s: float(s.tokens.images_total), False),
+    ]
+}
+"""Every figure a report, comparison, sweep ranking or interval may name, by its name."""
+
+
+def figure(name: str) -> Figure:
+    """The figure called `name` (KeyError naming the known ones otherwise)."""
+    try:
+        return FIGURES[name]
+    except KeyError:
+        raise KeyError(f"unknown figure {name!r}; known: {', '.join(FIGURES)}") from None
+
+
+def figure_value(summary: RunSummary | None, name: str) -> float | None:
+    """`summary`'s value for the figure `name`; None without a summary or without a value."""
+    return None if summary is None else figure(name).read(summary)
