@@ -297,7 +297,7 @@ def print_summary(summary: dict, args: argparse.Namespace) -> None:
               f"{'tok/s':>8} {'tput vs direct':>15} {'proxy CPU':>10} {'client CPU':>11} {'failed':>7}")
     print(header)
     for name, figures in summary.items():
-        def med(key: str) -> float:
+        def med(key: str, figures: dict = figures) -> float:
             return figures[key]["median"]
 
         spread = f"[{figures['added_ttft_p50_ms']['min']:+.2f},{figures['added_ttft_p50_ms']['max']:+.2f}]"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import aiohttp
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, body_usage_tokens, error_line, response_line
 from vlmserve.batch.lock import output_lock
@@ -121,7 +121,7 @@ class _Job:
         """Bytes of complete lines in the output: where a failed write is cut back to."""
         self.write_failed = False
         self.progress: Progress | None = None
-        self.task_id = None
+        self.task_id: TaskID | None = None
 
     # --- stopping ---
     def on_signal(self) -> None:
@@ -190,7 +190,7 @@ class _Job:
         outcome.prompt_tokens += prompt
         outcome.completion_tokens += completion
         outcome.run_completion_tokens += completion
-        if self.progress is not None:
+        if self.progress is not None and self.task_id is not None:
             elapsed = max(time.monotonic() - self.started, 1e-6)
             self.progress.update(self.task_id, advance=1,
                                  tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}",

@@ -309,7 +309,7 @@ def _worker_process(plan: WorkerPlan, results: Any, go: Any, start_at: Any, stop
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
 
         uvloop.install()
     except ImportError:

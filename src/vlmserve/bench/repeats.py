@@ -154,7 +154,7 @@ def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunRes
     for path in INTERVAL_METRICS:
         values = [row["figures"][path] for row in rows]
         if all(value is not None for value in values):
-            intervals[path] = confidence_interval(values)  # type: ignore[arg-type]
+            intervals[path] = confidence_interval(values)
     summary.repeats = {
         "count": len(results),
         "single_run": False,

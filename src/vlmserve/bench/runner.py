@@ -15,7 +15,7 @@ import random
 import time
 from contextlib import nullcontext
 from datetime import datetime, timezone
-from typing import Any
+from collections.abc import Callable
 
 from rich.console import Console
 
@@ -222,7 +222,7 @@ async def run_load(
 
     try:
         with LiveProgress(console, total, load.duration_s, enabled=progress) as live, stop_guard:
-            sink = live.add if detector is None else (lambda record, text: (live.add(record, text), detector.observe(record)))
+            sink = live.add if detector is None else _both(live.add, detector.observe)
             try:
                 outcome = await run_workers(plans, sink, in_process=in_process, on_started=started, interrupt=interrupt)
             finally:
@@ -282,3 +282,13 @@ async def run_load(
     }
     return RunResult(records=records, summary=summary)
 
+
+def _both(first: Callable[[RequestRecord, str | None], None],
+          second: Callable[[RequestRecord], None]) -> Callable[[RequestRecord, str | None], None]:
+    """One record sink feeding the progress display and the over-saturation detector."""
+
+    def sink(record: RequestRecord, text: str | None) -> None:
+        first(record, text)
+        second(record)
+
+    return sink

@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             pass
         if isinstance(err, usage_errors):
-            err.show()
-            sys.exit(err.exit_code)
+            err.show()  # type: ignore[attr-defined]
+            sys.exit(err.exit_code)  # type: ignore[attr-defined]
         raise
     if isinstance(returned, int) and returned != 0:  # typer.Exit(n) inside a command returns n here
         sys.exit(returned)

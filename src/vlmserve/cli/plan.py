@@ -200,8 +200,8 @@ def _print_explain(
     for name, value in rows:
         table.add_row(name, value)
     if measured is not None:
-        for name, value in measured_efficiency(setup, measured, context, batch).items():
-            table.add_row(f"measured: {name.replace('_', ' ')}", f"{value:.3g}")
+        for quantity, fraction in measured_efficiency(setup, measured, context, batch).items():
+            table.add_row(f"measured: {quantity.replace('_', ' ')}", f"{fraction:.3g}")
     console.print(table)
     for key, value in facts["assumed_gpu_figures"].items():
         console.print(f"assumed for {setup.gpu.name}: {key} = {value:g} (not on the datasheet)")

@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -70,7 +70,7 @@ def slo_search_command(
         raise UserError("give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the search), not both")
     if base_url is not None and model is None:
         raise UserError("--base-url needs --model NAME (as listed in /v1/models)")
-    knob = "rate" if rate_range is not None else "concurrency"
+    knob: Literal["rate", "concurrency"] = "rate" if rate_range is not None else "concurrency"
     low, high = parse_range(rate_range or concurrency_range or "", f"--{knob}-range")
     space = SearchSpace(knob, low, high, precision, max_probes)
     objectives = SLO.parse(slo)

@@ -61,6 +61,7 @@ def tiny_png_data_url(width: int = 64, height: int = 64, seed: int = 0) -> str:
 
     image = Image.new("RGB", (width, height))
     pixels = image.load()
+    assert pixels is not None
     for x in range(width):
         for y in range(height):
             pixels[x, y] = ((x * 4 + seed * 37) % 256, (y * 4) % 256, ((x + y) * 2) % 256)

@@ -301,11 +301,11 @@ class Supervisor:
         with self._lock:
             if self._stopping.is_set() or member.process is not process or member.state != "ready":
                 return  # restarted or stopping meanwhile: the verdict is about a process that is gone
-            if member.process.poll() is not None:
+            if process is None or process.poll() is not None:
                 return
             member.kill_reason = reason
             self._event(f"{member.plan.label} (pid {member.pid}) is {reason}; killing its process group")
-            processes.kill_process_tree(member.process)
+            processes.kill_process_tree(process)
 
     # ---- bookkeeping ------------------------------------------------------------------
 

@@ -60,7 +60,8 @@ EventSink = Callable[[str], None]
 class EngineLauncher(Protocol):
     """How one engine kind is started for one spec; vLLM and the sim engine implement it."""
 
-    spec: DeploymentSpec
+    @property
+    def spec(self) -> DeploymentSpec: ...
 
     @property
     def module(self) -> str:

@@ -99,7 +99,7 @@ def _cpu_list_text(cpus: list[int]) -> str:
     parts: list[str] = []
     ordered = sorted(set(cpus))
     run_start = previous = ordered[0]
-    for cpu in ordered[1:] + [None]:  # type: ignore[list-item]
+    for cpu in [*ordered[1:], None]:
         if cpu is not None and cpu == previous + 1:
             previous = cpu
             continue

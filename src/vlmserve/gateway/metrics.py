@@ -26,7 +26,7 @@ class _StateCollector(Collector):
     def __init__(self, snapshot: Callable[[], dict]) -> None:
         self._snapshot = snapshot
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         state = self._snapshot()
         in_flight = GaugeMetricFamily("vlmserve_gateway_in_flight", "Requests sent to a replica and not finished", labels=["replica"])
         healthy = GaugeMetricFamily("vlmserve_gateway_replica_healthy", "1 if the replica passes health checks and is not ejected", labels=["replica"])

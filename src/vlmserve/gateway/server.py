@@ -72,7 +72,8 @@ async def start_gateway(config: GatewayConfig) -> RunningGateway:
             raise UserError(f"port {config.port} on {config.host} is already in use: choose another --port") from None
         raise UserError(f"cannot listen on {config.host}:{config.port}: {err.strerror}") from None
     server = site._server  # aiohttp keeps the asyncio server here; the only way to learn port 0's pick
-    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else config.port
+    sockets = server.sockets if server is not None else []  # type: ignore[attr-defined]
+    port = sockets[0].getsockname()[1] if sockets else config.port
     return RunningGateway(runner, site, app[STATE_KEY], port)
 
 
@@ -166,7 +167,7 @@ class GatewayServer:
     def call(self, fn: Callable[[], object]) -> object:
         """Run `fn` on the gateway's loop thread and return its result (for inspecting state)."""
         assert self.loop is not None
-        future: asyncio.Future = asyncio.run_coroutine_threadsafe(_call_async(fn), self.loop)  # type: ignore[assignment]
+        future = asyncio.run_coroutine_threadsafe(_call_async(fn), self.loop)
         return future.result(timeout=10)
 
     def stop(self) -> None:

@@ -41,7 +41,7 @@ def server_ssl_context(certfile: Path | None, keyfile: Path | None) -> ssl.SSLCo
     return context
 
 
-def _encrypted_key(keyfile: Path):  # type: ignore[no-untyped-def]
+def _encrypted_key(keyfile: Path):  # noqa: ANN202 (returns a nested callback)
     """Called by OpenSSL only for an encrypted key (instead of prompting on the terminal)."""
     def refuse() -> bytes:
         raise UserError(f"--ssl-keyfile {keyfile} is encrypted: give an unencrypted key (openssl pkey -in KEY -out PLAIN)")

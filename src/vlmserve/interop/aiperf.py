@@ -64,8 +64,8 @@ def from_aiperf(data: dict[str, Any]) -> RunResult:
         if isinstance(data.get(name), dict):
             document[block] = _distribution(data[name], name)
     config = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
-    endpoint = config.get("endpoint") or {}
-    loadgen = config.get("loadgen") or {}
+    endpoint = (config or {}).get("endpoint") or {}
+    loadgen = (config or {}).get("loadgen") or {}
     models = endpoint.get("model_names") or []
     load = {"concurrency": loadgen.get("concurrency"), "rate": loadgen.get("request_rate"),
             "api": endpoint.get("type")}

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
-from typing import Any
 
 from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import COEFFICIENTS, Calibration, Efficiency

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary

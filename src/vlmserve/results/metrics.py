@@ -238,8 +238,8 @@ def _token_block(records: Sequence[RequestRecord], agreement: TokenAgreement) ->
     disagreements = sum(
         1
         for r in checked
-        if abs(r.output_tokens - r.tokenizer_output_tokens)  # type: ignore[operator]
-        > max(agreement.absolute, agreement.relative * r.output_tokens)  # type: ignore[operator]
+        if r.output_tokens is not None and r.tokenizer_output_tokens is not None
+        and abs(r.output_tokens - r.tokenizer_output_tokens) > max(agreement.absolute, agreement.relative * r.output_tokens)
     )
     reasoning = [r.reasoning_tokens for r in ok if r.reasoning_tokens is not None]
 

@@ -19,10 +19,12 @@ class KVRequest(Protocol):
     """What the manager reads and updates on a request."""
 
     num_computed_tokens: int
-    num_tokens: int
     block_ids: list[int]
     block_hashes: list[BlockHash]
     num_cached_blocks: int
+
+    @property
+    def num_tokens(self) -> int: ...
 
 
 class KVCacheManager:

@@ -91,7 +91,7 @@ class RequestTiming:
             image_count=self.images,
             ok=finished,
             error_kind=None if finished else "not_finished",
-            workload=workload,
+            workload=workload or "",
             worker=self.replica,
             warmup=warmup,
             simulated=True,

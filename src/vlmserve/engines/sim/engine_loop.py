@@ -180,7 +180,7 @@ class EngineLoop:
             pass
 
     # -- emission --------------------------------------------------------------------------------
-    def _prepare_chunks(self, result: StepResult) -> list[tuple[ActiveRequest, bytes]]:
+    def _prepare_chunks(self, result: StepResult) -> list[tuple[asyncio.Transport, bytes]]:
         """Pre-render the HTTP chunks of plain streams' middle tokens (the bulk of all chunks).
 
         Marks them written; everything else (first and last tokens, faults, non-streaming)

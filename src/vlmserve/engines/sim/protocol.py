@@ -196,7 +196,8 @@ def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int:
         return config.image_tokens
     if not isinstance(kwargs, dict):
         raise bad_request("'mm_processor_kwargs' must be an object", "mm_processor_kwargs")
-    images_kwargs = kwargs.get("images_kwargs") if isinstance(kwargs.get("images_kwargs"), dict) else {}
+    nested = kwargs.get("images_kwargs")
+    images_kwargs: dict[str, Any] = nested if isinstance(nested, dict) else {}
     budget = kwargs.get("max_soft_tokens", images_kwargs.get("max_soft_tokens", kwargs.get("image_tokens")))
     if budget is None:
         return config.image_tokens

@@ -235,7 +235,7 @@ class SimEngine:
 
     async def models(self, _request: web.Request) -> web.Response:
         created = int(time.time())
-        data = [
+        data: list[dict[str, Any]] = [
             {
                 "id": name,
                 "object": "model",
@@ -311,7 +311,7 @@ async def start_server(config: SimEngineConfig) -> tuple[web.AppRunner, SimEngin
         raise UserError(
             f"cannot listen on {config.host}:{config.port} ({err.strerror or err}); pick another --port"
         ) from None
-    sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
+    sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
     port = sockets[0].getsockname()[1] if sockets else config.port
     return runner, engine, port
 
