@@ -3,7 +3,7 @@
 A benchmark is run by hand, rarely, and its published figures are only worth something
 while the script still runs. `--smoke` runs the same code path on tiny settings (seconds,
 against sim engines; where a script needs a real vLLM engine or a GPU, a sim engine stands
-in, or the part is skipped with a printed reason), and tests/test_benchmarks.py runs every
+in, or the part is skipped with a printed reason), and tests/integration/test_benchmarks.py runs every
 script that way. Figures printed in smoke mode mean nothing.
 
 The leading underscore keeps this helper out of that test's `benchmarks/*.py` set.

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.hostile_report"]
+from tests.helpers.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+pytest_plugins = ["tests.hostile_report", "tests.helpers.bench_fixtures", "tests.helpers.gateway_fixtures"]
+
 ARTIFACTS_DIR = REPO_ROOT / "artifacts"
 
 

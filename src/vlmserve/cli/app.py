@@ -39,7 +39,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     # click's plain help, for every verb (the root's mode reaches each command): rich's option
     # table cuts long flag names ("--input-len,--ra…") at 80 columns; click's wraps the help text
-    # and keeps every name whole (tests/test_help_width.py)
+    # and keeps every name whole (tests/unit/test_help_width.py)
     rich_markup_mode=None,
 )
 

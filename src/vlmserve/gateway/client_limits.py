@@ -24,7 +24,7 @@ aiohttp's server has no header timeout and no connection cap, so the listening s
 protocol factory (`ClientGuard`) makes `GuardedRequestHandler`s (aiohttp's RequestHandler plus a
 header timer) or, over the cap, `_Refusal`s. The handler reads three of aiohttp's private
 attributes (`_waiter`: waiting for a request; `_messages`: parsed requests not yet handled;
-`_request_in_progress`); tests/gateway/test_client_limits.py pins the behaviour they give.
+`_request_in_progress`); tests/integration/gateway/test_client_limits.py pins the behaviour they give.
 """
 
 from __future__ import annotations

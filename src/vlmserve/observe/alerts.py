@@ -7,7 +7,7 @@ signal is parenthesised before the comparison: PromQL's `or` binds looser than `
 `a or vector(0) > 0` would compare only the fallback (and fire for ever).
 
 Signals are split by `deployment` (set by the scrape config), so two deployments scraped by
-one Prometheus raise separate alerts. tests/observe/alert_rules_test.yaml checks each rule's
+one Prometheus raise separate alerts. tests/e2e/observe/alert_rules_test.yaml checks each rule's
 behaviour with `promtool test rules`.
 """
 
