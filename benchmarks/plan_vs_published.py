@@ -248,9 +248,9 @@ def shape_replicas_vs_tp(calibration: Calibration, scale: float = 1.0) -> list[s
         for label, tp, replicas in ((f"{gpus} replicas × TP1", 1, gpus), (f"1 replica × TP{gpus}", gpus, 1)):
             setup = PlanSetup.from_names("llama-3.1-8b", "h100", tp=tp, replicas=replicas, calibration=calibration)
             summary = simulate_run(setup, load).result.summary
-            results[tp] = summary["throughput"]["output_tokens_per_s"]
-            lines.append(f"| {gpus} | {label} | {results[tp]:.0f} | {summary['ttft_ms']['mean']:.0f} | "
-                         f"{summary['tpot_ms']['mean']:.1f} |")
+            results[tp] = summary.throughput.output_tokens_per_s
+            lines.append(f"| {gpus} | {label} | {results[tp]:.0f} | {summary.ttft_ms.mean:.0f} | "
+                         f"{summary.tpot_ms.mean:.1f} |")
         ratios.append((gpus, results[1] / results[gpus]))
     lines.append("")
     for gpus, ratio in ratios:
@@ -267,9 +267,9 @@ def shape_knee(calibration: Calibration, scale: float = 1.0) -> list[str]:
     for rate in (4, 8, 16, 24, 32, 40, 48, 64):
         load = LoadSpec(input_len=1024, output_len=256, rate=float(rate), num_requests=scaled(max(400, rate * 30), scale))
         summary = simulate_run(setup, load, record_token_times=True).result.summary
-        lines.append(f"| {rate} | {summary['throughput']['requests_per_s']:.1f} | "
-                     f"{summary['throughput']['output_tokens_per_s']:.0f} | {summary['ttft_ms']['mean']:.0f} | "
-                     f"{summary['ttft_ms']['p99']:.0f} |")
+        lines.append(f"| {rate} | {summary.throughput.requests_per_s:.1f} | "
+                     f"{summary.throughput.output_tokens_per_s:.0f} | {summary.ttft_ms.mean:.0f} | "
+                     f"{summary.ttft_ms.p99:.0f} |")
     return lines
 
 

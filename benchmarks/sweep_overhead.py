@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _smoke import parse_args  # noqa: E402
 
-from tests.report.synthetic import sweep_results  # noqa: E402
+from tests.helpers.synthetic import sweep_results  # noqa: E402
 from vlmserve.bench.runner import run_load  # noqa: E402
 from vlmserve.bench.target import Target  # noqa: E402
 from vlmserve.report.html import render_html  # noqa: E402
