@@ -180,6 +180,8 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                     requested_prompt_tokens=turn.requested_prompt_tokens if turn_index == 0 else None,
                     requested_output_tokens=turn.requested_output_tokens,
                     image_count=turn.image_count,
+                    request_type=turn.request_type,
+                    image_repeat=turn.image_repeat,
                     workload=conversation.workload,
                     turn_index=turn_index,
                     conversation_id=conversation.conversation_id,

@@ -37,6 +37,21 @@ class RequestRecord:
     tokenizer_output_tokens: int | None = None
     """The client tokenizer's count of the answer text, to check usage against."""
     image_count: int = 0
+    request_type: str = "text"
+    """What kind of request it was, for per-type figures: text, image, multi-image, video, audio."""
+    image_repeat: bool | None = None
+    """True when every image in it was sent earlier in the run (a cache could serve it), False when
+    at least one is new, None without images. The workload's intent, not the engine's verdict."""
+    request_bytes: int | None = None
+    """Size of the request body as sent."""
+    upload_s: float | None = None
+    """Time from the first byte of the request to its last byte being written (client side)."""
+    engine_ttft_s: float | None = None
+    """The engine's own time to first token (arrival in the engine to first token), when it reports it."""
+    engine_queue_s: float | None = None
+    """Time the request waited in the engine's scheduler queue, when the engine reports it."""
+    engine_prefill_s: float | None = None
+    """From first scheduled to first token (prefill, vision encoder included), when the engine reports it."""
     reasoning_tokens: int | None = None
     tool_calls: int = 0
     ok: bool = False

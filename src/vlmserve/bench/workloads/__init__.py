@@ -31,6 +31,10 @@ class Turn:
     image_count: int = 0
     shared_words: int = 0
     """Leading words every request shares on purpose (the shared prefix); a fresh variant keeps them."""
+    request_type: str = "text"
+    """text, image, multi-image, video or audio: the key of per-type figures and SLOs."""
+    image_repeat: bool | None = None
+    """True when every image was sent earlier in the run, False when one is new, None without images."""
 
     @property
     def text(self) -> str:
@@ -134,7 +138,7 @@ def fresh_variant(conversation: Conversation, seed: int, variant: int) -> Conver
             ]
         turns.append(Turn(
             content, turn.max_tokens, turn.requested_prompt_tokens, turn.requested_output_tokens,
-            turn.reference_reply, turn.image_count, turn.shared_words,
+            turn.reference_reply, turn.image_count, turn.shared_words, turn.request_type, turn.image_repeat,
         ))
     return Conversation(
         f"{conversation.conversation_id}~{variant}", conversation.workload, turns, conversation.system, conversation.arrival_s
