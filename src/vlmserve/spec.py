@@ -135,6 +135,12 @@ class DeploymentSpec(BaseModel):
         description="hosts image URLs may point at; empty: no remote media, images come inline (data: URLs)",
     )
     open: bool = Field(False, description="serve a non-loopback host without keys_file, on purpose")
+    # Image preflight at the gateway (None: the gateway's defaults; a tenant may tighten them).
+    max_image_bytes: int | None = Field(None, ge=1, description="gateway: refuse a larger image (400)")
+    max_image_pixels: int | None = Field(None, ge=1, description="gateway: refuse an image with more pixels (400)")
+    max_images_per_request: int | None = Field(None, ge=1, description="gateway: refuse more images per request (400)")
+    image_downscale_max_side: int | None = Field(
+        None, ge=16, description="gateway: resize images to at most this longest side (fewer prompt tokens)")
 
     @field_validator("allowed_media_domains")
     @classmethod

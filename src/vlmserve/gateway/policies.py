@@ -197,6 +197,75 @@ class PrefixAffinity(RoutingPolicy):
             cached.popitem(last=False)
 
 
+class ImageMemory:
+    """Which image digests each replica was recently sent: a stand-in for its multimodal cache.
+
+    vLLM keeps processed images (and their encoder outputs) per replica, keyed by content hash; a
+    repeat on the same replica skips preprocessing and the vision encoder. An LRU of
+    `images_per_replica` digests approximates what is still cached there.
+    """
+
+    def __init__(self, images_per_replica: int = 4096) -> None:
+        self.images_per_replica = images_per_replica
+        self._seen: dict[int, OrderedDict[str, None]] = {}
+
+    def matched(self, request: RoutedRequest, replica: Replica) -> int:
+        """How many of the request's images the replica holds."""
+        seen = self._seen.get(replica.index)
+        return sum(digest in seen for digest in request.image_digests) if seen else 0
+
+    def remember(self, request: RoutedRequest, replica: Replica) -> None:
+        seen = self._seen.setdefault(replica.index, OrderedDict())
+        for digest in request.image_digests:
+            seen[digest] = None
+            seen.move_to_end(digest)
+        while len(seen) > self.images_per_replica:
+            seen.popitem(last=False)
+
+
+class ImageAffinity(LeastOutstandingTokens):
+    """Send a request to the replica that holds most of its images, within a load bound.
+
+    Requests without images, and images no replica holds, go by least outstanding tokens (so a new
+    image lands where there is room, and its repeats then follow it). A holder over
+    `load_factor` × the fair share of in-flight requests is passed over for the best holder under
+    the bound, else for the least loaded replica: a popular image never makes a hot spot.
+    """
+
+    name = "image-affinity"
+
+    def __init__(self, load_factor: float = 1.25, images_per_replica: int = 4096) -> None:
+        super().__init__()
+        self.load_factor = load_factor
+        self.memory = ImageMemory(images_per_replica)
+        self.affinity_hits = 0  # chosen because it holds the images
+        self.bound_overrides = 0  # a holder existed but was over its bound
+
+    def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
+        if not request.image_digests:
+            return super().choose(request, candidates)
+        bound = load_bound(candidates, self.load_factor)
+        matches = [(self.memory.matched(request, replica), replica) for replica in candidates]
+        best_any = max(count for count, _ in matches)
+        allowed = [(count, replica) for count, replica in matches if replica.in_flight + 1 <= bound and count > 0]
+        if allowed:
+            top = max(count for count, _ in allowed)
+            holders = [replica for count, replica in allowed if count == top]
+            if top == best_any:
+                self.affinity_hits += 1
+            else:
+                self.bound_overrides += 1
+            return super().choose(request, holders)
+        if best_any > 0:
+            self.bound_overrides += 1
+        under = [replica for replica in candidates if replica.in_flight + 1 <= bound]
+        return super().choose(request, under or candidates)
+
+    def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
+        super().on_dispatch(request, replica)
+        self.memory.remember(request, replica)
+
+
 class EngineAware(RoutingPolicy):
     """Score replicas from their engines' own load figures and the gateway's in-flight counts.
 
@@ -204,13 +273,19 @@ class EngineAware(RoutingPolicy):
     queue (engine waiting+running), waiting alone (a queue means the batch is full), and free
     KV cache. Requests the gateway has in flight beyond what the last scrape counted are added
     to both queue and waiting: the scrape has not seen them yet, so they herd otherwise. Scrapes older than `stale_after_s` are ignored.
+    A fourth scorer, images held (the share of the request's images a replica was recently sent,
+    ImageMemory), counts only for replicas under the load bound, so it steers repeats without
+    overloading the replica that holds a popular image.
     """
 
     name = "engine-aware"
     uses_engine_load = True
 
     def __init__(self, queue_weight: float = 1.0, waiting_weight: float = 1.0, kv_weight: float = 1.0,
-                 stale_after_s: float = 3.0) -> None:
+                 stale_after_s: float = 3.0, image_weight: float = 1.0, load_factor: float = 1.25) -> None:
+        self.image_weight = image_weight
+        self.load_factor = load_factor
+        self.memory = ImageMemory()
         self.queue_weight = queue_weight
         self.waiting_weight = waiting_weight
         self.kv_weight = kv_weight
@@ -236,6 +311,8 @@ class EngineAware(RoutingPolicy):
         max_queue = max(f[0] for f in figures) or 1.0
         max_waiting = max(f[1] for f in figures) or 1.0
         n = len(candidates)
+        images = len(request.image_digests)
+        bound = load_bound(candidates, self.load_factor) if images else 0
         best_index, best_score = 0, -math.inf
         for offset in range(n):
             i = (self._rotation + offset) % n
@@ -245,9 +322,14 @@ class EngineAware(RoutingPolicy):
                 + self.waiting_weight * (1 - waiting / max_waiting)
                 + self.kv_weight * (1 - kv_usage)
             )
+            if images and candidates[i].in_flight + 1 <= bound:
+                score += self.image_weight * self.memory.matched(request, candidates[i]) / images
             if score > best_score:
                 best_index, best_score = i, score
         return candidates[best_index]
+
+    def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
+        self.memory.remember(request, replica)
 
 
 class SessionAffinity(RoutingPolicy):
@@ -307,7 +389,9 @@ def build_policy(config: GatewayConfig) -> RoutingPolicy:
     elif config.policy == "prefix-affinity":
         inner = PrefixAffinity(load_factor=config.prefix_load_factor)
     elif config.policy == "engine-aware":
-        inner = EngineAware()
+        inner = EngineAware(load_factor=config.prefix_load_factor)
+    elif config.policy == "image-affinity":
+        inner = ImageAffinity(load_factor=config.prefix_load_factor)
     else:  # validated earlier; kept for type checkers
         raise ValueError(config.policy)
     return SessionAffinity(inner)

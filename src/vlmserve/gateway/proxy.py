@@ -69,6 +69,7 @@ class RequestLog:
     completion_tokens: int | None = None
     estimated_tokens: int = 0
     error: str | None = None
+    images: list[dict[str, Any]] = field(default_factory=list)  # image_preflight.ImageSeen.audit()
 
     @property
     def retries(self) -> int:
@@ -95,6 +96,7 @@ class RequestLog:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "error": self.error,
+            **({"images": self.images} if self.images else {}),
         }
 
 

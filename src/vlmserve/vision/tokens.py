@@ -209,13 +209,17 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _int(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
 def _pixel_grid(model_type: str, pre: dict[str, Any]) -> PixelGrid:
     patch, merge = _PIXEL_DEFAULTS[model_type]
-    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
+    size = _dict(pre.get("size"))
     min_pixels = _int(pre.get("min_pixels"), _int(size.get("shortest_edge"), 56 * 56))
     max_pixels = _int(pre.get("max_pixels"), _int(size.get("longest_edge"), 28 * 28 * 1280))
     return PixelGrid(
@@ -226,9 +230,9 @@ def _pixel_grid(model_type: str, pre: dict[str, Any]) -> PixelGrid:
 
 
 def _tiles(model_type: str, config: dict[str, Any], pre: dict[str, Any], proc: dict[str, Any]) -> Tiles:
-    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
-    tile = _int((pre.get("max_image_size") or {}).get("longest_edge"), _int(vision.get("image_size"), 364))
-    longest = _int((pre.get("size") or {}).get("longest_edge"), 4 * tile)
+    vision = _dict(config.get("vision_config"))
+    tile = _int(_dict(pre.get("max_image_size")).get("longest_edge"), _int(vision.get("image_size"), 364))
+    longest = _int(_dict(pre.get("size")).get("longest_edge"), 4 * tile)
     patch = _int(vision.get("patch_size"), 14)
     scale = _int(config.get("scale_factor"), 2 if model_type == "idefics3" else 4)
     seq_len = _int(proc.get("image_seq_len"), (tile // patch) ** 2 // scale**2)
@@ -260,7 +264,7 @@ def estimator_from_configs(config: dict[str, Any], preprocessor: dict[str, Any],
         return ImageTokenEstimator(tokens_per_image=count + 2, family=model_type, is_fallback=False,
                                    source=f"config.json: mm_tokens_per_image={count}")
     if model_type in _LLAVA_TYPES:
-        vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+        vision = _dict(config.get("vision_config"))
         image_size, patch = _int(vision.get("image_size"), 336), _int(vision.get("patch_size"), 14)
         count = _int(config.get("image_seq_length"), (image_size // patch) ** 2)
         note = "" if model_type == "llava" else " (base grid only: any-resolution tiles are not counted)"
