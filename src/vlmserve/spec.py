@@ -266,6 +266,15 @@ class LoadSpec(BaseModel):
     image_size: tuple[int, int] = (64, 64)
     images_per_request: int = Field(1, ge=0)
     image_format: Literal["png", "jpeg"] = "png"
+    image_size_mix: list[tuple[int, int, float]] | None = None
+    """Resolution buckets (width, height, weight): each synthetic image's size is drawn from them."""
+    images_per_request_mix: dict[int, float] | None = None
+    """{images: weight}: how many images each image request carries (1 = image, more = multi-image)."""
+    image_repeat_rate: float | None = Field(None, ge=0, le=1, description="share of image requests that resend earlier images")
+    """The stated repeat rate (bench.workloads.image_reuse); None: images are drawn without reuse control."""
+    image_popularity_skew: float = Field(1.0, ge=0, description="Zipf exponent of which earlier image a repeat picks")
+    vision_budget_mix: dict[int, float] | None = None
+    """{max_soft_tokens: weight}: a Gemma-style vision budget per request (mm_processor_kwargs)."""
     mix: dict[str, float] | None = None
     extra_body: dict[str, Any] | None = None
     seed: int = 0

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool, Endpoint
 from vlmserve.bench.interrupt import GRACE_S, Interrupt
-from vlmserve.bench.workloads import Conversation, fresh_variant
+from vlmserve.bench.workloads import Conversation, Turn, fresh_variant
 from vlmserve.results.records import RequestRecord
 
 RecordSink = Callable[[RequestRecord, str | None], None]
@@ -115,15 +115,19 @@ def build_item_bodies(conversation: Conversation, options: RequestOptions, multi
         if multi_turn == "live" and index > 0:
             bodies.append(None)
             continue
-        bodies.append(encode_body(_body_for(options, history, turn.content, turn.text, turn.max_tokens)))
+        bodies.append(encode_body(_body_for(options, history, turn)))
         history = history + [{"role": "user", "content": turn.content}]
         history.append({"role": "assistant", "content": turn.reference_reply or ""})
     return bodies
 
 
-def _body_for(options: RequestOptions, history: list[dict[str, Any]], content: Any, text: str, max_tokens: int) -> dict[str, Any]:
+def _body_for(options: RequestOptions, history: list[dict[str, Any]], turn: Turn) -> dict[str, Any]:
+    content, text, max_tokens = turn.content, turn.text, turn.max_tokens
     if options.api == "chat":
-        return build_body(options, max_tokens, messages=[*history, {"role": "user", "content": content}])
+        body = build_body(options, max_tokens, messages=[*history, {"role": "user", "content": content}])
+        if turn.mm_processor_kwargs:
+            body["mm_processor_kwargs"] = {**body.get("mm_processor_kwargs", {}), **turn.mm_processor_kwargs}
+        return body
     prompt = "\n".join(str(message["content"]) for message in history) + ("\n" if history else "") + text
     return build_body(options, max_tokens, prompt=prompt)
 
@@ -172,7 +176,7 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                         return scheduled_perf
                 body = bodies[turn_index] if turn_index < len(bodies) else None
                 if body is None:
-                    body = encode_body(_body_for(plan.options, history, turn.content, turn.text, turn.max_tokens))
+                    body = encode_body(_body_for(plan.options, history, turn))
                 record = RequestRecord(
                     request_id=f"w{plan.index}-{next(sequence)}",
                     scheduled_at_s=scheduled_perf + plan.clock_offset,
