@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from vlmserve.gateway.config import POLICY_NAMES, GatewayConfig
+from vlmserve.gateway.config import CLIENT_MM_PROCESSOR_KWARGS, POLICY_NAMES, GatewayConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
 
@@ -57,6 +57,9 @@ def register(app: typer.Typer) -> None:
         media_fetch_timeout: float = typer.Option(_DEFAULTS["media_fetch_timeout_s"], help="Seconds to fetch an allowed remote image (it is then forwarded inline)."),
         image_downscale_max_side: Optional[int] = typer.Option(None, help="Resize images so their longest side is at most this many pixels (the engine's prompt tokens drop accordingly)."),
         model_config_dir: Optional[Path] = typer.Option(None, help="The served model's directory (config.json, processor configs): per-model image token estimates and downscale rule."),
+        client_mm_processor_kwargs: list[str] = typer.Option(
+            list(CLIENT_MM_PROCESSOR_KWARGS), "--client-mm-processor-kwargs",
+            help="mm_processor_kwargs keys clients may send (repeat or comma-separate); others are refused (400)."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
@@ -77,6 +80,7 @@ def register(app: typer.Typer) -> None:
             max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels,
             max_images_per_request=max_images_per_request, media_fetch_timeout_s=media_fetch_timeout,
             image_downscale_max_side=image_downscale_max_side, model_config_dir=model_config_dir,
+            client_mm_processor_kwargs=[key.strip() for value in client_mm_processor_kwargs for key in value.split(",") if key.strip()],
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -16,6 +16,8 @@ Device placement differs by machine:
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import math
 import os
@@ -181,10 +183,29 @@ def engine_arguments(
         argv += ["--mm-processor-kwargs", _json(args.mm_processor_kwargs)]
     # image URLs are fetched by the engine: only from listed hosts (SSRF), by default from none
     argv += ["--allowed-media-domains", *(spec.allowed_media_domains or [NO_REMOTE_MEDIA_DOMAIN])]
-    for key, value in args.vllm_flags().items():
+    given = args.vllm_flags()
+    if spec.gateway and "trust_request_mm_kwargs" not in given and _has_flag("trust_request_mm_kwargs"):
+        # The gateway is the only door and polices per-request processor kwargs (it adds its own
+        # when downscaling images), so the replicas behind it accept them.
+        argv.append("--trust-request-mm-kwargs")
+    for key, value in given.items():
         argv += engine_arg_argv(key, value)
     argv += list(args.extra_args)
     return argv
+
+
+@functools.lru_cache(maxsize=None)
+def _has_flag(name: str) -> bool:
+    """Does the installed vLLM's server take this flag? True where vLLM is not installed (the engine
+    image decides). Read from the source of vLLM's server arguments, so nothing is imported."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return True
+    cli_args = Path(list(spec.submodule_search_locations)[0]) / "entrypoints" / "launchers" / "cli_args.py"
+    try:
+        return name in cli_args.read_text(encoding="utf-8")
+    except OSError:
+        return True
 
 
 def eager_by_default(spec: DeploymentSpec) -> bool:

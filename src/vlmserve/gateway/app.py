@@ -71,7 +71,8 @@ class Gateway:
         log.info("image token estimate: %s", image_estimator.describe())
         self.image_limits = ImageLimits(config.max_image_bytes, config.max_image_pixels, config.max_images_per_request)
         self.preflight = ImagePreflight(self.image_limits, image_estimator,
-                                        downscale_max_side=config.image_downscale_max_side)
+                                        downscale_max_side=config.image_downscale_max_side,
+                                        client_processor_kwargs=tuple(config.client_mm_processor_kwargs))
         self.media_session: aiohttp.ClientSession | None = None
         self.audit = AuditLog(config.audit_log, log_content=config.log_content)
         self.allowed_media_hosts = allowed_host_set(config.allowed_media_domains)

@@ -10,6 +10,10 @@ from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 
 
+CLIENT_MM_PROCESSOR_KWARGS = ("max_soft_tokens",)
+"""The per-request processor kwargs clients may send by default: a vision budget (Gemma-style)."""
+
+
 @dataclass
 class GatewayConfig:
     """Settings of one gateway process. Defaults suit a few vLLM replicas on one host."""
@@ -81,6 +85,9 @@ class GatewayConfig:
     # The served model's directory (config.json, processor configs): per-model image token
     # estimates and the downscale rule. Without it each image counts image_token_estimate.
     model_config_dir: Path | None = None
+    # Per-request mm_processor_kwargs keys a client may send (engines behind the gateway trust
+    # them: vLLM's --trust-request-mm-kwargs); any other key is refused with 400.
+    client_mm_processor_kwargs: list[str] = field(default_factory=lambda: list(CLIENT_MM_PROCESSOR_KWARGS))
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""

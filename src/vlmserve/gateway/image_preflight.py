@@ -143,7 +143,9 @@ class ImagePreflight:
     """Runs the checks above over one parsed request body, rewriting it in place where needed."""
 
     def __init__(self, limits: ImageLimits, estimator: ImageTokenEstimator, *,
-                 downscale_max_side: int | None = None, fetcher: RemoteFetcher | None = None) -> None:
+                 downscale_max_side: int | None = None, fetcher: RemoteFetcher | None = None,
+                 client_processor_kwargs: tuple[str, ...] = ()) -> None:
+        self.client_processor_kwargs = client_processor_kwargs
         self.limits = limits
         self.estimator = estimator
         self.downscale_max_side = downscale_max_side
@@ -153,6 +155,7 @@ class ImagePreflight:
                   takes_processor_kwargs: bool = True) -> PreflightResult:
         """Check every media part of `payload`; ImageRefused for the first that breaks a rule."""
         limits = limits or self.limits
+        self._check_client_kwargs(payload)
         result = PreflightResult()
         slots = list(media_slots(payload))
         if len(slots) > limits.max_images_per_request:
@@ -183,6 +186,22 @@ class ImagePreflight:
         for seen in result.images:
             seen.tokens = self.estimator.tokens(seen.sent_width, seen.sent_height, payload.get("mm_processor_kwargs"))
         return result
+
+    def _check_client_kwargs(self, payload: dict[str, Any]) -> None:
+        """Engines behind the gateway trust per-request processor kwargs (the gateway adds its own when
+        downscaling), so only the keys the operator allows may come from a client: a kwarg such as
+        an image size can multiply an engine's preprocessing and encoder work."""
+        given = payload.get("mm_processor_kwargs")
+        if given is not None and not isinstance(given, dict):
+            raise ImageRefused("'mm_processor_kwargs' must be an object", "invalid_mm_processor_kwargs")
+        refused = sorted(set(given or {}) - set(self.client_processor_kwargs))
+        if refused:
+            allowed = ", ".join(self.client_processor_kwargs) or "none"
+            raise ImageRefused(f"mm_processor_kwargs key {refused[0]!r} is not allowed through this gateway (allowed: "
+                               f"{allowed}; --client-mm-processor-kwargs)", "mm_processor_kwargs_not_allowed")
+        if payload.get("media_io_kwargs") is not None:
+            raise ImageRefused("media_io_kwargs are set by the operator, not per request: drop the field",
+                               "mm_processor_kwargs_not_allowed")
 
     async def _image_bytes(self, url: str, limits: ImageLimits, index: int) -> tuple[bytes, str]:
         if url[:5].lower() != "data:":

@@ -181,3 +181,17 @@ async def test_downscale_resizes_and_the_audit_records_both_sizes(constant_engin
     image = json.loads(audit.read_text().splitlines()[0])["images"][0]
     assert image["size"] == "640x480" and image["sent_size"] == "128x96" and image["format"] == "jpeg"
     assert image["sent_bytes"] < image["bytes"]
+
+
+@pytest.mark.hostile("per-request mm_processor_kwargs that multiply an engine's preprocessing work")
+async def test_clients_may_send_only_the_allowed_processor_kwargs(constant_engines: list[SimHandle]) -> None:
+    image = data_url(png_bytes(8, 8))
+    async with running_gateway(constant_engines[:1]) as gw, aiohttp.ClientSession() as session:
+        assert_refused(await post_chat(session, gw.base_url, image_request(image, mm_processor_kwargs={"size": {"longest_edge": 99999}})),
+                       "mm_processor_kwargs_not_allowed", "'size'", "--client-mm-processor-kwargs")
+        assert_refused(await post_chat(session, gw.base_url, image_request(image, mm_processor_kwargs="big")),
+                       "invalid_mm_processor_kwargs", "must be an object")
+        assert_refused(await post_chat(session, gw.base_url, image_request(image, media_io_kwargs={"video": {"num_frames": 10**6}})),
+                       "mm_processor_kwargs_not_allowed", "media_io_kwargs")
+        budget = await post_chat(session, gw.base_url, image_request(image, mm_processor_kwargs={"max_soft_tokens": 70}))
+        assert budget.status == 200, budget.body
