@@ -224,42 +224,50 @@ class ImageMemory:
 
 
 class ImageAffinity(LeastOutstandingTokens):
-    """Send a request to the replica that holds most of its images, within a load bound.
+    """Least outstanding tokens, where an image a replica already holds costs it less.
 
-    Requests without images, and images no replica holds, go by least outstanding tokens (so a new
-    image lands where there is room, and its repeats then follow it). A holder over
-    `load_factor` × the fair share of in-flight requests is passed over for the best holder under
-    the bound, else for the least loaded replica: a popular image never makes a hot spot.
+    A request goes to the replica under the load bound with the least work after dispatch:
+    its outstanding tokens plus this request's, minus what a held image saves there (the image's
+    tokens × `hit_weight`: a repeat on the same replica skips preprocessing and the vision
+    encoder, roughly twice its prefill). So an image's repeats follow it while the replicas are
+    near balance, and go elsewhere when its holder is busier than the saving is worth. No
+    replica may pass `load_factor` × the fair share of in-flight requests (the bound prefix
+    affinity uses): a popular image never makes a hot spot. Requests without images go by least
+    outstanding tokens.
     """
 
     name = "image-affinity"
 
-    def __init__(self, load_factor: float = 1.25, images_per_replica: int = 4096) -> None:
+    def __init__(self, load_factor: float = 1.25, images_per_replica: int = 4096, hit_weight: float = 2.0) -> None:
         super().__init__()
         self.load_factor = load_factor
+        self.hit_weight = hit_weight
         self.memory = ImageMemory(images_per_replica)
-        self.affinity_hits = 0  # chosen because it holds the images
-        self.bound_overrides = 0  # a holder existed but was over its bound
+        self.affinity_hits = 0  # sent where (some of) its images are held
+        self.affinity_declined = 0  # a holder existed but was too busy (or over the bound)
+
+    def _saving(self, request: RoutedRequest, replica: Replica) -> float:
+        held = self.memory.matched(request, replica)
+        return self.hit_weight * request.image_tokens * held / len(request.image_digests) if held else 0.0
 
     def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
         if not request.image_digests:
             return super().choose(request, candidates)
+        self._rotation += 1
         bound = load_bound(candidates, self.load_factor)
-        matches = [(self.memory.matched(request, replica), replica) for replica in candidates]
-        best_any = max(count for count, _ in matches)
-        allowed = [(count, replica) for count, replica in matches if replica.in_flight + 1 <= bound and count > 0]
-        if allowed:
-            top = max(count for count, _ in allowed)
-            holders = [replica for count, replica in allowed if count == top]
-            if top == best_any:
-                self.affinity_hits += 1
-            else:
-                self.bound_overrides += 1
-            return super().choose(request, holders)
-        if best_any > 0:
-            self.bound_overrides += 1
-        under = [replica for replica in candidates if replica.in_flight + 1 <= bound]
-        return super().choose(request, under or candidates)
+        under = [replica for replica in candidates if replica.in_flight + 1 <= bound] or list(candidates)
+        n = len(under)
+        best, best_key = under[0], (math.inf, 0)
+        for offset in range(n):
+            replica = under[(self._rotation + offset) % n]
+            key = (self.outstanding.get(replica.index, 0) - self._saving(request, replica), replica.in_flight)
+            if key < best_key:
+                best, best_key = replica, key
+        if self.memory.matched(request, best):
+            self.affinity_hits += 1
+        elif any(self.memory.matched(request, replica) for replica in candidates):
+            self.affinity_declined += 1
+        return best
 
     def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
         super().on_dispatch(request, replica)

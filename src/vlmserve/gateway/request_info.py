@@ -43,6 +43,7 @@ class RoutedRequest:
     # Content digests of the request's images, in order (image_preflight.py): what image-aware
     # routing keys on.
     image_digests: list[str] = field(default_factory=list)
+    image_tokens: int = 0  # the images' share of prompt_tokens (estimated)
 
     @property
     def expected_total_tokens(self) -> int:
@@ -177,4 +178,5 @@ def describe_request(
         expected_output_tokens=expected_output_tokens(body, estimator.default_max_tokens) if generates else 0,
         prefix_hashes=block_hashes(text, prefix_block_chars) if prefix_block_chars else [],
         image_digests=list(image_digests or []),
+        image_tokens=image_tokens,
     )
