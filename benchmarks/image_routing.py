@@ -9,7 +9,7 @@ prefix-cache hit rate, image TTFT p50/p95 (client), and each replica's share of 
 Printed: medians over rounds, and medians of the paired differences (image-affinity − LOT).
 
     .venv/bin/python benchmarks/image_routing.py [--rounds 4] [--num-requests 96] [--concurrency 4]
-        [--repeat-rate 0.5] [--image-size 512x512] [--markdown FILE]
+        [--repeat-rate 0.5] [--popularity-skew 0] [--image-size 1024x1024] [--markdown FILE]
     .venv/bin/python benchmarks/image_routing.py --smoke     # sim engines stand in for vLLM
 """
 
@@ -102,13 +102,17 @@ def counters(urls: list[str]) -> list[dict[str, float]]:
     return result
 
 
-def run_round(policy: str, base: str, model: str, urls: list[str], args: argparse.Namespace, seed: int, out: Path) -> dict:
+def run_round(policy: str, base: str, model: str, urls: list[str], args: argparse.Namespace, seed: int, out: Path,
+              model_dir: str | None) -> dict:
+    """One bench run through `base`; the engines' cache counters around it. The local tokenizer
+    fits prompts without /tokenize calls, which would load the engines being measured."""
     before = counters(urls)
     command = [sys.executable, "-m", "vlmserve", "bench", "--base-url", base, "--model", model, "--dataset", "images",
                "--image-size", args.image_size, "--image-format", "jpeg", "--image-repeat-rate", str(args.repeat_rate),
+               "--image-popularity-skew", str(args.popularity_skew),
                "--num-requests", str(args.num_requests), "--concurrency", str(args.concurrency),
                "--input-len", "16", "--output-len", "8", "--seed", str(seed), "--no-store", "--json-out", str(out),
-               "--no-progress"]
+               "--no-progress", *(["--tokenizer", model_dir] if model_dir else [])]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode not in (0, 3):  # 3: the run finished with warnings (still measured)
         raise SystemExit(f"bench failed ({policy}): {finished.stderr.strip().splitlines()[-1:]}")
@@ -134,7 +138,9 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeat-rate", type=float, default=0.5)
-    parser.add_argument("--image-size", default="512x512")
+    parser.add_argument("--image-size", default="1024x1024")
+    parser.add_argument("--popularity-skew", type=float, default=0.0,
+                        help="Zipf exponent of which earlier image a repeat picks (0: uniform)")
     parser.add_argument("--markdown", type=Path, help="append the results table to this file")
     args = parse_args(parser, rounds=1, num_requests=12, concurrency=2)
     workdir = Path(tempfile.mkdtemp(prefix="image-routing-"))
@@ -142,12 +148,13 @@ def main() -> None:
     with replicas(args, workdir) as (urls, model, model_dir), contextlib.ExitStack() as stack:
         bases = {policy: stack.enter_context(gateway(policy, urls, model_dir, workdir / f"gateway-{policy}.log"))
                  for policy in POLICIES}
-        run_round(POLICIES[0], bases[POLICIES[0]], model, urls, args, 10_000, workdir / "warmup.json")  # discarded
+        run_round(POLICIES[0], bases[POLICIES[0]], model, urls, args, 10_000, workdir / "warmup.json", model_dir)  # discarded
         for round_index in range(args.rounds):
             order = POLICIES if round_index % 2 == 0 else POLICIES[::-1]
             for policy in order:
                 seed = 1000 * (round_index + 1) + POLICIES.index(policy)  # fresh images every run
-                figures = run_round(policy, bases[policy], model, urls, args, seed, workdir / f"{policy}-{round_index}.json")
+                figures = run_round(policy, bases[policy], model, urls, args, seed, workdir / f"{policy}-{round_index}.json",
+                                    model_dir)
                 results[policy].append(figures)
                 print(f"round {round_index + 1} {policy:26s} mm hit {figures['mm_hit_rate']:.2f}  prefix hit "
                       f"{figures['prefix_hit_rate']:.2f}  TTFT p50 {figures['ttft_p50_ms']:.1f} ms  p95 "
@@ -171,7 +178,8 @@ def render(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     engine = "sim engines (smoke)" if args.smoke else "embedded vLLM CPU engine, 2 replicas x 1 core"
     lines = [
         f"Image routing, {engine}: {args.num_requests} image requests per run at concurrency {args.concurrency}, "
-        f"repeat rate {args.repeat_rate}, {args.image_size} JPEG, {args.rounds} rounds (A B B A), medians.",
+        f"repeat rate {args.repeat_rate} (popularity skew {args.popularity_skew:g}), {args.image_size} JPEG, "
+        f"{args.rounds} rounds (A B B A), medians.",
         "",
         "| policy | engine mm-cache hit rate | prefix-cache hit rate | image TTFT p50 (ms) | image TTFT p95 (ms) | busiest replica's share |",
         "|---|---|---|---|---|---|",

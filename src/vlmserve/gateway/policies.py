@@ -224,16 +224,17 @@ class ImageMemory:
 
 
 class ImageAffinity(LeastOutstandingTokens):
-    """Least outstanding tokens, where an image a replica already holds costs it less.
+    """Least outstanding tokens, where an image is work only on a replica that does not hold it.
 
-    A request goes to the replica under the load bound with the least work after dispatch:
-    its outstanding tokens plus this request's, minus what a held image saves there (the image's
-    tokens × `hit_weight`: a repeat on the same replica skips preprocessing and the vision
-    encoder, roughly twice its prefill). So an image's repeats follow it while the replicas are
-    near balance, and go elsewhere when its holder is busier than the saving is worth. No
-    replica may pass `load_factor` × the fair share of in-flight requests (the bound prefix
-    affinity uses): a popular image never makes a hot spot. Requests without images go by least
-    outstanding tokens.
+    Until its first token, a request with a new image costs its replica more than its tokens: the
+    frontend decodes and processes the image and the vision tower encodes it. A repeat on the
+    replica that processed the image skips both (vLLM's multimodal cache is per replica). So a
+    request is charged its tokens plus `hit_weight` × the tokens of each image the replica does not
+    hold (the charge drops to tokens alone at the first token, as in least outstanding tokens,
+    because the image work is then done), and goes where the total after dispatch is least. An
+    image's repeats follow it while the replicas are near balance and go elsewhere when its holder
+    is busier than the image work is worth. No replica may pass `load_factor` × the fair share of
+    in-flight requests (the bound prefix affinity uses): a popular image never makes a hot spot.
     """
 
     name = "image-affinity"
@@ -246,9 +247,12 @@ class ImageAffinity(LeastOutstandingTokens):
         self.affinity_hits = 0  # sent where (some of) its images are held
         self.affinity_declined = 0  # a holder existed but was too busy (or over the bound)
 
-    def _saving(self, request: RoutedRequest, replica: Replica) -> float:
-        held = self.memory.matched(request, replica)
-        return self.hit_weight * request.image_tokens * held / len(request.image_digests) if held else 0.0
+    def image_work(self, request: RoutedRequest, replica: Replica) -> int:
+        """Extra load of the request's images on `replica`: none for the images it holds."""
+        if not request.image_digests:
+            return 0
+        fresh = len(request.image_digests) - self.memory.matched(request, replica)
+        return round(self.hit_weight * request.image_tokens * fresh / len(request.image_digests))
 
     def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
         if not request.image_digests:
@@ -260,7 +264,7 @@ class ImageAffinity(LeastOutstandingTokens):
         best, best_key = under[0], (math.inf, 0)
         for offset in range(n):
             replica = under[(self._rotation + offset) % n]
-            key = (self.outstanding.get(replica.index, 0) - self._saving(request, replica), replica.in_flight)
+            key = (self.outstanding.get(replica.index, 0) + self.image_work(request, replica), replica.in_flight)
             if key < best_key:
                 best, best_key = replica, key
         if self.memory.matched(request, best):
@@ -270,7 +274,7 @@ class ImageAffinity(LeastOutstandingTokens):
         return best
 
     def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
-        super().on_dispatch(request, replica)
+        self._charge(request, replica, request.expected_total_tokens + self.image_work(request, replica))
         self.memory.remember(request, replica)
 
 
