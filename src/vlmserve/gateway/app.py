@@ -19,11 +19,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected, load_keys_file
+from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected, Tenant, load_keys_file
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
-from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, RemoteFetcher
+from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media
 from vlmserve.gateway.metrics import GatewayMetrics
@@ -210,11 +210,7 @@ class Gateway:
                     check_media(payload, self.allowed_media_hosts)
                 except MediaRefused as refused:
                     raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
-                try:
-                    images = await self.preflight.run(payload, self.image_limits.tightened(*tenant.image_limits),
-                                                      takes_processor_kwargs=route.generates)
-                except ImageRefused as refused:
-                    raise AdmissionRejected(400, refused.message, refused.code) from None
+                images = await self._preflight(payload, tenant, route)
                 request_log.images = [image.audit() for image in images.images]
                 if images.changed:
                     body = json.dumps(payload, separators=(",", ":")).encode()
@@ -264,6 +260,23 @@ class Gateway:
                     used = None if request_log.completion_tokens is None else (request_log.prompt_tokens or 0) + request_log.completion_tokens
                     self.admission.settle_tokens(tenant, request_log.estimated_tokens, used)
             self._finish(request_log, content)
+
+    async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
+        """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
+        started = time.perf_counter()
+        try:
+            result = await self.preflight.run(payload, self.image_limits.tightened(*tenant.image_limits),
+                                              takes_processor_kwargs=route.generates)
+        except ImageRefused as refused:
+            self.metrics.images.labels(refused.code).inc()
+            raise AdmissionRejected(400, refused.message, refused.code) from None
+        if result.images:
+            self.metrics.image_preflight.observe(time.perf_counter() - started)
+            for image in result.images:
+                self.metrics.images.labels(image.source).inc()
+                if (image.sent_width, image.sent_height) != (image.width, image.height):
+                    self.metrics.images.labels("downscaled").inc()
+        return result
 
     async def _read_json(self, request: web.Request) -> tuple[bytes, dict]:
         limit = self.config.max_body_bytes

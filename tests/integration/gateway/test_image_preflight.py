@@ -195,3 +195,16 @@ async def test_clients_may_send_only_the_allowed_processor_kwargs(constant_engin
                        "mm_processor_kwargs_not_allowed", "media_io_kwargs")
         budget = await post_chat(session, gw.base_url, image_request(image, mm_processor_kwargs={"max_soft_tokens": 70}))
         assert budget.status == 200, budget.body
+
+
+async def test_image_metrics_count_outcomes(constant_engines: list[SimHandle]) -> None:
+    async with running_gateway(constant_engines[:1], image_downscale_max_side=16, max_image_pixels=5000) as gw, \
+            aiohttp.ClientSession() as session:
+        assert (await post_chat(session, gw.base_url, image_request(data_url(png_bytes(32, 32))))).status == 200
+        assert (await post_chat(session, gw.base_url, image_request(data_url(png_bytes(100, 100))))).status == 400
+        async with session.get(gw.base_url + "/metrics") as response:
+            text = await response.text()
+    assert 'vlmserve_gateway_images_total{outcome="inline"} 1.0' in text
+    assert 'vlmserve_gateway_images_total{outcome="downscaled"} 1.0' in text
+    assert 'vlmserve_gateway_images_total{outcome="image_too_large"} 1.0' in text
+    assert "vlmserve_gateway_image_preflight_seconds_count 1.0" in text
