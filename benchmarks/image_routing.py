@@ -68,7 +68,8 @@ def replicas(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[list[str
 @contextlib.contextmanager
 def gateway(policy: str, urls: list[str], model_dir: str | None, log: Path) -> Iterator[str]:
     port = free_port()
-    argv = [sys.executable, "-m", "vlmserve", "gateway", "--port", str(port), "--policy", policy]
+    argv = [sys.executable, "-m", "vlmserve", "gateway", "--port", str(port), "--policy", policy,
+            "--audit-log", str(log.with_suffix(".audit.jsonl"))]
     for url in urls:
         argv += ["--replica", url]
     if model_dir:
@@ -102,11 +103,34 @@ def counters(urls: list[str]) -> list[dict[str, float]]:
     return result
 
 
+def audit_split(audit: Path, skip: int) -> dict[str, float]:
+    """Median gateway TTFT of this run's requests by where their image was: already sent to the same
+    replica (a likely engine cache hit), sent before to the other one only, or new (from the audit log)."""
+    seen: dict[str, set[str]] = {}
+    groups: dict[str, list[float]] = {"same_replica": [], "other_replica": [], "new": []}
+    for line in audit.read_text().splitlines()[skip:]:
+        row = json.loads(line)
+        if not row.get("images") or row.get("ttft_ms") is None:
+            continue
+        digest, replica = row["images"][0]["digest"], row["replica"]
+        if digest in seen.get(replica, set()):
+            group = "same_replica"
+        elif any(digest in digests for digests in seen.values()):
+            group = "other_replica"
+        else:
+            group = "new"
+        seen.setdefault(replica, set()).add(digest)
+        groups[group].append(row["ttft_ms"])
+    return {f"ttft_{name}_ms": statistics.median(values) if values else float("nan") for name, values in groups.items()} | {
+        f"n_{name}": float(len(values)) for name, values in groups.items()}
+
+
 def run_round(policy: str, base: str, model: str, urls: list[str], args: argparse.Namespace, seed: int, out: Path,
-              model_dir: str | None) -> dict:
+              model_dir: str | None, audit: Path) -> dict:
     """One bench run through `base`; the engines' cache counters around it. The local tokenizer
     fits prompts without /tokenize calls, which would load the engines being measured."""
     before = counters(urls)
+    audit_lines = len(audit.read_text().splitlines()) if audit.exists() else 0
     command = [sys.executable, "-m", "vlmserve", "bench", "--base-url", base, "--model", model, "--dataset", "images",
                "--image-size", args.image_size, "--image-format", "jpeg", "--image-repeat-rate", str(args.repeat_rate),
                "--image-popularity-skew", str(args.popularity_skew),
@@ -129,6 +153,7 @@ def run_round(policy: str, base: str, model: str, urls: list[str], args: argpars
         "ttft_p95_ms": summary.figure("ttft_ms.p95"),
         "share_max": max(served) / sum(served) if sum(served) else float("nan"),
         "failed": summary.figure("requests.failed"),
+        **audit_split(audit, audit_lines),
     }
 
 
@@ -148,13 +173,15 @@ def main() -> None:
     with replicas(args, workdir) as (urls, model, model_dir), contextlib.ExitStack() as stack:
         bases = {policy: stack.enter_context(gateway(policy, urls, model_dir, workdir / f"gateway-{policy}.log"))
                  for policy in POLICIES}
-        run_round(POLICIES[0], bases[POLICIES[0]], model, urls, args, 10_000, workdir / "warmup.json", model_dir)  # discarded
+        audits = {policy: workdir / f"gateway-{policy}.audit.jsonl" for policy in POLICIES}
+        run_round(POLICIES[0], bases[POLICIES[0]], model, urls, args, 10_000, workdir / "warmup.json", model_dir,
+                  audits[POLICIES[0]])  # discarded
         for round_index in range(args.rounds):
             order = POLICIES if round_index % 2 == 0 else POLICIES[::-1]
             for policy in order:
                 seed = 1000 * (round_index + 1) + POLICIES.index(policy)  # fresh images every run
                 figures = run_round(policy, bases[policy], model, urls, args, seed, workdir / f"{policy}-{round_index}.json",
-                                    model_dir)
+                                    model_dir, audits[policy])
                 results[policy].append(figures)
                 print(f"round {round_index + 1} {policy:26s} mm hit {figures['mm_hit_rate']:.2f}  prefix hit "
                       f"{figures['prefix_hit_rate']:.2f}  TTFT p50 {figures['ttft_p50_ms']:.1f} ms  p95 "
@@ -187,6 +214,13 @@ def render(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     for policy, rows in zip(POLICIES, (lot, aff)):
         lines.append(f"| {policy} | {med(rows, 'mm_hit_rate'):.2f} | {med(rows, 'prefix_hit_rate'):.2f} | "
                      f"{med(rows, 'ttft_p50_ms'):.1f} | {med(rows, 'ttft_p95_ms'):.1f} | {med(rows, 'share_max'):.0%} |")
+    lines += ["", "Gateway-side TTFT p50 (ms) by where the request's image had gone before, from the audit log "
+                  "(same replica: the engine's cache can serve it):", "",
+              "| policy | same replica (n) | other replica only (n) | new image (n) |", "|---|---|---|---|"]
+    for policy, rows in zip(POLICIES, (lot, aff)):
+        cells = [f"{med(rows, f'ttft_{name}_ms'):.1f} ({sum(row[f'n_{name}'] for row in rows):.0f})"
+                 for name in ("same_replica", "other_replica", "new")]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     lines += ["", f"Paired (image-affinity vs LOT, same round): mm-cache hit rate {paired('mm_hit_rate'):+.2f}, "
                   f"TTFT p50 ratio {paired('ttft_p50_ms', ratio=True):.2f}, TTFT p95 ratio {paired('ttft_p95_ms', ratio=True):.2f}."]
     return "\n".join(lines)
