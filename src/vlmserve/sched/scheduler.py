@@ -80,6 +80,8 @@ class SimRequest:
     images: int = 0
     output_token_ids: Sequence[int] | None = None
     """Ids of the tokens it will generate, if known: lets output blocks be cached too (multi-turn hits)."""
+    image_items: tuple[tuple[int, int], ...] = ()
+    """(content digest, pixels) of each image, for the frontend's preprocessing and cache (sched.frontend)."""
 
 
 @dataclass

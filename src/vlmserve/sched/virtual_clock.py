@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
@@ -27,6 +27,7 @@ from vlmserve.routing import (
     request_load_tokens,
 )
 from vlmserve.sched.engine_core import EngineCore
+from vlmserve.sched.frontend import Frontend, FrontendConfig
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest, StepResult
 from vlmserve.sched.step_cost import StepCostModel
 
@@ -49,10 +50,21 @@ class RequestTiming:
     token_times_s: list[float] = field(default_factory=list)
     num_preemptions: int = 0
     cached_prompt_tokens: int = 0
+    ready_s: float | None = None
+    """When the frontend handed it to the scheduler (arrival_s when it has no frontend work)."""
+    mm_cache_hits: int = 0
 
     @property
     def queue_time_s(self) -> float | None:
-        return None if self.first_scheduled_s is None else self.first_scheduled_s - self.arrival_s
+        """The engine's queue: from reaching the scheduler to first being scheduled (frontend excluded)."""
+        if self.first_scheduled_s is None:
+            return None
+        return self.first_scheduled_s - (self.arrival_s if self.ready_s is None else self.ready_s)
+
+    @property
+    def frontend_s(self) -> float:
+        """Time in the frontend (waiting for an API server, then preprocessing)."""
+        return 0.0 if self.ready_s is None else self.ready_s - self.arrival_s
 
     @property
     def ttft_s(self) -> float | None:
@@ -110,6 +122,9 @@ class SimulationStats:
     max_num_running: int = 0
     max_num_waiting: int = 0
     max_kv_usage: float = 0.0
+    mm_cache_queries: int = 0
+    mm_cache_hits: int = 0
+    frontend_busy_s: float = 0.0
 
     def add_step(self, result: StepResult) -> None:
         self.steps += 1
@@ -131,6 +146,7 @@ class ReplicaClock:
     outstanding_tokens: int = 0
     in_flight: int = 0
     stats: SimulationStats = field(default_factory=SimulationStats)
+    frontend: Frontend | None = None
 
 
 class SimulatedRouter:
@@ -168,6 +184,16 @@ NextSend = Callable[[float], "Send | None"]
 """Closed loop: called with the finish time of a request, returns the client's next send (or None)."""
 
 
+@dataclass(order=True)
+class _Arrival:
+    """A request leaving the frontend for its replica's scheduler at `ready_s`."""
+
+    ready_s: float
+    sequence: int
+    replica: int = field(compare=False)
+    request: SimRequest = field(compare=False)
+
+
 def run_virtual_clock(
     cores: Sequence[EngineCore],
     sends: Iterable[Send],
@@ -175,19 +201,34 @@ def run_virtual_clock(
     routing: str = ROUND_ROBIN,
     next_send: NextSend | None = None,
     record_token_times: bool = True,
+    frontend: FrontendConfig | None = None,
 ) -> tuple[dict[str, RequestTiming], list[SimulationStats]]:
-    """Run every send to completion on `cores`; return timings by request id and per-replica totals."""
-    replicas = [ReplicaClock(core) for core in cores]
+    """Run every send to completion on `cores`; return timings by request id and per-replica totals.
+
+    With `frontend`, each replica has its own API servers and multimodal cache (sched.frontend):
+    a request with images reaches its replica's scheduler when its preprocessing is done, and
+    only its images not in the cache are encoded.
+    """
+    replicas = [ReplicaClock(core, frontend=Frontend(frontend) if frontend else None) for core in cores]
     router = SimulatedRouter(routing, replicas)
     pending = list(sends)
     heapq.heapify(pending)
+    arriving: list[_Arrival] = []
     timings: dict[str, RequestTiming] = {}
     while True:
         busy = [replica for replica in replicas if replica.core.has_work()]
         next_step = min(busy, key=lambda replica: _next_step_s(replica)) if busy else None
-        if pending and (next_step is None or pending[0].send_s <= _next_step_s(next_step)):
+        step_s = _next_step_s(next_step) if next_step is not None else None
+        if pending and (step_s is None or pending[0].send_s <= step_s) and (
+                not arriving or pending[0].send_s <= arriving[0].ready_s):
             send = heapq.heappop(pending)
-            _hand_over(send, replicas, router, timings)
+            arrival = _hand_over(send, replicas, router, timings)
+            if arrival is not None:
+                heapq.heappush(arriving, arrival)
+            continue
+        if arriving and (step_s is None or arriving[0].ready_s <= step_s):
+            arrival = heapq.heappop(arriving)
+            _enter_scheduler(replicas[arrival.replica], arrival.request)
             continue
         if next_step is None:
             break
@@ -211,18 +252,16 @@ def _next_step_s(replica: ReplicaClock) -> float:
 
 
 def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter,
-               timings: dict[str, RequestTiming]) -> None:
+               timings: dict[str, RequestTiming]) -> _Arrival | None:
+    """Route a send; it enters its replica's scheduler now, or later (returned) after the frontend."""
     request = send.request
     if request.request_id in timings:
         raise ValueError(f"duplicate request id {request.request_id!r}")
     index = router.choose()
     replica = replicas[index]
-    if not replica.core.has_work():
-        replica.clock_s = max(replica.clock_s, request.arrival_s)
-    replica.core.add_request(request)
     replica.outstanding_tokens += request_load_tokens(len(request.prompt_token_ids), request.max_output_tokens)
     replica.in_flight += 1
-    timings[request.request_id] = RequestTiming(
+    timing = timings[request.request_id] = RequestTiming(
         request_id=request.request_id,
         sent_s=send.send_s,
         arrival_s=request.arrival_s,
@@ -231,6 +270,26 @@ def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter
         replica=index,
         images=request.images,
     )
+    if replica.frontend is not None and request.image_items:
+        visit = replica.frontend.admit(request.arrival_s, request.image_items)
+        replica.stats.mm_cache_queries += visit.queries
+        replica.stats.mm_cache_hits += visit.hits
+        replica.stats.frontend_busy_s = replica.frontend.busy_s
+        timing.ready_s, timing.mm_cache_hits = visit.ready_s, visit.hits
+        fresh = visit.fresh_images / len(request.image_items)
+        arrived_s = request.arrival_s
+        request = replace(request, arrival_s=visit.ready_s, images=visit.fresh_images,
+                          image_tokens=round(request.image_tokens * fresh))  # cached images skip the encoder
+        if visit.ready_s > arrived_s:
+            return _Arrival(visit.ready_s, send.sequence, index, request)
+    _enter_scheduler(replica, request)
+    return None
+
+
+def _enter_scheduler(replica: ReplicaClock, request: SimRequest) -> None:
+    if not replica.core.has_work():
+        replica.clock_s = max(replica.clock_s, request.arrival_s)
+    replica.core.add_request(request)
 
 
 def _apply_step(result: StepResult, timings: dict[str, RequestTiming], record_token_times: bool) -> list[str]:

@@ -88,9 +88,9 @@ class EngineLoop:
                 request_id=request.request_id,
                 prompt_token_ids=request.parsed.prompt_token_ids,
                 max_output_tokens=request.plan.num_tokens,
-                arrival_s=request.arrival_s,
-                image_tokens=request.parsed.image_tokens,
-                images=request.parsed.images,
+                arrival_s=request.queued_s,
+                image_tokens=request.encode_image_tokens,
+                images=request.encode_images,
                 output_token_ids=request.plan.token_ids,
             )
         )
@@ -222,7 +222,8 @@ class EngineLoop:
         for request_id, _cached in result.first_scheduled:
             request = active.get(request_id)
             if request is not None:
-                metrics.request_queue_time.observe(max(0.0, result.start_s - request.arrival_s))
+                request.scheduled_s = result.start_s
+                metrics.request_queue_time.observe(max(0.0, result.start_s - request.queued_s))
         if result.preempted:
             metrics.num_preemptions.inc(len(result.preempted))
         if result.prefix_queries_tokens:
@@ -250,6 +251,8 @@ class EngineLoop:
             if request.first_token_s is None:
                 request.first_token_s = emit_at
                 metrics.time_to_first_token.observe(emit_at - request.arrival_s)
+                if request.scheduled_s is not None:
+                    metrics.request_prefill_time.observe(max(0.0, emit_at - request.scheduled_s))
                 metrics.prompt_tokens.inc(len(request.parsed.prompt_token_ids))
             else:
                 itl_append(emit_at - request.last_token_s)

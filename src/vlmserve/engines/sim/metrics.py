@@ -95,6 +95,12 @@ class EngineMetrics:
         self.prefix_cache_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         ).labels(*labels)
+        self.mm_cache_queries = counter(
+            "vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."
+        ).labels(*labels)
+        self.mm_cache_hits = counter(
+            "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."
+        ).labels(*labels)
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.").labels(*labels)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(*labels)
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.").labels(*labels)
@@ -111,6 +117,10 @@ class EngineMetrics:
         ).labels(*labels)
         self.request_queue_time = histogram(
             "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS
+        ).labels(*labels)
+        self.request_prefill_time = histogram(
+            "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
         ).labels(*labels)
         self.request_prompt_tokens = histogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", _token_buckets()

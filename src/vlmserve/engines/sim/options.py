@@ -10,6 +10,7 @@ from pathlib import Path
 from vlmserve.errors import UserError
 from vlmserve.sched.constant import ConstantLatencyScheduler
 from vlmserve.sched.engine_core import EngineCore
+from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -123,6 +124,13 @@ class SimEngineConfig:
     """Vision tokens per image unless the request picks a budget via mm_processor_kwargs."""
     allowed_image_budgets: tuple[int, ...] = ()
     """If set, the only budgets a request may pick (e.g. Gemma's 70/140/280/560/1120)."""
+    api_server_count: int = 1
+    """Frontend processes preprocessing images (vLLM's --api-server-count); see sched.frontend."""
+    mm_preprocess_ms_per_image: float = 0.0
+    mm_preprocess_ms_per_megapixel: float = 0.0
+    """Frontend preprocessing cost of an image not in the multimodal cache (0 and 0: not priced)."""
+    mm_cache_items: int = 1024
+    """Images the multimodal cache holds (0: no cache): a repeat skips preprocessing and the encoder."""
     output_len: OutputLengthDistribution = field(default_factory=lambda: OutputLengthDistribution("lognormal", 200, 0.8))
     faults: FaultOptions = field(default_factory=FaultOptions)
     reject_over_context: bool = False
@@ -152,6 +160,8 @@ class SimEngineConfig:
             raise UserError("--ttft-ms and --itl-ms must not be negative")
         if self.image_tokens < 1:
             raise UserError("--image-tokens must be at least 1")
+        for problem in self.frontend_config().validate():
+            raise UserError(problem)
         if not 1 <= self.port <= 65535 and self.port != 0:
             raise UserError(f"--port must be between 1 and 65535, got {self.port}")
         self.faults.validate()
@@ -169,6 +179,10 @@ class SimEngineConfig:
 
         typical = self.max_model_len // 4
         return roofline_kv_blocks(self.model, self.gpu or "", self.tp, typical, self.block_size)
+
+    def frontend_config(self) -> FrontendConfig:
+        return FrontendConfig(self.api_server_count, self.mm_preprocess_ms_per_image,
+                              self.mm_preprocess_ms_per_megapixel, self.mm_cache_items)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(

@@ -109,6 +109,8 @@ class ParsedRequest:
     images: int = 0
     image_tokens: int = 0
     echo_prompt: str | None = None
+    image_items: list[tuple[int, int]] = field(default_factory=list)
+    """(digest, pixels) of each image, for the frontend model (sched.frontend)."""
 
 
 # -- small typed getters ---------------------------------------------------------------------
@@ -144,34 +146,45 @@ def _get_stop(body: dict[str, Any]) -> list[str]:
 
 
 # -- images ----------------------------------------------------------------------------------
+UNKNOWN_IMAGE_PIXELS = 1_000_000
+"""Pixels assumed for an image behind an http(s) URL (the sim engine never fetches it)."""
+
+
 class ImageValidator:
     """Checks image_url parts (data URLs are decoded with PIL) and remembers recent verdicts."""
 
     def __init__(self, capacity: int = 256) -> None:
-        self._verdicts: OrderedDict[str, int] = OrderedDict()
+        self._verdicts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._capacity = capacity
 
     def digest(self, url: str) -> int:
         """A stable 64-bit digest of a valid image URL; raises ApiError for a bad one."""
+        return self.inspect(url)[0]
+
+    def inspect(self, url: str) -> tuple[int, int]:
+        """(digest, pixels) of a valid image URL; raises ApiError for a bad one."""
         key = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
         cached = self._verdicts.get(key)
         if cached is not None:
             self._verdicts.move_to_end(key)
             return cached
         if url.startswith("data:"):
-            _check_data_url(url)
-        elif not url.startswith(("http://", "https://")):
+            pixels = _check_data_url(url)
+        elif url.startswith(("http://", "https://")):
+            pixels = UNKNOWN_IMAGE_PIXELS
+        else:
             raise bad_request(
                 "image_url must be an http(s) URL or a base64 data URL (data:image/...;base64,...)", "messages"
             )
-        value = int(key, 16)
-        self._verdicts[key] = value
+        verdict = (int(key, 16), pixels)
+        self._verdicts[key] = verdict
         if len(self._verdicts) > self._capacity:
             self._verdicts.popitem(last=False)
-        return value
+        return verdict
 
 
-def _check_data_url(url: str) -> None:
+def _check_data_url(url: str) -> int:
+    """The image's pixel count; ApiError unless the data URL holds a readable image."""
     header, _sep, payload = url.partition(",")
     if not _sep or ";base64" not in header:
         raise bad_request("image data URL must look like data:image/png;base64,<data>", "messages")
@@ -181,11 +194,13 @@ def _check_data_url(url: str) -> None:
         raise bad_request("image data URL does not hold valid base64", "messages") from None
     try:
         with Image.open(io.BytesIO(raw)) as image:
+            width, height = image.size
             image.verify()
     except Exception:  # PIL raises many types for non-images
         raise bad_request(
             "the image_url part does not hold a readable image (PIL could not decode it)", "messages"
         ) from None
+    return width * height
 
 
 # -- prompts ---------------------------------------------------------------------------------
@@ -210,7 +225,7 @@ def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int:
 
 
 def _chat_prompt(
-    body: dict[str, Any], config: SimEngineConfig, images: ImageValidator
+    body: dict[str, Any], config: SimEngineConfig, images: ImageValidator, items: list[tuple[int, int]]
 ) -> tuple[list[int], int, int]:
     """Token ids of the rendered chat (role headers + content + image placeholders)."""
     messages = body.get("messages")
@@ -232,7 +247,7 @@ def _chat_prompt(
             token_ids += tokenizer.encode(content)
         elif isinstance(content, list):
             for part_index, part in enumerate(content):
-                num_images += _add_content_part(part, index, part_index, budget, images, token_ids)
+                num_images += _add_content_part(part, index, part_index, budget, images, token_ids, items)
         else:
             raise bad_request(f"messages[{index}].content must be a string or a list of parts", "messages")
         token_ids += tokenizer.encode("\n")
@@ -242,7 +257,8 @@ def _chat_prompt(
 
 
 def _add_content_part(
-    part: Any, index: int, part_index: int, budget: int, images: ImageValidator, token_ids: list[int]
+    part: Any, index: int, part_index: int, budget: int, images: ImageValidator, token_ids: list[int],
+    items: list[tuple[int, int]],
 ) -> int:
     """Append one content part's tokens; returns 1 for an image, else 0."""
     where = f"messages[{index}].content[{part_index}]"
@@ -260,7 +276,9 @@ def _add_content_part(
         url = image_url.get("url") if isinstance(image_url, dict) else image_url
         if not isinstance(url, str) or not url:
             raise bad_request(f"{where}.image_url.url must be a non-empty string", "messages")
-        token_ids += tokenizer.image_token_ids(images.digest(url), budget)
+        digest, pixels = images.inspect(url)
+        items.append((digest, pixels))
+        token_ids += tokenizer.image_token_ids(digest, budget)
         return 1
     raise bad_request(f"{where} has unsupported type '{part_type}'; use 'text' or 'image_url'", "messages")
 
@@ -297,12 +315,13 @@ def parse_generation_request(
         raise bad_request("the sim engine supports n=1 only", "n")
 
     if kind == "chat":
-        prompt_token_ids, num_images, image_tokens = _chat_prompt(body, config, images)
+        image_items: list[tuple[int, int]] = []
+        prompt_token_ids, num_images, image_tokens = _chat_prompt(body, config, images, image_items)
         echo_prompt = None
         limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     else:
         prompt_token_ids, echo_prompt = _completion_prompt(body)
-        num_images, image_tokens = 0, 0
+        num_images, image_tokens, image_items = 0, 0, []
         limit_name = "max_tokens"
     if not prompt_token_ids:
         raise bad_request("the prompt is empty", "prompt" if kind != "chat" else "messages")
@@ -359,4 +378,5 @@ def parse_generation_request(
         images=num_images,
         image_tokens=image_tokens,
         echo_prompt=echo_prompt if _get_bool(body, "echo") else None,
+        image_items=image_items,
     )

@@ -31,6 +31,7 @@ from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
 from vlmserve.engines.sim.outputs import ActiveRequest
 from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request, decode_json_body, parse_generation_request
+from vlmserve.sched.frontend import Frontend
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
 from vlmserve.errors import UserError
@@ -60,6 +61,7 @@ class SimEngine:
         self.core = build_engine_core(config)
         self.loop: EngineLoop | None = None
         self.images = ImageValidator()
+        self.frontend = Frontend(config.frontend_config())
         self.started_s = time.monotonic()
         self.ready_at_s = self.started_s + config.faults.startup_delay_s
         self.request_counter = 0
@@ -170,6 +172,7 @@ class SimEngine:
         assert self.loop is not None
         active = ActiveRequest(request_id, response_id, parsed, plan, arrival_s=self.loop.clock())
         active.client_request_id = request.headers.get("X-Request-ID")
+        await self._preprocess(active)
         self._assign_stream_faults(active)
         response: web.StreamResponse | None = None
         if parsed.stream:
@@ -202,6 +205,25 @@ class SimEngine:
         if outcome == "finished":
             await response.write_eof()
         return response
+
+    async def _preprocess(self, active: ActiveRequest) -> None:
+        """The frontend stage (sched.frontend): wait for an API server and preprocess the images not
+        in the multimodal cache, before the scheduler sees the request (and before a stream's headers,
+        as vLLM sends them once preprocessing is done)."""
+        items = active.parsed.image_items
+        if not items:
+            return
+        visit = self.frontend.admit(active.arrival_s, items)
+        self.metrics.mm_cache_queries.inc(visit.queries)
+        if visit.hits:
+            self.metrics.mm_cache_hits.inc(visit.hits)
+        active.encode_images = visit.fresh_images
+        active.encode_image_tokens = round(active.parsed.image_tokens * visit.fresh_images / len(items))
+        assert self.loop is not None
+        delay = visit.ready_s - self.loop.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        active.queued_s = visit.ready_s
 
     def _assign_stream_faults(self, active: ActiveRequest) -> None:
         faults = self.config.faults
