@@ -88,7 +88,7 @@ def _duration(text: str | None) -> float | None:
         raise UserError(f"--duration '{text}': write it like 30s, 2m or 500ms") from None
 
 
-def _image_size(text: str) -> tuple[int, int]:
+def parse_image_size(text: str) -> tuple[int, int]:
     parts = text.lower().split("x")
     try:
         width, height = (int(part) for part in parts) if len(parts) == 2 else (int(parts[0]),) * 2
@@ -127,7 +127,7 @@ def _positive_int(text: str) -> int:
 
 def _image_mixes(args: dict[str, Any]) -> dict[str, Any]:
     """The image workload's distribution flags as LoadSpec fields."""
-    sizes = _weights("--image-sizes", args["image_sizes"], _image_size, "256x256:0.5,1024x768:0.5")
+    sizes = _weights("--image-sizes", args["image_sizes"], parse_image_size, "256x256:0.5,1024x768:0.5")
     counts = _weights("--images-per-request-mix", args["images_per_request_mix"], _positive_int, "1:0.8,3:0.2")
     budgets = _weights("--vision-budgets", args["vision_budgets"], _positive_int, "70:0.5,280:0.5")
     if budgets and any(value < 1 for value, _ in budgets):
@@ -177,7 +177,7 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         "concurrency": args["concurrency"], "rate": args["rate"], "arrival": args["arrival"] or "poisson",
         "burstiness": args["burstiness"] if args["burstiness"] is not None else 1.0,
         "num_requests": args["num_requests"], "duration_s": _duration(args["duration"]), "warmup": args["warmup"],
-        "multi_turn": args["multi_turn"], "image_size": _image_size(args["image_size"]),
+        "multi_turn": args["multi_turn"], "image_size": parse_image_size(args["image_size"]),
         "images_per_request": args["images_per_request"], "image_format": args["image_format"],
         "mix": parse_mix(args["mix"]) if args["mix"] else None,
         "extra_body": parse_json_object_flag("--extra-body", args["extra_body"]), "seed": args["seed"],

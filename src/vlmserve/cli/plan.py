@@ -17,7 +17,10 @@ from rich.table import Table
 
 from pydantic import ValidationError
 
+from vlmserve.cli.bench import parse_image_size
 from vlmserve.errors import UserError
+from vlmserve.hardware.setup import FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
+from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.results.summary import RunSummary
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
@@ -75,6 +78,11 @@ def plan(
     dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
     dataset_path: Optional[str] = typer.Option(None, "--dataset-path", help="ShareGPT file (default: built-in length distribution)."),
     images_per_request: int = typer.Option(1, "--images-per-request", min=0, help="images dataset: images per request."),
+    image_size: str = typer.Option("1024x1024", "--image-size", help="images dataset: image size WxH (tokens by the model's own rule)."),
+    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: share of requests resending an earlier image (hits the multimodal cache)."),
+    api_server_count: int = typer.Option(1, "--api-server-count", help="vLLM's --api-server-count: frontend processes preprocessing images, per replica."),
+    mm_preprocess_ms_per_image: float = typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image not in the cache (a prior; see docs/plan.md)."),
+    mm_preprocess_ms_per_megapixel: float = typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."),
     arrival: str = typer.Option("poisson", "--arrival", help="Open loop arrivals: poisson | constant | gamma."),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."),
@@ -105,19 +113,25 @@ def plan(
     load = _load_spec(
         dataset=dataset, dataset_path=dataset_path, input_len=input_len, output_len=output_len,
         concurrency=concurrency, rate=rate, num_requests=num_requests, arrival=arrival,
-        images_per_request=images_per_request, seed=seed,
+        images_per_request=images_per_request, seed=seed, image_size=parse_image_size(image_size),
+        image_repeat_rate=image_repeat_rate,
     )
     setup = _setup(
         model, gpu, calibration, tp=tp, replicas=replicas, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
         routing=routing, async_scheduling=async_scheduling,
+        frontend=FrontendConfig(api_server_count, mm_preprocess_ms_per_image, mm_preprocess_ms_per_megapixel),
     )
     slo_spec = SLO.parse(slo) if slo else None
     output = simulate_run(setup, load, slo=slo_spec, staggered=staggered)
     result = output.result
     console = _console()
     _print_run(console, result.summary, setup, output.wall_s, price)
+    from vlmserve.plan.explain import frontend_findings
+
+    for line in frontend_findings(setup, load, result.summary):
+        console.print(line)
     measured = _read_measured(compare) if compare else None
     if explain or measured is not None:
         _print_explain(console, setup, load, result.summary, measured)

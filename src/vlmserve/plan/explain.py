@@ -8,11 +8,13 @@ datasheet bandwidth the real engine reached.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from vlmserve.results.summary import RunSummary
 from vlmserve.hardware.gpus import ASSUMED_FIGURES
 from vlmserve.hardware.setup import PlanSetup
+from vlmserve.spec import LoadSpec
 
 GB = 1e9
 
@@ -67,3 +69,43 @@ def measured_efficiency(setup: PlanSetup, summary: RunSummary, context_tokens: i
         "implied_bandwidth_tb_s": reached / 1e12,
         "bandwidth_fraction_of_peak": reached / (setup.gpu.bandwidth_bytes_s * setup.tp),
     }
+
+
+FRONTEND_BUSY = 0.8
+"""Frontend utilization from which the API servers, not the GPU, set the pace."""
+
+
+def frontend_findings(setup: PlanSetup, load: LoadSpec, summary: RunSummary) -> list[str]:
+    """Whether the frontend (image preprocessing) is the limit, and what would change it (simulated).
+
+    The frontend is named the limit when its busiest API servers are busy at least FRONTEND_BUSY
+    of the run and image requests wait longer there than in the engine's queue. Then the same
+    load is simulated again with one more API server per replica, and with images at half the
+    side (a quarter of the pixels), and the TTFT p50 of each is given.
+    """
+    block = (summary.simulation or {}).get("frontend")
+    if not block:
+        return []
+    utilization, waited, queued = block["utilization"], block["mean_frontend_s"], block["mean_engine_queue_s"]
+    lines = [f"frontend (simulated): API servers {utilization:.0%} busy, image requests spend {waited * 1000:.0f} ms there "
+             f"and {queued * 1000:.0f} ms in the engine's queue; multimodal cache hit rate {block['mm_cache_hit_rate']:.2f}"]
+    if utilization < FRONTEND_BUSY or waited <= queued:
+        return lines
+    from vlmserve.plan.simulate import simulate_run
+
+    base = summary.figure("ttft_ms.p50")
+    more = dataclasses.replace(setup, frontend=dataclasses.replace(setup.frontend, api_server_count=setup.frontend.api_server_count + 1))
+    smaller = load.model_copy(update={
+        "image_size": (max(1, load.image_size[0] // 2), max(1, load.image_size[1] // 2)),
+        "image_size_mix": [(max(1, w // 2), max(1, h // 2), weight) for w, h, weight in load.image_size_mix]
+        if load.image_size_mix else None})
+    with_servers = simulate_run(more, load, record_token_times=False).result.summary.figure("ttft_ms.p50")
+    with_smaller = simulate_run(setup, smaller, record_token_times=False).result.summary.figure("ttft_ms.p50")
+    lines += [
+        "the limit is the frontend, not the GPU: image preprocessing in vLLM's API server(s) queues requests "
+        "while the engine waits for work",
+        f"  --api-server-count {more.frontend.api_server_count}: TTFT p50 {base:.0f} -> {with_servers:.0f} ms (simulated)",
+        f"  images at half the side (e.g. the gateway's --image-downscale-max-side): TTFT p50 {base:.0f} -> "
+        f"{with_smaller:.0f} ms (simulated)",
+    ]
+    return lines

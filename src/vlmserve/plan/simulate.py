@@ -49,6 +49,7 @@ def _sim_request(planned: PlannedRequest, arrival_s: float) -> SimRequest:
         arrival_s=arrival_s,
         image_tokens=planned.image_tokens,
         images=planned.images,
+        image_items=planned.image_items,
     )
 
 
@@ -77,10 +78,10 @@ def simulate_run(
     """
     started = time.perf_counter()
     count = _default_count(load)
-    image_tokens = setup.model.vision.default_tokens_per_image if setup.model.vision else 0
-    if load.dataset == "images" and setup.model.vision is None:
+    vision = setup.model.vision
+    if load.dataset == "images" and vision is None:
         raise UserError(f"{setup.model.name} has no vision tower (no vision_config); use a text dataset or a VLM")
-    requests = planned_requests(load, count, image_tokens)
+    requests = planned_requests(load, count, vision.tokens_for if vision else lambda _w, _h: 0)
     longest = max(request.prompt_tokens + request.output_tokens for request in requests)
     typical = int(sum(request.prompt_tokens + request.output_tokens / 2 for request in requests) / len(requests))
     config = setup.scheduler_config(typical, longest)
@@ -111,13 +112,13 @@ def simulate_run(
     else:
         sends = [send(request.arrival_s, request.index) for request in requests]
     timings, stats = run_virtual_clock(cores, sends, routing=setup.routing, next_send=next_send,
-                                       record_token_times=record_token_times)
+                                       record_token_times=record_token_times, frontend=setup.frontend)
 
     epoch = time.time()
     records = [_record(timings[str(request.index)], request, epoch, load) for request in requests]
     summary = summarize(records, slo)
     summary.meta = _meta(setup, load, label, config, count)
-    summary.simulation = _simulation_block(stats, config)
+    summary.simulation = _simulation_block(stats, config) | _frontend_block(setup, timings, stats, load)
     return SimulationOutput(RunResult(records=records, summary=summary), stats, time.perf_counter() - started)
 
 
@@ -169,6 +170,32 @@ def _meta(setup: PlanSetup, load: LoadSpec, label: str | None, config: Any, coun
         "simulation_id": uuid.uuid4().hex[:12],
         "kv_cache_tokens_per_replica": config.num_kv_blocks * config.block_size,
     }
+
+
+def _frontend_block(setup: PlanSetup, timings: dict[str, RequestTiming], stats: list[SimulationStats],
+                    load: LoadSpec) -> dict[str, Any]:
+    """The frontend (image preprocessing) as simulated: how busy its API servers were, how long
+    requests waited there against the engine's own queue, and the multimodal cache hit rate."""
+    queries = sum(item.mm_cache_queries for item in stats)
+    if not queries:
+        return {}
+    with_images = [timing for timing in timings.values() if timing.images or timing.mm_cache_hits]
+    span = max((timing.finished_s or 0.0) for timing in timings.values()) - min(t.sent_s for t in timings.values())
+    busy = [item.frontend_busy_s for item in stats]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    return {"frontend": {
+        "api_server_count": setup.frontend.api_server_count,
+        "utilization": max(busy) / (span * setup.frontend.api_server_count) if span > 0 else 0.0,
+        "mean_frontend_s": mean([timing.frontend_s for timing in with_images]),
+        "mean_engine_queue_s": mean([timing.queue_time_s or 0.0 for timing in with_images]),
+        "mm_cache_hit_rate": sum(item.mm_cache_hits for item in stats) / queries,
+        "stated_repeat_rate": load.image_repeat_rate,
+        "per_image_ms": setup.frontend.per_image_ms,
+        "per_megapixel_ms": setup.frontend.per_megapixel_ms,
+    }}
 
 
 def _simulation_block(stats: list[SimulationStats], config: Any) -> dict[str, Any]:
