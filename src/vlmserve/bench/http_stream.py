@@ -21,6 +21,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 BodySink = Callable[[bytes, float], None]
@@ -98,11 +99,10 @@ class StreamConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio's subclasses
         # pause_writing/resume_writing as soon as anything waits in our buffer, and when it has
         # all gone: resume_writing then marks the moment a large body was fully written
-        transport.set_write_buffer_limits(high=0, low=0)
+        self.transport.set_write_buffer_limits(high=0, low=0)
 
     def pause_writing(self) -> None:
         """Part of the request still waits in our buffer (a large body): the upload goes on."""

@@ -294,6 +294,7 @@ async def run_load(
         "per_chunk_usage": facts.per_chunk_usage,
         "notices": context.notices,
         "slo": slo.bounds_s if slo else None,
+        "slo_by_type": slo.by_type if slo and slo.by_type else None,
         "client_limited": summary.client_limited,
         "interrupted": outcome.interrupted and not stopped,
         "stopped": OVERSATURATED if stopped else None,
