@@ -62,7 +62,7 @@ def breakdown_figure(title: str, bars: list[tuple[str, TtftBreakdown]]) -> go.Fi
             hovertemplate=f"{name}: %{{x:.1f}} ms<br>TTFT %{{customdata[0]:.1f}} ms over %{{customdata[1]}} requests"
                           "<extra>%{y}</extra>",
         ))
-    figure.update_layout(barmode="stack", yaxis={"autorange": "reversed"})
+    figure.update_layout(barmode="stack", yaxis={"autorange": "reversed"}, legend={"traceorder": "normal"})
     figure.update_xaxes(title_text="mean ms of the client's TTFT")
     return style(figure, title, height=max(300, 140 + 32 * len(bars)))
 
