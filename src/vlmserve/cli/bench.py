@@ -253,6 +253,7 @@ OPTIONS: dict[str, Any] = {
     "shared_prefix_len": typer.Option(0, "--shared-prefix-len", help="Tokens at the start of every prompt that all requests share (part of --input-len; random dataset)."),
     "max_send_lag_ms": typer.Option(25.0, "--max-send-lag-ms", help="Send-lag p99 above this marks the run client-limited."),
     "server_metrics_interval": typer.Option(1.0, "--server-metrics-interval", help="Seconds between /metrics samples during the run (peaks); 0: only before and after (each scrape costs a small server a few ms)."),
+    "engine_traces": typer.Option(None, "--engine-traces", help="HOST:PORT to receive the engine's OpenTelemetry spans on (start vLLM with --otlp-traces-endpoint http://HOST:PORT/v1/traces): per-request engine TTFT, queue and prefill."),
     "deployment_file": typer.Option(None, "--deployment", help="Deployment spec YAML this run targets (recorded with the run)."),
     "store_run": typer.Option(True, "--store/--no-store", help="Save the run in the history (vlmserve runs)."),
     "progress": typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."),
@@ -315,6 +316,7 @@ def bench(
     shared_prefix_len: int = OPTIONS["shared_prefix_len"],
     max_send_lag_ms: float = OPTIONS["max_send_lag_ms"],
     server_metrics_interval: float = OPTIONS["server_metrics_interval"],
+    engine_traces: Optional[str] = OPTIONS["engine_traces"],
     deployment_file: Optional[Path] = OPTIONS["deployment_file"],
     store_run: bool = OPTIONS["store_run"],
     repeat: int = OPTIONS["repeat"],
@@ -351,6 +353,10 @@ def bench(
         raise UserError("--result-format vllm says how --json-out is written; give --json-out FILE with it")
     load = build_load_spec(args)
     objectives = SLO.parse(slo)
+    if engine_traces is not None:
+        from vlmserve.bench.engine_traces import parse_listen_address
+
+        parse_listen_address(engine_traces)  # a bad address is refused before anything runs
     deployment = None
     if deployment_file is not None:
         from vlmserve.spec import load_deployment_spec
@@ -364,7 +370,7 @@ def bench(
     result = asyncio.run(
         run_repeated(load, target, slo=objectives, progress=progress, label=label, deployment=deployment,
                      console=console, client_limits=limits, stop_on_ctrl_c=True,
-                     server_metrics_interval_s=server_metrics_interval)
+                     server_metrics_interval_s=server_metrics_interval, engine_traces=engine_traces)
     )
     save_results(result, store_run=store_run, json_out=json_out if result_format == "vlmserve" else None,
                  records_out=records_out)

@@ -219,6 +219,37 @@ def eager_by_default(spec: DeploymentSpec) -> bool:
     return spec.model == EMBEDDED_MODEL
 
 
+TRACE_FLUSH_MS = 200
+"""OTEL_BSP_SCHEDULE_DELAY for an engine that exports traces to a bench (vLLM's default is 5000 ms):
+spans reach the bench's receiver a fraction of a second after their request ends."""
+
+
+def otlp_traces_endpoint(spec: DeploymentSpec) -> str | None:
+    """The `--otlp-traces-endpoint` the spec gives vLLM (engine_args key or extra_args), if any."""
+    value = spec.engine_args.vllm_flags().get("otlp_traces_endpoint")
+    if value:
+        return str(value)
+    extra = list(spec.engine_args.extra_args)
+    for index, item in enumerate(extra):
+        if item == "--otlp-traces-endpoint" and index + 1 < len(extra):
+            return extra[index + 1]
+        if item.startswith("--otlp-traces-endpoint="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def tracing_env(spec: DeploymentSpec) -> dict[str, str]:
+    """Environment for an engine exporting traces over OTLP/HTTP (an http(s) endpoint).
+
+    vLLM speaks gRPC unless OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says http/protobuf; an http URL
+    (what `vlmserve bench --engine-traces` listens on) needs the latter. The spec's own `env` wins.
+    """
+    endpoint = otlp_traces_endpoint(spec)
+    if endpoint is None or not endpoint.startswith(("http://", "https://")):
+        return {}
+    return {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": str(TRACE_FLUSH_MS)}
+
+
 def _json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
@@ -234,6 +265,7 @@ def plan_launches(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind
     if spec.model == EMBEDDED_MODEL or Path(model_path).is_dir():
         # A local model needs no hub; don't let a missing network slow the start down.
         common_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    common_env.update(tracing_env(spec))
     notes: list[str] = []
     if device_kind == "gpu":
         groups = gpu_groups(spec.replicas, spec.engine_args.tensor_parallel_size, gpu_count())
