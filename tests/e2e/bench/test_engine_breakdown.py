@@ -13,6 +13,7 @@ import socket
 import pytest
 
 from tests.helpers.engine import start_embedded_engine
+from tests.helpers.gateway_fixtures import running_gateway
 from vlmserve.bench.runner import Target, run_load
 from vlmserve.spec import SLO, LoadSpec
 
@@ -39,6 +40,15 @@ def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(tmp_path) -> N
             load, Target(engine.base_url, engine.model), progress=False, engine_traces=f"127.0.0.1:{port}",
             slo=SLO.parse("image:ttft_p95=30s,text:ttft_p95=30s"),
         ))
+
+        async def through_gateway():  # the gateway forwards the trace context, so spans still match
+            async with running_gateway([engine.base_url]) as gateway:
+                return await run_load(load.model_copy(update={"num_requests": 6, "warmup": 0}),
+                                      Target(gateway.base_url, engine.model), progress=False,
+                                      engine_traces=f"127.0.0.1:{port}")
+
+        gateway_result = asyncio.run(through_gateway())
+    assert gateway_result.summary.meta["engine_traces"]["measured_with_span"] == 6, gateway_result.summary.meta
     summary = result.summary
     print(json.dumps({name: block.breakdown.model_dump() if block.breakdown else None
                       for name, block in (summary.by_type or {}).items()}, indent=1))
