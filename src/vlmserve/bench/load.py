@@ -135,10 +135,10 @@ def _body_for(options: RequestOptions, history: list[dict[str, Any]], turn: Turn
 
 
 def request_type_of(declared: str, image_count: int) -> str:
-    """The turn's own type; a turn left at "text" that carries images is "image" or "multi-image"."""
-    if declared != "text" or image_count == 0:
-        return declared
-    return "image" if image_count == 1 else "multi-image"
+    """The turn's own type; a turn left at "text" that carries images is typed by its image count."""
+    from vlmserve.bench.workloads.images import request_type
+
+    return declared if declared != "text" or image_count == 0 else request_type(image_count)
 
 
 def new_traceparent() -> tuple[str, bytes]:
