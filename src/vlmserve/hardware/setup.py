@@ -21,7 +21,7 @@ from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.sched.scheduler import SchedulerConfig
 
 FRONTEND_PER_IMAGE_MS = 15.0
-FRONTEND_PER_MEGAPIXEL_MS = 20.0
+FRONTEND_PER_MEGAPIXEL_MS = 18.0
 """Priors for vLLM's frontend work on an image not in its cache (decode, resize, processor): fitted
 to the TTFT saved by a cache hit on the embedded Idefics3 model, one API server on one core of this
 project's 2-core machine (benchmarks/image_preprocess_cost.py, docs/benchmarks.md). A server CPU and
