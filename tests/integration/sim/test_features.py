@@ -69,8 +69,8 @@ def _stream(client: openai.OpenAI, **options: Any) -> list[Any]:
 
 
 def _extra(obj: Any, name: str) -> Any:
-    """A vLLM field the SDK's models do not declare (kept as an extra attribute)."""
-    return (obj.model_extra or {}).get(name)
+    """A vLLM field the SDK's models may not declare (then kept as an extra attribute)."""
+    return getattr(obj, name, None)
 
 
 def _token_count(engine: SimHandle, text: str) -> int:

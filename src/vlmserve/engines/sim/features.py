@@ -78,10 +78,8 @@ class Features:
 def parse_features(body: dict[str, Any], kind: str) -> Features:
     """The feature options of a chat (kind='chat') or completion body; ApiError for what cannot be honoured."""
     for name, message in _REFUSED.items():
-        value = body.get(name)
-        if value is None or value is False or (name == "best_of" and value == 1 and value is not True):
-            continue
-        raise bad_request(message, name)
+        if _asks_for(body.get(name), allowed_int=1 if name == "best_of" else 0):
+            raise bad_request(message, name)
     features = Features()
     features.n = _int_option(body, "n", 1, MAX_N, f"n must be between 1 and {MAX_N} in the sim engine") or 1
     if kind == "chat":
@@ -97,6 +95,15 @@ def parse_features(body: dict[str, Any], kind: str) -> Features:
     if features.json_text is not None and features.forces_tool_call:
         raise bad_request("response_format/structured_outputs cannot be combined with a forced tool_choice", "response_format")
     return features
+
+
+def _asks_for(value: Any, allowed_int: int) -> bool:
+    """True if `value` actually requests the option (None, false, or an integer up to `allowed_int` do not)."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, int) and not isinstance(value, bool) and value <= allowed_int:
+        return False
+    return True
 
 
 def _int_option(body: dict[str, Any], name: str, low: int, high: int, message: str) -> int | None:
@@ -235,8 +242,8 @@ def _structured_output(body: dict[str, Any]) -> str | None:
     if structured is not None:
         if not isinstance(structured, dict):
             raise bad_request("'structured_outputs' must be an object", "structured_outputs")
-        for key in structured:
-            if key not in ("json", "json_object"):
+        for key, value in structured.items():
+            if key not in ("json", "json_object") and value not in (None, False):
                 raise bad_request(f"structured_outputs.{key} is not supported by the sim engine (only json, json_object)",
                                   "structured_outputs")  # fmt: skip
         if structured.get("json") is not None:

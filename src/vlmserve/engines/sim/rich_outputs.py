@@ -100,7 +100,7 @@ class RichRenderer:
                 events.append(_sse(self._payload(number, {"role": "assistant", "content": ""}, None, None)))
         last = position == len(choice.tokens) - 1
         finish = choice.finish_reason if last else None
-        delta = self._delta(choice, token) if self.chat else token.text
+        delta: Any = self._delta(choice, token) if self.chat else token.text
         if delta is not None or finish is not None:
             if delta is None:
                 delta = {}
@@ -192,7 +192,9 @@ class RichRenderer:
         logprobs = None
         if self.features.logprobs:
             top = max(self.features.top_logprobs, 1)
-            offsets, chosen_values, tops = [], [], []
+            offsets: list[int] = []
+            chosen_values: list[float] = []
+            tops: list[dict[str, float]] = []
             offset = len(prefix)
             for position, token in enumerate(choice.tokens):
                 chosen, ranked = token_logprobs(token, position, top)

@@ -190,7 +190,7 @@ def _string(schema: dict[str, Any], where: str) -> str:
 
 
 def _number(schema: dict[str, Any], where: str, integer: bool) -> int | float:
-    bounds = {}
+    bounds: dict[str, float] = {}
     for name in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
         value = schema.get(name)
         if value is None:
