@@ -119,6 +119,15 @@ def test_reasoning_effort_scales_or_disables_thinking(client: openai.OpenAI) -> 
     assert off.usage is not None and off.usage.completion_tokens == ANSWER_TOKENS
 
 
+def test_include_reasoning_false_hides_but_bills_the_thinking(client: openai.OpenAI) -> None:
+    options: dict[str, Any] = {"seed": 4, "extra_body": {"chat_template_kwargs": {"enable_thinking": True}, "include_reasoning": False}}
+    response = _chat(client, **options)
+    assert _extra(response.choices[0].message, "reasoning") is None and response.choices[0].message.content
+    assert response.usage is not None and response.usage.completion_tokens == 2 * ANSWER_TOKENS
+    chunks = _stream(client, **options)
+    assert not any(_extra(choice.delta, "reasoning") for chunk in chunks for choice in chunk.choices)
+
+
 def test_thinking_cut_by_max_tokens_is_length_without_content(client: openai.OpenAI) -> None:
     response = _chat(client, seed=4, max_tokens=3, extra_body={"chat_template_kwargs": {"enable_thinking": True}})
     choice = response.choices[0]
