@@ -279,6 +279,20 @@ def test_features_combine(client: openai.OpenAI) -> None:
         assert choice.logprobs is not None and choice.logprobs.content
 
 
+def _generation_tokens(engine: SimHandle) -> float:
+    text = httpx.get(engine.base_url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:generation_tokens_total"))
+
+
+def test_every_billed_token_is_a_scheduled_output_token(client: openai.OpenAI, engine: SimHandle) -> None:
+    """Reasoning, tool-call and n>1 tokens go through the scheduler like plain ones (the engine's own counter)."""
+    before = _generation_tokens(engine)
+    response = _chat(client, n=2, tools=[WEATHER_TOOL], tool_choice="required", seed=14,
+                     extra_body={"chat_template_kwargs": {"enable_thinking": True}})  # fmt: skip
+    assert response.usage is not None
+    assert _generation_tokens(engine) - before == response.usage.completion_tokens
+
+
 # -- what the sim engine cannot honour -------------------------------------------------------------
 HOSTILE: list[tuple[dict[str, Any], str, str]] = [
     ({"response_format": {"type": "xml"}}, "response_format", "response_format type 'xml' is not supported"),
