@@ -205,6 +205,12 @@ def test_json_object_and_guided_json(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(structured or ""), FINDINGS_SCHEMA)
 
 
+def test_completions_honour_a_json_schema(client: openai.OpenAI) -> None:
+    response = client.completions.create(model=MODEL, prompt="Findings as JSON:", extra_body={
+        "response_format": {"type": "json_schema", "json_schema": {"name": "f", "schema": FINDINGS_SCHEMA}}})  # fmt: skip
+    jsonschema.validate(json.loads(response.choices[0].text), FINDINGS_SCHEMA)
+
+
 def test_json_cut_by_max_tokens_is_length(client: openai.OpenAI) -> None:
     response_format: Any = {"type": "json_schema", "json_schema": {"name": "findings", "schema": FINDINGS_SCHEMA}}
     full = _chat(client, response_format=response_format).choices[0].message.content or ""
