@@ -24,6 +24,8 @@ from typing import Any
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.generation import OutputPlan
 from vlmserve.engines.sim.protocol import ParsedRequest
+from vlmserve.engines.sim.rich_outputs import RichRenderer
+from vlmserve.engines.sim.rich_plan import RichPlan
 
 _PIECE_JSON: dict[str, bytes] = {piece: json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES}
 _PIECE_JSON_BY_INDEX: list[bytes] = [json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES]
@@ -60,7 +62,7 @@ class ActiveRequest:
         "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
         "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len", "_usage_suffix", "_prompt_tokens",
         "client_request_id", "chunk_s", "chunk_tokens", "queued_s", "scheduled_s", "encode_image_tokens",
-        "encode_images",
+        "encode_images", "rich",
     )  # fmt: skip
 
     def __init__(
@@ -99,6 +101,10 @@ class ActiveRequest:
         self.chunk_s: list[float] | None = None
         """Emission time of each step's tokens, kept only when the engine writes a trace."""
         self.chunk_tokens: list[int] | None = None
+        self.rich: RichRenderer | None = None
+        """Thinking, tools, JSON, logprobs or n>1: rendered token by token by `rich_outputs`."""
+        if isinstance(plan, RichPlan) and parsed.features is not None:
+            self.rich = RichRenderer(response_id, self.created, parsed, plan, parsed.features)
         model = json.dumps(parsed.model)
         if parsed.kind == "chat":
             self._prefix = (
@@ -132,6 +138,7 @@ class ActiveRequest:
             self.stall_after is None
             and self.drop_after is None
             and not self.plan.trimmed
+            and self.rich is None
         )
 
     def plain_frame(self, index: int) -> bytes:
@@ -152,6 +159,8 @@ class ActiveRequest:
 
     def _chunk_for(self, index: int) -> bytes:
         """SSE bytes for token `index` (empty when a stop string withheld its text)."""
+        if self.rich is not None:
+            return self.rich.chunk(index)
         piece = self.plan.piece(index)
         data = b""
         if index == 0 and self.parsed.kind == "chat":
@@ -252,6 +261,8 @@ class ActiveRequest:
 
     def response_body(self) -> dict[str, Any]:
         """The non-streaming JSON body, as vLLM returns it."""
+        if self.rich is not None:
+            return self.rich.body()
         text = self.plan.text
         if self.parsed.kind == "chat":
             choice: dict[str, Any] = {

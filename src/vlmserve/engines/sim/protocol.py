@@ -25,12 +25,15 @@ import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.options import SimEngineConfig
+
+if TYPE_CHECKING:
+    from vlmserve.engines.sim.features import Features
 
 
 class ApiError(Exception):
@@ -111,6 +114,8 @@ class ParsedRequest:
     echo_prompt: str | None = None
     image_items: list[tuple[int, int]] = field(default_factory=list)
     """(digest, pixels) of each image, for the frontend model (sched.frontend)."""
+    features: Features | None = None
+    """Thinking, tools, structured output, logprobs, n (features.parse_features); None: plain text."""
 
 
 # -- small typed getters ---------------------------------------------------------------------
@@ -310,9 +315,6 @@ def parse_generation_request(
         raise bad_request("'model' must be a string", "model")
     elif model not in config.model_names:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    n = _get_int(body, "n", 1)
-    if n is not None and n != 1:
-        raise bad_request("the sim engine supports n=1 only", "n")
 
     if kind == "chat":
         image_items: list[tuple[int, int]] = []

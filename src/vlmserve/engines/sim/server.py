@@ -26,11 +26,13 @@ from aiohttp import web
 from vlmserve import __version__
 from vlmserve.engines.sim import SIM_ENGINE_NAME
 from vlmserve.engines.sim.engine_loop import EngineLoop
-from vlmserve.engines.sim.generation import plan_output
+from vlmserve.engines.sim.features import check_combinations, parse_features
+from vlmserve.engines.sim.generation import OutputPlan, plan_output
 from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
 from vlmserve.engines.sim.outputs import ActiveRequest
 from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request, decode_json_body, parse_generation_request
+from vlmserve.engines.sim.rich_plan import plan_rich_output
 from vlmserve.sched.frontend import Frontend
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
@@ -165,8 +167,16 @@ class SimEngine:
 
     async def _generate(self, request: web.Request, body: Any, kind: str) -> web.StreamResponse:
         parsed = parse_generation_request(body, kind, self.config, self.images)
+        features = parse_features(body, kind)
+        check_combinations(features, body)
         self.request_counter += 1
-        plan = plan_output(parsed, self.config.output_len, self._request_rng(parsed.seed))
+        rng = self._request_rng(parsed.seed)
+        plan: OutputPlan
+        if features.rich:
+            parsed.features = features
+            plan = plan_rich_output(parsed, features, self.config.output_len, rng, self.config.max_model_len)
+        else:
+            plan = plan_output(parsed, self.config.output_len, rng)
         request_id = f"{self.id_prefix}-{self.request_counter}"
         response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
         assert self.loop is not None
