@@ -140,11 +140,14 @@ def block_hashes(text: str, block_chars: int, max_blocks: int = 512) -> list[int
 
 
 def expected_output_tokens(body: dict[str, Any], default: int) -> int:
+    """The most output tokens the request may produce: its limit (reasoning included) times its `n` choices."""
+    n = body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and value > 0:
-            return value
-    return default
+            return value * choices
+    return default * choices
 
 
 def describe_request(

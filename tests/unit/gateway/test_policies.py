@@ -318,3 +318,11 @@ def test_image_digests_feed_prefix_hashes() -> None:
     # end of the image are shared, the question's are not
     assert one.prefix_hashes[0] == two.prefix_hashes[0] and one.prefix_hashes[-1] != two.prefix_hashes[-1]
     assert one.image_digests == [DIGEST] and one.prompt_tokens > 34  # the image's own estimate, not 576
+
+
+def test_expected_output_counts_every_choice() -> None:
+    from vlmserve.gateway.request_info import expected_output_tokens
+
+    assert expected_output_tokens({"max_tokens": 100, "n": 3}, 256) == 300
+    assert expected_output_tokens({"n": 2}, 256) == 512
+    assert expected_output_tokens({"max_tokens": 100, "n": True}, 256) == 100
