@@ -72,3 +72,28 @@ def test_bad_frontend_flags_are_one_line_errors(flags: list[str], message: str) 
     done = subprocess.run([sys.executable, "-m", "vlmserve", "engine", "sim", "--port", "0", *flags],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_with_a_model_directory_images_cost_what_the_models_rule_says(tmp_path) -> None:
+    import json as jsonlib
+
+    from vlmserve.vision.tokens import estimator_for_model_dir
+
+    (tmp_path / "config.json").write_text(jsonlib.dumps({
+        "model_type": "idefics3", "scale_factor": 2, "vision_config": {"image_size": 64, "patch_size": 16}}))
+    (tmp_path / "processor_config.json").write_text(jsonlib.dumps({
+        "image_seq_len": 4, "image_processor": {"size": {"longest_edge": 128}, "max_image_size": {"longest_edge": 64}}}))
+    estimator = estimator_for_model_dir(tmp_path)
+
+    def prompt_tokens(client: httpx.Client, base_url: str, size: tuple[int, int]) -> int:
+        buffer = io.BytesIO()
+        Image.new("RGB", size, (1, 2, 3)).save(buffer, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        body = {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "hi"}]}]}
+        return client.post(base_url + "/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
+
+    with start_sim_engine(model="m", profile="tiny-cpu", model_config_dir=str(tmp_path)) as engine, \
+            httpx.Client(timeout=30, trust_env=False) as client:
+        square, wide = prompt_tokens(client, engine.base_url, (64, 64)), prompt_tokens(client, engine.base_url, (128, 32))
+    assert square - wide == estimator.tokens(64, 64) - estimator.tokens(128, 32) > 0

@@ -11,6 +11,7 @@ from vlmserve.errors import UserError
 from vlmserve.sched.constant import ConstantLatencyScheduler
 from vlmserve.sched.engine_core import EngineCore
 from vlmserve.sched.frontend import FrontendConfig
+from vlmserve.vision.tokens import ImageTokenEstimator, estimator_for_model_dir
 from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -124,6 +125,8 @@ class SimEngineConfig:
     """Vision tokens per image unless the request picks a budget via mm_processor_kwargs."""
     allowed_image_budgets: tuple[int, ...] = ()
     """If set, the only budgets a request may pick (e.g. Gemma's 70/140/280/560/1120)."""
+    model_config_dir: str | None = None
+    """A model directory whose config prices each image by the model's own rule (vision.tokens)."""
     api_server_count: int = 1
     """Frontend processes preprocessing images (vLLM's --api-server-count); see sched.frontend."""
     mm_preprocess_ms_per_image: float = 0.0
@@ -179,6 +182,20 @@ class SimEngineConfig:
 
         typical = self.max_model_len // 4
         return roofline_kv_blocks(self.model, self.gpu or "", self.tp, typical, self.block_size)
+
+    def image_estimator(self) -> ImageTokenEstimator | None:
+        """The image token rule: the model directory's, the planner model's (with --gpu), or None
+        (every image costs --image-tokens)."""
+        if self.model_config_dir:
+            if not (Path(self.model_config_dir) / "config.json").is_file():
+                raise UserError(f"--model-config-dir {self.model_config_dir}: no config.json there; give a model directory")
+            return estimator_for_model_dir(self.model_config_dir)
+        if self.gpu:
+            from vlmserve.hardware.models import load_model
+
+            vision = load_model(self.model).vision
+            return vision.estimator if vision else None
+        return None
 
     def frontend_config(self) -> FrontendConfig:
         return FrontendConfig(self.api_server_count, self.mm_preprocess_ms_per_image,

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from vlmserve.vision.tokens import ImageTokenEstimator
+
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.options import SimEngineConfig
 
@@ -151,45 +153,53 @@ def _get_stop(body: dict[str, Any]) -> list[str]:
 
 
 # -- images ----------------------------------------------------------------------------------
-UNKNOWN_IMAGE_PIXELS = 1_000_000
-"""Pixels assumed for an image behind an http(s) URL (the sim engine never fetches it)."""
+UNKNOWN_IMAGE_SIDE = 1000
+"""Side assumed for an image behind an http(s) URL (the sim engine never fetches it): 1 MP."""
 
 
 class ImageValidator:
     """Checks image_url parts (data URLs are decoded with PIL) and remembers recent verdicts."""
 
-    def __init__(self, capacity: int = 256) -> None:
-        self._verdicts: OrderedDict[str, tuple[int, int]] = OrderedDict()
+    def __init__(self, capacity: int = 256, estimator: ImageTokenEstimator | None = None) -> None:
+        self._verdicts: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         self._capacity = capacity
+        self.estimator = estimator
+        """The model's own image token rule (vision.tokens); None: the engine's fixed --image-tokens."""
 
     def digest(self, url: str) -> int:
         """A stable 64-bit digest of a valid image URL; raises ApiError for a bad one."""
         return self.inspect(url)[0]
 
-    def inspect(self, url: str) -> tuple[int, int]:
-        """(digest, pixels) of a valid image URL; raises ApiError for a bad one."""
+    def tokens(self, width: int, height: int, chosen_budget: int | None, default: int) -> int:
+        """Vision tokens of one image: the request's budget, else the model's rule, else `default`."""
+        if chosen_budget is not None:
+            return chosen_budget
+        return self.estimator.tokens(width, height) if self.estimator is not None else default
+
+    def inspect(self, url: str) -> tuple[int, int, int]:
+        """(digest, width, height) of a valid image URL; raises ApiError for a bad one."""
         key = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
         cached = self._verdicts.get(key)
         if cached is not None:
             self._verdicts.move_to_end(key)
             return cached
         if url.startswith("data:"):
-            pixels = _check_data_url(url)
+            width, height = _check_data_url(url)
         elif url.startswith(("http://", "https://")):
-            pixels = UNKNOWN_IMAGE_PIXELS
+            width = height = UNKNOWN_IMAGE_SIDE
         else:
             raise bad_request(
                 "image_url must be an http(s) URL or a base64 data URL (data:image/...;base64,...)", "messages"
             )
-        verdict = (int(key, 16), pixels)
+        verdict = (int(key, 16), width, height)
         self._verdicts[key] = verdict
         if len(self._verdicts) > self._capacity:
             self._verdicts.popitem(last=False)
         return verdict
 
 
-def _check_data_url(url: str) -> int:
-    """The image's pixel count; ApiError unless the data URL holds a readable image."""
+def _check_data_url(url: str) -> tuple[int, int]:
+    """The image's (width, height); ApiError unless the data URL holds a readable image."""
     header, _sep, payload = url.partition(",")
     if not _sep or ";base64" not in header:
         raise bad_request("image data URL must look like data:image/png;base64,<data>", "messages")
@@ -205,22 +215,22 @@ def _check_data_url(url: str) -> int:
         raise bad_request(
             "the image_url part does not hold a readable image (PIL could not decode it)", "messages"
         ) from None
-    return width * height
+    return width, height
 
 
 # -- prompts ---------------------------------------------------------------------------------
-def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int:
-    """Vision tokens per image: the engine default, or a budget picked via mm_processor_kwargs."""
+def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int | None:
+    """A budget the request picked via mm_processor_kwargs (checked), or None."""
     kwargs = body.get("mm_processor_kwargs")
     if kwargs is None:
-        return config.image_tokens
+        return None
     if not isinstance(kwargs, dict):
         raise bad_request("'mm_processor_kwargs' must be an object", "mm_processor_kwargs")
     nested = kwargs.get("images_kwargs")
     images_kwargs: dict[str, Any] = nested if isinstance(nested, dict) else {}
     budget = kwargs.get("max_soft_tokens", images_kwargs.get("max_soft_tokens", kwargs.get("image_tokens")))
     if budget is None:
-        return config.image_tokens
+        return None
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise bad_request("mm_processor_kwargs.max_soft_tokens must be a positive integer", "mm_processor_kwargs")
     if config.allowed_image_budgets and budget not in config.allowed_image_budgets:
@@ -240,7 +250,7 @@ def _chat_prompt(
         raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
     budget = _image_budget(body, config)
     token_ids: list[int] = []
-    num_images = 0
+    image_tokens = 0
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"messages[{index}] must be an object with a string 'role'", "messages")
@@ -252,20 +262,21 @@ def _chat_prompt(
             token_ids += tokenizer.encode(content)
         elif isinstance(content, list):
             for part_index, part in enumerate(content):
-                num_images += _add_content_part(part, index, part_index, budget, images, token_ids, items)
+                image_tokens += _add_content_part(part, index, part_index, budget, config.image_tokens, images,
+                                                  token_ids, items)
         else:
             raise bad_request(f"messages[{index}].content must be a string or a list of parts", "messages")
         token_ids += tokenizer.encode("\n")
     if body.get("add_generation_prompt", True):
         token_ids += tokenizer.encode("<|assistant|>\n")
-    return token_ids, num_images, num_images * budget
+    return token_ids, len(items), image_tokens
 
 
 def _add_content_part(
-    part: Any, index: int, part_index: int, budget: int, images: ImageValidator, token_ids: list[int],
-    items: list[tuple[int, int]],
+    part: Any, index: int, part_index: int, budget: int | None, default_tokens: int, images: ImageValidator,
+    token_ids: list[int], items: list[tuple[int, int]],
 ) -> int:
-    """Append one content part's tokens; returns 1 for an image, else 0."""
+    """Append one content part's tokens; returns the image's vision tokens (0 for text)."""
     where = f"messages[{index}].content[{part_index}]"
     if not isinstance(part, dict) or not isinstance(part.get("type"), str):
         raise bad_request(f"{where} must be an object with a 'type'", "messages")
@@ -281,10 +292,11 @@ def _add_content_part(
         url = image_url.get("url") if isinstance(image_url, dict) else image_url
         if not isinstance(url, str) or not url:
             raise bad_request(f"{where}.image_url.url must be a non-empty string", "messages")
-        digest, pixels = images.inspect(url)
-        items.append((digest, pixels))
-        token_ids += tokenizer.image_token_ids(digest, budget)
-        return 1
+        digest, width, height = images.inspect(url)
+        items.append((digest, width * height))
+        count = images.tokens(width, height, budget, default_tokens)
+        token_ids += tokenizer.image_token_ids(digest, count)
+        return count
     raise bad_request(f"{where} has unsupported type '{part_type}'; use 'text' or 'image_url'", "messages")
 
 

@@ -62,7 +62,7 @@ class SimEngine:
         self.timing = EmissionTimingRecorder() if config.record_timing else None
         self.core = build_engine_core(config)
         self.loop: EngineLoop | None = None
-        self.images = ImageValidator()
+        self.images = ImageValidator(estimator=config.image_estimator())
         self.frontend = Frontend(config.frontend_config())
         self.started_s = time.monotonic()
         self.ready_at_s = self.started_s + config.faults.startup_delay_s
