@@ -25,6 +25,7 @@ VERB_MODULES: list[str] = [
     "vlmserve.cli.model",
     "vlmserve.cli.observe",
     "vlmserve.cli.plan",
+    "vlmserve.cli.recipe",
     "vlmserve.cli.report",
     "vlmserve.cli.up",
     "vlmserve.cli.sweep",

@@ -1,0 +1,79 @@
+"""Pick a model's recipe and lay it under a deployment's engine_args (what `vlmserve up` runs).
+
+Choosing reads config.json only (no weights, no vLLM import): start-up does not grow. A spec with
+`recipe: false` is left as it is; `recipe: benchmark` adds the benchmark changes (prefix caching off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vlmserve.recipes.families import EMBEDDED_RECIPE, ModelFacts, Recipe, find_recipe, known_families
+from vlmserve.recipes.model_config import find_model_config
+from vlmserve.recipes.resolve import FlagCheck, Resolution, installed_vllm_check, recipe_flag_table, resolve
+from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
+
+
+@dataclass(frozen=True)
+class ChosenRecipe:
+    """The recipe for a model (None: no family matched) and what the choice was based on."""
+
+    recipe: Recipe | None
+    facts: ModelFacts
+    basis: str  # one line: which config, which model_type, or why there is none
+    model_dir: Path | None
+
+
+def choose_recipe(model: str, model_path: str | None = None) -> ChosenRecipe:
+    """The recipe for `model` (its resolved `model_path` when known); bad local paths raise UserError."""
+    if model == EMBEDDED_MODEL:
+        return ChosenRecipe(EMBEDDED_RECIPE, ModelFacts({}, model), "vlmserve's embedded model", None)
+    where = model_path or model
+    found = find_model_config(where)
+    if found.config is None:
+        return ChosenRecipe(None, ModelFacts({}, where), f"unknown family: {found.where}", None)
+    recipe = find_recipe(found.config)
+    model_type = found.config.get("model_type", "(none)")
+    if recipe is None:
+        basis = (f"unknown family: model_type {model_type!r} in {found.where} has no recipe "
+                 f"(known: {', '.join(known_families())})")
+    else:
+        basis = f"{recipe.family} (model_type {model_type!r} in {found.where})"
+    return ChosenRecipe(recipe, ModelFacts(found.config, where), basis, Path(found.where).parent)
+
+
+def tool_chat_template(chosen: ChosenRecipe) -> str | None:
+    """The family's tool chat template when the model directory holds it (vLLM's wheel ships none)."""
+    if chosen.recipe is None or chosen.recipe.tool_chat_template is None or chosen.model_dir is None:
+        return None
+    candidate = chosen.model_dir / chosen.recipe.tool_chat_template
+    return str(candidate) if candidate.is_file() else None
+
+
+def resolve_for(chosen: ChosenRecipe, args: EngineArgs, *, benchmark: bool,
+                check: FlagCheck = installed_vllm_check) -> Resolution:
+    """The chosen recipe under `args`."""
+    table = recipe_flag_table(chosen.recipe, chosen.facts, benchmark=benchmark,
+                              chat_template=tool_chat_template(chosen))
+    return resolve(args, table, family=chosen.recipe.family if chosen.recipe else None, check=check)
+
+
+def spec_with_recipe(spec: DeploymentSpec, model_path: str,
+                     on_event: Callable[[str], None] | None = None) -> DeploymentSpec:
+    """`spec` with its model's recipe laid under its engine_args (unchanged with `recipe: false`)."""
+    if spec.recipe is False:
+        return spec
+    chosen = choose_recipe(spec.model, model_path)
+    resolution = resolve_for(chosen, spec.engine_args, benchmark=spec.recipe == "benchmark")
+    if on_event is not None:
+        for warning in resolution.warnings:
+            on_event(f"warning: {warning}")
+        applied = " ".join(item for flag in resolution.recipe_flags() for item in flag.argv)
+        if chosen.recipe is None:
+            on_event(f"recipe: none ({chosen.basis}); vLLM's defaults apply")
+        elif chosen.recipe is not EMBEDDED_RECIPE:
+            on_event(f"recipe {chosen.recipe.family}: {applied or '(nothing beyond your flags)'} "
+                     "(`vlmserve recipe show` explains each; --no-recipe turns it off)")
+    return spec.model_copy(update={"engine_args": resolution.engine_args})
