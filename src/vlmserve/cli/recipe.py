@@ -75,9 +75,9 @@ def show(
     for warning in resolution.warnings:
         typer.echo(f"warning: {warning}", err=True)
     if chosen.recipe is None:
-        console.print(f"{chosen.basis}; only your flags are shown")
+        console.print(f"{chosen.basis}; only your flags are shown", soft_wrap=True)
     else:
-        console.print(f"recipe: {chosen.basis}")
+        console.print(f"recipe: {chosen.basis}", soft_wrap=True)
     table = Table(title_justify="left")
     table.add_column("flag", no_wrap=True)  # whole flag names: a test or a reader greps for them
     table.add_column("value", overflow="fold")
@@ -90,7 +90,8 @@ def show(
         console.print(table)
     else:
         console.print("no flags: vLLM's defaults apply")
-    console.print("command line (`vlmserve up` adds --host, --port, --served-model-name, --allowed-media-domains):")
+    console.print("command line (`vlmserve up` adds --host, --port, --served-model-name, --allowed-media-domains):",
+                  soft_wrap=True)
     console.print(shlex.join(["vllm", "serve", model, *resolution.argv()]), soft_wrap=True)
 
 

@@ -32,9 +32,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
     """config.json as a mapping; anything unreadable is one line naming the file."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
-        raise UserError(f"{path}: cannot read it ({reason}); check the file's permissions") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror or type(err).__name__}); "
+                        "check the file's permissions") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; config.json is a JSON file") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}); fix the file") from None
     if not isinstance(value, dict):
