@@ -197,7 +197,7 @@ def _print_plan(spec) -> None:  # spec: DeploymentSpec
     from vlmserve.deploy.front_door import gateway_argv
     from vlmserve.engines.launcher import make_launcher
 
-    launches = make_launcher(spec).launches()
+    launches = make_launcher(spec, on_event=lambda line: console.print(line, soft_wrap=True)).launches()
     for index, launch in enumerate(launches):
         console.print(f"[bold]replica {index}[/bold] port {launch.port}")
         env_text = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(launch.env.items()))

@@ -58,7 +58,8 @@ def find_model_config(model: str) -> FoundConfig:
         return FoundConfig(read_config_file(config_file), str(config_file))
     cached = _hub_cached_config(model)
     if cached is None:
-        return FoundConfig(None, f"{model}: no local directory, and its config.json is not in the Hugging Face cache")
+        return FoundConfig(None, f"{model}: no local directory, and its config.json is not in the Hugging Face "
+                                 f"cache (fetch it once: `hf download {model} config.json`, or give the directory)")
     return FoundConfig(read_config_file(cached), str(cached))
 
 
