@@ -56,7 +56,7 @@ def user_engine_args(flags: list[str]):  # -> EngineArgs
     try:
         return EngineArgs.model_validate(values)
     except ValidationError as err:
-        raise UserError(describe_validation_error(err, "--flag").replace("field 'engine_args.", "field '")) from None
+        raise UserError(describe_validation_error(err, "--flag").replace("field '(top level).", "field '")) from None
 
 
 @recipe_app.command("show")

@@ -101,3 +101,17 @@ def test_bad_flag_syntax_is_one_line(cli, tmp_path: Path, flag: str, expected: s
     result = cli("recipe", "show", model_dir(tmp_path, "g", GEMMA4_31B_IT), "--flag", flag)
     assert result.code != 0
     assert result.error_line.startswith(expected), result.error_line
+
+
+def test_up_print_plan_applies_the_recipe_unless_told_not_to(cli, tmp_path: Path) -> None:
+    directory = model_dir(tmp_path, "gemma-4-31b-it", GEMMA4_31B_IT)
+    base = ("up", "--model", directory, "--devices", "cpu", "--no-gateway", "--print-plan")
+    result = cli(*base, "--benchmark-recipe")
+    assert result.code == 0, result.err
+    assert "recipe gemma4: --reasoning-parser gemma4" in result.out
+    assert "--tool-call-parser gemma4" in result.out and "--no-enable-prefix-caching" in result.out
+    plain = cli(*base, "--no-recipe")
+    assert plain.code == 0, plain.err
+    assert "--reasoning-parser" not in plain.out and "--limit-mm-per-prompt" not in plain.out
+    both = cli(*base, "--no-recipe", "--benchmark-recipe")
+    assert both.error_line == "error: --benchmark-recipe and --no-recipe contradict each other; give one"

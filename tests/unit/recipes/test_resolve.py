@@ -155,3 +155,39 @@ def test_the_spec_field_reads_from_yaml_values() -> None:
     assert DeploymentSpec.model_validate({"recipe": False}).recipe is False
     assert DeploymentSpec.model_validate({"recipe": "benchmark"}).recipe == "benchmark"
     assert DeploymentSpec().recipe is True
+
+
+def test_an_engine_args_key_replaces_the_recipes_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vlmserve import vllm_flags
+
+    # a fake flag table: building vLLM's real parser starts a subprocess, which the unit tier forbids
+    fake = {"tool_call_parser": vllm_flags.VllmFlag("--tool-call-parser", boolean=False, multiple=False)}
+    monkeypatch.setattr(vllm_flags, "installed_vllm_flags", lambda: fake)
+    chosen = choose_recipe(str(model_dir(tmp_path, "g", GEMMA4_31B_IT)))
+    args = EngineArgs.model_validate({"tool_call_parser": "hermes"})
+    resolution = resolve_for(chosen, args, benchmark=False, check=_everything_known)
+    argv = resolution.argv()
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and argv.count("--tool-call-parser") == 1
+    assert "--enable-auto-tool-choice" in argv  # the recipe's switch stays: the user's parser serves it
+    assert "--tool-call-parser" not in resolution.engine_args.extra_args  # the user's key renders itself
+
+
+def test_dotted_and_equals_extra_args_count_as_the_users(tmp_path: Path) -> None:
+    chosen = choose_recipe(str(model_dir(tmp_path, "q", QWEN3_VL)))
+    args = EngineArgs(extra_args=["--limit-mm-per-prompt.image", "2", "--tool-call-parser=qwen3_xml"])
+    resolution = resolve_for(chosen, args, benchmark=False, check=_everything_known)
+    assert [flag.key for flag in resolution.recipe_flags()] == ["enable_auto_tool_choice", "mm_processor_kwargs"]
+
+
+def test_a_hub_id_without_a_cached_config_has_no_recipe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    chosen = choose_recipe("someorg/some-vlm")
+    assert chosen.recipe is None
+    assert "not in the Hugging Face cache" in chosen.basis and "hf download someorg/some-vlm config.json" in chosen.basis
+
+
+def test_a_tool_chat_template_in_the_model_directory_is_passed(tmp_path: Path) -> None:
+    directory = model_dir(tmp_path, "g", GEMMA4_31B_IT)
+    (directory / "tool_chat_template_gemma4.jinja").write_text("{{ messages }}")
+    flags = _flags(tmp_path, "g", GEMMA4_31B_IT)
+    assert flags["chat_template"] == str(directory / "tool_chat_template_gemma4.jinja")
