@@ -41,7 +41,8 @@ def choose_recipe(model: str, model_path: str | None = None) -> ChosenRecipe:
                  f"(known: {', '.join(known_families())})")
     else:
         basis = f"{recipe.family} (model_type {model_type!r} in {found.where})"
-    return ChosenRecipe(recipe, ModelFacts(found.config, where), basis, Path(found.where).parent)
+    local = Path(found.where)
+    return ChosenRecipe(recipe, ModelFacts(found.config, where), basis, local.parent if local.is_file() else None)
 
 
 def tool_chat_template(chosen: ChosenRecipe) -> str | None:

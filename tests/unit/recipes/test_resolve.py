@@ -181,9 +181,11 @@ def test_dotted_and_equals_extra_args_count_as_the_users(tmp_path: Path) -> None
 
 def test_a_hub_id_without_a_cached_config_has_no_recipe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing is fetched
     chosen = choose_recipe("someorg/some-vlm")
     assert chosen.recipe is None
-    assert "not in the Hugging Face cache" in chosen.basis and "hf download someorg/some-vlm config.json" in chosen.basis
+    assert "not in the Hugging Face cache (HF_HUB_OFFLINE is set;" in chosen.basis
+    assert "hf download someorg/some-vlm config.json" in chosen.basis
 
 
 def test_a_tool_chat_template_in_the_model_directory_is_passed(tmp_path: Path) -> None:
