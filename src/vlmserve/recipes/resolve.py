@@ -181,4 +181,4 @@ def laid_under(args: EngineArgs, kept: dict[str, tuple[Any, str]]) -> EngineArgs
             extra.extend(render(key, value))
     if not fields and not extra:
         return args
-    return args.model_copy(update={**fields, "extra_args": [*args.extra_args, *extra]})
+    return args.model_copy(update={**fields, "extra_args": [*extra, *args.extra_args]})  # the user's stay last
