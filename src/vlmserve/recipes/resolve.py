@@ -134,8 +134,11 @@ def user_flags(args: EngineArgs) -> list[ResolvedFlag]:
 
 
 def user_flag_keys(args: EngineArgs) -> set[str]:
-    """Every flag name the user gives, however given (the recipe steps aside for each)."""
-    keys = {flag.key for flag in user_flags(args)}
+    """Every flag name the user gives, however given (the recipe steps aside for each); nothing is
+    rendered, so vLLM's parser is not needed to tell."""
+    keys = {name for name in EngineArgs.model_fields
+            if name != "extra_args" and name in args.model_fields_set and getattr(args, name) is not None}
+    keys |= set(args.vllm_flags())
     keys |= {name for name, _ in _extra_arg_groups(list(args.extra_args))}
     return keys
 
