@@ -57,7 +57,7 @@ def _root(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """vlmserve: up, gateway, bench, sweep, report, plan, engine sim, batch."""
+    """vlmserve: up, recipe, gateway, bench, sweep, report, plan, engine sim, batch."""
 
 
 _registered = False
