@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlmserve.errors import UserError
 from vlmserve.recipes.families import EMBEDDED_RECIPE, ModelFacts, Recipe, find_recipe, known_families
 from vlmserve.recipes.model_config import find_model_config
 from vlmserve.recipes.resolve import FlagCheck, Resolution, installed_vllm_check, recipe_flag_table, resolve
@@ -45,29 +46,43 @@ def choose_recipe(model: str, model_path: str | None = None) -> ChosenRecipe:
     return ChosenRecipe(recipe, ModelFacts(found.config, where), basis, local.parent if local.is_file() else None)
 
 
-def tool_chat_template(chosen: ChosenRecipe) -> str | None:
-    """The family's tool chat template when the model directory holds it (vLLM's wheel ships none)."""
+def tool_chat_template(chosen: ChosenRecipe, engine_model_dir: str | None = None) -> str | None:
+    """The family's tool chat template when the model directory holds it (vLLM's wheel ships none),
+    as the engine sees it: under `engine_model_dir` when the engine mounts the directory elsewhere
+    (a Kubernetes pod), else where it lies here."""
     if chosen.recipe is None or chosen.recipe.tool_chat_template is None or chosen.model_dir is None:
         return None
-    candidate = chosen.model_dir / chosen.recipe.tool_chat_template
-    return str(candidate) if candidate.is_file() else None
+    name = chosen.recipe.tool_chat_template
+    if not (chosen.model_dir / name).is_file():
+        return None
+    return str(Path(engine_model_dir or chosen.model_dir) / name)
 
 
 def resolve_for(chosen: ChosenRecipe, args: EngineArgs, *, benchmark: bool,
-                check: FlagCheck = installed_vllm_check) -> Resolution:
+                check: FlagCheck = installed_vllm_check, engine_model_dir: str | None = None) -> Resolution:
     """The chosen recipe under `args`."""
     table = recipe_flag_table(chosen.recipe, chosen.facts, benchmark=benchmark,
-                              chat_template=tool_chat_template(chosen))
+                              chat_template=tool_chat_template(chosen, engine_model_dir))
     return resolve(args, table, family=chosen.recipe.family if chosen.recipe else None, check=check)
 
 
-def spec_with_recipe(spec: DeploymentSpec, model_path: str,
-                     on_event: Callable[[str], None] | None = None) -> DeploymentSpec:
-    """`spec` with its model's recipe laid under its engine_args (unchanged with `recipe: false`)."""
+def spec_with_recipe(spec: DeploymentSpec, model_path: str, on_event: Callable[[str], None] | None = None,
+                     *, elsewhere: bool = False) -> DeploymentSpec:
+    """`spec` with its model's recipe laid under its engine_args (unchanged with `recipe: false`).
+
+    elsewhere: the engine runs on another machine (a Kubernetes export) and `model_path` is its view
+    of the model; the recipe is chosen from `spec.model` as this machine sees it, and a model this
+    machine cannot read gets no recipe rather than an error (the export never needed the weights)."""
     if spec.recipe is False:
         return spec
-    chosen = choose_recipe(spec.model, model_path)
-    resolution = resolve_for(chosen, spec.engine_args, benchmark=spec.recipe == "benchmark")
+    try:
+        chosen = choose_recipe(spec.model, None if elsewhere else model_path)
+    except UserError as err:
+        if not elsewhere:
+            raise
+        chosen = ChosenRecipe(None, ModelFacts({}, spec.model), f"unknown family: {err.message}", None)
+    resolution = resolve_for(chosen, spec.engine_args, benchmark=spec.recipe == "benchmark",
+                             engine_model_dir=model_path if elsewhere else None)
     if on_event is not None:
         for warning in resolution.warnings:
             on_event(f"warning: {warning}")
