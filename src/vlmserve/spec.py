@@ -120,6 +120,9 @@ class DeploymentSpec(BaseModel):
     cpu_threads_per_replica: int | None = Field(None, ge=1)
     kv_cache_space_gb: float | None = Field(None, gt=0)
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
+    recipe: bool | Literal["benchmark"] = Field(
+        True, description="lay the model family's vLLM flags under engine_args (docs/recipes.md); "
+        "false: engine_args alone; benchmark: also prefix caching off")
     sim: SimEngineOptions = Field(default_factory=SimEngineOptions)
     env: dict[str, str] = Field(default_factory=dict)
     log_dir: str | None = None

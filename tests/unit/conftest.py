@@ -51,3 +51,10 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     with _no_subprocesses():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_model_hub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unit tier asks no model hub: a hub id's config.json (model recipes) is not fetched, so
+    a launcher planned for `org/some-vlm` is the same with or without a network."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")

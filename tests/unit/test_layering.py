@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {"__init__", "errors", "paths", "vllm_flags", "async_tasks", "routing"}),
     ("vision", {"vision"}),
     ("spec", {"spec"}),
+    ("recipes", {"recipes"}),
     ("results", {"results"}),
     ("sched", {"sched"}),
     ("hardware", {"hardware"}),

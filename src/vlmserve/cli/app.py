@@ -25,6 +25,7 @@ VERB_MODULES: list[str] = [
     "vlmserve.cli.model",
     "vlmserve.cli.observe",
     "vlmserve.cli.plan",
+    "vlmserve.cli.recipe",
     "vlmserve.cli.report",
     "vlmserve.cli.up",
     "vlmserve.cli.sweep",
@@ -56,7 +57,7 @@ def _root(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """vlmserve: up, gateway, bench, sweep, report, plan, engine sim, batch."""
+    """vlmserve: up, recipe, gateway, bench, sweep, report, plan, engine sim, batch."""
 
 
 _registered = False

@@ -112,9 +112,17 @@ def up(
     open_: Optional[bool] = typer.Option(
         None, "--open", help="Serve a non-loopback --host without --keys-file, on purpose."
     ),
+    recipe: Optional[bool] = typer.Option(
+        None, "--recipe/--no-recipe",
+        help="Lay the model family's vLLM flags (parsers, multimodal limits) under yours; default on (docs/recipes.md).",
+    ),
+    benchmark_recipe: bool = typer.Option(
+        False, "--benchmark-recipe", help="The recipe's benchmark variant: also prefix caching off."),
     print_plan: bool = typer.Option(False, "--print-plan", help="Print each replica's command and environment; start nothing."),
 ) -> None:
     """Start and supervise engine replicas (and the gateway) until Ctrl-C or SIGTERM."""
+    if benchmark_recipe and recipe is False:
+        raise UserError("--benchmark-recipe and --no-recipe contradict each other; give one")
     spec = build_spec(
         file,
         {
@@ -125,6 +133,7 @@ def up(
             "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,
             "allowed_media_domains": [domain.strip() for value in allowed_media_domains or [] for domain in value.split(",")
                                       if domain.strip()] or None, "open": open_,
+            "recipe": "benchmark" if benchmark_recipe else recipe,
         },
         {
             "dtype": dtype, "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
@@ -188,7 +197,7 @@ def _print_plan(spec) -> None:  # spec: DeploymentSpec
     from vlmserve.deploy.front_door import gateway_argv
     from vlmserve.engines.launcher import make_launcher
 
-    launches = make_launcher(spec).launches()
+    launches = make_launcher(spec, on_event=lambda line: console.print(line, soft_wrap=True)).launches()
     for index, launch in enumerate(launches):
         console.print(f"[bold]replica {index}[/bold] port {launch.port}")
         env_text = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(launch.env.items()))

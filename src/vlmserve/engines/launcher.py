@@ -123,7 +123,9 @@ def make_launcher(
 
         return SimLauncher(spec)
     from vlmserve.engines.vllm import VllmLauncher
+    from vlmserve.recipes.apply import spec_with_recipe
 
-    if model_path is not None and device_kind is not None:
-        return VllmLauncher(spec, model_path, device_kind)  # type: ignore[arg-type]
+    if model_path is not None and device_kind is not None:  # the model's recipe, as `up` would apply it
+        return VllmLauncher(spec_with_recipe(spec, model_path, on_event, elsewhere=True),
+                            model_path, device_kind)  # type: ignore[arg-type]
     return VllmLauncher.on_this_machine(spec, on_event=on_event)

@@ -382,9 +382,12 @@ class VllmLauncher:
 
     @classmethod
     def on_this_machine(cls, spec: DeploymentSpec, on_event: EventSink | None = None) -> "VllmLauncher":
-        """Resolve the model here (made on first use for 'embedded') and detect the devices."""
+        """Resolve the model here (made on first use for 'embedded'), lay its recipe under the spec's
+        engine_args (unless `recipe: false`) and detect the devices."""
+        from vlmserve.recipes.apply import spec_with_recipe
+
         model_path = resolve_model_path(spec.model, on_event=on_event)
-        return cls(spec, model_path, detect_device_kind(spec.devices))
+        return cls(spec_with_recipe(spec, model_path, on_event), model_path, detect_device_kind(spec.devices))
 
     def arguments(self, *, host: str, port: int, index: int) -> list[str]:
         """vLLM's flags; every replica gets the same ones (its devices differ, through env)."""
