@@ -5,6 +5,12 @@ Names, label names (`model_name`, `engine`) and bucket boundaries follow vLLM's
 gateway's load polling work unchanged against a sim engine. Each engine has its own
 registry (several engines can live in one test process).
 
+Timing semantics are vLLM's: TTFT and e2e latency count from the request's arrival at the
+API server (so they include the frontend stage: waiting for an API server and preprocessing
+images), `request_queue_time` is scheduler waiting only (reached the scheduler → first
+scheduled), `request_prefill_time` is first scheduled → first token. The multimodal cache
+counters count items (images), as vLLM's do.
+
 Per-token observations (inter-token latency) arrive thousands of times a second, so
 they go through `BatchedHistogram`, which takes a whole step's values in one call.
 """
@@ -95,6 +101,12 @@ class EngineMetrics:
         self.prefix_cache_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         ).labels(*labels)
+        self.mm_cache_queries = counter(
+            "vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."
+        ).labels(*labels)
+        self.mm_cache_hits = counter(
+            "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."
+        ).labels(*labels)
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.").labels(*labels)
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(*labels)
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.").labels(*labels)
@@ -111,6 +123,10 @@ class EngineMetrics:
         ).labels(*labels)
         self.request_queue_time = histogram(
             "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS
+        ).labels(*labels)
+        self.request_prefill_time = histogram(
+            "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_LATENCY_BUCKETS,
         ).labels(*labels)
         self.request_prompt_tokens = histogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", _token_buckets()

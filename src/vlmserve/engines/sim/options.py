@@ -10,6 +10,7 @@ from pathlib import Path
 from vlmserve.errors import UserError
 from vlmserve.sched.constant import ConstantLatencyScheduler
 from vlmserve.sched.engine_core import EngineCore
+from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -125,6 +126,8 @@ class SimEngineConfig:
     """If set, the only budgets a request may pick (e.g. Gemma's 70/140/280/560/1120)."""
     output_len: OutputLengthDistribution = field(default_factory=lambda: OutputLengthDistribution("lognormal", 200, 0.8))
     faults: FaultOptions = field(default_factory=FaultOptions)
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    """The API server stage before the scheduler: preprocessing cost, --api-server-count, mm cache."""
     reject_over_context: bool = False
     """Refuse prompt + max_tokens > max_model_len with 400 (earlier vLLM) instead of clamping (vLLM 0.32)."""
     record_timing: bool = True
@@ -155,6 +158,7 @@ class SimEngineConfig:
         if not 1 <= self.port <= 65535 and self.port != 0:
             raise UserError(f"--port must be between 1 and 65535, got {self.port}")
         self.faults.validate()
+        self.frontend.validate()
         if self.trace_file and not Path(self.trace_file).resolve().parent.is_dir():
             raise UserError(f"--trace-file {self.trace_file}: its directory does not exist; create it or pick another path")
         try:

@@ -59,7 +59,7 @@ class ActiveRequest:
         "last_token_s", "emitted", "written", "transport", "done", "finish_reason", "aborted",
         "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
         "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len", "_usage_suffix", "_prompt_tokens",
-        "client_request_id", "chunk_s", "chunk_tokens",
+        "client_request_id", "chunk_s", "chunk_tokens", "ready_s", "first_scheduled_s",
     )  # fmt: skip
 
     def __init__(
@@ -92,6 +92,9 @@ class ActiveRequest:
         self.chunk_s: list[float] | None = None
         """Emission time of each step's tokens, kept only when the engine writes a trace."""
         self.chunk_tokens: list[int] | None = None
+        self.ready_s = arrival_s
+        """When it reached the scheduler (after the frontend stage's queue and preprocessing)."""
+        self.first_scheduled_s: float | None = None
         model = json.dumps(parsed.model)
         if parsed.kind == "chat":
             self._prefix = (

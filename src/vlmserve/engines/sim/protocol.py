@@ -31,6 +31,10 @@ from PIL import Image
 
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.options import SimEngineConfig
+from vlmserve.sched.frontend import ImageItem
+
+REMOTE_IMAGE_PIXELS = 1024 * 1024
+"""Remote image URLs are not fetched; their preprocessing is priced as a 1024×1024 image."""
 
 
 class ApiError(Exception):
@@ -109,6 +113,8 @@ class ParsedRequest:
     images: int = 0
     image_tokens: int = 0
     echo_prompt: str | None = None
+    image_items: list[ImageItem] = field(default_factory=list)
+    """Each image's digest, size and vision tokens, for the frontend stage and its cache."""
 
 
 # -- small typed getters ---------------------------------------------------------------------
@@ -148,30 +154,41 @@ class ImageValidator:
     """Checks image_url parts (data URLs are decoded with PIL) and remembers recent verdicts."""
 
     def __init__(self, capacity: int = 256) -> None:
-        self._verdicts: OrderedDict[str, int] = OrderedDict()
+        self._verdicts: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._capacity = capacity
 
     def digest(self, url: str) -> int:
         """A stable 64-bit digest of a valid image URL; raises ApiError for a bad one."""
+        return self.inspect(url)[0]
+
+    def inspect(self, url: str) -> tuple[int, int]:
+        """(digest, pixels) of a valid image URL; raises ApiError for a bad one.
+
+        Pixels come from the image header for data URLs; remote URLs are not fetched
+        (REMOTE_IMAGE_PIXELS stands in).
+        """
         key = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
         cached = self._verdicts.get(key)
         if cached is not None:
             self._verdicts.move_to_end(key)
             return cached
         if url.startswith("data:"):
-            _check_data_url(url)
-        elif not url.startswith(("http://", "https://")):
+            pixels = _check_data_url(url)
+        elif url.startswith(("http://", "https://")):
+            pixels = REMOTE_IMAGE_PIXELS
+        else:
             raise bad_request(
                 "image_url must be an http(s) URL or a base64 data URL (data:image/...;base64,...)", "messages"
             )
-        value = int(key, 16)
-        self._verdicts[key] = value
+        verdict = (int(key, 16), pixels)
+        self._verdicts[key] = verdict
         if len(self._verdicts) > self._capacity:
             self._verdicts.popitem(last=False)
-        return value
+        return verdict
 
 
-def _check_data_url(url: str) -> None:
+def _check_data_url(url: str) -> int:
+    """Decode and verify a data URL's image; return its pixel count (width × height)."""
     header, _sep, payload = url.partition(",")
     if not _sep or ";base64" not in header:
         raise bad_request("image data URL must look like data:image/png;base64,<data>", "messages")
@@ -181,11 +198,13 @@ def _check_data_url(url: str) -> None:
         raise bad_request("image data URL does not hold valid base64", "messages") from None
     try:
         with Image.open(io.BytesIO(raw)) as image:
+            width, height = image.size
             image.verify()
     except Exception:  # PIL raises many types for non-images
         raise bad_request(
             "the image_url part does not hold a readable image (PIL could not decode it)", "messages"
         ) from None
+    return max(width * height, 1)
 
 
 # -- prompts ---------------------------------------------------------------------------------
@@ -211,7 +230,7 @@ def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int:
 
 def _chat_prompt(
     body: dict[str, Any], config: SimEngineConfig, images: ImageValidator
-) -> tuple[list[int], int, int]:
+) -> tuple[list[int], list[ImageItem]]:
     """Token ids of the rendered chat (role headers + content + image placeholders)."""
     messages = body.get("messages")
     if messages is None:
@@ -220,7 +239,7 @@ def _chat_prompt(
         raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
     budget = _image_budget(body, config)
     token_ids: list[int] = []
-    num_images = 0
+    items: list[ImageItem] = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"messages[{index}] must be an object with a string 'role'", "messages")
@@ -232,19 +251,20 @@ def _chat_prompt(
             token_ids += tokenizer.encode(content)
         elif isinstance(content, list):
             for part_index, part in enumerate(content):
-                num_images += _add_content_part(part, index, part_index, budget, images, token_ids)
+                _add_content_part(part, index, part_index, budget, images, token_ids, items)
         else:
             raise bad_request(f"messages[{index}].content must be a string or a list of parts", "messages")
         token_ids += tokenizer.encode("\n")
     if body.get("add_generation_prompt", True):
         token_ids += tokenizer.encode("<|assistant|>\n")
-    return token_ids, num_images, num_images * budget
+    return token_ids, items
 
 
 def _add_content_part(
-    part: Any, index: int, part_index: int, budget: int, images: ImageValidator, token_ids: list[int]
-) -> int:
-    """Append one content part's tokens; returns 1 for an image, else 0."""
+    part: Any, index: int, part_index: int, budget: int, images: ImageValidator, token_ids: list[int],
+    items: list[ImageItem],
+) -> None:
+    """Append one content part's tokens (and, for an image, its item)."""
     where = f"messages[{index}].content[{part_index}]"
     if not isinstance(part, dict) or not isinstance(part.get("type"), str):
         raise bad_request(f"{where} must be an object with a 'type'", "messages")
@@ -254,14 +274,16 @@ def _add_content_part(
         if not isinstance(text, str):
             raise bad_request(f"{where}.text must be a string", "messages")
         token_ids += tokenizer.encode(text)
-        return 0
+        return
     if part_type == "image_url":
         image_url = part.get("image_url")
         url = image_url.get("url") if isinstance(image_url, dict) else image_url
         if not isinstance(url, str) or not url:
             raise bad_request(f"{where}.image_url.url must be a non-empty string", "messages")
-        token_ids += tokenizer.image_token_ids(images.digest(url), budget)
-        return 1
+        digest, pixels = images.inspect(url)
+        token_ids += tokenizer.image_token_ids(digest, budget)
+        items.append(ImageItem(digest=digest, pixels=pixels, tokens=budget))
+        return
     raise bad_request(f"{where} has unsupported type '{part_type}'; use 'text' or 'image_url'", "messages")
 
 
@@ -297,12 +319,12 @@ def parse_generation_request(
         raise bad_request("the sim engine supports n=1 only", "n")
 
     if kind == "chat":
-        prompt_token_ids, num_images, image_tokens = _chat_prompt(body, config, images)
+        prompt_token_ids, image_items = _chat_prompt(body, config, images)
         echo_prompt = None
         limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     else:
         prompt_token_ids, echo_prompt = _completion_prompt(body)
-        num_images, image_tokens = 0, 0
+        image_items = []
         limit_name = "max_tokens"
     if not prompt_token_ids:
         raise bad_request("the prompt is empty", "prompt" if kind != "chat" else "messages")
@@ -356,7 +378,8 @@ def parse_generation_request(
         ignore_eos=_get_bool(body, "ignore_eos"),
         stop=_get_stop(body),
         seed=seed,
-        images=num_images,
-        image_tokens=image_tokens,
+        images=len(image_items),
+        image_tokens=sum(item.tokens for item in image_items),
         echo_prompt=echo_prompt if _get_bool(body, "echo") else None,
+        image_items=image_items,
     )

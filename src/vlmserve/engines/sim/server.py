@@ -34,6 +34,7 @@ from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request,
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
 from vlmserve.errors import UserError
+from vlmserve.sched.frontend import Frontend
 
 _STATUS_TYPES = {
     500: "InternalServerError",
@@ -86,7 +87,7 @@ class SimEngine:
 
     async def _on_startup(self, _app: web.Application) -> None:
         trace = EmissionTrace(self.config.trace_file) if self.config.trace_file else None
-        self.loop = EngineLoop(self.core, self.metrics, self.timing, trace=trace)
+        self.loop = EngineLoop(self.core, self.metrics, self.timing, trace=trace, frontend=Frontend(self.config.frontend))
         self.loop.start()
         self.started_s = time.monotonic()
         self.ready_at_s = self.started_s + self.config.faults.startup_delay_s
@@ -285,8 +286,24 @@ class SimEngine:
                 "steps": self.loop.steps if self.loop else 0,
                 "requests": self.request_counter,
                 "scheduler": vars(config.scheduler_config()),
+                "frontend": self._frontend_state(),
             }
         )
+
+    def _frontend_state(self) -> dict[str, Any]:
+        """The API server stage's settings and totals (simulated, like everything here)."""
+        frontend = self.loop.frontend if self.loop else None
+        if frontend is None:
+            return {}
+        return {
+            **vars(self.config.frontend),
+            "requests": frontend.requests,
+            "image_requests": frontend.image_requests,
+            "busy_s": round(frontend.busy_s, 6),
+            "mm_cache_items": len(frontend.cache),
+            "mm_cache_queries": frontend.cache.queries,
+            "mm_cache_hits": frontend.cache.hits,
+        }
 
 
 def _send_headers_now(response: web.StreamResponse) -> None:
