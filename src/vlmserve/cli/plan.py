@@ -20,6 +20,12 @@ from pydantic import ValidationError
 from vlmserve.errors import UserError
 from vlmserve.results.summary import RunSummary
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
+from vlmserve.sched.frontend import (
+    DEFAULT_MM_PROCESSOR_CACHE_GB,
+    DEFAULT_PREPROCESS_MS_PER_IMAGE,
+    DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL,
+    FrontendConfig,
+)
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
 
 SIMULATED_NOTE = "[yellow]planner output (simulated on a roofline cost model, not measured)[/]"
@@ -75,6 +81,13 @@ def plan(
     dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
     dataset_path: Optional[str] = typer.Option(None, "--dataset-path", help="ShareGPT file (default: built-in length distribution)."),
     images_per_request: int = typer.Option(1, "--images-per-request", min=0, help="images dataset: images per request."),
+    image_fraction: Optional[float] = typer.Option(None, "--image-fraction", help="images dataset: share of requests with images (default 1; the rest are text)."),
+    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: chance an image was sent before (mm cache hits; default 0)."),
+    image_size: Optional[str] = typer.Option(None, "--image-size", help="images dataset: image resolution WxH, e.g. 1024x768 (default 64x64)."),
+    api_server_count: int = typer.Option(1, "--api-server-count", help="vLLM --api-server-count: frontend processes per replica that preprocess images."),
+    preprocess_ms_per_image: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_IMAGE, "--preprocess-ms-per-image", help="Frontend: fixed preprocessing cost per image, ms."),
+    preprocess_ms_per_megapixel: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL, "--preprocess-ms-per-megapixel", help="Frontend: preprocessing cost per megapixel, ms."),
+    mm_processor_cache_gb: float = typer.Option(DEFAULT_MM_PROCESSOR_CACHE_GB, "--mm-processor-cache-gb", help="vLLM --mm-processor-cache-gb: processed-image cache per replica (0: off)."),
     arrival: str = typer.Option("poisson", "--arrival", help="Open loop arrivals: poisson | constant | gamma."),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."),
@@ -101,23 +114,37 @@ def plan(
         typer.echo(ctx.get_help())
         raise UserError("give --model NAME|config.json (and --gpu, --concurrency or --rate)")
     from vlmserve.plan.simulate import simulate_run
+    from vlmserve.plan.workload import ImageMix
 
+    image_options = {"--image-fraction": image_fraction, "--image-repeat-rate": image_repeat_rate, "--image-size": image_size}
+    given = [flag for flag, value in image_options.items() if value is not None]
+    if given and dataset != "images":
+        raise UserError(f"{given[0]} applies to --dataset images (got --dataset {dataset})")
+    images = ImageMix(fraction=1.0 if image_fraction is None else image_fraction,
+                      repeat_rate=image_repeat_rate or 0.0)
+    images.validate()
+    frontend = FrontendConfig(api_server_count=api_server_count, preprocess_ms_per_image=preprocess_ms_per_image,
+                              preprocess_ms_per_megapixel=preprocess_ms_per_megapixel, mm_processor_cache_gb=mm_processor_cache_gb)
+    frontend.validate()
     load = _load_spec(
         dataset=dataset, dataset_path=dataset_path, input_len=input_len, output_len=output_len,
         concurrency=concurrency, rate=rate, num_requests=num_requests, arrival=arrival,
         images_per_request=images_per_request, seed=seed,
+        image_size=_image_size(image_size) if image_size is not None else None,
     )
     setup = _setup(
         model, gpu, calibration, tp=tp, replicas=replicas, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-        routing=routing, async_scheduling=async_scheduling,
+        routing=routing, async_scheduling=async_scheduling, frontend=frontend,
     )
     slo_spec = SLO.parse(slo) if slo else None
-    output = simulate_run(setup, load, slo=slo_spec, staggered=staggered)
+    output = simulate_run(setup, load, slo=slo_spec, staggered=staggered, images=images)
     result = output.result
     console = _console()
     _print_run(console, result.summary, setup, output.wall_s, price)
+    if load.dataset == "images":
+        _print_frontend(console, setup, load, images, slo_spec, result.summary)
     measured = _read_measured(compare) if compare else None
     if explain or measured is not None:
         _print_explain(console, setup, load, result.summary, measured)
@@ -155,6 +182,39 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
         per_hour = price * setup.num_gpus
         per_million = per_hour / (output_rate * 3600 / 1e6) if output_rate > 0 else float("inf")
         console.print(f"cost: ${per_hour:.2f}/h for {setup.num_gpus} GPU(s), ${per_million:.3f} per million output tokens")
+
+
+def _image_size(text: str) -> tuple[int, int]:
+    """'1024x768' → (1024, 768); a one-line UserError otherwise."""
+    width, sep, height = text.lower().partition("x")
+    try:
+        size = (int(width), int(height))
+    except ValueError:
+        size = (0, 0)
+    if not sep or min(size) < 1 or max(size) > 65536:
+        raise UserError(f"--image-size takes WIDTHxHEIGHT in pixels (1 to 65536 each), e.g. 1024x768; got '{text}'")
+    return size
+
+
+def _print_frontend(console: Console, setup: Any, load: LoadSpec, images: Any, slo: SLO | None, summary: RunSummary) -> None:
+    """The frontend's verdict; when it is the limit, what more API servers or smaller images would give (simulated)."""
+    from vlmserve.plan.explain import frontend_verdict, frontend_what_ifs
+
+    figures = (summary.simulation or {}).get("frontend") or {}
+    verdict = frontend_verdict(figures)
+    for line in verdict.lines:
+        console.print(line, soft_wrap=True)
+    if not verdict.is_limit:
+        return
+    table = Table(title="what if (simulated)", show_edge=False)
+    for column in ("change", "TTFT p95 ms", "frontend utilisation", "req/s"):
+        table.add_column(column)
+    table.add_row(f"as run (--api-server-count {verdict.api_server_count}, images {load.image_size[0]}x{load.image_size[1]})",
+                  _ms(summary, "ttft_ms"), f"{verdict.utilisation:.0%}", f"{summary.throughput.requests_per_s:.1f}")
+    for change, other in frontend_what_ifs(setup, load, images, slo, verdict.suggested_api_server_count):
+        utilisation = ((other.simulation or {}).get("frontend") or {}).get("utilisation", 0.0)
+        table.add_row(change, _ms(other, "ttft_ms"), f"{utilisation:.0%}", f"{other.throughput.requests_per_s:.1f}")
+    console.print(table)
 
 
 def _read_measured(path: Path) -> RunSummary:

@@ -17,6 +17,7 @@ from vlmserve.hardware.cost import RooflineStepCost
 from vlmserve.hardware.dtypes import normalize_dtype
 from vlmserve.hardware.gpus import GPU, MemoryPlan, get_gpu, plan_memory
 from vlmserve.hardware.models import ModelCost, load_model
+from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.sched.scheduler import SchedulerConfig
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -55,8 +56,11 @@ class PlanSetup:
     routing: str = LEAST_OUTSTANDING_TOKENS
     async_scheduling: bool = False
     """vLLM's --async-scheduling: the CPU work of a step overlaps the GPU's previous step."""
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    """The API server stage in front of each replica: --api-server-count, preprocessing cost, mm cache."""
 
     def __post_init__(self) -> None:
+        self.frontend.validate()
         self.weight_dtype = normalize_dtype(self.weight_dtype or self.model.default_weight_dtype, "--weight-dtype")
         self.kv_dtype = normalize_dtype(self.kv_dtype, "--kv-dtype")
         if self.replicas < 1:
@@ -148,5 +152,6 @@ class PlanSetup:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "routing": self.routing,
             "async_scheduling": self.async_scheduling,
+            "frontend": dict(vars(self.frontend)),
             "calibration": self.calibration.source,
         }

@@ -20,8 +20,9 @@ from vlmserve.results.metrics import summarize
 from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.hardware.setup import PlanSetup
-from vlmserve.plan.workload import PlannedRequest, planned_requests
+from vlmserve.plan.workload import ImageMix, PlannedRequest, planned_requests
 from vlmserve.results.records import RequestRecord
+from vlmserve.sched.frontend import FrontendConfig, ImageItem
 from vlmserve.sched.scheduler import Scheduler, SimRequest
 from vlmserve.sched.virtual_clock import RequestTiming, Send, SimulationStats, run_virtual_clock
 from vlmserve.sched.step_cost import StepContents
@@ -42,6 +43,8 @@ class SimulationOutput:
 
 def _sim_request(planned: PlannedRequest, arrival_s: float) -> SimRequest:
     base = planned.index * TOKEN_ID_STRIDE
+    per_image = planned.image_tokens // planned.images if planned.images else 0
+    items = tuple(ImageItem(digest, planned.image_pixels, per_image) for digest in planned.image_digests)
     return SimRequest(
         request_id=str(planned.index),
         prompt_token_ids=list(range(base, base + planned.prompt_tokens)),
@@ -49,6 +52,7 @@ def _sim_request(planned: PlannedRequest, arrival_s: float) -> SimRequest:
         arrival_s=arrival_s,
         image_tokens=planned.image_tokens,
         images=planned.images,
+        image_items=items,
     )
 
 
@@ -67,6 +71,7 @@ def simulate_run(
     label: str | None = None,
     record_token_times: bool = True,
     staggered: bool = False,
+    images: ImageMix | None = None,
 ) -> SimulationOutput:
     """Simulate `load` against `setup` and summarize it exactly as a measured run.
 
@@ -74,13 +79,15 @@ def simulate_run(
     `staggered=True` client i starts i/concurrency of an estimated request time later:
     the steady state a long closed-loop run reaches once output lengths vary, without a
     synchronized first wave of prefills (which fixed lengths would otherwise keep in lockstep).
+    `images` says which requests carry images and how often they repeat (images dataset); every
+    request passes each replica's frontend stage (`setup.frontend`) before its scheduler.
     """
     started = time.perf_counter()
     count = _default_count(load)
     image_tokens = setup.model.vision.default_tokens_per_image if setup.model.vision else 0
     if load.dataset == "images" and setup.model.vision is None:
         raise UserError(f"{setup.model.name} has no vision tower (no vision_config); use a text dataset or a VLM")
-    requests = planned_requests(load, count, image_tokens)
+    requests = planned_requests(load, count, image_tokens, images)
     longest = max(request.prompt_tokens + request.output_tokens for request in requests)
     typical = int(sum(request.prompt_tokens + request.output_tokens / 2 for request in requests) / len(requests))
     config = setup.scheduler_config(typical, longest)
@@ -111,13 +118,13 @@ def simulate_run(
     else:
         sends = [send(request.arrival_s, request.index) for request in requests]
     timings, stats = run_virtual_clock(cores, sends, routing=setup.routing, next_send=next_send,
-                                       record_token_times=record_token_times)
+                                       record_token_times=record_token_times, frontend=setup.frontend)
 
     epoch = time.time()
     records = [_record(timings[str(request.index)], request, epoch, load) for request in requests]
     summary = summarize(records, slo)
     summary.meta = _meta(setup, load, label, config, count)
-    summary.simulation = _simulation_block(stats, config)
+    summary.simulation = _simulation_block(stats, config) | {"frontend": _frontend_block(timings, stats, setup.frontend)}
     return SimulationOutput(RunResult(records=records, summary=summary), stats, time.perf_counter() - started)
 
 
@@ -144,7 +151,7 @@ def estimated_request_s(setup: PlanSetup, requests: list[PlannedRequest], concur
 
 def _record(timing: RequestTiming, planned: PlannedRequest, epoch: float, load: LoadSpec) -> RequestRecord:
     """A bench RequestRecord on the wall clock of the run's start."""
-    return timing.to_request_record(
+    record = timing.to_request_record(
         epoch_s=epoch,
         request_id=f"sim-{planned.index}",
         scheduled_s=planned.arrival_s if load.rate is not None else timing.sent_s,
@@ -153,6 +160,8 @@ def _record(timing: RequestTiming, planned: PlannedRequest, epoch: float, load: 
         workload=load.dataset,
         warmup=planned.index < load.warmup,
     )
+    record.image_repeat = planned.image_repeat
+    return record
 
 
 def _meta(setup: PlanSetup, load: LoadSpec, label: str | None, config: Any, count: int) -> dict[str, Any]:
@@ -180,4 +189,35 @@ def _simulation_block(stats: list[SimulationStats], config: Any) -> dict[str, An
         "max_kv_usage": max(item.max_kv_usage for item in stats),
         "kv_blocks_per_replica": config.num_kv_blocks,
         "busy_s_per_replica": [round(item.busy_s, 3) for item in stats],
+    }
+
+
+def _frontend_block(timings: dict[str, RequestTiming], stats: list[SimulationStats], frontend: FrontendConfig) -> dict[str, Any]:
+    """The API server stage's figures: how busy it was, how long requests waited there and in the scheduler.
+
+    Utilisation is the offered load per API server, ρ = image request rate × preprocessing per
+    image request / servers: API-server busy time over (servers × the span of arrivals), the
+    busiest replica reported. Near 1 requests queue for preprocessing; above 1 the queue grows
+    for as long as the load lasts.
+    """
+    values = list(timings.values())
+    arrivals = [timing.arrival_s for timing in values]
+    span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
+    if span <= 1e-6:  # one burst: fall back to the run's length
+        span = max((timing.finished_s or timing.arrival_s for timing in values), default=0.0) - min(arrivals, default=0.0)
+    span = max(span, 1e-9)
+    image_requests = sum(item.image_requests for item in stats)
+    queue = [timing.queue_time_s for timing in values if timing.queue_time_s is not None]
+    preprocess = [timing.preprocess_s for timing in values if timing.images]
+    return {
+        "api_server_count": frontend.api_server_count,
+        "utilisation": max(item.frontend_busy_s / (frontend.api_server_count * span) for item in stats) if stats else 0.0,
+        "image_requests": image_requests,
+        "image_request_rate": image_requests / span,
+        "mean_preprocess_ms_per_image_request": 1000.0 * sum(preprocess) / len(preprocess) if preprocess else 0.0,
+        "mean_frontend_wait_ms": 1000.0 * sum(item.frontend_wait_s for item in stats) / max(len(values), 1),
+        "max_frontend_wait_ms": 1000.0 * max((item.max_frontend_wait_s for item in stats), default=0.0),
+        "mean_scheduler_queue_ms": 1000.0 * sum(queue) / len(queue) if queue else 0.0,
+        "mm_cache_queries": sum(item.mm_cache_queries for item in stats),
+        "mm_cache_hits": sum(item.mm_cache_hits for item in stats),
     }

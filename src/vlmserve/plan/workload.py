@@ -9,13 +9,18 @@ The planner needs only token counts, not text, so it draws lengths directly:
   about 215 tokens in and 195 out — close to the ShareGPT V3 1000-prompt sample as
   Llama-3 and o200k tokenizers count it. An assumption, stated as one;
 - `images`: the random text lengths plus `images_per_request` images of the model's
-  image-token count (or `image_tokens` when given).
+  image-token count (or `image_tokens` when given), on a fraction of the requests
+  (`ImageMix.fraction`, the rest are text). Each image is `load.image_size` pixels; with
+  probability `ImageMix.repeat_rate` it is one already sent (drawn from the last
+  REPEAT_POOL distinct images: a popular working set), else a new one. Digests are what the
+  frontend stage's multimodal cache keys on.
 Arrivals: closed loop has none (the driver sends on completion); open loop draws
 Poisson, constant or gamma (burstiness) gaps at `rate`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cache
 
@@ -29,6 +34,23 @@ SHAREGPT_MEAN_INPUT = 215.0
 SHAREGPT_MEAN_OUTPUT = 195.0
 SHAREGPT_MAX_PROMPT = 1024
 SHAREGPT_MAX_TOTAL = 2048
+REPEAT_POOL = 100
+"""A repeated image is one of the last this-many distinct images sent."""
+
+
+@dataclass(frozen=True)
+class ImageMix:
+    """Which requests carry images and how often an image comes back (planner-only inputs)."""
+
+    fraction: float = 1.0
+    """Share of requests that carry images (the images dataset); the rest are text-only."""
+    repeat_rate: float = 0.0
+    """Chance that an image is one sent before (a cache could serve it)."""
+
+    def validate(self) -> None:
+        for flag, value in (("--image-fraction", self.fraction), ("--image-repeat-rate", self.repeat_rate)):
+            if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+                raise UserError(f"{flag} must be between 0 and 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -41,6 +63,11 @@ class PlannedRequest:
     arrival_s: float = 0.0
     images: int = 0
     image_tokens: int = 0
+    image_digests: tuple[int, ...] = ()
+    image_pixels: int = 0
+    """Pixels of each of its images."""
+    image_repeat: bool | None = None
+    """Every image already sent before (the workload's intent); None without images."""
 
 
 @cache
@@ -109,7 +136,9 @@ def arrival_times(load: LoadSpec, count: int) -> list[float]:
     return np.cumsum(gaps).tolist()
 
 
-def planned_requests(load: LoadSpec, count: int, image_tokens_per_image: int) -> list[PlannedRequest]:
+def planned_requests(
+    load: LoadSpec, count: int, image_tokens_per_image: int, mix: ImageMix | None = None
+) -> list[PlannedRequest]:
     """The requests of a simulated run, in send order."""
     if load.dataset == "sharegpt":
         if load.dataset_path in (None, BUILTIN_SHAREGPT):
@@ -120,10 +149,44 @@ def planned_requests(load: LoadSpec, count: int, image_tokens_per_image: int) ->
         pairs = [(load.input_len, load.output_len)] * count
     else:
         raise UserError(f"plan: dataset '{load.dataset}' is not simulated; use random, sharegpt or images")
+    mix = mix or ImageMix()
+    mix.validate()
     images = load.images_per_request if load.dataset == "images" else 0
-    image_tokens = images * image_tokens_per_image
+    pixels = load.image_size[0] * load.image_size[1]
     arrivals = arrival_times(load, count)
-    return [
-        PlannedRequest(index, prompt + image_tokens, output, arrivals[index], images, image_tokens)
-        for index, (prompt, output) in enumerate(pairs)
-    ]
+    rng = np.random.default_rng([load.seed, 1729])
+    carries = rng.random(count) < mix.fraction if mix.fraction < 1.0 else np.ones(count, dtype=bool)
+    digests = _ImageDigests(rng, mix.repeat_rate)
+    planned = []
+    for index, (prompt, output) in enumerate(pairs):
+        if images and carries[index]:
+            drawn = [digests.draw() for _ in range(images)]
+            image_tokens = images * image_tokens_per_image
+            planned.append(PlannedRequest(
+                index, prompt + image_tokens, output, arrivals[index], images, image_tokens,
+                tuple(digest for digest, _seen in drawn), pixels, all(seen for _digest, seen in drawn),
+            ))
+        else:
+            planned.append(PlannedRequest(index, prompt, output, arrivals[index]))
+    return planned
+
+
+class _ImageDigests:
+    """New image digests, or (at `repeat_rate`) one of the last REPEAT_POOL distinct ones."""
+
+    def __init__(self, rng: np.random.Generator, repeat_rate: float) -> None:
+        self.rng = rng
+        self.repeat_rate = repeat_rate
+        self.recent: list[int] = []
+        self.next_digest = 1
+
+    def draw(self) -> tuple[int, bool]:
+        """(digest, whether it was sent before)."""
+        if self.recent and self.repeat_rate > 0 and self.rng.random() < self.repeat_rate:
+            return self.recent[int(self.rng.integers(len(self.recent)))], True
+        digest = self.next_digest
+        self.next_digest += 1
+        self.recent.append(digest)
+        if len(self.recent) > REPEAT_POOL:
+            self.recent.pop(0)
+        return digest, False
