@@ -114,18 +114,9 @@ def plan(
         typer.echo(ctx.get_help())
         raise UserError("give --model NAME|config.json (and --gpu, --concurrency or --rate)")
     from vlmserve.plan.simulate import simulate_run
-    from vlmserve.plan.workload import ImageMix
 
-    image_options = {"--image-fraction": image_fraction, "--image-repeat-rate": image_repeat_rate, "--image-size": image_size}
-    given = [flag for flag, value in image_options.items() if value is not None]
-    if given and dataset != "images":
-        raise UserError(f"{given[0]} applies to --dataset images (got --dataset {dataset})")
-    images = ImageMix(fraction=1.0 if image_fraction is None else image_fraction,
-                      repeat_rate=image_repeat_rate or 0.0)
-    images.validate()
-    frontend = FrontendConfig(api_server_count=api_server_count, preprocess_ms_per_image=preprocess_ms_per_image,
-                              preprocess_ms_per_megapixel=preprocess_ms_per_megapixel, mm_processor_cache_gb=mm_processor_cache_gb)
-    frontend.validate()
+    images = _image_mix(dataset, image_fraction, image_repeat_rate, image_size)
+    frontend = _frontend(api_server_count, preprocess_ms_per_image, preprocess_ms_per_megapixel, mm_processor_cache_gb)
     load = _load_spec(
         dataset=dataset, dataset_path=dataset_path, input_len=input_len, output_len=output_len,
         concurrency=concurrency, rate=rate, num_requests=num_requests, arrival=arrival,
@@ -182,6 +173,26 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
         per_hour = price * setup.num_gpus
         per_million = per_hour / (output_rate * 3600 / 1e6) if output_rate > 0 else float("inf")
         console.print(f"cost: ${per_hour:.2f}/h for {setup.num_gpus} GPU(s), ${per_million:.3f} per million output tokens")
+
+
+def _image_mix(dataset: str, fraction: float | None, repeat_rate: float | None, size: str | None) -> Any:
+    """The planner's image inputs, refused in one line when they do not apply or are out of range."""
+    from vlmserve.plan.workload import ImageMix
+
+    options = {"--image-fraction": fraction, "--image-repeat-rate": repeat_rate, "--image-size": size}
+    given = [flag for flag, value in options.items() if value is not None]
+    if given and dataset != "images":
+        raise UserError(f"{given[0]} applies to --dataset images (got --dataset {dataset})")
+    mix = ImageMix(fraction=1.0 if fraction is None else fraction, repeat_rate=repeat_rate or 0.0)
+    mix.validate()
+    return mix
+
+
+def _frontend(api_server_count: int, per_image_ms: float, per_megapixel_ms: float, cache_gb: float) -> FrontendConfig:
+    frontend = FrontendConfig(api_server_count=api_server_count, preprocess_ms_per_image=per_image_ms,
+                              preprocess_ms_per_megapixel=per_megapixel_ms, mm_processor_cache_gb=cache_gb)
+    frontend.validate()
+    return frontend
 
 
 def _image_size(text: str) -> tuple[int, int]:
@@ -294,6 +305,13 @@ def search(
     input_len: int = typer.Option(1024, "--input-len", min=1),
     output_len: int = typer.Option(128, "--output-len", min=1),
     dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
+    image_fraction: Optional[float] = typer.Option(None, "--image-fraction", help="images dataset: share of requests with images."),
+    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: chance an image was sent before."),
+    image_size: Optional[str] = typer.Option(None, "--image-size", help="images dataset: resolution WxH (default 64x64)."),
+    api_server_counts: str = typer.Option("1", "--api-server-counts", help="vLLM --api-server-count values to try, e.g. 1,2,4."),
+    preprocess_ms_per_image: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_IMAGE, "--preprocess-ms-per-image", help="Frontend: ms per image."),
+    preprocess_ms_per_megapixel: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL, "--preprocess-ms-per-megapixel", help="Frontend: ms per megapixel."),
+    mm_processor_cache_gb: float = typer.Option(DEFAULT_MM_PROCESSOR_CACHE_GB, "--mm-processor-cache-gb", help="vLLM --mm-processor-cache-gb."),
     num_requests: int = typer.Option(300, "--num-requests", min=1, help="Requests simulated per configuration."),
     tps: str = typer.Option("1,2,4,8", "--tps", help="TP sizes to try."),
     replicas: str = typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."),
@@ -314,18 +332,22 @@ def search(
     from vlmserve.hardware.calibration import load_calibration
     from vlmserve.plan.search import SearchSpace, parse_prices, run_search, runners_up
 
+    images = _image_mix(dataset, image_fraction, image_repeat_rate, image_size)
+    frontend = _frontend(1, preprocess_ms_per_image, preprocess_ms_per_megapixel, mm_processor_cache_gb)
     load = _load_spec(dataset=dataset, input_len=input_len, output_len=output_len, rate=rate,
-                      concurrency=concurrency, num_requests=num_requests)
+                      concurrency=concurrency, num_requests=num_requests,
+                      image_size=_image_size(image_size) if image_size is not None else None)
     space = SearchSpace(
         model=model, gpus=_names(gpus, "--gpus"), tps=_ints(tps, "--tps"), replicas=_ints(replicas, "--replicas"),
         max_num_seqs=_ints(max_num_seqs, "--max-num-seqs"), max_gpus=max_gpus, weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype,
+        kv_dtype=kv_dtype, api_server_counts=_ints(api_server_counts, "--api-server-counts"), frontend=frontend,
+        images=images,
     )
     prices = parse_prices(price)
     slo_spec = SLO.parse(slo)
     console = _console()
     started = time.perf_counter()
-    total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs)
+    total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs) * len(space.api_server_counts)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("simulating configurations", total=total)
         outcome = run_search(space, load, slo_spec, prices=prices, calibration=load_calibration(calibration),
@@ -367,7 +389,8 @@ def _candidate_json(candidate: Any) -> dict[str, Any]:
     figures = candidate.summary.to_dict() if candidate.summary is not None else {}
     return {
         "gpu": candidate.gpu, "tp": candidate.tp, "replicas": candidate.replicas,
-        "max_num_seqs": candidate.max_num_seqs, "num_gpus": candidate.num_gpus,
+        "max_num_seqs": candidate.max_num_seqs, "api_server_count": candidate.api_server_count,
+        "num_gpus": candidate.num_gpus,
         "cost_per_hour": candidate.cost_per_hour, "status": candidate.status, "reason": candidate.reason,
         "throughput": figures.get("throughput"), "ttft_ms": figures.get("ttft_ms"), "tpot_ms": figures.get("tpot_ms"),
     }

@@ -101,3 +101,18 @@ def test_repeated_images_hit_the_cache_and_lower_ttft() -> None:
     assert repeated.summary.ttft_ms.mean < fresh.summary.ttft_ms.mean / 2
     record = next(record for record in repeated.records if record.image_repeat)
     assert record.engine_ttft_s is not None and record.engine_queue_s is not None and record.request_type == "image"
+
+
+def test_search_tries_api_server_counts_and_prefers_fewer_gpus() -> None:
+    """Frontend-bound on one API server: the search finds one GPU with more API servers, not a second GPU."""
+    from vlmserve.plan.search import SearchSpace, run_search
+    from vlmserve.spec import SLO
+
+    space = SearchSpace(model="qwen3-vl-4b", gpus=["h100"], tps=[1], replicas=[1, 2], max_num_seqs=[256],
+                        api_server_counts=[1, 2])
+    load = LoadSpec(dataset="images", input_len=128, output_len=64, rate=30.0, num_requests=200, image_size=FULL_HD)
+    outcome = run_search(space, load, SLO.parse("ttft_p95=500ms"), prices={}, calibration=CALIBRATION)
+    assert outcome.best is not None
+    assert (outcome.best.replicas, outcome.best.api_server_count) == (1, 2)
+    single = next(c for c in outcome.candidates if (c.replicas, c.api_server_count) == (1, 1))
+    assert single.status == "misses" and "frontend-bound" in single.reason
