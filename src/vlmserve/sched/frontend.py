@@ -42,6 +42,10 @@ DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL = 20.0
 CPU core with PIL + an HF image processor (hand-set, not calibrated)."""
 DEFAULT_MM_PROCESSOR_CACHE_GB = 4.0
 """vLLM's own default for --mm-processor-cache-gb."""
+MAX_API_SERVER_COUNT = 1024
+"""More frontend processes than any host runs; the bound keeps a typo from allocating gigabytes."""
+MAX_PREPROCESS_MS = 3_600_000.0
+"""An hour per image (or per megapixel): anything above is a typo, not a model."""
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,10 @@ class FrontendConfig:
 
     def validate(self) -> None:
         """One-line UserErrors naming the flag; zero costs are allowed (no preprocessing time)."""
-        if isinstance(self.api_server_count, bool) or self.api_server_count < 1:
+        if self.api_server_count < 1:
             raise UserError(f"--api-server-count must be at least 1 (frontend processes), got {self.api_server_count}")
+        if self.api_server_count > MAX_API_SERVER_COUNT:
+            raise UserError(f"--api-server-count must be at most {MAX_API_SERVER_COUNT}, got {self.api_server_count}")
         for flag, value in (
             ("--preprocess-ms-per-image", self.preprocess_ms_per_image),
             ("--preprocess-ms-per-megapixel", self.preprocess_ms_per_megapixel),
@@ -76,6 +82,8 @@ class FrontendConfig:
         ):
             if not math.isfinite(value) or value < 0:
                 raise UserError(f"{flag} must be a finite number of at least 0, got {value}")
+            if flag.startswith("--preprocess") and value > MAX_PREPROCESS_MS:
+                raise UserError(f"{flag} must be at most {MAX_PREPROCESS_MS:.0f} (an hour), got {value:g}")
 
     def image_preprocess_s(self, pixels: int) -> float:
         """Seconds one API server spends decoding, resizing and processing one image."""

@@ -76,6 +76,8 @@ def test_disabled_cache_counts_nothing() -> None:
         (FrontendConfig(preprocess_ms_per_megapixel=float("nan")), "--preprocess-ms-per-megapixel must be a finite number"),
         (FrontendConfig(preprocess_ms_per_megapixel=-0.5), "--preprocess-ms-per-megapixel must be a finite number of at least 0"),
         (FrontendConfig(mm_processor_cache_gb=-4), "--mm-processor-cache-gb must be a finite number of at least 0, got -4"),
+        (FrontendConfig(api_server_count=10**9), "--api-server-count must be at most 1024, got 1000000000"),
+        (FrontendConfig(preprocess_ms_per_image=1e300), "--preprocess-ms-per-image must be at most 3600000 (an hour), got 1e+300"),
     ],
 )
 def test_bad_frontend_settings_are_one_line_user_errors(config: FrontendConfig, message: str) -> None:
