@@ -112,3 +112,4 @@ def test_launchers_say_what_a_ready_replica_must_serve_and_what_memory_it_takes(
     assert expected.root == "/models/vlm" and expected.served_model_name == "vision"
     assert expected.cache_config == {"enable_prefix_caching": "False", "cache_dtype": "fp8"}
     assert vllm.host_memory_needed_gb() > 2 * 2.5  # engine overhead and KV cache, per replica
+
