@@ -135,6 +135,12 @@ class DeploymentSpec(BaseModel):
         description="hosts image URLs may point at; empty: no remote media, images come inline (data: URLs)",
     )
     open: bool = Field(False, description="serve a non-loopback host without keys_file, on purpose")
+    # Image preflight at the gateway (None: the gateway's defaults; a tenant may tighten them).
+    max_image_bytes: int | None = Field(None, ge=1, description="gateway: refuse a larger image (400)")
+    max_image_pixels: int | None = Field(None, ge=1, description="gateway: refuse an image with more pixels (400)")
+    max_images_per_request: int | None = Field(None, ge=1, description="gateway: refuse more images per request (400)")
+    image_downscale_max_side: int | None = Field(
+        None, ge=16, description="gateway: resize images to at most this longest side (fewer prompt tokens)")
 
     @field_validator("allowed_media_domains")
     @classmethod
@@ -189,49 +195,81 @@ def parse_duration_s(text: str) -> float:
     return value / 1000.0 if unit == "ms" else value / 1e6 if unit == "us" else value
 
 
+REQUEST_TYPES: tuple[str, ...] = ("text", "image", "multi-image", "video", "audio")
+"""What a request carries, for per-type figures and SLOs (RequestRecord.request_type)."""
+
+_SLO_KEY_HELP = "use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>"
+
+
 class SLO(BaseModel):
-    """Latency objectives, each a percentile bound in seconds, e.g. ttft_p95 ≤ 0.5 s."""
+    """Latency objectives, each a percentile bound in seconds, e.g. ttft_p95 ≤ 0.5 s.
+
+    `bounds_s` apply to the whole run (and to every request type); `by_type` adds or tightens
+    bounds for one request type (`image:ttft_p95=800ms`), judged on that type's requests alone.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     bounds_s: dict[str, float] = Field(default_factory=dict)
+    by_type: dict[str, dict[str, float]] = Field(default_factory=dict)
 
     @field_validator("bounds_s")
     @classmethod
     def _keys_known(cls, bounds: dict[str, float]) -> dict[str, float]:
         for key, value in bounds.items():
             if not _SLO_KEY.match(key):
-                raise ValueError(
-                    f"unknown SLO '{key}'; use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>"
-                )
+                raise ValueError(f"unknown SLO '{key}'; {_SLO_KEY_HELP}")
             if value <= 0:
                 raise ValueError(f"SLO '{key}' must be positive")
         return bounds
 
+    @field_validator("by_type")
+    @classmethod
+    def _types_known(cls, by_type: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for request_type, bounds in by_type.items():
+            if request_type not in REQUEST_TYPES:
+                raise ValueError(f"unknown request type '{request_type}'; use {', '.join(REQUEST_TYPES)}")
+            cls._keys_known(bounds)
+        return by_type
+
     @classmethod
     def parse(cls, text: str | None) -> "SLO":
-        """Parse 'ttft_p95=500ms,tpot_p99=50ms' as given on the command line."""
+        """Parse 'ttft_p95=500ms,image:ttft_p95=800ms' as given on the command line.
+
+        A `TYPE:` prefix makes an objective apply to that request type only.
+        """
         if not text:
             return cls()
         bounds: dict[str, float] = {}
+        by_type: dict[str, dict[str, float]] = {}
         for part in text.split(","):
             part = part.strip()
             if not part:
                 continue
             if "=" not in part:
-                raise UserError(f"--slo: '{part}' has no '='; write it like ttft_p95=500ms,e2e_p95=5s")
-            key, raw = (item.strip() for item in part.split("=", 1))
-            if not _SLO_KEY.match(key):
+                raise UserError(f"--slo: '{part}' has no '='; write it like ttft_p95=500ms,image:ttft_p95=800ms")
+            name, raw = (item.strip() for item in part.split("=", 1))
+            request_type, _, key = name.rpartition(":")
+            if ":" in name and request_type not in REQUEST_TYPES:
                 raise UserError(
-                    f"--slo: unknown objective '{key}'; use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>"
+                    f"--slo: unknown request type '{request_type}' in '{part}'; use {', '.join(REQUEST_TYPES)}"
                 )
+            if not _SLO_KEY.match(key):
+                raise UserError(f"--slo: unknown objective '{key}'; {_SLO_KEY_HELP}")
+            target = by_type.setdefault(request_type, {}) if request_type else bounds
+            if key in target:
+                raise UserError(f"--slo: '{name}' is given twice; keep one bound")
             try:
-                bounds[key] = parse_duration_s(raw)
+                target[key] = parse_duration_s(raw)
             except ValueError as err:
                 raise UserError(f"--slo: {err}") from None
-            if bounds[key] <= 0:
-                raise UserError(f"--slo: '{key}' must be positive")
-        return cls(bounds_s=bounds)
+            if target[key] <= 0:
+                raise UserError(f"--slo: '{name}' must be positive")
+        return cls(bounds_s=bounds, by_type=by_type)
+
+    def for_type(self, request_type: str) -> "SLO":
+        """The objectives one request type is judged by: the run's, with that type's own on top."""
+        return SLO(bounds_s={**self.bounds_s, **self.by_type.get(request_type, {})})
 
     def per_request_bounds(self) -> dict[str, float]:
         """Bounds that apply to each request (metric -> seconds) for goodput counting."""
@@ -260,6 +298,15 @@ class LoadSpec(BaseModel):
     image_size: tuple[int, int] = (64, 64)
     images_per_request: int = Field(1, ge=0)
     image_format: Literal["png", "jpeg"] = "png"
+    image_size_mix: list[tuple[int, int, float]] | None = None
+    """Resolution buckets (width, height, weight): each synthetic image's size is drawn from them."""
+    images_per_request_mix: dict[int, float] | None = None
+    """{images: weight}: how many images each image request carries (1 = image, more = multi-image)."""
+    image_repeat_rate: float | None = Field(None, ge=0, le=1, description="share of image requests that resend earlier images")
+    """The stated repeat rate (bench.workloads.image_reuse); None: images are drawn without reuse control."""
+    image_popularity_skew: float = Field(1.0, ge=0, description="Zipf exponent of which earlier image a repeat picks")
+    vision_budget_mix: dict[int, float] | None = None
+    """{max_soft_tokens: weight}: a Gemma-style vision budget per request (mm_processor_kwargs)."""
     mix: dict[str, float] | None = None
     extra_body: dict[str, Any] | None = None
     seed: int = 0

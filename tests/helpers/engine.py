@@ -37,6 +37,9 @@ def start_embedded_engine(
     workdir: Path, *, max_model_len: int = EMBEDDED_MAX_MODEL_LEN, extra_args: tuple[str, ...] = ()
 ) -> Iterator[EmbeddedEngine]:
     """Start the embedded model on free ports; stop it (whole process tree) on exit."""
+    # The tests put a gateway in front of this engine (as `vlmserve up` does), and the gateway adds
+    # per-request processor kwargs when it downscales images: the engine must accept them.
+    extra_args = ("--trust-request-mm-kwargs", *extra_args)
     spec = demo_spec(max_model_len=max_model_len, name="test-embedded", extra_args=list(extra_args))
     with Supervisor(spec, state_dir=workdir) as supervisor:
         replica = supervisor.replicas[0]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
+import pydantic
 import pytest
 import yaml
 
@@ -122,6 +123,31 @@ def test_gateway_gets_keys_audit_tls_and_media_allowlist() -> None:
     assert pairs["--allowed-media-domains"] == "images.example.com"
     plain = gateway_argv(DeploymentSpec(), ["http://127.0.0.1:8001"])
     assert not {"--keys-file", "--audit-log", "--ssl-certfile", "--allowed-media-domains"} & set(plain)
+
+
+def test_gateway_gets_the_image_limits_and_the_models_directory(tmp_path: Path) -> None:
+    from vlmserve.deploy.front_door import gateway_argv
+
+    (tmp_path / "config.json").write_text("{}")
+    spec = DeploymentSpec(max_image_pixels=4_000_000, max_images_per_request=4, image_downscale_max_side=1024)
+    argv = gateway_argv(spec, ["http://127.0.0.1:9001"], str(tmp_path))
+    pairs = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+    assert pairs["--max-image-pixels"] == "4000000" and pairs["--max-images-per-request"] == "4"
+    assert pairs["--image-downscale-max-side"] == "1024" and pairs["--model-config-dir"] == str(tmp_path)
+    # a served name that is not a local directory (a hub id, the sim engine) leaves the estimate to the fallback
+    plain = gateway_argv(DeploymentSpec(), ["http://127.0.0.1:9001"], "org/some-model")
+    assert "--model-config-dir" not in plain and "--max-image-pixels" not in plain
+    with pytest.raises(pydantic.ValidationError, match="greater than or equal to 16"):
+        DeploymentSpec(image_downscale_max_side=8)
+
+
+def test_replicas_behind_a_gateway_trust_per_request_processor_kwargs() -> None:
+    from vlmserve.engines.vllm import engine_argv
+
+    behind = engine_argv(DeploymentSpec(), "/models/m", 8001, "cpu")
+    assert "--trust-request-mm-kwargs" in behind  # the gateway polices them (image_preflight.py)
+    alone = engine_argv(DeploymentSpec(gateway=False), "/models/m", 8001, "cpu")
+    assert "--trust-request-mm-kwargs" not in alone
 
 
 def test_spec_paths_are_read_next_to_the_spec_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -196,8 +196,13 @@ async def stream_request(
     clock_offset: float,
     timeout_s: float,
     keep_text: bool = False,
+    extra_headers: bytes = b"",
 ) -> str | None:
     """Send one streamed request and fill `record` in place; returns the answer text if kept.
+
+    `record.upload_s` runs from the send (the TTFT clock's start, so a new connection's set-up
+    counts) to the request's last byte being handed to the kernel: what the client can see of
+    the upload. `extra_headers` are this request's own header lines (a traceparent).
 
     Times are `time.perf_counter()` (CLOCK_MONOTONIC, shared by all worker processes)
     plus `clock_offset`, giving wall-clock seconds comparable across workers. A chunk's
@@ -206,11 +211,15 @@ async def stream_request(
     perf = time.perf_counter
     state = _StreamState(keep_text, clock_offset)
     lines = _SSELines(state)
-    record.sent_at_s = perf() + clock_offset
+    record.request_bytes = len(body)
+    started = perf()
+    record.sent_at_s = started + clock_offset
     try:
         async with asyncio.timeout(timeout_s):
-            response = await post_stream(pool, body, lines.feed)
+            response = await post_stream(pool, body, lines.feed, extra_headers)
         record.http_status = response.status
+        if response.written_at is not None:
+            record.upload_s = max(response.written_at - started, 0.0)
         record.finished_at_s = perf() + clock_offset
         if response.status != 200:
             record.error_kind = f"http_{response.status}"

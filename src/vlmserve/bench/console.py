@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from vlmserve.bench.console_types import print_types
 from vlmserve.results.summary import DISTRIBUTION_STATS, LATENCY_METRICS, RunSummary, SloCheck
 from vlmserve.results.records import RequestRecord
 
@@ -199,6 +200,7 @@ def print_summary(console: Console, summary: RunSummary) -> None:
         )
     else:
         console.print("server: no /metrics at the target; prefix-cache hit rate, KV usage and preemptions unknown")
+    print_types(console, summary)
     for warning in summary.warnings or []:
         console.print(f"[bold yellow]warning: {warning}[/]")
     per_turn = summary.per_turn

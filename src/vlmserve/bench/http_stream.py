@@ -21,6 +21,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 BodySink = Callable[[bytes, float], None]
@@ -71,13 +72,15 @@ class Endpoint:
 class StreamResponse:
     """Status, headers and completion of one response; the body goes to the sink."""
 
-    __slots__ = ("status", "headers", "done", "error_body")
+    __slots__ = ("status", "headers", "done", "error_body", "written_at")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.status = 0
         self.headers: dict[str, str] = {}
         self.done: asyncio.Future[None] = loop.create_future()
         self.error_body = bytearray()
+        self.written_at: float | None = None
+        """perf_counter time the request's last byte left our buffer for the kernel's (the upload's end)."""
 
 
 class StreamConnection(asyncio.Protocol):
@@ -96,7 +99,18 @@ class StreamConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio's subclasses
+        # pause_writing/resume_writing as soon as anything waits in our buffer, and when it has
+        # all gone: resume_writing then marks the moment a large body was fully written
+        self.transport.set_write_buffer_limits(high=0, low=0)
+
+    def pause_writing(self) -> None:
+        """Part of the request still waits in our buffer (a large body): the upload goes on."""
+
+    def resume_writing(self) -> None:
+        response = self._response
+        if response is not None and response.written_at is None:
+            response.written_at = time.perf_counter()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -113,6 +127,9 @@ class StreamConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter()
         self._got_bytes = True
+        response = self._response
+        if response is not None and response.written_at is None:
+            response.written_at = now  # the server answered before our buffer drained (an early error)
         try:
             self._feed(data, now)
         except HttpProtocolError as err:
@@ -126,6 +143,8 @@ class StreamConnection(asyncio.Protocol):
         self._response, self._sink = response, sink
         self._state, self._buffer, self._got_bytes, self.reusable = _HEAD, b"", False, False
         self.transport.write(request)
+        if self.transport.get_write_buffer_size() == 0:
+            response.written_at = time.perf_counter()
         return response
 
     def abort(self) -> None:
@@ -276,7 +295,11 @@ class ConnectionPool:
             f"Accept: text/event-stream\r\nAccept-Encoding: identity\r\n{extra}Content-Length: "
         ).encode("latin-1")
 
-    def request_bytes(self, body: bytes) -> bytes:
+    def request_bytes(self, body: bytes, extra_headers: bytes = b"") -> bytes:
+        """The whole request; `extra_headers` are complete header lines for this request alone (traceparent)."""
+        if extra_headers:
+            head = self._head_prefix[: -len(b"Content-Length: ")]
+            return b"%s%sContent-Length: %d\r\n\r\n%s" % (head, extra_headers, len(body), body)
         return b"%s%d\r\n\r\n%s" % (self._head_prefix, len(body), body)
 
     async def connect(self) -> StreamConnection:
@@ -307,14 +330,17 @@ class ConnectionPool:
         self._idle.clear()
 
 
-async def post_stream(pool: ConnectionPool, body: bytes, sink: BodySink) -> StreamResponse:
+async def post_stream(pool: ConnectionPool, body: bytes, sink: BodySink, extra_headers: bytes = b"") -> StreamResponse:
     """POST `body` and feed the response body to `sink`; returns once the body has ended.
+
+    The response's `written_at` says when the request's last byte was handed to the kernel
+    (the client's view of the upload's end).
 
     A reused connection the server had already closed fails before any byte of the answer;
     that request is sent once more on a fresh connection (nothing reached the server's
     application, so this is not a retry of the request).
     """
-    request = pool.request_bytes(body)
+    request = pool.request_bytes(body, extra_headers)
     connection = pool.take_idle()
     reused = connection is not None
     if connection is None:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool, Endpoint
 from vlmserve.bench.interrupt import GRACE_S, Interrupt
-from vlmserve.bench.workloads import Conversation, fresh_variant
+from vlmserve.bench.workloads import Conversation, Turn, fresh_variant
 from vlmserve.results.records import RequestRecord
 
 RecordSink = Callable[[RequestRecord, str | None], None]
@@ -105,6 +105,8 @@ class WorkerPlan:
     fresh_seed: int | None = None
     """A conversation sent again (variant > 0) is reshuffled from this seed so the prefix cache
     has not seen it; None: repeats are sent as they are (an explicit prompt pool)."""
+    trace_requests: bool = False
+    """Send each request with its own W3C traceparent (engine traces join the bench's trace ids)."""
 
 
 def build_item_bodies(conversation: Conversation, options: RequestOptions, multi_turn: str) -> list[bytes | None]:
@@ -115,17 +117,34 @@ def build_item_bodies(conversation: Conversation, options: RequestOptions, multi
         if multi_turn == "live" and index > 0:
             bodies.append(None)
             continue
-        bodies.append(encode_body(_body_for(options, history, turn.content, turn.text, turn.max_tokens)))
+        bodies.append(encode_body(_body_for(options, history, turn)))
         history = history + [{"role": "user", "content": turn.content}]
         history.append({"role": "assistant", "content": turn.reference_reply or ""})
     return bodies
 
 
-def _body_for(options: RequestOptions, history: list[dict[str, Any]], content: Any, text: str, max_tokens: int) -> dict[str, Any]:
+def _body_for(options: RequestOptions, history: list[dict[str, Any]], turn: Turn) -> dict[str, Any]:
+    content, text, max_tokens = turn.content, turn.text, turn.max_tokens
     if options.api == "chat":
-        return build_body(options, max_tokens, messages=[*history, {"role": "user", "content": content}])
+        body = build_body(options, max_tokens, messages=[*history, {"role": "user", "content": content}])
+        if turn.mm_processor_kwargs:
+            body["mm_processor_kwargs"] = {**body.get("mm_processor_kwargs", {}), **turn.mm_processor_kwargs}
+        return body
     prompt = "\n".join(str(message["content"]) for message in history) + ("\n" if history else "") + text
     return build_body(options, max_tokens, prompt=prompt)
+
+
+def request_type_of(declared: str, image_count: int) -> str:
+    """The turn's own type; a turn left at "text" that carries images is typed by its image count."""
+    from vlmserve.bench.workloads.images import request_type
+
+    return declared if declared != "text" or image_count == 0 else request_type(image_count)
+
+
+def new_traceparent() -> tuple[str, bytes]:
+    """A fresh trace id and its sampled W3C `traceparent` header line (vLLM's span joins that trace)."""
+    trace_id, span_id = os.urandom(16).hex(), os.urandom(8).hex()
+    return trace_id, f"traceparent: 00-{trace_id}-{span_id}-01\r\n".encode("ascii")
 
 
 # --- one worker's loop ----------------------------------------------------------------------
@@ -172,7 +191,7 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                         return scheduled_perf
                 body = bodies[turn_index] if turn_index < len(bodies) else None
                 if body is None:
-                    body = encode_body(_body_for(plan.options, history, turn.content, turn.text, turn.max_tokens))
+                    body = encode_body(_body_for(plan.options, history, turn))
                 record = RequestRecord(
                     request_id=f"w{plan.index}-{next(sequence)}",
                     scheduled_at_s=scheduled_perf + plan.clock_offset,
@@ -180,7 +199,7 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                     requested_prompt_tokens=turn.requested_prompt_tokens if turn_index == 0 else None,
                     requested_output_tokens=turn.requested_output_tokens,
                     image_count=turn.image_count,
-                    request_type=turn.request_type,
+                    request_type=request_type_of(turn.request_type, turn.image_count),
                     image_repeat=turn.image_repeat,
                     workload=conversation.workload,
                     turn_index=turn_index,
@@ -189,9 +208,13 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                     worker=plan.index,
                 )
                 keep = plan.keep_text or plan.multi_turn == "live"
+                extra = b""
+                if plan.trace_requests:
+                    record.trace_id, extra = new_traceparent()
                 try:
                     text = await stream_request(
-                        pool, body, record, clock_offset=plan.clock_offset, timeout_s=plan.timeout_s, keep_text=keep
+                        pool, body, record, clock_offset=plan.clock_offset, timeout_s=plan.timeout_s, keep_text=keep,
+                        extra_headers=extra,
                     )
                 except asyncio.CancelledError:
                     sink(record, None)  # stopped mid-answer: the record says so and is kept

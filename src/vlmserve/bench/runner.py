@@ -24,6 +24,7 @@ from vlmserve.results import metrics
 from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.clientcpu import ClientCpuMonitor
 from vlmserve.bench.console import LiveProgress
+from vlmserve.bench.engine_traces import TraceReceiver, attach_engine_timings, parse_listen_address
 from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
 from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
 from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
@@ -42,6 +43,10 @@ __all__ = ["Target", "run_load", "RunResult"]
 DURATION_POOL_MAX = 2000
 """Conversations prepared for a duration-bounded run. Sent again, each is reshuffled into an
 unseen variant at send time (`fresh_variant`), unless the load asks for a prompt pool."""
+
+SPAN_WAIT_S = 10.0
+"""After the load, how long to wait for the engine's last spans (vLLM exports every
+OTEL_BSP_SCHEDULE_DELAY, 5 s by default); the wait ends as soon as every answered request has its span."""
 
 TOKENIZER_CHECK_MAX = 1000
 """Answers re-counted with the tokenizer (a sample when there are more)."""
@@ -167,12 +172,16 @@ async def run_load(
     client_limits: metrics.ClientLimits = metrics.ClientLimits(),
     stop_on_ctrl_c: bool = False,
     server_metrics_interval_s: float = 1.0,
+    engine_traces: str | None = None,
 ) -> RunResult:
     """Check the target, prepare every request, drive the load, scrape the server, summarise.
 
     With `stop_on_ctrl_c` (the CLI), Ctrl-C during the load stops it but still gives a
     result: every record so far, summarised and marked `interrupted` in the meta.
+    With `engine_traces` (HOST:PORT) an OTLP receiver listens there during the run, every
+    request carries its own traceparent, and the engine's spans fill each record's engine timings.
     """
+    receiver = TraceReceiver(*parse_listen_address(engine_traces)) if engine_traces is not None else None
     console = console or Console(stderr=True)
     options = RequestOptions(
         api=load.api, model=target.model, ignore_eos=load.ignore_eos, extra_body=dict(load.extra_body or {}),
@@ -194,11 +203,15 @@ async def run_load(
     workers = load.workers or workers_needed(load.concurrency, load.rate, load.output_len)
     keep_text = counter.exact
     plans = _plans(load, target, options, conversations, workers, keep_text)
+    for plan in plans:
+        plan.trace_requests = receiver is not None
     in_process = len(plans) == 1 and load.workers is None
 
     started_at = datetime.now(timezone.utc)
     run_id = store.new_run_id(started_at)
     scraper = ServerScraper(target.base_url, target.headers, interval_s=server_metrics_interval_s)
+    if receiver is not None:
+        await receiver.start()
     await scraper.start()
     cpu = ClientCpuMonitor()
     total = load.num_requests + load.warmup if load.num_requests is not None else None
@@ -229,6 +242,10 @@ async def run_load(
                 if watcher is not None:
                     watcher.cancel()
             await cpu.stop()
+    except BaseException:
+        if receiver is not None:  # the run failed: no spans to wait for, the port is freed
+            await receiver.stop()
+        raise
     finally:
         gc.unfreeze()
     if stopped:
@@ -244,6 +261,9 @@ async def run_load(
     records = sorted(outcome.records, key=lambda record: record.sent_at_s)
     for record in records:
         record.simulated = facts.simulated
+    traces: dict[str, object] | None = None
+    if receiver is not None:
+        traces = await _collect_engine_spans(receiver, records, warnings)
     await warnings.attempt_async(
         "re-counting the answers with the tokenizer",
         lambda: asyncio.to_thread(_tokenizer_check, records, outcome.texts, counter, load.seed),
@@ -274,13 +294,42 @@ async def run_load(
         "per_chunk_usage": facts.per_chunk_usage,
         "notices": context.notices,
         "slo": slo.bounds_s if slo else None,
+        "slo_by_type": slo.by_type if slo and slo.by_type else None,
         "client_limited": summary.client_limited,
         "interrupted": outcome.interrupted and not stopped,
         "stopped": OVERSATURATED if stopped else None,
         "stopped_reason": stopped[0] if stopped else None,
         "host_cpus": os.cpu_count(),
+        "engine_traces": traces,
     }
     return RunResult(records=records, summary=summary)
+
+
+async def _collect_engine_spans(
+    receiver: TraceReceiver, records: list[RequestRecord], warnings: PostRunWarnings
+) -> dict[str, object]:
+    """Wait briefly for the engine's spans, copy their timings into the records, stop the receiver.
+
+    Requests without a span are named in one warning, with the likely causes: an engine not
+    exporting to this receiver, or a gateway in between that drops `traceparent`.
+    """
+    wanted = [record.trace_id for record in records if record.ok and record.trace_id and not record.warmup]
+    try:
+        await warnings.attempt_async("waiting for the engine's trace spans",
+                                     lambda: receiver.wait_for(wanted, SPAN_WAIT_S), 0, "some engine timings are missing")
+    finally:
+        await receiver.stop()
+    matched = attach_engine_timings(records, receiver.spans)
+    counted = sum(1 for record in records if record.trace_id and not record.warmup and record.engine_ttft_s is not None)
+    if len(wanted) > counted:
+        warnings.add(
+            f"{len(wanted) - counted} of {len(wanted)} answered requests got no engine span at {receiver.url} "
+            f"within {SPAN_WAIT_S:g} s; start the engine with --otlp-traces-endpoint {receiver.url} and "
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf, and reach it directly or through a proxy that "
+            "forwards the traceparent header; the per-request engine breakdown covers only the others"
+        )
+    return {"url": receiver.url, "spans_received": len(receiver.spans), "records_matched": matched,
+            "measured_with_span": counted, "measured_answered": len(wanted), "exports": receiver.exports}
 
 
 def _both(first: Callable[[RequestRecord, str | None], None],

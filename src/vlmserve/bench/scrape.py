@@ -16,6 +16,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from vlmserve.async_tasks import cancel_and_wait
+from vlmserve.bench.engine_breakdown import SAMPLE_NAMES, engine_breakdown
 
 COUNTERS = {
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
@@ -24,6 +25,8 @@ COUNTERS = {
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
     "requests_finished": ("vllm:request_success_total",),
+    "mm_cache_queries": ("vllm:mm_cache_queries_total",),
+    "mm_cache_hits": ("vllm:mm_cache_hits_total",),
 }
 """Counter deltas reported under `server`, by the first of their names the target exports."""
 
@@ -35,7 +38,7 @@ GAUGES = {
 """Gauges sampled every second; their peaks are reported."""
 
 
-WANTED_NAMES = tuple(name for names in (*COUNTERS.values(), *GAUGES.values()) for name in names)
+WANTED_NAMES = (*(name for names in (*COUNTERS.values(), *GAUGES.values()) for name in names), *SAMPLE_NAMES)
 _WANTED_PREFIXES = tuple(name + end for name in WANTED_NAMES for end in ("{", " "))
 
 
@@ -139,11 +142,14 @@ class ServerScraper:
             start, end = _first(self.before, names), _first(self.after, names)
             deltas[key] = (end - start) if start is not None and end is not None else None
         queries, hits = deltas.get("prefix_cache_queries"), deltas.get("prefix_cache_hits")
+        mm_queries, mm_hits = deltas.get("mm_cache_queries"), deltas.get("mm_cache_hits")
         return {
             "available": True,
             "metrics_url": self.url,
             "counters": deltas,
             "prefix_cache_hit_rate": (hits / queries) if queries and hits is not None else None,
+            "mm_cache_hit_rate": (mm_hits / mm_queries) if mm_queries and mm_hits is not None else None,
+            "engine_breakdown": engine_breakdown(self.before, self.after),
             "preemptions": deltas.get("preemptions"),
             "peak_running": self.peaks.get("running"),
             "peak_waiting": self.peaks.get("waiting"),

@@ -6,7 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 from pydantic import ValidationError
@@ -22,6 +22,7 @@ FLAG_NAMES = {
     "dataset_path": "--dataset-path", "input_len": "--input-len", "output_len": "--output-len", "warmup": "--warmup",
     "burstiness": "--burstiness", "images_per_request": "--images-per-request", "workers": "--workers",
     "prompt_pool_size": "--prompt-pool-size", "shared_prefix_len": "--shared-prefix-len", "repeat": "--repeat",
+    "image_repeat_rate": "--image-repeat-rate", "image_popularity_skew": "--image-popularity-skew",
 }
 
 
@@ -87,7 +88,7 @@ def _duration(text: str | None) -> float | None:
         raise UserError(f"--duration '{text}': write it like 30s, 2m or 500ms") from None
 
 
-def _image_size(text: str) -> tuple[int, int]:
+def parse_image_size(text: str) -> tuple[int, int]:
     parts = text.lower().split("x")
     try:
         width, height = (int(part) for part in parts) if len(parts) == 2 else (int(parts[0]),) * 2
@@ -96,6 +97,47 @@ def _image_size(text: str) -> tuple[int, int]:
     if width < 1 or height < 1 or width * height > 8192 * 8192:
         raise UserError(f"--image-size '{text}': give a size between 1x1 and 8192x8192")
     return width, height
+
+
+def _weights(flag: str, text: str | None, key: Callable[[str], Any], example: str) -> list[tuple[Any, float]] | None:
+    """'A:0.5,B:0.5' as [(key(A), 0.5), ...]; one line naming the flag for anything else."""
+    if not text:
+        return None
+    pairs: list[tuple[Any, float]] = []
+    for part in (piece.strip() for piece in text.split(",") if piece.strip()):
+        name, sep, weight = part.rpartition(":")
+        try:
+            value = float(weight)
+            if not sep or value < 0:
+                raise ValueError
+            pairs.append((key(name), value))
+        except (ValueError, UserError):
+            raise UserError(f"{flag} '{part}': write VALUE:WEIGHT pairs, e.g. {example}") from None
+    if not pairs or sum(weight for _, weight in pairs) <= 0:
+        raise UserError(f"{flag}: give at least one positive weight, e.g. {example}")
+    return pairs
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _image_mixes(args: dict[str, Any]) -> dict[str, Any]:
+    """The image workload's distribution flags as LoadSpec fields."""
+    sizes = _weights("--image-sizes", args["image_sizes"], parse_image_size, "256x256:0.5,1024x768:0.5")
+    counts = _weights("--images-per-request-mix", args["images_per_request_mix"], _positive_int, "1:0.8,3:0.2")
+    budgets = _weights("--vision-budgets", args["vision_budgets"], _positive_int, "70:0.5,280:0.5")
+    if budgets and any(value < 1 for value, _ in budgets):
+        raise UserError("--vision-budgets: budgets are soft tokens per image, at least 1 (e.g. 70:0.5,280:0.5)")
+    return {
+        "image_size_mix": [(*size, weight) for size, weight in sizes] if sizes else None,
+        "images_per_request_mix": dict(counts) if counts else None,
+        "vision_budget_mix": dict(budgets) if budgets else None,
+        "image_repeat_rate": args["image_repeat_rate"], "image_popularity_skew": args["image_popularity_skew"],
+    }
 
 
 def _contradictions(args: dict[str, Any]) -> None:
@@ -135,7 +177,7 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         "concurrency": args["concurrency"], "rate": args["rate"], "arrival": args["arrival"] or "poisson",
         "burstiness": args["burstiness"] if args["burstiness"] is not None else 1.0,
         "num_requests": args["num_requests"], "duration_s": _duration(args["duration"]), "warmup": args["warmup"],
-        "multi_turn": args["multi_turn"], "image_size": _image_size(args["image_size"]),
+        "multi_turn": args["multi_turn"], "image_size": parse_image_size(args["image_size"]),
         "images_per_request": args["images_per_request"], "image_format": args["image_format"],
         "mix": parse_mix(args["mix"]) if args["mix"] else None,
         "extra_body": parse_json_object_flag("--extra-body", args["extra_body"]), "seed": args["seed"],
@@ -145,6 +187,7 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         "request_timeout_s": args["timeout"], "workers": args["workers"],
         "prompt_pool_size": args["prompt_pool_size"], "shared_prefix_len": args["shared_prefix_len"],
         "repeat": args["repeat"], "stop_when_oversaturated": args["stop_when_oversaturated"],
+        **_image_mixes(args),
     }
     if args["input_len"] is not None:
         fields["input_len"] = args["input_len"]
@@ -193,6 +236,11 @@ OPTIONS: dict[str, Any] = {
     "image_format": typer.Option("png", "--image-format", help="Synthetic image format: png or jpeg."),
     "image_dir": typer.Option(None, "--image-dir", help="Use images from this folder instead of synthetic ones."),
     "image_url": typer.Option(None, "--image-url", help="Send this image URL (repeatable) instead of data URLs."),
+    "image_sizes": typer.Option(None, "--image-sizes", help="Resolution buckets WxH:weight, e.g. 256x256:0.5,1024x768:0.5 (overrides --image-size)."),
+    "images_per_request_mix": typer.Option(None, "--images-per-request-mix", help="Images per request as N:weight, e.g. 1:0.8,3:0.2."),
+    "image_repeat_rate": typer.Option(None, "--image-repeat-rate", help="Share of image requests that resend earlier images (0-1); the rest bring new ones."),
+    "image_popularity_skew": typer.Option(1.0, "--image-popularity-skew", help="Zipf exponent of which earlier image a repeat picks (0 = uniform)."),
+    "vision_budgets": typer.Option(None, "--vision-budgets", help="Per-request vision budgets (mm_processor_kwargs.max_soft_tokens) as N:weight, e.g. 70:0.5,280:0.5."),
     "mm_processor_kwargs": typer.Option(None, "--mm-processor-kwargs", help="JSON passed per request as mm_processor_kwargs (vision budget)."),
     "mix": typer.Option(None, "--mix", help="mixed dataset ratios, e.g. text:0.7,images:0.3."),
     "extra_body": typer.Option(None, "--extra-body", help="JSON (or @file) merged into every request body."),
@@ -205,6 +253,7 @@ OPTIONS: dict[str, Any] = {
     "shared_prefix_len": typer.Option(0, "--shared-prefix-len", help="Tokens at the start of every prompt that all requests share (part of --input-len; random dataset)."),
     "max_send_lag_ms": typer.Option(25.0, "--max-send-lag-ms", help="Send-lag p99 above this marks the run client-limited."),
     "server_metrics_interval": typer.Option(1.0, "--server-metrics-interval", help="Seconds between /metrics samples during the run (peaks); 0: only before and after (each scrape costs a small server a few ms)."),
+    "engine_traces": typer.Option(None, "--engine-traces", help="HOST:PORT to receive the engine's OpenTelemetry spans on (start vLLM with --otlp-traces-endpoint http://HOST:PORT/v1/traces): per-request engine TTFT, queue and prefill."),
     "deployment_file": typer.Option(None, "--deployment", help="Deployment spec YAML this run targets (recorded with the run)."),
     "store_run": typer.Option(True, "--store/--no-store", help="Save the run in the history (vlmserve runs)."),
     "progress": typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."),
@@ -250,6 +299,11 @@ def bench(
     image_format: str = OPTIONS["image_format"],
     image_dir: Optional[str] = OPTIONS["image_dir"],
     image_url: Optional[list[str]] = OPTIONS["image_url"],
+    image_sizes: Optional[str] = OPTIONS["image_sizes"],
+    images_per_request_mix: Optional[str] = OPTIONS["images_per_request_mix"],
+    image_repeat_rate: Optional[float] = OPTIONS["image_repeat_rate"],
+    image_popularity_skew: float = OPTIONS["image_popularity_skew"],
+    vision_budgets: Optional[str] = OPTIONS["vision_budgets"],
     mm_processor_kwargs: Optional[str] = OPTIONS["mm_processor_kwargs"],
     mix: Optional[str] = OPTIONS["mix"],
     extra_body: Optional[str] = OPTIONS["extra_body"],
@@ -262,6 +316,7 @@ def bench(
     shared_prefix_len: int = OPTIONS["shared_prefix_len"],
     max_send_lag_ms: float = OPTIONS["max_send_lag_ms"],
     server_metrics_interval: float = OPTIONS["server_metrics_interval"],
+    engine_traces: Optional[str] = OPTIONS["engine_traces"],
     deployment_file: Optional[Path] = OPTIONS["deployment_file"],
     store_run: bool = OPTIONS["store_run"],
     repeat: int = OPTIONS["repeat"],
@@ -298,6 +353,10 @@ def bench(
         raise UserError("--result-format vllm says how --json-out is written; give --json-out FILE with it")
     load = build_load_spec(args)
     objectives = SLO.parse(slo)
+    if engine_traces is not None:
+        from vlmserve.bench.engine_traces import parse_listen_address
+
+        parse_listen_address(engine_traces)  # a bad address is refused before anything runs
     deployment = None
     if deployment_file is not None:
         from vlmserve.spec import load_deployment_spec
@@ -311,7 +370,7 @@ def bench(
     result = asyncio.run(
         run_repeated(load, target, slo=objectives, progress=progress, label=label, deployment=deployment,
                      console=console, client_limits=limits, stop_on_ctrl_c=True,
-                     server_metrics_interval_s=server_metrics_interval)
+                     server_metrics_interval_s=server_metrics_interval, engine_traces=engine_traces)
     )
     save_results(result, store_run=store_run, json_out=json_out if result_format == "vlmserve" else None,
                  records_out=records_out)

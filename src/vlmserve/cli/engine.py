@@ -5,11 +5,6 @@ from __future__ import annotations
 import typer
 
 from vlmserve.errors import UserError
-from vlmserve.sched.frontend import (
-    DEFAULT_MM_PROCESSOR_CACHE_GB,
-    DEFAULT_PREPROCESS_MS_PER_IMAGE,
-    DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL,
-)
 
 engine_app = typer.Typer(
     name="engine",
@@ -47,10 +42,11 @@ def sim(
     no_chunked_prefill: bool = typer.Option(False, "--no-chunked-prefill", help="Disable chunked prefill."),
     image_tokens: int = typer.Option(256, help="Vision tokens per image (a request may pick another via mm_processor_kwargs.max_soft_tokens)."),
     image_budgets: str = typer.Option(None, help="Allowed per-image budgets, e.g. 70,140,280,560,1120 (Gemma)."),
-    api_server_count: int = typer.Option(1, help="Frontend (API server) processes preprocessing requests before the scheduler (vLLM's --api-server-count)."),
-    preprocess_ms_per_image: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_IMAGE, help="Frontend: fixed preprocessing cost per image, ms (0: none)."),
-    preprocess_ms_per_megapixel: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL, help="Frontend: decode/resize/processor cost per megapixel, ms (0: none)."),
-    mm_processor_cache_gb: float = typer.Option(DEFAULT_MM_PROCESSOR_CACHE_GB, help="Multimodal processor cache, GiB of processed images; a repeated image skips preprocessing and the encoder (vLLM's --mm-processor-cache-gb; 0 disables it)."),
+    model_config_dir: str = typer.Option(None, help="A model directory (config.json, processor configs): each image costs what that model's own rule says, not --image-tokens."),
+    api_server_count: int = typer.Option(1, help="Frontend processes preprocessing images, as vLLM's --api-server-count: a request waits for a free one."),
+    mm_preprocess_ms_per_image: float = typer.Option(0.0, help="Frontend: ms to preprocess an image not in the cache, plus ..."),
+    mm_preprocess_ms_per_megapixel: float = typer.Option(0.0, help="... ms per megapixel (both 0: preprocessing is not priced)."),
+    mm_cache_items: int = typer.Option(1024, help="Images the multimodal cache holds (0: none); a repeat skips preprocessing and the encoder."),
     output_len: str = typer.Option("lognormal:200:0.8", help="Natural answer length when not forced: fixed:N, uniform:LO:HI, exponential:MEAN, lognormal:MEAN:SIGMA."),
     error_rate: float = typer.Option(0.0, help="Fault: fraction of requests answered with an injected 5xx."),
     error_codes: str = typer.Option("500", help="Fault: status codes injected errors use, e.g. 500,503."),
@@ -73,7 +69,6 @@ def sim(
     """Start a simulated vLLM engine: OpenAI API, vLLM metrics, timed by vLLM's scheduler rules."""
     from vlmserve.engines.sim.options import FaultOptions, OutputLengthDistribution, SimEngineConfig
     from vlmserve.engines.sim.server import run_server
-    from vlmserve.sched.frontend import FrontendConfig
 
     config = SimEngineConfig(
         model=model,
@@ -93,6 +88,11 @@ def sim(
         enable_chunked_prefill=not no_chunked_prefill,
         image_tokens=image_tokens,
         allowed_image_budgets=_parse_int_list(image_budgets, "--image-budgets", "70,140,280"),
+        model_config_dir=model_config_dir,
+        api_server_count=api_server_count,
+        mm_preprocess_ms_per_image=mm_preprocess_ms_per_image,
+        mm_preprocess_ms_per_megapixel=mm_preprocess_ms_per_megapixel,
+        mm_cache_items=mm_cache_items,
         output_len=OutputLengthDistribution.parse(output_len),
         faults=FaultOptions(
             error_rate=error_rate,
@@ -104,12 +104,6 @@ def sim(
             drop_after_tokens=drop_after_tokens,
             fault_rate=fault_rate,
             poison_marker=poison_marker,
-        ),
-        frontend=FrontendConfig(
-            api_server_count=api_server_count,
-            preprocess_ms_per_image=preprocess_ms_per_image,
-            preprocess_ms_per_megapixel=preprocess_ms_per_megapixel,
-            mm_processor_cache_gb=mm_processor_cache_gb,
         ),
         reject_over_context=reject_over_context,
         record_timing=not no_timing,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import Optional
 
 import typer
 
-from vlmserve.gateway.config import POLICY_NAMES, GatewayConfig
+from vlmserve.gateway.config import CLIENT_MM_PROCESSOR_KWARGS, POLICY_NAMES, GatewayConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
 
@@ -50,6 +51,15 @@ def register(app: typer.Typer) -> None:
         max_json_depth: int = typer.Option(_DEFAULTS["max_json_depth"], help="Refuse bodies nested deeper (400)."),
         max_json_items: int = typer.Option(_DEFAULTS["max_json_items"],
                                            help="Refuse bodies with more JSON values: objects, arrays, elements (400)."),
+        max_image_bytes: int = typer.Option(_DEFAULTS["max_image_bytes"], help="Refuse a larger image (400); checked before decoding."),
+        max_image_pixels: int = typer.Option(_DEFAULTS["max_image_pixels"], help="Refuse an image with more pixels (400); read from its header, never decoded."),
+        max_images_per_request: int = typer.Option(_DEFAULTS["max_images_per_request"], help="Refuse a request with more images or other media parts (400)."),
+        media_fetch_timeout: float = typer.Option(_DEFAULTS["media_fetch_timeout_s"], help="Seconds to fetch an allowed remote image (it is then forwarded inline)."),
+        image_downscale_max_side: Optional[int] = typer.Option(None, help="Resize images so their longest side is at most this many pixels (the engine's prompt tokens drop accordingly)."),
+        model_config_dir: Optional[Path] = typer.Option(None, help="The served model's directory (config.json, processor configs): per-model image token estimates and downscale rule."),
+        client_mm_processor_kwargs: list[str] = typer.Option(
+            list(CLIENT_MM_PROCESSOR_KWARGS), "--client-mm-processor-kwargs",
+            help="mm_processor_kwargs keys clients may send (repeat or comma-separate); others are refused (400)."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
@@ -67,6 +77,10 @@ def register(app: typer.Typer) -> None:
             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
             allowed_media_domains=[host.strip() for value in allowed_media_domains for host in value.split(",") if host.strip()],
             max_json_depth=max_json_depth, max_json_items=max_json_items,
+            max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels,
+            max_images_per_request=max_images_per_request, media_fetch_timeout_s=media_fetch_timeout,
+            image_downscale_max_side=image_downscale_max_side, model_config_dir=model_config_dir,
+            client_mm_processor_kwargs=[key.strip() for value in client_mm_processor_kwargs for key in value.split(",") if key.strip()],
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

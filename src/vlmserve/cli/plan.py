@@ -17,15 +17,12 @@ from rich.table import Table
 
 from pydantic import ValidationError
 
+from vlmserve.cli.bench import parse_image_size
 from vlmserve.errors import UserError
+from vlmserve.hardware.setup import FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
+from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.results.summary import RunSummary
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
-from vlmserve.sched.frontend import (
-    DEFAULT_MM_PROCESSOR_CACHE_GB,
-    DEFAULT_PREPROCESS_MS_PER_IMAGE,
-    DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL,
-    FrontendConfig,
-)
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
 
 SIMULATED_NOTE = "[yellow]planner output (simulated on a roofline cost model, not measured)[/]"
@@ -81,13 +78,11 @@ def plan(
     dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
     dataset_path: Optional[str] = typer.Option(None, "--dataset-path", help="ShareGPT file (default: built-in length distribution)."),
     images_per_request: int = typer.Option(1, "--images-per-request", min=0, help="images dataset: images per request."),
-    image_fraction: Optional[float] = typer.Option(None, "--image-fraction", help="images dataset: share of requests with images (default 1; the rest are text)."),
-    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: chance an image was sent before (mm cache hits; default 0)."),
-    image_size: Optional[str] = typer.Option(None, "--image-size", help="images dataset: image resolution WxH, e.g. 1024x768 (default 64x64)."),
-    api_server_count: int = typer.Option(1, "--api-server-count", help="vLLM --api-server-count: frontend processes per replica that preprocess images."),
-    preprocess_ms_per_image: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_IMAGE, "--preprocess-ms-per-image", help="Frontend: fixed preprocessing cost per image, ms."),
-    preprocess_ms_per_megapixel: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL, "--preprocess-ms-per-megapixel", help="Frontend: preprocessing cost per megapixel, ms."),
-    mm_processor_cache_gb: float = typer.Option(DEFAULT_MM_PROCESSOR_CACHE_GB, "--mm-processor-cache-gb", help="vLLM --mm-processor-cache-gb: processed-image cache per replica (0: off)."),
+    image_size: str = typer.Option("1024x1024", "--image-size", help="images dataset: image size WxH (tokens by the model's own rule)."),
+    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: share of requests resending an earlier image (hits the multimodal cache)."),
+    api_server_count: int = typer.Option(1, "--api-server-count", help="vLLM's --api-server-count: frontend processes preprocessing images, per replica."),
+    mm_preprocess_ms_per_image: float = typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image not in the cache (a prior; see docs/plan.md)."),
+    mm_preprocess_ms_per_megapixel: float = typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."),
     arrival: str = typer.Option("poisson", "--arrival", help="Open loop arrivals: poisson | constant | gamma."),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."),
@@ -115,27 +110,28 @@ def plan(
         raise UserError("give --model NAME|config.json (and --gpu, --concurrency or --rate)")
     from vlmserve.plan.simulate import simulate_run
 
-    images = _image_mix(dataset, image_fraction, image_repeat_rate, image_size)
-    frontend = _frontend(api_server_count, preprocess_ms_per_image, preprocess_ms_per_megapixel, mm_processor_cache_gb)
     load = _load_spec(
         dataset=dataset, dataset_path=dataset_path, input_len=input_len, output_len=output_len,
         concurrency=concurrency, rate=rate, num_requests=num_requests, arrival=arrival,
-        images_per_request=images_per_request, seed=seed,
-        image_size=_image_size(image_size) if image_size is not None else None,
+        images_per_request=images_per_request, seed=seed, image_size=parse_image_size(image_size),
+        image_repeat_rate=image_repeat_rate,
     )
     setup = _setup(
         model, gpu, calibration, tp=tp, replicas=replicas, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-        routing=routing, async_scheduling=async_scheduling, frontend=frontend,
+        routing=routing, async_scheduling=async_scheduling,
+        frontend=FrontendConfig(api_server_count, mm_preprocess_ms_per_image, mm_preprocess_ms_per_megapixel),
     )
     slo_spec = SLO.parse(slo) if slo else None
-    output = simulate_run(setup, load, slo=slo_spec, staggered=staggered, images=images)
+    output = simulate_run(setup, load, slo=slo_spec, staggered=staggered)
     result = output.result
     console = _console()
     _print_run(console, result.summary, setup, output.wall_s, price)
-    if load.dataset == "images":
-        _print_frontend(console, setup, load, images, slo_spec, result.summary)
+    from vlmserve.plan.explain import frontend_findings
+
+    for line in frontend_findings(setup, load, result.summary):
+        console.print(line)
     measured = _read_measured(compare) if compare else None
     if explain or measured is not None:
         _print_explain(console, setup, load, result.summary, measured)
@@ -173,59 +169,6 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
         per_hour = price * setup.num_gpus
         per_million = per_hour / (output_rate * 3600 / 1e6) if output_rate > 0 else float("inf")
         console.print(f"cost: ${per_hour:.2f}/h for {setup.num_gpus} GPU(s), ${per_million:.3f} per million output tokens")
-
-
-def _image_mix(dataset: str, fraction: float | None, repeat_rate: float | None, size: str | None) -> Any:
-    """The planner's image inputs, refused in one line when they do not apply or are out of range."""
-    from vlmserve.plan.workload import ImageMix
-
-    options = {"--image-fraction": fraction, "--image-repeat-rate": repeat_rate, "--image-size": size}
-    given = [flag for flag, value in options.items() if value is not None]
-    if given and dataset != "images":
-        raise UserError(f"{given[0]} applies to --dataset images (got --dataset {dataset})")
-    mix = ImageMix(fraction=1.0 if fraction is None else fraction, repeat_rate=repeat_rate or 0.0)
-    mix.validate()
-    return mix
-
-
-def _frontend(api_server_count: int, per_image_ms: float, per_megapixel_ms: float, cache_gb: float) -> FrontendConfig:
-    frontend = FrontendConfig(api_server_count=api_server_count, preprocess_ms_per_image=per_image_ms,
-                              preprocess_ms_per_megapixel=per_megapixel_ms, mm_processor_cache_gb=cache_gb)
-    frontend.validate()
-    return frontend
-
-
-def _image_size(text: str) -> tuple[int, int]:
-    """'1024x768' → (1024, 768); a one-line UserError otherwise."""
-    width, sep, height = text.lower().partition("x")
-    try:
-        size = (int(width), int(height))
-    except ValueError:
-        size = (0, 0)
-    if not sep or min(size) < 1 or max(size) > 65536:
-        raise UserError(f"--image-size takes WIDTHxHEIGHT in pixels (1 to 65536 each), e.g. 1024x768; got '{text}'")
-    return size
-
-
-def _print_frontend(console: Console, setup: Any, load: LoadSpec, images: Any, slo: SLO | None, summary: RunSummary) -> None:
-    """The frontend's verdict; when it is the limit, what more API servers or smaller images would give (simulated)."""
-    from vlmserve.plan.explain import frontend_verdict, frontend_what_ifs
-
-    figures = (summary.simulation or {}).get("frontend") or {}
-    verdict = frontend_verdict(figures)
-    for line in verdict.lines:
-        console.print(line, soft_wrap=True)
-    if not verdict.is_limit:
-        return
-    table = Table(title="what if (simulated)", show_edge=False)
-    for column in ("change", "TTFT p95 ms", "frontend utilisation", "req/s"):
-        table.add_column(column)
-    table.add_row(f"as run (--api-server-count {verdict.api_server_count}, images {load.image_size[0]}x{load.image_size[1]})",
-                  _ms(summary, "ttft_ms"), f"{verdict.utilisation:.0%}", f"{summary.throughput.requests_per_s:.1f}")
-    for change, other in frontend_what_ifs(setup, load, images, slo, verdict.suggested_api_server_count):
-        utilisation = ((other.simulation or {}).get("frontend") or {}).get("utilisation", 0.0)
-        table.add_row(change, _ms(other, "ttft_ms"), f"{utilisation:.0%}", f"{other.throughput.requests_per_s:.1f}")
-    console.print(table)
 
 
 def _read_measured(path: Path) -> RunSummary:
@@ -305,13 +248,6 @@ def search(
     input_len: int = typer.Option(1024, "--input-len", min=1),
     output_len: int = typer.Option(128, "--output-len", min=1),
     dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
-    image_fraction: Optional[float] = typer.Option(None, "--image-fraction", help="images dataset: share of requests with images."),
-    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: chance an image was sent before."),
-    image_size: Optional[str] = typer.Option(None, "--image-size", help="images dataset: resolution WxH (default 64x64)."),
-    api_server_counts: str = typer.Option("1", "--api-server-counts", help="vLLM --api-server-count values to try, e.g. 1,2,4."),
-    preprocess_ms_per_image: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_IMAGE, "--preprocess-ms-per-image", help="Frontend: ms per image."),
-    preprocess_ms_per_megapixel: float = typer.Option(DEFAULT_PREPROCESS_MS_PER_MEGAPIXEL, "--preprocess-ms-per-megapixel", help="Frontend: ms per megapixel."),
-    mm_processor_cache_gb: float = typer.Option(DEFAULT_MM_PROCESSOR_CACHE_GB, "--mm-processor-cache-gb", help="vLLM --mm-processor-cache-gb."),
     num_requests: int = typer.Option(300, "--num-requests", min=1, help="Requests simulated per configuration."),
     tps: str = typer.Option("1,2,4,8", "--tps", help="TP sizes to try."),
     replicas: str = typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."),
@@ -332,22 +268,18 @@ def search(
     from vlmserve.hardware.calibration import load_calibration
     from vlmserve.plan.search import SearchSpace, parse_prices, run_search, runners_up
 
-    images = _image_mix(dataset, image_fraction, image_repeat_rate, image_size)
-    frontend = _frontend(1, preprocess_ms_per_image, preprocess_ms_per_megapixel, mm_processor_cache_gb)
     load = _load_spec(dataset=dataset, input_len=input_len, output_len=output_len, rate=rate,
-                      concurrency=concurrency, num_requests=num_requests,
-                      image_size=_image_size(image_size) if image_size is not None else None)
+                      concurrency=concurrency, num_requests=num_requests)
     space = SearchSpace(
         model=model, gpus=_names(gpus, "--gpus"), tps=_ints(tps, "--tps"), replicas=_ints(replicas, "--replicas"),
         max_num_seqs=_ints(max_num_seqs, "--max-num-seqs"), max_gpus=max_gpus, weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype, api_server_counts=_ints(api_server_counts, "--api-server-counts"), frontend=frontend,
-        images=images,
+        kv_dtype=kv_dtype,
     )
     prices = parse_prices(price)
     slo_spec = SLO.parse(slo)
     console = _console()
     started = time.perf_counter()
-    total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs) * len(space.api_server_counts)
+    total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("simulating configurations", total=total)
         outcome = run_search(space, load, slo_spec, prices=prices, calibration=load_calibration(calibration),
@@ -389,8 +321,7 @@ def _candidate_json(candidate: Any) -> dict[str, Any]:
     figures = candidate.summary.to_dict() if candidate.summary is not None else {}
     return {
         "gpu": candidate.gpu, "tp": candidate.tp, "replicas": candidate.replicas,
-        "max_num_seqs": candidate.max_num_seqs, "api_server_count": candidate.api_server_count,
-        "num_gpus": candidate.num_gpus,
+        "max_num_seqs": candidate.max_num_seqs, "num_gpus": candidate.num_gpus,
         "cost_per_hour": candidate.cost_per_hour, "status": candidate.status, "reason": candidate.reason,
         "throughput": figures.get("throughput"), "ttft_ms": figures.get("ttft_ms"), "tpot_ms": figures.get("tpot_ms"),
     }

@@ -74,6 +74,9 @@ def slo_search_command(
     low, high = parse_range(rate_range or concurrency_range or "", f"--{knob}-range")
     space = SearchSpace(knob, low, high, precision, max_probes)
     objectives = SLO.parse(slo)
+    if objectives.by_type:
+        raise UserError("--slo: slo-search judges run-wide objectives only; drop the TYPE: ones "
+                        "(vlmserve bench reports them per request type)")
     require_objectives(objectives)  # before a deployment is started for nothing
     given = {name: value for name, value in flags.items() if name in OPTIONS}
     given.update(repeat=repeat, concurrency=int(low) if knob == "concurrency" else None,

@@ -52,8 +52,11 @@ def check_gateway_files(spec: DeploymentSpec) -> None:
             )
 
 
-def gateway_argv(spec: DeploymentSpec, replica_urls: list[str]) -> list[str]:
-    """`python -m vlmserve gateway ...` in front of the replicas, with the spec's trust settings."""
+def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> list[str]:
+    """`python -m vlmserve gateway ...` in front of the replicas, with the spec's trust settings.
+
+    `model_dir`, when it is a local model directory, lets the gateway price images by the model's
+    own processor configuration."""
     argv = [sys.executable, "-m", "vlmserve", "gateway"]
     for url in replica_urls:
         argv += ["--replica", url]
@@ -68,4 +71,14 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str]) -> list[str]:
             argv += [flag, str(Path(value).expanduser())]
     for domain in spec.allowed_media_domains:
         argv += ["--allowed-media-domains", domain]
+    for flag, number in (
+        ("--max-image-bytes", spec.max_image_bytes),
+        ("--max-image-pixels", spec.max_image_pixels),
+        ("--max-images-per-request", spec.max_images_per_request),
+        ("--image-downscale-max-side", spec.image_downscale_max_side),
+    ):
+        if number is not None:
+            argv += [flag, str(number)]
+    if model_dir and (Path(model_dir) / "config.json").is_file():
+        argv += ["--model-config-dir", model_dir]
     return argv

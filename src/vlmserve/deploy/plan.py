@@ -38,12 +38,12 @@ def replica_plans(launcher: EngineLauncher, log_dir: Path) -> tuple[list[Process
     return plans, list(launches[0].notes) if launches else []
 
 
-def gateway_plan(spec: DeploymentSpec, replica_urls: list[str], log_dir: Path) -> ProcessPlan:
-    """The gateway in front of the replicas at `replica_urls`."""
+def gateway_plan(spec: DeploymentSpec, replica_urls: list[str], log_dir: Path, model_dir: str | None = None) -> ProcessPlan:
+    """The gateway in front of the replicas at `replica_urls` (serving the model at `model_dir`)."""
     return ProcessPlan(
         role="gateway",
         index=0,
-        argv=gateway_argv(spec, replica_urls),
+        argv=gateway_argv(spec, replica_urls, model_dir),
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         host=spec.host,
         port=spec.port,

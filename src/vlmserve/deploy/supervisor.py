@@ -194,7 +194,7 @@ class Supervisor:
         if spec.gateway:
             check_gateway_policy(spec.gateway_policy)
             check_gateway_files(spec)
-            plan = gateway_plan(spec, self.replica_urls, self.log_dir)
+            plan = gateway_plan(spec, self.replica_urls, self.log_dir, self.model_path)
             check_ports(spec.host, [plan.port])
             self.gateway = ManagedProcess(plan=plan)
         for note in self.notes:

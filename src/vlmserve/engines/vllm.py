@@ -16,6 +16,8 @@ Device placement differs by machine:
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import math
 import os
@@ -181,10 +183,29 @@ def engine_arguments(
         argv += ["--mm-processor-kwargs", _json(args.mm_processor_kwargs)]
     # image URLs are fetched by the engine: only from listed hosts (SSRF), by default from none
     argv += ["--allowed-media-domains", *(spec.allowed_media_domains or [NO_REMOTE_MEDIA_DOMAIN])]
-    for key, value in args.vllm_flags().items():
+    given = args.vllm_flags()
+    if spec.gateway and "trust_request_mm_kwargs" not in given and _has_flag("trust_request_mm_kwargs"):
+        # The gateway is the only door and polices per-request processor kwargs (it adds its own
+        # when downscaling images), so the replicas behind it accept them.
+        argv.append("--trust-request-mm-kwargs")
+    for key, value in given.items():
         argv += engine_arg_argv(key, value)
     argv += list(args.extra_args)
     return argv
+
+
+@functools.lru_cache(maxsize=None)
+def _has_flag(name: str) -> bool:
+    """Does the installed vLLM's server take this flag? True where vLLM is not installed (the engine
+    image decides). Read from the source of vLLM's server arguments, so nothing is imported."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return True
+    cli_args = Path(list(spec.submodule_search_locations)[0]) / "entrypoints" / "launchers" / "cli_args.py"
+    try:
+        return name in cli_args.read_text(encoding="utf-8")
+    except OSError:
+        return True
 
 
 def eager_by_default(spec: DeploymentSpec) -> bool:
@@ -196,6 +217,37 @@ def eager_by_default(spec: DeploymentSpec) -> bool:
     models keep vLLM's default (compiled); `enforce_eager` in the spec overrides both.
     """
     return spec.model == EMBEDDED_MODEL
+
+
+TRACE_FLUSH_MS = 200
+"""OTEL_BSP_SCHEDULE_DELAY for an engine that exports traces to a bench (vLLM's default is 5000 ms):
+spans reach the bench's receiver a fraction of a second after their request ends."""
+
+
+def otlp_traces_endpoint(spec: DeploymentSpec) -> str | None:
+    """The `--otlp-traces-endpoint` the spec gives vLLM (engine_args key or extra_args), if any."""
+    value = spec.engine_args.vllm_flags().get("otlp_traces_endpoint")
+    if value:
+        return str(value)
+    extra = list(spec.engine_args.extra_args)
+    for index, item in enumerate(extra):
+        if item == "--otlp-traces-endpoint" and index + 1 < len(extra):
+            return extra[index + 1]
+        if item.startswith("--otlp-traces-endpoint="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def tracing_env(spec: DeploymentSpec) -> dict[str, str]:
+    """Environment for an engine exporting traces over OTLP/HTTP (an http(s) endpoint).
+
+    vLLM speaks gRPC unless OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says http/protobuf; an http URL
+    (what `vlmserve bench --engine-traces` listens on) needs the latter. The spec's own `env` wins.
+    """
+    endpoint = otlp_traces_endpoint(spec)
+    if endpoint is None or not endpoint.startswith(("http://", "https://")):
+        return {}
+    return {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": str(TRACE_FLUSH_MS)}
 
 
 def _json(value: object) -> str:
@@ -213,6 +265,7 @@ def plan_launches(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind
     if spec.model == EMBEDDED_MODEL or Path(model_path).is_dir():
         # A local model needs no hub; don't let a missing network slow the start down.
         common_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    common_env.update(tracing_env(spec))
     notes: list[str] = []
     if device_kind == "gpu":
         groups = gpu_groups(spec.replicas, spec.engine_args.tensor_parallel_size, gpu_count())

@@ -40,6 +40,9 @@ class TenantSpec(BaseModel):
     tokens_per_min: float | None = Field(None, gt=0)
     priority: Literal["interactive", "batch"] = "interactive"
     burst_requests: float | None = Field(None, gt=0, description="bucket size; default one second of requests_per_s")
+    max_image_bytes: int | None = Field(None, ge=1, description="stricter than the gateway's --max-image-bytes")
+    max_image_pixels: int | None = Field(None, ge=1, description="stricter than the gateway's --max-image-pixels")
+    max_images_per_request: int | None = Field(None, ge=1, description="stricter than --max-images-per-request")
 
 
 class KeysFile(BaseModel):
@@ -103,6 +106,8 @@ class Tenant:
     priority: str = "interactive"
     request_bucket: TokenBucket | None = None
     token_bucket: TokenBucket | None = None
+    image_limits: tuple[int | None, int | None, int | None] = (None, None, None)
+    """(max_image_bytes, max_image_pixels, max_images_per_request) for this tenant; None: the gateway's."""
 
     @classmethod
     def from_spec(cls, spec: TenantSpec) -> Tenant:
@@ -111,7 +116,8 @@ class Tenant:
             request_bucket = TokenBucket(spec.requests_per_s, spec.burst_requests or max(1.0, spec.requests_per_s))
         if spec.tokens_per_min:
             token_bucket = TokenBucket(spec.tokens_per_min / 60.0, spec.tokens_per_min)
-        return cls(name=spec.name, priority=spec.priority, request_bucket=request_bucket, token_bucket=token_bucket)
+        return cls(name=spec.name, priority=spec.priority, request_bucket=request_bucket, token_bucket=token_bucket,
+                   image_limits=(spec.max_image_bytes, spec.max_image_pixels, spec.max_images_per_request))
 
 
 class AdmissionRejected(Exception):

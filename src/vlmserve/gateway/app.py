@@ -19,10 +19,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected, load_keys_file
+from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected, Tenant, load_keys_file
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
+from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media
 from vlmserve.gateway.metrics import GatewayMetrics
@@ -31,6 +32,7 @@ from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, Routin
 from vlmserve.gateway.proxy import CONNECTION_ERRORS, Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import TokenEstimator, describe_request
+from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind, trust_boundary
 from vlmserve.gateway.watchdog import Watchdog
@@ -64,6 +66,14 @@ class Gateway:
         )
         self.policy: RoutingPolicy = build_policy(config)
         self.estimator = TokenEstimator(config.chars_per_token, config.image_token_estimate, config.default_max_tokens)
+        image_estimator = (estimator_for_model_dir(config.model_config_dir) if config.model_config_dir
+                           else fallback_estimator(config.image_token_estimate))
+        log.info("image token estimate: %s", image_estimator.describe())
+        self.image_limits = ImageLimits(config.max_image_bytes, config.max_image_pixels, config.max_images_per_request)
+        self.preflight = ImagePreflight(self.image_limits, image_estimator,
+                                        downscale_max_side=config.image_downscale_max_side,
+                                        client_processor_kwargs=tuple(config.client_mm_processor_kwargs))
+        self.media_session: aiohttp.ClientSession | None = None
         self.audit = AuditLog(config.audit_log, log_content=config.log_content)
         self.allowed_media_hosts = allowed_host_set(config.allowed_media_domains)
         self.metrics = GatewayMetrics(self._snapshot)
@@ -93,6 +103,9 @@ class Gateway:
 
     async def start(self) -> None:
         self.session = _new_upstream_session(self.config)
+        if self.allowed_media_hosts:  # remote media is fetched here, never by an engine
+            self.media_session = aiohttp.ClientSession(auto_decompress=True)
+            self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
         self.forwarder = Forwarder(
             self.pool, self.policy, self.session, self.watchdog,
             max_attempts=self.config.max_attempts,
@@ -119,6 +132,8 @@ class Gateway:
         await self.pool.stop()
         if self.session is not None:
             await self.session.close()
+        if self.media_session is not None:
+            await self.media_session.close()
         self.audit.close()
 
     # ---- state for /metrics and /health --------------------------------------------------------
@@ -195,6 +210,10 @@ class Gateway:
                     check_media(payload, self.allowed_media_hosts)
                 except MediaRefused as refused:
                     raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
+                images = await self._preflight(payload, tenant, route)
+                request_log.images = [image.audit() for image in images.images]
+                if images.changed:
+                    body = json.dumps(payload, separators=(",", ":")).encode()
                 model = payload.get("model")
                 request_log.model = model if isinstance(model, str) else None
                 if model is not None and not isinstance(model, str):
@@ -206,6 +225,8 @@ class Gateway:
                     payload, request_id=request_log.request_id, estimator=self.estimator,
                     prefix_block_chars=self.config.prefix_block_chars if self.policy.uses_prefix_hashes else None,
                     generates=route.generates, streams=route.streams,
+                    image_digests=images.digests or None,
+                    image_tokens=images.image_tokens if images.images else None,
                 )
                 routed.tenant = tenant.name
                 routed.session_id = request.headers.get("X-Session-ID")
@@ -239,6 +260,23 @@ class Gateway:
                     used = None if request_log.completion_tokens is None else (request_log.prompt_tokens or 0) + request_log.completion_tokens
                     self.admission.settle_tokens(tenant, request_log.estimated_tokens, used)
             self._finish(request_log, content)
+
+    async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
+        """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
+        started = time.perf_counter()
+        try:
+            result = await self.preflight.run(payload, self.image_limits.tightened(*tenant.image_limits),
+                                              takes_processor_kwargs=route.generates)
+        except ImageRefused as refused:
+            self.metrics.images.labels(refused.code).inc()
+            raise AdmissionRejected(400, refused.message, refused.code) from None
+        if result.images:
+            self.metrics.image_preflight.observe(time.perf_counter() - started)
+            for image in result.images:
+                self.metrics.images.labels(image.source).inc()
+                if (image.sent_width, image.sent_height) != (image.width, image.height):
+                    self.metrics.images.labels("downscaled").inc()
+        return result
 
     async def _read_json(self, request: web.Request) -> tuple[bytes, dict]:
         limit = self.config.max_body_bytes

@@ -10,6 +10,10 @@ from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 
 
+CLIENT_MM_PROCESSOR_KWARGS = ("max_soft_tokens",)
+"""The per-request processor kwargs clients may send by default: a vision budget (Gemma-style)."""
+
+
 @dataclass
 class GatewayConfig:
     """Settings of one gateway process. Defaults suit a few vLLM replicas on one host."""
@@ -70,6 +74,20 @@ class GatewayConfig:
     allowed_media_domains: list[str] = field(default_factory=list)
     max_json_depth: int = 64
     max_json_items: int = 100_000
+    # Image preflight (image_preflight.py): per-request limits, which a tenant in the keys file may
+    # tighten; remote media (allowed hosts only) is fetched here and forwarded inline.
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 64_000_000
+    max_images_per_request: int = 16
+    media_fetch_timeout_s: float = 10.0
+    # Resize images so their longest side is at most this (None: forward them as sent).
+    image_downscale_max_side: int | None = None
+    # The served model's directory (config.json, processor configs): per-model image token
+    # estimates and the downscale rule. Without it each image counts image_token_estimate.
+    model_config_dir: Path | None = None
+    # Per-request mm_processor_kwargs keys a client may send (engines behind the gateway trust
+    # them: vLLM's --trust-request-mm-kwargs); any other key is refused with 400.
+    client_mm_processor_kwargs: list[str] = field(default_factory=lambda: list(CLIENT_MM_PROCESSOR_KWARGS))
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
@@ -92,12 +110,18 @@ class GatewayConfig:
             raise UserError("--max-json-depth must be at least 2 and --max-json-items at least 1")
         if not 0.0 <= self.max_ejection_fraction <= 1.0:
             raise UserError("--max-ejection-fraction must be between 0 and 1 (0 = never eject, 1 = any number)")
+        if min(self.max_image_bytes, self.max_image_pixels, self.max_images_per_request) < 1:
+            raise UserError("--max-image-bytes, --max-image-pixels and --max-images-per-request must be at least 1")
+        if self.image_downscale_max_side is not None and self.image_downscale_max_side < 16:
+            raise UserError("--image-downscale-max-side must be at least 16 pixels (or left out to forward images as sent)")
+        if self.model_config_dir is not None and not (Path(self.model_config_dir) / "config.json").is_file():
+            raise UserError(f"--model-config-dir {self.model_config_dir}: no config.json there; give the served model's directory")
         if self.max_connections < 0:
             raise UserError("--max-connections must be 0 (no cap) or more")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise UserError("HTTPS needs both --ssl-certfile and --ssl-keyfile: pass both, or neither for plain HTTP")
         for name in ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_timeout_s", "health_interval_s",
-                     "header_timeout_s", "keepalive_timeout_s"):
+                     "header_timeout_s", "keepalive_timeout_s", "media_fetch_timeout_s"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name.replace('_', '-')} must be positive")
 

@@ -36,25 +36,38 @@ class MediaRefused(Exception):
         self.message = message
 
 
-def media_urls(payload: Any) -> Iterator[tuple[str, str]]:
-    """(field, url) for every media URL field in a parsed JSON body, walked without recursion."""
-    stack = [payload]
+def media_slots(payload: Any) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """(kind, holder, key) for every media URL in a parsed JSON body: `holder[key]` is the URL string.
+
+    `kind` is image, video, audio or file. Walked without recursion, in document order, so the
+    n-th slot is the n-th media part the client sent (error messages number them that way).
+    """
+    stack: list[Any] = [payload]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
             for name in MEDIA_URL_FIELDS:
                 value = node.get(name)
-                if isinstance(value, dict):
-                    value = value.get("url")
-                if isinstance(value, str):
-                    yield name, value
-            stack.extend(value for value in node.values() if isinstance(value, (dict, list)))
+                if isinstance(value, dict) and isinstance(value.get("url"), str):
+                    yield _kind(name), value, "url"
+                elif isinstance(value, str):
+                    yield _kind(name), node, name
+            stack.extend(reversed([value for value in node.values() if isinstance(value, (dict, list))]))
         elif isinstance(node, list):
-            stack.extend(value for value in node if isinstance(value, (dict, list)))
+            stack.extend(reversed([value for value in node if isinstance(value, (dict, list))]))
+
+
+def media_urls(payload: Any) -> Iterator[tuple[str, str]]:
+    """(field, url) for every media URL field in a parsed JSON body."""
+    for kind, holder, key in media_slots(payload):
+        yield (_FIELD_OF_KIND.get(kind, "image_url") if key == "url" else key), holder[key]
 
 
 def _kind(field: str) -> str:
     return {"video_url": "video", "audio_url": "audio", "file_url": "file"}.get(field, "image")
+
+
+_FIELD_OF_KIND = {"video": "video_url", "audio": "audio_url", "file": "file_url"}
 
 
 def check_media_url(field: str, url: str, allowed_hosts: frozenset[str]) -> None:

@@ -79,6 +79,14 @@ class GatewayMetrics:
             "vlmserve_gateway_shed_requests", "Requests refused by admission control (429)", ["tenant", "reason"],
             registry=self.registry,
         )
+        self.images = Counter(
+            "vlmserve_gateway_images", "Images through the preflight, by outcome (inline, fetched, downscaled) or refusal code",
+            ["outcome"], registry=self.registry,
+        )
+        self.image_preflight = Histogram(
+            "vlmserve_gateway_image_preflight_seconds", "Time the image preflight took per request with images (fetch included)",
+            buckets=LATENCY_BUCKETS_S, registry=self.registry,
+        )
         self.registry.register(_StateCollector(snapshot))
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._latency_children: dict[str, tuple[Any, Any]] = {}

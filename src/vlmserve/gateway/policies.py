@@ -197,6 +197,87 @@ class PrefixAffinity(RoutingPolicy):
             cached.popitem(last=False)
 
 
+class ImageMemory:
+    """Which image digests each replica was recently sent: a stand-in for its multimodal cache.
+
+    vLLM keeps processed images (and their encoder outputs) per replica, keyed by content hash; a
+    repeat on the same replica skips preprocessing and the vision encoder. An LRU of
+    `images_per_replica` digests approximates what is still cached there.
+    """
+
+    def __init__(self, images_per_replica: int = 4096) -> None:
+        self.images_per_replica = images_per_replica
+        self._seen: dict[int, OrderedDict[str, None]] = {}
+
+    def matched(self, request: RoutedRequest, replica: Replica) -> int:
+        """How many of the request's images the replica holds."""
+        seen = self._seen.get(replica.index)
+        return sum(digest in seen for digest in request.image_digests) if seen else 0
+
+    def remember(self, request: RoutedRequest, replica: Replica) -> None:
+        seen = self._seen.setdefault(replica.index, OrderedDict())
+        for digest in request.image_digests:
+            seen[digest] = None
+            seen.move_to_end(digest)
+        while len(seen) > self.images_per_replica:
+            seen.popitem(last=False)
+
+
+class ImageAffinity(LeastOutstandingTokens):
+    """Least outstanding tokens, where an image is work only on a replica that does not hold it.
+
+    Until its first token, a request with a new image costs its replica more than its tokens: the
+    frontend decodes and processes the image and the vision tower encodes it. A repeat on the
+    replica that processed the image skips both (vLLM's multimodal cache is per replica). So a
+    request is charged its tokens plus `hit_weight` × the tokens of each image the replica does not
+    hold (the charge drops to tokens alone at the first token, as in least outstanding tokens,
+    because the image work is then done), and goes where the total after dispatch is least. An
+    image's repeats follow it while the replicas are near balance and go elsewhere when its holder
+    is busier than the image work is worth. No replica may pass `load_factor` × the fair share of
+    in-flight requests (the bound prefix affinity uses): a popular image never makes a hot spot.
+    """
+
+    name = "image-affinity"
+
+    def __init__(self, load_factor: float = 1.25, images_per_replica: int = 4096, hit_weight: float = 2.0) -> None:
+        super().__init__()
+        self.load_factor = load_factor
+        self.hit_weight = hit_weight
+        self.memory = ImageMemory(images_per_replica)
+        self.affinity_hits = 0  # sent where (some of) its images are held
+        self.affinity_declined = 0  # a holder existed but was too busy (or over the bound)
+
+    def image_work(self, request: RoutedRequest, replica: Replica) -> int:
+        """Extra load of the request's images on `replica`: none for the images it holds."""
+        if not request.image_digests:
+            return 0
+        fresh = len(request.image_digests) - self.memory.matched(request, replica)
+        return round(self.hit_weight * request.image_tokens * fresh / len(request.image_digests))
+
+    def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
+        if not request.image_digests:
+            return super().choose(request, candidates)
+        self._rotation += 1
+        bound = load_bound(candidates, self.load_factor)
+        under = [replica for replica in candidates if replica.in_flight + 1 <= bound] or list(candidates)
+        n = len(under)
+        best, best_key = under[0], (math.inf, 0)
+        for offset in range(n):
+            replica = under[(self._rotation + offset) % n]
+            key = (self.outstanding.get(replica.index, 0) + self.image_work(request, replica), replica.in_flight)
+            if key < best_key:
+                best, best_key = replica, key
+        if self.memory.matched(request, best):
+            self.affinity_hits += 1
+        elif any(self.memory.matched(request, replica) for replica in candidates):
+            self.affinity_declined += 1
+        return best
+
+    def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
+        self._charge(request, replica, request.expected_total_tokens + self.image_work(request, replica))
+        self.memory.remember(request, replica)
+
+
 class EngineAware(RoutingPolicy):
     """Score replicas from their engines' own load figures and the gateway's in-flight counts.
 
@@ -204,13 +285,19 @@ class EngineAware(RoutingPolicy):
     queue (engine waiting+running), waiting alone (a queue means the batch is full), and free
     KV cache. Requests the gateway has in flight beyond what the last scrape counted are added
     to both queue and waiting: the scrape has not seen them yet, so they herd otherwise. Scrapes older than `stale_after_s` are ignored.
+    A fourth scorer, images held (the share of the request's images a replica was recently sent,
+    ImageMemory), counts only for replicas under the load bound, so it steers repeats without
+    overloading the replica that holds a popular image.
     """
 
     name = "engine-aware"
     uses_engine_load = True
 
     def __init__(self, queue_weight: float = 1.0, waiting_weight: float = 1.0, kv_weight: float = 1.0,
-                 stale_after_s: float = 3.0) -> None:
+                 stale_after_s: float = 3.0, image_weight: float = 1.0, load_factor: float = 1.25) -> None:
+        self.image_weight = image_weight
+        self.load_factor = load_factor
+        self.memory = ImageMemory()
         self.queue_weight = queue_weight
         self.waiting_weight = waiting_weight
         self.kv_weight = kv_weight
@@ -236,6 +323,8 @@ class EngineAware(RoutingPolicy):
         max_queue = max(f[0] for f in figures) or 1.0
         max_waiting = max(f[1] for f in figures) or 1.0
         n = len(candidates)
+        images = len(request.image_digests)
+        bound = load_bound(candidates, self.load_factor) if images else 0
         best_index, best_score = 0, -math.inf
         for offset in range(n):
             i = (self._rotation + offset) % n
@@ -245,9 +334,14 @@ class EngineAware(RoutingPolicy):
                 + self.waiting_weight * (1 - waiting / max_waiting)
                 + self.kv_weight * (1 - kv_usage)
             )
+            if images and candidates[i].in_flight + 1 <= bound:
+                score += self.image_weight * self.memory.matched(request, candidates[i]) / images
             if score > best_score:
                 best_index, best_score = i, score
         return candidates[best_index]
+
+    def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
+        self.memory.remember(request, replica)
 
 
 class SessionAffinity(RoutingPolicy):
@@ -307,7 +401,9 @@ def build_policy(config: GatewayConfig) -> RoutingPolicy:
     elif config.policy == "prefix-affinity":
         inner = PrefixAffinity(load_factor=config.prefix_load_factor)
     elif config.policy == "engine-aware":
-        inner = EngineAware()
+        inner = EngineAware(load_factor=config.prefix_load_factor)
+    elif config.policy == "image-affinity":
+        inner = ImageAffinity(load_factor=config.prefix_load_factor)
     else:  # validated earlier; kept for type checkers
         raise ValueError(config.policy)
     return SessionAffinity(inner)

@@ -31,6 +31,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,7 @@ class RequestLog:
     completion_tokens: int | None = None
     estimated_tokens: int = 0
     error: str | None = None
+    images: list[dict[str, Any]] = field(default_factory=list)  # image_preflight.ImageSeen.audit()
 
     @property
     def retries(self) -> int:
@@ -95,7 +97,23 @@ class RequestLog:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "error": self.error,
+            **({"images": self.images} if self.images else {}),
         }
+
+
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACESTATE = re.compile(r"[ -~]{1,512}")  # printable ASCII, W3C's length limit
+
+
+def trace_context(client_headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's W3C trace context (`traceparent`, `tracestate`), when well formed: vLLM joins its
+    per-request span to that trace, so a client can tell where its request's time went in the engine
+    (bench --engine-traces). Malformed values are dropped, never forwarded."""
+    parent = client_headers.get("traceparent", "")
+    if not _TRACEPARENT.fullmatch(parent):
+        return {}
+    state = client_headers.get("tracestate", "")
+    return {"traceparent": parent, **({"tracestate": state} if _TRACESTATE.fullmatch(state) else {})}
 
 
 # Who an attempt's failure is charged to (see the module docstring).
@@ -166,8 +184,8 @@ class Forwarder:
         self.upstream_auth = upstream_auth
         self.on_retry = on_retry
 
-    def _upstream_headers(self, request_id: str) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "X-Request-ID": request_id}
+    def _upstream_headers(self, request_id: str, client_headers: Mapping[str, str]) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "X-Request-ID": request_id, **trace_context(client_headers)}
         if self.upstream_auth:
             headers["Authorization"] = f"Bearer {self.upstream_auth}"
         return headers
@@ -240,7 +258,7 @@ class Forwarder:
         try:
             try:
                 upstream = await self.session.post(
-                    replica.endpoint(request.path), data=body, headers=self._upstream_headers(log.request_id)
+                    replica.endpoint(request.path), data=body, headers=self._upstream_headers(log.request_id, request.headers)
                 )
                 if upstream.status != 200:
                     payload = await upstream.read()

@@ -7,6 +7,7 @@ count per image). They only need to be proportional to the real work for load ba
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,10 @@ class RoutedRequest:
     prefix_hashes: list[int] = field(default_factory=list)
     # The engine's own prompt token count, when its first stream chunk reports usage.
     engine_prompt_tokens: int | None = None
+    # Content digests of the request's images, in order (image_preflight.py): what image-aware
+    # routing keys on.
+    image_digests: list[str] = field(default_factory=list)
+    image_tokens: int = 0  # the images' share of prompt_tokens (estimated)
 
     @property
     def expected_total_tokens(self) -> int:
@@ -49,8 +54,11 @@ _TEXT_PARTS = ("text", "input_text", "output_text")
 _IMAGE_PARTS = ("image_url", "input_image", "image")
 
 
-def _template_messages(messages: list[Any]) -> tuple[str, int]:
-    """Chat messages (or /v1/responses input items) as `<|role|>content`, and their image count."""
+def _template_messages(messages: list[Any], digests: Iterator[str] | None = None) -> tuple[str, int]:
+    """Chat messages (or /v1/responses input items) as `<|role|>content`, and their image count.
+
+    An image becomes `<image:digest>`: its content digest when the preflight computed one, else a
+    digest of its URL (equal for equal inline images, as the URL holds the bytes)."""
     parts: list[str] = []
     images = 0
     for message in messages:
@@ -72,9 +80,11 @@ def _template_messages(messages: list[Any]) -> tuple[str, int]:
                     parts.append(str(piece.get("text", "")))
                 elif kind in _IMAGE_PARTS:
                     images += 1
-                    ref = piece.get("image_url")
-                    url = ref.get("url", "") if isinstance(ref, dict) else str(ref or "")
-                    digest = hashlib.blake2b(url.encode("utf-8", "replace"), digest_size=8).hexdigest()
+                    digest = next(digests, None) if digests is not None else None
+                    if digest is None:
+                        ref = piece.get("image_url")
+                        url = ref.get("url", "") if isinstance(ref, dict) else str(ref or "")
+                        digest = hashlib.blake2b(url.encode("utf-8", "replace"), digest_size=8).hexdigest()
                     parts.append(f"<image:{digest}>")
     return "".join(parts), images
 
@@ -90,7 +100,7 @@ def _flatten_prompt(prompt: Any) -> str:
     return ""
 
 
-def template_conversation(body: dict[str, Any]) -> tuple[str, int]:
+def template_conversation(body: dict[str, Any], image_digests: list[str] | None = None) -> tuple[str, int]:
     """A canonical text of the prompt and the number of images in it.
 
     Chat messages become `<|role|>content` in order (a stand-in for the model's chat template:
@@ -99,14 +109,15 @@ def template_conversation(body: dict[str, Any]) -> tuple[str, int]:
     `messages`, the completions `prompt` or the /v1/responses, embeddings and pooling `input`
     is used.
     """
+    digests = iter(image_digests) if image_digests else None
     messages = body.get("messages")
     if isinstance(messages, list):
-        return _template_messages(messages)
+        return _template_messages(messages, digests)
     if "prompt" in body:
         return _flatten_prompt(body["prompt"]), 0
     data = body.get("input")
     if isinstance(data, list) and any(isinstance(item, dict) for item in data):
-        text, images = _template_messages(data)
+        text, images = _template_messages(data, digests)
     else:
         text, images = _flatten_prompt(data), 0
     instructions = body.get("instructions")
@@ -129,11 +140,14 @@ def block_hashes(text: str, block_chars: int, max_blocks: int = 512) -> list[int
 
 
 def expected_output_tokens(body: dict[str, Any], default: int) -> int:
+    """The most output tokens the request may produce: its limit (reasoning included) times its `n` choices."""
+    n = body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and value > 0:
-            return value
-    return default
+            return value * choices
+    return default * choices
 
 
 def describe_request(
@@ -144,14 +158,20 @@ def describe_request(
     prefix_block_chars: int | None,
     generates: bool = True,
     streams: bool = True,
+    image_digests: list[str] | None = None,
+    image_tokens: int | None = None,
 ) -> RoutedRequest:
     """Build the router's view of a parsed request body (a JSON object).
 
     `generates=False` (pooling, tokenizer routes) expects no output tokens; `streams=False`
-    answers as one JSON body whatever the request's "stream" says.
+    answers as one JSON body whatever the request's "stream" says. `image_digests` and
+    `image_tokens` come from the image preflight when it ran (per-image sizes and the model's own
+    token rule); without them each image counts the estimator's fixed figure.
     """
-    text, images = template_conversation(body)
-    prompt_tokens = estimator.text_tokens(len(text)) + images * estimator.image_tokens
+    text, images = template_conversation(body, image_digests)
+    if image_tokens is None:
+        image_tokens = images * estimator.image_tokens
+    prompt_tokens = estimator.text_tokens(len(text)) + image_tokens
     model = body.get("model")
     return RoutedRequest(
         request_id=request_id,
@@ -160,4 +180,6 @@ def describe_request(
         prompt_tokens=prompt_tokens,
         expected_output_tokens=expected_output_tokens(body, estimator.default_max_tokens) if generates else 0,
         prefix_hashes=block_hashes(text, prefix_block_chars) if prefix_block_chars else [],
+        image_digests=list(image_digests or []),
+        image_tokens=image_tokens,
     )

@@ -9,6 +9,7 @@ vision tower, and ships presets for the models in the project's reference table.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from functools import cache
@@ -19,6 +20,7 @@ from typing import Any, Literal
 from vlmserve.errors import UserError
 from vlmserve.hardware.dtypes import bytes_per_element, normalize_dtype
 from vlmserve.hardware.jsonfile import read_json_file
+from vlmserve.vision.tokens import ImageTokenEstimator, SoftTokenBudget, estimator_from_configs
 
 AttentionKind = Literal["full", "sliding"]
 
@@ -67,6 +69,14 @@ class VisionTower:
     patches_per_image_token: int
     """Encoder patches that are merged/pooled into one LM token."""
     default_tokens_per_image: int
+    estimator: ImageTokenEstimator | None = None
+    """The model family's own token rule (vision.tokens); None: `default_tokens_per_image` for every image."""
+
+    def tokens_for(self, width: int, height: int) -> int:
+        """LM tokens one image of this size costs."""
+        if self.estimator is None:
+            return self.default_tokens_per_image
+        return self.estimator.tokens(width, height)
 
     @property
     def flops_per_image_token(self) -> float:
@@ -336,8 +346,9 @@ def _attention_groups(text: dict[str, Any], fields: _Fields, hidden: int, num_la
     return tuple(groups)
 
 
-def _vision_tower(vision: dict[str, Any] | None, source: str) -> VisionTower | None:
-    """Encoder params and patches per LM token from a `vision_config` section."""
+def _vision_tower(vision: dict[str, Any] | None, source: str, config: dict[str, Any]) -> VisionTower | None:
+    """Encoder params and patches per LM token from a `vision_config` section; tokens per image by
+    the family's rule read from the whole config (vision.tokens), else `default_output_length`."""
     if not vision:
         return None
     fields = _Fields(vision, source, "vision_config.")
@@ -351,8 +362,14 @@ def _vision_tower(vision: dict[str, Any] | None, source: str) -> VisionTower | N
     encoder = layers * (4 * hidden * hidden + 2 * hidden * intermediate)
     merged = hidden * patches_per_token
     projector = merged * merged + merged * out_hidden
-    tokens_per_image = fields.get_int("default_output_length", default=None) or 256
-    return VisionTower(encoder + projector, patches_per_token, tokens_per_image)
+    declared = fields.get_int("default_output_length", default=None)
+    tokens_per_image = declared or 256
+    estimator: ImageTokenEstimator | None = estimator_from_configs(config, {}, {})
+    if isinstance(estimator, SoftTokenBudget) and declared:
+        estimator = dataclasses.replace(estimator, budget=declared, source=f"vision_config.default_output_length={declared}")
+    if estimator is not None and estimator.is_fallback:
+        estimator = None
+    return VisionTower(encoder + projector, patches_per_token, tokens_per_image, estimator)
 
 
 def parse_config(config: dict[str, Any], name: str, source: str | None = None) -> ModelCost:
@@ -421,7 +438,7 @@ def parse_config(config: dict[str, Any], name: str, source: str | None = None) -
         embedding_params=vocab * hidden,
         tied_embeddings=tied,
         lookup_only_params=lookup_only,
-        vision=_vision_tower(config.get("vision_config"), source),
+        vision=_vision_tower(config.get("vision_config"), source, config),
         default_weight_dtype=default_dtype,
         max_position_embeddings=fields.get_int("max_position_embeddings", default=None),
         notes=notes,

@@ -20,6 +20,13 @@ from vlmserve.hardware.models import ModelCost, load_model
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.sched.scheduler import SchedulerConfig
 
+FRONTEND_PER_IMAGE_MS = 15.0
+FRONTEND_PER_MEGAPIXEL_MS = 18.0
+"""Priors for vLLM's frontend work on an image not in its cache (decode, resize, processor): fitted
+to the TTFT saved by a cache hit on the embedded Idefics3 model, one API server on one core of this
+project's 2-core machine (benchmarks/image_preprocess_cost.py, docs/benchmarks.md). A server CPU and
+another family's processor differ: override with --mm-preprocess-ms-per-image/-per-megapixel."""
+
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_BLOCK_SIZE = 16
 
@@ -56,15 +63,17 @@ class PlanSetup:
     routing: str = LEAST_OUTSTANDING_TOKENS
     async_scheduling: bool = False
     """vLLM's --async-scheduling: the CPU work of a step overlaps the GPU's previous step."""
-    frontend: FrontendConfig = field(default_factory=FrontendConfig)
-    """The API server stage in front of each replica: --api-server-count, preprocessing cost, mm cache."""
+    frontend: FrontendConfig = field(default_factory=lambda: FrontendConfig(
+        per_image_ms=FRONTEND_PER_IMAGE_MS, per_megapixel_ms=FRONTEND_PER_MEGAPIXEL_MS))
+    """vLLM's API servers preprocessing images (sched.frontend); the costs are priors, see below."""
 
     def __post_init__(self) -> None:
-        self.frontend.validate()
         self.weight_dtype = normalize_dtype(self.weight_dtype or self.model.default_weight_dtype, "--weight-dtype")
         self.kv_dtype = normalize_dtype(self.kv_dtype, "--kv-dtype")
         if self.replicas < 1:
             raise UserError("--replicas must be at least 1")
+        for problem in self.frontend.validate():
+            raise UserError(problem)
         default_seqs, default_tokens = vllm_default_limits(self.gpu)
         self.max_num_seqs = self.max_num_seqs or default_seqs
         self.max_num_batched_tokens = self.max_num_batched_tokens or default_tokens
@@ -152,6 +161,5 @@ class PlanSetup:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "routing": self.routing,
             "async_scheduling": self.async_scheduling,
-            "frontend": dict(vars(self.frontend)),
             "calibration": self.calibration.source,
         }

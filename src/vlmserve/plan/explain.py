@@ -3,21 +3,18 @@
 Before trusting a simulation, an engineer wants the back-of-envelope: how many bytes a
 decode step streams, what token rate the memory bandwidth alone allows, how fast prefill
 can go on the FLOPs, and — when a measured run is at hand — what fraction of the
-datasheet bandwidth the real engine reached — and, for image workloads, whether the
-frontend (image preprocessing in vLLM's API servers) rather than the GPU is the limit.
+datasheet bandwidth the real engine reached.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+import dataclasses
 from typing import Any
 
 from vlmserve.results.summary import RunSummary
 from vlmserve.hardware.gpus import ASSUMED_FIGURES
 from vlmserve.hardware.setup import PlanSetup
-from vlmserve.plan.workload import ImageMix
-from vlmserve.spec import SLO, LoadSpec
+from vlmserve.spec import LoadSpec
 
 GB = 1e9
 
@@ -74,64 +71,41 @@ def measured_efficiency(setup: PlanSetup, summary: RunSummary, context_tokens: i
     }
 
 
-FRONTEND_LIMIT = 0.8
-"""API-server utilisation from which the frontend counts as the limit (an M/G/N queue's wait
-grows steeply past it)."""
-WHAT_IF_UTILISATION = 0.7
-"""The utilisation a suggested --api-server-count aims for."""
+FRONTEND_BUSY = 0.8
+"""Frontend utilization from which the API servers, not the GPU, set the pace."""
 
 
-@dataclass(frozen=True)
-class FrontendVerdict:
-    """Whether the API servers (image preprocessing), not the GPU, limit this run, and why."""
+def frontend_findings(setup: PlanSetup, load: LoadSpec, summary: RunSummary) -> list[str]:
+    """Whether the frontend (image preprocessing) is the limit, and what would change it (simulated).
 
-    utilisation: float
-    api_server_count: int
-    is_limit: bool
-    suggested_api_server_count: int
-    lines: list[str]
-
-
-def frontend_verdict(figures: dict[str, Any]) -> FrontendVerdict:
-    """Judge a simulated run's frontend block (`summary.simulation["frontend"]`).
-
-    The frontend is the limit when its utilisation (image request rate × preprocessing per
-    image request / API servers) reaches FRONTEND_LIMIT while requests wait longer for an API
-    server than in the engine's scheduler queue: more GPUs would not help, more API servers
-    or smaller images would.
+    The frontend is named the limit when its busiest API servers are busy at least FRONTEND_BUSY
+    of the run and image requests wait longer there than in the engine's queue. Then the same
+    load is simulated again with one more API server per replica, and with images at half the
+    side (a quarter of the pixels), and the TTFT p50 of each is given.
     """
-    rho = float(figures.get("utilisation", 0.0))
-    servers = int(figures.get("api_server_count", 1))
-    wait_ms = float(figures.get("mean_frontend_wait_ms", 0.0))
-    queue_ms = float(figures.get("mean_scheduler_queue_ms", 0.0))
-    per_request_ms = float(figures.get("mean_preprocess_ms_per_image_request", 0.0))
-    suggested = max(servers + 1, math.ceil(rho * servers / WHAT_IF_UTILISATION)) if rho > 0 else servers
-    is_limit = rho >= FRONTEND_LIMIT and wait_ms > queue_ms
-    lines = [
-        f"frontend: {servers} API server(s) per replica at {rho:.0%} utilisation "
-        f"({float(figures.get('image_request_rate', 0.0)):.1f} image requests/s × {per_request_ms:.1f} ms preprocessing); "
-        f"requests wait {wait_ms:.1f} ms for an API server on average vs {queue_ms:.1f} ms in the scheduler queue; "
-        f"mm cache {int(figures.get('mm_cache_hits', 0))}/{int(figures.get('mm_cache_queries', 0))} hits"
-    ]
-    if is_limit:
-        lines.append(
-            "the frontend (image preprocessing in the API servers), not the GPU, is the limit: TTFT grows in front of "
-            f"the scheduler. Raising --api-server-count to {suggested} brings utilisation to about "
-            f"{rho * servers / suggested:.0%}; halving the image resolution (a quarter of the pixels) cuts the per-megapixel "
-            "part of preprocessing by 4×; more repeated images (mm cache hits) skip it altogether"
-        )
-    return FrontendVerdict(rho, servers, is_limit, suggested, lines)
-
-
-def frontend_what_ifs(setup: PlanSetup, load: LoadSpec, images: ImageMix | None, slo: SLO | None,
-                      suggested_api_server_count: int) -> list[tuple[str, RunSummary]]:
-    """Re-simulate the run with more API servers, and with half the image resolution (simulated figures)."""
+    block = (summary.simulation or {}).get("frontend")
+    if not block:
+        return []
+    utilization, waited, queued = block["utilization"], block["mean_frontend_s"], block["mean_engine_queue_s"]
+    lines = [f"frontend (simulated): API servers {utilization:.0%} busy, image requests spend {waited * 1000:.0f} ms there "
+             f"and {queued * 1000:.0f} ms in the engine's queue; multimodal cache hit rate {block['mm_cache_hit_rate']:.2f}"]
+    if utilization < FRONTEND_BUSY or waited <= queued:
+        return lines
     from vlmserve.plan.simulate import simulate_run
 
-    more = replace(setup, frontend=replace(setup.frontend, api_server_count=suggested_api_server_count))
-    width, height = load.image_size
-    smaller = load.model_copy(update={"image_size": (max(width // 2, 1), max(height // 2, 1))})
-    return [
-        (f"--api-server-count {suggested_api_server_count}", simulate_run(more, load, slo=slo, images=images).result.summary),
-        (f"images {smaller.image_size[0]}x{smaller.image_size[1]}", simulate_run(setup, smaller, slo=slo, images=images).result.summary),
+    base = summary.figure("ttft_ms.p50")
+    more = dataclasses.replace(setup, frontend=dataclasses.replace(setup.frontend, api_server_count=setup.frontend.api_server_count + 1))
+    smaller = load.model_copy(update={
+        "image_size": (max(1, load.image_size[0] // 2), max(1, load.image_size[1] // 2)),
+        "image_size_mix": [(max(1, w // 2), max(1, h // 2), weight) for w, h, weight in load.image_size_mix]
+        if load.image_size_mix else None})
+    with_servers = simulate_run(more, load, record_token_times=False).result.summary.figure("ttft_ms.p50")
+    with_smaller = simulate_run(setup, smaller, record_token_times=False).result.summary.figure("ttft_ms.p50")
+    lines += [
+        "the limit is the frontend, not the GPU: image preprocessing in vLLM's API server(s) queues requests "
+        "while the engine waits for work",
+        f"  --api-server-count {more.frontend.api_server_count}: TTFT p50 {base:.0f} -> {with_servers:.0f} ms (simulated)",
+        f"  images at half the side (e.g. the gateway's --image-downscale-max-side): TTFT p50 {base:.0f} -> "
+        f"{with_smaller:.0f} ms (simulated)",
     ]
+    return lines

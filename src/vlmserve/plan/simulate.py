@@ -20,9 +20,8 @@ from vlmserve.results.metrics import summarize
 from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.hardware.setup import PlanSetup
-from vlmserve.plan.workload import ImageMix, PlannedRequest, planned_requests
+from vlmserve.plan.workload import PlannedRequest, planned_requests
 from vlmserve.results.records import RequestRecord
-from vlmserve.sched.frontend import FrontendConfig, ImageItem
 from vlmserve.sched.scheduler import Scheduler, SimRequest
 from vlmserve.sched.virtual_clock import RequestTiming, Send, SimulationStats, run_virtual_clock
 from vlmserve.sched.step_cost import StepContents
@@ -43,8 +42,6 @@ class SimulationOutput:
 
 def _sim_request(planned: PlannedRequest, arrival_s: float) -> SimRequest:
     base = planned.index * TOKEN_ID_STRIDE
-    per_image = planned.image_tokens // planned.images if planned.images else 0
-    items = tuple(ImageItem(digest, planned.image_pixels, per_image) for digest in planned.image_digests)
     return SimRequest(
         request_id=str(planned.index),
         prompt_token_ids=list(range(base, base + planned.prompt_tokens)),
@@ -52,7 +49,7 @@ def _sim_request(planned: PlannedRequest, arrival_s: float) -> SimRequest:
         arrival_s=arrival_s,
         image_tokens=planned.image_tokens,
         images=planned.images,
-        image_items=items,
+        image_items=planned.image_items,
     )
 
 
@@ -71,7 +68,6 @@ def simulate_run(
     label: str | None = None,
     record_token_times: bool = True,
     staggered: bool = False,
-    images: ImageMix | None = None,
 ) -> SimulationOutput:
     """Simulate `load` against `setup` and summarize it exactly as a measured run.
 
@@ -79,15 +75,13 @@ def simulate_run(
     `staggered=True` client i starts i/concurrency of an estimated request time later:
     the steady state a long closed-loop run reaches once output lengths vary, without a
     synchronized first wave of prefills (which fixed lengths would otherwise keep in lockstep).
-    `images` says which requests carry images and how often they repeat (images dataset); every
-    request passes each replica's frontend stage (`setup.frontend`) before its scheduler.
     """
     started = time.perf_counter()
     count = _default_count(load)
-    image_tokens = setup.model.vision.default_tokens_per_image if setup.model.vision else 0
-    if load.dataset == "images" and setup.model.vision is None:
+    vision = setup.model.vision
+    if load.dataset == "images" and vision is None:
         raise UserError(f"{setup.model.name} has no vision tower (no vision_config); use a text dataset or a VLM")
-    requests = planned_requests(load, count, image_tokens, images)
+    requests = planned_requests(load, count, vision.tokens_for if vision else lambda _w, _h: 0)
     longest = max(request.prompt_tokens + request.output_tokens for request in requests)
     typical = int(sum(request.prompt_tokens + request.output_tokens / 2 for request in requests) / len(requests))
     config = setup.scheduler_config(typical, longest)
@@ -124,7 +118,7 @@ def simulate_run(
     records = [_record(timings[str(request.index)], request, epoch, load) for request in requests]
     summary = summarize(records, slo)
     summary.meta = _meta(setup, load, label, config, count)
-    summary.simulation = _simulation_block(stats, config) | {"frontend": _frontend_block(timings, stats, setup.frontend)}
+    summary.simulation = _simulation_block(stats, config) | _frontend_block(setup, timings, stats, load)
     return SimulationOutput(RunResult(records=records, summary=summary), stats, time.perf_counter() - started)
 
 
@@ -151,7 +145,7 @@ def estimated_request_s(setup: PlanSetup, requests: list[PlannedRequest], concur
 
 def _record(timing: RequestTiming, planned: PlannedRequest, epoch: float, load: LoadSpec) -> RequestRecord:
     """A bench RequestRecord on the wall clock of the run's start."""
-    record = timing.to_request_record(
+    return timing.to_request_record(
         epoch_s=epoch,
         request_id=f"sim-{planned.index}",
         scheduled_s=planned.arrival_s if load.rate is not None else timing.sent_s,
@@ -160,8 +154,6 @@ def _record(timing: RequestTiming, planned: PlannedRequest, epoch: float, load: 
         workload=load.dataset,
         warmup=planned.index < load.warmup,
     )
-    record.image_repeat = planned.image_repeat
-    return record
 
 
 def _meta(setup: PlanSetup, load: LoadSpec, label: str | None, config: Any, count: int) -> dict[str, Any]:
@@ -180,6 +172,32 @@ def _meta(setup: PlanSetup, load: LoadSpec, label: str | None, config: Any, coun
     }
 
 
+def _frontend_block(setup: PlanSetup, timings: dict[str, RequestTiming], stats: list[SimulationStats],
+                    load: LoadSpec) -> dict[str, Any]:
+    """The frontend (image preprocessing) as simulated: how busy its API servers were, how long
+    requests waited there against the engine's own queue, and the multimodal cache hit rate."""
+    queries = sum(item.mm_cache_queries for item in stats)
+    if not queries:
+        return {}
+    with_images = [timing for timing in timings.values() if timing.images or timing.mm_cache_hits]
+    span = max((timing.finished_s or 0.0) for timing in timings.values()) - min(t.sent_s for t in timings.values())
+    busy = [item.frontend_busy_s for item in stats]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    return {"frontend": {
+        "api_server_count": setup.frontend.api_server_count,
+        "utilization": max(busy) / (span * setup.frontend.api_server_count) if span > 0 else 0.0,
+        "mean_frontend_s": mean([timing.frontend_s for timing in with_images]),
+        "mean_engine_queue_s": mean([timing.queue_time_s or 0.0 for timing in with_images]),
+        "mm_cache_hit_rate": sum(item.mm_cache_hits for item in stats) / queries,
+        "stated_repeat_rate": load.image_repeat_rate,
+        "per_image_ms": setup.frontend.per_image_ms,
+        "per_megapixel_ms": setup.frontend.per_megapixel_ms,
+    }}
+
+
 def _simulation_block(stats: list[SimulationStats], config: Any) -> dict[str, Any]:
     return {
         "steps": sum(item.steps for item in stats),
@@ -189,35 +207,4 @@ def _simulation_block(stats: list[SimulationStats], config: Any) -> dict[str, An
         "max_kv_usage": max(item.max_kv_usage for item in stats),
         "kv_blocks_per_replica": config.num_kv_blocks,
         "busy_s_per_replica": [round(item.busy_s, 3) for item in stats],
-    }
-
-
-def _frontend_block(timings: dict[str, RequestTiming], stats: list[SimulationStats], frontend: FrontendConfig) -> dict[str, Any]:
-    """The API server stage's figures: how busy it was, how long requests waited there and in the scheduler.
-
-    Utilisation is the offered load per API server, ρ = image request rate × preprocessing per
-    image request / servers: API-server busy time over (servers × the span of arrivals), the
-    busiest replica reported. Near 1 requests queue for preprocessing; above 1 the queue grows
-    for as long as the load lasts.
-    """
-    values = list(timings.values())
-    arrivals = [timing.arrival_s for timing in values]
-    span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
-    if span <= 1e-6:  # one burst: fall back to the run's length
-        span = max((timing.finished_s or timing.arrival_s for timing in values), default=0.0) - min(arrivals, default=0.0)
-    span = max(span, 1e-9)
-    image_requests = sum(item.image_requests for item in stats)
-    queue = [timing.queue_time_s for timing in values if timing.queue_time_s is not None]
-    preprocess = [timing.preprocess_s for timing in values if timing.images]
-    return {
-        "api_server_count": frontend.api_server_count,
-        "utilisation": max(item.frontend_busy_s / (frontend.api_server_count * span) for item in stats) if stats else 0.0,
-        "image_requests": image_requests,
-        "image_request_rate": image_requests / span,
-        "mean_preprocess_ms_per_image_request": 1000.0 * sum(preprocess) / len(preprocess) if preprocess else 0.0,
-        "mean_frontend_wait_ms": 1000.0 * sum(item.frontend_wait_s for item in stats) / max(len(values), 1),
-        "max_frontend_wait_ms": 1000.0 * max((item.max_frontend_wait_s for item in stats), default=0.0),
-        "mean_scheduler_queue_ms": 1000.0 * sum(queue) / len(queue) if queue else 0.0,
-        "mm_cache_queries": sum(item.mm_cache_queries for item in stats),
-        "mm_cache_hits": sum(item.mm_cache_hits for item in stats),
     }

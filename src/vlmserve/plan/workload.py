@@ -8,19 +8,18 @@ The planner needs only token counts, not text, so it draws lengths directly:
   `vllm bench serve` (prompt ≤ 1024, prompt + output ≤ 2048), scaled so the means are
   about 215 tokens in and 195 out — close to the ShareGPT V3 1000-prompt sample as
   Llama-3 and o200k tokenizers count it. An assumption, stated as one;
-- `images`: the random text lengths plus `images_per_request` images of the model's
-  image-token count (or `image_tokens` when given), on a fraction of the requests
-  (`ImageMix.fraction`, the rest are text). Each image is `load.image_size` pixels; with
-  probability `ImageMix.repeat_rate` it is one already sent (drawn from the last
-  REPEAT_POOL distinct images: a popular working set), else a new one. Digests are what the
-  frontend stage's multimodal cache keys on.
+- `images`: the random text lengths plus `images_per_request` images (or the
+  `images_per_request_mix`), each of `image_size` (or drawn from `image_size_mix`) and priced by the
+  model's own token rule (vision.tokens); with `image_repeat_rate` R, a request resends an earlier
+  image (uniformly among those sent) with probability R, so the frontend's multimodal cache sees
+  repeats as the bench's reuse workload produces them.
 Arrivals: closed loop has none (the driver sends on completion); open loop draws
 Poisson, constant or gamma (burstiness) gaps at `rate`.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -34,23 +33,6 @@ SHAREGPT_MEAN_INPUT = 215.0
 SHAREGPT_MEAN_OUTPUT = 195.0
 SHAREGPT_MAX_PROMPT = 1024
 SHAREGPT_MAX_TOTAL = 2048
-REPEAT_POOL = 100
-"""A repeated image is one of the last this-many distinct images sent."""
-
-
-@dataclass(frozen=True)
-class ImageMix:
-    """Which requests carry images and how often an image comes back (planner-only inputs)."""
-
-    fraction: float = 1.0
-    """Share of requests that carry images (the images dataset); the rest are text-only."""
-    repeat_rate: float = 0.0
-    """Chance that an image is one sent before (a cache could serve it)."""
-
-    def validate(self) -> None:
-        for flag, value in (("--image-fraction", self.fraction), ("--image-repeat-rate", self.repeat_rate)):
-            if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-                raise UserError(f"{flag} must be between 0 and 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -63,11 +45,8 @@ class PlannedRequest:
     arrival_s: float = 0.0
     images: int = 0
     image_tokens: int = 0
-    image_digests: tuple[int, ...] = ()
-    image_pixels: int = 0
-    """Pixels of each of its images."""
-    image_repeat: bool | None = None
-    """Every image already sent before (the workload's intent); None without images."""
+    image_items: tuple[tuple[int, int], ...] = ()
+    """(content id, pixels) of each image: what the frontend model preprocesses and caches."""
 
 
 @cache
@@ -136,10 +115,8 @@ def arrival_times(load: LoadSpec, count: int) -> list[float]:
     return np.cumsum(gaps).tolist()
 
 
-def planned_requests(
-    load: LoadSpec, count: int, image_tokens_per_image: int, mix: ImageMix | None = None
-) -> list[PlannedRequest]:
-    """The requests of a simulated run, in send order."""
+def planned_requests(load: LoadSpec, count: int, image_tokens_for: Callable[[int, int], int]) -> list[PlannedRequest]:
+    """The requests of a simulated run, in send order; `image_tokens_for(width, height)` prices an image."""
     if load.dataset == "sharegpt":
         if load.dataset_path in (None, BUILTIN_SHAREGPT):
             pairs = builtin_sharegpt_lengths(count, load.seed)
@@ -149,44 +126,37 @@ def planned_requests(
         pairs = [(load.input_len, load.output_len)] * count
     else:
         raise UserError(f"plan: dataset '{load.dataset}' is not simulated; use random, sharegpt or images")
-    mix = mix or ImageMix()
-    mix.validate()
-    images = load.images_per_request if load.dataset == "images" else 0
-    pixels = load.image_size[0] * load.image_size[1]
     arrivals = arrival_times(load, count)
-    rng = np.random.default_rng([load.seed, 1729])
-    carries = rng.random(count) < mix.fraction if mix.fraction < 1.0 else np.ones(count, dtype=bool)
-    digests = _ImageDigests(rng, mix.repeat_rate)
+    images = _image_items(load, count) if load.dataset == "images" else [()] * count
     planned = []
     for index, (prompt, output) in enumerate(pairs):
-        if images and carries[index]:
-            drawn = [digests.draw() for _ in range(images)]
-            image_tokens = images * image_tokens_per_image
-            planned.append(PlannedRequest(
-                index, prompt + image_tokens, output, arrivals[index], images, image_tokens,
-                tuple(digest for digest, _seen in drawn), pixels, all(seen for _digest, seen in drawn),
-            ))
-        else:
-            planned.append(PlannedRequest(index, prompt, output, arrivals[index]))
+        items = images[index]
+        image_tokens = sum(image_tokens_for(width, height) for _, (width, height) in items)
+        planned.append(PlannedRequest(index, prompt + image_tokens, output, arrivals[index], len(items), image_tokens,
+                                      tuple((image_id, width * height) for image_id, (width, height) in items)))
     return planned
 
 
-class _ImageDigests:
-    """New image digests, or (at `repeat_rate`) one of the last REPEAT_POOL distinct ones."""
-
-    def __init__(self, rng: np.random.Generator, repeat_rate: float) -> None:
-        self.rng = rng
-        self.repeat_rate = repeat_rate
-        self.recent: list[int] = []
-        self.next_digest = 1
-
-    def draw(self) -> tuple[int, bool]:
-        """(digest, whether it was sent before)."""
-        if self.recent and self.repeat_rate > 0 and self.rng.random() < self.repeat_rate:
-            return self.recent[int(self.rng.integers(len(self.recent)))], True
-        digest = self.next_digest
-        self.next_digest += 1
-        self.recent.append(digest)
-        if len(self.recent) > REPEAT_POOL:
-            self.recent.pop(0)
-        return digest, False
+def _image_items(load: LoadSpec, count: int) -> list[tuple[tuple[int, tuple[int, int]], ...]]:
+    """Per request, (image id, (width, height)) of each image; repeats reuse an earlier id and size."""
+    rng = np.random.default_rng([load.seed, 1])
+    sizes = load.image_size_mix or [(*load.image_size, 1.0)]
+    size_weights = np.array([weight for *_, weight in sizes], dtype=float)
+    counts = load.images_per_request_mix or {load.images_per_request: 1.0}
+    count_values = list(counts)
+    count_weights = np.array([counts[value] for value in count_values], dtype=float)
+    sent: list[tuple[int, tuple[int, int]]] = []
+    result = []
+    for _ in range(count):
+        wanted = count_values[rng.choice(len(count_values), p=count_weights / count_weights.sum())]
+        repeat = load.image_repeat_rate is not None and len(sent) >= wanted > 0 and rng.random() < load.image_repeat_rate
+        if repeat:
+            chosen = [sent[i] for i in rng.choice(len(sent), size=wanted, replace=False)]
+        else:
+            chosen = []
+            for _ in range(wanted):
+                width, height, _weight = sizes[rng.choice(len(sizes), p=size_weights / size_weights.sum())]
+                chosen.append((len(sent), (width, height)))
+                sent.append(chosen[-1])
+        result.append(tuple(chosen))
+    return result

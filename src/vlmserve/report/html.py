@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from vlmserve import __version__
 from vlmserve.report.charts import all_charts
+from vlmserve.report.plots_breakdown import breakdown_charts
 from vlmserve.report.plots_cdf import latency_cdf_charts
 from vlmserve.report.plots_common import mark_simulated
 from vlmserve.report.plots_latency_throughput import latency_vs_throughput_charts
@@ -127,14 +128,15 @@ def shape_sections_html(results: SweepResults, records_for: RecordsLoader) -> st
     simulated = results.simulated()
     sections: dict[str, list[str]] = {}
     for charts in (latency_vs_throughput_charts(results), latency_cdf_charts(results, records_for),
-                   timeline_charts(results, records_for)):
+                   timeline_charts(results, records_for), breakdown_charts(results)):
         for label, element_id, figure in charts:
             sections.setdefault(label, []).append(chart_html(element_id, figure, simulated, wide=True))
     if not sections:
         return ""
     parts = ["<h2>Per workload shape</h2>",
              '<p class="legend">Latency against the throughput the server achieved; CDFs and timelines come from '
-             "the per-request records (left out for runs whose records are not stored).</p>"]
+             "the per-request records (left out for runs whose records are not stored). Where TTFT goes: the mean "
+             "upload, frontend, queue and prefill of each request type (docs/metrics.md).</p>"]
     for label, divs in sections.items():
         parts.append(f'<h3>{html.escape(label)}</h3><div class="charts">{"".join(divs)}</div>')
     return "".join(parts)

@@ -13,9 +13,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from vlmserve.results.breakdown import ttft_breakdown
 from vlmserve.results.records import RequestRecord
 from vlmserve.results.summary import RunSummary
-from vlmserve.spec import SLO
+from vlmserve.spec import REQUEST_TYPES, SLO
 
 PERCENTILES: dict[str, float] = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 """Percentile keys used in every distribution, in the order they are printed."""
@@ -329,6 +330,8 @@ def summarize(
     turns = sorted({record.turn_index for record in counted})
     if len(turns) > 1:
         document["per_turn"] = {str(turn): _group_summary([r for r in counted if r.turn_index == turn]) for turn in turns}
+    if counted:
+        document["by_type"] = per_type(counted, slo, window)
     workloads = sorted({record.workload for record in counted})
     if len(workloads) > 1:
         document["per_workload"] = {
@@ -349,6 +352,50 @@ def _group_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
         if any(r.prompt_tokens is not None for r in ok)
         else None,
     }
+
+
+IMAGE_TYPES = ("image", "multi-image")
+"""Request types split by `image_repeat` (first sight of an image vs one sent before)."""
+
+REPEAT_SPLITS = (("first", False), ("repeat", True))
+
+
+def _mean(values: Sequence[float | int | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return float(np.mean(present)) if present else None
+
+
+def _type_block(records: Sequence[RequestRecord], slo: SLO | None, request_type: str, duration_s: float) -> dict[str, Any]:
+    """One request type's counts, latencies, request size and TTFT breakdown, and its goodput if an SLO applies."""
+    block = _group_summary(records)
+    block["request_bytes_mean"] = _mean([record.request_bytes for record in records])
+    block["breakdown"] = ttft_breakdown(records)
+    objectives = slo.for_type(request_type) if slo is not None else None
+    if objectives is not None and objectives.bounds_s:
+        block["goodput"] = goodput(records, objectives, duration_s)
+    return block
+
+
+def per_type(records: Sequence[RequestRecord], slo: SLO | None, duration_s: float) -> dict[str, dict[str, Any]]:
+    """Figures per request type (text, image, ...), image types also split into first sight and repeats.
+
+    Each type is judged by the run's SLO with its own objectives on top (`SLO.for_type`); its
+    goodput is that type's good requests per second of the whole run's window.
+    """
+    order = {name: index for index, name in enumerate(REQUEST_TYPES)}
+    types = sorted({record.request_type for record in records}, key=lambda name: (order.get(name, len(order)), name))
+    blocks: dict[str, dict[str, Any]] = {}
+    for request_type in types:
+        chosen = [record for record in records if record.request_type == request_type]
+        block = _type_block(chosen, slo, request_type, duration_s)
+        if request_type in IMAGE_TYPES and any(record.image_repeat is not None for record in chosen):
+            block["by_repeat"] = {
+                label: _type_block(part, slo, request_type, duration_s)
+                for label, flag in REPEAT_SPLITS
+                if (part := [record for record in chosen if record.image_repeat is flag])
+            }
+        blocks[request_type] = block
+    return blocks
 
 
 # --- was the client the bottleneck? -----------------------------------------------------------

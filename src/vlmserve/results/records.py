@@ -45,7 +45,12 @@ class RequestRecord:
     request_bytes: int | None = None
     """Size of the request body as sent."""
     upload_s: float | None = None
-    """Time from the first byte of the request to its last byte being written (client side)."""
+    """From the send (TTFT's start; a new connection's set-up included) to the request's last byte
+    handed to the kernel: the client's view of the upload (bytes still in the kernel's send buffer
+    are not seen)."""
+    trace_id: str | None = None
+    """The W3C trace id the request was sent with (`traceparent`), when engine traces were asked for:
+    the engine's span of this request carries it."""
     engine_ttft_s: float | None = None
     """The engine's own time to first token (arrival in the engine to first token), when it reports it."""
     engine_queue_s: float | None = None

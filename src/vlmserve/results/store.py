@@ -69,6 +69,7 @@ RECORD_SCHEMA = pa.schema(
         ("image_repeat", pa.bool_()),
         ("request_bytes", pa.int64()),
         ("upload_s", pa.float64()),
+        ("trace_id", pa.string()),
         ("engine_ttft_s", pa.float64()),
         ("engine_queue_s", pa.float64()),
         ("engine_prefill_s", pa.float64()),

@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vlmserve.spec import REQUEST_TYPES
+
 LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 """The latency distributions every summary holds (docs/metrics.md defines each)."""
 
@@ -124,6 +126,50 @@ class GroupSummary(_Block):
     mean_prompt_tokens: float | None = None
 
 
+class TtftBreakdown(_Block):
+    """Mean parts of the client's TTFT in ms (results.breakdown defines each; they add up to client_ttft_ms)."""
+
+    source: str = ""
+    """"engine spans" (every part) or "client only" (upload and the rest)."""
+    requests: int = 0
+    without_engine_timings: int = 0
+    client_ttft_ms: float | None = None
+    upload_ms: float | None = None
+    after_upload_ms: float | None = None
+    frontend_ms: float | None = None
+    http_ms: float | None = None
+    engine_frontend_ms: float | None = None
+    queue_ms: float | None = None
+    prefill_ms: float | None = None
+    engine_ttft_ms: float | None = None
+    accounted: float | None = None
+    """(upload + engine TTFT) / client TTFT: how much of what the client waited for the parts explain."""
+
+    def part(self, name: str) -> float | None:
+        """A part by its field name (`upload_ms`, `accounted`, ...)."""
+        if name not in BREAKDOWN_FIGURES:
+            raise KeyError(f"unknown breakdown part {name!r}; one of {', '.join(BREAKDOWN_FIGURES)}")
+        value = getattr(self, name)
+        return None if value is None else float(value)
+
+
+BREAKDOWN_FIGURES: tuple[str, ...] = (
+    "client_ttft_ms", "upload_ms", "frontend_ms", "http_ms", "engine_frontend_ms", "queue_ms", "prefill_ms",
+    "engine_ttft_ms", "accounted",
+)
+
+
+class TypeSummary(GroupSummary):
+    """One request type's figures: a GroupSummary plus request size, TTFT breakdown and goodput."""
+
+    request_bytes_mean: float | None = None
+    breakdown: TtftBreakdown | None = None
+    goodput: Goodput | None = None
+    """Against the run's SLO with this type's own objectives on top; None when no objective applies."""
+    by_repeat: dict[str, TypeSummary] | None = None
+    """Image types: "first" (an image new to the run) and "repeat" (every image sent before)."""
+
+
 class RunSummary(_Block):
     """One run's figures (measured or simulated) and the blocks producers attach to them."""
 
@@ -140,6 +186,8 @@ class RunSummary(_Block):
     """Send lag, offered vs achieved rate, client CPU, and whether the client limited the run."""
     per_turn: dict[str, GroupSummary] | None = None
     per_workload: dict[str, GroupSummary] | None = None
+    by_type: dict[str, TypeSummary] | None = None
+    """Per request type (text, image, multi-image, video, audio): latencies, breakdown, goodput."""
     meta: dict[str, Any] = Field(default_factory=dict)
     """run_id, label, target, model, server_version, load_spec, deployment, started_at, simulated."""
     server: dict[str, Any] | None = None
@@ -221,6 +269,63 @@ def _goodput_fraction(summary: RunSummary) -> float | None:
     return None if summary.goodput is None else summary.goodput.fraction
 
 
+TYPE_FIGURE_TYPES: tuple[str, ...] = REQUEST_TYPES
+"""Request types with registered figures."""
+
+REPEAT_FIGURE_TYPES: tuple[str, ...] = ("image", "multi-image")
+
+
+def _type_block(summary: RunSummary, request_type: str, split: str | None) -> TypeSummary | None:
+    block = (summary.by_type or {}).get(request_type)
+    if block is not None and split is not None:
+        block = (block.by_repeat or {}).get(split)
+    return block
+
+
+def _type_figures(request_type: str, split: str | None) -> list[Figure]:
+    """`by_type.image.ttft_ms.p95`, `by_type.image.repeat.breakdown.upload_ms`, `by_type.text.goodput.fraction`, ..."""
+    prefix = f"by_type.{request_type}" + (f".{split}" if split else "")
+    shown = f"{request_type}{' ' + split if split else ''}"
+
+    def latency(metric: str, stat: str) -> Figure:
+        def read(summary: RunSummary) -> float | None:
+            block = _type_block(summary, request_type, split)
+            return None if block is None else getattr(block, metric).stat(stat)
+
+        return Figure(f"{prefix}.{metric}.{stat}", f"{shown} {metric.removesuffix('_ms').upper()} {stat}", "ms", read, True)
+
+    def part(name: str) -> Figure:
+        def read(summary: RunSummary) -> float | None:
+            block = _type_block(summary, request_type, split)
+            return None if block is None or block.breakdown is None else block.breakdown.part(name)
+
+        unit = "" if name == "accounted" else "ms"
+        return Figure(f"{prefix}.breakdown.{name}", f"{shown} {name.removesuffix('_ms').replace('_', ' ')}", unit, read,
+                      name != "accounted")
+
+    def count(name: str) -> Figure:
+        def read(summary: RunSummary) -> float | None:
+            block = _type_block(summary, request_type, split)
+            return None if block is None else float(getattr(block, name))
+
+        return Figure(f"{prefix}.{name}", f"{shown} {name} requests", "", read, name == "failed")
+
+    def good(name: str) -> Figure:
+        def read(summary: RunSummary) -> float | None:
+            block = _type_block(summary, request_type, split)
+            return None if block is None or block.goodput is None else float(getattr(block.goodput, name))
+
+        unit = "req/s" if name == "requests_per_s" else ""
+        return Figure(f"{prefix}.goodput.{name}", f"{shown} goodput {name.replace('_', ' ')}", unit, read, False)
+
+    return [
+        *(latency(metric, stat) for metric in LATENCY_METRICS for stat in DISTRIBUTION_STATS),
+        *(part(name) for name in BREAKDOWN_FIGURES),
+        *(count(name) for name in ("requests", "completed", "failed")),
+        *(good(name) for name in ("requests_per_s", "fraction")),
+    ]
+
+
 FIGURES: dict[str, Figure] = {
     figure.name: figure
     for figure in [
@@ -242,6 +347,8 @@ FIGURES: dict[str, Figure] = {
         Figure("tokens.actual_prompt_mean", "mean prompt tokens", "tok", lambda s: s.tokens.actual_prompt_mean, False),
         Figure("tokens.actual_output_mean", "mean output tokens", "tok", lambda s: s.tokens.actual_output_mean, False),
         Figure("tokens.images_total", "images", "", lambda s: float(s.tokens.images_total), False),
+        *(item for kind in TYPE_FIGURE_TYPES for item in _type_figures(kind, None)),
+        *(item for kind in REPEAT_FIGURE_TYPES for split in ("first", "repeat") for item in _type_figures(kind, split)),
     ]
 }
 """Every figure a report, comparison, sweep ranking or interval may name, by its name."""
@@ -252,7 +359,11 @@ def figure(name: str) -> Figure:
     try:
         return FIGURES[name]
     except KeyError:
-        raise KeyError(f"unknown figure {name!r}; known: {', '.join(FIGURES)}") from None
+        known = ", ".join(key for key in FIGURES if not key.startswith("by_type."))
+        raise KeyError(
+            f"unknown figure {name!r}; known: {known}, and by_type.<{'|'.join(TYPE_FIGURE_TYPES)}>[.first|.repeat]"
+            ".<any of those latency, breakdown.<part>, requests, goodput figures>"
+        ) from None
 
 
 def figure_value(summary: RunSummary | None, name: str) -> float | None:

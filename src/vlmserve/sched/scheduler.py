@@ -30,7 +30,6 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vlmserve.sched.frontend import ImageItem
 from vlmserve.sched.kv_cache import ROOT_HASH, BlockHash, hash_block_tokens, hash_request_blocks
 from vlmserve.sched.kv_cache_manager import KVCacheManager
 from vlmserve.sched.step_cost import StepContents, StepCostModel
@@ -81,11 +80,8 @@ class SimRequest:
     images: int = 0
     output_token_ids: Sequence[int] | None = None
     """Ids of the tokens it will generate, if known: lets output blocks be cached too (multi-turn hits)."""
-    image_items: Sequence[ImageItem] = ()
-    """Its images with content digests and sizes, for the frontend stage (`sched.frontend`)."""
-    cached_images: int = 0
-    cached_image_tokens: int = 0
-    """Images (and their vision tokens) the multimodal cache already held: the encoder skips them."""
+    image_items: tuple[tuple[int, int], ...] = ()
+    """(content digest, pixels) of each image, for the frontend's preprocessing and cache (sched.frontend)."""
 
 
 @dataclass
@@ -141,8 +137,7 @@ class Request:
 
     __slots__ = (
         "request_id", "prompt_token_ids", "num_prompt_tokens", "max_output_tokens", "arrival_s",
-        "image_tokens", "images", "encoder_image_tokens", "encoder_images", "output_token_ids",
-        "num_output_tokens", "num_computed_tokens",
+        "image_tokens", "images", "output_token_ids", "num_output_tokens", "num_computed_tokens",
         "status", "block_ids", "block_hashes", "num_cached_blocks", "num_preemptions",
         "first_scheduled_s", "first_token_s",
     )  # fmt: skip
@@ -155,8 +150,6 @@ class Request:
         self.arrival_s = source.arrival_s
         self.image_tokens = source.image_tokens
         self.images = source.images
-        self.encoder_image_tokens = max(source.image_tokens - source.cached_image_tokens, 0)
-        self.encoder_images = max(source.images - source.cached_images, 0)
         self.output_token_ids = source.output_token_ids
         self.num_output_tokens = 0
         self.num_computed_tokens = 0
@@ -310,9 +303,9 @@ class Scheduler:
                 if request.first_scheduled_s is None:
                     request.first_scheduled_s = now_s
                     first_scheduled.append((request.request_id, num_hit_tokens))
-                if request.encoder_images and num_hit_tokens < request.num_prompt_tokens - 1:
-                    image_tokens += request.encoder_image_tokens
-                    images += request.encoder_images
+                if request.images and num_hit_tokens < request.num_prompt_tokens - 1:
+                    image_tokens += request.image_tokens
+                    images += request.images
                 scheduled.append((request, num_new_tokens))
                 token_budget -= num_new_tokens
 

@@ -9,17 +9,11 @@ into the same `RequestRecord` a measured run produces, marked simulated.
 Rules kept: a send at the same instant as a step is handed over first (the request can join
 that step); an idle replica's clock jumps to the arrival; routing counts load as
 `routing.request_load_tokens`, exactly as the gateway's least-outstanding-tokens policy does.
-
-With a `FrontendConfig` each replica gets its API server stage (`sched.frontend`): a request is
-routed when it is sent, preprocessed (queueing for one of `api_server_count` servers), and
-reaches that replica's scheduler only when its preprocessing ends. TTFT counts from the arrival
-(as vLLM's does), the queue time from reaching the scheduler.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -33,7 +27,7 @@ from vlmserve.routing import (
     request_load_tokens,
 )
 from vlmserve.sched.engine_core import EngineCore
-from vlmserve.sched.frontend import Frontend, FrontendConfig, FrontendPass
+from vlmserve.sched.frontend import Frontend, FrontendConfig
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest, StepResult
 from vlmserve.sched.step_cost import StepCostModel
 
@@ -57,33 +51,20 @@ class RequestTiming:
     num_preemptions: int = 0
     cached_prompt_tokens: int = 0
     ready_s: float | None = None
-    """When it reached the scheduler (after the frontend stage); None: at arrival."""
-    frontend_wait_s: float = 0.0
-    """Time it waited for a free API server."""
-    preprocess_s: float = 0.0
-    """Time its images took to preprocess (cache hits cost nothing)."""
+    """When the frontend handed it to the scheduler (arrival_s when it has no frontend work)."""
     mm_cache_hits: int = 0
 
     @property
-    def scheduler_arrival_s(self) -> float:
-        return self.arrival_s if self.ready_s is None else self.ready_s
+    def queue_time_s(self) -> float | None:
+        """The engine's queue: from reaching the scheduler to first being scheduled (frontend excluded)."""
+        if self.first_scheduled_s is None:
+            return None
+        return self.first_scheduled_s - (self.arrival_s if self.ready_s is None else self.ready_s)
 
     @property
     def frontend_s(self) -> float:
-        """Arrival to the scheduler: waiting for an API server plus preprocessing."""
-        return self.scheduler_arrival_s - self.arrival_s
-
-    @property
-    def queue_time_s(self) -> float | None:
-        """Scheduler waiting only (vLLM's request_queue_time: queued in the engine core → scheduled)."""
-        return None if self.first_scheduled_s is None else self.first_scheduled_s - self.scheduler_arrival_s
-
-    @property
-    def prefill_time_s(self) -> float | None:
-        """First scheduled to first token (vLLM's request_prefill_time)."""
-        if self.first_scheduled_s is None or self.first_token_s is None:
-            return None
-        return self.first_token_s - self.first_scheduled_s
+        """Time in the frontend (waiting for an API server, then preprocessing)."""
+        return 0.0 if self.ready_s is None else self.ready_s - self.arrival_s
 
     @property
     def ttft_s(self) -> float | None:
@@ -107,7 +88,6 @@ class RequestTiming:
         """The record a measured run would hold, on the wall clock `epoch_s` + virtual time."""
         finished = self.finished_s is not None
         times = [epoch_s + value for value in self.token_times_s]
-        request_type = "text" if not self.images else "image" if self.images == 1 else "multi-image"
         return RequestRecord(
             request_id=request_id or self.request_id,
             scheduled_at_s=epoch_s + (self.sent_s if scheduled_s is None else scheduled_s),
@@ -121,10 +101,6 @@ class RequestTiming:
             requested_prompt_tokens=self.prompt_tokens if requested_prompt_tokens is None else requested_prompt_tokens,
             requested_output_tokens=requested_output_tokens,
             image_count=self.images,
-            request_type=request_type,
-            engine_ttft_s=self.ttft_s,
-            engine_queue_s=self.queue_time_s,
-            engine_prefill_s=self.prefill_time_s,
             ok=finished,
             error_kind=None if finished else "not_finished",
             workload=workload or "",
@@ -146,21 +122,9 @@ class SimulationStats:
     max_num_running: int = 0
     max_num_waiting: int = 0
     max_kv_usage: float = 0.0
-    frontend_busy_s: float = 0.0
-    """API-server seconds spent preprocessing, summed over the replica's servers."""
-    frontend_wait_s: float = 0.0
-    """Seconds requests waited for a free API server, summed."""
-    max_frontend_wait_s: float = 0.0
-    image_requests: int = 0
     mm_cache_queries: int = 0
     mm_cache_hits: int = 0
-
-    def add_frontend_pass(self, passed: FrontendPass) -> None:
-        self.frontend_busy_s += passed.preprocess_s
-        self.frontend_wait_s += passed.wait_s
-        self.max_frontend_wait_s = max(self.max_frontend_wait_s, passed.wait_s)
-        if passed.images:
-            self.image_requests += 1
+    frontend_busy_s: float = 0.0
 
     def add_step(self, result: StepResult) -> None:
         self.steps += 1
@@ -178,11 +142,11 @@ class ReplicaClock:
     """One simulated replica: its scheduler, its own clock, the load routed to it."""
 
     core: EngineCore
-    frontend: Frontend | None = None
     clock_s: float = 0.0
     outstanding_tokens: int = 0
     in_flight: int = 0
     stats: SimulationStats = field(default_factory=SimulationStats)
+    frontend: Frontend | None = None
 
 
 class SimulatedRouter:
@@ -220,6 +184,16 @@ NextSend = Callable[[float], "Send | None"]
 """Closed loop: called with the finish time of a request, returns the client's next send (or None)."""
 
 
+@dataclass(order=True)
+class _Arrival:
+    """A request leaving the frontend for its replica's scheduler at `ready_s`."""
+
+    ready_s: float
+    sequence: int
+    replica: int = field(compare=False)
+    request: SimRequest = field(compare=False)
+
+
 def run_virtual_clock(
     cores: Sequence[EngineCore],
     sends: Iterable[Send],
@@ -231,28 +205,30 @@ def run_virtual_clock(
 ) -> tuple[dict[str, RequestTiming], list[SimulationStats]]:
     """Run every send to completion on `cores`; return timings by request id and per-replica totals.
 
-    `frontend` gives each replica an API server stage; None: requests reach the scheduler on arrival.
+    With `frontend`, each replica has its own API servers and multimodal cache (sched.frontend):
+    a request with images reaches its replica's scheduler when its preprocessing is done, and
+    only its images not in the cache are encoded.
     """
-    replicas = [ReplicaClock(core, Frontend(frontend) if frontend is not None else None) for core in cores]
+    replicas = [ReplicaClock(core, frontend=Frontend(frontend) if frontend else None) for core in cores]
     router = SimulatedRouter(routing, replicas)
     pending = list(sends)
     heapq.heapify(pending)
-    preprocessing: list[_Preprocessing] = []
+    arriving: list[_Arrival] = []
     timings: dict[str, RequestTiming] = {}
     while True:
         busy = [replica for replica in replicas if replica.core.has_work()]
         next_step = min(busy, key=lambda replica: _next_step_s(replica)) if busy else None
-        step_s = math.inf if next_step is None else _next_step_s(next_step)
-        ready_s = preprocessing[0].ready_s if preprocessing else math.inf
-        if pending and pending[0].send_s <= min(step_s, ready_s):
+        step_s = _next_step_s(next_step) if next_step is not None else None
+        if pending and (step_s is None or pending[0].send_s <= step_s) and (
+                not arriving or pending[0].send_s <= arriving[0].ready_s):
             send = heapq.heappop(pending)
-            handed = _hand_over(send, replicas, router, timings)
-            if handed is not None:
-                heapq.heappush(preprocessing, handed)
+            arrival = _hand_over(send, replicas, router, timings)
+            if arrival is not None:
+                heapq.heappush(arriving, arrival)
             continue
-        if preprocessing and ready_s <= step_s:
-            done = heapq.heappop(preprocessing)
-            _enter_scheduler(replicas[done.replica], done.request, done.ready_s)
+        if arriving and (step_s is None or arriving[0].ready_s <= step_s):
+            arrival = heapq.heappop(arriving)
+            _enter_scheduler(replicas[arrival.replica], arrival.request)
             continue
         if next_step is None:
             break
@@ -275,25 +251,17 @@ def _next_step_s(replica: ReplicaClock) -> float:
     return replica.clock_s if due is None else max(replica.clock_s, due)
 
 
-@dataclass(order=True)
-class _Preprocessing:
-    """A request in a replica's frontend stage, due at its scheduler at `ready_s`."""
-
-    ready_s: float
-    sequence: int
-    replica: int = field(compare=False)
-    request: SimRequest = field(compare=False)
-
-
 def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter,
-               timings: dict[str, RequestTiming]) -> _Preprocessing | None:
-    """Route a send; it enters the scheduler now, or later (returned) when its frontend pass takes time."""
+               timings: dict[str, RequestTiming]) -> _Arrival | None:
+    """Route a send; it enters its replica's scheduler now, or later (returned) after the frontend."""
     request = send.request
     if request.request_id in timings:
         raise ValueError(f"duplicate request id {request.request_id!r}")
     index = router.choose()
     replica = replicas[index]
-    timing = RequestTiming(
+    replica.outstanding_tokens += request_load_tokens(len(request.prompt_token_ids), request.max_output_tokens)
+    replica.in_flight += 1
+    timing = timings[request.request_id] = RequestTiming(
         request_id=request.request_id,
         sent_s=send.send_s,
         arrival_s=request.arrival_s,
@@ -302,33 +270,25 @@ def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter
         replica=index,
         images=request.images,
     )
-    ready_s = request.arrival_s
-    if replica.frontend is not None:
-        cache = replica.frontend.cache
-        queries, hits = cache.queries, cache.hits
-        passed = replica.frontend.admit(request.arrival_s, request.image_items)
-        replica.stats.add_frontend_pass(passed)
-        replica.stats.mm_cache_queries += cache.queries - queries
-        replica.stats.mm_cache_hits += cache.hits - hits
-        timing.frontend_wait_s = passed.wait_s
-        timing.preprocess_s = passed.preprocess_s
-        timing.mm_cache_hits = passed.cache_hits
-        timing.ready_s = ready_s = passed.ready_s
-        if passed.cache_hits:
-            request = replace(request, cached_images=passed.cache_hits, cached_image_tokens=passed.cached_image_tokens)
-    replica.outstanding_tokens += request_load_tokens(len(request.prompt_token_ids), request.max_output_tokens)
-    replica.in_flight += 1
-    timings[request.request_id] = timing
-    if ready_s > request.arrival_s:
-        return _Preprocessing(ready_s, send.sequence, index, request)
-    _enter_scheduler(replica, request, request.arrival_s)
+    if replica.frontend is not None and request.image_items:
+        visit = replica.frontend.admit(request.arrival_s, request.image_items)
+        replica.stats.mm_cache_queries += visit.queries
+        replica.stats.mm_cache_hits += visit.hits
+        replica.stats.frontend_busy_s = replica.frontend.busy_s
+        timing.ready_s, timing.mm_cache_hits = visit.ready_s, visit.hits
+        fresh = visit.fresh_images / len(request.image_items)
+        arrived_s = request.arrival_s
+        request = replace(request, arrival_s=visit.ready_s, images=visit.fresh_images,
+                          image_tokens=round(request.image_tokens * fresh))  # cached images skip the encoder
+        if visit.ready_s > arrived_s:
+            return _Arrival(visit.ready_s, send.sequence, index, request)
+    _enter_scheduler(replica, request)
     return None
 
 
-def _enter_scheduler(replica: ReplicaClock, request: SimRequest, at_s: float) -> None:
-    """The request reaches the replica's scheduler; an idle replica's clock jumps to it."""
+def _enter_scheduler(replica: ReplicaClock, request: SimRequest) -> None:
     if not replica.core.has_work():
-        replica.clock_s = max(replica.clock_s, at_s)
+        replica.clock_s = max(replica.clock_s, request.arrival_s)
     replica.core.add_request(request)
 
 
@@ -360,12 +320,11 @@ def simulate(
     *,
     record_token_times: bool = True,
     stats: SimulationStats | None = None,
-    frontend: FrontendConfig | None = None,
 ) -> list[RequestTiming]:
     """One replica, open loop: each request arrives at its own `arrival_s`; timings in arrival order.
 
     `record_token_times=False` skips per-token time lists (saves memory on long runs); pass a
-    `SimulationStats` to collect the engine totals alongside; `frontend` adds the API server stage.
+    `SimulationStats` to collect the engine totals alongside.
     """
     ordered = sorted(requests, key=lambda request: request.arrival_s)
     sends = [Send(request.arrival_s, index, request) for index, request in enumerate(ordered)]
@@ -374,8 +333,7 @@ def simulate(
         if request.request_id in seen:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         seen.add(request.request_id)
-    timings, totals = run_virtual_clock([Scheduler(config, cost)], sends, record_token_times=record_token_times,
-                                        frontend=frontend)
+    timings, totals = run_virtual_clock([Scheduler(config, cost)], sends, record_token_times=record_token_times)
     if stats is not None:
         for name, value in vars(totals[0]).items():
             setattr(stats, name, value)

@@ -46,22 +46,6 @@ def test_plan_as_the_issue_writes_it(tmp_path: Path, capsys) -> None:
         (["plan", "search", "--model", "llama-3.1-8b", "--slo", "ttft_p95=1s", "--rate", "1", "--price", "h100=3"],
          "error: --price has no price for h200, l40s"),
         (["plan", "search", "--model", "llama-3.1-8b", "--slo", "speed=1", "--rate", "1"], "error: --slo: unknown objective 'speed'"),
-        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--api-server-count", "0"],
-         "error: --api-server-count must be at least 1 (frontend processes), got 0"),
-        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--preprocess-ms-per-megapixel", "-3"],
-         "error: --preprocess-ms-per-megapixel must be a finite number of at least 0, got -3.0"),
-        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--mm-processor-cache-gb", "-1"],
-         "error: --mm-processor-cache-gb must be a finite number of at least 0, got -1.0"),
-        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--image-repeat-rate", "2"],
-         "error: --image-repeat-rate must be between 0 and 1, got 2.0"),
-        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--image-fraction", "-0.5"],
-         "error: --image-fraction must be between 0 and 1, got -0.5"),
-        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--image-size", "0x480"],
-         "error: --image-size takes WIDTHxHEIGHT in pixels (1 to 65536 each), e.g. 1024x768; got '0x480'"),
-        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--image-size", "big"],
-         "error: --image-size takes WIDTHxHEIGHT in pixels"),
-        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--image-repeat-rate", "0.5"],
-         "error: --image-repeat-rate applies to --dataset images (got --dataset random)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:
@@ -145,23 +129,3 @@ def test_compare_with_a_measured_run_shows_errors_and_efficiency(tmp_path: Path,
     assert "measured: bandwidth fraction of peak" in out
     code, _out, err = _run(["plan", "--model", "llama-3.1-8b", "--concurrency", "1", "--compare", str(tmp_path / "x.json")], capsys)
     assert code == 2 and "no such file for --compare" in err
-
-
-def test_plan_names_the_frontend_when_image_preprocessing_is_the_limit(capsys) -> None:
-    code, out, _ = _run([
-        "plan", "--model", "qwen3-vl-4b", "--gpu", "h100", "--dataset", "images", "--image-size", "1920x1080",
-        "--rate", "30", "--num-requests", "300", "--input-len", "128", "--output-len", "32",
-    ], capsys)
-    assert code == 0
-    assert "planner output (simulated" in out
-    assert "not the GPU, is the limit" in out and "Raising --api-server-count to 2" in out
-    assert "what if (simulated)" in out and "images 960x540" in out
-
-
-def test_plan_stays_quiet_about_the_frontend_when_it_keeps_up(capsys) -> None:
-    code, out, _ = _run([
-        "plan", "--model", "qwen3-vl-4b", "--dataset", "images", "--image-size", "640x480", "--rate", "2",
-        "--num-requests", "40", "--api-server-count", "2", "--image-repeat-rate", "0.5",
-    ], capsys)
-    assert code == 0
-    assert "frontend: 2 API server(s) per replica" in out and "is the limit" not in out

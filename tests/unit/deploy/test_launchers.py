@@ -113,3 +113,25 @@ def test_launchers_say_what_a_ready_replica_must_serve_and_what_memory_it_takes(
     assert expected.cache_config == {"enable_prefix_caching": "False", "cache_dtype": "fp8"}
     assert vllm.host_memory_needed_gb() > 2 * 2.5  # engine overhead and KV cache, per replica
 
+
+def test_an_engine_exporting_traces_over_http_gets_the_otlp_http_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vlmserve import vllm_flags
+    from vlmserve.engines.vllm import plan_launches, tracing_env
+
+    # vLLM's own parser is not loaded in the unit tier (importing vLLM starts processes)
+    flag = vllm_flags.VllmFlag("--otlp-traces-endpoint", boolean=False, multiple=False)
+    monkeypatch.setattr(vllm_flags, "installed_vllm_flags", lambda: {"otlp_traces_endpoint": flag})
+
+    url = "http://127.0.0.1:4318/v1/traces"
+    by_key = DeploymentSpec(name="t", model="embedded", engine_args={"otlp_traces_endpoint": url})
+    by_flag = DeploymentSpec(name="t", model="embedded", engine_args={"extra_args": ["--otlp-traces-endpoint", url]})
+    wanted = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    assert tracing_env(by_key) == wanted and tracing_env(by_flag) == wanted
+    launch = plan_launches(by_key, "/models/x", "cpu")[0]
+    assert launch.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert launch.argv[launch.argv.index("--otlp-traces-endpoint") + 1] == url
+    # a gRPC collector (no scheme) keeps vLLM's default protocol; the spec's env wins
+    assert tracing_env(DeploymentSpec(name="t", model="embedded", engine_args={"otlp_traces_endpoint": "otel:4317"})) == {}
+    own = DeploymentSpec(name="t", model="embedded", engine_args={"otlp_traces_endpoint": url},
+                         env={"OTEL_BSP_SCHEDULE_DELAY": "1000"})
+    assert plan_launches(own, "/models/x", "cpu")[0].env["OTEL_BSP_SCHEDULE_DELAY"] == "1000"

@@ -53,3 +53,14 @@ def test_json_shape() -> None:
         with pytest.raises(JsonShapeRefused) as refused:
             check_json_shape(body, max_depth=4, max_items=10)
         assert refused.value.code == code, body
+
+
+def test_trace_context_is_forwarded_only_when_well_formed() -> None:
+    from vlmserve.gateway.proxy import trace_context
+
+    parent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    assert trace_context({"traceparent": parent, "tracestate": "vendor=1"}) == {"traceparent": parent, "tracestate": "vendor=1"}
+    assert trace_context({"traceparent": parent + "\r\nX-Evil: 1"}) == {}
+    assert trace_context({"traceparent": "00-xyz"}) == {}
+    assert trace_context({"traceparent": parent, "tracestate": "x" * 600}) == {"traceparent": parent}
+    assert trace_context({}) == {}

@@ -234,3 +234,95 @@ async def test_a_busy_replica_is_not_marked_down_by_a_slow_health_check() -> Non
     for _ in range(2):
         await pool._check_health(replica)
     assert not replica.healthy
+
+
+def image_req(request_id: str, *digests: str, prompt: int = 100) -> RoutedRequest:
+    request = req(request_id, prompt=prompt)
+    request.image_digests = list(digests)
+    request.image_tokens = 60 * len(digests)
+    return request
+
+
+def test_image_affinity_sends_a_repeat_where_its_image_went() -> None:
+    from vlmserve.gateway.policies import ImageAffinity
+
+    replicas = make_replicas(3)
+    policy = ImageAffinity(load_factor=1.25)
+    first = image_req("a1", "img-a")
+    home = policy.choose(first, replicas)
+    dispatch(policy, first, home)
+    finish(policy, first, home)
+    for i in range(5):  # every repeat, sent one at a time, lands on the image's replica
+        repeat = image_req(f"a-repeat{i}", "img-a")
+        chosen = policy.choose(repeat, replicas)
+        assert chosen is home
+        dispatch(policy, repeat, chosen)
+        finish(policy, repeat, chosen)
+    assert policy.affinity_hits == 5
+    # a holder busier than the saving is worth is passed over
+    busy = req("long", prompt=2000, output=500)
+    dispatch(policy, busy, home)
+    assert policy.choose(image_req("a-late", "img-a"), replicas) is not home
+    text = req("text")  # no image: least outstanding tokens
+    assert policy.choose(text, replicas) in replicas
+
+
+def test_image_affinity_never_makes_a_hot_spot() -> None:
+    from vlmserve.gateway.policies import ImageAffinity
+
+    replicas = make_replicas(2)
+    policy = ImageAffinity(load_factor=1.25)
+    placed = []
+    for i in range(20):  # a popular image requested 20 times at once
+        request = image_req(f"hot{i}", "img-hot")
+        bound = load_bound(replicas, 1.25)
+        chosen = policy.choose(request, replicas)
+        dispatch(policy, request, chosen)
+        placed.append(chosen.index)
+        assert chosen.in_flight <= bound
+    assert abs(placed.count(0) - placed.count(1)) <= 4 and policy.affinity_declined > 0
+
+
+def test_image_affinity_prefers_the_replica_holding_more_of_the_images() -> None:
+    from vlmserve.gateway.policies import ImageAffinity
+
+    replicas = make_replicas(2)
+    policy = ImageAffinity()
+    for request, replica in ((image_req("x", "a"), replicas[0]), (image_req("y", "b", "c"), replicas[1])):
+        dispatch(policy, request, replica)
+        finish(policy, request, replica)
+    assert policy.choose(image_req("z", "a", "b", "c"), replicas) is replicas[1]
+
+
+def test_engine_aware_scores_images_held_under_the_bound() -> None:
+    replicas = make_replicas(2)
+    policy = EngineAware(load_factor=1.25)
+    seen = image_req("seen", "img")
+    dispatch(policy, seen, replicas[1])
+    finish(policy, seen, replicas[1])
+    # equal engine figures: the replica that holds the image wins
+    assert policy.choose(image_req("again", "img"), replicas) is replicas[1]
+
+
+def test_image_digests_feed_prefix_hashes() -> None:
+    estimator = TokenEstimator()
+    DIGEST = "0f" * 16  # noqa: N806
+    def body(url: str, question: str) -> dict:
+        return {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                         {"type": "text", "text": question}]}]}
+    one = describe_request(body("data:image/png;base64,AAAA", "what is this?" * 40), request_id="1",
+                           estimator=estimator, prefix_block_chars=32, image_digests=[DIGEST], image_tokens=34)
+    two = describe_request(body("https://elsewhere/x.png", "and this one?" * 40), request_id="2",
+                           estimator=estimator, prefix_block_chars=32, image_digests=[DIGEST], image_tokens=34)
+    # same image (same digest, whatever URL carried it), different question: the blocks up to the
+    # end of the image are shared, the question's are not
+    assert one.prefix_hashes[0] == two.prefix_hashes[0] and one.prefix_hashes[-1] != two.prefix_hashes[-1]
+    assert one.image_digests == [DIGEST] and one.prompt_tokens > 34  # the image's own estimate, not 576
+
+
+def test_expected_output_counts_every_choice() -> None:
+    from vlmserve.gateway.request_info import expected_output_tokens
+
+    assert expected_output_tokens({"max_tokens": 100, "n": 3}, 256) == 300
+    assert expected_output_tokens({"n": 2}, 256) == 512
+    assert expected_output_tokens({"max_tokens": 100, "n": True}, 256) == 100

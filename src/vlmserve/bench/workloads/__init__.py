@@ -35,6 +35,8 @@ class Turn:
     """text, image, multi-image, video or audio: the key of per-type figures and SLOs."""
     image_repeat: bool | None = None
     """True when every image was sent earlier in the run, False when one is new, None without images."""
+    mm_processor_kwargs: dict[str, Any] | None = None
+    """Per-request processor options (a vision budget), merged over the run's --mm-processor-kwargs."""
 
     @property
     def text(self) -> str:
@@ -138,7 +140,7 @@ def fresh_variant(conversation: Conversation, seed: int, variant: int) -> Conver
             ]
         turns.append(Turn(
             content, turn.max_tokens, turn.requested_prompt_tokens, turn.requested_output_tokens,
-            turn.reference_reply, turn.image_count, turn.shared_words, turn.request_type, turn.image_repeat,
+            turn.reference_reply, turn.image_count, turn.shared_words, turn.request_type, turn.image_repeat, turn.mm_processor_kwargs,
         ))
     return Conversation(
         f"{conversation.conversation_id}~{variant}", conversation.workload, turns, conversation.system, conversation.arrival_s

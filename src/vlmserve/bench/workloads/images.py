@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_image_dir
+from vlmserve.bench.workloads.image_reuse import ImagePicker, weighted_choice
 from vlmserve.bench.workloads.text import fit_prompt
 from vlmserve.errors import UserError
 
@@ -80,16 +81,20 @@ def build(context: WorkloadContext, count: int) -> list[Conversation]:
                 f"images: {len(pool)} images from {load.image_dir}; skipped {len(skipped)} unreadable "
                 f"({', '.join(skipped[:3])}{'...' if len(skipped) > 3 else ''})"
             )
+    sizes = load.image_size_mix or [(*load.image_size, 1.0)]
+
+    def fresh_synthetic() -> str:
+        width, height, _ = context.rng.choices(sizes, [weight for *_, weight in sizes])[0]
+        return synthetic_image_url(context.rng, (width, height), load.image_format)
+
+    picker = ImagePicker(context.rng, fresh_synthetic, repeat_rate=load.image_repeat_rate,
+                         skew=load.image_popularity_skew, pool=pool)
     conversations: list[Conversation] = []
     for index in range(count):
         text, _ = fit_prompt(context.rng, context.counter, load.api, load.input_len)
-        if pool is not None:
-            urls = [context.rng.choice(pool) for _ in range(load.images_per_request)]
-        else:
-            urls = [
-                synthetic_image_url(context.rng, load.image_size, load.image_format)
-                for _ in range(load.images_per_request)
-            ]
+        images = weighted_choice(context.rng, load.images_per_request_mix, load.images_per_request)
+        urls, repeat = picker.pick(images)
+        budget = weighted_choice(context.rng, load.vision_budget_mix, 0)
         conversations.append(
             Conversation(
                 conversation_id=f"images-{index}",
@@ -101,8 +106,25 @@ def build(context: WorkloadContext, count: int) -> list[Conversation]:
                         requested_prompt_tokens=load.input_len,
                         requested_output_tokens=load.output_len,
                         image_count=len(urls),
+                        request_type=request_type(len(urls)),
+                        image_repeat=repeat if urls else None,
+                        mm_processor_kwargs={"max_soft_tokens": budget} if budget else None,
                     )
                 ],
             )
         )
+    if load.image_repeat_rate is not None:
+        sent = [c.turns[0].image_repeat for c in conversations if c.turns[0].image_count]
+        achieved = sum(bool(flag) for flag in sent) / len(sent) if sent else 0.0
+        context.notices.append(
+            f"images: repeat rate {load.image_repeat_rate:.2f} stated, {achieved:.2f} in this workload "
+            f"({len(picker.sent)} distinct images over {len(sent)} image requests, popularity skew {load.image_popularity_skew:g})"
+        )
+    if picker.pool_exhausted:
+        context.notices.append(f"images: the {len(pool or [])} images given ran out; later 'new' images repeat earlier ones")
     return conversations
+
+
+def request_type(images: int) -> str:
+    """The per-type figures' key for a request with this many images."""
+    return "text" if images == 0 else "image" if images == 1 else "multi-image"

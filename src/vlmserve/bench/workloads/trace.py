@@ -12,7 +12,7 @@ import json
 from collections import Counter
 
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_dataset_file
-from vlmserve.bench.workloads.images import image_content, synthetic_image_url
+from vlmserve.bench.workloads.images import image_content, request_type, synthetic_image_url
 from vlmserve.bench.workloads.text import fit_prompt
 from vlmserve.errors import UserError
 
@@ -73,6 +73,7 @@ def build(context: WorkloadContext, count: int) -> list[Conversation]:
                             requested_prompt_tokens=input_len if "prompt" not in entry else None,
                             requested_output_tokens=output_len,
                             image_count=images,
+                            request_type=request_type(images),
                         )
                     ],
                     arrival_s=arrival,

@@ -13,10 +13,6 @@ Slow readers: a stream whose client is behind (`ActiveRequest.backlogged`) is no
 written to until its transport drains (see `outputs`); a timer every BACKLOG_RETRY_S
 writes what is pending, and finishes the request once all of it is out.
 
-Frontend: a request first passes the API server stage (`sched.frontend.Frontend`, the same
-model the planner's virtual clock uses); when that takes time (images to preprocess, or every
-API server busy) a timer hands it to the scheduler when its preprocessing ends.
-
 Sleeping: asyncio timers fire up to ~1 ms late (millisecond poll timeouts), so in
 step mode the loop wakes 1 ms early and spins the rest, which keeps emission within
 a fraction of a millisecond of schedule.
@@ -25,7 +21,6 @@ a fraction of a millisecond of schedule.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Callable
 
@@ -35,7 +30,6 @@ from vlmserve.sched.engine_core import EngineCore
 from vlmserve.engines.sim.outputs import WRITE_BUFFER_HIGH_BYTES, ActiveRequest
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
-from vlmserve.sched.frontend import Frontend
 from vlmserve.sched.scheduler import SimRequest, StepResult
 
 RESYNC_AFTER_S = 0.050
@@ -57,11 +51,8 @@ class EngineLoop:
         timing: EmissionTimingRecorder | None,
         clock: Callable[[], float] = time.monotonic,
         trace: EmissionTrace | None = None,
-        frontend: Frontend | None = None,
     ) -> None:
         self.core = core
-        self.frontend = frontend
-        self._preprocessing: dict[str, asyncio.TimerHandle] = {}
         self.trace = trace
         self.metrics = metrics
         self.timing = timing
@@ -82,9 +73,6 @@ class EngineLoop:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
-        for handle in self._preprocessing.values():
-            handle.cancel()
-        self._preprocessing.clear()
         for request in list(self.active.values()):
             self._trace_request(request, "aborted")
             request.resolve("aborted")
@@ -94,56 +82,27 @@ class EngineLoop:
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request: ActiveRequest) -> None:
-        """Pass a request through the frontend stage to the scheduler; ValueError if it can never run."""
-        sim_request = SimRequest(
-            request_id=request.request_id,
-            prompt_token_ids=request.parsed.prompt_token_ids,
-            max_output_tokens=request.plan.num_tokens,
-            arrival_s=request.arrival_s,
-            image_tokens=request.parsed.image_tokens,
-            images=request.parsed.images,
-            output_token_ids=request.plan.token_ids,
+        """Hand a request to the scheduler; raises ValueError if it can never run."""
+        self.core.add_request(
+            SimRequest(
+                request_id=request.request_id,
+                prompt_token_ids=request.parsed.prompt_token_ids,
+                max_output_tokens=request.plan.num_tokens,
+                arrival_s=request.queued_s,
+                image_tokens=request.encode_image_tokens,
+                images=request.encode_images,
+                output_token_ids=request.plan.token_ids,
+            )
         )
-        if self.frontend is not None:
-            cache = self.frontend.cache
-            queries, hits = cache.queries, cache.hits
-            passed = self.frontend.admit(request.arrival_s, request.parsed.image_items)
-            if cache.queries > queries:
-                self.metrics.mm_cache_queries.inc(cache.queries - queries)
-                self.metrics.mm_cache_hits.inc(cache.hits - hits)
-            sim_request.cached_images = passed.cache_hits
-            sim_request.cached_image_tokens = passed.cached_image_tokens
-            request.ready_s = passed.ready_s
-        if request.ready_s > request.arrival_s:
-            handle = asyncio.get_running_loop().call_at(request.ready_s, self._preprocessed, request, sim_request)
-            self._preprocessing[request.request_id] = handle
-        else:
-            self.core.add_request(sim_request)
         self.active[request.request_id] = request
         if self.trace is not None:
             request.chunk_s = []
             request.chunk_tokens = []
         self._poke()
 
-    def _preprocessed(self, request: ActiveRequest, sim_request: SimRequest) -> None:
-        """Its frontend pass is over: the request reaches the scheduler (unless the client left)."""
-        self._preprocessing.pop(request.request_id, None)
-        if request.aborted or self.active.get(request.request_id) is not request:
-            return
-        try:
-            self.core.add_request(sim_request)
-        except ValueError as err:  # the parser admits only requests that fit; a bug if this happens
-            print(f"sim engine: request {request.request_id} refused after preprocessing: {err}", file=sys.stderr)
-            self.abort(request.request_id)
-            return
-        self._poke()
-
     def abort(self, request_id: str) -> None:
         """The client went away (or the stream was cut): stop generating for it."""
         request = self.active.pop(request_id, None)
-        handle = self._preprocessing.pop(request_id, None)
-        if handle is not None:
-            handle.cancel()  # its API server time is spent all the same (the frontend already counted it)
         self.core.abort_request(request_id)
         if request is not None and not request.aborted:
             request.aborted = True
@@ -263,8 +222,8 @@ class EngineLoop:
         for request_id, _cached in result.first_scheduled:
             request = active.get(request_id)
             if request is not None:
-                request.first_scheduled_s = result.start_s
-                metrics.request_queue_time.observe(max(0.0, result.start_s - request.ready_s))
+                request.scheduled_s = result.start_s
+                metrics.request_queue_time.observe(max(0.0, result.start_s - request.queued_s))
         if result.preempted:
             metrics.num_preemptions.inc(len(result.preempted))
         if result.prefix_queries_tokens:
@@ -292,8 +251,8 @@ class EngineLoop:
             if request.first_token_s is None:
                 request.first_token_s = emit_at
                 metrics.time_to_first_token.observe(emit_at - request.arrival_s)
-                if request.first_scheduled_s is not None:
-                    metrics.request_prefill_time.observe(max(0.0, emit_at - request.first_scheduled_s))
+                if request.scheduled_s is not None:
+                    metrics.request_prefill_time.observe(max(0.0, emit_at - request.scheduled_s))
                 metrics.prompt_tokens.inc(len(request.parsed.prompt_token_ids))
             else:
                 itl_append(emit_at - request.last_token_s)

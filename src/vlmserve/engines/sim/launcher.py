@@ -13,7 +13,6 @@ from dataclasses import dataclass, fields
 
 from vlmserve.engines.launcher import EngineLaunch, ExpectedConfig, program, served_model_name
 from vlmserve.engines.sim.options import SimEngineConfig
-from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.spec import DeploymentSpec
 
 SIM_ENGINE_HOST_GB = 0.3
@@ -26,12 +25,6 @@ _SPEC_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "profi
 
 _unknown = set(_SPEC_FLAGS) - {each.name for each in fields(SimEngineConfig)}
 assert not _unknown, f"SimEngineConfig has no field(s) {_unknown}"
-
-_FRONTEND_VLLM_FLAGS = ("api_server_count", "mm_processor_cache_gb")
-"""vLLM flags in a spec's engine_args that the sim models too (its frontend stage): passed on, same name."""
-
-_unknown = set(_FRONTEND_VLLM_FLAGS) - {each.name for each in fields(FrontendConfig)}
-assert not _unknown, f"FrontendConfig has no field(s) {_unknown}"
 
 
 def _flag(field_name: str) -> str:
@@ -67,10 +60,6 @@ class SimLauncher:
         for name in _SPEC_FLAGS:
             if values[name] is not None:
                 argv += [_flag(name), str(values[name])]
-        vllm_flags = spec.engine_args.vllm_flags()
-        for name in _FRONTEND_VLLM_FLAGS:
-            if vllm_flags.get(name) is not None:
-                argv += [_flag(name), str(vllm_flags[name])]
         return argv + list(spec.sim.extra_args)
 
     def launches(self) -> list[EngineLaunch]:

@@ -5,12 +5,6 @@ Names, label names (`model_name`, `engine`) and bucket boundaries follow vLLM's
 gateway's load polling work unchanged against a sim engine. Each engine has its own
 registry (several engines can live in one test process).
 
-Timing semantics are vLLM's: TTFT and e2e latency count from the request's arrival at the
-API server (so they include the frontend stage: waiting for an API server and preprocessing
-images), `request_queue_time` is scheduler waiting only (reached the scheduler → first
-scheduled), `request_prefill_time` is first scheduled → first token. The multimodal cache
-counters count items (images), as vLLM's do.
-
 Per-token observations (inter-token latency) arrive thousands of times a second, so
 they go through `BatchedHistogram`, which takes a whole step's values in one call.
 """

@@ -11,6 +11,7 @@ from vlmserve.errors import UserError
 from vlmserve.sched.constant import ConstantLatencyScheduler
 from vlmserve.sched.engine_core import EngineCore
 from vlmserve.sched.frontend import FrontendConfig
+from vlmserve.vision.tokens import ImageTokenEstimator, estimator_for_model_dir
 from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
 
@@ -124,10 +125,17 @@ class SimEngineConfig:
     """Vision tokens per image unless the request picks a budget via mm_processor_kwargs."""
     allowed_image_budgets: tuple[int, ...] = ()
     """If set, the only budgets a request may pick (e.g. Gemma's 70/140/280/560/1120)."""
+    model_config_dir: str | None = None
+    """A model directory whose config prices each image by the model's own rule (vision.tokens)."""
+    api_server_count: int = 1
+    """Frontend processes preprocessing images (vLLM's --api-server-count); see sched.frontend."""
+    mm_preprocess_ms_per_image: float = 0.0
+    mm_preprocess_ms_per_megapixel: float = 0.0
+    """Frontend preprocessing cost of an image not in the multimodal cache (0 and 0: not priced)."""
+    mm_cache_items: int = 1024
+    """Images the multimodal cache holds (0: no cache): a repeat skips preprocessing and the encoder."""
     output_len: OutputLengthDistribution = field(default_factory=lambda: OutputLengthDistribution("lognormal", 200, 0.8))
     faults: FaultOptions = field(default_factory=FaultOptions)
-    frontend: FrontendConfig = field(default_factory=FrontendConfig)
-    """The API server stage before the scheduler: preprocessing cost, --api-server-count, mm cache."""
     reject_over_context: bool = False
     """Refuse prompt + max_tokens > max_model_len with 400 (earlier vLLM) instead of clamping (vLLM 0.32)."""
     record_timing: bool = True
@@ -155,10 +163,11 @@ class SimEngineConfig:
             raise UserError("--ttft-ms and --itl-ms must not be negative")
         if self.image_tokens < 1:
             raise UserError("--image-tokens must be at least 1")
+        for problem in self.frontend_config().validate():
+            raise UserError(problem)
         if not 1 <= self.port <= 65535 and self.port != 0:
             raise UserError(f"--port must be between 1 and 65535, got {self.port}")
         self.faults.validate()
-        self.frontend.validate()
         if self.trace_file and not Path(self.trace_file).resolve().parent.is_dir():
             raise UserError(f"--trace-file {self.trace_file}: its directory does not exist; create it or pick another path")
         try:
@@ -173,6 +182,24 @@ class SimEngineConfig:
 
         typical = self.max_model_len // 4
         return roofline_kv_blocks(self.model, self.gpu or "", self.tp, typical, self.block_size)
+
+    def image_estimator(self) -> ImageTokenEstimator | None:
+        """The image token rule: the model directory's, the planner model's (with --gpu), or None
+        (every image costs --image-tokens)."""
+        if self.model_config_dir:
+            if not (Path(self.model_config_dir) / "config.json").is_file():
+                raise UserError(f"--model-config-dir {self.model_config_dir}: no config.json there; give a model directory")
+            return estimator_for_model_dir(self.model_config_dir)
+        if self.gpu:
+            from vlmserve.hardware.models import load_model
+
+            vision = load_model(self.model).vision
+            return vision.estimator if vision else None
+        return None
+
+    def frontend_config(self) -> FrontendConfig:
+        return FrontendConfig(self.api_server_count, self.mm_preprocess_ms_per_image,
+                              self.mm_preprocess_ms_per_megapixel, self.mm_cache_items)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(

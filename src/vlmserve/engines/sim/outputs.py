@@ -24,6 +24,8 @@ from typing import Any
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.generation import OutputPlan
 from vlmserve.engines.sim.protocol import ParsedRequest
+from vlmserve.engines.sim.rich_outputs import RichRenderer
+from vlmserve.engines.sim.rich_plan import RichPlan
 
 _PIECE_JSON: dict[str, bytes] = {piece: json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES}
 _PIECE_JSON_BY_INDEX: list[bytes] = [json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES]
@@ -59,7 +61,8 @@ class ActiveRequest:
         "last_token_s", "emitted", "written", "transport", "done", "finish_reason", "aborted",
         "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
         "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len", "_usage_suffix", "_prompt_tokens",
-        "client_request_id", "chunk_s", "chunk_tokens", "ready_s", "first_scheduled_s",
+        "client_request_id", "chunk_s", "chunk_tokens", "queued_s", "scheduled_s", "encode_image_tokens",
+        "encode_images", "rich",
     )  # fmt: skip
 
     def __init__(
@@ -71,6 +74,12 @@ class ActiveRequest:
         self.plan = plan
         self.created = int(time.time())
         self.arrival_s = arrival_s
+        self.queued_s = arrival_s
+        """When it reached the scheduler: after the frontend (image preprocessing), as vLLM's queue time counts."""
+        self.scheduled_s: float | None = None
+        self.encode_image_tokens = parsed.image_tokens
+        self.encode_images = parsed.images
+        """Images (and their tokens) the encoder must run: the ones not in the multimodal cache."""
         self.first_token_s: float | None = None
         self.last_token_s = 0.0
         self.emitted = 0
@@ -92,9 +101,10 @@ class ActiveRequest:
         self.chunk_s: list[float] | None = None
         """Emission time of each step's tokens, kept only when the engine writes a trace."""
         self.chunk_tokens: list[int] | None = None
-        self.ready_s = arrival_s
-        """When it reached the scheduler (after the frontend stage's queue and preprocessing)."""
-        self.first_scheduled_s: float | None = None
+        self.rich: RichRenderer | None = None
+        """Thinking, tools, JSON, logprobs or n>1: rendered token by token by `rich_outputs`."""
+        if isinstance(plan, RichPlan) and parsed.features is not None:
+            self.rich = RichRenderer(response_id, self.created, parsed, plan, parsed.features)
         model = json.dumps(parsed.model)
         if parsed.kind == "chat":
             self._prefix = (
@@ -128,6 +138,7 @@ class ActiveRequest:
             self.stall_after is None
             and self.drop_after is None
             and not self.plan.trimmed
+            and self.rich is None
         )
 
     def plain_frame(self, index: int) -> bytes:
@@ -148,6 +159,8 @@ class ActiveRequest:
 
     def _chunk_for(self, index: int) -> bytes:
         """SSE bytes for token `index` (empty when a stop string withheld its text)."""
+        if self.rich is not None:
+            return self.rich.chunk(index)
         piece = self.plan.piece(index)
         data = b""
         if index == 0 and self.parsed.kind == "chat":
@@ -248,6 +261,8 @@ class ActiveRequest:
 
     def response_body(self) -> dict[str, Any]:
         """The non-streaming JSON body, as vLLM returns it."""
+        if self.rich is not None:
+            return self.rich.body()
         text = self.plan.text
         if self.parsed.kind == "chat":
             choice: dict[str, Any] = {

@@ -25,16 +25,17 @@ import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
+from vlmserve.vision.tokens import ImageTokenEstimator
+
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.options import SimEngineConfig
-from vlmserve.sched.frontend import ImageItem
 
-REMOTE_IMAGE_PIXELS = 1024 * 1024
-"""Remote image URLs are not fetched; their preprocessing is priced as a 1024×1024 image."""
+if TYPE_CHECKING:
+    from vlmserve.engines.sim.features import Features
 
 
 class ApiError(Exception):
@@ -113,8 +114,10 @@ class ParsedRequest:
     images: int = 0
     image_tokens: int = 0
     echo_prompt: str | None = None
-    image_items: list[ImageItem] = field(default_factory=list)
-    """Each image's digest, size and vision tokens, for the frontend stage and its cache."""
+    image_items: list[tuple[int, int]] = field(default_factory=list)
+    """(digest, pixels) of each image, for the frontend model (sched.frontend)."""
+    features: Features | None = None
+    """Thinking, tools, structured output, logprobs, n (features.parse_features); None: plain text."""
 
 
 # -- small typed getters ---------------------------------------------------------------------
@@ -150,45 +153,53 @@ def _get_stop(body: dict[str, Any]) -> list[str]:
 
 
 # -- images ----------------------------------------------------------------------------------
+UNKNOWN_IMAGE_SIDE = 1000
+"""Side assumed for an image behind an http(s) URL (the sim engine never fetches it): 1 MP."""
+
+
 class ImageValidator:
     """Checks image_url parts (data URLs are decoded with PIL) and remembers recent verdicts."""
 
-    def __init__(self, capacity: int = 256) -> None:
-        self._verdicts: OrderedDict[str, tuple[int, int]] = OrderedDict()
+    def __init__(self, capacity: int = 256, estimator: ImageTokenEstimator | None = None) -> None:
+        self._verdicts: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         self._capacity = capacity
+        self.estimator = estimator
+        """The model's own image token rule (vision.tokens); None: the engine's fixed --image-tokens."""
 
     def digest(self, url: str) -> int:
         """A stable 64-bit digest of a valid image URL; raises ApiError for a bad one."""
         return self.inspect(url)[0]
 
-    def inspect(self, url: str) -> tuple[int, int]:
-        """(digest, pixels) of a valid image URL; raises ApiError for a bad one.
+    def tokens(self, width: int, height: int, chosen_budget: int | None, default: int) -> int:
+        """Vision tokens of one image: the request's budget, else the model's rule, else `default`."""
+        if chosen_budget is not None:
+            return chosen_budget
+        return self.estimator.tokens(width, height) if self.estimator is not None else default
 
-        Pixels come from the image header for data URLs; remote URLs are not fetched
-        (REMOTE_IMAGE_PIXELS stands in).
-        """
+    def inspect(self, url: str) -> tuple[int, int, int]:
+        """(digest, width, height) of a valid image URL; raises ApiError for a bad one."""
         key = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
         cached = self._verdicts.get(key)
         if cached is not None:
             self._verdicts.move_to_end(key)
             return cached
         if url.startswith("data:"):
-            pixels = _check_data_url(url)
+            width, height = _check_data_url(url)
         elif url.startswith(("http://", "https://")):
-            pixels = REMOTE_IMAGE_PIXELS
+            width = height = UNKNOWN_IMAGE_SIDE
         else:
             raise bad_request(
                 "image_url must be an http(s) URL or a base64 data URL (data:image/...;base64,...)", "messages"
             )
-        verdict = (int(key, 16), pixels)
+        verdict = (int(key, 16), width, height)
         self._verdicts[key] = verdict
         if len(self._verdicts) > self._capacity:
             self._verdicts.popitem(last=False)
         return verdict
 
 
-def _check_data_url(url: str) -> int:
-    """Decode and verify a data URL's image; return its pixel count (width × height)."""
+def _check_data_url(url: str) -> tuple[int, int]:
+    """The image's (width, height); ApiError unless the data URL holds a readable image."""
     header, _sep, payload = url.partition(",")
     if not _sep or ";base64" not in header:
         raise bad_request("image data URL must look like data:image/png;base64,<data>", "messages")
@@ -204,22 +215,22 @@ def _check_data_url(url: str) -> int:
         raise bad_request(
             "the image_url part does not hold a readable image (PIL could not decode it)", "messages"
         ) from None
-    return max(width * height, 1)
+    return width, height
 
 
 # -- prompts ---------------------------------------------------------------------------------
-def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int:
-    """Vision tokens per image: the engine default, or a budget picked via mm_processor_kwargs."""
+def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int | None:
+    """A budget the request picked via mm_processor_kwargs (checked), or None."""
     kwargs = body.get("mm_processor_kwargs")
     if kwargs is None:
-        return config.image_tokens
+        return None
     if not isinstance(kwargs, dict):
         raise bad_request("'mm_processor_kwargs' must be an object", "mm_processor_kwargs")
     nested = kwargs.get("images_kwargs")
     images_kwargs: dict[str, Any] = nested if isinstance(nested, dict) else {}
     budget = kwargs.get("max_soft_tokens", images_kwargs.get("max_soft_tokens", kwargs.get("image_tokens")))
     if budget is None:
-        return config.image_tokens
+        return None
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise bad_request("mm_processor_kwargs.max_soft_tokens must be a positive integer", "mm_processor_kwargs")
     if config.allowed_image_budgets and budget not in config.allowed_image_budgets:
@@ -229,8 +240,8 @@ def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int:
 
 
 def _chat_prompt(
-    body: dict[str, Any], config: SimEngineConfig, images: ImageValidator
-) -> tuple[list[int], list[ImageItem]]:
+    body: dict[str, Any], config: SimEngineConfig, images: ImageValidator, items: list[tuple[int, int]]
+) -> tuple[list[int], int, int]:
     """Token ids of the rendered chat (role headers + content + image placeholders)."""
     messages = body.get("messages")
     if messages is None:
@@ -239,7 +250,7 @@ def _chat_prompt(
         raise bad_request("'messages' must be a non-empty list of {role, content} objects", "messages")
     budget = _image_budget(body, config)
     token_ids: list[int] = []
-    items: list[ImageItem] = []
+    image_tokens = 0
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise bad_request(f"messages[{index}] must be an object with a string 'role'", "messages")
@@ -251,20 +262,21 @@ def _chat_prompt(
             token_ids += tokenizer.encode(content)
         elif isinstance(content, list):
             for part_index, part in enumerate(content):
-                _add_content_part(part, index, part_index, budget, images, token_ids, items)
+                image_tokens += _add_content_part(part, index, part_index, budget, config.image_tokens, images,
+                                                  token_ids, items)
         else:
             raise bad_request(f"messages[{index}].content must be a string or a list of parts", "messages")
         token_ids += tokenizer.encode("\n")
     if body.get("add_generation_prompt", True):
         token_ids += tokenizer.encode("<|assistant|>\n")
-    return token_ids, items
+    return token_ids, len(items), image_tokens
 
 
 def _add_content_part(
-    part: Any, index: int, part_index: int, budget: int, images: ImageValidator, token_ids: list[int],
-    items: list[ImageItem],
-) -> None:
-    """Append one content part's tokens (and, for an image, its item)."""
+    part: Any, index: int, part_index: int, budget: int | None, default_tokens: int, images: ImageValidator,
+    token_ids: list[int], items: list[tuple[int, int]],
+) -> int:
+    """Append one content part's tokens; returns the image's vision tokens (0 for text)."""
     where = f"messages[{index}].content[{part_index}]"
     if not isinstance(part, dict) or not isinstance(part.get("type"), str):
         raise bad_request(f"{where} must be an object with a 'type'", "messages")
@@ -274,16 +286,17 @@ def _add_content_part(
         if not isinstance(text, str):
             raise bad_request(f"{where}.text must be a string", "messages")
         token_ids += tokenizer.encode(text)
-        return
+        return 0
     if part_type == "image_url":
         image_url = part.get("image_url")
         url = image_url.get("url") if isinstance(image_url, dict) else image_url
         if not isinstance(url, str) or not url:
             raise bad_request(f"{where}.image_url.url must be a non-empty string", "messages")
-        digest, pixels = images.inspect(url)
-        token_ids += tokenizer.image_token_ids(digest, budget)
-        items.append(ImageItem(digest=digest, pixels=pixels, tokens=budget))
-        return
+        digest, width, height = images.inspect(url)
+        items.append((digest, width * height))
+        count = images.tokens(width, height, budget, default_tokens)
+        token_ids += tokenizer.image_token_ids(digest, count)
+        return count
     raise bad_request(f"{where} has unsupported type '{part_type}'; use 'text' or 'image_url'", "messages")
 
 
@@ -314,17 +327,15 @@ def parse_generation_request(
         raise bad_request("'model' must be a string", "model")
     elif model not in config.model_names:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-    n = _get_int(body, "n", 1)
-    if n is not None and n != 1:
-        raise bad_request("the sim engine supports n=1 only", "n")
 
     if kind == "chat":
-        prompt_token_ids, image_items = _chat_prompt(body, config, images)
+        image_items: list[tuple[int, int]] = []
+        prompt_token_ids, num_images, image_tokens = _chat_prompt(body, config, images, image_items)
         echo_prompt = None
         limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     else:
         prompt_token_ids, echo_prompt = _completion_prompt(body)
-        image_items = []
+        num_images, image_tokens, image_items = 0, 0, []
         limit_name = "max_tokens"
     if not prompt_token_ids:
         raise bad_request("the prompt is empty", "prompt" if kind != "chat" else "messages")
@@ -378,8 +389,8 @@ def parse_generation_request(
         ignore_eos=_get_bool(body, "ignore_eos"),
         stop=_get_stop(body),
         seed=seed,
-        images=len(image_items),
-        image_tokens=sum(item.tokens for item in image_items),
+        images=num_images,
+        image_tokens=image_tokens,
         echo_prompt=echo_prompt if _get_bool(body, "echo") else None,
         image_items=image_items,
     )

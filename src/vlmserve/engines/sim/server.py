@@ -26,15 +26,17 @@ from aiohttp import web
 from vlmserve import __version__
 from vlmserve.engines.sim import SIM_ENGINE_NAME
 from vlmserve.engines.sim.engine_loop import EngineLoop
-from vlmserve.engines.sim.generation import plan_output
+from vlmserve.engines.sim.features import check_combinations, parse_features
+from vlmserve.engines.sim.generation import OutputPlan, plan_output
 from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
 from vlmserve.engines.sim.outputs import ActiveRequest
 from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request, decode_json_body, parse_generation_request
+from vlmserve.engines.sim.rich_plan import plan_rich_output
+from vlmserve.sched.frontend import Frontend
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
 from vlmserve.errors import UserError
-from vlmserve.sched.frontend import Frontend
 
 _STATUS_TYPES = {
     500: "InternalServerError",
@@ -60,7 +62,8 @@ class SimEngine:
         self.timing = EmissionTimingRecorder() if config.record_timing else None
         self.core = build_engine_core(config)
         self.loop: EngineLoop | None = None
-        self.images = ImageValidator()
+        self.images = ImageValidator(estimator=config.image_estimator())
+        self.frontend = Frontend(config.frontend_config())
         self.started_s = time.monotonic()
         self.ready_at_s = self.started_s + config.faults.startup_delay_s
         self.request_counter = 0
@@ -87,7 +90,7 @@ class SimEngine:
 
     async def _on_startup(self, _app: web.Application) -> None:
         trace = EmissionTrace(self.config.trace_file) if self.config.trace_file else None
-        self.loop = EngineLoop(self.core, self.metrics, self.timing, trace=trace, frontend=Frontend(self.config.frontend))
+        self.loop = EngineLoop(self.core, self.metrics, self.timing, trace=trace)
         self.loop.start()
         self.started_s = time.monotonic()
         self.ready_at_s = self.started_s + self.config.faults.startup_delay_s
@@ -164,13 +167,22 @@ class SimEngine:
 
     async def _generate(self, request: web.Request, body: Any, kind: str) -> web.StreamResponse:
         parsed = parse_generation_request(body, kind, self.config, self.images)
+        features = parse_features(body, kind)
+        check_combinations(features, body)
         self.request_counter += 1
-        plan = plan_output(parsed, self.config.output_len, self._request_rng(parsed.seed))
+        rng = self._request_rng(parsed.seed)
+        plan: OutputPlan
+        if features.rich:
+            parsed.features = features
+            plan = plan_rich_output(parsed, features, self.config.output_len, rng, self.config.max_model_len)
+        else:
+            plan = plan_output(parsed, self.config.output_len, rng)
         request_id = f"{self.id_prefix}-{self.request_counter}"
         response_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
         assert self.loop is not None
         active = ActiveRequest(request_id, response_id, parsed, plan, arrival_s=self.loop.clock())
         active.client_request_id = request.headers.get("X-Request-ID")
+        await self._preprocess(active)
         self._assign_stream_faults(active)
         response: web.StreamResponse | None = None
         if parsed.stream:
@@ -203,6 +215,25 @@ class SimEngine:
         if outcome == "finished":
             await response.write_eof()
         return response
+
+    async def _preprocess(self, active: ActiveRequest) -> None:
+        """The frontend stage (sched.frontend): wait for an API server and preprocess the images not
+        in the multimodal cache, before the scheduler sees the request (and before a stream's headers,
+        as vLLM sends them once preprocessing is done)."""
+        items = active.parsed.image_items
+        if not items:
+            return
+        visit = self.frontend.admit(active.arrival_s, items)
+        self.metrics.mm_cache_queries.inc(visit.queries)
+        if visit.hits:
+            self.metrics.mm_cache_hits.inc(visit.hits)
+        active.encode_images = visit.fresh_images
+        active.encode_image_tokens = round(active.parsed.image_tokens * visit.fresh_images / len(items))
+        assert self.loop is not None
+        delay = visit.ready_s - self.loop.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        active.queued_s = visit.ready_s
 
     def _assign_stream_faults(self, active: ActiveRequest) -> None:
         faults = self.config.faults
@@ -286,24 +317,8 @@ class SimEngine:
                 "steps": self.loop.steps if self.loop else 0,
                 "requests": self.request_counter,
                 "scheduler": vars(config.scheduler_config()),
-                "frontend": self._frontend_state(),
             }
         )
-
-    def _frontend_state(self) -> dict[str, Any]:
-        """The API server stage's settings and totals (simulated, like everything here)."""
-        frontend = self.loop.frontend if self.loop else None
-        if frontend is None:
-            return {}
-        return {
-            **vars(self.config.frontend),
-            "requests": frontend.requests,
-            "image_requests": frontend.image_requests,
-            "busy_s": round(frontend.busy_s, 6),
-            "mm_cache_items": len(frontend.cache),
-            "mm_cache_queries": frontend.cache.queries,
-            "mm_cache_hits": frontend.cache.hits,
-        }
 
 
 def _send_headers_now(response: web.StreamResponse) -> None:

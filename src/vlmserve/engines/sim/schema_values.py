@@ -1,0 +1,227 @@
+"""Minimal valid values for a JSON Schema, for the sim engine's tool calls and structured output.
+
+A real engine constrains decoding to the schema (vLLM's structured outputs); the sim engine
+has no model, so it writes the smallest deterministic instance it can derive: required
+properties (and the optional ones, up to maxProperties), the first enum or const value,
+numbers at their lower bound, strings of filler letters at their minimum length, arrays of
+minItems elements. Equal schemas give equal values, so answers are reproducible.
+
+The keywords it cannot honour (`pattern`, `not`, `if`/`then`, `patternProperties`,
+`dependentSchemas`, remote `$ref`s) and schemas that are malformed or unsatisfiable (an
+unknown type, minimum above maximum, an empty enum) raise SchemaError: the engine answers
+400 rather than produce JSON that would not validate. No third-party validator at run time:
+the checks here are the ones needed to guarantee the generated value is valid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MAX_DEPTH = 32
+"""Deepest nesting (including $ref hops) followed; deeper is a recursive schema → 400."""
+
+_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+_UNSUPPORTED = ("pattern", "not", "if", "then", "else", "patternProperties", "dependentSchemas", "dependencies",
+                "contains", "uniqueItems", "propertyNames", "unevaluatedProperties")  # fmt: skip
+_FORMATS = {
+    "date": "2024-01-01",
+    "date-time": "2024-01-01T00:00:00Z",
+    "time": "00:00:00Z",
+    "email": "a@example.com",
+    "uri": "https://example.com",
+    "url": "https://example.com",
+    "uuid": "00000000-0000-0000-0000-000000000000",
+    "ipv4": "127.0.0.1",
+    "hostname": "example.com",
+}
+_FILLER = "abcdefghij"
+
+
+class SchemaError(ValueError):
+    """The schema is malformed, unsatisfiable, or uses a keyword the sim engine cannot honour."""
+
+
+def minimal_value(schema: Any) -> Any:
+    """The smallest deterministic instance of `schema`; raises SchemaError if there is none we can make."""
+    return _Generator(schema).value(schema, "#", 0)
+
+
+class _Generator:
+    def __init__(self, root: Any) -> None:
+        self.root = root
+
+    def value(self, schema: Any, where: str, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise SchemaError(f"the schema at {where} nests deeper than {MAX_DEPTH} levels (a recursive $ref?)")
+        if schema is True or schema == {}:
+            return None if depth else {}
+        if schema is False:
+            raise SchemaError(f"the schema at {where} is `false`: no value satisfies it")
+        if not isinstance(schema, dict):
+            raise SchemaError(f"the schema at {where} must be an object or a boolean, got {type(schema).__name__}")
+        for keyword in _UNSUPPORTED:
+            if keyword in schema:
+                raise SchemaError(f"the schema at {where} uses '{keyword}', which the sim engine cannot honour")
+        if "$ref" in schema:
+            return self.value(self._resolve(schema["$ref"], where), schema["$ref"], depth + 1)
+        if "const" in schema:
+            return schema["const"]
+        if "enum" in schema:
+            enum = schema["enum"]
+            if not isinstance(enum, list) or not enum:
+                raise SchemaError(f"'enum' at {where} must be a non-empty list")
+            return enum[0]
+        for keyword in ("anyOf", "oneOf"):
+            if keyword in schema:
+                options = schema[keyword]
+                if not isinstance(options, list) or not options:
+                    raise SchemaError(f"'{keyword}' at {where} must be a non-empty list of schemas")
+                if keyword == "oneOf" and len(options) > 1:
+                    raise SchemaError(f"'oneOf' with several schemas at {where} is not supported by the sim engine")
+                return self.value(options[0], f"{where}/{keyword}/0", depth + 1)
+        if "allOf" in schema:
+            parts = schema["allOf"]
+            if not isinstance(parts, list) or len(parts) != 1:
+                raise SchemaError(f"'allOf' at {where} is supported with exactly one schema")
+            return self.value(parts[0], f"{where}/allOf/0", depth + 1)
+        kind = self._type(schema, where)
+        if kind == "object":
+            return self._object(schema, where, depth)
+        if kind == "array":
+            return self._array(schema, where, depth)
+        if kind == "string":
+            return _string(schema, where)
+        if kind in ("integer", "number"):
+            return _number(schema, where, integer=kind == "integer")
+        if kind == "boolean":
+            return False
+        return None
+
+    def _type(self, schema: dict[str, Any], where: str) -> str:
+        declared = schema.get("type")
+        if declared is None:
+            if "properties" in schema or "required" in schema:
+                return "object"
+            if "items" in schema:
+                return "array"
+            return "null" if not schema.keys() - {"description", "title", "default", "examples", "$schema", "$defs",
+                                                   "definitions", "additionalProperties"} else "object"
+        names = declared if isinstance(declared, list) else [declared]
+        if not names or any(name not in _TYPES for name in names):
+            raise SchemaError(f"'type' at {where} must be one of {', '.join(_TYPES)} (or a list of them), got {declared!r}")
+        return str(names[0])
+
+    def _resolve(self, ref: Any, where: str) -> Any:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise SchemaError(f"'$ref' at {where} must be a local reference ('#/$defs/...'), got {ref!r}")
+        node: Any = self.root
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, dict) or part not in node:
+                raise SchemaError(f"'$ref' {ref!r} at {where} points at nothing in the schema")
+            node = node[part]
+        return node
+
+    def _object(self, schema: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
+        properties = schema.get("properties", {})
+        if not isinstance(properties, dict):
+            raise SchemaError(f"'properties' at {where} must be an object")
+        required = schema.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
+            raise SchemaError(f"'required' at {where} must be a list of property names")
+        additional = schema.get("additionalProperties", True)
+        max_properties = _count(schema, "maxProperties", where)
+        min_properties = _count(schema, "minProperties", where) or 0
+        names = list(dict.fromkeys(required))
+        if max_properties is not None and len(names) > max_properties:
+            raise SchemaError(f"the schema at {where} requires {len(names)} properties but allows at most {max_properties}")
+        optional = [name for name in properties if name not in names]
+        names += optional[: max(0, min_properties - len(names))]
+        result: dict[str, Any] = {}
+        for name in names:
+            if name in properties:
+                sub = properties[name]
+            elif additional is False:
+                raise SchemaError(f"property '{name}' at {where} is required but not allowed (additionalProperties: false)")
+            else:
+                sub = additional if isinstance(additional, dict) else {"type": "string"}
+            result[name] = self.value(sub, f"{where}/properties/{name}", depth + 1)
+        if len(result) < min_properties:
+            raise SchemaError(f"the schema at {where} needs {min_properties} properties; the sim engine cannot invent them")
+        return result
+
+    def _array(self, schema: dict[str, Any], where: str, depth: int) -> list[Any]:
+        min_items = _count(schema, "minItems", where) or 0
+        max_items = _count(schema, "maxItems", where)
+        if max_items is not None and min_items > max_items:
+            raise SchemaError(f"minItems={min_items} is above maxItems={max_items} at {where}")
+        prefix = schema.get("prefixItems", [])
+        if not isinstance(prefix, list):
+            raise SchemaError(f"'prefixItems' at {where} must be a list of schemas")
+        items = schema.get("items", {})
+        result = [self.value(sub, f"{where}/prefixItems/{i}", depth + 1) for i, sub in enumerate(prefix[:min_items])]
+        for _ in range(len(result), min_items):
+            result.append(self.value(items, f"{where}/items", depth + 1) if items != {} else "")
+        return result
+
+
+def _count(schema: dict[str, Any], name: str, where: str) -> int | None:
+    value = schema.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SchemaError(f"'{name}' at {where} must be a non-negative integer")
+    return value
+
+
+def _string(schema: dict[str, Any], where: str) -> str:
+    low = _count(schema, "minLength", where) or 0
+    high = _count(schema, "maxLength", where)
+    if high is not None and low > high:
+        raise SchemaError(f"minLength={low} is above maxLength={high} at {where}")
+    fmt = schema.get("format")
+    if isinstance(fmt, str) and fmt in _FORMATS:
+        text = _FORMATS[fmt]
+        if len(text) >= low and (high is None or len(text) <= high):
+            return text
+    length = max(low, min(3, high if high is not None else 3))
+    return (_FILLER * (length // len(_FILLER) + 1))[:length]
+
+
+def _number(schema: dict[str, Any], where: str, integer: bool) -> int | float:
+    bounds: dict[str, float] = {}
+    for name in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
+        value = schema.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SchemaError(f"'{name}' at {where} must be a number")
+        bounds[name] = value
+    step = bounds.get("multipleOf")
+    if step is not None and step <= 0:
+        raise SchemaError(f"'multipleOf' at {where} must be positive")
+    if integer:
+        step = step if step is not None else 1
+    low = bounds.get("minimum")
+    if "exclusiveMinimum" in bounds:
+        low = bounds["exclusiveMinimum"] if low is None else max(low, bounds["exclusiveMinimum"])
+    high = bounds.get("maximum")
+    if "exclusiveMaximum" in bounds:
+        high = bounds["exclusiveMaximum"] if high is None else min(high, bounds["exclusiveMaximum"])
+    start = low if low is not None else (min(0, high) if high is not None else 0)
+    if step is not None:
+        candidate: float = math.ceil(start / step) * step
+        if "exclusiveMinimum" in bounds and candidate <= bounds["exclusiveMinimum"]:
+            candidate += step
+        candidate = round(candidate, 12)
+    else:
+        candidate = start
+        if "exclusiveMinimum" in bounds and candidate <= bounds["exclusiveMinimum"]:
+            gap = (high - candidate) if high is not None else 2.0
+            candidate = candidate + min(1.0, gap / 2)
+    if high is not None and (candidate > high or ("exclusiveMaximum" in bounds and candidate >= bounds["exclusiveMaximum"])):
+        raise SchemaError(f"no {'integer' if integer else 'number'} satisfies the bounds at {where}")
+    if integer or (isinstance(candidate, float) and candidate.is_integer() and step is not None and float(step).is_integer()):
+        return int(candidate)
+    return candidate
