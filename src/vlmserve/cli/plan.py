@@ -248,6 +248,11 @@ def search(
     input_len: int = typer.Option(1024, "--input-len", min=1),
     output_len: int = typer.Option(128, "--output-len", min=1),
     dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
+    image_size: str = typer.Option("1024x1024", "--image-size", help="images dataset: image size WxH."),
+    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: share of requests resending an earlier image."),
+    api_server_counts: str = typer.Option("1", "--api-server-counts", help="vLLM --api-server-count values to try, e.g. 1,2,4."),
+    mm_preprocess_ms_per_image: float = typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image (a prior)."),
+    mm_preprocess_ms_per_megapixel: float = typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."),
     num_requests: int = typer.Option(300, "--num-requests", min=1, help="Requests simulated per configuration."),
     tps: str = typer.Option("1,2,4,8", "--tps", help="TP sizes to try."),
     replicas: str = typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."),
@@ -260,7 +265,7 @@ def search(
     top: int = typer.Option(8, "--top", min=1, help="Runners-up to show."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write all candidates as JSON."),
 ) -> None:
-    """Find the cheapest GPU × TP × replicas × max-num-seqs meeting the SLO at the target load."""
+    """Find the cheapest GPU × TP × replicas × max-num-seqs (× API servers) meeting the SLO at the target load."""
     import time
 
     from rich.progress import Progress
@@ -269,17 +274,22 @@ def search(
     from vlmserve.plan.search import SearchSpace, parse_prices, run_search, runners_up
 
     load = _load_spec(dataset=dataset, input_len=input_len, output_len=output_len, rate=rate,
-                      concurrency=concurrency, num_requests=num_requests)
+                      concurrency=concurrency, num_requests=num_requests, image_size=parse_image_size(image_size),
+                      image_repeat_rate=image_repeat_rate)
+    server_counts = _ints(api_server_counts, "--api-server-counts")
+    frontend = FrontendConfig(max(server_counts), mm_preprocess_ms_per_image, mm_preprocess_ms_per_megapixel)
+    for problem in frontend.validate():  # once, here: inside the search a bad value would read as "does not fit"
+        raise UserError(problem.replace("--api-server-count ", "--api-server-counts ", 1))
     space = SearchSpace(
         model=model, gpus=_names(gpus, "--gpus"), tps=_ints(tps, "--tps"), replicas=_ints(replicas, "--replicas"),
         max_num_seqs=_ints(max_num_seqs, "--max-num-seqs"), max_gpus=max_gpus, weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype,
+        kv_dtype=kv_dtype, api_server_counts=server_counts, frontend=frontend,
     )
     prices = parse_prices(price)
     slo_spec = SLO.parse(slo)
     console = _console()
     started = time.perf_counter()
-    total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs)
+    total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs) * len(space.api_server_counts)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("simulating configurations", total=total)
         outcome = run_search(space, load, slo_spec, prices=prices, calibration=load_calibration(calibration),
@@ -321,7 +331,8 @@ def _candidate_json(candidate: Any) -> dict[str, Any]:
     figures = candidate.summary.to_dict() if candidate.summary is not None else {}
     return {
         "gpu": candidate.gpu, "tp": candidate.tp, "replicas": candidate.replicas,
-        "max_num_seqs": candidate.max_num_seqs, "num_gpus": candidate.num_gpus,
+        "max_num_seqs": candidate.max_num_seqs, "api_server_count": candidate.api_server_count,
+        "num_gpus": candidate.num_gpus,
         "cost_per_hour": candidate.cost_per_hour, "status": candidate.status, "reason": candidate.reason,
         "throughput": figures.get("throughput"), "ttft_ms": figures.get("ttft_ms"), "tpot_ms": figures.get("tpot_ms"),
     }

@@ -75,6 +75,14 @@ FRONTEND_BUSY = 0.8
 """Frontend utilization from which the API servers, not the GPU, set the pace."""
 
 
+def frontend_is_limit(block: dict[str, Any] | None) -> bool:
+    """Whether a simulated run's frontend block says the API servers, not the GPU, set the pace:
+    busy at least FRONTEND_BUSY, and image requests wait longer there than in the engine's queue."""
+    if not block:
+        return False
+    return bool(block["utilization"] >= FRONTEND_BUSY and block["mean_frontend_s"] > block["mean_engine_queue_s"])
+
+
 def frontend_findings(setup: PlanSetup, load: LoadSpec, summary: RunSummary) -> list[str]:
     """Whether the frontend (image preprocessing) is the limit, and what would change it (simulated).
 
@@ -89,7 +97,7 @@ def frontend_findings(setup: PlanSetup, load: LoadSpec, summary: RunSummary) -> 
     utilization, waited, queued = block["utilization"], block["mean_frontend_s"], block["mean_engine_queue_s"]
     lines = [f"frontend (simulated): API servers {utilization:.0%} busy, image requests spend {waited * 1000:.0f} ms there "
              f"and {queued * 1000:.0f} ms in the engine's queue; multimodal cache hit rate {block['mm_cache_hit_rate']:.2f}"]
-    if utilization < FRONTEND_BUSY or waited <= queued:
+    if not frontend_is_limit(block):
         return lines
     from vlmserve.plan.simulate import simulate_run
 

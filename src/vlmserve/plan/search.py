@@ -13,7 +13,7 @@ more replicas of the same shape can only cost more. Pruned candidates are listed
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -21,9 +21,11 @@ from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import Calibration
 from vlmserve.hardware.gpus import get_gpu
 from vlmserve.hardware.models import load_model
-from vlmserve.hardware.setup import PlanSetup
+from vlmserve.hardware.setup import FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS, PlanSetup
+from vlmserve.plan.explain import frontend_is_limit
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.results.records import RequestRecord
+from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.spec import SLO, LoadSpec
 
 QUEUE_GROWTH_FACTOR = 2.0
@@ -43,6 +45,11 @@ class SearchSpace:
     weight_dtype: str | None = None
     kv_dtype: str = "bf16"
     max_num_batched_tokens: int | None = None
+    api_server_counts: list[int] = field(default_factory=lambda: [1])
+    """vLLM --api-server-count values to try: CPU processes, free in GPU cost; fewer win at equal cost."""
+    frontend: FrontendConfig = field(default_factory=lambda: FrontendConfig(
+        per_image_ms=FRONTEND_PER_IMAGE_MS, per_megapixel_ms=FRONTEND_PER_MEGAPIXEL_MS))
+    """Preprocessing costs and cache of every candidate (its api_server_count is the candidate's)."""
 
 
 @dataclass
@@ -57,10 +64,12 @@ class Candidate:
     """'meets', 'misses', 'does not fit', 'over budget', 'pruned'."""
     reason: str = ""
     summary: RunSummary | None = None
+    api_server_count: int = 1
 
     @property
     def label(self) -> str:
-        return f"{self.replicas}× {self.gpu} TP{self.tp}, max-num-seqs {self.max_num_seqs}"
+        servers = f", api-server-count {self.api_server_count}" if self.api_server_count != 1 else ""
+        return f"{self.replicas}× {self.gpu} TP{self.tp}, max-num-seqs {self.max_num_seqs}{servers}"
 
     @property
     def cost_per_million_output_tokens(self) -> float | None:
@@ -136,6 +145,10 @@ def _judge(candidate: Candidate, result: RunResult, slo: SLO, load: LoadSpec) ->
             reasons.append(
                 f"overloaded at {load.rate:g} req/s: the queue grows (TTFT {first:.2f} s early, {last:.2f} s late)"
             )
+    frontend = (summary.simulation or {}).get("frontend")
+    if reasons and frontend_is_limit(frontend):
+        assert frontend is not None
+        reasons.append(f"frontend-bound (API servers {frontend['utilization']:.0%} busy): try more --api-server-counts")
     candidate.status = "misses" if reasons else "meets"
     candidate.reason = "; ".join(reasons)
 
@@ -150,13 +163,14 @@ def enumerate_candidates(space: SearchSpace, prices: dict[str, float]) -> list[C
     for gpu in gpus:
         for tp in space.tps:
             for max_num_seqs in space.max_num_seqs:
-                for replicas in sorted(space.replicas):
-                    num_gpus = tp * replicas
-                    price = prices.get(gpu.key)
-                    candidates.append(
-                        Candidate(gpu.key, tp, replicas, max_num_seqs, num_gpus,
-                                  None if price is None else price * num_gpus)
-                    )
+                for servers in sorted(space.api_server_counts):
+                    for replicas in sorted(space.replicas):
+                        num_gpus = tp * replicas
+                        price = prices.get(gpu.key)
+                        candidates.append(
+                            Candidate(gpu.key, tp, replicas, max_num_seqs, num_gpus,
+                                      None if price is None else price * num_gpus, api_server_count=servers)
+                        )
     return candidates
 
 
@@ -176,9 +190,9 @@ def run_search(
     model = load_model(space.model)
     candidates = enumerate_candidates(space, prices)
     simulated = 0
-    passed_shapes: set[tuple[str, int, int]] = set()
+    passed_shapes: set[tuple[str, int, int, int]] = set()
     for candidate in candidates:
-        shape = (candidate.gpu, candidate.tp, candidate.max_num_seqs)
+        shape = (candidate.gpu, candidate.tp, candidate.max_num_seqs, candidate.api_server_count)
         if candidate.num_gpus > space.max_gpus:
             candidate.status, candidate.reason = "over budget", f"needs {candidate.num_gpus} GPUs > --max-gpus {space.max_gpus}"
         elif prune and shape in passed_shapes:
@@ -189,6 +203,7 @@ def run_search(
                     model=model, gpu=get_gpu(candidate.gpu), tp=candidate.tp, replicas=candidate.replicas,
                     weight_dtype=space.weight_dtype, kv_dtype=space.kv_dtype, calibration=calibration,
                     max_num_seqs=candidate.max_num_seqs, max_num_batched_tokens=space.max_num_batched_tokens,
+                    frontend=replace(space.frontend, api_server_count=candidate.api_server_count),
                 )
                 setup.memory()
                 output = simulate_run(setup, load, slo=slo, record_token_times=True)
@@ -210,10 +225,10 @@ def run_search(
     return SearchOutcome(candidates, best, len(candidates), simulated, ranked_by)
 
 
-def _rank_key(candidate: Candidate) -> tuple[float, int, float]:
+def _rank_key(candidate: Candidate) -> tuple[float, int, int, float]:
     cost = candidate.cost_per_hour if candidate.cost_per_hour is not None else float(candidate.num_gpus)
     ttft = (candidate.summary.ttft_ms.p95 if candidate.summary is not None else None) or 0.0
-    return (cost, candidate.num_gpus, ttft)
+    return (cost, candidate.num_gpus, candidate.api_server_count, ttft)
 
 
 def _why_costlier(candidate: Candidate, best: Candidate) -> str:
@@ -223,6 +238,8 @@ def _why_costlier(candidate: Candidate, best: Candidate) -> str:
             return f"meets the SLO but costs ${extra:.2f}/h more"
     if candidate.num_gpus > best.num_gpus:
         return f"meets the SLO but needs {candidate.num_gpus - best.num_gpus} more GPU(s)"
+    if candidate.api_server_count > best.api_server_count:
+        return f"meets the SLO but needs {candidate.api_server_count - best.api_server_count} more API server process(es)"
     return "meets the SLO at the same cost; ranked lower on p95 TTFT"
 
 

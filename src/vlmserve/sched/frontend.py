@@ -23,9 +23,16 @@ Not modelled: image download time (remote URLs), per-process memory, video and a
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+MAX_API_SERVER_COUNT = 1024
+"""More frontend processes than any host runs: the bound keeps a typo from allocating gigabytes."""
+MAX_PREPROCESS_MS = 3_600_000.0
+"""An hour per image (or per megapixel): above that a value is a typo, not a model."""
+MAX_MM_CACHE_ITEMS = 10_000_000
 
 ImageItem = tuple[int, int]
 """(content digest, pixels) of one image in a request."""
@@ -53,10 +60,20 @@ class FrontendConfig:
         problems = []
         if self.api_server_count < 1:
             problems.append(f"--api-server-count must be at least 1, got {self.api_server_count}")
+        elif self.api_server_count > MAX_API_SERVER_COUNT:
+            problems.append(f"--api-server-count must be at most {MAX_API_SERVER_COUNT}, got {self.api_server_count}")
         if self.per_image_ms < 0 or self.per_megapixel_ms < 0:
             problems.append("--mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative")
+        for flag, value in (("--mm-preprocess-ms-per-image", self.per_image_ms),
+                            ("--mm-preprocess-ms-per-megapixel", self.per_megapixel_ms)):
+            if not math.isfinite(value):  # NaN slips past `< 0` and would poison every clock it touches
+                problems.append(f"{flag} must be a finite number of milliseconds, got {value}")
+            elif value > MAX_PREPROCESS_MS:
+                problems.append(f"{flag} must be at most {MAX_PREPROCESS_MS:.0f} (an hour), got {value:g}")
         if self.mm_cache_items < 0:
             problems.append(f"--mm-cache-items must be 0 (no cache) or more, got {self.mm_cache_items}")
+        elif self.mm_cache_items > MAX_MM_CACHE_ITEMS:
+            problems.append(f"--mm-cache-items must be at most {MAX_MM_CACHE_ITEMS}, got {self.mm_cache_items}")
         return problems
 
 

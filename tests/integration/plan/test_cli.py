@@ -46,6 +46,18 @@ def test_plan_as_the_issue_writes_it(tmp_path: Path, capsys) -> None:
         (["plan", "search", "--model", "llama-3.1-8b", "--slo", "ttft_p95=1s", "--rate", "1", "--price", "h100=3"],
          "error: --price has no price for h200, l40s"),
         (["plan", "search", "--model", "llama-3.1-8b", "--slo", "speed=1", "--rate", "1"], "error: --slo: unknown objective 'speed'"),
+        (["plan", "search", "--model", "qwen3-vl-4b", "--slo", "ttft_p95=1s", "--rate", "1", "--api-server-counts", "1,0"],
+         "error: --api-server-counts: values must be at least 1"),
+        (["plan", "search", "--model", "qwen3-vl-4b", "--slo", "ttft_p95=1s", "--rate", "1", "--api-server-counts", "2,5000"],
+         "error: --api-server-counts must be at most 1024, got 5000"),
+        (["plan", "search", "--model", "qwen3-vl-4b", "--slo", "ttft_p95=1s", "--rate", "1", "--mm-preprocess-ms-per-image", "nan"],
+         "error: --mm-preprocess-ms-per-image must be a finite number of milliseconds, got nan"),
+        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--api-server-count", "0"],
+         "error: --api-server-count must be at least 1, got 0"),
+        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--mm-preprocess-ms-per-image", "inf"],
+         "error: --mm-preprocess-ms-per-image must be a finite number of milliseconds, got inf"),
+        (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--mm-preprocess-ms-per-megapixel", "-2"],
+         "error: --mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:

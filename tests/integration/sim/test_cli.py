@@ -26,6 +26,11 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         (["--error-codes", "404"], "error: --error-codes takes 5xx status codes, got 404"),
         (["--error-rate", "1.5"], "error: --error-rate must be between 0 and 1"),
         (["--num-kv-blocks", "10"], "error: the KV cache (10 blocks of 16 tokens = 160 tokens) cannot hold one request"),
+        (["--api-server-count", "0"], "error: --api-server-count must be at least 1, got 0"),
+        (["--api-server-count", "1000000000"], "error: --api-server-count must be at most 1024, got 1000000000"),
+        (["--mm-preprocess-ms-per-image", "-5"], "error: --mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative"),
+        (["--mm-preprocess-ms-per-megapixel", "nan"], "error: --mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got nan"),
+        (["--mm-cache-items", "-1"], "error: --mm-cache-items must be 0 (no cache) or more, got -1"),
     ],
 )
 def test_bad_flags_get_one_line_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

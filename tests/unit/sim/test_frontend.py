@@ -38,6 +38,26 @@ def test_config_problems_name_the_flag() -> None:
     assert any("--mm-cache-items" in p for p in problems)
 
 
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        (FrontendConfig(per_image_ms=float("nan")), "--mm-preprocess-ms-per-image must be a finite number of milliseconds, got nan"),
+        (FrontendConfig(per_megapixel_ms=float("inf")), "--mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got inf"),
+        (FrontendConfig(per_image_ms=1e300), "--mm-preprocess-ms-per-image must be at most 3600000 (an hour), got 1e+300"),
+        (FrontendConfig(api_server_count=10**9), "--api-server-count must be at most 1024, got 1000000000"),
+        (FrontendConfig(mm_cache_items=10**12), "--mm-cache-items must be at most 10000000, got 1000000000000"),
+    ],
+)
+def test_hostile_values_are_refused_before_they_cost_memory_or_poison_clocks(config: FrontendConfig, problem: str) -> None:
+    assert config.validate() == [problem]
+
+
+def test_zero_costs_are_allowed_and_mean_no_preprocessing_time() -> None:
+    config = FrontendConfig(per_image_ms=0.0, per_megapixel_ms=0.0)
+    assert config.validate() == []
+    assert Frontend(config).admit(3.0, [(1, MP)]).ready_s == 3.0
+
+
 COST = ParametricStepCost(fixed_s=0.002, per_prefill_token_s=1e-5, per_decode_seq_s=1e-4, per_kv_token_s=0.0,
                           per_image_token_s=2e-5)
 

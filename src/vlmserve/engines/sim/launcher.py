@@ -23,7 +23,11 @@ VLMSERVE_MODULE = "vlmserve"
 _SPEC_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "profile", "ttft_ms", "itl_ms")
 """SimEngineConfig fields a DeploymentSpec sets, in the order they are passed."""
 
-_unknown = set(_SPEC_FLAGS) - {each.name for each in fields(SimEngineConfig)}
+_VLLM_FLAGS = ("api_server_count",)
+"""vLLM flags in a spec's engine_args that the sim models with the same meaning (its frontend
+stage): passed on under the same name, so a sim rehearsal of a spec keeps its API server count."""
+
+_unknown = (set(_SPEC_FLAGS) | set(_VLLM_FLAGS)) - {each.name for each in fields(SimEngineConfig)}
 assert not _unknown, f"SimEngineConfig has no field(s) {_unknown}"
 
 
@@ -60,6 +64,10 @@ class SimLauncher:
         for name in _SPEC_FLAGS:
             if values[name] is not None:
                 argv += [_flag(name), str(values[name])]
+        vllm_flags = spec.engine_args.vllm_flags()
+        for name in _VLLM_FLAGS:
+            if vllm_flags.get(name) is not None:
+                argv += [_flag(name), str(vllm_flags[name])]
         return argv + list(spec.sim.extra_args)
 
     def launches(self) -> list[EngineLaunch]:
