@@ -17,7 +17,9 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
 def register(app: typer.Typer) -> None:
     @app.command("gateway")
     def gateway(
-        replica: list[str] = typer.Option(..., "--replica", "-r", help="Base URL of an engine replica (repeat for each)."),
+        replica: list[str] = typer.Option([], "--replica", "-r", help="Base URL of an engine replica (repeat for each); static, beside --discover."),
+        discover: Optional[str] = typer.Option(None, help="Replicas that come and go: file:PATH (URLs, one a line, or a YAML/JSON list), dns:NAME:PORT (a headless Service's A/AAAA records) or k8s:NAMESPACE/SERVICE[:PORTNAME] (its EndpointSlices). New ones are routed to after their health check; removed ones drain."),
+        discover_interval: float = typer.Option(_DEFAULTS["discover_interval_s"], help="Seconds between reads of the --discover source."),
         host: str = typer.Option("127.0.0.1", help="Address to listen on."),
         port: int = typer.Option(8080, help="Port to listen on."),
         policy: str = typer.Option("least-outstanding-tokens", help=f"Routing policy: {', '.join(POLICY_NAMES)}."),
@@ -81,12 +83,13 @@ def register(app: typer.Typer) -> None:
             max_images_per_request=max_images_per_request, media_fetch_timeout_s=media_fetch_timeout,
             image_downscale_max_side=image_downscale_max_side, model_config_dir=model_config_dir,
             client_mm_processor_kwargs=[key.strip() for value in client_mm_processor_kwargs for key in value.split(",") if key.strip()],
+            discover=discover, discover_interval_s=discover_interval,
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
         def ready(bound_port: int) -> None:
             scheme = "https" if ssl_certfile else "http"
-            typer.echo(f"vlmserve gateway listening on {scheme}://{host}:{bound_port} ({policy}, {len(replica)} replica(s))", err=True)
+            typer.echo(f"vlmserve gateway listening on {scheme}://{host}:{bound_port} ({policy}, {len(replica)} static replica(s){', discovering ' + discover if discover else ''})", err=True)
 
         serve_forever(config, on_ready=ready)

@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -23,6 +24,7 @@ from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected,
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
+from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media
@@ -90,7 +92,13 @@ class Gateway:
             upstream_headers=upstream_headers,
             on_load_update=self.policy.on_load_update,
             on_ejection=lambda replica: self.metrics.ejections.labels(replica.name).inc(),
+            on_forget=self._forget_replica,
         )
+        self.discovery: DiscoveryWatcher | None = None
+        if config.discover:
+            self.discovery = DiscoveryWatcher(parse_source(config.discover), config.discover_interval_s,
+                                              self._apply_discovered,
+                                              lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the listening socket's guard (client_limits.py)
         self.watchdog = Watchdog()
         self.session: aiohttp.ClientSession | None = None
@@ -115,7 +123,14 @@ class Gateway:
             upstream_auth=self.config.replica_api_key,
             on_retry=lambda replica, reason: self.metrics.retries.labels(replica.name, reason).inc(),
         )
+        if self.discovery is not None:
+            prepare = getattr(self.discovery.source, "prepare", None)
+            if prepare is not None:
+                prepare()  # credentials: a one-line error now rather than a warning every interval
+            await self.discovery.poll()  # the source's replicas are health-checked with the static ones
         await self.pool.start()
+        if self.discovery is not None:
+            self.discovery.start()
         self.watchdog.start()
         healthy = sum(r.healthy for r in self.pool.replicas)
         log.info("gateway routing to %d replica(s) (%d healthy) with policy %s", len(self.pool.replicas), healthy, self.policy.name)
@@ -128,6 +143,8 @@ class Gateway:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self.watchdog.stop()
         await self.pool.stop()
         if self.session is not None:
@@ -135,6 +152,20 @@ class Gateway:
         if self.media_session is not None:
             await self.media_session.close()
         self.audit.close()
+
+    # ---- replicas that come and go -------------------------------------------------------------
+
+    def _apply_discovered(self, urls: Sequence[str]) -> None:
+        added, removed = self.pool.set_discovered(urls)
+        if added:
+            self.metrics.replica_changes.labels("added").inc(len(added))
+        if removed:
+            self.metrics.replica_changes.labels("removed").inc(len(removed))
+
+    def _forget_replica(self, replica: Replica) -> None:
+        """A removed replica drained: the policy and the metrics drop what they kept about it."""
+        self.policy.forget(replica)
+        self.metrics.forget_replica(replica.name)
 
     # ---- state for /metrics and /health --------------------------------------------------------
 
@@ -152,7 +183,12 @@ class Gateway:
                     "routable": r.routable(now),
                     "outstanding_tokens": None if outstanding is None else outstanding.get(r.index, 0),
                 }
-                for r in self.pool.replicas
+                for r in (*self.pool.replicas, *self.pool.draining)
+            },
+            "replica_states": {
+                "routable": sum(r.routable(now) for r in self.pool.replicas),
+                "not_ready": sum(not r.healthy for r in self.pool.replicas),
+                "draining": len(self.pool.draining),
             },
             "queued": {p: self.admission.queued(p) for p in PRIORITIES},
             "ejected": self.pool.ejected_count(),
@@ -168,7 +204,7 @@ class Gateway:
         payload = {
             "status": status if ok else ("draining" if self.draining else "no healthy replica"),
             "policy": self.policy.name,
-            "replicas": [r.describe() for r in self.pool.replicas],
+            "replicas": [r.describe() for r in (*self.pool.replicas, *self.pool.draining)],
         }
         return web.json_response(payload, status=200 if ok else 503)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmserve.errors import UserError
+from vlmserve.gateway.discovery import parse_source
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 
@@ -88,11 +89,20 @@ class GatewayConfig:
     # Per-request mm_processor_kwargs keys a client may send (engines behind the gateway trust
     # them: vLLM's --trust-request-mm-kwargs); any other key is refused with 400.
     client_mm_processor_kwargs: list[str] = field(default_factory=lambda: list(CLIENT_MM_PROCESSOR_KWARGS))
+    # Replicas that come and go (discovery.py): a source read every discover_interval_s, beside
+    # the static `replicas` (file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]).
+    discover: str | None = None
+    discover_interval_s: float = 5.0
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
-        if not self.replicas:
-            raise UserError("no replicas given: pass --replica URL at least once (e.g. --replica http://127.0.0.1:8001)")
+        if not self.replicas and not self.discover:
+            raise UserError("no replicas given: pass --replica URL at least once (e.g. --replica http://127.0.0.1:8001) "
+                            "or --discover SOURCE")
+        if self.discover is not None:
+            parse_source(self.discover)  # a UserError naming the problem
+            if self.discover_interval_s <= 0:
+                raise UserError("--discover-interval must be positive (seconds between reads of the source)")
         for url in self.replicas:
             if not (url.startswith("http://") or url.startswith("https://")):
                 raise UserError(f"replica URL {url!r} must start with http:// or https://")

@@ -39,6 +39,10 @@ class _StateCollector(Collector):
         queued = GaugeMetricFamily("vlmserve_gateway_queued", "Requests waiting for an admission slot", labels=["priority"])
         for priority, count in state["queued"].items():
             queued.add_metric([priority], count)
+        replicas = GaugeMetricFamily("vlmserve_gateway_replicas", "Replicas in the set by state: routable, not_ready (joined or failing its health check), draining (left the source, requests still in flight)", labels=["state"])
+        for state_name, count in state.get("replica_states", {}).items():
+            replicas.add_metric([state_name], count)
+        yield replicas
         yield in_flight
         yield healthy
         yield outstanding
@@ -87,6 +91,15 @@ class GatewayMetrics:
             "vlmserve_gateway_image_preflight_seconds", "Time the image preflight took per request with images (fetch included)",
             buckets=LATENCY_BUCKETS_S, registry=self.registry,
         )
+        self.replica_changes = Counter(
+            "vlmserve_gateway_replica_changes", "Replicas that joined or left the set through --discover",
+            ["change"], registry=self.registry,
+        )
+        self.discovery_errors = Counter(
+            "vlmserve_gateway_discovery_errors",
+            "Failed reads of the --discover source (the previous set is kept), by reason: unreadable, malformed, unresolved, api_error",
+            ["reason"], registry=self.registry,
+        )
         self.registry.register(_StateCollector(snapshot))
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._latency_children: dict[str, tuple[Any, Any]] = {}
@@ -105,6 +118,17 @@ class GatewayMetrics:
             children = self._latency_children[replica] = (self.ttft.labels(replica), self.e2e.labels(replica))
         children[0].observe(ttft_s)
         children[1].observe(e2e_s)
+
+    def forget_replica(self, replica: str) -> None:
+        """Drop the per-replica series of a replica that left and drained (pods come and go: labels must not pile up)."""
+        self._latency_children.pop(replica, None)
+        for key in [key for key in self._request_children if key[2] == replica]:
+            del self._request_children[key]
+        for metric in (self.requests, self.ttft, self.e2e, self.retries, self.ejections):
+            names = metric._labelnames  # prometheus_client keeps label values per child; no public iterator
+            position = names.index("replica")
+            for values in [v for v in list(metric._metrics) if v[position] == replica]:  # type: ignore[attr-defined]
+                metric.remove(*values)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

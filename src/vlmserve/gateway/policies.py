@@ -52,6 +52,11 @@ class RoutingPolicy:
     def on_load_update(self, replica: Replica, load: EngineLoad) -> None:
         """A fresh scrape of the replica's engine metrics."""
 
+    def forget(self, replica: Replica) -> None:
+        """The replica left the set and drained (nothing in flight): drop what is kept about it.
+
+        Indices are never reused, so this only bounds memory; it never changes a routing decision."""
+
 
 def _fewest_in_flight(candidates: Sequence[Replica], rotation: int) -> Replica:
     """Tie-break that spreads equal choices instead of always taking the first replica."""
@@ -123,6 +128,9 @@ class LeastOutstandingTokens(RoutingPolicy):
 
     def on_finish(self, request: RoutedRequest, replica: Replica, outcome: Outcome) -> None:
         self._refund(request, replica)
+
+    def forget(self, replica: Replica) -> None:
+        self.outstanding.pop(replica.index, None)
 
 
 def load_bound(candidates: Sequence[Replica], factor: float) -> int:
@@ -196,6 +204,9 @@ class PrefixAffinity(RoutingPolicy):
         while len(cached) > self.blocks_per_replica:
             cached.popitem(last=False)
 
+    def forget(self, replica: Replica) -> None:
+        self._blocks.pop(replica.index, None)
+
 
 class ImageMemory:
     """Which image digests each replica was recently sent: a stand-in for its multimodal cache.
@@ -221,6 +232,9 @@ class ImageMemory:
             seen.move_to_end(digest)
         while len(seen) > self.images_per_replica:
             seen.popitem(last=False)
+
+    def forget(self, replica: Replica) -> None:
+        self._seen.pop(replica.index, None)
 
 
 class ImageAffinity(LeastOutstandingTokens):
@@ -276,6 +290,10 @@ class ImageAffinity(LeastOutstandingTokens):
     def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
         self._charge(request, replica, request.expected_total_tokens + self.image_work(request, replica))
         self.memory.remember(request, replica)
+
+    def forget(self, replica: Replica) -> None:
+        super().forget(replica)
+        self.memory.forget(replica)
 
 
 class EngineAware(RoutingPolicy):
@@ -343,6 +361,10 @@ class EngineAware(RoutingPolicy):
     def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
         self.memory.remember(request, replica)
 
+    def forget(self, replica: Replica) -> None:
+        self.loads.pop(replica.index, None)
+        self.memory.forget(replica)
+
 
 class SessionAffinity(RoutingPolicy):
     """Keep requests with the same X-Session-ID on one replica, on top of any policy.
@@ -389,6 +411,12 @@ class SessionAffinity(RoutingPolicy):
 
     def on_load_update(self, replica: Replica, load: EngineLoad) -> None:
         self.inner.on_load_update(replica, load)
+
+    def forget(self, replica: Replica) -> None:
+        """Sessions pinned to the replica are unpinned (they re-pin on their next request)."""
+        self.inner.forget(replica)
+        for session in [s for s, index in self._sessions.items() if index == replica.index]:
+            del self._sessions[session]
 
 
 def build_policy(config: GatewayConfig) -> RoutingPolicy:

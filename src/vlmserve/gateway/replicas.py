@@ -13,6 +13,13 @@ Passive ejection is bounded, as Envoy's outlier detection is:
 - Panic mode: when no replica that passes its active health check is also un-ejected, every
   replica passing its health check is routed to, ejected or not (Envoy's panic threshold at
   its extreme): an ejection can shrink the pool, never empty it.
+
+Replicas that come and go (`set_discovered`, fed by discovery.py): the static replicas stay; a
+new URL joins unhealthy and is routed to only once its health check passes (checked at once,
+not a health interval later); a URL that leaves stops getting new requests and drains — its
+requests in flight finish — and once none is left it is forgotten (`on_forget`: the policy and
+the metrics drop what they kept about it). Indices are never reused, so state a policy keyed by
+a removed replica's index can never attach to a newcomer. The ejection cap follows the set's size.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -56,6 +64,8 @@ class Replica:
     in_flight: int = 0  # requests dispatched and not yet finished (the gateway's own count)
     last_success_at: float = -math.inf  # monotonic time of the last request it answered well
     dispatched_total: int = 0
+    discovered: bool = False  # from --discover (may leave); False: a static --replica (stays)
+    draining: bool = False  # removed from the source: no new requests, in-flight ones finish
     _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
 
     def endpoint(self, path: str) -> URL:
@@ -92,6 +102,8 @@ class Replica:
             "breaker": self.breaker.state.value,
             "in_flight": self.in_flight,
             "models": sorted(self.model_ids),
+            "discovered": self.discovered,
+            "draining": self.draining,
         }
 
 
@@ -112,12 +124,16 @@ class ReplicaPool:
         upstream_headers: dict[str, str] | None = None,
         on_load_update: Callable[[Replica, EngineLoad], None] | None = None,
         on_ejection: Callable[[Replica], None] | None = None,
+        on_forget: Callable[[Replica], None] | None = None,
     ) -> None:
-        self.replicas = [
-            Replica(index=i, url=url.rstrip("/"), breaker=CircuitBreaker(breaker_failures, breaker_open_s, breaker_open_max_s))
-            for i, url in enumerate(urls)
-        ]
-        self.max_ejections = math.floor(max_ejection_fraction * len(self.replicas) + 1e-9)
+        self._breaker_settings = (breaker_failures, breaker_open_s, breaker_open_max_s)
+        self._next_index = 0
+        self.replicas: list[Replica] = [self._new_replica(url) for url in urls]
+        self.draining: list[Replica] = []  # removed, with requests still in flight
+        self.max_ejection_fraction = max_ejection_fraction
+        self.max_ejections = 0
+        self._update_ejection_cap()
+        self.on_forget = on_forget
         self._session_factory = session_factory
         self._session: aiohttp.ClientSession | None = None
         self.health_interval_s = health_interval_s
@@ -126,6 +142,67 @@ class ReplicaPool:
         self.on_load_update = on_load_update
         self.on_ejection = on_ejection
         self._tasks: list[asyncio.Task] = []
+        self._one_off: set[asyncio.Task] = set()
+
+    def _new_replica(self, url: str, discovered: bool = False) -> Replica:
+        replica = Replica(index=self._next_index, url=url.rstrip("/"), breaker=CircuitBreaker(*self._breaker_settings),
+                          discovered=discovered)
+        self._next_index += 1
+        return replica
+
+    def _update_ejection_cap(self) -> None:
+        self.max_ejections = math.floor(self.max_ejection_fraction * len(self.replicas) + 1e-9)
+
+    # ---- replicas that come and go -----------------------------------------------------------
+
+    def set_discovered(self, urls: Iterable[str]) -> tuple[list[Replica], list[Replica]]:
+        """Make the discovered replicas exactly `urls` (static ones are kept whatever the list says).
+
+        Returns (added, removed). An added replica is routed to once its health check passes (one
+        starts now); a removed one drains. A URL that returns while its replica drains is taken
+        back as it is (same index, breaker and policy state)."""
+        static = {r.url for r in self.replicas if not r.discovered}
+        wanted = {url.rstrip("/") for url in urls} - static
+        current = {r.url: r for r in self.replicas if r.discovered}
+        removed = [current[url] for url in sorted(current.keys() - wanted)]
+        added: list[Replica] = []
+        for url in sorted(wanted - current.keys()):
+            returning = next((r for r in self.draining if r.url == url), None)
+            if returning is not None:
+                self.draining.remove(returning)
+                returning.draining = False
+                added.append(returning)
+            else:
+                added.append(self._new_replica(url, discovered=True))
+        for replica in removed:
+            replica.draining = True
+            self.draining.append(replica)
+        self.replicas = [r for r in self.replicas if not r.draining] + added  # a new list: loops iterating the old one are safe
+        self._update_ejection_cap()
+        for replica in added:
+            log.info("replica %s joined (routed to once its health check passes)", replica.url)
+            if self._session is not None:
+                self._spawn(self._check_health(replica), f"gateway-ready-{replica.index}")
+        for replica in removed:
+            log.info("replica %s left: draining %d request(s) in flight", replica.url, replica.in_flight)
+        self.forget_drained()
+        return added, removed
+
+    def forget_drained(self) -> list[Replica]:
+        """Drop draining replicas with nothing left in flight; returns them."""
+        done = [r for r in self.draining if r.in_flight <= 0]
+        if done:
+            self.draining = [r for r in self.draining if r.in_flight > 0]
+            for replica in done:
+                log.info("replica %s drained", replica.url)
+                if self.on_forget is not None:
+                    self.on_forget(replica)
+        return done
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        self._one_off.add(task)
+        task.add_done_callback(self._one_off.discard)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -139,7 +216,7 @@ class ReplicaPool:
             self._tasks.append(asyncio.create_task(self._metrics_loop(), name="gateway-metrics"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._one_off]:
             task.cancel()
         for task in self._tasks:
             try:
@@ -147,6 +224,7 @@ class ReplicaPool:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
+        self._one_off.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -202,6 +280,7 @@ class ReplicaPool:
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.health_interval_s)
+            self.forget_drained()
             await asyncio.gather(*(self._check_health(r) for r in self.replicas))
 
     async def _metrics_loop(self) -> None:

@@ -1,0 +1,186 @@
+"""Replicas that come and go (`vlmserve gateway --discover`), against real sim engines and a real bench.
+
+The issue's Done-when: a replica added to the watched file during a `vlmserve bench` run gets
+traffic once its readiness check passes (and not before), and a removed one drains without a
+single failed request. Then the file source's hostile inputs: junk lines, bad schemes, a
+half-written list, a file that disappears — each keeps the previous set, warns and is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers.gateway_fixtures import MODEL, varied_sim_engines
+from tests.helpers.gateway_proc import start_gateway
+from tests.helpers.sim import SimHandle, free_port, sim_engine_argv, wait_ready
+
+DISCOVERY_FLAGS = ("--discover-interval", "0.1", "--health-interval", "0.2")
+
+
+def write_replicas(path: Path, urls: list[str]) -> None:
+    """Write the list elsewhere and rename it over (how a writer should update a watched file)."""
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text("".join(url + "\n" for url in urls))
+    os.replace(scratch, path)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll until `condition` holds (a wait, not a timing assertion: the limit only ends a hung test)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def served(engine: SimHandle) -> int:
+    """Generation requests the sim engine has taken (its own count, not the gateway's)."""
+    return int(httpx.get(engine.base_url + "/debug/state", timeout=5).json()["requests"])
+
+
+def gateway_replicas(base_url: str) -> dict[str, dict]:
+    return {r["url"]: r for r in httpx.get(base_url + "/health", timeout=5).json()["replicas"]}
+
+
+def metric(base_url: str, name: str, **labels: str) -> float:
+    """One sample of the gateway's /metrics (0 when the series does not exist)."""
+    wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+    pattern = re.compile(rf"^{re.escape(name)}(\{{{re.escape(wanted)}\}})? ([0-9.e+-]+)$" if wanted
+                         else rf"^{re.escape(name)} ([0-9.e+-]+)$", re.M)
+    match = pattern.search(httpx.get(base_url + "/metrics", timeout=5).text)
+    return float(match.groups()[-1]) if match else 0.0
+
+
+def test_replica_added_during_bench_gets_traffic_after_readiness_and_removed_one_drains(tmp_path: Path) -> None:
+    # Requests last about half a second (24 tokens x 20 ms), so a removed replica has some in flight.
+    timing = {"ttft_ms": 20, "itl_ms": 20}
+    with varied_sim_engines(tmp_path, [timing, timing]) as (first, second):
+        replica_file = tmp_path / "replicas.txt"
+        write_replicas(replica_file, [first.base_url, second.base_url])
+        with start_gateway([], tmp_path, "--discover", f"file:{replica_file}", *DISCOVERY_FLAGS) as gateway:
+            bench_out = tmp_path / "bench.json"
+            bench_log = (tmp_path / "bench.log").open("wb")
+            bench = subprocess.Popen(
+                [sys.executable, "-m", "vlmserve", "bench", "--base-url", gateway.base_url, "--model", MODEL,
+                 "--concurrency", "6", "--num-requests", "240", "--input-len", "16", "--output-len", "24",
+                 "--server-metrics-interval", "0", "--json-out", str(bench_out), "--no-store"],
+                stdout=bench_log, stderr=subprocess.STDOUT)
+            late: subprocess.Popen | None = None
+            try:
+                wait_for(lambda: served(first) > 0 and served(second) > 0, "traffic on the first two replicas")
+
+                # A third engine that takes 1.5 s to become ready joins the file while the bench runs.
+                port = free_port()
+                late_log = tmp_path / "late.log"
+                with late_log.open("wb") as log:
+                    late = subprocess.Popen(sim_engine_argv(port, model=MODEL, startup_delay=1.5, **timing),
+                                            stdout=log, stderr=subprocess.STDOUT)
+                third = SimHandle(late, port, late_log)
+                wait_ready(third, timeout_s=60, require_health=False)  # listening, /health still 503
+                write_replicas(replica_file, [first.base_url, second.base_url, third.base_url])
+                wait_for(lambda: third.base_url in gateway_replicas(gateway.base_url), "the gateway to see the third replica")
+                wait_for(lambda: served(third) > 0, "traffic on the third replica")
+                assert bench.poll() is None, "the bench ended before the third replica joined: lengthen it"
+                # Before its readiness check passed it got nothing: a request sent to a starting sim
+                # engine is answered 503, which the gateway would have retried and counted.
+                assert metric(gateway.base_url, "vlmserve_gateway_retries_total", replica=third.base_url[7:],
+                              reason="upstream_503") == 0
+
+                # The first replica leaves the file: no new requests, the ones in flight finish.
+                write_replicas(replica_file, [second.base_url, third.base_url])
+                wait_for(lambda: first.base_url not in gateway_replicas(gateway.base_url), "the first replica to drain")
+                drained_at = served(first)
+                assert bench.poll() is None, "the bench ended before the first replica left: lengthen it"
+                assert bench.wait(timeout=300) == 0, (tmp_path / "bench.log").read_text()[-2000:]
+            finally:
+                bench.kill() if bench.poll() is None else None
+                bench_log.close()
+                if late is not None:
+                    third.stop()
+            summary = json.loads(bench_out.read_text())
+            counts = summary["requests"]
+            assert counts["failed"] == 0 and counts["completed"] == 240, counts
+            assert served(first) == drained_at  # nothing new after it drained
+            assert metric(gateway.base_url, "vlmserve_gateway_replica_changes_total", change="added") == 3
+            assert metric(gateway.base_url, "vlmserve_gateway_replica_changes_total", change="removed") == 1
+
+
+def test_hostile_file_contents_keep_the_previous_set(tmp_path: Path) -> None:
+    with varied_sim_engines(tmp_path, [{"ttft_ms": 5, "itl_ms": 1}]) as (engine,):
+        replica_file = tmp_path / "replicas.yaml"
+        write_replicas(replica_file, [engine.base_url])
+        with start_gateway([], tmp_path, "--discover", f"file:{replica_file}", *DISCOVERY_FLAGS) as gateway:
+            bad_contents = {
+                "junk": (f"{engine.base_url}\nnot a url at all\n", "entry 2: 'not a url at all' must start with http://"),
+                "bad scheme": (f"{engine.base_url}\nftp://127.0.0.1:21\n", "entry 2: 'ftp://127.0.0.1:21' must start with http://"),
+                "half-written list": (f'["{engine.base_url}", "http://127.0.0.1:1', "not a valid YAML/JSON list"),
+                "not a list": ('{"replicas": ["http://127.0.0.1:1"]}', "expected a list of replica URLs"),
+            }
+            for what, (text, warning) in bad_contents.items():
+                replica_file.write_text(text)
+                wait_for(lambda: warning in gateway.log_path.read_text(), f"the {what} file to be refused")
+                assert list(gateway_replicas(gateway.base_url)) == [engine.base_url], what
+                answer = httpx.post(gateway.base_url + "/v1/completions",
+                                    json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+                assert answer.status_code == 200, what
+            assert metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="malformed") >= 4
+            replica_file.unlink()
+            wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unreadable") >= 1,
+                     "the missing file to be counted")
+            replica_file.mkdir()  # a directory where the file was: unreadable too
+            wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unreadable") >= 3,
+                     "the directory to be counted")
+            assert list(gateway_replicas(gateway.base_url)) == [engine.base_url]
+            assert httpx.get(gateway.base_url + "/health", timeout=5).status_code == 200
+            replica_file.rmdir()
+            replica_file.write_text(f"- {engine.base_url}\n")  # a YAML list is fine: the source recovers
+        log = gateway.log_path.read_text()
+        warnings = [line for line in log.splitlines() if "keeping the previous replica set" in line]
+        # one warning per distinct problem, not one per poll
+        assert len(bad_contents) + 1 <= len(warnings) <= len(bad_contents) + 2, "\n".join(warnings)
+        assert any(f"replica file {replica_file}: entry 2: 'ftp://127.0.0.1:21' must start with http:// or https://"
+                   in line for line in warnings)
+        assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("consul:engines", "unknown source; write file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]"),
+        ("file:", "no path; write file:PATH"),
+        ("file:/nonexistent/replicas.txt", "/nonexistent/replicas.txt is not a file"),
+        ("dns:engines", "write dns:NAME:PORT with a host name"),
+        ("dns:engines:http", "port 'http' must be a number from 1 to 65535"),
+        ("dns:bad_name!:8000", "write dns:NAME:PORT with a host name"),
+        ("k8s:default", "write k8s:NAMESPACE/SERVICE[:PORTNAME]"),
+        ("k8s:Default/engines", "write k8s:NAMESPACE/SERVICE[:PORTNAME]"),
+    ],
+)
+def test_malformed_sources_are_one_line_errors(capsys: pytest.CaptureFixture[str], source: str, message: str) -> None:
+    from vlmserve.cli.app import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["gateway", "--discover", source])
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert stderr.startswith("error: --discover ") and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+
+
+def test_no_replica_and_no_source_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from vlmserve.cli.app import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["gateway", "--discover-interval", "1"])
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2 and "no replicas given" in stderr and "--discover SOURCE" in stderr
