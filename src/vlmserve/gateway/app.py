@@ -110,6 +110,9 @@ class Gateway:
     # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        prepare = getattr(self.discovery.source, "prepare", None) if self.discovery is not None else None
+        if prepare is not None:
+            prepare()  # credentials: a one-line error now, before anything opens, not a warning every interval
         self.session = _new_upstream_session(self.config)
         if self.allowed_media_hosts:  # remote media is fetched here, never by an engine
             self.media_session = aiohttp.ClientSession(auto_decompress=True)
@@ -124,9 +127,6 @@ class Gateway:
             on_retry=lambda replica, reason: self.metrics.retries.labels(replica.name, reason).inc(),
         )
         if self.discovery is not None:
-            prepare = getattr(self.discovery.source, "prepare", None)
-            if prepare is not None:
-                prepare()  # credentials: a one-line error now rather than a warning every interval
             await self.discovery.poll()  # the source's replicas are health-checked with the static ones
         await self.pool.start()
         if self.discovery is not None:

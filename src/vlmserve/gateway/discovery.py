@@ -155,7 +155,7 @@ class DnsSource:
         except (socket.gaierror, UnicodeError) as err:
             why = err.strerror if isinstance(err, socket.gaierror) else str(err)
             raise DiscoveryError("unresolved", f"DNS name {self.name} does not resolve ({why})") from None
-        addresses = {info[4][0] for info in infos if info[0] in (socket.AF_INET, socket.AF_INET6)}
+        addresses = {str(info[4][0]) for info in infos if info[0] in (socket.AF_INET, socket.AF_INET6)}
         return sorted(url_for(address, self.port) for address in addresses)
 
 

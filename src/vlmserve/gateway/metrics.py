@@ -127,7 +127,7 @@ class GatewayMetrics:
         for metric in (self.requests, self.ttft, self.e2e, self.retries, self.ejections):
             names = metric._labelnames  # prometheus_client keeps label values per child; no public iterator
             position = names.index("replica")
-            for values in [v for v in list(metric._metrics) if v[position] == replica]:  # type: ignore[attr-defined]
+            for values in [v for v in list(metric._metrics) if v[position] == replica]:
                 metric.remove(*values)
 
     def render(self) -> bytes:

@@ -39,7 +39,7 @@ def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], args:
 
 def test_missing_replica_flag_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, stderr = run_cli(capsys)
-    assert code == 2 and "Missing option '--replica'" in stderr and "Traceback" not in stderr
+    assert code == 2 and "no replicas given: pass --replica URL" in stderr and "Traceback" not in stderr
 
 
 def test_port_in_use_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

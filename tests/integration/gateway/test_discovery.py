@@ -11,18 +11,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
+from tests.helpers.fake_k8s_api import TOKEN, endpoint_slice, fake_k8s_api
 from tests.helpers.gateway_fixtures import MODEL, varied_sim_engines
 from tests.helpers.gateway_proc import start_gateway
 from tests.helpers.sim import SimHandle, free_port, sim_engine_argv, wait_ready
+from vlmserve.gateway.discovery import url_for
 
 DISCOVERY_FLAGS = ("--discover-interval", "0.1", "--health-interval", "0.2")
 
@@ -128,7 +132,7 @@ def test_hostile_file_contents_keep_the_previous_set(tmp_path: Path) -> None:
             }
             for what, (text, warning) in bad_contents.items():
                 replica_file.write_text(text)
-                wait_for(lambda: warning in gateway.log_path.read_text(), f"the {what} file to be refused")
+                wait_for(lambda warning=warning: warning in gateway.log_path.read_text(), f"the {what} file to be refused")
                 assert list(gateway_replicas(gateway.base_url)) == [engine.base_url], what
                 answer = httpx.post(gateway.base_url + "/v1/completions",
                                     json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
@@ -184,3 +188,97 @@ def test_no_replica_and_no_source_is_a_one_line_error(capsys: pytest.CaptureFixt
         main(["gateway", "--discover-interval", "1"])
     stderr = capsys.readouterr().err
     assert exited.value.code == 2 and "no replicas given" in stderr and "--discover SOURCE" in stderr
+
+
+def test_dns_source_routes_to_every_address_the_name_resolves_to(tmp_path: Path) -> None:
+    """`localhost` is a name every machine resolves without a network (127.0.0.1, and ::1 where
+    the hosts file says so); a sim engine listens on each address it resolves to, on one port."""
+    port = free_port()
+    addresses = sorted({info[4][0] for info in socket.getaddrinfo("localhost", port, type=socket.SOCK_STREAM)
+                        if info[0] in (socket.AF_INET, socket.AF_INET6)})
+    engines: list[SimHandle] = []
+    try:
+        for address in addresses:
+            argv = sim_engine_argv(port, model=MODEL, ttft_ms=5, itl_ms=1)
+            argv[argv.index("--host") + 1] = address
+            log_path = tmp_path / f"sim-{len(engines)}.log"
+            with log_path.open("wb") as log:
+                engines.append(SimHandle(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT), port, log_path))
+        for engine in engines:
+            wait_ready(engine, timeout_s=60)
+        with start_gateway([], tmp_path, "--discover", f"dns:localhost:{port}", *DISCOVERY_FLAGS) as gateway:
+            expected = {url_for(address, port) for address in addresses}
+            assert set(gateway_replicas(gateway.base_url)) == expected
+            for _ in range(2 * len(expected)):
+                answer = httpx.post(gateway.base_url + "/v1/completions",
+                                    json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+                assert answer.status_code == 200
+            assert metric(gateway.base_url, "vlmserve_gateway_replica_changes_total", change="added") == len(expected)
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def test_dns_name_that_does_not_resolve_keeps_the_static_replicas_and_is_counted(tmp_path: Path) -> None:
+    """`.invalid` never resolves (RFC 6761), with or without a network."""
+    with varied_sim_engines(tmp_path, [{"ttft_ms": 5, "itl_ms": 1}]) as (engine,):
+        with start_gateway([engine.base_url], tmp_path, "--discover", "dns:engines.invalid:8000",
+                           *DISCOVERY_FLAGS) as gateway:
+            wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unresolved") >= 2,
+                     "the unresolved name to be counted")
+            assert list(gateway_replicas(gateway.base_url)) == [engine.base_url]
+            answer = httpx.post(gateway.base_url + "/v1/completions",
+                                json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+            assert answer.status_code == 200
+        warnings = [line for line in gateway.log_path.read_text().splitlines() if "does not resolve" in line]
+        assert len(warnings) == 1 and "DNS name engines.invalid does not resolve" in warnings[0]
+
+
+def test_k8s_source_follows_endpoint_slices_through_the_official_client(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `kubernetes` client, configured from a kubeconfig, lists EndpointSlices from a local
+    HTTP server speaking the API's JSON (tests/helpers/fake_k8s_api.py says why it stands in for
+    a real API server): ready endpoints join, an endpoint that turns unready drains, an API error
+    keeps the set."""
+    timing = {"ttft_ms": 5, "itl_ms": 1}
+    with varied_sim_engines(tmp_path, [timing, timing]) as (first, second), fake_k8s_api() as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        # Both sim engines listen on 127.0.0.1, on different ports: one slice per port name
+        # would be unusual, so each gets its own slice (a Service with two EndpointSlices).
+        api.slices[("vision", "engines")] = [
+            endpoint_slice("engines", "vision", [("127.0.0.1", True)], first.port, name_suffix="aaaaa"),
+            endpoint_slice("engines", "vision", [("127.0.0.1", True)], second.port, name_suffix="bbbbb"),
+        ]
+        with start_gateway([], tmp_path, "--discover", "k8s:vision/engines:http", *DISCOVERY_FLAGS) as gateway:
+            assert set(gateway_replicas(gateway.base_url)) == {first.base_url, second.base_url}
+            path, authorization = api.requests[0]
+            assert path.startswith("/apis/discovery.k8s.io/v1/namespaces/vision/endpointslices?")
+            assert parse_qs(urlsplit(path).query)["labelSelector"] == ["kubernetes.io/service-name=engines"]
+            assert authorization == f"Bearer {TOKEN}"
+
+            api.slices[("vision", "engines")][1] = endpoint_slice(
+                "engines", "vision", [("127.0.0.1", False)], second.port, name_suffix="bbbbb")  # pod going away
+            wait_for(lambda: set(gateway_replicas(gateway.base_url)) == {first.base_url}, "the unready endpoint to drain")
+
+            api.fail_with = 503
+            wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="api_error") >= 2,
+                     "the API errors to be counted")
+            assert set(gateway_replicas(gateway.base_url)) == {first.base_url}
+            answer = httpx.post(gateway.base_url + "/v1/completions",
+                                json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+            assert answer.status_code == 200
+        assert "listing EndpointSlices of vision/engines failed: HTTP 503" in gateway.log_path.read_text()
+
+
+def test_k8s_source_without_credentials_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from vlmserve.cli.app import main
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["gateway", "--discover", "k8s:vision/engines", "--port", "0"])
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "--discover k8s: no Kubernetes credentials" in stderr and "Traceback" not in stderr
