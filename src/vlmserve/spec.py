@@ -116,6 +116,9 @@ class DeploymentSpec(BaseModel):
     replica_base_port: int | None = Field(None, ge=1, le=65535)
     gateway: bool = True
     gateway_policy: str = LEAST_OUTSTANDING_TOKENS
+    gateway_discover: str | None = Field(
+        None, description="gateway: also route to replicas found at run time beside the spec's own "
+        "(file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]; vlmserve gateway --discover)")
     devices: Literal["auto", "cpu", "gpu"] = "auto"
     cpu_threads_per_replica: int | None = Field(None, ge=1)
     kv_cache_space_gb: float | None = Field(None, gt=0)

@@ -141,6 +141,17 @@ def test_gateway_gets_the_image_limits_and_the_models_directory(tmp_path: Path) 
         DeploymentSpec(image_downscale_max_side=8)
 
 
+def test_the_spec_can_name_a_discovery_source_for_the_gateway(tmp_path: Path) -> None:
+    from vlmserve.deploy.front_door import check_gateway_files, gateway_argv
+
+    spec = DeploymentSpec(gateway_discover="dns:engines.vision.svc.cluster.local:8000")
+    argv = gateway_argv(spec, ["http://127.0.0.1:9001"])
+    assert argv[argv.index("--discover") + 1] == "dns:engines.vision.svc.cluster.local:8000"
+    assert "--discover" not in gateway_argv(DeploymentSpec(), ["http://127.0.0.1:9001"])
+    with pytest.raises(UserError, match="--discover 'dns:engines': write dns:NAME:PORT"):
+        check_gateway_files(DeploymentSpec(gateway_discover="dns:engines"))
+
+
 def test_replicas_behind_a_gateway_trust_per_request_processor_kwargs() -> None:
     from vlmserve.engines.vllm import engine_argv
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from vlmserve.errors import UserError
+from vlmserve.gateway.discovery import parse_source
 from vlmserve.spec import DeploymentSpec
 
 
@@ -50,6 +51,8 @@ def check_gateway_files(spec: DeploymentSpec) -> None:
                 f"{name} {value} does not exist; create it or fix the path "
                 "(relative paths are read next to the spec file)"
             )
+    if spec.gateway_discover:
+        parse_source(spec.gateway_discover)  # a malformed source stops `up` before any engine starts
 
 
 def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> list[str]:
@@ -79,6 +82,8 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str |
     ):
         if number is not None:
             argv += [flag, str(number)]
+    if spec.gateway_discover:
+        argv += ["--discover", spec.gateway_discover]
     if model_dir and (Path(model_dir) / "config.json").is_file():
         argv += ["--model-config-dir", model_dir]
     return argv
