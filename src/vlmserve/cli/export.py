@@ -40,8 +40,12 @@ def k8s(
                                                help="KEY=VALUE label your Prometheus Operator selects on "
                                                     "(e.g. release=kube-prometheus-stack); repeatable."),
     ttft_slo: str = typer.Option("500ms", "--ttft-slo", help="p95 TTFT objective in the PrometheusRule."),
+    discovery: str = typer.Option("dns", "--discovery",
+                                  help="How the gateways find the engine pods: dns (the headless Service's records) "
+                                       "or k8s (its EndpointSlices; adds a ServiceAccount, Role and RoleBinding)."),
+    redis_image: str = typer.Option("redis:7-alpine", "--redis-image", help="Image of the Redis the gateways share."),
 ) -> None:
-    """Write Deployments, Services, a KEDA ScaledObject, a ServiceMonitor and a PrometheusRule."""
+    """Write Deployments, Services (Redis for the gateways' shared state), a KEDA ScaledObject, a ServiceMonitor and a PrometheusRule."""
     from vlmserve.export.k8s import K8sOptions, render_manifests
     from vlmserve.observe.alerts import AlertSettings
     from vlmserve.observe.pack import to_yaml
@@ -55,7 +59,8 @@ def k8s(
     options = K8sOptions(namespace=namespace, vllm_image=vllm_image, vlmserve_image=vlmserve_image,
                          model_pvc=model_pvc, hf_token_secret=hf_token_secret, max_replicas=max_replicas,
                          waiting_per_replica=waiting_per_replica, prometheus_url=prometheus_url,
-                         monitoring_labels=tuple(_parse_label(text) for text in monitoring_label))
+                         monitoring_labels=tuple(_parse_label(text) for text in monitoring_label),
+                         discovery=discovery, redis_image=redis_image)
     manifests = render_manifests(spec, options, AlertSettings(ttft_slo_s=slo_s))
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,14 @@ One engine Deployment for the replica group (GPU requests = tensor-parallel size
 sized for model load, /dev/shm in memory), its Service, the gateway Deployment and Service,
 a KEDA ScaledObject scaling on the engines' queue, and a ServiceMonitor plus PrometheusRule
 carrying the observability pack's alerts so Kubernetes and `vlmserve up` alert alike.
+
+The gateway sees every engine pod, not one Service address, so it balances, ejects and drains
+pods one by one and sees the pods KEDA adds: the engine Service is headless and the gateway
+discovers its pods (`--discover dns:` on the Service's records by default; `--discovery k8s`
+reads its EndpointSlices instead, with a ServiceAccount, Role and RoleBinding allowing just
+that). Two gateway replicas (spread over nodes) share admission state through a Redis
+Deployment and Service (`--state redis://...`, failing open when Redis is unreachable, so an
+outage of the limiter never takes the service down).
 """
 
 from __future__ import annotations
@@ -23,6 +31,13 @@ CONTAINER_PORT = 8000
 JOB_LABEL = "vlmserve.io/job"
 MODEL_MOUNT = "/models"
 STARTUP_PROBE_PERIOD_S = 10
+GATEWAY_REPLICAS = 2
+REDIS_PORT = 6379
+DISCOVERY_KINDS = ("dns", "k8s")
+# The gateway's shared-state flags (gateway --state / --state-unavailable).
+STATE_FLAG = "--state"
+STATE_UNAVAILABLE_FLAG = "--state-unavailable"
+STATE_UNAVAILABLE = "open"
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,8 @@ class K8sOptions:
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     monitoring_labels: tuple[tuple[str, str], ...] = ()
     shm_size: str = "8Gi"
+    discovery: str = "dns"  # how the gateway finds the engine pods: dns (headless Service) or k8s (EndpointSlices)
+    redis_image: str = "redis:7-alpine"
 
 
 def _labels(spec: DeploymentSpec, component: str) -> dict[str, str]:
@@ -56,6 +73,10 @@ def engine_name(spec: DeploymentSpec) -> str:
 
 def gateway_name(spec: DeploymentSpec) -> str:
     return f"{spec.name}-gateway"
+
+
+def redis_name(spec: DeploymentSpec) -> str:
+    return f"{spec.name}-redis"
 
 
 def _is_local_path(model: str) -> bool:
@@ -150,36 +171,110 @@ def engine_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, An
 
 
 def _service(name: str, spec: DeploymentSpec, options: K8sOptions, component: str, job: str,
-             port: int) -> dict[str, Any]:
+             port: int, headless: bool = False) -> dict[str, Any]:
     selector = _labels(spec, component)
+    service_spec: dict[str, Any] = {"selector": selector,
+                                    "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}
+    if headless:
+        service_spec["clusterIP"] = "None"
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": _meta(name, options, {**selector, JOB_LABEL: job}),
-        "spec": {"selector": selector,
-                 "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]},
+        "spec": service_spec,
     }
 
 
 def engine_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
-    return _service(engine_name(spec), spec, options, "engine", ENGINE_JOB, CONTAINER_PORT)
+    """Headless: its DNS name resolves to every ready engine pod (and its EndpointSlices list them),
+    which is how the gateway finds them; Prometheus scrapes the same endpoints."""
+    return _service(engine_name(spec), spec, options, "engine", ENGINE_JOB, CONTAINER_PORT, headless=True)
+
+
+def discover_source(spec: DeploymentSpec, options: K8sOptions) -> str:
+    """The gateway's --discover value for the engine pods."""
+    if options.discovery == "k8s":
+        return f"k8s:{options.namespace}/{engine_name(spec)}:http"
+    return f"dns:{engine_name(spec)}.{options.namespace}.svc.cluster.local:{CONTAINER_PORT}"
+
+
+def redis_url(spec: DeploymentSpec, options: K8sOptions) -> str:
+    return f"redis://{redis_name(spec)}.{options.namespace}.svc:{REDIS_PORT}/0"
 
 
 def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
-    """The gateway, routing to the engine Service (Kubernetes spreads across its pods)."""
+    """Two gateways on different nodes where possible, each discovering the engine pods and sharing
+    admission through Redis (failing open if Redis is unreachable)."""
     labels = _labels(spec, "gateway")
-    engine_url = f"http://{engine_name(spec)}.{options.namespace}.svc:{CONTAINER_PORT}"
     container = {
         "name": "gateway", "image": options.vlmserve_image, "command": ["vlmserve"],
-        "args": ["gateway", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT), "--replica", engine_url,
-                 "--policy", spec.gateway_policy],
+        "args": ["gateway", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
+                 "--discover", discover_source(spec, options), "--policy", spec.gateway_policy,
+                 STATE_FLAG, redis_url(spec, options), STATE_UNAVAILABLE_FLAG, STATE_UNAVAILABLE],
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
         **_probes(60.0),
     }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": labels},
+                                               "topologyKey": "kubernetes.io/hostname"}}]}},
+    }
+    if options.discovery == "k8s":
+        pod_spec["serviceAccountName"] = gateway_name(spec)
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(gateway_name(spec), options, labels),
+        "spec": {"replicas": GATEWAY_REPLICAS, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": pod_spec}},
+    }
+
+
+def gateway_rbac(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dict[str, Any]]:
+    """`--discovery k8s`: the gateway's ServiceAccount may list and watch EndpointSlices in its namespace, nothing else."""
+    labels = _labels(spec, "gateway")
+    name = gateway_name(spec)
+    return {
+        "gateway-serviceaccount.yaml": {"apiVersion": "v1", "kind": "ServiceAccount",
+                                        "metadata": _meta(name, options, labels)},
+        "gateway-role.yaml": {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, options, labels),
+            "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                       "verbs": ["get", "list", "watch"]}],
+        },
+        "gateway-rolebinding.yaml": {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": _meta(name, options, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": options.namespace}],
+        },
+    }
+
+
+def redis_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    """The gateways' shared admission state: rate-limit buckets that may be lost on restart (no persistence)."""
+    labels = _labels(spec, "redis")
+    ping = {"exec": {"command": ["redis-cli", "ping"]}}
+    container = {
+        "name": "redis", "image": options.redis_image,
+        "args": ["--save", "", "--appendonly", "no"],
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "readinessProbe": {**ping, "periodSeconds": 5, "timeoutSeconds": 2},
+        "livenessProbe": {**ping, "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 6},
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(redis_name(spec), options, labels),
         "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
+    }
+
+
+def redis_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+    labels = _labels(spec, "redis")
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": _meta(redis_name(spec), options, labels),
+        "spec": {"selector": labels,
+                 "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis", "protocol": "TCP"}]},
     }
 
 
@@ -245,11 +340,17 @@ def prometheus_rule(spec: DeploymentSpec, options: K8sOptions, settings: AlertSe
 
 def render_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, dict]:
     """File name -> manifest, in the order `kubectl apply` should see them."""
+    if options.discovery not in DISCOVERY_KINDS:
+        raise UserError(f"--discovery {options.discovery!r}: choose {' or '.join(DISCOVERY_KINDS)}")
     manifests = {
         "engine-deployment.yaml": engine_deployment(spec, options),
         "engine-service.yaml": engine_service(spec, options),
     }
     if spec.gateway:
+        if options.discovery == "k8s":
+            manifests.update(gateway_rbac(spec, options))
+        manifests["redis-deployment.yaml"] = redis_deployment(spec, options)
+        manifests["redis-service.yaml"] = redis_service(spec, options)
         manifests["gateway-deployment.yaml"] = gateway_deployment(spec, options)
         manifests["gateway-service.yaml"] = gateway_service(spec, options)
     manifests["engine-scaledobject.yaml"] = scaled_object(spec, options)

@@ -37,6 +37,11 @@ def gpu_spec() -> DeploymentSpec:
     })
 
 
+def flag(args: list[str], name: str) -> str:
+    """The value after `name` in a container's args."""
+    return args[args.index(name) + 1]
+
+
 def by_kind(manifests: dict[str, dict]) -> dict[tuple[str, str], dict]:
     return {(m["kind"], m["metadata"]["name"]): m for m in manifests.values()}
 
@@ -65,7 +70,8 @@ def test_gpu_deployment_manifests_validate_and_carry_the_spec() -> None:
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     assert ("Service", "radiology-engine") in objects
     gateway = objects[("Deployment", "radiology-gateway")]["spec"]["template"]["spec"]["containers"][0]
-    assert "http://radiology-engine.vision.svc:8000" in gateway["args"]
+    assert flag(gateway["args"], "--discover") == "dns:radiology-engine.vision.svc.cluster.local:8000"
+    assert objects[("Service", "radiology-engine")]["spec"]["clusterIP"] == "None"  # headless: one record per pod
     assert objects[("Service", "radiology-gateway")]["spec"]["ports"][0]["port"] == 9000
     scaled = objects[("ScaledObject", "radiology-engine")]["spec"]
     assert scaled["scaleTargetRef"]["name"] == "radiology-engine"
@@ -84,7 +90,7 @@ def test_sim_engine_spec_needs_no_gpu() -> None:
         validate(manifest)
     container = manifests["engine-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:2] == ["engine", "sim"] and "nvidia.com/gpu" not in str(container["resources"])
-    assert "gateway-deployment.yaml" not in manifests
+    assert "gateway-deployment.yaml" not in manifests and "redis-deployment.yaml" not in manifests
 
 
 def test_a_wrong_field_is_caught_by_the_schemas() -> None:
@@ -124,7 +130,7 @@ def test_cli_writes_valid_manifests(tmp_path: Path, vlmserve_cmd: list[str]) -> 
                    "release=kube-prometheus-stack")
     assert done.returncode == 0, done.stderr
     names = yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
-    assert len(names) == 7
+    assert len(names) == 9
     for name in names:
         text = (out / name).read_text()
         assert "&id" not in text  # plain YAML, no anchors
@@ -138,6 +144,7 @@ def test_cli_writes_valid_manifests(tmp_path: Path, vlmserve_cmd: list[str]) -> 
     ("replicas: 0\n", [], "field 'replicas'"),
     ("model: org/m\n", ["--monitoring-label", "release"], "--monitoring-label: 'release' has no '='"),
     ("model: org/m\nreplicas: 3\n", ["--max-replicas", "2"], "--max-replicas 2 is below replicas: 3"),
+    ("model: org/m\n", ["--discovery", "consul"], "--discovery 'consul': choose dns or k8s"),
 ])
 def test_cli_bad_input_is_one_line(tmp_path: Path, vlmserve_cmd: list[str], spec_text: str, extra: list[str],
                                    message: str) -> None:
@@ -152,3 +159,56 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, vlmserve_cmd: list[str], spec
 def test_cli_missing_spec_file(tmp_path: Path, vlmserve_cmd: list[str]) -> None:
     done = run_cli(vlmserve_cmd, "-f", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "out"))
     assert done.returncode == 2 and "no such file" in done.stderr
+
+
+def test_two_gateways_discover_the_engine_pods_and_share_redis() -> None:
+    """The gateways see every engine pod (a headless Service's DNS records), not one Service
+    address, so they balance, eject and drain pods one by one and see the ones KEDA adds; two of
+    them share admission state through Redis, failing open if it is unreachable. (The gateway's
+    --state flags come from another change: the manifests are checked here, not run.)"""
+    manifests = render_manifests(gpu_spec(), K8sOptions(namespace="vision"), AlertSettings())
+    for manifest in manifests.values():
+        validate(manifest)
+    objects = by_kind(manifests)
+    gateway = objects[("Deployment", "radiology-gateway")]
+    assert gateway["spec"]["replicas"] == 2
+    pod = gateway["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--replica" not in args
+    assert flag(args, "--discover") == "dns:radiology-engine.vision.svc.cluster.local:8000"
+    assert flag(args, "--state") == "redis://radiology-redis.vision.svc:6379/0"
+    assert flag(args, "--state-unavailable") == "open"
+    spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    redis = objects[("Deployment", "radiology-redis")]["spec"]["template"]["spec"]["containers"][0]
+    assert redis["ports"][0]["containerPort"] == 6379
+    redis_service = objects[("Service", "radiology-redis")]["spec"]
+    assert redis_service["ports"][0]["port"] == 6379
+    assert redis_service["selector"] == objects[("Deployment", "radiology-redis")]["spec"]["selector"]["matchLabels"]
+    assert "serviceAccountName" not in pod and ("Role", "radiology-gateway") not in objects  # DNS needs no API access
+    # the discover value is one the gateway accepts
+    from vlmserve.gateway.discovery import DnsSource, parse_source
+
+    source = parse_source(flag(args, "--discover"))
+    assert isinstance(source, DnsSource) and source.port == 8000
+
+
+def test_endpointslice_discovery_gets_a_least_privilege_role() -> None:
+    manifests = render_manifests(gpu_spec(), K8sOptions(namespace="vision", discovery="k8s"), AlertSettings())
+    for manifest in manifests.values():
+        validate(manifest)
+    objects = by_kind(manifests)
+    pod = objects[("Deployment", "radiology-gateway")]["spec"]["template"]["spec"]
+    assert flag(pod["containers"][0]["args"], "--discover") == "k8s:vision/radiology-engine:http"
+    assert pod["serviceAccountName"] == "radiology-gateway"
+    assert ("ServiceAccount", "radiology-gateway") in objects
+    role = objects[("Role", "radiology-gateway")]
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["get", "list", "watch"]}]
+    binding = objects[("RoleBinding", "radiology-gateway")]
+    assert binding["roleRef"]["name"] == "radiology-gateway"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "radiology-gateway", "namespace": "vision"}]
+    names = list(manifests)  # the RBAC objects are applied before the gateway that uses them
+    assert names.index("gateway-rolebinding.yaml") < names.index("gateway-deployment.yaml")
+    # the engine Service's port is named as the source says
+    assert objects[("Service", "radiology-engine")]["spec"]["ports"][0]["name"] == "http"
