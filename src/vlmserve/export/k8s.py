@@ -113,6 +113,19 @@ def _probes(ready_timeout_s: float) -> dict[str, Any]:
     }
 
 
+def _gateway_probes() -> dict[str, Any]:
+    """Ready while some engine pod is routable (/health); alive while the process answers (/metrics).
+
+    Liveness must not follow the engines: while they load a model for minutes, or all restart, a
+    gateway restarted for it would only lose its state and connections."""
+    return {
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 5,
+                           "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {"path": "/metrics", "port": "http"}, "initialDelaySeconds": 10,
+                          "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+    }
+
+
 def _env(spec: DeploymentSpec, options: K8sOptions) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     if options.hf_token_secret:
@@ -212,7 +225,7 @@ def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, A
                  STATE_FLAG, redis_url(spec, options), STATE_UNAVAILABLE_FLAG, STATE_UNAVAILABLE],
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-        **_probes(60.0),
+        **_gateway_probes(),
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],

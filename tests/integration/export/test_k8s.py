@@ -178,6 +178,9 @@ def test_two_gateways_discover_the_engine_pods_and_share_redis() -> None:
     assert flag(args, "--discover") == "dns:radiology-engine.vision.svc.cluster.local:8000"
     assert flag(args, "--state") == "redis://radiology-redis.vision.svc:6379/0"
     assert flag(args, "--state-unavailable") == "open"
+    container = pod["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"  # routable engines: ready
+    assert container["livenessProbe"]["httpGet"]["path"] == "/metrics"  # engines loading never restart it
     spread = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
     assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     redis = objects[("Deployment", "radiology-redis")]["spec"]["template"]["spec"]["containers"][0]
