@@ -196,7 +196,10 @@ class ReplicaPool:
             for replica in done:
                 log.info("replica %s drained", replica.url)
                 if self.on_forget is not None:
-                    self.on_forget(replica)
+                    try:
+                        self.on_forget(replica)
+                    except Exception:  # bookkeeping must never stop the health loop that calls this
+                        log.exception("forgetting replica %s failed", replica.url)
         return done
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
@@ -344,5 +347,5 @@ class ReplicaPool:
         if body is None:
             return
         replica.load = parse_engine_load(body.decode("utf-8", "replace"), time.monotonic())
-        if self.on_load_update is not None:
+        if self.on_load_update is not None and not replica.draining:  # a leaver's load would outlive its forget
             self.on_load_update(replica, replica.load)

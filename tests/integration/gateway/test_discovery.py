@@ -117,6 +117,10 @@ def test_replica_added_during_bench_gets_traffic_after_readiness_and_removed_one
             assert served(first) == drained_at  # nothing new after it drained
             assert metric(gateway.base_url, "vlmserve_gateway_replica_changes_total", change="added") == 3
             assert metric(gateway.base_url, "vlmserve_gateway_replica_changes_total", change="removed") == 1
+        # it left with requests in flight (6 clients on 3 replicas, half a second each), and they finished
+        left = re.search(rf"replica {re.escape(first.base_url)} left: draining (\d+) request", gateway.log_path.read_text())
+        assert left is not None and int(left.group(1)) > 0
+        assert f"replica {first.base_url} drained" in gateway.log_path.read_text()
 
 
 def test_hostile_file_contents_keep_the_previous_set(tmp_path: Path) -> None:

@@ -205,3 +205,20 @@ def test_endpoint_slices_give_ready_endpoints_on_the_named_port() -> None:
     # no port name: the slice's only port, else the one named http
     assert urls_from_slices(slices, None) == ["http://10.0.0.1:8000", "http://10.0.0.3:8000", "http://10.0.0.5:9000",
                                                "http://[fd00::4]:8000"]
+
+
+def test_a_forgotten_replica_leaves_no_metric_series() -> None:
+    from vlmserve.gateway.metrics import GatewayMetrics
+
+    metrics = GatewayMetrics(lambda: {"replicas": {}, "queued": {}, "ejected": 0, "panic": False,
+                                      "clients": type("C", (), {"open": 0, "refused": 0, "header_timeouts": 0})()})
+    for replica in ("10.0.0.1:8000", "10.0.0.2:8000"):
+        metrics.count_request("200", "default", replica)
+        metrics.observe_latency(replica, 0.1, 0.5)
+        metrics.retries.labels(replica, "connect_error").inc()
+        metrics.ejections.labels(replica).inc()
+    metrics.forget_replica("10.0.0.1:8000")
+    text = metrics.render().decode()
+    assert "10.0.0.1:8000" not in text and text.count('replica="10.0.0.2:8000"') > 4
+    metrics.count_request("200", "default", "10.0.0.1:8000")  # it may come back
+    assert 'vlmserve_gateway_requests_total{replica="10.0.0.1:8000",status="200",tenant="default"} 1.0' in metrics.render().decode()
