@@ -222,3 +222,20 @@ def test_a_forgotten_replica_leaves_no_metric_series() -> None:
     assert "10.0.0.1:8000" not in text and text.count('replica="10.0.0.2:8000"') > 4
     metrics.count_request("200", "default", "10.0.0.1:8000")  # it may come back
     assert 'vlmserve_gateway_requests_total{replica="10.0.0.1:8000",status="200",tenant="default"} 1.0' in metrics.render().decode()
+
+
+def test_a_file_malformed_from_the_start_applies_nothing_until_it_is_fixed(tmp_path: Path) -> None:
+    path = tmp_path / "replicas.txt"
+    path.write_text("http://a:1\nhttp//b:1\n")
+    applied: list[list[str]] = []
+    errors: list[str] = []
+    watcher = DiscoveryWatcher(FileSource(path), 1.0, lambda found: applied.append(list(found)), errors.append)
+
+    async def scenario() -> None:
+        assert not await watcher.poll() and not await watcher.poll()
+        path.write_text("http://a:1\nhttp://b:1\n")
+        assert not await watcher.poll()  # changed: read again next time before it is applied
+        assert await watcher.poll()
+
+    asyncio.run(scenario())
+    assert errors == ["malformed", "malformed"] and applied == [["http://a:1", "http://b:1"]]
