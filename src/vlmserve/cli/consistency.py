@@ -1,10 +1,13 @@
-"""`vlmserve consistency`: temperature-0 answers alone vs under concurrent load (docs/consistency.md)."""
+"""`vlmserve consistency`: temperature-0 answers alone vs under concurrent load (docs/consistency.md).
+
+Wiring only: the check is `vlmserve.bench.consistency`; with --deployment the variants are started
+by `vlmserve.sweep.consistency` (the bench layer never starts a deployment)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -19,8 +22,10 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 
 def consistency(
-    base_url: str = typer.Option(..., "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000"),
-    model: str = typer.Option(..., "--model", help="Model name as listed in /v1/models."),
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000 (or --deployment)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."),
+    deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML: started once per --prefix-caching variant, checked, torn down."),
+    prefix_caching: str = typer.Option("both", "--prefix-caching", help="With --deployment: on, off or both (one deployment each)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token for the endpoint."),
     num_requests: int = typer.Option(32, "--num-requests", help="Checked text requests (distinct prompts)."),
     num_image_requests: int = typer.Option(8, "--num-image-requests", help="Checked image requests: one question, each with its own synthetic image (0: none)."),
@@ -40,6 +45,12 @@ def consistency(
     from vlmserve.bench.consistency.runner import ConsistencyOptions, run_check
     from vlmserve.bench.target import Target
 
+    if (base_url is None) == (deployment_file is None):
+        raise UserError("give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the check), not both")
+    if base_url is not None and model is None:
+        raise UserError("--model is required with --base-url (the name in the endpoint's /v1/models)")
+    if deployment_file is None and prefix_caching != "both":
+        raise UserError("--prefix-caching needs --deployment (an endpoint's engine is already configured)")
     if json_out is not None and not json_out.resolve().parent.is_dir():
         raise UserError(f"--result-file {json_out}: its directory does not exist")
     options = ConsistencyOptions(
@@ -47,13 +58,30 @@ def consistency(
         output_len=output_len, filler_per_request=filler_per_request, image_size=_parse_size(image_size),
         min_identical=min_identical, seed=seed, timeout_s=timeout,
     )
-    console = Console(highlight=False)
-    report = run_check(Target(base_url, model, api_key), options, progress=lambda line: console.print(line, style="dim"))
-    print_report(report, console)
+    import sys
+
+    # no markup: answers are model text and may hold [brackets]; wide when logged (tables whole)
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+
+    def progress(line: str) -> None:
+        console.print(line, style="dim")
+
+    result: dict[str, Any]
+    if deployment_file is not None:
+        from vlmserve.sweep.consistency import check_deployment, combined_result
+
+        reports = check_deployment(deployment_file, options, prefix_caching, model, api_key, progress)
+        result = combined_result(reports)
+    else:
+        assert base_url is not None and model is not None
+        reports = [run_check(Target(base_url, model, api_key), options, progress)]
+        result = reports[0].to_dict()
+    for report in reports:
+        print_report(report, console)
     if json_out is not None:
-        json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"result written to {json_out}")
-    if not report.passed:
+    if not all(report.passed for report in reports):
         raise typer.Exit(1)
 
 

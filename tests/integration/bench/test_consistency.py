@@ -109,3 +109,57 @@ def test_bad_flags_are_one_line_errors(sim, cli, flags: list[object], message: s
     done = cli(*args)
     assert done.code == 2 and done.error_line == message, done.err
     assert "Traceback" not in done.err
+
+
+def _spec(tmp_path: Path, extra_args: list[str]) -> Path:
+    spec = tmp_path / "deployment.yaml"
+    spec.write_text(f"name: consistency-dep\nengine: sim\nmodel: sim-dep\nreplicas: 2\ngateway: true\n"
+                    f"sim: {{ttft_ms: 20, itl_ms: 2, extra_args: {json.dumps(extra_args)}}}\n")
+    return spec
+
+
+def test_deployment_is_started_per_prefix_caching_variant_across_replicas(cli, tmp_path: Path) -> None:
+    """Two sim replicas (seeded differently) behind the gateway: greedy answers agree across replicas,
+    with prefix caching on and off, and every deployment is torn down."""
+    out = tmp_path / "result.json"
+    done = cli("consistency", "--deployment", _spec(tmp_path, []), "--num-requests", 6, "--num-image-requests", 2,
+               "--concurrency", 4, "--output-len", 8, "--result-file", out)
+    assert done.code == 0, done.out + done.err
+    data = json.loads(out.read_text())
+    assert data["passed"] is True
+    assert [variant["variant"] for variant in data["variants"]] == [
+        "prefix caching on, 2 replicas behind the gateway", "prefix caching off, 2 replicas behind the gateway"]
+    assert all(variant["identical_fraction"] == 1.0 and variant["compared"] == 8 for variant in data["variants"])
+    assert "(prefix caching off, 2 replicas behind the gateway)" in done.out
+
+
+def test_deployment_with_swapped_answers_fails(cli, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = cli("consistency", "--deployment", _spec(tmp_path, ["--swap-answer-rate", "1"]), "--prefix-caching", "off",
+               "--num-requests", 6, "--num-image-requests", 0, "--concurrency", 4, "--output-len", 8, "--result-file", out)
+    assert done.code == 1, done.out + done.err
+    data = json.loads(out.read_text())
+    assert data["passed"] is False and len(data["variants"]) == 1 and data["variants"][0]["differing"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "error: give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the check), not both"),
+        (["--base-url", "http://127.0.0.1:1", "--deployment", "x.yaml", "--model", "m"],
+         "error: give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the check), not both"),
+        (["--base-url", "http://127.0.0.1:1"], "error: --model is required with --base-url (the name in the endpoint's /v1/models)"),
+        (["--base-url", "http://127.0.0.1:1", "--model", "m", "--prefix-caching", "off"],
+         "error: --prefix-caching needs --deployment (an endpoint's engine is already configured)"),
+    ],
+)
+def test_endpoint_or_deployment_flags(cli, args: list[object], message: str) -> None:
+    done = cli("consistency", *args)
+    assert done.code == 2 and done.error_line == message, done.err
+
+
+def test_bad_deployment_inputs_are_one_line(cli, tmp_path: Path) -> None:
+    done = cli("consistency", "--deployment", _spec(tmp_path, []), "--prefix-caching", "sometimes")
+    assert done.code == 2 and done.error_line == "error: --prefix-caching 'sometimes': use one of both, on, off"
+    done = cli("consistency", "--deployment", tmp_path / "missing.yaml")
+    assert done.code == 2 and "missing.yaml" in done.error_line and "Traceback" not in done.err

@@ -192,6 +192,8 @@ class ConsistencyReport:
     results: list[CaseResult]
     image_swaps: list[ImageSwap]
     notes: list[str] = field(default_factory=list)
+    variant: str | None = None
+    """The deployment variant checked, when the check started the deployment (prefix caching on/off)."""
 
     @property
     def compared(self) -> list[CaseResult]:
@@ -237,6 +239,7 @@ class ConsistencyReport:
         distinct, answered = self.distinct_alone_image_answers()
         return {
             "kind": "consistency",
+            "variant": self.variant,
             "simulated": self.simulated,
             "base_url": self.base_url,
             "model": self.model,
@@ -250,6 +253,11 @@ class ConsistencyReport:
             "identical": sum(result.identical for result in self.compared),
             "identical_fraction": self.identical_fraction,
             "units": self.units,
+            "by_kind": {
+                kind: {"compared": len(of_kind), "identical": sum(result.identical for result in of_kind)}
+                for kind in ("text", "image")
+                if (of_kind := [result for result in self.compared if result.kind == kind])
+            },
             "in_flight_at_send": {"min": min(in_flight, default=0), "max": max(in_flight, default=0),
                                   "mean": sum(in_flight) / len(in_flight) if in_flight else 0.0},
             "max_logprob_delta_identical": max(deltas) if deltas else None,

@@ -20,7 +20,8 @@ def _position(unit: str | None, index: int | None) -> str:
 def print_report(report: ConsistencyReport, console: Console) -> None:
     data = report.to_dict()
     label = " (simulated engine)" if report.simulated else ""
-    console.print(f"consistency of {report.model} at {report.base_url}{label}")
+    variant = f" ({report.variant})" if report.variant else ""
+    console.print(f"consistency of {report.model} at {report.base_url}{label}{variant}")
     in_flight = data["in_flight_at_send"]
     console.print(
         f"identical: {data['identical']}/{data['compared']} = {report.identical_fraction:.3f} "

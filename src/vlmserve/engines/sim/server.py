@@ -166,15 +166,16 @@ class SimEngine:
 
     def _answer_key(self, parsed: ParsedRequest) -> str | int:
         """What a request's answer is drawn from. With a `seed`, the seed; at temperature 0, the
-        prompt's token ids (images included, through their content digests), so a greedy answer
-        is a function of the prompt as in vLLM; otherwise the request's arrival number."""
+        model and the prompt's token ids (images included, through their content digests), so a
+        greedy answer is a function of the prompt as in vLLM, the same on every replica whatever
+        its --seed; otherwise the request's arrival number."""
         if parsed.seed is not None:
             return f"{self.config.seed}:request-seed:{parsed.seed}"
         if parsed.temperature == 0:
             digest = hashlib.blake2b(digest_size=16)
             for token_id in parsed.prompt_token_ids:
                 digest.update(token_id.to_bytes(8, "little"))
-            return f"{self.config.seed}:greedy:{digest.hexdigest()}"
+            return f"greedy:{self.config.model}:{digest.hexdigest()}"
         return self.config.seed * 1_000_003 + self.request_counter
 
     def _maybe_swap_answer(self, own_key: str | int, prompt_len: int) -> str | int:
