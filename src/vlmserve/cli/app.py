@@ -19,6 +19,7 @@ VERB_MODULES: list[str] = [
     # one line per verb package; keep alphabetical to avoid merge churn
     "vlmserve.cli.batch",
     "vlmserve.cli.bench",
+    "vlmserve.cli.consistency",
     "vlmserve.cli.engine",
     "vlmserve.cli.export",
     "vlmserve.cli.gateway",

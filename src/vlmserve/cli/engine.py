@@ -57,6 +57,7 @@ def sim(
     drop_after_tokens: int = typer.Option(None, help="Fault: streams are cut (connection reset) after this many tokens."),
     fault_rate: float = typer.Option(1.0, help="Fault: fraction of streams that stall or drop."),
     poison_marker: str = typer.Option(None, help="Fault: requests whose body contains this text are answered 500, on every replica."),
+    swap_answer_rate: float = typer.Option(0.0, help="Fault: fraction of requests arriving while others are in flight that get one of those requests' answers, preferring one of the same prompt length (a batching/cache bug; see `vlmserve consistency`)."),
     reject_over_context: bool = typer.Option(
         False, "--reject-over-context",
         help="Refuse prompt + max_tokens > --max-model-len with 400, as earlier vLLM releases did (default: clamp max_tokens, as vLLM 0.32 does).",
@@ -104,6 +105,7 @@ def sim(
             drop_after_tokens=drop_after_tokens,
             fault_rate=fault_rate,
             poison_marker=poison_marker,
+            swap_answer_rate=swap_answer_rate,
         ),
         reject_over_context=reject_over_context,
         record_timing=not no_timing,

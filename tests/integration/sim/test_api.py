@@ -119,6 +119,32 @@ def test_same_seed_same_answer(engine: SimHandle) -> None:
     assert first == second != other
 
 
+def test_temperature_zero_answer_is_a_function_of_the_prompt_and_its_images(engine: SimHandle) -> None:
+    def answer(messages: list[dict[str, Any]] | None = None, **body: Any) -> str:
+        extra = {"messages": messages} if messages else {}
+        response = _chat(engine, max_tokens=30, ignore_eos=True, temperature=0, **extra, **body)
+        return response.json()["choices"][0]["message"]["content"]
+
+    def with_image(colour: tuple[int, int, int]) -> list[dict[str, Any]]:
+        buffer = io.BytesIO()
+        Image.new("RGB", (8, 8), colour).save(buffer, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What colour is this?"}]}]
+
+    first = answer()
+    _chat(engine, max_tokens=3)  # other requests in between do not change a greedy answer
+    assert answer() == first
+    assert answer(messages=[{"role": "user", "content": "Another question."}]) != first
+    red, blue = answer(with_image((200, 10, 10))), answer(with_image((10, 10, 200)))
+    assert red == answer(with_image((200, 10, 10))) and red != blue
+    # without temperature 0 (vLLM's default sampling) answers still vary request to request
+    sampled = [_chat(engine, max_tokens=30, ignore_eos=True).json()["choices"][0]["message"]["content"] for _ in range(2)]
+    assert sampled[0] != sampled[1]
+    _assert_openai_error(_chat(engine, temperature="cold"), 400, "BadRequestError", "'temperature' must be a number >= 0, got 'cold'")
+    _assert_openai_error(_chat(engine, temperature=-1), 400, "BadRequestError", "'temperature' must be a number >= 0, got -1")
+
+
 def test_images_count_as_vision_tokens_and_budgets_are_selectable(engine: SimHandle) -> None:
     text_only = _chat(engine, max_tokens=1).json()["usage"]["prompt_tokens"]
     parts = [{"type": "text", "text": "Describe the radiograph."}, {"type": "image_url", "image_url": {"url": _png_data_url()}}]

@@ -127,3 +127,34 @@ def test_poison_marker_fails_only_requests_that_carry_it() -> None:
         poisoned = httpx.post(url, json=_chat_body(messages=[{"role": "user", "content": "a XPOISONX b"}]))
         assert poisoned.status_code == 500 and "poisoned request" in poisoned.json()["error"]["message"]
         assert httpx.post(url, json=_chat_body()).status_code == 200
+
+
+def test_swap_answer_fault_gives_a_concurrent_request_another_ones_answer() -> None:
+    """Alone each request gets its own temperature-0 answer; in flight together, the later one gets the
+    earlier one's (the fault `vlmserve consistency` must catch)."""
+    import asyncio
+
+    def body(question: str) -> dict:
+        return _chat_body(messages=[{"role": "user", "content": question}], max_tokens=20, ignore_eos=True, temperature=0)
+
+    with start_sim_engine(model=MODEL, ttft_ms=1, itl_ms=50, swap_answer_rate=1.0) as engine:
+        url = f"{engine.base_url}/v1/chat/completions"
+
+        def answer(response: httpx.Response) -> str:
+            assert response.status_code == 200, response.text
+            return response.json()["choices"][0]["message"]["content"]
+
+        first_alone, second_alone = (answer(httpx.post(url, json=body(q))) for q in ("first?", "second?"))
+        assert first_alone != second_alone
+
+        async def together() -> list[str]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                first = asyncio.ensure_future(client.post(url, json=body("first?")))
+                await asyncio.sleep(0.1)  # the first is in flight (20 tokens at 50 ms) when the second arrives
+                second = await client.post(url, json=body("second?"))
+                return [answer(await first), answer(second)]
+
+        together_answers = asyncio.run(together())
+        # whichever arrived second got the other's answer (normally the second one)
+        assert together_answers in ([first_alone, first_alone], [second_alone, second_alone])
+        assert answer(httpx.post(url, json=body("second?"))) == second_alone  # alone again: its own answer

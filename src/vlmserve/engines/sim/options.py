@@ -85,10 +85,16 @@ class FaultOptions:
     """Fraction of streams that stall/drop (1.0: every stream)."""
     poison_marker: str | None = None
     """A request whose body contains this text is answered 500 (a fault that follows the request)."""
+    swap_answer_rate: float = 0.0
+    """Fraction of requests arriving while others are in flight that get one of those requests'
+    answer instead of their own (preferring one of the same prompt length): the silent wrong
+    answer of a batching or cache bug, which `vlmserve consistency` must catch."""
 
     def validate(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:
             raise UserError(f"--error-rate must be between 0 and 1, got {self.error_rate}")
+        if not 0.0 <= self.swap_answer_rate <= 1.0:
+            raise UserError(f"--swap-answer-rate must be between 0 and 1, got {self.swap_answer_rate}")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise UserError(f"--fault-rate must be between 0 and 1, got {self.fault_rate}")
         for code in self.error_codes:

@@ -111,6 +111,8 @@ class ParsedRequest:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    temperature: float | None = None
+    """None: not given (vLLM's default, sampling)."""
     images: int = 0
     image_tokens: int = 0
     echo_prompt: str | None = None
@@ -139,6 +141,15 @@ def _get_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
     if value < minimum:
         raise bad_request(f"'{name}' must be at least {minimum}, got {value}", name)
     return value
+
+
+def _get_temperature(body: dict[str, Any]) -> float | None:
+    value = body.get("temperature")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise bad_request(f"'temperature' must be a number >= 0, got {value!r}", "temperature")
+    return float(value)
 
 
 def _get_stop(body: dict[str, Any]) -> list[str]:
@@ -377,6 +388,7 @@ def parse_generation_request(
     if stream_options and not stream:
         raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
     seed = _get_int(body, "seed", -(2**63))
+    temperature = _get_temperature(body)
     return ParsedRequest(
         kind=kind,
         model=model,
@@ -389,6 +401,7 @@ def parse_generation_request(
         ignore_eos=_get_bool(body, "ignore_eos"),
         stop=_get_stop(body),
         seed=seed,
+        temperature=temperature,
         images=num_images,
         image_tokens=image_tokens,
         echo_prompt=echo_prompt if _get_bool(body, "echo") else None,

@@ -12,6 +12,7 @@ asyncio program with `start_server`, or in a background thread with `SimEngineTh
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import sys
@@ -31,7 +32,7 @@ from vlmserve.engines.sim.generation import OutputPlan, plan_output
 from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
 from vlmserve.engines.sim.outputs import ActiveRequest
-from vlmserve.engines.sim.protocol import ApiError, ImageValidator, bad_request, decode_json_body, parse_generation_request
+from vlmserve.engines.sim.protocol import ApiError, ImageValidator, ParsedRequest, bad_request, decode_json_body, parse_generation_request
 from vlmserve.engines.sim.rich_plan import plan_rich_output
 from vlmserve.sched.frontend import Frontend
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
@@ -67,6 +68,9 @@ class SimEngine:
         self.started_s = time.monotonic()
         self.ready_at_s = self.started_s + config.faults.startup_delay_s
         self.request_counter = 0
+        self.answer_keys_in_flight: dict[str, tuple[str | int, int]] = {}
+        """Request id → (answer key, prompt length) of every request being served (what
+        --swap-answer-rate draws from)."""
         self.api_requests = 0
         self.fault_rng = random.Random(f"faults:{config.seed}")
         self.id_prefix = f"{random.Random(f'ids:{config.seed}').getrandbits(48):012x}"
@@ -160,17 +164,39 @@ class SimEngine:
     async def completions(self, request: web.Request, body: Any) -> web.StreamResponse:
         return await self._generate(request, body, "completion")
 
-    def _request_rng(self, seed: int | None) -> random.Random:
-        if seed is not None:
-            return random.Random(f"{self.config.seed}:request-seed:{seed}")
-        return random.Random(self.config.seed * 1_000_003 + self.request_counter)
+    def _answer_key(self, parsed: ParsedRequest) -> str | int:
+        """What a request's answer is drawn from. With a `seed`, the seed; at temperature 0, the
+        model and the prompt's token ids (images included, through their content digests), so a
+        greedy answer is a function of the prompt as in vLLM, the same on every replica whatever
+        its --seed; otherwise the request's arrival number."""
+        if parsed.seed is not None:
+            return f"{self.config.seed}:request-seed:{parsed.seed}"
+        if parsed.temperature == 0:
+            digest = hashlib.blake2b(digest_size=16)
+            for token_id in parsed.prompt_token_ids:
+                digest.update(token_id.to_bytes(8, "little"))
+            return f"greedy:{self.config.model}:{digest.hexdigest()}"
+        return self.config.seed * 1_000_003 + self.request_counter
+
+    def _maybe_swap_answer(self, own_key: str | int, prompt_len: int) -> str | int:
+        """Fault (--swap-answer-rate): take the answer of another request in flight, as a batching
+        or cache bug would; a request alone always gets its own. A request of the same prompt
+        length is preferred (rows of one shape get mixed up; so do images of one size, whose
+        requests differ only in content)."""
+        rate = self.config.faults.swap_answer_rate
+        others = [(key, length) for key, length in self.answer_keys_in_flight.values() if key != own_key]
+        if rate <= 0 or not others or self.fault_rng.random() >= rate:
+            return own_key
+        same_shape = [key for key, length in others if length == prompt_len]
+        return self.fault_rng.choice(same_shape or [key for key, _ in others])
 
     async def _generate(self, request: web.Request, body: Any, kind: str) -> web.StreamResponse:
         parsed = parse_generation_request(body, kind, self.config, self.images)
         features = parse_features(body, kind)
         check_combinations(features, body)
         self.request_counter += 1
-        rng = self._request_rng(parsed.seed)
+        own_key = self._answer_key(parsed)
+        rng = random.Random(self._maybe_swap_answer(own_key, len(parsed.prompt_token_ids)))
         plan: OutputPlan
         if features.rich:
             parsed.features = features
@@ -182,6 +208,16 @@ class SimEngine:
         assert self.loop is not None
         active = ActiveRequest(request_id, response_id, parsed, plan, arrival_s=self.loop.clock())
         active.client_request_id = request.headers.get("X-Request-ID")
+        self.answer_keys_in_flight[request_id] = (own_key, len(parsed.prompt_token_ids))
+        try:
+            return await self._run(request, active)
+        finally:
+            del self.answer_keys_in_flight[request_id]
+
+    async def _run(self, request: web.Request, active: ActiveRequest) -> web.StreamResponse:
+        """Preprocess, schedule and answer one planned request (streamed or whole)."""
+        parsed, request_id = active.parsed, active.request_id
+        assert self.loop is not None
         await self._preprocess(active)
         self._assign_stream_faults(active)
         response: web.StreamResponse | None = None

@@ -1,0 +1,89 @@
+"""`vlmserve consistency`: temperature-0 answers alone vs under concurrent load (docs/consistency.md).
+
+Wiring only: the check is `vlmserve.bench.consistency`; with --deployment the variants are started
+by `vlmserve.sweep.consistency` (the bench layer never starts a deployment)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from vlmserve.errors import UserError
+
+
+def _parse_size(text: str) -> tuple[int, int]:
+    width, sep, height = text.lower().partition("x")
+    if not sep or not width.isdigit() or not height.isdigit() or int(width) < 1 or int(height) < 1:
+        raise UserError(f"--image-size '{text}': write it like 64x64")
+    return int(width), int(height)
+
+
+def consistency(
+    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000 (or --deployment)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."),
+    deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML: started once per --prefix-caching variant, checked, torn down."),
+    prefix_caching: str = typer.Option("both", "--prefix-caching", help="With --deployment: on, off or both (one deployment each)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token for the endpoint."),
+    num_requests: int = typer.Option(32, "--num-requests", help="Checked text requests (distinct prompts)."),
+    num_image_requests: int = typer.Option(8, "--num-image-requests", help="Checked image requests: one question, each with its own synthetic image (0: none)."),
+    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight during the loaded run (checked ones among filler load)."),
+    output_len: int = typer.Option(32, "--output-len", help="max_tokens of each checked request (fillers ask for twice as many)."),
+    filler_per_request: int = typer.Option(1, "--filler-per-request", help="Filler requests queued after each checked one in the loaded run."),
+    image_size: str = typer.Option("64x64", "--image-size", help="Synthetic image size WxH."),
+    min_identical: float = typer.Option(1.0, "--min-identical", help="Fail (exit 1) when fewer than this fraction of answers are identical."),
+    seed: int = typer.Option(0, "--seed", help="Seed for prompts and images (same seed, same requests)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds one request may take."),
+    json_out: Optional[Path] = typer.Option(None, "--result-file", "--json-out", help="Write the JSON result here."),
+) -> None:
+    """Send temperature-0 requests alone, then inside concurrent load, and compare the answers token by token."""
+    from rich.console import Console
+
+    from vlmserve.bench.consistency.console import print_report
+    from vlmserve.bench.consistency.runner import ConsistencyOptions, run_check
+    from vlmserve.bench.target import Target
+
+    if (base_url is None) == (deployment_file is None):
+        raise UserError("give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the check), not both")
+    if base_url is not None and model is None:
+        raise UserError("--model is required with --base-url (the name in the endpoint's /v1/models)")
+    if deployment_file is None and prefix_caching != "both":
+        raise UserError("--prefix-caching needs --deployment (an endpoint's engine is already configured)")
+    if json_out is not None and not json_out.resolve().parent.is_dir():
+        raise UserError(f"--result-file {json_out}: its directory does not exist")
+    options = ConsistencyOptions(
+        num_requests=num_requests, num_image_requests=num_image_requests, concurrency=concurrency,
+        output_len=output_len, filler_per_request=filler_per_request, image_size=_parse_size(image_size),
+        min_identical=min_identical, seed=seed, timeout_s=timeout,
+    )
+    import sys
+
+    # no markup: answers are model text and may hold [brackets]; wide when logged (tables whole)
+    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+
+    def progress(line: str) -> None:
+        console.print(line, style="dim")
+
+    result: dict[str, Any]
+    if deployment_file is not None:
+        from vlmserve.sweep.consistency import check_deployment, combined_result
+
+        reports = check_deployment(deployment_file, options, prefix_caching, model, api_key, progress)
+        result = combined_result(reports)
+    else:
+        assert base_url is not None and model is not None
+        reports = [run_check(Target(base_url, model, api_key), options, progress)]
+        result = reports[0].to_dict()
+    for report in reports:
+        print_report(report, console)
+    if json_out is not None:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"result written to {json_out}")
+    if not all(report.passed for report in reports):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("consistency")(consistency)
