@@ -10,7 +10,8 @@ import pytest
 
 from tests.helpers.paths import REPO_ROOT
 
-pytest_plugins = ["tests.hostile_report", "tests.helpers.bench_fixtures", "tests.helpers.gateway_fixtures"]
+pytest_plugins = ["tests.hostile_report", "tests.helpers.bench_fixtures", "tests.helpers.gateway_fixtures",
+                  "tests.helpers.redis_server"]
 
 ARTIFACTS_DIR = REPO_ROOT / "artifacts"
 

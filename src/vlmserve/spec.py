@@ -119,6 +119,12 @@ class DeploymentSpec(BaseModel):
     gateway_discover: str | None = Field(
         None, description="gateway: also route to replicas found at run time beside the spec's own "
         "(file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]; vlmserve gateway --discover)")
+    gateway_state: str | None = Field(
+        None, description="gateway: share tenants' rate limits and token budgets with other gateways through "
+        "Redis, redis://[:PASSWORD@]HOST[:PORT][/DB] (vlmserve gateway --state); none: per process")
+    gateway_state_unavailable: Literal["open", "closed"] = Field(
+        "open", description="gateway: when that Redis does not answer, admit on per-process limits (open) "
+        "or refuse rate-limited requests with 503 (closed) (vlmserve gateway --state-unavailable)")
     devices: Literal["auto", "cpu", "gpu"] = "auto"
     cpu_threads_per_replica: int | None = Field(None, ge=1)
     kv_cache_space_gb: float | None = Field(None, gt=0)

@@ -10,6 +10,8 @@ from typing import Optional
 import typer
 
 from vlmserve.gateway.config import CLIENT_MM_PROCESSOR_KWARGS, POLICY_NAMES, GatewayConfig
+from vlmserve.gateway.shared_state import (STATE_ENV, STATE_FLAG, STATE_TIMEOUT_FLAG, STATE_UNAVAILABLE_FLAG,
+                                           UNAVAILABLE_MODES)
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
 
@@ -62,6 +64,16 @@ def register(app: typer.Typer) -> None:
         client_mm_processor_kwargs: list[str] = typer.Option(
             list(CLIENT_MM_PROCESSOR_KWARGS), "--client-mm-processor-kwargs",
             help="mm_processor_kwargs keys clients may send (repeat or comma-separate); others are refused (400)."),
+        state: Optional[str] = typer.Option(
+            None, STATE_FLAG, envvar=STATE_ENV,
+            help="Share tenants' rate limits and token budgets with every gateway process and instance through "
+                 "Redis: redis://[:PASSWORD@]HOST[:PORT][/DB] (rediss:// for TLS). Without it each process keeps its own."),
+        state_unavailable: str = typer.Option(
+            _DEFAULTS["state_unavailable"], STATE_UNAVAILABLE_FLAG,
+            help=f"When Redis does not answer: {' or '.join(UNAVAILABLE_MODES)}. open admits on per-process limits "
+                 "and keeps serving; closed refuses rate-limited tenants' requests with 503."),
+        state_timeout: float = typer.Option(_DEFAULTS["state_timeout_s"], STATE_TIMEOUT_FLAG,
+                                            help="Seconds a Redis call may take before Redis counts as unreachable."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
@@ -84,6 +96,7 @@ def register(app: typer.Typer) -> None:
             image_downscale_max_side=image_downscale_max_side, model_config_dir=model_config_dir,
             client_mm_processor_kwargs=[key.strip() for value in client_mm_processor_kwargs for key in value.split(",") if key.strip()],
             discover=discover, discover_interval_s=discover_interval,
+            state=state or None, state_unavailable=state_unavailable, state_timeout_s=state_timeout,
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vlmserve.errors import UserError
 from vlmserve.gateway.discovery import parse_source
+from vlmserve.gateway.shared_state import STATE_FLAG, STATE_UNAVAILABLE_FLAG, parse_state_url
 from vlmserve.spec import DeploymentSpec
 
 
@@ -53,6 +54,11 @@ def check_gateway_files(spec: DeploymentSpec) -> None:
             )
     if spec.gateway_discover:
         parse_source(spec.gateway_discover)  # a malformed source stops `up` before any engine starts
+    if spec.gateway_state:
+        try:
+            parse_state_url(spec.gateway_state)  # likewise a malformed Redis URL
+        except UserError as err:
+            raise UserError(f"gateway_state: {err}") from None
 
 
 def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> list[str]:
@@ -84,6 +90,8 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str |
             argv += [flag, str(number)]
     if spec.gateway_discover:
         argv += ["--discover", spec.gateway_discover]
+    if spec.gateway_state:
+        argv += [STATE_FLAG, spec.gateway_state, STATE_UNAVAILABLE_FLAG, spec.gateway_state_unavailable]
     if model_dir and (Path(model_dir) / "config.json").is_file():
         argv += ["--model-config-dir", model_dir]
     return argv

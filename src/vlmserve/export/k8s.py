@@ -23,6 +23,7 @@ from typing import Any
 
 from vlmserve.engines.launcher import make_launcher
 from vlmserve.errors import UserError
+from vlmserve.gateway.shared_state import STATE_FLAG, STATE_UNAVAILABLE_FLAG
 from vlmserve.observe.alerts import AlertSettings, alert_rules
 from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
@@ -34,10 +35,7 @@ STARTUP_PROBE_PERIOD_S = 10
 GATEWAY_REPLICAS = 2
 REDIS_PORT = 6379
 DISCOVERY_KINDS = ("dns", "k8s")
-# The gateway's shared-state flags (gateway --state / --state-unavailable).
-STATE_FLAG = "--state"
-STATE_UNAVAILABLE_FLAG = "--state-unavailable"
-STATE_UNAVAILABLE = "open"
+STATE_UNAVAILABLE = "open"  # an outage of the limiter must not take the service down
 
 
 @dataclass(frozen=True)

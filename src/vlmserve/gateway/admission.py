@@ -4,7 +4,10 @@ No keys file means an open gateway (every request is tenant `anonymous`). With o
 request must carry a listed key (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
 
 Rate limits are per tenant: requests per second and tokens per minute (estimated prompt +
-requested output at admission, corrected with the real usage afterwards). When the gateway
+requested output at admission, corrected with the real usage afterwards). They are kept in
+this process, or, with `--state redis://...`, in Redis, shared by every gateway process and
+instance (shared_state.py decides, and says when to fall back to this process's buckets).
+In-flight caps and priority queues always stay per process. When the gateway
 caps requests in flight (`max_in_flight`), the rest wait in one bounded queue per priority
 class; interactive waiters always go before batch ones. A full queue answers 429 with
 Retry-After at once — shedding keeps latency for admitted requests instead of collapsing it.
@@ -23,6 +26,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vlmserve.errors import UserError
+from vlmserve.gateway.redis_buckets import BucketLimits
+from vlmserve.gateway.shared_state import SharedState, StateUnavailable
 from vlmserve.spec import describe_validation_error, load_yaml_file
 
 PRIORITIES = ("interactive", "batch")
@@ -119,6 +124,15 @@ class Tenant:
         return cls(name=spec.name, priority=spec.priority, request_bucket=request_bucket, token_bucket=token_bucket,
                    image_limits=(spec.max_image_bytes, spec.max_image_pixels, spec.max_images_per_request))
 
+    @property
+    def limits(self) -> BucketLimits:
+        """The same limits as the local buckets, for the shared (Redis) ones."""
+        requests, tokens = self.request_bucket, self.token_bucket
+        return BucketLimits(
+            requests_per_s=requests.rate_per_s if requests else 0.0, request_capacity=requests.capacity if requests else 0.0,
+            tokens_per_s=tokens.rate_per_s if tokens else 0.0, token_capacity=tokens.capacity if tokens else 0.0,
+        )
+
 
 class AdmissionRejected(Exception):
     """Carries the HTTP status, OpenAI error type/code and Retry-After for the response."""
@@ -148,8 +162,10 @@ class Admission:
         max_in_flight: int = 0,
         queue_limits: dict[str, int] | None = None,
         queue_timeout_s: float = 60.0,
+        shared: SharedState | None = None,
     ) -> None:
         self.open = not tenants
+        self.shared = shared
         self._by_key: dict[str, Tenant] = {}
         self.tenants: dict[str, Tenant] = {}
         for spec in tenants or []:
@@ -192,8 +208,23 @@ class Admission:
 
     # ---- how fast -----------------------------------------------------------------------------
 
-    def check_rate(self, tenant: Tenant, estimated_tokens: int) -> None:
-        """Take from the tenant's buckets, or raise 429 with the wait until it would fit."""
+    async def check_rate(self, tenant: Tenant, estimated_tokens: int) -> str | None:
+        """Take from the tenant's buckets, or raise 429 with the wait until it would fit.
+
+        Returns where the request was charged ("shared", "local", or None when the tenant has no
+        limit); `settle_tokens` needs it. With shared state unavailable and mode closed, 503."""
+        if tenant.request_bucket is None and tenant.token_bucket is None:
+            return None
+        if self.shared is not None:
+            try:
+                wait = await self.shared.admit(tenant.name, tenant.limits, estimated_tokens)
+            except StateUnavailable as unavailable:
+                raise AdmissionRejected(503, str(unavailable), "state_unavailable", retry_after_s=1.0,
+                                        reason="state_unavailable") from None
+            if wait is not None:
+                if wait > 0:
+                    raise self._rate_limited(tenant, wait)
+                return "shared"
         now = time.monotonic()
         waits = []
         if tenant.request_bucket is not None:
@@ -202,20 +233,31 @@ class Admission:
             waits.append(tenant.token_bucket.wait_s(estimated_tokens, now))
         wait = max(waits, default=0.0)
         if wait > 0:
-            raise AdmissionRejected(
-                429,
-                f"rate limit exceeded for tenant {tenant.name!r}: retry after {math.ceil(wait)} s or ask for a higher limit",
-                "rate_limit_exceeded",
-                retry_after_s=wait,
-                reason="rate_limited",
-            )
+            raise self._rate_limited(tenant, wait)
         if tenant.request_bucket is not None:
             tenant.request_bucket.take(1)
         if tenant.token_bucket is not None:
             tenant.token_bucket.take(estimated_tokens)
+        return "local"
 
-    def settle_tokens(self, tenant: Tenant, estimated_tokens: int, actual_tokens: int | None) -> None:
-        if tenant.token_bucket is not None and actual_tokens is not None:
+    @staticmethod
+    def _rate_limited(tenant: Tenant, wait: float) -> AdmissionRejected:
+        return AdmissionRejected(
+            429,
+            f"rate limit exceeded for tenant {tenant.name!r}: retry after {math.ceil(wait)} s or ask for a higher limit",
+            "rate_limit_exceeded",
+            retry_after_s=wait,
+            reason="rate_limited",
+        )
+
+    def settle_tokens(self, tenant: Tenant, estimated_tokens: int, actual_tokens: int | None,
+                      charged: str | None = "local") -> None:
+        """Correct the token estimate with the usage the engine reported, where it was charged."""
+        if tenant.token_bucket is None or actual_tokens is None or charged is None:
+            return
+        if charged == "shared" and self.shared is not None:
+            self.shared.settle(tenant.name, tenant.limits, estimated_tokens - actual_tokens)
+        else:
             tenant.token_bucket.settle(estimated_tokens, actual_tokens)
 
     # ---- how many at once -----------------------------------------------------------------------

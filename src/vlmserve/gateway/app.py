@@ -37,6 +37,7 @@ from vlmserve.gateway.request_info import TokenEstimator, describe_request
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind, trust_boundary
+from vlmserve.gateway.shared_state import SharedState
 from vlmserve.gateway.watchdog import Watchdog
 
 log = logging.getLogger("vlmserve.gateway")
@@ -60,11 +61,19 @@ class Gateway:
         config.validate()
         self.config = config
         tenants = load_keys_file(config.keys_file) if config.keys_file else None
+        self.metrics = GatewayMetrics(self._snapshot)
+        # Only the settings here: the connection is made in start(), inside the serving process.
+        self.shared_state = SharedState(
+            config.state, unavailable=config.state_unavailable, timeout_s=config.state_timeout_s,
+            on_error=lambda kind: self.metrics.state_errors.labels(kind).inc(),
+            on_fallback=lambda mode: self.metrics.state_fallbacks.labels(mode).inc(),
+        ) if config.state else None
         self.admission = Admission(
             tenants,
             max_in_flight=config.max_in_flight,
             queue_limits={"interactive": config.queue_limit_interactive, "batch": config.queue_limit_batch},
             queue_timeout_s=config.queue_timeout_s,
+            shared=self.shared_state,
         )
         self.policy: RoutingPolicy = build_policy(config)
         self.estimator = TokenEstimator(config.chars_per_token, config.image_token_estimate, config.default_max_tokens)
@@ -78,7 +87,6 @@ class Gateway:
         self.media_session: aiohttp.ClientSession | None = None
         self.audit = AuditLog(config.audit_log, log_content=config.log_content)
         self.allowed_media_hosts = allowed_host_set(config.allowed_media_domains)
-        self.metrics = GatewayMetrics(self._snapshot)
         upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self.pool = ReplicaPool(
             config.normalized_replicas,
@@ -113,6 +121,8 @@ class Gateway:
         prepare = getattr(self.discovery.source, "prepare", None) if self.discovery is not None else None
         if prepare is not None:
             prepare()  # credentials: a one-line error now, before anything opens, not a warning every interval
+        if self.shared_state is not None:
+            await self.shared_state.start()  # a refused password: a one-line error now; unreachable: fallback
         self.session = _new_upstream_session(self.config)
         if self.allowed_media_hosts:  # remote media is fetched here, never by an engine
             self.media_session = aiohttp.ClientSession(auto_decompress=True)
@@ -151,6 +161,8 @@ class Gateway:
             await self.session.close()
         if self.media_session is not None:
             await self.media_session.close()
+        if self.shared_state is not None:
+            await self.shared_state.close()
         self.audit.close()
 
     # ---- replicas that come and go -------------------------------------------------------------
@@ -194,6 +206,7 @@ class Gateway:
             "ejected": self.pool.ejected_count(),
             "panic": self.pool.in_panic(),
             "clients": self.client_stats,
+            "state_available": None if self.shared_state is None else self.shared_state.available,
         }
 
     # ---- handlers ------------------------------------------------------------------------------
@@ -206,6 +219,8 @@ class Gateway:
             "policy": self.policy.name,
             "replicas": [r.describe() for r in (*self.pool.replicas, *self.pool.draining)],
         }
+        if self.shared_state is not None:  # said, not acted on: rate limits are not the replicas' health
+            payload["state"] = self.shared_state.describe()
         return web.json_response(payload, status=200 if ok else 503)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
@@ -231,6 +246,7 @@ class Gateway:
         self.requests_in_progress += 1
         tenant = None
         slot_held = False
+        charged: str | None = None
         content: Any = None
         try:
             try:
@@ -269,12 +285,12 @@ class Gateway:
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
                 request_log.estimated_tokens = routed.expected_total_tokens
-                self.admission.check_rate(tenant, routed.expected_total_tokens)
+                charged = await self.admission.check_rate(tenant, routed.expected_total_tokens)
                 await self.admission.acquire_slot(routed.priority)
                 slot_held = True
             except AdmissionRejected as rejected:
                 request_log.status, request_log.error = str(rejected.status), rejected.message
-                if rejected.status == 429:
+                if rejected.status == 429 or rejected.code == "state_unavailable":
                     self.metrics.shed.labels(request_log.tenant, rejected.reason).inc()
                 return error_response(rejected.status, rejected.message, rejected.code,
                                       retry_after_s=rejected.retry_after_s, request_id=request_log.request_id)
@@ -294,7 +310,7 @@ class Gateway:
                 self.admission.release_slot()
                 if tenant is not None:
                     used = None if request_log.completion_tokens is None else (request_log.prompt_tokens or 0) + request_log.completion_tokens
-                    self.admission.settle_tokens(tenant, request_log.estimated_tokens, used)
+                    self.admission.settle_tokens(tenant, request_log.estimated_tokens, used, charged)
             self._finish(request_log, content)
 
     async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:

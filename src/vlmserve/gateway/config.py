@@ -7,6 +7,7 @@ from pathlib import Path
 
 from vlmserve.errors import UserError
 from vlmserve.gateway.discovery import parse_source
+from vlmserve.gateway.shared_state import DEFAULT_TIMEOUT_S, check_state_settings
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 
@@ -93,6 +94,12 @@ class GatewayConfig:
     # the static `replicas` (file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]).
     discover: str | None = None
     discover_interval_s: float = 5.0
+    # Where tenants' rate limits and token budgets live (shared_state.py): None = this process;
+    # redis://HOST:PORT/DB = shared by every gateway process and instance. When Redis does not
+    # answer within state_timeout_s: "open" admits on per-process limits, "closed" answers 503.
+    state: str | None = None
+    state_unavailable: str = "open"
+    state_timeout_s: float = DEFAULT_TIMEOUT_S
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
@@ -112,6 +119,7 @@ class GatewayConfig:
             raise UserError(f"unknown policy {self.policy!r}: choose one of {', '.join(POLICY_NAMES)}")
         if self.keys_file is not None and not Path(self.keys_file).is_file():
             raise UserError(f"keys file {self.keys_file} does not exist: create it or drop --keys-file")
+        check_state_settings(self.state, self.state_unavailable, self.state_timeout_s)
         if self.max_attempts < 1:
             raise UserError("--max-attempts must be at least 1")
         if self.prefix_load_factor < 1.0:

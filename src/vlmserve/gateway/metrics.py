@@ -53,6 +53,8 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("vlmserve_gateway_client_connections", "Client connections open", value=clients.open)
         yield CounterMetricFamily("vlmserve_gateway_client_connections_refused", "Client connections answered 503 over --max-connections", value=clients.refused)
         yield CounterMetricFamily("vlmserve_gateway_client_header_timeouts", "Client connections closed (408) for not sending complete headers in time", value=clients.header_timeouts)
+        if state.get("state_available") is not None:  # only with --state: there is nothing to be unavailable otherwise
+            yield GaugeMetricFamily("vlmserve_gateway_state_available", "1 while the shared admission state (--state redis://...) answers; 0 while rate limits fall back per --state-unavailable", value=1.0 if state["state_available"] else 0.0)
 
 
 class GatewayMetrics:
@@ -80,7 +82,7 @@ class GatewayMetrics:
             "vlmserve_gateway_ejections", "Replicas ejected by their circuit breaker", ["replica"], registry=self.registry,
         )
         self.shed = Counter(
-            "vlmserve_gateway_shed_requests", "Requests refused by admission control (429)", ["tenant", "reason"],
+            "vlmserve_gateway_shed_requests", "Requests refused by admission control (429; 503 when the shared state is unreachable in closed mode)", ["tenant", "reason"],
             registry=self.registry,
         )
         self.images = Counter(
@@ -99,6 +101,18 @@ class GatewayMetrics:
             "vlmserve_gateway_discovery_errors",
             "Failed reads of the --discover source (the previous set is kept), by reason: unreadable, malformed, unresolved, api_error",
             ["reason"], registry=self.registry,
+        )
+        self.state_errors = Counter(
+            "vlmserve_gateway_state_errors",
+            "Failed calls to the shared admission state (--state), by kind: connection, timeout, auth, response, "
+            "wrong_type (a key that was not a bucket, replaced), other",
+            ["kind"], registry=self.registry,
+        )
+        self.state_fallbacks = Counter(
+            "vlmserve_gateway_state_fallbacks",
+            "Requests whose rate limits the shared state could not decide, by --state-unavailable mode: "
+            "open (decided on per-process limits), closed (refused with 503)",
+            ["mode"], registry=self.registry,
         )
         self.registry.register(_StateCollector(snapshot))
         self._request_children: dict[tuple[str, str, str], Any] = {}

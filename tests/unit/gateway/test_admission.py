@@ -35,24 +35,29 @@ def test_keys_map_to_tenants_and_bad_keys_are_401() -> None:
     assert wrong.value.status == 401 and "invalid API key" in wrong.value.message
 
 
-def test_request_rate_limit_gives_429_with_retry_after() -> None:
+async def test_request_rate_limit_gives_429_with_retry_after() -> None:
     admission = Admission(tenants())
     clinic = admission.tenants["clinic"]
-    admission.check_rate(clinic, 10)
-    admission.check_rate(clinic, 10)  # bucket of 2 (one second's worth)
+    assert await admission.check_rate(clinic, 10) == "local"
+    await admission.check_rate(clinic, 10)  # bucket of 2 (one second's worth)
     with pytest.raises(AdmissionRejected) as limited:
-        admission.check_rate(clinic, 10)
+        await admission.check_rate(clinic, 10)
     assert limited.value.status == 429 and 0 < limited.value.retry_after_s <= 1.0
 
 
-def test_token_rate_limit_counts_estimated_tokens_and_settles() -> None:
+async def test_token_rate_limit_counts_estimated_tokens_and_settles() -> None:
     admission = Admission([TenantSpec(name="t", keys=["k"], tokens_per_min=1000)])
     tenant = admission.tenants["t"]
-    admission.check_rate(tenant, 900)
+    await admission.check_rate(tenant, 900)
     with pytest.raises(AdmissionRejected):
-        admission.check_rate(tenant, 900)
+        await admission.check_rate(tenant, 900)
     admission.settle_tokens(tenant, 900, 100)  # it used far less than estimated: refund
-    admission.check_rate(tenant, 700)
+    await admission.check_rate(tenant, 700)
+
+
+async def test_a_tenant_without_limits_is_charged_nowhere() -> None:
+    admission = Admission(tenants())
+    assert await admission.check_rate(admission.tenants["batchjobs"], 10_000) is None
 
 
 def test_token_bucket_refills_over_time() -> None:

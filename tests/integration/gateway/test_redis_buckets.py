@@ -1,0 +1,106 @@
+"""The Redis token buckets on a real redis-server: atomic under concurrency, refunds, TTL, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from tests.helpers.redis_server import RedisServer
+from vlmserve.gateway.redis_buckets import BucketLimits, RedisBuckets, bucket_keys
+
+
+def clients(server: RedisServer, count: int) -> list[Redis]:
+    """Separate clients (separate connections), as separate gateway processes would have."""
+    return [Redis.from_url(server.url) for _ in range(count)]
+
+
+async def test_concurrent_admits_from_many_connections_never_overdraw(redis_server: RedisServer) -> None:
+    """600 admits at once over 6 connections against a 50-request bucket that barely refills:
+    exactly 50 pass. A read-then-write outside one script would let several take the last token."""
+    limits = BucketLimits(requests_per_s=0.001, request_capacity=50)
+    pool = clients(redis_server, 6)
+    buckets = [RedisBuckets(client) for client in pool]
+    try:
+        results = await asyncio.gather(*(buckets[i % 6].admit("clinic", limits, 0) for i in range(600)))
+    finally:
+        await asyncio.gather(*(client.aclose() for client in pool))
+    admitted = [r for r in results if r.admitted]
+    assert len(admitted) == 50
+    refused = [r for r in results if not r.admitted]
+    assert all(r.wait_s > 0 for r in refused)  # the 429's Retry-After comes from here
+    tokens = float(redis_server.client().hget(bucket_keys("clinic")[0], "tokens"))
+    assert -0.01 < tokens < 0.01  # nothing taken twice, nothing taken below zero
+
+
+async def test_refill_follows_redis_clock_and_both_limits_must_fit(redis_server: RedisServer) -> None:
+    limits = BucketLimits(requests_per_s=10, request_capacity=2, tokens_per_s=100, token_capacity=1000)
+    client = Redis.from_url(redis_server.url)
+    buckets = RedisBuckets(client)
+    try:
+        assert (await buckets.admit("t", limits, 100)).admitted
+        assert (await buckets.admit("t", limits, 100)).admitted
+        third = await buckets.admit("t", limits, 100)
+        assert not third.admitted and 0.05 < third.wait_s <= 0.1  # 1 request at 10/s
+        await asyncio.sleep(0.12)
+        assert (await buckets.admit("t", limits, 100)).admitted
+        # a request that fits the request bucket but not the token budget takes from neither
+        await asyncio.sleep(0.25)
+        over = await buckets.admit("t", limits, 950)
+        assert not over.admitted and over.wait_s > 0.1
+        request_tokens = float(redis_server.client().hget(bucket_keys("t")[0], "tokens"))
+        assert request_tokens >= 1.0  # the refused request did not take its request token
+    finally:
+        await client.aclose()
+
+
+async def test_settle_refunds_and_charges_the_token_budget(redis_server: RedisServer) -> None:
+    """Estimate 900 of a 1000/min budget; the engine used 100: 800 come back. Over-use goes into
+    debt, at most one budget deep (as the in-process bucket)."""
+    limits = BucketLimits(tokens_per_s=1000 / 60, token_capacity=1000)
+    client = Redis.from_url(redis_server.url)
+    buckets = RedisBuckets(client)
+    key = bucket_keys("t")[1]
+    try:
+        assert (await buckets.admit("t", limits, 900)).admitted
+        assert not (await buckets.admit("t", limits, 900)).admitted
+        await buckets.settle("t", limits, 900 - 100)
+        assert (await buckets.admit("t", limits, 700)).admitted
+        await buckets.settle("t", limits, -5000)  # used far more than estimated
+        assert float(redis_server.client().hget(key, "tokens")) == pytest.approx(-1000, abs=1)
+        assert await buckets.settle("t", limits, 0) == 0  # nothing to correct: no call
+    finally:
+        await client.aclose()
+
+
+async def test_keys_expire_once_their_bucket_would_be_full(redis_server: RedisServer) -> None:
+    limits = BucketLimits(requests_per_s=100, request_capacity=5, tokens_per_s=50, token_capacity=10)
+    client = Redis.from_url(redis_server.url)
+    try:
+        assert (await RedisBuckets(client).admit("brief", limits, 1)).admitted
+    finally:
+        await client.aclose()
+    sync = redis_server.client()
+    request_key, token_key = bucket_keys("brief")
+    assert 0 < sync.pttl(request_key) <= 2 * 5 / 100 * 1000 + 1000  # 1.1 s
+    assert 0 < sync.pttl(token_key) <= 2 * 10 / 50 * 1000 + 1000  # 1.4 s
+    await asyncio.sleep(1.6)
+    assert sync.exists(request_key, token_key) == 0  # an idle tenant leaves nothing behind
+
+
+async def test_a_key_of_the_wrong_type_is_replaced_not_fatal(redis_server: RedisServer) -> None:
+    request_key, token_key = bucket_keys("t")
+    sync = redis_server.client()
+    sync.set(request_key, "not a bucket")
+    sync.rpush(token_key, "nor", "this")
+    limits = BucketLimits(requests_per_s=1, request_capacity=1, tokens_per_s=10, token_capacity=100)
+    client = Redis.from_url(redis_server.url)
+    try:
+        first = await RedisBuckets(client).admit("t", limits, 10)
+        second = await RedisBuckets(client).admit("t", limits, 10)
+    finally:
+        await client.aclose()
+    assert first.admitted and first.replaced_keys == 2
+    assert not second.admitted and second.replaced_keys == 0
+    assert sync.type(request_key) == "hash" and sync.type(token_key) == "hash"
