@@ -6,16 +6,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers.procs import free_port, stop_process, wait_http_ok
 
-__all__ = ["GatewayProcess", "free_port", "start_gateway", "stop_process", "wait_http_ok"]
+__all__ = ["GatewayProcess", "free_port", "start_gateway", "start_gateways", "stop_process", "wait_http_ok"]
 
 
 @dataclass
@@ -33,16 +34,30 @@ class GatewayProcess:
 def start_gateway(replica_urls: list[str], log_dir: Path, *flags: str,
                   ready_timeout_s: float = 30.0) -> Iterator[GatewayProcess]:
     """Run the gateway until the block ends; flags are extra CLI flags (e.g. '--max-in-flight', '2')."""
-    port = free_port()
-    argv = [sys.executable, "-m", "vlmserve", "gateway", "--host", "127.0.0.1", "--port", str(port)]
-    for url in replica_urls:
-        argv += ["--replica", url]
-    log_path = log_dir / f"gateway-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen([*argv, *flags], stdout=log, stderr=subprocess.STDOUT)
-    gateway = GatewayProcess(process, port, log_path)
-    try:
-        wait_http_ok(f"{gateway.base_url}/health", process, log_path, "gateway", ready_timeout_s)
+    with start_gateways(replica_urls, log_dir, [flags], ready_timeout_s=ready_timeout_s) as (gateway,):
         yield gateway
+
+
+@contextmanager
+def start_gateways(replica_urls: list[str], log_dir: Path, flag_sets: Sequence[Sequence[str]], *,
+                   env: dict[str, str] | None = None, ready_timeout_s: float = 60.0) -> Iterator[list[GatewayProcess]]:
+    """One gateway per flag set, all started before waiting (each start costs seconds of imports);
+    `env` is added to every gateway's environment."""
+    gateways: list[GatewayProcess] = []
+    try:
+        for flags in flag_sets:
+            port = free_port()
+            argv = [sys.executable, "-m", "vlmserve", "gateway", "--host", "127.0.0.1", "--port", str(port)]
+            for url in replica_urls:
+                argv += ["--replica", url]
+            log_path = log_dir / f"gateway-{port}.log"
+            with log_path.open("wb") as log:
+                process = subprocess.Popen([*argv, *flags], stdout=log, stderr=subprocess.STDOUT,
+                                           env={**os.environ, **(env or {})})
+            gateways.append(GatewayProcess(process, port, log_path))
+        for gateway in gateways:
+            wait_http_ok(f"{gateway.base_url}/health", gateway.process, gateway.log_path, "gateway", ready_timeout_s)
+        yield gateways
     finally:
-        stop_process(process)
+        for gateway in gateways:
+            stop_process(gateway.process)
