@@ -214,7 +214,7 @@ class Gateway:
     async def handle_health(self, request: web.Request) -> web.Response:
         ok = bool(self.pool.candidates(None)) and not self.draining  # panic routing counts: ejection alone never fails /health
         status = "panic" if ok and self.pool.in_panic() else "ok"
-        payload = {
+        payload: dict[str, Any] = {
             "status": status if ok else ("draining" if self.draining else "no healthy replica"),
             "policy": self.policy.name,
             "replicas": [r.describe() for r in (*self.pool.replicas, *self.pool.draining)],

@@ -45,6 +45,12 @@ def keys_file(tmp_path: Path, text: str = KEYS) -> Path:
     return path
 
 
+def wait_available(gateway: GatewayProcess) -> None:
+    """Until the gateway's probe has found Redis (it PINGs every second while it is gone)."""
+    wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_state_available") == 1.0,
+             "the gateway to find Redis", timeout_s=10)
+
+
 def ask(gateway: GatewayProcess, key: str) -> httpx.Response:
     return httpx.post(gateway.base_url + "/v1/chat/completions", timeout=10, headers={"Authorization": f"Bearer {key}"},
                       json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
@@ -134,8 +140,7 @@ def test_redis_dies_and_returns(engine: SimHandle, redis_server: RedisServer, tm
 
         redis_server.start()  # same port, empty: buckets start full
         for gateway in (fail_open, fail_closed):
-            wait_for(lambda gw=gateway: metric(gw.base_url, "vlmserve_gateway_state_available") == 1.0,
-                     "the gateway to find Redis again", timeout_s=10)
+            wait_available(gateway)
         assert ask(fail_closed, LIMITED).status_code == 200
         assert redis_server.client().exists(bucket_keys("limited")[0]) == 1  # shared again
     for gateway in (fail_open, fail_closed):
@@ -159,8 +164,7 @@ def test_redis_unreachable_at_start_then_appears(engine: SimHandle, tmp_path: Pa
         assert ask(fail_closed, LIMITED).status_code == 503
         with start_redis(tmp_path / "late-redis", port=port) as late:
             for gateway in (fail_open, fail_closed):
-                wait_for(lambda gw=gateway: metric(gw.base_url, "vlmserve_gateway_state_available") == 1.0,
-                         "the gateway to find the late Redis", timeout_s=10)
+                wait_available(gateway)
             assert ask(fail_closed, LIMITED).status_code == 200
             assert late.client().exists(bucket_keys("limited")[0]) == 1
     assert "is unreachable at start" in fail_open.log_path.read_text()
