@@ -10,11 +10,13 @@ loopback, a free port):
   through the    end-to-end latency of a tiny non-streaming chat request through `vlmserve
   gateway        gateway` to a simulated engine, from a tenant with (never reached) limits:
                  one gateway on in-process state, one with `--state redis://...`. Rounds
-                 alternate the two (closed loop, `--concurrency` clients), and the added latency
-                 is the median over rounds of the paired p50/p99 differences, so drift in the
-                 machine's load hits both sides alike.
+                 alternate the two (closed loop, at each of `--concurrency` levels), and the
+                 added latency is the median over rounds of the paired p50/p99 differences, so
+                 drift in the machine's load hits both sides alike. The gateways' CPU time per
+                 request is measured too (two Redis calls per request: admit, and the token
+                 settle after the response).
 
-    .venv/bin/python benchmarks/gateway_state.py --decisions 20000 --requests 600 --rounds 6
+    .venv/bin/python benchmarks/gateway_state.py --decisions 20000 --requests 600 --rounds 6 --concurrency 1,8
     .venv/bin/python benchmarks/gateway_state.py --smoke    # seconds: checks it still runs
 
 Figures use the simulated engine and a Redis on the same machine: they measure the gateway's
@@ -36,6 +38,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 from _smoke import parse_args, wait_healthy
 
@@ -152,22 +155,32 @@ async def closed_loop(session: aiohttp.ClientSession, base_url: str, requests: i
     return took
 
 
-async def through_gateways(local_url: str, shared_url: str, args: argparse.Namespace) -> dict[str, object]:
-    per_round: dict[str, list[dict[str, float]]] = {"in-process": [], "redis": []}
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+async def through_gateways(gateways: dict[str, tuple[str, int]], args: argparse.Namespace,
+                           concurrency: int) -> dict[str, object]:
+    """Alternating rounds at one concurrency; `gateways` maps a name to (base URL, pid)."""
+    per_round: dict[str, list[dict[str, float]]] = {name: [] for name in gateways}
+    cpu: dict[str, float] = {name: 0.0 for name in gateways}
     async with aiohttp.ClientSession() as session:
-        for url in (local_url, shared_url):  # warm connections and code paths
-            await closed_loop(session, url, 20, args.concurrency)
+        for url, _ in gateways.values():  # warm connections and code paths
+            await closed_loop(session, url, 20, concurrency)
         for round_index in range(args.rounds):
-            order = [("in-process", local_url), ("redis", shared_url)]
-            for name, url in order if round_index % 2 == 0 else reversed(order):
-                per_round[name].append(summary_ms(await closed_loop(session, url, args.requests, args.concurrency)))
-    added = {
-        key: statistics.median(r[key] - l[key] for l, r in zip(per_round["in-process"], per_round["redis"]))
-        for key in ("p50_ms", "p99_ms", "mean_ms")
-    }
+            order = list(gateways.items())
+            for name, (url, pid) in order if round_index % 2 == 0 else reversed(order):
+                before = cpu_seconds(pid)
+                per_round[name].append(summary_ms(await closed_loop(session, url, args.requests, concurrency)))
+                cpu[name] += cpu_seconds(pid) - before
+    local, shared = per_round["in-process"], per_round["redis"]
+    added = {key: statistics.median(r[key] - l[key] for l, r in zip(local, shared))
+             for key in ("p50_ms", "p99_ms", "mean_ms")}
     medians = {name: {key: statistics.median(r[key] for r in rounds) for key in ("p50_ms", "p99_ms")}
                for name, rounds in per_round.items()}
-    return {"medians": medians, "added": added}
+    cpu_us = {name: seconds / (args.rounds * args.requests) * 1e6 for name, seconds in cpu.items()}
+    return {"concurrency": concurrency, "medians": medians, "added": added, "gateway_cpu_us_per_request": cpu_us}
 
 
 async def run(args: argparse.Namespace, work: Path) -> None:
@@ -192,23 +205,30 @@ async def run(args: argparse.Namespace, work: Path) -> None:
             work / "engine.log", engine + "/health"))
         gateway = [sys.executable, "-m", "vlmserve", "gateway", "--replica", engine, "--host", "127.0.0.1",
                    "--keys-file", str(keys)]
-        processes.append(start_process([*gateway, "--port", str(local_port)], work / "gateway-local.log",
-                                       f"http://127.0.0.1:{local_port}/health"))
-        processes.append(start_process([*gateway, "--port", str(shared_port), "--state", url],
-                                       work / "gateway-redis.log", f"http://127.0.0.1:{shared_port}/health"))
-        result = await through_gateways(f"http://127.0.0.1:{local_port}", f"http://127.0.0.1:{shared_port}", args)
-        medians, added = result["medians"], result["added"]
-        assert isinstance(medians, dict) and isinstance(added, dict)
-        print(f"through the gateway (sim engine, {args.rounds} rounds x {args.requests} requests, "
-              f"concurrency {args.concurrency}), medians over rounds:")
-        for name in ("in-process", "redis"):
-            print(f"  {name:<11} e2e p50 {medians[name]['p50_ms']:.2f} ms, p99 {medians[name]['p99_ms']:.2f} ms")
-        print(f"  added by Redis (paired per round): p50 {added['p50_ms']:+.2f} ms, p99 {added['p99_ms']:+.2f} ms, "
-              f"mean {added['mean_ms']:+.2f} ms")
+        local_gateway = start_process([*gateway, "--port", str(local_port)], work / "gateway-local.log",
+                                      f"http://127.0.0.1:{local_port}/health")
+        shared_gateway = start_process([*gateway, "--port", str(shared_port), "--state", url],
+                                       work / "gateway-redis.log", f"http://127.0.0.1:{shared_port}/health")
+        processes += [local_gateway, shared_gateway]
+        gateways = {"in-process": (f"http://127.0.0.1:{local_port}", local_gateway.pid),
+                    "redis": (f"http://127.0.0.1:{shared_port}", shared_gateway.pid)}
+        results = []
+        for concurrency in (int(level) for level in str(args.concurrency).split(",")):
+            result = await through_gateways(gateways, args, concurrency)
+            results.append(result)
+            medians, added, cpu_us = result["medians"], result["added"], result["gateway_cpu_us_per_request"]
+            assert isinstance(medians, dict) and isinstance(added, dict) and isinstance(cpu_us, dict)
+            print(f"through the gateway (sim engine, {args.rounds} rounds x {args.requests} requests, "
+                  f"concurrency {concurrency}), medians over rounds:")
+            for name in ("in-process", "redis"):
+                print(f"  {name:<11} e2e p50 {medians[name]['p50_ms']:.2f} ms, p99 {medians[name]['p99_ms']:.2f} ms, "
+                      f"gateway CPU {cpu_us[name]:.0f} µs/request")
+            print(f"  added by Redis (paired per round): p50 {added['p50_ms']:+.2f} ms, p99 {added['p99_ms']:+.2f} ms, "
+                  f"mean {added['mean_ms']:+.2f} ms")
         if args.json_out:
             Path(args.json_out).write_text(json.dumps({
                 "decision_in_process": local, "decision_redis": remote, "redis_decisions_per_s": rate,
-                **result, "settings": vars(args)}, indent=2))
+                "through_gateway": results, "settings": vars(args)}, indent=2))
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -224,9 +244,9 @@ def main() -> None:
     parser.add_argument("--decision-concurrency", type=int, default=32, help="concurrent decisions for the throughput figure")
     parser.add_argument("--requests", type=int, default=600, help="requests per gateway per round")
     parser.add_argument("--rounds", type=int, default=6, help="rounds, each running both gateways")
-    parser.add_argument("--concurrency", type=int, default=8, help="closed-loop clients per gateway run")
+    parser.add_argument("--concurrency", default="1,8", help="closed-loop clients per gateway run (comma-separated levels)")
     parser.add_argument("--json-out", help="write the figures here as JSON")
-    args = parse_args(parser, decisions=200, requests=30, rounds=2, concurrency=4, decision_concurrency=4)
+    args = parse_args(parser, decisions=200, requests=30, rounds=2, concurrency="1,4", decision_concurrency=4)
     with tempfile.TemporaryDirectory(prefix="vlmserve-bench-state-") as work:
         asyncio.run(run(args, Path(work)))
 
