@@ -6,8 +6,9 @@ The rules kept:
   script alone, so two gateways admitting at the same instant cannot both take the last token.
 - Redis's clock (`TIME`, inside the script), never a gateway's: gateways on different machines
   need not agree on the time.
-- After the response, `settle` corrects the token budget by what the estimate got wrong
-  (refund or extra charge), with the same floor as the in-process bucket (`-capacity`).
+- After the response the token budget is corrected by what the estimate got wrong (refund or
+  extra charge), with the same floor as the in-process bucket (`-capacity`): carried by the
+  tenant's next `admit` (no extra round trip), or by `settle` when none comes soon.
 - Every key expires once its bucket would be full again (a full bucket and a missing key mean
   the same), so tenants that stop sending leave nothing behind.
 - A key of another type under the prefix (someone SET it by hand) is replaced, and the call
@@ -57,16 +58,21 @@ end
 """
 
 # KEYS: request bucket, token bucket. ARGV: req_rate, req_capacity, tok_rate, tok_capacity,
-# tokens wanted. A rate of 0 means "no such limit" (its key is not touched).
+# tokens wanted, tokens given back first (settles of earlier requests riding along; 0: none).
+# A rate of 0 means "no such limit" (its key is not touched).
 # Returns {admitted 0/1, wait in microseconds, keys replaced}.
 ADMIT_SCRIPT = _REFILL + """
 local now = now_us()
 local req_rate, req_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tok_rate, tok_cap = tonumber(ARGV[3]), tonumber(ARGV[4])
 local wanted = math.min(tonumber(ARGV[5]), tok_cap)
+local refund = tonumber(ARGV[6])
 local replaced = 0
 local wait_s = 0
 local req_tokens, tok_tokens, r
+-- 2 x capacity / rate: the longest a bucket in debt (down to -capacity) takes to fill again.
+local req_ttl = req_rate > 0 and math.ceil(2000 * req_cap / req_rate) + 1000 or 0
+local tok_ttl = tok_rate > 0 and math.ceil(2000 * tok_cap / tok_rate) + 1000 or 0
 if req_rate > 0 then
   req_tokens, r = load(KEYS[1], req_rate, req_cap, now)
   replaced = replaced + r
@@ -76,18 +82,15 @@ end
 if tok_rate > 0 then
   tok_tokens, r = load(KEYS[2], tok_rate, tok_cap, now)
   replaced = replaced + r
+  tok_tokens = math.max(-tok_cap, math.min(tok_cap, tok_tokens + refund))
   if tok_tokens < wanted then wait_s = math.max(wait_s, (wanted - tok_tokens) / tok_rate) end
 end
 if wait_s > 0 then
+  if tok_rate > 0 and refund ~= 0 then store(KEYS[2], tok_tokens, now, tok_ttl) end  -- keep the refund
   return {0, math.ceil(wait_s * 1e6), replaced}
 end
--- 2 x capacity / rate: the longest a bucket in debt (down to -capacity) takes to fill again.
-if req_rate > 0 then
-  store(KEYS[1], req_tokens - math.min(1, req_cap), now, math.ceil(2000 * req_cap / req_rate) + 1000)
-end
-if tok_rate > 0 then
-  store(KEYS[2], tok_tokens - wanted, now, math.ceil(2000 * tok_cap / tok_rate) + 1000)
-end
+if req_rate > 0 then store(KEYS[1], req_tokens - math.min(1, req_cap), now, req_ttl) end
+if tok_rate > 0 then store(KEYS[2], tok_tokens - wanted, now, tok_ttl) end
 return {1, 0, replaced}
 """
 
@@ -140,12 +143,15 @@ class RedisBuckets:
         self._admit = client.register_script(ADMIT_SCRIPT)
         self._settle = client.register_script(SETTLE_SCRIPT)
 
-    async def admit(self, tenant: str, limits: BucketLimits, tokens: float) -> AdmitResult:
-        """Take one request and `tokens` from the tenant's buckets, or neither and say how long to wait."""
+    async def admit(self, tenant: str, limits: BucketLimits, tokens: float, refund: float = 0.0) -> AdmitResult:
+        """Take one request and `tokens` from the tenant's buckets, or neither and say how long to wait.
+
+        `refund` tokens (negative: a charge) from earlier requests' settles are applied first,
+        admitted or not: one round trip instead of two."""
         admitted, wait_us, replaced = await self._admit(
             keys=list(bucket_keys(tenant, self.prefix)),
             args=[_num(limits.requests_per_s), _num(limits.request_capacity), _num(limits.tokens_per_s),
-                  _num(limits.token_capacity), _num(max(0.0, tokens))],
+                  _num(limits.token_capacity), _num(max(0.0, tokens)), _num(refund)],
         )
         return AdmitResult(bool(int(admitted)), int(wait_us) / 1e6, int(replaced))
 

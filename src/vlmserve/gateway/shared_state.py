@@ -21,8 +21,11 @@ each process keeps its own (admission.TokenBucket). This module is the facade ad
 - At start, a password Redis refuses is a configuration mistake and stops the gateway with one
   line; an unreachable Redis is not (it may start after the gateway): the gateway starts in the
   fallback mode and waits for it.
-- Settling (refunding a token estimate after the response) runs in the background: a response
-  never waits for Redis, and a settle lost in an outage only leaves the budget conservative.
+- Settling (refunding a token estimate after the response) never makes a response wait, nor
+  costs a round trip of its own while the tenant keeps sending: refunds add up per tenant in
+  the process and ride along with that tenant's next admit; those still pending after
+  `settle_interval_s` are sent on their own. A settle lost in an outage only leaves the
+  budget conservative.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ UNAVAILABLE_MODES = ("open", "closed")
 STATE_ENV = "VLMSERVE_GATEWAY_STATE"
 DEFAULT_TIMEOUT_S = 0.25
 PROBE_INTERVAL_S = 1.0
+SETTLE_INTERVAL_S = 0.5
 MAX_TIMEOUT_S = 30.0
 
 
@@ -103,8 +107,9 @@ def _shown(url: str) -> str:
     try:
         parts = urlsplit(url.strip())
         if parts.password is not None:
-            user = parts.username or ""
-            netloc = f"{user}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+            host = parts.hostname or ""
+            host = f"[{host}]" if ":" in host else host  # IPv6 keeps its brackets
+            netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
             parts = parts._replace(netloc=netloc)
         shown = parts.geturl()
     except ValueError:
@@ -138,7 +143,7 @@ class SharedState:
     """The Redis side of admission for one gateway process, with its availability and fallback."""
 
     def __init__(self, url: str, *, unavailable: str = "open", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 probe_interval_s: float = PROBE_INTERVAL_S,
+                 probe_interval_s: float = PROBE_INTERVAL_S, settle_interval_s: float = SETTLE_INTERVAL_S,
                  on_error: Callable[[str], None] = lambda kind: None,
                  on_fallback: Callable[[str], None] = lambda mode: None) -> None:
         check_state_settings(url, unavailable, timeout_s)
@@ -146,13 +151,15 @@ class SharedState:
         self.unavailable_mode = unavailable
         self.timeout_s = timeout_s
         self.probe_interval_s = probe_interval_s
+        self.settle_interval_s = settle_interval_s
         self.available = False
         self._on_error = on_error
         self._on_fallback = on_fallback
         self._client: Any = None
         self._buckets: RedisBuckets | None = None
         self._probe: asyncio.Task | None = None
-        self._background: set[asyncio.Task] = set()
+        self._flusher: asyncio.Task | None = None
+        self._refunds: dict[str, tuple[BucketLimits, float]] = {}  # tenant -> (limits, tokens to give back)
         self._last_error = ""
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -169,6 +176,7 @@ class SharedState:
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
         )
         self._buckets = RedisBuckets(self._client)
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_refunds_every_interval())
         try:
             await self._call(self._client.ping())
         except (redis_errors.AuthenticationError, redis_errors.NoPermissionError) as err:
@@ -184,12 +192,13 @@ class SharedState:
         log.info("admission state shared through %s (if unreachable: %s)", self.url.redacted, self._fallback_words())
 
     async def close(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            await asyncio.gather(self._probe, return_exceptions=True)
-            self._probe = None
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=self.timeout_s * 2)
+        for task in (self._probe, self._flusher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._probe = self._flusher = None
+        if self.available:
+            await self._flush_refunds()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -201,10 +210,12 @@ class SharedState:
 
         Raises StateUnavailable when Redis cannot decide and the mode is closed."""
         if self.available and self._buckets is not None:
+            _, refund = self._refunds.pop(tenant, (limits, 0.0))
             try:
-                result = await self._call(self._buckets.admit(tenant, limits, tokens))
+                result = await self._call(self._buckets.admit(tenant, limits, tokens, refund))
             except redis_failures() as err:
                 self._mark_unavailable(err)
+                self.settle(tenant, limits, refund)  # not applied: keep it for later
             else:
                 self._count_replaced(result.replaced_keys, tenant)
                 return 0.0 if result.admitted else max(result.wait_s, 1e-6)
@@ -216,21 +227,34 @@ class SharedState:
         return None
 
     def settle(self, tenant: str, limits: BucketLimits, refund: float) -> None:
-        """Correct a Redis-charged token estimate in the background (`refund` < 0 charges more)."""
-        if refund == 0 or limits.tokens_per_s <= 0 or not self.available or self._buckets is None:
+        """Give back `refund` tokens (negative: charge more) of a Redis-charged estimate, soon:
+        with the tenant's next admit, or within `settle_interval_s`."""
+        if refund == 0 or limits.tokens_per_s <= 0:
             return
-        task = asyncio.get_running_loop().create_task(self._settle(tenant, limits, refund))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        _, pending = self._refunds.get(tenant, (limits, 0.0))
+        self._refunds[tenant] = (limits, pending + refund)
 
-    async def _settle(self, tenant: str, limits: BucketLimits, refund: float) -> None:
+    async def _flush_refunds_every_interval(self) -> None:
+        while True:
+            await asyncio.sleep(self.settle_interval_s)
+            if self.available and self._refunds:
+                await self._flush_refunds()
+
+    async def _flush_refunds(self) -> None:
+        """Send every pending refund on its own (their tenants sent nothing since)."""
         assert self._buckets is not None
-        try:
-            replaced = await self._call(self._buckets.settle(tenant, limits, refund))
-        except redis_failures() as err:
-            self._mark_unavailable(err)
-        else:
-            self._count_replaced(replaced, tenant)
+        pending, self._refunds = self._refunds, {}
+        for tenant, (limits, refund) in pending.items():
+            if not self.available:
+                self.settle(tenant, limits, refund)
+                continue
+            try:
+                replaced = await self._call(self._buckets.settle(tenant, limits, refund))
+            except redis_failures() as err:
+                self._mark_unavailable(err)
+                self.settle(tenant, limits, refund)
+            else:
+                self._count_replaced(replaced, tenant)
 
     def describe(self) -> dict[str, Any]:
         """For /health: where the state is, whether it answers, and what happens when it does not."""

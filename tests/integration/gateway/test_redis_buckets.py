@@ -104,3 +104,34 @@ async def test_a_key_of_the_wrong_type_is_replaced_not_fatal(redis_server: Redis
     assert first.admitted and first.replaced_keys == 2
     assert not second.admitted and second.replaced_keys == 0
     assert sync.type(request_key) == "hash" and sync.type(token_key) == "hash"
+
+
+async def test_refunds_ride_along_with_the_next_admit_even_a_refused_one(redis_server: RedisServer) -> None:
+    limits = BucketLimits(tokens_per_s=1000 / 60, token_capacity=1000)
+    client = Redis.from_url(redis_server.url)
+    buckets = RedisBuckets(client)
+    key = bucket_keys("t")[1]
+    try:
+        assert (await buckets.admit("t", limits, 900)).admitted
+        assert not (await buckets.admit("t", limits, 950, refund=300)).admitted  # 100 + 300 < 950 ...
+        assert float(redis_server.client().hget(key, "tokens")) == pytest.approx(400, abs=2)  # ... the refund stays
+        assert (await buckets.admit("t", limits, 300, refund=500)).admitted  # 400 + 500 - 300
+        assert float(redis_server.client().hget(key, "tokens")) == pytest.approx(600, abs=2)
+    finally:
+        await client.aclose()
+
+
+async def test_the_facade_sends_a_lone_refund_within_its_interval(redis_server: RedisServer) -> None:
+    """No next request from the tenant: the pending refund goes on its own, not never."""
+    from vlmserve.gateway.shared_state import SharedState
+
+    state = SharedState(redis_server.url, settle_interval_s=0.1)
+    limits = BucketLimits(tokens_per_s=1000 / 60, token_capacity=1000)
+    await state.start()
+    try:
+        assert await state.admit("t", limits, 900) == 0.0
+        state.settle("t", limits, 800)
+        await asyncio.sleep(0.3)
+        assert float(redis_server.client().hget(bucket_keys("t")[1], "tokens")) == pytest.approx(900, abs=2)
+    finally:
+        await state.close()

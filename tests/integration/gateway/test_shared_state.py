@@ -7,6 +7,7 @@ Redis a real `redis-server` the test starts (tests/helpers/redis_server.py).
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import time
@@ -168,6 +169,25 @@ def test_redis_unreachable_at_start_then_appears(engine: SimHandle, tmp_path: Pa
             assert ask(fail_closed, LIMITED).status_code == 200
             assert late.client().exists(bucket_keys("limited")[0]) == 1
     assert "is unreachable at start" in fail_open.log_path.read_text()
+
+
+@pytest.mark.hostile("a Redis that accepts connections and never answers: no request waits out more than --state-timeout")
+def test_a_redis_that_never_answers_costs_one_timeout_not_one_per_request(engine: SimHandle, tmp_path: Path) -> None:
+    with socket.socket() as silent:  # listens (the kernel completes handshakes) but never reads or replies
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        with start_gateways([engine.base_url], tmp_path, [["--keys-file", str(keys_file(tmp_path)), "--state", url,
+                                                           "--state-timeout", "0.2"]]) as (gateway,):
+            took = []
+            for _ in range(5):
+                started = time.monotonic()
+                assert ask(gateway, LIMITED).status_code == 200
+                took.append(time.monotonic() - started)
+            assert max(took) < 1.0, took
+            assert metric(gateway.base_url, "vlmserve_gateway_state_errors_total", kind="timeout") >= 1
+            assert metric(gateway.base_url, "vlmserve_gateway_state_fallbacks_total", mode="open") == 5
+            assert metric(gateway.base_url, "vlmserve_gateway_state_available") == 0.0
 
 
 @pytest.mark.hostile("a key of the wrong type where a tenant's bucket lives in Redis: replaced, counted, request served")
