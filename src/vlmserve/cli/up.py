@@ -194,7 +194,7 @@ def door_description(spec, *, open_door: bool) -> str:  # spec: DeploymentSpec
 
 def _print_plan(spec) -> None:  # spec: DeploymentSpec
     """Each replica's environment and command, then the gateway's: what `up` would start."""
-    from vlmserve.deploy.front_door import gateway_argv
+    from vlmserve.deploy.front_door import gateway_argv, shown_gateway_env
     from vlmserve.engines.launcher import make_launcher
 
     launches = make_launcher(spec, on_event=lambda line: console.print(line, soft_wrap=True)).launches()
@@ -205,7 +205,8 @@ def _print_plan(spec) -> None:  # spec: DeploymentSpec
     if spec.gateway:
         urls = [f"http://{spec.replica_host}:{launch.port}" for launch in launches]
         console.print(f"[bold]gateway[/bold] port {spec.port}")
-        console.print(f"  {shlex.join(gateway_argv(spec, urls))}", soft_wrap=True)
+        env_text = "".join(f"{key}={shlex.quote(value)} " for key, value in shown_gateway_env(spec).items())
+        console.print(f"  {env_text}{shlex.join(gateway_argv(spec, urls))}", soft_wrap=True)
 
 
 def status(

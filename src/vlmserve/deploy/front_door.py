@@ -14,7 +14,7 @@ from pathlib import Path
 
 from vlmserve.errors import UserError
 from vlmserve.gateway.discovery import parse_source
-from vlmserve.gateway.shared_state import STATE_FLAG, STATE_UNAVAILABLE_FLAG, parse_state_url
+from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG, parse_state_url
 from vlmserve.spec import DeploymentSpec
 
 
@@ -90,8 +90,25 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str |
             argv += [flag, str(number)]
     if spec.gateway_discover:
         argv += ["--discover", spec.gateway_discover]
-    if spec.gateway_state:
-        argv += [STATE_FLAG, spec.gateway_state, STATE_UNAVAILABLE_FLAG, spec.gateway_state_unavailable]
+    if spec.gateway_state:  # the URL itself goes through the environment (gateway_env)
+        argv += [STATE_UNAVAILABLE_FLAG, spec.gateway_state_unavailable]
     if model_dir and (Path(model_dir) / "config.json").is_file():
         argv += ["--model-config-dir", model_dir]
     return argv
+
+
+def gateway_env(spec: DeploymentSpec, base: dict[str, str]) -> dict[str, str]:
+    """The gateway's environment: `base` plus the settings that must stay out of its argv.
+
+    The shared-state URL may carry a Redis password, and a command line is readable by every
+    user of the machine (`ps`), so it travels as VLMSERVE_GATEWAY_STATE. One inherited from the
+    shell is dropped: the spec alone decides whether the gateway shares its limits."""
+    env = {key: value for key, value in base.items() if key != STATE_ENV}
+    if spec.gateway_state:
+        env[STATE_ENV] = spec.gateway_state
+    return env
+
+
+def shown_gateway_env(spec: DeploymentSpec) -> dict[str, str]:
+    """What `up --print-plan` shows of `gateway_env` (beyond the inherited environment), password hidden."""
+    return {STATE_ENV: parse_state_url(spec.gateway_state).redacted} if spec.gateway_state else {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vlmserve.deploy.front_door import gateway_argv
+from vlmserve.deploy.front_door import gateway_argv, gateway_env
 from vlmserve.deploy.members import ProcessPlan
 from vlmserve.engines.launcher import EngineLauncher
 from vlmserve.spec import DeploymentSpec
@@ -44,7 +44,7 @@ def gateway_plan(spec: DeploymentSpec, replica_urls: list[str], log_dir: Path, m
         role="gateway",
         index=0,
         argv=gateway_argv(spec, replica_urls, model_dir),
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env=gateway_env(spec, {**os.environ, "PYTHONUNBUFFERED": "1"}),
         host=spec.host,
         port=spec.port,
         log_path=log_dir / "gateway.log",

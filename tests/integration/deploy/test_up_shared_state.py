@@ -1,5 +1,5 @@
-"""`vlmserve up` passes the spec's `gateway_state` to the gateway it starts, and refuses a bad one
-before any engine starts. The end-to-end case runs a real `vlmserve up --engine sim` and a real Redis."""
+"""`vlmserve up` passes the spec's `gateway_state` to the gateway it starts (through its
+environment: the URL may hold a password), and refuses a bad one before any engine starts. The end-to-end case runs a real `vlmserve up --engine sim` and a real Redis."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.e2e.test_supervisor import home as home  # noqa: F401  (fixture)
 from tests.e2e.test_supervisor import up_process as up_process  # noqa: F401  (fixture)
 from tests.helpers.redis_server import RedisServer
 from tests.integration.test_up_trust_boundary import ready_with_gateway, stop_up
-from vlmserve.deploy.front_door import gateway_argv
+from vlmserve.deploy.front_door import gateway_argv, gateway_env, shown_gateway_env
 from vlmserve.deploy.processes import free_port_block
 from vlmserve.gateway.redis_buckets import bucket_keys
 from vlmserve.spec import DeploymentSpec
@@ -27,15 +27,30 @@ def write_spec(path: Path, **fields: object) -> Path:
     return path
 
 
-def test_the_spec_fields_become_the_gateway_flags() -> None:
-    spec = DeploymentSpec(gateway_state="redis://cache.internal:6379/2", gateway_state_unavailable="closed")
+def test_the_spec_fields_reach_the_gateway_and_the_password_stays_out_of_its_argv() -> None:
+    url = "redis://:s3cret@cache.internal:6379/2"
+    spec = DeploymentSpec(gateway_state=url, gateway_state_unavailable="closed")
     argv = gateway_argv(spec, ["http://127.0.0.1:9001"])
-    assert argv[argv.index("--state") + 1] == "redis://cache.internal:6379/2"
     assert argv[argv.index("--state-unavailable") + 1] == "closed"
-    plain = gateway_argv(DeploymentSpec(), ["http://127.0.0.1:9001"])
-    assert "--state" not in plain and "--state-unavailable" not in plain  # per-process state by default
+    assert not any("s3cret" in arg for arg in argv)  # a command line is readable by every user (ps)
+    assert gateway_env(spec, {"HOME": "/root"}) == {"HOME": "/root", "VLMSERVE_GATEWAY_STATE": url}
+    assert shown_gateway_env(spec) == {"VLMSERVE_GATEWAY_STATE": "redis://:***@cache.internal:6379/2"}
+    plain = DeploymentSpec()
+    assert "--state-unavailable" not in gateway_argv(plain, ["http://127.0.0.1:9001"])  # per process by default
+    # a state URL left in the shell's environment does not sneak in: the spec decides
+    assert gateway_env(plain, {"VLMSERVE_GATEWAY_STATE": url, "HOME": "/root"}) == {"HOME": "/root"}
     with pytest.raises(pydantic.ValidationError, match="gateway_state_unavailable"):
         DeploymentSpec.model_validate({"gateway_state_unavailable": "sometimes"})
+
+
+def test_print_plan_shows_the_state_without_its_password(vlmserve_cmd: list[str], home: Path,  # noqa: F811
+                                                         tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "deploy.yaml", name="planned", engine="sim", model="sim-model",
+                      port=free_port_block(2), gateway_state="redis://:s3cret@cache.internal:6379/0")
+    done = run_up(vlmserve_cmd, home, "-f", str(spec), "--print-plan", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "VLMSERVE_GATEWAY_STATE='redis://:***@cache.internal:6379/0'" in done.stdout
+    assert "s3cret" not in done.stdout + done.stderr
 
 
 @pytest.mark.hostile("a deployment spec with a malformed gateway_state: refused in one line before any engine starts")
