@@ -11,7 +11,7 @@ import typer
 
 from vlmserve.gateway.config import CLIENT_MM_PROCESSOR_KWARGS, POLICY_NAMES, GatewayConfig
 from vlmserve.gateway.shared_state import (STATE_ENV, STATE_FLAG, STATE_TIMEOUT_FLAG, STATE_UNAVAILABLE_FLAG,
-                                           UNAVAILABLE_MODES)
+                                           UNAVAILABLE_MODES, parse_state_url)
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
 
@@ -103,6 +103,7 @@ def register(app: typer.Typer) -> None:
 
         def ready(bound_port: int) -> None:
             scheme = "https" if ssl_certfile else "http"
-            typer.echo(f"vlmserve gateway listening on {scheme}://{host}:{bound_port} ({policy}, {len(replica)} static replica(s){', discovering ' + discover if discover else ''})", err=True)
+            shared = f", limits shared through {parse_state_url(config.state).redacted}" if config.state else ""
+            typer.echo(f"vlmserve gateway listening on {scheme}://{host}:{bound_port} ({policy}, {len(replica)} static replica(s){', discovering ' + discover if discover else ''}{shared})", err=True)
 
         serve_forever(config, on_ready=ready)

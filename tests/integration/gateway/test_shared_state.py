@@ -200,7 +200,8 @@ def test_a_foreign_key_in_redis_is_replaced(engine: SimHandle, redis_server: Red
         assert metric(gateway.base_url, "vlmserve_gateway_state_errors_total", kind="wrong_type") == 1.0
         assert metric(gateway.base_url, "vlmserve_gateway_state_available") == 1.0
     assert client.type(bucket_keys("limited")[0]) == "hash"
-    assert "was not a bucket" in gateway.log_path.read_text()
+    log = gateway.log_path.read_text()
+    assert "was not a bucket" in log and f"limits shared through {redis_server.url}" in log
 
 
 @pytest.mark.hostile("the gateway's Redis password is wrong or missing: one line and a non-zero exit, password not echoed")
