@@ -11,8 +11,9 @@ each process keeps its own (admission.TokenBucket). This module is the facade ad
   `vlmserve_gateway_state_fallbacks_total{mode}`; every failed Redis call in
   `vlmserve_gateway_state_errors_total{kind}`; `vlmserve_gateway_state_available` is 0 meanwhile.
 - A failed call marks Redis unavailable at once; from then on requests are not sent to Redis
-  (no request waits out a timeout during an outage) and a background probe PINGs it every
-  `probe_interval_s`; the first answer makes it shared again. Buckets Redis lost in a restart
+  (no request waits out a timeout during an outage) and a background probe tries a write every
+  `probe_interval_s` (a PING would pass on a Redis out of memory or read-only, which refuses
+  every bucket update); the first that succeeds makes it shared again. Buckets Redis lost in a restart
   start full, as a new tenant's do.
 - One timeout (`--state-timeout`) bounds every Redis call, connecting included; redis-py's own
   retries are off, so a call costs at most that long.
@@ -38,7 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vlmserve.errors import UserError
-from vlmserve.gateway.redis_buckets import BucketLimits, RedisBuckets
+from vlmserve.gateway.redis_buckets import KEY_PREFIX, BucketLimits, RedisBuckets
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -165,7 +166,7 @@ class SharedState:
     # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect (in the serving process's loop) and PING once; a refused password stops the gateway."""
+        """Connect (in the serving process's loop) and try one write; a refused password stops the gateway."""
         from redis import exceptions as redis_errors
         from redis.asyncio import Redis
         from redis.asyncio.retry import Retry
@@ -178,7 +179,7 @@ class SharedState:
         self._buckets = RedisBuckets(self._client)
         self._flusher = asyncio.get_running_loop().create_task(self._flush_refunds_every_interval())
         try:
-            await self._call(self._client.ping())
+            await self._call(self._check_writable())
         except (redis_errors.AuthenticationError, redis_errors.NoPermissionError) as err:
             await self.close()
             raise UserError(f"--state {self.url.redacted}: Redis refused the credentials ({_one_line(err)}); "
@@ -284,13 +285,18 @@ class SharedState:
         while True:
             await asyncio.sleep(self.probe_interval_s)
             try:
-                await self._call(self._client.ping())
+                await self._call(self._check_writable())
             except redis_failures() as err:
                 self._last_error = f"{error_kind(err)}: {_one_line(err)}"
                 continue
             self.available = True
             log.info("shared state %s answers again: limits are shared across gateways again", self.url.redacted)
             return
+
+    async def _check_writable(self) -> None:
+        """A write, not a PING: a Redis out of memory or turned read-only (a replica after a
+        failover) answers PING but refuses every bucket update."""
+        await self._client.set(f"{KEY_PREFIX}probe", "1", px=10_000)
 
     def _count_replaced(self, replaced: int, tenant: str) -> None:
         if replaced:

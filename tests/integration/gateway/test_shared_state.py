@@ -190,6 +190,24 @@ def test_a_redis_that_never_answers_costs_one_timeout_not_one_per_request(engine
             assert metric(gateway.base_url, "vlmserve_gateway_state_available") == 0.0
 
 
+@pytest.mark.hostile("Redis out of memory (answers PING, refuses writes): the gateway falls back and stays there until writes work")
+def test_a_redis_that_refuses_writes_counts_as_unavailable(engine: SimHandle, redis_server: RedisServer,
+                                                           tmp_path: Path) -> None:
+    with start_gateways([engine.base_url], tmp_path,
+                        [["--keys-file", str(keys_file(tmp_path)), "--state", redis_server.url]]) as (gateway,):
+        client = redis_server.client()
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")  # every write is refused with OOM from now on
+        assert [ask(gateway, LIMITED).status_code for _ in range(3)] == [200, 200, 200]
+        time.sleep(1.5)  # a probe ran: PING would pass, the write does not
+        assert metric(gateway.base_url, "vlmserve_gateway_state_available") == 0.0
+        assert metric(gateway.base_url, "vlmserve_gateway_state_errors_total", kind="response") == 1.0  # no flapping
+        assert "maxmemory" in httpx.get(gateway.base_url + "/health").json()["state"]["last_error"]
+        client.config_set("maxmemory", "0")
+        wait_available(gateway)
+        assert ask(gateway, LIMITED).status_code == 200
+
+
 @pytest.mark.hostile("a key of the wrong type where a tenant's bucket lives in Redis: replaced, counted, request served")
 def test_a_foreign_key_in_redis_is_replaced(engine: SimHandle, redis_server: RedisServer, tmp_path: Path) -> None:
     client = redis_server.client()
