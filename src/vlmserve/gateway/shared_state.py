@@ -11,10 +11,10 @@ each process keeps its own (admission.TokenBucket). This module is the facade ad
   `vlmserve_gateway_state_fallbacks_total{mode}`; every failed Redis call in
   `vlmserve_gateway_state_errors_total{kind}`; `vlmserve_gateway_state_available` is 0 meanwhile.
 - A failed call marks Redis unavailable at once; from then on requests are not sent to Redis
-  (no request waits out a timeout during an outage) and a background probe tries a write every
-  `probe_interval_s` (a PING would pass on a Redis out of memory or read-only, which refuses
-  every bucket update); the first that succeeds makes it shared again. Buckets Redis lost in a restart
-  start full, as a new tenant's do.
+  (no request waits out a timeout during an outage) and a background probe tries a write
+  every `probe_interval_s` (a PING would pass on a Redis out of memory or read-only, which
+  refuses every bucket update); the first that succeeds makes it shared again. Buckets Redis
+  lost in a restart start full, as a new tenant's do.
 - One timeout (`--state-timeout`) bounds every Redis call, connecting included; redis-py's own
   retries are off, so a call costs at most that long.
 - The client is made in `start()` (the app's startup, inside the serving process's event
