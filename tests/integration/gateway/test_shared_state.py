@@ -57,8 +57,10 @@ def ask(gateway: GatewayProcess, key: str) -> httpx.Response:
                       json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
 
 
-async def spread_load(urls: list[str], count: int, over_s: float) -> list[int]:
-    """`count` requests of the limited tenant at an even rate over `over_s`, alternating between `urls`."""
+async def spread_load(urls: list[str], count: int, over_s: float) -> tuple[list[int], float]:
+    """`count` requests of the limited tenant at an even rate over `over_s`, alternating between
+    `urls`; the statuses, and the seconds from the first send to the last answer (every admission
+    decision falls inside them)."""
     statuses: list[int] = []
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x-ray"}]}
 
@@ -74,7 +76,8 @@ async def spread_load(urls: list[str], count: int, over_s: float) -> list[int]:
             await asyncio.sleep(max(0.0, started + i * over_s / count - time.monotonic()))
             tasks.append(asyncio.create_task(one(session, urls[i % len(urls)])))
         await asyncio.gather(*tasks)
-    return statuses
+        span_s = time.monotonic() - started
+    return statuses, span_s
 
 
 async def test_two_gateway_processes_share_one_limit_and_without_state_each_admits_its_own(
@@ -88,7 +91,7 @@ async def test_two_gateway_processes_share_one_limit_and_without_state_each_admi
     alone = ["--keys-file", keys]
     with start_gateways([engine.base_url], tmp_path, [shared, shared, alone, alone]) as (a, b, c, d):
         duration_s = 10.0
-        shared_statuses, alone_statuses = await asyncio.gather(
+        (shared_statuses, shared_span_s), (alone_statuses, _) = await asyncio.gather(
             spread_load([a.base_url, b.base_url], 200, duration_s),
             spread_load([c.base_url, d.base_url], 200, duration_s),
         )
@@ -97,9 +100,12 @@ async def test_two_gateway_processes_share_one_limit_and_without_state_each_admi
             assert metric(gateway.base_url, "vlmserve_gateway_state_fallbacks_total", mode="open") == 0.0
     bound = 5 * duration_s + 5
     shared_ok, alone_ok = shared_statuses.count(200), alone_statuses.count(200)
-    print(f"admitted of 200 over {duration_s:.0f} s: shared {shared_ok} (bound {bound:.0f}), per process {alone_ok}")
+    print(f"admitted of 200 over {duration_s:.0f} s: shared {shared_ok} (bound {bound:.0f}; "
+          f"{5 * shared_span_s + 5:.1f} over the {shared_span_s:.2f} s the decisions took), per process {alone_ok}")
     assert set(shared_statuses) <= {200, 429} and set(alone_statuses) <= {200, 429}
-    assert 0.8 * bound <= shared_ok <= bound
+    # exact: the burst plus what refilled while decisions were made (a loaded machine stretches
+    # the 10 s a little; Redis's clock counts that time too)
+    assert 0.8 * bound <= shared_ok <= 5 * shared_span_s + 5
     assert alone_ok >= 1.6 * bound  # each of the two gateways admitted its own 5/s + 5
 
 
