@@ -143,7 +143,7 @@ def cell_table(results: SweepResults) -> Table:
 
 
 def _rate_cell(rate: float | None, good: int, judged: int) -> str:
-    return "—" if not judged else f"{fmt(None if rate is None else rate * 100, 1, '%')} ({good}/{judged})"
+    return "—" if not judged or rate is None else f"{rate * 100:.1f}% ({good}/{judged})"
 
 
 def _rate_slo_text(cell: CellOutcome) -> str:
