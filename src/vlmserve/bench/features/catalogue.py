@@ -105,10 +105,14 @@ OFFERED_TOOLS_PER_REQUEST = 2
 
 
 def tool_definition(name: str) -> dict[str, Any]:
-    """The OpenAI `tools` entry for one catalogue tool."""
+    """The OpenAI `tools` entry for one catalogue tool, marked `strict` (arguments must follow the schema).
+
+    Without `strict`, vLLM (0.32) constrains only the call's envelope (the tool name), not its arguments,
+    unless the server runs with `--tool-strict-level parameter`; products that rely on the arguments set it.
+    """
     tool = TOOLS[name]
     return {"type": "function", "function": {"name": name, "description": tool["description"],
-                                             "parameters": tool["parameters"]}}
+                                             "parameters": tool["parameters"], "strict": True}}
 
 
 def response_format(name: str) -> dict[str, Any]:
