@@ -323,6 +323,14 @@ class SLO(BaseModel):
         except ValueError as err:
             raise UserError(f"--slo: {name}: {err}") from None
 
+    def refuse_rates(self, verb: str) -> "SLO":
+        """Itself, or one line when it has rate objectives `verb` cannot judge (it sees no real answers)."""
+        if self.min_rates:
+            names = ", ".join(f"{name}>=" for name in self.min_rates)
+            raise UserError(f"--slo {names}: rate objectives judge real answers (vlmserve bench --features); "
+                            f"{verb} takes latency objectives only")
+        return self
+
     def for_type(self, request_type: str) -> "SLO":
         """The objectives one request type is judged by: the run's, with that type's own on top."""
         return SLO(bounds_s={**self.bounds_s, **self.by_type.get(request_type, {})})

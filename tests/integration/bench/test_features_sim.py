@@ -167,3 +167,16 @@ def test_bad_feature_inputs_are_one_line(cli, engine: SimHandle, flags: list[str
     assert done.code == 2
     assert done.error_line == expected
     assert "Traceback" not in done.err
+
+
+@pytest.mark.parametrize("argv", [
+    ["slo-search", "--rate-range", "1:2", "--duration", "1s"],
+    ["plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--input-len", 100, "--output-len", 10, "--concurrency", 2],
+])  # fmt: skip
+def test_rate_objectives_are_refused_where_no_answer_is_judged(cli, engine: SimHandle, argv: list[Any]) -> None:
+    target = ["--base-url", engine.base_url, "--model", MODEL] if argv[0] == "slo-search" else []
+    done = cli(*argv, *target, "--slo", "ttft_p95=1s,schema_valid>=0.9")
+    assert done.code == 2 and "Traceback" not in done.err
+    verb = "vlmserve slo-search" if argv[0] == "slo-search" else "vlmserve plan"
+    assert done.error_line == (f"error: --slo schema_valid>=: rate objectives judge real answers (vlmserve bench "
+                               f"--features); {verb} takes latency objectives only")
