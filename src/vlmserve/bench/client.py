@@ -173,16 +173,21 @@ class _StreamState:
 
     def _tool_piece(self, call: dict[str, Any]) -> None:
         """Accumulate one tool-call delta: the name comes once, the arguments in pieces (OpenAI's stream format)."""
+        if not isinstance(call, dict):
+            return  # not a tool-call delta: nothing to accumulate (the answer will not validate)
         key = call.get("index", call.get("id"))
         self.tool_ids.add(key)
         if self.tool_parts is None:
             self.tool_parts = {}
         entry = self.tool_parts.setdefault(key, [None, []])
-        function = call.get("function") or {}
-        if function.get("name"):
-            entry[0] = function["name"]
-        if function.get("arguments"):
-            entry[1].append(function["arguments"])
+        function = call.get("function")
+        if not isinstance(function, dict):
+            return
+        name, arguments = function.get("name"), function.get("arguments")
+        if name:
+            entry[0] = str(name)
+        if arguments:  # text pieces by the standard; an object sent whole is kept as its JSON
+            entry[1].append(arguments if isinstance(arguments, str) else json.dumps(arguments))
 
     def tool_call_text(self) -> str | None:
         """The calls as one JSON list of {"name", "arguments"} (arguments the raw text), or None without calls."""

@@ -161,3 +161,33 @@ def test_bad_rate_objectives(text: str, words: str) -> None:
 def test_rate_objectives_parse_beside_latency_ones() -> None:
     slo = SLO.parse("ttft_p95=500ms, schema_valid>=99%,tool_call_valid>=0.9")
     assert slo.bounds_s == {"ttft_p95": 0.5} and slo.min_rates == {"schema_valid": 0.99, "tool_call_valid": 0.9}
+
+
+def _event(delta: dict, finish: str | None = None) -> bytes:
+    return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode()
+
+
+def test_the_stream_parser_times_reasoning_and_answer_and_keeps_tool_calls() -> None:
+    from vlmserve.bench.client import _StreamState
+
+    state = _StreamState(keep_text=True)
+    state.event(_event({"role": "assistant", "content": ""}), 1.0)
+    state.event(_event({"reasoning": "let me", "reasoning_content": "let me"}), 2.0)
+    state.event(_event({"reasoning_content": " think"}), 3.0)
+    state.event(_event({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                         "function": {"name": "schedule_visit", "arguments": ""}}]}), 4.0)
+    state.event(_event({"tool_calls": [{"index": 0, "function": {"arguments": '{"days_from_now": 3,'}}]}), 5.0)
+    state.event(_event({"tool_calls": [{"index": 0, "function": {"arguments": ' "reason": "filling"}'}}]}), 6.0)
+    # hostile shapes: not a call, a function that is not an object, arguments sent as an object
+    state.event(_event({"tool_calls": ["oops", {"index": 1, "function": ["x"]}]}), 7.0)
+    state.event(_event({"tool_calls": [{"index": 2, "function": {"name": "lookup_term", "arguments": {"term": "x"}}}]}), 8.0)
+    state.event(_event({}, finish="tool_calls"), 9.0)
+    state.event(b"[DONE]", 9.0)
+    assert (state.first, state.first_reasoning, state.first_answer) == (2.0, 2.0, 4.0)
+    assert state.finish_reason == "tool_calls" and state.reasoning_chunks == 2
+    calls = json.loads(state.tool_call_text() or "")
+    assert calls == [
+        {"name": "schedule_visit", "arguments": '{"days_from_now": 3, "reason": "filling"}'},
+        {"name": None, "arguments": ""},
+        {"name": "lookup_term", "arguments": '{"term": "x"}'},
+    ]
