@@ -238,7 +238,7 @@ OPTIONS: dict[str, Any] = {
     "num_requests": typer.Option(None, *_alias("--num-requests"), help="Stop after N measured requests."),
     "duration": typer.Option(None, "--duration", help="Stop sending after this long (30s, 2m)."),
     "warmup": typer.Option(0, "--warmup", help="Requests sent first and left out of every figure."),
-    "slo": typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s."),
+    "slo": typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s; with --features also rate objectives, e.g. 'schema_valid>=0.99,tool_call_valid>=0.95'."),
     "goodput": typer.Option(None, "--goodput", help="vLLM's SLO syntax, 'ttft:500 tpot:50' (ms; quoted or repeated): each becomes --slo KEY_p99."),
     "endpoint": typer.Option(None, "--endpoint", help="vLLM's name for --api: /v1/chat/completions or /v1/completions."),
     "json_out": typer.Option(None, "--json-out", help="Write the summary JSON here."),

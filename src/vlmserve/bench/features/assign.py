@@ -4,7 +4,7 @@ Deterministic per request: the choice of response schema and offered tools is dr
 generator seeded with the run's seed and the request's place (conversation id, turn), so a seed
 reproduces the run and a fresh variant of a conversation keeps its schema. With both `tools` and
 `structured` asked for, each request carries one of the two (a forced tool call and a response
-format cannot both constrain one answer; vLLM and the sim engine refuse the pair), half and half;
+format would both constrain one answer; the sim engine refuses the pair), half and half;
 `thinking` goes with every request.
 """
 
