@@ -212,6 +212,22 @@ REQUEST_TYPES: tuple[str, ...] = ("text", "image", "multi-image", "video", "audi
 
 _SLO_KEY_HELP = "use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>"
 
+RATE_OBJECTIVES: tuple[str, ...] = ("schema_valid", "tool_call_valid")
+"""Objectives on a share of answers (`--slo schema_valid>=0.99`), judged on the feature workloads' checks."""
+_RATE_HELP = f"or a rate objective {' / '.join(RATE_OBJECTIVES)}>=FRACTION (e.g. schema_valid>=0.99 or >=99%)"
+
+
+def parse_rate(text: str) -> float:
+    """'0.99' or '99%' as a fraction in [0, 1], or raise ValueError."""
+    cleaned = text.strip()
+    try:
+        value = float(cleaned[:-1]) / 100.0 if cleaned.endswith("%") else float(cleaned)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a fraction; write it like 0.99 or 99%") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"'{text}' is outside 0..1 (0%..100%)")
+    return value
+
 
 class SLO(BaseModel):
     """Latency objectives, each a percentile bound in seconds, e.g. ttft_p95 ≤ 0.5 s.
@@ -224,6 +240,18 @@ class SLO(BaseModel):
 
     bounds_s: dict[str, float] = Field(default_factory=dict)
     by_type: dict[str, dict[str, float]] = Field(default_factory=dict)
+    min_rates: dict[str, float] = Field(default_factory=dict)
+    """Lower bounds on a share of answers (`schema_valid`, `tool_call_valid`), judged on the whole run."""
+
+    @field_validator("min_rates")
+    @classmethod
+    def _rates_known(cls, rates: dict[str, float]) -> dict[str, float]:
+        for key, value in rates.items():
+            if key not in RATE_OBJECTIVES:
+                raise ValueError(f"unknown rate objective '{key}'; use {', '.join(RATE_OBJECTIVES)}")
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"rate objective '{key}' must be a fraction between 0 and 1")
+        return rates
 
     @field_validator("bounds_s")
     @classmethod
@@ -254,9 +282,13 @@ class SLO(BaseModel):
             return cls()
         bounds: dict[str, float] = {}
         by_type: dict[str, dict[str, float]] = {}
+        rates: dict[str, float] = {}
         for part in text.split(","):
             part = part.strip()
             if not part:
+                continue
+            if ">=" in part:
+                cls._parse_rate(part, rates)
                 continue
             if "=" not in part:
                 raise UserError(f"--slo: '{part}' has no '='; write it like ttft_p95=500ms,image:ttft_p95=800ms")
@@ -266,8 +298,10 @@ class SLO(BaseModel):
                 raise UserError(
                     f"--slo: unknown request type '{request_type}' in '{part}'; use {', '.join(REQUEST_TYPES)}"
                 )
+            if key in RATE_OBJECTIVES:
+                raise UserError(f"--slo: '{part}': a rate objective is a lower bound; write {key}>={raw}")
             if not _SLO_KEY.match(key):
-                raise UserError(f"--slo: unknown objective '{key}'; {_SLO_KEY_HELP}")
+                raise UserError(f"--slo: unknown objective '{key}'; {_SLO_KEY_HELP}=DURATION, {_RATE_HELP}")
             target = by_type.setdefault(request_type, {}) if request_type else bounds
             if key in target:
                 raise UserError(f"--slo: '{name}' is given twice; keep one bound")
@@ -277,7 +311,31 @@ class SLO(BaseModel):
                 raise UserError(f"--slo: {err}") from None
             if target[key] <= 0:
                 raise UserError(f"--slo: '{name}' must be positive")
-        return cls(bounds_s=bounds, by_type=by_type)
+        return cls(bounds_s=bounds, by_type=by_type, min_rates=rates)
+
+    @staticmethod
+    def _parse_rate(part: str, rates: dict[str, float]) -> None:
+        """One 'schema_valid>=0.99' objective into `rates`."""
+        name, raw = (item.strip() for item in part.split(">=", 1))
+        if ":" in name:
+            raise UserError(f"--slo: '{part}': rate objectives apply to the whole run, not to one request type")
+        if name not in RATE_OBJECTIVES:
+            raise UserError(f"--slo: unknown rate objective '{name}'; use {', '.join(RATE_OBJECTIVES)} "
+                            "(latency objectives are written ttft_p95=500ms)")
+        if name in rates:
+            raise UserError(f"--slo: '{name}' is given twice; keep one bound")
+        try:
+            rates[name] = parse_rate(raw)
+        except ValueError as err:
+            raise UserError(f"--slo: {name}: {err}") from None
+
+    def refuse_rates(self, verb: str) -> "SLO":
+        """Itself, or one line when it has rate objectives `verb` cannot judge (it sees no real answers)."""
+        if self.min_rates:
+            names = ", ".join(f"{name}>=" for name in self.min_rates)
+            raise UserError(f"--slo {names}: rate objectives judge real answers (vlmserve bench --features); "
+                            f"{verb} takes latency objectives only")
+        return self
 
     def for_type(self, request_type: str) -> "SLO":
         """The objectives one request type is judged by: the run's, with that type's own on top."""
@@ -321,6 +379,10 @@ class LoadSpec(BaseModel):
     """{max_soft_tokens: weight}: a Gemma-style vision budget per request (mm_processor_kwargs)."""
     mix: dict[str, float] | None = None
     extra_body: dict[str, Any] | None = None
+    features: list[Literal["tools", "structured", "thinking"]] = Field(default_factory=list)
+    """Feature workloads layered on the dataset (bench.features): tool schemas, a response JSON schema, thinking."""
+    tool_choice: Literal["named", "required", "auto"] = "named"
+    """tools: how the tool is asked for; named (one offered tool by name) needs no model judgement."""
     seed: int = 0
     prompt_pool_size: int | None = Field(
         None, ge=1, description="distinct prompts the run cycles through; None: every request gets its own prompt"
@@ -362,6 +424,9 @@ class LoadSpec(BaseModel):
             raise ValueError(f"dataset '{self.dataset}' needs dataset_path")
         if self.shared_prefix_len and self.dataset != "random":
             raise ValueError("shared_prefix_len applies to the random dataset (it writes its own prompts)")
+        if self.features and self.api != "chat":
+            raise ValueError(f"features {','.join(self.features)} need api chat (tools, response_format and "
+                             "chat_template_kwargs are chat-completions fields)")
         if self.shared_prefix_len >= self.input_len:
             raise ValueError(
                 f"shared_prefix_len {self.shared_prefix_len} must be below input_len {self.input_len} "

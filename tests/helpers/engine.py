@@ -39,7 +39,10 @@ def start_embedded_engine(
     """Start the embedded model on free ports; stop it (whole process tree) on exit."""
     # The tests put a gateway in front of this engine (as `vlmserve up` does), and the gateway adds
     # per-request processor kwargs when it downscales images: the engine must accept them.
-    extra_args = ("--trust-request-mm-kwargs", *extra_args)
+    # The feature-workload tests send tools with a named tool_choice: vLLM 0.32 loads a tool parser only
+    # with --enable-auto-tool-choice, and refuses named and required tool_choice (400) without one.
+    # Requests without `tools` are untouched by either flag.
+    extra_args = ("--trust-request-mm-kwargs", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra_args)
     spec = demo_spec(max_model_len=max_model_len, name="test-embedded", extra_args=list(extra_args))
     with Supervisor(spec, state_dir=workdir) as supervisor:
         replica = supervisor.replicas[0]

@@ -145,7 +145,8 @@ def test_slo_parses_per_type_objectives_beside_plain_ones() -> None:
     (":ttft_p95=1s", "--slo: unknown request type '' in ':ttft_p95=1s'; use text, image, multi-image, video, audio"),
     ("image:text:ttft_p95=1s",
      "--slo: unknown request type 'image:text' in 'image:text:ttft_p95=1s'; use text, image, multi-image, video, audio"),
-    ("image:ttft=1s", "--slo: unknown objective 'ttft'; use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>"),
+    ("image:ttft=1s", "--slo: unknown objective 'ttft'; use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>=DURATION, "
+                      "or a rate objective schema_valid / tool_call_valid>=FRACTION (e.g. schema_valid>=0.99 or >=99%)"),
     ("image:ttft_p95", "--slo: 'image:ttft_p95' has no '='; write it like ttft_p95=500ms,image:ttft_p95=800ms"),
     ("image:ttft_p95=fast", "--slo: 'fast' is not a duration; write it like 500ms or 5s"),
     ("image:ttft_p95=-5ms", "--slo: '-5ms' is not a duration; write it like 500ms or 5s"),

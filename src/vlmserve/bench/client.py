@@ -78,7 +78,8 @@ class _StreamState:
     """What one SSE stream has told us so far."""
 
     __slots__ = ("first", "times", "tokens", "parts", "usage", "last_completion", "tool_ids", "reasoning_chunks",
-                 "reasoning_tokens", "per_chunk", "done", "error", "offset")
+                 "reasoning_tokens", "per_chunk", "done", "error", "offset", "first_reasoning", "first_answer",
+                 "finish_reason", "tool_parts")
 
     def __init__(self, keep_text: bool, offset: float = 0.0) -> None:
         self.offset = offset
@@ -95,6 +96,11 @@ class _StreamState:
         self.per_chunk = False
         self.done = False
         self.error: str | None = None
+        self.first_reasoning: float | None = None
+        self.first_answer: float | None = None
+        self.finish_reason: str | None = None
+        self.tool_parts: dict[Any, list[Any]] | None = None
+        """Tool calls by index: [name, [argument pieces]] (only streams that carry tool calls fill it)."""
 
     def event(self, data: bytes, now: float) -> None:
         if data == b"[DONE]":
@@ -116,7 +122,8 @@ class _StreamState:
             if tokens is not None:
                 completion_now = int(tokens)
         choices = message.get("choices")
-        carried = False
+        carried = answer = False
+        reasoning = None
         if choices:
             choice = choices[0]
             delta = choice.get("delta")
@@ -128,15 +135,19 @@ class _StreamState:
                     self.reasoning_chunks += 1
                 if tool_calls:
                     for call in tool_calls:
-                        self.tool_ids.add(call.get("index", call.get("id")))
-                carried = bool(text or reasoning or tool_calls)
+                        self._tool_piece(call)
+                answer = bool(text or tool_calls)
+                carried = answer or bool(reasoning)
                 if text and self.parts is not None:
                     self.parts.append(text)
             else:
                 text = choice.get("text")
-                carried = bool(text)
+                carried = answer = bool(text)
                 if text and self.parts is not None:
                     self.parts.append(text)
+            finish = choice.get("finish_reason")
+            if finish:
+                self.finish_reason = finish
         if usage and choices is not None and usage.get("completion_tokens") is not None and choices:
             self.per_chunk = True
             # a token whose text is still held back (a partial UTF-8 character, a special
@@ -151,15 +162,38 @@ class _StreamState:
                 self.tokens.append(max(completion_now - self.last_completion, 1))
             else:
                 self.tokens.append(1)
-            if reasoning_in(choices):
+            if reasoning:
                 self.reasoning_tokens += self.tokens[-1]
+                if self.first_reasoning is None:
+                    self.first_reasoning = now
+            if answer and self.first_answer is None:
+                self.first_answer = now
             # tokens reported on chunks without content (held-back text) go to the next content chunk
             self.last_completion = completion_now
 
+    def _tool_piece(self, call: dict[str, Any]) -> None:
+        """Accumulate one tool-call delta: the name comes once, the arguments in pieces (OpenAI's stream format)."""
+        if not isinstance(call, dict):
+            return  # not a tool-call delta: nothing to accumulate (the answer will not validate)
+        key = call.get("index", call.get("id"))
+        self.tool_ids.add(key)
+        if self.tool_parts is None:
+            self.tool_parts = {}
+        entry = self.tool_parts.setdefault(key, [None, []])
+        function = call.get("function")
+        if not isinstance(function, dict):
+            return
+        name, arguments = function.get("name"), function.get("arguments")
+        if name:
+            entry[0] = str(name)
+        if arguments:  # text pieces by the standard; an object sent whole is kept as its JSON
+            entry[1].append(arguments if isinstance(arguments, str) else json.dumps(arguments))
 
-def reasoning_in(choices: list[dict[str, Any]]) -> bool:
-    delta = choices[0].get("delta") if choices else None
-    return bool(delta and (delta.get("reasoning_content") or delta.get("reasoning")))
+    def tool_call_text(self) -> str | None:
+        """The calls as one JSON list of {"name", "arguments"} (arguments the raw text), or None without calls."""
+        if not self.tool_parts:
+            return None
+        return json.dumps([{"name": name, "arguments": "".join(pieces)} for name, pieces in self.tool_parts.values()])
 
 
 class _SSELines:
@@ -262,6 +296,10 @@ def _finish(record: RequestRecord, state: _StreamState) -> None:
     if record.reasoning_tokens is None and state.reasoning_chunks:
         record.reasoning_tokens = state.reasoning_tokens
     record.tool_calls = len(state.tool_ids)
+    record.first_reasoning_at_s = state.first_reasoning
+    record.first_answer_at_s = state.first_answer
+    record.finish_reason = state.finish_reason
+    record.tool_call_text = state.tool_call_text()
     if record.output_tokens and state.tokens:
         if not state.per_chunk:
             _spread_tokens(state.tokens, record.output_tokens)

@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from vlmserve.bench.console_features import print_features
 from vlmserve.bench.console_types import print_types
 from vlmserve.results.summary import DISTRIBUTION_STATS, LATENCY_METRICS, RunSummary, SloCheck
 from vlmserve.results.records import RequestRecord
@@ -177,6 +178,7 @@ def print_summary(console: Console, summary: RunSummary) -> None:
         console.print(
             f"goodput: {good.requests_per_s:.2f} req/s, {good.fraction * 100:.1f}% of requests met every SLO ({checks})"
         )
+    print_features(console, summary)
     lag = client.get("send_lag_ms", {})
     cpu = client.get("cpu", {}) or {}
     busiest = max((cpu.get("worker_busy_fraction") or {}).values(), default=None)

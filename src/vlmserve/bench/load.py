@@ -129,6 +129,8 @@ def _body_for(options: RequestOptions, history: list[dict[str, Any]], turn: Turn
         body = build_body(options, max_tokens, messages=[*history, {"role": "user", "content": content}])
         if turn.mm_processor_kwargs:
             body["mm_processor_kwargs"] = {**body.get("mm_processor_kwargs", {}), **turn.mm_processor_kwargs}
+        if turn.features is not None:
+            turn.features.apply(body, options.extra_body)
         return body
     prompt = "\n".join(str(message["content"]) for message in history) + ("\n" if history else "") + text
     return build_body(options, max_tokens, prompt=prompt)
@@ -207,7 +209,9 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                     warmup=warmup,
                     worker=plan.index,
                 )
-                keep = plan.keep_text or plan.multi_turn == "live"
+                if turn.features is not None:
+                    turn.features.mark(record)
+                keep = plan.keep_text or plan.multi_turn == "live" or (turn.features is not None and turn.features.keeps_answer)
                 extra = b""
                 if plan.trace_requests:
                     record.trace_id, extra = new_traceparent()
@@ -219,6 +223,8 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                 except asyncio.CancelledError:
                     sink(record, None)  # stopped mid-answer: the record says so and is kept
                     raise
+                if record.features and "structured" in record.features:
+                    record.answer_text = text
                 sink(record, text if plan.keep_text else None)
                 scheduled_perf = time.perf_counter()
                 if not record.ok:

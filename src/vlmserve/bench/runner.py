@@ -24,6 +24,9 @@ from vlmserve.results import metrics
 from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.clientcpu import ClientCpuMonitor
 from vlmserve.bench.console import LiveProgress
+from vlmserve.bench.features.assign import assign_features
+from vlmserve.bench.features.check import check_answers
+from vlmserve.bench.features.request import FIXED_ANSWER_FEATURES
 from vlmserve.bench.engine_traces import TraceReceiver, attach_engine_timings, parse_listen_address
 from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
 from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
@@ -152,7 +155,10 @@ def _tokenizer_check(records: list[RequestRecord], texts: dict[str, str], counte
     """
     if not counter.exact or not texts:
         return
-    candidates = [record for record in records if record.ok and record.request_id in texts]
+    # the kept text is the answer's content: only when it is the whole output can it check usage
+    # (reasoning and tool-call tokens are billed in usage but are not in it; an empty text has nothing to count)
+    candidates = [record for record in records if record.ok and texts.get(record.request_id)
+                  and not record.reasoning_tokens and not record.tool_calls]
     if len(candidates) > TOKENIZER_CHECK_MAX:
         candidates = random.Random(seed).sample(candidates, TOKENIZER_CHECK_MAX)
     counts = [counter.count_text(texts[record.request_id]) for record in candidates]
@@ -195,10 +201,14 @@ async def run_load(
     context = WorkloadContext(load=load, counter=counter, rng=random.Random(load.seed))
     with console.status("preparing requests", spinner="dots") if progress else nullcontext():
         conversations = await asyncio.to_thread(build_conversations, context, _conversations_needed(load))
-    for notice in context.notices:
-        console.print(notice)
     if load.num_requests is not None:
         conversations = _trim_to_requests(conversations, load.num_requests + load.warmup)
+    assign_features(conversations, list(load.features), load.tool_choice, load.seed)
+    if FIXED_ANSWER_FEATURES.intersection(load.features) and options.ignore_eos:
+        context.notices.append("--features tools/structured: those requests are sent without ignore_eos "
+                               "(an answer ends when its JSON is complete), so their output lengths vary")
+    for notice in context.notices:
+        console.print(notice)
 
     workers = load.workers or workers_needed(load.concurrency, load.rate, load.output_len)
     keep_text = counter.exact
@@ -269,6 +279,9 @@ async def run_load(
         lambda: asyncio.to_thread(_tokenizer_check, records, outcome.texts, counter, load.seed),
         None, "usage is not cross-checked against the tokenizer",
     )
+    # before the figures: the feature rates count these verdicts
+    warnings.attempt("checking the feature answers", lambda: check_answers(records), None,
+                     "answers are not judged; the valid rates are missing")
     summary = metrics.summarize(records, slo)
     client = dict(summary.client)
     client["cpu"] = cpu.summary()
@@ -295,6 +308,7 @@ async def run_load(
         "notices": context.notices,
         "slo": slo.bounds_s if slo else None,
         "slo_by_type": slo.by_type if slo and slo.by_type else None,
+        "slo_rates": slo.min_rates if slo and slo.min_rates else None,
         "client_limited": summary.client_limited,
         "interrupted": outcome.interrupted and not stopped,
         "stopped": OVERSATURATED if stopped else None,

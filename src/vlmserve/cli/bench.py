@@ -165,12 +165,28 @@ def _contradictions(args: dict[str, Any]) -> None:
         raise UserError(f"--dataset-path is read by sharegpt, trace and mixed; --dataset {args['dataset']} makes its own prompts")
     if args["multi_turn"] != "first" and args["dataset"] not in ("sharegpt", "mixed"):
         raise UserError("--multi-turn applies to --dataset sharegpt")
+    if args.get("features") and args["api"] != "chat":
+        raise UserError("--features needs --api chat: tools, response_format and chat_template_kwargs are chat-completions fields")
+
+
+RATE_FEATURE = {"schema_valid": "structured", "tool_call_valid": "tools"}
+"""Each rate objective and the feature workload whose answers it judges."""
+
+
+def check_rate_objectives(objectives: SLO, load: LoadSpec) -> None:
+    """A rate objective without its feature would never be judged: one line saying what to add."""
+    for name in objectives.min_rates:
+        if RATE_FEATURE[name] not in load.features:
+            raise UserError(f"--slo {name}>=...: judges --features {RATE_FEATURE[name]} answers; add {RATE_FEATURE[name]} to --features")
 
 
 def build_load_spec(args: dict[str, Any]) -> LoadSpec:
     """Flags → LoadSpec, with every problem as one line naming the flag."""
     _contradictions(args)
+    from vlmserve.bench.features.assign import parse_features_flag, parse_tool_choice_flag
     from vlmserve.bench.workloads.mixed import parse_mix
+
+    features = parse_features_flag(args.get("features"))
 
     fields: dict[str, Any] = {
         "api": args["api"], "dataset": args["dataset"], "dataset_path": args["dataset_path"],
@@ -187,6 +203,7 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         "request_timeout_s": args["timeout"], "workers": args["workers"],
         "prompt_pool_size": args["prompt_pool_size"], "shared_prefix_len": args["shared_prefix_len"],
         "repeat": args["repeat"], "stop_when_oversaturated": args["stop_when_oversaturated"],
+        "features": features, "tool_choice": parse_tool_choice_flag(args.get("tool_choice"), features),
         **_image_mixes(args),
     }
     if args["input_len"] is not None:
@@ -221,7 +238,7 @@ OPTIONS: dict[str, Any] = {
     "num_requests": typer.Option(None, *_alias("--num-requests"), help="Stop after N measured requests."),
     "duration": typer.Option(None, "--duration", help="Stop sending after this long (30s, 2m)."),
     "warmup": typer.Option(0, "--warmup", help="Requests sent first and left out of every figure."),
-    "slo": typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s."),
+    "slo": typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s; with --features also rate objectives, e.g. 'schema_valid>=0.99,tool_call_valid>=0.95'."),
     "goodput": typer.Option(None, "--goodput", help="vLLM's SLO syntax, 'ttft:500 tpot:50' (ms; quoted or repeated): each becomes --slo KEY_p99."),
     "endpoint": typer.Option(None, "--endpoint", help="vLLM's name for --api: /v1/chat/completions or /v1/completions."),
     "json_out": typer.Option(None, "--json-out", help="Write the summary JSON here."),
@@ -243,6 +260,8 @@ OPTIONS: dict[str, Any] = {
     "vision_budgets": typer.Option(None, "--vision-budgets", help="Per-request vision budgets (mm_processor_kwargs.max_soft_tokens) as N:weight, e.g. 70:0.5,280:0.5."),
     "mm_processor_kwargs": typer.Option(None, "--mm-processor-kwargs", help="JSON passed per request as mm_processor_kwargs (vision budget)."),
     "mix": typer.Option(None, "--mix", help="mixed dataset ratios, e.g. text:0.7,images:0.3."),
+    "features": typer.Option(None, "--features", help="Feature workloads on top of the dataset, comma-separated: tools (tool schemas; valid tool-call rate), structured (response_format json_schema; schema-valid rate), thinking (enable_thinking; reasoning tokens and timings). See docs/metrics.md."),
+    "tool_choice": typer.Option(None, "--tool-choice", help="tools: named (default: each request names one offered tool), required or auto. vLLM needs --tool-call-parser for all three, and --enable-auto-tool-choice for auto."),
     "extra_body": typer.Option(None, "--extra-body", help="JSON (or @file) merged into every request body."),
     "ignore_eos": typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly the output length (vLLM ignore_eos)."),
     "per_chunk_usage": typer.Option(True, "--per-chunk-usage/--no-per-chunk-usage", help="Ask for token counts on every chunk (exact ITL per token) where the server supports it."),
@@ -306,6 +325,8 @@ def bench(
     vision_budgets: Optional[str] = OPTIONS["vision_budgets"],
     mm_processor_kwargs: Optional[str] = OPTIONS["mm_processor_kwargs"],
     mix: Optional[str] = OPTIONS["mix"],
+    features: Optional[str] = OPTIONS["features"],
+    tool_choice: Optional[str] = OPTIONS["tool_choice"],
     extra_body: Optional[str] = OPTIONS["extra_body"],
     ignore_eos: bool = OPTIONS["ignore_eos"],
     per_chunk_usage: bool = OPTIONS["per_chunk_usage"],
@@ -353,6 +374,7 @@ def bench(
         raise UserError("--result-format vllm says how --json-out is written; give --json-out FILE with it")
     load = build_load_spec(args)
     objectives = SLO.parse(slo)
+    check_rate_objectives(objectives, load)
     if engine_traces is not None:
         from vlmserve.bench.engine_traces import parse_listen_address
 

@@ -123,7 +123,7 @@ def plan(
         routing=routing, async_scheduling=async_scheduling,
         frontend=FrontendConfig(api_server_count, mm_preprocess_ms_per_image, mm_preprocess_ms_per_megapixel),
     )
-    slo_spec = SLO.parse(slo) if slo else None
+    slo_spec = SLO.parse(slo).refuse_rates("vlmserve plan") if slo else None
     output = simulate_run(setup, load, slo=slo_spec, staggered=staggered)
     result = output.result
     console = _console()
@@ -286,7 +286,7 @@ def search(
         kv_dtype=kv_dtype, api_server_counts=server_counts, frontend=frontend,
     )
     prices = parse_prices(price)
-    slo_spec = SLO.parse(slo)
+    slo_spec = SLO.parse(slo).refuse_rates("vlmserve plan search")
     console = _console()
     started = time.perf_counter()
     total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs) * len(space.api_server_counts)

@@ -73,7 +73,7 @@ def slo_search_command(
     knob: Literal["rate", "concurrency"] = "rate" if rate_range is not None else "concurrency"
     low, high = parse_range(rate_range or concurrency_range or "", f"--{knob}-range")
     space = SearchSpace(knob, low, high, precision, max_probes)
-    objectives = SLO.parse(slo)
+    objectives = SLO.parse(slo).refuse_rates("vlmserve slo-search")
     if objectives.by_type:
         raise UserError("--slo: slo-search judges run-wide objectives only; drop the TYPE: ones "
                         "(vlmserve bench reports them per request type)")

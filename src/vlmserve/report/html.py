@@ -28,7 +28,7 @@ from vlmserve.report.plots_latency_throughput import latency_vs_throughput_chart
 from vlmserve.report.plots_timeline import timeline_charts
 from vlmserve.report.run_records import RecordsLoader, stored_records
 from vlmserve.spec import DeploymentSpec
-from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
+from vlmserve.report.tables import Table, cell_table, features_table, headline_table, knee_sentences
 from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
@@ -94,6 +94,18 @@ def _deployments_html(results: SweepResults) -> str:
         parts.append(header + f"<pre>{html.escape(compact)}</pre>"
                      f"<details><summary>full spec</summary><pre>{html.escape(full)}</pre></details>")
     return "".join(parts)
+
+
+def _features_html(results: SweepResults) -> str:
+    """The feature-workload table, with what its columns mean; nothing when no cell ran --features."""
+    table = features_table(results)
+    if table is None:
+        return ""
+    return (_table_html(table, reason_column="invalid answers")
+            + '<p class="legend">Schema-valid: answers that parse as JSON and validate against the response schema '
+            "asked for; valid tool calls: every call names an offered tool and its arguments validate (both checked "
+            "with jsonschema, over completed requests). First reasoning / first answer: from the send to the first "
+            "reasoning token and to the first content or tool-call token. A row marked red missed a rate SLO.</p>")
 
 
 def _simulated_note(results: SweepResults) -> str:
@@ -176,6 +188,7 @@ def render_html(results: SweepResults, records_for: RecordsLoader = stored_recor
 <div class="charts">{chart_divs}</div>
 {shape_sections_html(results, records_for)}
 {_table_html(cell_table(results), reason_column="run id / reason")}
+{_features_html(results)}
 <p class="legend"><span style="background:#fdecea">failed</span><span style="background:#fff8e1">client-limited</span>
 <span style="background:#e8f5e9">best deployment</span></p>
 {_deployments_html(results)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
+from vlmserve.report.tables import Table, cell_table, features_table, headline_table, knee_sentences
 from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
@@ -44,6 +44,9 @@ def render_markdown(results: SweepResults) -> str:
         parts += ["### Findings", ""] + [f"- {finding}" for finding in findings] + [""]
     cells = cell_table(results)
     parts += [f"### {cells.title}", "", table_markdown(cells), ""]
+    features = features_table(results)
+    if features is not None:
+        parts += [f"### {features.title}", "", table_markdown(features), ""]
     parts.append("✗ failed · ⚠ client-limited (the load generator set the pace) · ★ best deployment")
     return "\n".join(parts) + "\n"
 

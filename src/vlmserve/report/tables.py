@@ -142,5 +142,50 @@ def cell_table(results: SweepResults) -> Table:
     return Table("Per-cell details (latencies in ms)", columns, rows, flags)
 
 
+def _rate_cell(rate: float | None, good: int, judged: int) -> str:
+    return "—" if not judged or rate is None else f"{rate * 100:.1f}% ({good}/{judged})"
+
+
+def _rate_slo_text(cell: CellOutcome) -> str:
+    features = cell.summary.features if cell.summary is not None else None
+    if features is None or not features.slo:
+        return "—"
+    missed = [name for name, check in features.slo.items() if not check.met]
+    return "met" if not missed else "missed " + ", ".join(missed)
+
+
+def features_table(results: SweepResults) -> Table | None:
+    """The feature workloads of every cell that ran them: valid rates, invalid-answer kinds, reasoning timings.
+
+    None when no cell ran `--features` (the report then has no such section).
+    """
+    columns = ["deployment", "cell", "features", "schema-valid", "valid tool calls", "invalid answers",
+               "reasoning tok p50", "answer tok p50", "first reasoning p50 ms", "first answer p50 ms",
+               "first answer p95 ms", "rate SLO"]
+    rows: list[list[str]] = []
+    flags: list[str] = []
+    for cell in results.cells:
+        features = cell.summary.features if cell.summary is not None else None
+        if features is None:
+            continue
+        reasons = "; ".join(f"{count} {kind}" for kind, count in features.invalid_reasons.items()) or "—"
+        rows.append([
+            cell.deployment, cell.cell, ", ".join(features.requested),
+            _rate_cell(features.schema_valid_rate, features.schema_valid, features.structured_requests),
+            _rate_cell(features.tool_call_valid_rate, features.tool_calls_valid, features.tool_calls_judged),
+            reasons,
+            fmt(features.reasoning_tokens.p50, 0) if features.thinking_requests else "—",
+            fmt(features.answer_tokens.p50, 0) if features.thinking_requests else "—",
+            fmt(features.time_to_first_reasoning_ms.p50),
+            fmt(features.time_to_first_answer_ms.p50),
+            fmt(features.time_to_first_answer_ms.p95),
+            _rate_slo_text(cell),
+        ])
+        flags.append("failed" if features.slo_met is False else "")
+    if not rows:
+        return None
+    return Table("Feature workloads: valid answers and reasoning (docs/metrics.md)", columns, rows, flags)
+
+
 def knee_sentences(results: SweepResults) -> list[str]:
     return [knee.sentence() for knee in find_knees(results)]

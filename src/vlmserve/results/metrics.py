@@ -30,7 +30,12 @@ def distribution_ms(values_s: Sequence[float] | np.ndarray) -> dict[str, float |
     An empty input gives the same keys with None, so consumers never KeyError.
     Percentiles use linear interpolation (numpy's default), as `vllm bench serve` does.
     """
-    data = np.asarray(values_s, dtype=float) * 1000.0
+    return distribution(values_s, scale=1000.0)
+
+
+def distribution(values: Sequence[float] | np.ndarray, scale: float = 1.0) -> dict[str, float | int | None]:
+    """The same statistics as `distribution_ms` of `values` × `scale` (token counts: scale 1)."""
+    data = np.asarray(values, dtype=float) * scale
     if data.size == 0:
         empty: dict[str, float | int | None] = {key: None for key in DISTRIBUTION_KEYS}
         empty.update(count=0, p50_p99_spread=None, p99_over_p50=None)
@@ -332,6 +337,10 @@ def summarize(
         document["per_turn"] = {str(turn): _group_summary([r for r in counted if r.turn_index == turn]) for turn in turns}
     if counted:
         document["by_type"] = per_type(counted, slo, window)
+    if any(record.features for record in counted):
+        from vlmserve.results.features import feature_summary  # it builds on this module's distributions
+
+        document["features"] = feature_summary(counted, slo)
     workloads = sorted({record.workload for record in counted})
     if len(workloads) > 1:
         document["per_workload"] = {

@@ -59,6 +59,32 @@ class RequestRecord:
     """From first scheduled to first token (prefill, vision encoder included), when the engine reports it."""
     reasoning_tokens: int | None = None
     tool_calls: int = 0
+    finish_reason: str | None = None
+    """The last finish_reason the stream gave ('stop', 'length', 'tool_calls'), if any."""
+    first_reasoning_at_s: float | None = None
+    """When the first reasoning-bearing chunk arrived (thinking on), absolute."""
+    first_answer_at_s: float | None = None
+    """When the first answer-bearing chunk arrived (content or a tool call, not reasoning), absolute."""
+    features: list[str] | None = None
+    """The feature workloads this request carried (`--features`): tools, structured, thinking."""
+    response_schema: str | None = None
+    """structured: the name of the response JSON schema asked for (bench.features.catalogue)."""
+    offered_tools: list[str] | None = None
+    """tools: the names of the tools the request offered (bench.features.catalogue)."""
+    tool_choice: str | None = None
+    """tools: 'auto', 'required' or 'named' (then `named_tool` is the one asked for)."""
+    named_tool: str | None = None
+    answer_text: str | None = None
+    """structured: the answer's content as received, kept so its validity can be checked again."""
+    tool_call_text: str | None = None
+    """The tool calls as received: a JSON list of {"name", "arguments"} (arguments: the raw text)."""
+    schema_valid: bool | None = None
+    """structured: the content parsed as JSON and validated against `response_schema`; None if not checked."""
+    schema_error: str | None = None
+    """Why not schema-valid, short ('not JSON: ...', 'schema: ...', 'cut at max_tokens: ...')."""
+    tool_call_valid: bool | None = None
+    """tools: every call names an offered tool and its arguments validate; None if not judged."""
+    tool_call_error: str | None = None
     ok: bool = False
     error_kind: str | None = None
     """'http_429', 'http_500', 'timeout', 'connect', 'stream_error', ... when not ok."""

@@ -159,6 +159,47 @@ BREAKDOWN_FIGURES: tuple[str, ...] = (
 )
 
 
+class RateCheck(_Block):
+    """A rate objective (`schema_valid>=0.99`): its lower bound, what was measured, the verdict."""
+
+    bound: float
+    measured: float | None = None
+    met: bool = False
+
+
+class FeatureSummary(_Block):
+    """The feature workloads' figures (results.features defines each): valid rates and reasoning timings."""
+
+    requested: list[str] = Field(default_factory=list)
+    tool_choices: list[str] = Field(default_factory=list)
+    structured_requests: int = 0
+    schema_valid: int = 0
+    schema_valid_rate: float | None = None
+    tool_requests: int = 0
+    tool_calls_judged: int = 0
+    tool_calls_valid: int = 0
+    tool_call_valid_rate: float | None = None
+    answered_without_tool_call: int = 0
+    invalid_reasons: dict[str, int] = Field(default_factory=dict)
+    """'structured: not JSON', 'tools: schema', ... → count (most frequent first)."""
+    thinking_requests: int = 0
+    requests_with_reasoning: int = 0
+    reasoning_tokens: Distribution = Field(default_factory=Distribution)
+    """Tokens (not ms), per thinking request."""
+    answer_tokens: Distribution = Field(default_factory=Distribution)
+    """Tokens (not ms): output tokens minus reasoning tokens, per thinking request."""
+    time_to_first_reasoning_ms: Distribution = Field(default_factory=Distribution)
+    time_to_first_answer_ms: Distribution = Field(default_factory=Distribution)
+    slo: dict[str, RateCheck] = Field(default_factory=dict)
+    slo_met: bool | None = None
+    """Every rate objective met; None when none was given."""
+
+
+FEATURE_DISTRIBUTIONS: tuple[str, ...] = (
+    "reasoning_tokens", "answer_tokens", "time_to_first_reasoning_ms", "time_to_first_answer_ms",
+)
+
+
 class TypeSummary(GroupSummary):
     """One request type's figures: a GroupSummary plus request size, TTFT breakdown and goodput."""
 
@@ -188,6 +229,8 @@ class RunSummary(_Block):
     per_workload: dict[str, GroupSummary] | None = None
     by_type: dict[str, TypeSummary] | None = None
     """Per request type (text, image, multi-image, video, audio): latencies, breakdown, goodput."""
+    features: FeatureSummary | None = None
+    """Valid rates and reasoning timings of the feature workloads (`--features`); None without them."""
     meta: dict[str, Any] = Field(default_factory=dict)
     """run_id, label, target, model, server_version, load_spec, deployment, started_at, simulated."""
     server: dict[str, Any] | None = None
@@ -269,6 +312,27 @@ def _goodput_fraction(summary: RunSummary) -> float | None:
     return None if summary.goodput is None else summary.goodput.fraction
 
 
+def _feature_rate(name: str) -> Callable[[RunSummary], float | None]:
+    return lambda summary: None if summary.features is None else getattr(summary.features, name)
+
+
+def _feature_figures() -> list[Figure]:
+    """`features.schema_valid_rate`, `features.tool_call_valid_rate`, `features.time_to_first_answer_ms.p95`, ..."""
+    figures = [
+        Figure("features.schema_valid_rate", "schema-valid rate", "", _feature_rate("schema_valid_rate"), False),
+        Figure("features.tool_call_valid_rate", "valid tool-call rate", "", _feature_rate("tool_call_valid_rate"), False),
+    ]
+    for name in FEATURE_DISTRIBUTIONS:
+        unit = "ms" if name.endswith("_ms") else "tok"
+        for stat in ("p50", "p90", "p95", "p99", "mean"):
+            def read(summary: RunSummary, name: str = name, stat: str = stat) -> float | None:
+                return None if summary.features is None else getattr(summary.features, name).stat(stat)
+
+            label = f"{name.removesuffix('_ms').replace('_', ' ')} {stat}"
+            figures.append(Figure(f"features.{name}.{stat}", label, unit, read, True))  # fewer tokens cost less
+    return figures
+
+
 TYPE_FIGURE_TYPES: tuple[str, ...] = REQUEST_TYPES
 """Request types with registered figures."""
 
@@ -347,6 +411,7 @@ FIGURES: dict[str, Figure] = {
         Figure("tokens.actual_prompt_mean", "mean prompt tokens", "tok", lambda s: s.tokens.actual_prompt_mean, False),
         Figure("tokens.actual_output_mean", "mean output tokens", "tok", lambda s: s.tokens.actual_output_mean, False),
         Figure("tokens.images_total", "images", "", lambda s: float(s.tokens.images_total), False),
+        *_feature_figures(),
         *(item for kind in TYPE_FIGURE_TYPES for item in _type_figures(kind, None)),
         *(item for kind in REPEAT_FIGURE_TYPES for split in ("first", "repeat") for item in _type_figures(kind, split)),
     ]

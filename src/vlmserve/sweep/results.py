@@ -70,7 +70,7 @@ class CellOutcome:
 
     @property
     def workload_text(self) -> str:
-        """What a cell sends, in a few words: 'random 512→64', 'sharegpt', 'images 1×64×64', plus explicit reuse."""
+        """What a cell sends, in a few words: 'random 512→64', 'sharegpt', 'images 1×64×64', plus explicit reuse and features."""
         load = self.load
         dataset = str(load.get("dataset", "random"))
         if dataset == "random":
@@ -84,6 +84,8 @@ class CellOutcome:
             text += f" pool {load['prompt_pool_size']}"
         if load.get("shared_prefix_len"):
             text += f" shared prefix {load['shared_prefix_len']}"
+        if load.get("features"):
+            text += " + " + ",".join(load["features"])
         return text
 
     @property

@@ -148,7 +148,7 @@ def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label:
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.target import Target
 
-    slo = spec.slo if spec.slo.bounds_s or spec.slo.by_type else None  # typed objectives: per-type goodput in each cell
+    slo = spec.slo if spec.slo.bounds_s or spec.slo.by_type or spec.slo.min_rates else None  # typed and rate objectives too
     if load.stop_when_oversaturated is None:
         load = load.model_copy(update={"stop_when_oversaturated": SWEEP_STOPS_WHEN_OVERSATURATED})
     return asyncio.run(

@@ -12,6 +12,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from vlmserve.bench.features.request import RequestFeatures
 from vlmserve.bench.tokens import TokenCounter
 from vlmserve.errors import UserError
 from vlmserve.spec import LoadSpec
@@ -37,6 +38,8 @@ class Turn:
     """True when every image was sent earlier in the run, False when one is new, None without images."""
     mm_processor_kwargs: dict[str, Any] | None = None
     """Per-request processor options (a vision budget), merged over the run's --mm-processor-kwargs."""
+    features: RequestFeatures | None = None
+    """Tools, structured output or thinking this request carries (`--features`; bench.features.assign)."""
 
     @property
     def text(self) -> str:
@@ -141,6 +144,7 @@ def fresh_variant(conversation: Conversation, seed: int, variant: int) -> Conver
         turns.append(Turn(
             content, turn.max_tokens, turn.requested_prompt_tokens, turn.requested_output_tokens,
             turn.reference_reply, turn.image_count, turn.shared_words, turn.request_type, turn.image_repeat, turn.mm_processor_kwargs,
+            turn.features,
         ))
     return Conversation(
         f"{conversation.conversation_id}~{variant}", conversation.workload, turns, conversation.system, conversation.arrival_s
