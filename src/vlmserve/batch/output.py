@@ -22,10 +22,13 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlmserve.batch.lines import MALFORMED, MalformedLine
 from vlmserve.errors import UserError
+
+if TYPE_CHECKING:
+    from vlmserve.batch.scan import InputScan, PriorResults
 
 FSYNC_EVERY_S = 1.0
 
@@ -119,6 +122,13 @@ class BatchOutcome:
     stop_reason: str | None = None
     write_error: str | None = None
     """Why the output file refused a line (disk full, read-only); the job stopped there."""
+
+    @classmethod
+    def resuming(cls, scan: InputScan, prior: PriorResults) -> BatchOutcome:
+        """The outcome before this run sends anything: the whole job as earlier runs left it."""
+        return cls(entries=scan.entries, answered_before=scan.already_done, succeeded=prior.succeeded,
+                   failed_by_cause=Counter(prior.failed_by_cause), prompt_tokens=prior.prompt_tokens,
+                   completion_tokens=prior.completion_tokens)
 
     @property
     def failed(self) -> int:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def api_root(base_url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
-def _request_headers(options: BatchOptions) -> dict[str, str]:
+def request_headers(options: BatchOptions) -> dict[str, str]:
     headers = {}
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
@@ -70,15 +71,13 @@ def _request_headers(options: BatchOptions) -> dict[str, str]:
 class _Job:
     """One run over the input; state shared by the reader and the request tasks."""
 
-    def __init__(self, options: BatchOptions, prior: PriorResults, scan: InputScan, console: Console) -> None:
+    def __init__(self, options: BatchOptions, prior: PriorResults, outcome: BatchOutcome, console: Console) -> None:
         self.options = options
         self.prior = prior
         self.console = console
-        self.outcome = BatchOutcome(entries=scan.entries, answered_before=scan.already_done,
-                                    succeeded=prior.succeeded, failed_by_cause=Counter(prior.failed_by_cause),
-                                    prompt_tokens=prior.prompt_tokens, completion_tokens=prior.completion_tokens)
-        self.to_do = scan.entries - scan.already_done
-        self.headers = _request_headers(options)
+        self.outcome = outcome
+        self.to_do = outcome.remaining
+        self.headers = request_headers(options)
         self.root = api_root(options.base_url)
         self.slots = asyncio.Semaphore(options.concurrency)
         self.in_flight: set[asyncio.Task] = set()
@@ -184,10 +183,7 @@ class _Job:
             loop.add_signal_handler(signum, self.on_signal)
         self.file = ResultFile(self.options.output_path, self.outcome)
         try:
-            with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[tok_s]} tok/s · {task.fields[failed]} failed"),
-                          TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                          console=self.console, disable=not self.options.progress) as progress:
+            with progress_bar(self.console, self.options.progress) as progress:
                 self.progress = progress
                 self.task_id = progress.add_task("batch", total=self.to_do, tok_s="0", failed=0)
                 return await self.run()
@@ -200,12 +196,12 @@ class _Job:
                 loop.remove_signal_handler(signum)
 
 
-async def _preflight(options: BatchOptions) -> None:
+async def preflight(options: BatchOptions) -> None:
     """Refuse to start against an endpoint that is down or rejects our key: nothing is sent."""
     url = api_root(options.base_url) + "/v1/models"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-            async with session.get(url, headers=_request_headers(options)) as response:
+            async with session.get(url, headers=request_headers(options)) as response:
                 status = response.status
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
         raise UserError(f"cannot reach {options.base_url} ({type(err).__name__}); start the server or fix "
@@ -223,8 +219,21 @@ def check_paths(options: BatchOptions) -> None:
         raise UserError(f"--base-url '{options.base_url}' must start with http:// or https://")
 
 
-def run_batch_job(options: BatchOptions, console: Console) -> BatchOutcome:
-    """Check, scan, and run the job to completion or to a clean stop."""
+def progress_bar(console: Console, enabled: bool) -> Progress:
+    """Lines done, completion tokens/s, failures, time left (one look for both runners)."""
+    return Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[tok_s]} tok/s · {task.fields[failed]} failed"),
+                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                    console=console, disable=not enabled)
+
+
+@contextmanager
+def prepared_job(options: BatchOptions, console: Console) -> Iterator[tuple[PriorResults, InputScan, BatchOutcome]]:
+    """Check the paths, take the output's lock and read what is already done (both runners).
+
+    The lock is held until the block ends, so the scan and every write of the run are one
+    writer's.
+    """
     check_paths(options)
     with output_lock(options.output_path):
         prior = scan_output(options.output_path)
@@ -232,10 +241,14 @@ def run_batch_job(options: BatchOptions, console: Console) -> BatchOutcome:
         if scan.already_done:
             console.print(f"resuming: {scan.already_done} of {scan.entries} lines already answered in "
                           f"{options.output_path}")
-        job = _Job(options, prior, scan, console)
-        if job.to_do == 0:
-            return job.outcome
-        if scan.requests > 0:
-            asyncio.run(_preflight(options))
-        return asyncio.run(job.run_with_signals())
+        yield prior, scan, BatchOutcome.resuming(scan, prior)
 
+
+def run_batch_job(options: BatchOptions, console: Console) -> BatchOutcome:
+    """Check, scan, and run the job to completion or to a clean stop."""
+    with prepared_job(options, console) as (prior, scan, outcome):
+        if outcome.remaining == 0:
+            return outcome
+        if scan.requests > 0:
+            asyncio.run(preflight(options))
+        return asyncio.run(_Job(options, prior, outcome, console).run_with_signals())

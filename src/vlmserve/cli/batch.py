@@ -24,6 +24,13 @@ def batch(
                                                        help="$ per GPU-hour, to report the run's cost."),
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs behind the endpoint (for the cost)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (logs, CI)."),
+    runner: str = typer.Option("builtin", "--runner",
+                               help="builtin (this process sends) or ray (Ray Data actors send; docs/batch.md)."),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", help="--runner ray: the Ray head (HOST:PORT, ray://HOST:PORT, auto); "
+        "default $RAY_ADDRESS, else a local Ray instance for this job."),
+    ray_workers: Optional[int] = typer.Option(None, "--ray-workers", min=1, max=1024,
+                                              help="--runner ray: sender actors, sharing --concurrency (default 2)."),
 ) -> None:
     """Run an OpenAI Batch JSONL file against an endpoint; rerun the same command to resume."""
     from rich.console import Console
@@ -34,11 +41,22 @@ def batch(
 
     if priority is not None and priority not in ("batch", "interactive"):
         raise UserError(f"--priority '{priority}': use batch or interactive")
+    if runner not in ("builtin", "ray"):
+        raise UserError(f"--runner '{runner}': use builtin or ray")
+    if runner != "ray":
+        given = [flag for flag, value in (("--ray-address", ray_address), ("--ray-workers", ray_workers)) if value is not None]
+        if given:
+            raise UserError(f"{' and '.join(given)} only apply with --runner ray")
     console = Console(stderr=True)
     options = BatchOptions(input_path=input_path, output_path=output, base_url=base_url, concurrency=concurrency,
                            priority=priority, api_key=api_key, retry=RetryPolicy(max_retries=max_retries),
                            request_timeout_s=request_timeout, progress=not no_progress)
-    outcome = run_batch_job(options, console)
+    if runner == "ray":
+        from vlmserve.batch.ray_runner import DEFAULT_WORKERS, RayOptions, run_ray_job
+
+        outcome = run_ray_job(options, RayOptions(address=ray_address, workers=ray_workers or DEFAULT_WORKERS), console)
+    else:
+        outcome = run_batch_job(options, console)
     pricing = Pricing(price_per_gpu_hour, gpus) if price_per_gpu_hour is not None else None
     print_summary(console, outcome, pricing)
     if outcome.write_error:
