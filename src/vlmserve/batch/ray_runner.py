@@ -103,16 +103,31 @@ def _connect(ray: Any, address: str, workers: int) -> None:
     kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if address == "local":
         kwargs |= {"num_cpus": max(os.cpu_count() or 1, math.ceil(workers * ACTOR_CPUS)), "include_dashboard": False}
-    if address == "local":
-        # in this thread: Ray ties the processes it starts to the life of the thread that started them
-        ray.init(address=address, **kwargs)
-    else:
-        _join_within_timeout(ray, address, kwargs)
+    with _quiet_stderr():
+        if address == "local":
+            # in this thread: Ray ties the processes it starts to the life of the thread that started them
+            ray.init(address=address, **kwargs)
+        else:
+            _join_within_timeout(ray, address, kwargs)
     needed = workers * ACTOR_CPUS
     cpus = float(ray.cluster_resources().get("CPU", 0))
     if cpus < needed:
         raise UserError(f"the Ray cluster at {address} has {cpus:g} CPUs; --ray-workers {workers} needs {needed:g} "
                         f"({ACTOR_CPUS:g} per worker); lower --ray-workers")
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Ray's C++ core prints to file descriptor 2 while it starts (log-level notices); the user
+    sees the summary or one error line instead. Errors still arrive as exceptions."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _join_within_timeout(ray: Any, address: str, kwargs: dict[str, Any]) -> None:
