@@ -12,6 +12,7 @@ it started (the head's process group, then any worker that outlived it, by pid).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -36,6 +37,9 @@ class RayHead:
     temp_dir: Path
     log_path: Path
     pid: int
+    client_env: dict[str, str]
+    """What a driver needs in its environment to join: Ray's token authentication (its default for
+    clusters started where a token exists) with this head's own token, never the user's ~/.ray one."""
 
 
 def _ray_cli() -> str:
@@ -68,15 +72,19 @@ def start_ray_head(workdir: Path, *, num_cpus: int = 2, ready_timeout_s: float =
     port = free_port()
     temp_dir = Path(tempfile.gettempdir()) / f"vlmserve-ray-{port}"  # short: Ray's socket paths are length-limited
     log_path = workdir / f"ray-head-{port}.log"
+    token_path = workdir / f"ray-token-{port}"
+    token_path.write_text(secrets.token_hex(32))
+    client_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_USAGE_STATS_ENABLED": "0", **client_env}
     argv = [_ray_cli(), "start", "--head", "--block", "--port", str(port), "--num-cpus", str(num_cpus),
             "--include-dashboard=false", "--temp-dir", str(temp_dir), "--disable-usage-stats"]
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         _wait_ready(process, port, log_path, ready_timeout_s)
-        yield RayHead(address=f"127.0.0.1:{port}", temp_dir=temp_dir, log_path=log_path, pid=process.pid)
+        yield RayHead(address=f"127.0.0.1:{port}", temp_dir=temp_dir, log_path=log_path, pid=process.pid,
+                      client_env=client_env)
     finally:
         _stop(process, temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)

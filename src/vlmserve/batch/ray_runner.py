@@ -103,12 +103,12 @@ def _connect(ray: Any, address: str, workers: int) -> None:
     kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if address == "local":
         kwargs |= {"num_cpus": max(os.cpu_count() or 1, math.ceil(workers * ACTOR_CPUS)), "include_dashboard": False}
-    with _quiet_stderr():
+    with _quiet_stderr() as stderr_fd:
         if address == "local":
             # in this thread: Ray ties the processes it starts to the life of the thread that started them
             ray.init(address=address, **kwargs)
         else:
-            _join_within_timeout(ray, address, kwargs)
+            _join_within_timeout(ray, address, kwargs, stderr_fd)
     needed = workers * ACTOR_CPUS
     cpus = float(ray.cluster_resources().get("CPU", 0))
     if cpus < needed:
@@ -117,21 +117,34 @@ def _connect(ray: Any, address: str, workers: int) -> None:
 
 
 @contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """Ray's C++ core prints to file descriptor 2 while it starts (log-level notices); the user
-    sees the summary or one error line instead. Errors still arrive as exceptions."""
+def _quiet_stderr() -> Iterator[int]:
+    """Ray's C++ core prints to file descriptor 2 while it starts (log-level notices, retries); the
+    user sees the summary or one error line instead. Errors still arrive as exceptions. Yields a
+    descriptor of the real stderr."""
     saved = os.dup(2)
     try:
         with open(os.devnull, "wb") as devnull:
             os.dup2(devnull.fileno(), 2)
-        yield
+        yield saved
     finally:
         os.dup2(saved, 2)
         os.close(saved)
 
 
-def _join_within_timeout(ray: Any, address: str, kwargs: dict[str, Any]) -> None:
-    """ray.init against something that is not a Ray head retries for ever; give up after a bound."""
+def _auth_hint() -> str:
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return ""
+    return ("; if the cluster uses token authentication (Ray's default), set RAY_AUTH_MODE=token and "
+            "RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN)")
+
+
+def _join_within_timeout(ray: Any, address: str, kwargs: dict[str, Any], stderr_fd: int) -> None:
+    """ray.init against something that is not a Ray head (or refuses our token) retries for ever.
+
+    After the bound the error is written and the process ends at once: the connecting thread
+    cannot be stopped, and until the process exits it would keep printing retries. Nothing needs
+    cleaning up yet (the output is not open; the kernel drops the output's lock).
+    """
     timeout_s = float(os.environ.get(CONNECT_TIMEOUT_ENV) or DEFAULT_CONNECT_TIMEOUT_S)
     failure: list[BaseException] = []
 
@@ -145,12 +158,14 @@ def _join_within_timeout(ray: Any, address: str, kwargs: dict[str, Any]) -> None
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise UserError(f"{address} did not answer as a Ray cluster within {timeout_s:.0f} s; give the Ray head's "
-                        "GCS address (ray start --head prints it) in --ray-address (nothing was sent)")
+        message = (f"error: {address} did not answer as a Ray cluster within {timeout_s:g} s; give the Ray head's "
+                   f"GCS address (ray start --head prints it) in --ray-address{_auth_hint()} (nothing was sent)\n")
+        os.write(stderr_fd, message.encode())
+        os._exit(2)
     if failure:
         first = str(failure[0]).strip().splitlines()
-        raise UserError(f"cannot join the Ray cluster at {address}: {first[0] if first else type(failure[0]).__name__} "
-                        "(nothing was sent)")
+        raise UserError(f"cannot join the Ray cluster at {address}: {first[0] if first else type(failure[0]).__name__}"
+                        f"{_auth_hint()} (nothing was sent)")
 
 
 @contextmanager

@@ -76,6 +76,13 @@ def expected_malformed(total: int) -> int:
     return sum(1 for index in range(total) if index % MALFORMED_EVERY == 5)
 
 
+def run_ray(vlmserve_cmd, head, input_path: Path, output: Path, base_url: str, *extra: str,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`vlmserve batch --runner ray` against the module's head (with its token in the environment)."""
+    return subprocess.run(batch_argv(vlmserve_cmd, input_path, output, base_url, *ray_args(head), *extra),
+                          capture_output=True, text=True, timeout=180, env={**os.environ, **head.client_env, **(env or {})})
+
+
 def ray_args(head, *extra: str) -> tuple[str, ...]:
     return ("--runner", "ray", "--ray-address", head.address, "--ray-workers", "2", *extra)
 
@@ -100,13 +107,13 @@ def test_same_file_same_output_through_both_runners(tmp_path, vlmserve_cmd, ray_
     input_path = write_lines(tmp_path / "in.jsonl", mixed_lines(TOTAL))
     builtin_out, ray_out = tmp_path / "builtin.jsonl", tmp_path / "ray.jsonl"
     builtin = run_batch(vlmserve_cmd, input_path, builtin_out, gateway_url, "--concurrency", "16", "--priority", "batch")
-    via_ray = run_batch(vlmserve_cmd, input_path, ray_out, gateway_url, "--concurrency", "16", "--priority", "batch",
-                        *ray_args(ray_head))
+    via_ray = run_ray(vlmserve_cmd, ray_head, input_path, ray_out, gateway_url, "--concurrency", "16",
+                      "--priority", "batch")
     malformed = expected_malformed(TOTAL)
     for done in (builtin, via_ray):
         assert done.returncode == 1, done.stderr
         assert done.stderr.strip().splitlines()[-1] == (f"error: {malformed} lines failed; see their "
-                                                       f"response.status_code / error in {done.args[4]}")
+                                                       f"response.status_code / error in {done.args[done.args.index('--output') + 1]}")
         assert "Traceback" not in done.stderr
     records = read_output(ray_out)
     assert len(records) == TOTAL
@@ -125,14 +132,14 @@ def test_rerun_resumes_from_partial_output_and_sends_only_what_is_missing(tmp_pa
     total = 600
     input_path = write_lines(tmp_path / "in.jsonl", mixed_lines(total))
     output = tmp_path / "out.jsonl"
-    first = run_batch(vlmserve_cmd, input_path, output, gateway_url, *ray_args(ray_head))
+    first = run_ray(vlmserve_cmd, ray_head, input_path, output, gateway_url)
     assert first.returncode == 1, first.stderr
     whole = output.read_bytes().splitlines(keepends=True)
     kept = whole[: len(whole) // 2]
     output.write_bytes(b"".join(kept) + whole[len(whole) // 2][:25])  # half the lines, then a cut line
     missing_requests = sum(1 for line in whole[len(whole) // 2:] if json.loads(line)["error"] is None)
     before = engine_requests_done(engine_url)
-    again = run_batch(vlmserve_cmd, input_path, output, gateway_url, *ray_args(ray_head))
+    again = run_ray(vlmserve_cmd, ray_head, input_path, output, gateway_url)
     assert again.returncode == 1, again.stderr
     assert f"resuming: {len(kept)} of {total} lines already answered" in again.stderr
     assert engine_requests_done(engine_url) - before == missing_requests
@@ -153,7 +160,8 @@ def test_ctrl_c_keeps_whole_lines_and_a_rerun_completes_each_id_once(tmp_path, v
     output = tmp_path / "out.jsonl"
     with start_sim_engine(model=MODEL, ttft_ms=20, itl_ms=5, max_num_seqs=256) as slow:
         job = subprocess.Popen(batch_argv(vlmserve_cmd, input_path, output, slow.base_url, "--concurrency", "8",
-                                          *ray_args(ray_head)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                          *ray_args(ray_head)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, **ray_head.client_env})
         try:
             wait_for_lines(output, 100, timeout_s=60)
         finally:
@@ -163,7 +171,7 @@ def test_ctrl_c_keeps_whole_lines_and_a_rerun_completes_each_id_once(tmp_path, v
         assert "rerun the same command to resume" in stderr and "Traceback" not in stderr
         partial = read_output(output)
         assert 100 <= len(partial) < total
-        done = run_batch(vlmserve_cmd, input_path, output, slow.base_url, "--concurrency", "32", *ray_args(ray_head))
+        done = run_ray(vlmserve_cmd, ray_head, input_path, output, slow.base_url, "--concurrency", "32")
         assert done.returncode == 0, done.stderr
         sent = engine_requests_done(slow.base_url)
     counts = Counter(record["custom_id"] for record in read_output(output))
@@ -196,6 +204,7 @@ def shadow_ray(tmp_path: Path) -> dict[str, str]:
     ("not_ray", "did not answer as a Ray cluster within 3 s"),
     ("bad_address", "--ray-address 'nowhere': give HOST:PORT of the Ray head"),
     ("too_small", "has 2 CPUs; --ray-workers 64 needs 32"),
+    ("no_token", "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH"),
     ("workers_without_ray", "--ray-workers only apply with --runner ray"),
     ("address_without_ray", "--ray-address only apply with --runner ray"),
     ("bad_runner", "--runner 'spark': use builtin or ray"),
@@ -204,19 +213,22 @@ def test_bad_ray_invocations_are_one_line_and_quick(tmp_path, vlmserve_cmd, ray_
     gateway_url, engine_url = served
     input_path = write_input(tmp_path / "in.jsonl", [request_line(0)])
     output = tmp_path / "out.jsonl"
-    env = {**os.environ, "VLMSERVE_RAY_CONNECT_TIMEOUT_S": "3"}
+    env = {**os.environ, **ray_head.client_env, "VLMSERVE_RAY_CONNECT_TIMEOUT_S": "3"}
     extra = {
         "not_installed": ("--runner", "ray"),
         "closed_port": ("--runner", "ray", "--ray-address", f"127.0.0.1:{free_port()}"),
         "not_ray": ("--runner", "ray", "--ray-address", engine_url.removeprefix("http://")),
         "bad_address": ("--runner", "ray", "--ray-address", "nowhere"),
         "too_small": ("--runner", "ray", "--ray-address", ray_head.address, "--ray-workers", "64"),
+        "no_token": ("--runner", "ray", "--ray-address", ray_head.address),
         "workers_without_ray": ("--ray-workers", "4"),
         "address_without_ray": ("--ray-address", ray_head.address),
         "bad_runner": ("--runner", "spark"),
     }[case]
     if case == "not_installed":
         env = shadow_ray(tmp_path)
+    elif case == "no_token":
+        env = {key: value for key, value in env.items() if key not in ray_head.client_env}
     started = time.monotonic()
     done = subprocess.run(batch_argv(vlmserve_cmd, input_path, output, gateway_url, *extra), capture_output=True,
                           text=True, timeout=60, env=env)
