@@ -26,14 +26,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 from rich.console import Console
 
 from vlmserve.batch.lines import MalformedLine
-from vlmserve.batch.output import BatchOutcome, Result, ResultFile
+from vlmserve.batch.output import BatchOutcome, Result, ResultFile, error_line
+from vlmserve.batch.ray_engine import ENGINE_URL, UNSUPPORTED, engine_processor
 from vlmserve.batch.ray_sender import RaySender, request_row
 from vlmserve.batch.runner import (NO_ANSWER_STREAK_LIMIT_FACTOR, BatchOptions, api_root, prepared_job, preflight,
                                    progress_bar, request_headers)
@@ -44,6 +45,8 @@ RAY_EXTRA = "pip install 'vlmserve[ray]'"
 ACTOR_CPUS = 0.5
 """CPUs each sender actor reserves: an HTTP client waits far more than it computes, but it must
 reserve something so that Ray spreads the actors over the cluster's nodes."""
+ENGINE_CPUS = 1.0
+"""CPUs each engine's placement bundle takes on a cluster without GPUs (vLLM's CPU build)."""
 CHUNK_ROWS = 500
 """Rows per block put into the object store: small enough that every actor gets work early."""
 CONNECT_TIMEOUT_ENV = "VLMSERVE_RAY_CONNECT_TIMEOUT_S"
@@ -56,6 +59,9 @@ class RayOptions:
     address: str | None = None
     """None: $RAY_ADDRESS if set, else a private local Ray instance for this job."""
     workers: int = DEFAULT_WORKERS
+    engine: str | None = None
+    """A model (path or hub id): Ray starts `workers` vLLM engines for it instead of sending to an endpoint."""
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def resolve_address(flag: str | None, env: Mapping[str, str]) -> str:
@@ -90,7 +96,7 @@ def import_ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, address: str, workers: int) -> None:
+def _connect(ray: Any, address: str, workers: int, cpus_per_worker: float) -> None:
     """Join the cluster (or start a local instance) within a bounded time; one line if not."""
     target = host_port(address)
     if target is not None:
@@ -102,18 +108,18 @@ def _connect(ray: Any, address: str, workers: int) -> None:
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ warnings would bury the summary
     kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if address == "local":
-        kwargs |= {"num_cpus": max(os.cpu_count() or 1, math.ceil(workers * ACTOR_CPUS)), "include_dashboard": False}
+        kwargs |= {"num_cpus": max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker)), "include_dashboard": False}
     with _quiet_stderr() as stderr_fd:
         if address == "local":
             # in this thread: Ray ties the processes it starts to the life of the thread that started them
             ray.init(address=address, **kwargs)
         else:
             _join_within_timeout(ray, address, kwargs, stderr_fd)
-    needed = workers * ACTOR_CPUS
+    needed = workers * cpus_per_worker
     cpus = float(ray.cluster_resources().get("CPU", 0))
     if cpus < needed:
         raise UserError(f"the Ray cluster at {address} has {cpus:g} CPUs; --ray-workers {workers} needs {needed:g} "
-                        f"({ACTOR_CPUS:g} per worker); lower --ray-workers")
+                        f"({cpus_per_worker:g} per worker); lower --ray-workers")
 
 
 @contextmanager
@@ -169,10 +175,10 @@ def _join_within_timeout(ray: Any, address: str, kwargs: dict[str, Any], stderr_
 
 
 @contextmanager
-def _ray_session(address: str, workers: int) -> Iterator[Any]:
+def _ray_session(address: str, workers: int, cpus_per_worker: float) -> Iterator[Any]:
     ray = import_ray()
     try:
-        _connect(ray, address, workers)
+        _connect(ray, address, workers, cpus_per_worker)
         data_context = ray.data.DataContext.get_current()
         data_context.enable_progress_bars = False
         data_context.print_on_execution_start = False
@@ -209,15 +215,18 @@ class _Stop:
                            "dropped and sent again on rerun (press Ctrl-C again to stop at once)[/]")
 
 
-def _requests_to_send(options: BatchOptions, prior: PriorResults) -> int:
+def _requests_to_send(options: BatchOptions, prior: PriorResults, only_url: str | None) -> int:
     """Sendable lines with no result yet: when there are none, Ray is not started at all."""
     return sum(1 for _, entry in iter_input(options.input_path)
-               if not isinstance(entry, MalformedLine) and entry_key(entry) not in prior.done)
+               if not isinstance(entry, MalformedLine) and entry_key(entry) not in prior.done
+               and (only_url is None or entry.url == only_url))
 
 
-def _feed(options: BatchOptions, prior: PriorResults, file: ResultFile, put: Callable[[Any], Any] | None) -> list[Any]:
-    """Write the malformed lines not yet answered, and `put` the lines still to send into the
-    object store in chunks of CHUNK_ROWS rows (their references are returned)."""
+def _feed(options: BatchOptions, prior: PriorResults, file: ResultFile, put: Callable[[Any], Any] | None,
+          only_url: str | None = None) -> list[Any]:
+    """Write the malformed lines not yet answered (and, with `only_url`, an error record for each
+    line of another url), and `put` the lines still to send into the object store in chunks of
+    CHUNK_ROWS rows (their references are returned)."""
     refs: list[Any] = []
     chunk: list[dict[str, str]] = []
     for _, entry in iter_input(options.input_path):
@@ -225,6 +234,11 @@ def _feed(options: BatchOptions, prior: PriorResults, file: ResultFile, put: Cal
             continue
         if isinstance(entry, MalformedLine):
             if not file.write(Result.malformed(entry)):
+                return []
+            continue
+        if only_url is not None and entry.url != only_url:
+            message = f"line {entry.line_no}: --ray-engine answers {only_url} lines only; this one is {entry.url}"
+            if not file.write(Result(error_line(entry.custom_id, UNSUPPORTED, message, entry.line_no), UNSUPPORTED)):
                 return []
             continue
         if put is None:
@@ -286,12 +300,21 @@ class _Collector:
 def _stream(ray: Any, refs: list[Any], options: BatchOptions, ray_options: RayOptions,
             collector: _Collector, stop: _Stop, on_batch: Any) -> None:
     per_actor = per_actor_concurrency(options.concurrency, ray_options.workers)
-    dataset = ray.data.from_arrow_refs(refs).map_batches(
+    dataset = ray.data.from_arrow_refs(refs)
+    if ray_options.engine is not None:
+        processor = engine_processor(ray, ray_options.engine, ray_options.workers, ray_options.engine_kwargs, per_actor)
+        _consume(processor(dataset), collector, stop, on_batch)
+        return
+    dataset = dataset.map_batches(
         RaySender, batch_size=per_actor, batch_format="numpy", num_cpus=ACTOR_CPUS,
         compute=ray.data.ActorPoolStrategy(size=ray_options.workers),
         fn_constructor_kwargs={"root": api_root(options.base_url), "headers": request_headers(options),
                                "concurrency": per_actor, "request_timeout_s": options.request_timeout_s,
                                "retry": options.retry})
+    _consume(dataset, collector, stop, on_batch)
+
+
+def _consume(dataset: Any, collector: _Collector, stop: _Stop, on_batch: Callable[[], None]) -> None:
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=1):
         reason = collector.take(batch)
         on_batch()
@@ -312,12 +335,14 @@ def run_ray_job(options: BatchOptions, ray_options: RayOptions, console: Console
     with prepared_job(options, console) as (prior, scan, outcome):
         if outcome.remaining == 0:
             return outcome
-        if scan.requests > 0:
+        only_url = ENGINE_URL if ray_options.engine is not None else None
+        if scan.requests > 0 and only_url is None:
             asyncio.run(preflight(options))
         started = time.monotonic()
+        cpus_per_worker = ENGINE_CPUS if only_url is not None else ACTOR_CPUS
         with ExitStack() as stack:
-            ray = stack.enter_context(_ray_session(address, ray_options.workers)) \
-                if _requests_to_send(options, prior) else None
+            ray = stack.enter_context(_ray_session(address, ray_options.workers, cpus_per_worker)) \
+                if _requests_to_send(options, prior, only_url) else None
             file = ResultFile(options.output_path, outcome)
             stack.callback(file.close)
             stop = stack.enter_context(_Stop(console))
@@ -329,7 +354,7 @@ def run_ray_job(options: BatchOptions, ray_options: RayOptions, console: Console
                 progress.update(task_id, completed=outcome.answered_now,
                                 tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}", failed=outcome.failed)
 
-            refs = _feed(options, prior, file, None if ray is None else _putter(ray))
+            refs = _feed(options, prior, file, None if ray is None else _putter(ray), only_url)
             on_batch()
             if refs and not file.failed:
                 try:

@@ -215,7 +215,7 @@ def check_paths(options: BatchOptions) -> None:
         raise UserError("--output must differ from the input file")
     if not options.output_path.parent.is_dir():
         raise UserError(f"--output: folder {options.output_path.parent} does not exist; create it first")
-    if not options.base_url.startswith(("http://", "https://")):
+    if options.base_url and not options.base_url.startswith(("http://", "https://")):
         raise UserError(f"--base-url '{options.base_url}' must start with http:// or https://")
 
 
