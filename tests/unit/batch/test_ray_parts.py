@@ -14,6 +14,7 @@ from aiohttp import web
 
 from vlmserve.batch.lines import MalformedLine
 from vlmserve.batch.output import BatchOutcome, Result, ResultFile
+from vlmserve.batch.ray_engine import DEFAULT_MAX_TOKENS, engine_row, result_row
 from vlmserve.batch.ray_runner import RayOptions, _Collector, _feed, host_port, per_actor_concurrency, resolve_address
 from vlmserve.batch.ray_sender import RESULT_COLUMNS, RaySender, request_row
 from vlmserve.batch.runner import BatchOptions
@@ -106,8 +107,12 @@ def test_feed_writes_malformed_lines_and_chunks_the_rest(tmp_path: Path) -> None
     outcome = BatchOutcome(entries=1202, answered_before=0)
     file = ResultFile(tmp_path / "out.jsonl", outcome)
     chunks: list[list[dict]] = []
-    refs = _feed(BatchOptions(input_path, tmp_path / "out.jsonl", "http://x"), PriorResults(), file,
-                 lambda rows: chunks.append(rows) or len(chunks))
+
+    def put(rows: list[dict]) -> int:
+        chunks.append(rows)
+        return len(chunks)
+
+    refs = _feed(BatchOptions(input_path, tmp_path / "out.jsonl", "http://x"), PriorResults(), file, put)
     file.close()
     assert refs == [1, 2, 3] and [len(chunk) for chunk in chunks] == [500, 500, 201]
     assert outcome.failed_by_cause == {"malformed_line": 1}
@@ -174,3 +179,26 @@ async def test_sender_reports_no_answer_instead_of_a_line() -> None:
                         "body": np.array(['{"prompt": "x"}'], dtype=object)})
     await sender.session.close()  # type: ignore[union-attr]
     assert out["line"] == [b""] and out["no_answer"][0]
+
+
+def test_engine_row_carries_sampling_and_hides_the_model_name() -> None:
+    row = engine_row(request_row("a", "/v1/chat/completions",
+                                 {"model": "m", "max_completion_tokens": 9, "temperature": 0,
+                                  "messages": [{"role": "user", "content": "hi"}]}))
+    assert row["sampling_params"] == {"max_tokens": 9, "temperature": 0.0, "top_p": 1.0}
+    assert "model" not in row and row["request_model"] == "m"  # a `model` column would name a LoRA adapter
+    assert engine_row(request_row("b", "/v1/chat/completions", {"messages": []}))["sampling_params"]["max_tokens"] == \
+        DEFAULT_MAX_TOKENS
+
+
+def test_engine_answer_becomes_the_same_result_row_as_an_http_answer() -> None:
+    out = result_row({"custom_id": "a", "request_model": "m", "generated_text": "ok", "num_input_tokens": 5,
+                      "num_generated_tokens": 4, "sampling_params": {"max_tokens": 4}, "__inference_error__": ""})
+    assert set(out) == set(RESULT_COLUMNS) and out["cause"] == "" and out["completion_tokens"] == 4
+    record = json.loads(out["line"])
+    assert set(record) == {"id", "custom_id", "response", "error"}
+    body = record["response"]["body"]
+    assert body["object"] == "chat.completion" and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    failed = result_row({"custom_id": "b", "__inference_error__": "prompt too long"})
+    assert failed["cause"] == "http_400" and "prompt too long" in failed["line"].decode()
