@@ -164,7 +164,7 @@ async def test_sender_builds_the_builtin_runners_lines(endpoint: str) -> None:
             (("a", "ok"), ("b", "bad"), ("c", "flaky"))]
     batch = {key: np.array([row[key] for row in rows], dtype=object) for key in ("custom_id", "url", "body")}
     out = await sender(batch)
-    await sender.session.close()  # type: ignore[union-attr]
+    await sender.session.close()
     assert set(out) == set(RESULT_COLUMNS) and out["custom_id"] == ["a", "b", "c"]
     assert out["cause"] == ["", "http_400", ""] and out["retries"] == [0, 0, 1] and out["no_answer"] == ["", "", ""]
     first = json.loads(out["line"][0])
@@ -177,7 +177,7 @@ async def test_sender_reports_no_answer_instead_of_a_line() -> None:
                        retry=RetryPolicy(max_retries=0))
     out = await sender({"custom_id": np.array(["a"], dtype=object), "url": np.array(["/v1/completions"], dtype=object),
                         "body": np.array(['{"prompt": "x"}'], dtype=object)})
-    await sender.session.close()  # type: ignore[union-attr]
+    await sender.session.close()
     assert out["line"] == [b""] and out["no_answer"][0]
 
 
