@@ -1,17 +1,13 @@
-"""The OpenAI Batch line formats: parse an input line, build an output line.
+"""The OpenAI Batch input line: parse it into a request to send, or say why it cannot be sent.
 
 Input:  {"custom_id", "method": "POST", "url": "/v1/chat/completions"|"/v1/completions"|"/v1/embeddings", "body"}
-Output: {"id", "custom_id", "response": {"status_code", "request_id", "body"} | null, "error": {...} | null}
 
-A line that cannot be sent is not fatal: it becomes an output line whose error has code
-`malformed_line` and the input line number (`error.line`), so a rerun recognises it as
-answered even when it had no usable custom_id.
+The output line (and the record of a malformed line) is built in `output.py`.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,54 +64,3 @@ def _request_problem(data: dict[str, Any]) -> str | None:
     if body.get("stream"):
         return "'body.stream' is not supported in a batch; remove it"
     return None
-
-
-def _result_id() -> str:
-    return f"batch_req_{uuid.uuid4().hex}"
-
-
-def response_line(custom_id: str, status_code: int, request_id: str | None, body: Any) -> bytes:
-    """An answered request (any HTTP status the server gave, after retries)."""
-    return _encode({"id": _result_id(), "custom_id": custom_id,
-                    "response": {"status_code": status_code, "request_id": request_id, "body": body},
-                    "error": None})
-
-
-def error_line(custom_id: str | None, code: str, message: str, line_no: int | None = None) -> bytes:
-    """A request that got no HTTP answer (connection failure) or could not be sent (malformed)."""
-    error: dict[str, Any] = {"code": code, "message": message}
-    if line_no is not None:
-        error["line"] = line_no
-    return _encode({"id": _result_id(), "custom_id": custom_id, "response": None, "error": error})
-
-
-def _encode(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-
-
-def failure_cause(record: dict[str, Any]) -> str | None:
-    """None for a success, else a short cause ('http_429', 'connection_error', 'malformed_line')."""
-    error = record.get("error")
-    if error:
-        return str(error.get("code") or "error")
-    response = record.get("response") or {}
-    status = response.get("status_code")
-    if not isinstance(status, int):
-        return "no_response"
-    return None if status < 400 else f"http_{status}"
-
-
-def usage_tokens(record: dict[str, Any]) -> tuple[int, int]:
-    """(prompt, completion) tokens of an answered output line."""
-    response = record.get("response") or {}
-    return body_usage_tokens(response.get("body"))
-
-
-def body_usage_tokens(body: Any) -> tuple[int, int]:
-    """(prompt, completion) tokens from a response body's usage block; (0, 0) when absent."""
-    usage = body.get("usage") if isinstance(body, dict) else None
-    if not isinstance(usage, dict):
-        return 0, 0
-    prompt = usage.get("prompt_tokens") or 0
-    completion = usage.get("completion_tokens") or 0
-    return (prompt if isinstance(prompt, int) else 0, completion if isinstance(completion, int) else 0)

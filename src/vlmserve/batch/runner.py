@@ -18,10 +18,10 @@ Guarantees, and how they are kept:
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
-from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,15 +29,15 @@ import aiohttp
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, body_usage_tokens, error_line, response_line
+from vlmserve.batch.lines import BatchRequest, MalformedLine
 from vlmserve.batch.lock import output_lock
+from vlmserve.batch.output import BatchOutcome, Result, ResultFile
 from vlmserve.batch.scan import InputScan, PriorResults, entry_key, iter_input, scan_input, scan_output
 from vlmserve.batch.send import NoAnswer, RetryPolicy, send_with_retries
 from vlmserve.errors import UserError
 
 NO_ANSWER_STREAK_LIMIT_FACTOR = 2
 """Stop the job after this many x concurrency consecutive requests got no answer at all."""
-FSYNC_EVERY_S = 1.0
 
 
 @dataclass
@@ -53,42 +53,13 @@ class BatchOptions:
     progress: bool = True
 
 
-@dataclass
-class BatchOutcome:
-    """The whole job as the output file now stands, plus what this run did."""
-
-    entries: int
-    answered_before: int
-    answered_now: int = 0
-    succeeded: int = 0
-    failed_by_cause: Counter = field(default_factory=Counter)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    run_completion_tokens: int = 0
-    no_answer: int = 0
-    retries: int = 0
-    elapsed_s: float = 0.0
-    interrupted: bool = False
-    stop_reason: str | None = None
-    write_error: str | None = None
-    """Why the output file refused a line (disk full, read-only); the job stopped there."""
-
-    @property
-    def failed(self) -> int:
-        return sum(self.failed_by_cause.values())
-
-    @property
-    def remaining(self) -> int:
-        return self.entries - self.answered_before - self.answered_now
-
-
 def api_root(base_url: str) -> str:
     """The server root: input urls already start with /v1, so a trailing /v1 is dropped."""
     root = base_url.rstrip("/")
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
-def _request_headers(options: BatchOptions) -> dict[str, str]:
+def request_headers(options: BatchOptions) -> dict[str, str]:
     headers = {}
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
@@ -100,26 +71,20 @@ def _request_headers(options: BatchOptions) -> dict[str, str]:
 class _Job:
     """One run over the input; state shared by the reader and the request tasks."""
 
-    def __init__(self, options: BatchOptions, prior: PriorResults, scan: InputScan, console: Console) -> None:
+    def __init__(self, options: BatchOptions, prior: PriorResults, outcome: BatchOutcome, console: Console) -> None:
         self.options = options
         self.prior = prior
         self.console = console
-        self.outcome = BatchOutcome(entries=scan.entries, answered_before=scan.already_done,
-                                    succeeded=prior.succeeded, failed_by_cause=Counter(prior.failed_by_cause),
-                                    prompt_tokens=prior.prompt_tokens, completion_tokens=prior.completion_tokens)
-        self.to_do = scan.entries - scan.already_done
-        self.headers = _request_headers(options)
+        self.outcome = outcome
+        self.to_do = outcome.remaining
+        self.headers = request_headers(options)
         self.root = api_root(options.base_url)
         self.slots = asyncio.Semaphore(options.concurrency)
         self.in_flight: set[asyncio.Task] = set()
         self.stopping = False
         self.no_answer_streak = 0
         self.started = time.monotonic()
-        self.last_fsync = self.started
-        self.out_fd = -1
-        self.out_size = 0
-        """Bytes of complete lines in the output: where a failed write is cut back to."""
-        self.write_failed = False
+        self.file: ResultFile | None = None
         self.progress: Progress | None = None
         self.task_id: TaskID | None = None
 
@@ -140,61 +105,31 @@ class _Job:
         self.outcome.interrupted = reason == "interrupted"
 
     # --- output ---
-    def _append(self, line: bytes) -> bool:
-        """Append one whole line; False (and the job stops) if the file refused it."""
-        if self.write_failed:
-            return False
-        try:
-            view = memoryview(line)
-            while view:
-                written = os.write(self.out_fd, view)
-                view = view[written:]
-        except OSError as err:
-            self._write_failed(err)
-            return False
-        self.out_size += len(line)
-        now = time.monotonic()
-        if now - self.last_fsync >= FSYNC_EVERY_S:
-            self.last_fsync = now
-            try:
-                os.fsync(self.out_fd)
-            except OSError as err:
-                self._write_failed(err)  # this line is whole; the job stops after it
-        return True
+    def _record(self, result: Result) -> None:
+        """Append a result; a write the file refuses stops the job and abandons what is in flight."""
+        assert self.file is not None
+        written = self.file.write(result)
+        if self.file.failed:
+            self._write_failed()
+        if not written:
+            return
+        if self.progress is not None and self.task_id is not None:
+            outcome = self.outcome
+            elapsed = max(time.monotonic() - self.started, 1e-6)
+            self.progress.update(self.task_id, advance=1,
+                                 tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}",
+                                 failed=outcome.failed)
 
-    def _write_failed(self, err: OSError) -> None:
-        """Cut the output back to its last complete line, stop, and abandon what is in flight."""
-        self.write_failed = True
-        reason = err.strerror or type(err).__name__
-        self.outcome.write_error = f"cannot write {self.options.output_path}: {reason}"
-        try:
-            os.ftruncate(self.out_fd, self.out_size)
-        except OSError:
-            pass  # the next run cuts a partial last line anyway (scan.drop_partial_tail)
+    def _write_failed(self) -> None:
+        if self.stopping and self.outcome.stop_reason == self.outcome.write_error:
+            return
+        assert self.outcome.write_error is not None
         self.stop(self.outcome.write_error)
         self.outcome.stop_reason = self.outcome.write_error
         current = asyncio.current_task()
         for task in list(self.in_flight):
             if task is not current:
                 task.cancel()
-
-    def _record(self, line: bytes, cause: str | None, prompt: int = 0, completion: int = 0) -> None:
-        if not self._append(line):
-            return
-        outcome = self.outcome
-        outcome.answered_now += 1
-        if cause is None:
-            outcome.succeeded += 1
-        else:
-            outcome.failed_by_cause[cause] += 1
-        outcome.prompt_tokens += prompt
-        outcome.completion_tokens += completion
-        outcome.run_completion_tokens += completion
-        if self.progress is not None and self.task_id is not None:
-            elapsed = max(time.monotonic() - self.started, 1e-6)
-            self.progress.update(self.task_id, advance=1,
-                                 tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}",
-                                 failed=outcome.failed)
 
     # --- work ---
     async def _send(self, session: aiohttp.ClientSession, request: BatchRequest) -> None:
@@ -212,9 +147,7 @@ class _Job:
             self.slots.release()
         self.no_answer_streak = 0
         self.outcome.retries += answer.retries
-        line = response_line(request.custom_id, answer.status_code, answer.request_id, answer.body)
-        cause = None if answer.status_code < 400 else f"http_{answer.status_code}"
-        self._record(line, cause, *body_usage_tokens(answer.body))
+        self._record(Result.answered(request.custom_id, answer.status_code, answer.request_id, answer.body))
 
     async def run(self) -> BatchOutcome:
         timeout = aiohttp.ClientTimeout(total=self.options.request_timeout_s)
@@ -230,7 +163,7 @@ class _Job:
                 if entry_key(entry) in self.prior.done:
                     continue
                 if isinstance(entry, MalformedLine):
-                    self._record(error_line(entry.custom_id, MALFORMED, entry.reason, entry.line_no), MALFORMED)
+                    self._record(Result.malformed(entry))
                     continue
                 await self.slots.acquire()
                 if self.stopping:
@@ -248,38 +181,27 @@ class _Job:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.on_signal)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        self.file = ResultFile(self.options.output_path, self.outcome)
         try:
-            self.out_fd = os.open(self.options.output_path, flags, 0o644)
-        except OSError as err:
-            raise UserError(f"--output: cannot open {self.options.output_path} for appending ({err.strerror}); "
-                            "pick a writable file") from None
-        self.out_size = os.fstat(self.out_fd).st_size
-        try:
-            with Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[tok_s]} tok/s · {task.fields[failed]} failed"),
-                          TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                          console=self.console, disable=not self.options.progress) as progress:
+            with progress_bar(self.console, self.options.progress) as progress:
                 self.progress = progress
                 self.task_id = progress.add_task("batch", total=self.to_do, tok_s="0", failed=0)
                 return await self.run()
         finally:
-            try:
-                os.fsync(self.out_fd)
-            except OSError as err:
-                if not self.write_failed:
-                    self._write_failed(err)
-            os.close(self.out_fd)
+            self.file.close()
+            if self.file.failed and self.outcome.stop_reason != self.outcome.write_error:
+                self.stop(self.outcome.write_error or "")
+                self.outcome.stop_reason = self.outcome.write_error
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
 
 
-async def _preflight(options: BatchOptions) -> None:
+async def preflight(options: BatchOptions) -> None:
     """Refuse to start against an endpoint that is down or rejects our key: nothing is sent."""
     url = api_root(options.base_url) + "/v1/models"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-            async with session.get(url, headers=_request_headers(options)) as response:
+            async with session.get(url, headers=request_headers(options)) as response:
                 status = response.status
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
         raise UserError(f"cannot reach {options.base_url} ({type(err).__name__}); start the server or fix "
@@ -293,12 +215,25 @@ def check_paths(options: BatchOptions) -> None:
         raise UserError("--output must differ from the input file")
     if not options.output_path.parent.is_dir():
         raise UserError(f"--output: folder {options.output_path.parent} does not exist; create it first")
-    if not options.base_url.startswith(("http://", "https://")):
+    if options.base_url and not options.base_url.startswith(("http://", "https://")):
         raise UserError(f"--base-url '{options.base_url}' must start with http:// or https://")
 
 
-def run_batch_job(options: BatchOptions, console: Console) -> BatchOutcome:
-    """Check, scan, and run the job to completion or to a clean stop."""
+def progress_bar(console: Console, enabled: bool) -> Progress:
+    """Lines done, completion tokens/s, failures, time left (one look for both runners)."""
+    return Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[tok_s]} tok/s · {task.fields[failed]} failed"),
+                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                    console=console, disable=not enabled)
+
+
+@contextmanager
+def prepared_job(options: BatchOptions, console: Console) -> Iterator[tuple[PriorResults, InputScan, BatchOutcome]]:
+    """Check the paths, take the output's lock and read what is already done (both runners).
+
+    The lock is held until the block ends, so the scan and every write of the run are one
+    writer's.
+    """
     check_paths(options)
     with output_lock(options.output_path):
         prior = scan_output(options.output_path)
@@ -306,10 +241,14 @@ def run_batch_job(options: BatchOptions, console: Console) -> BatchOutcome:
         if scan.already_done:
             console.print(f"resuming: {scan.already_done} of {scan.entries} lines already answered in "
                           f"{options.output_path}")
-        job = _Job(options, prior, scan, console)
-        if job.to_do == 0:
-            return job.outcome
-        if scan.requests > 0:
-            asyncio.run(_preflight(options))
-        return asyncio.run(job.run_with_signals())
+        yield prior, scan, BatchOutcome.resuming(scan, prior)
 
+
+def run_batch_job(options: BatchOptions, console: Console) -> BatchOutcome:
+    """Check, scan, and run the job to completion or to a clean stop."""
+    with prepared_job(options, console) as (prior, scan, outcome):
+        if outcome.remaining == 0:
+            return outcome
+        if scan.requests > 0:
+            asyncio.run(preflight(options))
+        return asyncio.run(_Job(options, prior, outcome, console).run_with_signals())

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, failure_cause, parse_line, usage_tokens
+from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, parse_line
+from vlmserve.batch.output import failure_cause, usage_tokens
 from vlmserve.errors import UserError
 
 _TAIL_CHUNK = 1 << 16

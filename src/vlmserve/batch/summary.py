@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from vlmserve.batch.runner import BatchOutcome
+from vlmserve.batch.output import BatchOutcome
 
 
 @dataclass(frozen=True)

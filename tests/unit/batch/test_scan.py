@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vlmserve.batch.lines import error_line, response_line
+from vlmserve.batch.output import error_line, response_line
 from vlmserve.batch.runner import api_root
 from vlmserve.batch.scan import KeySet, drop_partial_tail, id_key, scan_output
 from vlmserve.batch.send import MAX_RETRY_AFTER_S, retry_after_s
