@@ -37,6 +37,7 @@ from vlmserve.gateway.request_info import TokenEstimator, describe_request
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind, trust_boundary
+from vlmserve.gateway.upstream import UpstreamPool
 from vlmserve.gateway.watchdog import Watchdog
 
 log = logging.getLogger("vlmserve.gateway")
@@ -101,7 +102,8 @@ class Gateway:
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the listening socket's guard (client_limits.py)
         self.watchdog = Watchdog()
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # /version and the like; generation goes through `upstream`
+        self.upstream: UpstreamPool | None = None
         self.forwarder: Forwarder | None = None
         self._engine_info_rotation = RoundRobin()
         self.draining = False
@@ -117,8 +119,9 @@ class Gateway:
         if self.allowed_media_hosts:  # remote media is fetched here, never by an engine
             self.media_session = aiohttp.ClientSession(auto_decompress=True)
             self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
+        self.upstream = UpstreamPool(self.config.connect_timeout_s)
         self.forwarder = Forwarder(
-            self.pool, self.policy, self.session, self.watchdog,
+            self.pool, self.policy, self.upstream, self.watchdog,
             max_attempts=self.config.max_attempts,
             retry_budget=RetryBudget(self.config.retry_budget_ratio, self.config.retry_budget_min_per_s),
             idle_chunk_timeout_s=self.config.idle_chunk_timeout_s,
@@ -149,6 +152,8 @@ class Gateway:
         await self.pool.stop()
         if self.session is not None:
             await self.session.close()
+        if self.upstream is not None:
+            self.upstream.close()
         if self.media_session is not None:
             await self.media_session.close()
         self.audit.close()
