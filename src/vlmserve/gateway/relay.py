@@ -22,7 +22,7 @@ What the gateway still guarantees on this path:
 
 The one aiohttp detail this depends on beyond its documented API: after `prepare()`,
 `request.writer.chunked = False` makes `response.write()` pass bytes verbatim (the frames are
-the replica's). tests/unit/gateway/test_relay_aiohttp_pin.py fails loudly if that changes.
+the replica's). tests/integration/gateway/test_relay.py (test_aiohttp_writer_passes_bytes_verbatim_once_unchunked) fails loudly if that changes.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class StreamRelay:
         writer = request.writer
         self.framed_out = bool(getattr(writer, "chunked", False))
         self.payload_only = not self.upstream.chunked
-        if self.framed_out and not self.payload_only:
-            writer.chunked = False  # type: ignore[attr-defined]  # the replica's frames go out verbatim (module docstring)
+        if self.framed_out:
+            writer.chunked = False  # type: ignore[attr-defined]  # the relay writes the frames itself (module docstring)
             self.verbatim = True
         out = self._take(first)
         await response.write(out)  # the head and the first frames in one write

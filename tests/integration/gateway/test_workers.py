@@ -8,7 +8,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -51,7 +51,7 @@ def fresh_connection_requests(base_url: str, count: int) -> list[int]:
     return statuses
 
 
-def wait_for(condition, what: str, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
