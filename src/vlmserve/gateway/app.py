@@ -27,7 +27,7 @@ from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
-from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media
+from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
@@ -247,11 +247,14 @@ class Gateway:
                 request_log.tenant = tenant.name
                 body, payload = await self._read_json(request)
                 content = next((payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
-                try:
-                    check_media(payload, self.allowed_media_hosts)
-                except MediaRefused as refused:
-                    raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
-                images = await self._preflight(payload, tenant, route)
+                if may_hold_media(body):
+                    try:
+                        check_media(payload, self.allowed_media_hosts)
+                    except MediaRefused as refused:
+                        raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
+                    images = await self._preflight(payload, tenant, route)
+                else:  # text only: nothing to walk for (the processor-kwargs rule still holds)
+                    images = await self._preflight(payload, tenant, route, no_media=True)
                 request_log.images = [image.audit() for image in images.images]
                 if images.changed:
                     body = json.dumps(payload, separators=(",", ":")).encode()
@@ -302,10 +305,14 @@ class Gateway:
                     self.admission.settle_tokens(tenant, request_log.estimated_tokens, used)
             self._finish(request_log, content)
 
-    async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
+    async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route,
+                         no_media: bool = False) -> PreflightResult:
         """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
         started = time.perf_counter()
         try:
+            if no_media:
+                self.preflight.check_client_kwargs(payload)
+                return PreflightResult()
             result = await self.preflight.run(payload, self.image_limits.tightened(*tenant.image_limits),
                                               takes_processor_kwargs=route.generates)
         except ImageRefused as refused:

@@ -302,3 +302,15 @@ async def test_aiohttp_writer_passes_bytes_verbatim_once_unchunked() -> None:
                 assert body == b"5\r\nhello\r\n1\r\n!\r\n0\r\n\r\n"
     finally:
         await runner.cleanup()
+
+
+# ---- the text-only fast path skips the media walks, never the media rules ------------------------
+
+
+@pytest.mark.parametrize("key", ["image_url", "image\\u005furl"])
+async def test_media_rules_hold_with_escaped_keys(constant_engines: list[SimHandle], key: str) -> None:
+    body = ('{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image_url", '
+            '"%s": {"url": "http://media.example/x.png"}}]}]}' % (MODEL, key)).encode()
+    async with running_gateway(constant_engines[:1]) as gw, aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, body)
+    assert result.status == 400 and result.body["error"]["code"] == "media_url_not_allowed"
