@@ -1,18 +1,25 @@
 """What does a proxy in front of an engine cost? TTFT and throughput, direct vs through proxies.
 
 One simulated engine (`vlmserve engine sim`, fixed TTFT and inter-token latency) is reached
-four ways, alternately, in many rounds of the same closed-loop load (N concurrent streams):
+several ways, alternately, in many rounds of the same closed-loop load (N concurrent streams):
 
   direct          the client talks to the engine
   vlmserve        through `vlmserve gateway` (default policy)
   nginx           through nginx with proxy_buffering off: the near-zero-overhead floor
   vllm-router     through the vLLM project's router (PyPI `vllm-router`), if it installs
+  vlmserve-base   (--baseline-src) another checkout's gateway, e.g. main's: before and after
+  uvloop-pump     (only with --only) a byte pump with no HTTP on uvloop: the floor for a Python relay
 
 Each round runs every configuration once, in a rotated order; a configuration's cost is its
 difference from `direct` *in the same round* (paired), and the figures quoted are the medians
 of those paired differences over the rounds. The engine, the proxies and the load generator
 are pinned to CPUs (taskset / sched_setaffinity), and the load generator's and the proxy's CPU
-use are printed with every trial so a saturated client is visible rather than hidden.
+use are printed with every trial so a saturated client is visible rather than hidden. "CPU/chunk"
+is the proxy's CPU time (all its processes) over the streamed chunks it relayed (the sim engine
+writes one per token), "kernel" the share of that time spent in the kernel (system time).
+
+    .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 6 --baseline-src /tmp/base/src
+    (after `git archive main src | tar -x -C /tmp/base`: main's gateway beside this one)
 
     .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 8
     .venv/bin/python benchmarks/gateway_overhead.py --smoke    # seconds: checks it still runs
@@ -172,6 +179,18 @@ def start_nginx(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route
         process = subprocess.Popen(pinned(args.proxy_cpus, [binary, "-c", str(conf), "-p", str(conf_dir)]),
                                    stdout=log, stderr=subprocess.STDOUT)
     route = Route("nginx", f"http://127.0.0.1:{port}", [process])
+    wait_healthy(route.base_url + "/health", process=process)
+    return route
+
+
+def start_uvloop_pump(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route:
+    """_uvloop_pump.py: bytes passed on with no HTTP at all, the floor for a relay written in Python."""
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).with_name("_uvloop_pump.py")), "127.0.0.1",
+            engine.base_url.rsplit(":", 1)[1], str(port)]
+    with (log_dir / "uvloop-pump.log").open("wb") as log:
+        process = subprocess.Popen(pinned(args.proxy_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
+    route = Route("uvloop-pump", f"http://127.0.0.1:{port}", [process])
     wait_healthy(route.base_url + "/health", process=process)
     return route
 
@@ -377,7 +396,9 @@ def main() -> None:
     parser.add_argument("--engine-cpus", default="0", help="taskset CPU list for the engine")
     parser.add_argument("--proxy-cpus", default="1", help="taskset CPU list for each proxy")
     parser.add_argument("--loadgen-cpus", default="0", help="CPU list for this load generator")
-    parser.add_argument("--only", default="", help="comma-separated subset of vlmserve,vlmserve-base,nginx,vllm-router")
+    parser.add_argument("--only", default="",
+                        help="comma-separated subset of vlmserve,vlmserve-base,nginx,vllm-router,uvloop-pump "
+                             "(default: all but uvloop-pump, a byte pump with no HTTP: the floor for a Python relay)")
     parser.add_argument("--baseline-src", type=Path,
                         help="a checkout's src/ directory (e.g. main's, from `git archive main src | tar -x -C DIR`) "
                              "whose gateway runs beside this one as `vlmserve-base`")
@@ -407,6 +428,7 @@ def main() -> None:
                                                                           args.baseline_src),
             "nginx": start_nginx,
             "vllm-router": start_vllm_router,
+            "uvloop-pump": start_uvloop_pump,
         }
         for name, starter in starters.items():
             if name in wanted:
