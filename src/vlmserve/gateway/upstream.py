@@ -98,6 +98,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._body_waiter: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
         self.status = 0
+        self.http10 = False
         self.headers: dict[str, str] = {}
         self.sink: Callable[[bytes], None] | None = None  # set by the relay: takes every byte from then on
         self.sink_lost: Callable[[BaseException | None], None] | None = None
@@ -225,7 +226,7 @@ class UpstreamResponse:
         self.chunked = "chunked" in encoding
         length = self.headers.get("content-length")
         self.length: int | None = None if self.chunked or length is None or not length.isdigit() else int(length)
-        self.keep_alive = (not getattr(connection, "http10", False)
+        self.keep_alive = (not connection.http10
                            and "close" not in self.headers.get("connection", "").lower()
                            and (self.chunked or self.length is not None))
         self._finished = False
@@ -350,9 +351,16 @@ class UpstreamPool:
                 connection.transport.writelines((bytes(head), body))
             try:
                 await connection.wait_head()
-            except UpstreamClosed:
+            except ConnectionError:
                 if reused and not connection.head_bytes_seen:
-                    continue  # the replica closed this idle connection as we sent: retry on a fresh one
+                    # the replica closed (or reset) this idle connection as we sent: retry on a fresh one
+                    if connection.transport is not None:
+                        connection.transport.close()
+                    connection.closed = True
+                    continue
+                if connection.transport is not None:
+                    connection.transport.close()
+                connection.closed = True
                 raise
             except BaseException:
                 if connection.transport is not None:
