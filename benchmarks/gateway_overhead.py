@@ -1,18 +1,25 @@
 """What does a proxy in front of an engine cost? TTFT and throughput, direct vs through proxies.
 
 One simulated engine (`vlmserve engine sim`, fixed TTFT and inter-token latency) is reached
-four ways, alternately, in many rounds of the same closed-loop load (N concurrent streams):
+several ways, alternately, in many rounds of the same closed-loop load (N concurrent streams):
 
   direct          the client talks to the engine
   vlmserve        through `vlmserve gateway` (default policy)
   nginx           through nginx with proxy_buffering off: the near-zero-overhead floor
   vllm-router     through the vLLM project's router (PyPI `vllm-router`), if it installs
+  vlmserve-base   (--baseline-src) another checkout's gateway, e.g. main's: before and after
+  uvloop-pump     (only with --only) a byte pump with no HTTP on uvloop: the floor for a Python relay
 
 Each round runs every configuration once, in a rotated order; a configuration's cost is its
 difference from `direct` *in the same round* (paired), and the figures quoted are the medians
 of those paired differences over the rounds. The engine, the proxies and the load generator
 are pinned to CPUs (taskset / sched_setaffinity), and the load generator's and the proxy's CPU
-use are printed with every trial so a saturated client is visible rather than hidden.
+use are printed with every trial so a saturated client is visible rather than hidden. "CPU/chunk"
+is the proxy's CPU time (all its processes) over the streamed chunks it relayed (the sim engine
+writes one per token), "kernel" the share of that time spent in the kernel (system time).
+
+    .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 6 --baseline-src /tmp/base/src
+    (after `git archive main src | tar -x -C /tmp/base`: main's gateway beside this one)
 
     .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 8
     .venv/bin/python benchmarks/gateway_overhead.py --smoke    # seconds: checks it still runs
@@ -69,18 +76,23 @@ class Route:
     base_url: str
     processes: list[subprocess.Popen] = field(default_factory=list)
 
-    def cpu_seconds(self) -> float:
-        """CPU time of the proxy's processes and their children (nginx's workers)."""
-        total = 0.0
+    def cpu_seconds(self) -> tuple[float, float]:
+        """User and system CPU time of the proxy's processes and their children (nginx's or the
+        gateway's workers); children that exited count through their parent's children_* times."""
+        user = system = 0.0
         for process in self.processes:
             try:
                 parent = psutil.Process(process.pid)
                 for proc in [parent, *parent.children(recursive=True)]:
                     times = proc.cpu_times()
-                    total += times.user + times.system
+                    user += times.user
+                    system += times.system
+                reaped = parent.cpu_times()
+                user += reaped.children_user
+                system += reaped.children_system
             except psutil.Error:
                 pass
-        return total
+        return user, system
 
     def stop(self) -> None:
         for process in self.processes:
@@ -105,13 +117,20 @@ def start_engine(args: argparse.Namespace, log_dir: Path) -> Route:
     return route
 
 
-def start_vlmserve(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route:
+def start_vlmserve(engine: Route, args: argparse.Namespace, log_dir: Path, name: str = "vlmserve",
+                   src: Path | None = None) -> Route:
+    """This checkout's gateway, or (`src`) another checkout's, e.g. main's, to compare before and after."""
     port = free_port()
     argv = [sys.executable, "-m", "vlmserve", "gateway", "--replica", engine.base_url, "--host", "127.0.0.1",
             "--port", str(port), "--policy", args.policy]
-    with (log_dir / "vlmserve-gateway.log").open("wb") as log:
-        process = subprocess.Popen(pinned(args.proxy_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
-    route = Route("vlmserve", f"http://127.0.0.1:{port}", [process])
+    if args.workers != 1 and src is None:
+        argv += ["--workers", str(args.workers)]
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    with (log_dir / f"{name}-gateway.log").open("wb") as log:
+        process = subprocess.Popen(pinned(args.proxy_cpus, argv), stdout=log, stderr=subprocess.STDOUT, env=env)
+    route = Route(name, f"http://127.0.0.1:{port}", [process])
     wait_healthy(route.base_url + "/health", process=process)
     return route
 
@@ -164,6 +183,18 @@ def start_nginx(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route
     return route
 
 
+def start_uvloop_pump(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route:
+    """_uvloop_pump.py: bytes passed on with no HTTP at all, the floor for a relay written in Python."""
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).with_name("_uvloop_pump.py")), "127.0.0.1",
+            engine.base_url.rsplit(":", 1)[1], str(port)]
+    with (log_dir / "uvloop-pump.log").open("wb") as log:
+        process = subprocess.Popen(pinned(args.proxy_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
+    route = Route("uvloop-pump", f"http://127.0.0.1:{port}", [process])
+    wait_healthy(route.base_url + "/health", process=process)
+    return route
+
+
 def vllm_router_binary(venv: Path) -> Path | None:
     """vllm-router from a private venv, installed there (pip) on first use; None if it cannot be."""
     binary = venv / "bin" / "vllm-router"
@@ -210,6 +241,8 @@ class Trial:
     wall_s: float
     loadgen_cpu: float  # cores used by this process during the trial
     proxy_cpu: float  # cores used by the proxy during the trial
+    proxy_cpu_us_per_chunk: float  # the proxy's CPU time per streamed chunk (the sim engine sends one per token)
+    proxy_kernel_share: float  # the part of the proxy's CPU time spent in the kernel (system time)
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.ttft_ms)
@@ -241,14 +274,18 @@ async def run_trial(pool: ConnectionPool, route: Route, bodies: list[bytes], req
             records.append(record)
 
     usage_before = resource.getrusage(resource.RUSAGE_SELF)
-    proxy_before = route.cpu_seconds() if route.name != "direct" else 0.0
+    proxy_before = route.cpu_seconds() if route.name != "direct" else (0.0, 0.0)
     started = time.perf_counter()
     await asyncio.gather(*(worker(index) for index in range(streams)))
     wall = time.perf_counter() - started
     usage_after = resource.getrusage(resource.RUSAGE_SELF)
     loadgen_cpu = (usage_after.ru_utime - usage_before.ru_utime + usage_after.ru_stime - usage_before.ru_stime) / wall
-    proxy_cpu = (route.cpu_seconds() - proxy_before) / wall if route.name != "direct" else 0.0
+    proxy_after = route.cpu_seconds() if route.name != "direct" else (0.0, 0.0)
+    proxy_user, proxy_system = proxy_after[0] - proxy_before[0], proxy_after[1] - proxy_before[1]
+    proxy_total = proxy_user + proxy_system
     ok = [r for r in records if r.ok]
+    # the sim engine writes one HTTP chunk per token (role and usage ride along with the first and last)
+    chunks = sum(len(r.chunk_times_s) for r in ok) or 1
     return Trial(
         route=route.name,
         ttft_ms=[r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
@@ -257,7 +294,9 @@ async def run_trial(pool: ConnectionPool, route: Route, bodies: list[bytes], req
         output_tokens=sum(r.output_tokens or 0 for r in ok),
         wall_s=wall,
         loadgen_cpu=loadgen_cpu,
-        proxy_cpu=proxy_cpu,
+        proxy_cpu=proxy_total / wall,
+        proxy_cpu_us_per_chunk=proxy_total / chunks * 1e6,
+        proxy_kernel_share=proxy_system / proxy_total if proxy_total else 0.0,
     )
 
 
@@ -279,6 +318,8 @@ def summarize(trials: list[list[Trial]], names: list[str]) -> dict:
                 "failed": this.failed,
                 "loadgen_cpu": this.loadgen_cpu,
                 "proxy_cpu": this.proxy_cpu,
+                "proxy_cpu_us_per_chunk": this.proxy_cpu_us_per_chunk,
+                "proxy_kernel_share": this.proxy_kernel_share,
             })
         summary[name] = {
             key: {"median": statistics.median(r[key] for r in rows), "min": min(r[key] for r in rows),
@@ -294,7 +335,8 @@ def print_summary(summary: dict, args: argparse.Namespace) -> None:
     print(f"{args.streams} streams, {args.rounds} rounds x {args.requests} requests per configuration, "
           f"engine TTFT {args.ttft_ms} ms / ITL {args.itl_ms} ms / {args.output_tokens} tokens (simulated engine)")
     header = (f"{'route':<12} {'TTFT p50':>9} {'TTFT p99':>9} {'+p50 (paired)':>14} {'+p99 (paired)':>14} "
-              f"{'tok/s':>8} {'tput vs direct':>15} {'proxy CPU':>10} {'client CPU':>11} {'failed':>7}")
+              f"{'tok/s':>8} {'tput vs direct':>15} {'proxy CPU':>10} {'CPU/chunk':>10} {'kernel':>7} "
+              f"{'client CPU':>11} {'failed':>7}")
     print(header)
     for name, figures in summary.items():
         def med(key: str, figures: dict = figures) -> float:
@@ -304,7 +346,8 @@ def print_summary(summary: dict, args: argparse.Namespace) -> None:
         print(f"{name:<12} {med('ttft_p50_ms'):>8.2f}ms {med('ttft_p99_ms'):>8.2f}ms "
               f"{med('added_ttft_p50_ms'):>+12.2f}ms {med('added_ttft_p99_ms'):>+12.2f}ms "
               f"{med('tokens_per_s'):>8.0f} {med('throughput_ratio'):>14.3f}x "
-              f"{med('proxy_cpu'):>9.2f}c {med('loadgen_cpu'):>10.2f}c {figures['failed_total']:>7d}   p50 diff range {spread}")
+              f"{med('proxy_cpu'):>9.2f}c {med('proxy_cpu_us_per_chunk'):>8.1f}us {med('proxy_kernel_share'):>6.0%} "
+              f"{med('loadgen_cpu'):>10.2f}c {figures['failed_total']:>7d}   p50 diff range {spread}")
 
 
 async def run(args: argparse.Namespace, routes: list[Route]) -> list[list[Trial]]:
@@ -331,7 +374,8 @@ async def run(args: argparse.Namespace, routes: list[Route]) -> list[list[Trial]
                 trials.append(trial)
                 print(f"round {index + 1}/{args.rounds} {route.name:<12} TTFT p50 {trial.percentile(0.5):7.2f} ms "
                       f"p99 {trial.percentile(0.99):7.2f} ms  {trial.tokens_per_s:8.0f} tok/s  "
-                      f"failed {trial.failed}  client CPU {trial.loadgen_cpu:.2f}  proxy CPU {trial.proxy_cpu:.2f}",
+                      f"failed {trial.failed}  client CPU {trial.loadgen_cpu:.2f}  proxy CPU {trial.proxy_cpu:.2f} "
+                      f"({trial.proxy_cpu_us_per_chunk:.1f} us/chunk, {trial.proxy_kernel_share:.0%} kernel)",
                       flush=True)
             rounds.append(trials)
     finally:
@@ -352,12 +396,22 @@ def main() -> None:
     parser.add_argument("--engine-cpus", default="0", help="taskset CPU list for the engine")
     parser.add_argument("--proxy-cpus", default="1", help="taskset CPU list for each proxy")
     parser.add_argument("--loadgen-cpus", default="0", help="CPU list for this load generator")
-    parser.add_argument("--only", default="", help="comma-separated subset of vlmserve,nginx,vllm-router")
+    parser.add_argument("--only", default="",
+                        help="comma-separated subset of vlmserve,vlmserve-base,nginx,vllm-router,uvloop-pump "
+                             "(default: all but uvloop-pump, a byte pump with no HTTP: the floor for a Python relay)")
+    parser.add_argument("--baseline-src", type=Path,
+                        help="a checkout's src/ directory (e.g. main's, from `git archive main src | tar -x -C DIR`) "
+                             "whose gateway runs beside this one as `vlmserve-base`")
+    parser.add_argument("--workers", type=int, default=1, help="vlmserve gateway --workers (this checkout's gateway)")
     parser.add_argument("--vllm-router-venv", default=str(VLLM_ROUTER_VENV))
     parser.add_argument("--json-out", type=Path, help="write per-round trials and the summary here")
     args = parse_args(parser, streams=4, requests=16, rounds=1, ttft_ms=5.0, itl_ms=2.0, output_tokens=4,
                       only="vlmserve,nginx")
-    wanted = set(args.only.split(",")) if args.only else {"vlmserve", "nginx", "vllm-router"}
+    wanted = set(args.only.split(",")) if args.only else {"vlmserve", "vlmserve-base", "nginx", "vllm-router"}
+    if args.baseline_src is not None and not (args.baseline_src / "vlmserve" / "__init__.py").is_file():
+        raise SystemExit(f"--baseline-src {args.baseline_src}: no vlmserve package there; give a checkout's src/ directory")
+    if args.baseline_src is None:
+        wanted.discard("vlmserve-base")
     if args.smoke and "vllm-router" not in wanted:
         skip("vllm-router: it is installed from PyPI into a private venv on first use (add --only vllm-router)")
 
@@ -368,7 +422,14 @@ def main() -> None:
     try:
         engine = start_engine(args, log_dir)
         routes.append(engine)
-        starters = {"vlmserve": start_vlmserve, "nginx": start_nginx, "vllm-router": start_vllm_router}
+        starters = {
+            "vlmserve": start_vlmserve,
+            "vlmserve-base": lambda engine, args, log_dir: start_vlmserve(engine, args, log_dir, "vlmserve-base",
+                                                                          args.baseline_src),
+            "nginx": start_nginx,
+            "vllm-router": start_vllm_router,
+            "uvloop-pump": start_uvloop_pump,
+        }
         for name, starter in starters.items():
             if name in wanted:
                 route = starter(engine, args, log_dir)

@@ -116,6 +116,7 @@ class DeploymentSpec(BaseModel):
     replica_base_port: int | None = Field(None, ge=1, le=65535)
     gateway: bool = True
     gateway_policy: str = LEAST_OUTSTANDING_TOKENS
+    gateway_workers: int = Field(1, ge=1, le=64, description="gateway processes sharing its port (vlmserve gateway --workers)")
     gateway_discover: str | None = Field(
         None, description="gateway: also route to replicas found at run time beside the spec's own "
         "(file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]; vlmserve gateway --discover)")

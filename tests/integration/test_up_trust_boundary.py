@@ -370,3 +370,14 @@ def test_up_refuses_missing_keys_file(vlmserve_cmd: list[str], home: Path, tmp_p
     spec = write_spec(tmp_path / "spec.yaml", engine="sim", model="m", port=free_port_block(2), keys_file="nope.yaml")
     done = run_up(vlmserve_cmd, home, "-f", str(spec))
     assert_one_line_error(done, f"keys_file {tmp_path / 'nope.yaml'} does not exist")
+
+
+def test_the_spec_can_run_the_gateway_as_several_workers() -> None:
+    from vlmserve.deploy.front_door import gateway_argv
+
+    argv = gateway_argv(DeploymentSpec(gateway_workers=4), ["http://127.0.0.1:9001"])
+    assert argv[argv.index("--workers") + 1] == "4"
+    assert "--workers" not in gateway_argv(DeploymentSpec(), ["http://127.0.0.1:9001"])
+    for bad in (0, 65):
+        with pytest.raises(pydantic.ValidationError, match="gateway_workers"):
+            DeploymentSpec(gateway_workers=bad)

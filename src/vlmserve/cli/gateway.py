@@ -24,6 +24,8 @@ def register(app: typer.Typer) -> None:
         discover_interval: float = typer.Option(_DEFAULTS["discover_interval_s"], help="Seconds between reads of the --discover source."),
         host: str = typer.Option("127.0.0.1", help="Address to listen on."),
         port: int = typer.Option(8080, help="Port to listen on."),
+        workers: int = typer.Option(1, help="Gateway processes sharing the port (SO_REUSEPORT), 1-64: one core each. "
+                                            "Limits, rate limits and breakers are per worker (docs/gateway.md)."),
         policy: str = typer.Option("least-outstanding-tokens", help=f"Routing policy: {', '.join(POLICY_NAMES)}."),
         keys_file: Path | None = typer.Option(None, help="YAML file of tenants and API keys; without it the gateway is open."),
         audit_log: Path | None = typer.Option(None, help="Append one JSON line per request to this file."),
@@ -77,6 +79,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
+        from vlmserve.gateway.workers import check_workers, serve_workers
+
+        check_workers(workers)
 
         config = GatewayConfig(
             replicas=replica, host=host, port=port, policy=policy, keys_file=keys_file, audit_log=audit_log,
@@ -104,6 +109,10 @@ def register(app: typer.Typer) -> None:
         def ready(bound_port: int) -> None:
             scheme = "https" if ssl_certfile else "http"
             shared = f", limits shared through {parse_state_url(config.state).redacted}" if config.state else ""
-            typer.echo(f"vlmserve gateway listening on {scheme}://{host}:{bound_port} ({policy}, {len(replica)} static replica(s){', discovering ' + discover if discover else ''}{shared})", err=True)
+            typer.echo(f"vlmserve gateway listening on {scheme}://{host}:{bound_port} ({policy}, {len(replica)} static replica(s){', discovering ' + discover if discover else ''}"
+                       f"{f', {workers} workers' if workers > 1 else ''}{shared})", err=True)
 
-        serve_forever(config, on_ready=ready)
+        if workers > 1:
+            serve_workers(config, workers, on_ready=ready)
+        else:
+            serve_forever(config, on_ready=ready)

@@ -76,6 +76,7 @@ def up(
     devices: Optional[str] = typer.Option(None, help="auto, cpu or gpu (auto: GPU when nvidia-smi sees one)."),
     gateway: Optional[bool] = typer.Option(None, "--gateway/--no-gateway", help="Start the gateway in front."),
     gateway_policy: Optional[str] = typer.Option(None, help="Gateway routing policy."),
+    gateway_workers: Optional[int] = typer.Option(None, help="Gateway processes sharing its port (1-64)."),
     kv_cache_space_gb: Optional[float] = typer.Option(None, help="CPU engines: KV cache per replica in GB."),
     cpu_threads_per_replica: Optional[int] = typer.Option(None, help="CPU engines: cores bound to each replica."),
     dtype: Optional[str] = typer.Option(None, help="Engine dtype (auto, bfloat16, float16, ...)."),
@@ -128,6 +129,7 @@ def up(
         {
             "model": model, "name": name, "replicas": replicas, "port": port, "host": host, "engine": engine,
             "devices": devices, "gateway": gateway, "gateway_policy": gateway_policy,
+            "gateway_workers": gateway_workers,
             "kv_cache_space_gb": kv_cache_space_gb, "cpu_threads_per_replica": cpu_threads_per_replica,
             "ready_timeout_s": ready_timeout_s, "keys_file": keys_file, "audit_log": audit_log,
             "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,

@@ -70,6 +70,8 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str |
     for url in replica_urls:
         argv += ["--replica", url]
     argv += ["--host", spec.host, "--port", str(spec.port), "--policy", spec.gateway_policy]
+    if spec.gateway_workers != 1:
+        argv += ["--workers", str(spec.gateway_workers)]
     for flag, value in (
         ("--keys-file", spec.keys_file),
         ("--audit-log", spec.audit_log),

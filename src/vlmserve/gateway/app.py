@@ -27,7 +27,7 @@ from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
-from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media
+from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
@@ -38,6 +38,7 @@ from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind, trust_boundary
 from vlmserve.gateway.shared_state import SharedState
+from vlmserve.gateway.upstream import UpstreamPool
 from vlmserve.gateway.watchdog import Watchdog
 
 log = logging.getLogger("vlmserve.gateway")
@@ -109,7 +110,8 @@ class Gateway:
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the listening socket's guard (client_limits.py)
         self.watchdog = Watchdog()
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # /version and the like; generation goes through `upstream`
+        self.upstream: UpstreamPool | None = None
         self.forwarder: Forwarder | None = None
         self._engine_info_rotation = RoundRobin()
         self.draining = False
@@ -127,8 +129,9 @@ class Gateway:
         if self.allowed_media_hosts:  # remote media is fetched here, never by an engine
             self.media_session = aiohttp.ClientSession(auto_decompress=True)
             self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
+        self.upstream = UpstreamPool(self.config.connect_timeout_s)
         self.forwarder = Forwarder(
-            self.pool, self.policy, self.session, self.watchdog,
+            self.pool, self.policy, self.upstream, self.watchdog,
             max_attempts=self.config.max_attempts,
             retry_budget=RetryBudget(self.config.retry_budget_ratio, self.config.retry_budget_min_per_s),
             idle_chunk_timeout_s=self.config.idle_chunk_timeout_s,
@@ -159,6 +162,8 @@ class Gateway:
         await self.pool.stop()
         if self.session is not None:
             await self.session.close()
+        if self.upstream is not None:
+            self.upstream.close()
         if self.media_session is not None:
             await self.media_session.close()
         if self.shared_state is not None:
@@ -258,11 +263,14 @@ class Gateway:
                 request_log.tenant = tenant.name
                 body, payload = await self._read_json(request)
                 content = next((payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
-                try:
-                    check_media(payload, self.allowed_media_hosts)
-                except MediaRefused as refused:
-                    raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
-                images = await self._preflight(payload, tenant, route)
+                if may_hold_media(body):
+                    try:
+                        check_media(payload, self.allowed_media_hosts)
+                    except MediaRefused as refused:
+                        raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
+                    images = await self._preflight(payload, tenant, route)
+                else:  # text only: nothing to walk for (the processor-kwargs rule still holds)
+                    images = await self._preflight(payload, tenant, route, no_media=True)
                 request_log.images = [image.audit() for image in images.images]
                 if images.changed:
                     body = json.dumps(payload, separators=(",", ":")).encode()
@@ -313,10 +321,14 @@ class Gateway:
                     self.admission.settle_tokens(tenant, request_log.estimated_tokens, used, charged)
             self._finish(request_log, content)
 
-    async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
+    async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route,
+                         no_media: bool = False) -> PreflightResult:
         """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
         started = time.perf_counter()
         try:
+            if no_media:
+                self.preflight.check_client_kwargs(payload)
+                return PreflightResult()
             result = await self.preflight.run(payload, self.image_limits.tightened(*tenant.image_limits),
                                               takes_processor_kwargs=route.generates)
         except ImageRefused as refused:

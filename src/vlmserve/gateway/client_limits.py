@@ -177,8 +177,8 @@ class GuardedSite(web.TCPSite):
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, stats: ClientStats, *,
                  header_timeout_s: float, max_connections: int, ssl_context: ssl.SSLContext | None = None,
-                 backlog: int = 128) -> None:
-        super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog)
+                 backlog: int = 128, reuse_port: bool = False) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog, reuse_port=reuse_port)
         self._stats = stats
         self._header_timeout_s = header_timeout_s
         self._max_connections = max_connections

@@ -155,7 +155,7 @@ class ImagePreflight:
                   takes_processor_kwargs: bool = True) -> PreflightResult:
         """Check every media part of `payload`; ImageRefused for the first that breaks a rule."""
         limits = limits or self.limits
-        self._check_client_kwargs(payload)
+        self.check_client_kwargs(payload)
         result = PreflightResult()
         slots = list(media_slots(payload))
         if len(slots) > limits.max_images_per_request:
@@ -187,7 +187,7 @@ class ImagePreflight:
             seen.tokens = self.estimator.tokens(seen.sent_width, seen.sent_height, payload.get("mm_processor_kwargs"))
         return result
 
-    def _check_client_kwargs(self, payload: dict[str, Any]) -> None:
+    def check_client_kwargs(self, payload: dict[str, Any]) -> None:
         """Engines behind the gateway trust per-request processor kwargs (the gateway adds its own when
         downscaling), so only the keys the operator allows may come from a client: a kwarg such as
         an image size can multiply an engine's preprocessing and encoder work."""

@@ -36,6 +36,13 @@ class MediaRefused(Exception):
         self.message = message
 
 
+def may_hold_media(body: bytes) -> bool:
+    """False when the raw body cannot name a media field, so the walks over the parsed body can be
+    skipped (most requests are text). Every media field name is spelled out in the raw JSON unless
+    escaped, and an escape needs `\\u`: a body with either keeps the full checks."""
+    return b"_url" in body or b"input_image" in body or b"\\u" in body
+
+
 def media_slots(payload: Any) -> Iterator[tuple[str, dict[str, Any], str]]:
     """(kind, holder, key) for every media URL in a parsed JSON body: `holder[key]` is the URL string.
 

@@ -3,15 +3,23 @@
 Counters and histograms are updated on the request path; gauges that describe current state
 (in flight, queued, replica health) are read from the live objects at scrape time, so the
 request path pays nothing for them.
+
+With `--workers N` (workers.py) every worker process writes its counters and histograms to
+PROMETHEUS_MULTIPROC_DIR and a scrape, whichever worker answers it, sums them over all workers
+(prometheus_client's multiprocess mode); `vlmserve_gateway_worker_requests{pid}` shows each
+worker's share. The state gauges are the answering worker's own (its in-flight requests, its
+view of the replicas): per-process state stays per process.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS_S = (
@@ -114,7 +122,14 @@ class GatewayMetrics:
             "open (decided on per-process limits), closed (refused with 503)",
             ["mode"], registry=self.registry,
         )
-        self.registry.register(_StateCollector(snapshot))
+        self.worker_requests = Counter(
+            "vlmserve_gateway_worker_requests", "Requests finished by each gateway worker process (--workers)",
+            ["pid"], registry=self.registry,
+        )
+        self._worker_child = self.worker_requests.labels(str(os.getpid()))
+        self._state = _StateCollector(snapshot)
+        self.registry.register(self._state)
+        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._latency_children: dict[str, tuple[Any, Any]] = {}
 
@@ -124,6 +139,7 @@ class GatewayMetrics:
         if child is None:
             child = self._request_children[key] = self.requests.labels(*key)
         child.inc()
+        self._worker_child.inc()
 
     def observe_latency(self, replica: str, ttft_s: float, e2e_s: float) -> None:
         """Both histograms of a finished request; label lookups are cached (hot path)."""
@@ -145,4 +161,9 @@ class GatewayMetrics:
                 metric.remove(*values)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry(auto_describe=False)  # every worker's counters and histograms, summed
+        MultiProcessCollector(merged, self._multiprocess_dir)
+        merged.register(self._state)
+        return generate_latest(merged)

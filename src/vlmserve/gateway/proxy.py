@@ -40,9 +40,11 @@ from aiohttp import web
 
 from vlmserve.gateway.openai_errors import error_response, sse_error_event
 from vlmserve.gateway.policies import Outcome, RoutingPolicy
+from vlmserve.gateway.relay import TERMINATOR, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
+from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
 from vlmserve.gateway.watchdog import Exchange, Watchdog
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
@@ -134,6 +136,17 @@ class _RetryableFailure(Exception):
         self.fault = fault
 
 
+_USAGE_NUMBERS = re.compile(rb'"usage":\s*\{[^{}]*?"prompt_tokens":\s*(\d+)[^{}]*?"completion_tokens":\s*(\d+)')
+
+
+def _usage_counts(raw: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of the last usage object in `raw`, read without parsing the
+    JSON (engines write prompt_tokens before completion_tokens); None to fall back to parsing."""
+    start = raw.rfind(b'"usage"')
+    match = _USAGE_NUMBERS.match(raw, start) if start >= 0 else None
+    return (int(match.group(1)), int(match.group(2))) if match is not None else None
+
+
 def _usage_from_sse_tail(tail: bytes) -> dict | None:
     """The `usage` object of the last SSE event that carries one (engines send it last)."""
     for line in reversed(tail.split(b"\n")):
@@ -147,15 +160,6 @@ def _usage_from_sse_tail(tail: bytes) -> dict | None:
     return None
 
 
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
-
-
-def _prompt_tokens_in(first_chunk: bytes) -> int | None:
-    """The engine's prompt token count if the first chunk carries usage (continuous usage stats)."""
-    match = _PROMPT_TOKENS.search(first_chunk)
-    return int(match.group(1)) if match else None
-
-
 class Forwarder:
     """Sends generation requests to replicas on behalf of the app."""
 
@@ -163,7 +167,7 @@ class Forwarder:
         self,
         pool: ReplicaPool,
         policy: RoutingPolicy,
-        session: aiohttp.ClientSession,
+        upstream: UpstreamPool,
         watchdog: Watchdog,
         *,
         max_attempts: int,
@@ -175,7 +179,7 @@ class Forwarder:
     ) -> None:
         self.pool = pool
         self.policy = policy
-        self.session = session
+        self.upstream = upstream
         self.watchdog = watchdog
         self.max_attempts = max_attempts
         self.retry_budget = retry_budget
@@ -253,12 +257,12 @@ class Forwarder:
         exchange = Exchange(task, self.first_token_timeout_s, loop.time())
         self.watchdog.active.add(exchange)
         outcome = Outcome.FAILED
-        upstream: aiohttp.ClientResponse | None = None
+        upstream: UpstreamResponse | None = None
         response: web.StreamResponse | None = None
         try:
             try:
-                upstream = await self.session.post(
-                    replica.endpoint(request.path), data=body, headers=self._upstream_headers(log.request_id, request.headers)
+                upstream = await self.upstream.request(
+                    "POST", replica.url + request.path, self._upstream_headers(log.request_id, request.headers), body
                 )
                 if upstream.status != 200:
                     payload = await upstream.read()
@@ -270,7 +274,7 @@ class Forwarder:
                     payload = await upstream.read()
                     outcome = Outcome.COMPLETED
                     return self._unary_response(upstream, payload, replica, routed, log)
-                first = await upstream.content.readany()
+                first = await upstream.first_block()
                 if not first:
                     raise _RetryableFailure("closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
             except asyncio.CancelledError:
@@ -295,11 +299,13 @@ class Forwarder:
             replica.record_success()
             exchange.streaming(self.idle_chunk_timeout_s, loop.time())
             response = web.StreamResponse(status=200, headers={
-                "Content-Type": upstream.headers.get("Content-Type", "text/event-stream"),
+                "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
                 "Cache-Control": "no-cache",
                 "X-Request-ID": log.request_id,
             })
-            outcome = await self._stream(request, upstream, first, response, exchange, replica, routed, log)
+            relay = StreamRelay(upstream, request, exchange,
+                                lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens))
+            outcome = await self._stream(relay, first, response, replica, routed, log)
             return response
         except asyncio.CancelledError:
             outcome = Outcome.ABANDONED
@@ -317,7 +323,7 @@ class Forwarder:
             replica.in_flight -= 1
             self.policy.on_finish(routed, replica, outcome)
 
-    def _raise_if_retryable(self, upstream: aiohttp.ClientResponse, payload: bytes, replica: Replica,
+    def _raise_if_retryable(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
                             log: RequestLog) -> None:
         """A replica answered 5xx or 429 before streaming anything: another replica may do better."""
         if upstream.status in RETRYABLE_STATUS:
@@ -328,15 +334,15 @@ class Forwarder:
                 fault=FAULT_UNDECIDED if upstream.status >= 500 else FAULT_NOBODY,
             )
 
-    def _passthrough_error(self, upstream: aiohttp.ClientResponse, payload: bytes, log: RequestLog) -> web.Response:
+    def _passthrough_error(self, upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> web.Response:
         log.status = str(upstream.status)
         log.first_byte_mono = log.finished_mono = time.monotonic()
         return web.Response(status=upstream.status, body=payload, headers={
-            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "Content-Type": upstream.headers.get("content-type", "application/json"),
             "X-Request-ID": log.request_id,
         })
 
-    def _unary_response(self, upstream: aiohttp.ClientResponse, payload: bytes, replica: Replica,
+    def _unary_response(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
                         routed: RoutedRequest, log: RequestLog) -> web.Response:
         replica.record_success()
         self.policy.on_first_token(routed, replica)
@@ -350,59 +356,48 @@ class Forwarder:
             log.completion_tokens = usage.get("completion_tokens")
         log.status = "200"
         return web.Response(status=200, body=payload, headers={
-            "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "Content-Type": upstream.headers.get("content-type", "application/json"),
             "X-Request-ID": log.request_id,
         })
 
-    def _note_first_token(self, chunk: bytes, chunk_number: int, routed: RoutedRequest, replica: Replica) -> bool:
-        """Tell the policy about the first token if this chunk settles it; True when told."""
-        prompt_tokens = _prompt_tokens_in(chunk)
-        if prompt_tokens is None and chunk_number < 2:
-            return False
+    def _first_token(self, routed: RoutedRequest, replica: Replica, prompt_tokens: int | None) -> None:
+        """The policy hears "first token" once the engine's prompt count is known (usage in the
+        first chunks) or after the second chunk (the first may be only the role preamble)."""
         routed.engine_prompt_tokens = prompt_tokens
         self.policy.on_first_token(routed, replica)
-        return True
 
-    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, first: bytes,
-                      response: web.StreamResponse, exchange: Exchange, replica: Replica,
+    async def _stream(self, relay: StreamRelay, first: bytes, response: web.StreamResponse, replica: Replica,
                       routed: RoutedRequest, log: RequestLog) -> Outcome:
-        """Pass the stream through; end it with an SSE error event if the replica fails."""
+        """Pass the stream through (relay.py); end it with an SSE error event if the replica fails."""
+        exchange = relay.exchange
         task = exchange.task
-        await response.prepare(request)
-        log.first_byte_mono = time.monotonic()
-        previous, last = b"", first  # the usage event is in the last one or two chunks
+        request = relay.request
         failure: tuple[int, str, str] | None = None
-        # The policy hears "first token" once the engine's prompt count is known (usage in the
-        # first chunks) or after the second chunk (the first may be only the role preamble).
-        first_token_pending = not self._note_first_token(first, 1, routed, replica)
         try:
             try:
-                await response.write(first)
-                read = upstream.content.readany
-                write = response.write
-                while True:
-                    chunk = await read()
-                    if not chunk:
-                        break
-                    exchange.chunks += 1
-                    if first_token_pending:
-                        first_token_pending = not self._note_first_token(chunk, exchange.chunks, routed, replica)
-                    previous, last = last, chunk
-                    await write(chunk)
-            except asyncio.CancelledError:
-                if not (exchange.expired and task.uncancel() == 0):
-                    raise
-                failure = (504, f"replica {replica.name} stalled: no data for {self.idle_chunk_timeout_s:g} s", "idle_chunk_timeout")
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError) as err:
+                end = await relay.run(response, first)
+            finally:
+                relay.detach()
+                log.first_byte_mono = relay.first_sent_mono or time.monotonic()
+            if end is RelayEnd.CLIENT_GONE:
+                log.status = "abandoned"
+                return Outcome.ABANDONED
+            if end is RelayEnd.UPSTREAM_FAILED:
                 if request.transport is None or request.transport.is_closing():
-                    raise asyncio.CancelledError from err  # it was the client's side that broke
-                failure = (502, f"replica {replica.name} failed mid-stream ({type(err).__name__}); the answer is incomplete", "upstream_stream_error")
+                    raise asyncio.CancelledError  # it was the client's side that broke
+                failure = (502, f"replica {replica.name} {relay.error}; the answer is incomplete", "upstream_stream_error")
+        except asyncio.CancelledError:
+            if not (exchange.expired and task.uncancel() == 0):
+                raise
+            failure = (504, f"replica {replica.name} stalled: no data for {self.idle_chunk_timeout_s:g} s", "idle_chunk_timeout")
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             log.status = "abandoned"
             return Outcome.ABANDONED
-        if first_token_pending:
+        if relay.first_token_pending:
             self.policy.on_first_token(routed, replica)
-        usage = _usage_from_sse_tail(previous[-4096:] + last)
+        counts = _usage_counts(relay.usage_block)
+        usage = ({"prompt_tokens": counts[0], "completion_tokens": counts[1]} if counts is not None
+                 else _usage_from_sse_tail(relay.usage_payload()[-8192:]))
         if usage is not None:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")
@@ -412,7 +407,12 @@ class Forwarder:
             self.pool.record_failure(replica)
             log.status, log.error = "stream_error", failure[1]
             try:
-                await response.write(sse_error_event(*failure))
+                event = sse_error_event(*failure)
+                if relay.verbatim:
+                    # the replica's frames went out verbatim (relay.py): frame the event and end the body here
+                    await response.write(b"%x\r\n%s\r\n%s" % (len(event), event, TERMINATOR))
+                else:
+                    await response.write(event)
                 await response.write_eof()
             except (ConnectionResetError, aiohttp.ClientConnectionResetError):
                 pass

@@ -90,6 +90,8 @@ class RouteRefused(Exception):
 
 def target_path(raw_target: str) -> str:
     """The path of a raw HTTP request target, refused (RouteRefused 400) unless it is canonical."""
+    if raw_target in ROUTES:  # exactly a table path (all canonical): the common case, nothing to check
+        return raw_target
     target = raw_target
     if not target.startswith("/"):  # absolute-form, as sent to proxies: http://host/path
         scheme, sep, rest = target.partition("://")

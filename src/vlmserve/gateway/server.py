@@ -55,15 +55,18 @@ class RunningGateway:
         await self.runner.cleanup()
 
 
-async def start_gateway(config: GatewayConfig) -> RunningGateway:
-    """Build, bind and start a gateway in the current event loop; port 0 picks a free port."""
+async def start_gateway(config: GatewayConfig, reuse_port: bool = False) -> RunningGateway:
+    """Build, bind and start a gateway in the current event loop; port 0 picks a free port.
+
+    `reuse_port`: listen with SO_REUSEPORT beside other workers on the same port (workers.py)."""
     ssl_context = server_ssl_context(config.ssl_certfile, config.ssl_keyfile)
     app = build_app(config)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=config.drain_timeout_s, keepalive_timeout=config.keepalive_timeout_s)
     await runner.setup()
     site = GuardedSite(runner, config.host, config.port, app[STATE_KEY].client_stats, ssl_context=ssl_context,
-                       header_timeout_s=config.header_timeout_s, max_connections=config.max_connections, backlog=4096)
+                       header_timeout_s=config.header_timeout_s, max_connections=config.max_connections, backlog=4096,
+                       reuse_port=reuse_port)
     try:
         await site.start()
     except OSError as err:
@@ -77,12 +80,13 @@ async def start_gateway(config: GatewayConfig) -> RunningGateway:
     return RunningGateway(runner, site, app[STATE_KEY], port)
 
 
-def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None = None) -> None:
-    """Run until SIGINT/SIGTERM, then drain and exit (the `vlmserve gateway` command)."""
+def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None = None,
+                  reuse_port: bool = False) -> None:
+    """Run until SIGINT/SIGTERM, then drain and exit (the `vlmserve gateway` command, or one worker of it)."""
 
     async def main() -> None:
         ensure_file_descriptors(config.max_connections)
-        running = await start_gateway(config)
+        running = await start_gateway(config, reuse_port=reuse_port)
         quiet_garbage_collector()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

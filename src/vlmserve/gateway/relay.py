@@ -1,0 +1,259 @@
+"""Relaying a replica's streamed answer to the client with as little work per chunk as possible.
+
+Per chunk the relay runs inside the upstream connection's `data_received` (upstream.py): no
+task wake-up, no coroutine chain, no re-framing. When both sides speak chunked HTTP/1.1 (every
+engine and every HTTP/1.1 client), the replica's bytes are passed on as they came, frames and
+all: the only per-chunk work is finding the frame boundaries (a `find` and an `int`), a
+substring test for usage, a counter for the stall watchdog, and one `transport.write`.
+
+What the gateway still guarantees on this path:
+- Only whole frames reach the client; an incomplete frame is held until it completes, so a
+  stream the gateway has to cut (replica died, stalled) still ends with a well-formed SSE
+  error event and a proper end of body.
+- The response's headers leave with the first bytes (one write); the end of body leaves with
+  the last ones.
+- Usage accounting: the last frames that mention `"usage"` are kept (by reference) and parsed
+  once at the end; the policy learns the first token as before (engine prompt count in the
+  first chunks, else after the second chunk).
+- A client that reads slowly pauses reading from the replica (the client socket's own high
+  water mark) until its buffer drains: memory per stream stays bounded.
+- A client that goes away: aiohttp cancels the handler; the caller closes the replica's
+  connection and the engine aborts the request.
+
+The one aiohttp detail this depends on beyond its documented API: after `prepare()`,
+`request.writer.chunked = False` makes `response.write()` pass bytes verbatim (the frames are
+the replica's). tests/integration/gateway/test_relay.py (test_aiohttp_writer_passes_bytes_verbatim_once_unchunked) fails loudly if that changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import re
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from vlmserve.gateway.upstream import UpstreamConnection, UpstreamError, UpstreamResponse, walk_frames
+from vlmserve.gateway.watchdog import Exchange
+
+TERMINATOR = b"0\r\n\r\n"
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+
+
+class RelayEnd(enum.Enum):
+    COMPLETED = "completed"  # the replica's body ended and the client has all of it
+    UPSTREAM_FAILED = "upstream_failed"  # the replica's connection broke (or sent garbage) mid-body
+    CLIENT_GONE = "client_gone"
+
+
+class StreamRelay:
+    """One streamed answer, from the replica's first body bytes to the end of the client's body."""
+
+    __slots__ = ("upstream", "connection", "request", "exchange", "on_first_token", "client", "write",
+                 "first_token_pending", "held", "prev", "usage_prev", "usage_block", "end", "error",
+                 "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
+                 "first_sent_mono")
+
+    def __init__(self, upstream: UpstreamResponse, request: web.Request, exchange: Exchange,
+                 on_first_token: Callable[[int | None], None]) -> None:
+        self.upstream = upstream
+        self.connection: UpstreamConnection = upstream.connection
+        self.request = request
+        self.exchange = exchange
+        self.on_first_token = on_first_token  # called once with the engine's prompt token count (or None)
+        self.client: asyncio.Transport | None = None
+        self.write: Callable[[bytes], None] | None = None
+        self.first_token_pending = True
+        self.held = b""  # an incomplete frame, held until the rest of it arrives
+        self.prev = b""
+        self.usage_prev = b""
+        self.usage_block = b""
+        self.end: RelayEnd | None = None
+        self.error = ""
+        self.waiter: asyncio.Future[None] | None = None
+        self.paused = False
+        self.high_water = 65536
+        self.upstream_received = 0
+        self.framed_out = True  # the client takes chunked framing (HTTP/1.1)
+        self.payload_only = False  # the replica's body is not chunked: frame (or pass) its bytes as they come
+        self.verbatim = False  # the client's writer passes bytes as they are (the replica's frames)
+        self.first_sent_mono: float | None = None
+
+    async def run(self, response: web.StreamResponse, first: bytes) -> RelayEnd:
+        """Send the head with the first bytes, then relay from `data_received` until the body ends."""
+        request = self.request
+        await response.prepare(request)
+        writer = request.writer
+        self.framed_out = bool(getattr(writer, "chunked", False))
+        self.payload_only = not self.upstream.chunked
+        if self.framed_out:
+            writer.chunked = False  # type: ignore[attr-defined]  # the relay writes the frames itself (module docstring)
+            self.verbatim = True
+        out = self._take(first)
+        await response.write(out)  # the head and the first frames in one write
+        self.first_sent_mono = time.monotonic()
+        if self.end is not None:
+            return self.end
+        client = request.transport
+        if client is None or client.is_closing():
+            return RelayEnd.CLIENT_GONE
+        self.client = client
+        self.write = client.write
+        high = client.get_write_buffer_limits()[1] if hasattr(client, "get_write_buffer_limits") else 65536
+        self.high_water = high or 65536
+        connection = self.connection
+        loop = asyncio.get_running_loop()
+        # bytes that came while the head was being written, then everything else from data_received
+        early, connection.body = connection.body, []
+        connection.sink, connection.sink_lost = self._on_data, self._on_lost
+        for block in early:
+            self._on_data(block)
+        if connection.closed and self.end is None:
+            self._on_lost(connection.error if isinstance(connection.error, Exception) else None)
+        while self.end is None:
+            self.waiter = loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+            if self.paused and self.end is None:
+                await writer.drain()  # until the client's socket takes bytes again
+                self.paused = False
+                transport = connection.transport
+                if transport is not None and not connection.closed:
+                    transport.resume_reading()
+        return self.end
+
+    def detach(self) -> None:
+        """Stop taking the replica's bytes (the stream is being cut or is over)."""
+        connection = self.connection
+        connection.sink = connection.sink_lost = None
+
+    # ---- per chunk ---------------------------------------------------------------------------
+
+    def _on_data(self, data: bytes) -> None:
+        """The hot path: one block from the replica's socket, passed on."""
+        out = self._take(data)
+        if out:
+            client = self.client
+            assert client is not None and self.write is not None
+            if client.is_closing():
+                self._finish(RelayEnd.CLIENT_GONE)
+                return
+            self.write(out)
+            if client.get_write_buffer_size() > self.high_water and self.end is None:
+                self._pause()
+        if self.end is not None:
+            self._wake()
+
+    def _take(self, data: bytes) -> bytes:
+        """What of `data` goes to the client now (whole frames only), noting progress and usage."""
+        exchange = self.exchange
+        exchange.chunks += 1
+        self.upstream_received += len(data)
+        if self.payload_only:
+            return self._take_unframed(data)
+        if self.held:
+            data = self.held + data
+            self.held = b""
+        try:
+            boundary, end = walk_frames(data)
+        except UpstreamError as err:
+            self._fail(f"sent a malformed body ({err})")
+            return b""
+        if end >= 0:
+            out = data[:boundary]
+            if end < len(data):
+                self.upstream.keep_alive = False  # bytes after the body: never reuse this connection
+            self.upstream.finished()
+            self.end = RelayEnd.COMPLETED
+        elif boundary < len(data):
+            out = data[:boundary]
+            self.held = data[boundary:]
+        else:
+            out = data
+        if self.first_token_pending:
+            self._check_first_token(out)
+        if b'"usage"' in out:
+            self.usage_prev = self.prev
+            self.usage_block = out
+        self.prev = out
+        if not self.framed_out:  # an HTTP/1.0 client: payload only, the end of body is the close
+            payload: list[bytes] = []
+            walk_frames(out + TERMINATOR, payload)
+            return b"".join(payload)
+        if self.end is RelayEnd.COMPLETED:
+            return out + TERMINATOR
+        return out
+
+    def _take_unframed(self, data: bytes) -> bytes:
+        """A replica body with Content-Length or ended by close: frame it for an HTTP/1.1 client."""
+        length = self.upstream.length
+        if length is not None and self.upstream_received >= length:
+            data = data[: len(data) - (self.upstream_received - length)]
+            self.upstream.finished()
+            self.end = RelayEnd.COMPLETED
+        if self.first_token_pending:
+            self._check_first_token(data)
+        if b'"usage"' in data:
+            self.usage_prev, self.usage_block = self.prev, data
+        self.prev = data
+        if not self.framed_out:
+            return data
+        out = b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+        return out + TERMINATOR if self.end is RelayEnd.COMPLETED else out
+
+    def _check_first_token(self, out: bytes) -> None:
+        match = _PROMPT_TOKENS.search(out)
+        if match is not None or self.prev:  # usage in the first chunks, or this is the second block
+            self.first_token_pending = False
+            self.on_first_token(int(match.group(1)) if match is not None else None)
+
+    def _on_lost(self, exc: BaseException | None) -> None:
+        if self.end is not None:
+            return
+        if self.payload_only and self.upstream.length is None and exc is None:
+            if self.framed_out and self.write is not None and not self.held:
+                self.write(TERMINATOR)  # a body delimited by the close has ended
+            self.end = RelayEnd.COMPLETED
+            self._wake()
+            return
+        self._fail("closed the connection mid-stream" if exc is None else f"failed mid-stream ({type(exc).__name__})")
+
+    def _fail(self, why: str) -> None:
+        self.error = why
+        self.detach()
+        self._finish(RelayEnd.UPSTREAM_FAILED)
+
+    def _finish(self, end: RelayEnd) -> None:
+        if self.end is None:
+            self.end = end
+        self._wake()
+
+    def _pause(self) -> None:
+        transport = self.connection.transport
+        if transport is not None and not self.paused:
+            transport.pause_reading()
+            self.paused = True
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # ---- at the end ----------------------------------------------------------------------------
+
+    def usage_payload(self) -> bytes:
+        """The SSE text of the last frames that carried usage (engines send it last)."""
+        raw = self.usage_prev + self.usage_block
+        if not raw or self.payload_only:
+            return raw
+        payload: list[bytes] = []
+        try:
+            walk_frames(raw + TERMINATOR, payload)
+        except UpstreamError:
+            return raw
+        return b"".join(payload)

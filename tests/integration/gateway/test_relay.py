@@ -1,0 +1,316 @@
+"""The streaming relay (relay.py, upstream.py) keeps every guarantee of the gateway.
+
+Two kinds of replica: the sim engine (what an engine sends), and a scripted HTTP/1.1 server
+on a real socket that sends exactly the bytes a test gives it, split and timed as the test says
+(frames split across reads, a replica vanishing mid-frame, a body ended by a malformed frame).
+The client is aiohttp (or a raw socket where the wire bytes matter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway
+from tests.helpers.sim import SimHandle
+from vlmserve.gateway.upstream import UpstreamConnection
+
+Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
+SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+
+def event(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def frame(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def token(text: str, usage: dict | None = None) -> bytes:
+    payload: dict = {"id": "x", "object": "chat.completion.chunk", "model": MODEL,
+                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    if usage is not None:
+        payload["usage"] = usage
+    return event(payload)
+
+
+@dataclass
+class ScriptedReplica:
+    """An HTTP/1.1 server: GET /health and /v1/models answer; each POST runs the next script."""
+
+    scripts: list[Script] = field(default_factory=list)
+    port: int = 0
+    closed_at: list[float] = field(default_factory=list)  # when a POST's connection was closed by the other side
+    posts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path = lines[0].split(" ")[:2]
+                length = next((int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")), 0)
+                if length:
+                    await reader.readexactly(length)
+                if method == "GET":
+                    body = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]} if path == "/v1/models" else {}).encode()
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                    await writer.drain()
+                    continue
+                self.posts += 1
+                script = self.scripts.pop(0)
+                watcher = asyncio.ensure_future(self._watch_close(reader))
+                try:
+                    await script(writer)
+                finally:
+                    if not watcher.done():
+                        watcher.cancel()
+                return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _watch_close(self, reader: asyncio.StreamReader) -> None:
+        await reader.read()  # returns at EOF: the gateway closed the connection
+        self.closed_at.append(time.monotonic())
+
+
+@asynccontextmanager
+async def scripted_replica(*scripts: Script) -> AsyncIterator[ScriptedReplica]:
+    replica = ScriptedReplica(list(scripts))
+    server = await asyncio.start_server(replica.handle, "127.0.0.1", 0)
+    replica.port = server.sockets[0].getsockname()[1]
+    try:
+        yield replica
+    finally:
+        server.close()
+
+
+async def send(writer: asyncio.StreamWriter, *pieces: bytes, pause_s: float = 0.0) -> None:
+    for piece in pieces:
+        writer.write(piece)
+        await writer.drain()
+        if pause_s:
+            await asyncio.sleep(pause_s)
+
+
+# ---- with the sim engine ------------------------------------------------------------------------
+
+
+async def test_usage_and_first_token_are_accounted(constant_engines: list[SimHandle], tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    async with running_gateway(constant_engines[:1], audit_log=audit) as gw, aiohttp.ClientSession() as session:
+        with_usage = await post_chat(session, gw.base_url, chat_body("a molar", max_tokens=12))
+        plain = chat_body("a molar", max_tokens=7)
+        plain.pop("stream_options")
+        without_usage = await post_chat(session, gw.base_url, plain)
+        outstanding = gw.gateway._outstanding_tokens() or {}
+    assert with_usage.done and with_usage.completion_tokens == 12 and with_usage.content_chunks == 12
+    assert without_usage.done and without_usage.content_chunks == 7
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert records[0]["completion_tokens"] == 12 and records[0]["prompt_tokens"] > 0 and records[0]["ttft_ms"] > 0
+    assert abs(records[1]["completion_tokens"] - 7) <= 2  # without usage: estimated from the chunks relayed
+    assert all(r["status"] == "200" for r in records)
+    assert all(value == 0 for value in outstanding.values())  # first-token and finish both reached the policy
+
+
+# ---- with a scripted replica --------------------------------------------------------------------
+
+
+async def test_frames_split_across_reads_arrive_whole() -> None:
+    big = token("x" * 200_000)  # one event far larger than a socket read
+    framed = frame(token("a")) + frame(big) + frame(token("b", {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6})) + frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    cut = [SSE_HEAD + framed[:3], framed[3:40], framed[40:70_000], framed[70_000:150_001], framed[150_001:-3], framed[-3:]]
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, *cut, pause_s=0.02)
+
+    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw, aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, chat_body("q"))
+    assert result.status == 200 and result.done and result.error is None
+    assert [e["choices"][0]["delta"]["content"] for e in result.events if e.get("choices")] == ["a", "x" * 200_000, "b"]
+    assert result.completion_tokens == 3
+
+
+@pytest.mark.parametrize("where", ["between_frames", "mid_frame", "malformed_frame"])
+async def test_replica_vanishing_mid_stream_ends_with_an_error_event(where: str) -> None:
+    start = SSE_HEAD + frame(token("a")) + frame(token("b"))
+    tail = {"between_frames": b"", "mid_frame": frame(token("c"))[:25], "malformed_frame": b"zz\r\nnot a frame\r\n"}[where]
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, start, pause_s=0.05)
+        await send(writer, tail, pause_s=0.05)
+        writer.transport.abort()
+
+    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw, aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, chat_body("q"))  # a malformed client-side body would raise here
+        metrics = await (await session.get(gw.base_url + "/metrics")).text()
+    assert result.status == 200 and not result.done
+    assert [e["choices"][0]["delta"]["content"] for e in result.events if e.get("choices")] == ["a", "b"]
+    assert result.error is not None and result.error["code"] == "upstream_stream_error"
+    assert 'status="stream_error"' in metrics
+
+
+async def test_client_disconnect_closes_the_replica_connection() -> None:
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, SSE_HEAD)
+        for i in range(200):  # 10 s of tokens unless the gateway hangs up
+            await send(writer, frame(token(f"t{i}")), pause_s=0.05)
+
+    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(gw.base_url + "/v1/chat/completions", json=chat_body("q")) as response:
+                await response.content.readany()
+                await asyncio.sleep(0.2)
+            left_at = time.monotonic()
+        for _ in range(40):
+            if replica.closed_at:
+                break
+            await asyncio.sleep(0.05)
+        assert replica.closed_at and replica.closed_at[0] - left_at < 1.5
+        await asyncio.sleep(0.1)
+        assert gw.gateway.pool.replicas[0].in_flight == 0
+
+
+async def test_slow_client_holds_back_the_replica() -> None:
+    piece = frame(token("y" * 60_000))
+    total = 1200  # about 72 MB: more than the kernel's socket buffers on loopback can hold (they autotune to tens of MB)
+    sent = {"frames": 0}
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, SSE_HEAD)
+        for _ in range(total):
+            await send(writer, piece)
+            sent["frames"] += 1
+        await send(writer, frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw:
+        connector = aiohttp.TCPConnector()
+        async with aiohttp.ClientSession(connector=connector, read_bufsize=2**16) as session:
+            async with session.post(gw.base_url + "/v1/chat/completions", json=chat_body("q")) as response:
+                first = await response.content.readany()
+                await asyncio.sleep(1.5)  # the client reads nothing for a while
+                held_back = sent["frames"]
+                relaying = [c for c in gc.get_objects() if isinstance(c, UpstreamConnection) and c.sink is not None]
+                reading = [c.transport.is_reading() for c in relaying if c.transport is not None]
+                body = first + await response.content.read()
+        del replica
+    # the gateway stopped reading from the replica, which could not send all of it; afterwards all of it arrives intact
+    assert reading == [False], reading
+    assert held_back < total, held_back
+    assert body.count(b"data: ") >= total and body.endswith(b"data: [DONE]\n\n")
+
+
+async def test_content_length_replica_body_is_reframed() -> None:
+    body = token("a") + token("b") + b"data: [DONE]\n\n"
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(body)
+        await send(writer, head + body[:10], body[10:], pause_s=0.02)
+
+    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw, aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, chat_body("q"))
+    assert result.done and [e["choices"][0]["delta"]["content"] for e in result.events] == ["a", "b"]
+
+
+async def test_http10_client_gets_the_payload_without_framing() -> None:
+    framed = SSE_HEAD + frame(token("a")) + frame(token("b")) + frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, framed)
+
+    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw:
+        payload = json.dumps(chat_body("q")).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(payload), payload))
+        raw = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
+    assert rest == token("a") + token("b") + b"data: [DONE]\n\n"
+
+
+async def test_a_replica_closing_an_idle_connection_costs_no_request() -> None:
+    answer = SSE_HEAD + frame(token("a")) + frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    calls = {"n": 0}
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        calls["n"] += 1
+        await send(writer, answer)
+
+    async with scripted_replica(script, script, script) as replica, running_gateway([replica.url]) as gw, \
+            aiohttp.ClientSession() as session:
+        for _ in range(3):  # the scripted replica closes every connection after one answer
+            result = await post_chat(session, gw.base_url, chat_body("q"))
+            assert result.done and result.error is None
+        retries = await (await session.get(gw.base_url + "/metrics")).text()
+    assert calls["n"] == 3 and "vlmserve_gateway_retries_total{" not in retries
+
+
+# ---- the one aiohttp detail relay.py relies on --------------------------------------------------
+
+
+async def test_aiohttp_writer_passes_bytes_verbatim_once_unchunked() -> None:
+    """relay.py sets `request.writer.chunked = False` after prepare() so the replica's frames go out as
+    they are. If aiohttp changes that, this fails, not the streams in production."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        assert request.writer.chunked is True  # type: ignore[attr-defined]
+        request.writer.chunked = False  # type: ignore[attr-defined]
+        await response.write(b"5\r\nhello\r\n")
+        assert request.transport is not None
+        request.transport.write(b"1\r\n!\r\n0\r\n\r\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            for _ in range(2):  # the connection stays usable: aiohttp saw a complete response
+                sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                raw = b""
+                while not raw.endswith(b"0\r\n\r\n"):
+                    raw += await asyncio.get_running_loop().run_in_executor(None, sock.recv, 65536)
+                head, _, body = raw.partition(b"\r\n\r\n")
+                assert b"Transfer-Encoding: chunked" in head and b"Connection: close" not in head
+                assert body == b"5\r\nhello\r\n1\r\n!\r\n0\r\n\r\n"
+    finally:
+        await runner.cleanup()
+
+
+# ---- the text-only fast path skips the media walks, never the media rules ------------------------
+
+
+@pytest.mark.parametrize("key", ["image_url", "image\\u005furl"])
+async def test_media_rules_hold_with_escaped_keys(constant_engines: list[SimHandle], key: str) -> None:
+    body = ('{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image_url", '
+            '"%s": {"url": "http://media.example/x.png"}}]}]}' % (MODEL, key)).encode()
+    async with running_gateway(constant_engines[:1]) as gw, aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, body)
+    assert result.status == 400 and result.body["error"]["code"] == "media_url_not_allowed"
