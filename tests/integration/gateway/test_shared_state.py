@@ -57,10 +57,12 @@ def ask(gateway: GatewayProcess, key: str) -> httpx.Response:
                       json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
 
 
-async def spread_load(urls: list[str], count: int, over_s: float) -> tuple[list[int], float]:
+async def spread_load(urls: list[str], count: int, over_s: float, *, new_connections: bool = False
+                      ) -> tuple[list[int], float]:
     """`count` requests of the limited tenant at an even rate over `over_s`, alternating between
     `urls`; the statuses, and the seconds from the first send to the last answer (every admission
-    decision falls inside them)."""
+    decision falls inside them). `new_connections`: one connection per request, so the kernel
+    spreads them over the worker processes sharing a port."""
     statuses: list[int] = []
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x-ray"}]}
 
@@ -70,7 +72,8 @@ async def spread_load(urls: list[str], count: int, over_s: float) -> tuple[list[
             await response.read()
             statuses.append(response.status)
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
+                                     connector=aiohttp.TCPConnector(force_close=new_connections)) as session:
         started, tasks = time.monotonic(), []
         for i in range(count):
             await asyncio.sleep(max(0.0, started + i * over_s / count - time.monotonic()))
@@ -107,6 +110,41 @@ async def test_two_gateway_processes_share_one_limit_and_without_state_each_admi
     # the 10 s a little; Redis's clock counts that time too)
     assert 0.8 * bound <= shared_ok <= 5 * shared_span_s + 5
     assert alone_ok >= 1.6 * bound  # each of the two gateways admitted its own 5/s + 5
+
+
+def requests_per_worker(base_url: str) -> dict[str, float]:
+    """vlmserve_gateway_worker_requests_total by pid, from the gateway's /metrics."""
+    counts: dict[str, float] = {}
+    for line in httpx.get(base_url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("vlmserve_gateway_worker_requests_total{"):
+            pid = line.split('pid="', 1)[1].split('"', 1)[0]
+            counts[pid] = counts.get(pid, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+async def test_worker_processes_of_one_gateway_share_one_limit_through_redis(
+    engine: SimHandle, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """`--workers 2` is two processes with two sets of buckets: without --state each admits the
+    tenant's full limit; with --state both take from one bucket in Redis. Each request comes on a
+    new connection so both workers get traffic (checked per pid). Both gateways run in the same 6 s."""
+    keys = str(keys_file(tmp_path))
+    shared = ["--keys-file", keys, "--workers", "2", "--state", redis_server.url]
+    alone = ["--keys-file", keys, "--workers", "2"]
+    with start_gateways([engine.base_url], tmp_path, [shared, alone]) as (with_state, without_state):
+        duration_s = 6.0
+        (shared_statuses, shared_span_s), (alone_statuses, _) = await asyncio.gather(
+            spread_load([with_state.base_url], 120, duration_s, new_connections=True),
+            spread_load([without_state.base_url], 120, duration_s, new_connections=True),
+        )
+        served_by = requests_per_worker(with_state.base_url)
+    shared_ok, alone_ok = shared_statuses.count(200), alone_statuses.count(200)
+    print(f"--workers 2, admitted of 120 over {duration_s:.0f} s: shared {shared_ok}, per worker {alone_ok}; "
+          f"requests by pid {served_by}")
+    assert len([pid for pid, count in served_by.items() if count > 0]) == 2
+    assert set(shared_statuses) <= {200, 429} and set(alone_statuses) <= {200, 429}
+    assert 0.8 * (5 * duration_s + 5) <= shared_ok <= 5 * shared_span_s + 5
+    assert alone_ok > shared_span_s * 5 + 5  # without Redis, two buckets: more than one limit passes
 
 
 @pytest.mark.hostile("Redis is SIGKILLed under traffic, then restarted: open keeps serving on local limits, closed answers 503, both share again")
