@@ -34,15 +34,18 @@ class EmbeddedEngine:
 
 @contextmanager
 def start_embedded_engine(
-    workdir: Path, *, max_model_len: int = EMBEDDED_MAX_MODEL_LEN, extra_args: tuple[str, ...] = ()
+    workdir: Path, *, max_model_len: int = EMBEDDED_MAX_MODEL_LEN, extra_args: tuple[str, ...] = (),
+    tool_parser: str | None = "hermes",
 ) -> Iterator[EmbeddedEngine]:
     """Start the embedded model on free ports; stop it (whole process tree) on exit."""
     # The tests put a gateway in front of this engine (as `vlmserve up` does), and the gateway adds
     # per-request processor kwargs when it downscales images: the engine must accept them.
     # The feature-workload tests send tools with a named tool_choice: vLLM 0.32 loads a tool parser only
     # with --enable-auto-tool-choice, and refuses named and required tool_choice (400) without one.
-    # Requests without `tools` are untouched by either flag.
-    extra_args = ("--trust-request-mm-kwargs", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *extra_args)
+    # The parser is not free: vLLM builds one per chat request, tools or not (a few ms of frontend
+    # time on this machine), so timing tests start their engine with `tool_parser=None`.
+    tool_flags = ("--enable-auto-tool-choice", "--tool-call-parser", tool_parser) if tool_parser else ()
+    extra_args = ("--trust-request-mm-kwargs", *tool_flags, *extra_args)
     spec = demo_spec(max_model_len=max_model_len, name="test-embedded", extra_args=list(extra_args))
     with Supervisor(spec, state_dir=workdir) as supervisor:
         replica = supervisor.replicas[0]

@@ -29,9 +29,9 @@ def _free_port() -> int:
 def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(tmp_path) -> None:
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}/v1/traces"
-    # 256-token prompts: with the tiny model's ~40 ms TTFT on 32 tokens, the few ms outside both
-    # clocks (HTTP, chat template) alone are 10 %; measured 96-97 % accounted at 256 tokens
-    with start_embedded_engine(tmp_path, extra_args=("--otlp-traces-endpoint", endpoint)) as engine:
+    # 256-token prompts, so prefill is a visible part of the TTFT
+    # no tool parser: vLLM builds one per chat request (tools or not), frontend time outside both clocks
+    with start_embedded_engine(tmp_path, extra_args=("--otlp-traces-endpoint", endpoint), tool_parser=None) as engine:
         load = LoadSpec(
             dataset="mixed", mix={"random": 0.5, "images": 0.5}, concurrency=2, num_requests=24, warmup=2,
             input_len=256, output_len=8, image_size=(64, 64), tokenizer=engine.model_path,
@@ -69,8 +69,12 @@ def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(tmp_path) -> N
         assert breakdown.upload_ms is not None and breakdown.upload_ms >= 0
         parts = breakdown.upload_ms + (breakdown.frontend_ms or 0.0) + breakdown.queue_ms + breakdown.prefill_ms
         assert parts == pytest.approx(breakdown.client_ttft_ms)
-        # the engine's clock and the upload explain the client's TTFT to within 10 %
-        assert breakdown.accounted == pytest.approx(1.0, abs=0.10), (request_type, breakdown)
+        # the engine's clock and the upload explain the client's TTFT but for the few ms on neither
+        # clock (loopback HTTP, the first chunk's way out): measured 3-6 ms here, whatever the TTFT,
+        # so a bound in ms holds where a ratio fails once the tiny model's prefill gets fast
+        assert breakdown.accounted is not None and breakdown.accounted <= 1.02, (request_type, breakdown)
+        unaccounted_ms = breakdown.client_ttft_ms * (1.0 - breakdown.accounted)
+        assert unaccounted_ms < 12.0, (request_type, unaccounted_ms, breakdown)
         assert block.goodput is not None and block.goodput.all_met
     assert by_type["image"].request_bytes_mean > by_type["text"].request_bytes_mean  # type: ignore[operator]
     assert summary.figure("by_type.image.breakdown.prefill_ms") == by_type["image"].breakdown.prefill_ms  # type: ignore[union-attr]
