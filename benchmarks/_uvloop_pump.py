@@ -5,6 +5,7 @@ with no HTTP at all (benchmarks/gateway_overhead.py's `uvloop-pump` route). It h
 gateway's duties, so its CPU per chunk is what uvloop and the kernel cost by themselves.
 
     python benchmarks/_uvloop_pump.py ENGINE_HOST ENGINE_PORT LISTEN_PORT
+    python benchmarks/_uvloop_pump.py --smoke    # bytes through the pump and back from an echo peer
 """
 
 from __future__ import annotations
@@ -64,6 +65,33 @@ async def _serve(port: int) -> None:
     await asyncio.Event().wait()
 
 
+async def _smoke() -> None:
+    """One round trip through the pump to an echo server: the pump still relays both ways."""
+    loop = asyncio.get_running_loop()
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+
+        def data_received(self, data: bytes) -> None:
+            self.transport.write(data)
+
+    echo = await loop.create_server(Echo, "127.0.0.1", 0)
+    _Client.engine = ("127.0.0.1", echo.sockets[0].getsockname()[1])
+    pump = await loop.create_server(_Client, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", pump.sockets[0].getsockname()[1])
+    message = b"data: {\"choices\": []}\n\n" * 64
+    writer.write(message)
+    echoed = await asyncio.wait_for(reader.readexactly(len(message)), timeout=10)
+    writer.close()
+    if echoed != message:
+        raise SystemExit("smoke: the pump changed the bytes it relayed")
+    print(f"smoke mode: {len(message)} bytes through the pump and back")
+
+
 if __name__ == "__main__":
-    _Client.engine = (sys.argv[1], int(sys.argv[2]))
-    uvloop.run(_serve(int(sys.argv[3])))
+    if sys.argv[1:] == ["--smoke"]:
+        uvloop.run(_smoke())
+    else:
+        _Client.engine = (sys.argv[1], int(sys.argv[2]))
+        uvloop.run(_serve(int(sys.argv[3])))

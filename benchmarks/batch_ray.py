@@ -20,7 +20,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,36 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _smoke import parse_args, skip, wait_healthy
-
-MODEL = "sim-model"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def write_input(path: Path, lines: int) -> None:
-    with path.open("w") as handle:
-        for index in range(lines):
-            body = {"model": MODEL, "max_tokens": 4,
-                    "messages": [{"role": "user", "content": f"Summarise radiograph report number {index}."}]}
-            handle.write(json.dumps({"custom_id": f"report-{index:07d}", "method": "POST",
-                                     "url": "/v1/chat/completions", "body": body}) + "\n")
-
-
-def start_engine(port: int, log: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "vlmserve", "engine", "sim", "--host", "127.0.0.1", "--port", str(port),
-            "--model", MODEL, "--ttft-ms", "1", "--itl-ms", "1", "--max-num-seqs", "1024"]
-    engine = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", engine, log_path=log)
-    except SystemExit:
-        engine.kill()
-        raise
-    return engine
+from _smoke import parse_args, skip
+from batch_million import free_port, start_engine, write_input  # same sim engine and input lines
 
 
 def start_ray_head(port: int, workdir: Path, cpus: int) -> tuple[subprocess.Popen, dict[str, str]]:
