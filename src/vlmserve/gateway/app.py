@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
-import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -26,6 +26,8 @@ from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher
+from vlmserve.gateway.lean_http import ClientRequest
+from vlmserve.gateway.lean_lane import Answer
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.gateway.metrics import GatewayMetrics
@@ -36,7 +38,7 @@ from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import TokenEstimator, describe_request
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind, trust_boundary
+from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Handler, Route, RouteKind, trust_boundary
 from vlmserve.gateway.shared_state import SharedState
 from vlmserve.gateway.upstream import UpstreamPool
 from vlmserve.gateway.watchdog import Watchdog
@@ -241,11 +243,11 @@ class Gateway:
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
         return web.json_response({"object": "list", "data": list(models.values())})
 
-    async def handle_engine_work(self, request: web.Request) -> web.StreamResponse:
+    async def handle_engine_work(self, request: ClientRequest) -> Answer:
         """Every ENGINE_WORK route (generation, pooling, tokenizer): admission, media policy, forwarding."""
         route: Route = request[ROUTE_KEY]
         request_log = RequestLog(
-            request_id=request.headers.get("X-Request-ID") or uuid.uuid4().hex,
+            request_id=request.headers.get("X-Request-ID") or os.urandom(16).hex(),
             path=route.path, received_at=time.time(), received_mono=time.monotonic(),
         )
         self.requests_in_progress += 1
@@ -342,7 +344,7 @@ class Gateway:
                     self.metrics.images.labels("downscaled").inc()
         return result
 
-    async def _read_json(self, request: web.Request) -> tuple[bytes, dict]:
+    async def _read_json(self, request: ClientRequest) -> tuple[bytes, dict]:
         limit = self.config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise AdmissionRejected(413, f"request body is {request.content_length} bytes, over the {limit}-byte limit: send smaller images or raise --max-body-bytes", "body_too_large")
@@ -417,7 +419,8 @@ def build_app(config: GatewayConfig) -> web.Application:
     handlers = {
         RouteKind.MODELS: gateway.handle_models,
         RouteKind.ENGINE_INFO: gateway.handle_engine_info,
-        RouteKind.ENGINE_WORK: gateway.handle_engine_work,
+        # aiohttp calls it with its own requests, for which it answers aiohttp responses (lean_lane.py)
+        RouteKind.ENGINE_WORK: cast(Handler, gateway.handle_engine_work),
     }
     own = {"/health": gateway.handle_health, "/metrics": gateway.handle_metrics}
     for route in ROUTES.values():

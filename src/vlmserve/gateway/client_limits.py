@@ -42,6 +42,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from vlmserve.gateway.lean_lane import Handler as LeanHandler
+from vlmserve.gateway.lean_lane import LeanConnection, LeanLane
+
 log = logging.getLogger("vlmserve.gateway")
 
 _REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
@@ -105,6 +108,12 @@ class GuardedRequestHandler(RequestHandler):
     def _arm_header_timer(self) -> None:
         self._header_handle = self._loop.call_later(self._header_timeout_s, self._on_header_timeout)
 
+    def limit_header_time(self, remaining_s: float) -> None:
+        """A connection handed over by the lean lane mid-head: the head gets only the time left."""
+        if self._header_handle is not None:
+            self._header_handle.cancel()
+            self._header_handle = self._loop.call_later(remaining_s, self._on_header_timeout)
+
     def _on_header_timeout(self) -> None:
         self._header_handle = None
         if self._messages or self._request_in_progress or self.transport is None:
@@ -152,20 +161,32 @@ class _Refusal(asyncio.Protocol):
 
 
 class ClientGuard:
-    """The listening socket's protocol factory: a guarded handler, or a refusal over the cap."""
+    """The listening socket's protocol factory: a lean-lane connection (lean_lane.py) or a guarded
+    aiohttp handler, or a refusal over the cap."""
 
-    def __init__(self, server: web.Server, stats: ClientStats, *, header_timeout_s: float, max_connections: int) -> None:
+    def __init__(self, server: web.Server, stats: ClientStats, *, header_timeout_s: float, max_connections: int,
+                 lean_handler: LeanHandler | None = None, max_body_bytes: int = 0) -> None:
         self.server = server
         self.stats = stats
         self.header_timeout_s = header_timeout_s
         self.max_connections = max_connections
         self._loop = asyncio.get_running_loop()
         self._handler_kwargs = server._kwargs  # what the AppRunner was given (keepalive_timeout, access_log ...)
+        self.lane = LeanLane(lean_handler, max_body_bytes=max_body_bytes, header_timeout_s=header_timeout_s,
+                             keepalive_timeout_s=self._handler_kwargs.get("keepalive_timeout", 75.0), stats=stats,
+                             make_aiohttp_handler=self.aiohttp_handler) if lean_handler is not None else None
 
     def __call__(self) -> asyncio.Protocol:
         if self.max_connections and self.stats.open >= self.max_connections:
             self.stats.refused += 1
             return _Refusal()
+        if self.lane is not None:
+            connection = LeanConnection(self.lane)
+            self.stats.live.add(connection)
+            return connection
+        return self.aiohttp_handler()
+
+    def aiohttp_handler(self) -> GuardedRequestHandler:
         handler = GuardedRequestHandler(self.server, loop=self._loop, stats=self.stats,
                                         header_timeout_s=self.header_timeout_s, **self._handler_kwargs)
         self.stats.live.add(handler)
@@ -177,18 +198,24 @@ class GuardedSite(web.TCPSite):
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, stats: ClientStats, *,
                  header_timeout_s: float, max_connections: int, ssl_context: ssl.SSLContext | None = None,
-                 backlog: int = 128, reuse_port: bool = False) -> None:
+                 backlog: int = 128, reuse_port: bool = False, lean_handler: LeanHandler | None = None,
+                 max_body_bytes: int = 0) -> None:
         super().__init__(runner, host, port, ssl_context=ssl_context, backlog=backlog, reuse_port=reuse_port)
         self._stats = stats
         self._header_timeout_s = header_timeout_s
         self._max_connections = max_connections
+        self._lean_handler = lean_handler
+        self._max_body_bytes = max_body_bytes
+        self._guard: ClientGuard | None = None
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner (TCPSite.start would listen unguarded)
         server = self._runner.server
         assert server is not None
         guard = ClientGuard(server, self._stats, header_timeout_s=self._header_timeout_s,
-                            max_connections=self._max_connections)
+                            max_connections=self._max_connections, lean_handler=self._lean_handler,
+                            max_body_bytes=self._max_body_bytes)
+        self._guard = guard
         self._server = await asyncio.get_running_loop().create_server(
             guard, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
             reuse_address=self._reuse_address, reuse_port=self._reuse_port,
@@ -196,6 +223,11 @@ class GuardedSite(web.TCPSite):
         )
         if self._server.sockets:
             self._bound_port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._guard is not None and self._guard.lane is not None:
+            self._guard.lane.close_idle()  # aiohttp's shutdown closes its own connections, not the lean lane's
 
 
 def ensure_file_descriptors(max_connections: int) -> None:

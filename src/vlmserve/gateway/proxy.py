@@ -40,6 +40,8 @@ from aiohttp import web
 
 from vlmserve.gateway.openai_errors import error_response, sse_error_event
 from vlmserve.gateway.policies import Outcome, RoutingPolicy
+from vlmserve.gateway.lean_http import ClientRequest, LeanRequest
+from vlmserve.gateway.lean_lane import Answer, LeanStream
 from vlmserve.gateway.relay import TERMINATOR, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
@@ -194,7 +196,7 @@ class Forwarder:
             headers["Authorization"] = f"Bearer {self.upstream_auth}"
         return headers
 
-    async def forward(self, request: web.Request, body: bytes, routed: RoutedRequest, log: RequestLog) -> web.StreamResponse:
+    async def forward(self, request: ClientRequest, body: bytes, routed: RoutedRequest, log: RequestLog) -> Answer:
         """Try replicas until one answers; the returned response may already be sent (streams)."""
         self.retry_budget.on_request()
         excluded: set[int] = set()
@@ -243,8 +245,8 @@ class Forwarder:
         return error_response(status, f"request failed on {len(log.attempts)} replica(s): {last_failure.message}",
                               last_failure.reason, request_id=log.request_id)
 
-    async def _attempt(self, request: web.Request, body: bytes, routed: RoutedRequest, replica: Replica,
-                       log: RequestLog) -> web.StreamResponse:
+    async def _attempt(self, request: ClientRequest, body: bytes, routed: RoutedRequest, replica: Replica,
+                       log: RequestLog) -> Answer:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
@@ -258,7 +260,7 @@ class Forwarder:
         self.watchdog.active.add(exchange)
         outcome = Outcome.FAILED
         upstream: UpstreamResponse | None = None
-        response: web.StreamResponse | None = None
+        response: Answer | None = None
         try:
             try:
                 upstream = await self.upstream.request(
@@ -298,11 +300,13 @@ class Forwarder:
             # --- from here on the client has (or is about to have) bytes: no more retries ---
             replica.record_success()
             exchange.streaming(self.idle_chunk_timeout_s, loop.time())
-            response = web.StreamResponse(status=200, headers={
+            stream_headers = {
                 "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
                 "Cache-Control": "no-cache",
                 "X-Request-ID": log.request_id,
-            })
+            }
+            response = (LeanStream(request, 200, stream_headers) if isinstance(request, LeanRequest)
+                        else web.StreamResponse(status=200, headers=stream_headers))
             relay = StreamRelay(upstream, request, exchange,
                                 lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens))
             outcome = await self._stream(relay, first, response, replica, routed, log)
@@ -366,7 +370,7 @@ class Forwarder:
         routed.engine_prompt_tokens = prompt_tokens
         self.policy.on_first_token(routed, replica)
 
-    async def _stream(self, relay: StreamRelay, first: bytes, response: web.StreamResponse, replica: Replica,
+    async def _stream(self, relay: StreamRelay, first: bytes, response: Answer, replica: Replica,
                       routed: RoutedRequest, log: RequestLog) -> Outcome:
         """Pass the stream through (relay.py); end it with an SSE error event if the replica fails."""
         exchange = relay.exchange

@@ -31,15 +31,30 @@ import asyncio
 import enum
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 from aiohttp import web
 
+from vlmserve.gateway.lean_http import LeanRequest
+from vlmserve.gateway.lean_lane import LeanStream
 from vlmserve.gateway.upstream import UpstreamConnection, UpstreamError, UpstreamResponse, walk_frames
 from vlmserve.gateway.watchdog import Exchange
 
 TERMINATOR = b"0\r\n\r\n"
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,8}")
+_SIZES_SEEN: dict[bytes, int] = {}  # size line -> size, for the one-whole-frame test (a few hundred spellings)
+
+
+def _frame_size(line: bytes) -> int | None:
+    """A plain hex size line's value (no extensions, no sign, no prefix), else None."""
+    size = _SIZES_SEEN.get(line)
+    if size is None and _HEX_SIZE.fullmatch(line) is not None:
+        size = int(line, 16)
+        if len(_SIZES_SEEN) < 4096:
+            _SIZES_SEEN[line] = size
+    return size
 
 
 class RelayEnd(enum.Enum):
@@ -56,7 +71,7 @@ class StreamRelay:
                  "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
                  "first_sent_mono")
 
-    def __init__(self, upstream: UpstreamResponse, request: web.Request, exchange: Exchange,
+    def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
                  on_first_token: Callable[[int | None], None]) -> None:
         self.upstream = upstream
         self.connection: UpstreamConnection = upstream.connection
@@ -81,18 +96,25 @@ class StreamRelay:
         self.verbatim = False  # the client's writer passes bytes as they are (the replica's frames)
         self.first_sent_mono: float | None = None
 
-    async def run(self, response: web.StreamResponse, first: bytes) -> RelayEnd:
+    async def run(self, response: web.StreamResponse | LeanStream, first: bytes) -> RelayEnd:
         """Send the head with the first bytes, then relay from `data_received` until the body ends."""
         request = self.request
-        await response.prepare(request)
-        writer = request.writer
-        self.framed_out = bool(getattr(writer, "chunked", False))
         self.payload_only = not self.upstream.chunked
-        if self.framed_out:
-            writer.chunked = False  # type: ignore[attr-defined]  # the relay writes the frames itself (module docstring)
+        drain: Callable[[], Awaitable[None]]
+        if isinstance(response, LeanStream):  # lean_lane.py: an HTTP/1.1 client, the head written here
             self.verbatim = True
-        out = self._take(first)
-        await response.write(out)  # the head and the first frames in one write
+            response.start(self._take(first))
+            drain = response.drain
+        else:
+            aiohttp_request = cast(web.Request, request)
+            await response.prepare(aiohttp_request)
+            writer = cast(Any, aiohttp_request.writer)  # aiohttp's StreamWriter
+            self.framed_out = bool(getattr(writer, "chunked", False))
+            if self.framed_out:
+                writer.chunked = False  # the relay writes the frames itself (module docstring)
+                self.verbatim = True
+            await response.write(self._take(first))  # the head and the first frames in one write
+            drain = writer.drain
         self.first_sent_mono = time.monotonic()
         if self.end is not None:
             return self.end
@@ -119,7 +141,7 @@ class StreamRelay:
             finally:
                 self.waiter = None
             if self.paused and self.end is None:
-                await writer.drain()  # until the client's socket takes bytes again
+                await drain()  # until the client's socket takes bytes again
                 self.paused = False
                 transport = connection.transport
                 if transport is not None and not connection.closed:
@@ -158,11 +180,17 @@ class StreamRelay:
         if self.held:
             data = self.held + data
             self.held = b""
-        try:
-            boundary, end = walk_frames(data)
-        except UpstreamError as err:
-            self._fail(f"sent a malformed body ({err})")
-            return b""
+        # The common block is one whole data frame: its size line says where it ends.
+        eol = data.find(b"\r\n", 0, 18)
+        size = _frame_size(data[:eol]) if eol > 0 else None
+        if size and len(data) == eol + size + 4 and data.endswith(b"\r\n"):
+            boundary, end = len(data), -1
+        else:
+            try:
+                boundary, end = walk_frames(data)
+            except UpstreamError as err:
+                self._fail(f"sent a malformed body ({err})")
+                return b""
         if end >= 0:
             out = data[:boundary]
             if end < len(data):

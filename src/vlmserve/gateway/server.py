@@ -66,7 +66,8 @@ async def start_gateway(config: GatewayConfig, reuse_port: bool = False) -> Runn
     await runner.setup()
     site = GuardedSite(runner, config.host, config.port, app[STATE_KEY].client_stats, ssl_context=ssl_context,
                        header_timeout_s=config.header_timeout_s, max_connections=config.max_connections, backlog=4096,
-                       reuse_port=reuse_port)
+                       reuse_port=reuse_port, lean_handler=app[STATE_KEY].handle_engine_work,
+                       max_body_bytes=config.max_body_bytes)
     try:
         await site.start()
     except OSError as err:

@@ -1,0 +1,166 @@
+"""The lean lane's HTTP: a strict subset of HTTP/1.1 requests, and responses written as bytes.
+
+The gateway's listening socket first reads a connection's bytes itself (lean_lane.py). A request
+inside the subset below is served without aiohttp's server; anything else — and the connection
+with it, from that request on — is handed to aiohttp, which parses the same bytes from the start.
+So this parser never has to judge a doubtful request: it only has to recognise, exactly, the
+requests whose meaning no HTTP implementation disputes, and say "not mine" to the rest.
+
+The subset: `POST` to a table path of kind ENGINE_WORK (routes.py), spelled exactly, no query;
+`HTTP/1.1`; CRLF line ends; header names that are tokens and values of printable ASCII; every
+header name once; one decimal `Content-Length` within the body limit; no `Transfer-Encoding`,
+`Expect` or `Upgrade`; `Connection` absent or `keep-alive`; a head of at most `MAX_HEAD_BYTES`.
+That is what every OpenAI SDK and load generator sends for a chat completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterator
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+
+from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind
+
+MAX_HEAD_BYTES = 8192  # a longer head goes to aiohttp, whose own limits then apply
+_REQUEST_LINE = re.compile(rb"POST (/[-!$&'()*+,./0-9:;=@A-Z_a-z~]*) HTTP/1\.1")
+# Header fields: a token, a colon, printable ASCII or tabs, CRLF. One pass checks the whole block,
+# one more splits it; neither can backtrack (no two parts of a field match the same characters).
+_FIELD = r"([-!#$%&'*+.^_`|~0-9A-Za-z]+):([\t -~]*)\r\n"
+_FIELDS_BLOCK = re.compile(f"(?:{_FIELD})*")
+_FIELD_PARTS = re.compile(_FIELD)
+_REFUSED_HEADERS = ("transfer-encoding", "expect", "upgrade")
+
+
+class LeanHeaders(dict[str, str]):
+    """A request's headers, names lower-cased; `get` takes any spelling, as aiohttp's do."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict.get(self, name.lower(), default)
+
+
+class LeanRequest:
+    """What the gateway's handlers read of a request, for one served on the lean lane."""
+
+    __slots__ = ("path", "headers", "content_length", "body", "transport", "connection", "_state", "method")
+
+    def __init__(self, route: Route, headers: LeanHeaders, body: bytes, transport: asyncio.Transport,
+                 connection: Any) -> None:
+        self.method = "POST"
+        self.path = route.path
+        self.headers = headers
+        self.content_length: int | None = len(body)
+        self.body = body
+        self.transport: asyncio.Transport | None = transport
+        self.connection = connection  # the lean_lane.LeanConnection it came on
+        self._state: dict[Any, Any] = {ROUTE_KEY: route}
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._state[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._state[key] = value
+
+    async def read(self) -> bytes:
+        return self.body
+
+
+ClientRequest = web.Request | LeanRequest
+"""What the engine-work handler is given: an aiohttp request, or one from the lean lane."""
+
+
+class LeanHead:
+    """A request head inside the subset: its route, headers and body length."""
+
+    __slots__ = ("route", "headers", "content_length")
+
+    def __init__(self, route: Route, headers: LeanHeaders, content_length: int) -> None:
+        self.route = route
+        self.headers = headers
+        self.content_length = content_length
+
+
+def first_line_fits(line: bytes) -> bool:
+    """Whether a request line can start a lean request (checked as soon as it arrives, so a GET
+    /health or anything unusual goes to aiohttp at once)."""
+    match = _REQUEST_LINE.fullmatch(line)
+    if match is None:
+        return False
+    route = ROUTES.get(match.group(1).decode("ascii"))
+    return route is not None and route.kind is RouteKind.ENGINE_WORK and route.method == "POST"
+
+
+def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
+    """The head (without its final blank line) if it is inside the subset, else None."""
+    line_end = head.find(b"\r\n")
+    match = _REQUEST_LINE.fullmatch(head if line_end < 0 else head[:line_end])
+    if match is None:
+        return None
+    route = ROUTES.get(match.group(1).decode("ascii"))
+    if route is None or route.kind is not RouteKind.ENGINE_WORK or route.method != "POST":
+        return None
+    block = "" if line_end < 0 else head[line_end + 2:].decode("latin-1") + "\r\n"
+    if _FIELDS_BLOCK.fullmatch(block) is None:
+        return None
+    fields = _FIELD_PARTS.findall(block)
+    headers = LeanHeaders({name.lower(): value.strip(" \t") for name, value in fields})
+    if len(headers) != len(fields):  # a header sent twice: aiohttp decides what that means
+        return None
+    length = headers.get("content-length")
+    if length is None or not length.isdigit() or len(length) > 12 or int(length) > max_body_bytes:
+        return None
+    connection = headers.get("connection")
+    if connection is not None and connection.lower() != "keep-alive":
+        return None
+    if any(name in headers for name in _REFUSED_HEADERS):
+        return None
+    return LeanHead(route, headers, int(length))
+
+
+class _Date:
+    """The Date header's value, formatted once a second."""
+
+    second = -1
+    value = b""
+
+    @classmethod
+    def now(cls) -> bytes:
+        second = int(time.time())
+        if second != cls.second:
+            cls.second, cls.value = second, formatdate(second, usegmt=True).encode("ascii")
+        return cls.value
+
+
+def response_head(status: int, headers: Iterator[tuple[str, str]] | Any, *, chunked: bool = False,
+                  length: int | None = None, close: bool = False) -> bytearray:
+    """Status line and headers of a response, ready to write."""
+    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Unknown"
+    head = bytearray(b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("ascii")))
+    for name, value in headers:
+        head += b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
+    if chunked:
+        head += b"Transfer-Encoding: chunked\r\n"
+    elif length is not None:
+        head += b"Content-Length: %d\r\n" % length
+    if close:
+        head += b"Connection: close\r\n"
+    head += b"Date: %s\r\n\r\n" % _Date.now()
+    return head
+
+
+def serialize_response(response: web.Response) -> tuple[bytes, bool]:
+    """A whole aiohttp Response (the handlers' error and unary answers) as bytes, and whether
+    the connection closes after it."""
+    body = response.body if response.body is not None else b""
+    if not isinstance(body, (bytes, bytearray)):
+        raise TypeError(f"the lean lane writes bytes bodies only, not {type(body).__name__}")
+    close = response.keep_alive is False
+    headers = [(name, value) for name, value in response.headers.items()
+               if name.lower() not in ("content-length", "transfer-encoding", "connection", "date")]
+    head = response_head(response.status, headers, length=len(body), close=close)
+    return bytes(head) + bytes(body), close

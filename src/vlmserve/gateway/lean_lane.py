@@ -1,0 +1,317 @@
+"""The lean lane: engine-work requests served straight off the client socket, without aiohttp's server.
+
+Why: measured with benchmarks/gateway_overhead.py, aiohttp's server machinery (its parser
+callbacks, request objects, application router, middleware and response preparation) was
+about a quarter of the gateway's CPU per streamed request, and the gateway's CPU per chunk
+was above the Rust router's. The lean lane serves the one request shape that carries a
+deployment's traffic — a plain HTTP/1.1 POST of JSON to a generation or pooling path — with a
+few dozen lines of work per request, and leaves everything else to aiohttp.
+
+Every connection starts here (`LeanConnection`). Per request:
+- The head is checked against a strict subset of HTTP/1.1 (lean_http.py) as its bytes arrive.
+  A request outside it — GET /health, a bad path, a chunked upload, `Expect`, a duplicate
+  header, garbage — hands the connection to aiohttp (`GuardedRequestHandler`) with every byte
+  received so far, unread: aiohttp and the trust boundary (routes.py) then answer it exactly as
+  they would have, and the connection stays with aiohttp.
+- A request inside the subset runs the gateway's own handler (`Gateway.handle_engine_work`: the
+  same admission, media policy, routing, metrics and audit as on aiohttp's path). Its answer is
+  written as bytes; a streamed one leaves through `LeanStream`, the replica's frames verbatim.
+- The listening socket's rules hold here too (client_limits.py): headers within
+  `header_timeout_s` (else 408 and close), idle kept-alive connections closed after
+  `keepalive_timeout_s`, the connection counted against `max_connections`, a client that goes
+  away cancels its request (the replica sees the disconnect and aborts), and a pipelined
+  request waits for the one before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from vlmserve.gateway.lean_http import (
+    MAX_HEAD_BYTES,
+    LeanHead,
+    LeanRequest,
+    first_line_fits,
+    parse_head,
+    response_head,
+    serialize_response,
+)
+
+log = logging.getLogger("vlmserve.gateway")
+
+MAX_PENDING_BYTES = 65536  # bytes of a next (pipelined) request held while one is served; reading pauses above
+_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+Handler = Callable[[LeanRequest], Awaitable[Any]]
+
+
+class LeanStream:
+    """A streamed answer on the lean lane, in the shape the relay and forwarder use.
+
+    The head leaves with the first frames (`start`, one write); the replica's chunked frames
+    pass verbatim (the relay adds the terminating chunk); `write_eof` only marks the body ended."""
+
+    __slots__ = ("connection", "status", "headers", "started", "ended")
+
+    def __init__(self, request: LeanRequest, status: int, headers: dict[str, str]) -> None:
+        self.connection: LeanConnection = request.connection
+        self.status = status
+        self.headers = headers
+        self.started = False
+        self.ended = False
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self.connection.transport
+
+    def start(self, first: bytes) -> None:
+        head = response_head(self.status, self.headers.items(), chunked=True)
+        self.started = True
+        transport = self.connection.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(bytes(head + first))
+
+    async def write(self, data: bytes) -> None:
+        transport = self.connection.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("client went away")
+        transport.write(data)
+
+    async def write_eof(self) -> None:
+        self.ended = True
+
+    async def drain(self) -> None:
+        await self.connection.drain()
+
+
+Answer = web.StreamResponse | LeanStream
+"""What the engine-work handler returns: aiohttp's response, or a lean stream already written."""
+
+
+class LeanLane:
+    """What every lean connection shares: the handler, the limits, and how to reach aiohttp."""
+
+    def __init__(self, handler: Handler, *, max_body_bytes: int, header_timeout_s: float,
+                 keepalive_timeout_s: float, stats: Any, make_aiohttp_handler: Callable[[], Any]) -> None:
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.header_timeout_s = header_timeout_s
+        self.keepalive_timeout_s = keepalive_timeout_s
+        self.stats = stats  # client_limits.ClientStats
+        self.make_aiohttp_handler = make_aiohttp_handler
+        self.connections: weakref.WeakSet[LeanConnection] = weakref.WeakSet()
+        self.closing = False
+        # One timer for every connection's deadline (header, keep-alive) instead of a timer per
+        # request: a deadline is then a float written per request, checked a few times a second.
+        self.tick_s = max(0.01, min(0.25, header_timeout_s / 4, keepalive_timeout_s / 4))
+        self._ticker: asyncio.TimerHandle | None = None
+
+    def add(self, connection: LeanConnection) -> None:
+        self.connections.add(connection)
+        if self._ticker is None and not self.closing:
+            self._ticker = asyncio.get_running_loop().call_later(self.tick_s, self._tick)
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for connection in list(self.connections):
+            if connection.deadline and now >= connection.deadline:
+                connection.on_deadline()
+        self._ticker = None if self.closing else loop.call_later(self.tick_s, self._tick)
+
+    def close_idle(self) -> None:
+        """The gateway stops: idle connections close now, busy ones after their answer."""
+        self.closing = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
+        for connection in list(self.connections):
+            if connection.task is None and connection.transport is not None:
+                connection.transport.close()
+
+
+class LeanConnection(asyncio.Protocol):
+    """One client connection, until (if ever) it is handed to aiohttp."""
+
+    __slots__ = ("lane", "transport", "buffer", "head", "task", "deadline", "header_deadline", "handed",
+                 "reading_paused", "writing_paused", "drain_waiter", "__weakref__")
+
+    def __init__(self, lane: LeanLane) -> None:
+        self.lane = lane
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.head: tuple[LeanHead, int] | None = None  # a parsed head and where its body starts
+        self.task: asyncio.Task | None = None
+        self.deadline = 0.0  # loop time when the head (header_deadline) or the next request (keep-alive) is due; 0: none
+        self.header_deadline: float | None = None  # while a request's head is awaited
+        self.handed = False
+        self.reading_paused = False
+        self.writing_paused = False
+        self.drain_waiter: asyncio.Future[None] | None = None
+
+    # ---- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.lane.add(self)
+        self._await_head()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if self.task is not None:  # a pipelined request: it waits for the answer in progress
+            if len(self.buffer) > MAX_PENDING_BYTES and not self.reading_paused and self.transport is not None:
+                self.transport.pause_reading()
+                self.reading_paused = True
+            return
+        if self.header_deadline is None and self.head is None:
+            self._await_head()  # the first bytes of a request on a kept-alive connection
+        self._advance()
+
+    def eof_received(self) -> bool:
+        return False  # the client finished sending: close (a request in progress is cancelled)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.deadline = 0.0
+        self.lane.stats.live.discard(self)
+        self.transport = None
+        if self.task is not None:
+            self.task.cancel()  # the handler's forwarder closes the replica's connection
+        self._wake_drain()
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        self._wake_drain()
+
+    async def drain(self) -> None:
+        """Until the client's socket takes bytes again (or is gone)."""
+        if not self.writing_paused or self.transport is None:
+            return
+        self.drain_waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.drain_waiter
+        finally:
+            self.drain_waiter = None
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Serve the buffered request when it is whole, wait for more bytes, or hand over."""
+        if self.transport is None or self.handed:
+            return
+        buffer = self.buffer
+        if self.head is None:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                line_end = buffer.find(b"\r\n")
+                if len(buffer) > MAX_HEAD_BYTES or (line_end >= 0 and not first_line_fits(bytes(buffer[:line_end]))):
+                    self._hand_over()
+                return
+            head = parse_head(bytes(buffer[:end]), self.lane.max_body_bytes)
+            if head is None:
+                self._hand_over()
+                return
+            self.head = (head, end + 4)
+            self.deadline = 0.0  # the head is complete (a body may take its time, as on aiohttp)
+            self.header_deadline = None
+        head, body_at = self.head
+        body_end = body_at + head.content_length
+        if len(buffer) < body_end:
+            return
+        body = bytes(buffer[body_at:body_end])
+        del buffer[:body_end]
+        self.head = None
+        request = LeanRequest(head.route, head.headers, body, self.transport, self)
+        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+
+    async def _serve(self, request: LeanRequest) -> None:
+        try:
+            response = await self.lane.handler(request)
+        except asyncio.CancelledError:
+            return  # the client went away
+        except Exception:  # the handler answers its own errors; this is a bug, and costs this connection only
+            log.exception("lean lane: request failed")
+            self._close()
+            return
+        finally:
+            self.task = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if isinstance(response, LeanStream):
+            keep = response.started and response.ended
+        else:
+            data, close = serialize_response(response)
+            transport.write(data)
+            keep = not close
+        if not keep or self.lane.closing:
+            self._close()
+            return
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
+        if self.buffer:
+            self._await_head()
+            self._advance()
+        else:
+            self.deadline = asyncio.get_running_loop().time() + self.lane.keepalive_timeout_s
+
+    def _hand_over(self) -> None:
+        """aiohttp takes the connection, and every byte received, from this request on."""
+        transport = self.transport
+        assert transport is not None
+        self.deadline = 0.0
+        remaining = None
+        if self.header_deadline is not None:
+            remaining = max(0.0, self.header_deadline - asyncio.get_running_loop().time())
+        self.handed = True
+        self.lane.stats.live.discard(self)
+        self.lane.connections.discard(self)
+        handler = self.lane.make_aiohttp_handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if remaining is not None:
+            handler.limit_header_time(remaining)
+        if self.reading_paused:
+            transport.resume_reading()
+        data, self.buffer = bytes(self.buffer), bytearray()
+        self.transport = None
+        if data:
+            handler.data_received(data)
+
+    # ---- deadlines (checked by LeanLane._tick) -----------------------------------------------
+
+    def _await_head(self) -> None:
+        self.header_deadline = self.deadline = asyncio.get_running_loop().time() + self.lane.header_timeout_s
+
+    def on_deadline(self) -> None:
+        self.deadline = 0.0
+        if self.transport is None or self.task is not None or self.head is not None:
+            return
+        if self.header_deadline is not None:  # a head not complete in time: 408 (a kept-alive idle one just closes)
+            self.lane.stats.header_timeouts += 1
+            self.transport.write(_REQUEST_TIMEOUT)
+        self._close()
+
+    def _close(self) -> None:
+        self.deadline = 0.0
+        if self.transport is not None:
+            self.transport.close()
+
+    def _wake_drain(self) -> None:
+        waiter = self.drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
