@@ -167,6 +167,16 @@ class LeanConnection(asyncio.Protocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
+        if self.task is None and self.head is None and not self.buffer and self.transport is not None:
+            # The common case: a whole request in one read, served without copying it into the buffer.
+            end = data.find(b"\r\n\r\n")
+            head = parse_head(data[:end], self.lane.max_body_bytes) if end > 0 else None
+            if head is not None and len(data) == end + 4 + head.content_length:
+                self.deadline = 0.0
+                self.header_deadline = None
+                request = LeanRequest(head.route, head.headers, data[end + 4:], self.transport, self)
+                self.task = asyncio.get_running_loop().create_task(self._serve(request))
+                return
         self.buffer += data
         if self.task is not None:  # a pipelined request: it waits for the answer in progress
             if len(self.buffer) > MAX_PENDING_BYTES and not self.reading_paused and self.transport is not None:

@@ -44,7 +44,7 @@ from vlmserve.gateway.watchdog import Exchange
 TERMINATOR = b"0\r\n\r\n"
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,8}")
-_SIZES_SEEN: dict[bytes, int] = {}  # size line -> size, for the one-whole-frame test (a few hundred spellings)
+_SIZES_SEEN: dict[bytes, int] = {}  # size line -> size (> 0), for the one-whole-frame test (a few hundred spellings)
 
 
 def _frame_size(line: bytes) -> int | None:
@@ -52,7 +52,7 @@ def _frame_size(line: bytes) -> int | None:
     size = _SIZES_SEEN.get(line)
     if size is None and _HEX_SIZE.fullmatch(line) is not None:
         size = int(line, 16)
-        if len(_SIZES_SEEN) < 4096:
+        if size and len(_SIZES_SEEN) < 4096:  # never 0: the last chunk is not a data frame
             _SIZES_SEEN[line] = size
     return size
 
@@ -69,7 +69,7 @@ class StreamRelay:
     __slots__ = ("upstream", "connection", "request", "exchange", "on_first_token", "client", "write",
                  "first_token_pending", "held", "prev", "usage_prev", "usage_block", "end", "error",
                  "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
-                 "first_sent_mono")
+                 "first_sent_mono", "fast")
 
     def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
                  on_first_token: Callable[[int | None], None]) -> None:
@@ -95,6 +95,7 @@ class StreamRelay:
         self.payload_only = False  # the replica's body is not chunked: frame (or pass) its bytes as they come
         self.verbatim = False  # the client's writer passes bytes as they are (the replica's frames)
         self.first_sent_mono: float | None = None
+        self.fast = False  # chunked in, frames out verbatim: whole frames take _on_data's inline path
 
     async def run(self, response: web.StreamResponse | LeanStream, first: bytes) -> RelayEnd:
         """Send the head with the first bytes, then relay from `data_received` until the body ends."""
@@ -129,6 +130,7 @@ class StreamRelay:
         loop = asyncio.get_running_loop()
         # bytes that came while the head was being written, then everything else from data_received
         early, connection.body = connection.body, []
+        self.fast = self.verbatim and not self.payload_only
         connection.sink, connection.sink_lost = self._on_data, self._on_lost
         for block in early:
             self._on_data(block)
@@ -157,6 +159,24 @@ class StreamRelay:
 
     def _on_data(self, data: bytes) -> None:
         """The hot path: one block from the replica's socket, passed on."""
+        if self.fast and not self.held and not self.first_token_pending:
+            eol = data.find(b"\r\n", 0, 10)
+            if eol > 0 and len(data) == eol + _SIZES_SEEN.get(data[:eol], -9) + 4 and data.endswith(b"\r\n"):
+                # The common block, one whole data frame: what _take does for it, inline.
+                self.exchange.chunks += 1
+                self.upstream_received += len(data)
+                if b'"usage"' in data:
+                    self.usage_prev, self.usage_block = self.prev, data
+                self.prev = data
+                client = self.client
+                assert client is not None
+                if client.is_closing():
+                    self._finish(RelayEnd.CLIENT_GONE)
+                    return
+                client.write(data)
+                if client.get_write_buffer_size() > self.high_water:
+                    self._pause()
+                return
         out = self._take(data)
         if out:
             client = self.client
