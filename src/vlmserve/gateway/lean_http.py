@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -136,21 +136,23 @@ class _Date:
         return cls.value
 
 
-def response_head(status: int, headers: Iterator[tuple[str, str]] | Any, *, chunked: bool = False,
-                  length: int | None = None, close: bool = False) -> bytearray:
+_STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode("ascii"))
+                 for status in HTTPStatus}
+
+
+def response_head(status: int, headers: Iterable[tuple[str, str]], *, chunked: bool = False,
+                  length: int | None = None, close: bool = False) -> bytes:
     """Status line and headers of a response, ready to write."""
-    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Unknown"
-    head = bytearray(b"HTTP/1.1 %d %s\r\n" % (status, reason.encode("ascii")))
-    for name, value in headers:
-        head += b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
+    parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
+    parts.extend(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers)
     if chunked:
-        head += b"Transfer-Encoding: chunked\r\n"
+        parts.append(b"Transfer-Encoding: chunked\r\n")
     elif length is not None:
-        head += b"Content-Length: %d\r\n" % length
+        parts.append(b"Content-Length: %d\r\n" % length)
     if close:
-        head += b"Connection: close\r\n"
-    head += b"Date: %s\r\n\r\n" % _Date.now()
-    return head
+        parts.append(b"Connection: close\r\n")
+    parts.append(b"Date: %s\r\n\r\n" % _Date.now())
+    return b"".join(parts)
 
 
 def serialize_response(response: web.Response) -> tuple[bytes, bool]:
@@ -163,4 +165,4 @@ def serialize_response(response: web.Response) -> tuple[bytes, bool]:
     headers = [(name, value) for name, value in response.headers.items()
                if name.lower() not in ("content-length", "transfer-encoding", "connection", "date")]
     head = response_head(response.status, headers, length=len(body), close=close)
-    return bytes(head) + bytes(body), close
+    return head + bytes(body), close

@@ -76,7 +76,7 @@ class LeanStream:
         self.started = True
         transport = self.connection.transport
         if transport is not None and not transport.is_closing():
-            transport.write(bytes(head + first))
+            transport.write(head + first)
 
     async def write(self, data: bytes) -> None:
         transport = self.connection.transport

@@ -63,13 +63,13 @@ class RelayEnd(enum.Enum):
     CLIENT_GONE = "client_gone"
 
 
-class StreamRelay:
+class StreamRelay(asyncio.Protocol):
     """One streamed answer, from the replica's first body bytes to the end of the client's body."""
 
     __slots__ = ("upstream", "connection", "request", "exchange", "on_first_token", "client", "write",
                  "first_token_pending", "held", "prev", "usage_prev", "usage_block", "end", "error",
                  "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
-                 "first_sent_mono", "fast")
+                 "first_sent_mono", "fast", "holds_transport")
 
     def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
                  on_first_token: Callable[[int | None], None]) -> None:
@@ -96,6 +96,7 @@ class StreamRelay:
         self.verbatim = False  # the client's writer passes bytes as they are (the replica's frames)
         self.first_sent_mono: float | None = None
         self.fast = False  # chunked in, frames out verbatim: whole frames take _on_data's inline path
+        self.holds_transport = False  # the replica's transport delivers to this relay (set_protocol)
 
     async def run(self, response: web.StreamResponse | LeanStream, first: bytes) -> RelayEnd:
         """Send the head with the first bytes, then relay from `data_received` until the body ends."""
@@ -132,6 +133,10 @@ class StreamRelay:
         early, connection.body = connection.body, []
         self.fast = self.verbatim and not self.payload_only
         connection.sink, connection.sink_lost = self._on_data, self._on_lost
+        transport = connection.transport
+        if transport is not None and not connection.closed:
+            transport.set_protocol(self)  # the replica's blocks reach _on_data directly (data_received below)
+            self.holds_transport = True
         for block in early:
             self._on_data(block)
         if connection.closed and self.end is None:
@@ -154,6 +159,28 @@ class StreamRelay:
         """Stop taking the replica's bytes (the stream is being cut or is over)."""
         connection = self.connection
         connection.sink = connection.sink_lost = None
+        if self.holds_transport:
+            self.holds_transport = False
+            transport = connection.transport
+            if transport is not None:
+                transport.set_protocol(connection)
+
+    # ---- the replica's socket while the relay holds it (asyncio.Protocol) ------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        pass  # the connection was made long before; the relay only takes it over
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connection.connection_lost(exc)  # marks it closed and calls sink_lost (_on_lost)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def pause_writing(self) -> None:
+        pass  # the request went out before the relay took over
+
+    def resume_writing(self) -> None:
+        pass
 
     # ---- per chunk ---------------------------------------------------------------------------
 
@@ -189,6 +216,8 @@ class StreamRelay:
                 self._pause()
         if self.end is not None:
             self._wake()
+
+    data_received = _on_data  # uvloop calls it for every block, with no hop through UpstreamConnection
 
     def _take(self, data: bytes) -> bytes:
         """What of `data` goes to the client now (whole frames only), noting progress and usage."""
