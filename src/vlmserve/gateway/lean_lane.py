@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -106,11 +105,11 @@ class LeanLane:
         self.keepalive_timeout_s = keepalive_timeout_s
         self.stats = stats  # client_limits.ClientStats
         self.make_aiohttp_handler = make_aiohttp_handler
-        self.connections: weakref.WeakSet[LeanConnection] = weakref.WeakSet()
+        self.connections: set[LeanConnection] = set()  # each leaves at its connection_lost or hand-over
         self.closing = False
         # One timer for every connection's deadline (header, keep-alive) instead of a timer per
         # request: a deadline is then a float written per request, checked a few times a second.
-        self.tick_s = max(0.01, min(0.25, header_timeout_s / 4, keepalive_timeout_s / 4))
+        self.tick_s = max(0.01, min(1.0, header_timeout_s / 8, keepalive_timeout_s / 8))
         self._ticker: asyncio.TimerHandle | None = None
 
     def add(self, connection: LeanConnection) -> None:
@@ -192,6 +191,7 @@ class LeanConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.deadline = 0.0
+        self.lane.connections.discard(self)
         self.lane.stats.live.discard(self)
         self.transport = None
         if self.task is not None:

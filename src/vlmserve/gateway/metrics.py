@@ -126,10 +126,11 @@ class GatewayMetrics:
             "vlmserve_gateway_worker_requests", "Requests finished by each gateway worker process (--workers)",
             ["pid"], registry=self.registry,
         )
-        self._worker_child = self.worker_requests.labels(str(os.getpid()))
         self._state = _StateCollector(snapshot)
         self.registry.register(self._state)
         self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        # a worker's share means something only beside other workers (--workers); one process skips the count
+        self._worker_child = self.worker_requests.labels(str(os.getpid())) if self._multiprocess_dir else None
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._latency_children: dict[str, tuple[Any, Any]] = {}
 
@@ -139,7 +140,8 @@ class GatewayMetrics:
         if child is None:
             child = self._request_children[key] = self.requests.labels(*key)
         child.inc()
-        self._worker_child.inc()
+        if self._worker_child is not None:
+            self._worker_child.inc()
 
     def observe_latency(self, replica: str, ttft_s: float, e2e_s: float) -> None:
         """Both histograms of a finished request; label lookups are cached (hot path)."""
