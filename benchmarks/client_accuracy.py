@@ -379,7 +379,8 @@ def main() -> None:
     parser.add_argument("--users", default="4,32", help="closed-loop user counts (each client's concurrency), comma-separated")
     parser.add_argument("--num-requests", default="500", help="requests per client run: one number, or one per --users entry")
     parser.add_argument("--baseline-requests", type=int, default=8,
-                        help="requests of each client's short baseline run, whose CPU is taken as its start-up cost")
+                        help="requests of each client's short baseline run, whose CPU is taken as its start-up cost "
+                             "(0: no baseline runs; the CPU per request then includes start-up)")
     parser.add_argument("--rounds", type=int, default=2, help="runs per client and user count, in rotating order (medians reported)")
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
@@ -390,8 +391,10 @@ def main() -> None:
     parser.add_argument("--client-cpus", default="1-1023", help="CPUs for the clients ('' = all); default all but the first")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table (and the run's settings) to this file")
     parser.add_argument("--keep", type=Path, default=None, help="keep every client's result file and the engine trace here")
+    # no baseline runs in smoke mode: each is a whole client start (~10 s), and the measured run goes through the same
+    # run_client / read path
     args = parse_args(parser, users="2", num_requests="8", rounds=1, output_len=8, input_len=16, engine_cpus="", client_cpus="",
-                      baseline_requests=2)
+                      baseline_requests=0)
 
     users = [int(value) for value in args.users.split(",")]
     counts = [int(value) for value in args.num_requests.split(",")]
@@ -420,16 +423,19 @@ def main() -> None:
     with start_sim_engine(model=MODEL, ttft_ms=TTFT_MS, itl_ms=ITL_MS, max_num_seqs=1024, output_len="fixed:4096",
                           trace_file=str(trace)) as engine:
         offset = 0
-        startup: dict[str, tuple[float, int]] = {}
-        for client in clients:  # also warms caches (imports, tokenizer files) before any measured run
+        startup: dict[str, tuple[float, int]] = {client.name: (0.0, 0) for client in clients}
+        if not args.baseline_requests:
+            skip("baseline runs (--baseline-requests 0): CPU per request includes each client's start-up")
+        for client in clients if args.baseline_requests else []:  # also warms caches (imports, tokenizer files)
             out = workdir / f"{client.name}-baseline" / ("result" if client.name == "aiperf" else "result.json")
             out.parent.mkdir(parents=True, exist_ok=True)
             work = Workload(users[0], args.baseline_requests, args.input_len, args.output_len, engine.base_url, tokenizer)
             cpu_s, _ = run_client(client, work, out, client_cpus, engine.pid)
             startup[client.name] = (cpu_s, client.read(out).completed)
             print(f"baseline {client.name:9s} {args.baseline_requests} requests: CPU {cpu_s:.2f} s (taken as start-up cost)", flush=True)
-        wait_trace_settled(trace, engine.base_url)
-        _, offset = engine_truth(trace, 0, args.output_len)
+        if args.baseline_requests:
+            wait_trace_settled(trace, engine.base_url)
+            _, offset = engine_truth(trace, 0, args.output_len)
         for level, count in zip(users, counts):
             work = Workload(level, count, args.input_len, args.output_len, engine.base_url, tokenizer)
             for round_index in range(args.rounds):

@@ -32,10 +32,14 @@ def vlmserve_cmd() -> list[str]:
 @pytest.fixture(scope="session")
 def embedded_engine(tmp_path_factory: pytest.TempPathFactory):  # -> tests.helpers.engine.EmbeddedEngine
     """The ONE real embedded vLLM engine shared by every test that needs it (see tests/helpers/engine.py)."""
-    from tests.helpers.engine import start_embedded_engine
+    from tests.helpers.engine import TraceSink, start_embedded_engine
 
-    with start_embedded_engine(tmp_path_factory.mktemp("embedded-engine")) as engine:
-        yield engine
+    sink = TraceSink()  # it exports trace spans too, for the TTFT breakdown test
+    try:
+        with start_embedded_engine(tmp_path_factory.mktemp("embedded-engine"), trace_sink=sink) as engine:
+            yield engine
+    finally:
+        sink.close()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -87,13 +87,23 @@ def test_not_enough_memory(vlmserve_cmd: list[str], home: Path) -> None:
     assert_one_line_error(done, "not enough free memory: 2 replica(s) need about", "GB is available")
 
 
-def test_malformed_spec_file(vlmserve_cmd: list[str], home: Path, tmp_path: Path) -> None:
+def test_malformed_spec_file(vlmserve_cmd: list[str], home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "deploy.yaml"
     spec.write_text("model: embedded\nreplicas: two\n")
     done = run_up(vlmserve_cmd, home, "-f", str(spec))
     assert_one_line_error(done, "deploy.yaml: field 'replicas'")
+    # the same command through main() in this process: a second process would import vLLM (~8 s) to
+    # build the parser this check uses; this process has it already in a suite run
+    from vlmserve.cli.app import main
+
     spec.write_text("model: embedded\nengine_args:\n  max_num_seq: 4\n")
-    done = run_up(vlmserve_cmd, home, "-f", str(spec))
+    monkeypatch.setenv("VLMSERVE_HOME", str(home))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "-f", str(spec)])
+    captured = capsys.readouterr()
+    done = subprocess.CompletedProcess(["up"], exited.value.code, captured.out, captured.err)
     assert_one_line_error(done, "field 'engine_args.max_num_seq': not a flag of the installed vLLM; did you mean 'max_num_seqs'?")
 
 

@@ -7,9 +7,11 @@ the real supervisor, so it has passed the same readiness checks `vlmserve up` us
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from vlmserve.demo.run import demo_spec
@@ -17,6 +19,49 @@ from vlmserve.spec import DeploymentSpec
 from vlmserve.deploy.supervisor import Supervisor
 
 EMBEDDED_MAX_MODEL_LEN = 2048
+
+
+class _DropSpans(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class TraceSink:
+    """Accepts and drops the shared engine's OTLP/HTTP span exports, so that its exporter never fails
+    and backs off (its retries would delay the spans a test waits for); `released()` frees the port
+    while a test's bench listens there with its own receiver."""
+
+    def __init__(self) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _DropSpans)
+        self.port = int(self._server.server_address[1])
+        self._serve()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/traces"
+
+    def _serve(self) -> None:
+        threading.Thread(target=self._server.serve_forever, name="trace-sink", daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    @contextmanager
+    def released(self) -> Iterator[int]:
+        """The port, free for the body of the `with` (a bench's receiver binds it); taken back after."""
+        self.close()
+        try:
+            yield self.port
+        finally:
+            self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _DropSpans)
+            self._serve()
 
 
 @dataclass(frozen=True)
@@ -30,22 +75,29 @@ class EmbeddedEngine:
     log_path: Path
     pid: int
     spec: DeploymentSpec
+    trace_sink: TraceSink | None = None
+    """Where the engine exports its trace spans (the session engine's; None: it exports none)."""
 
 
 @contextmanager
 def start_embedded_engine(
     workdir: Path, *, max_model_len: int = EMBEDDED_MAX_MODEL_LEN, extra_args: tuple[str, ...] = (),
-    tool_parser: str | None = "hermes",
+    tool_parser: str | None = "hermes", trace_sink: TraceSink | None = None,
 ) -> Iterator[EmbeddedEngine]:
-    """Start the embedded model on free ports; stop it (whole process tree) on exit."""
+    """Start the embedded model on free ports; stop it (whole process tree) on exit.
+
+    With `trace_sink`, the engine exports its trace spans there (`--otlp-traces-endpoint`): a test
+    reads them by releasing the sink's port to its bench (tests/e2e/bench/test_engine_breakdown.py)."""
     # The tests put a gateway in front of this engine (as `vlmserve up` does), and the gateway adds
     # per-request processor kwargs when it downscales images: the engine must accept them.
     # The feature-workload tests send tools with a named tool_choice: vLLM 0.32 loads a tool parser only
     # with --enable-auto-tool-choice, and refuses named and required tool_choice (400) without one.
     # The parser is not free: vLLM builds one per chat request, tools or not (a few ms of frontend
-    # time on this machine), so timing tests start their engine with `tool_parser=None`.
+    # time on this machine); the TTFT breakdown's bound (under 12 ms on neither clock) holds with it:
+    # 4-5 ms measured on the shared engine.
     tool_flags = ("--enable-auto-tool-choice", "--tool-call-parser", tool_parser) if tool_parser else ()
-    extra_args = ("--trust-request-mm-kwargs", *tool_flags, *extra_args)
+    trace_flags = ("--otlp-traces-endpoint", trace_sink.endpoint) if trace_sink else ()
+    extra_args = ("--trust-request-mm-kwargs", *tool_flags, *trace_flags, *extra_args)
     spec = demo_spec(max_model_len=max_model_len, name="test-embedded", extra_args=list(extra_args))
     with Supervisor(spec, state_dir=workdir) as supervisor:
         replica = supervisor.replicas[0]
@@ -58,4 +110,5 @@ def start_embedded_engine(
             log_path=replica.plan.log_path,
             pid=replica.pid,
             spec=spec,
+            trace_sink=trace_sink,
         )

@@ -6,8 +6,9 @@
 - Checks first, before anything starts (vlmserve.deploy.preflight): the model exists, the
   ports are free, there is enough free memory, and no other supervisor runs a deployment of
   the same name.
-- Replicas start one at a time: two vLLM engines profiling memory at once is a known cause
-  of start-up failures. Each must pass the readiness checks and serve the configuration its
+- vLLM replicas start one at a time: two vLLM engines profiling memory at once is a known cause
+  of start-up failures. Sim replicas profile nothing and start together (eight take a few
+  seconds, not a dozen). Each must pass the readiness checks and serve the configuration its
   launcher expects, from a process vlmserve itself started (vlmserve.deploy.startup).
 - A replica that dies is restarted with exponential back-off, and the event is logged.
   One that hangs (no answer to /health, then none to a 1-token generation; see
@@ -109,12 +110,20 @@ class Supervisor:
         self.stop()
 
     def start(self) -> "Supervisor":
-        """Check, then start every replica one at a time, then the gateway; return when ready."""
+        """Check, then start every replica (vLLM's one at a time), then the gateway; return when ready."""
         try:
             self._preflight()
             self._write_state()
-            for member in self.members:
-                self._start_and_wait(member, first_start=True)
+            if self.device_kind == "sim":
+                for replica in self.replicas:
+                    self._launch(replica, first_start=True)
+                for replica in self.replicas:
+                    self._await(replica)
+                if self.gateway is not None:
+                    self._start_and_wait(self.gateway, first_start=True)
+            else:
+                for member in self.members:
+                    self._start_and_wait(member, first_start=True)
         except BaseException:
             self.stop()
             raise
@@ -204,6 +213,11 @@ class Supervisor:
 
     def _start_and_wait(self, member: ManagedProcess, *, first_start: bool) -> None:
         """Start the process and wait until it is ready and verified; UserError if not."""
+        self._launch(member, first_start=first_start)
+        self._await(member)
+
+    def _launch(self, member: ManagedProcess, *, first_start: bool) -> None:
+        """Start the member's process group (not waiting for it)."""
         plan = member.plan
         with self._lock:
             if self._stopping.is_set():
@@ -216,7 +230,11 @@ class Supervisor:
             member.ready_at = None
             self._write_state()
         self._event(f"starting {plan.label} on port {plan.port} (pid {member.pid}, log {plan.log_path})")
-        process = member.process
+
+    def _await(self, member: ManagedProcess) -> None:
+        """Wait until the launched member is ready and verified; UserError if not."""
+        plan, process = member.plan, member.process
+        assert process is not None
         served = await_ready(
             member, self.spec.ready_timeout_s, lambda: self._keep_waiting(process), self._stopping.is_set
         )

@@ -1,37 +1,29 @@
 """Where a request's time goes, on the real embedded vLLM engine exporting its trace spans to the bench.
 
-The engine starts with `--otlp-traces-endpoint` pointing at the bench's receiver (the launcher
-sets the OTLP/HTTP protocol and a 200 ms span flush), so it cannot be the shared session engine.
+The shared session engine starts with `--otlp-traces-endpoint` pointing at a sink that drops spans
+(the launcher sets the OTLP/HTTP protocol and a 200 ms span flush); this test frees that port and the
+bench's own receiver listens there instead, so no second engine is started for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
 
-from tests.helpers.engine import start_embedded_engine
 from tests.helpers.gateway_fixtures import running_gateway
 from vlmserve.bench.runner import Target, run_load
 from vlmserve.spec import SLO, LoadSpec
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.mark.engine
 @pytest.mark.slow
-def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(tmp_path) -> None:
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}/v1/traces"
+def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(embedded_engine) -> None:
+    engine = embedded_engine
+    assert engine.trace_sink is not None, "the session engine exports no trace spans"
     # 256-token prompts, so prefill is a visible part of the TTFT
-    # no tool parser: vLLM builds one per chat request (tools or not), frontend time outside both clocks
-    with start_embedded_engine(tmp_path, extra_args=("--otlp-traces-endpoint", endpoint), tool_parser=None) as engine:
+    with engine.trace_sink.released() as port:
         load = LoadSpec(
             dataset="mixed", mix={"random": 0.5, "images": 0.5}, concurrency=2, num_requests=24, warmup=2,
             input_len=256, output_len=8, image_size=(64, 64), tokenizer=engine.model_path,

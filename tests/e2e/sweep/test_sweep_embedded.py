@@ -1,4 +1,11 @@
-"""A shortened sweep against the real embedded vLLM engine, started fresh by the sweep itself."""
+"""A shortened sweep of examples/sweep-embedded-short.yaml against the real embedded vLLM engine.
+
+The sweep runs against the session's engine (the `embedded_engine` fixture) as an endpoint
+deployment rather than starting its own: an engine start is half a minute of CI on 2 cores. The
+sweep's own start and tear-down of a managed deployment is covered with sim engines
+(tests/e2e/sweep/test_sweep_sim.py), and the supervisor's start of real vLLM by the session
+fixture and tests/e2e/test_supervisor.py.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +25,20 @@ REPO = REPO_ROOT
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_embedded_short_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, artifacts_dir: Path) -> None:
+def test_embedded_short_sweep(embedded_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              artifacts_dir: Path) -> None:
     monkeypatch.setenv("VLMSERVE_HOME", str(tmp_path / "home"))
     example = REPO / "examples" / "sweep-embedded-short.yaml"
     data = yaml.safe_load(example.read_text())
-    # shortened for CI: one replica (one engine start on 2 cores) and two of the cells
-    data["deployments"][0]["spec"]["replicas"] = 1
+    parse_sweep_spec(data, str(example), base_dir=example.parent)  # the example as published, engine flags included
+    # shortened for CI: the session's engine, and two of the cells
+    data["deployments"] = [{"name": data["deployments"][0]["name"], "endpoint": embedded_engine.base_url,
+                            "model": embedded_engine.model}]
     data["cells"] = [data["cells"][0], data["cells"][1]]
     data["cells"][0]["vary"] = {"concurrency": [1, 4]}
     data["cells"][0]["base"]["num_requests"] = 8
+    # prompts fitted with the model's own tokenizer, as a managed vLLM deployment's cells are
+    data["cells"][0]["base"]["tokenizer"] = data["cells"][1]["tokenizer"] = embedded_engine.model_path
     spec = parse_sweep_spec(data, str(example), base_dir=example.parent)
     out = tmp_path / "sweep"
     run_sweep(spec, out, progress=False)

@@ -102,6 +102,7 @@ def structure(records: list[dict]) -> dict:
     return by_key
 
 
+@pytest.mark.hostile("batch --runner ray: malformed lines among 2,000 (not JSON, not UTF-8, empty custom_id, bad method or url): one error record each, the rest answered once, as by the built-in runner")
 def test_same_file_same_output_through_both_runners(tmp_path, vlmserve_cmd, ray_head, served) -> None:
     gateway_url, _ = served
     input_path = write_lines(tmp_path / "in.jsonl", mixed_lines(TOTAL))
@@ -126,6 +127,7 @@ def test_same_file_same_output_through_both_runners(tmp_path, vlmserve_cmd, ray_
     assert "succeeded (whole job)" in summary and f"{TOTAL - malformed:,}" in summary
 
 
+@pytest.mark.hostile("batch --runner ray: the output ends in a cut line (a crash mid-write); the rerun sends only what is missing")
 def test_rerun_resumes_from_partial_output_and_sends_only_what_is_missing(tmp_path, vlmserve_cmd, ray_head,
                                                                           served) -> None:
     gateway_url, engine_url = served
@@ -152,6 +154,7 @@ def test_rerun_resumes_from_partial_output_and_sends_only_what_is_missing(tmp_pa
     assert "cannot reach the Ray cluster" not in finished.stderr
 
 
+@pytest.mark.hostile("batch --runner ray: Ctrl-C mid-job; whole lines only, exit 130, the rerun completes each id once")
 def test_ctrl_c_keeps_whole_lines_and_a_rerun_completes_each_id_once(tmp_path, vlmserve_cmd, ray_head) -> None:
     """Unlike the built-in runner, results Ray holds when the driver stops are dropped: those requests
     are sent again by the rerun (more engine work than lines), but the output still has each id once."""
@@ -198,16 +201,23 @@ def shadow_ray(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])}
 
 
+def bad_ray_case(case: str, message: str, why: str) -> object:
+    return pytest.param(case, message, marks=pytest.mark.hostile(f"batch --runner ray: {why}: one line, exit 2, "
+                                                                 f"nothing written"), id=case)
+
+
 @pytest.mark.parametrize("case, message", [
-    ("not_installed", "--runner ray needs Ray Data, which is not installed: pip install 'vlmserve[ray]'"),
-    ("closed_port", "cannot reach the Ray cluster at 127.0.0.1:"),
-    ("not_ray", "did not answer as a Ray cluster within 3 s"),
-    ("bad_address", "--ray-address 'nowhere': give HOST:PORT of the Ray head"),
-    ("too_small", "has 2 CPUs; --ray-workers 64 needs 32"),
-    ("no_token", "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH"),
-    ("workers_without_ray", "--ray-workers only apply with --runner ray"),
-    ("address_without_ray", "--ray-address only apply with --runner ray"),
-    ("bad_runner", "--runner 'spark': use builtin or ray"),
+    bad_ray_case("not_installed", "--runner ray needs Ray Data, which is not installed: pip install 'vlmserve[ray]'",
+                 "Ray is not installed"),
+    bad_ray_case("closed_port", "cannot reach the Ray cluster at 127.0.0.1:", "--ray-address of a closed port"),
+    bad_ray_case("not_ray", "did not answer as a Ray cluster within 3 s",
+                 "--ray-address of a server that is not Ray (it accepts and never answers as Ray)"),
+    bad_ray_case("bad_address", "--ray-address 'nowhere': give HOST:PORT of the Ray head", "--ray-address without a port"),
+    bad_ray_case("too_small", "has 2 CPUs; --ray-workers 64 needs 32", "more --ray-workers than the cluster has CPUs"),
+    bad_ray_case("no_token", "set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH", "a token-auth cluster and no token"),
+    bad_ray_case("workers_without_ray", "--ray-workers only apply with --runner ray", "--ray-workers without --runner ray"),
+    bad_ray_case("address_without_ray", "--ray-address only apply with --runner ray", "--ray-address without --runner ray"),
+    bad_ray_case("bad_runner", "--runner 'spark': use builtin or ray", "an unknown --runner"),
 ])
 def test_bad_ray_invocations_are_one_line_and_quick(tmp_path, vlmserve_cmd, ray_head, served, case, message) -> None:
     gateway_url, engine_url = served

@@ -145,6 +145,8 @@ def test_rate_slos_pass_and_fail(cli, engine: SimHandle, tmp_path: Path) -> None
     agrees_with_recount(features, cut_dir / "run.parquet")
 
 
+@pytest.mark.hostile("bench: unknown --features, a rate --slo without its feature or misspelt, a bad --tool-choice, "
+                     "--features with --api completions: one line, exit 2")
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--features", "tools,vision"],
      "error: --features: unknown feature 'vision'; use any of tools, structured, thinking (comma-separated)"),
@@ -169,6 +171,7 @@ def test_bad_feature_inputs_are_one_line(cli, engine: SimHandle, flags: list[str
     assert "Traceback" not in done.err
 
 
+@pytest.mark.hostile("rate objectives given to slo-search or plan, where no answer is judged: one line, exit 2")
 @pytest.mark.parametrize("argv", [
     ["slo-search", "--rate-range", "1:2", "--duration", "1s"],
     ["plan", "--model", "llama-3.1-8b", "--gpu", "h100", "--input-len", 100, "--output-len", 10, "--concurrency", 2],

@@ -66,7 +66,9 @@ async def image_host(routes: dict[str, Any]) -> AsyncIterator[str]:
     app = web.Application()
     for path, answer in routes.items():
         app.router.add_get(path, answer if callable(answer) else _serve_bytes(answer))
-    runner = web.AppRunner(app)
+    # the /hang.png handler never ends by itself: at exit, cancel it after 1 s rather than wait out
+    # aiohttp's 60 s default (or the handler's sleep)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -140,7 +142,7 @@ async def test_remote_images_are_fetched_and_forwarded_inline(constant_engines: 
 @pytest.mark.hostile("remote image host that hangs, redirects, sends too much or is gone")
 async def test_remote_fetch_failures_are_bounded(constant_engines: list[SimHandle]) -> None:
     async def hang(_request: web.Request) -> web.Response:
-        await asyncio.sleep(30)
+        await asyncio.sleep(3600)  # never answers; cancelled when the host stops
         return web.Response(body=b"")
 
     async def redirect(_request: web.Request) -> web.Response:

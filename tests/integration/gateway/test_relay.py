@@ -84,6 +84,11 @@ class ScriptedReplica:
                 return
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except asyncio.CancelledError:
+            # the test ended while a script still ran (the gateway hung up first): Python 3.11's
+            # start_server logs a cancelled handler as an error with a traceback, which the hostile
+            # table would count against the gateway
+            pass
         finally:
             writer.close()
 
@@ -149,6 +154,8 @@ async def test_frames_split_across_reads_arrive_whole() -> None:
     assert result.completion_tokens == 3
 
 
+@pytest.mark.hostile("a replica dies mid-stream (between frames, mid-frame) or sends a malformed chunk frame: the client "
+                     "gets the tokens so far and one error event")
 @pytest.mark.parametrize("where", ["between_frames", "mid_frame", "malformed_frame"])
 async def test_replica_vanishing_mid_stream_ends_with_an_error_event(where: str) -> None:
     start = SSE_HEAD + frame(token("a")) + frame(token("b"))
@@ -168,6 +175,7 @@ async def test_replica_vanishing_mid_stream_ends_with_an_error_event(where: str)
     assert 'status="stream_error"' in metrics
 
 
+@pytest.mark.hostile("a client hangs up mid-stream: the replica connection closes within 1.5 s, nothing left in flight")
 async def test_client_disconnect_closes_the_replica_connection() -> None:
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD)
@@ -189,6 +197,7 @@ async def test_client_disconnect_closes_the_replica_connection() -> None:
         assert gw.gateway.pool.replicas[0].in_flight == 0
 
 
+@pytest.mark.hostile("a client stops reading a 72 MB stream: the gateway stops reading the replica, then relays it whole")
 async def test_slow_client_holds_back_the_replica() -> None:
     piece = frame(token("y" * 60_000))
     total = 1200  # about 72 MB: more than the kernel's socket buffers on loopback can hold (they autotune to tens of MB)
@@ -307,6 +316,7 @@ async def test_aiohttp_writer_passes_bytes_verbatim_once_unchunked() -> None:
 # ---- the text-only fast path skips the media walks, never the media rules ------------------------
 
 
+@pytest.mark.hostile("a media URL past the text-only fast path, its key plain or JSON-escaped (image\\u005furl): refused")
 @pytest.mark.parametrize("key", ["image_url", "image\\u005furl"])
 async def test_media_rules_hold_with_escaped_keys(constant_engines: list[SimHandle], key: str) -> None:
     body = ('{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image_url", '

@@ -71,6 +71,7 @@ def test_workers_share_one_port_and_metrics_sum_over_them(engine: SimHandle, tmp
         assert "3 workers" in log
 
 
+@pytest.mark.hostile("a gateway worker is SIGKILLed: the other serves meanwhile, it is restarted, counters kept")
 def test_a_killed_worker_is_restarted_and_serving_goes_on(engine: SimHandle, tmp_path: Path) -> None:
     with start_gateway([engine.base_url], tmp_path, "--workers", "2", ready_timeout_s=90) as gateway:
         fresh_connection_requests(gateway.base_url, 20)
@@ -105,6 +106,7 @@ def test_sigterm_drains_streams_in_flight_on_every_worker(engine: SimHandle, tmp
         assert gateway.process.wait(timeout=30) == 0
 
 
+@pytest.mark.hostile("gateway --workers 0, 65 or -3: one line, exit 2")
 @pytest.mark.parametrize("value", ["0", "65", "-3"])
 def test_bad_workers_values_are_one_line_errors(capsys: pytest.CaptureFixture[str], value: str) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -115,6 +117,7 @@ def test_bad_workers_values_are_one_line_errors(capsys: pytest.CaptureFixture[st
     assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
 
 
+@pytest.mark.hostile("gateway --workers that is not a number: usage error, exit 2, no traceback")
 def test_non_number_workers_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["gateway", "--replica", "http://127.0.0.1:1", "--workers", "many"])

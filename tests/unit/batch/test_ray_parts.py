@@ -44,6 +44,7 @@ def test_host_port(address, expected) -> None:
     assert host_port(address) == expected
 
 
+@pytest.mark.hostile("Ray runner: a --ray-address with no port, no host, a port out of range or not a number: one line")
 @pytest.mark.parametrize("address", ["head", "head:", ":6379", "head:99999", "head:port", "ray://"])
 def test_bad_addresses_are_one_line(address) -> None:
     with pytest.raises(UserError, match="give HOST:PORT of the Ray head"):
@@ -78,6 +79,7 @@ def _collector(tmp_path: Path, concurrency: int = 4) -> tuple[_Collector, Result
     return _Collector(options, RayOptions(workers=2), outcome, file), file, outcome
 
 
+@pytest.mark.hostile("Ray runner: Ray delivers a batch twice (its actor died and the batch was retried): each id written once")
 def test_a_result_delivered_twice_is_written_once(tmp_path: Path) -> None:
     """Ray retries a batch whose actor died; the driver still writes each custom_id once."""
     collector, file, outcome = _collector(tmp_path)
@@ -89,6 +91,7 @@ def test_a_result_delivered_twice_is_written_once(tmp_path: Path) -> None:
     assert (outcome.answered_now, outcome.succeeded, outcome.retries, outcome.completion_tokens) == (3, 3, 3, 9)
 
 
+@pytest.mark.hostile("Ray runner: the endpoint stops answering; no line for an unanswered request, a long streak stops the job with its cause")
 def test_no_answer_is_not_written_and_a_long_streak_stops_the_job(tmp_path: Path) -> None:
     collector, file, outcome = _collector(tmp_path, concurrency=2)  # streak limit 2 x 2
     assert collector.take(_batch([_row("a", no_answer="ClientConnectorError"), _row("b")])) is None
@@ -99,6 +102,7 @@ def test_no_answer_is_not_written_and_a_long_streak_stops_the_job(tmp_path: Path
     assert scan_output(tmp_path / "out.jsonl").lines == 1
 
 
+@pytest.mark.hostile("Ray runner: a line that is not JSON becomes an error record naming its line; the rest is sent")
 def test_feed_writes_malformed_lines_and_chunks_the_rest(tmp_path: Path) -> None:
     input_path = tmp_path / "in.jsonl"
     lines = ["{oops"] + [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
@@ -172,6 +176,7 @@ async def test_sender_builds_the_builtin_runners_lines(endpoint: str) -> None:
     assert out["completion_tokens"] == [7, 0, 7]
 
 
+@pytest.mark.hostile("Ray sender: an endpoint that refuses connections yields no answer, never a made-up result line")
 async def test_sender_reports_no_answer_instead_of_a_line() -> None:
     sender = RaySender("http://127.0.0.1:9", {}, concurrency=1, request_timeout_s=2,
                        retry=RetryPolicy(max_retries=0))

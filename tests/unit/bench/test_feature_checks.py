@@ -17,6 +17,11 @@ GOOD_FINDING = {"tooth": 12, "finding": "caries", "confidence": 0.5, "followup":
 GOOD_VISIT = {"days_from_now": 3, "reason": "filling", "urgent": False}
 
 
+def invalid_answer(*case: object, why: str) -> object:
+    """A case whose answer is broken on purpose: a row of the hostile table (valid cases are not)."""
+    return pytest.param(*case, marks=pytest.mark.hostile(f"bench --features: {why}: judged invalid with a one-line reason"))
+
+
 def structured(index: int, text: str, finish: str = "stop", ok: bool = True) -> RequestRecord:
     return RequestRecord(request_id=f"s{index}", scheduled_at_s=1.0, sent_at_s=1.0, first_token_at_s=1.1, finished_at_s=1.5,
                          ok=ok, features=["structured"], response_schema="radiograph_finding", answer_text=text,
@@ -34,11 +39,15 @@ def tools(index: int, calls: list[dict] | None, choice: str = "named", finish: s
 @pytest.mark.parametrize(("text", "finish", "valid", "reason"), [
     (json.dumps(GOOD_FINDING), "stop", True, None),
     ("  " + json.dumps(GOOD_FINDING) + "\n", "stop", True, None),  # whitespace around JSON is still JSON
-    ("```json\n" + json.dumps(GOOD_FINDING) + "\n```", "stop", False, "not JSON"),
-    (json.dumps({**GOOD_FINDING, "tooth": 40}), "stop", False, "schema: content['tooth'] 40 is greater than the maximum of 32"),
-    (json.dumps({**GOOD_FINDING, "extra": 1}), "stop", False, "schema: content Additional properties"),
-    ('{"tooth": 12, "find', "length", False, "cut at max_tokens: content"),
-    ("", "stop", False, "no content"),
+    invalid_answer("```json\n" + json.dumps(GOOD_FINDING) + "\n```", "stop", False, "not JSON",
+                   why="a structured answer wrapped in a markdown fence"),
+    invalid_answer(json.dumps({**GOOD_FINDING, "tooth": 40}), "stop", False,
+                   "schema: content['tooth'] 40 is greater than the maximum of 32", why="a structured answer out of range"),
+    invalid_answer(json.dumps({**GOOD_FINDING, "extra": 1}), "stop", False, "schema: content Additional properties",
+                   why="a structured answer with a property the schema forbids"),
+    invalid_answer('{"tooth": 12, "find', "length", False, "cut at max_tokens: content",
+                   why="a structured answer cut at max_tokens"),
+    invalid_answer("", "stop", False, "no content", why="an empty structured answer"),
 ])  # fmt: skip
 def test_structured_answers(text: str, finish: str, valid: bool, reason: str | None) -> None:
     record = structured(0, text, finish)
@@ -52,14 +61,18 @@ def test_structured_answers(text: str, finish: str, valid: bool, reason: str | N
 
 @pytest.mark.parametrize(("calls", "choice", "valid", "reason"), [
     ([{"name": "schedule_visit", "arguments": json.dumps(GOOD_VISIT)}], "named", True, None),
-    ([{"name": "lookup_term", "arguments": json.dumps({"term": "enamel", "level": "primary"})}], "named", False, "wrong tool"),
+    invalid_answer([{"name": "lookup_term", "arguments": json.dumps({"term": "enamel", "level": "primary"})}], "named", False,
+                   "wrong tool", why="a call to another tool than the one named"),
     ([{"name": "lookup_term", "arguments": json.dumps({"term": "enamel", "level": "primary"})}], "required", True, None),
-    ([{"name": "drop_tables", "arguments": "{}"}], "auto", False, "unknown tool"),
-    ([{"name": "schedule_visit", "arguments": "859781E0798"}], "named", False, "schema: schedule_visit arguments"),
-    ([{"name": "schedule_visit", "arguments": '{"days_from_now": 3,'}], "named", False, "not JSON"),
-    ([{"name": "schedule_visit", "arguments": json.dumps(GOOD_VISIT)}, {"name": "schedule_visit", "arguments": "{}"}],
-     "required", False, "schema"),  # every call must be valid
-    (None, "named", False, "no tool call"),
+    invalid_answer([{"name": "drop_tables", "arguments": "{}"}], "auto", False, "unknown tool",
+                   why="a call to a tool that was not offered"),
+    invalid_answer([{"name": "schedule_visit", "arguments": "859781E0798"}], "named", False,
+                   "schema: schedule_visit arguments", why="tool-call arguments that are a number, not an object"),
+    invalid_answer([{"name": "schedule_visit", "arguments": '{"days_from_now": 3,'}], "named", False, "not JSON",
+                   why="tool-call arguments that are cut JSON"),
+    invalid_answer([{"name": "schedule_visit", "arguments": json.dumps(GOOD_VISIT)}, {"name": "schedule_visit", "arguments": "{}"}],
+                   "required", False, "schema", why="one valid tool call and one against the schema"),  # every call must be valid
+    invalid_answer(None, "named", False, "no tool call", why="no tool call where one was forced"),
     (None, "auto", None, "no tool call"),  # auto: not calling is allowed, so not judged
 ])  # fmt: skip
 def test_tool_calls(calls: list[dict] | None, choice: str, valid: bool | None, reason: str | None) -> None:
@@ -128,6 +141,7 @@ def test_requests_get_their_features_deterministically() -> None:
     assert kept["tool_choice"] == "auto"
 
 
+@pytest.mark.hostile("bench: an unknown or empty --features, --tool-choice without tools or unknown: one-line errors")
 @pytest.mark.parametrize(("text", "message"), [
     ("tool", "error: --features: unknown feature 'tool'; use any of tools, structured, thinking (comma-separated)"),
     (",", "error: --features ',': name at least one of tools, structured, thinking"),
@@ -142,6 +156,7 @@ def test_bad_feature_flags(text: str, message: str) -> None:
         parse_tool_choice_flag("any", ["tools"])
 
 
+@pytest.mark.hostile("--slo rate objectives written as an equality, misspelt, out of 0..1, not a number or per type: one line")
 @pytest.mark.parametrize(("text", "words"), [
     ("schema_valid=0.99", "a rate objective is a lower bound; write schema_valid>=0.99"),
     ("schema_vald>=0.99", "unknown rate objective 'schema_vald'; use schema_valid, tool_call_valid"),
@@ -167,6 +182,7 @@ def _event(delta: dict, finish: str | None = None) -> bytes:
     return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode()
 
 
+@pytest.mark.hostile("bench client: malformed tool-call deltas in a stream (not an object, function not an object, arguments as an object): parsed without a crash")
 def test_the_stream_parser_times_reasoning_and_answer_and_keeps_tool_calls() -> None:
     from vlmserve.bench.client import _StreamState
 

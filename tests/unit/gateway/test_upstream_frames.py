@@ -29,12 +29,14 @@ def test_trailers_and_a_split_terminator() -> None:
     assert walk_frames(b"0\r\nX-Trailer: 1\r\n\r\n") == (0, 19)
 
 
+@pytest.mark.hostile("replica chunk framing: a size that is not hex, a frame without its CRLF, an endless size line: an error")
 @pytest.mark.parametrize("bad", [b"zz\r\nabc\r\n", b"3\r\nabcXY", b"f" * 2000])
 def test_malformed_framing_is_an_error(bad: bytes) -> None:
     with pytest.raises(UpstreamError):
         walk_frames(bad)
 
 
+@pytest.mark.hostile("a replica body cut before its last chunk: reported as incomplete, not as a whole body")
 def test_a_body_without_its_last_chunk_is_incomplete() -> None:
     with pytest.raises(UpstreamClosed):
         decode_chunked(b"3\r\nabc\r\n")
