@@ -14,13 +14,16 @@ view of the replicas): per-process state stays per process.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
+from itertools import accumulate
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -65,23 +68,69 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily("vlmserve_gateway_state_available", "1 while the shared admission state (--state redis://...) answers; 0 while rate limits fall back per --state-unavailable", value=1.0 if state["state_available"] else 0.0)
 
 
+_REQUESTS = ("vlmserve_gateway_requests", "Requests finished, by final status (HTTP code, stream_error, abandoned)",
+             ["status", "tenant", "replica"])
+_TTFT = ("vlmserve_gateway_time_to_first_token_seconds", "Request received to first response byte sent, at the gateway",
+         ["replica"])
+_E2E = ("vlmserve_gateway_e2e_request_latency_seconds", "Request received to last byte sent, at the gateway", ["replica"])
+_BUCKET_LABELS = [floatToGoString(bound) for bound in LATENCY_BUCKETS_S] + ["+Inf"]
+
+
+class _PerRequestSeries(Collector):
+    """The request counter and the two latency histograms of a one-process gateway, as plain numbers.
+
+    Only the event loop's thread touches them, so an observation is a dict update and a bisect;
+    a scrape turns them into the same families (names, labels, buckets) prometheus_client's
+    Counter and Histogram would expose."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, str], int] = {}
+        self.latency: dict[str, tuple[list[int], list[int], list[float]]] = {}  # replica -> ttft, e2e counts, sums
+
+    def observe(self, replica: str, ttft_s: float, e2e_s: float) -> None:
+        series = self.latency.get(replica)
+        if series is None:
+            series = self.latency[replica] = ([0] * len(_BUCKET_LABELS), [0] * len(_BUCKET_LABELS), [0.0, 0.0])
+        series[0][bisect_left(LATENCY_BUCKETS_S, ttft_s)] += 1
+        series[1][bisect_left(LATENCY_BUCKETS_S, e2e_s)] += 1
+        series[2][0] += ttft_s
+        series[2][1] += e2e_s
+
+    def forget(self, replica: str) -> None:
+        self.latency.pop(replica, None)
+        for key in [key for key in self.requests if key[2] == replica]:
+            del self.requests[key]
+
+    def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
+        requests = CounterMetricFamily(_REQUESTS[0], _REQUESTS[1], labels=_REQUESTS[2])
+        for key, count in self.requests.items():
+            requests.add_metric(list(key), count)
+        yield requests
+        for (name, documentation, labels), which in ((_TTFT, 0), (_E2E, 1)):
+            family = HistogramMetricFamily(name, documentation, labels=labels)
+            for replica, series in self.latency.items():
+                cumulative = list(accumulate(series[which]))
+                family.add_metric([replica], list(zip(_BUCKET_LABELS, cumulative)), sum_value=series[2][which])
+            yield family
+
+
 class GatewayMetrics:
     """One registry per gateway, so several gateways can live in one process (tests)."""
 
     def __init__(self, snapshot: Callable[[], dict]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter(
-            "vlmserve_gateway_requests", "Requests finished, by final status (HTTP code, stream_error, abandoned)",
-            ["status", "tenant", "replica"], registry=self.registry,
-        )
-        self.ttft = Histogram(
-            "vlmserve_gateway_time_to_first_token_seconds", "Request received to first response byte sent, at the gateway",
-            ["replica"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
-        )
-        self.e2e = Histogram(
-            "vlmserve_gateway_e2e_request_latency_seconds", "Request received to last byte sent, at the gateway",
-            ["replica"], buckets=LATENCY_BUCKETS_S, registry=self.registry,
-        )
+        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        # Per-request series: with one process, plain numbers the event loop owns (no lock, no
+        # bucket scan per observation; turned into families at scrape time, `_PerRequestSeries`);
+        # with --workers, prometheus_client's, whose values live in the shared multiprocess files.
+        self.per_request: _PerRequestSeries | None = None
+        if self._multiprocess_dir is None:
+            self.per_request = _PerRequestSeries()
+            self.registry.register(self.per_request)
+        else:
+            self.requests = Counter(*_REQUESTS, registry=self.registry)
+            self.ttft = Histogram(*_TTFT, buckets=LATENCY_BUCKETS_S, registry=self.registry)
+            self.e2e = Histogram(*_E2E, buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.retries = Counter(
             "vlmserve_gateway_retries", "Attempts retried on another replica, by the replica that failed and why",
             ["replica", "reason"], registry=self.registry,
@@ -128,7 +177,6 @@ class GatewayMetrics:
         )
         self._state = _StateCollector(snapshot)
         self.registry.register(self._state)
-        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         # a worker's share means something only beside other workers (--workers); one process skips the count
         self._worker_child = self.worker_requests.labels(str(os.getpid())) if self._multiprocess_dir else None
         self._request_children: dict[tuple[str, str, str], Any] = {}
@@ -136,6 +184,10 @@ class GatewayMetrics:
 
     def count_request(self, status: str, tenant: str, replica: str) -> None:
         key = (status, tenant, replica)
+        if self.per_request is not None:
+            requests = self.per_request.requests
+            requests[key] = requests.get(key, 0) + 1
+            return
         child = self._request_children.get(key)
         if child is None:
             child = self._request_children[key] = self.requests.labels(*key)
@@ -144,7 +196,10 @@ class GatewayMetrics:
             self._worker_child.inc()
 
     def observe_latency(self, replica: str, ttft_s: float, e2e_s: float) -> None:
-        """Both histograms of a finished request; label lookups are cached (hot path)."""
+        """Both histograms of a finished request (hot path: no label lookup, no lock with one process)."""
+        if self.per_request is not None:
+            self.per_request.observe(replica, ttft_s, e2e_s)
+            return
         children = self._latency_children.get(replica)
         if children is None:
             children = self._latency_children[replica] = (self.ttft.labels(replica), self.e2e.labels(replica))
@@ -153,10 +208,15 @@ class GatewayMetrics:
 
     def forget_replica(self, replica: str) -> None:
         """Drop the per-replica series of a replica that left and drained (pods come and go: labels must not pile up)."""
-        self._latency_children.pop(replica, None)
-        for key in [key for key in self._request_children if key[2] == replica]:
-            del self._request_children[key]
-        for metric in (self.requests, self.ttft, self.e2e, self.retries, self.ejections):
+        metrics: list[Any] = [self.retries, self.ejections]
+        if self.per_request is not None:
+            self.per_request.forget(replica)
+        else:
+            self._latency_children.pop(replica, None)
+            for key in [key for key in self._request_children if key[2] == replica]:
+                del self._request_children[key]
+            metrics += [self.requests, self.ttft, self.e2e]
+        for metric in metrics:
             names = metric._labelnames  # prometheus_client keeps label values per child; no public iterator
             position = names.index("replica")
             for values in [v for v in list(metric._metrics) if v[position] == replica]:
