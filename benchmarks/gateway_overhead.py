@@ -320,6 +320,9 @@ def summarize(trials: list[list[Trial]], names: list[str]) -> dict:
                 "proxy_cpu": this.proxy_cpu,
                 "proxy_cpu_us_per_chunk": this.proxy_cpu_us_per_chunk,
                 "proxy_kernel_share": this.proxy_kernel_share,
+                # the yardstick: CPU per chunk over vllm-router's in the same round (absent without it)
+                **({"cpu_per_chunk_vs_router": this.proxy_cpu_us_per_chunk / by_name["vllm-router"].proxy_cpu_us_per_chunk}
+                   if "vllm-router" in by_name and by_name["vllm-router"].proxy_cpu_us_per_chunk > 0 else {}),
             })
         summary[name] = {
             key: {"median": statistics.median(r[key] for r in rows), "min": min(r[key] for r in rows),
@@ -348,6 +351,11 @@ def print_summary(summary: dict, args: argparse.Namespace) -> None:
               f"{med('tokens_per_s'):>8.0f} {med('throughput_ratio'):>14.3f}x "
               f"{med('proxy_cpu'):>9.2f}c {med('proxy_cpu_us_per_chunk'):>8.1f}us {med('proxy_kernel_share'):>6.0%} "
               f"{med('loadgen_cpu'):>10.2f}c {figures['failed_total']:>7d}   p50 diff range {spread}")
+    ratios = {name: figures["cpu_per_chunk_vs_router"] for name, figures in summary.items()
+              if "cpu_per_chunk_vs_router" in figures and name not in ("vllm-router", "direct")}
+    for name, ratio in ratios.items():
+        print(f"CPU/chunk vs vllm-router, {name}: paired median {ratio['median']:.2f}x "
+              f"(rounds {ratio['min']:.2f}x..{ratio['max']:.2f}x)")
 
 
 async def run(args: argparse.Namespace, routes: list[Route]) -> list[list[Trial]]:
