@@ -42,12 +42,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from vlmserve.gateway.lean_http import REQUEST_TIMEOUT
 from vlmserve.gateway.lean_lane import Handler as LeanHandler
 from vlmserve.gateway.lean_lane import LeanConnection, LeanLane
 
 log = logging.getLogger("vlmserve.gateway")
 
-_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 _TOO_MANY_BODY = (b'{"error":{"message":"the gateway has too many open connections: retry shortly",'
                   b'"type":"ServiceUnavailableError","code":"too_many_connections"}}')
 _TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
@@ -119,7 +119,7 @@ class GuardedRequestHandler(RequestHandler):
         if self._messages or self._request_in_progress or self.transport is None:
             return
         self._stats.header_timeouts += 1
-        self.transport.write(_REQUEST_TIMEOUT)
+        self.transport.write(REQUEST_TIMEOUT)
         self.force_close()  # the transport flushes the 408, then closes
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,

@@ -28,6 +28,8 @@ from aiohttp import web
 from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind
 
 MAX_HEAD_BYTES = 8192  # a longer head goes to aiohttp, whose own limits then apply
+REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+"""What a connection that did not complete its head in time gets, on either lane, before it is closed."""
 _REQUEST_LINE = re.compile(rb"POST (/[-!$&'()*+,./0-9:;=@A-Z_a-z~]*) HTTP/1\.1")
 # Header fields: a token, a colon, printable ASCII or tabs, CRLF. One pass checks the whole block,
 # one more splits it; neither can backtrack (no two parts of a field match the same characters).
@@ -85,24 +87,26 @@ class LeanHead:
         self.content_length = content_length
 
 
+def _lean_route(request_line: bytes) -> Route | None:
+    """The engine-work route a request line POSTs to, if the line is inside the subset."""
+    match = _REQUEST_LINE.fullmatch(request_line)
+    route = ROUTES.get(match.group(1).decode("ascii")) if match is not None else None
+    if route is None or route.kind is not RouteKind.ENGINE_WORK or route.method != "POST":
+        return None
+    return route
+
+
 def first_line_fits(line: bytes) -> bool:
     """Whether a request line can start a lean request (checked as soon as it arrives, so a GET
     /health or anything unusual goes to aiohttp at once)."""
-    match = _REQUEST_LINE.fullmatch(line)
-    if match is None:
-        return False
-    route = ROUTES.get(match.group(1).decode("ascii"))
-    return route is not None and route.kind is RouteKind.ENGINE_WORK and route.method == "POST"
+    return _lean_route(line) is not None
 
 
 def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
     """The head (without its final blank line) if it is inside the subset, else None."""
     line_end = head.find(b"\r\n")
-    match = _REQUEST_LINE.fullmatch(head if line_end < 0 else head[:line_end])
-    if match is None:
-        return None
-    route = ROUTES.get(match.group(1).decode("ascii"))
-    if route is None or route.kind is not RouteKind.ENGINE_WORK or route.method != "POST":
+    route = _lean_route(head if line_end < 0 else head[:line_end])
+    if route is None:
         return None
     block = "" if line_end < 0 else head[line_end + 2:].decode("latin-1") + "\r\n"
     if _FIELDS_BLOCK.fullmatch(block) is None:

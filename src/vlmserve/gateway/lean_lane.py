@@ -35,6 +35,7 @@ from aiohttp import web
 
 from vlmserve.gateway.lean_http import (
     MAX_HEAD_BYTES,
+    REQUEST_TIMEOUT,
     LeanHead,
     LeanRequest,
     first_line_fits,
@@ -46,7 +47,6 @@ from vlmserve.gateway.lean_http import (
 log = logging.getLogger("vlmserve.gateway")
 
 MAX_PENDING_BYTES = 65536  # bytes of a next (pipelined) request held while one is served; reading pauses above
-_REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 Handler = Callable[[LeanRequest], Awaitable[Any]]
 
@@ -171,10 +171,7 @@ class LeanConnection(asyncio.Protocol):
             end = data.find(b"\r\n\r\n")
             head = parse_head(data[:end], self.lane.max_body_bytes) if end > 0 else None
             if head is not None and len(data) == end + 4 + head.content_length:
-                self.deadline = 0.0
-                self.header_deadline = None
-                request = LeanRequest(head.route, head.headers, data[end + 4:], self.transport, self)
-                self.task = asyncio.get_running_loop().create_task(self._serve(request))
+                self._dispatch(head, data[end + 4:])
                 return
         self.buffer += data
         if self.task is not None:  # a pipelined request: it waits for the answer in progress
@@ -242,7 +239,14 @@ class LeanConnection(asyncio.Protocol):
             return
         body = bytes(buffer[body_at:body_end])
         del buffer[:body_end]
+        self._dispatch(head, body)
+
+    def _dispatch(self, head: LeanHead, body: bytes) -> None:
+        """A whole request: no deadline runs while the handler serves it."""
+        assert self.transport is not None
         self.head = None
+        self.deadline = 0.0
+        self.header_deadline = None
         request = LeanRequest(head.route, head.headers, body, self.transport, self)
         self.task = asyncio.get_running_loop().create_task(self._serve(request))
 
@@ -312,7 +316,7 @@ class LeanConnection(asyncio.Protocol):
             return
         if self.header_deadline is not None:  # a head not complete in time: 408 (a kept-alive idle one just closes)
             self.lane.stats.header_timeouts += 1
-            self.transport.write(_REQUEST_TIMEOUT)
+            self.transport.write(REQUEST_TIMEOUT)
         self._close()
 
     def _close(self) -> None:
