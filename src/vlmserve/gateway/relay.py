@@ -1,6 +1,8 @@
 """Relaying a replica's streamed answer to the client with as little work per chunk as possible.
 
-Per chunk the relay runs inside the upstream connection's `data_received` (upstream.py): no
+Per chunk the relay runs as the replica connection's protocol: once the first bytes are out it
+takes the transport over (`set_protocol`; upstream.py made the connection and gets it back at the
+end), so every block arrives in `_on_data` straight from the event loop: no
 task wake-up, no coroutine chain, no re-framing. When both sides speak chunked HTTP/1.1 (every
 engine and every HTTP/1.1 client), the replica's bytes are passed on as they came, frames and
 all: the only per-chunk work is finding the frame boundaries (a `find` and an `int`), a
@@ -132,7 +134,7 @@ class StreamRelay(asyncio.Protocol):
         # bytes that came while the head was being written, then everything else from data_received
         early, connection.body = connection.body, []
         self.fast = self.verbatim and not self.payload_only
-        connection.sink, connection.sink_lost = self._on_data, self._on_lost
+        connection.sink_lost = self._on_lost
         transport = connection.transport
         if transport is not None and not connection.closed:
             transport.set_protocol(self)  # the replica's blocks reach _on_data directly (data_received below)
@@ -158,7 +160,7 @@ class StreamRelay(asyncio.Protocol):
     def detach(self) -> None:
         """Stop taking the replica's bytes (the stream is being cut or is over)."""
         connection = self.connection
-        connection.sink = connection.sink_lost = None
+        connection.sink_lost = None
         if self.holds_transport:
             self.holds_transport = False
             transport = connection.transport

@@ -5,7 +5,7 @@ through aiohttp's parser, its StreamReader, a task wake-up and a coroutine chain
 profiling showed to be most of the gateway's CPU per chunk. This client is an
 `asyncio.Protocol`: until the response's first body bytes are in hand it behaves like any
 client (status, headers, whole bodies for error and unary answers), and then `relay.py`
-takes the connection's bytes straight from `data_received`, still chunk-framed, and passes
+takes the connection over (`set_protocol`) and gets its bytes straight from the event loop, still chunk-framed, and passes
 them on. It speaks only what the gateway needs: one request at a time per connection, bodies
 in memory, keep-alive pooling per replica, HTTP and HTTPS.
 
@@ -100,7 +100,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.status = 0
         self.http10 = False
         self.headers: dict[str, str] = {}
-        self.sink: Callable[[bytes], None] | None = None  # set by the relay: takes every byte from then on
+        # set while a relay holds the transport (relay.py takes it over with set_protocol): told of the close
         self.sink_lost: Callable[[BaseException | None], None] | None = None
 
     # ---- asyncio.Protocol ----------------------------------------------------------------------
@@ -112,10 +112,6 @@ class UpstreamConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
-        sink = self.sink
-        if sink is not None:
-            sink(data)
-            return
         if self.status == 0:
             self._head += data
             self.head_bytes_seen = True
@@ -144,7 +140,7 @@ class UpstreamConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.sink_lost is not None:
-            lost, self.sink_lost, self.sink = self.sink_lost, None, None
+            lost, self.sink_lost = self.sink_lost, None
             lost(exc)
             return
         self.error = exc if exc is not None else UpstreamClosed("replica closed the connection")
@@ -206,7 +202,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers = {}
         self.body = []
         self.head_bytes_seen = False
-        self.sink = self.sink_lost = None
+        self.sink_lost = None
 
 
 def _wake(waiter: asyncio.Future[None] | None) -> None:
@@ -298,7 +294,7 @@ class UpstreamResponse:
             return
         self._let_go = True
         connection = self.connection
-        connection.sink = connection.sink_lost = None
+        connection.sink_lost = None
         if connection.transport is not None and not connection.closed:
             connection.transport.close()
         connection.closed = True

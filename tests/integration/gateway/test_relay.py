@@ -217,7 +217,7 @@ async def test_slow_client_holds_back_the_replica() -> None:
                 first = await response.content.readany()
                 await asyncio.sleep(1.5)  # the client reads nothing for a while
                 held_back = sent["frames"]
-                relaying = [c for c in gc.get_objects() if isinstance(c, UpstreamConnection) and c.sink is not None]
+                relaying = [c for c in gc.get_objects() if isinstance(c, UpstreamConnection) and c.sink_lost is not None]
                 reading = [c.transport.is_reading() for c in relaying if c.transport is not None]
                 body = first + await response.content.read()
         del replica
