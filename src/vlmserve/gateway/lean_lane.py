@@ -29,7 +29,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -43,6 +43,9 @@ from vlmserve.gateway.lean_http import (
     response_head,
     serialize_response,
 )
+
+if TYPE_CHECKING:
+    from vlmserve.gateway.relay import StreamRelay
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -99,6 +102,7 @@ class LeanLane:
 
     def __init__(self, handler: Handler, *, max_body_bytes: int, header_timeout_s: float,
                  keepalive_timeout_s: float, stats: Any, make_aiohttp_handler: Callable[[], Any]) -> None:
+        self.loop = asyncio.get_running_loop()  # held: asking for it per request costs a getpid() each time
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.header_timeout_s = header_timeout_s
@@ -115,10 +119,10 @@ class LeanLane:
     def add(self, connection: LeanConnection) -> None:
         self.connections.add(connection)
         if self._ticker is None and not self.closing:
-            self._ticker = asyncio.get_running_loop().call_later(self.tick_s, self._tick)
+            self._ticker = self.loop.call_later(self.tick_s, self._tick)
 
     def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         now = loop.time()
         for connection in list(self.connections):
             if connection.deadline and now >= connection.deadline:
@@ -140,7 +144,7 @@ class LeanConnection(asyncio.Protocol):
     """One client connection, until (if ever) it is handed to aiohttp."""
 
     __slots__ = ("lane", "transport", "buffer", "head", "task", "deadline", "header_deadline", "handed",
-                 "reading_paused", "writing_paused", "drain_waiter", "__weakref__")
+                 "reading_paused", "writing_paused", "drain_waiter", "relay", "__weakref__")
 
     def __init__(self, lane: LeanLane) -> None:
         self.lane = lane
@@ -154,6 +158,7 @@ class LeanConnection(asyncio.Protocol):
         self.reading_paused = False
         self.writing_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
+        self.relay: StreamRelay | None = None  # the stream being relayed to this client, told of loss and back-pressure
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
@@ -191,12 +196,16 @@ class LeanConnection(asyncio.Protocol):
         self.lane.connections.discard(self)
         self.lane.stats.live.discard(self)
         self.transport = None
+        if self.relay is not None:
+            self.relay.client_lost()  # before the transport is closed under it: no more writes
         if self.task is not None:
             self.task.cancel()  # the handler's forwarder closes the replica's connection
         self._wake_drain()
 
     def pause_writing(self) -> None:
         self.writing_paused = True
+        if self.relay is not None:
+            self.relay.pause()  # stop reading the replica until this socket drains
 
     def resume_writing(self) -> None:
         self.writing_paused = False
@@ -206,7 +215,7 @@ class LeanConnection(asyncio.Protocol):
         """Until the client's socket takes bytes again (or is gone)."""
         if not self.writing_paused or self.transport is None:
             return
-        self.drain_waiter = asyncio.get_running_loop().create_future()
+        self.drain_waiter = self.lane.loop.create_future()
         try:
             await self.drain_waiter
         finally:
@@ -248,7 +257,7 @@ class LeanConnection(asyncio.Protocol):
         self.deadline = 0.0
         self.header_deadline = None
         request = LeanRequest(head.route, head.headers, body, self.transport, self)
-        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+        self.task = self.lane.loop.create_task(self._serve(request))
 
     async def _serve(self, request: LeanRequest) -> None:
         try:
@@ -280,7 +289,7 @@ class LeanConnection(asyncio.Protocol):
             self._await_head()
             self._advance()
         else:
-            self.deadline = asyncio.get_running_loop().time() + self.lane.keepalive_timeout_s
+            self.deadline = self.lane.loop.time() + self.lane.keepalive_timeout_s
 
     def _hand_over(self) -> None:
         """aiohttp takes the connection, and every byte received, from this request on."""
@@ -289,7 +298,7 @@ class LeanConnection(asyncio.Protocol):
         self.deadline = 0.0
         remaining = None
         if self.header_deadline is not None:
-            remaining = max(0.0, self.header_deadline - asyncio.get_running_loop().time())
+            remaining = max(0.0, self.header_deadline - self.lane.loop.time())
         self.handed = True
         self.lane.stats.live.discard(self)
         self.lane.connections.discard(self)
@@ -308,7 +317,7 @@ class LeanConnection(asyncio.Protocol):
     # ---- deadlines (checked by LeanLane._tick) -----------------------------------------------
 
     def _await_head(self) -> None:
-        self.header_deadline = self.deadline = asyncio.get_running_loop().time() + self.lane.header_timeout_s
+        self.header_deadline = self.deadline = self.lane.loop.time() + self.lane.header_timeout_s
 
     def on_deadline(self) -> None:
         self.deadline = 0.0

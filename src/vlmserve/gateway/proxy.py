@@ -189,6 +189,7 @@ class Forwarder:
         self.first_token_timeout_s = first_token_timeout_s
         self.upstream_auth = upstream_auth
         self.on_retry = on_retry
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _upstream_headers(self, request_id: str, client_headers: Mapping[str, str]) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "X-Request-ID": request_id, **trace_context(client_headers)}
@@ -247,8 +248,10 @@ class Forwarder:
 
     async def _attempt(self, request: ClientRequest, body: bytes, routed: RoutedRequest, replica: Replica,
                        log: RequestLog) -> Answer:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()  # held: asking per request costs a getpid() each time
+        task = asyncio.current_task(loop)
         assert task is not None
         replica.in_flight += 1
         replica.dispatched_total += 1
@@ -264,7 +267,8 @@ class Forwarder:
         try:
             try:
                 upstream = await self.upstream.request(
-                    "POST", replica.url + request.path, self._upstream_headers(log.request_id, request.headers), body
+                    "POST", replica.url + request.path, self._upstream_headers(log.request_id, request.headers), body,
+                    head_with_body=routed.stream,
                 )
                 if upstream.status != 200:
                     payload = await upstream.read()

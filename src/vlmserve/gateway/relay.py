@@ -5,8 +5,11 @@ takes the transport over (`set_protocol`; upstream.py made the connection and ge
 end), so every block arrives in `_on_data` straight from the event loop: no
 task wake-up, no coroutine chain, no re-framing. When both sides speak chunked HTTP/1.1 (every
 engine and every HTTP/1.1 client), the replica's bytes are passed on as they came, frames and
-all: the only per-chunk work is finding the frame boundaries (a `find` and an `int`), a
-substring test for usage, a counter for the stall watchdog, and one `transport.write`.
+all. For a lean-lane client (lean_lane.py) the common block, one whole data frame, takes an
+inline path: its first five bytes looked up among the frame heads already seen give the length
+it must have, and then the only work is a substring test for usage, a counter for the stall
+watchdog and one `transport.write`. Any other block (the first ones, split or merged frames, the
+end) goes through `_take`, which walks the frames.
 
 What the gateway still guarantees on this path:
 - Only whole frames reach the client; an incomplete frame is held until it completes, so a
@@ -18,9 +21,12 @@ What the gateway still guarantees on this path:
   once at the end; the policy learns the first token as before (engine prompt count in the
   first chunks, else after the second chunk).
 - A client that reads slowly pauses reading from the replica (the client socket's own high
-  water mark) until its buffer drains: memory per stream stays bounded.
-- A client that goes away: aiohttp cancels the handler; the caller closes the replica's
-  connection and the engine aborts the request.
+  water mark) until its buffer drains: memory per stream stays bounded. A lean client's
+  protocol says so itself (`pause_writing` -> `pause`); for an aiohttp client the relay looks at
+  the socket's buffer after each write.
+- A client that goes away: its handler task is cancelled (a lean client first stops the inline
+  path, `client_lost`); the caller closes the replica's connection and the engine aborts the
+  request.
 
 The one aiohttp detail this depends on beyond its documented API: after `prepare()`,
 `request.writer.chunked = False` makes `response.write()` pass bytes verbatim (the frames are
@@ -39,14 +45,18 @@ from typing import Any, cast
 from aiohttp import web
 
 from vlmserve.gateway.lean_http import LeanRequest
-from vlmserve.gateway.lean_lane import LeanStream
+from vlmserve.gateway.lean_lane import LeanConnection, LeanStream
 from vlmserve.gateway.upstream import UpstreamConnection, UpstreamError, UpstreamResponse, walk_frames
 from vlmserve.gateway.watchdog import Exchange
 
 TERMINATOR = b"0\r\n\r\n"
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,8}")
-_SIZES_SEEN: dict[bytes, int] = {}  # size line -> size (> 0), for the one-whole-frame test (a few hundred spellings)
+_SIZES_SEEN: dict[bytes, int] = {}  # size line -> size (> 0), for _take's one-whole-frame test (a few hundred spellings)
+# A block's first five bytes -> its length when it is exactly one whole data frame whose size line
+# (at most 3 hex digits, so the five bytes hold it and its CRLF) says so: _on_data's inline test
+# is then one slice, one dict lookup and one comparison. Filled by _take, from frames it parsed.
+_WHOLE_FRAMES: dict[bytes, int] = {}
 
 
 def _frame_size(line: bytes) -> int | None:
@@ -71,7 +81,7 @@ class StreamRelay(asyncio.Protocol):
     __slots__ = ("upstream", "connection", "request", "exchange", "on_first_token", "client", "write",
                  "first_token_pending", "held", "prev", "usage_prev", "usage_block", "end", "error",
                  "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
-                 "first_sent_mono", "fast", "holds_transport")
+                 "first_sent_mono", "fast", "lean_client", "holds_transport")
 
     def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
                  on_first_token: Callable[[int | None], None]) -> None:
@@ -97,7 +107,8 @@ class StreamRelay(asyncio.Protocol):
         self.payload_only = False  # the replica's body is not chunked: frame (or pass) its bytes as they come
         self.verbatim = False  # the client's writer passes bytes as they are (the replica's frames)
         self.first_sent_mono: float | None = None
-        self.fast = False  # chunked in, frames out verbatim: whole frames take _on_data's inline path
+        self.lean_client: LeanConnection | None = None  # a lean-lane client: it reports its loss and back-pressure here
+        self.fast = False  # whole frames take _on_data's inline path (see _update_fast)
         self.holds_transport = False  # the replica's transport delivers to this relay (set_protocol)
 
     async def run(self, response: web.StreamResponse | LeanStream, first: bytes) -> RelayEnd:
@@ -109,6 +120,7 @@ class StreamRelay(asyncio.Protocol):
             self.verbatim = True
             response.start(self._take(first))
             drain = response.drain
+            self.lean_client = response.connection
         else:
             aiohttp_request = cast(web.Request, request)
             await response.prepare(aiohttp_request)
@@ -130,10 +142,15 @@ class StreamRelay(asyncio.Protocol):
         high = client.get_write_buffer_limits()[1] if hasattr(client, "get_write_buffer_limits") else 65536
         self.high_water = high or 65536
         connection = self.connection
-        loop = asyncio.get_running_loop()
+        loop = connection.loop
         # bytes that came while the head was being written, then everything else from data_received
         early, connection.body = connection.body, []
-        self.fast = self.verbatim and not self.payload_only
+        lean_client = self.lean_client
+        if lean_client is not None:
+            lean_client.relay = self  # from here on its connection_lost and pause_writing reach the relay
+            if lean_client.writing_paused:
+                self._pause()
+        self._update_fast()
         connection.sink_lost = self._on_lost
         transport = connection.transport
         if transport is not None and not connection.closed:
@@ -161,6 +178,9 @@ class StreamRelay(asyncio.Protocol):
         """Stop taking the replica's bytes (the stream is being cut or is over)."""
         connection = self.connection
         connection.sink_lost = None
+        self.fast = False
+        if self.lean_client is not None:
+            self.lean_client.relay = None
         if self.holds_transport:
             self.holds_transport = False
             transport = connection.transport
@@ -188,24 +208,15 @@ class StreamRelay(asyncio.Protocol):
 
     def _on_data(self, data: bytes) -> None:
         """The hot path: one block from the replica's socket, passed on."""
-        if self.fast and not self.held and not self.first_token_pending:
-            eol = data.find(b"\r\n", 0, 10)
-            if eol > 0 and len(data) == eol + _SIZES_SEEN.get(data[:eol], -9) + 4 and data.endswith(b"\r\n"):
-                # The common block, one whole data frame: what _take does for it, inline.
-                self.exchange.chunks += 1
-                self.upstream_received += len(data)
-                if b'"usage"' in data:
-                    self.usage_prev, self.usage_block = self.prev, data
-                self.prev = data
-                client = self.client
-                assert client is not None
-                if client.is_closing():
-                    self._finish(RelayEnd.CLIENT_GONE)
-                    return
-                client.write(data)
-                if client.get_write_buffer_size() > self.high_water:
-                    self._pause()
-                return
+        if self.fast and _WHOLE_FRAMES.get(data[:5]) == len(data) and data[-2:] == b"\r\n":
+            # The common block, one whole data frame: what _take and the client checks below do for
+            # it, inline (the lean client's protocol reports its loss and back-pressure: _update_fast).
+            self.exchange.chunks += 1
+            if b'"usage"' in data:
+                self.usage_prev, self.usage_block = self.prev, data
+            self.prev = data
+            self.write(data)  # type: ignore[misc]
+            return
         out = self._take(data)
         if out:
             client = self.client
@@ -214,12 +225,27 @@ class StreamRelay(asyncio.Protocol):
                 self._finish(RelayEnd.CLIENT_GONE)
                 return
             self.write(out)
-            if client.get_write_buffer_size() > self.high_water and self.end is None:
+            # a lean client's protocol reports back-pressure itself (pause_writing -> pause)
+            if self.lean_client is None and client.get_write_buffer_size() > self.high_water and self.end is None:
                 self._pause()
         if self.end is not None:
+            self.fast = False
             self._wake()
+        else:
+            self._update_fast()
 
     data_received = _on_data  # uvloop calls it for every block, with no hop through UpstreamConnection
+
+    def _update_fast(self) -> None:
+        """Whole frames may take _on_data's inline path: the replica's frames go out verbatim to a
+        lean client (whose loss and back-pressure reach the relay through its protocol, so no
+        per-block check is needed), no partial frame is held, and the first token is accounted."""
+        self.fast = (self.lean_client is not None and self.verbatim and not self.payload_only and not self.held
+                     and not self.first_token_pending and self.end is None and self.write is not None)
+
+    def client_lost(self) -> None:
+        """The lean client's connection is gone (its protocol says so): no more inline writes."""
+        self.fast = False
 
     def _take(self, data: bytes) -> bytes:
         """What of `data` goes to the client now (whole frames only), noting progress and usage."""
@@ -236,6 +262,8 @@ class StreamRelay(asyncio.Protocol):
         size = _frame_size(data[:eol]) if eol > 0 else None
         if size and len(data) == eol + size + 4 and data.endswith(b"\r\n"):
             boundary, end = len(data), -1
+            if eol <= 3 and len(_WHOLE_FRAMES) < 4096:
+                _WHOLE_FRAMES[data[:5]] = len(data)
         else:
             try:
                 boundary, end = walk_frames(data)
@@ -309,7 +337,13 @@ class StreamRelay(asyncio.Protocol):
     def _finish(self, end: RelayEnd) -> None:
         if self.end is None:
             self.end = end
+        self.fast = False
         self._wake()
+
+    def pause(self) -> None:
+        """The client's socket is full (its protocol's pause_writing): stop reading the replica."""
+        if self.end is None:
+            self._pause()
 
     def _pause(self) -> None:
         transport = self.connection.transport

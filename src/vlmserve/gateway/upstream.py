@@ -88,12 +88,15 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self, key: tuple[str, str, int]) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop  # set at connection_made
         self.closed = False
         self.used = False  # has carried a request before (so it may have been closed by an idle timer)
         self.idle_since = 0.0
         self._head = bytearray()
         self._head_waiter: asyncio.Future[None] | None = None
         self.head_bytes_seen = False
+        # a stream's caller waits once for the head and the first body bytes: one task wake-up, not two
+        self.head_with_body = False
         self.body: list[bytes] = []  # body bytes received and not yet consumed
         self._body_waiter: asyncio.Future[None] | None = None
         self.error: BaseException | None = None
@@ -107,6 +110,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -129,10 +133,12 @@ class UpstreamConnection(asyncio.Protocol):
             self._head = bytearray()
             if rest:
                 self.body.append(rest)
-            _wake(self._head_waiter)
+            if rest or not self.head_with_body or self.status != 200:
+                _wake(self._head_waiter)
             return
         self.body.append(data)
         _wake(self._body_waiter)
+        _wake(self._head_waiter)  # waiting for a 200's first body bytes (head_with_body)
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows
@@ -179,10 +185,12 @@ class UpstreamConnection(asyncio.Protocol):
                 waiter.set_result(None)
 
     async def wait_head(self) -> None:
-        while self.status == 0:
-            if self.error is not None:
+        """Until the head is in (with `head_with_body`, a 200's first body bytes too, or the close)."""
+        while self.status == 0 or (self.head_with_body and self.status == 200 and not self.body
+                                   and not self.closed and self.error is None):
+            if self.status == 0 and self.error is not None:
                 raise self.error
-            self._head_waiter = asyncio.get_running_loop().create_future()
+            self._head_waiter = self.loop.create_future()
             await self._head_waiter
             self._head_waiter = None
 
@@ -191,7 +199,7 @@ class UpstreamConnection(asyncio.Protocol):
         while not self.body:
             if self.closed or self.error is not None:
                 return False
-            self._body_waiter = asyncio.get_running_loop().create_future()
+            self._body_waiter = self.loop.create_future()
             await self._body_waiter
             self._body_waiter = None
         return True
@@ -202,6 +210,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers = {}
         self.body = []
         self.head_bytes_seen = False
+        self.head_with_body = False
         self.sink_lost = None
 
 
@@ -325,8 +334,10 @@ class UpstreamPool:
                 self._targets[url] = target
         return target
 
-    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes) -> UpstreamResponse:
-        """Send one request and wait for the response head (not the body)."""
+    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes,
+                      head_with_body: bool = False) -> UpstreamResponse:
+        """Send one request and wait for the response head (not the body; with `head_with_body`,
+        a 200's first body bytes too: a stream then starts on one wake-up)."""
         key, path_and_host = self._target(url)
         head = bytearray(method.encode("ascii"))
         head += path_and_host
@@ -340,6 +351,7 @@ class UpstreamPool:
             if connection is None:
                 connection = await self._connect(key)
             connection.used = True
+            connection.head_with_body = head_with_body
             assert connection.transport is not None
             if message is not None:
                 connection.transport.write(message)
@@ -367,14 +379,11 @@ class UpstreamPool:
 
     def _take_idle(self, key: tuple[str, str, int]) -> UpstreamConnection | None:
         idle = self._idle.get(key)
-        if not idle:
-            return None
-        now = asyncio.get_running_loop().time()
         while idle:
             connection = idle.pop()
             if connection.closed:
                 continue
-            if now - connection.idle_since > IDLE_KEEP_S:
+            if connection.loop.time() - connection.idle_since > IDLE_KEEP_S:
                 assert connection.transport is not None
                 connection.transport.close()
                 continue
@@ -404,7 +413,7 @@ class UpstreamPool:
             connection.transport.close()
             return
         connection.reset()
-        connection.idle_since = asyncio.get_running_loop().time()
+        connection.idle_since = connection.loop.time()
         self._idle.setdefault(connection.key, []).append(connection)
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway
 from tests.helpers.sim import SimHandle
+from vlmserve.gateway import relay as relay_module
 from vlmserve.gateway.upstream import UpstreamConnection
 
 Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
@@ -198,15 +199,19 @@ async def test_client_disconnect_closes_the_replica_connection() -> None:
 
 
 @pytest.mark.hostile("a client stops reading a 72 MB stream: the gateway stops reading the replica, then relays it whole")
-async def test_slow_client_holds_back_the_replica() -> None:
-    piece = frame(token("y" * 60_000))
-    total = 1200  # about 72 MB: more than the kernel's socket buffers on loopback can hold (they autotune to tens of MB)
+@pytest.mark.parametrize("piece_bytes", [60_000, 3_000], ids=["60 KB frames", "3 KB frames (inline path)"])
+async def test_slow_client_holds_back_the_replica(piece_bytes: int) -> None:
+    """The client is on the lean lane, so its protocol's pause_writing is what stops the reading.
+    Large frames take the relay's general path; frames with a size line of at most three hex
+    digits that arrive one per read take its inline path."""
+    piece = frame(token("y" * piece_bytes))
+    total = 72_000_000 // piece_bytes  # more than the kernel's socket buffers on loopback can hold (they autotune to tens of MB)
     sent = {"frames": 0}
 
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD)
-        for _ in range(total):
-            await send(writer, piece)
+        for i in range(total):
+            await send(writer, piece, pause_s=0.01 if i < 10 else 0.0)  # the first frames arrive one per read
             sent["frames"] += 1
         await send(writer, frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
@@ -222,6 +227,8 @@ async def test_slow_client_holds_back_the_replica() -> None:
                 body = first + await response.content.read()
         del replica
     # the gateway stopped reading from the replica, which could not send all of it; afterwards all of it arrives intact
+    if piece_bytes < 4096:
+        assert relay_module._WHOLE_FRAMES.get(piece[:5]) == len(piece)  # these frames were eligible for the inline path
     assert reading == [False], reading
     assert held_back < total, held_back
     assert body.count(b"data: ") >= total and body.endswith(b"data: [DONE]\n\n")
