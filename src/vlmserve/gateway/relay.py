@@ -149,7 +149,7 @@ class StreamRelay(asyncio.Protocol):
         if lean_client is not None:
             lean_client.relay = self  # from here on its connection_lost and pause_writing reach the relay
             if lean_client.writing_paused:
-                self._pause()
+                self.pause()
         self._update_fast()
         connection.sink_lost = self._on_lost
         transport = connection.transport
@@ -226,13 +226,11 @@ class StreamRelay(asyncio.Protocol):
                 return
             self.write(out)
             # a lean client's protocol reports back-pressure itself (pause_writing -> pause)
-            if self.lean_client is None and client.get_write_buffer_size() > self.high_water and self.end is None:
-                self._pause()
+            if self.lean_client is None and client.get_write_buffer_size() > self.high_water:
+                self.pause()
+        self._update_fast()
         if self.end is not None:
-            self.fast = False
             self._wake()
-        else:
-            self._update_fast()
 
     data_received = _on_data  # uvloop calls it for every block, with no hop through UpstreamConnection
 
@@ -341,13 +339,10 @@ class StreamRelay(asyncio.Protocol):
         self._wake()
 
     def pause(self) -> None:
-        """The client's socket is full (its protocol's pause_writing): stop reading the replica."""
-        if self.end is None:
-            self._pause()
-
-    def _pause(self) -> None:
+        """The client's socket is full (a lean client's pause_writing, or the buffer seen after a
+        write): stop reading the replica until it drains."""
         transport = self.connection.transport
-        if transport is not None and not self.paused:
+        if transport is not None and not self.paused and self.end is None:
             transport.pause_reading()
             self.paused = True
             self._wake()
