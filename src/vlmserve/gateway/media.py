@@ -39,8 +39,9 @@ class MediaRefused(Exception):
 def may_hold_media(body: bytes) -> bool:
     """False when the raw body cannot name a media field, so the walks over the parsed body can be
     skipped (most requests are text). Every media field name is spelled out in the raw JSON unless
-    escaped, and an escape needs `\\u`: a body with either keeps the full checks."""
-    return b"_url" in body or b"input_image" in body or b"\\u" in body
+    escaped, and an escape needs `\\u`: a body with either keeps the full checks. (`find`, not `in`:
+    CPython 3.11's `bytes in bytes` builds and drops a TypeError first, relay.py's docstring.)"""
+    return body.find(b"_url") >= 0 or body.find(b"input_image") >= 0 or body.find(b"\\u") >= 0
 
 
 def media_slots(payload: Any) -> Iterator[tuple[str, dict[str, Any], str]]:

@@ -155,6 +155,30 @@ async def test_frames_split_across_reads_arrive_whole() -> None:
     assert result.completion_tokens == 3
 
 
+async def test_usage_event_cut_between_frames_is_read_whole(tmp_path: Path) -> None:
+    """Whole one-event frames take the relay's inline path and are not kept; an event cut between
+    two frames (here the usage event, its "usage" in the second) is kept until it ends, so the
+    engine's counts are read from the whole event. Completion tokens come before prompt tokens in
+    this usage object, so the quick regex over one block cannot read them and the event is parsed."""
+    usage_event = token("", {"completion_tokens": 9, "prompt_tokens": 4, "total_tokens": 13})
+    cut_at = usage_event.index(b'"usage"') - 3
+    frames = [frame(token(f"t{i}")) for i in range(8)]
+    frames += [frame(usage_event[:cut_at]), frame(usage_event[cut_at:]), frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, SSE_HEAD, *frames, pause_s=0.02)  # one frame per read
+
+    audit = tmp_path / "audit.jsonl"
+    async with scripted_replica(script) as replica, running_gateway([replica.url], audit_log=audit) as gw, \
+            aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, chat_body("q"))
+    assert result.status == 200 and result.done and result.error is None
+    assert [e["choices"][0]["delta"]["content"] for e in result.events if e.get("choices")] == [f"t{i}" for i in range(8)] + [""]
+    assert relay_module._WHOLE_FRAMES.get(frames[3][:5]) == len(frames[3])  # the token frames were eligible for the inline path
+    record = json.loads(audit.read_text().splitlines()[0])
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (4, 9)
+
+
 @pytest.mark.hostile("a replica dies mid-stream (between frames, mid-frame) or sends a malformed chunk frame: the client "
                      "gets the tokens so far and one error event")
 @pytest.mark.parametrize("where", ["between_frames", "mid_frame", "malformed_frame"])
