@@ -19,6 +19,7 @@ import asyncio
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -125,6 +126,11 @@ class Tenant:
                    image_limits=(spec.max_image_bytes, spec.max_image_pixels, spec.max_images_per_request))
 
     @property
+    def rate_limited(self) -> bool:
+        """Whether check_rate has anything to check (most deployments' anonymous tenant has not)."""
+        return self.request_bucket is not None or self.token_bucket is not None
+
+    @property
     def limits(self) -> BucketLimits:
         """The same limits as the local buckets, for the shared (Redis) ones."""
         requests, tokens = self.request_bucket, self.token_bucket
@@ -182,6 +188,13 @@ class Admission:
 
     # ---- who ----------------------------------------------------------------------------------
 
+    def tenant_for(self, headers: Mapping[str, str]) -> Tenant:
+        """The tenant a request's headers authenticate (Authorization or X-API-Key); with no keys
+        configured, the anonymous tenant, without reading any header."""
+        if self.open:
+            return self._anonymous
+        return self.authenticate(headers.get("Authorization"), headers.get("X-API-Key"))
+
     def authenticate(self, authorization: str | None, api_key_header: str | None) -> Tenant:
         if self.open:
             return self._anonymous
@@ -213,7 +226,7 @@ class Admission:
 
         Returns where the request was charged ("shared", "local", or None when the tenant has no
         limit); `settle_tokens` needs it. With shared state unavailable and mode closed, 503."""
-        if tenant.request_bucket is None and tenant.token_bucket is None:
+        if not tenant.rate_limited:
             return None
         if self.shared is not None:
             try:
@@ -265,13 +278,16 @@ class Admission:
     def queued(self, priority: str) -> int:
         return len(self._queues[priority])
 
+    def try_acquire_slot(self) -> bool:
+        """Take a slot if one is free and nobody waits: the common case, with no coroutine to run."""
+        if self.max_in_flight <= 0 or (self.in_flight < self.max_in_flight and not any(self._queues.values())):
+            self.in_flight += 1
+            return True
+        return False
+
     async def acquire_slot(self, priority: str) -> None:
         """Return when the request may go to an engine; raise 429 if its queue is full or too slow."""
-        if self.max_in_flight <= 0:
-            self.in_flight += 1
-            return
-        if self.in_flight < self.max_in_flight and not any(self._queues.values()):
-            self.in_flight += 1
+        if self.try_acquire_slot():
             return
         queue = self._queues[priority]
         if len(queue) >= self.queue_limits[priority]:

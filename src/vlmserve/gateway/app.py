@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
+import random
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -25,7 +25,7 @@ from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
-from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher
+from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
 from vlmserve.gateway.lean_http import ClientRequest
 from vlmserve.gateway.lean_lane import Answer
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
@@ -235,7 +235,7 @@ class Gateway:
 
     async def handle_models(self, request: web.Request) -> web.Response:
         try:
-            self.admission.authenticate(request.headers.get("Authorization"), request.headers.get("X-API-Key"))
+            self.admission.tenant_for(request.headers)
         except AdmissionRejected as rejected:
             return error_response(rejected.status, rejected.message, rejected.code)
         models = self.pool.known_models()
@@ -247,7 +247,8 @@ class Gateway:
         """Every ENGINE_WORK route (generation, pooling, tokenizer): admission, media policy, forwarding."""
         route: Route = request[ROUTE_KEY]
         request_log = RequestLog(
-            request_id=request.headers.get("X-Request-ID") or os.urandom(16).hex(),
+            # not os.urandom: a system call per request; the module's generator is reseeded in forked workers
+            request_id=request.headers.get("X-Request-ID") or "%032x" % random.getrandbits(128),
             path=route.path, received_at=time.time(), received_mono=time.monotonic(),
         )
         self.requests_in_progress += 1
@@ -261,7 +262,7 @@ class Gateway:
                     request_log.status = "503"
                     return error_response(503, "gateway is shutting down: retry on another gateway", "draining",
                                           retry_after_s=1, request_id=request_log.request_id)
-                tenant = self.admission.authenticate(request.headers.get("Authorization"), request.headers.get("X-API-Key"))
+                tenant = self.admission.tenant_for(request.headers)
                 request_log.tenant = tenant.name
                 body, payload = await self._read_json(request)
                 content = next((payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
@@ -271,17 +272,21 @@ class Gateway:
                     except MediaRefused as refused:
                         raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
                     images = await self._preflight(payload, tenant, route)
+                    request_log.images = [image.audit() for image in images.images]
                 else:  # text only: nothing to walk for (the processor-kwargs rule still holds)
-                    images = await self._preflight(payload, tenant, route, no_media=True)
-                request_log.images = [image.audit() for image in images.images]
+                    try:
+                        self.preflight.check_client_kwargs(payload)
+                    except ImageRefused as refused:
+                        raise self._image_refused(refused) from None
+                    images = TEXT_ONLY
                 if images.changed:
                     body = json.dumps(payload, separators=(",", ":")).encode()
                 model = payload.get("model")
                 request_log.model = model if isinstance(model, str) else None
                 if model is not None and not isinstance(model, str):
                     raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
-                known = self.pool.known_models()
-                if isinstance(model, str) and known and model not in known:
+                if isinstance(model, str) and not self.pool.lists_model(model):
+                    known = self.pool.known_models()
                     raise AdmissionRejected(404, f"model {model!r} is not served here: choose one of {', '.join(sorted(known))}", "model_not_found")
                 routed = describe_request(
                     payload, request_id=request_log.request_id, estimator=self.estimator,
@@ -295,8 +300,10 @@ class Gateway:
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
                 request_log.estimated_tokens = routed.expected_total_tokens
-                charged = await self.admission.check_rate(tenant, routed.expected_total_tokens)
-                await self.admission.acquire_slot(routed.priority)
+                if tenant.rate_limited:
+                    charged = await self.admission.check_rate(tenant, routed.expected_total_tokens)
+                if not self.admission.try_acquire_slot():
+                    await self.admission.acquire_slot(routed.priority)
                 slot_held = True
             except AdmissionRejected as rejected:
                 request_log.status, request_log.error = str(rejected.status), rejected.message
@@ -323,19 +330,14 @@ class Gateway:
                     self.admission.settle_tokens(tenant, request_log.estimated_tokens, used, charged)
             self._finish(request_log, content)
 
-    async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route,
-                         no_media: bool = False) -> PreflightResult:
+    async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
         """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
         started = time.perf_counter()
         try:
-            if no_media:
-                self.preflight.check_client_kwargs(payload)
-                return PreflightResult()
             result = await self.preflight.run(payload, self.image_limits.tightened(*tenant.image_limits),
                                               takes_processor_kwargs=route.generates)
         except ImageRefused as refused:
-            self.metrics.images.labels(refused.code).inc()
-            raise AdmissionRejected(400, refused.message, refused.code) from None
+            raise self._image_refused(refused) from None
         if result.images:
             self.metrics.image_preflight.observe(time.perf_counter() - started)
             for image in result.images:
@@ -343,6 +345,11 @@ class Gateway:
                 if (image.sent_width, image.sent_height) != (image.width, image.height):
                     self.metrics.images.labels("downscaled").inc()
         return result
+
+    def _image_refused(self, refused: ImageRefused) -> AdmissionRejected:
+        """A preflight refusal, counted by its code, as the 400 the client gets."""
+        self.metrics.images.labels(refused.code).inc()
+        return AdmissionRejected(400, refused.message, refused.code)
 
     async def _read_json(self, request: ClientRequest) -> tuple[bytes, dict]:
         limit = self.config.max_body_bytes
@@ -379,7 +386,7 @@ class Gateway:
         if self.draining:
             return error_response(503, "gateway is shutting down: retry on another gateway", "draining", retry_after_s=1)
         try:
-            self.admission.authenticate(request.headers.get("Authorization"), request.headers.get("X-API-Key"))
+            self.admission.tenant_for(request.headers)
         except AdmissionRejected as rejected:
             return error_response(rejected.status, rejected.message, rejected.code)
         candidates = self.pool.candidates(None)

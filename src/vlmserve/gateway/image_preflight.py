@@ -101,6 +101,10 @@ class PreflightResult:
         return sum(image.tokens for image in self.images)
 
 
+TEXT_ONLY = PreflightResult()
+"""The result for a body that names no media (shared by every such request: never mutated)."""
+
+
 class RemoteFetcher:
     """GETs allowed remote media with a deadline and a size cap, never following redirects."""
 
@@ -192,13 +196,14 @@ class ImagePreflight:
         downscaling), so only the keys the operator allows may come from a client: a kwarg such as
         an image size can multiply an engine's preprocessing and encoder work."""
         given = payload.get("mm_processor_kwargs")
-        if given is not None and not isinstance(given, dict):
-            raise ImageRefused("'mm_processor_kwargs' must be an object", "invalid_mm_processor_kwargs")
-        refused = sorted(set(given or {}) - set(self.client_processor_kwargs))
-        if refused:
-            allowed = ", ".join(self.client_processor_kwargs) or "none"
-            raise ImageRefused(f"mm_processor_kwargs key {refused[0]!r} is not allowed through this gateway (allowed: "
-                               f"{allowed}; --client-mm-processor-kwargs)", "mm_processor_kwargs_not_allowed")
+        if given is not None:
+            if not isinstance(given, dict):
+                raise ImageRefused("'mm_processor_kwargs' must be an object", "invalid_mm_processor_kwargs")
+            refused = sorted(set(given) - set(self.client_processor_kwargs))
+            if refused:
+                allowed = ", ".join(self.client_processor_kwargs) or "none"
+                raise ImageRefused(f"mm_processor_kwargs key {refused[0]!r} is not allowed through this gateway (allowed: "
+                                   f"{allowed}; --client-mm-processor-kwargs)", "mm_processor_kwargs_not_allowed")
         if payload.get("media_io_kwargs") is not None:
             raise ImageRefused("media_io_kwargs are set by the operator, not per request: drop the field",
                                "mm_processor_kwargs_not_allowed")

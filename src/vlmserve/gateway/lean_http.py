@@ -115,10 +115,10 @@ def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
     headers = LeanHeaders({name.lower(): value.strip(" \t") for name, value in fields})
     if len(headers) != len(fields):  # a header sent twice: aiohttp decides what that means
         return None
-    length = headers.get("content-length")
+    length = dict.get(headers, "content-length")  # names are lower-cased: no need for LeanHeaders.get
     if length is None or not length.isdigit() or len(length) > 12 or int(length) > max_body_bytes:
         return None
-    connection = headers.get("connection")
+    connection = dict.get(headers, "connection")
     if connection is not None and connection.lower() != "keep-alive":
         return None
     if any(name in headers for name in _REFUSED_HEADERS):
@@ -147,8 +147,8 @@ _STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phr
 def response_head(status: int, headers: Iterable[tuple[str, str]], *, chunked: bool = False,
                   length: int | None = None, close: bool = False) -> bytes:
     """Status line and headers of a response, ready to write."""
-    parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status]
-    parts.extend(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers)
+    parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status,
+             "".join([f"{name}: {value}\r\n" for name, value in headers]).encode("latin-1")]
     if chunked:
         parts.append(b"Transfer-Encoding: chunked\r\n")
     elif length is not None:

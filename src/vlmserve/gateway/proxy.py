@@ -46,7 +46,7 @@ from vlmserve.gateway.relay import TERMINATOR, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
+from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse, header_lines
 from vlmserve.gateway.watchdog import Exchange, Watchdog
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
@@ -190,12 +190,12 @@ class Forwarder:
         self.upstream_auth = upstream_auth
         self.on_retry = on_retry
         self._loop: asyncio.AbstractEventLoop | None = None
+        # the header lines every upstream request carries, encoded once
+        self._fixed_headers = header_lines({"Content-Type": "application/json",
+                                            **({"Authorization": f"Bearer {upstream_auth}"} if upstream_auth else {})})
 
-    def _upstream_headers(self, request_id: str, client_headers: Mapping[str, str]) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "X-Request-ID": request_id, **trace_context(client_headers)}
-        if self.upstream_auth:
-            headers["Authorization"] = f"Bearer {self.upstream_auth}"
-        return headers
+    def _upstream_headers(self, request_id: str, client_headers: Mapping[str, str]) -> bytes:
+        return self._fixed_headers + header_lines({"X-Request-ID": request_id, **trace_context(client_headers)})
 
     async def forward(self, request: ClientRequest, body: bytes, routed: RoutedRequest, log: RequestLog) -> Answer:
         """Try replicas until one answers; the returned response may already be sent (streams)."""

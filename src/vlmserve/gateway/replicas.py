@@ -25,6 +25,7 @@ a removed replica's index can never attach to a newcomer. The ejection cap follo
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -67,6 +68,9 @@ class Replica:
     discovered: bool = False  # from --discover (may leave); False: a static --replica (stays)
     draining: bool = False  # removed from the source: no new requests, in-flight ones finish
     _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
+    # model_ids is asked for on every request: the set is rebuilt only when `models` is replaced
+    _ids_of: list[dict] | None = field(default=None, repr=False)
+    _ids: set[str] = field(default_factory=set, repr=False)
 
     def endpoint(self, path: str) -> URL:
         """The replica's URL for `path`, parsed once (URL parsing is a measurable share of a proxied request)."""
@@ -75,14 +79,17 @@ class Replica:
             url = self._endpoints[path] = URL(self.url + path)
         return url
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
-        """host:port, used as the `replica` label in metrics and the audit log."""
+        """host:port, used as the `replica` label in metrics and the audit log (a replica's URL never changes)."""
         return urlsplit(self.url).netloc or self.url
 
     @property
     def model_ids(self) -> set[str]:
-        return {str(m.get("id")) for m in self.models if isinstance(m, dict)}
+        if self._ids_of is not self.models:
+            self._ids = {str(m["id"]) for m in self.models if isinstance(m, dict) and "id" in m}
+            self._ids_of = self.models
+        return self._ids
 
     def record_success(self) -> None:
         self.last_success_at = time.monotonic()
@@ -263,6 +270,18 @@ class ReplicaPool:
                 if isinstance(entry, dict) and "id" in entry:
                     union.setdefault(str(entry["id"]), entry)
         return union
+
+    def lists_model(self, model: str) -> bool:
+        """Whether a healthy replica lists `model`, or none has listed any model yet (then the
+        engine decides). Asked per request: no union of the lists is built (known_models)."""
+        listed = False
+        for replica in self.replicas:
+            if replica.healthy and replica.models:
+                ids = replica.model_ids
+                if model in ids:
+                    return True
+                listed = listed or bool(ids)
+        return not listed
 
     def any_healthy(self) -> bool:
         return any(r.healthy for r in self.replicas)

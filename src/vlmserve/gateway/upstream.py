@@ -23,6 +23,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers
+_ASCII_SPACE = " \t\r\n\x0b\x0c"  # what bytes.strip() strips; str.strip() would also strip latin-1's NBSP
 IDLE_KEEP_S = 30.0  # an idle pooled connection older than this is closed rather than reused
 
 
@@ -71,6 +72,11 @@ def walk_frames(data: bytes, payload: list[bytes] | None = None) -> tuple[int, i
         if payload is not None:
             payload.append(data[eol + 2:following])
         i = following + 2
+
+
+def header_lines(headers: dict[str, str]) -> bytes:
+    """Headers as request header lines for UpstreamPool.request."""
+    return "".join([f"{name}: {value}\r\n" for name, value in headers.items()]).encode("latin-1")
 
 
 def decode_chunked(raw: bytes) -> bytes:
@@ -157,24 +163,26 @@ class UpstreamConnection(asyncio.Protocol):
     # ---- used by UpstreamResponse ----------------------------------------------------------------
 
     def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise UpstreamError(f"not an HTTP/1.1 response: {lines[0][:60]!r}")
+        # decoded once (latin-1 maps every byte to one character), then split as text
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if (len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isascii()
+                or not parts[1].isdigit()):
+            raise UpstreamError(f"not an HTTP/1.1 response: {lines[0][:60].encode('latin-1')!r}")
         status = int(parts[1])
         headers: dict[str, str] = {}
         for line in lines[1:]:
-            name, sep, value = line.partition(b":")
+            name, sep, value = line.partition(":")
             if not sep:
-                raise UpstreamError(f"malformed response header line {line[:60]!r}")
-            key = name.strip().lower().decode("latin-1")
-            text = value.strip().decode("latin-1")
+                raise UpstreamError(f"malformed response header line {line[:60].encode('latin-1')!r}")
+            key = name.strip(_ASCII_SPACE).lower()
+            text = value.strip(_ASCII_SPACE)
             headers[key] = f"{headers[key]}, {text}" if key in headers else text
         if 100 <= status < 200:
             raise UpstreamError(f"unexpected informational response {status}")
         self.headers = headers
         self.status = status
-        self.http10 = parts[0] == b"HTTP/1.0"
+        self.http10 = parts[0] == "HTTP/1.0"
 
     def _fail(self, err: BaseException) -> None:
         self.error = err
@@ -334,17 +342,16 @@ class UpstreamPool:
                 self._targets[url] = target
         return target
 
-    async def request(self, method: str, url: str, headers: dict[str, str], body: bytes,
+    async def request(self, method: str, url: str, headers: bytes, body: bytes,
                       head_with_body: bool = False) -> UpstreamResponse:
         """Send one request and wait for the response head (not the body; with `head_with_body`,
-        a 200's first body bytes too: a stream then starts on one wake-up)."""
+        a 200's first body bytes too: a stream then starts on one wake-up).
+
+        `headers` are header lines ready to send (`Name: value\r\n` each, from `header_lines`),
+        so that the caller builds its fixed ones once; Host and Content-Length are added here."""
         key, path_and_host = self._target(url)
-        head = bytearray(method.encode("ascii"))
-        head += path_and_host
-        for name, value in headers.items():
-            head += f"{name}: {value}\r\n".encode("latin-1")
-        head += b"Content-Length: %d\r\n\r\n" % len(body)
-        message = bytes(head) + body if len(body) < 65536 else None
+        head = b"%s%s%sContent-Length: %d\r\n\r\n" % (method.encode("ascii"), path_and_host, headers, len(body))
+        message = head + body if len(body) < 65536 else None
         while True:
             connection = self._take_idle(key)
             reused = connection is not None
@@ -356,7 +363,7 @@ class UpstreamPool:
             if message is not None:
                 connection.transport.write(message)
             else:
-                connection.transport.writelines((bytes(head), body))
+                connection.transport.writelines((head, body))
             try:
                 await connection.wait_head()
             except ConnectionError:
