@@ -28,7 +28,7 @@ from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
 from vlmserve.gateway.lean_http import ClientRequest
 from vlmserve.gateway.lean_lane import Answer
-from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
+from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
@@ -364,7 +364,7 @@ class Gateway:
         except JsonShapeRefused as refused:
             raise AdmissionRejected(400, refused.message, refused.code) from None
         try:
-            payload = json.loads(body)
+            payload = loads_body(body)
         except ValueError as err:
             raise AdmissionRejected(400, f"request body is not valid JSON ({err.msg} at char {err.pos})" if isinstance(err, json.JSONDecodeError) else "request body is not valid JSON", "invalid_json") from None
         if not isinstance(payload, dict):

@@ -31,11 +31,11 @@ MAX_HEAD_BYTES = 8192  # a longer head goes to aiohttp, whose own limits then ap
 REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 """What a connection that did not complete its head in time gets, on either lane, before it is closed."""
 _REQUEST_LINE = re.compile(rb"POST (/[-!$&'()*+,./0-9:;=@A-Z_a-z~]*) HTTP/1\.1")
-# Header fields: a token, a colon, printable ASCII or tabs, CRLF. One pass checks the whole block,
-# one more splits it; neither can backtrack (no two parts of a field match the same characters).
-_FIELD = r"([-!#$%&'*+.^_`|~0-9A-Za-z]+):([\t -~]*)\r\n"
-_FIELDS_BLOCK = re.compile(f"(?:{_FIELD})*")
-_FIELD_PARTS = re.compile(_FIELD)
+# Header fields: a token, a colon, printable ASCII or tabs, CRLF. One pass splits the block into
+# fields without backtracking (no two parts of a field match the same characters); the fields found
+# cover the whole block exactly when nothing else is in it (parse_head compares the lengths).
+_FIELD_PARTS = re.compile(r"([-!#$%&'*+.^_`|~0-9A-Za-z]+):([\t -~]*)\r\n")
+_ROUTE_OF_LINE: dict[bytes, Route | None] = {}  # request line -> its route (None: not lean), for the lines seen
 _REFUSED_HEADERS = ("transfer-encoding", "expect", "upgrade")
 
 
@@ -89,6 +89,15 @@ class LeanHead:
 
 def _lean_route(request_line: bytes) -> Route | None:
     """The engine-work route a request line POSTs to, if the line is inside the subset."""
+    if request_line in _ROUTE_OF_LINE:
+        return _ROUTE_OF_LINE[request_line]
+    route = _check_request_line(request_line)
+    if len(_ROUTE_OF_LINE) < 256 and len(request_line) <= 128:  # a client cycling paths cannot grow it
+        _ROUTE_OF_LINE[request_line] = route
+    return route
+
+
+def _check_request_line(request_line: bytes) -> Route | None:
     match = _REQUEST_LINE.fullmatch(request_line)
     route = ROUTES.get(match.group(1).decode("ascii")) if match is not None else None
     if route is None or route.kind is not RouteKind.ENGINE_WORK or route.method != "POST":
@@ -109,9 +118,9 @@ def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
     if route is None:
         return None
     block = "" if line_end < 0 else head[line_end + 2:].decode("latin-1") + "\r\n"
-    if _FIELDS_BLOCK.fullmatch(block) is None:
-        return None
     fields = _FIELD_PARTS.findall(block)
+    if sum([len(name) + len(value) for name, value in fields]) + 3 * len(fields) != len(block):
+        return None  # something between or after the fields that is not one
     headers = LeanHeaders({name.lower(): value.strip(" \t") for name, value in fields})
     if len(headers) != len(fields):  # a header sent twice: aiohttp decides what that means
         return None

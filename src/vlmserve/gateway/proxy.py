@@ -114,7 +114,7 @@ def trace_context(client_headers: Mapping[str, str]) -> dict[str, str]:
     per-request span to that trace, so a client can tell where its request's time went in the engine
     (bench --engine-traces). Malformed values are dropped, never forwarded."""
     parent = client_headers.get("traceparent", "")
-    if not _TRACEPARENT.fullmatch(parent):
+    if not parent or not _TRACEPARENT.fullmatch(parent):
         return {}
     state = client_headers.get("tracestate", "")
     return {"traceparent": parent, **({"tracestate": state} if _TRACESTATE.fullmatch(state) else {})}

@@ -327,7 +327,14 @@ class StreamRelay(asyncio.Protocol):
         return out + TERMINATOR if self.end is RelayEnd.COMPLETED else out
 
     def _check_first_token(self, out: bytes) -> None:
-        match = _PROMPT_TOKENS.search(out)
+        # the regex only where the key is (a byte search is many times faster than the regex's scan)
+        match = None
+        at = out.find(b'"prompt_tokens"')
+        while at >= 0:
+            match = _PROMPT_TOKENS.match(out, at)
+            if match is not None:
+                break
+            at = out.find(b'"prompt_tokens"', at + 1)
         if match is not None or self.taken > 1:  # usage in the first chunks, or this is the second block
             self.first_token_pending = False
             self.on_first_token(int(match.group(1)) if match is not None else None)

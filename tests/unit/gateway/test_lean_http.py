@@ -42,6 +42,8 @@ NOT_LEAN = {
     "NUL in a value": LINE + b"\r\nX-A: 1\x002\r\nContent-Length: 2",
     "non-ASCII value": LINE + b"\r\nX-A: caf\xc3\xa9\r\nContent-Length: 2",
     "empty name": LINE + b"\r\n: x\r\nContent-Length: 2",
+    "a line that is no field": LINE + b"\r\nX-A: 1\r\ngarbage\r\nContent-Length: 2",
+    "a field after junk": LINE + b"\r\n\x01X-A: 1\r\nContent-Length: 2",
     "over the body limit": LINE + b"\r\nContent-Length: 101",
 }
 
