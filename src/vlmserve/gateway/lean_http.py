@@ -153,11 +153,16 @@ _STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phr
                  for status in HTTPStatus}
 
 
+def header_lines(headers: Iterable[tuple[str, str]]) -> bytes:
+    """`Name: value` lines, each ending in CRLF, as bytes: a response's (response_head) or a
+    request's to a replica (upstream.UpstreamPool.request)."""
+    return "".join([f"{name}: {value}\r\n" for name, value in headers]).encode("latin-1")
+
+
 def response_head(status: int, headers: Iterable[tuple[str, str]], *, chunked: bool = False,
                   length: int | None = None, close: bool = False) -> bytes:
     """Status line and headers of a response, ready to write."""
-    parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status,
-             "".join([f"{name}: {value}\r\n" for name, value in headers]).encode("latin-1")]
+    parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status, header_lines(headers)]
     if chunked:
         parts.append(b"Transfer-Encoding: chunked\r\n")
     elif length is not None:

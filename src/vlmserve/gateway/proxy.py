@@ -40,13 +40,13 @@ from aiohttp import web
 
 from vlmserve.gateway.openai_errors import error_response, sse_error_event
 from vlmserve.gateway.policies import Outcome, RoutingPolicy
-from vlmserve.gateway.lean_http import ClientRequest, LeanRequest
+from vlmserve.gateway.lean_http import ClientRequest, LeanRequest, header_lines
 from vlmserve.gateway.lean_lane import Answer, LeanStream
-from vlmserve.gateway.relay import TERMINATOR, RelayEnd, StreamRelay
+from vlmserve.gateway.relay import TERMINATOR, USAGE_KEY, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse, header_lines
+from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
 from vlmserve.gateway.watchdog import Exchange, Watchdog
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
@@ -144,7 +144,7 @@ _USAGE_NUMBERS = re.compile(rb'"usage":\s*\{[^{}]*?"prompt_tokens":\s*(\d+)[^{}]
 def _usage_counts(raw: bytes) -> tuple[int, int] | None:
     """(prompt, completion) tokens of the last usage object in `raw`, read without parsing the
     JSON (engines write prompt_tokens before completion_tokens); None to fall back to parsing."""
-    start = raw.rfind(b'"usage"')
+    start = raw.rfind(USAGE_KEY)
     match = _USAGE_NUMBERS.match(raw, start) if start >= 0 else None
     return (int(match.group(1)), int(match.group(2))) if match is not None else None
 
@@ -152,7 +152,7 @@ def _usage_counts(raw: bytes) -> tuple[int, int] | None:
 def _usage_from_sse_tail(tail: bytes) -> dict | None:
     """The `usage` object of the last SSE event that carries one (engines send it last)."""
     for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data: {") and b'"usage"' in line:
+        if line.startswith(b"data: {") and line.find(USAGE_KEY) >= 0:
             try:
                 usage = json.loads(line[6:]).get("usage")
             except ValueError:
@@ -191,11 +191,11 @@ class Forwarder:
         self.on_retry = on_retry
         self._loop: asyncio.AbstractEventLoop | None = None
         # the header lines every upstream request carries, encoded once
-        self._fixed_headers = header_lines({"Content-Type": "application/json",
-                                            **({"Authorization": f"Bearer {upstream_auth}"} if upstream_auth else {})})
+        self._fixed_headers = header_lines([("Content-Type", "application/json"),
+                                            *([("Authorization", f"Bearer {upstream_auth}")] if upstream_auth else [])])
 
     def _upstream_headers(self, request_id: str, client_headers: Mapping[str, str]) -> bytes:
-        return self._fixed_headers + header_lines({"X-Request-ID": request_id, **trace_context(client_headers)})
+        return self._fixed_headers + header_lines([("X-Request-ID", request_id), *trace_context(client_headers).items()])
 
     async def forward(self, request: ClientRequest, body: bytes, routed: RoutedRequest, log: RequestLog) -> Answer:
         """Try replicas until one answers; the returned response may already be sent (streams)."""

@@ -19,8 +19,9 @@ What the gateway still guarantees on this path:
 - The response's headers leave with the first bytes (one write); the end of body leaves with
   the last ones.
 - Usage accounting: the last block that mentions `"usage"` is kept (by reference), with the
-  block before it when that one ended inside an SSE event, and parsed once at the end; the policy learns the first token as before (engine prompt count in the
-  first chunks, else after the second chunk).
+  block before it when that one ended inside an SSE event, and parsed once at the end; the
+  policy learns the first token as before (engine prompt count in the first chunks, else after
+  the second chunk).
 - A client that reads slowly pauses reading from the replica (the client socket's own high
   water mark) until its buffer drains: memory per stream stays bounded. A lean client's
   protocol says so itself (`pause_writing` -> `pause`); for an aiohttp client the relay looks at
@@ -55,7 +56,9 @@ from vlmserve.gateway.upstream import UpstreamConnection, UpstreamError, Upstrea
 from vlmserve.gateway.watchdog import Exchange
 
 TERMINATOR = b"0\r\n\r\n"
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens":\s*(\d+)')
+USAGE_KEY = b'"usage"'  # a block that holds it may carry the engine's token counts
+_PROMPT_KEY = b'"prompt_tokens"'
+_PROMPT_TOKENS = re.compile(re.escape(_PROMPT_KEY) + rb":\s*(\d+)")
 _HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,8}")
 _SIZES_SEEN: dict[bytes, int] = {}  # size line -> size (> 0), for _take's one-whole-frame test (a few hundred spellings)
 # A block's first five bytes -> its length when it is exactly one whole data frame whose size line
@@ -222,7 +225,7 @@ class StreamRelay(asyncio.Protocol):
             # checks below do for it, inline (the lean client's protocol reports its loss and
             # back-pressure: _update_fast). Nothing is kept of it unless it carries usage.
             self.exchange.chunks += 1
-            if data.find(b'"usage"') >= 0:  # not `in`: see the module docstring
+            if data.find(USAGE_KEY) >= 0:  # not `in`: see the module docstring
                 self.usage_prev, self.usage_block = b"", data
             self.write(data)  # type: ignore[misc]
             return
@@ -293,7 +296,7 @@ class StreamRelay(asyncio.Protocol):
             self.taken += 1
         if self.first_token_pending:
             self._check_first_token(out)
-        if out.find(b'"usage"') >= 0:
+        if out.find(USAGE_KEY) >= 0:
             self.usage_prev = self.unfinished
             self.usage_block = out
         if out:
@@ -317,7 +320,7 @@ class StreamRelay(asyncio.Protocol):
             self.taken += 1
         if self.first_token_pending:
             self._check_first_token(data)
-        if data.find(b'"usage"') >= 0:
+        if data.find(USAGE_KEY) >= 0:
             self.usage_prev, self.usage_block = self.unfinished, data
         if data:
             self.unfinished = b"" if data.endswith(b"\n\n") else data
@@ -329,12 +332,12 @@ class StreamRelay(asyncio.Protocol):
     def _check_first_token(self, out: bytes) -> None:
         # the regex only where the key is (a byte search is many times faster than the regex's scan)
         match = None
-        at = out.find(b'"prompt_tokens"')
+        at = out.find(_PROMPT_KEY)
         while at >= 0:
             match = _PROMPT_TOKENS.match(out, at)
             if match is not None:
                 break
-            at = out.find(b'"prompt_tokens"', at + 1)
+            at = out.find(_PROMPT_KEY, at + 1)
         if match is not None or self.taken > 1:  # usage in the first chunks, or this is the second block
             self.first_token_pending = False
             self.on_first_token(int(match.group(1)) if match is not None else None)

@@ -69,8 +69,8 @@ class Replica:
     draining: bool = False  # removed from the source: no new requests, in-flight ones finish
     _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
     # model_ids is asked for on every request: the set is rebuilt only when `models` is replaced
-    _ids_of: list[dict] | None = field(default=None, repr=False)
-    _ids: set[str] = field(default_factory=set, repr=False)
+    _ids_of: list[dict] | None = field(default=None, init=False, repr=False)
+    _ids: set[str] = field(default_factory=set, init=False, repr=False)
 
     def endpoint(self, path: str) -> URL:
         """The replica's URL for `path`, parsed once (URL parsing is a measurable share of a proxied request)."""

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers
-_ASCII_SPACE = " \t\r\n\x0b\x0c"  # what bytes.strip() strips; str.strip() would also strip latin-1's NBSP
 IDLE_KEEP_S = 30.0  # an idle pooled connection older than this is closed rather than reused
+_ASCII_SPACE = " \t\r\n\x0b\x0c"  # what bytes.strip() strips; str.strip() would also strip latin-1's NBSP
 
 
 class UpstreamError(ConnectionError):
@@ -72,11 +72,6 @@ def walk_frames(data: bytes, payload: list[bytes] | None = None) -> tuple[int, i
         if payload is not None:
             payload.append(data[eol + 2:following])
         i = following + 2
-
-
-def header_lines(headers: dict[str, str]) -> bytes:
-    """Headers as request header lines for UpstreamPool.request."""
-    return "".join([f"{name}: {value}\r\n" for name, value in headers.items()]).encode("latin-1")
 
 
 def decode_chunked(raw: bytes) -> bytes:
@@ -347,7 +342,7 @@ class UpstreamPool:
         """Send one request and wait for the response head (not the body; with `head_with_body`,
         a 200's first body bytes too: a stream then starts on one wake-up).
 
-        `headers` are header lines ready to send (`Name: value\r\n` each, from `header_lines`),
+        `headers` are header lines ready to send (`Name: value\r\n` each, lean_http.header_lines),
         so that the caller builds its fixed ones once; Host and Content-Length are added here."""
         key, path_and_host = self._target(url)
         head = b"%s%s%sContent-Length: %d\r\n\r\n" % (method.encode("ascii"), path_and_host, headers, len(body))
