@@ -26,7 +26,7 @@ from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
-from vlmserve.gateway.lean_http import ClientRequest
+from vlmserve.gateway.lean_http import ClientRequest, LeanRequest
 from vlmserve.gateway.lean_lane import Answer
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
@@ -255,7 +255,7 @@ class Gateway:
         tenant = None
         slot_held = False
         charged: str | None = None
-        content: Any = None
+        payload: dict[str, Any] | None = None
         try:
             try:
                 if self.draining:
@@ -264,8 +264,9 @@ class Gateway:
                                           retry_after_s=1, request_id=request_log.request_id)
                 tenant = self.admission.tenant_for(request.headers)
                 request_log.tenant = tenant.name
-                body, payload = await self._read_json(request)
-                content = next((payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
+                # a lean request's body is in hand: no coroutine to read it
+                body = request.body if isinstance(request, LeanRequest) else await self._read_body(request)
+                payload = self._parse_json(body)
                 if may_hold_media(body):
                     try:
                         check_media(payload, self.allowed_media_hosts)
@@ -328,7 +329,7 @@ class Gateway:
                 if tenant is not None:
                     used = None if request_log.completion_tokens is None else (request_log.prompt_tokens or 0) + request_log.completion_tokens
                     self.admission.settle_tokens(tenant, request_log.estimated_tokens, used, charged)
-            self._finish(request_log, content)
+            self._finish(request_log, payload)
 
     async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
         """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
@@ -351,14 +352,18 @@ class Gateway:
         self.metrics.images.labels(refused.code).inc()
         return AdmissionRejected(400, refused.message, refused.code)
 
-    async def _read_json(self, request: ClientRequest) -> tuple[bytes, dict]:
+    async def _read_body(self, request: web.Request) -> bytes:
+        """An aiohttp request's body, within --max-body-bytes (the lean lane checked its own)."""
         limit = self.config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise AdmissionRejected(413, f"request body is {request.content_length} bytes, over the {limit}-byte limit: send smaller images or raise --max-body-bytes", "body_too_large")
         try:
-            body = await request.read()
+            return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise AdmissionRejected(413, f"request body is over the {limit}-byte limit: send smaller images or raise --max-body-bytes", "body_too_large") from None
+
+    def _parse_json(self, body: bytes) -> dict[str, Any]:
+        """The body as a JSON object, within the depth and item limits; anything else is a 400."""
         try:
             check_json_shape(body, max_depth=self.config.max_json_depth, max_items=self.config.max_json_items)
         except JsonShapeRefused as refused:
@@ -369,15 +374,17 @@ class Gateway:
             raise AdmissionRejected(400, f"request body is not valid JSON ({err.msg} at char {err.pos})" if isinstance(err, json.JSONDecodeError) else "request body is not valid JSON", "invalid_json") from None
         if not isinstance(payload, dict):
             raise AdmissionRejected(400, "request body must be a JSON object", "invalid_json")
-        return body, payload
+        return payload
 
-    def _finish(self, request_log: RequestLog, content: Any) -> None:
+    def _finish(self, request_log: RequestLog, payload: dict[str, Any] | None) -> None:
         request_log.finished_mono = time.monotonic()
         self.metrics.count_request(request_log.status, request_log.tenant, request_log.replica)
         if request_log.first_byte_mono is not None and request_log.status == "200":
             self.metrics.observe_latency(request_log.replica, request_log.first_byte_mono - request_log.received_mono,
                                          request_log.finished_mono - request_log.received_mono)
         if self.audit.enabled:
+            content = None if payload is None else next(
+                (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
             self.audit.write(request_log.to_record(), content)
 
     async def handle_engine_info(self, request: web.Request) -> web.StreamResponse:

@@ -280,7 +280,7 @@ class Forwarder:
                     payload = await upstream.read()
                     outcome = Outcome.COMPLETED
                     return self._unary_response(upstream, payload, replica, routed, log)
-                first = await upstream.first_block()
+                first = upstream.take_first_block() if upstream.connection.body else await upstream.first_block()
                 if not first:
                     raise _RetryableFailure("closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
             except asyncio.CancelledError:
@@ -427,7 +427,10 @@ class Forwarder:
             return Outcome.FAILED
         log.status = "200"
         try:
-            await response.write_eof()
+            if isinstance(response, LeanStream):
+                response.ended = True  # its end of body left with the last frames: no coroutine for it
+            else:
+                await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             log.status = "abandoned"
             return Outcome.ABANDONED

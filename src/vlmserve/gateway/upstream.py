@@ -275,11 +275,17 @@ class UpstreamResponse:
 
         Raises UpstreamClosed when the connection ends first (as aiohttp's client does)."""
         connection = self.connection
-        if not await connection.wait_body():
+        if not connection.body and not await connection.wait_body():
             if not self.chunked and self.length is None and isinstance(connection.error, UpstreamClosed):
                 return b""  # a body delimited by the close, and empty
             raise connection.error or UpstreamClosed("replica closed the connection before the body")
-        block = b"".join(connection.body)
+        return self.take_first_block()
+
+    def take_first_block(self) -> bytes:
+        """`first_block` when body bytes are already in (a stream's head arrives with them:
+        `head_with_body`), without a coroutine."""
+        connection = self.connection
+        block = connection.body[0] if len(connection.body) == 1 else b"".join(connection.body)
         connection.body = []
         if self.chunked and block.startswith(b"0\r\n") or self.length == 0:
             return b""  # an empty body: nothing to stream
