@@ -197,7 +197,8 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
     loop = asyncio.get_running_loop()
     config = GatewayConfig(replicas=[REPLICA_URL])
     gateway = Gateway(config)
-    # What Gateway.start() sets up, without its health checks and background tasks.
+    # What Gateway.start() sets up, without its health checks and background tasks. Built here from
+    # the constructors, not through a Gateway method, so that --compare-src also runs older trees.
     gateway.upstream = UpstreamPool(config.connect_timeout_s)
     gateway.forwarder = Forwarder(
         gateway.pool, gateway.policy, gateway.upstream, gateway.watchdog, max_attempts=config.max_attempts,

@@ -280,7 +280,7 @@ class Forwarder:
                     payload = await upstream.read()
                     outcome = Outcome.COMPLETED
                     return self._unary_response(upstream, payload, replica, routed, log)
-                first = upstream.take_first_block() if upstream.connection.body else await upstream.first_block()
+                first = upstream.take_first_block() if upstream.body_buffered else await upstream.first_block()
                 if not first:
                     raise _RetryableFailure("closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
             except asyncio.CancelledError:

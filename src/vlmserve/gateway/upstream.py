@@ -281,11 +281,15 @@ class UpstreamResponse:
             raise connection.error or UpstreamClosed("replica closed the connection before the body")
         return self.take_first_block()
 
+    @property
+    def body_buffered(self) -> bool:
+        """Body bytes are in hand (a stream's head arrives with its first ones: `head_with_body`)."""
+        return bool(self.connection.body)
+
     def take_first_block(self) -> bytes:
-        """`first_block` when body bytes are already in (a stream's head arrives with them:
-        `head_with_body`), without a coroutine."""
+        """`first_block` when `body_buffered`, without a coroutine."""
         connection = self.connection
-        block = connection.body[0] if len(connection.body) == 1 else b"".join(connection.body)
+        block = b"".join(connection.body)  # one block (the common case) is returned as it is, not copied
         connection.body = []
         if self.chunked and block.startswith(b"0\r\n") or self.length == 0:
             return b""  # an empty body: nothing to stream
