@@ -79,6 +79,10 @@ class ScriptedReplica:
                 watcher = asyncio.ensure_future(self._watch_close(reader))
                 try:
                     await script(writer)
+                except ConnectionError:  # a write met the gateway's reset: the connection is closed all the same
+                    if not watcher.done():
+                        self.closed_at.append(time.monotonic())
+                    raise
                 finally:
                     if not watcher.done():
                         watcher.cancel()
@@ -94,7 +98,12 @@ class ScriptedReplica:
             writer.close()
 
     async def _watch_close(self, reader: asyncio.StreamReader) -> None:
-        await reader.read()  # returns at EOF: the gateway closed the connection
+        """Note when the gateway closes the connection: an EOF, or a reset (what the kernel sends
+        instead when the gateway closes with frames of ours still unread)."""
+        try:
+            await reader.read()
+        except ConnectionError:
+            pass
         self.closed_at.append(time.monotonic())
 
 
