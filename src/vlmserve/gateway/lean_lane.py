@@ -21,6 +21,12 @@ Every connection starts here (`LeanConnection`). Per request:
   `keepalive_timeout_s`, the connection counted against `max_connections`, a client that goes
   away cancels its request (the replica sees the disconnect and aborts), and a pipelined
   request waits for the one before it.
+
+A connection's requests are served one after another by one task (`LeanConnection._serve`),
+started with its first request and waiting on a future between requests: a task per request
+cost its creation, its registration among the loop's tasks (a weak reference and its removal
+callback) and its teardown every time. The stall watchdog's cancellation reaches that task as
+before; the forwarder takes it back (`Task.uncancel`) when it turns it into an error event.
 """
 
 from __future__ import annotations
@@ -136,22 +142,25 @@ class LeanLane:
             self._ticker.cancel()
             self._ticker = None
         for connection in list(self.connections):
-            if connection.task is None and connection.transport is not None:
+            if not connection.serving and connection.transport is not None:
                 connection.transport.close()
 
 
 class LeanConnection(asyncio.Protocol):
     """One client connection, until (if ever) it is handed to aiohttp."""
 
-    __slots__ = ("lane", "transport", "buffer", "head", "task", "deadline", "header_deadline", "handed",
-                 "reading_paused", "writing_paused", "drain_waiter", "relay", "__weakref__")
+    __slots__ = ("lane", "transport", "buffer", "head", "serving", "pending", "server", "ready", "deadline",
+                 "header_deadline", "handed", "reading_paused", "writing_paused", "drain_waiter", "relay", "__weakref__")
 
     def __init__(self, lane: LeanLane) -> None:
         self.lane = lane
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.head: tuple[LeanHead, int] | None = None  # a parsed head and where its body starts
-        self.task: asyncio.Task | None = None
+        self.serving = False  # a request is with the handler (from its dispatch to its answer written)
+        self.pending: LeanRequest | None = None  # dispatched, not yet taken by the server task
+        self.server: asyncio.Task | None = None  # serves this connection's requests in turn (_serve)
+        self.ready: asyncio.Future[None] | None = None  # the idle server task waits on it for the next request
         self.deadline = 0.0  # loop time when the head (header_deadline) or the next request (keep-alive) is due; 0: none
         self.header_deadline: float | None = None  # while a request's head is awaited
         self.handed = False
@@ -171,7 +180,7 @@ class LeanConnection(asyncio.Protocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
-        if self.task is None and self.head is None and not self.buffer and self.transport is not None:
+        if not self.serving and self.head is None and not self.buffer and self.transport is not None:
             # The common case: a whole request in one read, served without copying it into the buffer.
             end = data.find(b"\r\n\r\n")
             head = parse_head(data[:end], self.lane.max_body_bytes) if end > 0 else None
@@ -179,7 +188,7 @@ class LeanConnection(asyncio.Protocol):
                 self._dispatch(head, data[end + 4:])
                 return
         self.buffer += data
-        if self.task is not None:  # a pipelined request: it waits for the answer in progress
+        if self.serving:  # a pipelined request: it waits for the answer in progress
             if len(self.buffer) > MAX_PENDING_BYTES and not self.reading_paused and self.transport is not None:
                 self.transport.pause_reading()
                 self.reading_paused = True
@@ -198,8 +207,8 @@ class LeanConnection(asyncio.Protocol):
         self.transport = None
         if self.relay is not None:
             self.relay.client_lost()  # before the transport is closed under it: no more writes
-        if self.task is not None:
-            self.task.cancel()  # the handler's forwarder closes the replica's connection
+        if self.server is not None:
+            self.server.cancel()  # a request in progress: the handler's forwarder closes the replica's connection
         self._wake_drain()
 
     def pause_writing(self) -> None:
@@ -256,40 +265,61 @@ class LeanConnection(asyncio.Protocol):
         self.head = None
         self.deadline = 0.0
         self.header_deadline = None
-        request = LeanRequest(head.route, head.headers, body, self.transport, self)
-        self.task = self.lane.loop.create_task(self._serve(request))
+        self.serving = True
+        self.pending = LeanRequest(head.route, head.headers, body, self.transport, self)
+        ready = self.ready
+        if ready is not None:  # the server task waits for it
+            self.ready = None
+            ready.set_result(None)
+        elif self.server is None:
+            self.server = self.lane.loop.create_task(self._serve())
+        # else: the server task itself dispatched it (a pipelined request) and takes it next
 
-    async def _serve(self, request: LeanRequest) -> None:
+    async def _serve(self) -> None:
+        """This connection's requests, in turn, until it closes or is handed over (module docstring)."""
+        loop = self.lane.loop
         try:
-            response = await self.lane.handler(request)
+            while not self.handed:
+                request = self.pending
+                if request is None:  # between requests: until the next is dispatched
+                    self.ready = loop.create_future()
+                    await self.ready
+                    continue
+                self.pending = None
+                try:
+                    response = await self.lane.handler(request)
+                except Exception:  # the handler answers its own errors; this is a bug, and costs this connection only
+                    log.exception("lean lane: request failed")
+                    self._close()
+                    return
+                finally:
+                    self.serving = False
+                transport = self.transport
+                if transport is None or transport.is_closing():
+                    return
+                if isinstance(response, LeanStream):
+                    keep = response.started and response.ended
+                else:
+                    data, close = serialize_response(response)
+                    transport.write(data)
+                    keep = not close
+                if not keep or self.lane.closing:
+                    self._close()
+                    return
+                if self.reading_paused:
+                    self.reading_paused = False
+                    transport.resume_reading()
+                request = response = None  # not kept alive (a body may be megabytes) while the connection idles
+                if self.buffer:
+                    self._await_head()
+                    self._advance()  # a pipelined request whole in the buffer is dispatched here (`pending`)
+                else:
+                    self.deadline = loop.time() + self.lane.keepalive_timeout_s
         except asyncio.CancelledError:
             return  # the client went away
-        except Exception:  # the handler answers its own errors; this is a bug, and costs this connection only
-            log.exception("lean lane: request failed")
-            self._close()
-            return
         finally:
-            self.task = None
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if isinstance(response, LeanStream):
-            keep = response.started and response.ended
-        else:
-            data, close = serialize_response(response)
-            transport.write(data)
-            keep = not close
-        if not keep or self.lane.closing:
-            self._close()
-            return
-        if self.reading_paused:
-            self.reading_paused = False
-            transport.resume_reading()
-        if self.buffer:
-            self._await_head()
-            self._advance()
-        else:
-            self.deadline = self.lane.loop.time() + self.lane.keepalive_timeout_s
+            self.server = self.ready = None
+            self.serving = False
 
     def _hand_over(self) -> None:
         """aiohttp takes the connection, and every byte received, from this request on."""
@@ -300,6 +330,9 @@ class LeanConnection(asyncio.Protocol):
         if self.header_deadline is not None:
             remaining = max(0.0, self.header_deadline - self.lane.loop.time())
         self.handed = True
+        ready, self.ready = self.ready, None
+        if ready is not None:
+            ready.set_result(None)  # the idle server task sees the hand-over and ends
         self.lane.stats.live.discard(self)
         self.lane.connections.discard(self)
         handler = self.lane.make_aiohttp_handler()
@@ -321,7 +354,7 @@ class LeanConnection(asyncio.Protocol):
 
     def on_deadline(self) -> None:
         self.deadline = 0.0
-        if self.transport is None or self.task is not None or self.head is not None:
+        if self.transport is None or self.serving or self.head is not None:
             return
         if self.header_deadline is not None:  # a head not complete in time: 408 (a kept-alive idle one just closes)
             self.lane.stats.header_timeouts += 1

@@ -53,7 +53,7 @@ RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 CONNECTION_ERRORS = (aiohttp.ClientError, OSError, asyncio.IncompleteReadError)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestLog:
     """What the audit log and the metrics learn about one request."""
 

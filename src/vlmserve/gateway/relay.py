@@ -6,9 +6,10 @@ end), so every block arrives in `_on_data` straight from the event loop: no
 task wake-up, no coroutine chain, no re-framing. When both sides speak chunked HTTP/1.1 (every
 engine and every HTTP/1.1 client), the replica's bytes are passed on as they came, frames and
 all. For a lean-lane client (lean_lane.py) the common block, one whole data frame that ends an
-SSE event, takes an inline path: its first five bytes looked up among the frame heads already
-seen give the length it must have, and then the only work is a substring test for usage, a
-counter for the stall watchdog and one `transport.write`; nothing of it is kept after the write.
+SSE event, takes an inline path: its length gives the only size line it can start with
+(`_FRAME_HEADS`, one index and two prefix/suffix tests, nothing allocated), and then the only
+work is a substring test for usage, a counter for the stall watchdog and one `transport.write`;
+nothing of it is kept after the write.
 Any other block (the first ones, split or merged frames, an event cut between frames, the end)
 goes through `_take`, which walks the frames.
 
@@ -61,10 +62,26 @@ _PROMPT_KEY = b'"prompt_tokens"'
 _PROMPT_TOKENS = re.compile(re.escape(_PROMPT_KEY) + rb":\s*(\d+)")
 _HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,8}")
 _SIZES_SEEN: dict[bytes, int] = {}  # size line -> size (> 0), for _take's one-whole-frame test (a few hundred spellings)
-# A block's first five bytes -> its length when it is exactly one whole data frame whose size line
-# (at most 3 hex digits, so the five bytes hold it and its CRLF) says so: _on_data's inline test
-# is then one slice, one dict lookup and one comparison. Filled by _take, from frames it parsed.
-_WHOLE_FRAMES: dict[bytes, int] = {}
+_INLINE_MAX = 4102  # the longest block _on_data's inline path takes: a frame with a 3-digit size line
+
+
+def _frame_heads() -> tuple[bytes, ...]:
+    """For each block length up to _INLINE_MAX, the size line (lowercase hex, as engines write it)
+    that a block of exactly one whole frame of that length starts with. A frame of n bytes has a
+    k-digit size line and n - k - 4 payload bytes, and the three ranges of k give disjoint
+    lengths, so each length has at most one; a length that no frame has gets a line longer than
+    the block, which no block starts with."""
+    heads = []
+    for length in range(_INLINE_MAX + 1):
+        head = b"-" * (length + 1)
+        for digits, low, high in ((1, 1, 0xF), (2, 0x10, 0xFF), (3, 0x100, 0xFFF)):
+            if low <= length - digits - 4 <= high:
+                head = b"%x\r\n" % (length - digits - 4)
+        heads.append(head)
+    return tuple(heads)
+
+
+_FRAME_HEADS = _frame_heads()
 
 
 def _frame_size(line: bytes) -> int | None:
@@ -220,7 +237,8 @@ class StreamRelay(asyncio.Protocol):
 
     def _on_data(self, data: bytes) -> None:
         """The hot path: one block from the replica's socket, passed on."""
-        if self.fast and _WHOLE_FRAMES.get(data[:5]) == len(data) and data[-4:] == b"\n\n\r\n":
+        size = len(data)
+        if self.fast and size <= _INLINE_MAX and data.startswith(_FRAME_HEADS[size]) and data.endswith(b"\n\n\r\n"):
             # The common block, one whole data frame ending an SSE event: what _take and the client
             # checks below do for it, inline (the lean client's protocol reports its loss and
             # back-pressure: _update_fast). Nothing is kept of it unless it carries usage.
@@ -273,8 +291,6 @@ class StreamRelay(asyncio.Protocol):
         size = _frame_size(data[:eol]) if eol > 0 else None
         if size and len(data) == eol + size + 4 and data.endswith(b"\r\n"):
             boundary, end = len(data), -1
-            if eol <= 3 and len(_WHOLE_FRAMES) < 4096:
-                _WHOLE_FRAMES[data[:5]] = len(data)
         else:
             try:
                 boundary, end = walk_frames(data)

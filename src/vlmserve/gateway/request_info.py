@@ -24,7 +24,7 @@ class TokenEstimator:
         return max(1, int(chars / self.chars_per_token))
 
 
-@dataclass
+@dataclass(slots=True)
 class RoutedRequest:
     """A request as the policies see it. Mutable only by the proxy (attempt bookkeeping)."""
 

@@ -8,6 +8,7 @@ lean lane's carry none. Requests go over raw sockets so that the exact bytes are
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections.abc import Iterator
 
@@ -222,3 +223,45 @@ async def test_idle_lean_connections_close_after_the_keep_alive_timeout(engine: 
         writer.close()
     assert answer.status == 200 and not answer.served_by_aiohttp
     assert rest == b""
+
+
+def _connection_tasks() -> list[asyncio.Task]:
+    return [task for task in asyncio.all_tasks() if task.get_coro().__qualname__ == "LeanConnection._serve"]  # type: ignore[union-attr]
+
+
+async def test_one_task_serves_a_connections_requests_and_ends_with_it(engine: SimHandle) -> None:
+    """Kept-alive requests are served in turn by one task, which holds nothing of the last request
+    while the connection idles, and ends when the connection is handed to aiohttp or closed."""
+    from vlmserve.gateway.lean_http import LeanRequest
+    from vlmserve.gateway.lean_lane import LeanStream
+
+    async with running_gateway([engine]) as gw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        tasks = []
+        for i in range(3):
+            writer.write(_post(chat_body(f"turn {i}", max_tokens=3)))
+            answer = await _read_answer(reader)
+            assert answer.status == 200 and not answer.served_by_aiohttp
+            tasks.append(_connection_tasks())
+        assert len(tasks[0]) == 1 and tasks[0] == tasks[1] == tasks[2]
+        await asyncio.sleep(0.05)
+        gc.collect()
+        held = [o for o in gc.get_objects() if isinstance(o, (LeanRequest, LeanStream))]
+        assert held == []  # the idle task keeps neither the last request (nor its body) nor its answer
+
+        writer.write(b"GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n")  # outside the subset: aiohttp takes the connection
+        health = await _read_answer(reader)
+        assert health.status == 200 and health.served_by_aiohttp
+        await asyncio.sleep(0.05)
+        assert _connection_tasks() == []
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(_post(chat_body("then gone", max_tokens=2, stream=False)))
+        assert (await _read_answer(reader)).status == 200
+        assert len(_connection_tasks()) == 1
+        writer.close()  # the client leaves while the connection idles
+        for _ in range(100):
+            if not _connection_tasks():
+                break
+            await asyncio.sleep(0.02)
+        assert _connection_tasks() == []
