@@ -3,6 +3,12 @@
 Every package that offers verbs exposes `register(app: typer.Typer) -> None` in a
 module named in `VERB_MODULES`. Keeping the list here (rather than discovering it)
 makes the CLI's surface explicit and reviewable.
+
+A command line that names its verb imports that verb's module only (`VERB_COMMANDS`): the
+others pull in pydantic models, the hardware tables and the results store, a third of a
+second that every `vlmserve engine sim` replica, every `vlmserve status` and every script
+calling the CLI would pay for nothing. `--help`, `--version` and an unknown verb build the
+whole app, so the root help and click's suggestions list every verb.
 """
 
 from __future__ import annotations
@@ -33,18 +39,29 @@ VERB_MODULES: list[str] = [
     "vlmserve.cli.slo_search",
 ]
 
-app = typer.Typer(
-    name="vlmserve",
-    help="Take a vision-language model from weights on disk to a service that is proven deployable.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # click's plain help, for every verb (the root's mode reaches each command): rich's option
-    # table cuts long flag names ("--input-len,--ra…") at 80 columns; click's wraps the help text
-    # and keeps every name whole (tests/unit/test_help_width.py)
-    rich_markup_mode=None,
-)
-
+VERB_COMMANDS: dict[str, str] = {
+    # top-level command -> the module (in VERB_MODULES) that registers it; tests/unit/test_cli_verbs.py
+    # checks this against what each module really registers
+    "batch": "vlmserve.cli.batch",
+    "bench": "vlmserve.cli.bench",
+    "runs": "vlmserve.cli.bench",
+    "consistency": "vlmserve.cli.consistency",
+    "engine": "vlmserve.cli.engine",
+    "export": "vlmserve.cli.export",
+    "gateway": "vlmserve.cli.gateway",
+    "model": "vlmserve.cli.model",
+    "observe": "vlmserve.cli.observe",
+    "plan": "vlmserve.cli.plan",
+    "recipe": "vlmserve.cli.recipe",
+    "compare": "vlmserve.cli.report",
+    "report": "vlmserve.cli.report",
+    "demo": "vlmserve.cli.up",
+    "down": "vlmserve.cli.up",
+    "status": "vlmserve.cli.up",
+    "up": "vlmserve.cli.up",
+    "sweep": "vlmserve.cli.sweep",
+    "slo-search": "vlmserve.cli.slo_search",
+}
 
 def _version_callback(value: bool) -> None:
     if value:
@@ -52,7 +69,6 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
@@ -61,7 +77,27 @@ def _root(
     """vlmserve: up, recipe, gateway, bench, sweep, report, plan, engine sim, batch."""
 
 
+def _new_root() -> typer.Typer:
+    """The root command with no verbs yet (the whole app and each one-verb app start from it)."""
+    root = typer.Typer(
+        name="vlmserve",
+        help="Take a vision-language model from weights on disk to a service that is proven deployable.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        # click's plain help, for every verb (the root's mode reaches each command): rich's option
+        # table cuts long flag names ("--input-len,--ra…") at 80 columns; click's wraps the help text
+        # and keeps every name whole (tests/unit/test_help_width.py)
+        rich_markup_mode=None,
+    )
+    root.callback()(_root)
+    return root
+
+
+app = _new_root()
+
 _registered = False
+_verb_apps: dict[str, typer.Typer] = {}
 
 
 def build_app() -> typer.Typer:
@@ -78,9 +114,29 @@ def build_app() -> typer.Typer:
     return app
 
 
+def _verb_app(module_name: str) -> typer.Typer:
+    """The root with one verb module's commands only (once per process and module)."""
+    if module_name not in _verb_apps:
+        root = _new_root()
+        importlib.import_module(module_name).register(root)
+        _verb_apps[module_name] = root
+    return _verb_apps[module_name]
+
+
+def app_for(argv: list[str]) -> typer.Typer:
+    """The app that parses `argv`: the named verb's alone, unless the whole app is built already
+    (in-process callers such as the tests build it once) or no known verb is named."""
+    verb = next((arg for arg in argv if not arg.startswith("-")), None)
+    if verb is None and "--version" in argv and "--help" not in argv:
+        return _new_root()  # the version alone needs no verb
+    if _registered or verb not in VERB_COMMANDS:
+        return build_app()
+    return _verb_app(VERB_COMMANDS[verb])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: user errors become one line and a non-zero exit."""
-    build_app()
+    app = app_for(sys.argv[1:] if argv is None else argv)
     try:
         returned = app(args=argv, standalone_mode=False)
     except UserError as err:

@@ -21,7 +21,9 @@ import httpx
 
 from vlmserve.engines.launcher import ExpectedConfig  # what a replica must serve: the launcher says
 
-READY_POLL_S = 0.5
+READY_POLL_S = 0.2
+"""Between readiness polls: a sim replica is up in about a second, so a longer pause is mostly waiting
+(a poll of a replica still starting is one refused connection or one /health call)."""
 CHECK_TIMEOUT_S = 120.0
 """Per-request timeout for the readiness generations (the first one compiles kernels)."""
 

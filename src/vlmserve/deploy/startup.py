@@ -23,7 +23,8 @@ from vlmserve.deploy.readiness import (
 )
 from vlmserve.errors import UserError
 
-HEALTH_POLL_S = 0.3
+HEALTH_POLL_S = 0.2
+"""Between the gateway's /health polls (see readiness.READY_POLL_S)."""
 
 
 def await_ready(

@@ -3,7 +3,9 @@
 The engine (h100-qwen3vl-4b profile, one sequence at a time, 64 output tokens) serves about
 3.4 requests/s; past that its queue grows. The test asserts structure, never timings: the
 run at the highest level that held met the SLO, the run at the lowest level that missed did
-not, the two are adjacent within the precision, and every probe is a stored run.
+not, the two are adjacent within the precision, and every probe is a stored run. The precision
+is 50 %: five probes (1, 16, 4, 2, 2.8) of up to three 1.5 s repeats; a finer one proves the same
+bisection with a sixth probe (4 s more).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def search_args(handle: SimHandle, *extra: object) -> list[str]:
 
 def test_search_finds_a_boundary_met_below_and_missed_above(profiled_sim, cli, tmp_path) -> None:
     out = tmp_path / "search.json"
-    done = cli(*search_args(profiled_sim, "--slo", "ttft_p95=100ms", "--rate-range", "1:16", "--precision", "0.25",
+    done = cli(*search_args(profiled_sim, "--slo", "ttft_p95=100ms", "--rate-range", "1:16", "--precision", "0.5",
                             "--repeat", "3", "--duration", "1.5s", "--input-len", "64", "--output-len", "64",
                             "--arrival", "constant", "--json-out", out))
     assert done.code == 0, done.err
@@ -39,7 +41,7 @@ def test_search_finds_a_boundary_met_below_and_missed_above(profiled_sim, cli, t
     assert search["status"] == "bounded"
     boundary = search["boundary"]
     held, missed = boundary["held"], boundary["missed"]
-    assert 1 <= held < missed <= 16 and missed / held <= 1.25
+    assert 1 <= held < missed <= 16 and missed / held <= 1.5
     # the runs behind the boundary are in the history: below it the SLO held, above it it did not
     below = store.load_run(boundary["held_run_id"]).summary.to_dict()
     above = store.load_run(boundary["missed_run_id"]).summary.to_dict()
