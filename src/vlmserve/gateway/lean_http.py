@@ -31,15 +31,15 @@ MAX_HEAD_BYTES = 8192  # a longer head goes to aiohttp, whose own limits then ap
 REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 """What a connection that did not complete its head in time gets, on either lane, before it is closed."""
 _REQUEST_LINE = re.compile(rb"POST (/[-!$&'()*+,./0-9:;=@A-Z_a-z~]*) HTTP/1\.1")
-# Header fields: a token, a colon, printable ASCII or tabs, CRLF. One pass splits the block into
-# fields; the fields found cover the whole block exactly when nothing else is in it (parse_head
-# compares the lengths). The pass is linear in the block, whatever a client sends: a field may
-# start only at a line start (`^`, MULTILINE), so a line that is not a field is tried once and not
-# again from each of its characters, and the repeats are possessive (a value cannot hold CR, so
-# giving characters back could never help). Without both, a head of one 8 KB run of token
-# characters cost the gateway 0.37 s of CPU (benchmarks/lean_head_parse.py).
-_FIELD_PARTS = re.compile(r"^([-!#$%&'*+.^_`|~0-9A-Za-z]++):([\t -~]*+)\r\n", re.MULTILINE)
+# The header block: fields of a token, a colon, printable ASCII or tabs, and CRLF, and nothing
+# else. One `fullmatch` judges the whole block without building anything; the block is then split
+# on CRLF (a valid value holds no CR or LF, a name no colon, so each piece is one field). The pass
+# is linear in the block whatever a client sends: every repeat is possessive, so no character is
+# tried twice. A backtracking form of it cost the gateway 0.37 s of CPU on a head of one 8 KB run
+# of token characters (benchmarks/lean_head_parse.py).
+_FIELDS = re.compile(r"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]++:[\t -~]*+\r\n)*+")
 _ROUTE_OF_LINE: dict[bytes, Route | None] = {}  # request line -> its route (None: not lean), for the lines seen
+_UNSEEN = object()
 _REFUSED_HEADERS = frozenset(("transfer-encoding", "expect", "upgrade"))
 
 
@@ -53,7 +53,7 @@ class LeanHeaders(dict[str, str]):
 class LeanRequest:
     """What the gateway's handlers read of a request, for one served on the lean lane."""
 
-    __slots__ = ("path", "headers", "content_length", "body", "transport", "connection", "_state", "method")
+    __slots__ = ("path", "headers", "content_length", "body", "transport", "connection", "route", "method")
 
     def __init__(self, route: Route, headers: LeanHeaders, body: bytes, transport: asyncio.Transport,
                  connection: Any) -> None:
@@ -64,13 +64,13 @@ class LeanRequest:
         self.body = body
         self.transport: asyncio.Transport | None = transport
         self.connection = connection  # the lean_lane.LeanConnection it came on
-        self._state: dict[Any, Any] = {ROUTE_KEY: route}
+        self.route = route
 
     def __getitem__(self, key: Any) -> Any:
-        return self._state[key]
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._state[key] = value
+        """`request[ROUTE_KEY]`, as on an aiohttp request (the route is all the handlers keep there)."""
+        if key is ROUTE_KEY:
+            return self.route
+        raise KeyError(key)
 
     async def read(self) -> bytes:
         return self.body
@@ -93,8 +93,9 @@ class LeanHead:
 
 def _lean_route(request_line: bytes) -> Route | None:
     """The engine-work route a request line POSTs to, if the line is inside the subset."""
-    if request_line in _ROUTE_OF_LINE:
-        return _ROUTE_OF_LINE[request_line]
+    route = _ROUTE_OF_LINE.get(request_line, _UNSEEN)
+    if route is not _UNSEEN:
+        return route  # type: ignore[return-value]
     route = _check_request_line(request_line)
     if len(_ROUTE_OF_LINE) < 256 and len(request_line) <= 128:  # a client cycling paths cannot grow it
         _ROUTE_OF_LINE[request_line] = route
@@ -122,10 +123,14 @@ def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
     if route is None:
         return None
     block = "" if line_end < 0 else head[line_end + 2:].decode("latin-1") + "\r\n"
-    fields = _FIELD_PARTS.findall(block)
-    if sum([len(name) + len(value) for name, value in fields]) + 3 * len(fields) != len(block):
-        return None  # something between or after the fields that is not one
-    headers = LeanHeaders({name.lower(): value.strip(" \t") for name, value in fields})
+    if _FIELDS.fullmatch(block) is None:
+        return None  # something in the block that is not a field
+    fields = block.split("\r\n")
+    fields.pop()  # the empty piece after the last CRLF
+    headers = LeanHeaders()
+    for field in fields:
+        name, _, value = field.partition(":")
+        headers[name.lower()] = value.strip(" \t")
     if len(headers) != len(fields):  # a header sent twice: aiohttp decides what that means
         return None
     length = dict.get(headers, "content-length")  # names are lower-cased: no need for LeanHeaders.get

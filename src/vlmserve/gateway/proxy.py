@@ -195,7 +195,9 @@ class Forwarder:
                                             *([("Authorization", f"Bearer {upstream_auth}")] if upstream_auth else [])])
 
     def _upstream_headers(self, request_id: str, client_headers: Mapping[str, str]) -> bytes:
-        return self._fixed_headers + header_lines([("X-Request-ID", request_id), *trace_context(client_headers).items()])
+        trace = trace_context(client_headers)
+        lines = self._fixed_headers + b"X-Request-ID: %s\r\n" % request_id.encode("latin-1")
+        return lines + header_lines(trace.items()) if trace else lines
 
     async def forward(self, request: ClientRequest, body: bytes, routed: RoutedRequest, log: RequestLog) -> Answer:
         """Try replicas until one answers; the returned response may already be sent (streams)."""

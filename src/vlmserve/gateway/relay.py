@@ -246,7 +246,9 @@ class StreamRelay(asyncio.Protocol):
             self.exchange.chunks += 1
             if data.find(USAGE_KEY) >= 0:  # not `in`: see the module docstring
                 self.usage_prev, self.usage_block = b"", data
-            self.write(data)  # type: ignore[misc]
+            # read into a local first: CPython 3.11 cannot specialise calling a callable held in a slot
+            write = self.write
+            write(data)  # type: ignore[misc]
             return
         out = self._take(data)
         if out:
