@@ -93,7 +93,6 @@ class Gateway:
         upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self.pool = ReplicaPool(
             config.normalized_replicas,
-            lambda: _new_upstream_session(config),
             health_interval_s=config.health_interval_s,
             metrics_interval_s=config.metrics_interval_s if self.policy.uses_engine_load else None,
             breaker_failures=config.breaker_failures,

@@ -9,7 +9,6 @@ import asyncio
 import logging
 from pathlib import Path
 
-import aiohttp
 import pytest
 from kubernetes import client
 
@@ -37,7 +36,7 @@ from vlmserve.gateway.request_info import RoutedRequest
 
 def make_pool(static: list[str], max_ejection_fraction: float = 0.5) -> ReplicaPool:
     """A pool that is never started (no session): set changes only, no health checks."""
-    return ReplicaPool(static, aiohttp.ClientSession, max_ejection_fraction=max_ejection_fraction)
+    return ReplicaPool(static, max_ejection_fraction=max_ejection_fraction)
 
 
 def urls(replicas: list[Replica]) -> list[str]:

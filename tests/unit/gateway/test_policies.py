@@ -215,7 +215,7 @@ async def test_a_busy_replica_is_not_marked_down_by_a_slow_health_check() -> Non
 
     from vlmserve.gateway.replicas import ReplicaPool
 
-    pool = ReplicaPool(["http://127.0.0.1:9"], session_factory=lambda: None)  # type: ignore[arg-type,return-value]
+    pool = ReplicaPool(["http://127.0.0.1:9"])
     replica = pool.replicas[0]
     replica.healthy = True
     answers: list[tuple[bytes | None, str]] = []

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import aiohttp
-
 from vlmserve.gateway.replicas import ReplicaPool
 
 
 def _pool(*models: list[dict] | None) -> ReplicaPool:
-    pool = ReplicaPool([f"http://127.0.0.1:{8000 + i}" for i in range(len(models))], aiohttp.ClientSession)
+    pool = ReplicaPool([f"http://127.0.0.1:{8000 + i}" for i in range(len(models))])
     for replica, listed in zip(pool.replicas, models):
         replica.healthy = listed is not None
         replica.models = listed or []
