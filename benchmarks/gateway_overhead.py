@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import resource
@@ -333,6 +334,66 @@ def summarize(trials: list[list[Trial]], names: list[str]) -> dict:
     return summary
 
 
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """The median of per-round figures and a distribution-free interval for it.
+
+    The interval is the order statistics x(k) and x(n+1-k), with k the largest for which
+    P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2: it holds the true median with at least
+    `confidence`, whatever the figures' distribution (with 10 rounds: the 2nd smallest and the
+    2nd largest, 97.9 %). Below 6 rounds no k qualifies and the full range is returned, which
+    then covers less than `confidence`."""
+    ordered = sorted(values)
+    count = len(ordered)
+    tail, k = 0.0, 0
+    while k < count // 2:
+        tail += math.comb(count, k) / 2 ** count
+        if tail > (1 - confidence) / 2:
+            break
+        k += 1
+    low, high = (ordered[k - 1], ordered[count - k]) if k else (ordered[0], ordered[-1])
+    return statistics.median(ordered), low, high
+
+
+def against_router(trials: list[list[Trial]], names: list[str]) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """#18's yardstick, paired round by round against vllm-router: the added TTFT p50 and p99 as
+    differences from the router's (direct cancels out), CPU per chunk as a ratio to the router's;
+    each a median with its interval (median_interval)."""
+    verdicts: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for name in names:
+        if name in ("direct", "vllm-router"):
+            continue
+        p50, p99, cpu = [], [], []
+        for round_trials in trials:
+            by_name = {t.route: t for t in round_trials}
+            this, router = by_name[name], by_name.get("vllm-router")
+            if router is None or router.proxy_cpu_us_per_chunk <= 0:
+                return {}
+            p50.append(this.percentile(0.50) - router.percentile(0.50))
+            p99.append(this.percentile(0.99) - router.percentile(0.99))
+            cpu.append(this.proxy_cpu_us_per_chunk / router.proxy_cpu_us_per_chunk)
+        verdicts[name] = {"ttft_p50_ms_minus_router": median_interval(p50),
+                          "ttft_p99_ms_minus_router": median_interval(p99),
+                          "cpu_per_chunk_over_router": median_interval(cpu)}
+    return verdicts
+
+
+def print_against_router(verdicts: dict[str, dict[str, tuple[float, float, float]]]) -> None:
+    if not verdicts:
+        return
+    print("\nagainst vllm-router, paired by round: median [interval holding the median with >= 95 %]")
+    for name, figures in verdicts.items():
+        parts = []
+        for key, label, unit, parity in (("ttft_p50_ms_minus_router", "TTFT p50", " ms", 0.0),
+                                         ("ttft_p99_ms_minus_router", "TTFT p99", " ms", 0.0),
+                                         ("cpu_per_chunk_over_router", "CPU/chunk", "x", 1.0)):
+            median, low, high = figures[key]
+            verdict = "below" if high < parity else "above" if low > parity else "not distinguishable"
+            number = (f"{median:.2f}x [{low:.2f}, {high:.2f}]" if unit == "x"
+                      else f"{median:+.2f} ms [{low:+.2f}, {high:+.2f}]")
+            parts.append(f"{label} {number} ({verdict})")
+        print(f"  {name}: " + "; ".join(parts))
+
+
 def print_summary(summary: dict, args: argparse.Namespace) -> None:
     print()
     print(f"{args.streams} streams, {args.rounds} rounds x {args.requests} requests per configuration, "
@@ -450,6 +511,8 @@ def main() -> None:
         rounds = uvloop.run(run(args, routes))
         summary = summarize(rounds, [r.name for r in routes])
         print_summary(summary, args)
+        verdicts = against_router(rounds, [r.name for r in routes])
+        print_against_router(verdicts)
         failed = sum(figures["failed_total"] for figures in summary.values())
         if args.smoke and failed:
             raise SystemExit(f"smoke: {failed} requests failed; see the logs in {log_dir}")
@@ -457,6 +520,7 @@ def main() -> None:
             args.json_out.write_text(json.dumps({
                 "args": {k: str(v) for k, v in vars(args).items()},
                 "summary": summary,
+                "against_vllm_router": verdicts,
                 "rounds": [[{**vars(t), "ttft_ms": None} for t in trials] for trials in rounds],
             }, indent=2))
     finally:

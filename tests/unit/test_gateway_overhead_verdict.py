@@ -1,0 +1,58 @@
+"""benchmarks/gateway_overhead.py's verdict against vllm-router: paired medians and their intervals."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def overhead(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("gateway_overhead")
+
+
+def test_the_median_interval_is_the_order_statistics_that_cover_it_with_95_percent(overhead: ModuleType) -> None:
+    values = [float(v) for v in (7, 1, 9, 3, 10, 5, 2, 8, 4, 6)]
+    assert overhead.median_interval(values) == (5.5, 2.0, 9.0)  # 2nd smallest, 2nd largest: 97.9 %
+    for count in range(6, 40):
+        median, low, high = overhead.median_interval([float(v) for v in range(1, count + 1)])
+        k = int(low)  # the order statistic's rank
+        coverage = 1 - 2 * sum(math.comb(count, i) for i in range(k)) / 2 ** count
+        assert coverage >= 0.95 and high == count + 1 - k
+        assert 1 - 2 * sum(math.comb(count, i) for i in range(k + 1)) / 2 ** count < 0.95  # and no tighter
+    assert overhead.median_interval([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)  # too few rounds: the full range
+
+
+def _trial(overhead: ModuleType, route: str, ttft_ms: float, cpu_per_chunk: float) -> object:
+    return overhead.Trial(route=route, ttft_ms=[ttft_ms] * 100, ok=100, failed=0, output_tokens=3200, wall_s=1.0,
+                          loadgen_cpu=0.1, proxy_cpu=0.1, proxy_cpu_us_per_chunk=cpu_per_chunk, proxy_kernel_share=0.4)
+
+
+def test_the_verdict_says_below_above_or_not_distinguishable(overhead: ModuleType,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    rounds = []
+    for index in range(10):
+        noise = (index % 3 - 1) * 0.01
+        rounds.append([_trial(overhead, "direct", 21.0, 0.0),
+                       _trial(overhead, "vllm-router", 21.3, 33.0),
+                       _trial(overhead, "vlmserve", 21.1 + noise, 33.0 * (0.90 + noise)),  # clearly below
+                       _trial(overhead, "other", 21.3 + 5 * noise, 33.0 * (1.0 + 2 * noise))])  # around parity
+    verdicts = overhead.against_router(rounds, ["direct", "vlmserve", "other", "vllm-router"])
+    assert set(verdicts) == {"vlmserve", "other"}
+    median, low, high = verdicts["vlmserve"]["cpu_per_chunk_over_router"]
+    assert high < 1.0 and median == pytest.approx(0.90)
+    assert verdicts["vlmserve"]["ttft_p50_ms_minus_router"][2] < 0
+    overhead.print_against_router(verdicts)
+    out = capsys.readouterr().out
+    assert "vlmserve: TTFT p50 -0.20 ms [-0.21, -0.19] (below)" in out
+    assert "CPU/chunk 0.90x [0.89, 0.91] (below)" in out
+    assert "other: TTFT p50 +0.00 ms [-0.05, +0.05] (not distinguishable)" in out
+    # without vllm-router in the run there is no verdict (and nothing printed)
+    assert overhead.against_router([[r for r in rounds[0] if r.route != "vllm-router"]], ["vlmserve"]) == {}
