@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import logging
 import signal
 import threading
@@ -24,6 +23,7 @@ from vlmserve.gateway.app import STATE_KEY, Gateway, build_app
 from vlmserve.gateway.client_limits import GuardedSite, ensure_file_descriptors
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.tls import server_ssl_context
+from vlmserve.quiet_gc import quiet_garbage_collector
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -101,18 +101,6 @@ def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None 
 
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         runner.run(main())
-
-
-def quiet_garbage_collector() -> None:
-    """Keep the cyclic garbage collector out of the streams' way (a dedicated gateway process only).
-
-    Everything built at start-up (modules, app, routes) is moved out of the collector's sight
-    (`gc.freeze`), and young-generation collections run less often: a full collection walking
-    the whole heap mid-stream shows up directly in the TTFT tail.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
 
 
 class GatewayServer:

@@ -38,6 +38,7 @@ from vlmserve.sched.frontend import Frontend
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
 from vlmserve.errors import UserError
+from vlmserve.quiet_gc import quiet_garbage_collector
 
 _STATUS_TYPES = {
     500: "InternalServerError",
@@ -402,6 +403,7 @@ def run_server(config: SimEngineConfig) -> None:
     config.validate()
 
     def announce(port: int) -> None:
+        quiet_garbage_collector()  # a stand-in for vLLM, whose API server freezes its start-up heap too
         print(f"sim engine serving {config.model_names[0]!r} on http://{config.host}:{port}", flush=True)
 
     async def main() -> None:
