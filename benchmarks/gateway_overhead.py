@@ -17,6 +17,10 @@ are pinned to CPUs (taskset / sched_setaffinity), and the load generator's and t
 use are printed with every trial so a saturated client is visible rather than hidden. "CPU/chunk"
 is the proxy's CPU time (all its processes) over the streamed chunks it relayed (the sim engine
 writes one per token), "kernel" the share of that time spent in the kernel (system time).
+With vllm-router in the run, a last block compares every other proxy with it round by round:
+TTFT p50 and p99 differences and the CPU-per-chunk ratio, each a median with an interval that
+holds the true median with at least 95 %, and a verdict (below / above / not distinguishable).
+The load generator runs each trial with its garbage collector off (see run_trial).
 
     .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 6 --baseline-src /tmp/base/src
     (after `git archive main src | tar -x -C /tmp/base`: main's gateway beside this one)
