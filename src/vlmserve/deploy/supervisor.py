@@ -6,10 +6,12 @@
 - Checks first, before anything starts (vlmserve.deploy.preflight): the model exists, the
   ports are free, there is enough free memory, and no other supervisor runs a deployment of
   the same name.
-- vLLM replicas start one at a time: two vLLM engines profiling memory at once is a known cause
-  of start-up failures. Sim replicas profile nothing and start together (eight take a few
-  seconds, not a dozen). Each must pass the readiness checks and serve the configuration its
-  launcher expects, from a process vlmserve itself started (vlmserve.deploy.startup).
+- GPU replicas start one at a time: two vLLM engines profiling GPU memory at once is a known
+  cause of start-up failures. CPU and sim replicas start together (`STARTS_TOGETHER`): a CPU
+  engine's KV cache is the fixed VLLM_CPU_KVCACHE_SPACE and the preflight has checked that
+  every replica fits in memory, so there is no race; the sim profiles nothing. Each must pass
+  the readiness checks and serve the configuration its launcher expects, from a process
+  vlmserve itself started (vlmserve.deploy.startup).
 - A replica that dies is restarted with exponential back-off, and the event is logged.
   One that hangs (no answer to /health, then none to a 1-token generation; see
   vlmserve.deploy.liveness) is killed outright and restarted the same way, with the reason recorded.
@@ -49,6 +51,10 @@ from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
 
 MONITOR_POLL_S = 0.5
+
+STARTS_TOGETHER = frozenset({"cpu", "sim"})
+"""Device kinds whose replicas start at once (a GPU engine sizes its KV cache from the free GPU
+memory it measures, so two starting together can each see the other's allocations)."""
 
 EventSink = Callable[[str], None]
 
@@ -110,11 +116,11 @@ class Supervisor:
         self.stop()
 
     def start(self) -> "Supervisor":
-        """Check, then start every replica (vLLM's one at a time), then the gateway; return when ready."""
+        """Check, then start every replica (GPU ones one at a time), then the gateway; return when ready."""
         try:
             self._preflight()
             self._write_state()
-            if self.device_kind == "sim":
+            if self.device_kind in STARTS_TOGETHER:
                 for replica in self.replicas:
                     self._launch(replica, first_start=True)
                 for replica in self.replicas:

@@ -212,14 +212,14 @@ def _write_model(model_dir: Path) -> None:
             "patch_size": PATCH_SIZE,
         },
         scale_factor=SCALE_FACTOR,
-        image_token_id=int(tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)),  # type: ignore[arg-type]
+        image_token_id=int(tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)),
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
     )
     config.bos_token_id = tokenizer.bos_token_id
     config.eos_token_id = tokenizer.eos_token_id
     torch.manual_seed(SEED)
-    model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16).eval()  # type: ignore[arg-type]
+    model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16).eval()
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -1,11 +1,9 @@
 """`vlmserve compare BASELINE CANDIDATE`: the same cells side by side, as ratios, with regressions flagged.
 
 Ratios are written the way people say them ("TTFT p50 5.6× lower", "throughput 5.7× higher").
-When both sides were run with `--repeat N` (N ≥ 2) and carry a 95 % confidence interval for a
-figure, the intervals decide: overlapping intervals are "unchanged", separate ones a regression
-or an improvement (a conservative test: separate 95 % intervals mean a real difference). Single
-runs are labelled so and judged as before: a change worse than the noise threshold (default 10%)
-is a regression, so run-to-run jitter does not fail a CI job.
+Repeated runs (`--repeat N` on both sides) are judged by their 95 % intervals and a minimum effect
+(`--min-effect`), single runs by the noise threshold (`--threshold`); docs/sweep.md#compare gives
+the rule and why.
 """
 
 from __future__ import annotations
@@ -40,6 +38,12 @@ COMPARED_METRICS: tuple[ComparedMetric, ...] = (
     ComparedMetric("requests/s", "throughput.requests_per_s", False),
 )
 
+DEFAULT_THRESHOLD = 0.10
+"""Single runs: a change worse than this fraction is a regression (`--threshold`)."""
+
+DEFAULT_MIN_EFFECT = 0.05
+"""Repeated runs: the smallest change that counts even when the intervals are apart (`--min-effect`)."""
+
 FAILED_FRACTION_TOLERANCE = 0.01
 """A candidate failing more than 1 point more of its requests is a regression, whatever the threshold."""
 
@@ -67,6 +71,13 @@ class MetricChange:
         return (self.baseline_interval[0] <= self.candidate_interval[1]
                 and self.candidate_interval[0] <= self.baseline_interval[1])
 
+    def significant(self, min_effect: float) -> bool:
+        """Repeated runs: intervals apart (statistically significant) and the means at least `min_effect` apart.
+
+        The effect is |candidate / baseline − 1|, the figure the "12% higher" phrase shows.
+        """
+        return not self.intervals_overlap and abs(self.ratio - 1.0) >= min_effect
+
     @property
     def ratio(self) -> float:
         """candidate / baseline (inf when the baseline is 0)."""
@@ -91,23 +102,29 @@ class MetricChange:
             return f"{abs(self.ratio - 1.0):.0%} {direction}"
         return f"{factor:.1f}× {direction}"
 
-    def is_regression(self, threshold: float) -> bool:
+    def is_regression(self, threshold: float, min_effect: float) -> bool:
         if self.by_intervals:
-            return not self.intervals_overlap and self.worse_by > 0
+            return self.significant(min_effect) and self.worse_by > 0
         return self.worse_by > threshold
 
-    def is_improvement(self, threshold: float) -> bool:
+    def is_improvement(self, threshold: float, min_effect: float) -> bool:
         if self.by_intervals:
-            return not self.intervals_overlap and self.worse_by < 0
+            return self.significant(min_effect) and self.worse_by < 0
         return self.worse_by < -threshold
 
-    def verdict(self, threshold: float) -> str:
-        """'regressed' / 'improved' / 'unchanged' (intervals) or 'within noise' (single runs, threshold)."""
-        if self.is_regression(threshold):
+    def verdict(self, threshold: float, min_effect: float) -> str:
+        """'regressed' / 'improved', else why not.
+
+        Repeated runs: 'unchanged' (intervals overlap) or 'within 5%' (intervals apart, change below the
+        minimum effect); single runs: 'within noise' (below the threshold).
+        """
+        if self.is_regression(threshold, min_effect):
             return "regressed"
-        if self.is_improvement(threshold):
+        if self.is_improvement(threshold, min_effect):
             return "improved"
-        return "unchanged" if self.by_intervals else "within noise"
+        if not self.by_intervals:
+            return "within noise"
+        return "unchanged" if self.intervals_overlap else f"within {min_effect:.0%}"
 
 
 @dataclass
@@ -123,10 +140,11 @@ class CellComparison:
     repeats: tuple[int, int] = (1, 1)
     """Repeats behind the baseline and the candidate (1: a single run)."""
 
-    def judged_by(self, threshold: float) -> str:
+    def judged_by(self, threshold: float, min_effect: float) -> str:
         """How this cell's changes are judged, in words."""
         if any(change.by_intervals for change in self.changes):
-            return f"judged by 95% confidence intervals ({self.repeats[0]} vs {self.repeats[1]} repeats)"
+            return (f"judged by 95% confidence intervals ({self.repeats[0]} vs {self.repeats[1]} repeats), "
+                    f"min effect {min_effect:.0%}")
         return (f"single runs: judged by the {threshold:.0%} noise threshold "
                 "(--repeat N on both gives confidence intervals)")
 
@@ -138,14 +156,15 @@ class Comparison:
     threshold: float
     cells: list[CellComparison]
     unmatched: list[str]
+    min_effect: float
 
     def regressions(self) -> list[str]:
         """Every regression as one line, e.g. 'in256-c4: TTFT p95 34% higher (threshold 10%)'."""
         found: list[str] = []
         for cell in self.cells:
             for change in cell.changes:
-                if change.is_regression(self.threshold):
-                    basis = ("95% intervals apart" if change.by_intervals
+                if change.is_regression(self.threshold, self.min_effect):
+                    basis = (f"95% intervals apart, at least {self.min_effect:.0%}" if change.by_intervals
                              else f"single runs, threshold {self.threshold:.0%}")
                     found.append(f"{cell.name}: {change.metric.label} {change.phrase()} "
                                  f"({fmt(change.baseline, 2)} → {fmt(change.candidate, 2)}; {basis})")
@@ -158,9 +177,10 @@ class Comparison:
         """What a regression had to exceed: the intervals, the threshold, or both (mixed runs)."""
         by_intervals = [change.by_intervals for cell in self.cells for change in cell.changes]
         noise = f"the {self.threshold:.0%} noise threshold"
+        intervals = f"the 95% confidence intervals and the {self.min_effect:.0%} minimum effect"
         if by_intervals and all(by_intervals):
-            return "the 95% confidence intervals"
-        return f"the 95% confidence intervals or {noise}" if any(by_intervals) else noise
+            return intervals
+        return f"{intervals}, or {noise}" if any(by_intervals) else noise
 
     def headlines(self) -> list[str]:
         """The sentences for a ticket: 'TTFT p50 5.6× lower at 4 users'."""
@@ -227,10 +247,13 @@ def match_cells(baseline: SweepResults, candidate: SweepResults) -> tuple[list[t
     return pairs, unmatched
 
 
-def compare(baseline: SweepResults, candidate: SweepResults, threshold: float = 0.10) -> Comparison:
+def compare(baseline: SweepResults, candidate: SweepResults, threshold: float = DEFAULT_THRESHOLD,
+            min_effect: float = DEFAULT_MIN_EFFECT) -> Comparison:
     """Compare every matching cell; raise a clear error when nothing matches."""
     if threshold < 0:
         raise UserError("--threshold must be zero or positive, e.g. 0.1 for 10%")
+    if min_effect < 0:
+        raise UserError("--min-effect must be zero or positive, e.g. 0.05 for 5%")
     pairs, unmatched = match_cells(baseline, candidate)
     if not pairs:
         raise UserError(
@@ -246,7 +269,7 @@ def compare(baseline: SweepResults, candidate: SweepResults, threshold: float = 
                 changes.append(MetricChange(name, metric, before, after, before_interval, after_interval))
         cells.append(CellComparison(name, level_label(cand), changes, (_failed_fraction(base), _failed_fraction(cand)),
                                     load_differences(base.load, cand.load), (_repeats(base), _repeats(cand))))
-    return Comparison(baseline, candidate, threshold, cells, unmatched)
+    return Comparison(baseline, candidate, threshold, cells, unmatched, min_effect)
 
 
 def _with_interval(value: float, interval: tuple[float, float] | None) -> str:
@@ -264,12 +287,12 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         for column in ("metric", "baseline", "candidate", "candidate vs baseline", "verdict"):
             table.add_column(column)
         for change in cell.changes:
-            verdict = change.verdict(comparison.threshold)
+            verdict = change.verdict(comparison.threshold, comparison.min_effect)
             shown = {"regressed": "[red]REGRESSION[/]", "improved": "[green]better[/]"}.get(verdict, verdict)
             table.add_row(change.metric.label, _with_interval(change.baseline, change.baseline_interval),
                           _with_interval(change.candidate, change.candidate_interval), change.phrase(), shown)
         console.print(table)
-        console.print(f"  {cell.judged_by(comparison.threshold)}")
+        console.print(f"  {cell.judged_by(comparison.threshold, comparison.min_effect)}")
         if cell.load_differences:
             console.print(f"[yellow]  ⚠ the loads differ ({'; '.join(cell.load_differences)}): "
                           "these ratios compare different workloads[/]")

@@ -33,12 +33,11 @@ def _simulated_banner(comparison: Comparison) -> str:
 
 def _verdicts_html(comparison: Comparison) -> str:
     regressions = comparison.regressions()
-    threshold = f"{comparison.threshold:.0%}"
+    basis = html.escape(comparison.basis())
     if not regressions:
-        return f'<p class="outcome">no regression beyond the {threshold} noise threshold</p>'
+        return f'<p class="outcome">no regression beyond {basis}</p>'
     items = "".join(f"<li>{html.escape(line)}</li>" for line in regressions)
-    return (f'<p class="outcome partial">{len(regressions)} regression(s) beyond the {threshold} noise threshold'
-            f"</p><ul>{items}</ul>")
+    return f'<p class="outcome partial">{len(regressions)} regression(s) beyond {basis}</p><ul>{items}</ul>'
 
 
 def _cell_table_html(comparison: Comparison) -> str:
@@ -46,7 +45,7 @@ def _cell_table_html(comparison: Comparison) -> str:
     for cell in comparison.cells:
         rows = []
         for change in cell.changes:
-            regression = change.is_regression(comparison.threshold)
+            regression = change.is_regression(comparison.threshold, comparison.min_effect)
             rows.append(f'<tr class="{"failed" if regression else ""}"><td>{html.escape(change.metric.label)}</td>'
                         f"<td>{fmt(change.baseline, 2)}</td><td>{fmt(change.candidate, 2)}</td>"
                         f"<td>{html.escape(change.phrase())}</td><td>{'regression' if regression else ''}</td></tr>")

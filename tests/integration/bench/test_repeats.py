@@ -1,4 +1,9 @@
-"""--repeat N: N runs of one load with fresh seeds, 95 % intervals in the summary, compare says unchanged."""
+"""--repeat N: N runs of one load with fresh seeds, 95 % intervals in the summary, compare says unchanged.
+
+The two runs of the same load are minutes-apart sessions on a shared machine: their intervals may
+sit a few percent apart (load drift), which compare's 5% minimum effect reads as "within 5%", not
+as a change; tests/unit/report/test_compare_min_effect.py proves the rule on fixed figures.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import pytest
 
 from tests.helpers.bench_fixtures import bench_args
 from vlmserve.bench.repeats import confidence_interval, repeat_seed, t_quantile_975
+from vlmserve.report.compare import COMPARED_METRICS
 
 
 def test_t_interval_matches_the_textbook() -> None:
@@ -36,10 +42,13 @@ def test_repeat_writes_intervals_and_compare_says_unchanged(sim, cli, tmp_path) 
             assert interval["low"] <= interval["mean"] <= interval["high"] and len(interval["values"]) == 3
         assert summary["requests"]["total"] == 24  # one run id holds all three repeats' records
         ids.append(summary["meta"]["run_id"])
-    done = cli("compare", *ids)
-    assert done.code == 0, done.err
-    assert "judged by 95% confidence intervals (3 vs 3 repeats)" in done.out
-    assert "REGRESSION" not in done.out and "unchanged" in done.out
+    done = cli("compare", *ids, "--fail-on-regression")
+    assert done.code == 0, done.out
+    assert "judged by 95% confidence intervals (3 vs 3 repeats), min effect 5%" in done.out
+    rows = [line for line in done.out.splitlines() if line.startswith("│")]  # one per metric (the header is ┃)
+    assert len(rows) == len(COMPARED_METRICS)
+    assert all(row.rstrip(" │").endswith(("unchanged", "within 5%")) for row in rows), done.out
+    assert "no regression beyond the 95% confidence intervals and the 5% minimum effect" in done.out
 
 
 def test_single_run_is_labelled(sim, cli) -> None:
