@@ -78,7 +78,6 @@ def register(app: typer.Typer) -> None:
                                             help="Seconds a Redis call may take before Redis counts as unreachable."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
-        from vlmserve.gateway.relay_core import COMPILED as RELAY_COMPILED
         from vlmserve.gateway.server import serve_forever
         from vlmserve.gateway.workers import check_workers, serve_workers
 
@@ -110,10 +109,8 @@ def register(app: typer.Typer) -> None:
         def ready(bound_port: int) -> None:
             scheme = "https" if ssl_certfile else "http"
             shared = f", limits shared through {parse_state_url(config.state).redacted}" if config.state else ""
-            # the compiled per-chunk path is built at install where a C compiler is (relay_core.py)
-            relay = "" if RELAY_COMPILED else ", relay core in pure Python (not compiled at install: more CPU per chunk)"
             typer.echo(f"vlmserve gateway listening on {scheme}://{host}:{bound_port} ({policy}, {len(replica)} static replica(s){', discovering ' + discover if discover else ''}"
-                       f"{f', {workers} workers' if workers > 1 else ''}{shared}{relay})", err=True)
+                       f"{f', {workers} workers' if workers > 1 else ''}{shared})", err=True)
 
         if workers > 1:
             serve_workers(config, workers, on_ready=ready)

@@ -42,8 +42,7 @@ from vlmserve.gateway.openai_errors import error_response, sse_error_event
 from vlmserve.gateway.policies import Outcome, RoutingPolicy
 from vlmserve.gateway.lean_http import ClientRequest, LeanRequest, header_lines
 from vlmserve.gateway.lean_lane import Answer, LeanStream
-from vlmserve.gateway.relay import RelayEnd, StreamRelay
-from vlmserve.gateway.relay_frames import TERMINATOR, USAGE_KEY
+from vlmserve.gateway.relay import TERMINATOR, USAGE_KEY, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
@@ -413,7 +412,7 @@ class Forwarder:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")
         else:
-            log.completion_tokens = max(0, exchange.progress() - 2)  # roughly one token per chunk, less role and [DONE]
+            log.completion_tokens = max(0, exchange.chunks - 2)  # roughly one token per chunk, less role and [DONE]
         if failure is not None:
             self.pool.record_failure(replica)
             log.status, log.error = "stream_error", failure[1]

@@ -2,14 +2,14 @@
 
 Per chunk the relay runs as the replica connection's protocol: once the first bytes are out it
 takes the transport over (`set_protocol`; upstream.py made the connection and gets it back at the
-end), so every block arrives in `data_received` straight from the event loop: no
+end), so every block arrives in `_on_data` straight from the event loop: no
 task wake-up, no coroutine chain, no re-framing. When both sides speak chunked HTTP/1.1 (every
 engine and every HTTP/1.1 client), the replica's bytes are passed on as they came, frames and
 all. For a lean-lane client (lean_lane.py) the common block, one whole data frame that ends an
-SSE event, takes an inline path (relay_core.py, compiled where it could be built): its length
-gives the only size line it can start with (relay_frames.py's `FRAME_HEADS`, one index and two
-prefix/suffix tests, nothing allocated), and then the only work is a substring test for usage,
-a counter for the stall watchdog and one `transport.write`; nothing of it is kept after the write.
+SSE event, takes an inline path: its length gives the only size line it can start with
+(`_FRAME_HEADS`, one index and two prefix/suffix tests, nothing allocated), and then the only
+work is a substring test for usage, a counter for the stall watchdog and one `transport.write`;
+nothing of it is kept after the write.
 Any other block (the first ones, split or merged frames, an event cut between frames, the end)
 goes through `_take`, which walks the frames.
 
@@ -53,15 +53,35 @@ from aiohttp import web
 
 from vlmserve.gateway.lean_http import LeanRequest
 from vlmserve.gateway.lean_lane import LeanConnection, LeanStream
-from vlmserve.gateway.relay_core import RelayCore
-from vlmserve.gateway.relay_frames import EVENT_END_FRAME, TERMINATOR, USAGE_KEY
 from vlmserve.gateway.upstream import UpstreamConnection, UpstreamError, UpstreamResponse, walk_frames
 from vlmserve.gateway.watchdog import Exchange
 
+TERMINATOR = b"0\r\n\r\n"
+USAGE_KEY = b'"usage"'  # a block that holds it may carry the engine's token counts
 _PROMPT_KEY = b'"prompt_tokens"'
 _PROMPT_TOKENS = re.compile(re.escape(_PROMPT_KEY) + rb":\s*(\d+)")
 _HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,8}")
 _SIZES_SEEN: dict[bytes, int] = {}  # size line -> size (> 0), for _take's one-whole-frame test (a few hundred spellings)
+_INLINE_MAX = 4102  # the longest block _on_data's inline path takes: a frame with a 3-digit size line
+
+
+def _frame_heads() -> tuple[bytes, ...]:
+    """For each block length up to _INLINE_MAX, the size line (lowercase hex, as engines write it)
+    that a block of exactly one whole frame of that length starts with. A frame of n bytes has a
+    k-digit size line and n - k - 4 payload bytes, and the three ranges of k give disjoint
+    lengths, so each length has at most one; a length that no frame has gets a line longer than
+    the block, which no block starts with."""
+    heads = []
+    for length in range(_INLINE_MAX + 1):
+        head = b"-" * (length + 1)
+        for digits, low, high in ((1, 1, 0xF), (2, 0x10, 0xFF), (3, 0x100, 0xFFF)):
+            if low <= length - digits - 4 <= high:
+                head = b"%x\r\n" % (length - digits - 4)
+        heads.append(head)
+    return tuple(heads)
+
+
+_FRAME_HEADS = _frame_heads()
 
 
 def _frame_size(line: bytes) -> int | None:
@@ -80,25 +100,24 @@ class RelayEnd(enum.Enum):
     CLIENT_GONE = "client_gone"
 
 
-class StreamRelay(RelayCore, asyncio.Protocol):
-    """One streamed answer, from the replica's first body bytes to the end of the client's body.
+class StreamRelay(asyncio.Protocol):
+    """One streamed answer, from the replica's first body bytes to the end of the client's body."""
 
-    The event loop hands it every block through `data_received` (relay_core.py, compiled where it
-    could be built); blocks off the inline path come back to `take_block`."""
-
-    __slots__ = ("upstream", "connection", "request", "exchange", "on_first_token", "first_token_pending", "held",
-                 "unfinished", "taken", "end", "error", "waiter", "paused", "high_water", "upstream_received",
-                 "framed_out", "payload_only", "verbatim", "first_sent_mono", "lean_client", "holds_transport")
+    # The inline path's slots first: an object's slots lie in this order, so those four share a cache line.
+    __slots__ = ("fast", "write", "exchange", "usage_block", "upstream", "connection", "request", "on_first_token",
+                 "client", "first_token_pending", "held", "unfinished", "taken", "usage_prev", "end", "error",
+                 "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
+                 "first_sent_mono", "lean_client", "holds_transport")
 
     def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
                  on_first_token: Callable[[int | None], None]) -> None:
-        super().__init__()
         self.upstream = upstream
         self.connection: UpstreamConnection = upstream.connection
         self.request = request
         self.exchange = exchange
-        exchange.stream = self  # the watchdog reads this relay's block count from here on
         self.on_first_token = on_first_token  # called once with the engine's prompt token count (or None)
+        self.client: asyncio.Transport | None = None
+        self.write: Callable[[bytes], None] | None = None
         self.first_token_pending = True
         self.held = b""  # an incomplete frame, held until the rest of it arrives
         # The last block when it ended inside an SSE event, so that a usage event begun there can be
@@ -106,6 +125,8 @@ class StreamRelay(RelayCore, asyncio.Protocol):
         # is kept alive past its write, and the next read reuses its memory while it is still cached).
         self.unfinished = b""
         self.taken = 0  # blocks with whole frames passed on by _take (the first token comes by the second)
+        self.usage_prev = b""
+        self.usage_block = b""
         self.end: RelayEnd | None = None
         self.error = ""
         self.waiter: asyncio.Future[None] | None = None
@@ -117,6 +138,7 @@ class StreamRelay(RelayCore, asyncio.Protocol):
         self.verbatim = False  # the client's writer passes bytes as they are (the replica's frames)
         self.first_sent_mono: float | None = None
         self.lean_client: LeanConnection | None = None  # a lean-lane client: it reports its loss and back-pressure here
+        self.fast = False  # whole frames take _on_data's inline path (see _update_fast)
         self.holds_transport = False  # the replica's transport delivers to this relay (set_protocol)
 
     async def run(self, response: web.StreamResponse | LeanStream, first: bytes) -> RelayEnd:
@@ -146,6 +168,7 @@ class StreamRelay(RelayCore, asyncio.Protocol):
         if client is None or client.is_closing():
             return RelayEnd.CLIENT_GONE
         self.client = client
+        self.write = client.write
         high = client.get_write_buffer_limits()[1] if hasattr(client, "get_write_buffer_limits") else 65536
         self.high_water = high or 65536
         connection = self.connection
@@ -161,10 +184,10 @@ class StreamRelay(RelayCore, asyncio.Protocol):
         connection.sink_lost = self._on_lost
         transport = connection.transport
         if transport is not None and not connection.closed:
-            transport.set_protocol(self)  # the replica's blocks reach data_received directly
+            transport.set_protocol(self)  # the replica's blocks reach _on_data directly (data_received below)
             self.holds_transport = True
         for block in early:
-            self.data_received(block)
+            self._on_data(block)
         if connection.closed and self.end is None:
             self._on_lost(connection.error if isinstance(connection.error, Exception) else None)
         while self.end is None:
@@ -213,16 +236,28 @@ class StreamRelay(RelayCore, asyncio.Protocol):
 
     # ---- per chunk ---------------------------------------------------------------------------
 
-    def take_block(self, data: bytes) -> None:
-        """A block off the inline path (relay_core.py): walked by _take, checked, passed on."""
+    def _on_data(self, data: bytes) -> None:
+        """The hot path: one block from the replica's socket, passed on."""
+        size = len(data)
+        if self.fast and size <= _INLINE_MAX and data.startswith(_FRAME_HEADS[size]) and data.endswith(b"\n\n\r\n"):
+            # The common block, one whole data frame ending an SSE event: what _take and the client
+            # checks below do for it, inline (the lean client's protocol reports its loss and
+            # back-pressure: _update_fast). Nothing is kept of it unless it carries usage.
+            self.exchange.chunks += 1
+            if data.find(USAGE_KEY) >= 0:  # not `in`: see the module docstring
+                self.usage_prev, self.usage_block = b"", data
+            # read into a local first: CPython 3.11 cannot specialise calling a callable held in a slot
+            write = self.write
+            write(data)  # type: ignore[misc]
+            return
         out = self._take(data)
         if out:
             client = self.client
-            assert client is not None
+            assert client is not None and self.write is not None
             if client.is_closing():
                 self._finish(RelayEnd.CLIENT_GONE)
                 return
-            client.write(out)
+            self.write(out)
             # a lean client's protocol reports back-pressure itself (pause_writing -> pause)
             if self.lean_client is None and client.get_write_buffer_size() > self.high_water:
                 self.pause()
@@ -230,13 +265,15 @@ class StreamRelay(RelayCore, asyncio.Protocol):
         if self.end is not None:
             self._wake()
 
+    data_received = _on_data  # uvloop calls it for every block, with no hop through UpstreamConnection
+
     def _update_fast(self) -> None:
-        """Whole frames may take data_received's inline path: the replica's frames go out verbatim to a
+        """Whole frames may take _on_data's inline path: the replica's frames go out verbatim to a
         lean client (whose loss and back-pressure reach the relay through its protocol, so no
         per-block check is needed), no partial frame is held, and the first token is accounted."""
         self.fast = (self.lean_client is not None and self.verbatim and not self.payload_only and not self.held
                      and not self.unfinished and not self.first_token_pending and self.end is None
-                     and self.client is not None)
+                     and self.write is not None)
 
     def client_lost(self) -> None:
         """The lean client's connection is gone (its protocol says so): no more inline writes."""
@@ -244,7 +281,8 @@ class StreamRelay(RelayCore, asyncio.Protocol):
 
     def _take(self, data: bytes) -> bytes:
         """What of `data` goes to the client now (whole frames only), noting progress and usage."""
-        self.chunks += 1
+        exchange = self.exchange
+        exchange.chunks += 1
         self.upstream_received += len(data)
         if self.payload_only:
             return self._take_unframed(data)
@@ -281,7 +319,7 @@ class StreamRelay(RelayCore, asyncio.Protocol):
             self.usage_prev = self.unfinished
             self.usage_block = out
         if out:
-            self.unfinished = b"" if out.endswith(EVENT_END_FRAME) else out
+            self.unfinished = b"" if out.endswith(b"\n\n\r\n") else out
         if not self.framed_out:  # an HTTP/1.0 client: payload only, the end of body is the close
             payload: list[bytes] = []
             walk_frames(out + TERMINATOR, payload)
@@ -327,8 +365,8 @@ class StreamRelay(RelayCore, asyncio.Protocol):
         if self.end is not None:
             return
         if self.payload_only and self.upstream.length is None and exc is None:
-            if self.framed_out and self.client is not None and not self.held:
-                self.client.write(TERMINATOR)  # a body delimited by the close has ended
+            if self.framed_out and self.write is not None and not self.held:
+                self.write(TERMINATOR)  # a body delimited by the close has ended
             self.end = RelayEnd.COMPLETED
             self._wake()
             return

@@ -8,26 +8,20 @@ counters, cancelling the task of any exchange that made no progress for too long
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
 
 from vlmserve.async_tasks import cancel_and_wait
-
-
-class Counted(Protocol):
-    chunks: int
 
 
 class Exchange:
     """One attempt on one replica, as the watchdog sees it."""
 
-    __slots__ = ("task", "limit_s", "progress_at", "chunks", "stream", "seen_chunks", "expired", "phase")
+    __slots__ = ("task", "limit_s", "progress_at", "chunks", "seen_chunks", "expired", "phase")
 
     def __init__(self, task: asyncio.Task, limit_s: float, now: float) -> None:
         self.task = task
         self.limit_s = limit_s
         self.progress_at = now
-        self.chunks = 0  # blocks before a relay took over (the first byte)
-        self.stream: Counted | None = None  # the relay, once it streams: it counts its own blocks
+        self.chunks = 0
         self.seen_chunks = 0
         self.expired = False
         self.phase = "first_token"
@@ -38,12 +32,6 @@ class Exchange:
         self.limit_s = idle_limit_s
         self.progress_at = now
         self.chunks += 1
-
-    def progress(self) -> int:
-        """Blocks received so far. The relay counts its blocks in its own first cache line (a
-        block touches nothing else of the gateway's), so the count is read from there."""
-        stream = self.stream
-        return self.chunks if stream is None else self.chunks + stream.chunks
 
 
 class Watchdog:
@@ -64,9 +52,8 @@ class Watchdog:
             await asyncio.sleep(self.tick_s)
             now = loop.time()
             for exchange in list(self.active):
-                progress = exchange.progress()
-                if progress != exchange.seen_chunks:
-                    exchange.seen_chunks = progress
+                if exchange.chunks != exchange.seen_chunks:
+                    exchange.seen_chunks = exchange.chunks
                     exchange.progress_at = now
                 elif not exchange.expired and now - exchange.progress_at > exchange.limit_s:
                     exchange.expired = True

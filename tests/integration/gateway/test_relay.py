@@ -24,7 +24,7 @@ from aiohttp import web
 
 from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway
 from tests.helpers.sim import SimHandle
-from vlmserve.gateway.relay_frames import FRAME_HEADS
+from vlmserve.gateway import relay as relay_module
 from vlmserve.gateway.upstream import UpstreamConnection
 
 Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
@@ -183,7 +183,7 @@ async def test_usage_event_cut_between_frames_is_read_whole(tmp_path: Path) -> N
         result = await post_chat(session, gw.base_url, chat_body("q"))
     assert result.status == 200 and result.done and result.error is None
     assert [e["choices"][0]["delta"]["content"] for e in result.events if e.get("choices")] == [f"t{i}" for i in range(8)] + [""]
-    assert frames[3].startswith(FRAME_HEADS[len(frames[3])])  # the token frames were eligible for the inline path
+    assert frames[3].startswith(relay_module._FRAME_HEADS[len(frames[3])])  # the token frames were eligible for the inline path
     record = json.loads(audit.read_text().splitlines()[0])
     assert (record["prompt_tokens"], record["completion_tokens"]) == (4, 9)
 
@@ -261,7 +261,7 @@ async def test_slow_client_holds_back_the_replica(piece_bytes: int) -> None:
         del replica
     # the gateway stopped reading from the replica, which could not send all of it; afterwards all of it arrives intact
     if piece_bytes < 4096:
-        assert piece.startswith(FRAME_HEADS[len(piece)])  # these frames were eligible for the inline path
+        assert piece.startswith(relay_module._FRAME_HEADS[len(piece)])  # these frames were eligible for the inline path
     assert reading == [False], reading
     assert held_back < total, held_back
     assert body.count(b"data: ") >= total and body.endswith(b"data: [DONE]\n\n")
