@@ -39,7 +39,6 @@ _REQUEST_LINE = re.compile(rb"POST (/[-!$&'()*+,./0-9:;=@A-Z_a-z~]*) HTTP/1\.1")
 # of token characters (benchmarks/lean_head_parse.py).
 _FIELDS = re.compile(r"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]++:[\t -~]*+\r\n)*+")
 _ROUTE_OF_LINE: dict[bytes, Route | None] = {}  # request line -> its route (None: not lean), for the lines seen
-_UNSEEN = object()
 _REFUSED_HEADERS = frozenset(("transfer-encoding", "expect", "upgrade"))
 
 
@@ -93,9 +92,10 @@ class LeanHead:
 
 def _lean_route(request_line: bytes) -> Route | None:
     """The engine-work route a request line POSTs to, if the line is inside the subset."""
-    route = _ROUTE_OF_LINE.get(request_line, _UNSEEN)
-    if route is not _UNSEEN:
-        return route  # type: ignore[return-value]
+    try:
+        return _ROUTE_OF_LINE[request_line]  # one lookup for a line seen before (None included)
+    except KeyError:
+        pass
     route = _check_request_line(request_line)
     if len(_ROUTE_OF_LINE) < 256 and len(request_line) <= 128:  # a client cycling paths cannot grow it
         _ROUTE_OF_LINE[request_line] = route

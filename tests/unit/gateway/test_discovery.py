@@ -35,7 +35,7 @@ from vlmserve.gateway.request_info import RoutedRequest
 
 
 def make_pool(static: list[str], max_ejection_fraction: float = 0.5) -> ReplicaPool:
-    """A pool that is never started (no session): set changes only, no health checks."""
+    """A pool that is never started (no probe client): set changes only, no health checks."""
     return ReplicaPool(static, max_ejection_fraction=max_ejection_fraction)
 
 
