@@ -147,14 +147,19 @@ def test_swap_answer_fault_gives_a_concurrent_request_another_ones_answer() -> N
         first_alone, second_alone = (answer(httpx.post(url, json=body(q))) for q in ("first?", "second?"))
         assert first_alone != second_alone
 
-        async def together() -> list[str]:
+        async def together() -> str:
+            """The second is sent only once the first has streamed a chunk, so the engine holds
+            the first in flight when the second arrives however slow this machine is."""
             async with httpx.AsyncClient(timeout=30) as client:
-                first = asyncio.ensure_future(client.post(url, json=body("first?")))
-                await asyncio.sleep(0.1)  # the first is in flight (20 tokens at 50 ms) when the second arrives
-                second = await client.post(url, json=body("second?"))
-                return [answer(await first), answer(second)]
+                async with client.stream("POST", url, json={**body("first?"), "stream": True}) as first:
+                    assert first.status_code == 200
+                    chunks = first.aiter_lines()
+                    while not (await anext(chunks)).startswith("data: "):
+                        pass
+                    second = await client.post(url, json=body("second?"))
+                    async for _ in chunks:  # the first runs to its end
+                        pass
+                return answer(second)
 
-        together_answers = asyncio.run(together())
-        # whichever arrived second got the other's answer (normally the second one)
-        assert together_answers in ([first_alone, first_alone], [second_alone, second_alone])
+        assert asyncio.run(together()) == first_alone  # the later one got the earlier one's answer
         assert answer(httpx.post(url, json=body("second?"))) == second_alone  # alone again: its own answer
