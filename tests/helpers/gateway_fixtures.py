@@ -92,8 +92,11 @@ def chat_body(content: str, max_tokens: int = 8, stream: bool = True, **extra: A
 
 
 async def post_chat(session: aiohttp.ClientSession, base_url: str, body: dict[str, Any] | bytes,
-                    headers: dict[str, str] | None = None, path: str = "/v1/chat/completions") -> StreamResult:
-    """POST and read the whole answer, SSE or JSON, recording TTFT (first content chunk) and E2E."""
+                    headers: dict[str, str] | None = None, path: str = "/v1/chat/completions",
+                    first_token: asyncio.Event | None = None) -> StreamResult:
+    """POST and read the whole answer, SSE or JSON, recording TTFT (first content chunk) and E2E.
+    `first_token` is set when the first content chunk arrives: a test that must act while the
+    stream is under way waits on it rather than on a guess of how long the start takes."""
     started = time.perf_counter()
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     async with session.post(base_url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}) as response:
@@ -117,6 +120,8 @@ async def post_chat(session: aiohttp.ClientSession, base_url: str, body: dict[st
                     delta = (event.get("choices") or [{}])[0].get("delta") or {}
                     if result.ttft_s is None and delta.get("content"):
                         result.ttft_s = time.perf_counter() - started
+                        if first_token is not None:
+                            first_token.set()
         else:
             raw = await response.read()
             try:

@@ -130,8 +130,10 @@ async def _async_true(value: bool) -> bool:
 async def test_shutdown_drains_streams_in_progress(constant_engines: list[SimHandle]) -> None:
     running = await start_gateway(GatewayConfig(replicas=[constant_engines[0].base_url], port=0, drain_timeout_s=10))
     async with aiohttp.ClientSession() as session:
-        stream = asyncio.create_task(post_chat(session, running.base_url, chat_body("finish me", max_tokens=100)))
-        await asyncio.sleep(0.2)  # the stream is under way (100 tokens at 5 ms)
+        under_way = asyncio.Event()
+        stream = asyncio.create_task(post_chat(session, running.base_url, chat_body("finish me", max_tokens=100),
+                                               first_token=under_way))
+        await asyncio.wait_for(under_way.wait(), 30)  # 100 tokens at 5 ms: most of it is still to come
         await running.stop()
         result = await stream
         assert result.status == 200 and result.done and result.completion_tokens == 100

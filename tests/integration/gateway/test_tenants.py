@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway
+from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway, wait_until
 from tests.helpers.gateway_proc import start_gateway as start_gateway_process
 from tests.helpers.sim import SimHandle
 
@@ -96,17 +96,24 @@ async def test_capped_gateway_serves_interactive_first_and_sheds_a_full_queue(co
                                queue_limit_interactive=1) as gw, aiohttp.ClientSession() as session:
         finished: list[str] = []
 
-        async def send(name: str, priority: str, max_tokens: int):
-            result = await post_chat(session, gw.base_url, chat_body(name, max_tokens=max_tokens), {"X-Priority": priority})
+        async def send(name: str, priority: str, max_tokens: int, first_token: asyncio.Event | None = None):
+            result = await post_chat(session, gw.base_url, chat_body(name, max_tokens=max_tokens), {"X-Priority": priority},
+                                     first_token=first_token)
             finished.append(name)
             return result
 
-        holder = asyncio.create_task(send("holder", "interactive", 60))  # ~320 ms on the engine
-        await asyncio.sleep(0.1)
+        async def queued(priority: str) -> bool:
+            text = await (await session.get(gw.base_url + "/metrics")).text()
+            return f'vlmserve_gateway_queued{{priority="{priority}"}} 1.0' in text
+
+        # Each step waits for the gateway to be in the state the next relies on, not for a guessed time.
+        holding = asyncio.Event()
+        holder = asyncio.create_task(send("holder", "interactive", 200, holding))  # ~1 s on the engine
+        await asyncio.wait_for(holding.wait(), 30)
         batch = asyncio.create_task(send("batch", "batch", 4))
-        await asyncio.sleep(0.05)
+        assert await wait_until(lambda: queued("batch"))
         interactive = asyncio.create_task(send("interactive", "interactive", 4))
-        await asyncio.sleep(0.05)
+        assert await wait_until(lambda: queued("interactive"))
         shed = await post_chat(session, gw.base_url, chat_body("one too many", max_tokens=4), {"X-Priority": "batch"})
         assert shed.status == 429 and shed.body["error"]["code"] == "queue_full" and shed.headers["Retry-After"] == "1"
         results = await asyncio.gather(holder, batch, interactive)

@@ -92,9 +92,12 @@ def test_a_killed_worker_is_restarted_and_serving_goes_on(engine: SimHandle, tmp
 
 async def _streams_through_sigterm(gateway: GatewayProcess) -> list:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-        streams = [asyncio.create_task(post_chat(session, gateway.base_url, chat_body(f"q{i}", max_tokens=40)))
-                   for i in range(8)]
-        await asyncio.sleep(0.4)  # every stream is mid-answer (40 tokens x 20 ms)
+        under_way = [asyncio.Event() for _ in range(8)]
+        streams = [asyncio.create_task(post_chat(session, gateway.base_url, chat_body(f"q{i}", max_tokens=40),
+                                                 first_token=event))
+                   for i, event in enumerate(under_way)]
+        # every stream is mid-answer (40 tokens x 20 ms: most of each is still to come)
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in under_way)), 60)
         gateway.process.send_signal(signal.SIGTERM)
         return list(await asyncio.gather(*streams))
 
