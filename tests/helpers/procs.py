@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -10,12 +9,25 @@ from pathlib import Path
 
 import httpx
 
+from vlmserve.deploy.processes import free_port_block
+
 
 def free_port() -> int:
-    """A port nothing listens on right now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on right now, below the kernel's ephemeral range (free_port_block).
+
+    Not bind(0): that port comes from the range outgoing connections draw their source ports from,
+    and a test that started four gateways lost one to "port already in use" when another one's
+    connection to Redis took its port in the seconds before it bound. A port is handed out once
+    per test session: the ports are drawn at random, and two servers started together must not
+    be given the same one."""
+    while True:
+        port = free_port_block(1)
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+_HANDED_OUT: set[int] = set()
 
 
 def wait_http_ok(

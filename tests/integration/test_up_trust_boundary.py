@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import ssl
 import subprocess
@@ -71,11 +72,33 @@ def gateway_requests_finished(endpoint: str) -> float:
     )
 
 
-def stop_up(proc: subprocess.Popen[str]) -> str:
+def stop_up(proc: subprocess.Popen[str], *, once_printed: str | None = None) -> str:
+    """SIGTERM `up` and return everything it printed. With `once_printed`, only after that text is
+    out: `up` marks a deployment ready in its state file a moment before it prints its serving
+    line, so a test that saw the state ready and stopped at once could stop it before the line."""
+    seen = read_until(proc, once_printed, timeout_s=60) if once_printed is not None else ""
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=90)
-    assert proc.returncode == 0, output
-    return output
+    assert proc.returncode == 0, seen + output
+    return seen + output
+
+
+def read_until(proc: subprocess.Popen[str], text: str, timeout_s: float) -> str:
+    """What `proc` printed up to `text`, read from its stdout's descriptor (nothing is left in the
+    text wrapper's buffer, so a later communicate() returns exactly the rest)."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise AssertionError(f"`up` did not print {text!r} within {timeout_s:g} s:\n{seen.decode(errors='replace')}")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise AssertionError(f"`up` exited without printing {text!r}:\n{seen.decode(errors='replace')}")
+        seen += chunk
+    return seen.decode(errors="replace")
 
 
 # ---- the plans: what `up` passes to vLLM and to the gateway (no processes) --------------
@@ -333,7 +356,7 @@ def test_non_loopback_without_keys_needs_open(
     state = wait_for(lambda: ready_with_gateway(home, "exposed", 1), 120, "open deployment ready", proc)
     assert state["open"] is True
     assert state["replicas"][0]["url"].startswith("http://127.0.0.1:")  # only the gateway faces the network
-    output = stop_up(proc)
+    output = stop_up(proc, once_printed="open: no API keys, anyone who can reach it")
     assert "open: no API keys, anyone who can reach it" in output, output
 
 
@@ -361,7 +384,7 @@ def test_keys_file_and_tls_in_the_spec_make_the_gateway_ask_for_keys_over_https(
     keyed = httpx.post(f"{gateway}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-clinic-1"},
                        **trust)  # fmt: skip
     assert keyed.status_code == 200, keyed.text
-    output = stop_up(proc)
+    output = stop_up(proc, once_printed="API keys required")
     assert f"API keys required ({deploy / 'keys.yaml'})" in output, output
     assert (deploy / "audit.jsonl").read_text().count("\n") >= 2  # next to the spec, one line per request
 
