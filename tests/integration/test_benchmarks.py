@@ -4,6 +4,11 @@ The set is the directory's `*.py` but the shared helper module `_smoke.py` (`_uv
 a route that gateway_overhead.py starts, runs too): a new script without `--smoke`
 fails here (argparse rejects the flag) instead of rotting quietly until someone reruns it.
 Only success is checked, never speed: smoke figures mean nothing.
+
+The smokes run two at a time (`smoke_runs`): much of a smoke is a fresh interpreter importing
+its libraries, an engine starting, a client waiting on it, and nothing in a smoke depends on
+speed. On the 2-core machine this file took 172 s one smoke after another and 104 s two at a
+time (2026-11-27). Each script still passes or fails as its own test, with its own output.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,12 +42,35 @@ def test_every_slow_entry_names_a_script() -> None:
     assert set(SLOW) <= {path.name for path in BENCHMARKS}
 
 
-@pytest.mark.parametrize("script", [_param(path) for path in BENCHMARKS])
-def test_benchmark_smoke(script: Path, tmp_path: Path) -> None:
+SMOKES_AT_ONCE = 2  # the CI machine's cores
+
+
+def _run_smoke(script: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "VLMSERVE_HOME": str(tmp_path / "home")}
-    result = subprocess.run([sys.executable, str(script), "--smoke"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=600)
+           "VLMSERVE_HOME": str(workdir / "home")}
+    return subprocess.run([sys.executable, str(script), "--smoke"], cwd=workdir, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The `--smoke` run of every script this session selected (so `-k gateway_overhead` runs one),
+    SMOKES_AT_ONCE at a time; a script name maps to its finished process, or to the exception
+    that stopped it (a timeout), which its own test then reports."""
+    selected = [item.callspec.params["script"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_benchmark_smoke"]
+    with ThreadPoolExecutor(max_workers=SMOKES_AT_ONCE) as pool:
+        futures = {script.name: pool.submit(_run_smoke, script, tmp_path_factory.mktemp(script.stem))
+                   for script in selected}
+    return {name: future.exception() or future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("script", [_param(path) for path in BENCHMARKS])
+def test_benchmark_smoke(script: Path, smoke_runs: dict[str, object]) -> None:
+    result = smoke_runs[script.name]
+    if isinstance(result, BaseException):
+        raise result
+    assert isinstance(result, subprocess.CompletedProcess)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{script.name} --smoke exited {result.returncode}:\n{output[-4000:]}"
     assert "smoke mode" in result.stdout, output[-2000:]
