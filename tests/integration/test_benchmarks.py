@@ -53,7 +53,8 @@ def _run_smoke(script: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def smoke_runs(request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str] | BaseException]:
     """The `--smoke` run of every script this session selected (so `-k gateway_overhead` runs one),
     SMOKES_AT_ONCE at a time; a script name maps to its finished process, or to the exception
     that stopped it (a timeout), which its own test then reports."""
@@ -66,11 +67,10 @@ def smoke_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 @pytest.mark.parametrize("script", [_param(path) for path in BENCHMARKS])
-def test_benchmark_smoke(script: Path, smoke_runs: dict[str, object]) -> None:
+def test_benchmark_smoke(script: Path, smoke_runs: dict[str, subprocess.CompletedProcess[str] | BaseException]) -> None:
     result = smoke_runs[script.name]
     if isinstance(result, BaseException):
         raise result
-    assert isinstance(result, subprocess.CompletedProcess)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{script.name} --smoke exited {result.returncode}:\n{output[-4000:]}"
     assert "smoke mode" in result.stdout, output[-2000:]

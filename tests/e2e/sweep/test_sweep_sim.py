@@ -24,6 +24,7 @@ from vlmserve.errors import UserError
 from vlmserve.sweep.runner import SweepOverrides, apply_overrides, run_sweep
 from vlmserve.sweep.spec import parse_sweep_spec
 from tests.helpers.paths import REPO_ROOT
+from tests.helpers.procs import free_port
 
 REPO = REPO_ROOT
 SMOKE = ["--requests-per-user", "2", "--max-output-len", "8", "--no-progress"]
@@ -112,12 +113,6 @@ cells:
   - {name: short-c2, input_len: 16, output_len: 4, concurrency: 2, num_requests: 4}
 warmup_requests: 2
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_failing_cell_and_deployment_are_recorded_and_resume_skips_finished(home: Path, tmp_path: Path) -> None:
