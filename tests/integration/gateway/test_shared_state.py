@@ -161,12 +161,20 @@ def test_redis_dies_and_returns(engine: SimHandle, redis_server: RedisServer, tm
         assert client.exists(bucket_keys("limited")[0]) == 1  # charged in Redis, not in the process
 
         redis_server.kill()
+        killed_at = time.monotonic()
         assert [ask(fail_open, LIMITED).status_code for _ in range(3)] == [200, 200, 200]
         assert metric(fail_open.base_url, "vlmserve_gateway_state_available") == 0.0
         assert metric(fail_open.base_url, "vlmserve_gateway_state_fallbacks_total", mode="open") >= 3
         assert metric(fail_open.base_url, "vlmserve_gateway_state_errors_total", kind="connection") >= 1
-        # the local buckets still hold the line: 5 + a little refill, not everything
-        assert [ask(fail_open, LIMITED).status_code for _ in range(6)].count(429) >= 1
+        # the local buckets still hold the line. Since the kill, a 5 req/s bucket holding at most its
+        # burst of 5 can admit 5 + 5/s x the time that passed; 15 requests at once put the 3 above and
+        # these well past that unless the machine stalls for seconds (then the bound widens with it;
+        # a fixed count of 429s failed once the asks above took a second on a loaded runner)
+        burst, _ = asyncio.run(spread_load([fail_open.base_url], 15, 0.0))
+        since_kill_s = time.monotonic() - killed_at
+        print(f"fail open, Redis gone: {burst.count(200)} of 15 at once admitted, {since_kill_s:.2f} s after the kill")
+        assert set(burst) <= {200, 429}, burst
+        assert 3 + burst.count(200) <= 5 + 5 * since_kill_s + 1, (burst, since_kill_s)
 
         sdk = openai.OpenAI(base_url=fail_closed.base_url + "/v1", api_key=LIMITED, max_retries=0)
         with pytest.raises(openai.APIStatusError) as refused:
