@@ -61,15 +61,15 @@ def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(embedded_engin
         assert breakdown.upload_ms is not None and breakdown.upload_ms >= 0
         parts = breakdown.upload_ms + (breakdown.frontend_ms or 0.0) + breakdown.queue_ms + breakdown.prefill_ms
         assert parts == pytest.approx(breakdown.client_ttft_ms)
-        # the engine's clock and the upload explain the client's TTFT but for the time on neither clock
-        # (loopback HTTP, the first chunk's way out). That hole is a transport cost, not a part of the
-        # engine's work: 3-12 ms here against an engine TTFT of 120-170 ms, growing with the machine's
-        # load as the engine's own parts do. A fixed bound in ms failed on a loaded CI runner (12.2 ms for
-        # images), so the hole is bounded against the engine's TTFT measured in the same run: a part lost
-        # from the accounting (the engine's frontend, a span read from the wrong request) is far larger.
+        # the engine's clock and the upload explain the client's TTFT but for the time on neither clock:
+        # loopback HTTP and the API server's work before vLLM stamps the request's arrival. That hole
+        # grows with the machine's load faster than the engine's own parts (measured 0.04-0.08 of the
+        # engine's TTFT on a quiet machine, up to 0.17 under two busy loops; a fixed 12 ms bound failed
+        # on a CI runner). A wrong span attribute or a part lost from the engine's TTFT moves it by a
+        # factor, so the bound is half the engine's TTFT measured in the same run.
         assert breakdown.accounted is not None and breakdown.accounted <= 1.02, (request_type, breakdown)
         assert breakdown.http_ms is not None and breakdown.engine_ttft_ms is not None
-        assert breakdown.http_ms < 0.25 * breakdown.engine_ttft_ms, (request_type, breakdown)
+        assert breakdown.http_ms < 0.5 * breakdown.engine_ttft_ms, (request_type, breakdown)
         assert block.goodput is not None and block.goodput.all_met
     assert by_type["image"].request_bytes_mean > by_type["text"].request_bytes_mean  # type: ignore[operator]
     assert summary.figure("by_type.image.breakdown.prefill_ms") == by_type["image"].breakdown.prefill_ms  # type: ignore[union-attr]
