@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,7 +58,24 @@ def start_gateways(replica_urls: list[str], log_dir: Path, flag_sets: Sequence[S
             gateways.append(GatewayProcess(process, port, log_path))
         for gateway in gateways:
             wait_http_ok(f"{gateway.base_url}/health", gateway.process, gateway.log_path, "gateway", ready_timeout_s)
+            wait_listening_line(gateway, ready_timeout_s)
         yield gateways
     finally:
         for gateway in gateways:
             stop_process(gateway.process)
+
+
+LISTENING_LINE = "vlmserve gateway listening on"
+"""What the gateway prints once it serves; with `--workers N`, once every worker listens."""
+
+
+def wait_listening_line(gateway: GatewayProcess, timeout_s: float) -> None:
+    """Until the gateway has printed its listening line. With workers, the first one to listen
+    answers /health before the others are up, so a test spreading connections over the workers
+    waits for this line as well."""
+    deadline = time.monotonic() + timeout_s
+    while LISTENING_LINE not in gateway.log_path.read_text(errors="replace"):
+        if gateway.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"gateway answered /health but never printed {LISTENING_LINE!r}: "
+                               f"{gateway.log_path.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.05)

@@ -57,7 +57,8 @@ def test_crash_after_n_requests_exits_the_process() -> None:
 
 
 def test_slow_start_answers_503_until_ready() -> None:
-    with start_sim_engine(model=MODEL, ttft_ms=1, itl_ms=1, startup_delay=1.5, wait_for_health=False) as engine:
+    # 3 s of start-up: the two 503 checks below fit in it on a loaded machine
+    with start_sim_engine(model=MODEL, ttft_ms=1, itl_ms=1, startup_delay=3.0, wait_for_health=False) as engine:
         health = httpx.get(f"{engine.base_url}/health")
         assert health.status_code == 503 and health.json()["error"]["type"] == "ServiceUnavailableError"
         assert httpx.post(f"{engine.base_url}/v1/chat/completions", json=_chat_body()).status_code == 503
