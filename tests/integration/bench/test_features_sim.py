@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers.feature_recount import recount
@@ -29,11 +30,21 @@ def engine() -> Iterator[SimHandle]:
         yield handle
 
 
-def bench(cli: Any, engine: SimHandle, tmp_path: Path, *extra: object) -> tuple[Any, dict[str, Any], Path]:
+@pytest.fixture(scope="module")
+def paced_engine() -> Iterator[SimHandle]:
+    """The same reasoning (6 tokens) at 25 ms a token: the answer starts 150 ms after the reasoning,
+    a gap a client on a loaded machine does not merge into one read (at 1 ms a token it did)."""
+    with start_sim_engine(model=MODEL, ttft_ms=5, itl_ms=25, seed=2, output_len="fixed:6") as handle:
+        yield handle
+
+
+def bench(cli: Any, engine: SimHandle, tmp_path: Path, *extra: object,
+          output_len: int = 96) -> tuple[Any, dict[str, Any], Path]:
     """Run the bench; returns the CLI result, the JSON summary and the records file."""
     summary_path, records_path = tmp_path / "run.json", tmp_path / "run.parquet"
     done = cli("bench", "--base-url", engine.base_url, "--model", MODEL, "--no-progress", "--concurrency", 4,
-               "--input-len", 24, "--output-len", 96, "--json-out", summary_path, "--records-out", records_path, *extra)
+               "--input-len", 24, "--output-len", output_len, "--json-out", summary_path, "--records-out", records_path,
+               *extra)
     assert "Traceback" not in done.err, done.err
     assert done.code == 0, done.err
     return done, json.loads(summary_path.read_text()), records_path
@@ -74,15 +85,25 @@ def test_tools_alone(cli, engine: SimHandle, tmp_path: Path, tool_choice: str) -
     assert "valid tool-call rate: 100.0%" in done.out and f"tool_choice {tool_choice}" in done.out
 
 
-def test_thinking_alone(cli, engine: SimHandle, tmp_path: Path) -> None:
-    done, summary, _ = bench(cli, engine, tmp_path, "--num-requests", 10, "--features", "thinking")
+def test_thinking_alone(cli, paced_engine: SimHandle, tmp_path: Path) -> None:
+    # 12 tokens at 25 ms: 0.3 s a request, three rounds of 4 users
+    done, summary, records = bench(cli, paced_engine, tmp_path, "--num-requests", 10, "--features", "thinking",
+                                   output_len=12)
     features = summary["features"]
     assert features["thinking_requests"] == features["requests_with_reasoning"] == 10
     assert features["reasoning_tokens"]["p50"] == 6  # the engine's fixed reasoning length
-    assert features["answer_tokens"]["p50"] == 96 - 6  # ignore_eos stays on: the answer fills max_tokens
+    assert features["answer_tokens"]["p50"] == 12 - 6  # ignore_eos stays on: the answer fills max_tokens
     first_reasoning, first_answer = features["time_to_first_reasoning_ms"], features["time_to_first_answer_ms"]
     assert first_reasoning["count"] == first_answer["count"] == 10
-    assert first_reasoning["p50"] < first_answer["p50"]  # six reasoning tokens come first
+    # Six reasoning tokens come first, in every stream: its first reasoning chunk is never read after its
+    # first answer chunk (the same read, so the same time, only if a client stall held both back).
+    table = pq.read_table(records, columns=["first_reasoning_at_s", "first_answer_at_s"]).to_pylist()
+    gaps_ms = sorted(round(1000 * (row["first_answer_at_s"] - row["first_reasoning_at_s"]), 1) for row in table)
+    print(f"first reasoning p50 {first_reasoning['p50']} ms, first answer p50 {first_answer['p50']} ms, gaps {gaps_ms} ms")
+    assert all(row["first_reasoning_at_s"] <= row["first_answer_at_s"] for row in table), table
+    # ... and the bench's figures show the 150 ms between them: a stall would have to hold back most
+    # of the ten streams' reasoning to close it.
+    assert first_reasoning["p50"] < first_answer["p50"], (first_reasoning, first_answer)
     # TTFT counts the first token of either kind: here the reasoning's
     assert summary["ttft_ms"]["p50"] == pytest.approx(first_reasoning["p50"], rel=0.05)
     assert summary["tokens"]["reasoning_total"] == 60
