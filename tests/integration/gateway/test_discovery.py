@@ -76,7 +76,8 @@ def test_replica_added_during_bench_gets_traffic_after_readiness_and_removed_one
         write_replicas(replica_file, [first.base_url, second.base_url])
         with start_gateway([], tmp_path, "--discover", f"file:{replica_file}", *DISCOVERY_FLAGS) as gateway:
             bench_out = tmp_path / "bench.json"
-            bench_log = (tmp_path / "bench.log").open("wb")
+            bench_log_path = tmp_path / "bench.log"
+            bench_log = bench_log_path.open("wb")
             bench = subprocess.Popen(
                 [sys.executable, "-m", "vlmserve", "bench", "--base-url", gateway.base_url, "--model", MODEL,
                  "--concurrency", "6", "--duration", "10m", "--input-len", "16", "--output-len", "24",
@@ -98,7 +99,7 @@ def test_replica_added_during_bench_gets_traffic_after_readiness_and_removed_one
                 wait_for(lambda: third.base_url in gateway_replicas(gateway.base_url), "the gateway to see the third replica")
                 wait_for(lambda: served(third) > 0, "traffic on the third replica")
                 # It only stops at our Ctrl-C: ended here, it failed (its log says why).
-                assert bench.poll() is None, (tmp_path / "bench.log").read_text()[-2000:]
+                assert bench.poll() is None, bench_log_path.read_text()[-2000:]
                 # Before its readiness check passed it got nothing: a request sent to a starting sim
                 # engine is answered 503, which the gateway would have retried and counted.
                 assert metric(gateway.base_url, "vlmserve_gateway_retries_total", replica=third.base_url[7:],
@@ -111,11 +112,11 @@ def test_replica_added_during_bench_gets_traffic_after_readiness_and_removed_one
                 # The load goes on after the drain, on the two replicas left (one more round of 6 users).
                 left_at = served(second) + served(third)
                 wait_for(lambda: served(second) + served(third) >= left_at + 6, "traffic after the first replica left")
-                assert bench.poll() is None, (tmp_path / "bench.log").read_text()[-2000:]  # still running, as above
+                assert bench.poll() is None, bench_log_path.read_text()[-2000:]  # still running, as above
                 # Ctrl-C: no new requests, those in flight finish, every record is written; exit 130 says
                 # it was stopped (the timeout only ends a hung bench).
                 bench.send_signal(signal.SIGINT)
-                assert bench.wait(timeout=120) == 130, (tmp_path / "bench.log").read_text()[-2000:]
+                assert bench.wait(timeout=120) == 130, bench_log_path.read_text()[-2000:]
             finally:
                 bench.kill() if bench.poll() is None else None
                 bench_log.close()
