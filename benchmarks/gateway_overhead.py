@@ -21,11 +21,16 @@ With vllm-router in the run, a last block compares every other proxy with it rou
 TTFT p50 and p99 differences and the CPU-per-chunk ratio, each a median with an interval that
 holds the true median with at least 95 %, and a verdict (below / above / not distinguishable).
 The load generator runs each trial with its garbage collector off (see run_trial).
+With --syscalls, one more trial per proxy runs after the rounds under `perf stat` on the kernel's
+system-call tracepoints, and the system calls each proxy made per request are printed: where the
+kernel share of CPU/chunk comes from, proxy by proxy (perf slows the proxy, so that trial is
+not one of the rounds).
 
     .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 6 --baseline-src /tmp/base/src
     (after `git archive main src | tar -x -C /tmp/base`: main's gateway beside this one)
 
     .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 8
+    .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 1 --syscalls --only vlmserve,vllm-router
     .venv/bin/python benchmarks/gateway_overhead.py --smoke    # seconds: checks it still runs
 
 Figures are from the simulated engine: they measure the proxies, not a model.
@@ -434,7 +439,69 @@ def print_summary(summary: dict, args: argparse.Namespace) -> None:
               f"(rounds {ratio['min']:.2f}x..{ratio['max']:.2f}x)")
 
 
-async def run(args: argparse.Namespace, routes: list[Route]) -> list[list[Trial]]:
+# ---- system calls per request (--syscalls) ----------------------------------------------------------
+
+SYSCALL_TRACEPOINTS = Path("/sys/kernel/tracing/events/syscalls")
+
+
+def syscall_tracing_problem() -> str | None:
+    """Why `perf stat` cannot count a proxy's system calls here, or None when it can."""
+    if shutil.which("perf") is None:
+        return "--syscalls needs `perf` (Debian: apt-get install linux-perf)"
+    if not SYSCALL_TRACEPOINTS.is_dir():
+        return f"--syscalls needs the kernel's syscall tracepoints ({SYSCALL_TRACEPOINTS} is missing or unreadable: run as root)"
+    return None
+
+
+def start_syscall_count(route: Route) -> subprocess.Popen[str]:
+    """`perf stat` on every system-call tracepoint of the proxy's processes (nginx's or the gateway's workers too)."""
+    pids = []
+    for process in route.processes:
+        parent = psutil.Process(process.pid)
+        pids += [parent.pid, *(child.pid for child in parent.children(recursive=True))]
+    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "syscalls:sys_enter_*", "-p", ",".join(map(str, pids))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def parse_syscall_counts(perf_csv: str) -> dict[str, int]:
+    """`perf stat -x ,` lines (count,unit,event,...) -> calls per system call, those made at least once."""
+    counts: dict[str, int] = {}
+    for line in perf_csv.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].isdigit() and "sys_enter_" in fields[2] and int(fields[0]) > 0:
+            name = fields[2].split("sys_enter_", 1)[1]
+            counts[name] = counts.get(name, 0) + int(fields[0])
+    return counts
+
+
+async def count_syscalls(pool: ConnectionPool, route: Route, bodies: list[bytes], args: argparse.Namespace,
+                         stagger_s: float) -> dict[str, float]:
+    """One trial of `args.requests` under perf: system calls per completed request, most frequent first."""
+    perf = start_syscall_count(route)
+    await asyncio.sleep(0.5)  # perf attaches
+    trial = await run_trial(pool, route, bodies, args.requests, args.streams, stagger_s)
+    perf.send_signal(signal.SIGINT)
+    _, report = await asyncio.to_thread(perf.communicate, timeout=60)
+    counts = parse_syscall_counts(report)
+    if not counts:
+        raise SystemExit(f"--syscalls: perf counted nothing for {route.name}: {report.strip()[-300:]}")
+    per_request = {name: count / max(1, trial.ok) for name, count in counts.items()}
+    return dict(sorted(per_request.items(), key=lambda item: -item[1]))
+
+
+def print_syscalls(per_route: dict[str, dict[str, float]], requests: int) -> None:
+    if not per_route:
+        return
+    print(f"\nsystem calls per request (one more trial of {requests} requests per proxy, under perf stat; "
+          "those made at least 0.05 times a request)")
+    for name, per_request in per_route.items():
+        listed = ", ".join(f"{call} {count:.2f}" for call, count in per_request.items() if count >= 0.05)
+        print(f"  {name:<13} {sum(per_request.values()):6.1f}: {listed}")
+
+
+async def run(args: argparse.Namespace, routes: list[Route],
+              syscall_counts: dict[str, dict[str, float]]) -> list[list[Trial]]:
+    """The rounds; with --syscalls, then one trial per proxy under perf, its counts put in `syscall_counts`."""
     if args.loadgen_cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(cpu) for cpu in args.loadgen_cpus.split(",")})
     rng = random.Random(0)
@@ -462,6 +529,11 @@ async def run(args: argparse.Namespace, routes: list[Route]) -> list[list[Trial]
                       f"({trial.proxy_cpu_us_per_chunk:.1f} us/chunk, {trial.proxy_kernel_share:.0%} kernel)",
                       flush=True)
             rounds.append(trials)
+        if args.syscalls:
+            for route in routes:
+                if route.name != "direct":
+                    syscall_counts[route.name] = await count_syscalls(pools[route.name], route, bodies, args,
+                                                                           stagger_s)
     finally:
         for pool in pools.values():
             pool.close()
@@ -489,6 +561,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="vlmserve gateway --workers (this checkout's gateway)")
     parser.add_argument("--vllm-router-venv", default=str(VLLM_ROUTER_VENV))
     parser.add_argument("--json-out", type=Path, help="write per-round trials and the summary here")
+    parser.add_argument("--syscalls", action="store_true",
+                        help="after the rounds, count each proxy's system calls per request under perf stat (Linux, root)")
     args = parse_args(parser, streams=4, requests=16, rounds=1, ttft_ms=5.0, itl_ms=2.0, output_tokens=4,
                       only="vlmserve,nginx")
     wanted = set(args.only.split(",")) if args.only else {"vlmserve", "vlmserve-base", "nginx", "vllm-router"}
@@ -496,6 +570,9 @@ def main() -> None:
         raise SystemExit(f"--baseline-src {args.baseline_src}: no vlmserve package there; give a checkout's src/ directory")
     if args.baseline_src is None:
         wanted.discard("vlmserve-base")
+    if args.syscalls and (problem := syscall_tracing_problem()) is not None:
+        raise SystemExit(problem)
+    syscall_counts: dict[str, dict[str, float]] = {}
     if args.smoke and "vllm-router" not in wanted:
         skip("vllm-router: it is installed from PyPI into a private venv on first use (add --only vllm-router)")
 
@@ -523,11 +600,12 @@ def main() -> None:
               f"{args.proxy_cpus}, load generator {args.loadgen_cpus} (of {os.cpu_count()}); logs in {log_dir}")
         import uvloop
 
-        rounds = uvloop.run(run(args, routes))
+        rounds = uvloop.run(run(args, routes, syscall_counts))
         summary = summarize(rounds, [r.name for r in routes])
         print_summary(summary, args)
         verdicts = against_router(rounds, [r.name for r in routes])
         print_against_router(verdicts)
+        print_syscalls(syscall_counts, args.requests)
         failed = sum(figures["failed_total"] for figures in summary.values())
         if args.smoke and failed:
             raise SystemExit(f"smoke: {failed} requests failed; see the logs in {log_dir}")
@@ -536,6 +614,7 @@ def main() -> None:
                 "args": {k: str(v) for k, v in vars(args).items()},
                 "summary": summary,
                 "against_vllm_router": verdicts,
+                "syscalls_per_request": syscall_counts,
                 "rounds": [[{**vars(t), "ttft_ms": None} for t in trials] for trials in rounds],
             }, indent=2))
     finally:

@@ -56,3 +56,29 @@ def test_the_verdict_says_below_above_or_not_distinguishable(overhead: ModuleTyp
     assert "other: TTFT p50 +0.00 ms [-0.05, +0.05] (not distinguishable)" in out
     # without vllm-router in the run there is no verdict (and nothing printed)
     assert overhead.against_router([[r for r in rounds[0] if r.route != "vllm-router"]], ["vlmserve"]) == {}
+
+
+# ---- --syscalls: perf stat's counts per proxy --------------------------------------------------------
+
+# `perf stat -x , -e 'syscalls:sys_enter_*' -p PID` as it writes its counts (perf 6.1, Debian 12): count,
+# unit, event, run time, share; tracepoints that fired nowhere write 0, those perf could not attach "<not counted>".
+PERF_CSV = """379,,syscalls:sys_enter_read,177007145,100.00,,
+31,,syscalls:sys_enter_write,177007145,100.00,,
+0,,syscalls:sys_enter_mmap,177007145,100.00,,
+<not counted>,,syscalls:sys_enter_brk,0,0.00,,
+39,,syscalls:sys_enter_futex,177007145,100.00,,
+"""
+
+
+def test_perf_counts_are_read_per_system_call(overhead: ModuleType) -> None:
+    assert overhead.parse_syscall_counts(PERF_CSV) == {"read": 379, "write": 31, "futex": 39}
+    assert overhead.parse_syscall_counts("Error: No permissions to read /sys/kernel/tracing/events\n") == {}
+
+
+def test_syscalls_without_perf_is_one_clear_line(overhead: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    monkeypatch.setattr(overhead.shutil, "which", lambda name: None)
+    assert overhead.syscall_tracing_problem() == "--syscalls needs `perf` (Debian: apt-get install linux-perf)"
+    monkeypatch.setattr(overhead.shutil, "which", lambda name: "/usr/bin/perf")
+    monkeypatch.setattr(overhead, "SYSCALL_TRACEPOINTS", tmp_path / "missing")
+    assert "syscall tracepoints" in overhead.syscall_tracing_problem() and "run as root" in overhead.syscall_tracing_problem()
