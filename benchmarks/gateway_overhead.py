@@ -87,18 +87,28 @@ class Route:
     base_url: str
     processes: list[subprocess.Popen] = field(default_factory=list)
 
-    def cpu_seconds(self) -> tuple[float, float]:
-        """User and system CPU time of the proxy's processes and their children (nginx's or the
-        gateway's workers); children that exited count through their parent's children_* times."""
-        user = system = 0.0
+    def process_trees(self) -> list[list[psutil.Process]]:
+        """Each process of the proxy, first, with its live descendants (nginx's or the gateway's workers)."""
+        trees = []
         for process in self.processes:
             try:
                 parent = psutil.Process(process.pid)
-                for proc in [parent, *parent.children(recursive=True)]:
+                trees.append([parent, *parent.children(recursive=True)])
+            except psutil.Error:
+                pass
+        return trees
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """User and system CPU time of the proxy's processes and their children; children that
+        exited count through their parent's children_* times."""
+        user = system = 0.0
+        for tree in self.process_trees():
+            try:
+                for proc in tree:
                     times = proc.cpu_times()
                     user += times.user
                     system += times.system
-                reaped = parent.cpu_times()
+                reaped = tree[0].cpu_times()
                 user += reaped.children_user
                 system += reaped.children_system
             except psutil.Error:
@@ -455,10 +465,7 @@ def syscall_tracing_problem() -> str | None:
 
 def start_syscall_count(route: Route) -> subprocess.Popen[str]:
     """`perf stat` on every system-call tracepoint of the proxy's processes (nginx's or the gateway's workers too)."""
-    pids = []
-    for process in route.processes:
-        parent = psutil.Process(process.pid)
-        pids += [parent.pid, *(child.pid for child in parent.children(recursive=True))]
+    pids = [proc.pid for tree in route.process_trees() for proc in tree]
     return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "syscalls:sys_enter_*", "-p", ",".join(map(str, pids))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 

@@ -13,6 +13,7 @@ time (2026-11-27). Each script still passes or fails as its own test, with its o
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -46,10 +47,10 @@ def test_every_slow_entry_names_a_script() -> None:
 SMOKES_AT_ONCE = 2  # the CI machine's cores
 
 
-def _run_smoke(script: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
+def _run_smoke(script: Path, workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
            "VLMSERVE_HOME": str(workdir / "home")}
-    return subprocess.run([sys.executable, str(script), "--smoke"], cwd=workdir, env=env, capture_output=True,
+    return subprocess.run([sys.executable, str(script), "--smoke", *extra], cwd=workdir, env=env, capture_output=True,
                           text=True, timeout=600)
 
 
@@ -77,20 +78,15 @@ def test_benchmark_smoke(script: Path, smoke_runs: dict[str, subprocess.Complete
     assert "smoke mode" in result.stdout, output[-2000:]
 
 
-def test_gateway_overhead_counts_system_calls_per_proxy(tmp_path: Path) -> None:
+def test_gateway_overhead_counts_system_calls_per_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--syscalls` for real where perf can count (root, Linux with tracepoints; the CI image has no perf)."""
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    try:
-        from gateway_overhead import syscall_tracing_problem
-    finally:
-        sys.path.remove(str(REPO_ROOT / "benchmarks"))
-    if (problem := syscall_tracing_problem()) is not None:
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
+    problem = importlib.import_module("gateway_overhead").syscall_tracing_problem()
+    if problem is not None:
         pytest.skip(problem)
     out = tmp_path / "overhead.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "gateway_overhead.py"), "--smoke", "--syscalls",
-                           "--only", "vlmserve", "--json-out", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = _run_smoke(REPO_ROOT / "benchmarks" / "gateway_overhead.py", tmp_path, "--syscalls", "--only", "vlmserve",
+                      "--json-out", str(out))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "system calls per request" in done.stdout
     counts = json.loads(out.read_text())["syscalls_per_request"]["vlmserve"]
