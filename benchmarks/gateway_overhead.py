@@ -485,10 +485,15 @@ async def count_syscalls(pool: ConnectionPool, route: Route, bodies: list[bytes]
                          stagger_s: float) -> dict[str, float]:
     """One trial of `args.requests` under perf: system calls per completed request, most frequent first."""
     perf = start_syscall_count(route)
-    await asyncio.sleep(0.5)  # perf attaches
-    trial = await run_trial(pool, route, bodies, args.requests, args.streams, stagger_s)
-    perf.send_signal(signal.SIGINT)
-    _, report = await asyncio.to_thread(perf.communicate, timeout=60)
+    try:
+        await asyncio.sleep(0.5)  # perf attaches
+        trial = await run_trial(pool, route, bodies, args.requests, args.streams, stagger_s)
+        perf.send_signal(signal.SIGINT)  # perf prints its counts as it exits
+        _, report = await asyncio.to_thread(perf.communicate, timeout=60)
+    finally:
+        if perf.poll() is None:  # the trial failed or was interrupted: no perf left attached to the proxy
+            perf.kill()
+            perf.wait()
     counts = parse_syscall_counts(report)
     if not counts:
         raise SystemExit(f"--syscalls: perf counted nothing for {route.name}: {report.strip()[-300:]}")
