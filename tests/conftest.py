@@ -44,3 +44,19 @@ def embedded_engine(tmp_path_factory: pytest.TempPathFactory):  # -> tests.helpe
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLMSERVE_TEST", "1")
+
+
+HEAVY_GROUP = "real-engines"  # the xdist group of every test that starts a real vLLM or a Ray cluster
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for `pytest -n 2 --dist loadgroup` (what scripts/test runs): a test file stays on one
+    worker (its module fixtures start once), and every test that starts a real vLLM or a Ray cluster
+    runs on the same worker, one at a time, because two of those at once on two cores starve each
+    other past their start-up timeouts, and the session's one embedded engine starts once."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        heavy = item.get_closest_marker("engine") is not None or item.get_closest_marker("ray") is not None
+        item.add_marker(pytest.mark.xdist_group(HEAVY_GROUP if heavy else item.nodeid.split("::")[0]))

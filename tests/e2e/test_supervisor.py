@@ -15,7 +15,8 @@ import httpx
 import psutil
 import pytest
 
-from vlmserve.deploy.processes import free_port_block, port_is_free
+from tests.helpers.procs import free_ports
+from vlmserve.deploy.processes import port_is_free
 from vlmserve.deploy.readiness import image_message, tiny_png_data_url
 
 
@@ -73,7 +74,7 @@ def test_model_directory_without_config(vlmserve_cmd: list[str], home: Path, tmp
 
 
 def test_port_already_taken(vlmserve_cmd: list[str], home: Path) -> None:
-    base = free_port_block(3)
+    base = free_ports(3)
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", base + 2))
         squatter.listen()
@@ -82,7 +83,7 @@ def test_port_already_taken(vlmserve_cmd: list[str], home: Path) -> None:
 
 
 def test_not_enough_memory(vlmserve_cmd: list[str], home: Path) -> None:
-    base = free_port_block(3)
+    base = free_ports(3)
     done = run_up(vlmserve_cmd, home, "--replicas", "2", "--port", str(base), "--kv-cache-space-gb", "100000")
     assert_one_line_error(done, "not enough free memory: 2 replica(s) need about", "GB is available")
 
@@ -115,7 +116,7 @@ def test_malformed_flags(vlmserve_cmd: list[str], home: Path) -> None:
 
 
 def test_unknown_gateway_policy(vlmserve_cmd: list[str], home: Path) -> None:
-    done = run_up(vlmserve_cmd, home, "--engine", "sim", "--port", str(free_port_block(2)), "--gateway-policy", "bogus")
+    done = run_up(vlmserve_cmd, home, "--engine", "sim", "--port", str(free_ports(2)), "--gateway-policy", "bogus")
     assert_one_line_error(done, "gateway_policy 'bogus' is unknown; choose one of round-robin")
     assert "starting replica" not in done.stdout  # refused before anything started
 
@@ -134,7 +135,7 @@ def test_status_of_unknown_deployment(vlmserve_cmd: list[str], home: Path) -> No
 
 @pytest.mark.engine
 def test_engine_that_fails_to_start(vlmserve_cmd: list[str], home: Path) -> None:
-    base = free_port_block(2)
+    base = free_ports(2)
     done = run_up(
         vlmserve_cmd, home, "--port", str(base), "--no-gateway", "--name", "broken",
         "--engine-arg=--no-such-engine-flag",
@@ -217,7 +218,7 @@ def spawn_up(
 def test_two_replicas_serve_restart_and_stop_cleanly(
     vlmserve_cmd: list[str], home: Path, up_process: list[subprocess.Popen[str]]
 ) -> None:
-    base = free_port_block(3)
+    base = free_ports(3)
     name = "two"
     proc = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--replicas", "2", "--port", str(base),
                     "--max-model-len", "1024", "--kv-cache-space-gb", "1")  # fmt: skip
@@ -247,7 +248,7 @@ def test_two_replicas_serve_restart_and_stop_cleanly(
     assert status.stdout.count("ready") == 2 + with_gateway and str(base + 1) in status.stdout and str(base + 2) in status.stdout
 
     # the same deployment name cannot be started twice
-    again = run_up(vlmserve_cmd, home, "--name", name, "--port", str(free_port_block(2)), "--engine", "sim")
+    again = run_up(vlmserve_cmd, home, "--name", name, "--port", str(free_ports(2)), "--engine", "sim")
     assert_one_line_error(again, f"deployment '{name}' is already running")
 
     # a killed engine (whole process group, like a crash) is restarted
@@ -291,7 +292,7 @@ def sim_available() -> bool:
 def test_sim_replicas_behind_gateway_stop_on_sigterm(
     vlmserve_cmd: list[str], home: Path, up_process: list[subprocess.Popen[str]]
 ) -> None:
-    base = free_port_block(3)
+    base = free_ports(3)
     name = "simgw"
     proc = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--engine", "sim", "--model", "sim-model",
                     "--replicas", "2", "--port", str(base))  # fmt: skip
@@ -339,7 +340,7 @@ def test_down_stops_a_deployment_and_cleans_up_after_a_killed_supervisor(
 
     # a running supervisor is asked to stop, and stops everything
     proc = spawn_up(vlmserve_cmd, home, up_process, "--name", "d1", "--engine", "sim", "--model", "m", "--no-gateway",
-                    "--port", str(free_port_block(2)))  # fmt: skip
+                    "--port", str(free_ports(2)))  # fmt: skip
     wait_for(lambda: all_ready(home, "d1", 1), 120, "sim replica ready", proc)
     tree = tree_of(proc)
     done = down("d1")
@@ -349,7 +350,7 @@ def test_down_stops_a_deployment_and_cleans_up_after_a_killed_supervisor(
 
     # a supervisor killed outright leaves its engines behind; `down` finds and stops them
     proc = spawn_up(vlmserve_cmd, home, up_process, "--name", "d2", "--engine", "sim", "--model", "m", "--no-gateway",
-                    "--port", str(free_port_block(2)))  # fmt: skip
+                    "--port", str(free_ports(2)))  # fmt: skip
     wait_for(lambda: all_ready(home, "d2", 1), 120, "sim replica ready", proc)
     tree = tree_of(proc)
     proc.kill()

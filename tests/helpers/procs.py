@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from vlmserve.deploy.processes import free_port_block
+from vlmserve.deploy.processes import QUIET_PORT_RANGE, free_port_block
 
 
 def free_port() -> int:
@@ -21,13 +22,28 @@ def free_port() -> int:
     per test session: the ports are drawn at random, and two servers started together must not
     be given the same one."""
     while True:
-        port = free_port_block(1)
+        port = free_ports(1)
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
 
 
+def free_ports(count: int) -> int:
+    """First of `count` consecutive free ports (free_port_block), in this test worker's own band of
+    the range: under pytest-xdist (scripts/test runs two workers) each worker draws from a separate
+    slice, so two workers never start servers on the same port."""
+    low, high = QUIET_PORT_RANGE
+    width = (high - low) // _WORKERS
+    start = low + _WORKER * width
+    while True:
+        base = free_port_block(count)
+        if start <= base and base + count <= start + width:
+            return base
+
+
 _HANDED_OUT: set[int] = set()
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)  # set by pytest-xdist
+_WORKERS = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), 1)
 
 
 def wait_http_ok(

@@ -38,7 +38,7 @@ from tests.e2e.test_supervisor import (
 from tests.e2e.test_supervisor import home as home  # noqa: F401  (fixture)
 from tests.e2e.test_supervisor import up_process as up_process  # noqa: F401  (fixture)
 from vlmserve.errors import UserError
-from vlmserve.deploy.processes import free_port_block
+from tests.helpers.procs import free_ports
 from vlmserve.spec import DeploymentSpec
 from vlmserve.cli.up import build_spec
 from tests.helpers.paths import REPO_ROOT
@@ -234,7 +234,7 @@ def test_hung_replica_is_restarted_and_every_request_ends(
     name = "hung"
     liveness = {"interval_s": 0.5, "timeout_s": 1.0, "failures": 2, "probe_timeout_s": 1.0}
     spec = write_spec(tmp_path / "hung.yaml", name=name, engine="sim", model="sim-model", replicas=2,
-                      port=free_port_block(3), sim={"ttft_ms": 20, "itl_ms": 10}, liveness=liveness)  # fmt: skip
+                      port=free_ports(3), sim={"ttft_ms": 20, "itl_ms": 10}, liveness=liveness)  # fmt: skip
     proc = spawn_up(vlmserve_cmd, home, up_process, "-f", str(spec))
     state = wait_for(lambda: ready_with_gateway(home, name, 2), 180, "sim replicas and gateway ready", proc)
     victim = state["replicas"][1]
@@ -299,7 +299,7 @@ def test_orphans_of_a_killed_supervisor_block_a_second_up(
 ) -> None:
     name = "orphans"
     proc = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--engine", "sim", "--model", "m",
-                    "--port", str(free_port_block(2)))  # fmt: skip
+                    "--port", str(free_ports(2)))  # fmt: skip
     state = wait_for(lambda: ready_with_gateway(home, name, 1), 120, "sim replica and gateway ready", proc)
     orphan_pids = [state["replicas"][0]["pid"], state["gateway"]["pid"]]
     state_file = home / "deployments" / name / "state.json"
@@ -310,7 +310,7 @@ def test_orphans_of_a_killed_supervisor_block_a_second_up(
         before = state_file.read_bytes()
 
         second = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--engine", "sim", "--model", "m",
-                          "--port", str(free_port_block(2)))  # fmt: skip
+                          "--port", str(free_ports(2)))  # fmt: skip
         output, _ = second.communicate(timeout=60)
         assert second.returncode == 2, output
         assert "Traceback" not in output
@@ -340,7 +340,7 @@ def test_orphans_of_a_killed_supervisor_block_a_second_up(
 def test_non_loopback_without_keys_needs_open(
     vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]]  # noqa: F811
 ) -> None:
-    port = free_port_block(2)
+    port = free_ports(2)
     refused = spawn_up(vlmserve_cmd, home, up_process, "--name", "exposed", "--engine", "sim", "--host", "0.0.0.0",
                        "--port", str(port))  # fmt: skip
     output, _ = refused.communicate(timeout=60)
@@ -369,7 +369,7 @@ def test_keys_file_and_tls_in_the_spec_make_the_gateway_ask_for_keys_over_https(
     write_spec(deploy / "keys.yaml", tenants=[{"name": "clinic", "keys": ["sk-clinic-1"]}])
     cert, _ = self_signed_certificate(deploy)
     spec = write_spec(deploy / "spec.yaml", name="keyed", engine="sim", model="m", host="0.0.0.0",
-                      port=free_port_block(2), keys_file="keys.yaml", audit_log="audit.jsonl",
+                      port=free_ports(2), keys_file="keys.yaml", audit_log="audit.jsonl",
                       ssl_certfile="gw.crt", ssl_keyfile="gw.key")  # fmt: skip
     proc = spawn_up(vlmserve_cmd, home, up_process, "-f", str(spec))  # run from another directory on purpose
     state = wait_for(lambda: ready_with_gateway(home, "keyed", 1), 120, "keyed deployment ready", proc)
@@ -390,7 +390,7 @@ def test_keys_file_and_tls_in_the_spec_make_the_gateway_ask_for_keys_over_https(
 
 
 def test_up_refuses_missing_keys_file(vlmserve_cmd: list[str], home: Path, tmp_path: Path) -> None:  # noqa: F811
-    spec = write_spec(tmp_path / "spec.yaml", engine="sim", model="m", port=free_port_block(2), keys_file="nope.yaml")
+    spec = write_spec(tmp_path / "spec.yaml", engine="sim", model="m", port=free_ports(2), keys_file="nope.yaml")
     done = run_up(vlmserve_cmd, home, "-f", str(spec))
     assert_one_line_error(done, f"keys_file {tmp_path / 'nope.yaml'} does not exist")
 

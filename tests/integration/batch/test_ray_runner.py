@@ -27,7 +27,7 @@ from tests.integration.batch.test_batch_job import (MODEL, batch_argv, engine_re
 
 pytest.importorskip("ray.data", reason="the ray extra is not installed (pip install 'vlmserve[ray]')")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 TOTAL = 2000
 MALFORMED_EVERY = 97
 

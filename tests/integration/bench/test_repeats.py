@@ -8,10 +8,12 @@ as a change; tests/unit/report/test_compare_min_effect.py proves the rule on fix
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers.bench_fixtures import bench_args
+from tests.helpers.bench_fixtures import SIM_MODEL, bench_args
+from tests.helpers.sim import SimHandle, start_sim_engine
 from vlmserve.bench.repeats import confidence_interval, repeat_seed, t_quantile_975
 from vlmserve.report.compare import COMPARED_METRICS
 
@@ -25,11 +27,20 @@ def test_t_interval_matches_the_textbook() -> None:
     assert repeat_seed(7, 0) == 7 and repeat_seed(7, 1) != repeat_seed(8, 0)
 
 
-def test_repeat_writes_intervals_and_compare_says_unchanged(sim, cli, tmp_path) -> None:
+@pytest.fixture
+def slow_sim() -> Iterator[SimHandle]:
+    """A sim engine whose own latencies (TTFT 200 ms, ITL 100 ms) dwarf the few milliseconds a busy
+    machine adds (the suite runs in two workers): the 20 ms / 2 ms engine of the other tests made a
+    3 ms scheduling delay a 10 % change in TTFT p95, and compare called it one."""
+    with start_sim_engine(model=SIM_MODEL, ttft_ms=200, itl_ms=100, seed=1) as handle:
+        yield handle
+
+
+def test_repeat_writes_intervals_and_compare_says_unchanged(slow_sim, cli, tmp_path) -> None:
     ids = []
     for name in ("a", "b"):
         out = tmp_path / f"{name}.json"
-        done = cli(*bench_args(sim, "--concurrency", 2, "--num-requests", 8, "--input-len", 16, "--output-len", 4,
+        done = cli(*bench_args(slow_sim, "--concurrency", 2, "--num-requests", 8, "--input-len", 16, "--output-len", 4,
                                 "--repeat", 3, "--json-out", out, "--label", name))
         assert done.code == 0, done.err
         assert "mean and 95% CI over 3 repeats" in done.out

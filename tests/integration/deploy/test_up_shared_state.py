@@ -17,7 +17,7 @@ from tests.e2e.test_supervisor import up_process as up_process  # noqa: F401  (f
 from tests.helpers.redis_server import RedisServer
 from tests.integration.test_up_trust_boundary import ready_with_gateway, stop_up
 from vlmserve.deploy.front_door import gateway_argv, gateway_env, shown_gateway_env
-from vlmserve.deploy.processes import free_port_block
+from tests.helpers.procs import free_ports
 from vlmserve.gateway.redis_buckets import bucket_keys
 from vlmserve.spec import DeploymentSpec
 
@@ -46,7 +46,7 @@ def test_the_spec_fields_reach_the_gateway_and_the_password_stays_out_of_its_arg
 def test_print_plan_shows_the_state_without_its_password(vlmserve_cmd: list[str], home: Path,  # noqa: F811
                                                          tmp_path: Path) -> None:
     spec = write_spec(tmp_path / "deploy.yaml", name="planned", engine="sim", model="sim-model",
-                      port=free_port_block(2), gateway_state="redis://:s3cret@cache.internal:6379/0")
+                      port=free_ports(2), gateway_state="redis://:s3cret@cache.internal:6379/0")
     done = run_up(vlmserve_cmd, home, "-f", str(spec), "--print-plan", timeout=120)
     assert done.returncode == 0, done.stderr
     assert "VLMSERVE_GATEWAY_STATE='redis://:***@cache.internal:6379/0'" in done.stdout
@@ -62,7 +62,7 @@ def test_a_bad_gateway_state_is_refused_before_engines_start(
     vlmserve_cmd: list[str], home: Path, tmp_path: Path, fields: dict[str, str], message: str  # noqa: F811
 ) -> None:
     spec = write_spec(tmp_path / "deploy.yaml", name="badstate", engine="sim", model="sim-model",
-                      port=free_port_block(2), **fields)
+                      port=free_ports(2), **fields)
     done = run_up(vlmserve_cmd, home, "-f", str(spec), timeout=120)
     assert_one_line_error(done, message)
     assert "starting replica" not in done.stdout
@@ -76,7 +76,7 @@ def test_up_starts_its_gateway_on_the_shared_state(
     keys = tmp_path / "keys.yaml"
     keys.write_text("tenants:\n  - name: clinic\n    keys: [sk-clinic]\n    requests_per_s: 5\n")
     name = "sharedstate"
-    spec = write_spec(tmp_path / "deploy.yaml", name=name, engine="sim", model="sim-model", port=free_port_block(2),
+    spec = write_spec(tmp_path / "deploy.yaml", name=name, engine="sim", model="sim-model", port=free_ports(2),
                       keys_file=str(keys), gateway_state=redis_server.url, gateway_state_unavailable="closed")
     proc = spawn_up(vlmserve_cmd, home, up_process, "-f", str(spec))
     state = wait_for(lambda: ready_with_gateway(home, name, 1), 120, "sim replica and gateway ready", proc)
