@@ -51,10 +51,10 @@ HEAVY_GROUP = "real-engines"  # the xdist group of every test that starts a real
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for `pytest -n 2 --dist loadgroup` (what scripts/test runs): a test file stays on one
+    """Groups for `--dist loadgroup` (the pytest-xdist mode scripts/test runs): a test file stays on one
     worker (its module fixtures start once), and every test that starts a real vLLM or a Ray cluster
-    runs on the same worker, one at a time, because two of those at once on two cores starve each
-    other past their start-up timeouts, and the session's one embedded engine starts once."""
+    runs on the same worker, one at a time, because two of those at once on a small machine starve
+    each other past their start-up timeouts, and the session's one embedded engine starts once."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue

@@ -30,7 +30,7 @@ def free_port() -> int:
 
 def free_ports(count: int) -> int:
     """First of `count` consecutive free ports (free_port_block), in this test worker's own band of
-    the range: under pytest-xdist (scripts/test runs two workers) each worker draws from a separate
+    the range: under pytest-xdist (scripts/test) each worker draws from a separate
     slice, so two workers never start servers on the same port."""
     low, high = QUIET_PORT_RANGE
     width = (high - low) // _WORKERS

@@ -37,8 +37,8 @@ from tests.e2e.test_supervisor import (
 )
 from tests.e2e.test_supervisor import home as home  # noqa: F401  (fixture)
 from tests.e2e.test_supervisor import up_process as up_process  # noqa: F401  (fixture)
-from vlmserve.errors import UserError
 from tests.helpers.procs import free_ports
+from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
 from vlmserve.cli.up import build_spec
 from tests.helpers.paths import REPO_ROOT

@@ -30,7 +30,7 @@ def test_t_interval_matches_the_textbook() -> None:
 @pytest.fixture
 def slow_sim() -> Iterator[SimHandle]:
     """A sim engine whose own latencies (TTFT 200 ms, ITL 100 ms) dwarf the few milliseconds a busy
-    machine adds (the suite runs in two workers): the 20 ms / 2 ms engine of the other tests made a
+    machine adds (the suite runs in parallel workers): the 20 ms / 2 ms engine of the other tests made a
     3 ms scheduling delay a 10 % change in TTFT p95, and compare called it one."""
     with start_sim_engine(model=SIM_MODEL, ttft_ms=200, itl_ms=100, seed=1) as handle:
         yield handle

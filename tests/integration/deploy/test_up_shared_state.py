@@ -16,8 +16,8 @@ from tests.e2e.test_supervisor import home as home  # noqa: F401  (fixture)
 from tests.e2e.test_supervisor import up_process as up_process  # noqa: F401  (fixture)
 from tests.helpers.redis_server import RedisServer
 from tests.integration.test_up_trust_boundary import ready_with_gateway, stop_up
-from vlmserve.deploy.front_door import gateway_argv, gateway_env, shown_gateway_env
 from tests.helpers.procs import free_ports
+from vlmserve.deploy.front_door import gateway_argv, gateway_env, shown_gateway_env
 from vlmserve.gateway.redis_buckets import bucket_keys
 from vlmserve.spec import DeploymentSpec
 
