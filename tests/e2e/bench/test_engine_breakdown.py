@@ -19,6 +19,7 @@ from vlmserve.spec import SLO, LoadSpec
 
 @pytest.mark.engine
 @pytest.mark.slow
+@pytest.mark.exclusive  # its bound on the time outside the engine failed once beside a busy test worker
 def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(embedded_engine) -> None:
     engine = embedded_engine
     assert engine.trace_sink is not None, "the session engine exports no trace spans"
