@@ -18,3 +18,10 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+def check_listen_port(port: int, flag: str = "--port") -> None:
+    """A port to listen on: 0 (the system picks a free one) or 1-65535. The socket layer would
+    otherwise take a larger number modulo 65536 and listen somewhere the user did not ask for."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"{flag} must be between 1 and 65535 (or 0 for a free port), got {port}")

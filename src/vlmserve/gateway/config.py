@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmserve.errors import UserError
+from vlmserve.errors import UserError, check_listen_port
 from vlmserve.gateway.discovery import parse_source
 from vlmserve.gateway.shared_state import DEFAULT_TIMEOUT_S, check_state_settings
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
@@ -110,6 +110,7 @@ class GatewayConfig:
             parse_source(self.discover)  # a UserError naming the problem
             if self.discover_interval_s <= 0:
                 raise UserError("--discover-interval must be positive (seconds between reads of the source)")
+        check_listen_port(self.port)
         for url in self.replicas:
             if not (url.startswith("http://") or url.startswith("https://")):
                 raise UserError(f"replica URL {url!r} must start with http:// or https://")

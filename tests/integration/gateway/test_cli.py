@@ -28,6 +28,9 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
         (["--replica", "http://127.0.0.1:1", "--policy", "fastest"], "unknown policy 'fastest'"),
         (["--replica", "http://127.0.0.1:1", "--keys-file", "/nonexistent/keys.yaml"], "does not exist"),
         (["--replica", "http://127.0.0.1:1", "--replica", "http://127.0.0.1:1"], "given twice"),
+        # a socket would take 99999 modulo 65536 and listen on 34463
+        (["--replica", "http://127.0.0.1:1", "--port", "99999"], "--port must be between 1 and 65535 (or 0 for a free port), got 99999"),
+        (["--replica", "http://127.0.0.1:1", "--port", "-1"], "--port must be between 1 and 65535 (or 0 for a free port), got -1"),
     ],
 )
 def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:

@@ -32,6 +32,7 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         (["--mm-preprocess-ms-per-image", "-5"], "error: --mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative"),
         (["--mm-preprocess-ms-per-megapixel", "nan"], "error: --mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got nan"),
         (["--mm-cache-items", "-1"], "error: --mm-cache-items must be 0 (no cache) or more, got -1"),
+        (["--port", "70000"], "error: --port must be between 1 and 65535 (or 0 for a free port), got 70000"),  # the last --port wins
     ],
 )
 def test_bad_flags_get_one_line_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vlmserve.errors import UserError
+from vlmserve.errors import UserError, check_listen_port
 from vlmserve.sched.constant import ConstantLatencyScheduler
 from vlmserve.sched.engine_core import EngineCore
 from vlmserve.sched.frontend import FrontendConfig
@@ -171,8 +171,7 @@ class SimEngineConfig:
             raise UserError("--image-tokens must be at least 1")
         for problem in self.frontend_config().validate():
             raise UserError(problem)
-        if not 1 <= self.port <= 65535 and self.port != 0:
-            raise UserError(f"--port must be between 1 and 65535, got {self.port}")
+        check_listen_port(self.port)
         self.faults.validate()
         if self.trace_file and not Path(self.trace_file).resolve().parent.is_dir():
             raise UserError(f"--trace-file {self.trace_file}: its directory does not exist; create it or pick another path")
