@@ -3,8 +3,10 @@
 The rules kept (settings in `GatewayConfig`; defaults close to nginx's):
 - Headers in time: a client must complete its request headers within `header_timeout_s` of the
   connection opening, or of the first byte of a later request on a kept-alive connection; if
-  not, it is sent `408 Request Timeout` and the connection is closed (nginx:
-  client_header_timeout). Over TLS the handshake gets the same time.
+  not, it is sent `408 Request Timeout`, half-closed, read (and discarded) for `CLOSE_LINGER_S` or
+  until the client closes, then closed: a reset from closing on unread bytes could reach the client
+  before the 408 (nginx: client_header_timeout, lingering_close). Over TLS the handshake gets the
+  same time.
 - Idle connections: a kept-alive connection with no request for `keepalive_timeout_s` is
   closed (aiohttp's own keep-alive timer; nginx: keepalive_timeout).
 - A cap on connections: with `max_connections` client connections open, one more is answered
@@ -42,7 +44,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from vlmserve.gateway.lean_http import REQUEST_TIMEOUT
+from vlmserve.gateway.lean_http import CLOSE_LINGER_S, REQUEST_TIMEOUT
 from vlmserve.gateway.lean_lane import Handler as LeanHandler
 from vlmserve.gateway.lean_lane import LeanConnection, LeanLane
 
@@ -53,7 +55,6 @@ _TOO_MANY_BODY = (b'{"error":{"message":"the gateway has too many open connectio
 _TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
              b"Content-Type: application/json\r\nContent-Length: " + str(len(_TOO_MANY_BODY)).encode()
              + b"\r\n\r\n" + _TOO_MANY_BODY)
-REFUSAL_LINGER_S = 1.0  # a refused connection is read (and discarded) this long so the 503 is not reset away
 _LOGGED_ERROR_CHARS = 160
 
 
@@ -78,13 +79,14 @@ class ClientStats:
 class GuardedRequestHandler(RequestHandler):
     """aiohttp's connection handler plus a header timer and one-line logging of malformed requests."""
 
-    __slots__ = ("_stats", "_header_timeout_s", "_header_handle", "__weakref__")
+    __slots__ = ("_stats", "_header_timeout_s", "_header_handle", "_lingering", "__weakref__")
 
     def __init__(self, manager: web.Server, *, stats: ClientStats, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._stats = stats
         self._header_timeout_s = header_timeout_s
         self._header_handle: asyncio.TimerHandle | None = None
+        self._lingering = False  # answered 408: what the client still sends is discarded until the close
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -98,6 +100,8 @@ class GuardedRequestHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         if self._header_handle is None and self._waiter is not None:
             self._arm_header_timer()  # first bytes of a new request on a kept-alive connection
         super().data_received(data)
@@ -119,8 +123,14 @@ class GuardedRequestHandler(RequestHandler):
         if self._messages or self._request_in_progress or self.transport is None:
             return
         self._stats.header_timeouts += 1
-        self.transport.write(REQUEST_TIMEOUT)
-        self.force_close()  # the transport flushes the 408, then closes
+        transport = self.transport
+        transport.write(REQUEST_TIMEOUT)
+        # Half-close and read on for a moment (CLOSE_LINGER_S), so the 408 is not reset away; the
+        # client's own close (eof_received) ends it sooner. force_close then flushes and closes.
+        self._lingering = True
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._header_handle = self._loop.call_later(CLOSE_LINGER_S, self.force_close)
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -147,7 +157,7 @@ class _Refusal(asyncio.Protocol):
         transport.write(_TOO_MANY)
         if transport.can_write_eof():
             transport.write_eof()
-        self._timer = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
+        self._timer = asyncio.get_running_loop().call_later(CLOSE_LINGER_S, transport.close)
 
     def data_received(self, data: bytes) -> None:
         pass  # discarded: closing with unread bytes would reset the connection and lose the 503

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,17 @@ from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 
 CLIENT_MM_PROCESSOR_KWARGS = ("max_soft_tokens",)
 """The per-request processor kwargs clients may send by default: a vision budget (Gemma-style)."""
+
+
+# Settings in seconds that must be positive and finite, each named by its flag (_flag).
+_POSITIVE_SECONDS = ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_timeout_s", "health_interval_s",
+                     "metrics_interval_s", "header_timeout_s", "keepalive_timeout_s", "media_fetch_timeout_s",
+                     "discover_interval_s")
+
+
+def _flag(name: str) -> str:
+    """The CLI flag of a seconds setting: connect_timeout_s -> --connect-timeout."""
+    return "--" + name.removesuffix("_s").replace("_", "-")
 
 
 @dataclass
@@ -108,8 +120,6 @@ class GatewayConfig:
                             "or --discover SOURCE")
         if self.discover is not None:
             parse_source(self.discover)  # a UserError naming the problem
-            if self.discover_interval_s <= 0:
-                raise UserError("--discover-interval must be positive (seconds between reads of the source)")
         check_listen_port(self.port)
         for url in self.replicas:
             if not (url.startswith("http://") or url.startswith("https://")):
@@ -123,7 +133,9 @@ class GatewayConfig:
         check_state_settings(self.state, self.state_unavailable, self.state_timeout_s)
         if self.max_attempts < 1:
             raise UserError("--max-attempts must be at least 1")
-        if self.prefix_load_factor < 1.0:
+        if self.max_body_bytes < 1:
+            raise UserError(f"--max-body-bytes must be at least 1, got {self.max_body_bytes}")
+        if not (math.isfinite(self.prefix_load_factor) and self.prefix_load_factor >= 1.0):
             raise UserError("--prefix-load-factor must be at least 1.0 (1.0 = strict fair share)")
         if self.max_json_depth < 2 or self.max_json_items < 1:
             raise UserError("--max-json-depth must be at least 2 and --max-json-items at least 1")
@@ -135,14 +147,18 @@ class GatewayConfig:
             raise UserError("--image-downscale-max-side must be at least 16 pixels (or left out to forward images as sent)")
         if self.model_config_dir is not None and not (Path(self.model_config_dir) / "config.json").is_file():
             raise UserError(f"--model-config-dir {self.model_config_dir}: no config.json there; give the served model's directory")
+        if min(self.max_in_flight, self.queue_limit_interactive, self.queue_limit_batch) < 0:
+            raise UserError("--max-in-flight (0 = no cap), --queue-limit-interactive and --queue-limit-batch must be 0 or more")
         if self.max_connections < 0:
             raise UserError("--max-connections must be 0 (no cap) or more")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise UserError("HTTPS needs both --ssl-certfile and --ssl-keyfile: pass both, or neither for plain HTTP")
-        for name in ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_timeout_s", "health_interval_s",
-                     "header_timeout_s", "keepalive_timeout_s", "media_fetch_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{name.replace('_', '-')} must be positive")
+        for name in _POSITIVE_SECONDS:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):  # NaN passes every comparison; inf never fires
+                raise UserError(f"{_flag(name)} must be a positive number of seconds, got {value}")
+        if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
+            raise UserError(f"--drain-timeout must be 0 or more seconds, got {self.drain_timeout_s}")
 
     @property
     def normalized_replicas(self) -> list[str]:

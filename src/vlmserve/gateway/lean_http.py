@@ -30,6 +30,10 @@ from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Route, RouteKind
 MAX_HEAD_BYTES = 8192  # a longer head goes to aiohttp, whose own limits then apply
 REQUEST_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 """What a connection that did not complete its head in time gets, on either lane, before it is closed."""
+CLOSE_LINGER_S = 1.0
+"""After a 408 or a 503 refusal the connection is half-closed and what the client still sends is read and
+discarded this long (or until it closes its side) before the socket closes: closing with unread bytes makes
+the kernel answer with a reset, and a reset can reach the client before it has read the answer."""
 _REQUEST_LINE = re.compile(rb"POST (/[-!$&'()*+,./0-9:;=@A-Z_a-z~]*) HTTP/1\.1")
 # The header block: fields of a token, a colon, printable ASCII or tabs, and CRLF, and nothing
 # else. One `fullmatch` judges the whole block without building anything; the block is then split

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from vlmserve.gateway.lean_http import (
+    CLOSE_LINGER_S,
     MAX_HEAD_BYTES,
     REQUEST_TIMEOUT,
     LeanHead,
@@ -150,7 +151,8 @@ class LeanConnection(asyncio.Protocol):
     """One client connection, until (if ever) it is handed to aiohttp."""
 
     __slots__ = ("lane", "transport", "buffer", "head", "serving", "pending", "server", "ready", "deadline",
-                 "header_deadline", "handed", "reading_paused", "writing_paused", "drain_waiter", "relay", "__weakref__")
+                 "header_deadline", "handed", "reading_paused", "writing_paused", "drain_waiter", "relay", "lingering",
+                 "__weakref__")
 
     def __init__(self, lane: LeanLane) -> None:
         self.lane = lane
@@ -168,6 +170,7 @@ class LeanConnection(asyncio.Protocol):
         self.writing_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
         self.relay: StreamRelay | None = None  # the stream being relayed to this client, told of loss and back-pressure
+        self.lingering = False  # answered 408: what the client still sends is discarded until the close
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
@@ -180,6 +183,8 @@ class LeanConnection(asyncio.Protocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return
         if not self.serving and self.head is None and not self.buffer and self.transport is not None:
             # The common case: a whole request in one read, served without copying it into the buffer.
             end = data.find(b"\r\n\r\n")
@@ -354,12 +359,29 @@ class LeanConnection(asyncio.Protocol):
 
     def on_deadline(self) -> None:
         self.deadline = 0.0
+        if self.lingering:  # the 408's linger is over
+            self._close()
+            return
         if self.transport is None or self.serving or self.head is not None:
             return
         if self.header_deadline is not None:  # a head not complete in time: 408 (a kept-alive idle one just closes)
             self.lane.stats.header_timeouts += 1
-            self.transport.write(REQUEST_TIMEOUT)
+            self._linger(REQUEST_TIMEOUT)
+            return
         self._close()
+
+    def _linger(self, answer: bytes) -> None:
+        """Send `answer`, half-close, and read on (discarding) for CLOSE_LINGER_S or until the client
+        closes its side (eof_received), so that the answer is not reset away by bytes still coming."""
+        transport = self.transport
+        assert transport is not None
+        transport.write(answer)
+        self.lingering = True
+        self.buffer = bytearray()
+        self.header_deadline = None
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.deadline = self.lane.loop.time() + CLOSE_LINGER_S
 
     def _close(self) -> None:
         self.deadline = 0.0

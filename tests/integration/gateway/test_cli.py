@@ -31,6 +31,16 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
         # a socket would take 99999 modulo 65536 and listen on 34463
         (["--replica", "http://127.0.0.1:1", "--port", "99999"], "--port must be between 1 and 65535 (or 0 for a free port), got 99999"),
         (["--replica", "http://127.0.0.1:1", "--port", "-1"], "--port must be between 1 and 65535 (or 0 for a free port), got -1"),
+        # NaN passes every comparison: a NaN health interval would stop the health checks, an infinite timeout never fires
+        (["--replica", "http://127.0.0.1:1", "--health-interval", "nan"], "--health-interval must be a positive number of seconds, got nan"),
+        (["--replica", "http://127.0.0.1:1", "--first-token-timeout", "inf"], "--first-token-timeout must be a positive number of seconds, got inf"),
+        (["--replica", "http://127.0.0.1:1", "--connect-timeout", "0"], "--connect-timeout must be a positive number of seconds, got 0.0"),
+        (["--replica", "http://127.0.0.1:1", "--discover-interval", "nan"], "--discover-interval must be a positive number of seconds, got nan"),
+        (["--replica", "http://127.0.0.1:1", "--drain-timeout", "-1"], "--drain-timeout must be 0 or more seconds, got -1.0"),
+        (["--replica", "http://127.0.0.1:1", "--max-body-bytes", "-1"], "--max-body-bytes must be at least 1, got -1"),
+        (["--replica", "http://127.0.0.1:1", "--prefix-load-factor", "nan"], "--prefix-load-factor must be at least 1.0"),
+        (["--replica", "http://127.0.0.1:1", "--max-in-flight", "-1"], "--max-in-flight (0 = no cap), --queue-limit-interactive and --queue-limit-batch must be 0 or more"),
+        (["--replica", "http://127.0.0.1:1", "--queue-limit-batch", "-5"], "--queue-limit-batch must be 0 or more"),
     ],
 )
 def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,6 +73,37 @@ async def test_slow_header_senders_are_closed_and_others_are_served(engine: SimH
     assert all(answer is not None for answer in answers)  # every one closed long before its headers were done
     assert all(answer.startswith(b"HTTP/1.1 408") for answer in answers)
     assert timeouts >= 60
+
+
+def _send_after_408(port: int, first_line: bytes) -> tuple[bytes, str]:
+    """A client whose head times out: what it reads until the gateway's half-close, and what happens to
+    the bytes it sends after that ('taken', or the error a reset gives)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(first_line + b"Host: gateway\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        try:
+            for _ in range(3):  # 0.3 s of it, well inside the gateway's linger
+                sock.sendall(b"X-Still-Typing: " + b"a" * 1000 + b"\r\n")
+                time.sleep(0.1)
+        except OSError as err:
+            return answer, type(err).__name__
+    return answer, "taken"
+
+
+@pytest.mark.parametrize("first_line", [b"POST /v1/chat/completions HTTP/1.1\r\n", b"GET /v1/models HTTP/1.1\r\n"],
+                         ids=["lean lane", "aiohttp"])
+@pytest.mark.hostile("a client that keeps sending after its header timeout")
+async def test_after_a_408_the_gateway_reads_on_before_closing(engine: SimHandle, first_line: bytes) -> None:
+    """A socket closed with unread bytes, or one that bytes reach after its close, answers with a reset,
+    and a client that gets the reset before it has read the 408 sees an error instead. So the gateway
+    half-closes after the 408 and reads (and drops) what still comes for a moment (CLOSE_LINGER_S), as
+    it does after a 503 refusal. Before, the client's second write here failed with a broken pipe."""
+    async with running_gateway([engine], header_timeout_s=0.5) as gw:
+        answer, later_bytes = await asyncio.to_thread(_send_after_408, gw.port, first_line)
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout"), answer
+    assert later_bytes == "taken"
 
 
 @pytest.mark.hostile("idle keep-alive connections held open to exhaust file descriptors")
