@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -386,8 +387,10 @@ def bench(
         deployment = load_deployment_spec(deployment_file).model_dump(mode="json")
     target = Target(base_url, model, api_key)
     console = Console(stderr=True)
+    if not (math.isfinite(max_send_lag_ms) and max_send_lag_ms > 0):  # NaN would never mark a run client-limited
+        raise UserError(f"--max-send-lag-ms {max_send_lag_ms:g}: give a positive number of milliseconds")
     limits = metrics.ClientLimits(send_lag_p99_s=max_send_lag_ms / 1000.0)
-    if server_metrics_interval < 0:
+    if not (math.isfinite(server_metrics_interval) and server_metrics_interval >= 0):
         raise UserError(f"--server-metrics-interval {server_metrics_interval:g}: give seconds ≥ 0 (0 = before and after only)")
     result = asyncio.run(
         run_repeated(load, target, slo=objectives, progress=progress, label=label, deployment=deployment,

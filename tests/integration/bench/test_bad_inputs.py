@@ -58,6 +58,9 @@ def test_not_a_url(cli):
         (["--concurrency", 1, "--num-requests", 1, "--image-size", "big"], "--image-size 'big': write it like 512x512"),
         (["--concurrency", 1, "--num-requests", 1, "--dataset", "images", "--api", "completions"], "--dataset images needs --api chat"),
         (["--concurrency", 1, "--num-requests", 1, "--server-metrics-interval", -1], "--server-metrics-interval -1: give seconds ≥ 0"),
+        (["--concurrency", 1, "--num-requests", 1, "--server-metrics-interval", "nan"], "--server-metrics-interval nan: give seconds ≥ 0"),
+        (["--concurrency", 1, "--num-requests", 1, "--max-send-lag-ms", "nan"], "--max-send-lag-ms nan: give a positive number of milliseconds"),
+        (["--concurrency", 1, "--num-requests", 1, "--max-send-lag-ms", 0], "--max-send-lag-ms 0: give a positive number of milliseconds"),
     ],
 )
 def test_bad_flags(sim, cli, flags, expected):
