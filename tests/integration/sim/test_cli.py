@@ -33,6 +33,12 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         (["--mm-preprocess-ms-per-megapixel", "nan"], "error: --mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got nan"),
         (["--mm-cache-items", "-1"], "error: --mm-cache-items must be 0 (no cache) or more, got -1"),
         (["--port", "70000"], "error: --port must be between 1 and 65535 (or 0 for a free port), got 70000"),  # the last --port wins
+        # NaN passes a `< 0` check: a NaN latency or delay would reach the engine's sleeps
+        (["--ttft-ms", "nan"], "error: --ttft-ms and --itl-ms must be 0 or more milliseconds: --ttft-ms is nan"),
+        (["--itl-ms", "inf"], "error: --ttft-ms and --itl-ms must be 0 or more milliseconds: --itl-ms is inf"),
+        (["--itl-ms", "-1"], "error: --ttft-ms and --itl-ms must be 0 or more milliseconds: --itl-ms is -1.0"),
+        (["--startup-delay", "nan"], "error: --startup-delay must be 0 or more seconds, got nan"),
+        (["--stall-s", "nan"], "error: --stall-s must be 0 or more seconds (leave it out to stall for good), got nan"),
     ],
 )
 def test_bad_flags_get_one_line_errors(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

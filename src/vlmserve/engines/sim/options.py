@@ -104,8 +104,10 @@ class FaultOptions:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise UserError(f"--{name.replace('_', '-')} must not be negative, got {value}")
-        if self.startup_delay_s < 0:
-            raise UserError("--startup-delay must not be negative")
+        if not (math.isfinite(self.startup_delay_s) and self.startup_delay_s >= 0):  # NaN passes `< 0`
+            raise UserError(f"--startup-delay must be 0 or more seconds, got {self.startup_delay_s}")
+        if self.stall_s is not None and not (math.isfinite(self.stall_s) and self.stall_s >= 0):
+            raise UserError(f"--stall-s must be 0 or more seconds (leave it out to stall for good), got {self.stall_s}")
 
 
 @dataclass
@@ -165,8 +167,9 @@ class SimEngineConfig:
         if self.constant_mode and (self.profile or self.gpu):
             chosen = "--profile" if self.profile else "--gpu"
             raise UserError(f"{chosen} and --ttft-ms/--itl-ms exclude each other; pick one timing model")
-        if self.constant_mode and ((self.ttft_ms or 0) < 0 or (self.itl_ms or 0) < 0):
-            raise UserError("--ttft-ms and --itl-ms must not be negative")
+        for flag, value in (("--ttft-ms", self.ttft_ms), ("--itl-ms", self.itl_ms)):
+            if value is not None and not (math.isfinite(value) and value >= 0):  # NaN passes `< 0`
+                raise UserError(f"--ttft-ms and --itl-ms must be 0 or more milliseconds: {flag} is {value}")
         if self.image_tokens < 1:
             raise UserError("--image-tokens must be at least 1")
         for problem in self.frontend_config().validate():
