@@ -2,9 +2,12 @@
 
 A few tests bound a timing that the machine's load moves: the TTFT breakdown on the real engine
 says the time on no clock is under half the engine's TTFT, which holds on a quiet machine and failed
-once when the other worker loaded both cores. Under `-n 2` every other test holds a shared lock on a
+when the other worker loaded both cores. Under `-n 2` every other test holds a shared lock on a
 file all workers see while it runs, and an `exclusive` test takes that lock exclusively, so it
 starts once the other worker's current test ends and the other worker waits until it is done.
+The lock covers a test's whole run protocol, its fixtures' set-up and tear-down included: a module
+fixture can keep the machine busy for minutes (the benchmark smokes run in one), and a lock taken
+only around the test function let the breakdown test run beside it and fail.
 
 A second lock (the turnstile) gives the exclusive test priority: a worker takes it briefly before
 each shared hold, and the exclusive test keeps it while it waits and runs, so a stream of short
@@ -25,9 +28,10 @@ import pytest
 MARKER = "exclusive"
 
 
-def _lock_dir(factory: pytest.TempPathFactory) -> Path:
-    # each worker's base temp is <shared root>/popen-gwN: the parent is the same for all of them
-    return factory.getbasetemp().parent
+def _lock_dir(config: pytest.Config) -> Path:
+    """A folder every worker of this run shares: xdist gives each worker the base temp folder
+    <run's folder>/popen-gwN, and pytest prunes old runs' folders as it always does."""
+    return Path(config.option.basetemp).parent
 
 
 @contextmanager
@@ -57,11 +61,11 @@ def machine_share(lock_dir: Path, exclusive: bool) -> Iterator[None]:
         os.close(fd)
 
 
-@pytest.fixture(autouse=True)
-def _machine_share(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Around each test's set-up, call and tear-down (module and session fixtures included)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or not item.config.option.basetemp:
         yield
         return
-    exclusive = request.node.get_closest_marker(MARKER) is not None
-    with machine_share(_lock_dir(tmp_path_factory), exclusive):
+    with machine_share(_lock_dir(item.config), exclusive=item.get_closest_marker(MARKER) is not None):
         yield
