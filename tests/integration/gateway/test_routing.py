@@ -14,6 +14,9 @@ import pytest
 
 from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway, scrape_engine, sim_engines
 from tests.helpers.sim import SimHandle
+from vlmserve.gateway.policies import PrefixAffinity, load_bound
+from vlmserve.gateway.replicas import Replica
+from vlmserve.gateway.request_info import RoutedRequest
 
 TOKEN_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -124,12 +127,14 @@ def document(seed: int, words: int = 500) -> str:
     return " ".join(f"{rng.choice(vocabulary)}{rng.randint(0, 99)}" for _ in range(words))
 
 
-# exclusive: the bound holds for requests in flight when each is routed; these totals follow it closely
-# only while completions keep their pace, and a busy second test worker once pushed one replica to 52 of 120
-@pytest.mark.exclusive
 async def test_prefix_affinity_raises_engine_cache_hits_within_the_load_bound(cache_engines: list[SimHandle]) -> None:
-    """12 long shared documents, 10 questions each, shuffled: the engines report their cache hits."""
+    """12 long shared documents, 10 questions each, shuffled: the engines report their cache hits.
+
+    The load bound is on requests in flight when each one is routed, so that is what is checked, at
+    every choice the gateway makes. Totals per replica only follow it loosely in a closed loop: a
+    replica that hits its cache answers sooner and so is free more often (44-52 of 120 in runs here)."""
     hit_rate, per_replica = {}, {}
+    choices: list[tuple[int, float]] = []  # (in flight on the chosen replica with this request, the bound)
     async with aiohttp.ClientSession() as session:
         for run, policy in enumerate(("round-robin", "prefix-affinity")):
             bodies = []
@@ -140,6 +145,8 @@ async def test_prefix_affinity_raises_engine_cache_hits_within_the_load_bound(ca
                     bodies.append(body)
             random.Random(run).shuffle(bodies)
             async with running_gateway(cache_engines, policy=policy, prefix_load_factor=1.25) as gw:
+                if policy == "prefix-affinity":
+                    record_bounded_choices(gw.gateway.policy, choices)
                 before = await engine_totals(session, cache_engines)
                 results = await run_closed_loop(session, gw.base_url, bodies, concurrency=8)
                 after = await engine_totals(session, cache_engines)
@@ -150,8 +157,21 @@ async def test_prefix_affinity_raises_engine_cache_hits_within_the_load_bound(ca
             per_replica[policy] = deltas(after, before, ("vllm:request_success_total",))
     print(f"engine prefix-cache hit rate: {hit_rate}; requests per replica: {per_replica}")
     assert hit_rate["prefix-affinity"] >= hit_rate["round-robin"] + 0.15, hit_rate
+    assert len(choices) >= len(bodies) and all(in_flight <= bound for in_flight, bound in choices), choices
     fair_share = len(bodies) / len(cache_engines)
-    assert max(per_replica["prefix-affinity"]) <= 1.25 * fair_share + 1, per_replica
+    assert max(per_replica["prefix-affinity"]) <= 1.5 * fair_share, per_replica  # and the totals stay near even
+
+
+def record_bounded_choices(policy: PrefixAffinity, choices: list[tuple[int, float]]) -> None:
+    """Note, at each choice, the chosen replica's requests in flight counting this one, and the bound."""
+    choose = policy.choose
+
+    def noted(request: RoutedRequest, candidates: list[Replica]) -> Replica:
+        chosen = choose(request, candidates)
+        choices.append((chosen.in_flight + 1, load_bound(candidates, policy.load_factor)))
+        return chosen
+
+    policy.choose = noted  # type: ignore[method-assign]
 
 
 async def test_session_header_pins_a_conversation_to_one_replica(constant_engines: list[SimHandle], tmp_path: Path) -> None:
