@@ -9,9 +9,9 @@ The lock covers a test's whole run protocol, its fixtures' set-up and tear-down 
 fixture can keep the machine busy for minutes (the benchmark smokes run in one), and a lock taken
 only around the test function let the breakdown test run beside it and fail.
 
-A second lock (the turnstile) gives the exclusive test priority: a worker takes it briefly before
-each shared hold, and the exclusive test keeps it while it waits and runs, so a stream of short
-shared tests cannot keep it waiting forever. `flock` locks end with the process that holds them, so
+A second lock (the turnstile) gives the exclusive test priority: every test holds it while it waits
+for the machine lock, so an exclusive test that waits keeps the shared tests that come after it
+behind it, and a stream of short shared tests cannot keep it waiting forever. `flock` locks end with the process that holds them, so
 a crashed worker frees the others. In one process (no xdist) nothing is locked.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,17 +48,10 @@ def _flock(path: Path, mode: int) -> Iterator[None]:
 def machine_share(lock_dir: Path, exclusive: bool) -> Iterator[None]:
     """Hold the machine shared (most tests) or exclusively (`exclusive` tests) while the body runs."""
     turnstile, machine = lock_dir / "machine.turnstile.lock", lock_dir / "machine.lock"
-    if exclusive:
-        with _flock(turnstile, fcntl.LOCK_EX), _flock(machine, fcntl.LOCK_EX):
-            yield
-        return
-    with _flock(turnstile, fcntl.LOCK_EX):
-        fd = os.open(machine, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    try:
+    with ExitStack() as held:
+        with _flock(turnstile, fcntl.LOCK_EX):  # held while this waits for the machine lock
+            held.enter_context(_flock(machine, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH))
         yield
-    finally:
-        os.close(fd)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -35,10 +35,7 @@ def free_ports(count: int) -> int:
     low, high = QUIET_PORT_RANGE
     width = (high - low) // _WORKERS
     start = low + _WORKER * width
-    while True:
-        base = free_port_block(count)
-        if start <= base and base + count <= start + width:
-            return base
+    return free_port_block(count, port_range=(start, start + width))
 
 
 _HANDED_OUT: set[int] = set()

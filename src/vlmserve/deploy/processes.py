@@ -168,14 +168,15 @@ QUIET_PORT_RANGE = (20000, 32000)
 connections, so a port found free here stays free while an engine takes ~20 s to bind it."""
 
 
-def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
-    """First port of `count` consecutive free ports (for a gateway + its replicas).
+def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200,
+                    port_range: tuple[int, int] = QUIET_PORT_RANGE) -> int:
+    """First port of `count` consecutive free ports (for a gateway + its replicas), in `port_range`.
 
     Ports from bind(0) come from the ephemeral range, where any client connection on the
     machine may take them before a slow-starting engine binds; so look below that range.
     """
     chooser = random.Random(os.getpid() ^ time.monotonic_ns())
-    low, high = QUIET_PORT_RANGE
+    low, high = port_range
     for _ in range(attempts):
         base = chooser.randrange(low, high - count)
         if all(port_is_free(host, base + offset) for offset in range(count)):
