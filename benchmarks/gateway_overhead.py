@@ -4,7 +4,8 @@ One simulated engine (`vlmserve engine sim`, fixed TTFT and inter-token latency)
 several ways, alternately, in many rounds of the same closed-loop load (N concurrent streams):
 
   direct          the client talks to the engine
-  vlmserve        through `vlmserve gateway` (default policy)
+  vlmserve        through `vlmserve gateway` (default policy; its default --relay auto: the native pump where built)
+  vlmserve-python this checkout's gateway with --relay python: the event loop relays every chunk
   nginx           through nginx with proxy_buffering off: the near-zero-overhead floor
   vllm-router     through the vLLM project's router (PyPI `vllm-router`), if it installs
   vlmserve-base   (--baseline-src) another checkout's gateway, e.g. main's: before and after
@@ -139,11 +140,11 @@ def start_engine(args: argparse.Namespace, log_dir: Path) -> Route:
 
 
 def start_vlmserve(engine: Route, args: argparse.Namespace, log_dir: Path, name: str = "vlmserve",
-                   src: Path | None = None) -> Route:
+                   src: Path | None = None, extra: tuple[str, ...] = ()) -> Route:
     """This checkout's gateway, or (`src`) another checkout's, e.g. main's, to compare before and after."""
     port = free_port()
     argv = [sys.executable, "-m", "vlmserve", "gateway", "--replica", engine.base_url, "--host", "127.0.0.1",
-            "--port", str(port), "--policy", args.policy]
+            "--port", str(port), "--policy", args.policy, *extra]
     if args.workers != 1 and src is None:
         argv += ["--workers", str(args.workers)]
     env = dict(os.environ)
@@ -565,7 +566,7 @@ def main() -> None:
     parser.add_argument("--proxy-cpus", default="1", help="taskset CPU list for each proxy")
     parser.add_argument("--loadgen-cpus", default="0", help="CPU list for this load generator")
     parser.add_argument("--only", default="",
-                        help="comma-separated subset of vlmserve,vlmserve-base,nginx,vllm-router,uvloop-pump "
+                        help="comma-separated subset of vlmserve,vlmserve-python,vlmserve-base,nginx,vllm-router,uvloop-pump "
                              "(default: all but uvloop-pump, a byte pump with no HTTP: the floor for a Python relay)")
     parser.add_argument("--baseline-src", type=Path,
                         help="a checkout's src/ directory (e.g. main's, from `git archive main src | tar -x -C DIR`) "
@@ -599,6 +600,8 @@ def main() -> None:
             "vlmserve": start_vlmserve,
             "vlmserve-base": lambda engine, args, log_dir: start_vlmserve(engine, args, log_dir, "vlmserve-base",
                                                                           args.baseline_src),
+            "vlmserve-python": lambda engine, args, log_dir: start_vlmserve(engine, args, log_dir, "vlmserve-python",
+                                                                            extra=("--relay", "python")),
             "nginx": start_nginx,
             "vllm-router": start_vllm_router,
             "uvloop-pump": start_uvloop_pump,

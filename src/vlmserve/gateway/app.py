@@ -28,6 +28,7 @@ from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
 from vlmserve.gateway.lean_http import ClientRequest, LeanRequest
 from vlmserve.gateway.lean_lane import Answer
+from vlmserve.gateway.native_pump import NativePump, native_available
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.gateway.metrics import GatewayMetrics
@@ -114,6 +115,7 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None  # /version and the like; generation goes through `upstream`
         self.upstream: UpstreamPool | None = None
         self.forwarder: Forwarder | None = None
+        self.pump: NativePump | None = None  # the relay's native data path, when built (native_pump.py)
         self._engine_info_rotation = RoundRobin()
         self.draining = False
         self.requests_in_progress = 0
@@ -131,6 +133,8 @@ class Gateway:
             self.media_session = aiohttp.ClientSession(auto_decompress=True)
             self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
         self.upstream = UpstreamPool(self.config.connect_timeout_s)
+        if self.config.relay != "python" and native_available():
+            self.pump = NativePump(asyncio.get_running_loop())
         self.forwarder = Forwarder(
             self.pool, self.policy, self.upstream, self.watchdog,
             max_attempts=self.config.max_attempts,
@@ -139,6 +143,7 @@ class Gateway:
             first_token_timeout_s=self.config.first_token_timeout_s,
             upstream_auth=self.config.replica_api_key,
             on_retry=lambda replica, reason: self.metrics.retries.labels(replica.name, reason).inc(),
+            pump=self.pump,
         )
         if self.discovery is not None:
             await self.discovery.poll()  # the source's replicas are health-checked with the static ones
@@ -165,6 +170,9 @@ class Gateway:
             await self.session.close()
         if self.upstream is not None:
             self.upstream.close()
+        if self.pump is not None:
+            self.pump.close()
+            self.pump = None
         if self.media_session is not None:
             await self.media_session.close()
         if self.shared_state is not None:
@@ -213,6 +221,7 @@ class Gateway:
             "panic": self.pool.in_panic(),
             "clients": self.client_stats,
             "state_available": None if self.shared_state is None else self.shared_state.available,
+            "pump": None if self.pump is None else (self.pump.started, self.pump.running),
         }
 
     # ---- handlers ------------------------------------------------------------------------------

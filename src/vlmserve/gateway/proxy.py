@@ -42,6 +42,7 @@ from vlmserve.gateway.openai_errors import error_response, sse_error_event
 from vlmserve.gateway.policies import Outcome, RoutingPolicy
 from vlmserve.gateway.lean_http import ClientRequest, LeanRequest, header_lines
 from vlmserve.gateway.lean_lane import Answer, LeanStream
+from vlmserve.gateway.native_pump import NativePump
 from vlmserve.gateway.relay import TERMINATOR, USAGE_KEY, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
@@ -178,6 +179,7 @@ class Forwarder:
         first_token_timeout_s: float,
         upstream_auth: str | None = None,
         on_retry: Any = None,
+        pump: NativePump | None = None,
     ) -> None:
         self.pool = pool
         self.policy = policy
@@ -189,6 +191,7 @@ class Forwarder:
         self.first_token_timeout_s = first_token_timeout_s
         self.upstream_auth = upstream_auth
         self.on_retry = on_retry
+        self.pump = pump  # streams in their steady state leave Python (native_pump.py); None: relay.py does it all
         self._loop: asyncio.AbstractEventLoop | None = None
         # the header lines every upstream request carries, encoded once
         self._fixed_headers = header_lines([("Content-Type", "application/json"),
@@ -314,7 +317,7 @@ class Forwarder:
             response = (LeanStream(request, 200, stream_headers) if isinstance(request, LeanRequest)
                         else web.StreamResponse(status=200, headers=stream_headers))
             relay = StreamRelay(upstream, request, exchange,
-                                lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens))
+                                lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens), self.pump)
             outcome = await self._stream(relay, first, response, replica, routed, log)
             return response
         except asyncio.CancelledError:

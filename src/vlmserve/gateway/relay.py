@@ -13,6 +13,11 @@ nothing of it is kept after the write.
 Any other block (the first ones, split or merged frames, an event cut between frames, the end)
 goes through `_take`, which walks the frames.
 
+With a native pump (native_pump.py), a stream that has reached the inline path's conditions on
+a plain-TCP connection leaves Python altogether: `_hand_to_pump` gives both sockets to the
+pump's C thread, which does what the inline path and `_take` do, and the relay waits for its
+one result (`_await_pump`).
+
 What the gateway still guarantees on this path:
 - Only whole frames reach the client; an incomplete frame is held until it completes, so a
   stream the gateway has to cut (replica died, stalled) still ends with a well-formed SSE
@@ -53,6 +58,7 @@ from aiohttp import web
 
 from vlmserve.gateway.lean_http import LeanRequest
 from vlmserve.gateway.lean_lane import LeanConnection, LeanStream
+from vlmserve.gateway.native_pump import NativePump, PumpResult
 from vlmserve.gateway.upstream import UpstreamConnection, UpstreamError, UpstreamResponse, walk_frames
 from vlmserve.gateway.watchdog import Exchange
 
@@ -107,10 +113,10 @@ class StreamRelay(asyncio.Protocol):
     __slots__ = ("fast", "write", "exchange", "usage_block", "upstream", "connection", "request", "on_first_token",
                  "client", "first_token_pending", "held", "unfinished", "taken", "usage_prev", "end", "error",
                  "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
-                 "first_sent_mono", "lean_client", "holds_transport")
+                 "first_sent_mono", "lean_client", "holds_transport", "pump", "pumped", "pump_paused")
 
     def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
-                 on_first_token: Callable[[int | None], None]) -> None:
+                 on_first_token: Callable[[int | None], None], pump: NativePump | None = None) -> None:
         self.upstream = upstream
         self.connection: UpstreamConnection = upstream.connection
         self.request = request
@@ -140,6 +146,9 @@ class StreamRelay(asyncio.Protocol):
         self.lean_client: LeanConnection | None = None  # a lean-lane client: it reports its loss and back-pressure here
         self.fast = False  # whole frames take _on_data's inline path (see _update_fast)
         self.holds_transport = False  # the replica's transport delivers to this relay (set_protocol)
+        self.pump = pump  # hands the stream to C once it is in its steady state (_hand_to_pump)
+        self.pumped: tuple[int, asyncio.Future[PumpResult]] | None = None  # the pump's handle and result
+        self.pump_paused = False  # the replica's transport stopped reading while the pump read its socket
 
     async def run(self, response: web.StreamResponse | LeanStream, first: bytes) -> RelayEnd:
         """Send the head with the first bytes, then relay from `data_received` until the body ends."""
@@ -191,6 +200,9 @@ class StreamRelay(asyncio.Protocol):
         if connection.closed and self.end is None:
             self._on_lost(connection.error if isinstance(connection.error, Exception) else None)
         while self.end is None:
+            if self.pumped is not None:
+                await self._await_pump()
+                continue
             self.waiter = loop.create_future()
             try:
                 await self.waiter
@@ -216,6 +228,11 @@ class StreamRelay(asyncio.Protocol):
             transport = connection.transport
             if transport is not None:
                 transport.set_protocol(connection)
+        if self.pump_paused:
+            self.pump_paused = False
+            transport = connection.transport
+            if transport is not None and not connection.closed:
+                transport.resume_reading()  # a pooled connection reads again (to see the replica close it)
 
     # ---- the replica's socket while the relay holds it (asyncio.Protocol) ------------------------
 
@@ -274,10 +291,72 @@ class StreamRelay(asyncio.Protocol):
         self.fast = (self.lean_client is not None and self.verbatim and not self.payload_only and not self.held
                      and not self.unfinished and not self.first_token_pending and self.end is None
                      and self.write is not None)
+        if self.fast and self.pump is not None and self.pumped is None and not self.paused:
+            self._hand_to_pump()
+
+    def _hand_to_pump(self) -> None:
+        """Give both sockets to the native pump (native_pump.py) when they are plain TCP and
+        nothing waits in the client's write buffer (it would go out after the pump's bytes)."""
+        pump, client, transport = self.pump, self.client, self.connection.transport
+        if pump is None or client is None or transport is None or client.get_write_buffer_size():
+            return
+        if client.get_extra_info("sslcontext") is not None or transport.get_extra_info("sslcontext") is not None:
+            return
+        client_socket, upstream_socket = client.get_extra_info("socket"), transport.get_extra_info("socket")
+        if client_socket is None or upstream_socket is None:
+            return
+        transport.pause_reading()  # the event loop stops polling the replica's socket; the pump polls it
+        try:
+            self.pumped = pump.start(upstream_socket.fileno(), client_socket.fileno())
+        except OSError:
+            transport.resume_reading()
+            self.pump = None  # this stream stays in Python
+            return
+        self.pump_paused = True
+        self.fast = False
+        handle = self.pumped[0]
+        self.exchange.native_chunks = lambda: pump.chunks(handle)
+        self._wake()
+
+    async def _await_pump(self) -> None:
+        """The pump's one result, taken back into the relay's state."""
+        assert self.pumped is not None and self.pump is not None
+        handle, future = self.pumped
+        try:
+            result = await future
+        except asyncio.CancelledError:  # the watchdog, or the client gone: stop the pump first
+            late = self.pump.cancel(handle)
+            if late is None and future.done() and not future.cancelled():
+                late = future.result()
+            if late is not None:
+                self._take_pump_result(late)
+            raise
+        self._take_pump_result(result)
+
+    def _take_pump_result(self, result: PumpResult) -> None:
+        self.pumped = None
+        exchange = self.exchange
+        exchange.native_chunks = None
+        exchange.chunks += result.chunks
+        if result.usage_block:
+            self.usage_prev, self.usage_block = result.usage_prev, result.usage_block
+        self.held = result.held
+        if result.completed:
+            if result.trailing:
+                self.upstream.keep_alive = False
+            self.upstream.finished()
+            self.end = RelayEnd.COMPLETED
+        elif result.upstream_failed:
+            self.error = result.why()
+            self.end = RelayEnd.UPSTREAM_FAILED
+        else:  # the client's socket hung up or refused a write, or the lean lane saw it go (cancel)
+            self.end = RelayEnd.CLIENT_GONE
 
     def client_lost(self) -> None:
         """The lean client's connection is gone (its protocol says so): no more inline writes."""
         self.fast = False
+        if self.pumped is not None and self.pump is not None:
+            self.pump.cancel(self.pumped[0])  # resolves the future _await_pump waits on
 
     def _take(self, data: bytes) -> bytes:
         """What of `data` goes to the client now (whole frames only), noting progress and usage."""

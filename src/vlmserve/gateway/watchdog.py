@@ -8,6 +8,7 @@ counters, cancelling the task of any exchange that made no progress for too long
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from vlmserve.async_tasks import cancel_and_wait
 
@@ -15,7 +16,7 @@ from vlmserve.async_tasks import cancel_and_wait
 class Exchange:
     """One attempt on one replica, as the watchdog sees it."""
 
-    __slots__ = ("task", "limit_s", "progress_at", "chunks", "seen_chunks", "expired", "phase")
+    __slots__ = ("task", "limit_s", "progress_at", "chunks", "seen_chunks", "expired", "phase", "native_chunks")
 
     def __init__(self, task: asyncio.Task, limit_s: float, now: float) -> None:
         self.task = task
@@ -25,6 +26,8 @@ class Exchange:
         self.seen_chunks = 0
         self.expired = False
         self.phase = "first_token"
+        # while the native pump holds the stream (relay.py): its block count, added to `chunks`
+        self.native_chunks: Callable[[], int] | None = None
 
     def streaming(self, idle_limit_s: float, now: float) -> None:
         """The first byte arrived: from now on the idle-chunk limit applies."""
@@ -52,8 +55,10 @@ class Watchdog:
             await asyncio.sleep(self.tick_s)
             now = loop.time()
             for exchange in list(self.active):
-                if exchange.chunks != exchange.seen_chunks:
-                    exchange.seen_chunks = exchange.chunks
+                native = exchange.native_chunks
+                chunks = exchange.chunks if native is None else exchange.chunks + native()
+                if chunks != exchange.seen_chunks:
+                    exchange.seen_chunks = chunks
                     exchange.progress_at = now
                 elif not exchange.expired and now - exchange.progress_at > exchange.limit_s:
                     exchange.expired = True

@@ -25,6 +25,7 @@ from aiohttp import web
 from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway
 from tests.helpers.sim import SimHandle
 from vlmserve.gateway import relay as relay_module
+from vlmserve.gateway.native_pump import native_available
 from vlmserve.gateway.upstream import UpstreamConnection
 
 Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
@@ -126,6 +127,20 @@ async def send(writer: asyncio.StreamWriter, *pieces: bytes, pause_s: float = 0.
             await asyncio.sleep(pause_s)
 
 
+@pytest.fixture(params=["native", "python"])
+def relay(request: pytest.FixtureRequest) -> str:
+    """Who moves a stream's bytes after its first token (--relay): each scripted test runs both."""
+    if request.param == "native" and not native_available():
+        pytest.skip("the native relay is not built in this install (test_native_relay.py says why)")
+    return request.param
+
+
+def pumped(gw: object) -> int:
+    """Streams the gateway's native pump carried so far (0 without one)."""
+    pump = gw.gateway.pump  # type: ignore[attr-defined]
+    return 0 if pump is None else pump.started
+
+
 # ---- with the sim engine ------------------------------------------------------------------------
 
 
@@ -149,7 +164,7 @@ async def test_usage_and_first_token_are_accounted(constant_engines: list[SimHan
 # ---- with a scripted replica --------------------------------------------------------------------
 
 
-async def test_frames_split_across_reads_arrive_whole() -> None:
+async def test_frames_split_across_reads_arrive_whole(relay: str) -> None:
     big = token("x" * 200_000)  # one event far larger than a socket read
     framed = frame(token("a")) + frame(big) + frame(token("b", {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6})) + frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
     cut = [SSE_HEAD + framed[:3], framed[3:40], framed[40:70_000], framed[70_000:150_001], framed[150_001:-3], framed[-3:]]
@@ -157,14 +172,14 @@ async def test_frames_split_across_reads_arrive_whole() -> None:
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, *cut, pause_s=0.02)
 
-    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw, aiohttp.ClientSession() as session:
+    async with scripted_replica(script) as replica, running_gateway([replica.url], relay=relay) as gw, aiohttp.ClientSession() as session:
         result = await post_chat(session, gw.base_url, chat_body("q"))
     assert result.status == 200 and result.done and result.error is None
     assert [e["choices"][0]["delta"]["content"] for e in result.events if e.get("choices")] == ["a", "x" * 200_000, "b"]
     assert result.completion_tokens == 3
 
 
-async def test_usage_event_cut_between_frames_is_read_whole(tmp_path: Path) -> None:
+async def test_usage_event_cut_between_frames_is_read_whole(tmp_path: Path, relay: str) -> None:
     """Whole one-event frames take the relay's inline path and are not kept; an event cut between
     two frames (here the usage event, its "usage" in the second) is kept until it ends, so the
     engine's counts are read from the whole event. Completion tokens come before prompt tokens in
@@ -178,7 +193,7 @@ async def test_usage_event_cut_between_frames_is_read_whole(tmp_path: Path) -> N
         await send(writer, SSE_HEAD, *frames, pause_s=0.02)  # one frame per read
 
     audit = tmp_path / "audit.jsonl"
-    async with scripted_replica(script) as replica, running_gateway([replica.url], audit_log=audit) as gw, \
+    async with scripted_replica(script) as replica, running_gateway([replica.url], audit_log=audit, relay=relay) as gw, \
             aiohttp.ClientSession() as session:
         result = await post_chat(session, gw.base_url, chat_body("q"))
     assert result.status == 200 and result.done and result.error is None
@@ -191,7 +206,7 @@ async def test_usage_event_cut_between_frames_is_read_whole(tmp_path: Path) -> N
 @pytest.mark.hostile("a replica dies mid-stream (between frames, mid-frame) or sends a malformed chunk frame: the client "
                      "gets the tokens so far and one error event")
 @pytest.mark.parametrize("where", ["between_frames", "mid_frame", "malformed_frame"])
-async def test_replica_vanishing_mid_stream_ends_with_an_error_event(where: str) -> None:
+async def test_replica_vanishing_mid_stream_ends_with_an_error_event(where: str, relay: str) -> None:
     start = SSE_HEAD + frame(token("a")) + frame(token("b"))
     tail = {"between_frames": b"", "mid_frame": frame(token("c"))[:25], "malformed_frame": b"zz\r\nnot a frame\r\n"}[where]
 
@@ -200,7 +215,7 @@ async def test_replica_vanishing_mid_stream_ends_with_an_error_event(where: str)
         await send(writer, tail, pause_s=0.05)
         writer.transport.abort()
 
-    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw, aiohttp.ClientSession() as session:
+    async with scripted_replica(script) as replica, running_gateway([replica.url], relay=relay) as gw, aiohttp.ClientSession() as session:
         result = await post_chat(session, gw.base_url, chat_body("q"))  # a malformed client-side body would raise here
         metrics = await (await session.get(gw.base_url + "/metrics")).text()
     assert result.status == 200 and not result.done
@@ -210,13 +225,13 @@ async def test_replica_vanishing_mid_stream_ends_with_an_error_event(where: str)
 
 
 @pytest.mark.hostile("a client hangs up mid-stream: the replica connection closes within 1.5 s, nothing left in flight")
-async def test_client_disconnect_closes_the_replica_connection() -> None:
+async def test_client_disconnect_closes_the_replica_connection(relay: str) -> None:
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD)
         for i in range(200):  # 10 s of tokens unless the gateway hangs up
             await send(writer, frame(token(f"t{i}")), pause_s=0.05)
 
-    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw:
+    async with scripted_replica(script) as replica, running_gateway([replica.url], relay=relay) as gw:
         async with aiohttp.ClientSession() as session:
             async with session.post(gw.base_url + "/v1/chat/completions", json=chat_body("q")) as response:
                 await response.content.readany()
@@ -233,7 +248,7 @@ async def test_client_disconnect_closes_the_replica_connection() -> None:
 
 @pytest.mark.hostile("a client stops reading a 72 MB stream: the gateway stops reading the replica, then relays it whole")
 @pytest.mark.parametrize("piece_bytes", [60_000, 3_000], ids=["60 KB frames", "3 KB frames (inline path)"])
-async def test_slow_client_holds_back_the_replica(piece_bytes: int) -> None:
+async def test_slow_client_holds_back_the_replica(piece_bytes: int, relay: str) -> None:
     """The client is on the lean lane, so its protocol's pause_writing is what stops the reading.
     Large frames take the relay's general path; frames with a size line of at most three hex
     digits that arrive one per read take its inline path."""
@@ -248,7 +263,7 @@ async def test_slow_client_holds_back_the_replica(piece_bytes: int) -> None:
             sent["frames"] += 1
         await send(writer, frame(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
-    async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw:
+    async with scripted_replica(script) as replica, running_gateway([replica.url], relay=relay) as gw:
         connector = aiohttp.TCPConnector()
         async with aiohttp.ClientSession(connector=connector, read_bufsize=2**16) as session:
             async with session.post(gw.base_url + "/v1/chat/completions", json=chat_body("q")) as response:

@@ -1,0 +1,145 @@
+"""The relay's native data path: a streamed answer pumped by one C thread, not by the event loop.
+
+relay.py hands a stream over (`StreamRelay._hand_to_pump`) once it has reached its steady state:
+the response head and the first frames are out, the first token is accounted, the client is a
+plain-TCP lean-lane client taking the replica's frames verbatim, and nothing waits in the
+client's write buffer. From then on `_native_relay.Pump` (C, one per gateway process) reads the
+replica's socket and writes whole frames to the client's, with no Python per chunk: the event loop
+watches the pump's epoll set and, when any pumped socket is ready, makes one call (`run_once`)
+that serves them all. Python hears of a stream again once, when it ends, and takes over: usage,
+the end of the answer, an error event for a replica that failed, the client's next request.
+
+Kept on this path, as on relay.py's: only whole frames reach the client (an incomplete one is
+held), usage from the last block that mentioned it, a block counter the idle watchdog reads
+(`Exchange.native_chunks`), the replica not read while the client's socket is full, and a client
+gone (its socket hung up or refused a write; or the lean lane saw it first and cancelled) ends
+the stream at once. The pump's own copies of the two descriptors (dup) are closed when the
+stream ends, so the event loop's transports stay the owners.
+
+Why C: at 256 streams the Python relay spent about as much CPU per chunk as vllm-router, and two
+compilers over the Python cut at most 4 % (docs/benchmarks.md); the cost was the event loop's and
+the relay's work per chunk, which the pump does in a few hundred instructions.
+
+`RELAY_CHOICES`: `auto` uses the pump where the extension was built (Linux with a C compiler at
+install), `native` requires it, `python` never uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from vlmserve.errors import UserError
+
+try:
+    from vlmserve.gateway import _native_relay  # type: ignore[attr-defined]
+except ImportError:  # not built here (no C compiler at install, or not Linux)
+    _native_relay = None
+
+RELAY_CHOICES = ("auto", "native", "python")
+
+
+def native_available() -> bool:
+    return _native_relay is not None
+
+
+def check_relay_choice(choice: str) -> None:
+    """A one-line error for an unknown choice, or `native` where the extension is missing."""
+    if choice not in RELAY_CHOICES:
+        raise UserError(f"--relay must be one of {', '.join(RELAY_CHOICES)}, got {choice!r}")
+    if choice == "native" and _native_relay is None:
+        raise UserError("--relay native: the native relay was not built in this install (it needs Linux and a C "
+                        "compiler when vlmserve is installed); reinstall with one, or use --relay auto")
+
+
+@dataclass(frozen=True, slots=True)
+class PumpResult:
+    """How a pumped stream ended, and what relay.py needs of it."""
+
+    end: int  # _native_relay.END_*
+    failure: int  # _native_relay.FAIL_* when end is END_UPSTREAM_FAILED
+    errno: int
+    chunks: int  # blocks read from the replica by the pump
+    usage_prev: bytes
+    usage_block: bytes
+    trailing: bool  # bytes came after the body's end: do not reuse the replica's connection
+    held: bytes  # an incomplete frame, never sent
+    bad_line: bytes
+
+    @property
+    def completed(self) -> bool:
+        return self.end == _native_relay.END_COMPLETED
+
+    @property
+    def upstream_failed(self) -> bool:
+        return self.end == _native_relay.END_UPSTREAM_FAILED
+
+    def why(self) -> str:
+        """The replica's failure, worded as relay.py words it."""
+        native = _native_relay
+        if self.failure == native.FAIL_CLOSED:
+            return "closed the connection mid-stream"
+        if self.failure == native.FAIL_ERRNO:
+            return f"failed mid-stream ({type(OSError(self.errno, '')).__name__})"
+        malformed = {
+            native.FAIL_SIZE_LINE_LONG: "chunk size line too long",
+            native.FAIL_BAD_SIZE_LINE: f"bad chunk size line {self.bad_line!r}",
+            native.FAIL_NO_CRLF: "chunk not followed by CRLF",
+            native.FAIL_FRAME_TOO_LONG: "a chunk over 16 MiB",
+        }.get(self.failure, f"failure {self.failure}")
+        return f"sent a malformed body ({malformed})"
+
+
+class NativePump:
+    """The gateway process's pump, served by its event loop, and the futures of the streams it holds."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert _native_relay is not None
+        self._pump: Any = _native_relay.Pump()
+        self._loop = loop
+        self._waiting: dict[int, asyncio.Future[PumpResult]] = {}
+        self.started = 0  # streams handed over, for the metrics
+        self._fileno = self._pump.fileno()
+        loop.add_reader(self._fileno, self._on_ready)
+
+    def start(self, upstream_fd: int, client_fd: int) -> tuple[int, asyncio.Future[PumpResult]]:
+        """Pump from now on; the future resolves when the stream ends. Raises OSError."""
+        handle = self._pump.start(upstream_fd, client_fd)
+        self.started += 1
+        future: asyncio.Future[PumpResult] = self._loop.create_future()
+        self._waiting[handle] = future
+        return handle, future
+
+    def chunks(self, handle: int) -> int:
+        return self._pump.chunks(handle)
+
+    def cancel(self, handle: int) -> PumpResult | None:
+        """Stop pumping now (the pump never touches the stream again) and resolve its future;
+        None when the stream's result was already delivered."""
+        future = self._waiting.pop(handle, None)
+        raw = self._pump.cancel(handle)
+        if raw is None:
+            return None
+        result = PumpResult(*raw)
+        if future is not None and not future.done():
+            future.set_result(result)
+        return result
+
+    @property
+    def running(self) -> int:
+        return self._pump.running()
+
+    def _on_ready(self) -> None:
+        for handle, raw in self._pump.run_once():
+            future = self._waiting.pop(handle, None)
+            if future is not None and not future.done():
+                future.set_result(PumpResult(*raw))
+
+    def close(self) -> None:
+        """Streams still pumped are cancelled (their futures resolve); the epoll set is closed."""
+        for handle in list(self._waiting):
+            self.cancel(handle)
+        self._loop.remove_reader(self._fileno)
+        self._pump.close()
+
