@@ -27,6 +27,7 @@ install), `native` requires it, `python` never uses it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,38 +93,38 @@ class PumpResult:
 
 
 class NativePump:
-    """The gateway process's pump, served by its event loop, and the futures of the streams it holds."""
+    """The gateway process's pump, served by its event loop, and whom to tell when a stream ends."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         assert _native_relay is not None
         self._pump: Any = _native_relay.Pump()
         self._loop = loop
-        self._waiting: dict[int, asyncio.Future[PumpResult]] = {}
+        self._on_end: dict[int, Callable[[PumpResult], None]] = {}
         self.started = 0  # streams handed over, for the metrics
         self._fileno = self._pump.fileno()
         loop.add_reader(self._fileno, self._on_ready)
 
-    def start(self, upstream_fd: int, client_fd: int) -> tuple[int, asyncio.Future[PumpResult]]:
-        """Pump from now on; the future resolves when the stream ends. Raises OSError."""
+    def start(self, upstream_fd: int, client_fd: int, on_end: Callable[[PumpResult], None]) -> int:
+        """Pump from now on; `on_end` is called once, from the event loop, when the stream ends
+        (or is cancelled). Returns the stream's handle. Raises OSError."""
         handle = self._pump.start(upstream_fd, client_fd)
         self.started += 1
-        future: asyncio.Future[PumpResult] = self._loop.create_future()
-        self._waiting[handle] = future
-        return handle, future
+        self._on_end[handle] = on_end
+        return handle
 
     def chunks(self, handle: int) -> int:
         return self._pump.chunks(handle)
 
     def cancel(self, handle: int) -> PumpResult | None:
-        """Stop pumping now (the pump never touches the stream again) and resolve its future;
-        None when the stream's result was already delivered."""
-        future = self._waiting.pop(handle, None)
+        """Stop pumping now (the pump never touches the stream again) and report its end, as
+        `run_once` would; None when that was reported already."""
+        on_end = self._on_end.pop(handle, None)
         raw = self._pump.cancel(handle)
         if raw is None:
             return None
         result = PumpResult(*raw)
-        if future is not None and not future.done():
-            future.set_result(result)
+        if on_end is not None:
+            on_end(result)
         return result
 
     @property
@@ -132,13 +133,13 @@ class NativePump:
 
     def _on_ready(self) -> None:
         for handle, raw in self._pump.run_once():
-            future = self._waiting.pop(handle, None)
-            if future is not None and not future.done():
-                future.set_result(PumpResult(*raw))
+            on_end = self._on_end.pop(handle, None)
+            if on_end is not None:
+                on_end(PumpResult(*raw))
 
     def close(self) -> None:
-        """Streams still pumped are cancelled (their futures resolve); the epoll set is closed."""
-        for handle in list(self._waiting):
+        """Streams still pumped are cancelled (and told so); the epoll set is closed."""
+        for handle in list(self._on_end):
             self.cancel(handle)
         self._loop.remove_reader(self._fileno)
         self._pump.close()

@@ -16,7 +16,7 @@ goes through `_take`, which walks the frames.
 With a native pump (native_pump.py), a stream that has reached the inline path's conditions on
 a plain-TCP connection leaves Python altogether: `_hand_to_pump` gives both sockets to the
 pump's C thread, which does what the inline path and `_take` do, and the relay waits for its
-one result (`_await_pump`).
+one report of its end (`_pump_ended`), in the same wait as for any other end.
 
 What the gateway still guarantees on this path:
 - Only whole frames reach the client; an incomplete frame is held until it completes, so a
@@ -147,7 +147,7 @@ class StreamRelay(asyncio.Protocol):
         self.fast = False  # whole frames take _on_data's inline path (see _update_fast)
         self.holds_transport = False  # the replica's transport delivers to this relay (set_protocol)
         self.pump = pump  # hands the stream to C once it is in its steady state (_hand_to_pump)
-        self.pumped: tuple[int, asyncio.Future[PumpResult]] | None = None  # the pump's handle and result
+        self.pumped: int | None = None  # the pump's handle for this stream while it holds it
         self.pump_paused = False  # the replica's transport stopped reading while the pump read its socket
 
     async def run(self, response: web.StreamResponse | LeanStream, first: bytes) -> RelayEnd:
@@ -200,12 +200,13 @@ class StreamRelay(asyncio.Protocol):
         if connection.closed and self.end is None:
             self._on_lost(connection.error if isinstance(connection.error, Exception) else None)
         while self.end is None:
-            if self.pumped is not None:
-                await self._await_pump()
-                continue
             self.waiter = loop.create_future()
             try:
                 await self.waiter
+            except asyncio.CancelledError:  # the watchdog, or the client gone
+                if self.pumped is not None and self.pump is not None:
+                    self.pump.cancel(self.pumped)  # the pump lets go of the sockets now (_pump_ended)
+                raise
             finally:
                 self.waiter = None
             if self.paused and self.end is None:
@@ -307,33 +308,18 @@ class StreamRelay(asyncio.Protocol):
             return
         transport.pause_reading()  # the event loop stops polling the replica's socket; the pump polls it
         try:
-            self.pumped = pump.start(upstream_socket.fileno(), client_socket.fileno())
+            handle = pump.start(upstream_socket.fileno(), client_socket.fileno(), self._pump_ended)
         except OSError:
             transport.resume_reading()
             self.pump = None  # this stream stays in Python
             return
+        self.pumped = handle
         self.pump_paused = True
         self.fast = False
-        handle = self.pumped[0]
         self.exchange.native_chunks = lambda: pump.chunks(handle)
-        self._wake()
 
-    async def _await_pump(self) -> None:
-        """The pump's one result, taken back into the relay's state."""
-        assert self.pumped is not None and self.pump is not None
-        handle, future = self.pumped
-        try:
-            result = await future
-        except asyncio.CancelledError:  # the watchdog, or the client gone: stop the pump first
-            late = self.pump.cancel(handle)
-            if late is None and future.done() and not future.cancelled():
-                late = future.result()
-            if late is not None:
-                self._take_pump_result(late)
-            raise
-        self._take_pump_result(result)
-
-    def _take_pump_result(self, result: PumpResult) -> None:
+    def _pump_ended(self, result: PumpResult) -> None:
+        """The pump's one report (or a cancel's), taken back into the relay's state."""
         self.pumped = None
         exchange = self.exchange
         exchange.native_chunks = None
@@ -351,12 +337,13 @@ class StreamRelay(asyncio.Protocol):
             self.end = RelayEnd.UPSTREAM_FAILED
         else:  # the client's socket hung up or refused a write, or the lean lane saw it go (cancel)
             self.end = RelayEnd.CLIENT_GONE
+        self._wake()
 
     def client_lost(self) -> None:
         """The lean client's connection is gone (its protocol says so): no more inline writes."""
         self.fast = False
         if self.pumped is not None and self.pump is not None:
-            self.pump.cancel(self.pumped[0])  # resolves the future _await_pump waits on
+            self.pump.cancel(self.pumped)  # reports the end (_pump_ended)
 
     def _take(self, data: bytes) -> bytes:
         """What of `data` goes to the client now (whole frames only), noting progress and usage."""
