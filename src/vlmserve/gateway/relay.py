@@ -15,8 +15,8 @@ goes through `_take`, which walks the frames.
 
 With a native pump (native_pump.py), a stream that has reached the inline path's conditions on
 a plain-TCP connection leaves Python altogether: `_hand_to_pump` gives both sockets to the
-pump's C thread, which does what the inline path and `_take` do, and the relay waits for its
-one report of its end (`_pump_ended`), in the same wait as for any other end.
+pump (C, served by the event loop), which does what the inline path and `_take` do, and the relay
+waits for its one report of the end (`_pump_ended`), in the same wait as for any other end.
 
 What the gateway still guarantees on this path:
 - Only whole frames reach the client; an incomplete frame is held until it completes, so a

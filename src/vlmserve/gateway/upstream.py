@@ -17,6 +17,7 @@ reused connection is sent once more on a fresh one, transparently, as every HTTP
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections.abc import Callable
@@ -33,6 +34,12 @@ class UpstreamError(ConnectionError):
 
 class UpstreamClosed(UpstreamError):
     """The replica closed the connection before the response was complete."""
+
+
+# RFC 9112's chunk-size (hex digits, at most 15 here) with blanks and an extension allowed after
+# it; int(x, 16) alone would also take "0x1a", "+1a" and "1_a", which no engine writes and a
+# smuggling replica might. The native pump (_native_relay.c, parse_size) accepts the same lines.
+_SIZE_LINE = re.compile(rb"[ \t]*([0-9a-fA-F]{1,15})[ \t]*(?:;.*)?", re.DOTALL)
 
 
 def walk_frames(data: bytes, payload: list[bytes] | None = None) -> tuple[int, int]:
@@ -54,11 +61,10 @@ def walk_frames(data: bytes, payload: list[bytes] | None = None) -> tuple[int, i
                 raise UpstreamError("chunk size line too long")
             return i, -1
         line = data[i:eol]
-        semicolon = line.find(b";")
-        try:
-            size = int(line if semicolon < 0 else line[:semicolon], 16)
-        except ValueError:
-            raise UpstreamError(f"bad chunk size line {bytes(line[:40])!r}") from None
+        match = _SIZE_LINE.fullmatch(line)
+        if match is None:
+            raise UpstreamError(f"bad chunk size line {bytes(line[:40])!r}")
+        size = int(match.group(1), 16)
         if size == 0:
             if data.startswith(b"\r\n", eol + 2):
                 return i, eol + 4

@@ -32,7 +32,8 @@ def test_trailers_and_a_split_terminator() -> None:
 
 
 @pytest.mark.hostile("replica chunk framing: a size that is not hex, a frame without its CRLF, an endless size line: an error")
-@pytest.mark.parametrize("bad", [b"zz\r\nabc\r\n", b"3\r\nabcXY", b"f" * 2000])
+@pytest.mark.parametrize("bad", [b"zz\r\nabc\r\n", b"3\r\nabcXY", b"f" * 2000, b"0x3\r\nabc\r\n", b"+3\r\nabc\r\n",
+                                 b"1_0\r\n" + b"a" * 16 + b"\r\n", b"-3\r\nabc\r\n", b"f" * 16 + b"\r\n"])
 def test_malformed_framing_is_an_error(bad: bytes) -> None:
     with pytest.raises(UpstreamError):
         walk_frames(bad)
