@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ END = b"0\r\n\r\n"
 
 @dataclass
 class Rig:
-    pump: object
+    pump: Any  # _native_relay.Pump
     handle: int
     replica: socket.socket  # what the replica writes
     client: socket.socket  # what the client reads
