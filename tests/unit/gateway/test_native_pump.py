@@ -150,6 +150,9 @@ def test_trailers_end_the_body() -> None:
         assert received(r.client) == frame(EVENT) + END  # the end as the gateway writes it, trailers dropped
 
 
+@pytest.mark.hostile("the native pump and a replica that closes, resets or sends malformed chunk framing (not hex, signed, "
+                     "no CRLF, an endless size line, a 32 MiB frame, 17 hex digits): the stream ends on a frame boundary "
+                     "with the failure named, nothing buffered past 16 MiB")
 @pytest.mark.parametrize(("tail", "failure", "why"), [
     (b"", "FAIL_CLOSED", "closed the connection mid-stream"),
     (frame(EVENT)[:9], "FAIL_CLOSED", "closed the connection mid-stream"),
@@ -183,6 +186,7 @@ def test_a_reset_replica_names_the_error() -> None:
                                                            "failed mid-stream (ConnectionResetError)")
 
 
+@pytest.mark.hostile("a client hangs up while the native pump holds its stream: the stream ends at once")
 def test_a_client_that_hangs_up_ends_the_stream_at_once() -> None:
     with rig() as r:
         r.replica.sendall(frame(EVENT))
