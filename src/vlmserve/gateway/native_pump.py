@@ -1,4 +1,4 @@
-"""The relay's native data path: a streamed answer pumped by one C thread, not by the event loop.
+"""The relay's native data path: a streamed answer's chunks moved by C, not by Python per chunk.
 
 relay.py hands a stream over (`StreamRelay._hand_to_pump`) once it has reached its steady state:
 the response head and the first frames are out, the first token is accounted, the client is a
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vlmserve.errors import UserError
+from vlmserve.gateway.upstream import (NO_CRLF_AFTER_CHUNK, SIZE_LINE_TOO_LONG, bad_size_line, lost_mid_stream,
+                                       malformed_body)
 
 try:
     from vlmserve.gateway import _native_relay  # type: ignore[attr-defined]
@@ -80,16 +82,15 @@ class PumpResult:
         """The replica's failure, worded as relay.py words it."""
         native = _native_relay
         if self.failure == native.FAIL_CLOSED:
-            return "closed the connection mid-stream"
+            return lost_mid_stream(None)
         if self.failure == native.FAIL_ERRNO:
-            return f"failed mid-stream ({type(OSError(self.errno, '')).__name__})"
-        malformed = {
-            native.FAIL_SIZE_LINE_LONG: "chunk size line too long",
-            native.FAIL_BAD_SIZE_LINE: f"bad chunk size line {self.bad_line!r}",
-            native.FAIL_NO_CRLF: "chunk not followed by CRLF",
+            return lost_mid_stream(type(OSError(self.errno, "")).__name__)  # OSError picks the subclass (ConnectionResetError)
+        return malformed_body({
+            native.FAIL_SIZE_LINE_LONG: SIZE_LINE_TOO_LONG,
+            native.FAIL_BAD_SIZE_LINE: bad_size_line(self.bad_line),
+            native.FAIL_NO_CRLF: NO_CRLF_AFTER_CHUNK,
             native.FAIL_FRAME_TOO_LONG: "a chunk over 16 MiB",
-        }.get(self.failure, f"failure {self.failure}")
-        return f"sent a malformed body ({malformed})"
+        }.get(self.failure, f"failure {self.failure}"))
 
 
 class NativePump:

@@ -59,7 +59,8 @@ from aiohttp import web
 from vlmserve.gateway.lean_http import LeanRequest
 from vlmserve.gateway.lean_lane import LeanConnection, LeanStream
 from vlmserve.gateway.native_pump import NativePump, PumpResult
-from vlmserve.gateway.upstream import UpstreamConnection, UpstreamError, UpstreamResponse, walk_frames
+from vlmserve.gateway.upstream import (UpstreamConnection, UpstreamError, UpstreamResponse, lost_mid_stream,
+                                       malformed_body, walk_frames)
 from vlmserve.gateway.watchdog import Exchange
 
 TERMINATOR = b"0\r\n\r\n"
@@ -364,7 +365,7 @@ class StreamRelay(asyncio.Protocol):
             try:
                 boundary, end = walk_frames(data)
             except UpstreamError as err:
-                self._fail(f"sent a malformed body ({err})")
+                self._fail(malformed_body(err))
                 return b""
         if end >= 0:
             out = data[:boundary]
@@ -436,7 +437,7 @@ class StreamRelay(asyncio.Protocol):
             self.end = RelayEnd.COMPLETED
             self._wake()
             return
-        self._fail("closed the connection mid-stream" if exc is None else f"failed mid-stream ({type(exc).__name__})")
+        self._fail(lost_mid_stream(None if exc is None else type(exc).__name__))
 
     def _fail(self, why: str) -> None:
         self.error = why

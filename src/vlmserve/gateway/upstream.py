@@ -36,6 +36,24 @@ class UpstreamClosed(UpstreamError):
     """The replica closed the connection before the response was complete."""
 
 
+# How a replica's broken stream is worded, by either relay (relay.py, native_pump.py)
+SIZE_LINE_TOO_LONG = "chunk size line too long"
+NO_CRLF_AFTER_CHUNK = "chunk not followed by CRLF"
+
+
+def bad_size_line(line: bytes) -> str:
+    return f"bad chunk size line {bytes(line[:40])!r}"
+
+
+def malformed_body(detail: object) -> str:
+    return f"sent a malformed body ({detail})"
+
+
+def lost_mid_stream(error_name: str | None) -> str:
+    """A replica connection that ended (None: closed) or failed (the exception's name) mid-body."""
+    return "closed the connection mid-stream" if error_name is None else f"failed mid-stream ({error_name})"
+
+
 # RFC 9112's chunk-size (hex digits, at most 15 here) with blanks and an extension allowed after
 # it; int(x, 16) alone would also take "0x1a", "+1a" and "1_a", which no engine writes and a
 # smuggling replica might. The native pump (_native_relay.c, parse_size) accepts the same lines.
@@ -58,12 +76,12 @@ def walk_frames(data: bytes, payload: list[bytes] | None = None) -> tuple[int, i
         eol = data.find(b"\r\n", i)
         if eol < 0:
             if n - i > 1024:
-                raise UpstreamError("chunk size line too long")
+                raise UpstreamError(SIZE_LINE_TOO_LONG)
             return i, -1
         line = data[i:eol]
         match = _SIZE_LINE.fullmatch(line)
         if match is None:
-            raise UpstreamError(f"bad chunk size line {bytes(line[:40])!r}")
+            raise UpstreamError(bad_size_line(line))
         size = int(match.group(1), 16)
         if size == 0:
             if data.startswith(b"\r\n", eol + 2):
@@ -74,7 +92,7 @@ def walk_frames(data: bytes, payload: list[bytes] | None = None) -> tuple[int, i
         if following + 2 > n:
             return i, -1
         if data[following:following + 2] != b"\r\n":
-            raise UpstreamError("chunk not followed by CRLF")
+            raise UpstreamError(NO_CRLF_AFTER_CHUNK)
         if payload is not None:
             payload.append(data[eol + 2:following])
         i = following + 2

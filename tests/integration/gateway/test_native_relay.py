@@ -18,12 +18,11 @@ import aiohttp
 import pytest
 
 from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway
-from tests.integration.gateway.test_relay import SSE_HEAD, frame, pumped, relay, scripted_replica, send, token
+from tests.integration.gateway.conftest import pumped
+from tests.integration.gateway.test_relay import SSE_HEAD, frame, scripted_replica, send, token
 from vlmserve.errors import UserError
 from vlmserve.gateway import native_pump
 from vlmserve.gateway.config import GatewayConfig
-
-__all__ = ["relay"]  # the fixture, shared with test_relay.py
 
 HEAD_FRAMES = [frame(token(f"t{i}")) for i in range(4)]  # one per read: the stream is pumped from the second on
 USAGE = token("", {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12})

@@ -25,7 +25,6 @@ from aiohttp import web
 from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway
 from tests.helpers.sim import SimHandle
 from vlmserve.gateway import relay as relay_module
-from vlmserve.gateway.native_pump import native_available
 from vlmserve.gateway.upstream import UpstreamConnection
 
 Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
@@ -125,20 +124,6 @@ async def send(writer: asyncio.StreamWriter, *pieces: bytes, pause_s: float = 0.
         await writer.drain()
         if pause_s:
             await asyncio.sleep(pause_s)
-
-
-@pytest.fixture(params=["native", "python"])
-def relay(request: pytest.FixtureRequest) -> str:
-    """Who moves a stream's bytes after its first token (--relay): each scripted test runs both."""
-    if request.param == "native" and not native_available():
-        pytest.skip("the native relay is not built in this install (test_native_relay.py says why)")
-    return request.param
-
-
-def pumped(gw: object) -> int:
-    """Streams the gateway's native pump carried so far (0 without one)."""
-    pump = gw.gateway.pump  # type: ignore[attr-defined]
-    return 0 if pump is None else pump.started
 
 
 # ---- with the sim engine ------------------------------------------------------------------------
