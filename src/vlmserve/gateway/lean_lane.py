@@ -64,15 +64,17 @@ Handler = Callable[[LeanRequest], Awaitable[Any]]
 class LeanStream:
     """A streamed answer on the lean lane, in the shape the relay and forwarder use.
 
-    The head leaves with the first frames (`start`, one write); the replica's chunked frames
+    The head leaves with the first frames (`start`, one write; an armed relay renders it before
+    the first frames come, `render_head`); the replica's chunked frames
     pass verbatim (the relay adds the terminating chunk); `write_eof` only marks the body ended."""
 
-    __slots__ = ("connection", "status", "headers", "started", "ended")
+    __slots__ = ("connection", "status", "headers", "head", "started", "ended")
 
     def __init__(self, request: LeanRequest, status: int, headers: dict[str, str]) -> None:
         self.connection: LeanConnection = request.connection
         self.status = status
         self.headers = headers
+        self.head = b""  # rendered ahead of `start` by an armed relay (relay.py), while the engine computes
         self.started = False
         self.ended = False
 
@@ -80,12 +82,16 @@ class LeanStream:
     def transport(self) -> asyncio.Transport | None:
         return self.connection.transport
 
+    def render_head(self) -> None:
+        self.head = response_head(self.status, self.headers.items(), chunked=True)
+
     def start(self, first: bytes) -> None:
-        head = response_head(self.status, self.headers.items(), chunked=True)
+        if not self.head:
+            self.render_head()
         self.started = True
         transport = self.connection.transport
         if transport is not None and not transport.is_closing():
-            transport.write(head + first)
+            transport.write(self.head + first)
 
     async def write(self, data: bytes) -> None:
         transport = self.connection.transport

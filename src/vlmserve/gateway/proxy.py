@@ -48,7 +48,7 @@ from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
-from vlmserve.gateway.watchdog import Exchange, Watchdog
+from vlmserve.gateway.watchdog import FIRST_TOKEN, Exchange, Watchdog
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 CONNECTION_ERRORS = (aiohttp.ClientError, OSError, asyncio.IncompleteReadError)
@@ -137,6 +137,10 @@ class _RetryableFailure(Exception):
         self.message = message
         self.response = response  # the replica's own error answer, passed on if retries run out
         self.fault = fault
+
+
+def _closed_before_first_byte(replica: Replica) -> _RetryableFailure:
+    return _RetryableFailure("closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
 
 
 _USAGE_NUMBERS = re.compile(rb'"usage":\s*\{[^{}]*?"prompt_tokens":\s*(\d+)[^{}]*?"completion_tokens":\s*(\d+)')
@@ -271,9 +275,10 @@ class Forwarder:
         response: Answer | None = None
         try:
             try:
+                lean = isinstance(request, LeanRequest)
                 upstream = await self.upstream.request(
                     "POST", replica.url + request.path, self._upstream_headers(log.request_id, request.headers), body,
-                    head_with_body=routed.stream,
+                    head_with_body=routed.stream and not lean,  # a lean stream arms its relay at the head (below)
                 )
                 if upstream.status != 200:
                     payload = await upstream.read()
@@ -285,11 +290,19 @@ class Forwarder:
                     payload = await upstream.read()
                     outcome = Outcome.COMPLETED
                     return self._unary_response(upstream, payload, replica, routed, log)
+                if isinstance(request, LeanRequest) and upstream.chunked and not upstream.body_buffered:
+                    # Armed (relay.py): the stream is set up now, while the engine computes its first
+                    # token, which then leaves with the client's head from the replica's data_received.
+                    # Until it does nothing is sent, so what fails before it is retried as below.
+                    response = LeanStream(request, 200, self._stream_headers(upstream, log))
+                    relay = self._relay(upstream, request, exchange, routed, replica, armed=True)
+                    outcome = await self._stream(relay, None, response, replica, routed, log)
+                    return response
                 first = upstream.take_first_block() if upstream.body_buffered else await upstream.first_block()
                 if not first:
-                    raise _RetryableFailure("closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
+                    raise _closed_before_first_byte(replica)
             except asyncio.CancelledError:
-                if exchange.expired and task.uncancel() == 0:
+                if exchange.expired and exchange.phase == FIRST_TOKEN and task.uncancel() == 0:
                     self.pool.record_failure(replica)
                     raise _RetryableFailure(
                         "first_token_timeout",
@@ -307,17 +320,11 @@ class Forwarder:
                 self.pool.record_failure(replica)
                 raise _RetryableFailure("connect_error", f"replica {replica.name}: {type(err).__name__}: {err}") from None
             # --- from here on the client has (or is about to have) bytes: no more retries ---
-            replica.record_success()
-            exchange.streaming(self.idle_chunk_timeout_s, loop.time())
-            stream_headers = {
-                "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
-                "Cache-Control": "no-cache",
-                "X-Request-ID": log.request_id,
-            }
+            self._started(replica, exchange)
+            stream_headers = self._stream_headers(upstream, log)
             response = (LeanStream(request, 200, stream_headers) if isinstance(request, LeanRequest)
                         else web.StreamResponse(status=200, headers=stream_headers))
-            relay = StreamRelay(upstream, request, exchange,
-                                lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens), self.pump)
+            relay = self._relay(upstream, request, exchange, routed, replica, armed=False)
             outcome = await self._stream(relay, first, response, replica, routed, log)
             return response
         except asyncio.CancelledError:
@@ -335,6 +342,26 @@ class Forwarder:
                 replica.breaker.record_abandoned()
             replica.in_flight -= 1
             self.policy.on_finish(routed, replica, outcome)
+
+    def _started(self, replica: Replica, exchange: Exchange) -> None:
+        """The client has its first bytes: the replica served, and the watchdog now times chunks."""
+        assert self._loop is not None
+        exchange.streaming(self.idle_chunk_timeout_s, self._loop.time())
+        replica.record_success()
+
+    @staticmethod
+    def _stream_headers(upstream: UpstreamResponse, log: RequestLog) -> dict[str, str]:
+        return {
+            "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
+            "Cache-Control": "no-cache",
+            "X-Request-ID": log.request_id,
+        }
+
+    def _relay(self, upstream: UpstreamResponse, request: ClientRequest, exchange: Exchange, routed: RoutedRequest,
+               replica: Replica, *, armed: bool) -> StreamRelay:
+        return StreamRelay(upstream, request, exchange,
+                           lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens), self.pump,
+                           on_start=(lambda: self._started(replica, exchange)) if armed else None)
 
     def _raise_if_retryable(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
                             log: RequestLog) -> None:
@@ -379,7 +406,7 @@ class Forwarder:
         routed.engine_prompt_tokens = prompt_tokens
         self.policy.on_first_token(routed, replica)
 
-    async def _stream(self, relay: StreamRelay, first: bytes, response: Answer, replica: Replica,
+    async def _stream(self, relay: StreamRelay, first: bytes | None, response: Answer, replica: Replica,
                       routed: RoutedRequest, log: RequestLog) -> Outcome:
         """Pass the stream through (relay.py); end it with an SSE error event if the replica fails."""
         exchange = relay.exchange
@@ -392,6 +419,8 @@ class Forwarder:
             finally:
                 relay.detach()
                 log.first_byte_mono = relay.first_sent_mono or time.monotonic()
+            if end is RelayEnd.NOTHING_SENT:  # an armed relay's replica failed before its first byte: retried
+                raise relay.unsent or _closed_before_first_byte(replica)
             if end is RelayEnd.CLIENT_GONE:
                 log.status = "abandoned"
                 return Outcome.ABANDONED
@@ -400,6 +429,8 @@ class Forwarder:
                     raise asyncio.CancelledError  # it was the client's side that broke
                 failure = (502, f"replica {replica.name} {relay.error}; the answer is incomplete", "upstream_stream_error")
         except asyncio.CancelledError:
+            if exchange.phase == FIRST_TOKEN:  # armed, nothing sent yet: _attempt retries a first-token timeout
+                raise
             if not (exchange.expired and task.uncancel() == 0):
                 raise
             failure = (504, f"replica {replica.name} stalled: no data for {self.idle_chunk_timeout_s:g} s", "idle_chunk_timeout")

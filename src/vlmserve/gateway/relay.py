@@ -13,6 +13,14 @@ nothing of it is kept after the write.
 Any other block (the first ones, split or merged frames, an event cut between frames, the end)
 goes through `_take`, which walks the frames.
 
+A lean client's stream can also start here: when the replica's head is in and its first body
+bytes are not (engines send the head at once and the first token a TTFT later), the caller arms
+the relay (`run` with no first bytes). Everything a stream needs is then built while the engine
+computes, and the first body bytes leave with the client's head straight from `data_received`:
+the first token waits for no task wake-up and no set-up. Until they come, nothing has reached
+the client, so the caller still retries a replica that closes, sends an empty body or times out
+(`RelayEnd.NOTHING_SENT`, `unsent`).
+
 With a native pump (native_pump.py), a stream that has reached the inline path's conditions on
 a plain-TCP connection leaves Python altogether: `_hand_to_pump` gives both sockets to the
 pump (C, served by the event loop), which does what the inline path and `_take` do, and the relay
@@ -59,8 +67,8 @@ from aiohttp import web
 from vlmserve.gateway.lean_http import LeanRequest
 from vlmserve.gateway.lean_lane import LeanConnection, LeanStream
 from vlmserve.gateway.native_pump import NativePump, PumpResult
-from vlmserve.gateway.upstream import (UpstreamConnection, UpstreamError, UpstreamResponse, lost_mid_stream,
-                                       malformed_body, walk_frames)
+from vlmserve.gateway.upstream import (UpstreamClosed, UpstreamConnection, UpstreamError, UpstreamResponse,
+                                       lost_mid_stream, malformed_body, walk_frames)
 from vlmserve.gateway.watchdog import Exchange
 
 TERMINATOR = b"0\r\n\r\n"
@@ -105,6 +113,7 @@ class RelayEnd(enum.Enum):
     COMPLETED = "completed"  # the replica's body ended and the client has all of it
     UPSTREAM_FAILED = "upstream_failed"  # the replica's connection broke (or sent garbage) mid-body
     CLIENT_GONE = "client_gone"
+    NOTHING_SENT = "nothing_sent"  # armed, and the replica's body closed, failed or was empty before its first byte
 
 
 class StreamRelay(asyncio.Protocol):
@@ -114,10 +123,12 @@ class StreamRelay(asyncio.Protocol):
     __slots__ = ("fast", "write", "exchange", "usage_block", "upstream", "connection", "request", "on_first_token",
                  "client", "first_token_pending", "held", "unfinished", "taken", "usage_prev", "end", "error",
                  "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
-                 "first_sent_mono", "lean_client", "holds_transport", "pump", "pumped", "pump_paused")
+                 "first_sent_mono", "lean_client", "holds_transport", "pump", "pumped", "pump_paused", "armed_stream",
+                 "on_start", "unsent")
 
     def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
-                 on_first_token: Callable[[int | None], None], pump: NativePump | None = None) -> None:
+                 on_first_token: Callable[[int | None], None], pump: NativePump | None = None,
+                 on_start: Callable[[], None] | None = None) -> None:
         self.upstream = upstream
         self.connection: UpstreamConnection = upstream.connection
         self.request = request
@@ -150,18 +161,29 @@ class StreamRelay(asyncio.Protocol):
         self.pump = pump  # hands the stream to C once it is in its steady state (_hand_to_pump)
         self.pumped: int | None = None  # the pump's handle for this stream while it holds it
         self.pump_paused = False  # the replica's transport stopped reading while the pump read its socket
+        self.armed_stream: LeanStream | None = None  # armed: its head leaves with the first body bytes (_start)
+        self.on_start = on_start  # called once the first bytes are out (the caller's "no more retries")
+        self.unsent: BaseException | None = None  # NOTHING_SENT by a lost connection: what the caller retries on
 
-    async def run(self, response: web.StreamResponse | LeanStream, first: bytes) -> RelayEnd:
-        """Send the head with the first bytes, then relay from `data_received` until the body ends."""
+    async def run(self, response: web.StreamResponse | LeanStream, first: bytes | None) -> RelayEnd:
+        """Send the head with the first bytes, then relay from `data_received` until the body ends.
+
+        With `first` None (a lean client and a chunked replica body not begun: armed, see the
+        module docstring) the head waits for the first body bytes, which `_start` sends."""
         request = self.request
         self.payload_only = not self.upstream.chunked
         drain: Callable[[], Awaitable[None]]
         if isinstance(response, LeanStream):  # lean_lane.py: an HTTP/1.1 client, the head written here
             self.verbatim = True
-            response.start(self._take(first))
+            if first is None:
+                response.render_head()
+                self.armed_stream = response
+            else:
+                response.start(self._take(first))
             drain = response.drain
             self.lean_client = response.connection
         else:
+            assert first is not None, "only a lean client's stream is armed"
             aiohttp_request = cast(web.Request, request)
             await response.prepare(aiohttp_request)
             writer = cast(Any, aiohttp_request.writer)  # aiohttp's StreamWriter
@@ -171,7 +193,8 @@ class StreamRelay(asyncio.Protocol):
                 self.verbatim = True
             await response.write(self._take(first))  # the head and the first frames in one write
             drain = writer.drain
-        self.first_sent_mono = time.monotonic()
+        if first is not None:
+            self.first_sent_mono = time.monotonic()
         if self.end is not None:
             return self.end
         client = request.transport
@@ -269,6 +292,9 @@ class StreamRelay(asyncio.Protocol):
             write = self.write
             write(data)  # type: ignore[misc]
             return
+        if self.armed_stream is not None:
+            self._start(data)
+            return
         out = self._take(data)
         if out:
             client = self.client
@@ -285,6 +311,22 @@ class StreamRelay(asyncio.Protocol):
             self._wake()
 
     data_received = _on_data  # uvloop calls it for every block, with no hop through UpstreamConnection
+
+    def _start(self, data: bytes) -> None:
+        """Armed: the replica's first body bytes, out with the client's head in one write."""
+        stream, self.armed_stream = self.armed_stream, None
+        assert stream is not None
+        if data.startswith(b"0\r\n"):  # an empty body: nothing to stream, and nothing sent (the caller retries)
+            self.end = RelayEnd.NOTHING_SENT
+            self._wake()
+            return
+        stream.start(self._take(data))
+        self.first_sent_mono = time.monotonic()
+        if self.on_start is not None:
+            self.on_start()
+        self._update_fast()
+        if self.end is not None:
+            self._wake()
 
     def _update_fast(self) -> None:
         """Whole frames may take _on_data's inline path: the replica's frames go out verbatim to a
@@ -430,6 +472,12 @@ class StreamRelay(asyncio.Protocol):
 
     def _on_lost(self, exc: BaseException | None) -> None:
         if self.end is not None:
+            return
+        if self.armed_stream is not None:  # closed before its first body bytes: nothing was sent
+            self.armed_stream = None
+            self.unsent = exc if isinstance(exc, Exception) else UpstreamClosed("replica closed the connection before the body")
+            self.end = RelayEnd.NOTHING_SENT
+            self._wake()
             return
         if self.payload_only and self.upstream.length is None and exc is None:
             if self.framed_out and self.write is not None and not self.held:

@@ -13,6 +13,10 @@ from collections.abc import Callable
 from vlmserve.async_tasks import cancel_and_wait
 
 
+FIRST_TOKEN = "first_token"  # an exchange's phase until the client has its first bytes
+IDLE_CHUNK = "idle_chunk"  # and after
+
+
 class Exchange:
     """One attempt on one replica, as the watchdog sees it."""
 
@@ -25,13 +29,13 @@ class Exchange:
         self.chunks = 0
         self.seen_chunks = 0
         self.expired = False
-        self.phase = "first_token"
+        self.phase = FIRST_TOKEN
         # while the native pump holds the stream (relay.py): its block count, added to `chunks`
         self.native_chunks: Callable[[], int] | None = None
 
     def streaming(self, idle_limit_s: float, now: float) -> None:
         """The first byte arrived: from now on the idle-chunk limit applies."""
-        self.phase = "idle_chunk"
+        self.phase = IDLE_CHUNK
         self.limit_s = idle_limit_s
         self.progress_at = now
         self.chunks += 1

@@ -314,6 +314,115 @@ async def test_a_replica_closing_an_idle_connection_costs_no_request() -> None:
     assert calls["n"] == 3 and "vlmserve_gateway_retries_total{" not in retries
 
 
+# ---- an armed stream: the replica's head is in, its first token is not ------------------------
+
+
+def count_armed_starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the streams whose first body bytes left through an armed relay (`StreamRelay._start`)."""
+    starts: list[int] = []
+    original = relay_module.StreamRelay._start
+
+    def counted(self: relay_module.StreamRelay, data: bytes) -> None:
+        starts.append(len(data))
+        original(self, data)
+
+    monkeypatch.setattr(relay_module.StreamRelay, "_start", counted)
+    return starts
+
+
+def raw_chat_request(port: int) -> socket.socket:
+    body = json.dumps(chat_body("q")).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+async def test_an_armed_stream_sends_the_head_with_the_first_token(relay: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replica's head comes 0.4 s before its first token (as an engine's does): the client's
+    head waits for the token (a failure until then is still retried) and leaves in the same write."""
+    starts = count_armed_starts(monkeypatch)
+    answer = [frame(token(f"t{i}")) for i in range(5)] + [frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
+
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, SSE_HEAD, pause_s=0.4)
+        await send(writer, *answer, pause_s=0.02)
+
+    loop = asyncio.get_running_loop()
+    async with scripted_replica(script) as replica, running_gateway([replica.url], relay=relay) as gw:
+        sock = await loop.run_in_executor(None, raw_chat_request, gw.port)
+        sock.settimeout(0.25)
+        with pytest.raises(TimeoutError):
+            await loop.run_in_executor(None, sock.recv, 65536)  # no head before the first token
+        sock.settimeout(5)
+        first = await loop.run_in_executor(None, sock.recv, 65536)
+        rest = b""
+        while not rest.endswith(b"0\r\n\r\n"):
+            more = await loop.run_in_executor(None, sock.recv, 65536)
+            assert more, "the gateway closed before the end of the body"
+            rest += more
+        sock.close()
+    head, _, body = first.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
+    assert body.startswith(answer[0])  # the first token left with the head
+    assert body + rest == b"".join(answer)
+    assert starts == [len(answer[0])]
+
+
+@pytest.mark.hostile("a replica sends its head, then closes, resets or sends an empty body before its first token: the "
+                     "request is retried on another replica and the client sees only that one's answer")
+@pytest.mark.parametrize("failure", ["close", "reset", "empty body"])
+async def test_a_replica_failing_between_its_head_and_first_token_is_retried(
+        failure: str, relay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    starts = count_armed_starts(monkeypatch)
+    answer = frame(token("a")) + frame(token("b")) + frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    calls = {"n": 0}
+
+    async def script(writer: asyncio.StreamWriter) -> None:  # both replicas: the first call fails, the next answers
+        calls["n"] += 1
+        await send(writer, SSE_HEAD, pause_s=0.1)
+        if calls["n"] > 1:
+            await send(writer, answer)
+        elif failure == "reset":
+            writer.transport.abort()
+        elif failure == "empty body":
+            await send(writer, b"0\r\n\r\n", pause_s=0.1)
+        # "close": the handler returns, and the scripted replica closes the connection
+
+    audit = tmp_path / "audit.jsonl"
+    async with scripted_replica(script, script) as one, scripted_replica(script, script) as two, \
+            running_gateway([one.url, two.url], audit_log=audit, relay=relay) as gw, aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, chat_body("q"))
+    assert result.status == 200 and result.done and result.error is None
+    assert [e["choices"][0]["delta"]["content"] for e in result.events if e.get("choices")] == ["a", "b"]
+    record = json.loads(audit.read_text().splitlines()[0])
+    reason = "closed_before_first_byte" if failure == "empty body" else "connect_error"
+    assert record["retries"] == 1 and record["attempts"][0]["error"] == reason and record["status"] == "200"
+    assert len(starts) == (2 if failure == "empty body" else 1) and calls["n"] == 2  # an empty body is a start, a close is not
+
+
+@pytest.mark.hostile("a client hangs up after the replica's head, before the first token: the replica connection "
+                     "closes within 1.5 s, the request is not retried, nothing is left in flight")
+async def test_a_client_leaving_before_the_first_token_closes_the_replica_connection(relay: str) -> None:
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, SSE_HEAD, pause_s=10)  # an engine still computing the first token
+        await send(writer, frame(token("late")) + b"0\r\n\r\n")
+
+    loop = asyncio.get_running_loop()
+    async with scripted_replica(script, script) as replica, running_gateway([replica.url], relay=relay) as gw:
+        sock = await loop.run_in_executor(None, raw_chat_request, gw.port)
+        await asyncio.sleep(0.3)
+        sock.close()
+        left_at = time.monotonic()
+        for _ in range(40):
+            if replica.closed_at:
+                break
+            await asyncio.sleep(0.05)
+        assert replica.closed_at and replica.closed_at[0] - left_at < 1.5
+        await asyncio.sleep(0.1)
+        assert gw.gateway.pool.replicas[0].in_flight == 0 and replica.posts == 1
+
+
 # ---- the one aiohttp detail relay.py relies on --------------------------------------------------
 
 
