@@ -21,6 +21,8 @@ writes one per token), "kernel" the share of that time spent in the kernel (syst
 With vllm-router in the run, a last block compares every other proxy with it round by round:
 TTFT p50 and p99 differences and the CPU-per-chunk ratio, each a median with an interval that
 holds the true median with at least 95 %, and a verdict (below / above / not distinguishable).
+With vlmserve-base or vlmserve-python in the run, the same block compares this checkout's gateway
+with each of them: a change measured beside the code before it.
 The load generator runs each trial with its garbage collector off (see run_trial).
 With --syscalls, one more trial per proxy runs after the rounds under `perf stat` on the kernel's
 system-call tracepoints, and the system calls each proxy made per request are printed: where the
@@ -385,38 +387,39 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return statistics.median(ordered), low, high
 
 
-def against_router(trials: list[list[Trial]], names: list[str]) -> dict[str, dict[str, tuple[float, float, float]]]:
-    """#18's yardstick, paired round by round against vllm-router: the added TTFT p50 and p99 as
-    differences from the router's (direct cancels out), CPU per chunk as a ratio to the router's;
-    each a median with its interval (median_interval)."""
+def against(trials: list[list[Trial]], names: list[str],
+            reference: str = "vllm-router") -> dict[str, dict[str, tuple[float, float, float]]]:
+    """Each route paired round by round against `reference` (#18's yardstick with vllm-router): the
+    added TTFT p50 and p99 as differences from the reference's (direct cancels out), CPU per chunk
+    as a ratio to its; each a median with its interval (median_interval). Empty without the reference."""
     verdicts: dict[str, dict[str, tuple[float, float, float]]] = {}
     for name in names:
-        if name in ("direct", "vllm-router"):
+        if name in ("direct", reference):
             continue
         p50, p99, cpu = [], [], []
         for round_trials in trials:
             by_name = {t.route: t for t in round_trials}
-            this, router = by_name[name], by_name.get("vllm-router")
-            if router is None or router.proxy_cpu_us_per_chunk <= 0:
+            this, other = by_name[name], by_name.get(reference)
+            if other is None or other.proxy_cpu_us_per_chunk <= 0:
                 return {}
-            p50.append(this.percentile(0.50) - router.percentile(0.50))
-            p99.append(this.percentile(0.99) - router.percentile(0.99))
-            cpu.append(this.proxy_cpu_us_per_chunk / router.proxy_cpu_us_per_chunk)
-        verdicts[name] = {"ttft_p50_ms_minus_router": median_interval(p50),
-                          "ttft_p99_ms_minus_router": median_interval(p99),
-                          "cpu_per_chunk_over_router": median_interval(cpu)}
+            p50.append(this.percentile(0.50) - other.percentile(0.50))
+            p99.append(this.percentile(0.99) - other.percentile(0.99))
+            cpu.append(this.proxy_cpu_us_per_chunk / other.proxy_cpu_us_per_chunk)
+        verdicts[name] = {"ttft_p50_ms_minus": median_interval(p50),
+                          "ttft_p99_ms_minus": median_interval(p99),
+                          "cpu_per_chunk_over": median_interval(cpu)}
     return verdicts
 
 
-def print_against_router(verdicts: dict[str, dict[str, tuple[float, float, float]]]) -> None:
+def print_against(verdicts: dict[str, dict[str, tuple[float, float, float]]], reference: str = "vllm-router") -> None:
     if not verdicts:
         return
-    print("\nagainst vllm-router, paired by round: median [interval holding the median with >= 95 %]")
+    print(f"\nagainst {reference}, paired by round: median [interval holding the median with >= 95 %]")
     for name, figures in verdicts.items():
         parts = []
-        for key, label, unit, parity in (("ttft_p50_ms_minus_router", "TTFT p50", " ms", 0.0),
-                                         ("ttft_p99_ms_minus_router", "TTFT p99", " ms", 0.0),
-                                         ("cpu_per_chunk_over_router", "CPU/chunk", "x", 1.0)):
+        for key, label, unit, parity in (("ttft_p50_ms_minus", "TTFT p50", " ms", 0.0),
+                                         ("ttft_p99_ms_minus", "TTFT p99", " ms", 0.0),
+                                         ("cpu_per_chunk_over", "CPU/chunk", "x", 1.0)):
             median, low, high = figures[key]
             verdict = "below" if high < parity else "above" if low > parity else "not distinguishable"
             number = (f"{median:.2f}x [{low:.2f}, {high:.2f}]" if unit == "x"
@@ -618,8 +621,14 @@ def main() -> None:
         rounds = uvloop.run(run(args, routes, syscall_counts))
         summary = summarize(rounds, [r.name for r in routes])
         print_summary(summary, args)
-        verdicts = against_router(rounds, [r.name for r in routes])
-        print_against_router(verdicts)
+        names = [r.name for r in routes]
+        verdicts = against(rounds, names)
+        print_against(verdicts)
+        # this checkout's gateway against another of its forms in the same run (a change, side by side)
+        this_against = {other: against(rounds, ["vlmserve"], other) for other in ("vlmserve-base", "vlmserve-python")
+                        if other in names and "vlmserve" in names}
+        for other, figures in this_against.items():
+            print_against(figures, other)
         print_syscalls(syscall_counts, args.requests)
         failed = sum(figures["failed_total"] for figures in summary.values())
         if args.smoke and failed:
@@ -629,6 +638,7 @@ def main() -> None:
                 "args": {k: str(v) for k, v in vars(args).items()},
                 "summary": summary,
                 "against_vllm_router": verdicts,
+                "vlmserve_against": this_against,
                 "syscalls_per_request": syscall_counts,
                 "rounds": [[{**vars(t), "ttft_ms": None} for t in trials] for trials in rounds],
             }, indent=2))

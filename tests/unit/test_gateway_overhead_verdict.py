@@ -44,18 +44,23 @@ def test_the_verdict_says_below_above_or_not_distinguishable(overhead: ModuleTyp
                        _trial(overhead, "vllm-router", 21.3, 33.0),
                        _trial(overhead, "vlmserve", 21.1 + noise, 33.0 * (0.90 + noise)),  # clearly below
                        _trial(overhead, "other", 21.3 + 5 * noise, 33.0 * (1.0 + 2 * noise))])  # around parity
-    verdicts = overhead.against_router(rounds, ["direct", "vlmserve", "other", "vllm-router"])
+    verdicts = overhead.against(rounds, ["direct", "vlmserve", "other", "vllm-router"])
     assert set(verdicts) == {"vlmserve", "other"}
-    median, low, high = verdicts["vlmserve"]["cpu_per_chunk_over_router"]
+    median, low, high = verdicts["vlmserve"]["cpu_per_chunk_over"]
     assert high < 1.0 and median == pytest.approx(0.90)
-    assert verdicts["vlmserve"]["ttft_p50_ms_minus_router"][2] < 0
-    overhead.print_against_router(verdicts)
+    assert verdicts["vlmserve"]["ttft_p50_ms_minus"][2] < 0
+    overhead.print_against(verdicts)
     out = capsys.readouterr().out
     assert "vlmserve: TTFT p50 -0.20 ms [-0.21, -0.19] (below)" in out
     assert "CPU/chunk 0.90x [0.89, 0.91] (below)" in out
     assert "other: TTFT p50 +0.00 ms [-0.05, +0.05] (not distinguishable)" in out
     # without vllm-router in the run there is no verdict (and nothing printed)
-    assert overhead.against_router([[r for r in rounds[0] if r.route != "vllm-router"]], ["vlmserve"]) == {}
+    assert overhead.against([[r for r in rounds[0] if r.route != "vllm-router"]], ["vlmserve"]) == {}
+    # any route as the reference: a change beside the code before it
+    beside = overhead.against(rounds, ["vlmserve"], "other")
+    assert beside["vlmserve"]["cpu_per_chunk_over"][2] < 1.0
+    overhead.print_against(beside, "other")
+    assert "against other, paired by round" in capsys.readouterr().out
 
 
 # ---- --syscalls: perf stat's counts per proxy --------------------------------------------------------

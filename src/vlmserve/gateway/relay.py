@@ -316,7 +316,9 @@ class StreamRelay(asyncio.Protocol):
         """Armed: the replica's first body bytes, out with the client's head in one write."""
         stream, self.armed_stream = self.armed_stream, None
         assert stream is not None
-        if data.startswith(b"0\r\n"):  # an empty body: nothing to stream, and nothing sent (the caller retries)
+        # Nothing is sent (the caller retries) for an empty body, or when the first-token timeout
+        # has already cancelled the caller: this block came too late to be this attempt's first.
+        if data.startswith(b"0\r\n") or self.exchange.expired:
             self.end = RelayEnd.NOTHING_SENT
             self._wake()
             return
