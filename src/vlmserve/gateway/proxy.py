@@ -275,10 +275,10 @@ class Forwarder:
         response: Answer | None = None
         try:
             try:
-                lean = isinstance(request, LeanRequest)
                 upstream = await self.upstream.request(
                     "POST", replica.url + request.path, self._upstream_headers(log.request_id, request.headers), body,
-                    head_with_body=routed.stream and not lean,  # a lean stream arms its relay at the head (below)
+                    # a lean stream arms its relay at the head (below); another waits for the first body bytes too
+                    head_with_body=routed.stream and not isinstance(request, LeanRequest),
                 )
                 if upstream.status != 200:
                     payload = await upstream.read()
