@@ -35,6 +35,11 @@ not one of the rounds).
     .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 8
     .venv/bin/python benchmarks/gateway_overhead.py --streams 256 --rounds 1 --syscalls --only vlmserve,vllm-router
     .venv/bin/python benchmarks/gateway_overhead.py --smoke    # seconds: checks it still runs
+    .venv/bin/python benchmarks/gateway_overhead.py --pool a.json b.json   # runs' rounds (--json-out) as one run
+
+--pool reads the files that earlier runs wrote with --json-out (each keeps every request's TTFT)
+and prints the tables and paired blocks over all their rounds together: several runs of the same
+code, one verdict. The runs must share the settings that shape the figures (POOLED_SETTINGS).
 
 Figures are from the simulated engine: they measure the proxies, not a model.
 """
@@ -59,6 +64,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -556,6 +562,64 @@ async def run(args: argparse.Namespace, routes: list[Route],
     return rounds
 
 
+POOLED_SETTINGS = ("streams", "requests", "ttft_ms", "itl_ms", "output_tokens", "policy", "engine_cpus", "proxy_cpus",
+                   "loadgen_cpus", "workers")
+"""What runs pooled together must share: the load and the placement that the figures depend on."""
+
+
+def load_rounds(paths: list[Path]) -> tuple[argparse.Namespace, list[list[Trial]]]:
+    """The rounds of several --json-out files as one run; exits with one line on a file it cannot pool."""
+    settings: dict[str, str] | None = None
+    rounds: list[list[Trial]] = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            file_settings = {key: data["args"][key] for key in POOLED_SETTINGS}
+            file_rounds = [[Trial(**trial) for trial in trials] for trials in data["rounds"]]
+        except OSError as err:
+            raise SystemExit(f"--pool {path}: cannot read it ({err.strerror})") from None
+        except (ValueError, KeyError, TypeError) as err:
+            raise SystemExit(f"--pool {path}: not a --json-out file of this benchmark ({type(err).__name__}: {err})") from None
+        if any(trial.ttft_ms is None for trials in file_rounds for trial in trials):
+            raise SystemExit(f"--pool {path}: its rounds keep no TTFT samples (written before --pool existed): run it again")
+        if settings is None:
+            settings = file_settings
+        elif (differ := [key for key in POOLED_SETTINGS if file_settings[key] != settings[key]]):
+            key = differ[0]
+            raise SystemExit(f"--pool {path}: --{key.replace('_', '-')} is {file_settings[key]}, not {settings[key]} as in "
+                             f"{paths[0]}: only runs of the same settings pool")
+        if rounds and {t.route for t in file_rounds[0]} != {t.route for t in rounds[0]}:
+            raise SystemExit(f"--pool {path}: its routes differ from {paths[0]}'s: only runs of the same routes pool")
+        rounds += file_rounds
+    assert settings is not None
+    args = argparse.Namespace(**{key: _number(value) for key, value in settings.items()}, rounds=len(rounds))
+    return args, rounds
+
+
+def _number(text: str) -> Any:
+    """A setting as --json-out wrote it (str of the value), back as a number where it is one."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def report(rounds: list[list[Trial]], args: argparse.Namespace) -> tuple[dict, dict, dict]:
+    """The summary table and the paired blocks (against vllm-router; this checkout against its other forms)."""
+    names = sorted({t.route for t in rounds[0]}, key=lambda name: (name != "direct", name))
+    summary = summarize(rounds, names)
+    print_summary(summary, args)
+    verdicts = against(rounds, names)
+    print_against(verdicts)
+    this_against = {other: against(rounds, ["vlmserve"], other) for other in ("vlmserve-base", "vlmserve-python")
+                    if other in names and "vlmserve" in names}
+    for other, figures in this_against.items():
+        print_against(figures, other)
+    return summary, verdicts, this_against
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=256, help="concurrent streams (closed loop)")
@@ -579,8 +643,14 @@ def main() -> None:
     parser.add_argument("--json-out", type=Path, help="write per-round trials and the summary here")
     parser.add_argument("--syscalls", action="store_true",
                         help="after the rounds, count each proxy's system calls per request under perf stat (Linux, root)")
+    parser.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
+                        help="run nothing: report the rounds of these --json-out files together, as one run")
     args = parse_args(parser, streams=4, requests=16, rounds=1, ttft_ms=5.0, itl_ms=2.0, output_tokens=4,
                       only="vlmserve,nginx")
+    if args.pool:
+        pooled_args, pooled_rounds = load_rounds(args.pool)
+        report(pooled_rounds, pooled_args)
+        return
     wanted = set(args.only.split(",")) if args.only else {"vlmserve", "vlmserve-base", "nginx", "vllm-router"}
     if args.baseline_src is not None and not (args.baseline_src / "vlmserve" / "__init__.py").is_file():
         raise SystemExit(f"--baseline-src {args.baseline_src}: no vlmserve package there; give a checkout's src/ directory")
@@ -619,16 +689,7 @@ def main() -> None:
         import uvloop
 
         rounds = uvloop.run(run(args, routes, syscall_counts))
-        summary = summarize(rounds, [r.name for r in routes])
-        print_summary(summary, args)
-        names = [r.name for r in routes]
-        verdicts = against(rounds, names)
-        print_against(verdicts)
-        # this checkout's gateway against another of its forms in the same run (a change, side by side)
-        this_against = {other: against(rounds, ["vlmserve"], other) for other in ("vlmserve-base", "vlmserve-python")
-                        if other in names and "vlmserve" in names}
-        for other, figures in this_against.items():
-            print_against(figures, other)
+        summary, verdicts, this_against = report(rounds, args)
         print_syscalls(syscall_counts, args.requests)
         failed = sum(figures["failed_total"] for figures in summary.values())
         if args.smoke and failed:
@@ -640,7 +701,8 @@ def main() -> None:
                 "against_vllm_router": verdicts,
                 "vlmserve_against": this_against,
                 "syscalls_per_request": syscall_counts,
-                "rounds": [[{**vars(t), "ttft_ms": None} for t in trials] for trials in rounds],
+                # every request's TTFT (to the µs), so that --pool can pair the rounds of several runs
+                "rounds": [[{**vars(t), "ttft_ms": [round(x, 3) for x in t.ttft_ms]} for t in trials] for trials in rounds],
             }, indent=2))
     finally:
         for route in reversed(routes):

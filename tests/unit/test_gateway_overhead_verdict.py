@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import math
 from pathlib import Path
 from types import ModuleType
@@ -87,3 +88,42 @@ def test_syscalls_without_perf_is_one_clear_line(overhead: ModuleType, monkeypat
     monkeypatch.setattr(overhead.shutil, "which", lambda name: "/usr/bin/perf")
     monkeypatch.setattr(overhead, "SYSCALL_TRACEPOINTS", tmp_path / "missing")
     assert "syscall tracepoints" in overhead.syscall_tracing_problem() and "run as root" in overhead.syscall_tracing_problem()
+
+
+def _json_run(overhead: ModuleType, path: Path, ttft_offset: float, **settings: str) -> Path:
+    """A --json-out file of five rounds, as main() writes it (settings as str, each TTFT kept)."""
+    args = {key: "1" for key in overhead.POOLED_SETTINGS} | {"rounds": "5"} | settings
+    rounds = [[{**vars(_trial(overhead, name, ttft, 33.0))} for name, ttft in
+               (("direct", 21.0), ("vllm-router", 21.3), ("vlmserve", 21.3 + ttft_offset))] for _ in range(5)]
+    path.write_text(json.dumps({"args": args, "rounds": rounds}))
+    return path
+
+
+def test_pooled_runs_are_paired_round_by_round_as_one_run(overhead: ModuleType, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    first = _json_run(overhead, tmp_path / "a.json", -0.10)
+    second = _json_run(overhead, tmp_path / "b.json", +0.05)
+    args, rounds = overhead.load_rounds([first, second])
+    assert args.rounds == 10 and args.streams == 1 and len(rounds) == 10
+    _, verdicts, _ = overhead.report(rounds, args)
+    median, low, high = verdicts["vlmserve"]["ttft_p50_ms_minus"]
+    assert median == pytest.approx(-0.025) and low == pytest.approx(-0.10) and high == pytest.approx(0.05)
+    assert "10 rounds x 1 requests" in capsys.readouterr().out
+
+
+def test_pooling_refuses_runs_it_cannot_pair_with_one_line(overhead: ModuleType, tmp_path: Path) -> None:
+    first = _json_run(overhead, tmp_path / "a.json", 0.0)
+    other_load = _json_run(overhead, tmp_path / "b.json", 0.0, streams="256")
+    with pytest.raises(SystemExit, match=r"b\.json: --streams is 256, not 1 as in .*a\.json: only runs of the same settings pool"):
+        overhead.load_rounds([first, other_load])
+    old = tmp_path / "old.json"
+    data = json.loads(first.read_text())
+    data["rounds"][0][0]["ttft_ms"] = None  # what runs wrote before --pool existed
+    old.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match=r"old\.json: its rounds keep no TTFT samples"):
+        overhead.load_rounds([old])
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SystemExit, match=r"bad\.json: not a --json-out file of this benchmark \(JSONDecodeError"):
+        overhead.load_rounds([tmp_path / "bad.json"])
+    with pytest.raises(SystemExit, match=r"missing\.json: cannot read it \(No such file or directory\)"):
+        overhead.load_rounds([tmp_path / "missing.json"])
