@@ -64,7 +64,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -592,23 +591,13 @@ def load_rounds(paths: list[Path]) -> tuple[argparse.Namespace, list[list[Trial]
             raise SystemExit(f"--pool {path}: its routes differ from {paths[0]}'s: only runs of the same routes pool")
         rounds += file_rounds
     assert settings is not None
-    args = argparse.Namespace(**{key: _number(value) for key, value in settings.items()}, rounds=len(rounds))
-    return args, rounds
-
-
-def _number(text: str) -> Any:
-    """A setting as --json-out wrote it (str of the value), back as a number where it is one."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+    # the settings as --json-out wrote them (text): print_summary only shows them
+    return argparse.Namespace(**settings, rounds=len(rounds)), rounds
 
 
 def report(rounds: list[list[Trial]], args: argparse.Namespace) -> tuple[dict, dict, dict]:
     """The summary table and the paired blocks (against vllm-router; this checkout against its other forms)."""
-    names = sorted({t.route for t in rounds[0]}, key=lambda name: (name != "direct", name))
+    names = [t.route for t in rounds[0]]  # a run's first round has the routes in their start order (run)
     summary = summarize(rounds, names)
     print_summary(summary, args)
     verdicts = against(rounds, names)

@@ -104,7 +104,7 @@ def test_pooled_runs_are_paired_round_by_round_as_one_run(overhead: ModuleType, 
     first = _json_run(overhead, tmp_path / "a.json", -0.10)
     second = _json_run(overhead, tmp_path / "b.json", +0.05)
     args, rounds = overhead.load_rounds([first, second])
-    assert args.rounds == 10 and args.streams == 1 and len(rounds) == 10
+    assert args.rounds == 10 and args.streams == "1" and len(rounds) == 10
     _, verdicts, _ = overhead.report(rounds, args)
     median, low, high = verdicts["vlmserve"]["ttft_p50_ms_minus"]
     assert median == pytest.approx(-0.025) and low == pytest.approx(-0.10) and high == pytest.approx(0.05)
