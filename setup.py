@@ -1,12 +1,16 @@
-"""The one compiled part: the relay's native data path (src/vlmserve/gateway/_native_relay.c).
+"""The compiled parts: the relay's native data path (src/vlmserve/gateway/_native_relay.c) and the
+lean lane's header-block split (src/vlmserve/gateway/_native_head.c).
 
-Optional by design: where it cannot be built (no C compiler, not Linux) the install goes on and
-the gateway relays in Python (`--relay python` behaviour; `auto` picks what is there)."""
+Optional by design: where they cannot be built (no C compiler, not Linux) the install goes on and
+the gateway does the same in Python (for the relay, `--relay python` behaviour; `auto` picks
+what is there)."""
 
 import sys
 
 from setuptools import Extension, setup
 
 native = [Extension("vlmserve.gateway._native_relay", ["src/vlmserve/gateway/_native_relay.c"],
+                    extra_compile_args=["-O2", "-std=gnu11"], optional=True),
+          Extension("vlmserve.gateway._native_head", ["src/vlmserve/gateway/_native_head.c"],
                     extra_compile_args=["-O2", "-std=gnu11"], optional=True)]
 setup(ext_modules=native if sys.platform.startswith("linux") else [])

@@ -4,7 +4,9 @@ The lean lane (gateway/lean_http.py) judges a request's header block with one re
 pass. That pass must stay linear in the block whatever a client sends: an unauthenticated client
 controls up to MAX_HEAD_BYTES of it. Configurations, timed side by side in rounds (order rotated
 each round), CPU time of this process:
-- `parse_head`: the gateway's parser, as it is;
+- `parse_head`: the gateway's parser, as it is (its field split in C, `_native_head.c`, where built);
+- `python split`: the same parser with the field split in Python (`_fill_fields_python`: what
+  runs where the C part was not built, and what ran before 2026-11-28);
 - `earlier pattern`: the field split the parser had before 2026-11-27 (`findall` with no line
   anchor and backtracking repeats, then the lengths compared), in front of `parse_head`, for
   reference: on a block that is one long run of token characters that pattern tried a match from
@@ -28,6 +30,7 @@ from collections.abc import Callable
 
 from _smoke import parse_args
 
+from vlmserve.gateway import lean_http
 from vlmserve.gateway.lean_http import MAX_HEAD_BYTES, parse_head
 
 EARLIER_FIELD_PARTS = re.compile(r"([-!#$%&'*+.^_`|~0-9A-Za-z]+):([\t -~]*)\r\n")
@@ -58,6 +61,15 @@ def current(head: bytes) -> object:
     return parse_head(head, 1 << 20)
 
 
+def python_split(head: bytes) -> object:
+    built = lean_http._fill_fields
+    lean_http._fill_fields = lean_http._fill_fields_python
+    try:
+        return parse_head(head, 1 << 20)
+    finally:
+        lean_http._fill_fields = built
+
+
 def cpu_per_call(fn: Callable[[bytes], object], head: bytes, min_time_s: float) -> float:
     """CPU seconds per call, over calls adding up to at least `min_time_s`."""
     calls = 0
@@ -75,22 +87,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per head (default 5)")
     parser.add_argument("--min-time", type=float, default=0.2, help="CPU seconds per timing at least (default 0.2)")
     args = parse_args(parser, rounds=1, min_time=0.001)
-    configurations: dict[str, Callable[[bytes], object]] = {"parse_head": current, "earlier pattern": earlier}
+    configurations: dict[str, Callable[[bytes], object]] = {"parse_head": current, "python split": python_split,
+                                                             "earlier pattern": earlier}
+    if lean_http._fill_fields is lean_http._fill_fields_python:
+        print("note: the C field split is not built in this install; parse_head runs the Python split")
     for name, head in HEADS.items():
         for label, parse in configurations.items():
             if (parse(head) is not None) != (name == "ordinary SDK head"):
                 raise SystemExit(f"{label}: the {name!r} head was judged wrongly")
-    print(f"{'head':28s} {'parse_head':>14s} {'earlier pattern':>16s} {'ratio (median of rounds)':>26s}")
+    others = [label for label in configurations if label != "parse_head"]
+    print(f"{'head':28s} {'parse_head':>12s}" + "".join(f" {label:>16s} {'ratio':>7s}" for label in others))
     for name, head in HEADS.items():
         times: dict[str, list[float]] = {label: [] for label in configurations}
         order = list(configurations)
         for round_index in range(args.rounds):
-            for label in order[round_index % 2:] + order[:round_index % 2]:
+            shift = round_index % len(order)
+            for label in order[shift:] + order[:shift]:
                 times[label].append(cpu_per_call(configurations[label], head, args.min_time))
-        ratios = [earlier / now for now, earlier in zip(times["parse_head"], times["earlier pattern"])]
-        print(f"{name:28s} {statistics.median(times['parse_head']) * 1e6:11.1f} us "
-              f"{statistics.median(times['earlier pattern']) * 1e6:13.1f} us {statistics.median(ratios):24.1f}x")
-
+        line = f"{name:28s} {statistics.median(times['parse_head']) * 1e6:9.2f} us"
+        for label in others:
+            ratios = [other / now for now, other in zip(times["parse_head"], times[label])]
+            line += f" {statistics.median(times[label]) * 1e6:13.2f} us {statistics.median(ratios):6.2f}x"
+        print(line)
+    print("ratio: the configuration's CPU per call over parse_head's, median over rounds of the paired ratios")
 
 if __name__ == "__main__":
     main()

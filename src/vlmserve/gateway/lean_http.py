@@ -120,22 +120,37 @@ def first_line_fits(line: bytes) -> bool:
     return _lean_route(line) is not None
 
 
-def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
-    """The head (without its final blank line) if it is inside the subset, else None."""
-    line_end = head.find(b"\r\n")
-    route = _lean_route(head if line_end < 0 else head[:line_end])
-    if route is None:
-        return None
-    block = "" if line_end < 0 else head[line_end + 2:].decode("latin-1") + "\r\n"
+def _fill_fields_python(head: bytes, start: int, headers: LeanHeaders) -> bool:
+    """The fields of `head[start:]` into `headers`, names lower-cased and values stripped of blanks;
+    False for a block that is not all fields (`_FIELDS`) or that names a header twice.
+    `_native_head.fill_fields` does the same in C where it was built."""
+    block = head[start:].decode("latin-1") + "\r\n"
     if _FIELDS.fullmatch(block) is None:
-        return None  # something in the block that is not a field
+        return False  # something in the block that is not a field
     fields = block.split("\r\n")
     fields.pop()  # the empty piece after the last CRLF
-    headers = LeanHeaders()
     for field in fields:
         name, _, value = field.partition(":")
         headers[name.lower()] = value.strip(" \t")
-    if len(headers) != len(fields):  # a header sent twice: aiohttp decides what that means
+    return len(headers) == len(fields)  # a header sent twice: aiohttp decides what that means
+
+
+try:
+    from vlmserve.gateway._native_head import fill_fields as _fill_fields  # type: ignore[import-not-found]
+except ImportError:  # not built (no C compiler at install): the same rules in Python
+    _fill_fields = _fill_fields_python
+
+
+def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
+    """The head (without its final blank line) if it is inside the subset, else None."""
+    line_end = head.find(b"\r\n")
+    if line_end < 0:
+        return None  # no Content-Length, so not inside the subset
+    route = _lean_route(head[:line_end])
+    if route is None:
+        return None
+    headers = LeanHeaders()
+    if not _fill_fields(head, line_end + 2, headers):
         return None
     length = dict.get(headers, "content-length")  # names are lower-cased: no need for LeanHeaders.get
     if length is None or not length.isdigit() or len(length) > 12 or int(length) > max_body_bytes:

@@ -260,6 +260,14 @@ class Forwarder:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()  # held: asking per request costs a getpid() each time
+        # The request leaves first (on a pooled connection, the common case); the bookkeeping
+        # below runs while it travels. Nothing awaits in between, so no other request sees the
+        # policy's counts without this one.
+        sent = self.upstream.send(
+            "POST", replica.url + request.path, self._upstream_headers(log.request_id, request.headers), body,
+            # a lean stream arms its relay at the head (below); another waits for the first body bytes too
+            head_with_body=routed.stream and not isinstance(request, LeanRequest),
+        )
         task = asyncio.current_task(loop)
         assert task is not None
         replica.in_flight += 1
@@ -275,11 +283,7 @@ class Forwarder:
         response: Answer | None = None
         try:
             try:
-                upstream = await self.upstream.request(
-                    "POST", replica.url + request.path, self._upstream_headers(log.request_id, request.headers), body,
-                    # a lean stream arms its relay at the head (below); another waits for the first body bytes too
-                    head_with_body=routed.stream and not isinstance(request, LeanRequest),
-                )
+                upstream = await sent.response()
                 if upstream.status != 200:
                     payload = await upstream.read()
                     self._raise_if_retryable(upstream, payload, replica, log)

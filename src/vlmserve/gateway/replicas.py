@@ -251,9 +251,15 @@ class ReplicaPool:
 
         Healthy and not ejected; in panic mode (no such replica) every healthy one."""
         now = time.monotonic()
-        healthy = [r for r in self.replicas if r.healthy and r.serves(model)]
-        routable = [r for r in healthy if r.breaker.available(now)] or healthy
-        return [r for r in routable if r.index not in exclude] if exclude else routable
+        healthy: list[Replica] = []
+        routable: list[Replica] = []
+        for replica in self.replicas:  # one pass: asked on every request
+            if replica.healthy and replica.serves(model):
+                healthy.append(replica)
+                if replica.breaker.available(now):
+                    routable.append(replica)
+        chosen = routable or healthy
+        return [r for r in chosen if r.index not in exclude] if exclude else chosen
 
     def ejected_count(self) -> int:
         """Replicas whose breaker is open or probing (passively ejected)."""

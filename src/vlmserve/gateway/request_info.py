@@ -180,6 +180,6 @@ def describe_request(
         prompt_tokens=prompt_tokens,
         expected_output_tokens=expected_output_tokens(body, estimator.default_max_tokens) if generates else 0,
         prefix_hashes=block_hashes(text, prefix_block_chars) if prefix_block_chars else [],
-        image_digests=list(image_digests or []),
+        image_digests=list(image_digests) if image_digests else [],
         image_tokens=image_tokens,
     )

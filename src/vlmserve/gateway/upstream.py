@@ -346,6 +346,64 @@ class UpstreamResponse:
         connection.closed = True
 
 
+class SentRequest:
+    """A request given to `UpstreamPool.send`: written on a pooled connection, or to be written on
+    a new one; `response` waits for its head."""
+
+    __slots__ = ("pool", "head_with_body", "key", "head", "body", "connection", "reused", "error")
+
+    def __init__(self, pool: UpstreamPool, head_with_body: bool) -> None:
+        self.pool = pool
+        self.head_with_body = head_with_body
+        self.key: tuple[str, str, int] = ("", "", 0)
+        self.head = b""
+        self.body = b""
+        self.connection: UpstreamConnection | None = None  # the connection it was written on
+        self.reused = False
+        self.error: Exception | None = None  # what send() could not do, raised by response()
+
+    def write_on(self, connection: UpstreamConnection, *, reused: bool) -> None:
+        self.connection, self.reused = connection, reused
+        connection.used = True
+        connection.head_with_body = self.head_with_body
+        transport = connection.transport
+        assert transport is not None
+        body = self.body
+        if len(body) < 65536:
+            transport.write(self.head + body)  # one write: the common request is one segment
+        else:
+            transport.writelines((self.head, body))
+
+    async def response(self) -> UpstreamResponse:
+        """The response head (see UpstreamPool.request). A reused connection that the replica
+        closed as the request went out gets it once more on a fresh one (module docstring)."""
+        if self.error is not None:
+            raise self.error
+        while True:
+            connection = self.connection
+            if connection is None:
+                connection = await self.pool._connect(self.key)
+                self.write_on(connection, reused=False)
+            try:
+                await connection.wait_head()
+            except ConnectionError:
+                self.connection = None
+                _close(connection)
+                if self.reused and not connection.head_bytes_seen:
+                    continue  # the replica closed (or reset) this idle connection as we sent: a fresh one
+                raise
+            except BaseException:
+                _close(connection)
+                raise
+            return UpstreamResponse(self.pool, connection)
+
+
+def _close(connection: UpstreamConnection) -> None:
+    if connection.transport is not None:
+        connection.transport.close()
+    connection.closed = True
+
+
 class UpstreamPool:
     """Keep-alive connections to the replicas, any number per replica (admission limits that)."""
 
@@ -371,47 +429,30 @@ class UpstreamPool:
                 self._targets[url] = target
         return target
 
-    async def request(self, method: str, url: str, headers: bytes, body: bytes,
-                      head_with_body: bool = False) -> UpstreamResponse:
-        """Send one request and wait for the response head (not the body; with `head_with_body`,
-        a 200's first body bytes too: a stream then starts on one wake-up).
+    def send(self, method: str, url: str, headers: bytes, body: bytes, head_with_body: bool = False) -> SentRequest:
+        """Write one request now when an idle pooled connection to its replica is at hand (else at
+        `SentRequest.response`), so that it leaves before the caller's bookkeeping. Raises nothing:
+        a failure is raised by `response`, where the caller handles every failure of the attempt.
 
         `headers` are header lines ready to send (`Name: value\r\n` each, lean_http.header_lines),
         so that the caller builds its fixed ones once; Host and Content-Length are added here."""
-        key, path_and_host = self._target(url)
-        head = b"%s%s%sContent-Length: %d\r\n\r\n" % (method.encode("ascii"), path_and_host, headers, len(body))
-        message = head + body if len(body) < 65536 else None
-        while True:
-            connection = self._take_idle(key)
-            reused = connection is not None
-            if connection is None:
-                connection = await self._connect(key)
-            connection.used = True
-            connection.head_with_body = head_with_body
-            assert connection.transport is not None
-            if message is not None:
-                connection.transport.write(message)
-            else:
-                connection.transport.writelines((head, body))
-            try:
-                await connection.wait_head()
-            except ConnectionError:
-                if reused and not connection.head_bytes_seen:
-                    # the replica closed (or reset) this idle connection as we sent: retry on a fresh one
-                    if connection.transport is not None:
-                        connection.transport.close()
-                    connection.closed = True
-                    continue
-                if connection.transport is not None:
-                    connection.transport.close()
-                connection.closed = True
-                raise
-            except BaseException:
-                if connection.transport is not None:
-                    connection.transport.close()
-                connection.closed = True
-                raise
-            return UpstreamResponse(self, connection)
+        sent = SentRequest(self, head_with_body)
+        try:
+            sent.key, path_and_host = self._target(url)
+            sent.head = b"%s%s%sContent-Length: %d\r\n\r\n" % (method.encode("ascii"), path_and_host, headers, len(body))
+            sent.body = body
+            connection = self._take_idle(sent.key)
+            if connection is not None:
+                sent.write_on(connection, reused=True)
+        except Exception as err:  # noqa: BLE001 - raised again by response(), inside the caller's handling
+            sent.error = err
+        return sent
+
+    async def request(self, method: str, url: str, headers: bytes, body: bytes,
+                      head_with_body: bool = False) -> UpstreamResponse:
+        """Send one request and wait for the response head (not the body; with `head_with_body`,
+        a 200's first body bytes too: a stream then starts on one wake-up)."""
+        return await self.send(method, url, headers, body, head_with_body).response()
 
     def _take_idle(self, key: tuple[str, str, int]) -> UpstreamConnection | None:
         idle = self._idle.get(key)
