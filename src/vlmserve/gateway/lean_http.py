@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -136,9 +136,11 @@ def _fill_fields_python(head: bytes, start: int, headers: LeanHeaders) -> bool:
 
 
 try:
-    from vlmserve.gateway._native_head import fill_fields as _fill_fields  # type: ignore[import-not-found]
+    from vlmserve.gateway import _native_head  # type: ignore[attr-defined]
 except ImportError:  # not built (no C compiler at install): the same rules in Python
-    _fill_fields = _fill_fields_python
+    _native_head = None
+_fill_fields: Callable[[bytes, int, LeanHeaders], bool] = (
+    _fill_fields_python if _native_head is None else _native_head.fill_fields)
 
 
 def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:

@@ -378,6 +378,8 @@ class SentRequest:
         """The response head (see UpstreamPool.request). A reused connection that the replica
         closed as the request went out gets it once more on a fresh one (module docstring)."""
         if self.error is not None:
+            if self.connection is not None:
+                _close(self.connection)  # the write on it failed: never pooled again
             raise self.error
         while True:
             connection = self.connection

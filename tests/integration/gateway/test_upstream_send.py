@@ -89,3 +89,23 @@ async def test_what_send_cannot_do_is_raised_by_response() -> None:
     with pytest.raises(ConnectionRefusedError):
         await sent.response()
     pool.close()
+
+
+async def test_a_write_that_fails_is_raised_by_response_and_its_connection_is_not_pooled_again() -> None:
+    replica = Replica()
+    url = await replica.start()
+    pool = UpstreamPool(connect_timeout_s=2)
+    await (await pool.send("POST", url + "/v1/x", b"", b"{}").response()).read()
+    (pooled,) = [c for idle in pool._idle.values() for c in idle]
+
+    def broken_write(data: bytes) -> None:
+        raise RuntimeError("transport is closing")
+
+    pooled.transport.write = broken_write  # type: ignore[method-assign,union-attr]
+    sent = pool.send("POST", url + "/v1/x", b"", b"{}")  # raises nothing here
+    with pytest.raises(RuntimeError, match="transport is closing"):
+        await sent.response()
+    assert pooled.closed and not any(pool._idle.values())
+    response = await pool.send("POST", url + "/v1/x", b"", b"{}").response()  # a fresh connection
+    assert await response.read() == b"{}" and replica.connections == 2
+    pool.close()
