@@ -40,6 +40,8 @@ not one of the rounds).
 --pool reads the files that earlier runs wrote with --json-out (each keeps every request's TTFT)
 and prints the tables and paired blocks over all their rounds together: several runs of the same
 code, one verdict. The runs must share the settings that shape the figures (POOLED_SETTINGS).
+With --json-out it also writes the pooled summary and paired blocks (no rounds, so it is never
+pooled again with the files it came from).
 
 Figures are from the simulated engine: they measure the proxies, not a model.
 """
@@ -573,6 +575,9 @@ def load_rounds(paths: list[Path]) -> tuple[argparse.Namespace, list[list[Trial]
     for path in paths:
         try:
             data = json.loads(path.read_text())
+            if isinstance(data, dict) and "pooled_from" in data:
+                raise SystemExit(f"--pool {path}: it is a pooled summary with no rounds; pool the files it came from: "
+                                 f"{' '.join(data['pooled_from'])}")
             file_settings = {key: data["args"][key] for key in POOLED_SETTINGS}
             file_rounds = [[Trial(**trial) for trial in trials] for trials in data["rounds"]]
         except OSError as err:
@@ -593,6 +598,18 @@ def load_rounds(paths: list[Path]) -> tuple[argparse.Namespace, list[list[Trial]
     assert settings is not None
     # the settings as --json-out wrote them (text): print_summary only shows them
     return argparse.Namespace(**settings, rounds=len(rounds)), rounds
+
+
+def write_results(path: Path, args: argparse.Namespace, figures: tuple[dict, dict, dict], extra: dict) -> None:
+    """--json-out: the settings, the summary and the paired blocks (report's figures), and `extra`."""
+    summary, verdicts, this_against = figures
+    path.write_text(json.dumps({
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "summary": summary,
+        "against_vllm_router": verdicts,
+        "vlmserve_against": this_against,
+        **extra,
+    }, indent=2))
 
 
 def report(rounds: list[list[Trial]], args: argparse.Namespace) -> tuple[dict, dict, dict]:
@@ -629,7 +646,8 @@ def main() -> None:
                              "whose gateway runs beside this one as `vlmserve-base`")
     parser.add_argument("--workers", type=int, default=1, help="vlmserve gateway --workers (this checkout's gateway)")
     parser.add_argument("--vllm-router-venv", default=str(VLLM_ROUTER_VENV))
-    parser.add_argument("--json-out", type=Path, help="write per-round trials and the summary here")
+    parser.add_argument("--json-out", type=Path,
+                        help="write per-round trials and the summary here (with --pool: the pooled summary, no rounds)")
     parser.add_argument("--syscalls", action="store_true",
                         help="after the rounds, count each proxy's system calls per request under perf stat (Linux, root)")
     parser.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
@@ -638,7 +656,10 @@ def main() -> None:
                       only="vlmserve,nginx")
     if args.pool:
         pooled_args, pooled_rounds = load_rounds(args.pool)
-        report(pooled_rounds, pooled_args)
+        figures = report(pooled_rounds, pooled_args)
+        if args.json_out:
+            # no rounds: a pooled file cannot be pooled again with the files it came from (counted twice)
+            write_results(args.json_out, pooled_args, figures, {"pooled_from": [str(path) for path in args.pool]})
         return
     wanted = set(args.only.split(",")) if args.only else {"vlmserve", "vlmserve-base", "nginx", "vllm-router"}
     if args.baseline_src is not None and not (args.baseline_src / "vlmserve" / "__init__.py").is_file():
@@ -684,15 +705,11 @@ def main() -> None:
         if args.smoke and failed:
             raise SystemExit(f"smoke: {failed} requests failed; see the logs in {log_dir}")
         if args.json_out:
-            args.json_out.write_text(json.dumps({
-                "args": {k: str(v) for k, v in vars(args).items()},
-                "summary": summary,
-                "against_vllm_router": verdicts,
-                "vlmserve_against": this_against,
+            write_results(args.json_out, args, (summary, verdicts, this_against), {
                 "syscalls_per_request": syscall_counts,
                 # every request's TTFT (to the µs), so that --pool can pair the rounds of several runs
                 "rounds": [[{**vars(t), "ttft_ms": [round(x, 3) for x in t.ttft_ms]} for t in trials] for trials in rounds],
-            }, indent=2))
+            })
     finally:
         for route in reversed(routes):
             route.stop()

@@ -109,6 +109,12 @@ def test_pooled_runs_are_paired_round_by_round_as_one_run(overhead: ModuleType, 
     median, low, high = verdicts["vlmserve"]["ttft_p50_ms_minus"]
     assert median == pytest.approx(-0.025) and low == pytest.approx(-0.10) and high == pytest.approx(0.05)
     assert "10 rounds x 1 requests" in capsys.readouterr().out
+    pooled = tmp_path / "pooled.json"
+    overhead.write_results(pooled, args, overhead.report(rounds, args), {"pooled_from": [str(first), str(second)]})
+    assert json.loads(pooled.read_text())["against_vllm_router"]["vlmserve"]["ttft_p50_ms_minus"] == [median, low, high]
+    with pytest.raises(SystemExit, match=r"pooled\.json: it is a pooled summary with no rounds; pool the files it came "
+                                         r"from: .*a\.json .*b\.json"):
+        overhead.load_rounds([pooled, first])  # its rounds would count twice
 
 
 def test_pooling_refuses_runs_it_cannot_pair_with_one_line(overhead: ModuleType, tmp_path: Path) -> None:
