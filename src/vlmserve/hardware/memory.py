@@ -21,30 +21,38 @@ test_kv_capacity_published.py holds it against KV sizes vLLM printed in publishe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vlmserve.errors import UserError
+from vlmserve.hardware.dtypes import normalize_kv_dtype
 from vlmserve.hardware.gpus import GB, GIB, GPU
-from vlmserve.hardware.models import ModelCost
+from vlmserve.hardware.models import KV_BYTES, ModelCost
 
 ACTIVATION_BYTES = 2.0
 """Activations run in BF16."""
 
-SAMPLER_BYTES_PER_LOGIT = 18.0
-"""Bytes per (row × vocab) the dummy sampler run holds at its peak: BF16 logits (2), their float32
-copy (4), the probabilities (4) and the top-k/top-p sort's values and int64 indices (4 + 4 live at
-once with the in-place mask) — vLLM's `_dummy_sampler_run` exercises top-k/top-p on purpose."""
+SAMPLER_BYTES_PER_LOGIT = 38.5
+"""Peak bytes per (row × vocab entry) of vLLM's dummy sampler run, which exercises top-k/top-p on
+purpose: BF16 logits, their float32 copy, the sort's float32 values and int64 indices, the masks,
+softmax/cumsum and the scattered result live at once (≈ 29 bytes) plus allocator rounding. Held
+against three published profiles, all of which print the activation peak: Qwen3-Next TP2 on H200,
+1024 seqs × 151,936 vocab → 5.58 GiB; gpt-oss-20b on H100, 1024 × 201,088 → 7.38 GiB; Qwen3-235B
+TP4 on L40S, 256 × 151,936 → 1.40 GiB (each within 1 %)."""
 
-NON_TORCH_BYTES = 0.3 * GIB
-"""Memory outside PyTorch's allocator that appears during start-up on one GPU (cuBLAS/cuDNN
-workspaces, kernel modules); the CUDA context itself is taken before vLLM's baseline."""
+NON_TORCH_BYTES = 0.2 * GIB
+"""Memory outside PyTorch's allocator that appears during start-up on one GPU (cuBLAS workspaces,
+kernel modules): 0.13–0.21 GiB in the published profiles; the CUDA context predates vLLM's baseline."""
 
-NON_TORCH_TP_BYTES = 0.6 * GIB
-"""Extra per GPU under tensor/expert parallelism: NCCL communicators and the custom all-reduce buffers."""
+CUSTOM_ALLREDUCE_BYTES = 1.2 * GIB
+"""Extra non-torch memory per GPU under tensor parallelism over NVLink: NCCL communicators plus
+vLLM's custom all-reduce buffers (1.38 GiB in all at TP2 on H200). Over PCIe vLLM disables custom
+all-reduce and the increase is negligible (0.21 GiB in all at TP4 on L40S)."""
 
-CUDA_GRAPH_BYTES = 0.4 * GIB
-"""CUDA-graph pool counted against the budget (vLLM ≥ 0.21 profiles it by default; older versions
-capture it in the (1 − utilization) headroom, so this slightly under-states their KV cache)."""
+CUDA_GRAPH_BYTES = 0.5 * GIB
+"""CUDA-graph pool that vLLM ≥ 0.21 profiles and counts against the budget (0.4–0.7 GiB for dense
+8–32B models at the default capture sizes; MoE models at TP4 reach 2–3.5 GiB). Older versions
+capture graphs after sizing the KV cache, in the (1 − utilization) headroom."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +125,10 @@ def activation_peak_bytes(
     if model.is_moe:
         expert_width = model.expert_params / (3 * hidden)
         rows = tokens * model.experts_per_token
-        widest = max(widest, rows * (3 * expert_width / tp + hidden) * ACTIVATION_BYTES)
+        # TP splits every expert's width; under EP each GPU runs whole experts (fused-MoE workspaces
+        # are sized for all T·k rows either way)
+        width_split = 1 if ep else tp
+        widest = max(widest, rows * (3 * expert_width / width_split + hidden) * ACTIVATION_BYTES)
     forward = residual + widest
     rows = min(max_num_seqs, max_num_batched_tokens)
     sampler = rows * model.vocab_size * SAMPLER_BYTES_PER_LOGIT + tokens * hidden * ACTIVATION_BYTES
@@ -138,12 +149,13 @@ def plan_memory(
     max_num_batched_tokens: int = 8192,
     max_num_seqs: int = 256,
     ep: int | None = None,
-    cuda_graphs: bool = True,
+    cuda_graphs_in_budget: bool = True,
 ) -> MemoryPlan:
     """The KV cache left per GPU after vLLM's profiling run (see the module doc).
 
-    Raises a UserError that says how many GiB are missing when the weights and the profiling
-    peak do not fit.
+    `cuda_graphs_in_budget`: vLLM ≥ 0.21 counts its CUDA-graph pool in the budget; set False to
+    reproduce older versions. Raises a UserError that says how many GiB are missing when the
+    weights and the profiling peak do not fit.
     """
     if tp < 1:
         raise UserError("--tp must be at least 1")
@@ -166,7 +178,8 @@ def plan_memory(
     budget = visible * gpu_memory_utilization
     weights = model.weight_bytes_per_gpu(weight_dtype, tp, ep)
     activation = activation_peak_bytes(model, tp, max_num_batched_tokens, max_num_seqs, ep)
-    non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if gpus > 1 else 0.0) + (CUDA_GRAPH_BYTES if cuda_graphs else 0.0)
+    custom_allreduce = CUSTOM_ALLREDUCE_BYTES if gpus > 1 and "nvlink" in gpu.interconnect.lower() else 0.0
+    non_torch = NON_TORCH_BYTES + custom_allreduce + (CUDA_GRAPH_BYTES if cuda_graphs_in_budget else 0.0)
     kv = budget - weights - activation - non_torch
     if kv <= 0:
         raise UserError(
@@ -194,3 +207,54 @@ def kv_capacity_tokens(
     blocks = int(memory.kv_bytes_per_gpu / (bytes_per_token * block_size))
     data_parallel_ranks = max(memory.gpus // tp, 1)
     return blocks * block_size * data_parallel_ranks
+
+
+@dataclass(frozen=True)
+class VllmStartupReport:
+    """The two capacity lines vLLM prints at start-up, as this model predicts them."""
+
+    kv_cache_tokens: int
+    """"GPU KV cache size: N tokens"."""
+    max_concurrency: float
+    """"Maximum concurrency for max_model_len tokens per request: X"."""
+    block_size: int
+    """Tokens per KV block (hybrid linear-attention models enlarge it to fit one layer's state)."""
+
+
+def _round_up(value: float, multiple: int) -> int:
+    return int(-(-value // multiple) * multiple)
+
+
+def vllm_startup_report(
+    model: ModelCost, kv_bytes_per_gpu: float, tp: int, kv_dtype: str, max_model_len: int, block_size: int = 16
+) -> VllmStartupReport:
+    """What vLLM (V1, `kv_cache_utils`) prints for a KV cache of `kv_bytes_per_gpu` on each GPU.
+
+    Uniform attention: blocks = memory ÷ (block × bytes per token over all layers); size = blocks ×
+    block; concurrency = blocks ÷ blocks one max_model_len request needs. Hybrid linear attention
+    (Qwen3-Next): the attention block grows (in multiples of 16) until one layer's page holds a
+    linear layer's state; layers form groups of as many layers as there are full-attention layers,
+    the groups share one block pool, the printed size is the pool's share per group, and one
+    request needs its attention blocks plus one block per linear group. Sliding layers are counted
+    at full length (vLLM's own sliding groups are not modelled here).
+    """
+    size = KV_BYTES[normalize_kv_dtype(kv_dtype)]
+    full = [group for group in model.attention if group.kv_elements_per_token() and group.linear is None]
+    linear = [group for group in model.attention if group.linear is not None]
+    per_token_all = sum(group.kv_elements_per_token_per_gpu(tp) for group in full) * size
+    if per_token_all <= 0:
+        raise UserError(f"{model.name} keeps no per-token KV cache; vLLM's KV report does not apply")
+    if not linear:
+        blocks = int(kv_bytes_per_gpu // (per_token_all * block_size))
+        needed = -(-max_model_len // block_size)
+        return VllmStartupReport(blocks * block_size, blocks / needed, block_size)
+    full_layers = sum(group.count for group in full)
+    linear_layers = sum(group.count for group in linear)
+    per_layer = per_token_all / full_layers
+    state = max(group.linear.state_bytes(tp) for group in linear if group.linear is not None)
+    block = max(block_size, _round_up(state / per_layer, 16))
+    group_size = math.gcd(full_layers, linear_layers)
+    groups = (full_layers + linear_layers) // group_size
+    blocks = int(kv_bytes_per_gpu // (block * per_layer * group_size))
+    needed = -(-max_model_len // block) * (full_layers // group_size) + linear_layers // group_size
+    return VllmStartupReport((blocks // groups) * block, blocks / needed, block)

@@ -63,6 +63,8 @@ class LinearAttentionShape:
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    recurrent_bytes: float = 2.0
+    """Bytes per recurrent-state element: the model dtype, or 4 where config.json sets mamba_ssm_dtype float32."""
 
     @property
     def conv_dim(self) -> int:
@@ -74,6 +76,12 @@ class LinearAttentionShape:
         """Recurrent state (v_heads × d_k × d_v) plus the convolution's last (kernel − 1) inputs."""
         recurrent = self.value_heads * self.key_head_dim * self.value_head_dim
         return recurrent + (self.conv_kernel - 1) * self.conv_dim
+
+    def state_bytes(self, tp: int = 1) -> float:
+        """Bytes one sequence's state takes in one layer on each of `tp` GPUs (heads and channels split)."""
+        recurrent = self.value_heads * self.key_head_dim * self.value_head_dim / tp
+        conv = (self.conv_kernel - 1) * self.conv_dim / tp
+        return recurrent * self.recurrent_bytes + conv * STATE_BYTES
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,8 @@ class AttentionLayers:
     """The latent shape of MLA layers (kind 'mla')."""
     linear: LinearAttentionShape | None = None
     """The state shape of linear-attention layers (kind 'linear')."""
+    output_gate: bool = False
+    """A sigmoid gate on the attention output doubles the query projection (Qwen3-Next, Qwen3.5)."""
 
     def params(self, hidden_size: int) -> int:
         """Projection weights of all layers in the group."""
@@ -116,7 +126,7 @@ class AttentionLayers:
             conv = lin.conv_dim * lin.conv_kernel
             out = lin.value_heads * lin.value_head_dim * hidden_size
             return self.count * (qkvz + gates + conv + out)
-        q_and_o = 2 * hidden_size * self.q_heads * self.head_dim
+        q_and_o = (3 if self.output_gate else 2) * hidden_size * self.q_heads * self.head_dim
         kv_projections = 0 if not self.owns_kv else (1 if self.k_eq_v else 2)
         k_and_v = kv_projections * hidden_size * self.kv_heads * self.head_dim
         return self.count * (q_and_o + k_and_v)
@@ -146,9 +156,9 @@ class AttentionLayers:
         heads_per_gpu = max(self.kv_heads / tp, 1.0) if self.kv_heads else 0.0
         return 2.0 * self.count * heads_per_gpu * self.head_dim
 
-    def state_elements_per_sequence(self) -> int:
-        """Fixed per-sequence state (linear-attention layers), independent of context length."""
-        return self.count * self.linear.state_elements if self.linear is not None else 0
+    def state_bytes_per_sequence(self, tp: int = 1) -> float:
+        """Fixed per-sequence state bytes (linear-attention layers) on each of `tp` GPUs, whatever the context."""
+        return self.count * self.linear.state_bytes(tp) if self.linear is not None else 0.0
 
     def context_seen(self, context_tokens: float) -> float:
         """Tokens one query attends to (capped at the window for sliding layers; none for linear)."""
@@ -361,9 +371,9 @@ class ModelCost:
         """KV bytes per token with no window cap (the headline figure)."""
         return sum(self.kv_bytes_per_token_by_kind(kv_dtype).values())
 
-    def state_bytes_per_sequence(self) -> float:
-        """Fixed bytes each running sequence holds in linear-attention layers (recurrent + conv state)."""
-        return STATE_BYTES * sum(group.state_elements_per_sequence() for group in self.attention)
+    def state_bytes_per_sequence(self, tp: int = 1) -> float:
+        """Fixed bytes each running sequence holds in linear-attention layers (recurrent + conv state), per GPU."""
+        return sum(group.state_bytes_per_sequence(tp) for group in self.attention)
 
     def kv_bytes_for_context(self, context_tokens: float, kv_dtype: str = "bf16") -> float:
         """KV (and linear-attention state) bytes one sequence holds, and attention reads, at this context."""
@@ -380,7 +390,7 @@ class ModelCost:
             group.kv_elements_per_token_per_gpu(tp) * size * group.context_seen(context_tokens)
             for group in self.attention
         )
-        state = self.state_bytes_per_sequence() / tp if context_tokens > 0 else 0.0
+        state = self.state_bytes_per_sequence(tp) if context_tokens > 0 else 0.0
         return per_token + state
 
     # ---- FLOPs ------------------------------------------------------------------------
@@ -533,14 +543,16 @@ def _mla_shape(fields: _Fields) -> MlaShape:
     )
 
 
-def _linear_shape(fields: _Fields) -> LinearAttentionShape:
+def _linear_shape(text: dict[str, Any], fields: _Fields) -> LinearAttentionShape:
     why = "the linear-attention state each sequence keeps"
+    ssm_dtype = str(text.get("mamba_ssm_dtype") or "").lower()
     return LinearAttentionShape(
         key_heads=fields.need_int("linear_num_key_heads", why=why),
         value_heads=fields.need_int("linear_num_value_heads", why=why),
         key_head_dim=fields.need_int("linear_key_head_dim", why=why),
         value_head_dim=fields.need_int("linear_value_head_dim", why=why),
         conv_kernel=fields.need_int("linear_conv_kernel_dim", why=why),
+        recurrent_bytes=4.0 if ssm_dtype in ("float32", "fp32") else STATE_BYTES,
     )
 
 
@@ -559,9 +571,11 @@ def _attention_groups(text: dict[str, Any], fields: _Fields, hidden: int, num_la
             f"num_hidden_layers ({num_layers})"
         )
     k_eq_v = bool(text.get("attention_k_eq_v", False))
+    # Qwen3-Next gates its attention output without saying so in config.json; Qwen3.5 says so
+    output_gate = bool(text.get("attn_output_gate", str(text.get("model_type", "")).startswith("qwen3_next")))
     mla = _mla_shape(fields) if "kv_lora_rank" in text else None
     kinds = _layer_kinds(text, fields, num_layers)
-    linear = _linear_shape(fields) if "linear" in kinds else None
+    linear = _linear_shape(text, fields) if "linear" in kinds else None
     counts: dict[tuple[AttentionKind, bool], int] = {}
     for index, kind in enumerate(kinds):
         if mla is not None and kind == "full":
@@ -579,7 +593,8 @@ def _attention_groups(text: dict[str, Any], fields: _Fields, hidden: int, num_la
             groups.append(AttentionLayers("linear", count, linear.value_heads, 0, linear.value_head_dim, None, owns_kv, linear=linear))
         else:
             groups.append(
-                AttentionLayers("full", count, q_heads, global_kv_heads, global_head_dim, None, owns_kv, k_eq_v)
+                AttentionLayers("full", count, q_heads, global_kv_heads, global_head_dim, None, owns_kv, k_eq_v,
+                                output_gate=output_gate)
             )
     return tuple(groups)
 
