@@ -119,9 +119,10 @@ def activation_peak_bytes(
             width = (2 * group.q_heads + 2 * group.kv_heads) * group.head_dim
         widest = max(widest, tokens * width / tp * ACTIVATION_BYTES)
     if model.dense_mlp_params:
+        # dense MLPs (and shared experts) averaged over the layers that carry them
         dense_layers = max(model.num_layers - model.moe_layers, 0) or model.num_layers
-        width = model.dense_mlp_params / (3 * hidden * max(dense_layers, 1))
-        widest = max(widest, tokens * 3 * width / tp * ACTIVATION_BYTES)
+        mlp_width = model.dense_mlp_params / (3 * hidden * max(dense_layers, 1))
+        widest = max(widest, tokens * 3 * mlp_width / tp * ACTIVATION_BYTES)
     if model.is_moe:
         expert_width = model.expert_params / (3 * hidden)
         rows = tokens * model.experts_per_token
