@@ -40,6 +40,15 @@ WEIGHT_ONLY_COMPUTE_EFFICIENCY = 0.85
 the compute-bound regime they reach about 85 % of a plain BF16 GEMM, so a weight-only format is
 priced below BF16 peak — never above it (vLLM's own kernel benchmarks, large-M Marlin vs cuBLAS)."""
 
+VISIBLE_MEMORY_SOURCES: dict[str, str] = {
+    "h100": "79.18 GiB: published vLLM memory profiles on H100 ('H100 GPU (79.18 GiB)')",
+    "h200": "139.81 GiB: vLLM 0.10.2 log 'Free memory on device (139.21/139.81 GiB) on startup'",
+    "l40s": "44.42 GiB: vLLM log 'Free memory on device (43.93/44.42 GiB) on startup'",
+    "a100": "79.15 GiB: PyTorch OOM text 'GPU 0 has a total capacity of 79.15 GiB'",
+}
+"""Where `vllm_visible_gib` comes from; the other rows are estimates (nominal GiB less the ~0.5 GiB
+the driver keeps), and GB10's unified memory is what CUDA reports of the 128 GB LPDDR5x."""
+
 VISIBLE_MEMORY_FRACTION = 0.99
 """Where the catalogue lacks `vllm_visible_gib`: the driver and ECC keep about 1 % of the nominal GiB."""
 
