@@ -14,6 +14,8 @@ from vlmserve.hardware.dtypes import normalize_kv_dtype
 from vlmserve.hardware.gpus import WEIGHT_ONLY_COMPUTE_EFFICIENCY, get_gpu
 from vlmserve.hardware.memory import plan_memory
 from vlmserve.hardware.models import load_model, parse_config, preset_config
+from vlmserve.hardware.setup import PlanSetup
+from vlmserve.sched.step_cost import StepContents
 
 LLAMA_8B_LINEAR = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
 """Llama-3.1-8B decoder linear weights: per layer q,o (4096²) + k,v (4096×1024) + gate,up,down (3×4096×14336)."""
@@ -150,6 +152,11 @@ def test_fp8_is_w8a8_with_fp8_tensor_cores_and_weight_only_without() -> None:
     # A100 has no FP8 tensor cores: vLLM runs FP8 weight-only, which must never price faster than BF16
     assert a100.compute_path("fp8").kind == "weight-only"
     assert a100.peak_flops("fp8") == 312e12 * WEIGHT_ONLY_COMPUTE_EFFICIENCY < a100.peak_flops("bf16")
+    # and a compute-bound prefill step of FP8 weights on A100 takes longer than the BF16 one
+    prefill = StepContents(prefill_tokens=8192, prefill_seqs=4, decode_seqs=0, kv_tokens_read=16384)
+    step = {dtype: PlanSetup.from_names("llama-3.1-8b", "a100", weight_dtype=dtype).cost_model().step_time_s(prefill)
+            for dtype in ("bf16", "fp8")}
+    assert step["fp8"] > step["bf16"]
 
 
 def test_int4_awq_and_gptq_with_their_group_scales() -> None:
