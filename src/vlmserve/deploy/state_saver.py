@@ -7,11 +7,13 @@ the failure is made visible instead:
 
 - one line in the supervisor's events when a failure episode starts (not one per retry), and one
   when the state is saved again, saying how many writes failed meanwhile;
-- a small marker file beside state.json (`state.unsaved`) holding when the episode began and the
-  error: `status` reads it and says "state could not be saved since ...". On a full disk even the
-  marker's text may not fit, but creating an empty file needs no data block, so its mtime says
-  when; and where no marker can be made at all, `status` still compares the state's own
-  `updated_at` (rewritten every `HEARTBEAT_S`) with the clock;
+- a note beside state.json that `status` reads to say "state could not be saved since ... (the
+  error)". A full disk has no room for a new note, so the room is taken while there is some: with
+  the first successful save the supervisor writes `state.save-status`, `SLOT_BYTES` long, and on a
+  failure it overwrites those blocks in place, which needs no new ones. Where even that fails
+  (a copy-on-write file system, a read-only mount), an empty `state.unsaved` is created (an
+  inode, no data block: its mtime says when); and where nothing at all can be written, `status`
+  still compares the state's own `updated_at` (rewritten every `HEARTBEAT_S`) with the clock;
 - the counters `save_failures`, `last_save_error` and `last_save_error_at` in the state itself,
   which reach the file (and `status --json`) with the next write that succeeds.
 
@@ -34,11 +36,21 @@ RETRY_S = 2.0
 """While writes fail, how often the supervisor tries again (each try is one small file, removed at once)."""
 STALE_AFTER_HEARTBEATS = 3
 """A live supervisor's state older than this many heartbeats is called stale by `status`."""
+SLOT_NAME = "state.save-status"
+SLOT_BYTES = 512
+"""The save-status note's fixed size: room for the time and the error, allocated while there is room."""
 MARKER_NAME = "state.unsaved"
+_OK = "ok"
+_FAILING = "failing"
+
+
+def slot_path(state_file: Path) -> Path:
+    """Where the save-status note of a state file lives (beside it)."""
+    return state_file.with_name(SLOT_NAME)
 
 
 def marker_path(state_file: Path) -> Path:
-    """Where the 'could not be saved' marker of a state file lives (beside it)."""
+    """Where the empty 'could not be saved' marker (the fallback) of a state file lives."""
     return state_file.with_name(MARKER_NAME)
 
 
@@ -102,35 +114,46 @@ class StateSaver:
         )
 
     def _saved(self, now: float) -> None:
+        first = self.last_saved_at is None
         self.last_saved_at = now
-        marker = marker_path(self.path)
         if self.failing_since is None:
-            if self.failures == 0:
+            if first:  # take the note's room while there is some; clear one an earlier supervisor left
+                _write_slot(slot_path(self.path), _OK, create=True)
                 with contextlib.suppress(OSError):
-                    marker.unlink()  # one left by an earlier supervisor of this name that died failing
+                    marker_path(self.path).unlink()
             return
         since, count = self.failing_since, self.episode_failures
         self.failing_since = None
         self.episode_failures = 0
+        _write_slot(slot_path(self.path), _OK, create=True)
         with contextlib.suppress(OSError):
-            marker.unlink()
+            marker_path(self.path).unlink()
         self._say(
             f"deployment state saved again after {count} failed write(s) since {time.strftime('%H:%M:%S', time.localtime(since))}"
         )
 
     def _write_marker(self, since: float) -> None:
-        """Best effort: create the marker (an inode, no data block), then try to put the details in it."""
-        marker = marker_path(self.path)
-        try:
-            descriptor = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        except OSError:
+        """Say the episode where `status` looks: in the note's own blocks, else as an empty marker."""
+        if _write_slot(slot_path(self.path), f"{_FAILING}\n{since}\n{self.last_error}", create=False):
             return
-        try:
-            os.write(descriptor, f"{since}\n{self.last_error}\n".encode())
-        except OSError:
-            pass  # the empty marker's mtime still says when
-        finally:
-            os.close(descriptor)
+        with contextlib.suppress(OSError):
+            os.close(os.open(marker_path(self.path), os.O_WRONLY | os.O_CREAT, 0o644))
+
+
+def _write_slot(slot: Path, text: str, *, create: bool) -> bool:
+    """Overwrite the note in place, padded to SLOT_BYTES (no new block needed once it exists)."""
+    data = text.encode(errors="replace")[: SLOT_BYTES - 1] + b"\n"
+    data = data.ljust(SLOT_BYTES, b" ")
+    try:
+        descriptor = os.open(slot, os.O_WRONLY | (os.O_CREAT if create else 0), 0o644)
+    except OSError:
+        return False
+    try:
+        return os.pwrite(descriptor, data, 0) == len(data)
+    except OSError:
+        return False
+    finally:
+        os.close(descriptor)
 
 
 def _describe(problem: OSError) -> str:
@@ -141,20 +164,23 @@ def _describe(problem: OSError) -> str:
 
 
 def read_marker(state_file: Path) -> tuple[float, str | None] | None:
-    """(since, error) from a state file's marker, or None when there is none."""
-    marker = marker_path(state_file)
+    """(since, error) when the supervisor noted that state_file could not be saved, else None."""
     try:
-        stat = marker.stat()
-        text = marker.read_text(errors="replace")
+        with open(slot_path(state_file), "rb") as note:
+            lines = note.read(SLOT_BYTES).decode(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    if len(lines) >= 2 and lines[0] == _FAILING:
+        try:
+            since = float(lines[1])
+        except ValueError:
+            since = 0.0
+        error = lines[2].strip()[:200] if len(lines) > 2 and lines[2].strip() else None
+        return since, error
+    try:
+        return marker_path(state_file).stat().st_mtime, None
     except OSError:
         return None
-    lines = text.splitlines()
-    try:
-        since = float(lines[0])
-    except (IndexError, ValueError):
-        since = stat.st_mtime
-    error = lines[1].strip()[:200] if len(lines) > 1 and lines[1].strip() else None
-    return since, error
 
 
 def state_alarm(state: DeploymentState, state_file: Path, now: float | None = None) -> str | None:
