@@ -175,3 +175,45 @@ def test_a_replica_stuck_behind_a_healthy_api_is_restarted(
     assert now["replicas"][0]["last_exit_code"] == -signal.SIGKILL
     assert now["gateway"]["restarts"] == 0
     stop_up(proc)
+
+
+def flaky_supervisor(spec: object, state_dir: Path, events: list[str], faults: int):  # type: ignore[no-untyped-def]
+    """A Supervisor whose monitor step raises for its first `faults` runs: a bug's exception, injected
+    where any surprise would surface (the step that restarts crashed processes)."""
+    from vlmserve.deploy.supervisor import Supervisor
+
+    class Flaky(Supervisor):
+        faults_left = faults
+
+        def _check_member(self, member):  # type: ignore[no-untyped-def]
+            if self.faults_left > 0:
+                self.faults_left -= 1
+                raise RuntimeError("injected fault in the monitor step")
+            super()._check_member(member)
+
+    return Flaky(spec, on_event=events.append, state_dir=state_dir)  # type: ignore[arg-type]
+
+
+@needs_sim
+@pytest.mark.hostile("an exception in the supervisor's monitor step: reported once, supervision goes on "
+                     "and a crashed replica is still restarted")
+def test_an_exception_in_the_monitor_does_not_end_supervision(tmp_path: Path) -> None:
+    from vlmserve.spec import DeploymentSpec
+
+    spec = DeploymentSpec(name="flaky", engine="sim", model="sim-model", replicas=1, gateway=False,
+                          port=free_ports(2), liveness={"enabled": False})  # fmt: skip
+    events: list[str] = []
+    supervisor = flaky_supervisor(spec, tmp_path, events, faults=8)  # four seconds of failing passes
+    with supervisor:
+        replica = supervisor.replicas[0]
+        first_pid = replica.pid
+        assert first_pid is not None
+        wait_for(lambda: supervisor.faults_left == 0, 60, "the injected faults to be spent")
+        os.killpg(first_pid, signal.SIGKILL)
+        wait_for(lambda: replica.restarts == 1 and replica.state == "ready", 120, "the replica to be restarted")
+        assert replica.pid != first_pid and ask(replica.plan.url).status_code == 200
+    failed = [line for line in events if "supervision step 'check replica 0' failed" in line]
+    assert len(failed) == 1, events  # eight failures, one line
+    assert "RuntimeError: injected fault in the monitor step; supervision goes on" in failed[0]
+    assert any("supervision step 'check replica 0' works again" in line for line in events), events
+    assert any(f"replica 0 (pid {first_pid}) exited with code -9; restarting" in line for line in events), events
