@@ -78,6 +78,7 @@ class Supervisor:
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._heartbeat: threading.Thread | None = None
         self._watches: list[LivenessWatch] = []
         self.replicas: list[ManagedProcess] = []
         self.gateway: ManagedProcess | None = None
@@ -130,6 +131,8 @@ class Supervisor:
         try:
             self._preflight()
             self._write_state()
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="vlmserve-state", daemon=True)
+            self._heartbeat.start()
             if self.device_kind in STARTS_TOGETHER:
                 for replica in self.replicas:
                     self._launch(replica, first_start=True)
@@ -158,8 +161,9 @@ class Supervisor:
     def stop(self) -> None:
         """Stop every process tree this supervisor started, gateway first; idempotent."""
         self._stopping.set()
-        if self._monitor is not None and self._monitor is not threading.current_thread():
-            self._monitor.join(timeout=30)
+        for thread in (self._monitor, self._heartbeat):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=30)
         for watch in self._watches:
             watch.join(timeout=self.spec.liveness.timeout_s + self.spec.liveness.probe_timeout_s + 1)
         with self._lock:
@@ -269,7 +273,7 @@ class Supervisor:
     # ---- watching and restarting ------------------------------------------------------
 
     def _monitor_loop(self) -> None:
-        """Check every member, then save the state when a heartbeat or retry is due; until stop().
+        """Check every member twice a second, restarting what died, until stop().
 
         Each step is guarded: an exception is reported and the next step runs (a monitor thread
         that died would leave every later crash unrestarted)."""
@@ -278,6 +282,12 @@ class Supervisor:
                 if self._stopping.is_set():
                     return
                 self._guard.run(f"check {member.plan.label}", lambda member=member: self._check_member(member))  # type: ignore[misc]
+
+    def _heartbeat_loop(self) -> None:
+        """Save the state when a heartbeat or a retry is due, until stop(). Its own thread: the
+        monitor waits out a restarting replica's readiness (minutes for vLLM), and the state's age
+        must not say "stale" meanwhile, nor a retry wait for it once space returns."""
+        while not self._stopping.wait(MONITOR_POLL_S):
             if self._saver.due():
                 self._guard.run("save state", self._write_state)
 
