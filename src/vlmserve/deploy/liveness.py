@@ -37,6 +37,10 @@ import httpx
 from vlmserve.deploy.progress import StallJudge, parse_progress
 from vlmserve.spec import LivenessOptions
 
+STALL_READS_PER_WINDOW = 8
+"""How often, per stall window, a replica's /metrics is read (no more often than every interval_s):
+a vLLM /metrics page is large, and a stall needs the whole window to be judged anyway."""
+
 
 @dataclass(frozen=True)
 class Subject:
@@ -122,6 +126,7 @@ class LivenessWatch(threading.Thread):
         self._failures = 0
         self._watched: object | None = None
         self._stall = StallJudge(options.stall_s) if options.stall_s is not None else None
+        self._next_read = 0.0
         self._broken: str | None = None
 
     def run(self) -> None:
@@ -147,15 +152,18 @@ class LivenessWatch(threading.Thread):
             self._watched = subject.process if subject is not None else None
             if self._stall is not None:
                 self._stall.reset()
+                self._next_read = 0.0
         if subject is None:
             return
         gateway = subject.role == "gateway"
         problem = health_problem(client, subject.url, options.timeout_s, any_status_ok=gateway)
         if problem is None:
             self._failures = 0
-            if gateway or self._stall is None or self._stopping.is_set():
+            now = time.monotonic()
+            if gateway or self._stall is None or self._stopping.is_set() or now < self._next_read:
                 return
-            stalled = stall_problem(client, subject.url, options.timeout_s, self._stall, time.monotonic())
+            self._next_read = now + self._stall.window_s / STALL_READS_PER_WINDOW
+            stalled = stall_problem(client, subject.url, options.timeout_s, self._stall, now)
             if stalled is None:
                 return
             self._stall.reset()
