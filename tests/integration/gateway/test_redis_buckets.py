@@ -194,7 +194,7 @@ async def test_extreme_rates_and_debts_never_fail_the_script(redis_server: Redis
 
 
 @pytest.mark.hostile("a limit or cost of inf, nan or 10**309 sent to the Redis script")
-@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 10**309])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 10**309], ids=["inf", "nan", "10**309"])
 async def test_a_number_lua_cannot_read_is_refused_before_it_is_sent(redis_server: RedisServer, bad: float) -> None:
     client = Redis.from_url(redis_server.url)
     buckets = RedisBuckets(client)

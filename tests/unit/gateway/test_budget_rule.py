@@ -59,7 +59,8 @@ def test_a_finished_request_is_settled_to_its_use_or_the_gateways_own_count() ->
 
 
 @pytest.mark.hostile("max_tokens of 1e309, 10**309, negative, zero, fractional, a string or a boolean")
-@pytest.mark.parametrize("value", [float("inf"), 10**309, -1, 0, 12.5, "100", True, float("nan"), MAX_OUTPUT_TOKENS + 1])
+@pytest.mark.parametrize("value", [float("inf"), 10**309, -1, 0, 12.5, "100", True, float("nan"), MAX_OUTPUT_TOKENS + 1],
+                         ids=["inf", "10**309", "negative", "zero", "fraction", "string", "bool", "nan", "over-int32"])
 @pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens", "max_output_tokens", "n"])
 def test_an_absurd_output_limit_is_a_400_naming_the_field(key: str, value: object) -> None:
     with pytest.raises(AdmissionRejected) as refused:
