@@ -11,6 +11,8 @@ Each scenario runs with the budget in this process and through Redis (`--state`)
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -135,3 +137,16 @@ async def test_an_absurd_max_tokens_is_a_400_before_any_arithmetic(
         health = await (await session.get(gateway.base_url + "/health")).json()
     if where == "redis":
         assert health["state"]["available"] is True, health
+
+
+@pytest.mark.hostile("a keys file with a tenant rate of inf or 1e-30, given to `vlmserve gateway`")
+@pytest.mark.parametrize(("key", "value"), [("tokens_per_min", ".inf"), ("requests_per_s", "1e-30")])
+def test_a_keys_file_with_an_absurd_rate_stops_the_gateway_with_one_line(tmp_path: Path, key: str, value: str) -> None:
+    """As an operator runs it (a process: a gateway that took the file would serve until the timeout)."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"tenants:\n  - name: greedy\n    keys: [sk-greedy]\n    {key}: {value}\n")
+    done = subprocess.run([sys.executable, "-m", "vlmserve", "gateway", "--replica", "http://127.0.0.1:1", "--port", "0",
+                           "--keys-file", str(keys)], capture_output=True, text=True, timeout=60)
+    stderr = done.stderr
+    assert done.returncode == 2 and stderr.startswith("error: ") and len(stderr.strip().splitlines()) == 1, stderr
+    assert "tenant 'greedy'" in stderr and key in stderr and "must be a finite number from" in stderr
