@@ -20,7 +20,9 @@ from typing import Any, cast
 import aiohttp
 from aiohttp import web
 
-from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected, Tenant, load_keys_file
+from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
+                                        check_output_limits, choices_of, context_tokens, load_keys_file,
+                                        settled_tokens)
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
@@ -262,7 +264,7 @@ class Gateway:
         self.requests_in_progress += 1
         tenant = None
         slot_held = False
-        charged: str | None = None
+        charged: Charge | None = None
         payload: dict[str, Any] | None = None
         try:
             try:
@@ -297,6 +299,8 @@ class Gateway:
                 if isinstance(model, str) and not self.pool.lists_model(model):
                     known = self.pool.known_models()
                     raise AdmissionRejected(404, f"model {model!r} is not served here: choose one of {', '.join(sorted(known))}", "model_not_found")
+                if route.generates:
+                    check_output_limits(payload)
                 routed = describe_request(
                     payload, request_id=request_log.request_id, estimator=self.estimator,
                     prefix_block_chars=self.config.prefix_block_chars if self.policy.uses_prefix_hashes else None,
@@ -310,7 +314,9 @@ class Gateway:
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
                 request_log.estimated_tokens = routed.expected_total_tokens
                 if tenant.rate_limited:
-                    charged = await self.admission.check_rate(tenant, routed.expected_total_tokens)
+                    context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None
+                    charged = await self.admission.check_rate(tenant, admissible_tokens(
+                        routed.prompt_tokens, routed.expected_output_tokens, choices_of(payload), context))
                 if not self.admission.try_acquire_slot():
                     await self.admission.acquire_slot(routed.priority)
                 slot_held = True
@@ -334,9 +340,9 @@ class Gateway:
             self.requests_in_progress -= 1
             if slot_held:
                 self.admission.release_slot()
-                if tenant is not None:
-                    used = None if request_log.completion_tokens is None else (request_log.prompt_tokens or 0) + request_log.completion_tokens
-                    self.admission.settle_tokens(tenant, request_log.estimated_tokens, used, charged)
+                if tenant is not None and charged is not None:
+                    self.admission.settle_tokens(tenant, charged, settled_tokens(
+                        request_log.status, request_log.prompt_tokens, request_log.completion_tokens, routed.prompt_tokens))
             self._finish(request_log, payload)
 
     async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
