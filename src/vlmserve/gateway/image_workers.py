@@ -1,0 +1,194 @@
+"""Image work off the event loop: a small pool of worker processes, with a time budget per request.
+
+Why processes, not threads: Pillow releases the GIL in its C decoders only in parts (a PNG's
+zlib inflate and filters do, the mode conversion and the Python between them do not), so 16
+downscales of a 1-bit 8000x8000 PNG run in threads still kept /health waiting; a thread can
+also not be stopped, so a budget could only be noticed after the work was done. A process can
+be killed: the budget holds however long the decoder would have run (benchmarks/image_preflight.py
+--compare-pools measures the event loop's lag with both).
+
+The rules kept:
+- At most `workers` processes, started with the gateway (spawned: a fresh interpreter, nothing
+  inherited from the event loop), each doing one image at a time.
+- A request's images share one budget (`budget_s` of worker time, the whole request): an image
+  still in a worker when the request's budget runs out has its worker killed (a fresh one takes
+  its place on the next call) and the request is refused with 400 (`ImageWorkRefused`).
+- A request waits for a free worker at most `budget_s`, and at most `workers * QUEUE_PER_WORKER`
+  requests wait at once: beyond either, 503 with Retry-After (the pool never grows).
+- The bytes travel over a pipe; the event loop only awaits a future (a dedicated thread per
+  worker waits on the pipe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import multiprocessing.connection
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.context import SpawnProcess
+from typing import Any
+
+QUEUE_PER_WORKER = 8  # requests that may wait for a busy pool, per worker process
+DEFAULT_WORKERS = 2
+DEFAULT_BUDGET_S = 5.0
+
+
+class ImageWorkRefused(Exception):
+    """Image work the pool would not or could not do; carries the HTTP status and OpenAI error code."""
+
+    def __init__(self, message: str, status: int = 400, code: str = "image_work_over_budget",
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.retry_after_s = retry_after_s
+
+
+class _WorkerFailed(Exception):
+    """The task raised inside the worker (a corrupt image past its header, memory): its one-line reason."""
+
+
+def _serve(conn: multiprocessing.connection.Connection) -> None:
+    """A worker process: run each (function, args) received, send back (True, result) or (False, reason)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the gateway, which stops the pool
+    while True:
+        try:
+            function, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[bool, Any] = (True, function(*args))
+        except MemoryError:
+            reply = (False, "not enough memory to decode it")
+        except Exception as err:  # a decoder's error: the request's, reported as a 400
+            reply = (False, " ".join(f"{type(err).__name__}: {err}".split())[:200])
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, context: Any) -> None:
+        self.conn, child = context.Pipe()
+        self.process: SpawnProcess = context.Process(target=_serve, args=(child,), daemon=True,
+                                                     name="vlmserve-image-worker")
+        self.process.start()
+        child.close()
+
+    def call(self, function: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
+        """Run in a pool thread: send the task, wait at most timeout_s. TimeoutError past it."""
+        self.conn.send((function, args))
+        if not self.conn.poll(max(0.0, timeout_s)):
+            raise TimeoutError
+        ok, value = self.conn.recv()
+        if not ok:
+            raise _WorkerFailed(value)
+        return value
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5)
+        self.conn.close()
+
+
+class ImageWorkerPool:
+    """Runs picklable functions of image bytes in `workers` processes (module docstring)."""
+
+    def __init__(self, workers: int = DEFAULT_WORKERS, budget_s: float = DEFAULT_BUDGET_S) -> None:
+        self.workers = workers
+        self.budget_s = budget_s
+        self.queue_limit = workers * QUEUE_PER_WORKER
+        self._context = multiprocessing.get_context("spawn")
+        self._idle: list[_Worker] = []
+        self._busy = 0
+        self._waiting: list[asyncio.Future[None]] = []
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="vlmserve-image-wait")
+        self.killed = 0  # workers killed over a budget (or lost), for tests and metrics
+
+    def start(self) -> None:
+        """Start the processes now, so the first image does not wait for an interpreter to start."""
+        while len(self._idle) + self._busy < self.workers:
+            self._idle.append(_Worker(self._context))
+
+    def close(self) -> None:
+        for worker in self._idle:
+            worker.kill()
+        self._idle.clear()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    def deadline(self) -> float:
+        """When a request starting its image work now runs out of budget (monotonic clock)."""
+        return time.monotonic() + self.budget_s
+
+    async def run(self, function: Callable[..., Any], args: tuple[Any, ...], deadline: float, what: str) -> Any:
+        """function(*args) in a worker, within the request's `deadline`; ImageWorkRefused otherwise.
+        `what` names the work in a refusal ("image 3")."""
+        await self._acquire(what)
+        worker: _Worker | None = None
+        try:
+            worker = self._idle.pop() if self._idle else _Worker(self._context)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._over_budget(what)
+            loop = asyncio.get_running_loop()
+            try:
+                result = await loop.run_in_executor(self._threads, worker.call, function, args, remaining)
+            except TimeoutError:
+                raise self._over_budget(what) from None
+            except _WorkerFailed as failed:
+                self._idle.append(worker)
+                worker = None
+                raise ImageWorkRefused(f"{what} could not be decoded ({failed}): send a valid image",
+                                       code="invalid_image") from None
+            self._idle.append(worker)
+            worker = None
+            return result
+        finally:
+            if worker is not None:  # over budget, cancelled (the client left) or the worker died: never reused
+                self.killed += 1
+                worker.kill()
+            self._release()
+
+    def _over_budget(self, what: str) -> ImageWorkRefused:
+        return ImageWorkRefused(f"{what}: resizing this request's images took over its {self.budget_s:g} s budget "
+                                "(--image-work-budget): send smaller images, or images at most the downscale size")
+
+    async def _acquire(self, what: str) -> None:
+        if self._busy < self.workers and not self._waiting:
+            self._busy += 1
+            return
+        if len(self._waiting) >= self.queue_limit:
+            raise ImageWorkRefused(f"{what}: the gateway's image workers are busy ({self.queue_limit} requests waiting): "
+                                   "retry shortly", status=503, code="image_workers_busy", retry_after_s=1)
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            async with asyncio.timeout(self.budget_s):
+                await waiter  # _release hands its slot over (busy stays counted)
+        except BaseException as err:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # the slot was handed over just as this request left: pass it on
+            if isinstance(err, TimeoutError):
+                raise ImageWorkRefused(f"{what}: no image worker was free within {self.budget_s:g} s: retry shortly",
+                                       status=503, code="image_workers_busy", retry_after_s=1) from None
+            raise
+        finally:
+            if waiter in self._waiting:
+                self._waiting.remove(waiter)
+
+    def _release(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._busy -= 1
