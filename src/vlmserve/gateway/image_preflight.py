@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from vlmserve.gateway.image_workers import ImageWorkerPool, ImageWorkRefused
+from vlmserve.gateway.image_workers import ImageWorkerPool, ImageWorkRefused, WorkBudget
 from vlmserve.gateway.media import media_slots
 from vlmserve.vision.probe import (
     ImageTooLarge, ImageUnreadable, base64_decoded_size, content_digest, decode_base64, probe_image,
@@ -179,7 +179,7 @@ class ImagePreflight:
             raise ImageRefused(f"request has {len(slots)} images or other media parts, over the limit of "
                                f"{limits.max_images_per_request} per request (--max-images-per-request)", "too_many_images")
         kwargs: dict[str, Any] = {}
-        budget: list[float] = []  # the request's image-work deadline, set by its first resize
+        budget: list[WorkBudget] = []  # the request's image-work budget, made by its first resize
         for index, (kind, holder, key) in enumerate(slots, start=1):
             url = holder[key]
             if kind != "image":
@@ -243,7 +243,7 @@ class ImagePreflight:
         return data, "inline"
 
     async def _inspect(self, data: bytes, source: str, limits: ImageLimits, index: int,
-                       budget: list[float]) -> tuple[ImageSeen, str | None, dict[str, Any]]:
+                       budget: list[WorkBudget]) -> tuple[ImageSeen, str | None, dict[str, Any]]:
         """(what the image is, its new URL if it changed, processor kwargs to add)."""
         try:
             header = probe_image(data, ACCEPTED_FORMATS)
@@ -267,7 +267,7 @@ class ImagePreflight:
             if (plan.width, plan.height) != (header.width, header.height):
                 assert self.pool is not None  # made with downscale_max_side
                 if not budget:
-                    budget.append(self.pool.deadline())
+                    budget.append(self.pool.budget())
                 try:
                     new_url, sent_bytes = await self.pool.run(resized_data_url, (data, header.format, plan.width, plan.height),
                                                               budget[0], f"image {index}")

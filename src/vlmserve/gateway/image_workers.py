@@ -10,9 +10,10 @@ be killed: the budget holds however long the decoder would have run (benchmarks/
 The rules kept:
 - At most `workers` processes, started with the gateway (spawned: a fresh interpreter, nothing
   inherited from the event loop), each doing one image at a time.
-- A request's images share one budget (`budget_s` of worker time, the whole request): an image
-  still in a worker when the request's budget runs out has its worker killed (a fresh one takes
-  its place on the next call) and the request is refused with 400 (`ImageWorkRefused`).
+- A request's images share one budget (`budget_s` of worker time, the whole request; a worker's
+  own start is not counted): an image still in a worker when the request's budget runs out has its
+  worker killed (a fresh one is started in its place at once) and the request is refused with 400
+  (`ImageWorkRefused`).
 - A request waits for a free worker at most `budget_s`, and at most `workers * QUEUE_PER_WORKER`
   requests wait at once: beyond either, 503 with Retry-After (the pool never grows).
 - The bytes travel over a pipe; the event loop only awaits a future (a dedicated thread per
@@ -31,6 +32,7 @@ from multiprocessing.context import SpawnProcess
 from typing import Any
 
 QUEUE_PER_WORKER = 8  # requests that may wait for a busy pool, per worker process
+START_TIMEOUT_S = 60.0  # a worker process that has not imported its decoders by then is given up
 DEFAULT_WORKERS = 2
 DEFAULT_BUDGET_S = 5.0
 
@@ -47,6 +49,19 @@ class ImageWorkRefused(Exception):
         self.retry_after_s = retry_after_s
 
 
+class WorkBudget:
+    """What is left of one request's image-work budget, in seconds of worker time."""
+
+    __slots__ = ("remaining_s",)
+
+    def __init__(self, seconds: float) -> None:
+        self.remaining_s = seconds
+
+
+class _WorkerNotStarted(Exception):
+    """The worker process did not come up (START_TIMEOUT_S)."""
+
+
 class _WorkerFailed(Exception):
     """The task raised inside the worker (a corrupt image past its header, memory): its one-line reason."""
 
@@ -56,6 +71,9 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the gateway, which stops the pool
+    import PIL.Image  # noqa: F401 -- imported before "ready": a request's budget never pays for it
+
+    conn.send("ready")
     while True:
         try:
             function, args = conn.recv()
@@ -82,16 +100,24 @@ class _Worker:
                                                      name="vlmserve-image-worker")
         self.process.start()
         child.close()
+        self.ready = False
 
-    def call(self, function: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
-        """Run in a pool thread: send the task, wait at most timeout_s. TimeoutError past it."""
+    def call(self, function: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> tuple[Any, float]:
+        """Run in a pool thread: send the task, wait at most timeout_s once the worker is up.
+        (result, seconds it took); TimeoutError past timeout_s."""
+        if not self.ready:
+            if not self.conn.poll(START_TIMEOUT_S):
+                raise _WorkerNotStarted
+            self.conn.recv()
+            self.ready = True
+        started = time.monotonic()
         self.conn.send((function, args))
         if not self.conn.poll(max(0.0, timeout_s)):
             raise TimeoutError
         ok, value = self.conn.recv()
         if not ok:
             raise _WorkerFailed(value)
-        return value
+        return value, time.monotonic() - started
 
     def kill(self) -> None:
         if self.process.is_alive():
@@ -113,6 +139,7 @@ class ImageWorkerPool:
         self._waiting: list[asyncio.Future[None]] = []
         self._threads = ThreadPoolExecutor(workers, thread_name_prefix="vlmserve-image-wait")
         self.killed = 0  # workers killed over a budget (or lost), for tests and metrics
+        self._closed = False
 
     def start(self) -> None:
         """Start the processes now, so the first image does not wait for an interpreter to start."""
@@ -120,35 +147,43 @@ class ImageWorkerPool:
             self._idle.append(_Worker(self._context))
 
     def close(self) -> None:
+        self._closed = True
         for worker in self._idle:
             worker.kill()
         self._idle.clear()
         self._threads.shutdown(wait=False, cancel_futures=True)
 
-    def deadline(self) -> float:
-        """When a request starting its image work now runs out of budget (monotonic clock)."""
-        return time.monotonic() + self.budget_s
+    def budget(self) -> WorkBudget:
+        """A request's budget, shared by its images."""
+        return WorkBudget(self.budget_s)
 
-    async def run(self, function: Callable[..., Any], args: tuple[Any, ...], deadline: float, what: str) -> Any:
-        """function(*args) in a worker, within the request's `deadline`; ImageWorkRefused otherwise.
-        `what` names the work in a refusal ("image 3")."""
+    async def run(self, function: Callable[..., Any], args: tuple[Any, ...], budget: WorkBudget, what: str) -> Any:
+        """function(*args) in a worker, within what is left of the request's `budget`; ImageWorkRefused
+        otherwise. `what` names the work in a refusal ("image 3")."""
+        if budget.remaining_s <= 0:
+            raise self._over_budget(what)
         await self._acquire(what)
         worker: _Worker | None = None
         try:
             worker = self._idle.pop() if self._idle else _Worker(self._context)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise self._over_budget(what)
             loop = asyncio.get_running_loop()
             try:
-                result = await loop.run_in_executor(self._threads, worker.call, function, args, remaining)
+                result, took_s = await loop.run_in_executor(self._threads, worker.call, function, args, budget.remaining_s)
             except TimeoutError:
+                budget.remaining_s = 0.0
                 raise self._over_budget(what) from None
+            except _WorkerNotStarted:
+                raise ImageWorkRefused(f"{what}: no image worker process could be started within {START_TIMEOUT_S:g} s: "
+                                       "retry shortly", status=503, code="image_workers_busy", retry_after_s=1) from None
+            except (EOFError, OSError):  # the worker died under the task (a decoder crashed, or the kernel's OOM killer)
+                raise ImageWorkRefused(f"{what}: its image worker process ended while decoding it: send a valid, "
+                                       "smaller image", code="invalid_image") from None
             except _WorkerFailed as failed:
                 self._idle.append(worker)
                 worker = None
                 raise ImageWorkRefused(f"{what} could not be decoded ({failed}): send a valid image",
                                        code="invalid_image") from None
+            budget.remaining_s -= took_s
             self._idle.append(worker)
             worker = None
             return result
@@ -156,6 +191,8 @@ class ImageWorkerPool:
             if worker is not None:  # over budget, cancelled (the client left) or the worker died: never reused
                 self.killed += 1
                 worker.kill()
+                if not self._closed:
+                    self._idle.append(_Worker(self._context))  # starting now, ready before it is needed
             self._release()
 
     def _over_budget(self, what: str) -> ImageWorkRefused:

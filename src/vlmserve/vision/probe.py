@@ -79,7 +79,7 @@ def probe_image(data: bytes, formats: tuple[str, ...] | None = None) -> ImageHea
                             "(a decompression bomb by PIL's rule)") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
         raise ImageUnreadable("not a readable image (no decoder recognised its header)" if formats is None
-                              else f"not a readable {', '.join(formats)} image (no accepted decoder recognised its header)") from None
+                              else f"not a readable image in an accepted format ({', '.join(formats)})") from None
     if width < 1 or height < 1:
         raise ImageUnreadable(f"image header gives an empty size {width}x{height}")
     return ImageHeader(kind, width, height)
