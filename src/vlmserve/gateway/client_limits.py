@@ -112,7 +112,7 @@ class GuardedRequestHandler(RequestHandler):
                 self._header_handle.cancel()  # headers complete
                 self._header_handle = None
 
-    def eof_received(self) -> bool:
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio's: True keeps the transport open
         """The client shut its sending side: a request received whole still gets its answer, then the
         connection closes (aiohttp's own handler closes at once and the answer is lost)."""
         # a request is queued, or taken by aiohttp's handler task and not yet answered (the task
