@@ -107,14 +107,17 @@ class GuardedRequestHandler(RequestHandler):
             self._arm_header_timer()  # first bytes of a new request on a kept-alive connection
         super().data_received(data)
         if self._messages:
-            self._last_body = self._messages[-1][1]
+            message, body = self._messages[-1]
+            self._last_body = body if getattr(message, "method", None) in ("GET", "HEAD") else None
             if self._header_handle is not None:
                 self._header_handle.cancel()  # headers complete
                 self._header_handle = None
 
     def eof_received(self) -> bool:  # type: ignore[override]  # asyncio's: True keeps the transport open
-        """The client shut its sending side: a request received whole still gets its answer, then the
-        connection closes (aiohttp's own handler closes at once and the answer is lost)."""
+        """The client shut its sending side: a GET received whole (/health, /v1/models ...) still gets
+        its answer, then the connection closes (aiohttp's own handler closes at once and the answer is
+        lost). A POST is taken to have been abandoned, as before: engine work is not done for nobody.
+        (The lean lane, which carries engine work, answers half-closed unary requests itself.)"""
         # a request is queued, or taken by aiohttp's handler task and not yet answered (the task
         # waits on `_waiter` only between requests); a body cut short by the EOF closes as before
         body = self._last_body
