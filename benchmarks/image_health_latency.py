@@ -4,8 +4,9 @@ Part 1 (the gateway as deployed, in its own process, one sim engine behind it, d
 16 requests each carrying a 7.8 KB 1-bit 8000x8000 PNG (a "PNG bomb": 64 megapixels, within the
 default pixel limit, so it is decoded and resized) and one carrying a 12000x12000 ICO (Pillow's ICO
 reader decodes at open) are sent at once, while /health is polled every 10 ms on a kept-alive
-connection until the last image request is answered. Printed: /health latency p50 and max, how many
-polls were answered in that window, and the image requests' statuses.
+connection until the last image request is answered. Printed: /health latency p50, p99 and max, how
+many polls were answered in that window, the image requests' statuses, and for reference the same
+polling for 2 s before any image is sent (what this machine gives an idle gateway).
 
 Part 2 (`--compare-pools`, in this process): the same resize run 16 times by two threads
 (asyncio.to_thread, the GIL shared) and by two worker processes (gateway/image_workers.py), while a
@@ -53,33 +54,37 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def fire_and_poll(base_url: str, bodies: list[bytes]) -> tuple[list[float], list[int], float]:
-    """Send every body at once, poll /health until all are answered: (health latencies in ms, statuses, window s)."""
+async def fire_and_poll(base_url: str, bodies: list[bytes]) -> tuple[list[float], list[float], list[int], float]:
+    """Poll /health 2 s idle, then send every body at once and poll until all are answered:
+    (idle latencies in ms, latencies while the images ran, statuses, window s)."""
     latencies: list[float] = []
     done = asyncio.Event()
     limits = httpx.Limits(max_connections=len(bodies) + 2)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client, httpx.AsyncClient(timeout=300) as health:
-        await health.get(base_url + "/health")  # the poller's connection is open before the images go
-
-        async def poll() -> None:
-            while not done.is_set():
+        async def poll(into: list[float], until: asyncio.Event) -> None:
+            while not until.is_set():
                 started = time.perf_counter()
                 await health.get(base_url + "/health")
-                latencies.append((time.perf_counter() - started) * 1000)
+                into.append((time.perf_counter() - started) * 1000)
                 await asyncio.sleep(0.01)
+
+        idle: list[float] = []
+        idle_over = asyncio.Event()
+        asyncio.get_running_loop().call_later(2.0, idle_over.set)
+        await poll(idle, idle_over)
 
         async def post(body: bytes) -> int:
             response = await client.post(base_url + "/v1/chat/completions", content=body,
                                          headers={"Content-Type": "application/json"})
             return response.status_code
 
-        poller = asyncio.create_task(poll())
+        poller = asyncio.create_task(poll(latencies, done))
         started = time.perf_counter()
         statuses = await asyncio.gather(*(post(body) for body in bodies))
         window = time.perf_counter() - started
         done.set()
         await poller
-    return latencies, list(statuses), window
+    return idle, latencies, list(statuses), window
 
 
 def gateway_under_images(bombs: int, side: int, extra_flags: list[str]) -> None:
@@ -102,7 +107,7 @@ def gateway_under_images(bombs: int, side: int, extra_flags: list[str]) -> None:
             wait_healthy(f"http://127.0.0.1:{engine_port}/health", engine, log_path=engine_log)
             wait_healthy(f"http://127.0.0.1:{port}/health", gateway, log_path=gateway_log)
             time.sleep(2.0)  # the image workers (if any) are up
-            latencies, statuses, window = asyncio.run(fire_and_poll(f"http://127.0.0.1:{port}", [bomb] * bombs + [ico]))
+            idle, latencies, statuses, window = asyncio.run(fire_and_poll(f"http://127.0.0.1:{port}", [bomb] * bombs + [ico]))
         finally:
             gateway.terminate()
             engine.terminate()
@@ -110,6 +115,8 @@ def gateway_under_images(bombs: int, side: int, extra_flags: list[str]) -> None:
             engine.wait(30)
     counts = {status: statuses.count(status) for status in sorted(set(statuses))}
     print(f"{bombs} PNG bombs + 1 ICO answered in {window:.2f} s; statuses {counts}", flush=True)
+    print(f"/health idle, for reference: {len(idle)} polls, p50 {statistics.median(idle):.1f} ms, "
+          f"p99 {percentile(idle, 0.99):.1f} ms, max {max(idle):.1f} ms", flush=True)
     print(f"/health while they ran: {len(latencies)} polls, p50 {statistics.median(latencies):.1f} ms, "
           f"p99 {percentile(latencies, 0.99):.1f} ms, max {max(latencies):.1f} ms", flush=True)
     if any(status >= 500 and status != 503 for status in statuses):

@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         media_fetch_timeout: float = typer.Option(_DEFAULTS["media_fetch_timeout_s"], help="Seconds to fetch an allowed remote image (it is then forwarded inline)."),
         image_downscale_max_side: Optional[int] = typer.Option(None, help="Resize images so their longest side is at most this many pixels (the engine's prompt tokens drop accordingly)."),
         image_workers: int = typer.Option(_DEFAULTS["image_workers"], help="Processes that resize images for --image-downscale-max-side (never the event loop)."),
-        image_work_budget: float = typer.Option(_DEFAULTS["image_work_budget_s"], help="Seconds of image-worker time one request's images may take; over it the request is refused (400)."),
+        image_work_budget: float = typer.Option(_DEFAULTS["image_work_budget_s"], help="CPU seconds of image-worker time one request's images may take; over it the request is refused (400)."),
         model_config_dir: Optional[Path] = typer.Option(None, help="The served model's directory (config.json, processor configs): per-model image token estimates and downscale rule."),
         client_mm_processor_kwargs: list[str] = typer.Option(
             list(CLIENT_MM_PROCESSOR_KWARGS), "--client-mm-processor-kwargs",

@@ -98,7 +98,7 @@ class GatewayConfig:
     # Resize images so their longest side is at most this (None: forward them as sent).
     image_downscale_max_side: int | None = None
     # Downscaling runs in this many worker processes (image_workers.py), and one request's
-    # images may take at most image_work_budget_s of their time (over it: 400).
+    # images may take at most image_work_budget_s of their CPU time (over it: 400).
     image_workers: int = 2
     image_work_budget_s: float = 5.0
     # The served model's directory (config.json, processor configs): per-model image token

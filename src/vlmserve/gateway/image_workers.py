@@ -9,11 +9,13 @@ be killed: the budget holds however long the decoder would have run (benchmarks/
 
 The rules kept:
 - At most `workers` processes, started with the gateway (spawned: a fresh interpreter, nothing
-  inherited from the event loop), each doing one image at a time.
-- A request's images share one budget (`budget_s` of worker time, the whole request; a worker's
-  own start is not counted): an image still in a worker when the request's budget runs out has its
-  worker killed (a fresh one is started in its place at once) and the request is refused with 400
-  (`ImageWorkRefused`).
+  inherited from the event loop), each doing one image at a time, at a lower CPU priority than the
+  gateway itself (niceness +10): where cores are short, the event loop is scheduled first.
+- A request's images share one budget: `budget_s` of CPU time in the workers, for the whole
+  request (a worker's own start is not counted; CPU, not wall time, so a busy machine does not
+  turn images into refusals; wall time is capped too, at WALL_FACTOR times the budget). An image
+  still in a worker past its request's budget has its worker killed (a fresh one is started in
+  its place at once) and the request is refused with 400 (`ImageWorkRefused`).
 - A request waits for a free worker at most `budget_s`, and at most `workers * QUEUE_PER_WORKER`
   requests wait at once: beyond either, 503 with Retry-After (the pool never grows).
 - The bytes travel over a pipe; the event loop only awaits a future (a dedicated thread per
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 import multiprocessing.connection
 import time
 from collections.abc import Callable
@@ -32,7 +35,10 @@ from multiprocessing.context import SpawnProcess
 from typing import Any
 
 QUEUE_PER_WORKER = 8  # requests that may wait for a busy pool, per worker process
-START_TIMEOUT_S = 60.0  # a worker process that has not imported its decoders by then is given up
+WORKER_NICENESS = 10  # below the event loop's process: with fewer free cores than workers, /health still wins the CPU
+START_TIMEOUT_S = 60.0
+WALL_FACTOR = 4.0  # an image may take this many times its CPU budget in wall time (a starved worker)
+_CHECK_S = 0.02  # how often a waiting thread reads its worker's CPU time  # a worker process that has not imported its decoders by then is given up
 DEFAULT_WORKERS = 2
 DEFAULT_BUDGET_S = 5.0
 
@@ -49,8 +55,11 @@ class ImageWorkRefused(Exception):
         self.retry_after_s = retry_after_s
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 class WorkBudget:
-    """What is left of one request's image-work budget, in seconds of worker time."""
+    """What is left of one request's image-work budget, in seconds of worker CPU time."""
 
     __slots__ = ("remaining_s",)
 
@@ -68,9 +77,11 @@ class _WorkerFailed(Exception):
 
 def _serve(conn: multiprocessing.connection.Connection) -> None:
     """A worker process: run each (function, args) received, send back (True, result) or (False, reason)."""
+    import os
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the gateway, which stops the pool
+    os.nice(WORKER_NICENESS)
     import PIL.Image  # noqa: F401 -- imported before "ready": a request's budget never pays for it
 
     conn.send("ready")
@@ -102,22 +113,34 @@ class _Worker:
         child.close()
         self.ready = False
 
-    def call(self, function: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> tuple[Any, float]:
-        """Run in a pool thread: send the task, wait at most timeout_s once the worker is up.
-        (result, seconds it took); TimeoutError past timeout_s."""
+    def cpu_s(self) -> float:
+        """CPU time the worker process has used (user + system), from /proc where there is one."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            return 0.0  # no /proc (or the worker is gone): the wall-time cap still holds
+
+    def call(self, function: Callable[..., Any], args: tuple[Any, ...], budget_s: float) -> tuple[Any, float]:
+        """Run in a pool thread: send the task and wait while it uses at most budget_s of CPU (and
+        WALL_FACTOR times that of wall time) once the worker is up. (result, CPU seconds it took);
+        TimeoutError past the budget."""
         if not self.ready:
             if not self.conn.poll(START_TIMEOUT_S):
                 raise _WorkerNotStarted
             self.conn.recv()
             self.ready = True
-        started = time.monotonic()
+        cpu_at_start = self.cpu_s()
+        wall_deadline = time.monotonic() + budget_s * WALL_FACTOR
         self.conn.send((function, args))
-        if not self.conn.poll(max(0.0, timeout_s)):
-            raise TimeoutError
+        while not self.conn.poll(_CHECK_S):
+            if self.cpu_s() - cpu_at_start > budget_s or time.monotonic() > wall_deadline:
+                raise TimeoutError
         ok, value = self.conn.recv()
         if not ok:
             raise _WorkerFailed(value)
-        return value, time.monotonic() - started
+        return value, self.cpu_s() - cpu_at_start
 
     def kill(self) -> None:
         if self.process.is_alive():
@@ -196,7 +219,7 @@ class ImageWorkerPool:
             self._release()
 
     def _over_budget(self, what: str) -> ImageWorkRefused:
-        return ImageWorkRefused(f"{what}: resizing this request's images took over its {self.budget_s:g} s budget "
+        return ImageWorkRefused(f"{what}: resizing this request's images took over its {self.budget_s:g} s CPU budget "
                                 "(--image-work-budget): send smaller images, or images at most the downscale size")
 
     async def _acquire(self, what: str) -> None:

@@ -275,7 +275,7 @@ async def test_image_work_over_the_budget_is_refused(constant_engines: list[SimH
     async with running_gateway(constant_engines[:1], image_downscale_max_side=256, image_work_budget_s=0.3,
                                image_workers=1) as gw, aiohttp.ClientSession() as session:
         result = await post_chat(session, gw.base_url, image_request(bomb, bomb, stream=False))
-        assert_refused(result, "image_work_over_budget", "0.3 s budget", "--image-work-budget")
+        assert_refused(result, "image_work_over_budget", "0.3 s CPU budget", "--image-work-budget")
         assert gw.gateway.preflight.pool is not None and gw.gateway.preflight.pool.killed == 1
         ok = await post_chat(session, gw.base_url, image_request(data_url(png_bytes(600, 300)), stream=False))
         assert ok.status == 200, ok.body  # a fresh worker took the killed one's place
