@@ -143,8 +143,12 @@ class _Worker:
         return value, self.cpu_s() - cpu_at_start
 
     def kill(self) -> None:
-        if self.process.is_alive():
+        """SIGKILL now (cheap: the event loop may call it); `reap` waits for the exit."""
+        if self.process.exitcode is None:
             self.process.kill()
+
+    def reap(self) -> None:
+        """Wait for the killed process and close the pipe (in a thread: a large process takes a while to exit)."""
         self.process.join(5)
         self.conn.close()
 
@@ -173,6 +177,7 @@ class ImageWorkerPool:
         self._closed = True
         for worker in self._idle:
             worker.kill()
+            worker.reap()
         self._idle.clear()
         self._threads.shutdown(wait=False, cancel_futures=True)
 
@@ -213,7 +218,8 @@ class ImageWorkerPool:
         finally:
             if worker is not None:  # over budget, cancelled (the client left) or the worker died: never reused
                 self.killed += 1
-                worker.kill()
+                worker.kill()  # also ends the wait of a thread still on it (the request was cancelled)
+                self._threads.submit(worker.reap)
                 if not self._closed:
                     self._idle.append(_Worker(self._context))  # starting now, ready before it is needed
             self._release()

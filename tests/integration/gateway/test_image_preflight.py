@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import socket
 import struct
 import zlib
 from collections.abc import AsyncIterator
@@ -294,3 +295,28 @@ async def test_a_full_image_pool_refuses_with_503(constant_engines: list[SimHand
     assert busy and all(r.body["error"]["code"] == "image_workers_busy" and r.headers["Retry-After"] == "1" for r in busy)
     assert {r.status for r in results} <= {200, 400, 503}
     assert len(pool._idle) <= 1
+
+
+@pytest.mark.hostile("a client that leaves while its PNG bomb is resized: the worker is stopped, its slot freed")
+async def test_a_client_leaving_mid_resize_frees_the_worker(constant_engines: list[SimHandle]) -> None:
+    payload = json.dumps(image_request(data_url(one_bit_png(8000, 8000)), stream=False)).encode()
+    async with running_gateway(constant_engines[:1], image_downscale_max_side=256, image_workers=1) as gw, \
+            aiohttp.ClientSession() as session:
+        pool = gw.gateway.preflight.pool
+        assert pool is not None
+        _, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        assert pool._busy == 1  # the bomb is in the worker
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # gone, with a reset (a plain close is a half-close: the answer is still made)
+        for _ in range(100):
+            if pool.killed == 1 and pool._busy == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert pool.killed == 1 and pool._busy == 0
+        ok = await post_chat(session, gw.base_url, image_request(data_url(png_bytes(600, 300)), stream=False))
+        assert ok.status == 200, ok.body
