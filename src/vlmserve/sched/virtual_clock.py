@@ -27,7 +27,7 @@ from vlmserve.routing import (
     request_load_tokens,
 )
 from vlmserve.sched.engine_core import EngineCore
-from vlmserve.sched.frontend import Frontend, FrontendConfig
+from vlmserve.sched.frontend import Frontend, FrontendConfig, only_fresh_images
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest, StepResult
 from vlmserve.sched.step_cost import StepCostModel
 
@@ -276,10 +276,8 @@ def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter
         replica.stats.mm_cache_hits += visit.hits
         replica.stats.frontend_busy_s = replica.frontend.busy_s
         timing.ready_s, timing.mm_cache_hits = visit.ready_s, visit.hits
-        fresh = visit.fresh_images / len(request.image_items)
         arrived_s = request.arrival_s
-        request = replace(request, arrival_s=visit.ready_s, images=visit.fresh_images,
-                          image_tokens=round(request.image_tokens * fresh))  # cached images skip the encoder
+        request = replace(only_fresh_images(request, visit.fresh), arrival_s=visit.ready_s)
         if visit.ready_s > arrived_s:
             return _Arrival(visit.ready_s, send.sequence, index, request)
     _enter_scheduler(replica, request)
