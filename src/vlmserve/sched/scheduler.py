@@ -89,7 +89,8 @@ class SchedulerConfig:
         for name in ("max_num_encoder_input_tokens", "encoder_cache_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1 (leave it out for max_num_batched_tokens)")
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be at least 1 (leave it out for --max-num-batched-tokens), got {value}")
         if self.num_kv_blocks * self.block_size < self.max_model_len:
             raise ValueError(
                 f"the KV cache ({self.num_kv_blocks} blocks of {self.block_size} tokens = "
