@@ -125,9 +125,14 @@ class SimulationStats:
     mm_cache_queries: int = 0
     mm_cache_hits: int = 0
     frontend_busy_s: float = 0.0
+    images_encoded: int = 0
+    """Images the vision encoder ran (multimodal-cache and prefix-cache hits skip it)."""
+    image_tokens_encoded: int = 0
 
     def add_step(self, result: StepResult) -> None:
         self.steps += 1
+        self.images_encoded += result.contents.images
+        self.image_tokens_encoded += result.contents.image_tokens
         self.busy_s += result.duration_s
         self.num_preemptions += len(result.preempted)
         self.prefix_queries_tokens += result.prefix_queries_tokens
