@@ -188,7 +188,7 @@ class Request:
         "request_id", "prompt_token_ids", "num_prompt_tokens", "max_output_tokens", "arrival_s",
         "image_tokens", "images", "output_token_ids", "num_output_tokens", "num_computed_tokens",
         "status", "block_ids", "block_hashes", "num_cached_blocks", "num_preemptions",
-        "first_scheduled_s", "first_token_s", "encoder_inputs",
+        "first_scheduled_s", "first_token_s", "encoder_inputs", "encoder_end",
     )  # fmt: skip
 
     def __init__(self, source: SimRequest, block_size: int) -> None:
@@ -210,6 +210,8 @@ class Request:
         self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
         self.encoder_inputs: tuple[EncoderInput, ...] = source.encoder_inputs()
+        self.encoder_end = max((item.end for item in self.encoder_inputs), default=0)
+        """Where the last image's placeholders end: past it a chunk needs no encoder (0: no images)."""
 
     @property
     def num_tokens(self) -> int:
@@ -328,7 +330,7 @@ class Scheduler:
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
             to_encode: list[EncoderInput] = []
             new_encoder_budget = encoder_budget
-            if request.encoder_inputs and num_new_tokens > 0:
+            if request.num_computed_tokens < request.encoder_end and num_new_tokens > 0:
                 to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
                     request, request.num_computed_tokens, num_new_tokens, encoder_budget)
             if num_new_tokens <= 0:
@@ -371,7 +373,7 @@ class Scheduler:
                 num_new_tokens = min(num_new_tokens, token_budget)
                 to_encode = []
                 new_encoder_budget = encoder_budget
-                if request.encoder_inputs:
+                if request.num_computed_tokens + num_hit_tokens < request.encoder_end:
                     to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
                         request, request.num_computed_tokens + num_hit_tokens, num_new_tokens, encoder_budget)
                     if num_new_tokens <= 0:
@@ -428,8 +430,8 @@ class Scheduler:
         max_model_len = config.max_model_len
         for request, num_new_tokens in scheduled:
             request.num_computed_tokens += num_new_tokens
-            if request.encoder_inputs:
-                self._free_consumed_encoder_inputs(request, num_new_tokens)
+            if request.num_computed_tokens - num_new_tokens < request.encoder_end:
+                self._free_consumed_encoder_inputs(request)
             if request.num_computed_tokens < request.num_tokens:
                 continue  # a prefill chunk that does not finish the prompt
             request.num_output_tokens += 1
@@ -503,11 +505,10 @@ class Scheduler:
             to_encode.append(item)
         return to_encode, num_new_tokens, encoder_budget
 
-    def _free_consumed_encoder_inputs(self, request: Request, num_new_tokens: int) -> None:
-        """Drop the cache references of images whose placeholders the prefill has passed."""
+    def _free_consumed_encoder_inputs(self, request: Request) -> None:
+        """Drop the cache references of images whose placeholders the prefill has passed (called
+        while a step's chunk started before the last image's end: after that nothing is held)."""
         computed = request.num_computed_tokens
-        if computed - num_new_tokens >= request.encoder_inputs[-1].end:
-            return  # past the last image since an earlier step: nothing is held any more
         for item in request.encoder_inputs:
             if item.end > computed:
                 break
