@@ -15,6 +15,7 @@ figures, kept as the summary, with no records.
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,13 @@ def _aggregate_summary(data: dict[str, Any]) -> RunSummary:
     return RunSummary.from_partial(document)
 
 
+def _finite(value: float, name: str) -> float:
+    """A number the file gave as text ("nan", "1e999") is still refused when not finite."""
+    if not math.isfinite(value):
+        raise ValueError(f"{name} is {value}, not a finite number")
+    return value
+
+
 def _started_at(data: dict[str, Any]) -> str | None:
     try:
         return datetime.strptime(str(data.get("date")), DATE_FORMAT).astimezone().isoformat()
@@ -208,7 +216,7 @@ def from_vllm_result(data: dict[str, Any]) -> RunResult:
     completed = data.get("completed") or 0
     load: dict[str, Any] = {
         "concurrency": concurrency if rate in (None, "inf") else None,
-        "rate": None if rate in (None, "inf") else float(rate),
+        "rate": None if rate in (None, "inf") else _finite(float(rate), "request_rate"),
         "input_len": round(lengths.prompt_total / completed) if completed else None,
         "output_len": round(lengths.output_total / completed) if completed else None,
         "api": "chat" if str(data.get("backend", "")).endswith("chat") else "completions",
