@@ -28,7 +28,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
+from collections.abc import Iterator
 
 import yaml
 
@@ -257,6 +258,42 @@ def yaml_shape(text: str, limits: Limits) -> None:
         raise
     finally:
         loader.dispose()
+
+
+_LINE_END = re.compile(rb"\r\n?|\n")
+_LINE_CHUNK = 1 << 20
+
+
+def iter_lines(handle: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
+    """Each line of a binary file without its end, for line-per-record files (JSONL).
+
+    LF, CRLF and a lone CR all end a line (a file saved with old Mac line ends is read line by
+    line, not as one malformed line; a JSON text holds no raw CR or LF inside its strings).
+    A line over max_bytes is yielded as None and its bytes are skipped, never held: memory
+    stays within max_bytes plus one read chunk, however long a line is.
+    """
+    buffer = b""
+    skipping = False  # inside a line already over max_bytes
+    while chunk := handle.read(_LINE_CHUNK):
+        buffer = buffer + chunk if buffer else chunk
+        start = 0
+        while (match := _LINE_END.search(buffer, start)) is not None:
+            if match.end() == len(buffer) and buffer.endswith(b"\r"):
+                break  # a CR at the chunk's end may be the first half of a CRLF
+            line = buffer[start:match.start()]
+            yield None if skipping or len(line) > max_bytes else line
+            skipping = False
+            start = match.end()
+        buffer = buffer[start:]
+        if len(buffer) > max_bytes + 1:  # no end in sight: drop what is read, keep a trailing CR
+            skipping = True
+            buffer = buffer[-1:] if buffer.endswith(b"\r") else b""
+    if buffer.endswith(b"\r"):
+        buffer = buffer[:-1]
+    if skipping:
+        yield None
+    elif buffer:
+        yield buffer if len(buffer) <= max_bytes else None
 
 
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
