@@ -54,7 +54,7 @@ def trace_line(**fields: object) -> str:
      f"line 2: output_length 1,000,000,000,000 is over the {MAX_TRACE_TOKENS:,} limit for a trace line"),
     (trace_line(images=1e8), f"line 2: images 100,000,000 is over the {MAX_TRACE_IMAGES:,} limit for a trace line"),
     ('{"timestamp": 1e999, "input_length": 8}', "line 2: has the number 1e999, which is not finite"),
-])
+], ids=["deep", "input-2e9", "output-1e12", "images-1e8", "timestamp-1e999"])
 def test_trace_line_over_a_bound_is_one_line(sim, cli, tmp_path: Path, line: str, expected: str) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_text(trace_line() + "\n" + line + "\n")
