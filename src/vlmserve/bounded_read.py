@@ -55,8 +55,9 @@ class Limits:
 CONFIG_FILE = Limits("config file", max_bytes=16 << 20, max_items=1_000_000)
 """config.json, deployment specs, keys files, calibrations: a few kB in practice."""
 
-RESULT_FILE = Limits("result file", max_bytes=512 << 20, max_items=8_000_000)
-"""A result file for `runs import`: 8 million values is a detailed run of ~200,000 requests, ~1.5 GB once read."""
+RESULT_FILE = Limits("result file", max_bytes=512 << 20, max_items=4_000_000)
+"""A result file for `runs import` (and the planner's JSON files): 4 million values is a detailed
+vLLM run of ~230,000 requests of ten tokens, ~0.8 GB once read as records (benchmarks/user_file_memory.py)."""
 
 BATCH_LINE = Limits("batch line", max_bytes=64 << 20, max_items=1_000_000)
 """One OpenAI Batch input line (inline images make a line megabytes long)."""
