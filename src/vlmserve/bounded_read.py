@@ -74,10 +74,10 @@ class Refused(ValueError):
 
 
 class ShapeFinding(NamedTuple):
-    """What `json_shape` found wrong: 'too_deep', 'too_many' (count = values seen) or 'unbalanced'."""
+    """What `json_shape` found wrong: 'too_deep' (values = the depth reached), 'too_many' (values = how many) or 'unbalanced'."""
 
     kind: str
-    count: int
+    values: int
 
 
 _ALL_BYTES = bytes(range(256))
@@ -195,7 +195,7 @@ def check_json(data: bytes, limits: Limits) -> None:
     finding = json_shape(data, max_depth=limits.max_depth, max_items=limits.max_items)
     if finding is None or finding.kind == "unbalanced":  # json.loads says where it breaks
         return
-    raise too_deep(limits) if finding.kind == "too_deep" else too_many(finding.count, limits)
+    raise too_deep(limits) if finding.kind == "too_deep" else too_many(finding.values, limits)
 
 
 def loads_json(data: bytes | str, limits: Limits) -> Any:

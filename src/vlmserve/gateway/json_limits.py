@@ -68,5 +68,5 @@ def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
             f"request body nests JSON deeper than {max_depth} levels: flatten it or ask the operator "
             "to raise --max-json-depth", "json_too_deep")
     if finding.kind == "too_many":
-        raise _too_many(finding.count, max_items)
+        raise _too_many(finding.values, max_items)
     raise JsonShapeRefused("request body is not valid JSON (unbalanced brackets): check how it is built", "invalid_json")
