@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 import ijson
-from ijson.common import ObjectBuilder
 
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_dataset_file
 from vlmserve.bounded_read import DATASET_ITEM, too_big, too_deep, too_many
@@ -25,6 +24,10 @@ MAX_MESSAGE_CHARS = 200_000
 
 READ_CHUNK = 64 << 10
 """Bytes ijson reads at a time."""
+
+_TOP = object()
+_START_EVENTS = frozenset({"start_map", "start_array"})
+_END_EVENTS = frozenset({"end_map", "end_array"})
 
 USER_ROLES = {"human", "user"}
 ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard", "model", "bing"}
@@ -110,32 +113,53 @@ def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, Any]]:
         handle.seek(0)
         metered = _MeteredFile(handle, path)
         index = -1
-        depth = 0  # 1 inside the top-level array
-        builder: ObjectBuilder | None = None
-        values = 0
+        values = 0  # events of the conversation being built
+        open_values: list[Any] = []  # the containers being built, outermost first (a conversation's depth)
+        keys: list[Any] = []  # the pending key of each open object (None for a list)
+        item: Any = None
+        max_values, max_depth = DATASET_ITEM.max_items, DATASET_ITEM.max_depth
         try:
             for event, value in ijson.basic_parse(metered, use_float=True, buf_size=READ_CHUNK):
-                opens = event in ("start_map", "start_array")
-                if event in ("end_map", "end_array"):
-                    depth -= 1
-                if depth >= 1:  # inside a conversation (a scalar item too)
-                    if builder is None:
-                        builder, values = ObjectBuilder(), 0
-                    values += 1
-                    if values > DATASET_ITEM.max_items:
-                        raise UserError(f"{path}: conversation {index + 2} {too_many(values, DATASET_ITEM)}; "
-                                        "check --dataset-path")
-                    builder.event(event, value)
-                if opens:
-                    depth += 1
-                    if depth > DATASET_ITEM.max_depth + 1:
-                        raise UserError(f"{path}: conversation {index + 2} {too_deep(DATASET_ITEM)}; "
-                                        "a ShareGPT conversation nests 3 levels: check --dataset-path")
-                if depth == 1 and builder is not None:
+                values += 1
+                if values > max_values:
+                    raise UserError(f"{path}: conversation {index + 2} {too_many(values, DATASET_ITEM)}; "
+                                    "check --dataset-path")
+                if event == "map_key":
+                    keys[-1] = value
+                    continue
+                if event in _END_EVENTS:
+                    if not open_values:
+                        break  # the end of the top-level array
+                    open_values.pop()
+                    keys.pop()
+                else:
+                    if event in _START_EVENTS:
+                        if item is None and not keys:  # the top-level array itself (checked by the head above)
+                            item, values = _TOP, 0
+                            continue
+                        value = {} if event == "start_map" else []
+                    if open_values:
+                        parent = open_values[-1]
+                        if type(parent) is dict:
+                            parent[keys[-1]] = value
+                        else:
+                            parent.append(value)
+                    if event in _START_EVENTS:
+                        if len(open_values) >= max_depth:
+                            raise UserError(f"{path}: conversation {index + 2} {too_deep(DATASET_ITEM)}; "
+                                            "a ShareGPT conversation nests 3 levels: check --dataset-path")
+                        if not open_values:
+                            finished = value
+                        open_values.append(value)
+                        keys.append(None)
+                        continue
+                    if len(open_values) == 0:
+                        finished = value  # a scalar conversation (skipped later, counted)
+                if not open_values:  # a conversation is complete
                     index += 1
-                    item, builder = builder.value, None
+                    values = 0
                     metered.since_item = 0
-                    yield index, item
+                    yield index, finished
         except ijson.IncompleteJSONError:
             skips["truncated at end of file"] += 1
         except ijson.JSONError:
