@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.bench_fixtures import bench_args
 from tests.integration.bench.test_bad_inputs import dataset_error
 from vlmserve.bench.workloads.trace import MAX_TRACE_IMAGES, MAX_TRACE_TOKENS
-from vlmserve.bounded_read import DATASET_ITEM, TRACE_LINE
+from vlmserve.bounded_read import CONFIG_FILE, DATASET_ITEM, TRACE_LINE
 
 
 def peak_rss_mb() -> float:
@@ -68,3 +68,13 @@ def test_trace_with_cr_line_ends_is_read_line_by_line(sim, cli, tmp_path: Path) 
     done = cli(*bench_args(sim, "--dataset", "trace", "--dataset-path", path, "--concurrency", 1, "--num-requests", 3))
     assert done.code == 0, done.err
     assert "trace: 3 requests over 0.0 s from" in done.err  # three lines, not one malformed line
+
+
+@pytest.mark.hostile("bench --extra-body @FILE nested 100,000 deep: one line naming the depth limit")
+def test_extra_body_file_nested_deep(sim, cli, tmp_path: Path) -> None:
+    path = tmp_path / "extra.json"
+    path.write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    done = cli(*bench_args(sim, "--concurrency", 1, "--num-requests", 1, "--extra-body", f"@{path}"))
+    assert done.code == 2 and "Traceback" not in done.err
+    assert done.error_line == (f"error: --extra-body: {path} nests deeper than {CONFIG_FILE.max_depth} levels "
+                               "(the limit for a config file)")
