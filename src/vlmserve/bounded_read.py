@@ -62,6 +62,11 @@ vLLM run of ~230,000 requests of ten tokens, ~0.8 GB once read as records (bench
 BATCH_LINE = Limits("batch line", max_bytes=64 << 20, max_items=1_000_000)
 """One OpenAI Batch input line (inline images make a line megabytes long)."""
 
+BATCH_RESULT_LINE = Limits("batch result line", max_bytes=1 << 30, max_items=64_000_000)
+"""One line of a batch output file, read back to resume: it holds the server's answer (an
+embeddings answer of 2,048 inputs of 3,072 dimensions is 6 million values), so only its
+nesting is really in question."""
+
 TRACE_LINE = Limits("trace line", max_bytes=1 << 20, max_items=10_000)
 """One line of a bench trace (a handful of fields and perhaps a prompt)."""
 
@@ -164,6 +169,11 @@ def too_many(count: int, limits: Limits) -> Refused:
 
 def too_big(size: int, limits: Limits) -> Refused:
     return Refused(f"is {size:,} bytes, over the {limits.max_bytes:,}-byte limit for a {limits.kind}")
+
+
+def too_long(limits: Limits) -> Refused:
+    """A line or item whose end was never reached within the limit (its true size is not known)."""
+    return Refused(f"is over the {limits.max_bytes:,}-byte limit for a {limits.kind}")
 
 
 def _number_hooks(limits: Limits) -> dict[str, Any]:

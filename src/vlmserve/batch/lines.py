@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vlmserve.bounded_read import BATCH_LINE, Refused, loads_json, too_big
+from vlmserve.bounded_read import BATCH_LINE, Refused, loads_json, too_long
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 MALFORMED = "malformed_line"
@@ -43,7 +43,7 @@ class MalformedLine:
 def parse_line(raw: bytes | None, line_no: int) -> BatchRequest | MalformedLine | None:
     """Parse one input line (None: a line over the byte limit); None for a blank line (skipped, not an error)."""
     if raw is None:
-        return MalformedLine(line_no, None, f"line {line_no}: {too_big(BATCH_LINE.max_bytes + 1, BATCH_LINE)}; "
+        return MalformedLine(line_no, None, f"line {line_no}: {too_long(BATCH_LINE)}; "
                                             "send large images by URL")
     if not raw.strip():
         return None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlmserve.bounded_read import BATCH_LINE, iter_lines, loads_json, printable
+from vlmserve.bounded_read import BATCH_LINE, BATCH_RESULT_LINE, iter_lines, loads_json, printable
 from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, parse_line
 from vlmserve.batch.output import failure_cause, usage_tokens
 from vlmserve.errors import UserError
@@ -189,7 +189,7 @@ def scan_output(path: Path) -> PriorResults:
 
 def _result_record(raw: bytes, path: Path, line_no: int) -> dict:
     try:
-        record = loads_json(raw, BATCH_LINE)
+        record = loads_json(raw, BATCH_RESULT_LINE)
     except ValueError:  # not JSON, or over the bounds (Refused)
         record = None
     if not isinstance(record, dict) or "custom_id" not in record or not (

@@ -78,3 +78,11 @@ def test_extra_body_file_nested_deep(sim, cli, tmp_path: Path) -> None:
     assert done.code == 2 and "Traceback" not in done.err
     assert done.error_line == (f"error: --extra-body: {path} nests deeper than {CONFIG_FILE.max_depth} levels "
                                "(the limit for a config file)")
+
+
+@pytest.mark.hostile("bench --dataset trace: a line over 1 MiB is one line naming the byte limit, and is never held whole")
+def test_trace_line_over_the_byte_limit(sim, cli, tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(trace_line() + "\n" + trace_line(prompt="x" * (TRACE_LINE.max_bytes + 10)) + "\n")
+    error = dataset_error(sim, cli, path, dataset="trace")
+    assert error == f"error: {path}: line 2: is over the {TRACE_LINE.max_bytes:,}-byte limit for a trace line; fix the trace"

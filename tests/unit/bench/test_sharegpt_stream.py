@@ -28,3 +28,20 @@ def test_items_match_json_loads(tmp_path: Path) -> None:
         path.write_text(json.dumps(items))
         skips: Counter[str] = Counter()
         assert list(_stream_items(path, skips)) == list(enumerate(items)) and not skips
+
+
+def test_a_conversation_over_the_byte_limit_is_one_error(tmp_path: Path, monkeypatch) -> None:
+    from vlmserve.bench.workloads import sharegpt
+    from vlmserve.bounded_read import Limits
+    from vlmserve.errors import UserError
+
+    monkeypatch.setattr(sharegpt, "DATASET_ITEM", Limits("conversation", max_bytes=1000, max_items=100))
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps([{"conversations": [{"from": "human", "value": "x" * 300_000}]}]))
+    try:
+        list(_stream_items(path, Counter()))
+    except UserError as err:
+        assert str(err) == f"{path}: a conversation is over the 1,000-byte limit for a conversation; not a ShareGPT " \
+                           "file, or a damaged one: check --dataset-path"
+    else:
+        raise AssertionError("the long conversation was read")

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, Iterator
 import ijson
 
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_dataset_file
-from vlmserve.bounded_read import DATASET_ITEM, too_big, too_deep, too_many
+from vlmserve.bounded_read import DATASET_ITEM, too_deep, too_long, too_many
 from vlmserve.errors import UserError
 
 MAX_MESSAGE_CHARS = 200_000
@@ -91,7 +91,7 @@ class _MeteredFile:
         data = self.handle.read(size)
         self.since_item += len(data)
         if self.since_item > DATASET_ITEM.max_bytes + READ_CHUNK:
-            raise UserError(f"{self.path}: a conversation {too_big(self.since_item, DATASET_ITEM)}; "
+            raise UserError(f"{self.path}: a conversation {too_long(DATASET_ITEM)}; "
                             "not a ShareGPT file, or a damaged one: check --dataset-path")
         return data
 

@@ -18,7 +18,7 @@ import math
 from collections import Counter
 from pathlib import Path
 
-from vlmserve.bounded_read import TRACE_LINE, Refused, iter_lines, loads_json, too_big
+from vlmserve.bounded_read import TRACE_LINE, Refused, iter_lines, loads_json, too_long
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_dataset_file
 from vlmserve.bench.workloads.images import image_content, request_type, synthetic_image_url
 from vlmserve.bench.workloads.text import fit_prompt
@@ -65,7 +65,7 @@ def build(context: WorkloadContext, count: int) -> list[Conversation]:
             if len(conversations) >= count:
                 break
             if raw is None:
-                raise UserError(f"{path}: line {line_number}: {too_big(TRACE_LINE.max_bytes + 1, TRACE_LINE)}; "
+                raise UserError(f"{path}: line {line_number}: {too_long(TRACE_LINE)}; "
                                 "fix the trace")
             line = raw.decode("utf-8", errors="replace")
             if not line.strip():
