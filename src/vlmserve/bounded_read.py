@@ -22,14 +22,15 @@ of file.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NamedTuple
 from collections.abc import Iterator
+from typing import IO, Any, NamedTuple
 
 import yaml
 
@@ -176,6 +177,12 @@ def too_long(limits: Limits) -> Refused:
     return Refused(f"is over the {limits.max_bytes:,}-byte limit for a {limits.kind}")
 
 
+@functools.lru_cache(maxsize=None)
+def _decoder(limits: Limits) -> json.JSONDecoder:
+    """One decoder per kind of input, with the number hooks of its limits."""
+    return json.JSONDecoder(**_number_hooks(limits))
+
+
 def _number_hooks(limits: Limits) -> dict[str, Any]:
     """json.loads hooks: integers of at most max_int_digits digits, finite floats, no NaN/Infinity."""
 
@@ -202,6 +209,8 @@ def check_json(data: bytes, limits: Limits) -> None:
     """Raise Refused when `data` is over `limits` in bytes, depth or values (before any parser sees it)."""
     if len(data) > limits.max_bytes:
         raise too_big(len(data), limits)
+    if len(data) <= limits.max_items and data.count(b"[") + data.count(b"{") <= limits.max_depth:
+        return  # a short line: no more values than bytes, no deeper than its brackets
     finding = json_shape(data, max_depth=limits.max_depth, max_items=limits.max_items)
     if finding is None or finding.kind == "unbalanced":  # json.loads says where it breaks
         return
@@ -212,7 +221,8 @@ def loads_json(data: bytes | str, limits: Limits) -> Any:
     """`json.loads(data)` within `limits`: Refused when over one, json.JSONDecodeError when not JSON."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     check_json(raw, limits)
-    return json.loads(data, **_number_hooks(limits))
+    text = data if isinstance(data, str) else data.decode(json.detect_encoding(data), "surrogatepass")
+    return _decoder(limits).decode(text)  # as json.loads(data) would, without a new decoder per call
 
 
 def read_bytes(path: Path, limits: Limits) -> bytes:
@@ -283,28 +293,27 @@ def iter_lines(handle: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
     A line over max_bytes is yielded as None and its bytes are skipped, never held: memory
     stays within max_bytes plus one read chunk, however long a line is.
     """
-    buffer = b""
+    rest = b""  # the start of a line whose end is not read yet
     skipping = False  # inside a line already over max_bytes
     while chunk := handle.read(_LINE_CHUNK):
-        buffer = buffer + chunk if buffer else chunk
-        start = 0
-        while (match := _LINE_END.search(buffer, start)) is not None:
-            if match.end() == len(buffer) and buffer.endswith(b"\r"):
-                break  # a CR at the chunk's end may be the first half of a CRLF
-            line = buffer[start:match.start()]
+        buffer = rest + chunk if rest else chunk
+        held = b""
+        if buffer.endswith(b"\r"):  # perhaps the first half of a CRLF split across reads
+            buffer, held = buffer[:-1], b"\r"
+        pieces = _LINE_END.split(buffer) if b"\r" in buffer else buffer.split(b"\n")  # C-speed either way
+        rest = pieces.pop() + held
+        for line in pieces:
             yield None if skipping or len(line) > max_bytes else line
             skipping = False
-            start = match.end()
-        buffer = buffer[start:]
-        if len(buffer) > max_bytes + 1:  # no end in sight: drop what is read, keep a trailing CR
+        if len(rest) > max_bytes + 1:  # no end in sight: drop what is read
             skipping = True
-            buffer = buffer[-1:] if buffer.endswith(b"\r") else b""
-    if buffer.endswith(b"\r"):
-        buffer = buffer[:-1]
+            rest = held
+    if rest.endswith(b"\r"):
+        rest = rest[:-1]
     if skipping:
         yield None
-    elif buffer:
-        yield buffer if len(buffer) <= max_bytes else None
+    elif rest:
+        yield rest if len(rest) <= max_bytes else None
 
 
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
