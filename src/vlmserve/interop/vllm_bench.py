@@ -25,6 +25,7 @@ import numpy as np
 from vlmserve.results.metrics import PERCENTILES, summarize
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
+from vlmserve.bounded_read import printable
 from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
 
@@ -157,7 +158,7 @@ def _records(data: dict[str, Any]) -> list[RequestRecord]:
             finished_at_s=sent + float(data["latencies"][index]) if ok else None,
             chunk_times_s=chunk_times, chunk_tokens=chunk_tokens,
             prompt_tokens=int(data["input_lens"][index] or 0), output_tokens=output_tokens if ok else None,
-            ok=ok, error_kind=None if ok else "error", error_message=str(error)[:500] or None,
+            ok=ok, error_kind=None if ok else "error", error_message=printable(str(error), 500) or None,
         ))
     return records
 
