@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
 from vlmserve.errors import UserError
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.vllm_flags import check_engine_arg
@@ -456,12 +457,22 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
 
 
 def load_yaml_file(path: str | Path) -> Any:
-    """Read a YAML file, turning missing files and syntax errors into UserError."""
+    """Read a YAML file (a spec, a keys file, a sweep), turning missing files, syntax errors and
+    files over the config-file bounds (size, nesting, nodes with aliases expanded: an alias
+    bomb) into UserError. The bounds are checked on the parser's events, before any node is built."""
     file_path = Path(path)
     if not file_path.is_file():
         raise UserError(f"{file_path}: no such file; check the path")
     try:
-        return yaml.safe_load(file_path.read_text())
+        text = read_bytes(file_path, CONFIG_FILE).decode("utf-8")
+        yaml_shape(text, CONFIG_FILE)
+        return yaml.safe_load(text)
+    except OSError as err:
+        raise UserError(f"{file_path}: cannot read it ({err.strerror or type(err).__name__}); check its permissions") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{file_path}: not UTF-8 text; a YAML file is text") from None
+    except Refused as err:
+        raise UserError(f"{file_path}: {err}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -3,13 +3,19 @@
 Input:  {"custom_id", "method": "POST", "url": "/v1/chat/completions"|"/v1/completions"|"/v1/embeddings", "body"}
 
 The output line (and the record of a malformed line) is built in `output.py`.
+
+A line is malformed, and answered by an error record while the job goes on, when it is not
+JSON, is over the batch-line bounds of `bounded_read` (bytes, nesting, values, integer
+digits, non-finite numbers), or its custom_id is not valid Unicode (a lone surrogate escape
+such as "\\ud800" cannot be written to the UTF-8 output, so the record names the line instead).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from vlmserve.bounded_read import BATCH_LINE, Refused, loads_json, too_long
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 MALFORMED = "malformed_line"
@@ -34,12 +40,17 @@ class MalformedLine:
     reason: str
 
 
-def parse_line(raw: bytes, line_no: int) -> BatchRequest | MalformedLine | None:
-    """Parse one input line; None for a blank line (skipped, not an error)."""
+def parse_line(raw: bytes | None, line_no: int) -> BatchRequest | MalformedLine | None:
+    """Parse one input line (None: a line over the byte limit); None for a blank line (skipped, not an error)."""
+    if raw is None:
+        return MalformedLine(line_no, None, f"line {line_no}: {too_long(BATCH_LINE)}; "
+                                            "send large images by URL")
     if not raw.strip():
         return None
     try:
-        data = json.loads(raw)
+        data = loads_json(raw, BATCH_LINE)
+    except Refused as err:
+        return MalformedLine(line_no, None, f"line {line_no}: {err}")
     except ValueError as err:
         return MalformedLine(line_no, None, f"line {line_no}: not valid JSON ({err})")
     if not isinstance(data, dict):
@@ -47,6 +58,11 @@ def parse_line(raw: bytes, line_no: int) -> BatchRequest | MalformedLine | None:
     custom_id = data.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return MalformedLine(line_no, None, f"line {line_no}: 'custom_id' must be a non-empty string")
+    try:
+        custom_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return MalformedLine(line_no, None, f"line {line_no}: 'custom_id' is not valid Unicode (it holds a lone "
+                                            "surrogate escape such as \\ud800); use plain text ids")
     problem = _request_problem(data)
     if problem:
         return MalformedLine(line_no, custom_id, f"line {line_no}: {problem}")

@@ -38,7 +38,13 @@ def _result_id() -> str:
 
 
 def _encode(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    """One output line. Text is written as UTF-8; a lone surrogate (an answer echoing "\\ud800")
+    cannot be, so such a record is written with \\u escapes instead (valid JSON, same value)."""
+    text = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return (text + "\n").encode()
+    except UnicodeEncodeError:
+        return (json.dumps(record, separators=(",", ":")) + "\n").encode()
 
 
 def response_line(custom_id: str, status_code: int, request_id: str | None, body: Any) -> bytes:

@@ -9,14 +9,15 @@ for resuming, a collision would need ~4 billion lines to become likely.
 from __future__ import annotations
 
 import hashlib
-import json
 from array import array
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from vlmserve.bounded_read import BATCH_LINE, BATCH_RESULT_LINE, iter_lines, loads_json, printable
 from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, parse_line
 from vlmserve.batch.output import failure_cause, usage_tokens
 from vlmserve.errors import UserError
@@ -58,10 +59,11 @@ class KeySet:
         return {int(key) for key in values[1:][values[1:] == values[:-1]]}
 
 
-def iter_input(path: Path):
-    """(line number, parsed entry) for every non-blank input line, streamed."""
+def iter_input(path: Path) -> Iterator[tuple[int, BatchRequest | MalformedLine]]:
+    """(line number, parsed entry) for every non-blank input line, streamed; LF, CRLF and CR
+    end a line, and a line over the batch-line byte limit is a malformed entry (never held)."""
     with path.open("rb") as handle:
-        for line_no, raw in enumerate(handle, start=1):
+        for line_no, raw in enumerate(iter_lines(handle, BATCH_LINE.max_bytes), start=1):
             entry = parse_line(raw, line_no)
             if entry is not None:
                 yield line_no, entry
@@ -113,7 +115,7 @@ def _refuse_duplicates(path: Path, suspect_keys: set[int]) -> None:
         return  # only a hash collision between different ids
     first_id, lines = next(iter(duplicates.items()))
     more = f" ({len(duplicates) - 1} more ids repeat too)" if len(duplicates) > 1 else ""
-    raise UserError(f"{path}: custom_id '{first_id}' appears on lines {', '.join(map(str, lines[:5]))}{more}; "
+    raise UserError(f"{path}: custom_id '{printable(first_id)}' appears on lines {', '.join(map(str, lines[:5]))}{more}; "
                     "custom_ids must be unique — fix the file (nothing was sent)")
 
 
@@ -187,8 +189,8 @@ def scan_output(path: Path) -> PriorResults:
 
 def _result_record(raw: bytes, path: Path, line_no: int) -> dict:
     try:
-        record = json.loads(raw)
-    except ValueError:
+        record = loads_json(raw, BATCH_RESULT_LINE)
+    except ValueError:  # not JSON, or over the bounds (Refused)
         record = None
     if not isinstance(record, dict) or "custom_id" not in record or not (
             isinstance(record["custom_id"], str) or (record.get("error") or {}).get("code") == MALFORMED):

@@ -62,7 +62,7 @@ class Answer:
 def _decode(payload: bytes) -> Any:
     try:
         return json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack (the error body says so)
         return {"error": {"message": payload.decode(errors="replace")[:2000], "type": "non_json_response"}}
 
 

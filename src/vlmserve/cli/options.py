@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vlmserve.bounded_read import CONFIG_FILE, Refused, loads_json, read_bytes
 from vlmserve.errors import UserError
 
 
@@ -17,9 +18,15 @@ def parse_json_object_flag(flag: str, text: str | None) -> dict[str, Any] | None
     if text is None:
         return None
     candidate = Path(text[1:]) if text.startswith("@") else None
-    raw = candidate.read_text() if candidate is not None and candidate.is_file() else text
     try:
-        value = json.loads(raw)
+        raw = read_bytes(candidate, CONFIG_FILE) if candidate is not None and candidate.is_file() else text
+        value = loads_json(raw, CONFIG_FILE)
+    except OSError as err:
+        raise UserError(f"{flag}: cannot read {candidate} ({err.strerror or type(err).__name__})") from None
+    except Refused as err:
+        raise UserError(f"{flag}: {candidate or 'the value'} {err}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{flag}: {candidate} is not UTF-8 text; give a JSON file") from None
     except json.JSONDecodeError as err:
         raise UserError(
             f"{flag}: not valid JSON ({err.msg} at character {err.pos}); write it like '{{\"key\": 1}}'"

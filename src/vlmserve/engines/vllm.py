@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from vlmserve.engines.launcher import EngineLaunch, EventSink, ExpectedConfig, program, served_model_name
+from vlmserve.bounded_read import CONFIG_FILE, loads_json, read_bytes
 from vlmserve.errors import UserError
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
 from vlmserve.vllm_flags import engine_arg_argv
@@ -355,8 +356,10 @@ def model_expects_images(model: str, model_path: str) -> bool | None:
             return None
         config_file = Path(cached)
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError):
+        config = loads_json(read_bytes(config_file, CONFIG_FILE), CONFIG_FILE)
+    except (OSError, ValueError):  # unreadable, not JSON, or over the bounds (Refused): decide after start
+        return None
+    if not isinstance(config, dict):
         return None
     return "vision_config" in config or "vision_tower" in json.dumps(config)
 

@@ -6,15 +6,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vlmserve.bounded_read import RESULT_FILE, Limits, Refused, loads_json, read_bytes
 from vlmserve.errors import UserError
 
 
-def read_json_file(path: str | Path, what: str, hint: str) -> Any:
-    """Parsed JSON, or a one-line UserError naming the file, what it should be and what to do."""
+def read_json_file(path: str | Path, what: str, hint: str, limits: Limits = RESULT_FILE) -> Any:
+    """Parsed JSON, or a one-line UserError naming the file, what it should be and what to do.
+
+    The file is bounded by `limits` (size, nesting, values, numbers) before it is parsed."""
     file_path = Path(path)
     if not file_path.is_file():
         raise UserError(f"{file_path}: no such {what}; {hint}")
     try:
-        return json.loads(file_path.read_text())
+        return loads_json(read_bytes(file_path, limits), limits)
+    except OSError as err:
+        raise UserError(f"{file_path}: cannot read it ({err.strerror or type(err).__name__}); {hint}") from None
+    except Refused as err:
+        raise UserError(f"{file_path}: {err}; {hint}") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{file_path}: not valid JSON (line {err.lineno}); {hint}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{file_path}: not valid JSON (not UTF-8 text); {hint}") from None

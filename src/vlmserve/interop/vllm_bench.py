@@ -15,6 +15,7 @@ figures, kept as the summary, with no records.
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 from vlmserve.results.metrics import PERCENTILES, summarize
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
+from vlmserve.bounded_read import printable
 from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
 
@@ -156,7 +158,7 @@ def _records(data: dict[str, Any]) -> list[RequestRecord]:
             finished_at_s=sent + float(data["latencies"][index]) if ok else None,
             chunk_times_s=chunk_times, chunk_tokens=chunk_tokens,
             prompt_tokens=int(data["input_lens"][index] or 0), output_tokens=output_tokens if ok else None,
-            ok=ok, error_kind=None if ok else "error", error_message=str(error)[:500] or None,
+            ok=ok, error_kind=None if ok else "error", error_message=printable(str(error), 500) or None,
         ))
     return records
 
@@ -191,6 +193,13 @@ def _aggregate_summary(data: dict[str, Any]) -> RunSummary:
     return RunSummary.from_partial(document)
 
 
+def _finite(value: float, name: str) -> float:
+    """A number the file gave as text ("nan", "1e999") is still refused when not finite."""
+    if not math.isfinite(value):
+        raise ValueError(f"{name} is {value}, not a finite number")
+    return value
+
+
 def _started_at(data: dict[str, Any]) -> str | None:
     try:
         return datetime.strptime(str(data.get("date")), DATE_FORMAT).astimezone().isoformat()
@@ -208,7 +217,7 @@ def from_vllm_result(data: dict[str, Any]) -> RunResult:
     completed = data.get("completed") or 0
     load: dict[str, Any] = {
         "concurrency": concurrency if rate in (None, "inf") else None,
-        "rate": None if rate in (None, "inf") else float(rate),
+        "rate": None if rate in (None, "inf") else _finite(float(rate), "request_rate"),
         "input_len": round(lengths.prompt_total / completed) if completed else None,
         "output_len": round(lengths.output_total / completed) if completed else None,
         "api": "chat" if str(data.get("backend", "")).endswith("chat") else "completions",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlmserve.bounded_read import CONFIG_FILE, Refused, loads_json, read_bytes
 from vlmserve.errors import UserError
 
 
@@ -34,9 +35,12 @@ def looks_like_directory(model: str) -> bool:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """config.json as a mapping; anything unreadable is one line naming the file."""
+    """config.json as a mapping; anything unreadable, or over the config-file bounds (size,
+    nesting, values: `bounded_read.CONFIG_FILE`), is one line naming the file."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = loads_json(read_bytes(path, CONFIG_FILE).decode("utf-8"), CONFIG_FILE)
+    except Refused as err:
+        raise UserError(f"{path}: {err}; a config.json is a flat JSON object of a few kB, fix the file") from None
     except OSError as err:
         raise UserError(f"{path}: cannot read it ({err.strerror or type(err).__name__}); "
                         "check the file's permissions") from None
@@ -102,7 +106,7 @@ def _hub_fetch_config(model_id: str) -> tuple[dict[str, Any] | None, str]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=HUB_FETCH_TIMEOUT_S) as response:
-            value = json.loads(response.read().decode("utf-8"))
+            value = loads_json(response.read(CONFIG_FILE.max_bytes + 1), CONFIG_FILE)  # Refused is a ValueError
     except urllib.error.HTTPError as err:
         return None, f"fetching it failed: HTTP {err.code}{' (gated? set HF_TOKEN)' if err.code in (401, 403) else ''}"
     except (OSError, ValueError) as err:  # no network, a timeout, not JSON

@@ -86,14 +86,14 @@ def test_an_unreadable_config_json_is_one_line(cli, tmp_path: Path, monkeypatch:
     config_file = directory / "config.json"
     config_file.chmod(0)
     if os.access(config_file, os.R_OK):  # root reads any file: refuse it the way the kernel would
-        real_read_text = Path.read_text
+        real_open = Path.open
 
-        def refuse(self: Path, *args: object, **kwargs: object) -> str:
+        def refuse(self: Path, *args: object, **kwargs: object) -> object:
             if self == config_file:
                 raise PermissionError(13, "Permission denied", str(self))
-            return real_read_text(self, *args, **kwargs)  # type: ignore[arg-type]
+            return real_open(self, *args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(Path, "read_text", refuse)
+        monkeypatch.setattr(Path, "open", refuse)
     result = cli("recipe", "show", directory)
     assert result.error_line == (f"error: {config_file}: cannot read it (Permission denied); "
                                  "check the file's permissions")

@@ -11,15 +11,23 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import ijson
 
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_dataset_file
+from vlmserve.bounded_read import DATASET_ITEM, too_deep, too_long, too_many
 from vlmserve.errors import UserError
 
 MAX_MESSAGE_CHARS = 200_000
 """Messages longer than this are skipped: no chat model serves them and they bloat memory."""
+
+READ_CHUNK = 64 << 10
+"""Bytes ijson reads at a time."""
+
+_TOP = object()
+_START_EVENTS = frozenset({"start_map", "start_array"})
+_END_EVENTS = frozenset({"end_map", "end_array"})
 
 USER_ROLES = {"human", "user"}
 ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard", "model", "bing"}
@@ -69,8 +77,33 @@ def _turns_of(item: Any) -> tuple[str | None, list[tuple[str, str | None]]]:
     return system, pairs
 
 
+class _MeteredFile:
+    """The dataset file as ijson reads it, counting the bytes read since the last conversation
+    ended: one conversation (one huge string included, which the parser holds whole) is refused
+    once it passes the per-conversation byte limit, not after memory runs out."""
+
+    def __init__(self, handle: BinaryIO, path: Path) -> None:
+        self.handle = handle
+        self.path = path
+        self.since_item = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.since_item += len(data)
+        if self.since_item > DATASET_ITEM.max_bytes + READ_CHUNK:
+            raise UserError(f"{self.path}: a conversation {too_long(DATASET_ITEM)}; "
+                            "not a ShareGPT file, or a damaged one: check --dataset-path")
+        return data
+
+
 def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, Any]]:
-    """Each top-level array element, stopping quietly (but counted) at a broken tail."""
+    """Each top-level array element, stopping quietly (but counted) at a broken tail.
+
+    Built from ijson's flat event stream with our own depth count, not `ijson.items`: its
+    prefix strings made memory grow with the square of the nesting (23.6 GB for a 200 KB file
+    of 100,000 brackets). Nesting, values and bytes per conversation are bounded by
+    `bounded_read.DATASET_ITEM`; a file over them is one error naming the file and the limit.
+    """
     with path.open("rb") as handle:
         head = handle.read(1024).lstrip()
         if not head.startswith(b"["):
@@ -78,10 +111,55 @@ def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, Any]]:
                 f"{path}: not a ShareGPT file (expected a JSON array of conversations); check --dataset-path"
             )
         handle.seek(0)
+        metered = _MeteredFile(handle, path)
         index = -1
+        values = 0  # events of the conversation being built
+        open_values: list[Any] = []  # the containers being built, outermost first (a conversation's depth)
+        keys: list[Any] = []  # the pending key of each open object (None for a list)
+        item: Any = None
+        max_values, max_depth = DATASET_ITEM.max_items, DATASET_ITEM.max_depth
         try:
-            for index, item in enumerate(ijson.items(handle, "item", use_float=True)):
-                yield index, item
+            for event, value in ijson.basic_parse(metered, use_float=True, buf_size=READ_CHUNK):
+                values += 1
+                if values > max_values:
+                    raise UserError(f"{path}: conversation {index + 2} {too_many(values, DATASET_ITEM)}; "
+                                    "check --dataset-path")
+                if event == "map_key":
+                    keys[-1] = value
+                    continue
+                if event in _END_EVENTS:
+                    if not open_values:
+                        break  # the end of the top-level array
+                    open_values.pop()
+                    keys.pop()
+                else:
+                    if event in _START_EVENTS:
+                        if item is None and not keys:  # the top-level array itself (checked by the head above)
+                            item, values = _TOP, 0
+                            continue
+                        value = {} if event == "start_map" else []
+                    if open_values:
+                        parent = open_values[-1]
+                        if type(parent) is dict:
+                            parent[keys[-1]] = value
+                        else:
+                            parent.append(value)
+                    if event in _START_EVENTS:
+                        if len(open_values) >= max_depth:
+                            raise UserError(f"{path}: conversation {index + 2} {too_deep(DATASET_ITEM)}; "
+                                            "a ShareGPT conversation nests 3 levels: check --dataset-path")
+                        if not open_values:
+                            finished = value
+                        open_values.append(value)
+                        keys.append(None)
+                        continue
+                    if len(open_values) == 0:
+                        finished = value  # a scalar conversation (skipped later, counted)
+                if not open_values:  # a conversation is complete
+                    index += 1
+                    values = 0
+                    metered.since_item = 0
+                    yield index, finished
         except ijson.IncompleteJSONError:
             skips["truncated at end of file"] += 1
         except ijson.JSONError:
