@@ -217,13 +217,20 @@ def choices_of(payload: Mapping[str, object]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
 
+def asks_for_usage(payload: Mapping[str, object]) -> bool:
+    """The client asked a stream's engine to report its usage (`stream_options.include_usage`,
+    which vLLM takes only as a boolean); a stream that did not is settled from the gateway's count."""
+    options = payload.get("stream_options")
+    return isinstance(options, Mapping) and options.get("include_usage") is True
+
+
 def settled_tokens(status: str, reported_prompt: object, reported_completion: object, estimated_prompt: int) -> int | None:
     """What a finished request cost its tenant's budget; None: unknown, so the whole charge stays.
 
     The engine's usage where it reported it; the gateway's own prompt estimate where it did not
-    (a stream without `include_usage`: the proxy then reports the chunks it relayed as the
-    completion). An error answer with no usage cost its prompt at most. A client that left
-    mid-answer, or an answer without usage, keeps its whole charge."""
+    (a stream without `include_usage`: the proxy then reports the SSE events it relayed as the
+    completion, relay.py's EventCounter). An error answer with no usage cost its prompt at most.
+    A client that left mid-answer, or an answer without usage, keeps its whole charge."""
     prompt = reported_prompt if _is_count(reported_prompt) else estimated_prompt
     if _is_count(reported_completion):
         return prompt + reported_completion

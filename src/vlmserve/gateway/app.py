@@ -21,8 +21,8 @@ import aiohttp
 from aiohttp import web
 
 from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
-                                        check_output_limits, choices_of, context_tokens, load_keys_file,
-                                        settled_tokens)
+                                        asks_for_usage, check_output_limits, choices_of, context_tokens,
+                                        load_keys_file, settled_tokens)
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
@@ -325,6 +325,8 @@ class Gateway:
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
                 request_log.estimated_tokens = routed.expected_total_tokens
+                # settled from the relay's count of events, not of blocks (relay.py): no pump for it
+                routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
                 if tenant.rate_limited:
                     context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None
                     charged = await self.admission.check_rate(tenant, admissible_tokens(

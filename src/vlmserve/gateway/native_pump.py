@@ -8,6 +8,8 @@ replica's socket and writes whole frames to the client's, with no Python per chu
 watches the pump's epoll set and, when any pumped socket is ready, makes one call (`run_once`)
 that serves them all. Python hears of a stream again once, when it ends, and takes over: usage,
 the end of the answer, an error event for a replica that failed, the client's next request.
+A stream whose token budget is settled from its SSE events is never handed over: the pump
+counts reads, not events (relay.py says why).
 
 Kept on this path, as on relay.py's: only whole frames reach the client (an incomplete one is
 held), usage from the last block that mentioned it, a block counter the idle watchdog reads

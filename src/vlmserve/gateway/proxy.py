@@ -375,7 +375,8 @@ class Forwarder:
                replica: Replica, *, armed: bool) -> StreamRelay:
         return StreamRelay(upstream, request, exchange,
                            lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens), self.pump,
-                           on_start=(lambda: self._started(replica, exchange)) if armed else None)
+                           on_start=(lambda: self._started(replica, exchange)) if armed else None,
+                           count_events=routed.counts_events)
 
     def _raise_if_retryable(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
                             log: RequestLog) -> None:
@@ -459,6 +460,8 @@ class Forwarder:
         if usage is not None:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")
+        elif relay.events is not None:  # a budget settles from it: events, not blocks (relay.py, EventCounter)
+            log.completion_tokens = relay.events.events
         else:
             log.completion_tokens = max(0, exchange.chunks - 2)  # roughly one token per chunk, less role and [DONE]
         if failure is not None:

@@ -26,6 +26,14 @@ a plain-TCP connection leaves Python altogether: `_hand_to_pump` gives both sock
 pump (C, served by the event loop), which does what the inline path and `_take` do, and the relay
 waits for its one report of the end (`_pump_ended`), in the same wait as for any other end.
 
+A stream settled from the gateway's own count (its tenant has a token budget and the client did
+not ask for `stream_options.include_usage`: `count_events`) counts its SSE events (`EventCounter`)
+and so takes neither the inline path nor the pump: every block goes through `_take`, which counts
+it. Blocks are not events: a fast engine or a slow client merges many events into one block (10
+streams of 200 tokens counted as 22-32 blocks each), so a settle from blocks refunded most of the
+output's charge. The pump counts blocks only (its C would need an SSE scanner to count events),
+and the inline path is kept free of the work for the streams that do not need it.
+
 What the gateway still guarantees on this path:
 - Only whole frames reach the client; an incomplete frame is held until it completes, so a
   stream the gateway has to cut (replica died, stalled) still ends with a well-formed SSE
@@ -78,6 +86,47 @@ _PROMPT_TOKENS = re.compile(re.escape(_PROMPT_KEY) + rb":\s*(\d+)")
 _HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,8}")
 _SIZES_SEEN: dict[bytes, int] = {}  # size line -> size (> 0), for _take's one-whole-frame test (a few hundred spellings)
 _INLINE_MAX = 4102  # the longest block _on_data's inline path takes: a frame with a 3-digit size line
+_EVENT_LINE = b"\ndata:"  # an SSE data line's start: the only place a raw LF can precede it (JSON escapes its own)
+_DONE_LINE = b"\ndata: [DONE]"  # the end-of-stream line, which carries no completion chunk
+
+
+class EventCounter:
+    """Counts a stream's SSE events that carry a completion chunk (data lines, less `[DONE]`), from
+    its blocks as they arrive, whatever the blocks' sizes: a line start cut between two blocks is
+    found by looking at the last bytes of the one before (`tail`) with the first of the next.
+
+    Counted on the replica's bytes as sent, HTTP/1.1 frame lines included: a size line ends in LF,
+    so an event at the start of a frame is found too; an engine writes each event whole within a
+    frame (vLLM and the sim do), which the count assumes. With vLLM's default stream_interval=1 an
+    event carries one token of one choice (with `n` > 1 each choice has its own events), so the
+    count is the output's tokens, plus one role event per choice on chat routes; where an engine
+    puts several tokens in one event the count is a lower bound."""
+
+    __slots__ = ("lines", "done_lines", "tail")
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.done_lines = 0
+        self.tail = b"\n"  # the body's first byte starts a line (an unframed body starts with its first event)
+
+    @property
+    def events(self) -> int:
+        return max(0, self.lines - self.done_lines)
+
+    def feed(self, block: bytes) -> None:
+        tail = self.tail
+        self.lines += _count_across(tail, block, _EVENT_LINE)
+        self.done_lines += _count_across(tail, block, _DONE_LINE)
+        keep = len(_DONE_LINE) - 1
+        self.tail = block[-keep:] if len(block) >= keep else (tail + block)[-keep:]
+
+
+def _count_across(tail: bytes, block: bytes, pattern: bytes) -> int:
+    """Occurrences of `pattern` that end in `block`: those inside it, and those begun in the bytes
+    before it (`tail`). Neither short piece joined below can hold a whole one, so none is counted
+    twice."""
+    cut = len(pattern) - 1
+    return block.count(pattern) + (tail[-cut:] + block[:cut]).count(pattern)
 
 
 def _frame_heads() -> tuple[bytes, ...]:
@@ -124,11 +173,11 @@ class StreamRelay(asyncio.Protocol):
                  "client", "first_token_pending", "held", "unfinished", "taken", "usage_prev", "end", "error",
                  "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
                  "first_sent_mono", "lean_client", "holds_transport", "pump", "pumped", "pump_paused", "armed_stream",
-                 "on_start", "unsent")
+                 "on_start", "unsent", "events")
 
     def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
                  on_first_token: Callable[[int | None], None], pump: NativePump | None = None,
-                 on_start: Callable[[], None] | None = None) -> None:
+                 on_start: Callable[[], None] | None = None, count_events: bool = False) -> None:
         self.upstream = upstream
         self.connection: UpstreamConnection = upstream.connection
         self.request = request
@@ -164,6 +213,8 @@ class StreamRelay(asyncio.Protocol):
         self.armed_stream: LeanStream | None = None  # armed: its head leaves with the first body bytes (_start)
         self.on_start = on_start  # called once the first bytes are out (the caller's "no more retries")
         self.unsent: BaseException | None = None  # NOTHING_SENT by a lost connection: what the caller retries on
+        # the stream's SSE events, counted where its settle needs them (module docstring); None: not counted
+        self.events: EventCounter | None = EventCounter() if count_events else None
 
     async def run(self, response: web.StreamResponse | LeanStream, first: bytes | None) -> RelayEnd:
         """Send the head with the first bytes, then relay from `data_received` until the body ends.
@@ -333,10 +384,12 @@ class StreamRelay(asyncio.Protocol):
     def _update_fast(self) -> None:
         """Whole frames may take _on_data's inline path: the replica's frames go out verbatim to a
         lean client (whose loss and back-pressure reach the relay through its protocol, so no
-        per-block check is needed), no partial frame is held, and the first token is accounted."""
+        per-block check is needed), no partial frame is held, and the first token is accounted.
+        Never for a stream that counts its events: neither this path nor the pump (only reached
+        from here) counts them."""
         self.fast = (self.lean_client is not None and self.verbatim and not self.payload_only and not self.held
                      and not self.unfinished and not self.first_token_pending and self.end is None
-                     and self.write is not None)
+                     and self.write is not None and self.events is None)
         if self.fast and self.pump is not None and self.pumped is None and not self.paused:
             self._hand_to_pump()
 
@@ -395,6 +448,9 @@ class StreamRelay(asyncio.Protocol):
         exchange = self.exchange
         exchange.chunks += 1
         self.upstream_received += len(data)
+        events = self.events
+        if events is not None:
+            events.feed(data)
         if self.payload_only:
             return self._take_unframed(data)
         if self.held:

@@ -80,6 +80,9 @@ class RoutedRequest:
     # routing keys on.
     image_digests: list[str] = field(default_factory=list)
     image_tokens: int = 0  # the images' share of prompt_tokens (estimated)
+    # A stream settled from the gateway's own count of its events (relay.py's EventCounter): its
+    # tenant has a token budget and the client did not ask for usage (set by app.py).
+    counts_events: bool = False
 
     @property
     def expected_total_tokens(self) -> int:

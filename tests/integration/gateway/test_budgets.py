@@ -5,12 +5,16 @@ model's context) and settles to what it did cost, never refunding more than it c
 ways past it found in review were both refunds: of the estimate beyond the charge (a request
 asking for max_tokens=8000 against a 1,000 tokens/min budget was charged 1,000 and refunded
 ~7,800), and of the prompt of a stream that reported no usage (settled to its chunks alone).
+A third was a count: a stream without usage was settled from the blocks the gateway read, and a
+fast engine or a slow client merges many SSE events into one block (200-token answers counted
+as 22-32 tokens), so most of the output's charge was refunded. It is now settled from its events.
 Each scenario runs with the budget in this process and through Redis (`--state`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -29,6 +33,7 @@ from vlmserve.gateway.server import RunningGateway
 BUDGET_PER_MIN = 1000
 ANSWER_TOKENS = 200  # every answer of the engine below ends after this many tokens
 KEY = {"Authorization": "Bearer sk-budget"}
+FREE_KEY = {"Authorization": "Bearer sk-free"}  # a tenant with no budget, for the engine's own counts
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +46,12 @@ def short_answers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHandl
 
 @asynccontextmanager
 async def budget_gateway(engine: SimHandle, tmp_path: Path, where: str,
-                         redis_server: RedisServer | None) -> AsyncIterator[RunningGateway]:
+                         redis_server: RedisServer | None, **settings: object) -> AsyncIterator[RunningGateway]:
     keys = tmp_path / "keys.yaml"
-    keys.write_text(f"tenants:\n  - name: metered\n    keys: [sk-budget]\n    tokens_per_min: {BUDGET_PER_MIN}\n")
+    keys.write_text(f"tenants:\n  - name: metered\n    keys: [sk-budget]\n    tokens_per_min: {BUDGET_PER_MIN}\n"
+                    "  - name: free\n    keys: [sk-free]\n")
     state = {"state": redis_server.url, "state_unavailable": "closed"} if where == "redis" else {}
-    async with running_gateway([engine], keys_file=keys, **state) as gateway:
+    async with running_gateway([engine], keys_file=keys, **state, **settings) as gateway:
         async with aiohttp.ClientSession() as session:  # the replica's model list is in before the first request
             for _ in range(100):
                 async with session.get(gateway.base_url + "/v1/models", headers=KEY) as response:
@@ -116,6 +122,66 @@ async def test_a_stream_without_usage_is_settled_with_the_gateways_prompt_estima
     # each admitted stream cost its prompt (~2,115 tokens, over the whole budget) and up to 20 more
     assert_within_budget([2115] * admitted, elapsed_s)
     assert admitted == 1
+
+
+async def read_slowly(session: aiohttp.ClientSession, base_url: str, body: dict[str, object],
+                      headers: dict[str, str]) -> tuple[int, list[dict[str, object]]]:
+    """POST a stream and read it a little at a time, pausing between reads (a slow client: the
+    gateway's reads of the replica then merge more events); its status and its chunks' events."""
+    async with session.post(base_url + "/v1/chat/completions", json=body, headers=headers) as response:
+        raw = b""
+        async for piece in response.content.iter_chunked(1024):
+            raw += piece
+            await asyncio.sleep(0.001)
+    if response.status != 200:
+        return response.status, [json.loads(raw)]
+    lines = [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert lines[-1] == b"[DONE]", lines[-3:]
+    return 200, [json.loads(line) for line in lines[:-1]]
+
+
+def content_tokens(events: list[dict[str, object]]) -> int:
+    """The answer's tokens as the client saw them: one content delta per token (the sim's and
+    vLLM's stream_interval=1)."""
+    return sum(1 for e in events for choice in e["choices"] if choice.get("delta", {}).get("content"))  # type: ignore[union-attr, attr-defined]
+
+
+@pytest.mark.hostile("stream without usage: blocks merged by a fast engine or slow reader undercount the output")
+@pytest.mark.parametrize("relay", ["auto", "python"], ids=["native-pump-where-built", "python-relay"])
+async def test_a_stream_without_usage_is_settled_from_its_events_not_the_blocks_they_came_in(
+        short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None, relay: str) -> None:
+    audit = tmp_path / "audit.jsonl"
+    body = {"model": MODEL, "max_tokens": ANSWER_TOKENS, "stream": True, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "q00"}]}
+    async with budget_gateway(short_answers, tmp_path, where, maybe_redis, audit_log=audit, relay=relay) as gateway, \
+            aiohttp.ClientSession() as session:
+        # the engine's own prompt count for this shape of request, from a tenant without a budget
+        control = await post_chat(session, gateway.base_url, {**body, "stream_options": {"include_usage": True}},
+                                  FREE_KEY)
+        prompt_tokens = next(e["usage"]["prompt_tokens"] for e in control.events if e.get("usage"))
+        pump = gateway.gateway.pump  # None with the python relay, or where the pump was not built
+        pumped_before = pump.started if pump is not None else 0
+        started = time.monotonic()
+        costs: list[int] = []
+        for i in range(12):
+            status, events = await read_slowly(session, gateway.base_url, {
+                **body, "messages": [{"role": "user", "content": f"q{i:02d}"}]}, KEY)
+            if status == 200:
+                assert not any(e.get("usage") for e in events)  # the client asked for none
+                assert content_tokens(events) == ANSWER_TOKENS
+                costs.append(prompt_tokens + ANSWER_TOKENS)
+            else:
+                error = events[0]["error"]
+                assert status == 429 and error["code"] == "rate_limit_exceeded", error  # type: ignore[index]
+        elapsed_s = time.monotonic() - started
+        # the pump counts blocks, not events: a stream settled from its events stays in Python
+        assert (pump.started if pump is not None else 0) == pumped_before
+    assert_within_budget(costs, elapsed_s)
+    # what each was settled to: the role event and its 200 tokens (a block count was 22-32)
+    settled = [r["completion_tokens"] for r in map(json.loads, audit.read_text().splitlines())
+               if r["tenant"] == "metered" and r["status"] == "200"]
+    assert len(settled) == len(costs)
+    assert all(ANSWER_TOKENS <= tokens <= ANSWER_TOKENS * 1.02 for tokens in settled), settled
 
 
 @pytest.mark.hostile("max_tokens of 1e309, 10**309, negative, fractional or a string")
