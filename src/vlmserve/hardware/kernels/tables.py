@@ -61,11 +61,22 @@ def _columns(ref: TableRef, columns: tuple[str, ...]) -> dict[str, np.ndarray | 
     (imports pyarrow.dataset), pyarrow's `to_numpy` (imports pandas), `dictionary_encode`
     (imports pyarrow.compute). Strings are read dictionary-encoded by the Parquet reader itself.
     """
-    parquet = pq.ParquetFile(ref.path)
-    strings = [field.name for field in parquet.schema_arrow
-               if field.name in columns and (pa.types.is_string(field.type) or pa.types.is_large_string(field.type))]
-    table = pq.ParquetFile(ref.path, read_dictionary=strings).read(columns=list(columns))
-    return {name: _to_numpy(table.column(name)) for name in columns}
+    schema = pq.ParquetFile(ref.path).schema_arrow
+    present = [name for name in columns if name in schema.names]
+    strings = [name for name in present
+               if pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type)]
+    table = pq.ParquetFile(ref.path, read_dictionary=strings).read(columns=present)
+    arrays = {name: _to_numpy(table.column(name)) for name in present}
+    for name in columns:
+        if name not in arrays:
+            if name not in ABSENT_MEANS:
+                raise LookupError(f"{ref.path}: no column '{name}'")
+            arrays[name] = np.full(table.num_rows, ABSENT_MEANS[name], dtype=np.int64)
+    return arrays
+
+
+ABSENT_MEANS: dict[str, int] = {"window_size": 0}
+"""Columns older tables lack, and what their absence means (vLLM 0.14's attention tables: no window)."""
 
 
 def _to_numpy(column: pa.ChunkedArray) -> np.ndarray | Categorical:
