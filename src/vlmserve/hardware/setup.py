@@ -86,7 +86,7 @@ class PlanSetup:
     """The deployment's vLLM version: the kernel tables closest to it are used (None → the newest)."""
     vision_shape: VisionShape | None = None
     """The ViT's widths, depth and heads from the vision config (measured kernels price the encoder from them)."""
-    _cost: tuple[tuple[Any, ...], Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _cost: tuple[tuple[Any, ...], RooflineStepCost | MeasuredStepCost] | None = field(default=None, init=False, repr=False, compare=False)
     """The cost model built last, with the inputs it was built from (one instance per setup, so its
     per-shape caches and its record of extrapolations outlive one simulation for `--explain`)."""
 
@@ -199,7 +199,7 @@ class PlanSetup:
         inputs = (self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency,
                   self.async_scheduling, self.cost_model_kind, self.vllm_version, self.vision_shape)
         if self._cost is not None and self._cost[0] == inputs:
-            return self._cost[1]  # type: ignore[no-any-return]
+            return self._cost[1]
         cost: RooflineStepCost | MeasuredStepCost
         if self.uses_kernels:
             from vlmserve.hardware.kernels.step_cost import MeasuredStepCost  # pyarrow: only when the tables are used

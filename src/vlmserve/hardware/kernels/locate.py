@@ -47,11 +47,17 @@ class TableRef:
     system: str
     op: str
     vllm_version: str
+    """The version chosen; its folder may reuse another version's measurements (`path` says whose)."""
+
+    @property
+    def measured_version(self) -> str:
+        return self.path.parent.name
 
     @property
     def label(self) -> str:
         """How `plan --explain` names the source: file, GPU, vLLM version."""
-        return f"{self.op}/{self.path.name} ({self.system}, vLLM {self.vllm_version})"
+        reused = "" if self.measured_version == self.vllm_version else f", reusing {self.measured_version}'s measurements"
+        return f"{self.op}/{self.path.name} ({self.system}, vLLM {self.vllm_version}{reused})"
 
 
 def version_key(text: str) -> tuple[int, ...]:

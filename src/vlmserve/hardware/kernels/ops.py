@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Any, Callable
 
 from vlmserve.hardware.kernels import tables
 from vlmserve.hardware.kernels.interp import interp_curve
@@ -100,7 +100,7 @@ class AttentionShape:
         return 1.0 if self.kv_dtype == "fp8" else 2.0
 
 
-def _nearest_key(keys: list[Hashable], shape: AttentionShape, window: int) -> tuple[Hashable, float] | None:
+def _nearest_key(keys: list[tuple[Any, ...]], shape: AttentionShape, window: int) -> tuple[tuple[Any, ...], float] | None:
     """The measured (heads, kv heads) with the same head size, KV dtype, window and GQA ratio, nearest in
     heads; latency scales by the head ratio (attention work is linear in heads at a fixed ratio)."""
     kv = KV_TABLE_DTYPE.get(shape.kv_dtype)
@@ -109,11 +109,11 @@ def _nearest_key(keys: list[Hashable], shape: AttentionShape, window: int) -> tu
         return exact, 1.0
     ratio = shape.q_heads / shape.kv_heads
     candidates = [key for key in keys
-                  if key[2:] == (shape.head_dim, kv, window) and key[0] / key[1] == ratio]  # type: ignore[index]
+                  if key[2:] == (shape.head_dim, kv, window) and key[0] / key[1] == ratio]
     if not candidates:
         return None
-    best = min(candidates, key=lambda key: abs(math.log(key[0] / shape.q_heads)))  # type: ignore[index]
-    return best, shape.q_heads / best[0]  # type: ignore[index]
+    best = min(candidates, key=lambda key: abs(math.log(key[0] / shape.q_heads)))
+    return best, shape.q_heads / best[0]
 
 
 @dataclass
@@ -137,7 +137,8 @@ class AttentionPricer:
         self._gen, self._gen_scale, self.generation_source = self._resolve("generation_attention_perf",
                                                                             tables.generation_attention_tables)
 
-    def _resolve(self, name: str, load):  # type: ignore[no-untyped-def]
+    def _resolve(self, name: str, load: Callable[[TableRef], tables.ShapeGrids]
+                 ) -> tuple[tables.GridTable | None, float, Source]:
         ref: TableRef | None = locate_table(self.gpu_key, "attention", name, self.vllm_version)
         if ref is None:
             return None, 1.0, Source(ROOFLINE, "no measured attention table for this GPU")
@@ -152,10 +153,10 @@ class AttentionPricer:
             return None, 1.0, Source(ROOFLINE, f"no measured shape {self.shape.q_heads}/{self.shape.kv_heads} heads × "
                                                f"{self.shape.head_dim}, KV {self.shape.kv_dtype}")
         key, scale = found
-        note = "" if scale == 1.0 else f"nearest measured heads {key[0]}/{key[1]} scaled ×{scale:.3g}"  # type: ignore[index]
+        note = "" if scale == 1.0 else f"nearest measured heads {key[0]}/{key[1]} scaled ×{scale:.3g}"
         if window and not self._table_window:
             note = "; ".join(filter(None, [note, f"window {window} priced as full attention over the kept context"]))
-        q, kv, dim, kv_dtype, win = key  # type: ignore[misc]
+        q, kv, dim, kv_dtype, win = key
         shape = f"{q}/{kv} heads × {dim}, KV {kv_dtype}" + (f", window {win}" if win else "")
         return grids[key], scale, Source(f"{ref.label}, {shape}", note)
 
@@ -317,9 +318,9 @@ class EncoderAttentionPricer:
             self.source = Source(ROOFLINE, "empty ViT attention table")
             return
         # Nearest head size first (work ∝ head_dim), then nearest heads (work ∝ heads).
-        dims = sorted({key[1] for key in grids})  # type: ignore[index]
+        dims = sorted({key[1] for key in grids})
         dim = min(dims, key=lambda d: abs(math.log(d / self.head_dim)))
-        heads = sorted({key[0] for key in grids if key[1] == dim})  # type: ignore[index]
+        heads = sorted({key[0] for key in grids if key[1] == dim})
         head = min(heads, key=lambda h: abs(math.log(h / self.heads)))
         self._grid = grids[(head, dim)]
         self._scale = (self.heads / head) * (self.head_dim / dim)

@@ -49,7 +49,7 @@ class Categorical:
     values: list[str]
 
     def equals(self, value: object) -> np.ndarray:
-        code = self.values.index(value) if value in self.values else -1  # type: ignore[arg-type]
+        code = self.values.index(value) if isinstance(value, str) and value in self.values else -1
         return self.codes == code
 
 
@@ -85,8 +85,10 @@ def _to_numpy(column: pa.ChunkedArray) -> np.ndarray | Categorical:
         codes = []
         for chunk in column.chunks:
             local = chunk.dictionary.to_pylist()
-            remap = np.array([values.index(v) if v in values else (values.append(v) or len(values) - 1) for v in local],
-                             dtype=np.int64)
+            for value in local:
+                if value not in values:
+                    values.append(value)
+            remap = np.array([values.index(value) for value in local], dtype=np.int64)
             codes.append(remap[_buffer_view(chunk.indices)] if len(local) else np.zeros(len(chunk), dtype=np.int64))
         return Categorical(np.concatenate(codes) if codes else np.array([], dtype=np.int64), values)
     if (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)) and column.null_count == 0:
@@ -114,21 +116,22 @@ def _numbers(column: np.ndarray | Categorical) -> np.ndarray:
 
 def _unique_rows(arrays: list[np.ndarray | Categorical]) -> set[tuple[Any, ...]]:
     """Distinct combinations of several equal-length columns, as Python tuples."""
-    codes, values = [], []
+    codes: list[np.ndarray] = []
+    values: list[list[Any]] = []
     for array in arrays:
         if isinstance(array, Categorical):
             codes.append(array.codes)
             values.append(list(array.values))
         else:
-            distinct, inverse = np.unique(array, return_inverse=True)
+            unique_values, inverse = np.unique(array, return_inverse=True)
             codes.append(inverse.reshape(-1))
-            values.append(distinct.tolist())
+            values.append(unique_values.tolist())
     if not codes or not len(codes[0]):
         return set()
     # One int64 per row (mixed radix over the columns' code ranges): a 1-D unique is fast, a row-wise one is not.
     combined = np.zeros(len(codes[0]), dtype=np.int64)
-    for code, distinct in zip(codes, values):
-        combined = combined * max(len(distinct), 1) + code
+    for code, column_values in zip(codes, values):
+        combined = combined * max(len(column_values), 1) + code
     rows = []
     for packed in np.unique(combined).tolist():
         row = []
@@ -175,6 +178,16 @@ def _rows(ref: TableRef, columns: tuple[str, ...], where: dict[str, Any]) -> dic
     return {name: _numbers(data[name])[mask].tolist() for name in columns if name not in where}
 
 
+def _along_m(roof: Roof, n: float, k: float) -> Callable[[float, float], float]:
+    """Roofline growth from m = a to m = b at fixed (n, k)."""
+    return lambda a, b: _roof_ratio(roof, (a, n, k), (b, n, k))
+
+
+def _along_length(roof: Roof, batch: float) -> Callable[[float, float], float]:
+    """Roofline growth from length a to b at a fixed batch."""
+    return lambda a, b: _roof_ratio(roof, (batch, a), (batch, b))
+
+
 def _roof_ratio(roof: Roof, start: tuple[float, ...], end: tuple[float, ...]) -> float:
     base = roof(*start)
     return roof(*end) / base if base > 0 else 1.0
@@ -186,13 +199,14 @@ class GemmTable:
 
     ref: TableRef
     dtype: str
-    curves: dict[Hashable, Curve]
+    curves: dict[Any, Curve]
+    """(n, k) → curve over m."""
     n_grid: list[float] = field(default_factory=list)
     k_grid: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.n_grid = sorted({float(n) for n, _ in self.curves})  # type: ignore[misc]
-        self.k_grid = sorted({float(k) for _, k in self.curves})  # type: ignore[misc]
+        self.n_grid = sorted({float(key[0]) for key in self.curves})
+        self.k_grid = sorted({float(key[1]) for key in self.curves})
 
     def latency_ms(self, m: float, n: float, k: float, roof: Roof) -> tuple[float, bool]:
         """Interpolated latency (log-linear in m, n and k) and whether it left the measured grid.
@@ -212,8 +226,7 @@ class GemmTable:
                 curve = self.curves.get((cn, ck))
                 if curve is None:
                     continue
-                value, beyond = interp_curve(curve[0], curve[1], m,
-                                             lambda a, b, cn=cn, ck=ck: _roof_ratio(roof, (a, cn, ck), (b, cn, ck)))
+                value, beyond = interp_curve(curve[0], curve[1], m, _along_m(roof, cn, ck))
                 extrapolated |= beyond
                 pairs.append((wn * wk, value))
         if not pairs:
@@ -257,7 +270,7 @@ class GridTable:
                 continue
             at = self.batches[index]
             grid, values = self.by_batch[at]
-            value, beyond = interp_curve(grid, values, length, lambda x, y, at=at: _roof_ratio(roof, (at, x), (at, y)))
+            value, beyond = interp_curve(grid, values, length, _along_length(roof, at))
             extrapolated |= beyond
             pairs.append((weight, value))
         value = blend_log(pairs)
@@ -283,7 +296,7 @@ class ShapeGrids:
         self._keys = _unique_rows([data[name] for name in key_columns])
         self._built: dict[Hashable, GridTable] = {}
 
-    def __iter__(self) -> Iterator[Hashable]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(sorted(self._keys, key=str))
 
     def __len__(self) -> int:
@@ -292,12 +305,12 @@ class ShapeGrids:
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 
-    def __getitem__(self, key: Hashable) -> GridTable:
+    def __getitem__(self, key: tuple[Any, ...]) -> GridTable:
         built = self._built.get(key)
         if built is None:
             if key not in self._keys:
                 raise KeyError(key)
-            rows = _rows(self.ref, self._columns, dict(zip(self._key_columns, key)))  # type: ignore[arg-type]
+            rows = _rows(self.ref, self._columns, dict(zip(self._key_columns, key)))
             lengths = [float(x) + self._length_offset for x in rows[self._length_column]]
             curves = _curves([float(b) for b in rows["batch_size"]], lengths, rows["latency"])
             built = GridTable(self.ref, {float(b): curve for b, curve in curves.items()})  # type: ignore[arg-type]
