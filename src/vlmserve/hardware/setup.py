@@ -12,6 +12,7 @@ the tables cover the GPU's GEMMs and attention, else the roofline.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,8 @@ class PlanSetup:
             raise UserError(f"--cost-model '{self.cost_model_kind}' is not known; use one of: {', '.join(COST_MODELS)}")
         if self.cost_model_kind == "kernels" and not covers(self.gpu.key):
             raise UserError(f"--cost-model kernels: {self._why_no_tables()}; use --cost-model roofline or auto")
+        if self.vllm_version is not None and not re.fullmatch(r"\d+(\.\d+){0,2}([.+-][0-9A-Za-z]+)*", self.vllm_version):
+            raise UserError(f"--vllm-version '{self.vllm_version[:40]}' is not a version like 0.11.0")
         if self.vision_shape is None and self.model.vision is not None:
             config = raw_config_or_none(self.model.name)
             self.vision_shape = vision_shape(config) if config else None
