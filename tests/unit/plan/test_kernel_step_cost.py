@@ -195,3 +195,34 @@ def test_a_gpu_without_tables_uses_the_roofline_and_says_so() -> None:
 def test_unknown_cost_model_is_refused_in_one_line() -> None:
     with pytest.raises(UserError, match="--cost-model 'fast' is not known; use one of: auto, kernels, roofline"):
         _setup(cost_model_kind="fast")
+
+
+def test_attention_the_tables_did_not_measure_goes_to_the_roofline_by_name() -> None:
+    """A group of another kind (linear attention, MLA) or with fields the MHA/GQA rows do not model is
+    priced on the roofline, and its source says why: never read from the wrong rows."""
+    import dataclasses
+
+    from vlmserve.hardware.models import AttentionLayers
+
+    setup = _setup()
+    full = setup.model.attention[0]
+    linear = dataclasses.replace(full, kind="linear", count=8)  # type: ignore[arg-type]
+    mixed = dataclasses.replace(setup.model, attention=(dataclasses.replace(full, count=24), linear))
+    cost = MeasuredStepCost(mixed, setup.gpu, 1, "bf16", "bf16", EFFICIENCY)
+    sources = cost.sources()
+    assert "roofline (partly)" in sources[DECODE_ATTN].label
+    assert "linear attention: no measured table for this kind" in sources[DECODE_ATTN].describe()
+    step = StepContents(0, 0, 8, 8 * 1024)
+    only_full = MeasuredStepCost(dataclasses.replace(mixed, attention=(dataclasses.replace(full, count=24),)),
+                                 setup.gpu, 1, "bf16", "bf16", EFFICIENCY)
+    assert cost.step_time_s(step) > only_full.step_time_s(step)
+    assert cost.breakdown(step).parts[PREFILL_ATTN] == 0.0  # a decode-only step: the roofline part lands in decode
+
+    @dataclasses.dataclass(frozen=True)
+    class LatentLayers(AttentionLayers):
+        kv_lora_rank: int = 0
+
+    latent = LatentLayers("full", 32, 32, 32, 128, kv_lora_rank=512)
+    mla = MeasuredStepCost(dataclasses.replace(setup.model, attention=(latent,)), setup.gpu, 1, "bf16", "bf16", EFFICIENCY)
+    assert not mla.sources()[PREFILL_ATTN].measured
+    assert "kv_lora_rank" in mla.sources()[PREFILL_ATTN].describe()

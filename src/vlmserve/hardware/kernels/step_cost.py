@@ -112,7 +112,7 @@ class MeasuredStepCost:
     vision: VisionShape | None = None
     _linear_cache: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
     _lm_cache: dict[int, float] = field(default_factory=dict, repr=False)
-    _attn_cache: dict[tuple[int, int, int, int], tuple[float, float]] = field(default_factory=dict, repr=False)
+    _attn_cache: dict[tuple[int, int, int, int, int], tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         model, tp, version, key = self.model, self.tp, self.vllm_version, self.gpu.key
@@ -158,8 +158,8 @@ class MeasuredStepCost:
                 GemmShape(model.num_layers, model.hidden_size, per_gpu)]
 
     def _attention_pricer(self, group: object) -> AttentionPricer | None:
-        kind = getattr(group, "kind", "full")
-        if kind not in ("full", "sliding"):
+        """The tables' pricer for a standard (full or sliding, MHA/GQA) group; None → the roofline, labelled."""
+        if _unmodelled(group):
             return None
         shape = AttentionShape(_split(group.q_heads, self.tp), _split(group.kv_heads, self.tp),  # type: ignore[attr-defined]
                                group.head_dim, weight_format(self.kv_dtype), group.window)  # type: ignore[attr-defined]
@@ -206,7 +206,7 @@ class MeasuredStepCost:
         return cached
 
     def _attention_s(self, prefill_seqs: int, chunk: int, end: int, decode_seqs: int, decode_context: int) -> tuple[float, float]:
-        key = (prefill_seqs, chunk, end, decode_seqs * 1_000_000_000 + decode_context)
+        key = (prefill_seqs, chunk, end, decode_seqs, decode_context)
         cached = self._attn_cache.get(key)
         if cached is not None:
             return cached
@@ -216,22 +216,25 @@ class MeasuredStepCost:
                 continue
             prefill += count * pricer.prefill_s(prefill_seqs, chunk, end)
             decode += count * pricer.decode_s(decode_seqs, decode_context)
-        prefill += self._attention_roofline_s(prefill_seqs, chunk, end, decode_seqs, decode_context)
-        self._attn_cache[key] = (prefill, decode)
-        return prefill, decode
+        roofline_prefill, roofline_decode = self._attention_roofline_s(prefill_seqs, chunk, end, decode_seqs, decode_context)
+        self._attn_cache[key] = (prefill + roofline_prefill, decode + roofline_decode)
+        return self._attn_cache[key]
 
-    def _attention_roofline_s(self, prefill_seqs: int, chunk: int, end: int, decode_seqs: int, decode_context: int) -> float:
-        """Attention groups no table can price (a kind the tables lack, e.g. linear attention), on the model's
-        own roofline terms (FLOPs per query, KV bytes per context)."""
+    def _attention_roofline_s(self, prefill_seqs: int, chunk: int, end: int, decode_seqs: int,
+                              decode_context: int) -> tuple[float, float]:
+        """(prefill, decode) seconds of the attention groups no table can price (another kind, e.g. linear
+        attention or MLA), on the model's own roofline terms (FLOPs per query, KV bytes per context)."""
         unpriced = tuple(group for group, (_count, pricer) in zip(self.model.attention, self._attention) if pricer is None)
         if not unpriced:
-            return 0.0
+            return 0.0, 0.0
         part = dataclasses.replace(self.model, attention=unpriced)
-        flops = (prefill_seqs * chunk * part.attention_flops_per_query(max(end - chunk / 2.0, 1.0))
-                 + decode_seqs * part.attention_flops_per_query(decode_context)) / self.tp
-        nbytes = (prefill_seqs * part.kv_bytes_for_context(end, self.kv_dtype)
-                  + decode_seqs * part.kv_bytes_for_context(decode_context, self.kv_dtype)) / self.tp
-        return self.roof.time_s(flops, nbytes)
+        prefill = self.roof.time_s(
+            prefill_seqs * chunk * part.attention_flops_per_query(max(end - chunk / 2.0, 1.0)) / self.tp,
+            prefill_seqs * part.kv_bytes_for_context(end, self.kv_dtype) / self.tp) if prefill_seqs else 0.0
+        decode = self.roof.time_s(
+            decode_seqs * part.attention_flops_per_query(decode_context) / self.tp,
+            decode_seqs * part.kv_bytes_for_context(decode_context, self.kv_dtype) / self.tp) if decode_seqs else 0.0
+        return prefill, decode
 
     def _vision_parts(self, image_tokens: int, images: int) -> tuple[float, float]:
         """ViT GEMMs (+ its TP all-reduces) and encoder attention for the images encoded this step."""
@@ -305,8 +308,27 @@ class MeasuredStepCost:
         return all(source.measured for name, source in self.sources().items() if name != ELEMENTWISE)
 
 
+MODELLED_GROUP_FIELDS = frozenset({"kind", "count", "q_heads", "kv_heads", "head_dim", "window", "owns_kv", "k_eq_v"})
+"""The attention-group fields the tables' attention kernels account for. A group with any other
+field set (an MLA latent rank, a linear-attention state, ...) is not standard attention: it goes
+to the roofline, named, rather than being read from the MHA/GQA rows."""
+
+
+def _unmodelled(group: object) -> str | None:
+    """Why the MHA/GQA tables cannot price this attention group (None when they can)."""
+    kind = getattr(group, "kind", "full")
+    if kind not in ("full", "sliding"):
+        return f"{kind} attention: no measured table for this kind"
+    if dataclasses.is_dataclass(group):
+        extra = [f.name for f in dataclasses.fields(group)
+                 if f.name not in MODELLED_GROUP_FIELDS and getattr(group, f.name) not in (None, 0, False, "", ())]
+        if extra:
+            return f"attention with {', '.join(extra)}: not the MHA/GQA kernels the tables measured"
+    return None
+
+
 def _unpriced(group: object) -> Source:
-    return Source(ROOFLINE, f"{getattr(group, 'kind', '?')} attention: no measured table for this kind")
+    return Source(ROOFLINE, _unmodelled(group) or "no measured table")
 
 
 def _merge(sources: list[Source]) -> Source:
