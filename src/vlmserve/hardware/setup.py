@@ -20,10 +20,11 @@ from vlmserve.errors import UserError
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.hardware.calibration import Calibration, Efficiency, default_calibration
 from vlmserve.hardware.cost import RooflineStepCost
-from vlmserve.hardware.dtypes import normalize_dtype
-from vlmserve.hardware.gpus import GPU, MemoryPlan, get_gpu, plan_memory
+from vlmserve.hardware.dtypes import normalize_dtype, normalize_kv_dtype
+from vlmserve.hardware.gpus import GIB, GPU, get_gpu
 from vlmserve.hardware.kernels.locate import covers, data_root
 from vlmserve.hardware.kernels.vision_shape import VisionShape, raw_config_or_none, vision_shape
+from vlmserve.hardware.memory import MemoryPlan, kv_capacity_tokens, plan_memory
 from vlmserve.hardware.models import ModelCost, load_model
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.sched.scheduler import SchedulerConfig
@@ -52,7 +53,7 @@ def vllm_default_limits(gpu: GPU) -> tuple[int, int]:
     vLLM (`EngineArgs.get_batch_defaults`) gives GPUs with at least 70 GiB that are not
     A100s 1024 sequences and 8192 tokens per step, everything else 256 and 2048.
     """
-    if gpu.memory_gb * 1e9 >= 70 * 2**30 and gpu.key != "a100":
+    if gpu.visible_memory_bytes >= 70 * GIB and gpu.key != "a100":
         return 1024, 8192
     return 256, 2048
 
@@ -65,6 +66,8 @@ class PlanSetup:
     gpu: GPU
     tp: int = 1
     replicas: int = 1
+    ep: int | None = None
+    """Expert-parallel GPUs per replica (vLLM --enable-expert-parallel with DP = ep ÷ tp); None: experts split by TP."""
     weight_dtype: str | None = None
     """None → the checkpoint's own format (e.g. MXFP4 for gpt-oss)."""
     kv_dtype: str = "bf16"
@@ -93,7 +96,7 @@ class PlanSetup:
 
     def __post_init__(self) -> None:
         self.weight_dtype = normalize_dtype(self.weight_dtype or self.model.default_weight_dtype, "--weight-dtype")
-        self.kv_dtype = normalize_dtype(self.kv_dtype, "--kv-dtype")
+        self.kv_dtype = normalize_kv_dtype(self.kv_dtype, "--kv-dtype")
         if self.replicas < 1:
             raise UserError("--replicas must be at least 1")
         for problem in self.frontend.validate():
@@ -145,9 +148,10 @@ class PlanSetup:
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.replicas
+        return (self.ep or self.tp) * self.replicas
 
     def memory(self) -> MemoryPlan:
+        """Per-GPU split as vLLM's profiling run makes it (hardware.memory)."""
         assert self.weight_dtype is not None
         return plan_memory(
             self.model,
@@ -155,7 +159,9 @@ class PlanSetup:
             self.tp,
             weight_dtype=self.weight_dtype,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            reserved_gb=self.efficiency.reserved_memory_gb,
+            max_num_batched_tokens=self.max_num_batched_tokens or 1,
+            max_num_seqs=self.max_num_seqs or 1,
+            ep=self.ep,
         )
 
     def kv_capacity_tokens(self, typical_context: int) -> int:
@@ -165,10 +171,7 @@ class PlanSetup:
         context length; pricing at the workload's typical length turns the hybrid cache
         into the single block pool the scheduler models.
         """
-        context = max(typical_context, 1)
-        per_sequence = self.model.kv_bytes_for_context(context, self.kv_dtype)
-        bytes_per_token = per_sequence / context if per_sequence > 0 else 1.0
-        return int(self.memory().kv_bytes_total / bytes_per_token)
+        return kv_capacity_tokens(self.model, self.memory(), self.tp, self.kv_dtype, typical_context, DEFAULT_BLOCK_SIZE)
 
     def scheduler_config(self, typical_context: int, longest_request: int) -> SchedulerConfig:
         """Engine limits for one replica, failing in one line when the KV cache is too small."""
@@ -199,7 +202,7 @@ class PlanSetup:
     def cost_model(self) -> RooflineStepCost | MeasuredStepCost:
         """The step cost model `--cost-model` picks (see the module docstring)."""
         assert self.weight_dtype is not None
-        inputs = (self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency,
+        inputs = (self.model, self.gpu, self.tp, self.ep, self.weight_dtype, self.kv_dtype, self.efficiency,
                   self.async_scheduling, self.cost_model_kind, self.vllm_version, self.vision_shape)
         if self._cost is not None and self._cost[0] == inputs:
             return self._cost[1]
@@ -209,7 +212,7 @@ class PlanSetup:
 
             cost = MeasuredStepCost(
                 self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency,
-                self.async_scheduling, vllm_version=self.vllm_version, vision=self.vision_shape,
+                self.async_scheduling, vllm_version=self.vllm_version, vision=self.vision_shape, ep=self.ep,
             )
         else:
             cost = self.roofline_cost_model()

@@ -55,7 +55,7 @@ class GemmPricer:
 
     def __post_init__(self) -> None:
         gpu = self.roof.gpu
-        self._choice = gemm_kernel(self.weight, bool(gpu.fp8_tflops), self.gpu_key in FP4_GPUS)
+        self._choice = gemm_kernel(self.weight, bool(gpu.fp8_tflops), bool(gpu.fp4_tflops))
         ref = locate_table(self.gpu_key, "gemm", "gemm_perf", self.vllm_version)
         if ref is not None:
             for dtype in self._choice.table_dtypes:
@@ -78,9 +78,6 @@ class GemmPricer:
         self.source.extrapolated |= beyond
         return value * MS * (WEIGHT_ONLY_SLOWDOWN if self._choice.weight_only else 1.0)
 
-
-FP4_GPUS = frozenset({"b200", "b300", "gb200", "rtx_pro_6000"})
-"""GPUs with FP4 tensor cores (Blackwell), where NVFP4 runs W4A4."""
 
 KV_TABLE_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 
@@ -229,6 +226,8 @@ class MoePricer:
     roofline_layer_s: Callable[[float], float]
     """The roofline seconds of one MoE layer for a token count (the fallback, and the extrapolation scale)."""
     vllm_version: str | None = None
+    ep: int = 1
+    """Expert-parallel ranks (then `tp` is the MoE's own TP, 1)."""
     source: Source = field(init=False)
 
     def __post_init__(self) -> None:
@@ -239,15 +238,17 @@ class MoePricer:
         if ref is not None:
             curves = tables.moe_curves(ref)
             for dtype in choice.table_dtypes:
-                key = (dtype, self.hidden, self.width, self.top_k, self.experts, self.tp, 1)
+                key = (dtype, self.hidden, self.width, self.top_k, self.experts, self.tp, self.ep)
                 if key in curves:
                     self._curve = curves[key]
+                    parallel = f"EP {self.ep}" if self.ep > 1 else f"TP {self.tp}"
+                    note = "; ".join(filter(None, [choice.note, "EP dispatch/combine traffic not priced" if self.ep > 1 else ""]))
                     self.source = Source(f"{ref.label}, {dtype} hidden {self.hidden} width {self.width} "
-                                         f"top-{self.top_k}/{self.experts} TP {self.tp}", choice.note)
+                                         f"top-{self.top_k}/{self.experts} {parallel}", note)
                     return
         why = choice.note or ("no measured MoE table for this GPU" if ref is None else
                               f"shape hidden {self.hidden}, width {self.width}, top-{self.top_k} of {self.experts}, "
-                              f"TP {self.tp} not measured")
+                              f"TP {self.tp} EP {self.ep} not measured")
         self.source = Source(ROOFLINE, why)
 
     def seconds(self, tokens: float) -> float:

@@ -4,52 +4,45 @@
 - fp8 on a GPU with FP8 tensor cores: W8A8 (per-tensor `fp8` table, else block-scaled `fp8_block`).
 - fp8 on a GPU without them (A100): vLLM runs FP8 checkpoints weight-only (Marlin W8A16): the
   weights are dequantised in the kernel's main loop and multiplied in bf16. Priced as the measured
-  bf16 kernel times `WEIGHT_ONLY_SLOWDOWN`, so it never comes out faster than bf16.
+  bf16 kernel divided by the catalogue's weight-only efficiency, so it never comes out faster than bf16.
 - nvfp4: the measured `nvfp4` kernel where the GPU has FP4 tensor cores (Blackwell tables);
   elsewhere weight-only, on the roofline, labelled.
-- int4 (AWQ/GPTQ, W4A16 Marlin) and mxfp4 dense layers: no measured GEMM table; the roofline, labelled.
+- int4/int8 (AWQ/GPTQ, W4A16/W8A16 Marlin) and mxfp4 dense layers: no measured GEMM table; the
+  roofline (at the catalogue's weight-only compute path), labelled.
 
-Weight format names are the project's (bf16, fp8, int4, nvfp4, mxfp4); the aliases are handled
-here so a name `normalize_dtype` does not know yet still prices.
+Weight format names are the project's (`hardware.dtypes`: bf16, fp16, fp8, int8, int4, nvfp4, mxfp4).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-BYTES_PER_WEIGHT: dict[str, float] = {
-    "bf16": 2.0,
-    "fp16": 2.0,
-    "fp8": 1.0,
-    "int4": 4.125 / 8.0,
-    "nvfp4": 4.5 / 8.0,
-    "mxfp4": 4.25 / 8.0,
-}
-"""Storage per weight: int4 with a 16-bit scale per 128 (GPTQ/AWQ groups), NVFP4 an 8-bit scale per 16,
-MXFP4 an 8-bit scale per 32."""
+from vlmserve.errors import UserError
+from vlmserve.hardware.dtypes import normalize_dtype, weight_bytes_per_param
+from vlmserve.hardware.gpus import WEIGHT_ONLY_COMPUTE_EFFICIENCY
 
-_ALIASES = {
-    "bfloat16": "bf16", "auto": "bf16", "float16": "fp16", "half": "fp16",
-    "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8": "fp8",
-    "awq": "int4", "gptq": "int4", "w4a16": "int4", "int4_wo": "int4",
-    "fp4": "nvfp4", "modelopt_fp4": "nvfp4",
-}
-
-WEIGHT_ONLY_SLOWDOWN = 1.10
-"""Weight-only W8A16 kernels relative to the bf16 GEMM of the same shape on the same GPU: the
-dequantisation in the main loop costs time at compute-bound shapes. An assumption (no measured
-weight-only GEMM table exists), stated wherever it is used; ≥ 1 keeps fp8 on A100 from pricing
-faster than bf16, which is what vLLM users see."""
+WEIGHT_ONLY_SLOWDOWN = 1.0 / WEIGHT_ONLY_COMPUTE_EFFICIENCY
+"""Weight-only kernels (Marlin W8A16/W4A16) relative to the bf16 GEMM of the same shape on the same
+GPU: the catalogue's weight-only efficiency (`gpus.WEIGHT_ONLY_COMPUTE_EFFICIENCY`), applied to the
+measured bf16 latency. No measured weight-only GEMM table exists; ≥ 1 keeps FP8 on an A100 from
+pricing faster than bf16, which is what vLLM users see."""
 
 
 def weight_format(name: str) -> str:
-    """The project's canonical name for a weight format (bf16, fp16, fp8, int4, nvfp4, mxfp4, or the name as given)."""
-    key = name.strip().lower()
-    return _ALIASES.get(key, key)
+    """The project's canonical weight format name (`dtypes.normalize_dtype`), or the name as given
+    when it does not know it (the caller then finds no table and prices on the roofline, saying so)."""
+    try:
+        return normalize_dtype(name, "weight dtype")
+    except UserError:
+        return name.strip().lower()
 
 
 def bytes_per_weight(name: str) -> float:
-    return BYTES_PER_WEIGHT.get(weight_format(name), 2.0)
+    """Storage per weight (`dtypes.weight_bytes_per_param`, default group size); 2 for an unknown format."""
+    try:
+        return weight_bytes_per_param(name)
+    except UserError:
+        return 2.0
 
 
 @dataclass(frozen=True)
@@ -72,10 +65,10 @@ def gemm_kernel(weight: str, gpu_has_fp8: bool, gpu_has_fp4: bool) -> KernelChoi
         if gpu_has_fp8:
             return KernelChoice(("fp8", "fp8_block"), note="W8A8 FP8")
         return KernelChoice(("bfloat16",), weight_only=True,
-                            note=f"FP8 weight-only (W8A16) on a GPU without FP8 tensor cores: bf16 kernel × {WEIGHT_ONLY_SLOWDOWN:g}")
+                            note=f"FP8 weight-only (W8A16) on a GPU without FP8 tensor cores: bf16 kernel × {WEIGHT_ONLY_SLOWDOWN:.3g}")
     if fmt == "nvfp4" and gpu_has_fp4:
         return KernelChoice(("nvfp4",), note="NVFP4 W4A4")
-    if fmt in ("nvfp4", "int4", "mxfp4"):
+    if fmt in ("nvfp4", "int4", "int8", "mxfp4"):
         return KernelChoice((), note=f"{fmt} weight-only GEMM: no measured table")
     return KernelChoice((), note=f"weight format {weight!r}: no measured table")
 
@@ -96,6 +89,6 @@ def moe_kernel(weight: str, gpu_has_fp8: bool) -> KernelChoice:
     fmt = weight_format(weight)
     if fmt == "fp8" and not gpu_has_fp8:
         return KernelChoice(("bfloat16",), weight_only=True,
-                            note=f"FP8 experts weight-only: bf16 kernel × {WEIGHT_ONLY_SLOWDOWN:g}")
+                            note=f"FP8 experts weight-only: bf16 kernel × {WEIGHT_ONLY_SLOWDOWN:.3g}")
     dtypes = MOE_TABLE_DTYPES.get(fmt, ())
     return KernelChoice(dtypes, note="" if dtypes else f"{fmt} experts: no measured table")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import Efficiency
 from vlmserve.hardware.gpus import GPU, allreduce_time_s
 from vlmserve.hardware.kernels.quant import bytes_per_weight, weight_format
@@ -29,9 +30,12 @@ class OpRoofline:
         return self.gpu.bandwidth_bytes_s * max(self.efficiency.bandwidth, 1e-6)
 
     def _flops_per_s(self, weight: str = "bf16") -> float:
-        fp8 = weight_format(weight) == "fp8" and self.gpu.fp8_tflops
-        peak = (self.gpu.fp8_tflops if fp8 else self.gpu.bf16_tflops) or self.gpu.bf16_tflops
-        return peak * 1e12 * max(self.efficiency.compute, 1e-6)
+        """The GPU's GEMM path for this format (`GPU.compute_path`: W8A8, W4A4 or weight-only) × `compute`."""
+        try:
+            peak = self.gpu.peak_flops(weight_format(weight))
+        except UserError:
+            peak = self.gpu.bf16_tflops * 1e12
+        return peak * max(self.efficiency.compute, 1e-6)
 
     def time_s(self, flops: float, nbytes: float, weight: str = "bf16") -> float:
         return max(flops / self._flops_per_s(weight), nbytes / self._bytes_per_s)

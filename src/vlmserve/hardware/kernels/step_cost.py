@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 
 from vlmserve.hardware.calibration import Efficiency
+from vlmserve.hardware.dtypes import normalize_kv_dtype
 from vlmserve.hardware.gpus import GPU
 from vlmserve.hardware.kernels.ops import (
     ROOFLINE,
@@ -110,6 +111,8 @@ class MeasuredStepCost:
     async_scheduling: bool = False
     vllm_version: str | None = None
     vision: VisionShape | None = None
+    ep: int | None = None
+    """Expert-parallel GPUs (vLLM --enable-expert-parallel): experts whole on ep GPUs instead of split by TP."""
     _linear_cache: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
     _lm_cache: dict[int, float] = field(default_factory=dict, repr=False)
     _attn_cache: dict[tuple[int, int, int, int, int], tuple[float, float]] = field(default_factory=dict, repr=False)
@@ -136,14 +139,21 @@ class MeasuredStepCost:
 
     # ---- shapes -------------------------------------------------------------------------
     def _projection_shapes(self) -> list[GemmShape]:
-        """QKV (fused) and O per attention group, sharded by heads over TP."""
+        """QKV (fused, with the output gate where the model has one) and O per attention group, sharded by
+        heads over TP. Groups the tables' attention cannot price (MLA, linear attention) run projections of
+        their own shapes; they are priced as one GEMM per layer of the same weight count (k = hidden)."""
         shapes = []
         hidden = self.model.hidden_size
         for group in self.model.attention:
+            if _unmodelled(group):
+                per_layer = group.params(hidden) // max(group.count, 1)
+                shapes.append(GemmShape(group.count, max(per_layer // hidden // self.tp, 1), hidden))
+                continue
             q = _split(group.q_heads, self.tp) * group.head_dim
+            gate = q if getattr(group, "output_gate", False) else 0
             kv_projections = 0 if not group.owns_kv else (1 if group.k_eq_v else 2)
             kv = kv_projections * _split(group.kv_heads, self.tp) * group.head_dim
-            shapes.append(GemmShape(group.count, q + kv, hidden))
+            shapes.append(GemmShape(group.count, q + gate + kv, hidden))
             shapes.append(GemmShape(group.count, hidden, q))
         return shapes
 
@@ -162,21 +172,24 @@ class MeasuredStepCost:
         if _unmodelled(group):
             return None
         shape = AttentionShape(_split(group.q_heads, self.tp), _split(group.kv_heads, self.tp),  # type: ignore[attr-defined]
-                               group.head_dim, weight_format(self.kv_dtype), group.window)  # type: ignore[attr-defined]
+                               group.head_dim, normalize_kv_dtype(self.kv_dtype), group.window)  # type: ignore[attr-defined]
         return AttentionPricer(self.gpu.key, shape, self.roof, self.vllm_version)
 
     def _moe_pricer(self, weight: str) -> MoePricer:
         model = self.model
         width = round(model.expert_params / (3 * model.hidden_size))
+        moe_tp, moe_ep = (1, self.ep) if self.ep else (self.tp, 1)
         return MoePricer(self.gpu.key, weight, model.hidden_size, width, model.experts_per_token, model.num_experts,
-                         self.tp, self.roof, self._moe_roofline_layer_s, self.vllm_version)
+                         moe_tp, self.roof, self._moe_roofline_layer_s, self.vllm_version, ep=moe_ep)
 
     def _moe_roofline_layer_s(self, tokens: float) -> float:
-        """One MoE layer on the roofline: routed FLOPs, and the bytes of the experts the tokens touch."""
+        """One MoE layer on the roofline: routed FLOPs, and the bytes of the experts the tokens touch
+        (split over the TP GPUs, or whole experts over the EP GPUs)."""
         model = self.model
         spread = self.efficiency.moe_expert_spread
-        flops = 2.0 * tokens * model.experts_per_token * model.expert_params / self.tp
-        nbytes = model.expected_experts_touched(tokens, spread) * model.expert_params * bytes_per_weight(self.weight_dtype) / self.tp
+        shards = self.ep or self.tp
+        flops = 2.0 * tokens * model.experts_per_token * model.expert_params / shards
+        nbytes = model.expected_experts_touched(tokens, spread) * model.expert_params * bytes_per_weight(self.weight_dtype) / shards
         return self.roof.time_s(flops, nbytes, self.weight_dtype) / max(self.efficiency.moe_efficiency, 1e-6)
 
     # ---- pricing ------------------------------------------------------------------------
@@ -228,12 +241,13 @@ class MeasuredStepCost:
         if not unpriced:
             return 0.0, 0.0
         part = dataclasses.replace(self.model, attention=unpriced)
+        fixed = sum(group.fixed_flops_per_token() for group in unpriced)  # linear attention's state update
         prefill = self.roof.time_s(
-            prefill_seqs * chunk * part.attention_flops_per_query(max(end - chunk / 2.0, 1.0)) / self.tp,
-            prefill_seqs * part.kv_bytes_for_context(end, self.kv_dtype) / self.tp) if prefill_seqs else 0.0
+            prefill_seqs * chunk * (part.attention_flops_per_query(max(end - chunk / 2.0, 1.0), "prefill") + fixed) / self.tp,
+            prefill_seqs * part.kv_bytes_for_context_per_gpu(end, self.kv_dtype, self.tp)) if prefill_seqs else 0.0
         decode = self.roof.time_s(
-            decode_seqs * part.attention_flops_per_query(decode_context) / self.tp,
-            decode_seqs * part.kv_bytes_for_context(decode_context, self.kv_dtype) / self.tp) if decode_seqs else 0.0
+            decode_seqs * (part.attention_flops_per_query(decode_context, "decode") + fixed) / self.tp,
+            decode_seqs * part.kv_bytes_for_context_per_gpu(decode_context, self.kv_dtype, self.tp)) if decode_seqs else 0.0
         return prefill, decode
 
     def _vision_parts(self, image_tokens: int, images: int) -> tuple[float, float]:
@@ -308,7 +322,8 @@ class MeasuredStepCost:
         return all(source.measured for name, source in self.sources().items() if name != ELEMENTWISE)
 
 
-MODELLED_GROUP_FIELDS = frozenset({"kind", "count", "q_heads", "kv_heads", "head_dim", "window", "owns_kv", "k_eq_v"})
+MODELLED_GROUP_FIELDS = frozenset({"kind", "count", "q_heads", "kv_heads", "head_dim", "window", "owns_kv", "k_eq_v",
+                                   "output_gate"})
 """The attention-group fields the tables' attention kernels account for. A group with any other
 field set (an MLA latent rank, a linear-attention state, ...) is not standard attention: it goes
 to the roofline, named, rather than being read from the MHA/GQA rows."""
