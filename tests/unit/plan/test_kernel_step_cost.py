@@ -171,12 +171,24 @@ def test_fp8_on_a100_runs_weight_only_and_is_not_faster_than_bf16() -> None:
     assert h100_fp8.cost_model().step_time_s(big) < _setup().cost_model().step_time_s(big)
 
 
-def test_formats_without_a_measured_gemm_use_the_roofline_and_say_so() -> None:
+def test_int4_scales_the_measured_bf16_kernel_by_the_roofline_and_says_so() -> None:
     setup = _setup()
+    bf16 = MeasuredStepCost(setup.model, setup.gpu, 1, "bf16", "bf16", EFFICIENCY)
     int4 = MeasuredStepCost(setup.model, setup.gpu, 1, "int4", "bf16", EFFICIENCY)
-    source = int4.sources()[MLP]
-    assert not source.measured and "int4 weight-only GEMM: no measured table" in source.describe()
-    assert int4.step_time_s(StepContents(0, 0, 1, 1024)) > 0
+    assert "int4 weight-only GEMM: no measured table; the bf16 kernel × the roofline's int4/bf16 ratio" in \
+        int4.sources()[MLP].describe()
+    decode, prefill = StepContents(0, 0, 1, 1024), StepContents(8192, 4, 0, 8192)
+    # W4A16: a quarter of the weight bytes where decode is memory-bound, slower math where prefill is compute-bound
+    assert int4.breakdown(decode).parts[MLP] < 0.5 * bf16.breakdown(decode).parts[MLP]
+    assert int4.breakdown(prefill).parts[MLP] > bf16.breakdown(prefill).parts[MLP]
+
+
+def test_a_weight_format_no_kernel_knows_goes_to_the_roofline_by_name() -> None:
+    setup = _setup()
+    odd = MeasuredStepCost(setup.model, setup.gpu, 1, "int3", "bf16", EFFICIENCY)
+    source = odd.sources()[MLP]
+    assert not source.measured and "weight format 'int3': no measured table" in source.describe()
+    assert odd.step_time_s(StepContents(0, 0, 1, 1024)) > 0
 
 
 def test_a_gpu_without_tables_uses_the_roofline_and_says_so() -> None:

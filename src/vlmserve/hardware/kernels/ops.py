@@ -73,10 +73,13 @@ class GemmPricer:
             return 0.0
         if self._table is None:
             return self.roof.gemm_s(m, n, k, self.weight)
-        compute = "bf16" if self._choice.weight_only else self.weight
+        choice = self._choice
+        compute = "bf16" if choice.weight_only or choice.roofline_scaled else self.weight
         value, beyond = self._table.latency_ms(m, n, k, lambda a, b, c: self.roof.gemm_s(a, b, c, compute))
         self.source.extrapolated |= beyond
-        return value * MS * (WEIGHT_ONLY_SLOWDOWN if self._choice.weight_only else 1.0)
+        if choice.roofline_scaled:
+            value *= self.roof.gemm_s(m, n, k, self.weight) / self.roof.gemm_s(m, n, k, "bf16")
+        return value * MS * (WEIGHT_ONLY_SLOWDOWN if choice.weight_only else 1.0)
 
 
 KV_TABLE_DTYPE = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}

@@ -5,10 +5,11 @@
 - fp8 on a GPU without them (A100): vLLM runs FP8 checkpoints weight-only (Marlin W8A16): the
   weights are dequantised in the kernel's main loop and multiplied in bf16. Priced as the measured
   bf16 kernel divided by the catalogue's weight-only efficiency, so it never comes out faster than bf16.
-- nvfp4: the measured `nvfp4` kernel where the GPU has FP4 tensor cores (Blackwell tables);
-  elsewhere weight-only, on the roofline, labelled.
-- int4/int8 (AWQ/GPTQ, W4A16/W8A16 Marlin) and mxfp4 dense layers: no measured GEMM table; the
-  roofline (at the catalogue's weight-only compute path), labelled.
+- nvfp4: the measured `nvfp4` kernel where the GPU has FP4 tensor cores (Blackwell tables).
+- int4/int8 (AWQ/GPTQ, W4A16/W8A16 Marlin), nvfp4 without FP4 tensor cores and mxfp4 dense layers:
+  no measured GEMM table. The measured bf16 kernel of the same shape is scaled by the roofline's
+  ratio between the two formats (fewer weight bytes where memory-bound, the catalogue's weight-only
+  compute path where compute-bound), labelled as such.
 
 Weight format names are the project's (`hardware.dtypes`: bf16, fp16, fp8, int8, int4, nvfp4, mxfp4).
 """
@@ -53,6 +54,8 @@ class KernelChoice:
     """Measured `gemm_dtype` values to try, in order (empty: the roofline)."""
     weight_only: bool = False
     """Dequantised into the bf16 kernel (priced as bf16 × WEIGHT_ONLY_SLOWDOWN)."""
+    roofline_scaled: bool = False
+    """No table of its own: the bf16 kernel × roofline(format) / roofline(bf16) at the same shape."""
     note: str = ""
 
 
@@ -69,7 +72,8 @@ def gemm_kernel(weight: str, gpu_has_fp8: bool, gpu_has_fp4: bool) -> KernelChoi
     if fmt == "nvfp4" and gpu_has_fp4:
         return KernelChoice(("nvfp4",), note="NVFP4 W4A4")
     if fmt in ("nvfp4", "int4", "int8", "mxfp4"):
-        return KernelChoice((), note=f"{fmt} weight-only GEMM: no measured table")
+        return KernelChoice(("bfloat16",), roofline_scaled=True,
+                            note=f"{fmt} weight-only GEMM: no measured table; the bf16 kernel × the roofline's {fmt}/bf16 ratio")
     return KernelChoice((), note=f"weight format {weight!r}: no measured table")
 
 
