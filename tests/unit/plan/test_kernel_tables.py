@@ -96,3 +96,32 @@ def test_gpu_keys_map_to_the_tables_that_cover_them() -> None:
     assert not covers("l4")  # AIConfigurator has no vLLM data for the L4
     assert not covers("mi300x")
     assert locate_table("h100", "no-such-op", "x") is None
+
+
+def test_a_version_folder_that_reuses_another_resolves_to_its_files(tmp_path) -> None:
+    from vlmserve.hardware.kernels.locate import _resolve_reuse
+
+    measured, reusing, broken = tmp_path / "0.24.0", tmp_path / "0.22.0", tmp_path / "0.21.0"
+    for folder in (measured, reusing, broken):
+        folder.mkdir()
+    (measured / "gemm_perf.parquet").write_bytes(b"")
+    (reusing / "reuse.yaml").write_text("reuse:\n- table: gemm_perf\n  from_version: 0.24.0\n")
+    (broken / "reuse.yaml").write_text("reuse:\n- table: gemm_perf\n  from_version: 0.99.0\n")
+    assert _resolve_reuse(measured) == measured
+    assert _resolve_reuse(reusing) == measured
+    assert _resolve_reuse(broken) is None
+    # a reused folder is labelled with both versions
+    ref = locate_table("b200", "attention", "context_attention_perf", "0.22.0")
+    assert ref is not None and ref.vllm_version == "0.22.0"
+
+
+def test_vision_shapes_come_from_the_vision_config() -> None:
+    from vlmserve.hardware.kernels.vision_shape import raw_config_or_none, vision_shape
+
+    shape = vision_shape(raw_config_or_none("qwen3-vl-4b") or {})
+    assert shape is not None
+    assert (shape.hidden, shape.intermediate, shape.layers, shape.heads, shape.head_dim) == (1024, 4096, 24, 16, 64)
+    assert shape.patches_per_token == 4 and shape.out_hidden == 2560
+    assert vision_shape(raw_config_or_none("llama-3.1-8b") or {}) is None
+    assert vision_shape({"vision_config": {"hidden_size": 64}}) is None  # no depth or heads: not guessed
+    assert raw_config_or_none("no-such-model") is None
