@@ -238,3 +238,12 @@ def test_attention_the_tables_did_not_measure_goes_to_the_roofline_by_name() -> 
     mla = MeasuredStepCost(dataclasses.replace(setup.model, attention=(latent,)), setup.gpu, 1, "bf16", "bf16", EFFICIENCY)
     assert not mla.sources()[PREFILL_ATTN].measured
     assert "kv_lora_rank" in mla.sources()[PREFILL_ATTN].describe()
+
+
+def test_all_reduce_is_vllms_custom_kernel_on_nvlink_and_nccl_on_pcie_past_two_gpus() -> None:
+    assert dict(step_cost_sources(_setup(gpu="l40s", tp=2)))["all-reduce (tensor parallel)"].startswith(
+        "comm/custom_allreduce_perf.parquet (l40s")
+    pcie = dict(step_cost_sources(_setup(gpu="l40s", tp=4)))["all-reduce (tensor parallel)"]
+    assert pcie.startswith("comm/nccl_perf.parquet (l40s, NCCL ") and "custom all-reduce does not run over PCIe" in pcie
+    assert dict(step_cost_sources(_setup(tp=4)))["all-reduce (tensor parallel)"].startswith(
+        "comm/custom_allreduce_perf.parquet (h100_sxm")

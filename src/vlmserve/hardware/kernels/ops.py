@@ -266,9 +266,14 @@ class MoePricer:
         return value * MS * self._slowdown
 
 
+CUSTOM_ALLREDUCE_PCIE_MAX_GPUS = 2
+"""vLLM's custom all-reduce runs over PCIe only between two GPUs (P2P); beyond that it falls back to NCCL."""
+
+
 @dataclass
 class AllReducePricer:
-    """Tensor-parallel all-reduce of bf16 activations (vLLM's custom all-reduce), else the roofline."""
+    """Tensor-parallel all-reduce of bf16 activations, as vLLM runs it: its custom all-reduce
+    (`custom_allreduce_perf`), or NCCL (`nccl_perf`) on PCIe GPUs past two; else the roofline."""
 
     gpu_key: str
     tp: int
@@ -278,26 +283,36 @@ class AllReducePricer:
 
     def __post_init__(self) -> None:
         self._curve: tables.Curve | None = None
-        ref = locate_table(self.gpu_key, "comm", "custom_allreduce_perf", self.vllm_version)
-        if ref is not None:
-            curve = tables.allreduce_curves(ref).get(self.tp)
-            if curve is not None:
-                self._curve = curve
-                self.source = Source(f"{ref.label}, {self.tp} GPUs")
-                return
+        pcie = self.roof.gpu.interconnect.lower().startswith("pcie")
+        if pcie and self.tp > CUSTOM_ALLREDUCE_PCIE_MAX_GPUS:
+            ref = locate_table(self.gpu_key, "comm", "nccl_perf", None, "nccl")
+            curves = tables.nccl_allreduce_curves(ref) if ref is not None else {}
+            note = f"NCCL: vLLM's custom all-reduce does not run over PCIe past {CUSTOM_ALLREDUCE_PCIE_MAX_GPUS} GPUs"
+        else:
+            ref = locate_table(self.gpu_key, "comm", "custom_allreduce_perf", self.vllm_version)
+            curves = tables.allreduce_curves(ref) if ref is not None else {}
+            note = ""
+        curve = curves.get(self.tp)
+        if ref is not None and curve is not None:
+            self._curve = curve
+            label = ref.label.replace(f"vLLM {ref.vllm_version}", f"NCCL {ref.vllm_version}") if note else ref.label
+            self.source = Source(f"{label}, {self.tp} GPUs", note)
+            return
         self.source = Source(ROOFLINE, "no measured all-reduce for this GPU" if ref is None
                              else f"all-reduce over {self.tp} GPUs not measured")
 
     def seconds(self, elements: float) -> float:
+        """One all-reduce of `elements` bf16 values over the TP group."""
         if self.tp <= 1 or elements <= 0:
             return 0.0
         if self._curve is None:
             return self.roof.allreduce_s(elements, self.tp)
-        value, beyond = interp_curve(self._curve[0], self._curve[1], elements,
-                                     lambda a, b: self.roof.allreduce_s(b, self.tp) / max(self.roof.allreduce_s(a, self.tp), 1e-12))
+        value, beyond = interp_curve(self._curve[0], self._curve[1], elements, self._grow)
         self.source.extrapolated |= beyond
         return value * MS
 
+    def _grow(self, start: float, end: float) -> float:
+        return self.roof.allreduce_s(end, self.tp) / max(self.roof.allreduce_s(start, self.tp), 1e-12)
 
 @dataclass
 class EncoderAttentionPricer:

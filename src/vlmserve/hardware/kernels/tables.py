@@ -364,3 +364,11 @@ def allreduce_curves(ref: TableRef) -> dict[Hashable, Curve]:
     """vLLM's custom all-reduce (CUDA-graph captured) by message size in elements, per GPU count."""
     rows = _rows(ref, ("num_gpus", "message_size", "latency", "backend"), {"backend": "vllm_graph"})
     return _curves(list(rows["num_gpus"]), [float(x) for x in rows["message_size"]], rows["latency"])
+
+
+@lru_cache(maxsize=None)
+def nccl_allreduce_curves(ref: TableRef) -> dict[Hashable, Curve]:
+    """NCCL all-reduce of 16-bit elements by message size in elements, per GPU count."""
+    rows = _rows(ref, ("num_gpus", "message_size", "latency", "op_name", "nccl_dtype"),
+                 {"op_name": "all_reduce", "nccl_dtype": "half"})
+    return _curves(list(rows["num_gpus"]), [float(x) for x in rows["message_size"]], rows["latency"])
