@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from vlmserve.cli.bench import parse_image_size
 from vlmserve.errors import UserError
-from vlmserve.hardware.setup import COST_MODELS, DEFAULT_COST_MODEL, FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
+from vlmserve.hardware.gpus import GIB
+from vlmserve.hardware.setup import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_GPU_MEMORY_UTILIZATION, FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.results.summary import RunSummary
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
@@ -70,6 +71,7 @@ def plan(
     model: Optional[str] = typer.Option(None, "--model", help="Preset name (see `plan models`) or a config.json path."),
     gpu: str = typer.Option("h100", "--gpu", help="GPU type (see `plan gpus`)."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs per replica."),
+    ep: Optional[int] = typer.Option(None, "--ep", min=1, help="MoE: expert-parallel GPUs per replica (vLLM --enable-expert-parallel with data parallel = ep ÷ tp; default: experts split by TP)."),
     replicas: int = typer.Option(1, "--replicas", min=1, help="Independent replicas behind the router."),
     input_len: int = typer.Option(1024, "--input-len", min=1, help="Prompt tokens (random/images)."),
     output_len: int = typer.Option(128, "--output-len", min=1, help="Output tokens (random/images)."),
@@ -90,7 +92,7 @@ def plan(
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=16, help="vLLM --max-model-len."),
     max_num_encoder_input_tokens: Optional[int] = typer.Option(None, "--max-num-encoder-input-tokens", help="vLLM --max-num-encoder-input-tokens: image tokens encoded per step (default: --max-num-batched-tokens)."),
     encoder_cache_size: Optional[int] = typer.Option(None, "--encoder-cache-size", help="vLLM --encoder-cache-size: image tokens the encoder cache holds (default: --max-num-batched-tokens)."),
-    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM --gpu-memory-utilization."),
+    gpu_memory_utilization: float = typer.Option(DEFAULT_GPU_MEMORY_UTILIZATION, "--gpu-memory-utilization", help="vLLM --gpu-memory-utilization (default: vLLM's)."),
     weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="bf16 | fp8 | mxfp4 (default: the checkpoint's)."),
     kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16 | fp8."),
     routing: str = typer.Option(LEAST_OUTSTANDING_TOKENS, "--routing", help=" | ".join(SIMULATED_POLICIES) + "."),
@@ -122,7 +124,7 @@ def plan(
         image_repeat_rate=image_repeat_rate,
     )
     setup = _setup(
-        model, gpu, calibration, tp=tp, replicas=replicas, max_num_seqs=max_num_seqs,
+        model, gpu, calibration, tp=tp, ep=ep, replicas=replicas, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
         routing=routing, async_scheduling=async_scheduling,
@@ -162,10 +164,17 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
     simulation = summary.simulation or {}
     console.print(
         f"{setup.model.name} on {setup.replicas}× ({setup.tp}× {setup.gpu.name}), weights {setup.weight_dtype}, "
-        f"KV {setup.kv_dtype}: {memory.weight_bytes_per_gpu / 1e9:.1f} GB weights per GPU, "
-        f"{memory.kv_gb_total:.1f} GB KV cache per replica "
-        f"({summary.meta.get('kv_cache_tokens_per_replica', 0):,} tokens)"
+        f"KV {setup.kv_dtype}: {memory.weight_bytes_per_gpu / GIB:.1f} GiB weights and "
+        f"{memory.kv_gib_per_gpu:.1f} GiB KV cache per GPU "
+        f"({summary.meta.get('kv_cache_tokens_per_replica', 0):,} tokens per replica)"
     )
+    max_model_len = setup.max_model_len or setup.model.max_position_embeddings  # vLLM's default: the model's own
+    if max_model_len and setup.model.kv_bytes_per_token(setup.kv_dtype) > 0:
+        startup = setup.vllm_startup_report(max_model_len)
+        console.print(
+            f"vLLM would print (predicted): GPU KV cache size: {startup.kv_cache_tokens:,} tokens; "
+            f"Maximum concurrency for {max_model_len:,} tokens per request: {startup.max_concurrency:.2f}x"
+        )
     print_summary(console, summary)
     console.print(
         f"engine: {simulation.get('steps', 0):,} steps, max running {simulation.get('max_num_running')}, "

@@ -115,7 +115,7 @@ class RooflineStepCost:
 
         flops = tokens * self._linear_flops + seqs * self._lm_head_flops
         if step.decode_seqs:
-            flops += step.decode_seqs * model.attention_flops_per_query(mean_context)
+            flops += step.decode_seqs * model.attention_flops_per_query(mean_context, phase="decode")
         if step.prefill_tokens:
             chunk = step.prefill_tokens / max(step.prefill_seqs, 1)
             # A chunk's queries see, on average, the context before it plus half the chunk.

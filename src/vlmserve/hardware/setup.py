@@ -24,7 +24,7 @@ from vlmserve.hardware.dtypes import normalize_dtype, normalize_kv_dtype
 from vlmserve.hardware.gpus import GIB, GPU, get_gpu
 from vlmserve.hardware.kernels.locate import covers, data_root
 from vlmserve.hardware.kernels.vision_shape import VisionShape, raw_config_or_none, vision_shape
-from vlmserve.hardware.memory import MemoryPlan, kv_capacity_tokens, plan_memory
+from vlmserve.hardware.memory import MemoryPlan, VllmStartupReport, kv_capacity_tokens, plan_memory, vllm_startup_report
 from vlmserve.hardware.models import ModelCost, load_model
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.sched.scheduler import SchedulerConfig
@@ -39,7 +39,8 @@ to the TTFT saved by a cache hit on the embedded Idefics3 model, one API server 
 project's 2-core machine (benchmarks/image_preprocess_cost.py, docs/benchmarks.md). A server CPU and
 another family's processor differ: override with --mm-preprocess-ms-per-image/-per-megapixel."""
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+"""vLLM's own default since 0.21 (CacheConfig.gpu_memory_utilization; 0.9 before)."""
 DEFAULT_BLOCK_SIZE = 16
 
 COST_MODELS = ("auto", "kernels", "roofline")
@@ -172,6 +173,12 @@ class PlanSetup:
         into the single block pool the scheduler models.
         """
         return kv_capacity_tokens(self.model, self.memory(), self.tp, self.kv_dtype, typical_context, DEFAULT_BLOCK_SIZE)
+
+    def vllm_startup_report(self, max_model_len: int) -> VllmStartupReport:
+        """The "GPU KV cache size" and "Maximum concurrency" lines vLLM would print for this replica,
+        so a user can hold the plan against the engine's own start-up log."""
+        memory = self.memory()
+        return vllm_startup_report(self.model, memory.kv_bytes_per_gpu, self.tp, self.kv_dtype, max_model_len)
 
     def scheduler_config(self, typical_context: int, longest_request: int) -> SchedulerConfig:
         """Engine limits for one replica, failing in one line when the KV cache is too small."""

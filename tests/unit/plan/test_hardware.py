@@ -12,7 +12,7 @@ from vlmserve.hardware.calibration import Calibration, Efficiency, default_calib
 from vlmserve.hardware.gpus import GIB, WEIGHT_ONLY_COMPUTE_EFFICIENCY, allreduce_time_s, catalog, get_gpu
 from vlmserve.hardware.memory import plan_memory
 from vlmserve.hardware.models import load_model
-from vlmserve.hardware.setup import PlanSetup, vllm_default_limits
+from vlmserve.hardware.setup import DEFAULT_GPU_MEMORY_UTILIZATION, PlanSetup, vllm_default_limits
 
 from tests.helpers.paths import REPO_ROOT  # noqa: E402
 REFERENCE_CSV = REPO_ROOT.parent / "shared/reference/hardware.csv"  # the shared data beside the checkout
@@ -73,7 +73,7 @@ def test_kv_capacity_from_memory_left_after_weights() -> None:
     setup = PlanSetup.from_names("llama-3.1-8b", "h100")
     memory = setup.memory()
     assert memory.kv_bytes_per_gpu == pytest.approx(
-        79.18 * GIB * 0.9 - load_model("llama-3.1-8b").weight_bytes("bf16") - memory.reserved_bytes_per_gpu
+        79.18 * GIB * DEFAULT_GPU_MEMORY_UTILIZATION - load_model("llama-3.1-8b").weight_bytes("bf16") - memory.reserved_bytes_per_gpu
     )
     # whole 16-token blocks of 128 KiB tokens
     assert setup.kv_capacity_tokens(2000) == int(memory.kv_bytes_per_gpu / (131072 * 16)) * 16

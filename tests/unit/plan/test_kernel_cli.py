@@ -50,3 +50,15 @@ def test_bad_cost_model_options_are_one_line_and_exit_2(extra: list[str], messag
     assert code == 2
     assert message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_prints_the_kv_lines_vllm_would_print_and_takes_ep(capsys) -> None:
+    from vlmserve.hardware.setup import PlanSetup
+
+    code, out, _ = _run([*PLAN, "--gpu", "h100", "--max-model-len", "4096"], capsys)
+    assert code == 0
+    report = PlanSetup.from_names("llama-3.1-8b", "h100", max_model_len=4096).vllm_startup_report(4096)
+    assert f"GPU KV cache size: {report.kv_cache_tokens:,} tokens" in out
+    assert f"Maximum concurrency for 4,096 tokens per request: {report.max_concurrency:.2f}x" in out
+    code, _, err = _run([*PLAN, "--gpu", "h100", "--ep", "2"], capsys)
+    assert code != 0 and "--ep applies to MoE models" in err
