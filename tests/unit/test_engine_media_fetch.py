@@ -58,3 +58,18 @@ def test_without_an_allowlist_replicas_fetch_from_no_host(tmp_path: Path) -> Non
 def test_the_operator_may_turn_redirects_back_on_in_the_spec(tmp_path: Path) -> None:
     spec = _spec(env={"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "1"})
     assert all(launch.env["VLLM_MEDIA_URL_ALLOW_REDIRECTS"] == "1" for launch in plan_launches(spec, str(tmp_path), "cpu"))
+
+
+def test_the_specs_internal_media_opt_in_reaches_the_gateway_command() -> None:
+    from typer.testing import CliRunner
+
+    from vlmserve.cli.app import build_app
+    from vlmserve.deploy.front_door import gateway_argv
+
+    assert "--allow-internal-media-addresses" not in gateway_argv(_spec(), ["http://127.0.0.1:8001"])
+    argv = gateway_argv(_spec(allowed_media_domains=["images.internal"], allow_internal_media_addresses=True),
+                        ["http://127.0.0.1:8001"])
+    assert "--allow-internal-media-addresses" in argv
+    # the gateway's own parser takes the flag (no replica given: refused after parsing, before serving)
+    result = CliRunner().invoke(build_app(), ["gateway", "--allow-internal-media-addresses"])
+    assert result.exit_code != 0 and "no replicas given" in str(result.output) + str(result.exception)

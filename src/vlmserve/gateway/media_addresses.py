@@ -119,7 +119,7 @@ class MediaAddressPolicy:
         """The host's addresses, all checked: MediaRefused naming the host when one is internal,
         when it does not resolve, or when the resolution takes longer than timeout_s."""
         literal = literal_address(host)
-        found = (literal,) if literal is not None else await self._resolve(host, kind)
+        found = (literal,) if literal is not None else await self._resolve(host)
         if isinstance(found, str):
             raise MediaRefused(f"{kind} URL host {host!r} {found}: check the URL, or send the {kind} inline as a data: URL")
         if not self.allow_internal:
@@ -132,7 +132,7 @@ class MediaAddressPolicy:
                                        f"serving media from an internal host on purpose passes {ALLOW_INTERNAL_FLAG})")
         return found
 
-    async def _resolve(self, host: str, kind: str) -> tuple[Address, ...] | str:
+    async def _resolve(self, host: str) -> tuple[Address, ...] | str:
         """The cached or fresh answer: the addresses, or why there are none (a phrase)."""
         now = time.monotonic()
         cached = self._cache.get(host)
