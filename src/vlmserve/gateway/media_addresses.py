@@ -112,7 +112,10 @@ class MediaAddressPolicy:
         """MediaRefused for the first (kind, host) whose addresses may not be fetched."""
         if self.allow_internal:
             return
-        for kind, host in hosts:
+        listed = list(hosts)
+        if len(listed) > 1:  # several hosts resolve at once: a request waits for its slowest, not their sum
+            await asyncio.gather(*(self._resolve(host) for _, host in listed if literal_address(host) is None))
+        for kind, host in listed:
             await self.addresses(host, kind)
 
     async def addresses(self, host: str, kind: str = "media") -> tuple[Address, ...]:

@@ -119,3 +119,16 @@ async def test_the_fetch_resolver_rechecks_what_it_connects_to() -> None:
     await policy.check_hosts([("image", "rebind.example")])  # public at the check
     with pytest.raises(OSError, match="loopback"):  # what aiohttp would connect to is checked again
         await CheckedResolver(policy).resolve("rebind.example", 80, socket.AF_UNSPEC)
+
+
+async def test_a_requests_hosts_resolve_at_once() -> None:
+    both_started = threading.Barrier(2, timeout=2)
+
+    def lookup(host: str) -> list[tuple[Any, ...]]:  # public only when the other host's lookup runs beside it
+        try:
+            both_started.wait()
+        except threading.BrokenBarrierError:
+            return _answer("127.0.0.1")
+        return _answer("93.184.216.34")
+
+    await MediaAddressPolicy(timeout_s=5, lookup=lookup).check_hosts([("image", "a.example"), ("video", "b.example")])
