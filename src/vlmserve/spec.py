@@ -154,6 +154,9 @@ class DeploymentSpec(BaseModel):
         default_factory=list,
         description="hosts image URLs may point at; empty: no remote media, images come inline (data: URLs)",
     )
+    allow_internal_media_addresses: bool = Field(
+        False, description="gateway: let allowed_media_domains resolve to loopback, private or metadata "
+        "addresses (an internal image server, on purpose); off: such a host is refused (400)")
     open: bool = Field(False, description="serve a non-loopback host without keys_file, on purpose")
     # Image preflight at the gateway (None: the gateway's defaults; a tenant may tighten them).
     max_image_bytes: int | None = Field(None, ge=1, description="gateway: refuse a larger image (400)")

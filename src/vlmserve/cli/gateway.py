@@ -55,6 +55,10 @@ def register(app: typer.Typer) -> None:
             [], "--allowed-media-domains",
             help="Host whose media URLs may reach the engines (exact hostname; repeat or comma-separate). "
                  "Without it only inline data: URLs pass."),
+        allow_internal_media_addresses: bool = typer.Option(
+            _DEFAULTS["allow_internal_media_addresses"], "--allow-internal-media-addresses",
+            help="Let --allowed-media-domains hosts resolve to loopback, private, link-local or metadata addresses "
+                 "(an internal image server, on purpose). Without it such a host is refused (400)."),
         max_json_depth: int = typer.Option(_DEFAULTS["max_json_depth"], help="Refuse bodies nested deeper (400)."),
         max_json_items: int = typer.Option(_DEFAULTS["max_json_items"],
                                            help="Refuse bodies with more JSON values: objects, arrays, elements (400)."),
@@ -100,6 +104,7 @@ def register(app: typer.Typer) -> None:
             keepalive_timeout_s=keepalive_timeout, max_connections=max_connections,
             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
             allowed_media_domains=[host.strip() for value in allowed_media_domains for host in value.split(",") if host.strip()],
+            allow_internal_media_addresses=allow_internal_media_addresses,
             max_json_depth=max_json_depth, max_json_items=max_json_items,
             max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels,
             max_images_per_request=max_images_per_request, media_fetch_timeout_s=media_fetch_timeout,

@@ -82,6 +82,8 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str |
             argv += [flag, str(Path(value).expanduser())]
     for domain in spec.allowed_media_domains:
         argv += ["--allowed-media-domains", domain]
+    if spec.allow_internal_media_addresses:
+        argv.append("--allow-internal-media-addresses")
     for flag, number in (
         ("--max-image-bytes", spec.max_image_bytes),
         ("--max-image-pixels", spec.max_image_pixels),

@@ -49,6 +49,11 @@ NO_REMOTE_MEDIA_DOMAIN = "no-remote-media.invalid"
 """What `--allowed-media-domains` gets when the spec allows no remote media: vLLM reads an empty
 allowlist as "any host", so a name under .invalid (RFC 2606: never resolves) stands for none."""
 
+MEDIA_REDIRECTS_ENV = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
+"""Replicas never follow a redirect when they fetch a media URL: vLLM checks `--allowed-media-domains`
+against the URL it was given only, so an allowlisted host answering 302 to http://169.254.169.254/
+or http://127.0.0.1:8000/ would otherwise lead the engine inside (vLLM's default: follow)."""
+
 GPU_ENGINE_HOST_OVERHEAD_GB = 4.0
 """Host memory a GPU engine process needs (CUDA context, torch, tokenizer, API server)."""
 
@@ -182,7 +187,8 @@ def engine_arguments(
         argv += ["--limit-mm-per-prompt", _json(args.limit_mm_per_prompt)]
     if args.mm_processor_kwargs is not None:
         argv += ["--mm-processor-kwargs", _json(args.mm_processor_kwargs)]
-    # image URLs are fetched by the engine: only from listed hosts (SSRF), by default from none
+    # media URLs the gateway lets through (video, audio) are fetched by the engine: only from listed
+    # hosts (SSRF), by default from none, and never through a redirect (MEDIA_REDIRECTS_ENV)
     argv += ["--allowed-media-domains", *(spec.allowed_media_domains or [NO_REMOTE_MEDIA_DOMAIN])]
     given = args.vllm_flags()
     if spec.gateway and "trust_request_mm_kwargs" not in given and _has_flag("trust_request_mm_kwargs"):
@@ -262,6 +268,7 @@ def plan_launches(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "PYTHONUNBUFFERED": "1",
+        **MEDIA_REDIRECTS_ENV,
     }
     if spec.model == EMBEDDED_MODEL or Path(model_path).is_dir():
         # A local model needs no hub; don't let a missing network slow the start down.

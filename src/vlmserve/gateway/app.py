@@ -34,6 +34,7 @@ from vlmserve.gateway.lean_lane import Answer
 from vlmserve.gateway.native_pump import NativePump, native_available
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
+from vlmserve.gateway.media_addresses import CheckedResolver, MediaAddressPolicy
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
@@ -96,6 +97,7 @@ class Gateway:
         self.media_session: aiohttp.ClientSession | None = None
         self.audit = AuditLog(config.audit_log, log_content=config.log_content)
         self.allowed_media_hosts = allowed_host_set(config.allowed_media_domains)
+        self.media_addresses = MediaAddressPolicy(config.allow_internal_media_addresses)
         upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self.pool = ReplicaPool(
             config.normalized_replicas,
@@ -135,7 +137,10 @@ class Gateway:
             await self.shared_state.start()  # a refused password: a one-line error now; unreachable: fallback
         self.session = _new_upstream_session(self.config)
         if self.allowed_media_hosts:  # remote media is fetched here, never by an engine
-            self.media_session = aiohttp.ClientSession(auto_decompress=True)
+            # connect only to the addresses the policy checked (no re-resolution in between)
+            connector = (aiohttp.TCPConnector(resolver=CheckedResolver(self.media_addresses), use_dns_cache=False)
+                         if not self.media_addresses.allow_internal else None)
+            self.media_session = aiohttp.ClientSession(auto_decompress=True, connector=connector)
             self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
         self.upstream = UpstreamPool(self.config.connect_timeout_s)
         if self.preflight.pool is not None:
@@ -291,7 +296,9 @@ class Gateway:
                 payload = self._parse_json(body)
                 if may_hold_media(body):
                     try:
-                        check_media(payload, self.allowed_media_hosts)
+                        remote_hosts = check_media(payload, self.allowed_media_hosts)
+                        if remote_hosts:  # a listed name may still resolve inside (media_addresses.py)
+                            await self.media_addresses.check_hosts(remote_hosts)
                     except MediaRefused as refused:
                         raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
                     images = await self._preflight(payload, tenant, route)

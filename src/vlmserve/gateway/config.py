@@ -87,6 +87,9 @@ class GatewayConfig:
     # only when their host is listed (exact hostname, as vLLM's --allowed-media-domains);
     # bodies nested deeper or holding more JSON values than these are refused with 400.
     allowed_media_domains: list[str] = field(default_factory=list)
+    # A listed host that resolves to a loopback, private, link-local, metadata or other internal
+    # address is refused too (media_addresses.py), unless the operator allows that on purpose.
+    allow_internal_media_addresses: bool = False
     max_json_depth: int = 64
     max_json_items: int = 100_000
     # Image preflight (image_preflight.py): per-request limits, which a tenant in the keys file may

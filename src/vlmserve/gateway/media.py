@@ -12,6 +12,7 @@ The rules this module keeps:
 - URLs that parsers could read differently are refused even for a listed host: user-info
   (`user@host`), backslashes, whitespace or control characters, an unparseable host or port.
 - Every other scheme (`file:`, `ftp:`, none at all, ...) is refused.
+- A listed host must also resolve to public addresses only (media_addresses.py, async: it resolves).
 """
 
 from __future__ import annotations
@@ -78,11 +79,12 @@ def _kind(field: str) -> str:
 _FIELD_OF_KIND = {"video": "video_url", "audio": "audio_url", "file": "file_url"}
 
 
-def check_media_url(field: str, url: str, allowed_hosts: frozenset[str]) -> None:
-    """Raise MediaRefused unless the policy lets an engine fetch `url`."""
+def check_media_url(field: str, url: str, allowed_hosts: frozenset[str]) -> str | None:
+    """Raise MediaRefused unless the policy lets an engine fetch `url`; its host when it is remote
+    (whose addresses media_addresses.py checks next: a listed name may still point inside)."""
     scheme = url[: url.find(":")].lower() if ":" in url[:16] else ""
     if scheme == "data":
-        return
+        return None
     kind = _kind(field)
     if scheme not in ("http", "https"):
         raise MediaRefused(f"{kind} URL scheme {scheme or 'missing'!r} is not allowed: send the {kind} inline as a "
@@ -100,6 +102,7 @@ def check_media_url(field: str, url: str, allowed_hosts: frozenset[str]) -> None
     if host not in allowed_hosts:
         raise MediaRefused(f"{kind} URL host {host!r} is not allowed: send the {kind} inline as a data: URL, "
                            f"or ask the operator to add the host to {FLAG}")
+    return host
 
 
 def allowed_host_set(domains: Iterable[str]) -> frozenset[str]:
@@ -107,7 +110,12 @@ def allowed_host_set(domains: Iterable[str]) -> frozenset[str]:
     return frozenset(domain.strip().lower().strip("[]") for domain in domains if domain.strip())
 
 
-def check_media(payload: Any, allowed_hosts: frozenset[str]) -> None:
-    """Raise MediaRefused for the first media URL in `payload` the policy does not allow."""
+def check_media(payload: Any, allowed_hosts: frozenset[str]) -> list[tuple[str, str]]:
+    """Raise MediaRefused for the first media URL in `payload` the policy does not allow; else the
+    (kind, host) of each remote URL, once per host, for the address check (media_addresses.py)."""
+    remote: dict[str, str] = {}
     for field, url in media_urls(payload):
-        check_media_url(field, url, allowed_hosts)
+        host = check_media_url(field, url, allowed_hosts)
+        if host is not None and host not in remote:
+            remote[host] = _kind(field)
+    return [(kind, host) for host, kind in remote.items()]

@@ -128,7 +128,7 @@ async def test_remote_images_are_fetched_and_forwarded_inline(constant_engines: 
     picture = png_bytes(32, 16)
     audit = tmp_path / "audit.jsonl"
     async with image_host({"/x.png": picture}) as host, \
-            running_gateway(constant_engines[:1], allowed_media_domains=["127.0.0.1"], audit_log=audit) as gw, \
+            running_gateway(constant_engines[:1], allowed_media_domains=["127.0.0.1"], allow_internal_media_addresses=True, audit_log=audit) as gw, \
             aiohttp.ClientSession() as session:
         fetched = await post_chat(session, gw.base_url, image_request(host + "/x.png"))
         assert fetched.status == 200, fetched.body
@@ -161,7 +161,7 @@ async def test_remote_fetch_failures_are_bounded(constant_engines: list[SimHandl
         return response
 
     async with image_host({"/hang.png": hang, "/redirect.png": redirect, "/endless.png": endless}) as host, \
-            running_gateway(constant_engines[:1], allowed_media_domains=["127.0.0.1"], media_fetch_timeout_s=0.5,
+            running_gateway(constant_engines[:1], allowed_media_domains=["127.0.0.1"], allow_internal_media_addresses=True, media_fetch_timeout_s=0.5,
                             max_image_bytes=1_000_000) as gw, aiohttp.ClientSession() as session:
         loop = asyncio.get_running_loop()
         started = loop.time()
