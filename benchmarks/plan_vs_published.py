@@ -227,10 +227,13 @@ def engine_options(run: Run) -> dict[str, Any]:
     weight = run.info.get("weight_dtype", "").strip().lower()
     if weight in WEIGHT_DTYPES and WEIGHT_DTYPES[weight] is not None and run.run_id not in LEGACY_SETUP:
         options["weight_dtype"] = WEIGHT_DTYPES[weight]
+    version = re.search(r"\d+\.\d+(\.\d+)?", run.info.get("vllm_version", ""))
+    if version and "vllm_version" in {item.name for item in fields(PlanSetup)}:
+        options["vllm_version"] = version.group(0)  # the kernel tables closest to the run's vLLM
     if run.info.get("expert_parallel") == "yes":
-        if "expert_parallel" not in {item.name for item in fields(PlanSetup)}:
+        if "ep" not in {item.name for item in fields(PlanSetup)}:
             raise UserError("expert parallelism (--enable-expert-parallel) is not expressible in the planner")
-        options["expert_parallel"] = True
+        options["ep"] = int(run.info["tp"]) * int(_number(value("--data-parallel-size") or "1") or 1)
     return options
 
 
@@ -347,7 +350,7 @@ class Stage:
 
 
 def _is_moe(case: Case) -> bool:
-    return bool(getattr(case.scenario.build(PRIOR).model, "num_experts", 0))
+    return case.scenario.build(PRIOR).model.is_moe
 
 
 REFERENCE_GPU = "h100"
@@ -364,7 +367,7 @@ def fit_stages(cases: Sequence[Case]) -> list[Stage]:
               (("default", "moe_efficiency"), ("default", "moe_expert_spread"))),
     ]
     for gpu in sorted({_gpu_key(case) for case in cases} - {REFERENCE_GPU}):
-        stages.append(Stage(f"compute on {gpu}", lambda case, gpu=gpu: _gpu_key(case) == gpu, ((gpu, "compute"),)))
+        stages.append(Stage(f"compute on {gpu}", _on_gpu(gpu), ((gpu, "compute"),)))
     return [stage for stage in stages if all(name in known for _target, name in stage.parameters)]
 
 
@@ -372,10 +375,14 @@ def _gpu_key(case: Case) -> str:
     return case.scenario.build(PRIOR).gpu.key
 
 
-FIT_EVALUATIONS = 30
-"""Simulations per stage (Nelder–Mead over one to two coefficients gets within ~1 % in fewer)."""
-FIT_RUNS_PER_STAGE = 8
-"""At most this many runs per stage (every k-th by id, so all sources are represented): keeps a refit to minutes."""
+def _on_gpu(gpu: str) -> Callable[[Case], bool]:
+    return lambda case: _gpu_key(case) == gpu
+
+
+FIT_EVALUATIONS = 20
+"""Simulations per stage (Nelder–Mead over one or two coefficients; the errors here are far above its ~2 % residual)."""
+FIT_RUNS_PER_STAGE = 4
+"""At most this many runs per stage (every k-th by id): keeps a refit to a few minutes of CPU."""
 
 
 def refit(cases: Sequence[Case], progress: Callable[[str], None]) -> tuple[Calibration, list[str]]:
