@@ -80,6 +80,11 @@ class LivenessOptions(BaseModel):
     `failures` failed checks in a row a 1-token generation with `probe_timeout_s` decides:
     an answer means busy (the count starts again), none means hung (killed and restarted).
     Worst-case detection: interval_s + failures x max(interval_s, timeout_s) + probe_timeout_s.
+    The gateway is watched on /health alone: `failures` checks in a row without any answer and it
+    is killed and restarted. A replica whose /health passes but whose engine metrics show requests
+    waiting or running with no prompt or generation token processed for `stall_s` is probed the
+    same way (vLLM counts prompt tokens when a prefill completes: keep stall_s above the longest
+    prefill; null turns this check off).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -89,6 +94,7 @@ class LivenessOptions(BaseModel):
     timeout_s: float = Field(3.0, gt=0)
     failures: int = Field(3, ge=1)
     probe_timeout_s: float = Field(4.0, gt=0)
+    stall_s: float | None = Field(120.0, gt=0)
 
     @property
     def detection_s(self) -> float:

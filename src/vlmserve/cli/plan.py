@@ -13,19 +13,20 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pydantic import ValidationError
 
 from vlmserve.cli.bench import parse_image_size
 from vlmserve.errors import UserError
-from vlmserve.hardware.setup import FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
+from vlmserve.hardware.setup import COST_MODELS, DEFAULT_COST_MODEL, FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.results.summary import RunSummary
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
 
-SIMULATED_NOTE = "[yellow]planner output (simulated on a roofline cost model, not measured)[/]"
+SIMULATED_NOTE = "[yellow]planner output (simulated, not measured)[/]"
 
 plan_app = typer.Typer(
     name="plan",
@@ -99,7 +100,9 @@ def plan(
     seed: int = typer.Option(0, "--seed", help="Random seed for lengths and arrivals."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the summary JSON (bench format) here."),
     save: bool = typer.Option(False, "--save", help="Store the simulated run in the run history (report/compare)."),
-    explain: bool = typer.Option(False, "--explain", help="Print roofline napkin math."),
+    cost_model: str = typer.Option(DEFAULT_COST_MODEL, "--cost-model", help=" | ".join(COST_MODELS) + ": price steps from measured vLLM kernel tables (kernels), the calibrated roofline, or kernels where the tables cover the GPU (auto)."),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="The deployment's vLLM version: kernel tables closest to it are used (default: the newest)."),
+    explain: bool = typer.Option(False, "--explain", help="Print where each op's cost comes from, and roofline napkin math."),
     compare: Optional[Path] = typer.Option(None, "--compare", help="A measured bench JSON to set the prediction against."),
 ) -> None:
     """Simulate one deployment at one load (the default action of `vlmserve plan`)."""
@@ -122,6 +125,7 @@ def plan(
         gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
         routing=routing, async_scheduling=async_scheduling,
         frontend=FrontendConfig(api_server_count, mm_preprocess_ms_per_image, mm_preprocess_ms_per_megapixel),
+        cost_model_kind=cost_model, vllm_version=vllm_version,
     )
     slo_spec = SLO.parse(slo).refuse_rates("vlmserve plan") if slo else None
     output = simulate_run(setup, load, slo=slo_spec, staggered=staggered)
@@ -150,6 +154,7 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
     from vlmserve.bench.console import print_summary
 
     console.print(SIMULATED_NOTE)
+    console.print(f"step costs: {setup.cost_model_summary()}")
     memory = setup.memory()
     simulation = summary.simulation or {}
     console.print(
@@ -217,6 +222,14 @@ def _print_explain(
         for quantity, fraction in measured_efficiency(setup, measured, context, batch).items():
             table.add_row(f"measured: {quantity.replace('_', ' ')}", f"{fraction:.3g}")
     console.print(table)
+    from vlmserve.plan.explain import step_cost_sources
+
+    sources = Table(title=f"step costs (simulated): {setup.cost_model_summary()}", show_edge=False)
+    sources.add_column("op class")
+    sources.add_column("priced from")
+    for op_class, source in step_cost_sources(setup):
+        sources.add_row(op_class, escape(source))
+    console.print(sources)
     for key, value in facts["assumed_gpu_figures"].items():
         console.print(f"assumed for {setup.gpu.name}: {key} = {value:g} (not on the datasheet)")
     for note in facts["model_notes"]:

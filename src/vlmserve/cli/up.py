@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from vlmserve.cli.options import parse_json_object_flag
 from vlmserve.errors import UserError
@@ -217,15 +218,21 @@ def status(
 ) -> None:
     """List each deployment's replicas: port, pid, state, restarts, uptime."""
     from vlmserve.deploy.state import list_deployments, read_state, state_path
+    from vlmserve.deploy.state_saver import state_alarm
     from vlmserve.paths import home_dir
 
     names = [name] if name else list_deployments()
     states = []
     for each in names:
-        state = read_state(state_path(each))
+        path = state_path(each)
+        state = read_state(path)
         if state is None:
             raise UserError(f"no deployment named '{each}' under {home_dir()}; start one with `vlmserve up`")
-        states.append(state if state.supervisor_alive() else state.reconciled())
+        if not state.supervisor_alive():
+            states.append(state.reconciled())
+            continue
+        alarm = state_alarm(state, path)  # a full disk: the file is what was last saved, not what runs
+        states.append(state.with_alarm(alarm) if alarm else state)
     if as_json:
         typer.echo(json.dumps([state.model_dump(mode="json") for state in states], indent=2))
         return
@@ -240,7 +247,7 @@ def status_table(states: "list[DeploymentState]") -> Group:
     from vlmserve.deploy.state import format_uptime
 
     now = time.time()
-    tables = []
+    tables: list[Table | Text] = []
     for state in states:
         table = Table(
             title=f"deployment [bold]{state.name}[/bold]: {state.served_model_name or state.model} "
@@ -261,6 +268,8 @@ def status_table(states: "list[DeploymentState]") -> Group:
                 member.devices or "",
                 member.last_restart_reason or "",
             )
+        if state.alarm:  # above the table: the rows below are what was last saved, not what runs
+            tables.append(Text(f"deployment {state.name}: {state.alarm}", style="bold red"))
         tables.append(table)
     return Group(*tables)
 

@@ -43,5 +43,9 @@ def stop_deployment(name: str, timeout_s: float, say: Callable[[str], None]) -> 
         say(f"stopping leftover {member.role} {member.index} (pid {member.pid}, port {member.port})")
         stop_process_tree(int(member.pid))  # type: ignore[arg-type]
     state.mark_stopped()
-    write_state(path, state)
+    try:
+        write_state(path, state)
+    except OSError as problem:  # a full disk: the processes are stopped all the same; say what is stale
+        say(f"could not mark '{name}' stopped in {path} ({problem}); `status` shows its members as "
+            "stopped (supervisor gone) all the same")
     say(f"'{name}' stopped ({len(leftovers)} leftover process group(s) cleaned up)")

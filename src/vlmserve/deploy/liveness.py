@@ -11,6 +11,13 @@ each ready replica is watched from its own thread:
 - then a 1-token generation with `probe_timeout_s` decides. An answer means busy but
   alive (the count starts again); no answer means hung, and `on_hung` is called with a
   one-line reason such as "hung: no answer to /health in 3 s x3; no 1-token answer in 4 s".
+- a replica whose /health passes is also asked for its engine metrics (vlmserve.deploy.progress):
+  requests waiting or running while no token is processed for `stall_s` is a stuck engine core
+  behind a healthy API server; the same 1-token generation then decides.
+- the gateway is watched too, on /health alone: it answers from its own event loop at once
+  (whatever it says: 503 "no healthy replica" is an answer), so `failures` checks in a row
+  without any answer mean it is stopped (SIGSTOP) or wedged, and it is judged hung at once (a
+  generation through it would measure the replicas, not the gateway).
 
 What to do about a hung replica (kill its process group, restart it) is the supervisor's
 business; this module only watches and judges, and never signals a process itself.
@@ -18,14 +25,21 @@ business; this module only watches and judges, and never signals a process itsel
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import httpx
 
+from vlmserve.deploy.progress import StallJudge, parse_progress
 from vlmserve.spec import LivenessOptions
+
+STALL_READS_PER_WINDOW = 8
+"""How often, per stall window, a replica's /metrics is read (no more often than every interval_s):
+a vLLM /metrics page is large, and a stall needs the whole window to be judged anyway."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,7 @@ class Subject:
     url: str
     model: str
     process: object
+    role: Literal["replica", "gateway"] = "replica"
 
 
 SubjectSource = Callable[[], "Subject | None"]
@@ -44,17 +59,31 @@ HungSink = Callable[[object, str], None]
 """Called with the watched process's identity and the reason it was judged hung."""
 
 
-def health_problem(client: httpx.Client, url: str, timeout_s: float) -> str | None:
-    """None when GET /health answers 200 within timeout_s, else what went wrong, in words."""
+def health_problem(client: httpx.Client, url: str, timeout_s: float, *, any_status_ok: bool = False) -> str | None:
+    """None when GET /health answers 200 within timeout_s (any status, with any_status_ok),
+    else what went wrong, in words."""
     try:
         reply = client.get(f"{url}/health", timeout=timeout_s)
     except httpx.TimeoutException:
         return f"no answer to /health in {timeout_s:g} s"
     except httpx.TransportError as problem:
         return f"/health failed ({type(problem).__name__})"
-    if reply.status_code != 200:
+    if reply.status_code != 200 and not any_status_ok:
         return f"/health answered {reply.status_code}"
     return None
+
+
+def stall_problem(client: httpx.Client, url: str, timeout_s: float, judge: StallJudge, now: float) -> str | None:
+    """The judge's verdict on one reading of the engine's /metrics; None when there is nothing to
+    judge (no answer, no token counters: not evidence either way)."""
+    try:
+        reply = client.get(f"{url}/metrics", timeout=timeout_s)
+    except httpx.HTTPError:
+        return None
+    if reply.status_code != 200:
+        return None
+    reading = parse_progress(reply.text)
+    return judge.observe(reading, now) if reading is not None else None
 
 
 def generation_problem(client: httpx.Client, url: str, model: str, timeout_s: float) -> str | None:
@@ -73,7 +102,10 @@ def generation_problem(client: httpx.Client, url: str, model: str, timeout_s: fl
 
 
 class LivenessWatch(threading.Thread):
-    """Watches one replica until `stopping` is set; calls `on_hung` when it judges it hung."""
+    """Watches one member until `stopping` is set; calls `on_hung` when it judges it hung.
+
+    The watch itself never dies of a surprise: an exception in one round is reported through
+    `say` (once until a round succeeds again) and the next round runs as usual."""
 
     def __init__(
         self,
@@ -82,36 +114,84 @@ class LivenessWatch(threading.Thread):
         on_hung: HungSink,
         options: LivenessOptions,
         stopping: threading.Event,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name=f"vlmserve-liveness-{label.replace(' ', '-')}", daemon=True)
+        self._label = label
         self._subject = subject
         self._on_hung = on_hung
         self._options = options
         self._stopping = stopping
+        self._say = say
+        self._failures = 0
+        self._watched: object | None = None
+        self._stall = StallJudge(options.stall_s) if options.stall_s is not None else None
+        self._next_read = 0.0
+        self._broken: str | None = None
 
     def run(self) -> None:
         options = self._options
-        failures = 0
-        watched: object | None = None
         next_check = time.monotonic() + options.interval_s
-        with httpx.Client(trust_env=False) as client:
+        # verify=False: the gateway may serve TLS with a self-signed certificate; the check is "it answers"
+        with httpx.Client(trust_env=False, verify=False) as client:
             while not self._stopping.wait(max(0.0, next_check - time.monotonic())):
+                try:
+                    self._round(client)
+                except Exception as problem:  # noqa: BLE001 - a watch that dies stops watching for good
+                    self._report(f"{type(problem).__name__}: {problem}")
+                else:
+                    self._broken = None
                 next_check = time.monotonic() + options.interval_s
-                subject = self._subject()
-                if subject is None or subject.process is not watched:
-                    failures = 0
-                    watched = subject.process if subject is not None else None
-                if subject is None:
-                    continue
-                problem = health_problem(client, subject.url, options.timeout_s)
-                if problem is None:
-                    failures = 0
-                    continue
-                failures += 1
-                if failures < options.failures or self._stopping.is_set():
-                    continue
-                verdict = generation_problem(client, subject.url, subject.model, options.probe_timeout_s)
-                if verdict is not None and not self._stopping.is_set():
-                    self._on_hung(subject.process, f"hung: {problem} ×{failures}; {verdict}")
-                failures = 0
-                next_check = time.monotonic() + options.interval_s
+
+    def _round(self, client: httpx.Client) -> None:
+        """One check of the member; calls on_hung when this round completes a verdict."""
+        options = self._options
+        subject = self._subject()
+        if subject is None or subject.process is not self._watched:
+            self._failures = 0
+            self._watched = subject.process if subject is not None else None
+            if self._stall is not None:
+                self._stall.reset()
+                self._next_read = 0.0
+        if subject is None:
+            return
+        gateway = subject.role == "gateway"
+        problem = health_problem(client, subject.url, options.timeout_s, any_status_ok=gateway)
+        if problem is None:
+            self._failures = 0
+            now = time.monotonic()
+            if gateway or self._stall is None or self._stopping.is_set() or now < self._next_read:
+                return
+            self._next_read = now + self._stall.window_s / STALL_READS_PER_WINDOW
+            stalled = stall_problem(client, subject.url, options.timeout_s, self._stall, now)
+            if stalled is None:
+                return
+            self._stall.reset()
+            verdict = generation_problem(client, subject.url, subject.model, options.probe_timeout_s)
+            if verdict is not None and not self._stopping.is_set():
+                self._on_hung(subject.process, f"{stalled}; {verdict}")
+            return
+        self._failures += 1
+        if self._failures < options.failures or self._stopping.is_set():
+            return
+        failures, self._failures = self._failures, 0
+        if gateway:
+            self._on_hung(subject.process, f"hung: {problem} ×{failures} (the gateway answers /health at once when it runs)")
+            return
+        verdict = generation_problem(client, subject.url, subject.model, options.probe_timeout_s)
+        if verdict is not None and not self._stopping.is_set():
+            self._on_hung(subject.process, f"hung: {problem} ×{failures}; {verdict}")
+
+    def _report(self, problem: str) -> None:
+        """Say once per run of failing rounds that the watch is failing (a repeat would flood the log)."""
+        if problem == self._broken:
+            return
+        self._broken = problem
+        line = f"liveness check of {self._label} failed: {problem}; the watch goes on"
+        try:
+            if self._say is not None:
+                self._say(line)
+            else:
+                print(line, file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - nowhere left to say it; keep watching
+            pass

@@ -25,12 +25,17 @@ STOP_GRACE_S = 15.0
 
 
 def start_process_group(argv: list[str], env: dict[str, str], log_path: Path, header: str = "") -> subprocess.Popen[bytes]:
-    """Start argv in a new session, stdout and stderr appended to log_path."""
+    """Start argv in a new session, stdout and stderr appended to log_path.
+
+    A header that cannot be written (the log's disk is full) is left out: a restart must not
+    fail for want of one log line; what the process itself writes is lost until there is room."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_file: IO[bytes] = open(log_path, "ab")
+    log_file: IO[bytes] = open(log_path, "ab", buffering=0)
     if header:
-        log_file.write(header.encode() + b"\n")
-        log_file.flush()
+        try:
+            log_file.write(header.encode() + b"\n")
+        except OSError:
+            pass
     try:
         return subprocess.Popen(
             argv,

@@ -10,6 +10,7 @@ alive only while a process with the same pid *and* the same start time runs (`re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -89,6 +90,16 @@ class DeploymentState(BaseModel):
     replicas: list[MemberRecord] = []
     gateway: MemberRecord | None = None
     spec: dict[str, Any] = {}
+    heartbeat_s: float | None = None
+    """How often the running supervisor rewrites this file even when nothing changed; a state much
+    older than this, from a supervisor still alive, was not saved since (`state_saver.state_alarm`)."""
+    save_failures: int = 0
+    """Writes of this file that failed in this supervisor's life (a full disk, a read-only mount)."""
+    last_save_error: str | None = None
+    last_save_error_at: float | None = None
+    alarm: str | None = None
+    """Set by `status` only, never saved: why the table may be out of date (the state is stale or
+    could not be saved since some time)."""
 
     @property
     def members(self) -> list[MemberRecord]:
@@ -123,6 +134,17 @@ class DeploymentState(BaseModel):
             member.started_at = None
         return state
 
+    def with_alarm(self, alarm: str) -> "DeploymentState":
+        """What `status` shows of a live supervisor's state that is out of date: the alarm, and
+        each member whose recorded process is gone marked so (the supervisor, working from memory,
+        may have restarted it under a pid the file does not know yet)."""
+        state = self.model_copy(deep=True)
+        state.alarm = alarm
+        for member in state.members:
+            if member.pid and member.state not in ("stopped", "failed") and not member.is_running():
+                member.state = "unknown (recorded pid gone; state not saved since)"
+        return state
+
     def mark_stopped(self) -> None:
         """Every member stopped (after `down` stopped what was left)."""
         for member in self.members:
@@ -135,11 +157,44 @@ def state_path(name: str) -> Path:
 
 
 def write_state(path: Path, state: DeploymentState) -> None:
-    """Atomically replace a deployment's state file."""
+    """Atomically replace a deployment's state file: the whole new file, or the old one untouched.
+
+    The new text goes to a temporary file beside it, is flushed and fsynced, and only then renamed
+    over state.json (then the directory is fsynced, so the rename survives a power cut). A write
+    that fails (ENOSPC on a full disk) removes its temporary file and raises OSError; the previous
+    state.json is still whole, and no half-written file is ever left for `status` to read."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(state.model_dump(mode="json"), indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    text = (json.dumps(state.model_dump(mode="json", exclude={"alarm"}), indent=2, default=str) + "\n").encode()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(text)
+            while view:
+                view = view[os.write(descriptor, view):]
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in `directory` durable (best effort: not every file system allows it)."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
 
 
 def read_state(path: Path) -> DeploymentState | None:

@@ -13,8 +13,12 @@
   the readiness checks and serve the configuration its launcher expects, from a process
   vlmserve itself started (vlmserve.deploy.startup).
 - A replica that dies is restarted with exponential back-off, and the event is logged.
-  One that hangs (no answer to /health, then none to a 1-token generation; see
-  vlmserve.deploy.liveness) is killed outright and restarted the same way, with the reason recorded.
+  One that hangs (no answer to /health, then none to a 1-token generation; or requests waiting
+  while its engine processes no token; see vlmserve.deploy.liveness) is killed outright and
+  restarted the same way, with the reason recorded. So is a gateway that stops answering /health.
+- Nothing ends supervision but stop(): every step of the monitor runs guarded
+  (vlmserve.deploy.guard), and state.json is saved by a `StateSaver` that turns a failed write (a
+  full disk) into an alarm `status` shows, while supervision goes on from memory.
 - A name whose previous supervisor is gone but whose processes still run is refused (the
   state file that lets `vlmserve down` find them is never overwritten).
 - The trust boundary: with a gateway in front, replicas listen on loopback only; a host
@@ -39,13 +43,15 @@ import psutil
 from vlmserve import paths
 from vlmserve.deploy import processes
 from vlmserve.deploy.front_door import check_gateway_files, check_trust_boundary
+from vlmserve.deploy.guard import StepGuard
 from vlmserve.deploy.liveness import LivenessWatch, Subject
 from vlmserve.deploy.members import BACKOFF_MAX_S, BACKOFF_START_S, STABLE_AFTER_S, ManagedProcess
 from vlmserve.deploy.plan import gateway_plan, replica_plans
 from vlmserve.deploy.preflight import check_free_memory, check_gateway_policy, check_ports, refuse_running_duplicate
 from vlmserve.deploy.readiness import ReadinessAborted
 from vlmserve.deploy.startup import await_ready
-from vlmserve.deploy.state import DeploymentState, member_list, write_state
+from vlmserve.deploy.state import DeploymentState, member_list
+from vlmserve.deploy.state_saver import StateSaver
 from vlmserve.engines.launcher import make_launcher, served_model_name
 from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
@@ -72,6 +78,7 @@ class Supervisor:
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._heartbeat: threading.Thread | None = None
         self._watches: list[LivenessWatch] = []
         self.replicas: list[ManagedProcess] = []
         self.gateway: ManagedProcess | None = None
@@ -81,6 +88,10 @@ class Supervisor:
         self.started_at = time.time()
         self.state_dir = Path(state_dir) if state_dir is not None else paths.deployment_dir(spec.name)
         self.log_dir = Path(spec.log_dir).expanduser() if spec.log_dir else self.state_dir / "logs"
+        self._saver = StateSaver(self.state_dir / "state.json", self._event)
+        self._guard = StepGuard(self._event)
+        self._event_log_problem: str | None = None
+        """Why supervisor.log could not be appended to, while it cannot (said once on the console)."""
 
     # ---- public surface -------------------------------------------------------------
 
@@ -120,6 +131,8 @@ class Supervisor:
         try:
             self._preflight()
             self._write_state()
+            self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="vlmserve-state", daemon=True)
+            self._heartbeat.start()
             if self.device_kind in STARTS_TOGETHER:
                 for replica in self.replicas:
                     self._launch(replica, first_start=True)
@@ -136,7 +149,7 @@ class Supervisor:
         self._monitor = threading.Thread(target=self._monitor_loop, name="vlmserve-supervisor", daemon=True)
         self._monitor.start()
         if self.spec.liveness.enabled:
-            self._watches = [self._watch(replica) for replica in self.replicas]
+            self._watches = [self._watch(member) for member in self.members]
             for watch in self._watches:
                 watch.start()
         return self
@@ -148,8 +161,9 @@ class Supervisor:
     def stop(self) -> None:
         """Stop every process tree this supervisor started, gateway first; idempotent."""
         self._stopping.set()
-        if self._monitor is not None and self._monitor is not threading.current_thread():
-            self._monitor.join(timeout=30)
+        for thread in (self._monitor, self._heartbeat):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=30)
         for watch in self._watches:
             watch.join(timeout=self.spec.liveness.timeout_s + self.spec.liveness.probe_timeout_s + 1)
         with self._lock:
@@ -259,11 +273,23 @@ class Supervisor:
     # ---- watching and restarting ------------------------------------------------------
 
     def _monitor_loop(self) -> None:
+        """Check every member twice a second, restarting what died, until stop().
+
+        Each step is guarded: an exception is reported and the next step runs (a monitor thread
+        that died would leave every later crash unrestarted)."""
         while not self._stopping.wait(MONITOR_POLL_S):
             for member in self.members:
                 if self._stopping.is_set():
                     return
-                self._check_member(member)
+                self._guard.run(f"check {member.plan.label}", lambda member=member: self._check_member(member))  # type: ignore[misc]
+
+    def _heartbeat_loop(self) -> None:
+        """Save the state when a heartbeat or a retry is due, until stop(). Its own thread: the
+        monitor waits out a restarting replica's readiness (minutes for vLLM), and the state's age
+        must not say "stale" meanwhile, nor a retry wait for it once space returns."""
+        while not self._stopping.wait(MONITOR_POLL_S):
+            if self._saver.due():
+                self._guard.run("save state", self._write_state)
 
     def _check_member(self, member: ManagedProcess) -> None:
         now = time.time()
@@ -293,7 +319,7 @@ class Supervisor:
                 self._start_and_wait(member, first_start=False)
             except ReadinessAborted:
                 return
-            except UserError as problem:
+            except Exception as problem:  # noqa: BLE001 - UserError, or a surprise (OSError...): try again later
                 if member.process is not None:
                     processes.stop_process_tree(member.process, grace_s=5.0)
                 member.backoff_s = min(BACKOFF_MAX_S, member.backoff_s * 2)
@@ -301,24 +327,28 @@ class Supervisor:
                     member.state = "failed"
                     member.restart_at = time.time() + member.backoff_s
                     self._write_state()
-                first_line = problem.message.splitlines()[0]
+                what = problem.message if isinstance(problem, UserError) else f"{type(problem).__name__}: {problem}"
+                first_line = (what.splitlines() or [""])[0]
                 self._event(f"restart of {member.plan.label} failed: {first_line}; next try in {member.backoff_s:.0f} s")
                 return
             member.backoff_s = min(BACKOFF_MAX_S, member.backoff_s * 2)
 
     def _watch(self, member: ManagedProcess) -> LivenessWatch:
-        """A liveness watch on one replica; it sees the replica only while it is ready."""
+        """A liveness watch on one member (a replica, or the gateway on /health alone); it sees
+        the member only while it is ready."""
 
         def subject() -> Subject | None:
             with self._lock:
-                if member.state != "ready" or member.process is None or member.plan.expected is None:
+                if member.state != "ready" or member.process is None:
                     return None
+                if member.plan.expected is None:
+                    return Subject(member.plan.url, "", member.process, role="gateway")
                 return Subject(member.plan.url, member.plan.expected.served_model_name, member.process)
 
         def on_hung(process: object, reason: str) -> None:
             self._kill_hung(member, process, reason)
 
-        return LivenessWatch(member.plan.label, subject, on_hung, self.spec.liveness, self._stopping)
+        return LivenessWatch(member.plan.label, subject, on_hung, self.spec.liveness, self._stopping, say=self._event)
 
     def _kill_hung(self, member: ManagedProcess, process: object, reason: str) -> None:
         """SIGKILL a hung replica's whole process group; the monitor then restarts it as after a crash."""
@@ -334,13 +364,36 @@ class Supervisor:
     # ---- bookkeeping ------------------------------------------------------------------
 
     def _write_state(self) -> None:
-        write_state(self.state_dir / "state.json", self.status())
+        """Save the state; a failure is the saver's alarm (never an exception: supervision goes on)."""
+        with self._lock:
+            self._saver.save(self.status())
+
+    @property
+    def state_saved(self) -> bool:
+        """False while state.json cannot be written (the saver's alarm is on)."""
+        return not self._saver.failing
 
     def _event(self, message: str) -> None:
+        """One line to supervisor.log and to the command's console. A log that cannot be written (a
+        full disk) is said once on the console, and the lines go on reaching the console."""
         stamp = time.strftime("%H:%M:%S")
         line = f"{stamp} {message}"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.state_dir / "supervisor.log", "a") as log:
-            log.write(f"{time.strftime('%Y-%m-%d')} {line}\n")
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.state_dir / "supervisor.log", "a") as log:
+                log.write(f"{time.strftime('%Y-%m-%d')} {line}\n")
+        except OSError as problem:
+            if self._event_log_problem is None:
+                self._event_log_problem = str(problem)
+                self._console(f"{stamp} cannot append to {self.state_dir / 'supervisor.log'} ({problem}); "
+                              "events go to this console only until it can")
+        else:
+            self._event_log_problem = None
+        self._console(line)
+
+    def _console(self, line: str) -> None:
         if self._on_event is not None:
-            self._on_event(line)
+            try:
+                self._on_event(line)
+            except Exception:  # noqa: BLE001 - a closed terminal must not end supervision
+                pass

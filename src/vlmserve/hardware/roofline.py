@@ -24,8 +24,9 @@ def roofline_setup(model: str, gpu: str, tp: int = 1, *, max_num_seqs: int | Non
 
 
 def roofline_cost_model(model: str, gpu: str, tp: int = 1) -> RooflineStepCost:
-    """Step pricing for `model` on `tp` × `gpu` with the shipped calibration."""
-    return roofline_setup(model, gpu, tp).cost_model()
+    """Step pricing for `model` on `tp` × `gpu` with the shipped calibration, on the roofline
+    (the sim engine's clock stays the roofline whatever `plan --cost-model` picks)."""
+    return roofline_setup(model, gpu, tp).roofline_cost_model()
 
 
 def roofline_kv_blocks(model: str, gpu: str, tp: int, typical_context: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:

@@ -19,6 +19,19 @@ from vlmserve.spec import LoadSpec
 GB = 1e9
 
 
+def step_cost_sources(setup: PlanSetup) -> list[tuple[str, str]]:
+    """(op class, where its cost comes from) for the deployment's step cost model.
+
+    Measured kernels name the table file, GPU and vLLM version per op class (or "roofline" and
+    why); the roofline model is one line with the reason it was chosen.
+    """
+    cost = setup.cost_model()
+    sources = getattr(cost, "sources", None)
+    if sources is None:
+        return [("every op", setup.cost_model_summary())]
+    return [(name, source.describe()) for name, source in sources().items()]
+
+
 def napkin(setup: PlanSetup, context_tokens: int, batch: int) -> dict[str, Any]:
     """Bytes per token and bandwidth/compute-bound rates for one replica."""
     model, gpu, tp = setup.model, setup.gpu, setup.tp

@@ -37,8 +37,8 @@ def test_plan_as_the_issue_writes_it(tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["plan", "--model", "llama-3.1-8b", "--gpu", "b300", "--concurrency", "1"], "error: unknown GPU 'b300'; known GPUs: a100,"),
-        (["plan", "--model", "llama-3.1-70b", "--gpu", "l40s", "--concurrency", "1"], "GB missing in all"),
+        (["plan", "--model", "llama-3.1-8b", "--gpu", "v100", "--concurrency", "1"], "error: unknown GPU 'v100'; known GPUs: a100,"),
+        (["plan", "--model", "llama-3.1-70b", "--gpu", "l40s", "--concurrency", "1"], "GiB missing in all"),
         (["plan", "--model", "nope", "--concurrency", "1"], "error: unknown model 'nope'"),
         (["plan", "--model", "llama-3.1-8b"], "error: give --concurrency N (closed loop) or --rate R"),
         (["plan", "--model", "llama-3.1-8b", "--concurrency", "1", "--weight-dtype", "int3"], "error: --weight-dtype 'int3' is not known"),

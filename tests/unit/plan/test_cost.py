@@ -12,7 +12,7 @@ EFFICIENCY = Efficiency(bandwidth=0.5, compute=0.5, step_overhead_s=0.001, per_s
 
 
 def _cost(model: str, gpu: str = "h100", tp: int = 1):
-    return PlanSetup.from_names(model, gpu, tp=tp, calibration=Calibration(EFFICIENCY)).cost_model()
+    return PlanSetup.from_names(model, gpu, tp=tp, calibration=Calibration(EFFICIENCY), cost_model_kind="roofline").cost_model()
 
 
 def test_decode_is_memory_bound_at_the_bandwidth_roofline() -> None:
@@ -68,7 +68,7 @@ def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step() -> None:
 
     def cost(async_scheduling: bool):
         return PlanSetup.from_names("llama-3.1-8b", "h100", calibration=Calibration(efficiency),
-                                    async_scheduling=async_scheduling).cost_model()
+                                    async_scheduling=async_scheduling, cost_model_kind="roofline").cost_model()
 
     decode = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=256, kv_tokens_read=256 * 1000)
     serial, overlapped = cost(False).breakdown(decode), cost(True).breakdown(decode)

@@ -51,7 +51,7 @@ def test_model_that_does_not_fit_is_reported_not_simulated() -> None:
     outcome = run_search(_space(model="llama-3.1-70b", gpus=["l40s"], tps=[1, 2], replicas=[1]), LOAD, SLO_SPEC,
                          prices={}, calibration=CALIBRATION)
     assert all(c.status == "does not fit" for c in outcome.candidates)
-    assert all("GB missing" in c.reason for c in outcome.candidates)
+    assert all("GiB missing" in c.reason for c in outcome.candidates)
     assert outcome.best is None
 
 

@@ -63,6 +63,8 @@ class EngineLoop:
         self._task: asyncio.Task[None] | None = None
         self._previous_end_s: float | None = None
         self.steps = 0
+        self.frozen = False
+        """Fault (--freeze-after): the loop takes no more steps; requests are still accepted, and wait."""
         metrics.bind_state(
             running=lambda: core.num_running, waiting=lambda: core.num_waiting, kv_usage=lambda: core.kv_usage
         )
@@ -110,6 +112,11 @@ class EngineLoop:
             self.metrics.request_success["abort"].inc()
             request.resolve("aborted")
 
+    def freeze(self) -> None:
+        """Stop stepping for good (a test's stuck engine core); the HTTP side keeps answering."""
+        self.frozen = True
+        self._poke()
+
     def _poke(self) -> None:
         wake = self._wake
         if wake is not None and not wake.done():
@@ -121,6 +128,8 @@ class EngineLoop:
         core = self.core
         clock = self.clock
         while True:
+            if self.frozen:
+                await loop.create_future()  # never resolved: only stop() (cancelling the task) ends it
             if not core.has_work():
                 self._previous_end_s = None
                 if self.trace is not None:

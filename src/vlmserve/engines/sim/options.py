@@ -83,6 +83,10 @@ class FaultOptions:
     """Streams are cut (transport closed abruptly) after this many tokens."""
     fault_rate: float = 1.0
     """Fraction of streams that stall/drop (1.0: every stream)."""
+    freeze_after: int | None = None
+    """Test-only: the engine loop stops for good (no token for any request, requests pile up as
+    waiting) when request number freeze_after + 1 arrives, while /health and /metrics still
+    answer: a stuck engine core behind a healthy API server, for the supervisor's liveness check."""
     poison_marker: str | None = None
     """A request whose body contains this text is answered 500 (a fault that follows the request)."""
     swap_answer_rate: float = 0.0
@@ -100,7 +104,7 @@ class FaultOptions:
         for code in self.error_codes:
             if not 500 <= code <= 599:
                 raise UserError(f"--error-codes takes 5xx status codes, got {code}")
-        for name in ("crash_after", "stall_after_tokens", "drop_after_tokens"):
+        for name in ("crash_after", "freeze_after", "stall_after_tokens", "drop_after_tokens"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise UserError(f"--{name.replace('_', '-')} must not be negative, got {value}")

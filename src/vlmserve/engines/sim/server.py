@@ -145,6 +145,10 @@ class SimEngine:
         if crash_after is not None and self.api_requests > crash_after:
             print(f"sim engine: injected crash after {crash_after} requests", file=sys.stderr, flush=True)
             os._exit(CRASH_EXIT_CODE)
+        freeze_after = self.config.faults.freeze_after
+        if freeze_after is not None and self.api_requests == freeze_after + 1 and self.loop is not None:
+            print(f"sim engine: injected freeze of the engine loop after {freeze_after} requests", file=sys.stderr, flush=True)
+            self.loop.freeze()
 
     def _maybe_inject_error(self) -> None:
         faults = self.config.faults
