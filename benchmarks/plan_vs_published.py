@@ -365,6 +365,10 @@ def fit_stages(cases: Sequence[Case]) -> list[Stage]:
               (("default", "compute"),)),
         Stage("MoE kernels and routing spread on the reference GPU", lambda case: _is_moe(case) and _gpu_key(case) == REFERENCE_GPU,
               (("default", "moe_efficiency"), ("default", "moe_expert_spread"))),
+        # The CPU side of a step and of a request: what the measured-kernel step cost adds to the
+        # kernels' sum (the compute and MoE coefficients above only reach roofline-priced ops).
+        Stage("engine overheads on the reference GPU", lambda case: _gpu_key(case) == REFERENCE_GPU,
+              (("default", "step_overhead_s"), ("default", "per_seq_overhead_s"), ("default", "request_overhead_s"))),
     ]
     for gpu in sorted({_gpu_key(case) for case in cases} - {REFERENCE_GPU}):
         stages.append(Stage(f"compute on {gpu}", _on_gpu(gpu), ((gpu, "compute"),)))
