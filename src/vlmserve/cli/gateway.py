@@ -63,6 +63,8 @@ def register(app: typer.Typer) -> None:
         max_images_per_request: int = typer.Option(_DEFAULTS["max_images_per_request"], help="Refuse a request with more images or other media parts (400)."),
         media_fetch_timeout: float = typer.Option(_DEFAULTS["media_fetch_timeout_s"], help="Seconds to fetch an allowed remote image (it is then forwarded inline)."),
         image_downscale_max_side: Optional[int] = typer.Option(None, help="Resize images so their longest side is at most this many pixels (the engine's prompt tokens drop accordingly)."),
+        image_workers: int = typer.Option(_DEFAULTS["image_workers"], help="Processes that resize images for --image-downscale-max-side (never the event loop)."),
+        image_work_budget: float = typer.Option(_DEFAULTS["image_work_budget_s"], help="CPU seconds of image-worker time one request's images may take; over it the request is refused (400)."),
         model_config_dir: Optional[Path] = typer.Option(None, help="The served model's directory (config.json, processor configs): per-model image token estimates and downscale rule."),
         client_mm_processor_kwargs: list[str] = typer.Option(
             list(CLIENT_MM_PROCESSOR_KWARGS), "--client-mm-processor-kwargs",
@@ -102,6 +104,7 @@ def register(app: typer.Typer) -> None:
             max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels,
             max_images_per_request=max_images_per_request, media_fetch_timeout_s=media_fetch_timeout,
             image_downscale_max_side=image_downscale_max_side, model_config_dir=model_config_dir,
+            image_workers=image_workers, image_work_budget_s=image_work_budget,
             client_mm_processor_kwargs=[key.strip() for value in client_mm_processor_kwargs for key in value.split(",") if key.strip()],
             discover=discover, discover_interval_s=discover_interval,
             state=state or None, state_unavailable=state_unavailable, state_timeout_s=state_timeout, relay=relay,

@@ -88,6 +88,8 @@ def plan(
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=16, help="vLLM --max-model-len."),
+    max_num_encoder_input_tokens: Optional[int] = typer.Option(None, "--max-num-encoder-input-tokens", help="vLLM --max-num-encoder-input-tokens: image tokens encoded per step (default: --max-num-batched-tokens)."),
+    encoder_cache_size: Optional[int] = typer.Option(None, "--encoder-cache-size", help="vLLM --encoder-cache-size: image tokens the encoder cache holds (default: --max-num-batched-tokens)."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", help="vLLM --gpu-memory-utilization."),
     weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="bf16 | fp8 | mxfp4 (default: the checkpoint's)."),
     kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16 | fp8."),
@@ -128,7 +130,8 @@ def plan(
         cost_model_kind=cost_model, vllm_version=vllm_version,
     )
     slo_spec = SLO.parse(slo).refuse_rates("vlmserve plan") if slo else None
-    output = simulate_run(setup, load, slo=slo_spec, staggered=staggered)
+    output = simulate_run(setup, load, slo=slo_spec, staggered=staggered, encoder_cache_size=encoder_cache_size,
+                          max_num_encoder_input_tokens=max_num_encoder_input_tokens)
     result = output.result
     console = _console()
     _print_run(console, result.summary, setup, output.wall_s, price)

@@ -3,8 +3,13 @@
 No keys file means an open gateway (every request is tenant `anonymous`). With one, every
 request must carry a listed key (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
 
-Rate limits are per tenant: requests per second and tokens per minute (estimated prompt +
-requested output at admission, corrected with the real usage afterwards). They are kept in
+Rate limits are per tenant: requests per second and tokens per minute. A token budget charges
+what a request may cost at admission (`admissible_tokens`: the prompt estimate plus its output
+limit, capped by the model's context) and settles to what it did cost (`settled_tokens`), never
+refunding more than it charged: use beyond the charge is a debt the tenant's next requests wait
+out. A request that may cost more than the whole budget is admitted only when the budget is full,
+and charged all of it. `TokenBucket` here and the Lua script in redis_buckets.py are the same
+rule (tests/helpers/budget_cases.py runs one table against both). They are kept in
 this process, or, with `--state redis://...`, in Redis, shared by every gateway process and
 instance (shared_state.py decides, and says when to fall back to this process's buckets).
 In-flight caps and priority queues always stay per process. When the gateway
@@ -22,9 +27,9 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeGuard
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vlmserve.errors import UserError
 from vlmserve.gateway.redis_buckets import BucketLimits
@@ -35,6 +40,23 @@ PRIORITIES = ("interactive", "batch")
 ANONYMOUS = "anonymous"
 
 
+# The sane range of each limit in a keys file (inclusive). Outside it a number is a typo or an
+# attack on the buckets' arithmetic (inf and 1e-30 broke the Redis script for every tenant): a
+# bucket that refills in under a microsecond or in over ten years is not a limit anyone means.
+LIMIT_BOUNDS: dict[str, tuple[float, float]] = {
+    "requests_per_s": (1e-6, 1e6),
+    "burst_requests": (1.0, 1e9),
+    "tokens_per_min": (1.0, 1e12),
+}
+
+MAX_OUTPUT_TOKENS = 2**31 - 1
+"""The most a request's `max_tokens` (or `n`) may say: engines keep token counts in 32-bit integers.
+Anything larger, or not a whole number, is a 400 before any arithmetic (10**309 overflowed a float)."""
+
+OUTPUT_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+"""The fields that bound a request's output, in request_info.expected_output_tokens' order."""
+
+
 class TenantSpec(BaseModel):
     """One tenant in the keys file."""
 
@@ -42,13 +64,23 @@ class TenantSpec(BaseModel):
 
     name: str
     keys: list[str] = Field(min_length=1)
-    requests_per_s: float | None = Field(None, gt=0)
-    tokens_per_min: float | None = Field(None, gt=0)
+    requests_per_s: float | None = None
+    tokens_per_min: float | None = None
     priority: Literal["interactive", "batch"] = "interactive"
-    burst_requests: float | None = Field(None, gt=0, description="bucket size; default one second of requests_per_s")
+    burst_requests: float | None = Field(None, description="bucket size; default one second of requests_per_s")
     max_image_bytes: int | None = Field(None, ge=1, description="stricter than the gateway's --max-image-bytes")
     max_image_pixels: int | None = Field(None, ge=1, description="stricter than the gateway's --max-image-pixels")
     max_images_per_request: int | None = Field(None, ge=1, description="stricter than --max-images-per-request")
+
+    @model_validator(mode="after")
+    def _limits_in_bounds(self) -> TenantSpec:
+        """Each limit finite and within LIMIT_BOUNDS, said in one line that names the tenant."""
+        for key, (low, high) in LIMIT_BOUNDS.items():
+            value = getattr(self, key)
+            if value is not None and not low <= value <= high:  # NaN fails both comparisons
+                raise ValueError(f"tenant {self.name!r}: {key} is {value!r}; it must be a finite number "
+                                 f"from {low:g} to {high:g}")
+        return self
 
 
 class KeysFile(BaseModel):
@@ -80,7 +112,11 @@ def load_keys_file(path: str | Path) -> list[TenantSpec]:
 
 
 class TokenBucket:
-    """Classic token bucket; `take` either takes `amount` now or says how long until it could."""
+    """A token bucket that charges whole costs and may go into debt (the rule in the module docstring).
+
+    `wait_s` asks for min(amount, capacity): a cost over the whole bucket waits for a full one.
+    `take` then charges all of `amount`, so the bucket may fall below zero until `settle` gives
+    back what was not used (never more: the refund is the charge less the actual use)."""
 
     def __init__(self, rate_per_s: float, capacity: float) -> None:
         self.rate_per_s = rate_per_s
@@ -99,11 +135,11 @@ class TokenBucket:
         return 0.0 if self.tokens >= amount else (amount - self.tokens) / self.rate_per_s
 
     def take(self, amount: float) -> None:
-        self.tokens -= min(amount, self.capacity)
+        self.tokens -= amount
 
-    def settle(self, charged: float, actual: float) -> None:
-        """Correct an estimate afterwards (may leave the bucket in debt, never below -capacity)."""
-        self.tokens = max(-self.capacity, min(self.capacity, self.tokens + charged - actual))
+    def settle(self, refund: float) -> None:
+        """Give back `refund` (charged less used; negative: a debt for use beyond the charge), up to full."""
+        self.tokens = min(self.capacity, self.tokens + refund)
 
 
 @dataclass
@@ -138,6 +174,67 @@ class Tenant:
             requests_per_s=requests.rate_per_s if requests else 0.0, request_capacity=requests.capacity if requests else 0.0,
             tokens_per_s=tokens.rate_per_s if tokens else 0.0, token_capacity=tokens.capacity if tokens else 0.0,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What admission took from a tenant's token budget, and where: what `settle_tokens` corrects."""
+
+    where: Literal["local", "shared"]
+    tokens: int  # the whole admissible cost (0 when the tenant has no token budget)
+
+
+def check_output_limits(payload: Mapping[str, object]) -> None:
+    """A 400 for an output limit (`max_tokens` and its aliases, `n`) that is not a whole number
+    from 1 to MAX_OUTPUT_TOKENS, before any budget arithmetic sees it. null means "not given"."""
+    for key in (*OUTPUT_LIMIT_KEYS, "n"):
+        value = payload.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
+            shown = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else "a number that large"
+            raise AdmissionRejected(400, f"'{key}' must be a whole number from 1 to {MAX_OUTPUT_TOKENS}, got {shown[:40]}",
+                                    "invalid_max_tokens" if key != "n" else "invalid_n")
+
+
+def context_tokens(model_entry: Mapping[str, object] | None) -> int | None:
+    """The model's context length from its /v1/models entry (vLLM's `max_model_len`), when it says."""
+    value = model_entry.get("max_model_len") if model_entry is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def admissible_tokens(prompt_tokens: int, output_tokens: int, choices: int, context: int | None) -> int:
+    """The most a request may cost: its prompt estimate and its output limit (`output_tokens`, all
+    `choices` together), each choice's output capped by the model's context where known."""
+    if context is not None:
+        output_tokens = min(output_tokens, choices * context)
+    return prompt_tokens + output_tokens
+
+
+def choices_of(payload: Mapping[str, object]) -> int:
+    """How many answers a request asks for (`n`, checked by check_output_limits; 1 when absent)."""
+    n = payload.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+
+def settled_tokens(status: str, reported_prompt: object, reported_completion: object, estimated_prompt: int) -> int | None:
+    """What a finished request cost its tenant's budget; None: unknown, so the whole charge stays.
+
+    The engine's usage where it reported it; the gateway's own prompt estimate where it did not
+    (a stream without `include_usage`: the proxy then reports the chunks it relayed as the
+    completion). An error answer with no usage cost its prompt at most. A client that left
+    mid-answer, or an answer without usage, keeps its whole charge."""
+    prompt = reported_prompt if _is_count(reported_prompt) else estimated_prompt
+    if _is_count(reported_completion):
+        return prompt + reported_completion
+    if status.isdigit() and int(status) >= 400:
+        return prompt
+    return None
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    """A token count an engine may report (a JSON number it wrote is not trusted to be one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_OUTPUT_TOKENS
 
 
 class AdmissionRejected(Exception):
@@ -221,13 +318,15 @@ class Admission:
 
     # ---- how fast -----------------------------------------------------------------------------
 
-    async def check_rate(self, tenant: Tenant, estimated_tokens: int) -> str | None:
+    async def check_rate(self, tenant: Tenant, estimated_tokens: int) -> Charge | None:
         """Take from the tenant's buckets, or raise 429 with the wait until it would fit.
 
-        Returns where the request was charged ("shared", "local", or None when the tenant has no
-        limit); `settle_tokens` needs it. With shared state unavailable and mode closed, 503."""
+        `estimated_tokens` is the request's admissible cost (`admissible_tokens`), charged whole.
+        Returns the charge (None when the tenant has no limit); `settle_tokens` corrects it.
+        With shared state unavailable and mode closed, 503."""
         if not tenant.rate_limited:
             return None
+        charged = estimated_tokens if tenant.token_bucket is not None else 0
         if self.shared is not None:
             try:
                 wait = await self.shared.admit(tenant.name, tenant.limits, estimated_tokens)
@@ -237,7 +336,7 @@ class Admission:
             if wait is not None:
                 if wait > 0:
                     raise self._rate_limited(tenant, wait)
-                return "shared"
+                return Charge("shared", charged)
         now = time.monotonic()
         waits = []
         if tenant.request_bucket is not None:
@@ -251,7 +350,7 @@ class Admission:
             tenant.request_bucket.take(1)
         if tenant.token_bucket is not None:
             tenant.token_bucket.take(estimated_tokens)
-        return "local"
+        return Charge("local", charged)
 
     @staticmethod
     def _rate_limited(tenant: Tenant, wait: float) -> AdmissionRejected:
@@ -263,15 +362,16 @@ class Admission:
             reason="rate_limited",
         )
 
-    def settle_tokens(self, tenant: Tenant, estimated_tokens: int, actual_tokens: int | None,
-                      charged: str | None = "local") -> None:
-        """Correct the token estimate with the usage the engine reported, where it was charged."""
-        if tenant.token_bucket is None or actual_tokens is None or charged is None:
+    def settle_tokens(self, tenant: Tenant, charge: Charge | None, actual_tokens: int | None) -> None:
+        """Settle a charge to what the request used (`settled_tokens`), where it was charged: the
+        refund is the charge less the use, so never more than was charged; use beyond it is a debt."""
+        if tenant.token_bucket is None or actual_tokens is None or charge is None:
             return
-        if charged == "shared" and self.shared is not None:
-            self.shared.settle(tenant.name, tenant.limits, estimated_tokens - actual_tokens)
+        refund = charge.tokens - actual_tokens
+        if charge.where == "shared" and self.shared is not None:
+            self.shared.settle(tenant.name, tenant.limits, refund)
         else:
-            tenant.token_bucket.settle(estimated_tokens, actual_tokens)
+            tenant.token_bucket.settle(refund)
 
     # ---- how many at once -----------------------------------------------------------------------
 

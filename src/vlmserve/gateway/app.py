@@ -20,12 +20,15 @@ from typing import Any, cast
 import aiohttp
 from aiohttp import web
 
-from vlmserve.gateway.admission import PRIORITIES, Admission, AdmissionRejected, Tenant, load_keys_file
+from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
+                                        check_output_limits, choices_of, context_tokens, load_keys_file,
+                                        settled_tokens)
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
+from vlmserve.gateway.image_workers import ImageWorkerPool
 from vlmserve.gateway.lean_http import ClientRequest, LeanRequest
 from vlmserve.gateway.lean_lane import Answer
 from vlmserve.gateway.native_pump import NativePump, native_available
@@ -36,7 +39,7 @@ from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
 from vlmserve.gateway.proxy import CONNECTION_ERRORS, Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
-from vlmserve.gateway.request_info import TokenEstimator, describe_request
+from vlmserve.gateway.request_info import BadRequestHeader, TokenEstimator, client_request_id, describe_request, session_key
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Handler, Route, RouteKind, trust_boundary
@@ -87,7 +90,9 @@ class Gateway:
         self.image_limits = ImageLimits(config.max_image_bytes, config.max_image_pixels, config.max_images_per_request)
         self.preflight = ImagePreflight(self.image_limits, image_estimator,
                                         downscale_max_side=config.image_downscale_max_side,
-                                        client_processor_kwargs=tuple(config.client_mm_processor_kwargs))
+                                        client_processor_kwargs=tuple(config.client_mm_processor_kwargs),
+                                        pool=ImageWorkerPool(config.image_workers, config.image_work_budget_s)
+                                        if config.image_downscale_max_side is not None else None)
         self.media_session: aiohttp.ClientSession | None = None
         self.audit = AuditLog(config.audit_log, log_content=config.log_content)
         self.allowed_media_hosts = allowed_host_set(config.allowed_media_domains)
@@ -133,6 +138,8 @@ class Gateway:
             self.media_session = aiohttp.ClientSession(auto_decompress=True)
             self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
         self.upstream = UpstreamPool(self.config.connect_timeout_s)
+        if self.preflight.pool is not None:
+            self.preflight.pool.start()
         if self.config.relay != "python" and native_available():
             self.pump = NativePump(asyncio.get_running_loop())
         self.forwarder = Forwarder(
@@ -175,6 +182,8 @@ class Gateway:
             self.pump = None
         if self.media_session is not None:
             await self.media_session.close()
+        if self.preflight.pool is not None:
+            self.preflight.pool.close()
         if self.shared_state is not None:
             await self.shared_state.close()
         self.audit.close()
@@ -255,14 +264,15 @@ class Gateway:
         """Every ENGINE_WORK route (generation, pooling, tokenizer): admission, media policy, forwarding."""
         route: Route = request[ROUTE_KEY]
         request_log = RequestLog(
-            # not os.urandom: a system call per request; the module's generator is reseeded in forked workers
-            request_id=request.headers.get("X-Request-ID") or "%032x" % random.getrandbits(128),
+            # the gateway's own id, never the client's (request_info.client_request_id says why); not
+            # os.urandom: a system call per request; the module's generator is reseeded in forked workers
+            request_id="%032x" % random.getrandbits(128),
             path=route.path, received_at=time.time(), received_mono=time.monotonic(),
         )
         self.requests_in_progress += 1
         tenant = None
         slot_held = False
-        charged: str | None = None
+        charged: Charge | None = None
         payload: dict[str, Any] | None = None
         try:
             try:
@@ -270,6 +280,10 @@ class Gateway:
                     request_log.status = "503"
                     return error_response(503, "gateway is shutting down: retry on another gateway", "draining",
                                           retry_after_s=1, request_id=request_log.request_id)
+                try:
+                    request_log.client_request_id = client_request_id(request.headers)
+                except BadRequestHeader as bad:
+                    raise AdmissionRejected(400, str(bad), "invalid_request_id") from None
                 tenant = self.admission.tenant_for(request.headers)
                 request_log.tenant = tenant.name
                 # a lean request's body is in hand: no coroutine to read it
@@ -297,6 +311,8 @@ class Gateway:
                 if isinstance(model, str) and not self.pool.lists_model(model):
                     known = self.pool.known_models()
                     raise AdmissionRejected(404, f"model {model!r} is not served here: choose one of {', '.join(sorted(known))}", "model_not_found")
+                if route.generates:
+                    check_output_limits(payload)
                 routed = describe_request(
                     payload, request_id=request_log.request_id, estimator=self.estimator,
                     prefix_block_chars=self.config.prefix_block_chars if self.policy.uses_prefix_hashes else None,
@@ -305,12 +321,14 @@ class Gateway:
                     image_tokens=images.image_tokens if images.images else None,
                 )
                 routed.tenant = tenant.name
-                routed.session_id = request.headers.get("X-Session-ID")
+                routed.session_id = session_key(request.headers.get("X-Session-ID"))
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
                 request_log.estimated_tokens = routed.expected_total_tokens
                 if tenant.rate_limited:
-                    charged = await self.admission.check_rate(tenant, routed.expected_total_tokens)
+                    context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None
+                    charged = await self.admission.check_rate(tenant, admissible_tokens(
+                        routed.prompt_tokens, routed.expected_output_tokens, choices_of(payload), context))
                 if not self.admission.try_acquire_slot():
                     await self.admission.acquire_slot(routed.priority)
                 slot_held = True
@@ -319,7 +337,8 @@ class Gateway:
                 if rejected.status == 429 or rejected.code == "state_unavailable":
                     self.metrics.shed.labels(request_log.tenant, rejected.reason).inc()
                 return error_response(rejected.status, rejected.message, rejected.code,
-                                      retry_after_s=rejected.retry_after_s, request_id=request_log.request_id)
+                                      retry_after_s=rejected.retry_after_s, request_id=request_log.request_id,
+                                      client_request_id=request_log.client_request_id)
             assert self.forwarder is not None
             return await self.forwarder.forward(request, body, routed, request_log)
         except asyncio.CancelledError:
@@ -334,9 +353,9 @@ class Gateway:
             self.requests_in_progress -= 1
             if slot_held:
                 self.admission.release_slot()
-                if tenant is not None:
-                    used = None if request_log.completion_tokens is None else (request_log.prompt_tokens or 0) + request_log.completion_tokens
-                    self.admission.settle_tokens(tenant, request_log.estimated_tokens, used, charged)
+                if tenant is not None and charged is not None:
+                    self.admission.settle_tokens(tenant, charged, settled_tokens(
+                        request_log.status, request_log.prompt_tokens, request_log.completion_tokens, routed.prompt_tokens))
             self._finish(request_log, payload)
 
     async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
@@ -358,7 +377,7 @@ class Gateway:
     def _image_refused(self, refused: ImageRefused) -> AdmissionRejected:
         """A preflight refusal, counted by its code, as the 400 the client gets."""
         self.metrics.images.labels(refused.code).inc()
-        return AdmissionRejected(400, refused.message, refused.code)
+        return AdmissionRejected(refused.status, refused.message, refused.code, retry_after_s=refused.retry_after_s)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """An aiohttp request's body, within --max-body-bytes (the lean lane checked its own)."""

@@ -79,7 +79,7 @@ class ClientStats:
 class GuardedRequestHandler(RequestHandler):
     """aiohttp's connection handler plus a header timer and one-line logging of malformed requests."""
 
-    __slots__ = ("_stats", "_header_timeout_s", "_header_handle", "_lingering", "__weakref__")
+    __slots__ = ("_stats", "_header_timeout_s", "_header_handle", "_lingering", "_last_body", "__weakref__")
 
     def __init__(self, manager: web.Server, *, stats: ClientStats, header_timeout_s: float, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -87,6 +87,7 @@ class GuardedRequestHandler(RequestHandler):
         self._header_timeout_s = header_timeout_s
         self._header_handle: asyncio.TimerHandle | None = None
         self._lingering = False  # answered 408: what the client still sends is discarded until the close
+        self._last_body: Any = None  # the body stream of the latest request whose head arrived whole
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -105,9 +106,26 @@ class GuardedRequestHandler(RequestHandler):
         if self._header_handle is None and self._waiter is not None:
             self._arm_header_timer()  # first bytes of a new request on a kept-alive connection
         super().data_received(data)
-        if self._header_handle is not None and self._messages:
-            self._header_handle.cancel()  # headers complete
-            self._header_handle = None
+        if self._messages:
+            message, body = self._messages[-1]
+            self._last_body = body if getattr(message, "method", None) in ("GET", "HEAD") else None
+            if self._header_handle is not None:
+                self._header_handle.cancel()  # headers complete
+                self._header_handle = None
+
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio's: True keeps the transport open
+        """The client shut its sending side: a GET received whole (/health, /v1/models ...) still gets
+        its answer, then the connection closes (aiohttp's own handler closes at once and the answer is
+        lost). A POST is taken to have been abandoned, as before: engine work is not done for nobody.
+        (The lean lane, which carries engine work, answers half-closed unary requests itself.)"""
+        # a request is queued, or taken by aiohttp's handler task and not yet answered (the task
+        # waits on `_waiter` only between requests); a body cut short by the EOF closes as before
+        body = self._last_body
+        answering = self._messages or self._request_in_progress or (body is not None and self._waiter is None)
+        if answering and body is not None and body.is_eof() and not self._lingering:
+            self.close()  # no request after this one; the transport closes when it is answered
+            return True
+        return False
 
     def _arm_header_timer(self) -> None:
         self._header_handle = self._loop.call_later(self._header_timeout_s, self._on_header_timeout)

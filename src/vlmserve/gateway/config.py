@@ -97,6 +97,10 @@ class GatewayConfig:
     media_fetch_timeout_s: float = 10.0
     # Resize images so their longest side is at most this (None: forward them as sent).
     image_downscale_max_side: int | None = None
+    # Downscaling runs in this many worker processes (image_workers.py), and one request's
+    # images may take at most image_work_budget_s of their CPU time (over it: 400).
+    image_workers: int = 2
+    image_work_budget_s: float = 5.0
     # The served model's directory (config.json, processor configs): per-model image token
     # estimates and the downscale rule. Without it each image counts image_token_estimate.
     model_config_dir: Path | None = None
@@ -149,6 +153,8 @@ class GatewayConfig:
             raise UserError("--max-ejection-fraction must be between 0 and 1 (0 = never eject, 1 = any number)")
         if min(self.max_image_bytes, self.max_image_pixels, self.max_images_per_request) < 1:
             raise UserError("--max-image-bytes, --max-image-pixels and --max-images-per-request must be at least 1")
+        if not (1 <= self.image_workers <= 64 and 0 < self.image_work_budget_s <= 3600):
+            raise UserError("--image-workers must be between 1 and 64, and --image-work-budget between 0 and 3600 seconds")
         if self.image_downscale_max_side is not None and self.image_downscale_max_side < 16:
             raise UserError("--image-downscale-max-side must be at least 16 pixels (or left out to forward images as sent)")
         if self.model_config_dir is not None and not (Path(self.model_config_dir) / "config.json").is_file():

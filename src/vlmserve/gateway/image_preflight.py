@@ -10,7 +10,14 @@ What it guarantees, per request (limits per deployment, tightened per tenant):
   passes the same checks as an inline one.
 - With `downscale_max_side`, an image is resized so its longest side is at most that, and the
   processor keyword the model family needs to keep it that small is added (vision.tokens).
-  The engine's prompt tokens drop accordingly; the audit line records both sizes.
+  The engine's prompt tokens drop accordingly; the audit line records both sizes. The resize runs
+  in the image worker processes (image_workers.py), within a time budget per request; nothing
+  decodes pixels on the event loop.
+- The header probe only reads headers: the decoders it may open are those of `ACCEPTED_FORMATS`,
+  none of which decodes at open. Pillow's ICO reader (and CUR, ICNS and other containers) decodes
+  the largest image inside at open, so such images are refused unread rather than probed: a
+  header parser of our own for each container would be more code on the trust boundary for
+  formats no vision client needs to send (any image converts to PNG).
 Each image's content digest (of its bytes) goes to the router: image-aware routing and prefix
 affinity key on it, so the same image sent twice is recognised whatever URL carried it.
 """
@@ -18,21 +25,22 @@ affinity key on it, so the same image sent twice is recognised whatever URL carr
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from vlmserve.gateway.image_workers import ImageWorkerPool, ImageWorkRefused, WorkBudget
 from vlmserve.gateway.media import media_slots
 from vlmserve.vision.probe import (
-    ImageHeader, ImageTooLarge, ImageUnreadable, base64_decoded_size, content_digest, decode_base64, probe_image,
+    ImageTooLarge, ImageUnreadable, base64_decoded_size, content_digest, decode_base64, probe_image,
     split_data_url,
 )
+from vlmserve.vision.resize import data_url, resized_data_url
 from vlmserve.vision.tokens import ImageTokenEstimator
 
-_MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "gif": "image/gif", "bmp": "image/bmp"}
+ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+"""The decoders the probe may open (PIL's names): each reads only its header at open."""
 _THREAD_BYTES = 64 * 1024  # images larger than this are inspected off the event loop
 
 
@@ -55,12 +63,16 @@ class ImageLimits:
 
 
 class ImageRefused(Exception):
-    """An image the preflight refuses; carries the OpenAI-format error's code."""
+    """An image the preflight refuses; carries the OpenAI-format error's code (and a status: 400,
+    or 503 with Retry-After when the image workers are too busy to take it)."""
 
-    def __init__(self, message: str, code: str = "invalid_image") -> None:
+    def __init__(self, message: str, code: str = "invalid_image", status: int = 400,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.status = status
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -148,12 +160,13 @@ class ImagePreflight:
 
     def __init__(self, limits: ImageLimits, estimator: ImageTokenEstimator, *,
                  downscale_max_side: int | None = None, fetcher: RemoteFetcher | None = None,
-                 client_processor_kwargs: tuple[str, ...] = ()) -> None:
+                 client_processor_kwargs: tuple[str, ...] = (), pool: ImageWorkerPool | None = None) -> None:
         self.client_processor_kwargs = client_processor_kwargs
         self.limits = limits
         self.estimator = estimator
         self.downscale_max_side = downscale_max_side
         self.fetcher = fetcher
+        self.pool = pool if pool is not None or downscale_max_side is None else ImageWorkerPool()
 
     async def run(self, payload: dict[str, Any], limits: ImageLimits | None = None, *,
                   takes_processor_kwargs: bool = True) -> PreflightResult:
@@ -166,6 +179,7 @@ class ImagePreflight:
             raise ImageRefused(f"request has {len(slots)} images or other media parts, over the limit of "
                                f"{limits.max_images_per_request} per request (--max-images-per-request)", "too_many_images")
         kwargs: dict[str, Any] = {}
+        budget: list[WorkBudget] = []  # the request's image-work budget, made by its first resize
         for index, (kind, holder, key) in enumerate(slots, start=1):
             url = holder[key]
             if kind != "image":
@@ -174,7 +188,7 @@ class ImagePreflight:
                     raise _too_many_bytes(index, base64_decoded_size(len(url)), limits.max_image_bytes)
                 continue
             data, source = await self._image_bytes(url, limits, index)
-            seen, new_url, extra = await self._inspect(data, source, limits, index)
+            seen, new_url, extra = await self._inspect(data, source, limits, index, budget)
             if new_url is not None:
                 holder[key] = new_url
                 result.changed = True
@@ -228,16 +242,17 @@ class ImagePreflight:
             raise _too_many_bytes(index, len(data), limits.max_image_bytes)
         return data, "inline"
 
-    async def _inspect(self, data: bytes, source: str, limits: ImageLimits,
-                       index: int) -> tuple[ImageSeen, str | None, dict[str, Any]]:
+    async def _inspect(self, data: bytes, source: str, limits: ImageLimits, index: int,
+                       budget: list[WorkBudget]) -> tuple[ImageSeen, str | None, dict[str, Any]]:
         """(what the image is, its new URL if it changed, processor kwargs to add)."""
         try:
-            header = probe_image(data)
+            header = probe_image(data, ACCEPTED_FORMATS)
         except ImageTooLarge as err:
             raise ImageRefused(f"image {index}: {err}, over the {limits.max_image_pixels}-pixel limit "
                                "(--max-image-pixels)", "image_too_large") from None
         except ImageUnreadable as err:
-            raise ImageRefused(f"image {index}: {err}: send a PNG, JPEG, WebP or GIF") from None
+            raise ImageRefused(f"image {index}: {err}; formats other than PNG, JPEG, WebP, GIF and BMP (ICO, "
+                               "TIFF and other containers) are refused unread: send a PNG, JPEG, WebP or GIF") from None
         if header.pixels > limits.max_image_pixels:
             raise ImageRefused(f"image {index} is {header.width}x{header.height} = {header.pixels} pixels, over the "
                                f"{limits.max_image_pixels}-pixel limit (--max-image-pixels): send a smaller image",
@@ -250,31 +265,16 @@ class ImagePreflight:
             plan = self.estimator.downscale(header.width, header.height, self.downscale_max_side)
             kwargs = plan.mm_processor_kwargs
             if (plan.width, plan.height) != (header.width, header.height):
-                if len(data) < _THREAD_BYTES:
-                    data, sent_format = _resized_image(data, header, plan.width, plan.height)
-                else:
-                    data, sent_format = await asyncio.to_thread(_resized_image, data, header, plan.width, plan.height)
-                seen.sent_width, seen.sent_height, seen.sent_bytes = plan.width, plan.height, len(data)
-                new_url = _data_url(data, sent_format)
+                assert self.pool is not None  # made with downscale_max_side
+                if not budget:
+                    budget.append(self.pool.budget())
+                try:
+                    new_url, sent_bytes = await self.pool.run(resized_data_url, (data, header.format, plan.width, plan.height),
+                                                              budget[0], f"image {index}")
+                except ImageWorkRefused as refused:
+                    raise ImageRefused(refused.message, refused.code, refused.status, refused.retry_after_s) from None
+                seen.sent_width, seen.sent_height, seen.sent_bytes = plan.width, plan.height, sent_bytes
         if source == "fetched" and new_url is None:
-            new_url = _data_url(data, header.format)
+            new_url = data_url(data, header.format) if len(data) < _THREAD_BYTES else \
+                await asyncio.to_thread(data_url, data, header.format)
         return seen, new_url, kwargs
-
-
-def _data_url(data: bytes, image_format: str) -> str:
-    return f"data:{_MIME.get(image_format, 'image/png')};base64,{base64.b64encode(data).decode()}"
-
-
-def _resized_image(data: bytes, header: ImageHeader, width: int, height: int) -> tuple[bytes, str]:
-    """The image resized to (width, height) and re-encoded, with its format: JPEG stays JPEG (quality 90),
-    the rest become PNG (lossless, so a resize is the only change; fastest compression, as the
-    bytes only travel to a nearby engine, benchmarks/image_preflight.py)."""
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as image:
-        image.draft("RGB", (width, height))  # JPEG: decode at a reduced scale when it can
-        small = image.convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
-    buffer = io.BytesIO()
-    image_format = "jpeg" if header.format == "jpeg" else "png"
-    small.save(buffer, format=image_format.upper(), **({"quality": 90} if image_format == "jpeg" else {"compress_level": 1}))
-    return buffer.getvalue(), image_format

@@ -9,8 +9,11 @@ requests whose meaning no HTTP implementation disputes, and say "not mine" to th
 The subset: `POST` to a table path of kind ENGINE_WORK (routes.py), spelled exactly, no query;
 `HTTP/1.1`; CRLF line ends; header names that are tokens and values of printable ASCII; every
 header name once; one decimal `Content-Length` within the body limit; no `Transfer-Encoding`,
-`Expect` or `Upgrade`; `Connection` absent or `keep-alive`; a head of at most `MAX_HEAD_BYTES`.
-That is what every OpenAI SDK and load generator sends for a chat completion.
+`Expect` or `Upgrade`; `Connection` absent, `keep-alive` or `close`; a head of at most
+`MAX_HEAD_BYTES`, however its bytes arrive (one write or many: the limit is on the head, never on
+a read). That is what every OpenAI SDK and load generator sends for a chat completion.
+`Connection: close` is served here too, and what a client sends after that request is not read
+(RFC 9112 9.6: no further request on that connection is processed).
 """
 
 from __future__ import annotations
@@ -86,12 +89,13 @@ ClientRequest = web.Request | LeanRequest
 class LeanHead:
     """A request head inside the subset: its route, headers and body length."""
 
-    __slots__ = ("route", "headers", "content_length")
+    __slots__ = ("route", "headers", "content_length", "close")
 
-    def __init__(self, route: Route, headers: LeanHeaders, content_length: int) -> None:
+    def __init__(self, route: Route, headers: LeanHeaders, content_length: int, close: bool = False) -> None:
         self.route = route
         self.headers = headers
         self.content_length = content_length
+        self.close = close  # Connection: close: the connection ends after this request's answer
 
 
 def _lean_route(request_line: bytes) -> Route | None:
@@ -145,6 +149,8 @@ _fill_fields: Callable[[bytes, int, LeanHeaders], bool] = (
 
 def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
     """The head (without its final blank line) if it is inside the subset, else None."""
+    if len(head) > MAX_HEAD_BYTES:
+        return None  # aiohttp's limits judge it, whether it came in one read or many
     line_end = head.find(b"\r\n")
     if line_end < 0:
         return None  # no Content-Length, so not inside the subset
@@ -158,11 +164,15 @@ def parse_head(head: bytes, max_body_bytes: int) -> LeanHead | None:
     if length is None or not length.isdigit() or len(length) > 12 or int(length) > max_body_bytes:
         return None
     connection = dict.get(headers, "connection")
-    if connection is not None and connection.lower() != "keep-alive":
-        return None
+    close = False
+    if connection is not None:
+        connection = connection.lower()
+        if connection not in ("keep-alive", "close"):
+            return None
+        close = connection == "close"
     if not _REFUSED_HEADERS.isdisjoint(headers):
         return None
-    return LeanHead(route, headers, int(length))
+    return LeanHead(route, headers, int(length), close)
 
 
 class _Date:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,11 @@ log = logging.getLogger("vlmserve.gateway")
 MAX_PENDING_BYTES = 65536  # bytes of a next (pipelined) request held while one is served; reading pauses above
 
 Handler = Callable[[LeanRequest], Awaitable[Any]]
+
+# The key "stream" with the value true, anywhere in a JSON body: unescaped quotes occur only around
+# keys and string values, and a string value is never followed by a colon, so text inside a prompt
+# cannot match. (An escaped spelling of the key is missed: that request is answered as a unary one.)
+_STREAMED = re.compile(rb'"stream"\s*:\s*true')
 
 
 class LeanStream:
@@ -158,7 +164,7 @@ class LeanConnection(asyncio.Protocol):
 
     __slots__ = ("lane", "transport", "buffer", "head", "serving", "pending", "server", "ready", "deadline",
                  "header_deadline", "handed", "reading_paused", "writing_paused", "drain_waiter", "relay", "lingering",
-                 "__weakref__")
+                 "close_after", "half_closed", "body", "__weakref__")
 
     def __init__(self, lane: LeanLane) -> None:
         self.lane = lane
@@ -177,6 +183,9 @@ class LeanConnection(asyncio.Protocol):
         self.drain_waiter: asyncio.Future[None] | None = None
         self.relay: StreamRelay | None = None  # the stream being relayed to this client, told of loss and back-pressure
         self.lingering = False  # answered 408: what the client still sends is discarded until the close
+        self.close_after = False  # the request being served said Connection: close: nothing after it is read
+        self.half_closed = False  # the client shut its sending side after a whole request: answer it, then close
+        self.body = b""  # the body of the request being served (to tell a stream's at an EOF)
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
@@ -189,7 +198,7 @@ class LeanConnection(asyncio.Protocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
-        if self.lingering:
+        if self.lingering or self.close_after:
             return
         if not self.serving and self.head is None and not self.buffer and self.transport is not None:
             # The common case: a whole request in one read, served without copying it into the buffer.
@@ -209,7 +218,14 @@ class LeanConnection(asyncio.Protocol):
         self._advance()
 
     def eof_received(self) -> bool:
-        return False  # the client finished sending: close (a request in progress is cancelled)
+        """The client shut its side. A whole unary request being served still gets its answer (a
+        half-closed client waits for it; one that left entirely costs the replica that answer), then
+        the connection closes. A stream's client is taken to have left, as before: close now, and the
+        replica aborts at once rather than at the first token. Otherwise close now."""
+        if self.serving and not self.lingering and (self.body.find(b'"stream"') < 0 or not _STREAMED.search(self.body)):
+            self.half_closed = True
+            return True
+        return False
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.deadline = 0.0
@@ -252,7 +268,9 @@ class LeanConnection(asyncio.Protocol):
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 line_end = buffer.find(b"\r\n")
-                if len(buffer) > MAX_HEAD_BYTES or (line_end >= 0 and not first_line_fits(bytes(buffer[:line_end]))):
+                # a head longer than MAX_HEAD_BYTES cannot end inside these bytes: the same judgement
+                # as parse_head's on a head that came whole, whatever the segmentation
+                if len(buffer) >= MAX_HEAD_BYTES + 4 or (line_end >= 0 and not first_line_fits(bytes(buffer[:line_end]))):
                     self._hand_over()
                 return
             head = parse_head(bytes(buffer[:end]), self.lane.max_body_bytes)
@@ -267,7 +285,10 @@ class LeanConnection(asyncio.Protocol):
         if len(buffer) < body_end:
             return
         body = bytes(buffer[body_at:body_end])
-        del buffer[:body_end]
+        if head.close:
+            buffer.clear()  # pipelined after Connection: close: never processed (RFC 9112 9.6)
+        else:
+            del buffer[:body_end]
         self._dispatch(head, body)
 
     def _dispatch(self, head: LeanHead, body: bytes) -> None:
@@ -277,6 +298,8 @@ class LeanConnection(asyncio.Protocol):
         self.deadline = 0.0
         self.header_deadline = None
         self.serving = True
+        self.close_after = head.close
+        self.body = body
         self.pending = LeanRequest(head.route, head.headers, body, self.transport, self)
         ready = self.ready
         if ready is not None:  # the server task waits for it
@@ -305,6 +328,7 @@ class LeanConnection(asyncio.Protocol):
                     return
                 finally:
                     self.serving = False
+                    self.body = b""
                 transport = self.transport
                 if transport is None or transport.is_closing():
                     return
@@ -317,6 +341,9 @@ class LeanConnection(asyncio.Protocol):
                 if not keep or self.lane.closing:
                     self._close()
                     return
+                if self.close_after:  # Connection: close: half-close and discard what else comes
+                    self._linger(b"")
+                    return
                 if self.reading_paused:
                     self.reading_paused = False
                     transport.resume_reading()
@@ -324,7 +351,10 @@ class LeanConnection(asyncio.Protocol):
                 if self.buffer:
                     self._await_head()
                     self._advance()  # a pipelined request whole in the buffer is dispatched here (`pending`)
-                else:
+                if self.half_closed and self.pending is None and not self.handed:
+                    self._close()  # answered all the client sent before it shut its side
+                    return
+                if not self.buffer:
                     self.deadline = loop.time() + self.lane.keepalive_timeout_s
         except asyncio.CancelledError:
             return  # the client went away
@@ -381,7 +411,8 @@ class LeanConnection(asyncio.Protocol):
         closes its side (eof_received), so that the answer is not reset away by bytes still coming."""
         transport = self.transport
         assert transport is not None
-        transport.write(answer)
+        if answer:
+            transport.write(answer)
         self.lingering = True
         self.buffer = bytearray()
         self.header_deadline = None

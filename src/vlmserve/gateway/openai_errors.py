@@ -7,6 +7,9 @@ import math
 
 from aiohttp import web
 
+CLIENT_REQUEST_ID_HEADER = "X-Client-Request-ID"
+"""Where a response echoes the client's own request id; X-Request-ID is the gateway's (request_info.py)."""
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -34,13 +37,15 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 
 def error_response(
     status: int, message: str, code: str | None = None, *, retry_after_s: float | None = None,
-    request_id: str | None = None,
+    request_id: str | None = None, client_request_id: str | None = None,
 ) -> web.Response:
     headers = {}
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     if request_id is not None:
         headers["X-Request-ID"] = request_id
+    if client_request_id is not None:
+        headers[CLIENT_REQUEST_ID_HEADER] = client_request_id
     return web.json_response(error_body(status, message, code), status=status, headers=headers)
 
 

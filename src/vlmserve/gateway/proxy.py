@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from vlmserve.gateway.openai_errors import error_response, sse_error_event
+from vlmserve.gateway.openai_errors import CLIENT_REQUEST_ID_HEADER, error_response, sse_error_event
 from vlmserve.gateway.policies import Outcome, RoutingPolicy
 from vlmserve.gateway.lean_http import ClientRequest, LeanRequest, header_lines
 from vlmserve.gateway.lean_lane import Answer, LeanStream
@@ -58,8 +58,9 @@ CONNECTION_ERRORS = (aiohttp.ClientError, OSError, asyncio.IncompleteReadError)
 class RequestLog:
     """What the audit log and the metrics learn about one request."""
 
-    request_id: str
+    request_id: str  # the gateway's own, made per request: keys every count, sent to the replica
     path: str
+    client_request_id: str | None = None  # the client's X-Request-ID, checked (request_info.py): recorded only
     tenant: str = "anonymous"
     model: str | None = None
     stream: bool = False
@@ -77,6 +78,12 @@ class RequestLog:
     error: str | None = None
     images: list[dict[str, Any]] = field(default_factory=list)  # image_preflight.ImageSeen.audit()
 
+    def id_headers(self) -> dict[str, str]:
+        """The response's id headers: the gateway's id, and the client's echoed when it sent one."""
+        if self.client_request_id is None:
+            return {"X-Request-ID": self.request_id}
+        return {"X-Request-ID": self.request_id, CLIENT_REQUEST_ID_HEADER: self.client_request_id}
+
     @property
     def retries(self) -> int:
         return max(0, len(self.attempts) - 1)
@@ -87,6 +94,7 @@ class RequestLog:
 
         return {
             "id": self.request_id,
+            "client_request_id": self.client_request_id,
             "tenant": self.tenant,
             "model": self.model,
             "path": self.path,
@@ -245,7 +253,8 @@ class Forwarder:
             log.status, log.error = "503", "no healthy replica"
             what = f"model {routed.model!r}" if routed.model else "this request"
             return error_response(503, f"no healthy replica can serve {what}: check the replicas' health (GET /health)",
-                                  "no_healthy_replica", retry_after_s=1, request_id=log.request_id)
+                                  "no_healthy_replica", retry_after_s=1, request_id=log.request_id,
+                                  client_request_id=log.client_request_id)
         log.error = last_failure.message
         if last_failure.response is not None:
             log.status = str(last_failure.response.status)
@@ -253,7 +262,8 @@ class Forwarder:
         status = 504 if last_failure.reason == "first_token_timeout" else 502
         log.status = str(status)
         return error_response(status, f"request failed on {len(log.attempts)} replica(s): {last_failure.message}",
-                              last_failure.reason, request_id=log.request_id)
+                              last_failure.reason, request_id=log.request_id,
+                                  client_request_id=log.client_request_id)
 
     async def _attempt(self, request: ClientRequest, body: bytes, routed: RoutedRequest, replica: Replica,
                        log: RequestLog) -> Answer:
@@ -358,7 +368,7 @@ class Forwarder:
         return {
             "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
             "Cache-Control": "no-cache",
-            "X-Request-ID": log.request_id,
+            **log.id_headers(),
         }
 
     def _relay(self, upstream: UpstreamResponse, request: ClientRequest, exchange: Exchange, routed: RoutedRequest,
@@ -383,7 +393,7 @@ class Forwarder:
         log.first_byte_mono = log.finished_mono = time.monotonic()
         return web.Response(status=upstream.status, body=payload, headers={
             "Content-Type": upstream.headers.get("content-type", "application/json"),
-            "X-Request-ID": log.request_id,
+            **log.id_headers(),
         })
 
     def _unary_response(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
@@ -401,7 +411,7 @@ class Forwarder:
         log.status = "200"
         return web.Response(status=200, body=payload, headers={
             "Content-Type": upstream.headers.get("content-type", "application/json"),
-            "X-Request-ID": log.request_id,
+            **log.id_headers(),
         })
 
     def _first_token(self, routed: RoutedRequest, replica: Replica, prompt_tokens: int | None) -> None:

@@ -6,11 +6,15 @@ The rules kept:
   script alone, so two gateways admitting at the same instant cannot both take the last token.
 - Redis's clock (`TIME`, inside the script), never a gateway's: gateways on different machines
   need not agree on the time.
-- After the response the token budget is corrected by what the estimate got wrong (refund or
-  extra charge), with the same floor as the in-process bucket (`-capacity`): carried by the
-  tenant's next `admit` (no extra round trip), or by `settle` when none comes soon.
+- The budget rule is admission.py's (`TokenBucket`): a request waits for min(cost, capacity)
+  and is charged its whole cost, so a cost over the budget needs a full bucket and leaves it in
+  debt; after the response the charge is settled to the use (a refund of charge less use, never
+  more than the charge; a negative one is a debt), carried by the tenant's next `admit` (no extra
+  round trip), or by `settle` when none comes soon. tests/helpers/budget_cases.py is the one
+  table of cases both implementations are tested against.
 - Every key expires once its bucket would be full again (a full bucket and a missing key mean
-  the same), so tenants that stop sending leave nothing behind.
+  the same), so tenants that stop sending leave nothing behind; the expiry is capped at
+  MAX_TTL_MS, so no level or rate can make PEXPIRE refuse it.
 - A key of another type under the prefix (someone SET it by hand) is replaced, and the call
   says so (`replaced`), rather than failing every request of that tenant.
 
@@ -22,10 +26,13 @@ not what it allows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 KEY_PREFIX = "vlmserve:admission:"
+MAX_TTL_MS = 10**15
+"""The longest a bucket key lives (about 31,700 years): PEXPIRE refuses a time that overflows."""
 
 # Shared by both scripts: bring a bucket to now. Wrong-typed keys are deleted (flagged back).
 _REFILL = """
@@ -51,6 +58,11 @@ local function store(key, tokens, now_us, ttl_ms)
   redis.call('PEXPIRE', key, ttl_ms)
 end
 
+-- Milliseconds until a bucket at `tokens` is full again, plus a second; capped (MAX_TTL_MS).
+local function ttl_ms(capacity, tokens, rate)
+  return math.min(tonumber(ARGV[#ARGV]), math.ceil(1000 * math.max(0, capacity - tokens) / rate) + 1000)
+end
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -58,21 +70,20 @@ end
 """
 
 # KEYS: request bucket, token bucket. ARGV: req_rate, req_capacity, tok_rate, tok_capacity,
-# tokens wanted, tokens given back first (settles of earlier requests riding along; 0: none).
+# tokens wanted (the whole cost), tokens given back first (settles of earlier requests riding
+# along; 0: none; negative: a debt), MAX_TTL_MS (last, as ttl_ms reads it).
 # A rate of 0 means "no such limit" (its key is not touched).
 # Returns {admitted 0/1, wait in microseconds, keys replaced}.
 ADMIT_SCRIPT = _REFILL + """
 local now = now_us()
 local req_rate, req_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tok_rate, tok_cap = tonumber(ARGV[3]), tonumber(ARGV[4])
-local wanted = math.min(tonumber(ARGV[5]), tok_cap)
+local wanted = tonumber(ARGV[5])
+local need = math.min(wanted, tok_cap)  -- a cost over the whole budget waits for a full bucket
 local refund = tonumber(ARGV[6])
 local replaced = 0
 local wait_s = 0
 local req_tokens, tok_tokens, r
--- 2 x capacity / rate: the longest a bucket in debt (down to -capacity) takes to fill again.
-local req_ttl = req_rate > 0 and math.ceil(2000 * req_cap / req_rate) + 1000 or 0
-local tok_ttl = tok_rate > 0 and math.ceil(2000 * tok_cap / tok_rate) + 1000 or 0
 if req_rate > 0 then
   req_tokens, r = load(KEYS[1], req_rate, req_cap, now)
   replaced = replaced + r
@@ -82,26 +93,35 @@ end
 if tok_rate > 0 then
   tok_tokens, r = load(KEYS[2], tok_rate, tok_cap, now)
   replaced = replaced + r
-  tok_tokens = math.max(-tok_cap, math.min(tok_cap, tok_tokens + refund))
-  if tok_tokens < wanted then wait_s = math.max(wait_s, (wanted - tok_tokens) / tok_rate) end
+  tok_tokens = math.min(tok_cap, tok_tokens + refund)
+  if tok_tokens < need then wait_s = math.max(wait_s, (need - tok_tokens) / tok_rate) end
 end
 if wait_s > 0 then
-  if tok_rate > 0 and refund ~= 0 then store(KEYS[2], tok_tokens, now, tok_ttl) end  -- keep the refund
-  return {0, math.ceil(wait_s * 1e6), replaced}
+  local wait_us = math.min(1000 * tonumber(ARGV[#ARGV]), math.ceil(wait_s * 1e6))  -- a Redis integer
+  if tok_rate > 0 and refund ~= 0 then  -- keep the refund
+    store(KEYS[2], tok_tokens, now, ttl_ms(tok_cap, tok_tokens, tok_rate))
+  end
+  return {0, wait_us, replaced}
 end
-if req_rate > 0 then store(KEYS[1], req_tokens - math.min(1, req_cap), now, req_ttl) end
-if tok_rate > 0 then store(KEYS[2], tok_tokens - wanted, now, tok_ttl) end
+if req_rate > 0 then
+  req_tokens = req_tokens - math.min(1, req_cap)
+  store(KEYS[1], req_tokens, now, ttl_ms(req_cap, req_tokens, req_rate))
+end
+if tok_rate > 0 then
+  tok_tokens = tok_tokens - wanted
+  store(KEYS[2], tok_tokens, now, ttl_ms(tok_cap, tok_tokens, tok_rate))
+end
 return {1, 0, replaced}
 """
 
-# KEYS: token bucket. ARGV: tok_rate, tok_capacity, tokens to give back (negative: charge more).
+# KEYS: token bucket. ARGV: tok_rate, tok_capacity, tokens to give back (negative: a debt), MAX_TTL_MS.
 # Returns {tokens now (rounded), keys replaced}.
 SETTLE_SCRIPT = _REFILL + """
 local now = now_us()
 local rate, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tokens, replaced = load(KEYS[1], rate, cap, now)
-tokens = math.max(-cap, math.min(cap, tokens + tonumber(ARGV[3])))
-store(KEYS[1], tokens, now, math.ceil(2000 * cap / rate) + 1000)
+tokens = math.min(cap, tokens + tonumber(ARGV[3]))
+store(KEYS[1], tokens, now, ttl_ms(cap, tokens, rate))
 return {math.floor(tokens), replaced}
 """
 
@@ -151,7 +171,7 @@ class RedisBuckets:
         admitted, wait_us, replaced = await self._admit(
             keys=list(bucket_keys(tenant, self.prefix)),
             args=[_num(limits.requests_per_s), _num(limits.request_capacity), _num(limits.tokens_per_s),
-                  _num(limits.token_capacity), _num(max(0.0, tokens)), _num(refund)],
+                  _num(limits.token_capacity), _num(max(0.0, _finite(tokens))), _num(refund), str(MAX_TTL_MS)],
         )
         return AdmitResult(bool(int(admitted)), int(wait_us) / 1e6, int(replaced))
 
@@ -161,11 +181,24 @@ class RedisBuckets:
             return 0
         _, replaced = await self._settle(
             keys=[bucket_keys(tenant, self.prefix)[1]],
-            args=[_num(limits.tokens_per_s), _num(limits.token_capacity), _num(refund)],
+            args=[_num(limits.tokens_per_s), _num(limits.token_capacity), _num(refund), str(MAX_TTL_MS)],
         )
         return int(replaced)
 
 
 def _num(value: float) -> str:
     """A float as Lua's tonumber reads it (repr keeps every digit, never an exponent Lua misreads)."""
-    return repr(float(value))
+    return repr(_finite(value))
+
+
+def _finite(value: float) -> float:
+    """`value` as a float, or ValueError: Lua reads no `inf` or `nan` (the script would fail, and
+    shared state with it for every tenant). Admission refuses such limits and costs before they
+    get here; this refuses them again rather than send one."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"a bucket number must be finite, got {str(value)[:40]}")
+    return number

@@ -7,9 +7,45 @@ count per image). They only need to be proportional to the real work for load ba
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+
+MAX_CLIENT_REQUEST_ID_CHARS = 128
+_CLIENT_REQUEST_ID = re.compile(r"[!-~]{1,%d}" % MAX_CLIENT_REQUEST_ID_CHARS)  # printable ASCII, no spaces
+MAX_SESSION_KEY_CHARS = 64
+"""Longer X-Session-ID values are pinned under a digest of this length: 100,000 pins (policies.py)
+then hold at most about 25 MB, whatever the clients send."""
+
+
+class BadRequestHeader(ValueError):
+    """A request header the gateway refuses (400); the message names the header and the rule."""
+
+
+def client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's own request id (X-Request-ID, or OpenAI's X-Client-Request-ID), checked.
+
+    It is only recorded (the audit line's `client_request_id`) and echoed (X-Client-Request-ID):
+    the gateway's own id, made per request, keys every count and is what replicas see, so two
+    clients choosing the same id cannot share, or corrupt, each other's accounting."""
+    value = headers.get("X-Client-Request-ID") or headers.get("X-Request-ID")
+    if not value:
+        return None
+    if not _CLIENT_REQUEST_ID.fullmatch(value):
+        raise BadRequestHeader(f"X-Request-ID must be 1 to {MAX_CLIENT_REQUEST_ID_CHARS} printable ASCII characters "
+                               "without spaces (a UUID, say): drop it or send a shorter one")
+    return value
+
+
+def session_key(session_id: str | None) -> str | None:
+    """What an X-Session-ID pins under: the id itself when short, else a digest of it (same id, same
+    pin; the memory a pin holds is bounded whatever the id's length)."""
+    if session_id is None or len(session_id) <= MAX_SESSION_KEY_CHARS:
+        return session_id or None
+    raw = session_id.encode("utf-8", "surrogatepass")
+    return "#" + hashlib.blake2b(raw, digest_size=(MAX_SESSION_KEY_CHARS - 1) // 4).hexdigest()
 
 
 @dataclass

@@ -22,11 +22,12 @@ each process keeps its own (admission.TokenBucket). This module is the facade ad
 - At start, a password Redis refuses is a configuration mistake and stops the gateway with one
   line; an unreachable Redis is not (it may start after the gateway): the gateway starts in the
   fallback mode and waits for it.
-- Settling (refunding a token estimate after the response) never makes a response wait, nor
-  costs a round trip of its own while the tenant keeps sending: refunds add up per tenant in
-  the process and ride along with that tenant's next admit; those still pending after
-  `settle_interval_s` are sent on their own. A settle lost in an outage only leaves the
-  budget conservative.
+- Settling (giving back a charge less the use after the response, or charging a debt: the
+  rule is admission.py's) never makes a response wait, nor costs a round trip of its own
+  while the tenant keeps sending: settles add up per tenant in the process and ride along with
+  that tenant's next admit; those still pending after `settle_interval_s` are sent on their
+  own. Through an outage they stay pending here (a failed send is kept); only a process that
+  ends with some pending loses them.
 """
 
 from __future__ import annotations

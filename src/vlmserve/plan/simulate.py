@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import datetime, timezone
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vlmserve.results.metrics import summarize
@@ -68,6 +68,8 @@ def simulate_run(
     label: str | None = None,
     record_token_times: bool = True,
     staggered: bool = False,
+    max_num_encoder_input_tokens: int | None = None,
+    encoder_cache_size: int | None = None,
 ) -> SimulationOutput:
     """Simulate `load` against `setup` and summarize it exactly as a measured run.
 
@@ -84,7 +86,8 @@ def simulate_run(
     requests = planned_requests(load, count, vision.tokens_for if vision else lambda _w, _h: 0)
     longest = max(request.prompt_tokens + request.output_tokens for request in requests)
     typical = int(sum(request.prompt_tokens + request.output_tokens / 2 for request in requests) / len(requests))
-    config = setup.scheduler_config(typical, longest)
+    config = replace(setup.scheduler_config(typical, longest), encoder_cache_size=encoder_cache_size,
+                     max_num_encoder_input_tokens=max_num_encoder_input_tokens)  # vLLM's encoder budget
     cost = setup.cost_model()
     overhead_s = setup.efficiency.request_overhead_s
     try:

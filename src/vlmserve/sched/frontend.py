@@ -26,7 +26,10 @@ import heapq
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from vlmserve.sched.encoder_cache_manager import keep_fresh_images, placeholder_ranges
+from vlmserve.sched.scheduler import SimRequest
 
 MAX_API_SERVER_COUNT = 1024
 """More frontend processes than any host runs: the bound keeps a typo from allocating gigabytes."""
@@ -87,6 +90,8 @@ class FrontendVisit:
     queries: int  # images looked up in the cache
     hits: int  # of which were cached
     fresh_images: int  # processed here, and to be encoded by the engine
+    fresh: tuple[bool, ...] = ()
+    """Per image of the request, in order: True when it missed the cache (the engine encodes it)."""
 
     @property
     def wait_s(self) -> float:
@@ -121,14 +126,36 @@ class Frontend:
 
     def admit(self, arrival_s: float, images: Sequence[ImageItem]) -> FrontendVisit:
         """Run one request (arriving at `arrival_s`) through the frontend; when is it ready?"""
-        fresh_pixels = [pixels for digest, pixels in images if not self._lookup(digest)]
+        fresh = tuple(not self._lookup(digest) for digest, _pixels in images)
+        fresh_pixels = [pixels for (_digest, pixels), missed in zip(images, fresh) if missed]
         hits = len(images) - len(fresh_pixels)
         self.queries += len(images)
         self.hits += hits
         cost = sum(self.config.image_s(pixels) for pixels in fresh_pixels)
         if cost <= 0:
-            return FrontendVisit(arrival_s, arrival_s, arrival_s, len(images), hits, len(fresh_pixels))
+            return FrontendVisit(arrival_s, arrival_s, arrival_s, len(images), hits, len(fresh_pixels), fresh)
         start = max(arrival_s, self._free_at[0])
         heapq.heapreplace(self._free_at, start + cost)
         self.busy_s += cost
-        return FrontendVisit(arrival_s, start, start + cost, len(images), hits, len(fresh_pixels))
+        return FrontendVisit(arrival_s, start, start + cost, len(images), hits, len(fresh_pixels), fresh)
+
+
+def only_fresh_images(request: SimRequest, fresh: Sequence[bool]) -> SimRequest:
+    """The request as the engine sees it after the frontend: only the images that missed the
+    multimodal cache are left to encode (a hit skips the encoder too; see the module's notes).
+
+    Each kept image keeps its placeholder range, so the engine encodes it when the prefill
+    reaches it; the cached images' placeholder tokens are still prefilled.
+    """
+    if all(fresh):
+        return request
+    ranges = placeholder_ranges(len(request.prompt_token_ids), request.images, request.image_tokens,
+                                request.mm_positions)
+    if len(ranges) != len(fresh) or len(request.image_items) != len(fresh):
+        # no per-image layout to filter (e.g. an image priced at 0 tokens): scale the totals
+        kept = [item for item, missed in zip(request.image_items, fresh) if missed]
+        return replace(request, images=len(kept), mm_positions=(), image_items=tuple(kept),
+                       image_tokens=round(request.image_tokens * len(kept) / len(fresh)))
+    positions, items = keep_fresh_images(ranges, request.image_items, tuple(fresh))
+    return replace(request, images=len(positions), image_tokens=sum(length for _offset, length in positions),
+                   mm_positions=positions, image_items=items)

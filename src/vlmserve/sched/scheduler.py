@@ -18,6 +18,14 @@ emitted a token, finished or were preempted. The rules follow vLLM V1:
   budget waits for the next step.
 - A request emits a token in the step where its computed tokens catch up with its
   known tokens (end of prefill, or every decode step).
+- Images (vLLM's `_try_schedule_encoder_inputs`): a chunk that reaches an image whose encoder
+  output is not in the encoder cache encodes it in that step, if the image fits what is left of
+  the step's encoder budget (`max_num_encoder_input_tokens`) and the encoder cache has room
+  (`encoder_cache_size`); otherwise the chunk stops just before the image and the prefill waits
+  (a request that cannot schedule a token is skipped if running, and ends admission if waiting).
+  With `disable_chunked_mm_input` a chunk never ends inside an image. A step's
+  `StepContents.images`/`image_tokens` are the images encoded in it; the cache entries are
+  dropped once the prefill has consumed them (sched.encoder_cache_manager).
 
 Times are seconds on whatever clock the caller uses (virtual in `virtual_clock.py`, the
 monotonic clock in the sim engine).
@@ -30,6 +38,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from vlmserve.sched.encoder_cache_manager import (
+    EncoderCacheManager,
+    EncoderInput,
+    PlaceholderRange,
+    check_positions,
+    layout_encoder_inputs,
+)
 from vlmserve.sched.kv_cache import ROOT_HASH, BlockHash, hash_block_tokens, hash_request_blocks
 from vlmserve.sched.kv_cache_manager import KVCacheManager
 from vlmserve.sched.step_cost import StepContents, StepCostModel
@@ -49,12 +64,33 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_model_len: int = 8192
+    max_num_encoder_input_tokens: int | None = None
+    """Encoder tokens (image placeholders) one step may encode; None: max_num_batched_tokens, as vLLM."""
+    encoder_cache_size: int | None = None
+    """Encoder output tokens the encoder cache holds; None: max_num_batched_tokens, as vLLM."""
+    disable_chunked_mm_input: bool = False
+    """vLLM's --disable-chunked-mm-input: a prefill chunk never ends inside an image."""
+
+    @property
+    def encoder_compute_budget(self) -> int:
+        """The step's encoder budget with vLLM's default applied."""
+        return self.max_num_encoder_input_tokens or self.max_num_batched_tokens
+
+    @property
+    def encoder_cache_tokens(self) -> int:
+        """The encoder cache size with vLLM's default applied."""
+        return self.encoder_cache_size or self.max_num_batched_tokens
 
     def validate(self) -> None:
         """Raise ValueError for limits vLLM would refuse to start with."""
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        for name in ("max_num_encoder_input_tokens", "encoder_cache_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be at least 1 (leave it out for --max-num-batched-tokens), got {value}")
         if self.num_kv_blocks * self.block_size < self.max_model_len:
             raise ValueError(
                 f"the KV cache ({self.num_kv_blocks} blocks of {self.block_size} tokens = "
@@ -82,6 +118,15 @@ class SimRequest:
     """Ids of the tokens it will generate, if known: lets output blocks be cached too (multi-turn hits)."""
     image_items: tuple[tuple[int, int], ...] = ()
     """(content digest, pixels) of each image, for the frontend's preprocessing and cache (sched.frontend)."""
+    mm_positions: tuple[PlaceholderRange, ...] | tuple[tuple[int, int], ...] = ()
+    """(offset, length) of the placeholder tokens of each image to encode, aligned with image_items;
+    empty: `images` images share `image_tokens` at the start of the prompt (encoder_cache_manager)."""
+
+    def encoder_inputs(self) -> tuple[EncoderInput, ...]:
+        """The images the engine encodes for this request, in prompt order."""
+        digests = tuple(digest for digest, _pixels in self.image_items)
+        return layout_encoder_inputs(self.request_id, len(self.prompt_token_ids), self.images,
+                                     self.image_tokens, self.mm_positions, digests)
 
 
 @dataclass
@@ -117,6 +162,10 @@ def check_new_request(request: SimRequest, known: Mapping[str, object], max_mode
         raise ValueError("a request needs at least one prompt token")
     if request.max_output_tokens < 1:
         raise ValueError("max_output_tokens must be at least 1")
+    if request.mm_positions:
+        check_positions(tuple(request.mm_positions), len(request.prompt_token_ids))
+        if request.image_items and len(request.image_items) != len(request.mm_positions):
+            raise ValueError("mm_positions and image_items must describe the same images")
     total = len(request.prompt_token_ids) + request.max_output_tokens
     if total > max_model_len:
         raise ValueError(
@@ -139,7 +188,7 @@ class Request:
         "request_id", "prompt_token_ids", "num_prompt_tokens", "max_output_tokens", "arrival_s",
         "image_tokens", "images", "output_token_ids", "num_output_tokens", "num_computed_tokens",
         "status", "block_ids", "block_hashes", "num_cached_blocks", "num_preemptions",
-        "first_scheduled_s", "first_token_s",
+        "first_scheduled_s", "first_token_s", "encoder_inputs", "encoder_end",
     )  # fmt: skip
 
     def __init__(self, source: SimRequest, block_size: int) -> None:
@@ -160,6 +209,9 @@ class Request:
         self.num_preemptions = 0
         self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
+        self.encoder_inputs: tuple[EncoderInput, ...] = source.encoder_inputs()
+        self.encoder_end = max((item.end for item in self.encoder_inputs), default=0)
+        """Where the last image's placeholders end: past it a chunk needs no encoder (0: no images)."""
 
     @property
     def num_tokens(self) -> int:
@@ -198,12 +250,17 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions_total = 0
+        self.max_num_encoder_input_tokens = config.encoder_compute_budget
+        """The step's encoder budget; raised to the largest image seen, as vLLM does at start-up."""
+        self.encoder_cache_manager = EncoderCacheManager(config.encoder_cache_tokens)
 
     # -- requests in and out ---------------------------------------------------------------
     def add_request(self, request: SimRequest) -> None:
         """Queue a request; raises ValueError if it could never run (vLLM refuses these up front)."""
         check_new_request(request, self.requests, self.config.max_model_len)
         state = Request(request, self.config.block_size)
+        if state.encoder_inputs:
+            self._fit_largest_image(max(item.length for item in state.encoder_inputs))
         self.requests[request.request_id] = state
         self.waiting.append(state)
 
@@ -220,7 +277,19 @@ class Scheduler:
             except ValueError:
                 pass
         self.kv_cache_manager.free(state)
+        self.encoder_cache_manager.free(request_id, state.encoder_inputs)
         state.status = RequestStatus.FINISHED
+
+    def _fit_largest_image(self, num_tokens: int) -> None:
+        """vLLM raises the encoder budget and cache to the model's largest image at start-up, so one
+        image always fits; the model learns image sizes from requests, so it raises them here."""
+        if self.config.disable_chunked_mm_input and num_tokens > self.config.max_num_batched_tokens:
+            raise ValueError(
+                f"an image of {num_tokens} tokens is larger than max_num_batched_tokens "
+                f"({self.config.max_num_batched_tokens}) with chunked multimodal input disabled"
+            )
+        self.max_num_encoder_input_tokens = max(self.max_num_encoder_input_tokens, num_tokens)
+        self.encoder_cache_manager.grow(num_tokens)
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
@@ -247,8 +316,11 @@ class Scheduler:
         config = self.config
         kv = self.kv_cache_manager
         token_budget = config.max_num_batched_tokens
+        encoder_budget = self.max_num_encoder_input_tokens
+        encoder_cache = self.encoder_cache_manager
         scheduled: list[tuple[Request, int]] = []
         preempted: list[Request] = []
+        encoded: list[EncoderInput] = []
 
         # 1. RUNNING requests, in order.
         running = self.running
@@ -256,8 +328,13 @@ class Scheduler:
         while req_index < len(running) and token_budget > 0:
             request = running[req_index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            to_encode: list[EncoderInput] = []
+            new_encoder_budget = encoder_budget
+            if request.num_computed_tokens < request.encoder_end and num_new_tokens > 0:
+                to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
+                    request, request.num_computed_tokens, num_new_tokens, encoder_budget)
             if num_new_tokens <= 0:
-                req_index += 1
+                req_index += 1  # vLLM skips it (not FCFS) so later requests may still run
                 continue
             scheduled_ok = True
             while not kv.allocate_slots(request, num_new_tokens):
@@ -272,13 +349,16 @@ class Scheduler:
             scheduled.append((request, num_new_tokens))
             token_budget -= num_new_tokens
             req_index += 1
+            if to_encode:
+                for item in to_encode:
+                    encoder_cache.allocate(request.request_id, item)
+                encoded += to_encode
+                encoder_budget = new_encoder_budget
 
         # 2. WAITING requests, only if nobody was preempted.
         prefix_queries = 0
         prefix_hits = 0
         first_scheduled: list[tuple[str, int]] = []
-        image_tokens = 0
-        images = 0
         if not preempted:
             waiting = self.waiting
             while waiting and token_budget > 0 and len(running) < config.max_num_seqs:
@@ -291,6 +371,13 @@ class Scheduler:
                 if not config.enable_chunked_prefill and num_new_tokens > token_budget:
                     break
                 num_new_tokens = min(num_new_tokens, token_budget)
+                to_encode = []
+                new_encoder_budget = encoder_budget
+                if request.num_computed_tokens + num_hit_tokens < request.encoder_end:
+                    to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
+                        request, request.num_computed_tokens + num_hit_tokens, num_new_tokens, encoder_budget)
+                    if num_new_tokens <= 0:
+                        break  # its next image cannot be encoded this step: admission stops (FCFS)
                 if not kv.allocate_slots(request, num_new_tokens, new_computed_blocks):
                     break
                 waiting.popleft()
@@ -303,11 +390,13 @@ class Scheduler:
                 if request.first_scheduled_s is None:
                     request.first_scheduled_s = now_s
                     first_scheduled.append((request.request_id, num_hit_tokens))
-                if request.images and num_hit_tokens < request.num_prompt_tokens - 1:
-                    image_tokens += request.image_tokens
-                    images += request.images
                 scheduled.append((request, num_new_tokens))
                 token_budget -= num_new_tokens
+                if to_encode:
+                    for item in to_encode:
+                        encoder_cache.allocate(request.request_id, item)
+                    encoded += to_encode
+                    encoder_budget = new_encoder_budget
 
         # 3. Price the step.
         prefill_tokens = 0
@@ -327,8 +416,8 @@ class Scheduler:
             prefill_seqs=prefill_seqs,
             decode_seqs=decode_seqs,
             kv_tokens_read=kv_tokens_read,
-            image_tokens=image_tokens,
-            images=images,
+            image_tokens=sum(item.length for item in encoded),
+            images=len(encoded),
         )
         duration_s = max(self.cost.step_time_s(contents), MIN_STEP_S)
         end_s = now_s + duration_s
@@ -341,6 +430,8 @@ class Scheduler:
         max_model_len = config.max_model_len
         for request, num_new_tokens in scheduled:
             request.num_computed_tokens += num_new_tokens
+            if request.num_computed_tokens - num_new_tokens < request.encoder_end:
+                self._free_consumed_encoder_inputs(request)
             if request.num_computed_tokens < request.num_tokens:
                 continue  # a prefill chunk that does not finish the prompt
             request.num_output_tokens += 1
@@ -354,6 +445,7 @@ class Scheduler:
                 finished.append(request.request_id)
                 request.status = RequestStatus.FINISHED
                 kv.free(request)
+                encoder_cache.free(request.request_id, request.encoder_inputs)
                 del self.requests[request.request_id]
         if finished:
             self.running = [request for request in running if request.status == RequestStatus.RUNNING]
@@ -375,9 +467,57 @@ class Scheduler:
             first_scheduled=first_scheduled,
         )
 
+    def _try_schedule_encoder_inputs(
+        self, request: Request, num_computed_tokens: int, num_new_tokens: int, encoder_budget: int
+    ) -> tuple[list[EncoderInput], int, int]:
+        """The images this chunk must encode, the chunk's length after the encoder limits, and the
+        encoder budget left (vLLM's rule of the same name; `num_new_tokens` > 0).
+
+        An image is needed when the chunk [num_computed_tokens, +num_new_tokens) overlaps its
+        placeholders and its output is not cached. One that does not fit the budget or the cache
+        ends the chunk just before it (0 tokens when the chunk already starts inside it, after a
+        prefix-cache hit): the encoder runs an image whole, so the prefill waits for it.
+        """
+        cache = self.encoder_cache_manager
+        chunk_end = num_computed_tokens + num_new_tokens
+        to_encode: list[EncoderInput] = []
+        identifiers: set[object] = set()
+        num_tokens_to_schedule = 0
+        for item in request.encoder_inputs:
+            if item.offset >= chunk_end:
+                break  # not reached in this step
+            if item.end <= num_computed_tokens:
+                continue  # already in the KV cache
+            if item.identifier in identifiers:
+                continue  # the same image earlier in this prompt is encoded in this step
+            if cache.check_and_update_cache(request.request_id, item):
+                continue  # encoded in an earlier step (or by another request with this image)
+            if (self.config.disable_chunked_mm_input and num_computed_tokens < item.offset
+                    and chunk_end < item.end):
+                num_new_tokens = item.offset - num_computed_tokens
+                break
+            if not cache.can_allocate(item, encoder_budget, num_tokens_to_schedule):
+                num_new_tokens = max(item.offset - num_computed_tokens, 0)
+                break
+            num_tokens_to_schedule += item.length
+            encoder_budget -= item.length
+            identifiers.add(item.identifier)
+            to_encode.append(item)
+        return to_encode, num_new_tokens, encoder_budget
+
+    def _free_consumed_encoder_inputs(self, request: Request) -> None:
+        """Drop the cache references of images whose placeholders the prefill has passed (called
+        while a step's chunk started before the last image's end: after that nothing is held)."""
+        computed = request.num_computed_tokens
+        for item in request.encoder_inputs:
+            if item.end > computed:
+                break
+            self.encoder_cache_manager.free_encoder_input(request.request_id, item)
+
     def _preempt_request(self, request: Request) -> None:
         """Recompute-style preemption: free its blocks and put it first in the waiting queue."""
         self.kv_cache_manager.free(request)
+        self.encoder_cache_manager.free(request.request_id, request.encoder_inputs)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1

@@ -27,7 +27,7 @@ from vlmserve.routing import (
     request_load_tokens,
 )
 from vlmserve.sched.engine_core import EngineCore
-from vlmserve.sched.frontend import Frontend, FrontendConfig
+from vlmserve.sched.frontend import Frontend, FrontendConfig, only_fresh_images
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest, StepResult
 from vlmserve.sched.step_cost import StepCostModel
 
@@ -125,9 +125,14 @@ class SimulationStats:
     mm_cache_queries: int = 0
     mm_cache_hits: int = 0
     frontend_busy_s: float = 0.0
+    images_encoded: int = 0
+    """Images the vision encoder ran (multimodal-cache and prefix-cache hits skip it)."""
+    image_tokens_encoded: int = 0
 
     def add_step(self, result: StepResult) -> None:
         self.steps += 1
+        self.images_encoded += result.contents.images
+        self.image_tokens_encoded += result.contents.image_tokens
         self.busy_s += result.duration_s
         self.num_preemptions += len(result.preempted)
         self.prefix_queries_tokens += result.prefix_queries_tokens
@@ -276,10 +281,8 @@ def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter
         replica.stats.mm_cache_hits += visit.hits
         replica.stats.frontend_busy_s = replica.frontend.busy_s
         timing.ready_s, timing.mm_cache_hits = visit.ready_s, visit.hits
-        fresh = visit.fresh_images / len(request.image_items)
         arrived_s = request.arrival_s
-        request = replace(request, arrival_s=visit.ready_s, images=visit.fresh_images,
-                          image_tokens=round(request.image_tokens * fresh))  # cached images skip the encoder
+        request = replace(only_fresh_images(request, visit.fresh), arrival_s=visit.ready_s)
         if visit.ready_s > arrived_s:
             return _Arrival(visit.ready_s, send.sequence, index, request)
     _enter_scheduler(replica, request)

@@ -61,22 +61,25 @@ def decode_base64(payload: str) -> bytes:
         raise ImageUnreadable("data URL does not hold valid base64") from None
 
 
-def probe_image(data: bytes) -> ImageHeader:
-    """Format and size from the header alone; ImageUnreadable when no decoder recognises it."""
+def probe_image(data: bytes, formats: tuple[str, ...] | None = None) -> ImageHeader:
+    """Format and size from the header alone; ImageUnreadable when no decoder recognises it.
+    `formats` (PIL's names) limits the decoders tried: some of PIL's readers (ICO's) decode
+    the image at open, so a caller that must never decode names only header-reading ones."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         with warnings.catch_warnings():
             # Size limits are ours to apply, on the header; PIL's own warning is noise here.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
+            with Image.open(io.BytesIO(data), formats=formats) as image:
                 width, height = image.size
                 kind = (image.format or "unknown").lower()
     except Image.DecompressionBombError:
         raise ImageTooLarge(f"image has more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels "
                             "(a decompression bomb by PIL's rule)") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise ImageUnreadable("not a readable image (no decoder recognised its header)") from None
+        raise ImageUnreadable("not a readable image (no decoder recognised its header)" if formats is None
+                              else f"not a readable image in an accepted format ({', '.join(formats)})") from None
     if width < 1 or height < 1:
         raise ImageUnreadable(f"image header gives an empty size {width}x{height}")
     return ImageHeader(kind, width, height)

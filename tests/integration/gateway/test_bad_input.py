@@ -49,9 +49,12 @@ async def test_bad_inputs_get_openai_errors(constant_engines: list[SimHandle], t
         assert first.status == 200 and first.done
         assert_openai_error(second, 429, "rate_limit_exceeded", "rate limit exceeded")
         assert int(second.headers["Retry-After"]) >= 1
-        # The engine's own 400s pass through unchanged (its message, its status).
-        engine_error = await post_chat(session, url, {**chat_body("hi"), "max_tokens": -3}, ok)
-        assert engine_error.status == 400 and "max_tokens" in json.dumps(engine_error.body)
+        # The engine's own 400s pass through unchanged (its message, its status); a max_tokens that
+        # is no whole number from 1 to 2**31-1 is the gateway's own 400, before any budget arithmetic.
+        engine_error = await post_chat(session, url, {**chat_body("hi"), "max_tokens": 100_000}, ok)
+        assert engine_error.status == 400 and "max_model_len" in json.dumps(engine_error.body)
+        assert_openai_error(await post_chat(session, url, {**chat_body("hi"), "max_tokens": -3}, ok),
+                            400, "invalid_max_tokens", "'max_tokens' must be a whole number")
         # After all that, the gateway still serves.
         good = await post_chat(session, url, chat_body("still there?", max_tokens=4), ok)
         assert good.status == 200 and good.done and good.completion_tokens == 4

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import json
+import socket
 import struct
 import zlib
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from aiohttp import web
 from PIL import Image
 
 from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway
+from tests.helpers.image_bombs import ico_holding_png, one_bit_png
 from tests.helpers.sim import SimHandle
 
 
@@ -213,3 +215,108 @@ async def test_image_metrics_count_outcomes(constant_engines: list[SimHandle]) -
     assert 'vlmserve_gateway_images_total{outcome="downscaled"} 1.0' in text
     assert 'vlmserve_gateway_images_total{outcome="image_too_large"} 1.0' in text
     assert "vlmserve_gateway_image_preflight_seconds_count 1.0" in text
+
+
+# ---- image work off the event loop (image_workers.py) ------------------------------------------
+
+
+@pytest.mark.hostile("a 12000x12000 ICO (Pillow's ICO reader decodes at open): refused unread, on default settings")
+async def test_an_ico_is_refused_without_being_decoded(constant_engines: list[SimHandle]) -> None:
+    async with running_gateway(constant_engines[:1]) as gw, aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, image_request(data_url(ico_holding_png(12000, 12000), "image/x-icon")))
+    # had the probe opened it, its 144-megapixel PNG would have been decoded, then refused as too large
+    assert_refused(result, "invalid_image", "image 1", "not a readable image", "ICO", "send a PNG")
+
+
+async def _health_answered_while_posting(base_url: str, body: dict[str, Any]) -> tuple[int, float, float | None]:
+    """POST `body` on a raw connection and, once it is written, poll /health. Returns the POST's status,
+    when it was answered, and when the first /health answer came (loop time; None if none)."""
+    loop = asyncio.get_running_loop()
+    host, port = base_url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+    await writer.drain()
+    await asyncio.sleep(0.3)  # the gateway has the request and is working on its images
+    health_at: list[float] = []
+
+    async def poll_health() -> None:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                async with session.get(base_url + "/health") as response:
+                    assert response.status == 200
+                    health_at.append(loop.time())
+                await asyncio.sleep(0.05)
+
+    poller = asyncio.create_task(poll_health())
+    try:
+        answer = await asyncio.wait_for(reader.read(), 120)
+        answered_at = loop.time()
+    finally:
+        poller.cancel()
+        writer.close()
+    return int(answer.split(b" ", 2)[1]), answered_at, (health_at[0] if health_at else None)
+
+
+@pytest.mark.hostile("PNG bombs (7.8 KB 1-bit 8000x8000) with downscaling on: /health is answered while they are resized")
+async def test_health_is_answered_while_png_bombs_are_downscaled(constant_engines: list[SimHandle]) -> None:
+    bomb = data_url(one_bit_png(8000, 8000))
+    # four bombs, then an image that is refused: the request ends as soon as its images are done with
+    body = image_request(bomb, bomb, bomb, bomb, data_url(b"not an image"), stream=False)
+    async with running_gateway(constant_engines[:1], image_downscale_max_side=512) as gw:
+        status, answered_at, health_at = await _health_answered_while_posting(gw.base_url, body)
+    assert status == 400
+    assert health_at is not None and health_at < answered_at, "no /health answer while the images were worked on"
+
+
+@pytest.mark.hostile("images that take longer to downscale than the request's budget: 400, and the next request is served")
+async def test_image_work_over_the_budget_is_refused(constant_engines: list[SimHandle]) -> None:
+    bomb = data_url(one_bit_png(8000, 8000))
+    async with running_gateway(constant_engines[:1], image_downscale_max_side=256, image_work_budget_s=0.3,
+                               image_workers=1) as gw, aiohttp.ClientSession() as session:
+        result = await post_chat(session, gw.base_url, image_request(bomb, bomb, stream=False))
+        assert_refused(result, "image_work_over_budget", "0.3 s CPU budget", "--image-work-budget")
+        assert gw.gateway.preflight.pool is not None and gw.gateway.preflight.pool.killed == 1
+        ok = await post_chat(session, gw.base_url, image_request(data_url(png_bytes(600, 300)), stream=False))
+        assert ok.status == 200, ok.body  # a fresh worker took the killed one's place
+
+
+@pytest.mark.hostile("more image requests than the workers and their queue hold: 503 with Retry-After, the pool never grows")
+async def test_a_full_image_pool_refuses_with_503(constant_engines: list[SimHandle]) -> None:
+    bomb = data_url(one_bit_png(8000, 8000))
+    async with running_gateway(constant_engines[:1], image_downscale_max_side=256, image_work_budget_s=2.0,
+                               image_workers=1) as gw, aiohttp.ClientSession() as session:
+        pool = gw.gateway.preflight.pool
+        assert pool is not None
+        results = await asyncio.gather(*[post_chat(session, gw.base_url, image_request(bomb, stream=False))
+                                         for _ in range(pool.queue_limit + 3)])
+    busy = [r for r in results if r.status == 503]
+    assert busy and all(r.body["error"]["code"] == "image_workers_busy" and r.headers["Retry-After"] == "1" for r in busy)
+    assert {r.status for r in results} <= {200, 400, 503}
+    assert len(pool._idle) <= 1
+
+
+@pytest.mark.hostile("a client that leaves while its PNG bomb is resized: the worker is stopped, its slot freed")
+async def test_a_client_leaving_mid_resize_frees_the_worker(constant_engines: list[SimHandle]) -> None:
+    payload = json.dumps(image_request(data_url(one_bit_png(8000, 8000)), stream=False)).encode()
+    async with running_gateway(constant_engines[:1], image_downscale_max_side=256, image_workers=1) as gw, \
+            aiohttp.ClientSession() as session:
+        pool = gw.gateway.preflight.pool
+        assert pool is not None
+        _, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        assert pool._busy == 1  # the bomb is in the worker
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # gone, with a reset (a plain close is a half-close: the answer is still made)
+        for _ in range(100):
+            if pool.killed == 1 and pool._busy == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert pool.killed == 1 and pool._busy == 0
+        ok = await post_chat(session, gw.base_url, image_request(data_url(png_bytes(600, 300)), stream=False))
+        assert ok.status == 200, ok.body

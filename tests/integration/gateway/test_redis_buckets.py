@@ -8,8 +8,9 @@ import time
 import pytest
 from redis.asyncio import Redis
 
+from tests.helpers.budget_cases import BUDGET_CASES, LEVEL_TOLERANCE, RATE_PER_S, Admit, BudgetCase
 from tests.helpers.redis_server import RedisServer
-from vlmserve.gateway.redis_buckets import BucketLimits, RedisBuckets, bucket_keys
+from vlmserve.gateway.redis_buckets import MAX_TTL_MS, BucketLimits, RedisBuckets, bucket_keys
 
 
 def clients(server: RedisServer, count: int) -> list[Redis]:
@@ -69,7 +70,7 @@ async def test_refill_follows_redis_clock_and_both_limits_must_fit(redis_server:
 
 async def test_settle_refunds_and_charges_the_token_budget(redis_server: RedisServer) -> None:
     """Estimate 900 of a 1000/hour budget; the engine used 100: 800 come back. Over-use goes into
-    debt, at most one budget deep (as the in-process bucket)."""
+    debt, as deep as it was (as the in-process bucket): a floor would forgive use past it."""
     limits = BucketLimits(tokens_per_s=HOURLY_1000, token_capacity=1000)
     client = Redis.from_url(redis_server.url)
     buckets = RedisBuckets(client)
@@ -80,7 +81,7 @@ async def test_settle_refunds_and_charges_the_token_budget(redis_server: RedisSe
         await buckets.settle("t", limits, 900 - 100)
         assert (await buckets.admit("t", limits, 700)).admitted
         await buckets.settle("t", limits, -5000)  # used far more than estimated
-        assert float(redis_server.client().hget(key, "tokens")) == pytest.approx(-1000, abs=1)
+        assert float(redis_server.client().hget(key, "tokens")) == pytest.approx(200 - 5000, abs=1)
         assert await buckets.settle("t", limits, 0) == 0  # nothing to correct: no call
     finally:
         await client.aclose()
@@ -147,3 +148,61 @@ async def test_the_facade_sends_a_lone_refund_within_its_interval(redis_server: 
         assert float(redis_server.client().hget(bucket_keys("t")[1], "tokens")) == pytest.approx(900, abs=2)
     finally:
         await state.close()
+
+
+@pytest.mark.parametrize("case", BUDGET_CASES, ids=[case.name for case in BUDGET_CASES])
+async def test_the_redis_script_follows_the_shared_table(redis_server: RedisServer, case: BudgetCase) -> None:
+    """The same cases as the in-process bucket (tests/unit/gateway/test_budget_rule.py)."""
+    limits = BucketLimits(tokens_per_s=RATE_PER_S, token_capacity=case.capacity)
+    client = Redis.from_url(redis_server.url)
+    buckets = RedisBuckets(client)
+    key = bucket_keys("t")[1]
+    try:
+        for number, step in enumerate(case.steps):
+            if isinstance(step, Admit):
+                result = await buckets.admit("t", limits, step.cost)
+                assert result.admitted == step.admitted, (number, step, result)
+                assert result.admitted or result.wait_s > 0
+            else:
+                await buckets.settle("t", limits, step.charged - step.used)  # what Admission.settle_tokens sends
+            level = float(redis_server.client().hget(key, "tokens"))
+            assert level == pytest.approx(step.level, abs=LEVEL_TOLERANCE), (number, step)
+            assert 0 < redis_server.client().pttl(key) <= MAX_TTL_MS
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.hostile("a tenant rate of 1e-30 or a debt so deep its key would never expire, in Redis")
+async def test_extreme_rates_and_debts_never_fail_the_script(redis_server: RedisServer) -> None:
+    """A refill time past what PEXPIRE takes failed the script, which marked shared state
+    unavailable for every tenant; the expiry is capped, and the bucket still decides."""
+    client = Redis.from_url(redis_server.url)
+    buckets = RedisBuckets(client)
+    sync = redis_server.client()
+    try:
+        tiny = BucketLimits(requests_per_s=1e-30, request_capacity=1, tokens_per_s=1e-30, token_capacity=1000)
+        assert (await buckets.admit("slow", tiny, 10)).admitted
+        refused = await buckets.admit("slow", tiny, 10)
+        assert not refused.admitted and refused.wait_s >= MAX_TTL_MS / 1000  # a very long wait, not a negative one
+        assert 0 < sync.pttl(bucket_keys("slow")[0]) <= MAX_TTL_MS
+        assert await buckets.settle("slow", tiny, -1e15) == 0  # a debt of a quadrillion tokens: stored, capped TTL
+        assert 0 < sync.pttl(bucket_keys("slow")[1]) <= MAX_TTL_MS
+        other = BucketLimits(tokens_per_s=100, token_capacity=1000)
+        assert (await buckets.admit("another", other, 10)).admitted  # every other tenant is unaffected
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.hostile("a limit or cost of inf, nan or 10**309 sent to the Redis script")
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 10**309], ids=["inf", "nan", "10**309"])
+async def test_a_number_lua_cannot_read_is_refused_before_it_is_sent(redis_server: RedisServer, bad: float) -> None:
+    client = Redis.from_url(redis_server.url)
+    buckets = RedisBuckets(client)
+    try:
+        with pytest.raises(ValueError, match="must be finite"):
+            await buckets.admit("t", BucketLimits(tokens_per_s=bad, token_capacity=1000), 10)
+        with pytest.raises(ValueError, match="must be finite"):
+            await buckets.admit("t", BucketLimits(tokens_per_s=10, token_capacity=1000), bad)
+        assert redis_server.client().exists(*bucket_keys("t")) == 0
+    finally:
+        await client.aclose()

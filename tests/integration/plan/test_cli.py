@@ -58,6 +58,10 @@ def test_plan_as_the_issue_writes_it(tmp_path: Path, capsys) -> None:
          "error: --mm-preprocess-ms-per-image must be a finite number of milliseconds, got inf"),
         (["plan", "--model", "qwen3-vl-4b", "--rate", "1", "--dataset", "images", "--mm-preprocess-ms-per-megapixel", "-2"],
          "error: --mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative"),
+        (["plan", "--model", "qwen3-vl-4b", "--concurrency", "1", "--max-num-encoder-input-tokens", "0"],
+         "--max-num-encoder-input-tokens must be at least 1 (leave it out for --max-num-batched-tokens), got 0"),
+        (["plan", "--model", "qwen3-vl-4b", "--concurrency", "1", "--encoder-cache-size", "-1"],
+         "--encoder-cache-size must be at least 1 (leave it out for --max-num-batched-tokens), got -1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:

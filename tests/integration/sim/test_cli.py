@@ -32,6 +32,8 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         (["--mm-preprocess-ms-per-image", "-5"], "error: --mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative"),
         (["--mm-preprocess-ms-per-megapixel", "nan"], "error: --mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got nan"),
         (["--mm-cache-items", "-1"], "error: --mm-cache-items must be 0 (no cache) or more, got -1"),
+        (["--max-num-encoder-input-tokens", "0"], "error: --max-num-encoder-input-tokens must be at least 1"),
+        (["--encoder-cache-size", "-5"], "error: --encoder-cache-size must be at least 1 (leave it out for --max-num-batched-tokens), got -5"),
         (["--port", "70000"], "error: --port must be between 1 and 65535 (or 0 for a free port), got 70000"),  # the last --port wins
         # NaN passes a `< 0` check: a NaN latency or delay would reach the engine's sleeps
         (["--ttft-ms", "nan"], "error: --ttft-ms and --itl-ms must be 0 or more milliseconds: --ttft-ms is nan"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vlmserve.errors import UserError
-from vlmserve.gateway.admission import Admission, AdmissionRejected, TenantSpec, TokenBucket, load_keys_file
+from vlmserve.gateway.admission import Admission, AdmissionRejected, Charge, TenantSpec, TokenBucket, load_keys_file
 
 
 def tenants() -> list[TenantSpec]:
@@ -38,7 +38,7 @@ def test_keys_map_to_tenants_and_bad_keys_are_401() -> None:
 async def test_request_rate_limit_gives_429_with_retry_after() -> None:
     admission = Admission(tenants())
     clinic = admission.tenants["clinic"]
-    assert await admission.check_rate(clinic, 10) == "local"
+    assert await admission.check_rate(clinic, 10) == Charge("local", 10)
     await admission.check_rate(clinic, 10)  # bucket of 2 (one second's worth)
     with pytest.raises(AdmissionRejected) as limited:
         await admission.check_rate(clinic, 10)
@@ -48,10 +48,10 @@ async def test_request_rate_limit_gives_429_with_retry_after() -> None:
 async def test_token_rate_limit_counts_estimated_tokens_and_settles() -> None:
     admission = Admission([TenantSpec(name="t", keys=["k"], tokens_per_min=1000)])
     tenant = admission.tenants["t"]
-    await admission.check_rate(tenant, 900)
+    charge = await admission.check_rate(tenant, 900)
     with pytest.raises(AdmissionRejected):
         await admission.check_rate(tenant, 900)
-    admission.settle_tokens(tenant, 900, 100)  # it used far less than estimated: refund
+    admission.settle_tokens(tenant, charge, 100)  # it used far less than it was charged: refund
     await admission.check_rate(tenant, 700)
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from vlmserve.gateway.lean_http import first_line_fits, parse_head, response_head
+from vlmserve.gateway.lean_http import MAX_HEAD_BYTES, LeanHeaders, _fill_fields, first_line_fits, parse_head, response_head
 
 LINE = b"POST /v1/chat/completions HTTP/1.1"
 
@@ -34,7 +34,7 @@ NOT_LEAN = {
     "transfer-encoding": LINE + b"\r\nTransfer-Encoding: chunked\r\nContent-Length: 2",
     "expect": LINE + b"\r\nExpect: 100-continue\r\nContent-Length: 2",
     "upgrade": LINE + b"\r\nUpgrade: websocket\r\nContent-Length: 2",
-    "connection close": LINE + b"\r\nConnection: close\r\nContent-Length: 2",
+    "connection upgrade": LINE + b"\r\nConnection: upgrade\r\nContent-Length: 2",
     "space before colon": LINE + b"\r\nHost : g\r\nContent-Length: 2",
     "obs-fold": LINE + b"\r\nX-A: 1\r\n  continued\r\nContent-Length: 2",
     "bare LF": LINE + b"\r\nX-A: 1\nContent-Length: 2",
@@ -68,7 +68,9 @@ PATHOLOGICAL = {
 @pytest.mark.parametrize("case", sorted(PATHOLOGICAL))
 def test_a_pathological_header_is_refused_in_linear_time(case: str) -> None:
     started = time.perf_counter()
-    assert parse_head(PATHOLOGICAL[case], max_body_bytes=100) is None
+    head = PATHOLOGICAL[case]
+    # the field pass itself (parse_head refuses a head this long before it): linear in any block
+    assert not _fill_fields(head, head.find(b"\r\n") + 2, LeanHeaders())
     # a DoS guard, not a speed figure (benchmarks/lean_head_parse.py has those): a quadratic pass
     # over 64 KB takes 20 s or more here, a linear one about a millisecond
     assert time.perf_counter() - started < 2.0
@@ -84,3 +86,18 @@ def test_response_head_names_the_status_and_length() -> None:
     head = bytes(response_head(429, [("Retry-After", "1")], length=5, close=True))
     assert head.startswith(b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 5\r\nConnection: close\r\n")
     assert head.endswith(b"\r\n\r\n") and b"Date: " in head
+
+
+def test_connection_close_is_lean_and_marks_the_last_request() -> None:
+    head = parse_head(LINE + b"\r\nConnection: Close\r\nContent-Length: 2", max_body_bytes=100)
+    assert head is not None and head.close
+    kept = parse_head(LINE + b"\r\nConnection: keep-alive\r\nContent-Length: 2", max_body_bytes=100)
+    assert kept is not None and not kept.close
+
+
+@pytest.mark.hostile("a request head just over the lean lane's limit: judged by aiohttp's limits however it arrives")
+def test_a_head_over_the_limit_is_never_lean() -> None:
+    start = LINE + b"\r\nContent-Length: 2\r\nX-Pad: "
+    at_limit = start + b"p" * (MAX_HEAD_BYTES - len(start))
+    assert len(at_limit) == MAX_HEAD_BYTES and parse_head(at_limit, max_body_bytes=100) is not None
+    assert parse_head(at_limit + b"p", max_body_bytes=100) is None

@@ -30,6 +30,7 @@ from vlmserve.sched.engine_core import EngineCore
 from vlmserve.engines.sim.outputs import WRITE_BUFFER_HIGH_BYTES, ActiveRequest
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
+from vlmserve.sched.frontend import only_fresh_images
 from vlmserve.sched.scheduler import SimRequest, StepResult
 
 RESYNC_AFTER_S = 0.050
@@ -85,17 +86,19 @@ class EngineLoop:
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request: ActiveRequest) -> None:
         """Hand a request to the scheduler; raises ValueError if it can never run."""
-        self.core.add_request(
-            SimRequest(
-                request_id=request.request_id,
-                prompt_token_ids=request.parsed.prompt_token_ids,
-                max_output_tokens=request.plan.num_tokens,
-                arrival_s=request.queued_s,
-                image_tokens=request.encode_image_tokens,
-                images=request.encode_images,
-                output_token_ids=request.plan.token_ids,
-            )
+        parsed = request.parsed
+        sim_request = SimRequest(
+            request_id=request.request_id,
+            prompt_token_ids=parsed.prompt_token_ids,
+            max_output_tokens=request.plan.num_tokens,
+            arrival_s=request.queued_s,
+            image_tokens=parsed.image_tokens,
+            images=parsed.images,
+            output_token_ids=request.plan.token_ids,
+            image_items=tuple(parsed.image_items),
+            mm_positions=tuple(parsed.image_positions),
         )
+        self.core.add_request(only_fresh_images(sim_request, request.image_fresh))
         self.active[request.request_id] = request
         if self.trace is not None:
             request.chunk_s = []

@@ -129,6 +129,11 @@ class SimEngineConfig:
     max_model_len: int = 8192
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    max_num_encoder_input_tokens: int | None = None
+    """Image tokens the encoder may run per step (None: max_num_batched_tokens, as vLLM)."""
+    encoder_cache_size: int | None = None
+    """Image tokens of encoder output the encoder cache holds (None: max_num_batched_tokens, as vLLM)."""
+    disable_chunked_mm_input: bool = False
     num_kv_blocks: int = 8192
     block_size: int = 16
     enable_prefix_caching: bool = True
@@ -217,6 +222,9 @@ class SimEngineConfig:
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
+            encoder_cache_size=self.encoder_cache_size,
+            disable_chunked_mm_input=self.disable_chunked_mm_input,
             num_kv_blocks=self._planned_kv_blocks() if self.gpu else self.num_kv_blocks,
             block_size=self.block_size,
             enable_prefix_caching=self.enable_prefix_caching,

@@ -61,8 +61,7 @@ class ActiveRequest:
         "last_token_s", "emitted", "written", "transport", "done", "finish_reason", "aborted",
         "_prefix", "_suffix", "stall_after", "stall_duration_s", "stall_until_s", "stalled_forever", "drop_after",
         "_flush_handle", "plain", "_suffix_crlf", "_frame_base_len", "_usage_suffix", "_prompt_tokens",
-        "client_request_id", "chunk_s", "chunk_tokens", "queued_s", "scheduled_s", "encode_image_tokens",
-        "encode_images", "rich",
+        "client_request_id", "chunk_s", "chunk_tokens", "queued_s", "scheduled_s", "image_fresh", "rich",
     )  # fmt: skip
 
     def __init__(
@@ -77,9 +76,8 @@ class ActiveRequest:
         self.queued_s = arrival_s
         """When it reached the scheduler: after the frontend (image preprocessing), as vLLM's queue time counts."""
         self.scheduled_s: float | None = None
-        self.encode_image_tokens = parsed.image_tokens
-        self.encode_images = parsed.images
-        """Images (and their tokens) the encoder must run: the ones not in the multimodal cache."""
+        self.image_fresh: tuple[bool, ...] = ()
+        """Per image, whether it missed the multimodal cache (the encoder must run it); empty: all did."""
         self.first_token_s: float | None = None
         self.last_token_s = 0.0
         self.emitted = 0

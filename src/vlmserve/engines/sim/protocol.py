@@ -118,6 +118,9 @@ class ParsedRequest:
     echo_prompt: str | None = None
     image_items: list[tuple[int, int]] = field(default_factory=list)
     """(digest, pixels) of each image, for the frontend model (sched.frontend)."""
+    image_positions: list[tuple[int, int]] = field(default_factory=list)
+    """(offset, length) of each image's placeholder tokens in prompt_token_ids, aligned with image_items:
+    where the scheduler's prefill reaches the image and must encode it (sched.encoder_cache_manager)."""
     features: Features | None = None
     """Thinking, tools, structured output, logprobs, n (features.parse_features); None: plain text."""
 
@@ -251,7 +254,8 @@ def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int | None:
 
 
 def _chat_prompt(
-    body: dict[str, Any], config: SimEngineConfig, images: ImageValidator, items: list[tuple[int, int]]
+    body: dict[str, Any], config: SimEngineConfig, images: ImageValidator, items: list[tuple[int, int]],
+    positions: list[tuple[int, int]],
 ) -> tuple[list[int], int, int]:
     """Token ids of the rendered chat (role headers + content + image placeholders)."""
     messages = body.get("messages")
@@ -274,7 +278,7 @@ def _chat_prompt(
         elif isinstance(content, list):
             for part_index, part in enumerate(content):
                 image_tokens += _add_content_part(part, index, part_index, budget, config.image_tokens, images,
-                                                  token_ids, items)
+                                                  token_ids, items, positions)
         else:
             raise bad_request(f"messages[{index}].content must be a string or a list of parts", "messages")
         token_ids += tokenizer.encode("\n")
@@ -285,7 +289,7 @@ def _chat_prompt(
 
 def _add_content_part(
     part: Any, index: int, part_index: int, budget: int | None, default_tokens: int, images: ImageValidator,
-    token_ids: list[int], items: list[tuple[int, int]],
+    token_ids: list[int], items: list[tuple[int, int]], positions: list[tuple[int, int]],
 ) -> int:
     """Append one content part's tokens; returns the image's vision tokens (0 for text)."""
     where = f"messages[{index}].content[{part_index}]"
@@ -306,6 +310,7 @@ def _add_content_part(
         digest, width, height = images.inspect(url)
         items.append((digest, width * height))
         count = images.tokens(width, height, budget, default_tokens)
+        positions.append((len(token_ids), count))
         token_ids += tokenizer.image_token_ids(digest, count)
         return count
     raise bad_request(f"{where} has unsupported type '{part_type}'; use 'text' or 'image_url'", "messages")
@@ -341,12 +346,13 @@ def parse_generation_request(
 
     if kind == "chat":
         image_items: list[tuple[int, int]] = []
-        prompt_token_ids, num_images, image_tokens = _chat_prompt(body, config, images, image_items)
+        image_positions: list[tuple[int, int]] = []
+        prompt_token_ids, num_images, image_tokens = _chat_prompt(body, config, images, image_items, image_positions)
         echo_prompt = None
         limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     else:
         prompt_token_ids, echo_prompt = _completion_prompt(body)
-        num_images, image_tokens, image_items = 0, 0, []
+        num_images, image_tokens, image_items, image_positions = 0, 0, [], []
         limit_name = "max_tokens"
     if not prompt_token_ids:
         raise bad_request("the prompt is empty", "prompt" if kind != "chat" else "messages")
@@ -406,4 +412,5 @@ def parse_generation_request(
         image_tokens=image_tokens,
         echo_prompt=echo_prompt if _get_bool(body, "echo") else None,
         image_items=image_items,
+        image_positions=image_positions,
     )

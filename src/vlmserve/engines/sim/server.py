@@ -268,8 +268,7 @@ class SimEngine:
         self.metrics.mm_cache_queries.inc(visit.queries)
         if visit.hits:
             self.metrics.mm_cache_hits.inc(visit.hits)
-        active.encode_images = visit.fresh_images
-        active.encode_image_tokens = round(active.parsed.image_tokens * visit.fresh_images / len(items))
+        active.image_fresh = visit.fresh
         assert self.loop is not None
         delay = visit.ready_s - self.loop.clock()
         if delay > 0:
