@@ -4,7 +4,9 @@ Datasheet peaks are never reached by a serving engine; how far below them vLLM r
 depends on the GPU, the kernels and the batch. These numbers are therefore data, not
 constants in code: a `Calibration` holds defaults plus per-GPU overrides, loads and saves
 as JSON, and `vlmserve plan calibrate` fits it from measured runs. The shipped default
-(`hardware/data/calibration.json`) says which published measurements it was fitted on.
+(`hardware/data/calibration.json`) is fitted by benchmarks/plan_vs_published.py on the
+calibration sources of the published reference only, so its errors on the validation sources
+are held out.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def _coefficients(raw: Any, where: str) -> dict[str, float]:
 
 
 def default_calibration() -> Calibration:
-    """The shipped calibration (fitted on part of the published measurements)."""
+    """The shipped calibration, fitted on the calibration sources of benchmarks/data/published_vllm.csv only."""
     text = resources.files("vlmserve.hardware").joinpath("data/calibration.json").read_text()
     return Calibration.from_dict(json.loads(text), "built-in calibration")
 

@@ -42,10 +42,12 @@ METRICS: dict[str, MetricSpec] = {
     "output_tok_s": MetricSpec("throughput.output_tokens_per_s", 1.0, "throughput"),
     "total_tok_s": MetricSpec("throughput.total_tokens_per_s", 1.0, "throughput"),
     "mean_ttft_ms": MetricSpec("ttft_ms.mean", 1.0, "ttft"),
+    "median_ttft_ms": MetricSpec("ttft_ms.p50", 1.0, "ttft"),
     "p99_ttft_ms": MetricSpec("ttft_ms.p99", 1.0, "ttft"),
     "mean_tpot_ms": MetricSpec("tpot_ms.mean", 1.0, "tpot/itl"),
     "median_tpot_ms": MetricSpec("tpot_ms.p50", 1.0, "tpot/itl"),
     "mean_itl_ms": MetricSpec("itl_ms.mean", 1.0, "tpot/itl"),
+    "median_itl_ms": MetricSpec("itl_ms.p50", 1.0, "tpot/itl"),
     "mean_e2e_s": MetricSpec("e2e_ms.mean", 0.001, "e2e"),
 }
 
