@@ -41,6 +41,7 @@ from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, Routin
 from vlmserve.gateway.proxy import CONNECTION_ERRORS, Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import BadRequestHeader, TokenEstimator, client_request_id, describe_request, session_key
+from vlmserve.vision.probe import load_image_readers
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Handler, Route, RouteKind, trust_boundary
@@ -145,6 +146,7 @@ class Gateway:
         self.upstream = UpstreamPool(self.config.connect_timeout_s)
         if self.preflight.pool is not None:
             self.preflight.pool.start()
+        load_image_readers()  # before the first client: never ~0.1 s of imports on the loop at the first image
         if self.config.relay != "python" and native_available():
             self.pump = NativePump(asyncio.get_running_loop())
         self.forwarder = Forwarder(
