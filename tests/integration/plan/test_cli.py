@@ -8,15 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from vlmserve.cli.app import main
+from tests.helpers.cli import run_cli
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return int(done.value.code or 0), captured.out, captured.err
+_run = run_cli
 
 
 def test_plan_as_the_issue_writes_it(tmp_path: Path, capsys) -> None:

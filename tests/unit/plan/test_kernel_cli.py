@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from vlmserve.cli.app import main
+from tests.helpers.cli import run_cli
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-        raise SystemExit(0)
-    captured = capsys.readouterr()
-    return int(done.value.code or 0), captured.out, captured.err
+_run = run_cli
 
 
 PLAN = ["plan", "--model", "llama-3.1-8b", "--concurrency", "2", "--num-requests", "4", "--output-len", "8"]
