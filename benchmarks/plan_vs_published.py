@@ -23,7 +23,6 @@ import csv
 import importlib.util
 import json
 import os
-import math
 import re
 import sys
 import time
@@ -348,8 +347,6 @@ class Stage:
     title: str
     selects: Callable[[Case], bool]
     parameters: tuple[tuple[str, str], ...]
-    rank: Callable[[Case], float] | None = None
-    """With a rank, the stage takes the FIT_RUNS_PER_STAGE lowest-ranked runs, not every k-th by id."""
 
 
 def _is_moe(case: Case) -> bool:
@@ -372,21 +369,10 @@ def fit_stages(cases: Sequence[Case]) -> list[Stage]:
         # kernels' sum (the compute and MoE coefficients above only reach roofline-priced ops).
         Stage("engine overheads on the reference GPU", lambda case: _gpu_key(case) == REFERENCE_GPU,
               (("default", "step_overhead_s"), ("default", "per_seq_overhead_s"), ("default", "request_overhead_s"))),
-        # vLLM's API server (HTTP, tokenize, detokenize and stream, in Python): visible where the
-        # engine's work per request is smallest, so the runs that send every prompt at once with the
-        # fewest tokens per request, on any GPU (the coefficients are CPU, not GPU, figures).
-        Stage("API-server CPU per request and per output token", lambda case: not case.scenario.staggered,
-              (("default", "api_request_s"), ("default", "api_output_token_s")), rank=_tokens_per_request),
     ]
     for gpu in sorted({_gpu_key(case) for case in cases} - {REFERENCE_GPU}):
         stages.append(Stage(f"compute on {gpu}", _on_gpu(gpu), ((gpu, "compute"),)))
     return [stage for stage in stages if all(name in known for _target, name in stage.parameters)]
-
-
-def _tokens_per_request(case: Case) -> float:
-    """Prompt plus output tokens of the run's requests (ShareGPT's lengths vary: ranked last)."""
-    load = case.scenario.load
-    return float(load.input_len + load.output_len) if load.dataset == "random" else math.inf
 
 
 def _gpu_key(case: Case) -> str:
@@ -412,9 +398,7 @@ def refit(cases: Sequence[Case], progress: Callable[[str], None]) -> tuple[Calib
     notes: list[str] = []
     for stage in fit_stages(usable):
         chosen = sorted((case for case in usable if stage.selects(case)), key=lambda case: case.scenario.scenario_id)
-        if stage.rank is not None:
-            chosen = sorted(chosen, key=stage.rank)[:FIT_RUNS_PER_STAGE]
-        elif len(chosen) > FIT_RUNS_PER_STAGE:
+        if len(chosen) > FIT_RUNS_PER_STAGE:
             step = len(chosen) / FIT_RUNS_PER_STAGE
             chosen = [chosen[int(index * step)] for index in range(FIT_RUNS_PER_STAGE)]
         if not chosen:

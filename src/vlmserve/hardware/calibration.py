@@ -46,16 +46,6 @@ class Efficiency:
     """Per-request time outside the engine step loop (HTTP, tokenize, detokenize), added to TTFT."""
     reserved_memory_gb: float = 3.0
     """Per-GPU memory vLLM keeps for activations, CUDA graphs and the runtime (not KV)."""
-    api_request_s: float = 0.001
-    """vLLM API-server CPU per request before the engine (HTTP, validation, input processing), queued
-    on `--api-server-count` servers (sched.frontend). Prior: an estimate (about 1 ms of CPython per
-    request on a FastAPI path), not a measurement; `plan_vs_published.py --refit` fits it."""
-    api_prompt_token_s: float = 1e-6
-    """API-server CPU per prompt token (tokenization). Prior, not fitted: Hugging Face fast (Rust)
-    tokenizers encode on the order of a million tokens per second per core (an estimate)."""
-    api_output_token_s: float = 2e-5
-    """API-server CPU per output token (incremental detokenization, the streamed chunk), on the same
-    servers. Prior: an estimate (tens of µs of Python per token); the refit fits it."""
 
     def with_values(self, **values: float) -> "Efficiency":
         return replace(self, **values)

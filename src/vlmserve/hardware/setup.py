@@ -13,7 +13,7 @@ the tables cover the GPU's GEMMs and attention, else the roofline.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vlmserve.errors import UserError
@@ -146,14 +146,6 @@ class PlanSetup:
     @property
     def efficiency(self) -> Efficiency:
         return self.calibration.for_gpu(self.gpu.key)
-
-    def api_servers(self) -> FrontendConfig:
-        """The frontend the simulation runs: the image costs of `frontend` plus the calibrated text CPU
-        of vLLM's API servers (per request, per prompt token, per output token; see Efficiency)."""
-        efficiency = self.efficiency
-        return replace(self.frontend, per_request_ms=efficiency.api_request_s * 1000.0,
-                       per_prompt_token_ms=efficiency.api_prompt_token_s * 1000.0,
-                       per_output_token_ms=efficiency.api_output_token_s * 1000.0)
 
     @property
     def num_gpus(self) -> int:

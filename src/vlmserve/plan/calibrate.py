@@ -144,9 +144,6 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "allreduce_latency_s": (0.0, 0.0002),
     "request_overhead_s": (0.0, 0.1),
     "reserved_memory_gb": (0.5, 10.0),
-    "api_request_s": (0.0, 0.02),
-    "api_prompt_token_s": (0.0, 1e-5),
-    "api_output_token_s": (0.0, 0.001),
 }
 
 

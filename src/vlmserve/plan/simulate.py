@@ -115,7 +115,7 @@ def simulate_run(
     else:
         sends = [send(request.arrival_s, request.index) for request in requests]
     timings, stats = run_virtual_clock(cores, sends, routing=setup.routing, next_send=next_send,
-                                       record_token_times=record_token_times, frontend=setup.api_servers())
+                                       record_token_times=record_token_times, frontend=setup.frontend)
 
     epoch = time.time()
     records = [_record(timings[str(request.index)], request, epoch, load) for request in requests]

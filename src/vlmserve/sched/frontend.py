@@ -1,4 +1,4 @@
-"""vLLM's frontend as a queue: the API server processes' CPU work (images, and optionally text), and the multimodal cache.
+"""vLLM's frontend as a queue: image preprocessing in the API server processes, and the multimodal cache.
 
 Before the scheduler sees a request with images, one of vLLM's API server processes
 (`--api-server-count`, default 1) downloads and decodes each image and runs the model's processor
@@ -17,14 +17,6 @@ The model here, used by both the HTTP sim engine and the planner's virtual clock
   `--mm-processor-cache-gb`; items are simpler to reason about here). An image enters it when its
   request is admitted, so a repeat arriving while the first is still being processed counts as a
   hit (vLLM would process it twice): the model is slightly optimistic for bursts of one image.
-- Text (off unless configured; all three costs default to 0): every request also costs the API
-  server `per_request_ms` (HTTP, request validation, input processing) plus `per_prompt_token_ms` per
-  prompt token (tokenization) before it reaches the engine, and every output token the engine
-  emits costs `per_output_token_ms` (incremental detokenization, the streamed chunk) on the same
-  servers, so output work delays later admissions and the token's own delivery. vLLM's API server
-  does all of this in Python in one process by default; with many short requests at once it, not
-  the GPU, bounds the request rate. A step's output tokens are charged as one block to the server
-  that frees first (vLLM pins a request to one server; the pooled block is the simpler bound).
 Not modelled: image download time (remote URLs), per-process memory, video and audio.
 """
 
@@ -57,24 +49,10 @@ class FrontendConfig:
     per_image_ms: float = 0.0
     per_megapixel_ms: float = 0.0
     mm_cache_items: int = 1024
-    per_request_ms: float = 0.0
-    """API-server CPU per request before the engine (HTTP, validation, input processing); 0: not priced."""
-    per_prompt_token_ms: float = 0.0
-    """API-server CPU per prompt token (tokenization); 0: not priced."""
-    per_output_token_ms: float = 0.0
-    """API-server CPU per output token (detokenize, stream the chunk); 0: not priced."""
 
     @property
     def prices_images(self) -> bool:
         return self.per_image_ms > 0 or self.per_megapixel_ms > 0
-
-    @property
-    def prices_text(self) -> bool:
-        return self.per_request_ms > 0 or self.per_prompt_token_ms > 0 or self.per_output_token_ms > 0
-
-    def text_s(self, prompt_tokens: int) -> float:
-        """API-server time of one request's text before the engine (0 when text is not priced)."""
-        return (self.per_request_ms + self.per_prompt_token_ms * prompt_tokens) / 1000.0
 
     def image_s(self, pixels: int) -> float:
         """Preprocessing time of one image not in the cache."""
@@ -90,14 +68,9 @@ class FrontendConfig:
         if self.per_image_ms < 0 or self.per_megapixel_ms < 0:
             problems.append("--mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative")
         for flag, value in (("--mm-preprocess-ms-per-image", self.per_image_ms),
-                            ("--mm-preprocess-ms-per-megapixel", self.per_megapixel_ms),
-                            ("api-server per-request ms", self.per_request_ms),
-                            ("api-server per-prompt-token ms", self.per_prompt_token_ms),
-                            ("api-server per-output-token ms", self.per_output_token_ms)):
+                            ("--mm-preprocess-ms-per-megapixel", self.per_megapixel_ms)):
             if not math.isfinite(value):  # NaN slips past `< 0` and would poison every clock it touches
                 problems.append(f"{flag} must be a finite number of milliseconds, got {value}")
-            elif value < 0 and flag.startswith("api-server"):
-                problems.append(f"{flag} must not be negative, got {value:g}")
             elif value > MAX_PREPROCESS_MS:
                 problems.append(f"{flag} must be at most {MAX_PREPROCESS_MS:.0f} (an hour), got {value:g}")
         if self.mm_cache_items < 0:
@@ -151,34 +124,20 @@ class Frontend:
             self._cache.popitem(last=False)
         return False
 
-    def admit(self, arrival_s: float, images: Sequence[ImageItem], prompt_tokens: int = 0) -> FrontendVisit:
-        """Run one request (arriving at `arrival_s`) through the frontend; when is it ready?
-
-        `prompt_tokens` is priced only when the config prices text (see the module's notes)."""
+    def admit(self, arrival_s: float, images: Sequence[ImageItem]) -> FrontendVisit:
+        """Run one request (arriving at `arrival_s`) through the frontend; when is it ready?"""
         fresh = tuple(not self._lookup(digest) for digest, _pixels in images)
         fresh_pixels = [pixels for (_digest, pixels), missed in zip(images, fresh) if missed]
         hits = len(images) - len(fresh_pixels)
         self.queries += len(images)
         self.hits += hits
-        cost = sum(self.config.image_s(pixels) for pixels in fresh_pixels) + self.config.text_s(prompt_tokens)
+        cost = sum(self.config.image_s(pixels) for pixels in fresh_pixels)
         if cost <= 0:
             return FrontendVisit(arrival_s, arrival_s, arrival_s, len(images), hits, len(fresh_pixels), fresh)
         start = max(arrival_s, self._free_at[0])
         heapq.heapreplace(self._free_at, start + cost)
         self.busy_s += cost
         return FrontendVisit(arrival_s, start, start + cost, len(images), hits, len(fresh_pixels), fresh)
-
-    def emit(self, at_s: float, tokens: int) -> float:
-        """Stream `tokens` output tokens the engine produced at `at_s`; when have they left the server?
-
-        They wait for the server that frees first, as an admission does (0 cost: `at_s`, no change)."""
-        cost = self.config.per_output_token_ms * tokens / 1000.0
-        if cost <= 0:
-            return at_s
-        start = max(at_s, self._free_at[0])
-        heapq.heapreplace(self._free_at, start + cost)
-        self.busy_s += cost
-        return start + cost
 
 
 def only_fresh_images(request: SimRequest, fresh: Sequence[bool]) -> SimRequest:

@@ -240,25 +240,15 @@ def run_virtual_clock(
         result = next_step.core.step(_next_step_s(next_step))
         next_step.clock_s = result.end_s
         next_step.stats.add_step(result)
-        delivered_s = _stream(next_step, result)
-        for request_id in _apply_step(result, timings, record_token_times, delivered_s):
+        for request_id in _apply_step(result, timings, record_token_times):
             timing = timings[request_id]
             replica = replicas[timing.replica]
             replica.outstanding_tokens -= request_load_tokens(timing.prompt_tokens, timing.max_output_tokens)
             replica.in_flight -= 1
-            follow_up = next_send(delivered_s) if next_send is not None else None
+            follow_up = next_send(result.end_s) if next_send is not None else None
             if follow_up is not None:
                 heapq.heappush(pending, follow_up)
     return timings, [replica.stats for replica in replicas]
-
-
-def _stream(replica: ReplicaClock, result: StepResult) -> float:
-    """When the step's output tokens have left the API servers (the step's end unless they price output)."""
-    if replica.frontend is None or not result.tokens:
-        return result.end_s
-    delivered_s = replica.frontend.emit(result.end_s, sum(count for _request_id, count in result.tokens))
-    replica.stats.frontend_busy_s = replica.frontend.busy_s
-    return delivered_s
 
 
 def _next_step_s(replica: ReplicaClock) -> float:
@@ -285,9 +275,8 @@ def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter
         replica=index,
         images=request.images,
     )
-    if replica.frontend is not None and (request.image_items or replica.frontend.config.prices_text):
-        visit = replica.frontend.admit(request.arrival_s, request.image_items,
-                                       len(request.prompt_token_ids) - request.image_tokens)
+    if replica.frontend is not None and request.image_items:
+        visit = replica.frontend.admit(request.arrival_s, request.image_items)
         replica.stats.mm_cache_queries += visit.queries
         replica.stats.mm_cache_hits += visit.hits
         replica.stats.frontend_busy_s = replica.frontend.busy_s
@@ -306,13 +295,9 @@ def _enter_scheduler(replica: ReplicaClock, request: SimRequest) -> None:
     replica.core.add_request(request)
 
 
-def _apply_step(result: StepResult, timings: dict[str, RequestTiming], record_token_times: bool,
-                delivered_s: float | None = None) -> list[str]:
-    """Write one step's events into the timings; return the ids that finished.
-
-    Tokens and finishes are dated `delivered_s` (when the API servers have streamed them), the
-    step's end when not given; scheduling stays dated by the step."""
-    end_s = result.end_s if delivered_s is None else delivered_s
+def _apply_step(result: StepResult, timings: dict[str, RequestTiming], record_token_times: bool) -> list[str]:
+    """Write one step's events into the timings; return the ids that finished."""
+    end_s = result.end_s
     for request_id, cached_tokens in result.first_scheduled:
         timing = timings[request_id]
         timing.first_scheduled_s = result.start_s
