@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -60,11 +59,6 @@ log = logging.getLogger("vlmserve.gateway")
 MAX_PENDING_BYTES = 65536  # bytes of a next (pipelined) request held while one is served; reading pauses above
 
 Handler = Callable[[LeanRequest], Awaitable[Any]]
-
-# The key "stream" with the value true, anywhere in a JSON body: unescaped quotes occur only around
-# keys and string values, and a string value is never followed by a colon, so text inside a prompt
-# cannot match. (An escaped spelling of the key is missed: that request is answered as a unary one.)
-_STREAMED = re.compile(rb'"stream"\s*:\s*true')
 
 
 class LeanStream:
@@ -164,7 +158,7 @@ class LeanConnection(asyncio.Protocol):
 
     __slots__ = ("lane", "transport", "buffer", "head", "serving", "pending", "server", "ready", "deadline",
                  "header_deadline", "handed", "reading_paused", "writing_paused", "drain_waiter", "relay", "lingering",
-                 "close_after", "half_closed", "body", "__weakref__")
+                 "close_after", "__weakref__")
 
     def __init__(self, lane: LeanLane) -> None:
         self.lane = lane
@@ -184,8 +178,6 @@ class LeanConnection(asyncio.Protocol):
         self.relay: StreamRelay | None = None  # the stream being relayed to this client, told of loss and back-pressure
         self.lingering = False  # answered 408: what the client still sends is discarded until the close
         self.close_after = False  # the request being served said Connection: close: nothing after it is read
-        self.half_closed = False  # the client shut its sending side after a whole request: answer it, then close
-        self.body = b""  # the body of the request being served (to tell a stream's at an EOF)
 
     # ---- asyncio.Protocol --------------------------------------------------------------------
 
@@ -218,13 +210,12 @@ class LeanConnection(asyncio.Protocol):
         self._advance()
 
     def eof_received(self) -> bool:
-        """The client shut its side. A whole unary request being served still gets its answer (a
-        half-closed client waits for it; one that left entirely costs the replica that answer), then
-        the connection closes. A stream's client is taken to have left, as before: close now, and the
-        replica aborts at once rather than at the first token. Otherwise close now."""
-        if self.serving and not self.lingering and (self.body.find(b'"stream"') < 0 or not _STREAMED.search(self.body)):
-            self.half_closed = True
-            return True
+        """The client shut its sending side: it is taken to have left, and a request in progress is
+        cancelled (the replica aborts it at once). Everything on this lane is engine work (a POST):
+        answering a client that may be gone would let anyone queue expensive generations and hang up,
+        holding no connection while the engines work. nginx does the same by default
+        (`proxy_ignore_client_abort off`). A half-closed GET (/health, /v1/models) on the other lane
+        is answered (client_limits.py)."""
         return False
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -299,7 +290,6 @@ class LeanConnection(asyncio.Protocol):
         self.header_deadline = None
         self.serving = True
         self.close_after = head.close
-        self.body = body
         self.pending = LeanRequest(head.route, head.headers, body, self.transport, self)
         ready = self.ready
         if ready is not None:  # the server task waits for it
@@ -328,7 +318,6 @@ class LeanConnection(asyncio.Protocol):
                     return
                 finally:
                     self.serving = False
-                    self.body = b""
                 transport = self.transport
                 if transport is None or transport.is_closing():
                     return
@@ -351,9 +340,6 @@ class LeanConnection(asyncio.Protocol):
                 if self.buffer:
                     self._await_head()
                     self._advance()  # a pipelined request whole in the buffer is dispatched here (`pending`)
-                if self.half_closed and self.pending is None and not self.handed:
-                    self._close()  # answered all the client sent before it shut its side
-                    return
                 if not self.buffer:
                     self.deadline = loop.time() + self.lane.keepalive_timeout_s
         except asyncio.CancelledError:
