@@ -11,12 +11,11 @@ import pytest
 from tests.helpers.cli import run_cli
 
 
-_run = run_cli
 
 
 def test_plan_as_the_issue_writes_it(tmp_path: Path, capsys) -> None:
     out_file = tmp_path / "plan.json"
-    code, out, _ = _run([
+    code, out, _ = run_cli([
         "plan", "--model", "llama-3.1-8b", "--gpu", "H100", "--tp", "1", "--replicas", "2", "--input-len", "512",
         "--output-len", "32", "--concurrency", "8", "--num-requests", "40", "--json-out", str(out_file), "--explain",
     ], capsys)
@@ -60,7 +59,7 @@ def test_plan_as_the_issue_writes_it(tmp_path: Path, capsys) -> None:
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:
-    code, _out, err = _run(argv, capsys)
+    code, _out, err = run_cli(argv, capsys)
     assert code == 2
     assert message in err
     assert "Traceback" not in err
@@ -70,13 +69,13 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys)
 def test_config_json_missing_a_field(tmp_path: Path, capsys) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 1000}))
-    code, _out, err = _run(["plan", "--model", str(config), "--concurrency", "1"], capsys)
+    code, _out, err = run_cli(["plan", "--model", str(config), "--concurrency", "1"], capsys)
     assert code == 2
     assert "config.json has no 'intermediate_size' field (needed for MLP weights)" in err
 
 
 def test_search_prints_winner_and_runners_up(capsys) -> None:
-    code, out, _ = _run([
+    code, out, _ = run_cli([
         "plan", "search", "--model", "llama-3.1-8b", "--slo", "ttft_p95=800ms,tpot_p95=60ms", "--gpus", "h100,l4",
         "--price", "h100=3.0,l4=0.6", "--rate", "4", "--input-len", "256", "--output-len", "32", "--num-requests", "40",
         "--tps", "1", "--replicas", "1,2", "--max-num-seqs", "64",
@@ -103,7 +102,7 @@ def test_calibrate_recovers_the_bandwidth_of_a_measured_run(tmp_path: Path, caps
     start = tmp_path / "start.json"
     Calibration(Efficiency(bandwidth=0.7, compute=0.4, step_overhead_s=0.002)).save(start)
     saved = tmp_path / "cal.json"
-    code, out, _ = _run(["plan", "calibrate", str(run_file), "--gpu", "h100", "--calibration", str(start),
+    code, out, _ = run_cli(["plan", "calibrate", str(run_file), "--gpu", "h100", "--calibration", str(start),
                          "--fit", "bandwidth", "-o", str(saved)], capsys)
     assert code == 0
     assert "median abs error" in out
@@ -115,9 +114,9 @@ def test_calibrate_recovers_the_bandwidth_of_a_measured_run(tmp_path: Path, caps
 def test_calibrate_rejects_bad_runs(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"throughput": {}}))
-    code, _out, err = _run(["plan", "calibrate", str(bad), "--gpu", "h100"], capsys)
+    code, _out, err = run_cli(["plan", "calibrate", str(bad), "--gpu", "h100"], capsys)
     assert code == 2 and "no meta.load_spec in it" in err
-    code, _out, err = _run(["plan", "calibrate", str(tmp_path / "none.json"), "--gpu", "h100"], capsys)
+    code, _out, err = run_cli(["plan", "calibrate", str(tmp_path / "none.json"), "--gpu", "h100"], capsys)
     assert code == 2 and "no such run file" in err
 
 
@@ -130,13 +129,13 @@ def test_real_subprocess_exit_code(vlmserve_cmd: list[str]) -> None:
 
 def test_compare_with_a_measured_run_shows_errors_and_efficiency(tmp_path: Path, capsys) -> None:
     measured = tmp_path / "measured.json"
-    code, _out, _err = _run(["plan", "--model", "llama-3.1-8b", "--concurrency", "4", "--num-requests", "12",
+    code, _out, _err = run_cli(["plan", "--model", "llama-3.1-8b", "--concurrency", "4", "--num-requests", "12",
                              "--input-len", "256", "--output-len", "16", "--json-out", str(measured)], capsys)
     assert code == 0
-    code, out, _err = _run(["plan", "--model", "llama-3.1-8b", "--concurrency", "4", "--num-requests", "12",
+    code, out, _err = run_cli(["plan", "--model", "llama-3.1-8b", "--concurrency", "4", "--num-requests", "12",
                             "--input-len", "256", "--output-len", "16", "--compare", str(measured)], capsys)
     assert code == 0
     assert "planner vs measured run" in out and "+0%" in out
     assert "measured: bandwidth fraction of peak" in out
-    code, _out, err = _run(["plan", "--model", "llama-3.1-8b", "--concurrency", "1", "--compare", str(tmp_path / "x.json")], capsys)
+    code, _out, err = run_cli(["plan", "--model", "llama-3.1-8b", "--concurrency", "1", "--compare", str(tmp_path / "x.json")], capsys)
     assert code == 2 and "no such file for --compare" in err
