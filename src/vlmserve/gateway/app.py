@@ -1,10 +1,9 @@
-"""The gateway's aiohttp application: handlers per route kind, admission, and wiring of the parts.
+"""The gateway: handlers per route kind, admission, and wiring of the parts.
 
-Which paths exist, and the checks on the raw path, are in routes.py (the route table and the
-trust-boundary middleware); this module registers a handler for each table route.
-
-`build_app(config)` returns an `aiohttp.web.Application`; starting it (on_startup) opens the
-upstream connection pool, checks every replica once and starts the background tasks.
+Which paths exist, and the checks on the raw target, are in routes.py; `Gateway.dispatch` is the
+one handler the HTTP server (vlmserve.http1.server) calls for every request: it finds the route
+and calls that kind's handler. `Gateway.start` opens the upstream connection pool, checks every
+replica once and starts the background tasks; server.py runs it.
 """
 
 from __future__ import annotations
@@ -15,23 +14,18 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
                                         asks_for_usage, check_output_limits, choices_of, context_tokens,
                                         load_keys_file, settled_tokens)
 from vlmserve.gateway.audit import AuditLog
-from vlmserve.gateway.client_limits import ClientStats
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
 from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
 from vlmserve.gateway.image_workers import ImageWorkerPool
-from vlmserve.gateway.lean_http import ClientRequest, LeanRequest
-from vlmserve.gateway.lean_lane import Answer
-from vlmserve.gateway.native_pump import NativePump, native_available
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.gateway.media_addresses import CheckedResolver, MediaAddressPolicy
@@ -44,15 +38,14 @@ from vlmserve.gateway.request_info import BadRequestHeader, TokenEstimator, clie
 from vlmserve.vision.probe import load_image_readers
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.gateway.routes import ROUTE_KEY, ROUTES, Handler, Route, RouteKind, trust_boundary
+from vlmserve.gateway.routes import Route, RouteKind, RouteRefused, resolve
 from vlmserve.gateway.shared_state import SharedState
 from vlmserve.gateway.upstream import UpstreamPool
 from vlmserve.gateway.watchdog import Watchdog
+from vlmserve.http1.messages import Answer, Request, Response
+from vlmserve.http1.server import ClientStats
 
 log = logging.getLogger("vlmserve.gateway")
-
-
-STATE_KEY: web.AppKey["Gateway"] = web.AppKey("gateway", object)  # type: ignore[arg-type]
 
 
 def _new_upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
@@ -118,12 +111,11 @@ class Gateway:
             self.discovery = DiscoveryWatcher(parse_source(config.discover), config.discover_interval_s,
                                               self._apply_discovered,
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
-        self.client_stats = ClientStats()  # filled by the listening socket's guard (client_limits.py)
+        self.client_stats = ClientStats()  # filled by the HTTP server (http1/server.py)
         self.watchdog = Watchdog()
         self.session: aiohttp.ClientSession | None = None  # /version and the like; generation goes through `upstream`
         self.upstream: UpstreamPool | None = None
         self.forwarder: Forwarder | None = None
-        self.pump: NativePump | None = None  # the relay's native data path, when built (native_pump.py)
         self._engine_info_rotation = RoundRobin()
         self.draining = False
         self.requests_in_progress = 0
@@ -147,8 +139,6 @@ class Gateway:
         if self.preflight.pool is not None:
             self.preflight.pool.start()
         load_image_readers()  # before the first client: never ~0.1 s of imports on the loop at the first image
-        if self.config.relay != "python" and native_available():
-            self.pump = NativePump(asyncio.get_running_loop())
         self.forwarder = Forwarder(
             self.pool, self.policy, self.upstream, self.watchdog,
             max_attempts=self.config.max_attempts,
@@ -157,7 +147,6 @@ class Gateway:
             first_token_timeout_s=self.config.first_token_timeout_s,
             upstream_auth=self.config.replica_api_key,
             on_retry=lambda replica, reason: self.metrics.retries.labels(replica.name, reason).inc(),
-            pump=self.pump,
         )
         if self.discovery is not None:
             await self.discovery.poll()  # the source's replicas are health-checked with the static ones
@@ -184,9 +173,6 @@ class Gateway:
             await self.session.close()
         if self.upstream is not None:
             self.upstream.close()
-        if self.pump is not None:
-            self.pump.close()
-            self.pump = None
         if self.media_session is not None:
             await self.media_session.close()
         if self.preflight.pool is not None:
@@ -237,12 +223,28 @@ class Gateway:
             "panic": self.pool.in_panic(),
             "clients": self.client_stats,
             "state_available": None if self.shared_state is None else self.shared_state.available,
-            "pump": None if self.pump is None else (self.pump.started, self.pump.running),
         }
 
     # ---- handlers ------------------------------------------------------------------------------
 
-    async def handle_health(self, request: web.Request) -> web.Response:
+    async def dispatch(self, request: Request) -> Answer:
+        """Every request: its route from the raw target (routes.py), then that kind's handler."""
+        try:
+            route = resolve(request.method, request.target)
+        except RouteRefused as refused:
+            return error_response(refused.status, refused.message, refused.code)
+        request.route = route
+        request.path = route.path
+        kind = route.kind
+        if kind is RouteKind.ENGINE_WORK:
+            return await self.handle_engine_work(request)
+        if kind is RouteKind.MODELS:
+            return await self.handle_models(request)
+        if kind is RouteKind.ENGINE_INFO:
+            return await self.handle_engine_info(request)
+        return await (self.handle_health(request) if route.path == "/health" else self.handle_metrics(request))
+
+    async def handle_health(self, request: Request) -> Response:
         ok = bool(self.pool.candidates(None)) and not self.draining  # panic routing counts: ejection alone never fails /health
         status = "panic" if ok and self.pool.in_panic() else "ok"
         payload: dict[str, Any] = {
@@ -252,12 +254,12 @@ class Gateway:
         }
         if self.shared_state is not None:  # said, not acted on: rate limits are not the replicas' health
             payload["state"] = self.shared_state.describe()
-        return web.json_response(payload, status=200 if ok else 503)
+        return Response.json(payload, status=200 if ok else 503)
 
-    async def handle_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    async def handle_metrics(self, request: Request) -> Response:
+        return Response(200, self.metrics.render(), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    async def handle_models(self, request: web.Request) -> web.Response:
+    async def handle_models(self, request: Request) -> Response:
         try:
             self.admission.tenant_for(request.headers)
         except AdmissionRejected as rejected:
@@ -265,11 +267,11 @@ class Gateway:
         models = self.pool.known_models()
         if not models and not self.pool.any_healthy():
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
-        return web.json_response({"object": "list", "data": list(models.values())})
+        return Response.json({"object": "list", "data": list(models.values())})
 
-    async def handle_engine_work(self, request: ClientRequest) -> Answer:
+    async def handle_engine_work(self, request: Request) -> Answer:
         """Every ENGINE_WORK route (generation, pooling, tokenizer): admission, media policy, forwarding."""
-        route: Route = request[ROUTE_KEY]
+        route: Route = request.route
         request_log = RequestLog(
             # the gateway's own id, never the client's (request_info.client_request_id says why); not
             # os.urandom: a system call per request; the module's generator is reseeded in forked workers
@@ -293,8 +295,7 @@ class Gateway:
                     raise AdmissionRejected(400, str(bad), "invalid_request_id") from None
                 tenant = self.admission.tenant_for(request.headers)
                 request_log.tenant = tenant.name
-                # a lean request's body is in hand: no coroutine to read it
-                body = request.body if isinstance(request, LeanRequest) else await self._read_body(request)
+                body = request.body  # whole, within --max-body-bytes (the server refused a larger one)
                 payload = self._parse_json(body)
                 if may_hold_media(body):
                     try:
@@ -334,7 +335,7 @@ class Gateway:
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
                 request_log.estimated_tokens = routed.expected_total_tokens
-                # settled from the relay's count of events, not of blocks (relay.py): no pump for it
+                # settled from the relay's count of events, not of blocks (relay.py)
                 routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
                 if tenant.rate_limited:
                     context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None
@@ -390,16 +391,6 @@ class Gateway:
         self.metrics.images.labels(refused.code).inc()
         return AdmissionRejected(refused.status, refused.message, refused.code, retry_after_s=refused.retry_after_s)
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """An aiohttp request's body, within --max-body-bytes (the lean lane checked its own)."""
-        limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise AdmissionRejected(413, f"request body is {request.content_length} bytes, over the {limit}-byte limit: send smaller images or raise --max-body-bytes", "body_too_large")
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise AdmissionRejected(413, f"request body is over the {limit}-byte limit: send smaller images or raise --max-body-bytes", "body_too_large") from None
-
     def _parse_json(self, body: bytes) -> dict[str, Any]:
         """The body as a JSON object, within the depth and item limits; anything else is a 400."""
         try:
@@ -425,9 +416,9 @@ class Gateway:
                 (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
             self.audit.write(request_log.to_record(), content)
 
-    async def handle_engine_info(self, request: web.Request) -> web.StreamResponse:
+    async def handle_engine_info(self, request: Request) -> Response:
         """A cheap ENGINE_INFO GET (/version): forwarded under its table path to one healthy replica."""
-        route: Route = request[ROUTE_KEY]
+        route: Route = request.route
         if self.draining:
             return error_response(503, "gateway is shutting down: retry on another gateway", "draining", retry_after_s=1)
         try:
@@ -443,42 +434,8 @@ class Gateway:
         try:
             async with self.session.get(replica.url + route.path, headers=headers) as upstream:
                 body = await upstream.read()
-                return web.Response(status=upstream.status, body=body, headers={
+                return Response(upstream.status, body, {
                     "Content-Type": upstream.headers.get("Content-Type", "application/json")})
         except CONNECTION_ERRORS as err:
             self.pool.record_failure(replica)
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
-
-
-def build_app(config: GatewayConfig) -> web.Application:
-    """The aiohttp application for `config`; the Gateway object is at `app[STATE_KEY]`."""
-    gateway = Gateway(config)
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[trust_boundary])
-    app[STATE_KEY] = gateway
-
-    async def on_startup(_: web.Application) -> None:
-        await gateway.start()
-
-    async def on_shutdown(_: web.Application) -> None:
-        await gateway.drain(config.drain_timeout_s)
-
-    async def on_cleanup(_: web.Application) -> None:
-        await gateway.stop()
-
-    app.on_startup.append(on_startup)
-    app.on_shutdown.append(on_shutdown)
-    app.on_cleanup.append(on_cleanup)
-    handlers = {
-        RouteKind.MODELS: gateway.handle_models,
-        RouteKind.ENGINE_INFO: gateway.handle_engine_info,
-        # aiohttp calls it with its own requests, for which it answers aiohttp responses (lean_lane.py)
-        RouteKind.ENGINE_WORK: cast(Handler, gateway.handle_engine_work),
-    }
-    own = {"/health": gateway.handle_health, "/metrics": gateway.handle_metrics}
-    for route in ROUTES.values():
-        handler = own[route.path] if route.kind is RouteKind.GATEWAY else handlers[route.kind]
-        if route.method == "GET":
-            app.router.add_get(route.path, handler)
-        else:
-            app.router.add_route(route.method, route.path, handler)
-    return app

@@ -75,7 +75,7 @@ class GatewayConfig:
     # Trust boundary: passive ejection never removes more than this share of the replicas
     # (rounded down: one replica is never ejected); beyond it, panic routing (replicas.py).
     max_ejection_fraction: float = 0.5
-    # Slow, idle and too many clients (client_limits.py; nginx: client_header_timeout 60 s,
+    # Slow, idle and too many clients (http1/server.py; nginx: client_header_timeout 60 s,
     # keepalive_timeout 75 s). Over max_connections a new connection gets 503 (0 = no cap).
     header_timeout_s: float = 15.0
     keepalive_timeout_s: float = 75.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from aiohttp import web
+from vlmserve.http1.messages import Response
 
 CLIENT_REQUEST_ID_HEADER = "X-Client-Request-ID"
 """Where a response echoes the client's own request id; X-Request-ID is the gateway's (request_info.py)."""
@@ -15,12 +15,16 @@ ERROR_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
+    417: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     502: "upstream_error",
     503: "service_unavailable",
     504: "timeout_error",
+    505: "invalid_request_error",
 }
 
 
@@ -38,15 +42,15 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 def error_response(
     status: int, message: str, code: str | None = None, *, retry_after_s: float | None = None,
     request_id: str | None = None, client_request_id: str | None = None,
-) -> web.Response:
-    headers = {}
+) -> Response:
+    headers: dict[str, str] = {}
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     if request_id is not None:
         headers["X-Request-ID"] = request_id
     if client_request_id is not None:
         headers[CLIENT_REQUEST_ID_HEADER] = client_request_id
-    return web.json_response(error_body(status, message, code), status=status, headers=headers)
+    return Response.json(error_body(status, message, code), status=status, headers=headers)
 
 
 def sse_error_event(status: int, message: str, code: str | None = None) -> bytes:

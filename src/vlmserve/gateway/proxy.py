@@ -40,8 +40,9 @@ from aiohttp import web
 
 from vlmserve.gateway.openai_errors import CLIENT_REQUEST_ID_HEADER, error_response, sse_error_event
 from vlmserve.gateway.policies import Outcome, RoutingPolicy
-from vlmserve.gateway.lean_http import ClientRequest, LeanRequest, header_lines
-from vlmserve.gateway.lean_lane import Answer, LeanStream
+from vlmserve.http1.headers import header_lines
+from vlmserve.http1.messages import Answer, Stream as LeanStream, Request as ClientRequest, Request as LeanRequest  # TEMP until the relay rewrite lands
+from vlmserve.http1.messages import Response
 from vlmserve.gateway.native_pump import NativePump
 from vlmserve.gateway.relay import TERMINATOR, USAGE_KEY, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
@@ -392,7 +393,7 @@ class Forwarder:
     def _passthrough_error(self, upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> web.Response:
         log.status = str(upstream.status)
         log.first_byte_mono = log.finished_mono = time.monotonic()
-        return web.Response(status=upstream.status, body=payload, headers={
+        return Response(upstream.status, payload, {
             "Content-Type": upstream.headers.get("content-type", "application/json"),
             **log.id_headers(),
         })
@@ -410,7 +411,7 @@ class Forwarder:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")
         log.status = "200"
-        return web.Response(status=200, body=payload, headers={
+        return Response(200, payload, {
             "Content-Type": upstream.headers.get("content-type", "application/json"),
             **log.id_headers(),
         })

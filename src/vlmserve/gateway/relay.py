@@ -72,8 +72,8 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from vlmserve.gateway.lean_http import LeanRequest
-from vlmserve.gateway.lean_lane import LeanConnection, LeanStream
+from vlmserve.http1.messages import Request as LeanRequest, Stream as LeanStream  # TEMP until the relay rewrite lands
+from vlmserve.http1.server import HttpConnection as LeanConnection
 from vlmserve.gateway.native_pump import NativePump, PumpResult
 from vlmserve.gateway.upstream import (UpstreamClosed, UpstreamConnection, UpstreamError, UpstreamResponse,
                                        lost_mid_stream, malformed_body, walk_frames)

@@ -42,7 +42,7 @@ from yarl import URL
 
 from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
-from vlmserve.gateway.lean_http import header_lines
+from vlmserve.http1.headers import header_lines
 from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
 
 log = logging.getLogger("vlmserve.gateway")

@@ -1,8 +1,8 @@
 """The gateway's public surface: one table of every path it answers, and the path checks.
 
 The rules this module keeps:
-- The raw request target (what the client sent, before aiohttp or yarl decode or normalise
-  anything) is what is checked and looked up. A path with a dot segment (`.`, `..`), an
+- The raw request target (what the client sent, before anything decodes or normalises
+  it) is what is checked and looked up. A path with a dot segment (`.`, `..`), an
   encoded dot, slash or backslash (`%2e`, `%2f`, `%5c`, either case), a backslash, an empty
   segment (`//`) or a fragment is refused with 400 before any handler runs.
 - Only paths in `ROUTES`, matched exactly, are answered; everything else is 404 and a known
@@ -17,14 +17,8 @@ The rules this module keeps:
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
-
-from aiohttp import web
-
-from vlmserve.gateway.openai_errors import error_response
 
 
 class RouteKind(Enum):
@@ -71,9 +65,6 @@ ROUTES: dict[str, Route] = {route.path: route for route in (
 """Every public path. Not forwarded on purpose: GET/DELETE /v1/responses/{id} (state lives in
 one replica), /v1/audio/* (multipart bodies the gateway does not inspect), and every engine
 internal."""
-
-# request[ROUTE_KEY] is the Route the trust boundary found (RequestKey from aiohttp 3.12 on).
-ROUTE_KEY: Any = web.RequestKey("route", Route) if hasattr(web, "RequestKey") else "vlmserve.route"
 
 _ENCODED_SEPARATOR = re.compile(r"%(?:2e|2f|5c)", re.IGNORECASE)
 
@@ -123,18 +114,7 @@ def find_route(path: str, method: str) -> Route:
     return route
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def trust_boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Check the raw target and find its route before any handler (or aiohttp's 404) runs."""
-    try:
-        path = target_path(request.raw_path)
-        route = find_route(path, request.method)
-        if request.path != route.path:  # what aiohttp decoded must be what was checked
-            raise RouteRefused(400, f"path {path[:80]!r} is not in canonical form: send it unencoded", "invalid_path")
-    except RouteRefused as refused:
-        return error_response(refused.status, refused.message, refused.code)
-    request[ROUTE_KEY] = route
-    return await handler(request)
+def resolve(method: str, raw_target: str) -> Route:
+    """The route of a request, from its raw target and method; RouteRefused (400/404/405) otherwise.
+    HEAD is taken where GET is (the server sends the head only)."""
+    return find_route(target_path(raw_target), method)

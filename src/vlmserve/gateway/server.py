@@ -1,10 +1,10 @@
 """Ways to run a gateway: in the foreground (CLI), or in a background thread (tests, embedding).
 
 Both bind the socket before reporting ready, check the replicas once, and on stop drain:
-the listening socket closes, in-progress requests get up to `drain_timeout_s` to finish.
-The socket listens through client_limits.py's guard (header and idle timeouts, a connection
-cap) and serves HTTPS when a certificate is configured; a bad certificate or key is a
-one-line error before anything binds.
+the listening socket closes, idle connections close, in-progress requests get up to
+`drain_timeout_s` to finish, then what is still open closes. The socket is served by the one
+HTTP server (vlmserve.http1.server: its limits come from GatewayConfig) and speaks HTTPS when a
+certificate is configured; a bad certificate or key is a one-line error before anything binds.
 """
 
 from __future__ import annotations
@@ -12,24 +12,25 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import resource
 import signal
 import threading
 from collections.abc import Callable
 
-from aiohttp import web
-
 from vlmserve.errors import UserError
-from vlmserve.gateway.app import STATE_KEY, Gateway, build_app
-from vlmserve.gateway.client_limits import GuardedSite, ensure_file_descriptors
+from vlmserve.gateway.app import Gateway
 from vlmserve.gateway.config import GatewayConfig
+from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.tls import server_ssl_context
+from vlmserve.http1.server import HttpServer, ServerLimits
 from vlmserve.quiet_gc import quiet_garbage_collector
 
 log = logging.getLogger("vlmserve.gateway")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed (faster socket I/O on the hot path), else asyncio's own loop."""
+    """uvloop where it is installed (a declared dependency on Linux and macOS: faster socket I/O on
+    the hot path), else asyncio's own loop."""
     try:
         import uvloop
     except ImportError:
@@ -40,9 +41,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class RunningGateway:
     """A started gateway inside a running event loop."""
 
-    def __init__(self, runner: web.AppRunner, site: web.TCPSite, gateway: Gateway, port: int) -> None:
-        self.runner = runner
-        self.site = site
+    def __init__(self, listener: asyncio.Server, http: HttpServer, gateway: Gateway, port: int) -> None:
+        self.listener = listener
+        self.http = http
         self.gateway = gateway
         self.port = port
 
@@ -52,7 +53,12 @@ class RunningGateway:
         return f"{scheme}://{self.gateway.config.host}:{self.port}"
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        """Stop listening, drain (module docstring), then stop the gateway's parts."""
+        self.listener.close()
+        self.http.close_idle()
+        await self.gateway.drain(self.gateway.config.drain_timeout_s)
+        self.http.close_all()
+        await self.gateway.stop()
 
 
 async def start_gateway(config: GatewayConfig, reuse_port: bool = False) -> RunningGateway:
@@ -60,25 +66,42 @@ async def start_gateway(config: GatewayConfig, reuse_port: bool = False) -> Runn
 
     `reuse_port`: listen with SO_REUSEPORT beside other workers on the same port (workers.py)."""
     ssl_context = server_ssl_context(config.ssl_certfile, config.ssl_keyfile)
-    app = build_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=config.drain_timeout_s, keepalive_timeout=config.keepalive_timeout_s)
-    await runner.setup()
-    site = GuardedSite(runner, config.host, config.port, app[STATE_KEY].client_stats, ssl_context=ssl_context,
-                       header_timeout_s=config.header_timeout_s, max_connections=config.max_connections, backlog=4096,
-                       reuse_port=reuse_port, lean_handler=app[STATE_KEY].handle_engine_work,
-                       max_body_bytes=config.max_body_bytes)
+    gateway = Gateway(config)
+    await gateway.start()
+    limits = ServerLimits(max_body_bytes=config.max_body_bytes, header_timeout_s=config.header_timeout_s,
+                          keepalive_timeout_s=config.keepalive_timeout_s, max_connections=config.max_connections,
+                          body_hint="send smaller images or raise --max-body-bytes")
+    http = HttpServer(gateway.dispatch, limits, error_response, gateway.client_stats)
     try:
-        await site.start()
+        listener = await asyncio.get_running_loop().create_server(
+            http, config.host, config.port, ssl=ssl_context, backlog=4096, reuse_port=reuse_port or None,
+            ssl_handshake_timeout=config.header_timeout_s if ssl_context is not None else None)
     except OSError as err:
-        await runner.cleanup()
+        http.close_all()
+        await gateway.stop()
         if err.errno == errno.EADDRINUSE:
             raise UserError(f"port {config.port} on {config.host} is already in use: choose another --port") from None
         raise UserError(f"cannot listen on {config.host}:{config.port}: {err.strerror}") from None
-    server = site._server  # aiohttp keeps the asyncio server here; the only way to learn port 0's pick
-    sockets = server.sockets if server is not None else []  # type: ignore[attr-defined]
-    port = sockets[0].getsockname()[1] if sockets else config.port
-    return RunningGateway(runner, site, app[STATE_KEY], port)
+    port = listener.sockets[0].getsockname()[1] if listener.sockets else config.port
+    return RunningGateway(listener, http, gateway, port)
+
+
+def ensure_file_descriptors(max_connections: int) -> None:
+    """Raise the soft open-file limit to cover `max_connections` (two fds each, plus slack), or warn."""
+    if not max_connections:
+        return
+    want = 2 * max_connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning("open-file limit %d is below the %d that --max-connections %d needs: raise `ulimit -n` "
+                    "or lower --max-connections", soft, want, max_connections)
 
 
 def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None = None,

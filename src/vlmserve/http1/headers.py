@@ -31,7 +31,7 @@ class Headers(dict[str, str]):
     A repeated field is joined with ", " (RFC 9110 5.3), except SINGLETON_HEADERS, which are refused.
     `get` takes any spelling of a name."""
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return dict.get(self, name.lower(), default)
 
     def __contains__(self, name: object) -> bool:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from vlmserve.gateway.lean_http import LeanHeaders
+from vlmserve.http1.headers import Headers
 from vlmserve.gateway.request_info import (
     MAX_CLIENT_REQUEST_ID_CHARS, MAX_SESSION_KEY_CHARS, BadRequestHeader, client_request_id, session_key,
 )
 
 
-def headers(**values: str) -> LeanHeaders:
-    return LeanHeaders({name.replace("_", "-").lower(): value for name, value in values.items()})
+def headers(**values: str) -> Headers:
+    return Headers({name.replace("_", "-").lower(): value for name, value in values.items()})
 
 
 def test_a_plain_client_id_is_kept_and_openais_header_wins() -> None:
