@@ -9,7 +9,7 @@ many polls were answered in that window, the image requests' statuses, and for r
 polling for 2 s before any image is sent (what this machine gives an idle gateway).
 
 Part 2 (`--compare-pools`, in this process): the same resize run 16 times by two threads
-(asyncio.to_thread, the GIL shared) and by two worker processes (gateway/image_workers.py), while a
+(asyncio.to_thread, the GIL shared) and by two worker processes (media/workers.py), while a
 task measures how late a 10 ms sleep wakes up: the lag the event loop would add to every request.
 
     .venv/bin/python benchmarks/image_health_latency.py [--bombs 16] [--compare-pools]
@@ -134,7 +134,7 @@ async def loop_lag_ms(run_all: asyncio.Future) -> list[float]:  # type: ignore[t
 
 
 def compare_pools(bombs: int, side: int) -> None:
-    from vlmserve.gateway.image_workers import ImageWorkerPool
+    from vlmserve.media.workers import ImageWorkerPool
     from vlmserve.vision.resize import resized_data_url
 
     data = one_bit_png(side, side)

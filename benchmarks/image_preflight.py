@@ -30,7 +30,7 @@ from _smoke import parse_args
 import psutil
 from PIL import Image
 
-from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight
+from vlmserve.media.preflight import ImageLimits, ImagePreflight
 from vlmserve.vision.probe import decode_base64, split_data_url
 from vlmserve.vision.tokens import PixelGrid
 

@@ -179,7 +179,7 @@ def test_replicas_behind_a_gateway_trust_per_request_processor_kwargs() -> None:
     from vlmserve.engines.vllm import engine_argv
 
     behind = engine_argv(DeploymentSpec(), "/models/m", 8001, "cpu")
-    assert "--trust-request-mm-kwargs" in behind  # the gateway polices them (image_preflight.py)
+    assert "--trust-request-mm-kwargs" in behind  # the gateway polices them (media/preflight.py)
     alone = engine_argv(DeploymentSpec(gateway=False), "/models/m", 8001, "cpu")
     assert "--trust-request-mm-kwargs" not in alone
 

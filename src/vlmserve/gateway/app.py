@@ -24,11 +24,11 @@ from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
-from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
-from vlmserve.gateway.image_workers import ImageWorkerPool
+from vlmserve.media.preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
+from vlmserve.media.workers import ImageWorkerPool
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
-from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
-from vlmserve.gateway.media_addresses import CheckedResolver, MediaAddressPolicy
+from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media, may_hold_media
+from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.policies import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
@@ -300,7 +300,7 @@ class Gateway:
                 if may_hold_media(body):
                     try:
                         remote_hosts = check_media(payload, self.allowed_media_hosts)
-                        if remote_hosts:  # a listed name may still resolve inside (media_addresses.py)
+                        if remote_hosts:  # a listed name may still resolve inside (media/addresses.py)
                             await self.media_addresses.check_hosts(remote_hosts)
                     except MediaRefused as refused:
                         raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None

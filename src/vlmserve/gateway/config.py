@@ -83,16 +83,16 @@ class GatewayConfig:
     # HTTPS (tls.py): both PEM files or neither.
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
-    # Trust boundary (routes.py, media.py, json_limits.py). Remote media URLs reach an engine
+    # Trust boundary (routes.py, media/urls.py, json_limits.py). Remote media URLs reach an engine
     # only when their host is listed (exact hostname, as vLLM's --allowed-media-domains);
     # bodies nested deeper or holding more JSON values than these are refused with 400.
     allowed_media_domains: list[str] = field(default_factory=list)
     # A listed host that resolves to a loopback, private, link-local, metadata or other internal
-    # address is refused too (media_addresses.py), unless the operator allows that on purpose.
+    # address is refused too (media/addresses.py), unless the operator allows that on purpose.
     allow_internal_media_addresses: bool = False
     max_json_depth: int = 64
     max_json_items: int = 100_000
-    # Image preflight (image_preflight.py): per-request limits, which a tenant in the keys file may
+    # Image preflight (media/preflight.py): per-request limits, which a tenant in the keys file may
     # tighten; remote media (allowed hosts only) is fetched here and forwarded inline.
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_pixels: int = 64_000_000
@@ -100,7 +100,7 @@ class GatewayConfig:
     media_fetch_timeout_s: float = 10.0
     # Resize images so their longest side is at most this (None: forward them as sent).
     image_downscale_max_side: int | None = None
-    # Downscaling runs in this many worker processes (image_workers.py), and one request's
+    # Downscaling runs in this many worker processes (media/workers.py), and one request's
     # images may take at most image_work_budget_s of their CPU time (over it: 400).
     image_workers: int = 2
     image_work_budget_s: float = 5.0

@@ -76,7 +76,7 @@ class RoutedRequest:
     prefix_hashes: list[int] = field(default_factory=list)
     # The engine's own prompt token count, when its first stream chunk reports usage.
     engine_prompt_tokens: int | None = None
-    # Content digests of the request's images, in order (image_preflight.py): what image-aware
+    # Content digests of the request's images, in order (media/preflight.py): what image-aware
     # routing keys on.
     image_digests: list[str] = field(default_factory=list)
     image_tokens: int = 0  # the images' share of prompt_tokens (estimated)

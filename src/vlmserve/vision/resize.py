@@ -1,5 +1,5 @@
 """Resize an image and re-encode it as a data: URL: the gateway's downscaling, run in its image
-worker processes (gateway/image_workers.py), never on its event loop.
+worker processes (media/workers.py), never on its event loop.
 
 Kept in a module of its own with no gateway imports, so a worker process starts in a fraction of
 a second (a worker killed over a request's budget is replaced by a fresh one).

@@ -217,7 +217,7 @@ async def test_image_metrics_count_outcomes(constant_engines: list[SimHandle]) -
     assert "vlmserve_gateway_image_preflight_seconds_count 1.0" in text
 
 
-# ---- image work off the event loop (image_workers.py) ------------------------------------------
+# ---- image work off the event loop (media/workers.py) ------------------------------------------
 
 
 @pytest.mark.hostile("a 12000x12000 ICO (Pillow's ICO reader decodes at open): refused unread, on default settings")

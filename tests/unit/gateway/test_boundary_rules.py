@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
-from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media
+from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media
 from vlmserve.gateway.routes import RouteRefused, find_route, target_path
 
 

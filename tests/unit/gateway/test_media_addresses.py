@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media
-from vlmserve.gateway.media_addresses import CheckedResolver, MediaAddressPolicy, internal_reason
+from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media
+from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy, internal_reason
 
 
 @pytest.mark.parametrize("address, reason", [

@@ -30,8 +30,8 @@ from typing import Any
 
 import aiohttp
 
-from vlmserve.gateway.image_workers import ImageWorkerPool, ImageWorkRefused, WorkBudget
-from vlmserve.gateway.media import media_slots
+from vlmserve.media.workers import ImageWorkerPool, ImageWorkRefused, WorkBudget
+from vlmserve.media.urls import media_slots
 from vlmserve.vision.probe import (
     ImageTooLarge, ImageUnreadable, base64_decoded_size, content_digest, decode_base64, probe_image,
     split_data_url,

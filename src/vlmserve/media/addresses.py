@@ -33,7 +33,7 @@ from typing import Any
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from vlmserve.gateway.media import MediaRefused
+from vlmserve.media.urls import MediaRefused
 
 ALLOW_INTERNAL_FLAG = "--allow-internal-media-addresses"
 RESOLVE_TIMEOUT_S = 3.0
