@@ -136,7 +136,7 @@ def test_cut_mid_answer_and_garbage_are_errors_not_hangs():
         assert lost.before_response is False
 
     async def scenario_garbage(pool):
-        assert "not an HTTP/1.x response" in str(await expect(HttpProtocolError, pool))
+        assert "not valid HTTP/1.1 (Expected HTTP/" in str(await expect(HttpProtocolError, pool))
 
     asyncio.run(_serve(cut, scenario_cut))
     asyncio.run(_serve(garbage, scenario_garbage))
