@@ -2,11 +2,17 @@
 
 Why not aiohttp here: on the bench's hot path every SSE chunk arrives on its own, and
 aiohttp hands each one through a stream reader, a future and a task wake-up before our
-code sees it. Here the socket's `data_received` callback decodes the chunked body and
-hands complete lines to the caller synchronously, with the arrival time taken once per
-read. At 1,400 req/s that took a worker from 44 % to 34 % of a core, and client CPU per
-chunk decides the highest request rate one client core can drive
-(benchmarks/bench_client_capacity.py; figures in docs/benchmarks.md).
+code sees it. Here the socket's `data_received` callback hands the bytes to llhttp
+(`vlmserve.http1.reader`, the same reader and framing rules as the gateway's replica
+client), which de-chunks them synchronously; the payload of one read goes to the caller
+in one call, with the arrival time taken once per read. Client CPU per chunk decides the
+highest request rate one client core can drive (benchmarks/bench_client_capacity.py;
+figures in docs/benchmarks.md).
+
+What the gateway refuses from a replica, the bench refuses from a server (a chunk size
+that is not plain hex, CL with TE, a repeated Content-Length, a header line without a
+colon, obs-fold, bare LF, NUL, a 1xx, bytes after the response ...): the request fails
+with `HttpProtocolError`, one line saying what was wrong, and the connection is dropped.
 
 Scope, kept deliberately small: one request at a time per connection (no pipelining),
 keep-alive reuse through `ConnectionPool`, `Content-Length`, chunked and read-until-close
@@ -24,15 +30,16 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
+from vlmserve.http1.reader import ProtocolError, ResponseHead, ResponseReader
+
 BodySink = Callable[[bytes, float], None]
 """Receives each piece of decoded response body and the perf_counter time it arrived."""
 
-_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS, _LENGTH, _UNTIL_CLOSE, _DONE = range(8)
-MAX_HEAD_BYTES = 64 * 1024
+MAX_ERROR_BODY_BYTES = 64 * 1024
+"""Of a non-200 answer's body, this much is kept for the error message."""
 
-
-class HttpProtocolError(Exception):
-    """The server's answer was not valid HTTP/1.1."""
+HttpProtocolError = ProtocolError
+"""The server's answer was not HTTP/1.1 the project accepts (the shared reader's error, by the bench's name)."""
 
 
 class ConnectionLost(Exception):
@@ -84,7 +91,8 @@ class StreamResponse:
 
 
 class StreamConnection(asyncio.Protocol):
-    """One keep-alive connection: parses a response and feeds its body to a sink as it arrives."""
+    """One keep-alive connection: reads each response with the shared reader and feeds its body
+    to a sink, one call per socket read."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -92,9 +100,10 @@ class StreamConnection(asyncio.Protocol):
         self.reusable = False
         self._response: StreamResponse | None = None
         self._sink: BodySink | None = None
-        self._state = _DONE
-        self._buffer = b""
-        self._remaining = 0
+        self._reader = ResponseReader(self)
+        self._pieces: list[bytes] = []
+        """Body payload llhttp found in the current read (one piece per chunk); delivered together."""
+        self._ended = False
         self._got_bytes = False
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
@@ -118,7 +127,7 @@ class StreamConnection(asyncio.Protocol):
         response = self._response
         if response is None or response.done.done():
             return
-        if self._state == _UNTIL_CLOSE:
+        if self._reader.feed_eof():  # a body delimited by the close has ended
             self._finish()
             return
         reason = f"{type(exc).__name__}: {exc}" if exc else "the server closed the connection"
@@ -130,10 +139,31 @@ class StreamConnection(asyncio.Protocol):
         response = self._response
         if response is not None and response.written_at is None:
             response.written_at = now  # the server answered before our buffer drained (an early error)
+        pieces = self._pieces
         try:
-            self._feed(data, now)
-        except HttpProtocolError as err:
+            self._reader.feed(data)  # llhttp calls back into on_response_* from in here
+        except ProtocolError as err:
+            pieces.clear()
             self._fail(err)
+            return
+        if pieces:
+            self._deliver(pieces[0] if len(pieces) == 1 else b"".join(pieces), now)
+            pieces.clear()
+        if self._ended:  # only now: bytes after the end in the same read fail the request
+            self._finish()
+
+    # -- the reader's sink (called by llhttp from inside `feed`) --------------------------------
+    def on_response_head(self, head: ResponseHead) -> None:
+        response = self._response
+        if response is not None:
+            response.status = head.status
+            response.headers = head.headers
+
+    def on_response_body(self, data: bytes) -> None:
+        self._pieces.append(data)
+
+    def on_response_end(self) -> None:
+        self._ended = True
 
     # -- one exchange ---------------------------------------------------------------------------
     def send(self, request: bytes, sink: BodySink) -> StreamResponse:
@@ -141,7 +171,8 @@ class StreamConnection(asyncio.Protocol):
         assert self.transport is not None
         response = StreamResponse(asyncio.get_running_loop())
         self._response, self._sink = response, sink
-        self._state, self._buffer, self._got_bytes, self.reusable = _HEAD, b"", False, False
+        self._got_bytes = self._ended = self.reusable = False
+        self._reader.expect()
         self.transport.write(request)
         if self.transport.get_write_buffer_size() == 0:
             response.written_at = time.perf_counter()
@@ -154,123 +185,18 @@ class StreamConnection(asyncio.Protocol):
             self.transport.abort()
         self.closed = True
 
-    # -- parsing ----------------------------------------------------------------------------------
-    def _feed(self, data: bytes, now: float) -> None:
-        if self._state == _HEAD:
-            data = self._buffer + data
-            end = data.find(b"\r\n\r\n")
-            if end < 0:
-                if len(data) > MAX_HEAD_BYTES:
-                    raise HttpProtocolError("response headers larger than 64 KiB")
-                self._buffer = data
-                return
-            self._parse_head(data[:end])
-            data = data[end + 4 :]
-            self._buffer = b""
-        state = self._state
-        if state == _LENGTH:
-            take = data[: self._remaining]
-            self._remaining -= len(take)
-            if take:
-                self._deliver(take, now)
-            if self._remaining == 0:
-                self._finish()
-            return
-        if state == _UNTIL_CLOSE:
-            if data:
-                self._deliver(data, now)
-            return
-        if state in (_CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILERS):
-            self._feed_chunked(self._buffer + data if self._buffer else data, now)
-
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        status_line = lines[0].split(b" ", 2)
-        if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/1."):
-            raise HttpProtocolError(f"not an HTTP/1.x response: {lines[0][:60]!r}")
-        response = self._response
-        assert response is not None
-        try:
-            response.status = int(status_line[1])
-        except ValueError:
-            raise HttpProtocolError(f"bad status line: {lines[0][:60]!r}") from None
-        headers = response.headers
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
-        keep_alive = status_line[0] == b"HTTP/1.1" and headers.get("connection", "").lower() != "close"
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self._state = _CHUNK_SIZE
-        elif "content-length" in headers:
-            try:
-                self._remaining = int(headers["content-length"])
-            except ValueError:
-                raise HttpProtocolError(f"bad Content-Length: {headers['content-length']!r}") from None
-            self._state = _LENGTH
-            if self._remaining == 0:
-                self.reusable = keep_alive
-                self._finish()
-                return
-        else:
-            self._state = _UNTIL_CLOSE
-            keep_alive = False
-        self.reusable = keep_alive
-
-    def _feed_chunked(self, data: bytes, now: float) -> None:
-        """Decode chunked transfer encoding; pieces of one read are delivered together."""
-        position, size = 0, len(data)
-        pieces: list[bytes] = []
-        state = self._state
-        while position < size:
-            if state == _CHUNK_SIZE:
-                line_end = data.find(b"\r\n", position)
-                if line_end < 0:
-                    break
-                try:
-                    self._remaining = int(data[position:line_end].split(b";", 1)[0], 16)
-                except ValueError:
-                    raise HttpProtocolError(f"bad chunk size line: {data[position:line_end][:40]!r}") from None
-                position = line_end + 2
-                state = _CHUNK_DATA if self._remaining else _TRAILERS
-            elif state == _CHUNK_DATA:
-                take = min(self._remaining, size - position)
-                pieces.append(data[position : position + take])
-                position += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    state = _CHUNK_CRLF
-            elif state == _CHUNK_CRLF:
-                if size - position < 2:
-                    break
-                if data[position : position + 2] != b"\r\n":
-                    raise HttpProtocolError("chunk not followed by CRLF")
-                position += 2
-                state = _CHUNK_SIZE
-            else:  # trailers, ended by an empty line
-                line_end = data.find(b"\r\n", position)
-                if line_end < 0:
-                    break
-                empty = line_end == position
-                position = line_end + 2
-                if empty:
-                    state = _DONE
-                    break
-        self._state = state
-        self._buffer = data[position:] if state != _DONE else b""
-        if pieces:
-            self._deliver(pieces[0] if len(pieces) == 1 else b"".join(pieces), now)
-        if state == _DONE:
-            self._finish()
-
+    # -- delivery ---------------------------------------------------------------------------------
     def _deliver(self, data: bytes, now: float) -> None:
         response = self._response
         if response is not None and response.status == 200 and self._sink is not None:
             self._sink(data, now)
-        elif response is not None and len(response.error_body) < MAX_HEAD_BYTES:
+        elif response is not None and len(response.error_body) < MAX_ERROR_BODY_BYTES:
             response.error_body += data
 
     def _finish(self) -> None:
-        self._state = _DONE
+        self._ended = False
+        head = self._reader.head
+        self.reusable = head is not None and head.keep_alive and not self.closed
         response = self._response
         if response is not None and not response.done.done():
             response.done.set_result(None)
