@@ -50,8 +50,8 @@ class ResponseSink(Protocol):
 class ResponseReader:
     """llhttp's response parser, fed one response at a time, reporting to a sink."""
 
-    __slots__ = ("sink", "max_head_bytes", "_parser", "_headers", "head", "head_bytes", "complete", "error",
-                 "on_body", "__weakref__")
+    __slots__ = ("sink", "max_head_bytes", "_parser", "_headers", "head", "head_size", "head_fed", "complete",
+                 "error", "on_body", "__weakref__")
 
     def __init__(self, sink: ResponseSink, max_head_bytes: int = MAX_RESPONSE_HEAD_BYTES) -> None:
         self.sink = sink
@@ -59,7 +59,8 @@ class ResponseReader:
         self._parser: httptools.HttpResponseParser | None = None
         self._headers = Headers()
         self.head: ResponseHead | None = None
-        self.head_bytes = 0
+        self.head_size = 0  # status line and fields as parsed: the same however TCP splits them
+        self.head_fed = 0  # bytes of whole reads while the head is incomplete (feed)
         self.complete = True  # no response expected: bytes now are bytes after the response
         self.error: str | None = None
         self.on_body = sink.on_response_body  # llhttp calls it per piece of payload (bound once: the hot path)
@@ -69,7 +70,8 @@ class ResponseReader:
         self._parser = httptools.HttpResponseParser(self)
         self._headers = Headers()
         self.head = None
-        self.head_bytes = 0
+        self.head_size = 0
+        self.head_fed = -1  # the head begins in the next read
         self.complete = False
         self.error = None
 
@@ -84,10 +86,13 @@ class ResponseReader:
             self._parser = None
             raise ProtocolError(self.error or f"not valid HTTP/1.1 ({err})") from None
         if self.head is None:
-            self.head_bytes += len(data)
-            if self.head_bytes > self.max_head_bytes:
+            # A head still incomplete: counted over whole reads after the one it began in, so a head
+            # that never ends is refused once past the limit; one that completes is judged by its
+            # parsed size (on_headers_complete), whatever the reads were.
+            self.head_fed = 0 if self.head_fed < 0 else self.head_fed + len(data)
+            if self.head_fed > self.max_head_bytes:
                 self._parser = None
-                raise ProtocolError(f"response head over {self.max_head_bytes} bytes")
+                raise ProtocolError(self._head_too_large())
 
     def feed_eof(self) -> bool:
         """The connection closed: True when that ends the response (a body delimited by the close)."""
@@ -102,14 +107,27 @@ class ResponseReader:
 
     # ---- llhttp's callbacks ----------------------------------------------------------------------
 
+    def _head_too_large(self) -> str:
+        return f"response head over {self.max_head_bytes} bytes"
+
+    def _check_head_size(self, added: int) -> None:
+        self.head_size += added
+        if self.head_size > self.max_head_bytes:
+            self.error = self._head_too_large()
+            raise ProtocolError(self.error)
+
     def on_message_begin(self) -> None:
         if self.complete:
             self.error = "bytes after the end of the response"
             raise ProtocolError(self.error)
 
+    def on_status(self, status: bytes) -> None:
+        self._check_head_size(len(status))
+
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.head is not None:
             return  # a trailer of a chunked body: not used
+        self._check_head_size(len(name) + len(value) + 4)
         try:
             self._headers.add(name, value)
         except FramingError as err:
@@ -122,11 +140,12 @@ class ResponseReader:
         status = parser.get_status_code()
         version = parser.get_http_version()
         headers = self._headers
+        self._check_head_size(len("HTTP/1.1 200 \r\n\r\n"))
         try:
             if version not in ("1.1", "1.0"):
                 raise FramingError(f"HTTP/{version} response (only HTTP/1.1 and 1.0 are read)")
             if status < 200:
-                raise FramingError(f"unexpected informational response {status}")
+                raise FramingError(f"unexpected informational response {status:03d}")
             chunked = check_framing(headers)
         except FramingError as err:
             self.error = str(err)
