@@ -39,7 +39,7 @@ import aiohttp
 from aiohttp import web
 
 from vlmserve.gateway.openai_errors import CLIENT_REQUEST_ID_HEADER, error_response, sse_error_event
-from vlmserve.gateway.policies import Outcome, RoutingPolicy
+from vlmserve.gateway.routing import Outcome, RoutingPolicy
 from vlmserve.gateway.lean_http import ClientRequest, LeanRequest, header_lines
 from vlmserve.gateway.lean_lane import Answer, LeanStream
 from vlmserve.gateway.native_pump import NativePump

@@ -1,0 +1,105 @@
+"""Engine-aware routing: score replicas from their engines' own load figures, as llm-d's picker does.
+
+Three scorers read one table of figures per choice (EngineFigures): queue (engine waiting +
+running), waiting alone (a queue means the batch is full), and free KV cache; a fourth, images
+held (image.py), steers repeats of an image without overloading its holder. Requests the gateway
+has in flight beyond what the last scrape counted are added to both queue and waiting: the scrape
+has not seen them yet, and without them every request between two scrapes herds onto the replica
+that looked idle. Scrapes older than `stale_after_s` are ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from vlmserve.gateway.engine_metrics import EngineLoad
+from vlmserve.gateway.replicas import Replica
+from vlmserve.gateway.request_info import RoutedRequest
+from vlmserve.gateway.routing.image import ImageMemory, ImagesHeld
+from vlmserve.gateway.routing.pipeline import HighestScore, Part, Pipeline, Scorer
+from vlmserve.routing import ENGINE_AWARE
+
+Figures = tuple[float, float, float]
+"""(queue, waiting, KV-cache usage 0..1) of one replica."""
+
+
+class EngineFigures(Part):
+    """The engines' last scrapes, and per choice each candidate's figures and the maxima to scale by."""
+
+    uses_engine_load = True
+
+    def __init__(self, stale_after_s: float = 3.0) -> None:
+        self.stale_after_s = stale_after_s
+        self.loads: dict[int, EngineLoad] = {}
+        self.figures: dict[int, Figures] = {}  # this choice's, by replica index (one dict, refilled)
+        self.max_queue = 1.0
+        self.max_waiting = 1.0
+
+    def _figures(self, replica: Replica, now: float) -> Figures:
+        load = self.loads.get(replica.index)
+        if load is None or now - load.scraped_at > self.stale_after_s:
+            return float(replica.in_flight), 0.0, 0.0
+        engine_queue = load.waiting + load.running
+        unseen = max(0.0, replica.in_flight - engine_queue)  # dispatched since the scrape: they will wait too
+        return engine_queue + unseen, load.waiting + unseen, load.kv_usage
+
+    def prepare(self, request: RoutedRequest, candidates: Sequence[Replica]) -> None:
+        now = time.monotonic()
+        figures = self.figures
+        figures.clear()
+        for replica in candidates:
+            figures[replica.index] = self._figures(replica, now)
+        self.max_queue = max(f[0] for f in figures.values()) or 1.0
+        self.max_waiting = max(f[1] for f in figures.values()) or 1.0
+
+    def on_load_update(self, replica: Replica, load: EngineLoad) -> None:
+        self.loads[replica.index] = load
+
+    def forget(self, replica: Replica) -> None:
+        self.loads.pop(replica.index, None)
+        self.figures.pop(replica.index, None)
+
+
+class EngineQueue(Scorer):
+    """1 for the shortest queue (waiting + running) among the candidates, 0 for the longest's share."""
+
+    def __init__(self, engines: EngineFigures) -> None:
+        self.engines = engines
+
+    def score(self, request: RoutedRequest, replica: Replica) -> float:
+        return 1 - self.engines.figures[replica.index][0] / self.engines.max_queue
+
+
+class EngineWaiting(Scorer):
+    """As EngineQueue, for the requests waiting alone."""
+
+    def __init__(self, engines: EngineFigures) -> None:
+        self.engines = engines
+
+    def score(self, request: RoutedRequest, replica: Replica) -> float:
+        return 1 - self.engines.figures[replica.index][1] / self.engines.max_waiting
+
+
+class FreeKvCache(Scorer):
+    """The share of the engine's KV cache that is free."""
+
+    def __init__(self, engines: EngineFigures) -> None:
+        self.engines = engines
+
+    def score(self, request: RoutedRequest, replica: Replica) -> float:
+        return 1 - self.engines.figures[replica.index][2]
+
+
+class EngineAware(Pipeline):
+    """Queue, waiting, free KV cache and images held, weighted; the highest sum wins, equal sums rotate."""
+
+    name = ENGINE_AWARE
+
+    def __init__(self, queue_weight: float = 1.0, waiting_weight: float = 1.0, kv_weight: float = 1.0,
+                 stale_after_s: float = 3.0, image_weight: float = 1.0, load_factor: float = 1.25) -> None:
+        self.engines = EngineFigures(stale_after_s)
+        self.memory = ImageMemory()
+        super().__init__([(queue_weight, EngineQueue(self.engines)), (waiting_weight, EngineWaiting(self.engines)),
+                          (kv_weight, FreeKvCache(self.engines)), (image_weight, ImagesHeld(self.memory, load_factor))],
+                         parts=(self.engines,), picker=HighestScore())
