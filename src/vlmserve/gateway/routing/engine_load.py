@@ -25,18 +25,23 @@ Figures = tuple[float, float, float]
 
 
 class EngineFigures(Part):
-    """The engines' last scrapes, and per choice each candidate's figures and the maxima to scale by."""
+    """The engines' last scrapes, and per choice the three engine scores of each candidate.
+
+    The scores are computed here, once per choice, because they are relative: a queue scores
+    1 - queue / the longest queue among the candidates. The scorers below only look them up."""
 
     uses_engine_load = True
 
     def __init__(self, stale_after_s: float = 3.0) -> None:
         self.stale_after_s = stale_after_s
         self.loads: dict[int, EngineLoad] = {}
-        self.figures: dict[int, Figures] = {}  # this choice's, by replica index (one dict, refilled)
-        self.max_queue = 1.0
-        self.max_waiting = 1.0
+        # this choice's scores by replica index: dicts refilled in place, never rebuilt per request
+        self.queue_scores: dict[int, float] = {}
+        self.waiting_scores: dict[int, float] = {}
+        self.kv_scores: dict[int, float] = {}
+        self._figures: list[Figures] = []
 
-    def _figures(self, replica: Replica, now: float) -> Figures:
+    def _figures_of(self, replica: Replica, now: float) -> Figures:
         load = self.loads.get(replica.index)
         if load is None or now - load.scraped_at > self.stale_after_s:
             return float(replica.in_flight), 0.0, 0.0
@@ -46,49 +51,58 @@ class EngineFigures(Part):
 
     def prepare(self, request: RoutedRequest, candidates: Sequence[Replica]) -> None:
         now = time.monotonic()
-        figures = self.figures
+        figures = self._figures
         figures.clear()
         for replica in candidates:
-            figures[replica.index] = self._figures(replica, now)
-        self.max_queue = max(f[0] for f in figures.values()) or 1.0
-        self.max_waiting = max(f[1] for f in figures.values()) or 1.0
+            figures.append(self._figures_of(replica, now))
+        max_queue = max(f[0] for f in figures) or 1.0
+        max_waiting = max(f[1] for f in figures) or 1.0
+        queue, waiting, kv = self.queue_scores, self.waiting_scores, self.kv_scores
+        queue.clear()
+        waiting.clear()
+        kv.clear()
+        for replica, (queued, waited, kv_usage) in zip(candidates, figures):
+            queue[replica.index] = 1 - queued / max_queue
+            waiting[replica.index] = 1 - waited / max_waiting
+            kv[replica.index] = 1 - kv_usage
 
     def on_load_update(self, replica: Replica, load: EngineLoad) -> None:
         self.loads[replica.index] = load
 
     def forget(self, replica: Replica) -> None:
         self.loads.pop(replica.index, None)
-        self.figures.pop(replica.index, None)
+        for scores in (self.queue_scores, self.waiting_scores, self.kv_scores):
+            scores.pop(replica.index, None)
 
 
 class EngineQueue(Scorer):
-    """1 for the shortest queue (waiting + running) among the candidates, 0 for the longest's share."""
+    """1 for an empty queue (engine waiting + running), 0 for the longest among the candidates."""
 
     def __init__(self, engines: EngineFigures) -> None:
-        self.engines = engines
+        self._scores = engines.queue_scores
 
     def score(self, request: RoutedRequest, replica: Replica) -> float:
-        return 1 - self.engines.figures[replica.index][0] / self.engines.max_queue
+        return self._scores[replica.index]
 
 
 class EngineWaiting(Scorer):
-    """As EngineQueue, for the requests waiting alone."""
+    """As EngineQueue, for the requests waiting alone: a queue means the batch is full."""
 
     def __init__(self, engines: EngineFigures) -> None:
-        self.engines = engines
+        self._scores = engines.waiting_scores
 
     def score(self, request: RoutedRequest, replica: Replica) -> float:
-        return 1 - self.engines.figures[replica.index][1] / self.engines.max_waiting
+        return self._scores[replica.index]
 
 
 class FreeKvCache(Scorer):
     """The share of the engine's KV cache that is free."""
 
     def __init__(self, engines: EngineFigures) -> None:
-        self.engines = engines
+        self._scores = engines.kv_scores
 
     def score(self, request: RoutedRequest, replica: Replica) -> float:
-        return 1 - self.engines.figures[replica.index][2]
+        return self._scores[replica.index]
 
 
 class EngineAware(Pipeline):

@@ -8,7 +8,7 @@ named on the command line are fixed pipelines (build.py). The replicas a pipelin
 filtered for health, ejection and model (ReplicaPool.candidates).
 
 Scorers keep their own state from a request's life (dispatched, first token, finished, an engine
-scrape, a replica forgotten) through the hooks of `Part`. `choose` runs on the event loop for every
+scrape, a replica forgotten) through the hooks of `Lifecycle`. `choose` runs on the event loop for every
 request, so the pipeline works out once, at construction, which hooks each part really implements
 and per request calls only those; a one-scorer pipeline costs one `score` call per replica more
 than a hand-written loop.
@@ -22,37 +22,18 @@ from collections.abc import Callable, Sequence
 from vlmserve.gateway.engine_metrics import EngineLoad
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
-from vlmserve.gateway.routing.policy import Outcome, RoutingPolicy
+from vlmserve.gateway.routing.policy import Lifecycle, Outcome, RoutingPolicy
 
 ScoreFn = Callable[[RoutedRequest, Replica], float]
-Weighted = tuple[float, ScoreFn]
-"""A scorer's weight and its bound `score` method, as the picker gets them."""
+"""A replica's score for a request: one scorer's, or the pipeline's weighted sum."""
 
 
-class Part:
-    """A piece of a pipeline that may keep state from a request's life; every hook is optional."""
-
-    uses_prefix_hashes = False  # the pipeline (and so the proxy) needs prefix hashes
-    uses_engine_load = False  # the pipeline (and so the pool) needs engine /metrics scrapes
+class Part(Lifecycle):
+    """A piece of a pipeline (a scorer, or state several scorers read); hears the request's life."""
 
     def prepare(self, request: RoutedRequest, candidates: Sequence[Replica]) -> None:
         """Once per choice, after the filters and before any score: figures shared by all the
         replicas' scores (the maxima to normalise by, a load bound), computed once, not per replica."""
-
-    def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
-        """The request is being sent to `replica` (once per attempt)."""
-
-    def on_first_token(self, request: RoutedRequest, replica: Replica) -> None:
-        """The replica produced the first bytes of the answer."""
-
-    def on_finish(self, request: RoutedRequest, replica: Replica, outcome: Outcome) -> None:
-        """The attempt on `replica` ended (exactly once per on_dispatch)."""
-
-    def on_load_update(self, replica: Replica, load: EngineLoad) -> None:
-        """A fresh scrape of the replica's engine metrics."""
-
-    def forget(self, replica: Replica) -> None:
-        """The replica drained and left: drop what is kept about it."""
 
 
 class Scorer(Part):
@@ -70,18 +51,36 @@ class Filter:
 
 
 class Picker:
-    """Takes one replica from the scored candidates; says how ties go."""
+    """Takes one replica from the candidates by their weighted sum; says how ties go."""
 
-    def pick(self, request: RoutedRequest, candidates: Sequence[Replica], scorers: Sequence[Weighted],
+    def pick(self, request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None,
              rotation: int) -> Replica:
+        """`score` is the weighted sum (None: no scorers, every replica ties); `rotation` moves by one
+        per choice."""
         raise NotImplementedError
 
 
-def weighted_score(request: RoutedRequest, replica: Replica, scorers: Sequence[Weighted]) -> float:
-    """Sum of weight × score, added in the scorers' order (0 with no scorers)."""
-    total = 0.0
-    for weight, score in scorers:
-        total += weight * score(request, replica)
+def weighted_sum(scorers: Sequence[tuple[float, Scorer]]) -> ScoreFn | None:
+    """The sum of weight × score, as one function built once per pipeline, added in the scorers' order.
+
+    A lone scorer of weight 1 is its own `score`, so a one-scorer pipeline pays one call per replica
+    and nothing more; None when there is no scorer."""
+    if not scorers:
+        return None
+    if len(scorers) == 1:
+        weight, scorer = scorers[0]
+        if weight == 1.0:
+            return scorer.score
+        alone = scorer.score
+        return lambda request, replica: weight * alone(request, replica)
+    parts = tuple((weight, scorer.score) for weight, scorer in scorers)
+
+    def total(request: RoutedRequest, replica: Replica) -> float:
+        summed = 0.0
+        for weight, score in parts:
+            summed += weight * score(request, replica)
+        return summed
+
     return total
 
 
@@ -95,28 +94,31 @@ class HighestScore(Picker):
     def __init__(self, fewer_in_flight: bool = False) -> None:
         self.fewer_in_flight = fewer_in_flight
 
-    def pick(self, request: RoutedRequest, candidates: Sequence[Replica], scorers: Sequence[Weighted],
+    def pick(self, request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None,
              rotation: int) -> Replica:
         n = len(candidates)
         start = rotation % n
-        if not scorers and not self.fewer_in_flight:
-            return candidates[start]
-        single = scorers[0] if len(scorers) == 1 else None  # the common case, without the summing loop
+        if score is None:
+            if not self.fewer_in_flight:
+                return candidates[start]
+            score = _no_opinion
         fewer = self.fewer_in_flight
         best, best_score, best_load = candidates[0], -math.inf, 0  # candidates[0] only if no score beats -inf (NaN)
         for offset in range(n):
             replica = candidates[(start + offset) % n]
-            if single is not None:
-                score = single[0] * single[1](request, replica)
-            else:
-                score = weighted_score(request, replica, scorers)
-            if score > best_score or (fewer and score == best_score and replica.in_flight < best_load):
-                best, best_score, best_load = replica, score, replica.in_flight
+            value = score(request, replica)
+            if value > best_score or (fewer and value == best_score and replica.in_flight < best_load):
+                best, best_score, best_load = replica, value, replica.in_flight
         return best
 
 
+def _no_opinion(request: RoutedRequest, replica: Replica) -> float:
+    return 0.0
+
+
 def _implemented(parts: Sequence[Part], hook: str) -> tuple[Callable, ...]:
-    """The parts' bound `hook` methods, for the parts whose class overrides Part's no-op."""
+    """The parts' bound `hook` methods, for the parts whose class overrides the no-op (no call per request
+    for a hook a part ignores)."""
     default = getattr(Part, hook)
     return tuple(getattr(part, hook) for part in parts if getattr(type(part), hook) is not default)
 
@@ -141,7 +143,7 @@ class Pipeline(RoutingPolicy):
         self.uses_prefix_hashes = any(part.uses_prefix_hashes for part in self.parts)
         self.uses_engine_load = any(part.uses_engine_load for part in self.parts)
         self.rotation = 0  # moves by one per choice: where the picker starts looking
-        self._weighted: tuple[Weighted, ...] = tuple((weight, scorer.score) for weight, scorer in self.scorers)
+        self._score = weighted_sum(self.scorers)
         self._keep = tuple(f.keep for f in self.filters)
         self._prepare = _implemented(self.parts, "prepare")
         self._on_dispatch = _implemented(self.parts, "on_dispatch")
@@ -156,7 +158,7 @@ class Pipeline(RoutingPolicy):
             candidates = keep(request, candidates)
         for prepare in self._prepare:
             prepare(request, candidates)
-        return self.picker.pick(request, candidates, self._weighted, self.rotation)
+        return self.picker.pick(request, candidates, self._score, self.rotation)
 
     def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
         for hook in self._on_dispatch:

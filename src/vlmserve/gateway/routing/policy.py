@@ -24,19 +24,11 @@ class Outcome(str, Enum):
     ABANDONED = "abandoned"  # the client went away; the upstream request was cancelled
 
 
-class RoutingPolicy:
-    """Base class: every hook is optional; `choose` is not.
+class Lifecycle:
+    """The events of a request's life a policy, or a part of one, may keep state from (all optional)."""
 
-    The replicas' in-flight request counts are kept by the proxy (every policy may read them);
-    anything else a policy needs, it keeps itself from these events."""
-
-    name = "base"
     uses_prefix_hashes = False  # the proxy hashes the conversation only when a policy reads it
     uses_engine_load = False  # the pool polls engine /metrics only when a policy reads it
-
-    def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
-        """One of `candidates` (never empty: healthy, not ejected, serving the model) for `request`."""
-        raise NotImplementedError
 
     def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
         """The request is being sent to `replica` (once per attempt)."""
@@ -54,3 +46,16 @@ class RoutingPolicy:
         """The replica left the set and drained (nothing in flight): drop what is kept about it.
 
         Indices are never reused, so this only bounds memory; it never changes a routing decision."""
+
+
+class RoutingPolicy(Lifecycle):
+    """Chooses a replica and hears each request's life; every hook is optional, `choose` is not.
+
+    The replicas' in-flight request counts are kept by the proxy (every policy may read them);
+    anything else a policy needs, it keeps itself from these events."""
+
+    name = "base"
+
+    def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
+        """One of `candidates` (never empty: healthy, not ejected, serving the model) for `request`."""
+        raise NotImplementedError

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.routing.bounds import UnderLoadBound
-from vlmserve.gateway.routing.pipeline import HighestScore, Picker, Pipeline, Scorer, Weighted, weighted_score
+from vlmserve.gateway.routing.pipeline import HighestScore, Picker, Pipeline, Scorer, ScoreFn
 from vlmserve.routing import PREFIX_AFFINITY
 
 
@@ -69,16 +69,16 @@ class PrefixPicker(Picker):
     def __init__(self) -> None:
         self._spread = HighestScore(fewer_in_flight=True)
 
-    def pick(self, request: RoutedRequest, candidates: Sequence[Replica], scorers: Sequence[Weighted],
+    def pick(self, request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None,
              rotation: int) -> Replica:
-        if not request.prefix_hashes:
-            return self._spread.pick(request, candidates, scorers, rotation)
+        if not request.prefix_hashes or score is None:
+            return self._spread.pick(request, candidates, score, rotation)
         best: Replica | None = None
         best_score = 0.0
         for replica in candidates:
-            score = weighted_score(request, replica, scorers)
-            if score > best_score or (best is not None and score == best_score and replica.in_flight < best.in_flight):
-                best, best_score = replica, score
+            value = score(request, replica)
+            if value > best_score or (best is not None and value == best_score and replica.in_flight < best.in_flight):
+                best, best_score = replica, value
         if best is not None:
             return best
         first_block = request.prefix_hashes[0]
