@@ -112,3 +112,10 @@ def test_the_load_bound_never_empties_the_candidates() -> None:
     assert UnderLoadBound(load_factor=0.5).keep(req("r"), replicas) == replicas  # below fair share: nobody fits
     replicas[0].in_flight = 0
     assert UnderLoadBound(load_factor=1.0).keep(req("r"), replicas) == [replicas[0]]
+
+
+def test_round_robin_reads_nothing_of_the_request() -> None:
+    """The app rotates requests without routing details (/version and the like) with it, passing None."""
+    replicas = make_replicas(3)
+    rotation = RoundRobin()
+    assert [rotation.choose(None, replicas).index for _ in range(4)] == [1, 2, 0, 1]  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ class EngineFigures(Part):
     """The engines' last scrapes, and per choice the three engine scores of each candidate.
 
     The scores are computed here, once per choice, because they are relative: a queue scores
-    1 - queue / the longest queue among the candidates. The scorers below only look them up."""
+    1 - queue / the longest queue among the candidates. EngineScore only looks them up."""
 
     uses_engine_load = True
 
@@ -75,31 +75,13 @@ class EngineFigures(Part):
             scores.pop(replica.index, None)
 
 
-class EngineQueue(Scorer):
-    """1 for an empty queue (engine waiting + running), 0 for the longest among the candidates."""
+class EngineScore(Scorer):
+    """One of EngineFigures' scores, looked up: queue (waiting + running; 1 for an empty queue, 0
+    for the longest among the candidates), waiting alone (a queue means the batch is full), or the
+    share of KV cache that is free."""
 
-    def __init__(self, engines: EngineFigures) -> None:
-        self._scores = engines.queue_scores
-
-    def score(self, request: RoutedRequest, replica: Replica) -> float:
-        return self._scores[replica.index]
-
-
-class EngineWaiting(Scorer):
-    """As EngineQueue, for the requests waiting alone: a queue means the batch is full."""
-
-    def __init__(self, engines: EngineFigures) -> None:
-        self._scores = engines.waiting_scores
-
-    def score(self, request: RoutedRequest, replica: Replica) -> float:
-        return self._scores[replica.index]
-
-
-class FreeKvCache(Scorer):
-    """The share of the engine's KV cache that is free."""
-
-    def __init__(self, engines: EngineFigures) -> None:
-        self._scores = engines.kv_scores
+    def __init__(self, scores: dict[int, float]) -> None:
+        self._scores = scores  # refilled by EngineFigures.prepare before every choice
 
     def score(self, request: RoutedRequest, replica: Replica) -> float:
         return self._scores[replica.index]
@@ -112,8 +94,10 @@ class EngineAware(Pipeline):
 
     def __init__(self, queue_weight: float = 1.0, waiting_weight: float = 1.0, kv_weight: float = 1.0,
                  stale_after_s: float = 3.0, image_weight: float = 1.0, load_factor: float = 1.25) -> None:
-        self.engines = EngineFigures(stale_after_s)
+        self.engines = engines = EngineFigures(stale_after_s)
         self.memory = ImageMemory()
-        super().__init__([(queue_weight, EngineQueue(self.engines)), (waiting_weight, EngineWaiting(self.engines)),
-                          (kv_weight, FreeKvCache(self.engines)), (image_weight, ImagesHeld(self.memory, load_factor))],
-                         parts=(self.engines,), picker=HighestScore())
+        super().__init__([(queue_weight, EngineScore(engines.queue_scores)),
+                          (waiting_weight, EngineScore(engines.waiting_scores)),
+                          (kv_weight, EngineScore(engines.kv_scores)),
+                          (image_weight, ImagesHeld(self.memory, load_factor))],
+                         parts=(engines,), picker=HighestScore())

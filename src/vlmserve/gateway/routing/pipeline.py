@@ -144,6 +144,7 @@ class Pipeline(RoutingPolicy):
         self.uses_engine_load = any(part.uses_engine_load for part in self.parts)
         self.rotation = 0  # moves by one per choice: where the picker starts looking
         self._score = weighted_sum(self.scorers)
+        self._pick = self.picker.pick
         self._keep = tuple(f.keep for f in self.filters)
         self._prepare = _implemented(self.parts, "prepare")
         self._on_dispatch = _implemented(self.parts, "on_dispatch")
@@ -154,11 +155,13 @@ class Pipeline(RoutingPolicy):
 
     def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
         self.rotation += 1
-        for keep in self._keep:
-            candidates = keep(request, candidates)
-        for prepare in self._prepare:
-            prepare(request, candidates)
-        return self.picker.pick(request, candidates, self._score, self.rotation)
+        if self._keep:
+            for keep in self._keep:
+                candidates = keep(request, candidates)
+        if self._prepare:
+            for prepare in self._prepare:
+                prepare(request, candidates)
+        return self._pick(request, candidates, self._score, self.rotation)
 
     def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
         for hook in self._on_dispatch:
