@@ -55,11 +55,11 @@ def test_a_new_signal_is_one_weighted_scorer_and_its_weight_decides_against_load
 
 def test_equal_sums_rotate_and_fewer_in_flight_breaks_them_first() -> None:
     replicas = make_replicas(3)
-    plain = Pipeline([(1.0, Holds(set()))])
+    plain = Pipeline([(0.5, Holds(set()))])
     picks = Counter(plain.choose(req(f"r{i}"), replicas).index for i in range(30))
     assert picks == {0: 10, 1: 10, 2: 10}
     replicas[0].in_flight = replicas[2].in_flight = 1
-    idle_first = Pipeline([(1.0, Holds(set()))], picker=HighestScore(fewer_in_flight=True))
+    idle_first = Pipeline(picker=HighestScore(fewer_in_flight=True))  # no scorer: every sum is equal
     assert {idle_first.choose(req(f"i{i}"), replicas).index for i in range(6)} == {1}
 
 
