@@ -1,6 +1,6 @@
 """Routing policy names and what "load" means, shared by the gateway and the planner.
 
-The gateway routes real requests (`gateway/policies.py`); the planner routes simulated ones
+The gateway routes real requests (`gateway/routing/`); the planner routes simulated ones
 (`sched/virtual_clock.py`). A planner prediction for "least-outstanding-tokens" is only worth
 something if both count load the same way: prompt tokens plus the output tokens the request may
 still produce (its `max_tokens`), charged at dispatch and released when it finishes — the KV-cache

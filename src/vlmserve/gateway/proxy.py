@@ -39,7 +39,7 @@ import aiohttp
 from aiohttp import web
 
 from vlmserve.gateway.openai_errors import CLIENT_REQUEST_ID_HEADER, error_response, sse_error_event
-from vlmserve.gateway.policies import Outcome, RoutingPolicy
+from vlmserve.gateway.routing import Outcome, RoutingPolicy
 from vlmserve.http1.headers import header_lines
 from vlmserve.http1.messages import Answer, Stream as LeanStream, Request as ClientRequest, Request as LeanRequest  # TEMP until the relay rewrite lands
 from vlmserve.http1.messages import Response

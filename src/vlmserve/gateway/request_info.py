@@ -16,7 +16,7 @@ from typing import Any
 MAX_CLIENT_REQUEST_ID_CHARS = 128
 _CLIENT_REQUEST_ID = re.compile(r"[!-~]{1,%d}" % MAX_CLIENT_REQUEST_ID_CHARS)  # printable ASCII, no spaces
 MAX_SESSION_KEY_CHARS = 64
-"""Longer X-Session-ID values are pinned under a digest of this length: 100,000 pins (policies.py)
+"""Longer X-Session-ID values are pinned under a digest of this length: 100,000 pins (routing/session.py)
 then hold at most about 25 MB, whatever the clients send."""
 
 

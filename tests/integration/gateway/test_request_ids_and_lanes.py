@@ -1,7 +1,7 @@
 """Client-chosen ids and awkward HTTP framing against a real gateway (sockets, a sim engine).
 
 - The gateway's own id keys every count; the client's X-Request-ID is recorded and echoed only,
-  bounded and checked; X-Session-ID pins hold bounded memory (request_info.py, policies.py).
+  bounded and checked; X-Session-ID pins hold bounded memory (request_info.py, routing/session.py).
 - The lanes (lean_lane.py, client_limits.py): one head-size limit whatever the segmentation, a
   half-closed client's GET answered and its engine work cancelled, `Connection: close` with
   pipelined bytes answered once.

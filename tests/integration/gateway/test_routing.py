@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway, scrape_engine, sim_engines
 from tests.helpers.sim import SimHandle
-from vlmserve.gateway.policies import PrefixAffinity, load_bound
+from vlmserve.gateway.routing import PrefixAffinity, load_bound
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
 

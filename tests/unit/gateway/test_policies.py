@@ -7,7 +7,7 @@ import time
 from vlmserve.gateway.breaker import CircuitBreaker
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
-from vlmserve.gateway.policies import (
+from vlmserve.gateway.routing import (
     EngineAware,
     LeastOutstandingTokens,
     Outcome,
@@ -244,7 +244,7 @@ def image_req(request_id: str, *digests: str, prompt: int = 100) -> RoutedReques
 
 
 def test_image_affinity_sends_a_repeat_where_its_image_went() -> None:
-    from vlmserve.gateway.policies import ImageAffinity
+    from vlmserve.gateway.routing import ImageAffinity
 
     replicas = make_replicas(3)
     policy = ImageAffinity(load_factor=1.25)
@@ -268,7 +268,7 @@ def test_image_affinity_sends_a_repeat_where_its_image_went() -> None:
 
 
 def test_image_affinity_never_makes_a_hot_spot() -> None:
-    from vlmserve.gateway.policies import ImageAffinity
+    from vlmserve.gateway.routing import ImageAffinity
 
     replicas = make_replicas(2)
     policy = ImageAffinity(load_factor=1.25)
@@ -284,7 +284,7 @@ def test_image_affinity_never_makes_a_hot_spot() -> None:
 
 
 def test_image_affinity_prefers_the_replica_holding_more_of_the_images() -> None:
-    from vlmserve.gateway.policies import ImageAffinity
+    from vlmserve.gateway.routing import ImageAffinity
 
     replicas = make_replicas(2)
     policy = ImageAffinity()

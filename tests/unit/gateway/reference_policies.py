@@ -1,4 +1,14 @@
-"""Routing policies behind one small interface.
+"""FROZEN REFERENCE, NOT PRODUCT CODE: the routing policies as they were before the pipeline.
+
+A verbatim copy of src/vlmserve/gateway/policies.py at commit 4413c4c (deleted when routing became
+the pipeline in src/vlmserve/gateway/routing/), kept only as the oracle of
+test_routing_differential.py: every `--policy` name must choose exactly what this code chose.
+Do not edit it to follow the product; if a policy's behaviour is meant to change, change the
+differential test's expectations instead and say why.
+
+The original module docstring follows.
+
+Routing policies behind one small interface.
 
 A policy chooses a replica among the healthy candidates and hears about each request's life:
 dispatched, first token, finished (completed, failed or abandoned), plus engine load updates.
