@@ -16,8 +16,9 @@ The rules kept (settings in `ServerLimits`; defaults close to nginx's):
   `100 Continue` when the announced body fits (413 otherwise); any other expectation is 417.
 - Anything llhttp refuses (CL with TE, a duplicate Content-Length, obs-fold, bare LF, NUL, a chunk
   size that is not plain hex, ...), a repeated singleton header or a Transfer-Encoding other than
-  `chunked` (headers.py), an HTTP version other than 1.0/1.1 (505): one INFO log line, the
-  error answer, and the connection closed. Nothing received after a refused request is parsed.
+  `chunked` (headers.py), Transfer-Encoding in an HTTP/1.0 request, an Upgrade or a CONNECT, an
+  HTTP version other than 1.0/1.1 (505): one INFO log line, the error answer, and the connection
+  closed. Nothing received after a refused request is parsed.
 - Keep-alive: HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`.
   After `Connection: close` nothing else the client sends is read (RFC 9112 9.6). Pipelined
   requests wait for the answer before them; reading pauses while more than `MAX_QUEUED_BYTES`
@@ -160,7 +161,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("server", "transport", "parser", "queue", "queued_bytes", "task", "ready", "serving",
                  "deadline", "awaiting_head", "reading_paused", "writing_paused", "drain_waiter", "listener",
                  "lingering", "stop_reading", "half_closed", "_method", "_url", "_headers", "_head_size",
-                 "_head_fed", "_in_head", "_body", "_body_size", "_refused", "__weakref__")
+                 "_head_fed", "_completed_in_read", "_in_head", "_body", "_body_size", "_refused", "__weakref__")
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -185,6 +186,7 @@ class HttpConnection(asyncio.Protocol):
         self._headers = Headers()
         self._head_size = 0
         self._head_fed = 0
+        self._completed_in_read = False  # a request ended earlier in the read being parsed
         self._in_head = False
         self._body: list[bytes] = []
         self._body_size = 0
@@ -209,9 +211,12 @@ class HttpConnection(asyncio.Protocol):
             return
         if not self.awaiting_head and not self.busy and not self._in_head:
             self._await_head()  # the first bytes of a request on a kept-alive connection
+        self._completed_in_read = False
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as err:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as err:
+            # HttpParserUpgrade is not an HttpParserError: uncaught, it was a traceback and a dropped
+            # connection (a CONNECT did that before on_headers_complete refused it)
             refused, self._refused = self._refused, None
             if refused is None and self.stop_reading:
                 return  # what followed a last request (Connection: close): never parsed
@@ -219,8 +224,9 @@ class HttpConnection(asyncio.Protocol):
             return
         if self._in_head:
             # Bytes of a head still incomplete: counted over whole reads (a read in which the head
-            # began counts from the next), so a header that never ends is refused once past the
-            # limit and never buffered beyond it by more than a read.
+            # began after another request ended counts from the next: where it began is unknown),
+            # so a header that never ends is refused once past the limit and never buffered beyond
+            # it by more than a read.
             self._head_fed = 0 if self._head_fed < 0 else self._head_fed + len(data)
             if self._head_fed > self.server.limits.max_head_bytes:
                 self._refuse(self._head_too_large())
@@ -283,7 +289,11 @@ class HttpConnection(asyncio.Protocol):
         if self.stop_reading:
             raise _StopParsing  # after a last request: nothing more is parsed
         self._in_head = True
-        self._head_fed = -1  # began in this read (data_received)
+        # Began at this read's first byte unless a request ended earlier in it: then the whole read
+        # is this head's and counts (data_received). Counting from the next read only made a head
+        # that never ends, sent in one write, wait for the header timeout (408) where the same
+        # bytes in two writes were refused at once (431).
+        self._head_fed = -1 if self._completed_in_read else 0
         self._url = bytearray()
         self._headers = Headers()
         self._head_size = 0
@@ -321,12 +331,18 @@ class HttpConnection(asyncio.Protocol):
         if version not in ("1.1", "1.0"):
             self._fail(Refused(505, f"HTTP/{version} is not supported: send HTTP/1.1", "http_version_not_supported"))
         headers = self._headers
-        if "upgrade" in headers:
-            self._fail(Refused(400, "protocol upgrades are not supported", "upgrade_not_supported"))
+        if "upgrade" in headers or self._method == "CONNECT":  # llhttp ends a CONNECT's parse as an upgrade
+            self._fail(Refused(400, "protocol upgrades (Upgrade, CONNECT) are not supported", "upgrade_not_supported"))
         try:
             chunked = check_framing(headers)
         except FramingError as err:
             self._fail(Refused(400, str(err), "malformed_request"))
+        if chunked and version == "1.0":
+            # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (an HTTP/1.0
+            # hop before this one would not have read it as chunked); llhttp takes it, and with
+            # Connection: keep-alive, reads on after it. Refused, as nginx does.
+            self._fail(Refused(400, "Transfer-Encoding in an HTTP/1.0 request: send HTTP/1.1, or a Content-Length",
+                               "malformed_request"))
         length = dict.get(headers, "content-length")
         if length is not None and int(length) > limits.max_body_bytes:
             self._fail(self._body_too_large(int(length)))
@@ -350,6 +366,7 @@ class HttpConnection(asyncio.Protocol):
         keep_alive = parser.should_keep_alive()
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
+        self._completed_in_read = True
         request = Request(self._method, self._url.decode("latin-1"), "", self._headers, body,
                           parser.get_http_version() == "1.0", self)
         if not keep_alive:
