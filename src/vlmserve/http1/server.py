@@ -12,8 +12,11 @@ The rules kept (settings in `ServerLimits`; defaults close to nginx's):
   request line and fields, counted the same however TCP splits the bytes; a head still incomplete
   past the limit is refused at once, so a header that never ends costs no more than the limit.
 - A body within `max_body_bytes`: a larger Content-Length is refused before the body is read
-  (413), a chunked body as soon as it passes the limit. `Expect: 100-continue` is answered
-  `100 Continue` when the announced body fits (413 otherwise); any other expectation is 417.
+  (413), a chunked body as soon as it passes the limit; its chunk framing, extensions and
+  trailers within `max_head_bytes` plus the payload so far (else 400). A body may take its time,
+  but no more than `header_timeout_s` between two reads (else 408). `Expect: 100-continue` is
+  answered `100 Continue` when the announced body fits (413 otherwise); any other expectation is
+  417; in an HTTP/1.0 request Expect is ignored (RFC 9110 10.1.1).
 - Anything llhttp refuses (CL with TE, a duplicate Content-Length, obs-fold, bare LF, NUL, a chunk
   size that is not plain hex, ...), a repeated singleton header or a Transfer-Encoding other than
   `chunked` (headers.py), Transfer-Encoding in an HTTP/1.0 request, an Upgrade or a CONNECT, an
@@ -161,7 +164,8 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("server", "transport", "parser", "queue", "queued_bytes", "task", "ready", "serving",
                  "deadline", "awaiting_head", "reading_paused", "writing_paused", "drain_waiter", "listener",
                  "lingering", "stop_reading", "half_closed", "_method", "_url", "_headers", "_head_size",
-                 "_head_fed", "_completed_in_read", "_in_head", "_body", "_body_size", "_refused", "__weakref__")
+                 "_head_fed", "_completed_in_read", "_in_head", "_in_body", "_body", "_body_size", "_body_overhead",
+                 "_refused", "__weakref__")
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -188,8 +192,10 @@ class HttpConnection(asyncio.Protocol):
         self._head_fed = 0
         self._completed_in_read = False  # a request ended earlier in the read being parsed
         self._in_head = False
+        self._in_body = False  # between a head and the end of its body
         self._body: list[bytes] = []
         self._body_size = 0
+        self._body_overhead = 0  # bytes of a body's reads that were not payload (chunk framing, trailers)
         self._refused: Refused | None = None
 
     @property
@@ -209,9 +215,10 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.lingering or self.stop_reading:
             return
-        if not self.awaiting_head and not self.busy and not self._in_head:
+        if not self.awaiting_head and not self.busy and not self._in_head and not self._in_body:
             self._await_head()  # the first bytes of a request on a kept-alive connection
         self._completed_in_read = False
+        in_body, body_before = self._in_body, self._body_size
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as err:
@@ -231,6 +238,21 @@ class HttpConnection(asyncio.Protocol):
             if self._head_fed > self.server.limits.max_head_bytes:
                 self._refuse(self._head_too_large())
                 return
+        elif self._in_body:
+            # A body still incomplete. Its reads may be as far apart as a head's (header_timeout_s,
+            # else 408): before, the head's deadline ran on into the body (_await_head above), so a
+            # steady upload longer than header_timeout_s was cut with a 408. And what its reads hold
+            # beyond payload (chunk framing and extensions, trailers, which httptools buffers whole
+            # before on_header) is bounded by a head's size plus the payload so far: a trailer that
+            # never ended was buffered without limit (Go's net/http bounds chunk overhead alike).
+            limits = self.server.limits
+            self.deadline = self.server.loop.time() + limits.header_timeout_s
+            if in_body and not self._completed_in_read:  # the whole read was this body's
+                self._body_overhead += len(data) - (self._body_size - body_before)
+                if self._body_overhead > limits.max_head_bytes + self._body_size:
+                    self._refuse(Refused(400, "chunked body with more bytes of chunk framing, extensions or "
+                                              "trailers than of data", "malformed_request"))
+                    return
         if ((self.queued_bytes > MAX_QUEUED_BYTES or len(self.queue) > MAX_QUEUED_REQUESTS)
                 and not self.reading_paused and self.transport is not None):
             self.transport.pause_reading()
@@ -299,6 +321,7 @@ class HttpConnection(asyncio.Protocol):
         self._head_size = 0
         self._body = []
         self._body_size = 0
+        self._body_overhead = 0
         if not self.awaiting_head and not self.busy:
             self._await_head()
 
@@ -317,7 +340,9 @@ class HttpConnection(asyncio.Protocol):
         try:
             self._headers.add(name, value)
         except FramingError as err:
-            self._fail(Refused(431 if "header fields" in str(err) else 400, str(err), "malformed_request"))
+            too_many = "header fields" in str(err)  # 431 and its code, as for a head over the byte limit
+            self._fail(Refused(431, str(err), "request_header_fields_too_large") if too_many
+                       else Refused(400, str(err), "malformed_request"))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -347,13 +372,14 @@ class HttpConnection(asyncio.Protocol):
         if length is not None and int(length) > limits.max_body_bytes:
             self._fail(self._body_too_large(int(length)))
         expect = dict.get(headers, "expect")
-        if expect is not None:
+        if expect is not None and version == "1.1":  # RFC 9110 10.1.1: ignored in an HTTP/1.0 request
             if expect.lower() != "100-continue":
                 self._fail(Refused(417, f"Expect {expect[:40]!r} is not supported", "expectation_failed"))
             if self.transport is not None and (length is not None or chunked):
                 self.transport.write(_CONTINUE)
-        self.deadline = 0.0  # the head is complete: a body may take its time
+        self.deadline = 0.0  # the head is complete: the body's reads have their own deadline (data_received)
         self.awaiting_head = False
+        self._in_body = True
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
@@ -366,6 +392,7 @@ class HttpConnection(asyncio.Protocol):
         keep_alive = parser.should_keep_alive()
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
+        self._in_body = False
         self._completed_in_read = True
         request = Request(self._method, self._url.decode("latin-1"), "", self._headers, body,
                           parser.get_http_version() == "1.0", self)
@@ -480,7 +507,7 @@ class HttpConnection(asyncio.Protocol):
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         log.info("HTTP request from %s refused with %d: %s", peer, refused.status, what)
         self.stop_reading = True
-        self._in_head = False
+        self._in_head = self._in_body = False
         answer = self.server.render_error(refused.status, refused.message, refused.code)
         if self.busy:  # an answer in progress goes first; this one is queued behind it
             self.queue.append(_RefusalRequest(answer, self))
@@ -503,10 +530,11 @@ class HttpConnection(asyncio.Protocol):
             return
         if self.transport is None or self.busy:
             return
-        if self.awaiting_head:
+        if self.awaiting_head or self._in_body:
             self.server.stats.header_timeouts += 1
             self.stop_reading = True
-            answer = self.server.render_error(408, "request headers not received in time", "request_timeout")
+            what = "body" if self._in_body else "headers"
+            answer = self.server.render_error(408, f"request {what} not received in time", "request_timeout")
             self.transport.write(answer.to_bytes(close=True))
             self._linger()
             return

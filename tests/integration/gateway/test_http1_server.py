@@ -167,9 +167,11 @@ def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def assert_refused(gw: Any, engine: SimHandle, caplog: pytest.LogCaptureFixture, *pieces: bytes,
-                         status: int, code: str, message: str, replies_before: int = 0) -> list[Reply]:
+                         status: int, code: str, message: str, replies_before: int = 0,
+                         error_type: str = "invalid_request_error", logged: bool = True) -> list[Reply]:
     """The request is answered `status` with `code` and `message` (a fragment), after `replies_before`
-    good answers; then the connection closes; one log line; the engine never saw it."""
+    good answers; then the connection closes; one log line (none for a timeout, which a slowloris
+    would otherwise turn into a flood of lines); the engine never saw it."""
     caplog.set_level(logging.INFO, logger="vlmserve.http1")
     caplog.clear()
     before = await engine_finished(engine)
@@ -177,10 +179,13 @@ async def assert_refused(gw: Any, engine: SimHandle, caplog: pytest.LogCaptureFi
     refused = replies[-1]
     assert refused.status == status, refused.body[:300]
     assert refused.error["code"] == code and message in refused.error["message"], refused.error
-    assert refused.error["type"] == "invalid_request_error"
+    assert refused.error["type"] == error_type
     assert refused.headers["connection"] == "close" and rest == b"", rest
     lines = refusal_lines(caplog)
-    assert len(lines) == 1 and f"refused with {status}" in lines[0] and "\n" not in lines[0], lines
+    if logged:
+        assert len(lines) == 1 and f"refused with {status}" in lines[0] and "\n" not in lines[0], lines
+    else:
+        assert lines == []
     assert "Traceback" not in caplog.text
     await control(gw.port)
     assert await engine_finished(engine) == before + 1 + sum(r.json.get("object") == "chat.completion"
@@ -447,6 +452,15 @@ async def test_expect_100_continue(engine: SimHandle, expect: bytes) -> None:
     assert answer.status == 200 and answer.json["object"] == "chat.completion" and rest == b""
 
 
+async def test_expect_is_ignored_in_http10_requests(engine: SimHandle) -> None:
+    """RFC 9110 10.1.1: an HTTP/1.0 client may not understand a 100, so none is sent (nor a 417)."""
+    async with running_gateway([engine]) as gw:
+        replies, rest = await talk(gw.port, post(unary("ten"), b"Expect: 100-continue", version=b"HTTP/1.0"))
+        [other], _ = await talk(gw.port, get(b"/health", b"Expect: something-else", version=b"HTTP/1.0"))
+    assert [r.status for r in replies] == [200] and replies[0].json["object"] == "chat.completion"
+    assert rest == b"" and other.status == 200
+
+
 @pytest.mark.hostile("Expect: 100-continue with a body over --max-body-bytes: 413 and no 100")
 async def test_expect_100_continue_over_the_body_limit(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
@@ -481,6 +495,58 @@ async def test_a_chunked_body_over_the_limit_is_refused(engine: SimHandle, caplo
     async with running_gateway([engine], max_body_bytes=BODY_LIMIT) as gw:
         await assert_refused(gw, engine, caplog, *pieces, status=413, code="body_too_large",
                              message=f"request body is over the {BODY_LIMIT}-byte limit")
+
+
+ENDLESS_TRAILER = [post(b"", b"Transfer-Encoding: chunked", length=False) + b"2\r\n{}\r\n0\r\nX-Trailer: "] + \
+    [b"t" * 4096] * 8
+ENDLESS_EXTENSION = [post(b"", b"Transfer-Encoding: chunked", length=False) + b"2;ext="] + [b"e" * 4096] * 8
+
+
+@pytest.mark.hostile("a chunked body whose trailer, or chunk extension, never ends: refused past a head's size, "
+                     "never buffered without limit")
+@pytest.mark.parametrize("pieces", [ENDLESS_TRAILER, ENDLESS_EXTENSION], ids=["trailer", "chunk extension"])
+async def test_chunk_framing_without_end_is_refused(engine: SimHandle, caplog: pytest.LogCaptureFixture,
+                                                   pieces: list[bytes]) -> None:
+    async with running_gateway([engine], header_timeout_s=60.0) as gw:
+        await assert_refused(gw, engine, caplog, *pieces, status=400, code=MALFORMED,
+                             message="more bytes of chunk framing, extensions or trailers than of data")
+
+
+@pytest.mark.hostile("more than 100 header fields: 431")
+async def test_too_many_header_fields_get_431(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
+    raw = get(b"/health", *[b"X-Field-%d: v" % n for n in range(101)])
+    async with running_gateway([engine]) as gw:
+        await assert_refused(gw, engine, caplog, raw, status=431, code="request_header_fields_too_large",
+                             message="more than 100 header fields")
+
+
+@pytest.mark.hostile("a client that stops sending in the middle of its body: 408 once header_timeout_s passes "
+                     "without a byte")
+async def test_a_stalled_body_gets_408(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
+    raw = post(unary("stalls"))
+    async with running_gateway([engine], header_timeout_s=1.0) as gw:
+        started = asyncio.get_running_loop().time()
+        await assert_refused(gw, engine, caplog, raw[:-10], status=408, code="request_timeout",
+                             message="request body not received in time", error_type="timeout_error",
+                             logged=False)
+        elapsed = asyncio.get_running_loop().time() - started
+    assert elapsed < 5.0
+
+
+async def test_a_steady_slow_body_is_not_cut_by_the_header_timeout(engine: SimHandle) -> None:
+    """The head's deadline does not run on into the body: a body arriving steadily, for longer in
+    all than header_timeout_s, is served (before, it got a 408 'headers not received in time')."""
+    raw = post(unary("steady"), b"Connection: close")
+    head_end = raw.index(b"\r\n\r\n") + 4
+    pieces = [raw[:head_end]] + [raw[i:i + 16] for i in range(head_end, len(raw), 16)]
+    async with running_gateway([engine], header_timeout_s=0.6) as gw:
+        reader, writer = await connect(gw.port)
+        started = asyncio.get_running_loop().time()
+        await send(writer, *pieces, pause_s=0.15)
+        elapsed = asyncio.get_running_loop().time() - started
+        answer = await read_reply(reader)
+        writer.close()
+    assert elapsed > 2 * 0.6 and answer.status == 200 and answer.json["object"] == "chat.completion", answer.body[:200]
 
 
 async def test_a_body_that_arrives_in_pieces_is_served(engine: SimHandle) -> None:
