@@ -164,7 +164,7 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("server", "transport", "parser", "queue", "queued_bytes", "task", "ready", "serving",
                  "deadline", "awaiting_head", "reading_paused", "writing_paused", "drain_waiter", "listener",
                  "lingering", "stop_reading", "half_closed", "_method", "_url", "_headers", "_head_size",
-                 "_head_fed", "_completed_in_read", "_in_head", "_in_body", "_body", "_body_size", "_body_overhead",
+                 "_head_fed", "_completed_in_read", "_in_head", "_in_body", "_body", "_body_size", "_body_overhead", "_continue_due",
                  "_refused", "__weakref__")
 
     def __init__(self, server: HttpServer) -> None:
@@ -196,6 +196,7 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_size = 0
         self._body_overhead = 0  # bytes of a body's reads that were not payload (chunk framing, trailers)
+        self._continue_due = False  # a 100 Continue waits for the answers before it (_serve)
         self._refused: Refused | None = None
 
     @property
@@ -376,7 +377,10 @@ class HttpConnection(asyncio.Protocol):
             if expect.lower() != "100-continue":
                 self._fail(Refused(417, f"Expect {expect[:40]!r} is not supported", "expectation_failed"))
             if self.transport is not None and (length is not None or chunked):
-                self.transport.write(_CONTINUE)
+                if self.busy:  # a 100 is this request's, so it follows the answers before (RFC 9110 15.2);
+                    self._continue_due = True  # written earlier, a client took it for theirs
+                else:
+                    self.transport.write(_CONTINUE)
         self.deadline = 0.0  # the head is complete: the body's reads have their own deadline (data_received)
         self.awaiting_head = False
         self._in_body = True
@@ -392,7 +396,7 @@ class HttpConnection(asyncio.Protocol):
         keep_alive = parser.should_keep_alive()
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
-        self._in_body = False
+        self._in_body = self._continue_due = False  # a body sent without waiting for its 100 needs none
         self._completed_in_read = True
         request = Request(self._method, self._url.decode("latin-1"), "", self._headers, body,
                           parser.get_http_version() == "1.0", self)
@@ -464,8 +468,13 @@ class HttpConnection(asyncio.Protocol):
                 if self.reading_paused and self.queued_bytes <= MAX_QUEUED_BYTES:
                     self.reading_paused = False
                     transport.resume_reading()
+                if self._continue_due and not self.queue:
+                    self._continue_due = False
+                    transport.write(_CONTINUE)  # the next request's, held while this answer was made
                 if self._in_head:
                     self._await_head()  # a pipelined head begun while this answer was served
+                elif self._in_body:  # a pipelined body under way: its reads' deadline (data_received)
+                    self.deadline = server.loop.time() + server.limits.header_timeout_s
                 elif not self.queue:
                     self.deadline = server.loop.time() + server.limits.keepalive_timeout_s
                     self.awaiting_head = False

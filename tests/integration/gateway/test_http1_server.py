@@ -461,6 +461,28 @@ async def test_expect_is_ignored_in_http10_requests(engine: SimHandle) -> None:
     assert rest == b"" and other.status == 200
 
 
+@pytest.mark.hostile("Expect: 100-continue on a request pipelined behind another: the 100 after the answer before it")
+async def test_a_pipelined_100_continue_follows_the_answer_before_it(engine: SimHandle) -> None:
+    """A 1xx belongs to the request at the head of the line (RFC 9110 15.2): written at once, the
+    100 reached the client before the first request's answer, which a client takes for its own."""
+    first = post(unary("first", max_tokens=100))  # takes the engine about 0.1 s
+    head, body = post(unary("second"), b"Expect: 100-continue", b"Connection: close").split(b"\r\n\r\n", 1)
+    async with running_gateway([engine]) as gw:
+        reader, writer = await connect(gw.port)
+        try:
+            writer.write(first + head + b"\r\n\r\n")
+            answer = await read_reply(reader)
+            interim = await read_reply(reader)
+            writer.write(body)
+            second = await read_reply(reader)
+            rest = await read_rest(reader)
+        finally:
+            writer.close()
+    assert answer.status == 200 and answer.json["choices"][0]["message"]["content"]
+    assert interim.status == 100
+    assert second.status == 200 and second.json["object"] == "chat.completion" and rest == b""
+
+
 @pytest.mark.hostile("Expect: 100-continue with a body over --max-body-bytes: 413 and no 100")
 async def test_expect_100_continue_over_the_body_limit(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
