@@ -19,9 +19,9 @@ The rules kept (settings in `ServerLimits`; defaults close to nginx's):
   417; in an HTTP/1.0 request Expect is ignored (RFC 9110 10.1.1).
 - Anything llhttp refuses (CL with TE, a duplicate Content-Length, obs-fold, bare LF, NUL, a chunk
   size that is not plain hex, ...), a repeated singleton header or a Transfer-Encoding other than
-  `chunked` (headers.py), Transfer-Encoding in an HTTP/1.0 request, an Upgrade or a CONNECT, an
-  HTTP version other than 1.0/1.1 (505): one INFO log line, the error answer, and the connection
-  closed. Nothing received after a refused request is parsed.
+  `chunked` (headers.py), an HTTP/1.1 request without Host, Transfer-Encoding in an HTTP/1.0
+  request, an Upgrade or a CONNECT, an HTTP version other than 1.0/1.1 (505): one INFO log line,
+  the error answer, and the connection closed. Nothing received after a refused request is parsed.
 - Keep-alive: HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`.
   After `Connection: close` nothing else the client sends is read (RFC 9112 9.6). Pipelined
   requests wait for the answer before them; reading pauses while more than `MAX_QUEUED_BYTES`
@@ -357,6 +357,8 @@ class HttpConnection(asyncio.Protocol):
         if version not in ("1.1", "1.0"):
             self._fail(Refused(505, f"HTTP/{version} is not supported: send HTTP/1.1", "http_version_not_supported"))
         headers = self._headers
+        if version == "1.1" and "host" not in headers:  # RFC 9112 3.2 requires the 400 (nginx and h11 send it)
+            self._fail(Refused(400, "an HTTP/1.1 request must carry a Host header", "malformed_request"))
         if "upgrade" in headers or self._method == "CONNECT":  # llhttp ends a CONNECT's parse as an upgrade
             self._fail(Refused(400, "protocol upgrades (Upgrade, CONNECT) are not supported", "upgrade_not_supported"))
         try:

@@ -261,6 +261,8 @@ REFUSED = [
           "header 'authorization' sent more than once", "a repeated singleton header: Authorization twice"),
     _case("two request ids", post(BODY, b"X-Request-ID: a", b"X-Request-ID: b"), 400, MALFORMED,
           "header 'x-request-id' sent more than once", "a repeated singleton header: X-Request-ID twice"),
+    _case("no host", b"GET /health HTTP/1.1\r\n\r\n", 400, MALFORMED, "must carry a Host header",
+          "an HTTP/1.1 request without Host (RFC 9112 3.2)"),
     _case("upgrade", get(b"/health", b"Connection: Upgrade", b"Upgrade: websocket"), 400, "upgrade_not_supported",
           "protocol upgrades (Upgrade, CONNECT) are not supported", "a protocol upgrade (Upgrade: websocket)"),
     _case("connect", b"CONNECT replica:8000 HTTP/1.1\r\nHost: replica:8000\r\n\r\n", 400, "upgrade_not_supported",
@@ -719,6 +721,26 @@ async def test_one_task_serves_a_connections_requests_and_ends_with_it(engine: S
             await asyncio.sleep(0.02)
         assert _connection_tasks() == []
         assert gw.gateway.client_stats.open == 0
+
+
+@pytest.mark.hostile("a kept-alive connection whose next head never completes: 408 after the header timeout")
+async def test_a_later_head_that_never_completes_gets_408(engine: SimHandle) -> None:
+    async with running_gateway([engine], header_timeout_s=1.0, keepalive_timeout_s=30.0) as gw:
+        reader, writer = await connect(gw.port)
+        try:
+            writer.write(get(b"/health"))
+            first = await read_reply(reader)
+            await asyncio.sleep(1.5)  # idle longer than a head may take: the keep-alive timeout applies
+            writer.write(b"GET /health HTTP/1.1\r\nHost: gate")
+            started = asyncio.get_running_loop().time()
+            timed_out = await read_reply(reader)
+            elapsed = asyncio.get_running_loop().time() - started
+            rest = await read_rest(reader)
+        finally:
+            writer.close()
+    assert first.status == 200
+    assert timed_out.status == 408 and timed_out.error["message"] == "request headers not received in time"
+    assert 0.8 < elapsed < 3.0 and rest == b""
 
 
 @pytest.mark.hostile("a head sent in slow parts: the header timeout counts from its first byte, not from each part")
