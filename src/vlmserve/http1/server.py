@@ -25,7 +25,9 @@ The rules kept (settings in `ServerLimits`; defaults close to nginx's):
 - Keep-alive: HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`.
   After `Connection: close` nothing else the client sends is read (RFC 9112 9.6). Pipelined
   requests wait for the answer before them; reading pauses while more than `MAX_QUEUED_BYTES`
-  of them wait. An idle kept-alive connection closes after `keepalive_timeout_s`.
+  or `MAX_QUEUED_REQUESTS` of them wait (one read may queue more), and no answer is made while
+  the client leaves the ones before it unread. An idle kept-alive connection closes after
+  `keepalive_timeout_s`.
 - A client that closes the connection cancels its request in progress (the replica sees the
   disconnect and aborts). A client that only shuts its sending side: a GET or HEAD received whole
   is still answered; anything else is taken to have left (engine work is not done for nobody;
@@ -467,8 +469,17 @@ class HttpConnection(asyncio.Protocol):
                 if last:
                     self._linger()
                     return
-                if self.reading_paused and self.queued_bytes <= MAX_QUEUED_BYTES:
-                    self.reading_paused = False
+                if self.writing_paused:
+                    # A client that pipelines and does not read its answers: none more is made until it
+                    # does (reading stays paused once the queue is full). Without this, its answers
+                    # piled up in the transport's buffer without limit (GET /metrics: 170 times the
+                    # bytes of the requests).
+                    await self.drain()
+                    if self.transport is None:
+                        return
+                if (self.reading_paused and self.queued_bytes <= MAX_QUEUED_BYTES
+                        and len(self.queue) <= MAX_QUEUED_REQUESTS):  # the count too: else every answer
+                    self.reading_paused = False  # resumed reading, and each read queued thousands more
                     transport.resume_reading()
                 if self._continue_due and not self.queue:
                     self._continue_due = False

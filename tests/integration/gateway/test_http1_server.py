@@ -383,6 +383,48 @@ async def test_pipelined_requests_are_answered_in_order(engine: SimHandle) -> No
     assert "connection" not in health.headers and models.headers["connection"] == "close" and rest == b""
 
 
+ASYNCIO_READ_BYTES = 256 * 1024  # the most asyncio's socket transport reads at once (selector_events.max_size)
+
+
+@pytest.mark.hostile("a client that pipelines thousands of requests and reads its answers slowly, or not at all: "
+                     "the gateway's queue and write buffer stay bounded")
+async def test_a_pipelining_client_that_does_not_read_holds_bounded_memory(engine: SimHandle) -> None:
+    """Reading pauses while answers wait to be written or requests to be served, and resumes only
+    once both are back under their limits. Before, answers piled up in the write buffer (GET
+    /metrics: about 170 times the bytes of the requests) and each answer resumed reading."""
+    from vlmserve.http1.server import MAX_QUEUED_REQUESTS
+
+    metrics, health = get(b"/metrics"), get(b"/health")
+    count = 3000
+    async with running_gateway([engine]) as gw:
+        reader, writer = await connect(gw.port)
+        client = writer.transport
+        assert isinstance(client, asyncio.Transport)
+        client.pause_reading()  # reads nothing: kernel buffers fill, then the gateway's
+        writer.write(metrics * count)
+        connection = next(iter(gw.http.connections))
+        for _ in range(500):  # until the gateway is held up by the client
+            if connection.writing_paused:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # a moment in which it would have gone on writing
+        assert connection.transport is not None
+        held = connection.transport.get_write_buffer_size()
+        client.resume_reading()
+        answers = [await read_reply(reader) for _ in range(count)]
+        writer.write(health * 40000)  # 1.3 MB of small requests, whose answers are read slowly
+        most_queued = 0
+        for n in range(40000):
+            most_queued = max(most_queued, len(connection.queue))
+            assert (await read_reply(reader)).status == 200
+            if n % 20 == 0:
+                await asyncio.sleep(0.001)
+        writer.close()
+    assert connection.writing_paused is False and held < 1024 * 1024, held
+    assert all(a.status == 200 and a.body.startswith(b"#") for a in answers)
+    assert most_queued <= ASYNCIO_READ_BYTES // len(health) + MAX_QUEUED_REQUESTS, most_queued
+
+
 @pytest.mark.hostile("Connection: close followed by pipelined bytes: the first request answered, the rest never read")
 @pytest.mark.parametrize("following", [b"garbage\r\n\r\n", post(unary("never")), get(b"/health", b"X-A: \x00")],
                          ids=["garbage", "a second request", "a malformed request"])
