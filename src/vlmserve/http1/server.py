@@ -473,8 +473,14 @@ class HttpConnection(asyncio.Protocol):
                     # A client that pipelines and does not read its answers: none more is made until it
                     # does (reading stays paused once the queue is full). Without this, its answers
                     # piled up in the transport's buffer without limit (GET /metrics: 170 times the
-                    # bytes of the requests).
-                    await self.drain()
+                    # bytes of the requests). One that reads nothing for keepalive_timeout_s is dropped,
+                    # as by nginx's send_timeout: else it held its connection for ever.
+                    try:
+                        await asyncio.wait_for(self.drain(), server.limits.keepalive_timeout_s)
+                    except TimeoutError:
+                        if self.transport is not None:
+                            self.transport.abort()  # close() would wait for the unread answers to leave
+                        return
                     if self.transport is None:
                         return
                 if (self.reading_paused and self.queued_bytes <= MAX_QUEUED_BYTES

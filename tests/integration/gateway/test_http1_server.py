@@ -425,6 +425,30 @@ async def test_a_pipelining_client_that_does_not_read_holds_bounded_memory(engin
     assert most_queued <= ASYNCIO_READ_BYTES // len(health) + MAX_QUEUED_REQUESTS, most_queued
 
 
+@pytest.mark.hostile("a client that pipelines requests and never reads an answer: dropped after the keep-alive timeout")
+async def test_a_pipelining_client_that_never_reads_is_dropped(engine: SimHandle) -> None:
+    async with running_gateway([engine], keepalive_timeout_s=1.0) as gw:
+        reader, writer = await connect(gw.port)
+        client = writer.transport
+        assert isinstance(client, asyncio.Transport)
+        client.pause_reading()
+        for _ in range(3):  # in parts: requests also arrive while the gateway waits for the client
+            writer.write(get(b"/metrics") * 1000)
+            await asyncio.sleep(0.1)
+        connection = next(iter(gw.http.connections))
+        for _ in range(500):
+            if connection.writing_paused:
+                break
+            await asyncio.sleep(0.01)
+        assert connection.writing_paused
+        for _ in range(500):
+            if gw.gateway.client_stats.open == 0:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        assert gw.gateway.client_stats.open == 0 and connection.transport is None
+
+
 @pytest.mark.hostile("Connection: close followed by pipelined bytes: the first request answered, the rest never read")
 @pytest.mark.parametrize("following", [b"garbage\r\n\r\n", post(unary("never")), get(b"/health", b"X-A: \x00")],
                          ids=["garbage", "a second request", "a malformed request"])
