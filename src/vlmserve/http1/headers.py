@@ -41,7 +41,9 @@ class Headers(dict[str, str]):
         if len(self) >= MAX_HEADERS:
             raise FramingError(f"more than {MAX_HEADERS} header fields")
         name = raw_name.decode("latin-1").lower()
-        value = raw_value.decode("latin-1")
+        # RFC 9110 5.5: trailing whitespace is not part of the value; llhttp drops only the leading
+        # (`Expect: 100-continue ` was a 417, `X-Request-ID: id ` a 400)
+        value = raw_value.decode("latin-1").rstrip(" \t")
         previous = dict.get(self, name)
         if previous is None:
             self[name] = value

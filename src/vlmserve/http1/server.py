@@ -12,16 +12,22 @@ The rules kept (settings in `ServerLimits`; defaults close to nginx's):
   request line and fields, counted the same however TCP splits the bytes; a head still incomplete
   past the limit is refused at once, so a header that never ends costs no more than the limit.
 - A body within `max_body_bytes`: a larger Content-Length is refused before the body is read
-  (413), a chunked body as soon as it passes the limit. `Expect: 100-continue` is answered
-  `100 Continue` when the announced body fits (413 otherwise); any other expectation is 417.
+  (413), a chunked body as soon as it passes the limit; its chunk framing, extensions and
+  trailers within `max_head_bytes` plus the payload so far (else 400). A body may take its time,
+  but no more than `header_timeout_s` between two reads (else 408). `Expect: 100-continue` is
+  answered `100 Continue` when the announced body fits (413 otherwise); any other expectation is
+  417; in an HTTP/1.0 request Expect is ignored (RFC 9110 10.1.1).
 - Anything llhttp refuses (CL with TE, a duplicate Content-Length, obs-fold, bare LF, NUL, a chunk
   size that is not plain hex, ...), a repeated singleton header or a Transfer-Encoding other than
-  `chunked` (headers.py), an HTTP version other than 1.0/1.1 (505): one INFO log line, the
-  error answer, and the connection closed. Nothing received after a refused request is parsed.
+  `chunked` (headers.py), an HTTP/1.1 request without Host, Transfer-Encoding in an HTTP/1.0
+  request, an Upgrade or a CONNECT, an HTTP version other than 1.0/1.1 (505): one INFO log line,
+  the error answer, and the connection closed. Nothing received after a refused request is parsed.
 - Keep-alive: HTTP/1.1 unless `Connection: close`; HTTP/1.0 only with `Connection: keep-alive`.
   After `Connection: close` nothing else the client sends is read (RFC 9112 9.6). Pipelined
   requests wait for the answer before them; reading pauses while more than `MAX_QUEUED_BYTES`
-  of them wait. An idle kept-alive connection closes after `keepalive_timeout_s`.
+  or `MAX_QUEUED_REQUESTS` of them wait (one read may queue more), and no answer is made while
+  the client leaves the ones before it unread. An idle kept-alive connection closes after
+  `keepalive_timeout_s`.
 - A client that closes the connection cancels its request in progress (the replica sees the
   disconnect and aborts). A client that only shuts its sending side: a GET or HEAD received whole
   is still answered; anything else is taken to have left (engine work is not done for nobody;
@@ -160,7 +166,8 @@ class HttpConnection(asyncio.Protocol):
     __slots__ = ("server", "transport", "parser", "queue", "queued_bytes", "task", "ready", "serving",
                  "deadline", "awaiting_head", "reading_paused", "writing_paused", "drain_waiter", "listener",
                  "lingering", "stop_reading", "half_closed", "_method", "_url", "_headers", "_head_size",
-                 "_head_fed", "_in_head", "_body", "_body_size", "_refused", "__weakref__")
+                 "_head_fed", "_completed_in_read", "_in_head", "_in_body", "_body", "_body_size", "_body_overhead", "_continue_due",
+                 "_refused", "__weakref__")
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -185,9 +192,13 @@ class HttpConnection(asyncio.Protocol):
         self._headers = Headers()
         self._head_size = 0
         self._head_fed = 0
+        self._completed_in_read = False  # a request ended earlier in the read being parsed
         self._in_head = False
+        self._in_body = False  # between a head and the end of its body
         self._body: list[bytes] = []
         self._body_size = 0
+        self._body_overhead = 0  # bytes of a body's reads that were not payload (chunk framing, trailers)
+        self._continue_due = False  # a 100 Continue waits for the answers before it (_serve)
         self._refused: Refused | None = None
 
     @property
@@ -207,11 +218,15 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.lingering or self.stop_reading:
             return
-        if not self.awaiting_head and not self.busy and not self._in_head:
+        if not self.awaiting_head and not self.busy and not self._in_head and not self._in_body:
             self._await_head()  # the first bytes of a request on a kept-alive connection
+        self._completed_in_read = False
+        in_body, body_before = self._in_body, self._body_size
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as err:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as err:
+            # HttpParserUpgrade is not an HttpParserError: uncaught, it was a traceback and a dropped
+            # connection (a CONNECT did that before on_headers_complete refused it)
             refused, self._refused = self._refused, None
             if refused is None and self.stop_reading:
                 return  # what followed a last request (Connection: close): never parsed
@@ -219,12 +234,28 @@ class HttpConnection(asyncio.Protocol):
             return
         if self._in_head:
             # Bytes of a head still incomplete: counted over whole reads (a read in which the head
-            # began counts from the next), so a header that never ends is refused once past the
-            # limit and never buffered beyond it by more than a read.
+            # began after another request ended counts from the next: where it began is unknown),
+            # so a header that never ends is refused once past the limit and never buffered beyond
+            # it by more than a read.
             self._head_fed = 0 if self._head_fed < 0 else self._head_fed + len(data)
             if self._head_fed > self.server.limits.max_head_bytes:
                 self._refuse(self._head_too_large())
                 return
+        elif self._in_body:
+            # A body still incomplete. Its reads may be as far apart as a head's (header_timeout_s,
+            # else 408): before, the head's deadline ran on into the body (_await_head above), so a
+            # steady upload longer than header_timeout_s was cut with a 408. And what its reads hold
+            # beyond payload (chunk framing and extensions, trailers, which httptools buffers whole
+            # before on_header) is bounded by a head's size plus the payload so far: a trailer that
+            # never ended was buffered without limit (Go's net/http bounds chunk overhead alike).
+            limits = self.server.limits
+            self.deadline = self.server.loop.time() + limits.header_timeout_s
+            if in_body and not self._completed_in_read:  # the whole read was this body's
+                self._body_overhead += len(data) - (self._body_size - body_before)
+                if self._body_overhead > limits.max_head_bytes + self._body_size:
+                    self._refuse(Refused(400, "chunked body with more bytes of chunk framing, extensions or "
+                                              "trailers than of data", "malformed_request"))
+                    return
         if ((self.queued_bytes > MAX_QUEUED_BYTES or len(self.queue) > MAX_QUEUED_REQUESTS)
                 and not self.reading_paused and self.transport is not None):
             self.transport.pause_reading()
@@ -283,12 +314,17 @@ class HttpConnection(asyncio.Protocol):
         if self.stop_reading:
             raise _StopParsing  # after a last request: nothing more is parsed
         self._in_head = True
-        self._head_fed = -1  # began in this read (data_received)
+        # Began at this read's first byte unless a request ended earlier in it: then the whole read
+        # is this head's and counts (data_received). Counting from the next read only made a head
+        # that never ends, sent in one write, wait for the header timeout (408) where the same
+        # bytes in two writes were refused at once (431).
+        self._head_fed = -1 if self._completed_in_read else 0
         self._url = bytearray()
         self._headers = Headers()
         self._head_size = 0
         self._body = []
         self._body_size = 0
+        self._body_overhead = 0
         if not self.awaiting_head and not self.busy:
             self._await_head()
 
@@ -307,7 +343,9 @@ class HttpConnection(asyncio.Protocol):
         try:
             self._headers.add(name, value)
         except FramingError as err:
-            self._fail(Refused(431 if "header fields" in str(err) else 400, str(err), "malformed_request"))
+            too_many = "header fields" in str(err)  # 431 and its code, as for a head over the byte limit
+            self._fail(Refused(431, str(err), "request_header_fields_too_large") if too_many
+                       else Refused(400, str(err), "malformed_request"))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -321,23 +359,35 @@ class HttpConnection(asyncio.Protocol):
         if version not in ("1.1", "1.0"):
             self._fail(Refused(505, f"HTTP/{version} is not supported: send HTTP/1.1", "http_version_not_supported"))
         headers = self._headers
-        if "upgrade" in headers:
-            self._fail(Refused(400, "protocol upgrades are not supported", "upgrade_not_supported"))
+        if version == "1.1" and "host" not in headers:  # RFC 9112 3.2 requires the 400 (nginx and h11 send it)
+            self._fail(Refused(400, "an HTTP/1.1 request must carry a Host header", "malformed_request"))
+        if "upgrade" in headers or self._method == "CONNECT":  # llhttp ends a CONNECT's parse as an upgrade
+            self._fail(Refused(400, "protocol upgrades (Upgrade, CONNECT) are not supported", "upgrade_not_supported"))
         try:
             chunked = check_framing(headers)
         except FramingError as err:
             self._fail(Refused(400, str(err), "malformed_request"))
+        if chunked and version == "1.0":
+            # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (an HTTP/1.0
+            # hop before this one would not have read it as chunked); llhttp takes it, and with
+            # Connection: keep-alive, reads on after it. Refused, as nginx does.
+            self._fail(Refused(400, "Transfer-Encoding in an HTTP/1.0 request: send HTTP/1.1, or a Content-Length",
+                               "malformed_request"))
         length = dict.get(headers, "content-length")
         if length is not None and int(length) > limits.max_body_bytes:
             self._fail(self._body_too_large(int(length)))
         expect = dict.get(headers, "expect")
-        if expect is not None:
+        if expect is not None and version == "1.1":  # RFC 9110 10.1.1: ignored in an HTTP/1.0 request
             if expect.lower() != "100-continue":
                 self._fail(Refused(417, f"Expect {expect[:40]!r} is not supported", "expectation_failed"))
             if self.transport is not None and (length is not None or chunked):
-                self.transport.write(_CONTINUE)
-        self.deadline = 0.0  # the head is complete: a body may take its time
+                if self.busy:  # a 100 is this request's, so it follows the answers before (RFC 9110 15.2);
+                    self._continue_due = True  # written earlier, a client took it for theirs
+                else:
+                    self.transport.write(_CONTINUE)
+        self.deadline = 0.0  # the head is complete: the body's reads have their own deadline (data_received)
         self.awaiting_head = False
+        self._in_body = True
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
@@ -350,6 +400,8 @@ class HttpConnection(asyncio.Protocol):
         keep_alive = parser.should_keep_alive()
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
+        self._in_body = self._continue_due = False  # a body sent without waiting for its 100 needs none
+        self._completed_in_read = True
         request = Request(self._method, self._url.decode("latin-1"), "", self._headers, body,
                           parser.get_http_version() == "1.0", self)
         if not keep_alive:
@@ -417,11 +469,31 @@ class HttpConnection(asyncio.Protocol):
                 if last:
                     self._linger()
                     return
-                if self.reading_paused and self.queued_bytes <= MAX_QUEUED_BYTES:
-                    self.reading_paused = False
+                if self.writing_paused:
+                    # A client that pipelines and does not read its answers: none more is made until it
+                    # does (reading stays paused once the queue is full). Without this, its answers
+                    # piled up in the transport's buffer without limit (GET /metrics: 170 times the
+                    # bytes of the requests). One that reads nothing for keepalive_timeout_s is dropped,
+                    # as by nginx's send_timeout: else it held its connection for ever.
+                    try:
+                        await asyncio.wait_for(self.drain(), server.limits.keepalive_timeout_s)
+                    except TimeoutError:
+                        if self.transport is not None:
+                            self.transport.abort()  # close() would wait for the unread answers to leave
+                        return
+                    if self.transport is None:
+                        return
+                if (self.reading_paused and self.queued_bytes <= MAX_QUEUED_BYTES
+                        and len(self.queue) <= MAX_QUEUED_REQUESTS):  # the count too: else every answer
+                    self.reading_paused = False  # resumed reading, and each read queued thousands more
                     transport.resume_reading()
+                if self._continue_due and not self.queue:
+                    self._continue_due = False
+                    transport.write(_CONTINUE)  # the next request's, held while this answer was made
                 if self._in_head:
                     self._await_head()  # a pipelined head begun while this answer was served
+                elif self._in_body:  # a pipelined body under way: its reads' deadline (data_received)
+                    self.deadline = server.loop.time() + server.limits.header_timeout_s
                 elif not self.queue:
                     self.deadline = server.loop.time() + server.limits.keepalive_timeout_s
                     self.awaiting_head = False
@@ -463,7 +535,7 @@ class HttpConnection(asyncio.Protocol):
         peer = self.transport.get_extra_info("peername") if self.transport is not None else None
         log.info("HTTP request from %s refused with %d: %s", peer, refused.status, what)
         self.stop_reading = True
-        self._in_head = False
+        self._in_head = self._in_body = False
         answer = self.server.render_error(refused.status, refused.message, refused.code)
         if self.busy:  # an answer in progress goes first; this one is queued behind it
             self.queue.append(_RefusalRequest(answer, self))
@@ -486,10 +558,11 @@ class HttpConnection(asyncio.Protocol):
             return
         if self.transport is None or self.busy:
             return
-        if self.awaiting_head:
+        if self.awaiting_head or self._in_body:
             self.server.stats.header_timeouts += 1
             self.stop_reading = True
-            answer = self.server.render_error(408, "request headers not received in time", "request_timeout")
+            what = "body" if self._in_body else "headers"
+            answer = self.server.render_error(408, f"request {what} not received in time", "request_timeout")
             self.transport.write(answer.to_bytes(close=True))
             self._linger()
             return
