@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                     "bounded_read", "http1"}),
     ("vision", {"vision"}),
     ("media", {"media"}),
+    ("discovery", {"discovery"}),
     ("spec", {"spec"}),
     ("recipes", {"recipes"}),
     ("results", {"results"}),

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from vlmserve.errors import UserError
-from vlmserve.gateway.discovery import parse_source
+from vlmserve.discovery.sources import parse_source
 from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG, parse_state_url
 from vlmserve.spec import DeploymentSpec
 

@@ -23,7 +23,7 @@ from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected
                                         load_keys_file, settled_tokens)
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.config import GatewayConfig
-from vlmserve.gateway.discovery import DiscoveryWatcher, parse_source
+from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
 from vlmserve.media.preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
 from vlmserve.media.workers import ImageWorkerPool
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmserve.errors import UserError, check_listen_port
-from vlmserve.gateway.discovery import parse_source
+from vlmserve.discovery.sources import parse_source
 from vlmserve.gateway.native_pump import check_relay_choice
 from vlmserve.gateway.shared_state import DEFAULT_TIMEOUT_S, check_state_settings
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
@@ -80,7 +80,7 @@ class GatewayConfig:
     header_timeout_s: float = 15.0
     keepalive_timeout_s: float = 75.0
     max_connections: int = 4096
-    # HTTPS (tls.py): both PEM files or neither.
+    # HTTPS (http1/tls.py): both PEM files or neither.
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     # Trust boundary (routes.py, media/urls.py, json_limits.py). Remote media URLs reach an engine
@@ -110,7 +110,7 @@ class GatewayConfig:
     # Per-request mm_processor_kwargs keys a client may send (engines behind the gateway trust
     # them: vLLM's --trust-request-mm-kwargs); any other key is refused with 400.
     client_mm_processor_kwargs: list[str] = field(default_factory=lambda: list(CLIENT_MM_PROCESSOR_KWARGS))
-    # Replicas that come and go (discovery.py): a source read every discover_interval_s, beside
+    # Replicas that come and go (vlmserve/discovery): a source read every discover_interval_s, beside
     # the static `replicas` (file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]).
     discover: str | None = None
     discover_interval_s: float = 5.0

@@ -17,7 +17,7 @@ Passive ejection is bounded, as Envoy's outlier detection is:
   replica passing its health check is routed to, ejected or not (Envoy's panic threshold at
   its extreme): an ejection can shrink the pool, never empty it.
 
-Replicas that come and go (`set_discovered`, fed by discovery.py): the static replicas stay; a
+Replicas that come and go (`set_discovered`, fed by vlmserve/discovery): the static replicas stay; a
 new URL joins unhealthy and is routed to only once its health check passes (checked at once,
 not a health interval later); a URL that leaves stops getting new requests and drains — its
 requests in flight finish — and once none is left it is forgotten (`on_forget`: the policy and

@@ -190,7 +190,7 @@ def test_two_gateways_discover_the_engine_pods_and_share_redis() -> None:
     assert redis_service["selector"] == objects[("Deployment", "radiology-redis")]["spec"]["selector"]["matchLabels"]
     assert "serviceAccountName" not in pod and ("Role", "radiology-gateway") not in objects  # DNS needs no API access
     # the discover value is one the gateway accepts
-    from vlmserve.gateway.discovery import DnsSource, parse_source
+    from vlmserve.discovery.sources import DnsSource, parse_source
 
     source = parse_source(flag(args, "--discover"))
     assert isinstance(source, DnsSource) and source.port == 8000

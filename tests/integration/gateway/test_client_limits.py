@@ -1,5 +1,5 @@
 """Slow, idle, malformed and too many clients, and HTTPS: what the gateway's socket tolerates
-(vlmserve/http1/server.py's limits, gateway/tls.py). Request framing itself is tested in
+(vlmserve/http1/server.py's limits, http1/tls.py). Request framing itself is tested in
 test_http1_server.py."""
 
 from __future__ import annotations

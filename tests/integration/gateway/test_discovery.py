@@ -27,7 +27,7 @@ from tests.helpers.fake_k8s_api import TOKEN, endpoint_slice, fake_k8s_api
 from tests.helpers.gateway_fixtures import MODEL, varied_sim_engines
 from tests.helpers.gateway_proc import start_gateway
 from tests.helpers.sim import SimHandle, free_port, sim_engine_argv, wait_ready
-from vlmserve.gateway.discovery import url_for
+from vlmserve.discovery.sources import url_for
 
 DISCOVERY_FLAGS = ("--discover-interval", "0.1", "--health-interval", "0.2")
 

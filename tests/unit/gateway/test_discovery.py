@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from vlmserve.gateway.discovery import (
+from vlmserve.discovery.sources import (
     DiscoveryError,
     DiscoveryWatcher,
     DnsSource,
@@ -20,7 +20,7 @@ from vlmserve.gateway.discovery import (
     parse_replica_list,
     url_for,
 )
-from vlmserve.gateway.discovery_k8s import urls_from_slices
+from vlmserve.discovery.k8s import urls_from_slices
 from vlmserve.gateway.routing import (
     EngineAware,
     ImageAffinity,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlmserve.errors import UserError
-from vlmserve.gateway.discovery import DiscoveryError, url_for
+from vlmserve.discovery.sources import DiscoveryError, url_for
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 LIST_TIMEOUT_S = 10.0

@@ -195,7 +195,7 @@ def parse_source(text: str) -> ReplicaSource:
     if not slash or not _K8S_NAME.match(namespace) or not _K8S_NAME.match(service) or (colon and not _K8S_NAME.match(port_name)):
         raise UserError(f"{bad}: write k8s:NAMESPACE/SERVICE[:PORTNAME] with Kubernetes names "
                         "(lower-case letters, digits and '-')")
-    from vlmserve.gateway.discovery_k8s import EndpointSliceSource  # the kubernetes client loads only when used
+    from vlmserve.discovery.k8s import EndpointSliceSource  # the kubernetes client loads only when used
 
     return EndpointSliceSource(namespace, service, port_name or None)
 
