@@ -31,7 +31,6 @@ from vlmserve.gateway.image_preflight import ImageLimits, ImagePreflight, ImageR
 from vlmserve.gateway.image_workers import ImageWorkerPool
 from vlmserve.gateway.lean_http import ClientRequest, LeanRequest
 from vlmserve.gateway.lean_lane import Answer
-from vlmserve.gateway.native_pump import NativePump, native_available
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
 from vlmserve.gateway.media import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.gateway.media_addresses import CheckedResolver, MediaAddressPolicy
@@ -123,7 +122,6 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None  # /version and the like; generation goes through `upstream`
         self.upstream: UpstreamPool | None = None
         self.forwarder: Forwarder | None = None
-        self.pump: NativePump | None = None  # the relay's native data path, when built (native_pump.py)
         self._engine_info_rotation = RoundRobin()
         self.draining = False
         self.requests_in_progress = 0
@@ -147,8 +145,6 @@ class Gateway:
         if self.preflight.pool is not None:
             self.preflight.pool.start()
         load_image_readers()  # before the first client: never ~0.1 s of imports on the loop at the first image
-        if self.config.relay != "python" and native_available():
-            self.pump = NativePump(asyncio.get_running_loop())
         self.forwarder = Forwarder(
             self.pool, self.policy, self.upstream, self.watchdog,
             max_attempts=self.config.max_attempts,
@@ -157,7 +153,6 @@ class Gateway:
             first_token_timeout_s=self.config.first_token_timeout_s,
             upstream_auth=self.config.replica_api_key,
             on_retry=lambda replica, reason: self.metrics.retries.labels(replica.name, reason).inc(),
-            pump=self.pump,
         )
         if self.discovery is not None:
             await self.discovery.poll()  # the source's replicas are health-checked with the static ones
@@ -184,9 +179,6 @@ class Gateway:
             await self.session.close()
         if self.upstream is not None:
             self.upstream.close()
-        if self.pump is not None:
-            self.pump.close()
-            self.pump = None
         if self.media_session is not None:
             await self.media_session.close()
         if self.preflight.pool is not None:
@@ -237,7 +229,6 @@ class Gateway:
             "panic": self.pool.in_panic(),
             "clients": self.client_stats,
             "state_available": None if self.shared_state is None else self.shared_state.available,
-            "pump": None if self.pump is None else (self.pump.started, self.pump.running),
         }
 
     # ---- handlers ------------------------------------------------------------------------------
@@ -334,7 +325,7 @@ class Gateway:
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
                 request_log.estimated_tokens = routed.expected_total_tokens
-                # settled from the relay's count of events, not of blocks (relay.py): no pump for it
+                # settled from the relay's count of events, not of pieces (relay.py)
                 routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
                 if tenant.rate_limited:
                     context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None

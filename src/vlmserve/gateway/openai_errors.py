@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from aiohttp import web
+from vlmserve.http1.messages import Response
 
 CLIENT_REQUEST_ID_HEADER = "X-Client-Request-ID"
 """Where a response echoes the client's own request id; X-Request-ID is the gateway's (request_info.py)."""
@@ -38,7 +38,7 @@ def error_body(status: int, message: str, code: str | None = None, param: str | 
 def error_response(
     status: int, message: str, code: str | None = None, *, retry_after_s: float | None = None,
     request_id: str | None = None, client_request_id: str | None = None,
-) -> web.Response:
+) -> Response:
     headers = {}
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
@@ -46,7 +46,7 @@ def error_response(
         headers["X-Request-ID"] = request_id
     if client_request_id is not None:
         headers[CLIENT_REQUEST_ID_HEADER] = client_request_id
-    return web.json_response(error_body(status, message, code), status=status, headers=headers)
+    return Response.json(error_body(status, message, code), status=status, headers=headers)
 
 
 def sse_error_event(status: int, message: str, code: str | None = None) -> bytes:
