@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.upstream import UpstreamPool
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.headers import Headers
-from vlmserve.http1.messages import Answer, Request, Response, Stream, StreamListener
+from vlmserve.http1.messages import Answer, Request, Response, StreamListener
 from vlmserve.http1.reader import ProtocolError, ResponseHead, ResponseReader
 
 MODEL = "sim-vlm"
@@ -146,9 +147,10 @@ Handler = Callable[[Request], Awaitable[Answer]]
 class ClientSide(asyncio.Protocol):
     """One client connection, serving one request with `handler` (http1.messages.ClientConnection)."""
 
-    def __init__(self, handler: Handler, high_water: int | None) -> None:
+    def __init__(self, handler: Handler, high_water: int | None, send_buffer: int | None = None) -> None:
         self.handler = handler
         self.high_water = high_water
+        self.send_buffer = send_buffer
         self.transport: asyncio.Transport | None = None
         self.writing_paused = False
         self.listener: StreamListener | None = None
@@ -162,6 +164,8 @@ class ClientSide(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         if self.high_water is not None:
             self.transport.set_write_buffer_limits(high=self.high_water)  # type: ignore[union-attr]
+        if self.send_buffer is not None:  # a small kernel buffer: a slow client fills it, and then the transport's
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
 
     def data_received(self, data: bytes) -> None:
         if self.task is not None:
@@ -279,7 +283,7 @@ class ForwardingHarness:
 
 
 @asynccontextmanager
-async def forwarding(urls: list[str], *, high_water: int | None = None, max_attempts: int = 3,
+async def forwarding(urls: list[str], *, high_water: int | None = None, send_buffer: int | None = None, max_attempts: int = 3,
                      idle_chunk_timeout_s: float = 30.0, first_token_timeout_s: float = 30.0,
                      counts_events: bool = False, watchdog_tick_s: float = 0.05) -> AsyncIterator[ForwardingHarness]:
     pool = ReplicaPool(urls)
@@ -295,7 +299,7 @@ async def forwarding(urls: list[str], *, high_water: int | None = None, max_atte
     harness = ForwardingHarness(forwarder, policy, pool, upstream, counts_events=counts_events)
 
     def client() -> ClientSide:
-        side = ClientSide(harness.handle, high_water)
+        side = ClientSide(harness.handle, high_water, send_buffer)
         harness.clients.append(side)
         return side
 
@@ -358,11 +362,16 @@ class ClientView:
 
 
 async def read_answer(port: int, *, http10: bool = False, request: bytes | None = None, timeout_s: float = 10.0,
-                      read_delays: Callable[[], float] | None = None,
+                      read_delays: Callable[[], float] | None = None, receive_buffer: int | None = None,
                       on_first: Callable[[bytes], None] | None = None) -> ClientView:
     """Send one request on a fresh connection and read the answer to its end (or the close).
     `read_delays` gives a pause before each read: a client that reads slowly."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=4096)
+    sock = socket.socket()
+    if receive_buffer is not None:  # set before connecting: the window is agreed then
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
     answer = ClientView()
     parser = ResponseReader(answer)
     parser.expect()

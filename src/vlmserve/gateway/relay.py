@@ -187,11 +187,6 @@ class StreamRelay:
             self.replica_lost(connection.error)
         loop = connection.loop
         while self.state is not RelayState.ENDED:
-            self.waiter = loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
             if self.state is RelayState.PAUSED:
                 await stream.drain()  # until the client's socket takes bytes again (or is gone)
                 if self.state is RelayState.PAUSED:
@@ -199,6 +194,12 @@ class StreamRelay:
                     connection.resume_reading()
                     if client.writing_paused:
                         self.pause()
+                continue
+            self.waiter = loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
         assert self.ended is not None
         return self.ended
 
