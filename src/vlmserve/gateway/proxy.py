@@ -429,7 +429,7 @@ class Forwarder:
             self.policy.on_first_token(routed, replica)
         counts = _usage_counts(relay.usage_block)
         usage = ({"prompt_tokens": counts[0], "completion_tokens": counts[1]} if counts is not None
-                 else _usage_from_sse_tail(relay.usage_payload()[-8192:]))
+                 else _usage_from_sse_tail(relay.usage_block[-8192:]))
         if usage is not None:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")

@@ -360,7 +360,3 @@ class StreamRelay:
             if match is not None or self.written > 1:  # usage in the first pieces, or this is the second
                 self.first_token_pending = False
                 self.on_first_token(int(match.group(1)) if match is not None else None)
-
-    def usage_payload(self) -> bytes:
-        """The SSE text of the last piece that carried usage (engines send it last)."""
-        return self.usage_block
