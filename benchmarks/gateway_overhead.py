@@ -4,7 +4,8 @@ One simulated engine (`vlmserve engine sim`, fixed TTFT and inter-token latency)
 several ways, alternately, in many rounds of the same closed-loop load (N concurrent streams):
 
   direct          the client talks to the engine
-  vlmserve        through `vlmserve gateway` (default policy)
+  vlmserve        through `vlmserve gateway` (default policy; its default --relay auto: the native pump where built)
+  vlmserve-python this checkout's gateway with --relay python: the event loop relays every chunk
   nginx           through nginx with proxy_buffering off: the near-zero-overhead floor
   vllm-router     through the vLLM project's router (PyPI `vllm-router`), if it installs
   vlmserve-base   (--baseline-src) another checkout's gateway, e.g. main's: before and after
@@ -20,8 +21,8 @@ writes one per token), "kernel" the share of that time spent in the kernel (syst
 With vllm-router in the run, a last block compares every other proxy with it round by round:
 TTFT p50 and p99 differences and the CPU-per-chunk ratio, each a median with an interval that
 holds the true median with at least 95 %, and a verdict (below / above / not distinguishable).
-With vlmserve-base in the run, the same block compares this checkout's gateway with it: a change
-measured beside the code before it.
+With vlmserve-base or vlmserve-python in the run, the same block compares this checkout's gateway
+with each of them: a change measured beside the code before it.
 The load generator runs each trial with its garbage collector off (see run_trial).
 With --syscalls, one more trial per proxy runs after the rounds under `perf stat` on the kernel's
 system-call tracepoints, and the system calls each proxy made per request are printed: where the
@@ -618,7 +619,7 @@ def report(rounds: list[list[Trial]], args: argparse.Namespace) -> tuple[dict, d
     print_summary(summary, args)
     verdicts = against(rounds, names)
     print_against(verdicts)
-    this_against = {other: against(rounds, ["vlmserve"], other) for other in ("vlmserve-base",)
+    this_against = {other: against(rounds, ["vlmserve"], other) for other in ("vlmserve-base", "vlmserve-python")
                     if other in names and "vlmserve" in names}
     for other, figures in this_against.items():
         print_against(figures, other)
@@ -638,7 +639,7 @@ def main() -> None:
     parser.add_argument("--proxy-cpus", default="1", help="taskset CPU list for each proxy")
     parser.add_argument("--loadgen-cpus", default="0", help="CPU list for this load generator")
     parser.add_argument("--only", default="",
-                        help="comma-separated subset of vlmserve,vlmserve-base,nginx,vllm-router,uvloop-pump "
+                        help="comma-separated subset of vlmserve,vlmserve-python,vlmserve-base,nginx,vllm-router,uvloop-pump "
                              "(default: all but uvloop-pump, a byte pump with no HTTP: the floor for a Python relay)")
     parser.add_argument("--baseline-src", type=Path,
                         help="a checkout's src/ directory (e.g. main's, from `git archive main src | tar -x -C DIR`) "
@@ -682,6 +683,8 @@ def main() -> None:
             "vlmserve": start_vlmserve,
             "vlmserve-base": lambda engine, args, log_dir: start_vlmserve(engine, args, log_dir, "vlmserve-base",
                                                                           args.baseline_src),
+            "vlmserve-python": lambda engine, args, log_dir: start_vlmserve(engine, args, log_dir, "vlmserve-python",
+                                                                            extra=("--relay", "python")),
             "nginx": start_nginx,
             "vllm-router": start_vllm_router,
             "uvloop-pump": start_uvloop_pump,
