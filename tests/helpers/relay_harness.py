@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.helpers.gateway_fixtures import MODEL
 from vlmserve.gateway.policies import Outcome, RoutingPolicy
 from vlmserve.gateway.proxy import Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
@@ -33,7 +34,6 @@ from vlmserve.http1.headers import Headers
 from vlmserve.http1.messages import Answer, Request, Response, StreamListener
 from vlmserve.http1.reader import ProtocolError, ResponseHead, ResponseReader
 
-MODEL = "sim-vlm"
 Script = Callable[[asyncio.StreamWriter], Awaitable[None]]
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
