@@ -104,6 +104,10 @@ def _events_end(data: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
+def _nothing(*_: object) -> None:
+    """Every event's handler once the relay is detached."""
+
+
 class RelayState(enum.Enum):
     ARMED = "armed"
     STREAMING = "streaming"
@@ -214,6 +218,9 @@ class StreamRelay:
         client = self.stream.connection
         if client.listener is self:
             client.listener = None
+        # the handlers are methods bound to this relay: let go of them, so that no reference cycle
+        # keeps the relay (and the stream's last pieces) alive until the collector runs
+        self.payload = self.end = self.replica_lost = self.client_lost = self.pause = _nothing
 
     def cut(self, event: bytes) -> bytes:
         """The SSE error event that ends a stream the gateway cuts, after the events passed on."""
