@@ -13,7 +13,7 @@ from contextlib import AbstractAsyncContextManager
 
 import pytest
 
-from tests.helpers.http1_cases import CASES, ResponseCase, case_id
+from tests.helpers.http1_cases import BODY, CASES, ResponseCase, case_id, head_splits
 from tests.helpers.relay_harness import ScriptedReplica, forwarding, read_answer, scripted_replica, send
 from vlmserve.gateway.upstream import UpstreamError, UpstreamPool
 from vlmserve.http1.reader import ProtocolError, ResponseHead, ResponseReader
@@ -108,5 +108,26 @@ async def test_a_whole_answer(case: ResponseCase) -> None:
                 assert all(headers.get(name) == value for name, value in case.headers.items())
             await asyncio.sleep(0.05)
             assert idle_connections(pool) == (0 if case.refused else 1)
+    finally:
+        pool.close()
+
+
+async def test_an_answer_split_at_every_byte_of_its_head_is_read_as_one() -> None:
+    """The replica's head cut in two at each byte boundary (two writes, a pause between): the same
+    answer each time, on one kept-alive connection."""
+    splits = list(head_splits())
+    scripts = []
+    for first, rest in splits:
+        async def script(writer: asyncio.StreamWriter, first: bytes = first, rest: bytes = rest) -> None:
+            await send(writer, first, rest, pause_s=0.005)
+        scripts.append(script)
+    pool = UpstreamPool(connect_timeout_s=2)
+    try:
+        async with scripted_replica(*scripts, keep_alive=True) as replica:
+            for _ in splits:
+                response = await pool.request("POST", replica.url + "/v1/x", b"", b"{}")
+                assert response.headers["content-type"] == "text/event-stream"
+                assert await asyncio.wait_for(response.read(), 5) == BODY
+        assert replica.connections == 1
     finally:
         pool.close()
