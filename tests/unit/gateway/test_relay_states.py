@@ -15,6 +15,7 @@ import pytest
 from tests.helpers.relay_harness import (SSE_HEAD, ClientView, ForwardingHarness, ScriptedReplica, chat_request,
                                          forwarding, frame, read_answer, scripted_replica, send, token)
 from vlmserve.gateway.policies import Outcome
+from vlmserve.gateway.relay import StreamRelay
 from vlmserve.gateway.upstream import UpstreamConnection
 
 END = frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
@@ -329,3 +330,21 @@ async def test_bytes_after_the_body_are_not_passed_on_and_the_connection_is_not_
         second = await read_answer(harness.port)
     assert first.texts() == ["a"] and first.payload.endswith(b"data: [DONE]\n\n") and b"smuggled" not in first.raw
     assert second.texts() == ["b"] and replica.connections == 2
+
+
+async def test_a_finished_relay_is_freed_without_the_cycle_collector() -> None:
+    """The relay's per-state handlers are methods bound to it: once detached it lets go of them, so
+    a finished stream's relay (and its last pieces) go at once, not at the next collection."""
+    async def script(writer: asyncio.StreamWriter) -> None:
+        await send(writer, SSE_HEAD + frame(token("a", USAGE)) + END)
+
+    gc.collect()
+    gc.disable()
+    try:
+        async with scripted_replica(script) as replica, forwarding([replica.url]) as harness:
+            assert (await read_answer(harness.port)).texts() == ["a"]
+            await asyncio.sleep(0.05)
+            left = [o for o in gc.get_objects() if isinstance(o, StreamRelay)]
+    finally:
+        gc.enable()
+    assert harness.logs[0].status == "200" and left == []
