@@ -10,7 +10,6 @@ from typing import Optional
 import typer
 
 from vlmserve.gateway.config import CLIENT_MM_PROCESSOR_KWARGS, POLICY_NAMES, GatewayConfig
-from vlmserve.gateway.native_pump import RELAY_CHOICES
 from vlmserve.gateway.shared_state import (STATE_ENV, STATE_FLAG, STATE_TIMEOUT_FLAG, STATE_UNAVAILABLE_FLAG,
                                            UNAVAILABLE_MODES, parse_state_url)
 
@@ -83,8 +82,6 @@ def register(app: typer.Typer) -> None:
                  "and keeps serving; closed refuses rate-limited tenants' requests with 503."),
         state_timeout: float = typer.Option(_DEFAULTS["state_timeout_s"], STATE_TIMEOUT_FLAG,
                                             help="Seconds a Redis call may take before Redis counts as unreachable."),
-        relay: str = typer.Option(_DEFAULTS["relay"], help=f"Who moves a streamed answer's bytes once its first token is out: {', '.join(RELAY_CHOICES)}. "
-                                                          "native: a C thread, no Python per chunk (built at install on Linux); auto: native where built; python: the event loop."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
@@ -112,7 +109,7 @@ def register(app: typer.Typer) -> None:
             image_workers=image_workers, image_work_budget_s=image_work_budget,
             client_mm_processor_kwargs=[key.strip() for value in client_mm_processor_kwargs for key in value.split(",") if key.strip()],
             discover=discover, discover_interval_s=discover_interval,
-            state=state or None, state_unavailable=state_unavailable, state_timeout_s=state_timeout, relay=relay,
+            state=state or None, state_unavailable=state_unavailable, state_timeout_s=state_timeout,
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

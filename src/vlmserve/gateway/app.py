@@ -335,7 +335,7 @@ class Gateway:
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
                 request_log.estimated_tokens = routed.expected_total_tokens
-                # settled from the relay's count of events, not of blocks (relay.py)
+                # settled from the relay's count of events, not of pieces (relay.py)
                 routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
                 if tenant.rate_limited:
                     context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from vlmserve.errors import UserError, check_listen_port
 from vlmserve.discovery.sources import parse_source
-from vlmserve.gateway.native_pump import check_relay_choice
 from vlmserve.gateway.shared_state import DEFAULT_TIMEOUT_S, check_state_settings
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
@@ -120,10 +119,6 @@ class GatewayConfig:
     state: str | None = None
     state_unavailable: str = "open"
     state_timeout_s: float = DEFAULT_TIMEOUT_S
-    # Who moves a streamed answer's bytes once its first token is out (native_pump.py): "auto"
-    # the C pump where it was built, "native" only it (an error where it is missing), "python"
-    # the event loop (relay.py) always.
-    relay: str = "auto"
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
@@ -143,7 +138,6 @@ class GatewayConfig:
         if self.keys_file is not None and not Path(self.keys_file).is_file():
             raise UserError(f"keys file {self.keys_file} does not exist: create it or drop --keys-file")
         check_state_settings(self.state, self.state_unavailable, self.state_timeout_s)
-        check_relay_choice(self.relay)
         if self.max_attempts < 1:
             raise UserError("--max-attempts must be at least 1")
         if self.max_body_bytes < 1:

@@ -64,10 +64,6 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("vlmserve_gateway_client_connections", "Client connections open", value=clients.open)
         yield CounterMetricFamily("vlmserve_gateway_client_connections_refused", "Client connections answered 503 over --max-connections", value=clients.refused)
         yield CounterMetricFamily("vlmserve_gateway_client_header_timeouts", "Client connections closed (408) for not sending complete headers in time", value=clients.header_timeouts)
-        if state.get("pump") is not None:  # only where the native relay runs (--relay auto/native, built)
-            started, running = state["pump"]
-            yield CounterMetricFamily("vlmserve_gateway_native_relay_streams", "Streams the native pump carried from their first token on (--relay)", value=started)
-            yield GaugeMetricFamily("vlmserve_gateway_native_relay_active", "Streams the native pump carries now", value=running)
         if state.get("state_available") is not None:  # only with --state: there is nothing to be unavailable otherwise
             yield GaugeMetricFamily("vlmserve_gateway_state_available", "1 while the shared admission state (--state redis://...) answers; 0 while rate limits fall back per --state-unavailable", value=1.0 if state["state_available"] else 0.0)
 

@@ -4,10 +4,10 @@ The rules this module keeps:
 - A request is retried on another replica only while nothing has been sent to the client
   (connect failure, 5xx/429, the replica closing or timing out before its first byte), and
   only while the retry budget allows.
-- The client's response starts only once the upstream's first body bytes are in hand, so
-  every failure up to then is still retryable. After that, bytes are passed on as they arrive
-  (never buffered); a replica that dies or stalls mid-stream ends the stream with a final SSE
-  error event — the client never hangs.
+- The client's response starts only once the upstream's first payload is in hand (relay.py's
+  ARMED state), so every failure up to then is still retryable. After that, payload is passed
+  on as it arrives (never buffered beyond the SSE event it ends); a replica that dies, stalls or
+  sends garbage mid-stream ends the stream with a final SSE error event — the client never hangs.
 - A client that goes away cancels the handler; closing the upstream connection makes the
   engine abort the request.
 - Every attempt ends with exactly one policy.on_finish and one in-flight decrement.
@@ -36,22 +36,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from vlmserve.gateway.openai_errors import CLIENT_REQUEST_ID_HEADER, error_response, sse_error_event
 from vlmserve.gateway.routing import Outcome, RoutingPolicy
-from vlmserve.http1.headers import header_lines
-from vlmserve.http1.messages import Answer, Stream as LeanStream, Request as ClientRequest, Request as LeanRequest  # TEMP until the relay rewrite lands
-from vlmserve.http1.messages import Response
-from vlmserve.gateway.native_pump import NativePump
-from vlmserve.gateway.relay import TERMINATOR, USAGE_KEY, RelayEnd, StreamRelay
+from vlmserve.gateway.relay import USAGE_KEY, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
 from vlmserve.gateway.watchdog import FIRST_TOKEN, Exchange, Watchdog
+from vlmserve.http1.headers import header_lines
+from vlmserve.http1.messages import Answer, Request, Response, Stream
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
+# aiohttp's client errors: app.py's /version forward still uses aiohttp's client
 CONNECTION_ERRORS = (aiohttp.ClientError, OSError, asyncio.IncompleteReadError)
 
 
@@ -139,7 +137,7 @@ FAULT_NOBODY = "nobody"  # the replica was busy (429): nothing is charged
 class _RetryableFailure(Exception):
     """An attempt failed before anything reached the client."""
 
-    def __init__(self, reason: str, message: str, response: web.Response | None = None,
+    def __init__(self, reason: str, message: str, response: Response | None = None,
                  fault: str = FAULT_REPLICA) -> None:
         super().__init__(message)
         self.reason = reason
@@ -192,7 +190,6 @@ class Forwarder:
         first_token_timeout_s: float,
         upstream_auth: str | None = None,
         on_retry: Any = None,
-        pump: NativePump | None = None,
     ) -> None:
         self.pool = pool
         self.policy = policy
@@ -204,7 +201,6 @@ class Forwarder:
         self.first_token_timeout_s = first_token_timeout_s
         self.upstream_auth = upstream_auth
         self.on_retry = on_retry
-        self.pump = pump  # streams in their steady state leave Python (native_pump.py); None: relay.py does it all
         self._loop: asyncio.AbstractEventLoop | None = None
         # the header lines every upstream request carries, encoded once
         self._fixed_headers = header_lines([("Content-Type", "application/json"),
@@ -215,7 +211,7 @@ class Forwarder:
         lines = self._fixed_headers + b"X-Request-ID: %s\r\n" % request_id.encode("latin-1")
         return lines + header_lines(trace.items()) if trace else lines
 
-    async def forward(self, request: ClientRequest, body: bytes, routed: RoutedRequest, log: RequestLog) -> Answer:
+    async def forward(self, request: Request, body: bytes, routed: RoutedRequest, log: RequestLog) -> Answer:
         """Try replicas until one answers; the returned response may already be sent (streams)."""
         self.retry_budget.on_request()
         excluded: set[int] = set()
@@ -266,7 +262,7 @@ class Forwarder:
                               last_failure.reason, request_id=log.request_id,
                                   client_request_id=log.client_request_id)
 
-    async def _attempt(self, request: ClientRequest, body: bytes, routed: RoutedRequest, replica: Replica,
+    async def _attempt(self, request: Request, body: bytes, routed: RoutedRequest, replica: Replica,
                        log: RequestLog) -> Answer:
         loop = self._loop
         if loop is None:
@@ -274,11 +270,8 @@ class Forwarder:
         # The request leaves first (on a pooled connection, the common case); the bookkeeping
         # below runs while it travels. Nothing awaits in between, so no other request sees the
         # policy's counts without this one.
-        sent = self.upstream.send(
-            "POST", replica.url + request.path, self._upstream_headers(log.request_id, request.headers), body,
-            # a lean stream arms its relay at the head (below); another waits for the first body bytes too
-            head_with_body=routed.stream and not isinstance(request, LeanRequest),
-        )
+        sent = self.upstream.send("POST", replica.url + request.path,
+                                  self._upstream_headers(log.request_id, request.headers), body)
         task = asyncio.current_task(loop)
         assert task is not None
         replica.in_flight += 1
@@ -291,7 +284,6 @@ class Forwarder:
         self.watchdog.active.add(exchange)
         outcome = Outcome.FAILED
         upstream: UpstreamResponse | None = None
-        response: Answer | None = None
         try:
             try:
                 upstream = await sent.response()
@@ -305,17 +297,16 @@ class Forwarder:
                     payload = await upstream.read()
                     outcome = Outcome.COMPLETED
                     return self._unary_response(upstream, payload, replica, routed, log)
-                if isinstance(request, LeanRequest) and upstream.chunked and not upstream.body_buffered:
-                    # Armed (relay.py): the stream is set up now, while the engine computes its first
-                    # token, which then leaves with the client's head from the replica's data_received.
-                    # Until it does nothing is sent, so what fails before it is retried as below.
-                    response = LeanStream(request, 200, self._stream_headers(upstream, log))
-                    relay = self._relay(upstream, request, exchange, routed, replica, armed=True)
-                    outcome = await self._stream(relay, None, response, replica, routed, log)
-                    return response
-                first = upstream.take_first_block() if upstream.body_buffered else await upstream.first_block()
-                if not first:
-                    raise _closed_before_first_byte(replica)
+                # Armed (relay.py): the stream is set up now, while the engine computes its first
+                # token, which then leaves with the client's head from the replica's data_received.
+                # Until it does nothing is sent, so what fails before it is retried as below.
+                stream = Stream(request, 200, self._stream_headers(upstream, log))
+                relay = StreamRelay(upstream, stream, exchange,
+                                    lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens),
+                                    on_start=lambda: self._started(replica, exchange),
+                                    count_events=routed.counts_events)
+                outcome = await self._stream(relay, replica, routed, log)
+                return stream
             except asyncio.CancelledError:
                 if exchange.expired and exchange.phase == FIRST_TOKEN and task.uncancel() == 0:
                     self.pool.record_failure(replica)
@@ -334,14 +325,6 @@ class Forwarder:
             except CONNECTION_ERRORS as err:
                 self.pool.record_failure(replica)
                 raise _RetryableFailure("connect_error", f"replica {replica.name}: {type(err).__name__}: {err}") from None
-            # --- from here on the client has (or is about to have) bytes: no more retries ---
-            self._started(replica, exchange)
-            stream_headers = self._stream_headers(upstream, log)
-            response = (LeanStream(request, 200, stream_headers) if isinstance(request, LeanRequest)
-                        else web.StreamResponse(status=200, headers=stream_headers))
-            relay = self._relay(upstream, request, exchange, routed, replica, armed=False)
-            outcome = await self._stream(relay, first, response, replica, routed, log)
-            return response
         except asyncio.CancelledError:
             outcome = Outcome.ABANDONED
             log.status = "abandoned"
@@ -372,13 +355,6 @@ class Forwarder:
             **log.id_headers(),
         }
 
-    def _relay(self, upstream: UpstreamResponse, request: ClientRequest, exchange: Exchange, routed: RoutedRequest,
-               replica: Replica, *, armed: bool) -> StreamRelay:
-        return StreamRelay(upstream, request, exchange,
-                           lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens), self.pump,
-                           on_start=(lambda: self._started(replica, exchange)) if armed else None,
-                           count_events=routed.counts_events)
-
     def _raise_if_retryable(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
                             log: RequestLog) -> None:
         """A replica answered 5xx or 429 before streaming anything: another replica may do better."""
@@ -390,7 +366,7 @@ class Forwarder:
                 fault=FAULT_UNDECIDED if upstream.status >= 500 else FAULT_NOBODY,
             )
 
-    def _passthrough_error(self, upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> web.Response:
+    def _passthrough_error(self, upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> Response:
         log.status = str(upstream.status)
         log.first_byte_mono = log.finished_mono = time.monotonic()
         return Response(upstream.status, payload, {
@@ -399,7 +375,7 @@ class Forwarder:
         })
 
     def _unary_response(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
-                        routed: RoutedRequest, log: RequestLog) -> web.Response:
+                        routed: RoutedRequest, log: RequestLog) -> Response:
         replica.record_success()
         self.policy.on_first_token(routed, replica)
         log.first_byte_mono = time.monotonic()
@@ -422,27 +398,26 @@ class Forwarder:
         routed.engine_prompt_tokens = prompt_tokens
         self.policy.on_first_token(routed, replica)
 
-    async def _stream(self, relay: StreamRelay, first: bytes | None, response: Answer, replica: Replica,
-                      routed: RoutedRequest, log: RequestLog) -> Outcome:
-        """Pass the stream through (relay.py); end it with an SSE error event if the replica fails."""
+    async def _stream(self, relay: StreamRelay, replica: Replica, routed: RoutedRequest, log: RequestLog) -> Outcome:
+        """Pass the stream through (relay.py); end it with an SSE error event if the replica fails.
+
+        Raises what an armed relay's replica failed with before its first payload (retried)."""
         exchange = relay.exchange
         task = exchange.task
-        request = relay.request
+        stream = relay.stream
         failure: tuple[int, str, str] | None = None
         try:
             try:
-                end = await relay.run(response, first)
+                end = await relay.run()
             finally:
                 relay.detach()
                 log.first_byte_mono = relay.first_sent_mono or time.monotonic()
-            if end is RelayEnd.NOTHING_SENT:  # an armed relay's replica failed before its first byte: retried
+            if end is RelayEnd.NOTHING_SENT:  # the replica failed before its first payload: retried
                 raise relay.unsent or _closed_before_first_byte(replica)
             if end is RelayEnd.CLIENT_GONE:
                 log.status = "abandoned"
                 return Outcome.ABANDONED
             if end is RelayEnd.UPSTREAM_FAILED:
-                if request.transport is None or request.transport.is_closing():
-                    raise asyncio.CancelledError  # it was the client's side that broke
                 failure = (502, f"replica {replica.name} {relay.error}; the answer is incomplete", "upstream_stream_error")
         except asyncio.CancelledError:
             if exchange.phase == FIRST_TOKEN:  # armed, nothing sent yet: _attempt retries a first-token timeout
@@ -450,42 +425,25 @@ class Forwarder:
             if not (exchange.expired and task.uncancel() == 0):
                 raise
             failure = (504, f"replica {replica.name} stalled: no data for {self.idle_chunk_timeout_s:g} s", "idle_chunk_timeout")
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            log.status = "abandoned"
-            return Outcome.ABANDONED
         if relay.first_token_pending:
             self.policy.on_first_token(routed, replica)
         counts = _usage_counts(relay.usage_block)
         usage = ({"prompt_tokens": counts[0], "completion_tokens": counts[1]} if counts is not None
-                 else _usage_from_sse_tail(relay.usage_payload()[-8192:]))
+                 else _usage_from_sse_tail(relay.usage_block[-8192:]))
         if usage is not None:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")
-        elif relay.events is not None:  # a budget settles from it: events, not blocks (relay.py, EventCounter)
+        elif relay.events is not None:  # a budget settles from it: events, not pieces (relay.py, EventCounter)
             log.completion_tokens = relay.events.events
         else:
-            log.completion_tokens = max(0, exchange.chunks - 2)  # roughly one token per chunk, less role and [DONE]
-        if failure is not None:
-            self.pool.record_failure(replica)
-            log.status, log.error = "stream_error", failure[1]
-            try:
-                event = sse_error_event(*failure)
-                if relay.verbatim:
-                    # the replica's frames went out verbatim (relay.py): frame the event and end the body here
-                    await response.write(b"%x\r\n%s\r\n%s" % (len(event), event, TERMINATOR))
-                else:
-                    await response.write(event)
-                await response.write_eof()
-            except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-                pass
-            return Outcome.FAILED
-        log.status = "200"
+            log.completion_tokens = max(0, exchange.chunks - 2)  # roughly one token per piece, less role and [DONE]
+        if failure is None:
+            log.status = "200"
+            return Outcome.COMPLETED
+        self.pool.record_failure(replica)
+        log.status, log.error = "stream_error", failure[1]
         try:
-            if isinstance(response, LeanStream):
-                response.ended = True  # its end of body left with the last frames: no coroutine for it
-            else:
-                await response.write_eof()
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            log.status = "abandoned"
-            return Outcome.ABANDONED
-        return Outcome.COMPLETED
+            stream.end(relay.cut(sse_error_event(*failure)))
+        except ConnectionError:
+            pass
+        return Outcome.FAILED

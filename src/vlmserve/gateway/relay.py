@@ -1,64 +1,41 @@
-"""Relaying a replica's streamed answer to the client with as little work per chunk as possible.
+"""Relaying a replica's streamed answer to the client: an explicit state machine.
 
-Per chunk the relay runs as the replica connection's protocol: once the first bytes are out it
-takes the transport over (`set_protocol`; upstream.py made the connection and gets it back at the
-end), so every block arrives in `_on_data` straight from the event loop: no
-task wake-up, no coroutine chain, no re-framing. When both sides speak chunked HTTP/1.1 (every
-engine and every HTTP/1.1 client), the replica's bytes are passed on as they came, frames and
-all. For a lean-lane client (lean_lane.py) the common block, one whole data frame that ends an
-SSE event, takes an inline path: its length gives the only size line it can start with
-(`_FRAME_HEADS`, one index and two prefix/suffix tests, nothing allocated), and then the only
-work is a substring test for usage, a counter for the stall watchdog and one `transport.write`;
-nothing of it is kept after the write.
-Any other block (the first ones, split or merged frames, an event cut between frames, the end)
-goes through `_take`, which walks the frames.
+The replica's connection (upstream.py) hands the relay each piece of payload as llhttp de-chunks
+it, synchronously from the socket's `data_received`; the relay writes it to the client through
+`http1.messages.Stream`, which frames it as a chunk (or writes it as it is to an HTTP/1.0 client).
+No task wakes per chunk. The caller (proxy.py) awaits `run` once, for the end.
 
-A lean client's stream can also start here: when the replica's head is in and its first body
-bytes are not (engines send the head at once and the first token a TTFT later), the caller arms
-the relay (`run` with no first bytes). Everything a stream needs is then built while the engine
-computes, and the first body bytes leave with the client's head straight from `data_received`:
-the first token waits for no task wake-up and no set-up. Until they come, nothing has reached
-the client, so the caller still retries a replica that closes, sends an empty body or times out
-(`RelayEnd.NOTHING_SENT`, `unsent`).
+States, and what each does with each event (one handler per state and event, `_HANDLERS`):
 
-With a native pump (native_pump.py), a stream that has reached the inline path's conditions on
-a plain-TCP connection leaves Python altogether: `_hand_to_pump` gives both sockets to the
-pump (C, served by the event loop), which does what the inline path and `_take` do, and the relay
-waits for its one report of the end (`_pump_ended`), in the same wait as for any other end.
+  ARMED      the replica's head is in, its first payload is not: nothing has reached the client,
+             so the caller may still retry. The client's head is rendered now, while the engine
+             computes, and leaves with the first payload in one write (`Stream.start`).
+             payload -> STREAMING; end (empty body), replica lost or malformed -> ENDED(NOTHING_SENT).
+  STREAMING  each payload is written as it comes. pause -> PAUSED; end -> ENDED(COMPLETED);
+             replica lost or malformed -> ENDED(UPSTREAM_FAILED).
+  PAUSED     the client's socket is full (`listener.pause()`): the replica is not read until
+             `Stream.drain()` returns (`run`), then STREAMING again. Payload already read is written.
+  ENDED      every event is ignored; `run` returns the reason.
+  Client lost (`listener.client_lost()`) -> ENDED(CLIENT_GONE) from every state but ENDED.
 
-A stream settled from the gateway's own count (its tenant has a token budget and the client did
-not ask for `stream_options.include_usage`: `count_events`) counts its SSE events (`EventCounter`)
-and so takes neither the inline path nor the pump: every block goes through `_take`, which counts
-it. Blocks are not events: a fast engine or a slow client merges many events into one block (10
-streams of 200 tokens counted as 22-32 blocks each), so a settle from blocks refunded most of the
-output's charge. The pump counts blocks only (its C would need an SSE scanner to count events),
-and the inline path is kept free of the work for the streams that do not need it.
+What the gateway guarantees on this path:
+- Only whole SSE events reach the client: the payload after the last event's end (`\\n\\n`) is held
+  until its event ends, so a stream the gateway has to cut (replica died, stalled, sent garbage)
+  still ends with a well-formed SSE error event (`cut`) and a proper end of body. Held bytes are
+  bounded (`MAX_HELD_BYTES`): past that they go out, and a cut first ends the open event.
+- The response's head leaves with the first payload (one write); the end of body leaves as the
+  replica's ends, from the relay (`Stream.end`).
+- Usage accounting: the last written piece that mentions `"usage"` is kept (it holds whole events)
+  and parsed once at the end. The policy learns the first token as before: the engine's prompt
+  count in the first pieces, else after the second.
+- A stream settled from the gateway's own count (a token budget and no `include_usage`:
+  `count_events`) counts its SSE events on the payload (`EventCounter`): pieces are not events.
+- A client that reads slowly stops the reading of the replica until its socket drains: memory per
+  stream stays bounded. A client that goes away ends the stream at once; the caller closes the
+  replica's connection and the engine aborts the request.
 
-What the gateway still guarantees on this path:
-- Only whole frames reach the client; an incomplete frame is held until it completes, so a
-  stream the gateway has to cut (replica died, stalled) still ends with a well-formed SSE
-  error event and a proper end of body.
-- The response's headers leave with the first bytes (one write); the end of body leaves with
-  the last ones.
-- Usage accounting: the last block that mentions `"usage"` is kept (by reference), with the
-  block before it when that one ended inside an SSE event, and parsed once at the end; the
-  policy learns the first token as before (engine prompt count in the first chunks, else after
-  the second chunk).
-- A client that reads slowly pauses reading from the replica (the client socket's own high
-  water mark) until its buffer drains: memory per stream stays bounded. A lean client's
-  protocol says so itself (`pause_writing` -> `pause`); for an aiohttp client the relay looks at
-  the socket's buffer after each write.
-- A client that goes away: its handler task is cancelled (a lean client first stops the inline
-  path, `client_lost`); the caller closes the replica's connection and the engine aborts the
-  request.
-
-Per block, substrings are found with `bytes.find`, never `in`: CPython 3.11's `bytes in bytes` first
-tries the right side as an integer and formats (then drops) a TypeError each time, which perf
-showed as 3 % of the gateway's CPU at 256 streams.
-
-The one aiohttp detail this depends on beyond its documented API: after `prepare()`,
-`request.writer.chunked = False` makes `response.write()` pass bytes verbatim (the frames are
-the replica's). tests/integration/gateway/test_relay.py (test_aiohttp_writer_passes_bytes_verbatim_once_unchunked) fails loudly if that changes.
+Per piece, substrings are found with `bytes.find`, never `in`: CPython 3.11's `bytes in bytes` first
+tries the right side as an integer and formats (then drops) a TypeError each time.
 """
 
 from __future__ import annotations
@@ -67,95 +44,75 @@ import asyncio
 import enum
 import re
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from collections.abc import Callable
 
-from aiohttp import web
-
-from vlmserve.http1.messages import Request as LeanRequest, Stream as LeanStream  # TEMP until the relay rewrite lands
-from vlmserve.http1.server import HttpConnection as LeanConnection
-from vlmserve.gateway.native_pump import NativePump, PumpResult
-from vlmserve.gateway.upstream import (UpstreamClosed, UpstreamConnection, UpstreamError, UpstreamResponse,
-                                       lost_mid_stream, malformed_body, walk_frames)
+from vlmserve.gateway.upstream import UpstreamClosed, UpstreamConnection, UpstreamError, UpstreamResponse, lost_mid_stream
 from vlmserve.gateway.watchdog import Exchange
+from vlmserve.http1.messages import Stream
 
-TERMINATOR = b"0\r\n\r\n"
-USAGE_KEY = b'"usage"'  # a block that holds it may carry the engine's token counts
+USAGE_KEY = b'"usage"'  # a piece that holds it may carry the engine's token counts
 _PROMPT_KEY = b'"prompt_tokens"'
 _PROMPT_TOKENS = re.compile(re.escape(_PROMPT_KEY) + rb":\s*(\d+)")
-_HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,8}")
-_SIZES_SEEN: dict[bytes, int] = {}  # size line -> size (> 0), for _take's one-whole-frame test (a few hundred spellings)
-_INLINE_MAX = 4102  # the longest block _on_data's inline path takes: a frame with a 3-digit size line
+_EVENT_END = b"\n\n"  # how vLLM and the sim end an SSE event
+_EVENT_END_CRLF = b"\n\r\n"  # the end of one written with CRLF line ends
 _EVENT_LINE = b"\ndata:"  # an SSE data line's start: the only place a raw LF can precede it (JSON escapes its own)
 _DONE_LINE = b"\ndata: [DONE]"  # the end-of-stream line, which carries no completion chunk
+MAX_HELD_BYTES = 1 << 20  # an SSE event longer than this is passed on before its end
 
 
 class EventCounter:
     """Counts a stream's SSE events that carry a completion chunk (data lines, less `[DONE]`), from
-    its blocks as they arrive, whatever the blocks' sizes: a line start cut between two blocks is
+    its payload as it arrives, whatever the pieces' sizes: a line start cut between two pieces is
     found by looking at the last bytes of the one before (`tail`) with the first of the next.
 
-    Counted on the replica's bytes as sent, HTTP/1.1 frame lines included: a size line ends in LF,
-    so an event at the start of a frame is found too; an engine writes each event whole within a
-    frame (vLLM and the sim do), which the count assumes. With vLLM's default stream_interval=1 an
-    event carries one token of one choice (with `n` > 1 each choice has its own events), so the
-    count is the output's tokens, plus one role event per choice on chat routes; where an engine
-    puts several tokens in one event the count is a lower bound."""
+    With vLLM's default stream_interval=1 an event carries one token of one choice (with `n` > 1
+    each choice has its own events), so the count is the output's tokens, plus one role event per
+    choice on chat routes; where an engine puts several tokens in one event the count is a lower
+    bound."""
 
     __slots__ = ("lines", "done_lines", "tail")
 
     def __init__(self) -> None:
         self.lines = 0
         self.done_lines = 0
-        self.tail = b"\n"  # the body's first byte starts a line (an unframed body starts with its first event)
+        self.tail = b"\n"  # the body's first byte starts a line
 
     @property
     def events(self) -> int:
         return max(0, self.lines - self.done_lines)
 
-    def feed(self, block: bytes) -> None:
+    def feed(self, piece: bytes) -> None:
         tail = self.tail
-        self.lines += _count_across(tail, block, _EVENT_LINE)
-        self.done_lines += _count_across(tail, block, _DONE_LINE)
+        self.lines += _count_across(tail, piece, _EVENT_LINE)
+        self.done_lines += _count_across(tail, piece, _DONE_LINE)
         keep = len(_DONE_LINE) - 1
-        self.tail = block[-keep:] if len(block) >= keep else (tail + block)[-keep:]
+        self.tail = piece[-keep:] if len(piece) >= keep else (tail + piece)[-keep:]
 
 
-def _count_across(tail: bytes, block: bytes, pattern: bytes) -> int:
-    """Occurrences of `pattern` that end in `block`: those inside it, and those begun in the bytes
+def _count_across(tail: bytes, piece: bytes, pattern: bytes) -> int:
+    """Occurrences of `pattern` that end in `piece`: those inside it, and those begun in the bytes
     before it (`tail`). Neither short piece joined below can hold a whole one, so none is counted
     twice."""
     cut = len(pattern) - 1
-    return block.count(pattern) + (tail[-cut:] + block[:cut]).count(pattern)
+    return piece.count(pattern) + (tail[-cut:] + piece[:cut]).count(pattern)
 
 
-def _frame_heads() -> tuple[bytes, ...]:
-    """For each block length up to _INLINE_MAX, the size line (lowercase hex, as engines write it)
-    that a block of exactly one whole frame of that length starts with. A frame of n bytes has a
-    k-digit size line and n - k - 4 payload bytes, and the three ranges of k give disjoint
-    lengths, so each length has at most one; a length that no frame has gets a line longer than
-    the block, which no block starts with."""
-    heads = []
-    for length in range(_INLINE_MAX + 1):
-        head = b"-" * (length + 1)
-        for digits, low, high in ((1, 1, 0xF), (2, 0x10, 0xFF), (3, 0x100, 0xFFF)):
-            if low <= length - digits - 4 <= high:
-                head = b"%x\r\n" % (length - digits - 4)
-        heads.append(head)
-    return tuple(heads)
+def _events_end(data: bytes) -> int:
+    """Where the last whole SSE event in `data` ends (0: none ends in it)."""
+    lf = data.rfind(_EVENT_END)
+    crlf = data.rfind(_EVENT_END_CRLF)
+    return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
-_FRAME_HEADS = _frame_heads()
+def _nothing(*_: object) -> None:
+    """Every event's handler once the relay is detached."""
 
 
-def _frame_size(line: bytes) -> int | None:
-    """A plain hex size line's value (no extensions, no sign, no prefix), else None."""
-    size = _SIZES_SEEN.get(line)
-    if size is None and _HEX_SIZE.fullmatch(line) is not None:
-        size = int(line, 16)
-        if size and len(_SIZES_SEEN) < 4096:  # never 0: the last chunk is not a data frame
-            _SIZES_SEEN[line] = size
-    return size
+class RelayState(enum.Enum):
+    ARMED = "armed"
+    STREAMING = "streaming"
+    PAUSED = "paused"
+    ENDED = "ended"
 
 
 class RelayEnd(enum.Enum):
@@ -165,421 +122,248 @@ class RelayEnd(enum.Enum):
     NOTHING_SENT = "nothing_sent"  # armed, and the replica's body closed, failed or was empty before its first byte
 
 
-class StreamRelay(asyncio.Protocol):
-    """One streamed answer, from the replica's first body bytes to the end of the client's body."""
+# Per state, the handler of each event: payload, end, replica_lost, client_lost, pause.
+_HANDLERS: dict[RelayState, tuple[str, str, str, str, str]] = {
+    RelayState.ARMED: ("_armed_payload", "_armed_end", "_armed_lost", "_gone", "_ignore"),
+    RelayState.STREAMING: ("_streaming_payload", "_streaming_end", "_streaming_lost", "_gone", "_streaming_pause"),
+    RelayState.PAUSED: ("_streaming_payload", "_streaming_end", "_streaming_lost", "_gone", "_ignore"),
+    RelayState.ENDED: ("_ignore_payload", "_ignore", "_ignore_lost", "_ignore", "_ignore"),
+}
 
-    # The inline path's slots first: an object's slots lie in this order, so those four share a cache line.
-    __slots__ = ("fast", "write", "exchange", "usage_block", "upstream", "connection", "request", "on_first_token",
-                 "client", "first_token_pending", "held", "unfinished", "taken", "usage_prev", "end", "error",
-                 "waiter", "paused", "high_water", "upstream_received", "framed_out", "payload_only", "verbatim",
-                 "first_sent_mono", "lean_client", "holds_transport", "pump", "pumped", "pump_paused", "armed_stream",
-                 "on_start", "unsent", "events")
 
-    def __init__(self, upstream: UpstreamResponse, request: web.Request | LeanRequest, exchange: Exchange,
-                 on_first_token: Callable[[int | None], None], pump: NativePump | None = None,
-                 on_start: Callable[[], None] | None = None, count_events: bool = False) -> None:
+class StreamRelay:
+    """One streamed answer, from the replica's head to the end of the client's body.
+
+    The replica's connection calls `payload`, `end` and `replica_lost` (upstream.BodyListener);
+    the client's connection calls `pause` and `client_lost` (http1.messages.StreamListener). Each
+    is the current state's handler (`_enter` binds them)."""
+
+    __slots__ = ("payload", "end", "replica_lost", "client_lost", "pause", "state", "stream", "write", "exchange",
+                 "events", "held", "usage_block", "first_token_pending", "written", "on_first_token", "on_start",
+                 "upstream", "connection", "ended", "error", "unsent", "waiter", "first_sent_mono", "open_event")
+
+    def __init__(self, upstream: UpstreamResponse, stream: Stream, exchange: Exchange,
+                 on_first_token: Callable[[int | None], None], on_start: Callable[[], None] | None = None,
+                 count_events: bool = False) -> None:
         self.upstream = upstream
         self.connection: UpstreamConnection = upstream.connection
-        self.request = request
+        self.stream = stream
+        self.write = stream.write
         self.exchange = exchange
         self.on_first_token = on_first_token  # called once with the engine's prompt token count (or None)
-        self.client: asyncio.Transport | None = None
-        self.write: Callable[[bytes], None] | None = None
-        self.first_token_pending = True
-        self.held = b""  # an incomplete frame, held until the rest of it arrives
-        # The last block when it ended inside an SSE event, so that a usage event begun there can be
-        # read whole with the next; b"" when it ended on an event boundary (the common case: no block
-        # is kept alive past its write, and the next read reuses its memory while it is still cached).
-        self.unfinished = b""
-        self.taken = 0  # blocks with whole frames passed on by _take (the first token comes by the second)
-        self.usage_prev = b""
-        self.usage_block = b""
-        self.end: RelayEnd | None = None
-        self.error = ""
-        self.waiter: asyncio.Future[None] | None = None
-        self.paused = False
-        self.high_water = 65536
-        self.upstream_received = 0
-        self.framed_out = True  # the client takes chunked framing (HTTP/1.1)
-        self.payload_only = False  # the replica's body is not chunked: frame (or pass) its bytes as they come
-        self.verbatim = False  # the client's writer passes bytes as they are (the replica's frames)
-        self.first_sent_mono: float | None = None
-        self.lean_client: LeanConnection | None = None  # a lean-lane client: it reports its loss and back-pressure here
-        self.fast = False  # whole frames take _on_data's inline path (see _update_fast)
-        self.holds_transport = False  # the replica's transport delivers to this relay (set_protocol)
-        self.pump = pump  # hands the stream to C once it is in its steady state (_hand_to_pump)
-        self.pumped: int | None = None  # the pump's handle for this stream while it holds it
-        self.pump_paused = False  # the replica's transport stopped reading while the pump read its socket
-        self.armed_stream: LeanStream | None = None  # armed: its head leaves with the first body bytes (_start)
-        self.on_start = on_start  # called once the first bytes are out (the caller's "no more retries")
-        self.unsent: BaseException | None = None  # NOTHING_SENT by a lost connection: what the caller retries on
+        self.on_start = on_start  # called once the first payload is out (the caller's "no more retries")
         # the stream's SSE events, counted where its settle needs them (module docstring); None: not counted
         self.events: EventCounter | None = EventCounter() if count_events else None
+        self.held = b""  # payload after the last whole event, held until the event ends
+        self.open_event = False  # an event was passed on before its end (held past MAX_HELD_BYTES)
+        self.usage_block = b""
+        self.first_token_pending = True
+        self.written = 0  # pieces written (the first token is taken to be out by the second)
+        self.ended: RelayEnd | None = None
+        self.error = ""  # why the replica failed the stream (UPSTREAM_FAILED)
+        self.unsent: BaseException | None = None  # NOTHING_SENT by a lost connection: what the caller retries on
+        self.waiter: asyncio.Future[None] | None = None
+        self.first_sent_mono: float | None = None
+        self._enter(RelayState.ARMED)
 
-    async def run(self, response: web.StreamResponse | LeanStream, first: bytes | None) -> RelayEnd:
-        """Send the head with the first bytes, then relay from `data_received` until the body ends.
+    def _enter(self, state: RelayState) -> None:
+        self.state = state
+        names = _HANDLERS[state]
+        self.payload, self.end, self.replica_lost, self.client_lost, self.pause = (
+            getattr(self, name) for name in names)
 
-        With `first` None (a lean client and a chunked replica body not begun: armed, see the
-        module docstring) the head waits for the first body bytes, which `_start` sends."""
-        request = self.request
-        self.payload_only = not self.upstream.chunked
-        drain: Callable[[], Awaitable[None]]
-        if isinstance(response, LeanStream):  # lean_lane.py: an HTTP/1.1 client, the head written here
-            self.verbatim = True
-            if first is None:
-                response.render_head()
-                self.armed_stream = response
-            else:
-                response.start(self._take(first))
-            drain = response.drain
-            self.lean_client = response.connection
-        else:
-            assert first is not None, "only a lean client's stream is armed"
-            aiohttp_request = cast(web.Request, request)
-            await response.prepare(aiohttp_request)
-            writer = cast(Any, aiohttp_request.writer)  # aiohttp's StreamWriter
-            self.framed_out = bool(getattr(writer, "chunked", False))
-            if self.framed_out:
-                writer.chunked = False  # the relay writes the frames itself (module docstring)
-                self.verbatim = True
-            await response.write(self._take(first))  # the head and the first frames in one write
-            drain = writer.drain
-        if first is not None:
-            self.first_sent_mono = time.monotonic()
-        if self.end is not None:
-            return self.end
-        client = request.transport
-        if client is None or client.is_closing():
+    async def run(self) -> RelayEnd:
+        """Arm (the client's head is rendered now), take the replica's payload as it comes, and
+        return once the stream has ended; between, wait for a paused client's socket to drain."""
+        stream, connection = self.stream, self.connection
+        stream.render_head()
+        client = stream.connection
+        if client.transport is None or client.transport.is_closing():
             return RelayEnd.CLIENT_GONE
-        self.client = client
-        self.write = client.write
-        high = client.get_write_buffer_limits()[1] if hasattr(client, "get_write_buffer_limits") else 65536
-        self.high_water = high or 65536
-        connection = self.connection
-        loop = connection.loop
-        # bytes that came while the head was being written, then everything else from data_received
+        client.listener = self  # from here on its loss and back-pressure reach the relay
+        connection.listener = self
         early, connection.body = connection.body, []
-        lean_client = self.lean_client
-        if lean_client is not None:
-            lean_client.relay = self  # from here on its connection_lost and pause_writing reach the relay
-            if lean_client.writing_paused:
-                self.pause()
-        self._update_fast()
-        connection.sink_lost = self._on_lost
-        transport = connection.transport
-        if transport is not None and not connection.closed:
-            transport.set_protocol(self)  # the replica's blocks reach _on_data directly (data_received below)
-            self.holds_transport = True
-        for block in early:
-            self._on_data(block)
-        if connection.closed and self.end is None:
-            self._on_lost(connection.error if isinstance(connection.error, Exception) else None)
-        while self.end is None:
+        for piece in early:  # payload that came before the relay was set up
+            self.payload(piece)
+        if connection.reader.complete:
+            self.end()
+        elif connection.error is not None or connection.closed:
+            self.replica_lost(connection.error)
+        loop = connection.loop
+        while self.state is not RelayState.ENDED:
+            if self.state is RelayState.PAUSED:
+                await stream.drain()  # until the client's socket takes bytes again (or is gone)
+                if self.state is RelayState.PAUSED:
+                    self._enter(RelayState.STREAMING)
+                    connection.resume_reading()
+                    if client.writing_paused:
+                        self.pause()
+                continue
             self.waiter = loop.create_future()
             try:
                 await self.waiter
-            except asyncio.CancelledError:  # the watchdog, or the client gone
-                if self.pumped is not None and self.pump is not None:
-                    self.pump.cancel(self.pumped)  # the pump lets go of the sockets now (_pump_ended)
-                raise
             finally:
                 self.waiter = None
-            if self.paused and self.end is None:
-                await drain()  # until the client's socket takes bytes again
-                self.paused = False
-                transport = connection.transport
-                if transport is not None and not connection.closed:
-                    transport.resume_reading()
-        return self.end
+        assert self.ended is not None
+        return self.ended
 
     def detach(self) -> None:
-        """Stop taking the replica's bytes (the stream is being cut or is over)."""
+        """Stop taking the replica's and the client's events (the stream is over or being cut)."""
+        if self.state is not RelayState.ENDED:
+            self._enter(RelayState.ENDED)  # the caller was cancelled (a timeout, the client gone): nothing more is written
         connection = self.connection
-        connection.sink_lost = None
-        self.fast = False
-        if self.lean_client is not None:
-            self.lean_client.relay = None
-        if self.holds_transport:
-            self.holds_transport = False
-            transport = connection.transport
-            if transport is not None:
-                transport.set_protocol(connection)
-        if self.pump_paused:
-            self.pump_paused = False
-            transport = connection.transport
-            if transport is not None and not connection.closed:
-                transport.resume_reading()  # a pooled connection reads again (to see the replica close it)
+        if connection.listener is self:
+            connection.listener = None
+        connection.resume_reading()  # a pooled connection reads again (to see the replica close it)
+        client = self.stream.connection
+        if client.listener is self:
+            client.listener = None
+        # the handlers are methods bound to this relay: let go of them, so that no reference cycle
+        # keeps the relay (and the stream's last pieces) alive until the collector runs
+        self.payload = self.end = self.replica_lost = self.client_lost = self.pause = _nothing
 
-    # ---- the replica's socket while the relay holds it (asyncio.Protocol) ------------------------
+    def cut(self, event: bytes) -> bytes:
+        """The SSE error event that ends a stream the gateway cuts, after the events passed on."""
+        return b"\n\n" + event if self.open_event else event
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        pass  # the connection was made long before; the relay only takes it over
+    # ---- ARMED ---------------------------------------------------------------------------------
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.connection.connection_lost(exc)  # marks it closed and calls sink_lost (_on_lost)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def pause_writing(self) -> None:
-        pass  # the request went out before the relay took over
-
-    def resume_writing(self) -> None:
-        pass
-
-    # ---- per chunk ---------------------------------------------------------------------------
-
-    def _on_data(self, data: bytes) -> None:
-        """The hot path: one block from the replica's socket, passed on."""
-        size = len(data)
-        if self.fast and size <= _INLINE_MAX and data.startswith(_FRAME_HEADS[size]) and data.endswith(b"\n\n\r\n"):
-            # The common block, one whole data frame ending an SSE event: what _take and the client
-            # checks below do for it, inline (the lean client's protocol reports its loss and
-            # back-pressure: _update_fast). Nothing is kept of it unless it carries usage.
-            self.exchange.chunks += 1
-            if data.find(USAGE_KEY) >= 0:  # not `in`: see the module docstring
-                self.usage_prev, self.usage_block = b"", data
-            # read into a local first: CPython 3.11 cannot specialise calling a callable held in a slot
-            write = self.write
-            write(data)  # type: ignore[misc]
+    def _armed_payload(self, data: bytes) -> None:
+        """The replica's first payload: out with the client's head in one write."""
+        if self.exchange.expired:  # the first-token timeout has already cancelled the caller: too late
+            self._end(RelayEnd.NOTHING_SENT)
             return
-        if self.armed_stream is not None:
+        self.exchange.chunks += 1
+        if self.events is not None:
+            self.events.feed(data)
+        data = self._whole_events(data)
+        if data:  # else the first event is not whole yet: still armed, nothing sent
             self._start(data)
-            return
-        out = self._take(data)
-        if out:
-            client = self.client
-            assert client is not None and self.write is not None
-            if client.is_closing():
-                self._finish(RelayEnd.CLIENT_GONE)
-                return
-            self.write(out)
-            # a lean client's protocol reports back-pressure itself (pause_writing -> pause)
-            if self.lean_client is None and client.get_write_buffer_size() > self.high_water:
-                self.pause()
-        self._update_fast()
-        if self.end is not None:
-            self._wake()
 
-    data_received = _on_data  # uvloop calls it for every block, with no hop through UpstreamConnection
-
-    def _start(self, data: bytes) -> None:
-        """Armed: the replica's first body bytes, out with the client's head in one write."""
-        stream, self.armed_stream = self.armed_stream, None
-        assert stream is not None
-        # Nothing is sent (the caller retries) for an empty body, or when the first-token timeout
-        # has already cancelled the caller: this block came too late to be this attempt's first.
-        if data.startswith(b"0\r\n") or self.exchange.expired:
-            self.end = RelayEnd.NOTHING_SENT
-            self._wake()
-            return
-        stream.start(self._take(data))
+    def _start(self, first: bytes) -> None:
+        self._enter(RelayState.STREAMING)
+        self._noted(first)
+        self.stream.start(first)
         self.first_sent_mono = time.monotonic()
         if self.on_start is not None:
             self.on_start()
-        self._update_fast()
-        if self.end is not None:
-            self._wake()
+        if self.stream.connection.writing_paused:
+            self.pause()
 
-    def _update_fast(self) -> None:
-        """Whole frames may take _on_data's inline path: the replica's frames go out verbatim to a
-        lean client (whose loss and back-pressure reach the relay through its protocol, so no
-        per-block check is needed), no partial frame is held, and the first token is accounted.
-        Never for a stream that counts its events: neither this path nor the pump (only reached
-        from here) counts them."""
-        self.fast = (self.lean_client is not None and self.verbatim and not self.payload_only and not self.held
-                     and not self.unfinished and not self.first_token_pending and self.end is None
-                     and self.write is not None and self.events is None)
-        if self.fast and self.pump is not None and self.pumped is None and not self.paused:
-            self._hand_to_pump()
-
-    def _hand_to_pump(self) -> None:
-        """Give both sockets to the native pump (native_pump.py) when they are plain TCP and
-        nothing waits in the client's write buffer (it would go out after the pump's bytes)."""
-        pump, client, transport = self.pump, self.client, self.connection.transport
-        if pump is None or client is None or transport is None or client.get_write_buffer_size():
+    def _armed_end(self) -> None:
+        """The body ended before a whole event: empty (the caller retries), or not SSE (sent as it is)."""
+        if not self.held:
+            self._end(RelayEnd.NOTHING_SENT)
             return
-        if client.get_extra_info("sslcontext") is not None or transport.get_extra_info("sslcontext") is not None:
-            return
-        client_socket, upstream_socket = client.get_extra_info("socket"), transport.get_extra_info("socket")
-        if client_socket is None or upstream_socket is None:
-            return
-        transport.pause_reading()  # the event loop stops polling the replica's socket; the pump polls it
-        try:
-            handle = pump.start(upstream_socket.fileno(), client_socket.fileno(), self._pump_ended)
-        except OSError:
-            transport.resume_reading()
-            self.pump = None  # this stream stays in Python
-            return
-        self.pumped = handle
-        self.pump_paused = True
-        self.fast = False
-        self.exchange.native_chunks = lambda: pump.chunks(handle)
+        self._start(b"")
+        self.end()
 
-    def _pump_ended(self, result: PumpResult) -> None:
-        """The pump's one report (or a cancel's), taken back into the relay's state."""
-        self.pumped = None
-        exchange = self.exchange
-        exchange.native_chunks = None
-        exchange.chunks += result.chunks
-        if result.usage_block:
-            self.usage_prev, self.usage_block = result.usage_prev, result.usage_block
-        self.held = result.held
-        if result.completed:
-            if result.trailing:
-                self.upstream.keep_alive = False
-            self.upstream.finished()
-            self.end = RelayEnd.COMPLETED
-        elif result.upstream_failed:
-            self.error = result.why()
-            self.end = RelayEnd.UPSTREAM_FAILED
-        else:  # the client's socket hung up or refused a write, or the lean lane saw it go (cancel)
-            self.end = RelayEnd.CLIENT_GONE
-        self._wake()
+    def _armed_lost(self, error: BaseException | None) -> None:
+        self.unsent = error if isinstance(error, Exception) else UpstreamClosed("replica closed the connection before the body")
+        self._end(RelayEnd.NOTHING_SENT)
 
-    def client_lost(self) -> None:
-        """The lean client's connection is gone (its protocol says so): no more inline writes."""
-        self.fast = False
-        if self.pumped is not None and self.pump is not None:
-            self.pump.cancel(self.pumped)  # reports the end (_pump_ended)
+    # ---- STREAMING (and PAUSED) ----------------------------------------------------------------
 
-    def _take(self, data: bytes) -> bytes:
-        """What of `data` goes to the client now (whole frames only), noting progress and usage."""
-        exchange = self.exchange
-        exchange.chunks += 1
-        self.upstream_received += len(data)
+    def _streaming_payload(self, data: bytes) -> None:
+        """The hot path: one piece of payload from the replica, written to the client."""
+        self.exchange.chunks += 1
         events = self.events
         if events is not None:
             events.feed(data)
-        if self.payload_only:
-            return self._take_unframed(data)
-        if self.held:
-            data = self.held + data
-            self.held = b""
-        # The common block is one whole data frame: its size line says where it ends.
-        eol = data.find(b"\r\n", 0, 18)
-        size = _frame_size(data[:eol]) if eol > 0 else None
-        if size and len(data) == eol + size + 4 and data.endswith(b"\r\n"):
-            boundary, end = len(data), -1
+        if self.held or self.open_event or not data.endswith(_EVENT_END):
+            data = self._whole_events(data)
+            if not data:
+                return
+        if self.first_token_pending or data.find(USAGE_KEY) >= 0:  # not `in`: see the module docstring
+            self._noted(data)
+        try:
+            write = self.write  # a local first: CPython 3.11 cannot specialise calling a callable held in a slot
+            write(data)
+        except ConnectionError:
+            self._end(RelayEnd.CLIENT_GONE)
+
+    def _streaming_end(self) -> None:
+        """The replica's body ended: what is held, and the end of the client's body, in one write."""
+        last, self.held = self.held, b""
+        if last:
+            self._noted(last)
+        try:
+            self.stream.end(last)
+        except ConnectionError:
+            self._end(RelayEnd.CLIENT_GONE)
+            return
+        self._end(RelayEnd.COMPLETED)
+
+    def _streaming_lost(self, error: BaseException | None) -> None:
+        if isinstance(error, UpstreamError) and not isinstance(error, UpstreamClosed):
+            self.error = str(error)  # what the replica sent that is not HTTP/1.1
         else:
-            try:
-                boundary, end = walk_frames(data)
-            except UpstreamError as err:
-                self._fail(malformed_body(err))
-                return b""
-        if end >= 0:
-            out = data[:boundary]
-            if end < len(data):
-                self.upstream.keep_alive = False  # bytes after the body: never reuse this connection
-            self.upstream.finished()
-            self.end = RelayEnd.COMPLETED
-        elif boundary < len(data):
-            out = data[:boundary]
-            self.held = data[boundary:]
-        else:
-            out = data
-        if out:
-            self.taken += 1
-        if self.first_token_pending:
-            self._check_first_token(out)
-        if out.find(USAGE_KEY) >= 0:
-            self.usage_prev = self.unfinished
-            self.usage_block = out
-        if out:
-            self.unfinished = b"" if out.endswith(b"\n\n\r\n") else out
-        if not self.framed_out:  # an HTTP/1.0 client: payload only, the end of body is the close
-            payload: list[bytes] = []
-            walk_frames(out + TERMINATOR, payload)
-            return b"".join(payload)
-        if self.end is RelayEnd.COMPLETED:
-            return out + TERMINATOR
-        return out
+            self.error = lost_mid_stream(None if error is None or isinstance(error, UpstreamClosed) else type(error).__name__)
+        self._end(RelayEnd.UPSTREAM_FAILED)
 
-    def _take_unframed(self, data: bytes) -> bytes:
-        """A replica body with Content-Length or ended by close: frame it for an HTTP/1.1 client."""
-        length = self.upstream.length
-        if length is not None and self.upstream_received >= length:
-            data = data[: len(data) - (self.upstream_received - length)]
-            self.upstream.finished()
-            self.end = RelayEnd.COMPLETED
-        if data:
-            self.taken += 1
-        if self.first_token_pending:
-            self._check_first_token(data)
-        if data.find(USAGE_KEY) >= 0:
-            self.usage_prev, self.usage_block = self.unfinished, data
-        if data:
-            self.unfinished = b"" if data.endswith(b"\n\n") else data
-        if not self.framed_out:
-            return data
-        out = b"%x\r\n%s\r\n" % (len(data), data) if data else b""
-        return out + TERMINATOR if self.end is RelayEnd.COMPLETED else out
+    def _streaming_pause(self) -> None:
+        self._enter(RelayState.PAUSED)
+        self.connection.pause_reading()
+        self._wake()  # run() waits for the client's socket to drain
 
-    def _check_first_token(self, out: bytes) -> None:
-        # the regex only where the key is (a byte search is many times faster than the regex's scan)
-        match = None
-        at = out.find(_PROMPT_KEY)
-        while at >= 0:
-            match = _PROMPT_TOKENS.match(out, at)
-            if match is not None:
-                break
-            at = out.find(_PROMPT_KEY, at + 1)
-        if match is not None or self.taken > 1:  # usage in the first chunks, or this is the second block
-            self.first_token_pending = False
-            self.on_first_token(int(match.group(1)) if match is not None else None)
+    # ---- every state ---------------------------------------------------------------------------
 
-    def _on_lost(self, exc: BaseException | None) -> None:
-        if self.end is not None:
-            return
-        if self.armed_stream is not None:  # closed before its first body bytes: nothing was sent
-            self.armed_stream = None
-            self.unsent = exc if isinstance(exc, Exception) else UpstreamClosed("replica closed the connection before the body")
-            self.end = RelayEnd.NOTHING_SENT
-            self._wake()
-            return
-        if self.payload_only and self.upstream.length is None and exc is None:
-            if self.framed_out and self.write is not None and not self.held:
-                self.write(TERMINATOR)  # a body delimited by the close has ended
-            self.end = RelayEnd.COMPLETED
-            self._wake()
-            return
-        self._fail(lost_mid_stream(None if exc is None else type(exc).__name__))
+    def _gone(self) -> None:
+        self._end(RelayEnd.CLIENT_GONE)
 
-    def _fail(self, why: str) -> None:
-        self.error = why
-        self.detach()
-        self._finish(RelayEnd.UPSTREAM_FAILED)
+    def _ignore(self) -> None:
+        pass
 
-    def _finish(self, end: RelayEnd) -> None:
-        if self.end is None:
-            self.end = end
-        self.fast = False
+    def _ignore_payload(self, data: bytes) -> None:
+        pass
+
+    def _ignore_lost(self, error: BaseException | None) -> None:
+        pass
+
+    def _end(self, reason: RelayEnd) -> None:
+        self.ended = reason
+        self._enter(RelayState.ENDED)
         self._wake()
-
-    def pause(self) -> None:
-        """The client's socket is full (a lean client's pause_writing, or the buffer seen after a
-        write): stop reading the replica until it drains."""
-        transport = self.connection.transport
-        if transport is not None and not self.paused and self.end is None:
-            transport.pause_reading()
-            self.paused = True
-            self._wake()
 
     def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    # ---- at the end ----------------------------------------------------------------------------
+    # ---- helpers -------------------------------------------------------------------------------
 
-    def usage_payload(self) -> bytes:
-        """The SSE text of the last frames that carried usage (engines send it last)."""
-        raw = self.usage_prev + self.usage_block
-        if not raw or self.payload_only:
-            return raw
-        payload: list[bytes] = []
-        try:
-            walk_frames(raw + TERMINATOR, payload)
-        except UpstreamError:
-            return raw
-        return b"".join(payload)
+    def _whole_events(self, data: bytes) -> bytes:
+        """What of the held bytes and `data` ends on an event boundary; the rest is held."""
+        if self.held:
+            data = self.held + data
+        end = _events_end(data)
+        if end == len(data):
+            self.held = b""
+            self.open_event = False
+            return data
+        if len(data) - end > MAX_HELD_BYTES:  # an event too long to hold: passed on as it is
+            self.held = b""
+            self.open_event = True
+            return data
+        self.held = data[end:]
+        if end:
+            self.open_event = False
+        return data[:end]
+
+    def _noted(self, data: bytes) -> None:
+        """Usage and the first token, from a piece about to be written."""
+        if data.find(USAGE_KEY) >= 0:
+            self.usage_block = data
+        if self.first_token_pending and data:
+            self.written += 1
+            # the regex only where the key is (a byte search is many times faster than the regex's scan)
+            match = None
+            at = data.find(_PROMPT_KEY)
+            while at >= 0:
+                match = _PROMPT_TOKENS.match(data, at)
+                if match is not None:
+                    break
+                at = data.find(_PROMPT_KEY, at + 1)
+            if match is not None or self.written > 1:  # usage in the first pieces, or this is the second
+                self.first_token_pending = False
+                self.on_first_token(int(match.group(1)) if match is not None else None)

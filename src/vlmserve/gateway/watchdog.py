@@ -8,7 +8,6 @@ counters, cancelling the task of any exchange that made no progress for too long
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from vlmserve.async_tasks import cancel_and_wait
 
@@ -20,7 +19,7 @@ IDLE_CHUNK = "idle_chunk"  # and after
 class Exchange:
     """One attempt on one replica, as the watchdog sees it."""
 
-    __slots__ = ("task", "limit_s", "progress_at", "chunks", "seen_chunks", "expired", "phase", "native_chunks")
+    __slots__ = ("task", "limit_s", "progress_at", "chunks", "seen_chunks", "expired", "phase")
 
     def __init__(self, task: asyncio.Task, limit_s: float, now: float) -> None:
         self.task = task
@@ -30,8 +29,6 @@ class Exchange:
         self.seen_chunks = 0
         self.expired = False
         self.phase = FIRST_TOKEN
-        # while the native pump holds the stream (relay.py): its block count, added to `chunks`
-        self.native_chunks: Callable[[], int] | None = None
 
     def streaming(self, idle_limit_s: float, now: float) -> None:
         """The first byte arrived: from now on the idle-chunk limit applies."""
@@ -59,8 +56,7 @@ class Watchdog:
             await asyncio.sleep(self.tick_s)
             now = loop.time()
             for exchange in list(self.active):
-                native = exchange.native_chunks
-                chunks = exchange.chunks if native is None else exchange.chunks + native()
+                chunks = exchange.chunks
                 if chunks != exchange.seen_chunks:
                     exchange.seen_chunks = chunks
                     exchange.progress_at = now

@@ -1,6 +1,7 @@
 """The relay's count of a stream's SSE events (relay.py, EventCounter), which settles a token
-budget for a stream without usage: the same count however the replica's bytes are cut into
-blocks, HTTP/1.1 frames or not, `[DONE]` not counted."""
+budget for a stream without usage: the same count however the replica's payload is cut into
+pieces (llhttp hands the relay de-chunked payload, cut wherever frames and reads end), `[DONE]`
+not counted."""
 
 from __future__ import annotations
 
@@ -18,17 +19,9 @@ def _event(index: int) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-def _stream(events: int, framed: bool, per_frame: int) -> bytes:
-    """`events` completion chunks and [DONE], as an engine writes them: `per_frame` events to an
-    HTTP/1.1 frame (the sim batches several), or the bare SSE body."""
-    payloads = [_event(i) for i in range(events)] + [b"data: [DONE]\n\n"]
-    if not framed:
-        return b"".join(payloads)
-    frames = []
-    for at in range(0, len(payloads), per_frame):
-        data = b"".join(payloads[at:at + per_frame])
-        frames.append(b"%x\r\n%s\r\n" % (len(data), data))
-    return b"".join(frames) + b"0\r\n\r\n"
+def _stream(events: int) -> bytes:
+    """`events` completion chunks and [DONE]: a stream's payload."""
+    return b"".join([_event(i) for i in range(events)] + [b"data: [DONE]\n\n"])
 
 
 def _count(blocks: list[bytes]) -> int:
@@ -38,10 +31,8 @@ def _count(blocks: list[bytes]) -> int:
     return counter.events
 
 
-@pytest.mark.parametrize("framed", [True, False], ids=["chunked", "unframed"])
-@pytest.mark.parametrize("per_frame", [1, 7])
-def test_every_cut_of_the_bytes_counts_the_same_events(framed: bool, per_frame: int) -> None:
-    raw = _stream(40, framed, per_frame)
+def test_every_cut_of_the_payload_counts_the_same_events() -> None:
+    raw = _stream(40)
     assert _count([raw]) == 40  # one block: all events merged
     assert _count([raw[i:i + 1] for i in range(len(raw))]) == 40  # one byte a block: every line start cut
     rng = random.Random(7)
@@ -66,7 +57,7 @@ def test_a_line_start_or_done_cut_between_two_blocks_is_counted_once(cut: int) -
 
 def test_counting_starts_empty_and_ignores_a_body_with_only_done() -> None:
     assert EventCounter().events == 0
-    assert _count([b"e\r\ndata: [DONE]\n\n\r\n", b"0\r\n\r\n"]) == 0
+    assert _count([b"data: [DONE]\n\n"]) == 0
 
 
 @pytest.mark.parametrize(("payload", "asked"), [
