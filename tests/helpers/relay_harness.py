@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.helpers.gateway_fixtures import MODEL
-from vlmserve.gateway.policies import Outcome, RoutingPolicy
+from vlmserve.gateway.routing import Outcome, RoutingPolicy
 from vlmserve.gateway.proxy import Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest

@@ -17,7 +17,7 @@ import random
 import pytest
 
 from tests.helpers.relay_harness import forwarding, read_answer, scripted_replica, token
-from vlmserve.gateway.policies import Outcome
+from vlmserve.gateway.routing import Outcome
 
 SEEDS = range(24)
 

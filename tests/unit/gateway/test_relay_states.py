@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.relay_harness import (SSE_HEAD, ClientView, ForwardingHarness, ScriptedReplica, chat_request,
                                          forwarding, frame, read_answer, scripted_replica, send, token)
-from vlmserve.gateway.policies import Outcome
+from vlmserve.gateway.routing import Outcome
 from vlmserve.gateway.relay import StreamRelay
 from vlmserve.gateway.upstream import UpstreamConnection
 
