@@ -1,13 +1,14 @@
-"""The gateway's own Python per streamed request, without sockets: handler, lean lane and relay.
+"""The gateway's own Python per streamed request, without sockets: server, handler and relay.
 
 `benchmarks/gateway_overhead.py` measures the gateway as deployed, and its figures mix the
 kernel, the event loop and the gateway's Python; single trials move by ±10 % on a shared
-machine. This script isolates the Python: the real `Gateway.handle_engine_work`, lean lane
-(`LeanConnection`), upstream pool and relay run on a uvloop loop, with in-memory transports in
+machine. This script isolates the Python: the real server protocol (`http1.server.HttpConnection`),
+`Gateway.dispatch`, upstream pool and relay run on a uvloop loop, with in-memory transports in
 place of the client's and the replica's sockets. The replica's transport answers each request
 with a vLLM-shaped stream (head with the first frame, one frame per token, a usage event,
 `[DONE]`, the last chunk), one frame per loop turn as a socket would deliver them; the client's
-transport sends the next request when a response ends. Figures are CPU time of this process per
+transport sends the next request when a response ends. The difference between two answer
+lengths, over the difference in tokens, is the CPU per streamed chunk. Figures are CPU time of this process per
 request (`time.process_time`), the fake transports' own small cost included.
 
 What it is for: comparing two versions of the gateway's code on the same machine in minutes
@@ -77,12 +78,6 @@ class ReplicaTransport(asyncio.Transport):
         self.protocol: Any = None
         self.closed = False
 
-    def set_protocol(self, protocol: Any) -> None:
-        self.protocol = protocol  # the relay takes the connection over, then gives it back
-
-    def get_protocol(self) -> Any:
-        return self.protocol
-
     def is_closing(self) -> bool:
         return self.closed
 
@@ -142,8 +137,8 @@ class ClientTransport(asyncio.Transport):
     def resume_reading(self) -> None:
         pass
 
-    def set_protocol(self, protocol: Any) -> None:
-        self.protocol = protocol
+    def can_write_eof(self) -> bool:
+        return False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if data[-5:] == b"0\r\n\r\n":
@@ -186,19 +181,19 @@ class Run:
 async def measure(output_tokens: int, concurrency: int, requests: int, rounds: int) -> list[float]:
     """CPU µs per request, one figure per round, for the gateway code this interpreter imports."""
     from vlmserve.gateway.app import Gateway
-    from vlmserve.gateway.client_limits import ClientStats
     from vlmserve.gateway.config import GatewayConfig
-    from vlmserve.gateway.lean_lane import LeanConnection, LeanLane
+    from vlmserve.gateway.openai_errors import error_response
     from vlmserve.gateway.proxy import Forwarder
     from vlmserve.gateway.retry_budget import RetryBudget
     from vlmserve.gateway.server import quiet_garbage_collector
     from vlmserve.gateway.upstream import UpstreamConnection, UpstreamPool
+    from vlmserve.http1.server import HttpConnection, HttpServer, ServerLimits
 
     loop = asyncio.get_running_loop()
     config = GatewayConfig(replicas=[REPLICA_URL])
     gateway = Gateway(config)
     # What Gateway.start() sets up, without its health checks and background tasks. Built here from
-    # the constructors, not through a Gateway method, so that --compare-src also runs older trees.
+    # the constructors, not through a Gateway method, so that --compare-src also runs older trees (those with http1.server).
     gateway.upstream = UpstreamPool(config.connect_timeout_s)
     gateway.forwarder = Forwarder(
         gateway.pool, gateway.policy, gateway.upstream, gateway.watchdog, max_attempts=config.max_attempts,
@@ -218,12 +213,12 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
         connection.idle_since = loop.time() + 1e9  # never too old to reuse
         connections.append(connection)
     gateway.upstream._idle[key] = connections
-    lane = LeanLane(gateway.handle_engine_work, max_body_bytes=config.max_body_bytes, header_timeout_s=config.header_timeout_s,
-                    keepalive_timeout_s=config.keepalive_timeout_s, stats=ClientStats(), make_aiohttp_handler=lambda: None)
+    server = HttpServer(gateway.dispatch, ServerLimits(max_body_bytes=config.max_body_bytes, header_timeout_s=config.header_timeout_s,
+                                                       keepalive_timeout_s=config.keepalive_timeout_s), error_response)
     run = Run(loop, client_request(output_tokens))
     for _ in range(concurrency):
         client = ClientTransport(run)
-        protocol = LeanConnection(lane)
+        protocol = HttpConnection(server)
         client.protocol = protocol
         protocol.connection_made(client)
         run.clients.append(client)
