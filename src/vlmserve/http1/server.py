@@ -435,6 +435,11 @@ class HttpConnection(asyncio.Protocol):
                     continue
                 request = self.queue.popleft()
                 self.queued_bytes -= len(request.body)
+                # Reading resumes as soon as what waits is back under the bounds, before the answer:
+                # the bound is on pipelined requests, and a client that leaves while its own request
+                # is served must be seen leaving (its request is then cancelled), which a paused
+                # socket hides (a body over MAX_QUEUED_BYTES paused it).
+                self._resume_if_room()
                 if isinstance(request, _RefusalRequest):
                     if self.transport is not None:
                         self.transport.write(request.answer.to_bytes(close=True))
@@ -483,10 +488,7 @@ class HttpConnection(asyncio.Protocol):
                         return
                     if self.transport is None:
                         return
-                if (self.reading_paused and self.queued_bytes <= MAX_QUEUED_BYTES
-                        and len(self.queue) <= MAX_QUEUED_REQUESTS):  # the count too: else every answer
-                    self.reading_paused = False  # resumed reading, and each read queued thousands more
-                    transport.resume_reading()
+                self._resume_if_room()
                 if self._continue_due and not self.queue:
                     self._continue_due = False
                     transport.write(_CONTINUE)  # the next request's, held while this answer was made
@@ -503,6 +505,14 @@ class HttpConnection(asyncio.Protocol):
         finally:
             self.task = self.ready = None
             self.serving = None
+
+    def _resume_if_room(self) -> None:
+        # the count too, not only the bytes: else every answer resumed reading, and each read queued
+        # thousands more bodiless requests
+        if (self.reading_paused and self.transport is not None and self.queued_bytes <= MAX_QUEUED_BYTES
+                and len(self.queue) <= MAX_QUEUED_REQUESTS and not self.writing_paused):
+            self.reading_paused = False
+            self.transport.resume_reading()
 
     @staticmethod
     def _render(answer: Response, request: Request, *, close: bool) -> bytes:

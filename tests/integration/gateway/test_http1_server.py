@@ -732,9 +732,12 @@ async def _settled(gw: Any, within_s: float) -> None:
 
 
 @pytest.mark.hostile("a client that vanishes while its request is served: the request is cancelled")
-@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
-async def test_a_client_gone_mid_request_cancels_it(engine: SimHandle, stream: bool) -> None:
-    body = json.dumps(chat_body("long", max_tokens=8000, stream=stream)).encode()  # 8 s of the engine's time
+@pytest.mark.parametrize(("stream", "padding"), [(False, 0), (True, 0), (False, 1 << 20)],
+                         ids=["unary", "streamed", "unary with a 1 MiB body"])
+async def test_a_client_gone_mid_request_cancels_it(engine: SimHandle, stream: bool, padding: int) -> None:
+    """A body larger than the pipelining bound (MAX_QUEUED_BYTES) paused reading while it queued:
+    the client's leaving is still seen once its request is being served."""
+    body = json.dumps(chat_body("long", max_tokens=8000, stream=stream, user="u" * padding)).encode()  # 8 s of the engine's time
     async with running_gateway([engine]) as gw:
         aborted = await engine_finished(engine, "abort")
         reader, writer = await connect(gw.port)
