@@ -32,7 +32,7 @@ from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.routing import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
-from vlmserve.gateway.proxy import CONNECTION_ERRORS, Forwarder, RequestLog
+from vlmserve.gateway.proxy import Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import BadRequestHeader, TokenEstimator, client_request_id, describe_request, session_key
 from vlmserve.vision.probe import load_image_readers
@@ -40,20 +40,13 @@ from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import Route, RouteKind, RouteRefused, resolve
 from vlmserve.gateway.shared_state import SharedState
-from vlmserve.gateway.upstream import UpstreamPool
+from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
+from vlmserve.http1.headers import header_lines
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.messages import Answer, Request, Response
 from vlmserve.http1.server import ClientStats
 
 log = logging.getLogger("vlmserve.gateway")
-
-
-def _new_upstream_session(config: GatewayConfig) -> aiohttp.ClientSession:
-    """Pooled keep-alive connections to the replicas, no limit on how many (admission limits that)."""
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, enable_cleanup_closed=False)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s)
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                 skip_auto_headers=("User-Agent",))
 
 
 class Gateway:
@@ -93,6 +86,7 @@ class Gateway:
         self.allowed_media_hosts = allowed_host_set(config.allowed_media_domains)
         self.media_addresses = MediaAddressPolicy(config.allow_internal_media_addresses)
         upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
+        self.replica_headers = header_lines(upstream_headers.items())  # what a forwarded GET carries
         self.pool = ReplicaPool(
             config.normalized_replicas,
             health_interval_s=config.health_interval_s,
@@ -113,7 +107,6 @@ class Gateway:
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the HTTP server (http1/server.py)
         self.watchdog = Watchdog()
-        self.session: aiohttp.ClientSession | None = None  # /version and the like; generation goes through `upstream`
         self.upstream: UpstreamPool | None = None
         self.forwarder: Forwarder | None = None
         self._engine_info_rotation = RoundRobin()
@@ -128,7 +121,6 @@ class Gateway:
             prepare()  # credentials: a one-line error now, before anything opens, not a warning every interval
         if self.shared_state is not None:
             await self.shared_state.start()  # a refused password: a one-line error now; unreachable: fallback
-        self.session = _new_upstream_session(self.config)
         if self.allowed_media_hosts:  # remote media is fetched here, never by an engine
             # connect only to the addresses the policy checked (no re-resolution in between)
             connector = (aiohttp.TCPConnector(resolver=CheckedResolver(self.media_addresses), use_dns_cache=False)
@@ -169,8 +161,6 @@ class Gateway:
             await self.discovery.stop()
         await self.watchdog.stop()
         await self.pool.stop()
-        if self.session is not None:
-            await self.session.close()
         if self.upstream is not None:
             self.upstream.close()
         if self.media_session is not None:
@@ -429,13 +419,16 @@ class Gateway:
         if not candidates:
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica", retry_after_s=1)
         replica: Replica = self._engine_info_rotation.choose(None, candidates)  # type: ignore[arg-type]
-        headers = {"Authorization": f"Bearer {self.config.replica_api_key}"} if self.config.replica_api_key else {}
-        assert self.session is not None
+        assert self.upstream is not None
+        answer: UpstreamResponse | None = None
         try:
-            async with self.session.get(replica.url + route.path, headers=headers) as upstream:
-                body = await upstream.read()
-                return Response(upstream.status, body, {
-                    "Content-Type": upstream.headers.get("Content-Type", "application/json")})
-        except CONNECTION_ERRORS as err:
+            async with asyncio.timeout(self.pool.probe_timeout_s):
+                answer = await self.upstream.request("GET", replica.url + route.path, self.replica_headers, b"")
+                body = await answer.read()
+        except (OSError, TimeoutError) as err:  # UpstreamError is an OSError: a reset, a close, not HTTP
             self.pool.record_failure(replica)
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
+        finally:
+            if answer is not None:
+                answer.release()  # a no-op once the body was read whole
+        return Response(answer.status, body, {"Content-Type": answer.headers.get("content-type", "application/json")})

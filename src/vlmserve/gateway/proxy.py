@@ -35,7 +35,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 
 from vlmserve.gateway.openai_errors import CLIENT_REQUEST_ID_HEADER, error_response, sse_error_event
 from vlmserve.gateway.routing import Outcome, RoutingPolicy
@@ -49,8 +48,7 @@ from vlmserve.http1.headers import header_lines
 from vlmserve.http1.messages import Answer, Request, Response, Stream
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
-# aiohttp's client errors: app.py's /version forward still uses aiohttp's client
-CONNECTION_ERRORS = (aiohttp.ClientError, OSError, asyncio.IncompleteReadError)
+CONNECTION_ERRORS = (OSError, asyncio.IncompleteReadError)  # upstream.UpstreamError is an OSError
 
 
 @dataclass(slots=True)
