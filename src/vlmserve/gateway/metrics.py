@@ -64,6 +64,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("vlmserve_gateway_client_connections", "Client connections open", value=clients.open)
         yield CounterMetricFamily("vlmserve_gateway_client_connections_refused", "Client connections answered 503 over --max-connections", value=clients.refused)
         yield CounterMetricFamily("vlmserve_gateway_client_header_timeouts", "Client connections closed (408) for not sending complete headers in time", value=clients.header_timeouts)
+        yield CounterMetricFamily("vlmserve_gateway_client_requests_refused", "Requests the HTTP server refused before any route (malformed, head or body too large, bad version)", value=clients.malformed)
         if state.get("state_available") is not None:  # only with --state: there is nothing to be unavailable otherwise
             yield GaugeMetricFamily("vlmserve_gateway_state_available", "1 while the shared admission state (--state redis://...) answers; 0 while rate limits fall back per --state-unavailable", value=1.0 if state["state_available"] else 0.0)
 

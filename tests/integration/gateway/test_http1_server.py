@@ -281,6 +281,8 @@ async def test_refused_framings(engine: SimHandle, caplog: pytest.LogCaptureFixt
                                 code: str, message: str) -> None:
     async with running_gateway([engine]) as gw:
         await assert_refused(gw, engine, caplog, raw, status=status, code=code, message=message)
+        metrics = (await talk(gw.port, get(b"/metrics", b"Connection: close")))[0][0].body.decode()
+    assert "vlmserve_gateway_client_requests_refused_total 1.0" in metrics
 
 
 ACCEPTED = {
