@@ -182,7 +182,8 @@ class StreamRelay:
             return RelayEnd.CLIENT_GONE
         client.listener = self  # from here on its loss and back-pressure reach the relay
         connection.listener = self
-        early, connection.body = connection.body, []
+        early = connection.body[:]
+        connection.body.clear()
         for piece in early:  # payload that came before the relay was set up
             self.payload(piece)
         if connection.reader.complete:

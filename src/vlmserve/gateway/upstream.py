@@ -64,7 +64,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.used = False  # has carried a request before (so it may have been closed by an idle timer)
         self.idle_since = 0.0
         self.bytes_seen = False  # a byte of the current request's response has arrived
-        self.body: list[bytes] = []  # payload received while nobody takes it as it comes
+        # payload pieces llhttp appended during the current read (data_received), or received while
+        # nobody takes them as they come; always this one list (its append is bound in the parser)
+        self.body: list[bytes] = []
         self.listener: BodyListener | None = None  # takes the payload as it comes (the relay of a stream)
         self.waiter: asyncio.Future[None] | None = None  # the task reading the response (its head, or its end)
         self.error: BaseException | None = None  # why the connection failed; it is then never reused
@@ -80,12 +82,35 @@ class UpstreamConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        """llhttp appends the payload's pieces to `body` (C to C: `body.append` is the reader's
+        on_body), and the head and end reach on_response_* below; a stream's relay then takes the
+        pieces here, one call each: the hot path has no Python call per piece inside the parser."""
         self.bytes_seen = True
         try:
-            self.reader.feed(data)  # the head, payload and end reach on_response_* below, synchronously
+            self.reader.feed(data)
         except ProtocolError as err:
+            self._deliver()  # the whole pieces before the fault first
             in_body = self.reader.head is not None
             self._fail(UpstreamError(f"sent a malformed {'body' if in_body else 'response'} ({err})"))
+            return
+        if self.body and self.listener is not None:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """The payload pieces in hand, in order, to the listener (the relay), if one takes them."""
+        listener = self.listener
+        body = self.body
+        if listener is None or not body:
+            return
+        if len(body) == 1:  # the common read: one chunk
+            piece = body[0]
+            body.clear()
+            listener.payload(piece)
+            return
+        pieces = body[:]
+        body.clear()
+        for piece in pieces:
+            listener.payload(piece)
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows
@@ -116,15 +141,12 @@ class UpstreamConnection(asyncio.Protocol):
         _wake(self.waiter)
 
     def on_response_body(self, data: bytes) -> None:
-        listener = self.listener
-        if listener is not None:
-            listener.payload(data)  # the hot path: a stream's piece of payload, straight to its relay
-        else:
-            self.body.append(data)
+        self.body.append(data)  # not called: the reader is given body.append itself (write_request)
 
     def on_response_end(self) -> None:
         listener = self.listener
         if listener is not None:
+            self._deliver()  # the pieces of this last read go before the end
             listener.end()
         _wake(self.waiter)
 
@@ -145,7 +167,7 @@ class UpstreamConnection(asyncio.Protocol):
         """Send a request; the reader then expects its response from the next byte on."""
         self.used = True
         self.bytes_seen = False
-        self.reader.expect()
+        self.reader.expect(self.body.append)
         transport = self.transport
         assert transport is not None
         if len(body) < 65536:
@@ -212,7 +234,7 @@ class UpstreamResponse:
             self.close()
             raise
         body = b"".join(connection.body)
-        connection.body = []
+        connection.body.clear()
         self.release()
         return body
 
@@ -359,7 +381,7 @@ class UpstreamPool:
         if self._closed:
             connection.close()
             return
-        connection.body = []
+        connection.body.clear()
         connection.idle_since = connection.loop.time()
         self._idle.setdefault(connection.key, []).append(connection)
 

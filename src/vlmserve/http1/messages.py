@@ -108,8 +108,8 @@ class Stream:
         transport = self.connection.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("client went away")
-        if payload:
-            transport.write(chunk(payload) if self.chunked else payload)
+        if payload:  # the hot path: framed here rather than through chunk(), one call less per piece
+            transport.write(b"%x\r\n%s\r\n" % (len(payload), payload) if self.chunked else payload)
 
     def end(self, last: bytes = b"") -> None:
         """The last payload (if any) and the end of the body."""

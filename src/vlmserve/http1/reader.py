@@ -15,6 +15,7 @@ bytes after the end of the response.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,10 +64,15 @@ class ResponseReader:
         self.head_fed = 0  # bytes of whole reads while the head is incomplete (feed)
         self.complete = True  # no response expected: bytes now are bytes after the response
         self.error: str | None = None
-        self.on_body = sink.on_response_body  # llhttp calls it per piece of payload (bound once: the hot path)
+        self.on_body: Callable[[bytes], object] = sink.on_response_body
 
-    def expect(self) -> None:
-        """A request went out: read its response from the next byte on."""
+    def expect(self, on_body: Callable[[bytes], object] | None = None) -> None:
+        """A request went out: read its response from the next byte on.
+
+        llhttp calls `on_body` (default: the sink's `on_response_body`) with each piece of payload;
+        it is bound when the parser is made, so a caller on a hot path may pass a C callable (a
+        list's `append`) and take the pieces after `feed` returns, with no Python call per piece."""
+        self.on_body = on_body if on_body is not None else self.sink.on_response_body
         self._parser = httptools.HttpResponseParser(self)
         self._headers = Headers()
         self.head = None

@@ -220,9 +220,10 @@ def test_endpoint_slices_give_ready_endpoints_on_the_named_port() -> None:
 
 def test_a_forgotten_replica_leaves_no_metric_series() -> None:
     from vlmserve.gateway.metrics import GatewayMetrics
+    from vlmserve.http1.server import ClientStats
 
     metrics = GatewayMetrics(lambda: {"replicas": {}, "queued": {}, "ejected": 0, "panic": False,
-                                      "clients": type("C", (), {"open": 0, "refused": 0, "header_timeouts": 0})()})
+                                      "clients": ClientStats()})
     for replica in ("10.0.0.1:8000", "10.0.0.2:8000"):
         metrics.count_request("200", "default", replica)
         metrics.observe_latency(replica, 0.1, 0.5)
