@@ -37,11 +37,6 @@ class UpstreamClosed(UpstreamError):
     """The replica closed the connection before the response was complete."""
 
 
-def lost_mid_stream(error_name: str | None) -> str:
-    """A replica connection that ended (None: closed) or failed (the exception's name) mid-body."""
-    return "closed the connection mid-stream" if error_name is None else f"failed mid-stream ({error_name})"
-
-
 class BodyListener(Protocol):
     """Who takes a response's body as it arrives (relay.py's StreamRelay)."""
 
@@ -61,7 +56,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.loop: asyncio.AbstractEventLoop  # set at connection_made
         self.reader = ResponseReader(self)
         self.closed = False
-        self.used = False  # has carried a request before (so it may have been closed by an idle timer)
         self.idle_since = 0.0
         self.bytes_seen = False  # a byte of the current request's response has arrived
         self.body: list[bytes] = []  # payload received while nobody takes it as it comes
@@ -143,7 +137,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     def write_request(self, data: bytes, body: bytes) -> None:
         """Send a request; the reader then expects its response from the next byte on."""
-        self.used = True
         self.bytes_seen = False
         self.reader.expect()
         transport = self.transport

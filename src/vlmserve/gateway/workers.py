@@ -92,7 +92,6 @@ class WorkerSupervisor:
         self.deaths: list[int] = []  # per slot: deaths in a row, for the restart pause
         self.started_at: list[float] = []
         self.stopping = False
-        self.restarts = 0
 
     def _start(self, slot: int) -> SpawnProcess:
         process = self.context.Process(target=_worker_main, args=(self.config, self.ready), name=f"vlmserve-gateway-{slot}",
@@ -167,7 +166,6 @@ class WorkerSupervisor:
                     del restart_at[slot]
                     self.started_at[slot] = now
                     self.processes[slot] = self._start(slot)
-                    self.restarts += 1
 
     def _drain_ready_queue(self) -> None:
         while True:
