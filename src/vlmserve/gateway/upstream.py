@@ -146,27 +146,19 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             transport.writelines((data, body))
 
-    async def _wait(self) -> None:
-        self.waiter = self.loop.create_future()
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
-
-    async def wait_head(self) -> ResponseHead:
-        """Until the response head is in; raises what ended the connection before it."""
-        while self.reader.head is None:
+    async def wait(self, end: bool = False) -> ResponseHead | None:
+        """Until the response head is in (with `end`: the whole response), then the head; raises
+        what ended the connection before it."""
+        reader = self.reader
+        while not (reader.complete if end else reader.head is not None):
             if self.error is not None:
                 raise self.error
-            await self._wait()
-        return self.reader.head
-
-    async def wait_end(self) -> None:
-        """Until the response has ended; raises what ended the connection before it."""
-        while not self.reader.complete:
-            if self.error is not None:
-                raise self.error
-            await self._wait()
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return reader.head
 
     def reusable(self) -> bool:
         """The response was read to its end, keep-alive holds, and nothing went wrong since."""
@@ -200,7 +192,7 @@ class UpstreamResponse:
         """The whole body (de-chunked); the connection goes back to the pool."""
         connection = self.connection
         try:
-            await connection.wait_end()
+            await connection.wait(end=True)
         except BaseException:
             self.close()
             raise
@@ -258,7 +250,7 @@ class SentRequest:
                 connection = await self.pool._connect(self.key)
                 self.write_on(connection, reused=False)
             try:
-                head = await connection.wait_head()
+                head = await connection.wait()
             except ConnectionError:
                 self.connection = None
                 connection.close()
@@ -268,6 +260,7 @@ class SentRequest:
             except BaseException:
                 connection.close()
                 raise
+            assert head is not None  # wait() returns once the head is in
             return UpstreamResponse(self.pool, connection, head)
 
 
