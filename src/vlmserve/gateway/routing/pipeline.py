@@ -67,8 +67,8 @@ def weighted_sum(scorers: Sequence[tuple[float, Scorer]]) -> ScoreFn | None:
     return total
 
 
-def highest_score(request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None, rotation: int,
-                  fewer_in_flight: bool = False) -> Replica:
+def _highest_score(fewer_in_flight: bool, request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None,
+                   rotation: int) -> Replica:
     """The highest weighted sum, looked for from a position that moves by one each choice.
 
     Equal sums go to the first replica met from that position, so equal replicas share the work
@@ -89,8 +89,9 @@ def highest_score(request: RoutedRequest, candidates: Sequence[Replica], score: 
     return best
 
 
-fewer_in_flight_first: Picker = partial(highest_score, fewer_in_flight=True)
-"""highest_score, with equal sums going first to the replica with fewer requests in flight."""
+# the two pickers, the flag bound once (a partial with positional arguments costs what a bound method does)
+highest_score: Picker = partial(_highest_score, False)
+fewer_in_flight_first: Picker = partial(_highest_score, True)
 
 
 def _no_opinion(request: RoutedRequest, replica: Replica) -> float:
@@ -141,8 +142,10 @@ class Pipeline(RoutingPolicy):
 
     def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
         self.rotation += 1
-        for keep in self._filters:
-            candidates = keep(request, candidates)
-        for prepare in self._prepare:
-            prepare(request, candidates)
+        if self._filters:
+            for keep in self._filters:
+                candidates = keep(request, candidates)
+        if self._prepare:
+            for prepare in self._prepare:
+                prepare(request, candidates)
         return self._pick(request, candidates, self._score, self.rotation)
