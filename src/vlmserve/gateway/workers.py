@@ -15,7 +15,7 @@ What is per process: everything a worker keeps in memory, so with N workers each
 admission limits (`--max-in-flight` and the queues are per worker), tenants' rate limits (a
 tenant can get up to N times its rate unless shared state is configured), breakers, routing
 policy state and replica health checks (each worker checks the replicas), and the image
-worker processes that downscale images (`--image-workers` per gateway process, image_workers.py). The audit log is
+worker processes that downscale images (`--image-workers` per gateway process, media/workers.py). The audit log is
 appended by every worker (one line per request, lines may interleave across workers).
 """
 
