@@ -89,7 +89,7 @@ def test_a_part_shared_by_two_scorers_hears_each_event_once_and_only_those_it_im
     shared = Listener()
     pipeline = Pipeline([(1.0, ReadsListener(shared)), (1.0, ReadsListener(shared))], parts=(shared, shared))
     assert pipeline.parts.count(shared) == 1
-    assert pipeline.on_dispatch == shared.on_dispatch  # the one implementation, bound once: no loop per event
+    assert pipeline.on_dispatch == shared.on_dispatch and pipeline.forget == shared.forget  # bound once: no loop per event
     request = req("x")
     chosen = pipeline.choose(request, replicas)
     pipeline.on_dispatch(request, chosen)
