@@ -63,6 +63,7 @@ class Replica:
     health_failures: int = 0
     models: list[dict] = field(default_factory=list)
     models_checked_at: float = 0.0
+    load: EngineLoad | None = None  # the last scrape of its engine's /metrics (when the policy reads them)
     in_flight: int = 0  # requests dispatched and not yet finished (the gateway's own count)
     last_success_at: float = -math.inf  # monotonic time of the last request it answered well
     dispatched_total: int = 0
@@ -363,5 +364,8 @@ class ReplicaPool:
 
     async def _poll_metrics(self, replica: Replica) -> None:
         body, _ = await self._probe_status(replica, "/metrics")
-        if body is not None and self.on_load_update is not None and not replica.draining:  # a leaver's load would outlive its forget
-            self.on_load_update(replica, parse_engine_load(body.decode("utf-8", "replace"), time.monotonic()))
+        if body is None:
+            return
+        replica.load = parse_engine_load(body.decode("utf-8", "replace"), time.monotonic())
+        if self.on_load_update is not None and not replica.draining:  # a leaver's load would outlive its forget
+            self.on_load_update(replica, replica.load)
