@@ -7,7 +7,7 @@ The pieces, each in its own module:
 - `replicas`   — health checks, circuit breakers, engine-metric polling.
 - `admission`  — API keys → tenants, token buckets, the priority queue.
 - `proxy`      — forwarding with retries, timeouts and stream pass-through.
-- `app` / `server` — the aiohttp application and ways to run it.
+- `app` / `server` — the handlers per route kind and ways to run them (on http1/server.py).
 """
 
 from vlmserve.gateway.config import GatewayConfig

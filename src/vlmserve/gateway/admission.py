@@ -25,7 +25,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeGuard
 
@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from vlmserve.errors import UserError
 from vlmserve.gateway.redis_buckets import BucketLimits
+from vlmserve.gateway.request_info import OUTPUT_LIMIT_KEYS
 from vlmserve.gateway.shared_state import SharedState, StateUnavailable
 from vlmserve.spec import describe_validation_error, load_yaml_file
 
@@ -52,9 +53,6 @@ LIMIT_BOUNDS: dict[str, tuple[float, float]] = {
 MAX_OUTPUT_TOKENS = 2**31 - 1
 """The most a request's `max_tokens` (or `n`) may say: engines keep token counts in 32-bit integers.
 Anything larger, or not a whole number, is a 400 before any arithmetic (10**309 overflowed a float)."""
-
-OUTPUT_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
-"""The fields that bound a request's output, in request_info.expected_output_tokens' order."""
 
 
 class TenantSpec(BaseModel):
@@ -211,12 +209,6 @@ def admissible_tokens(prompt_tokens: int, output_tokens: int, choices: int, cont
     return prompt_tokens + output_tokens
 
 
-def choices_of(payload: Mapping[str, object]) -> int:
-    """How many answers a request asks for (`n`, checked by check_output_limits; 1 when absent)."""
-    n = payload.get("n")
-    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-
-
 def asks_for_usage(payload: Mapping[str, object]) -> bool:
     """The client asked a stream's engine to report its usage (`stream_options.include_usage`,
     which vLLM takes only as a boolean); a stream that did not is settled from the gateway's count."""
@@ -257,11 +249,6 @@ class AdmissionRejected(Exception):
         self.reason = reason or code
 
 
-@dataclass
-class _Waiter:
-    future: asyncio.Future = field(repr=False)
-
-
 class Admission:
     """Authentication, rate limits and the priority queue for one gateway."""
 
@@ -288,7 +275,7 @@ class Admission:
         self.queue_limits = {"interactive": 1024, "batch": 4096, **(queue_limits or {})}
         self.queue_timeout_s = queue_timeout_s
         self.in_flight = 0
-        self._queues: dict[str, deque[_Waiter]] = {p: deque() for p in PRIORITIES}
+        self._queues: dict[str, deque[asyncio.Future[None]]] = {p: deque() for p in PRIORITIES}  # waiters
 
     # ---- who ----------------------------------------------------------------------------------
 
@@ -402,23 +389,23 @@ class Admission:
                 429, f"gateway is at capacity and the {priority} queue is full: retry later", "queue_full",
                 retry_after_s=1.0, reason="queue_full",
             )
-        waiter = _Waiter(asyncio.get_running_loop().create_future())
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
+            await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
         except asyncio.TimeoutError:
-            if not self._forget(queue, waiter) and waiter.future.done():
+            if not self._forget(queue, waiter) and waiter.done():
                 return  # the slot arrived at the same moment as the timeout: use it
             raise AdmissionRejected(
                 429, f"waited {self.queue_timeout_s:.0f} s in the {priority} queue: the gateway is overloaded, retry later",
                 "queue_timeout", retry_after_s=1.0, reason="queue_timeout",
             ) from None
         except asyncio.CancelledError:
-            if not self._forget(queue, waiter) and waiter.future.done():
+            if not self._forget(queue, waiter) and waiter.done():
                 self.release_slot()  # the slot was handed to us just as the client left
             raise
 
-    def _forget(self, queue: deque[_Waiter], waiter: _Waiter) -> bool:
+    def _forget(self, queue: deque[asyncio.Future[None]], waiter: asyncio.Future[None]) -> bool:
         try:
             queue.remove(waiter)
             return True
@@ -432,7 +419,7 @@ class Admission:
                 queue = self._queues[priority]
                 while queue:
                     waiter = queue.popleft()
-                    if not waiter.future.done():
-                        waiter.future.set_result(None)
+                    if not waiter.done():
+                        waiter.set_result(None)
                         return  # the slot passes on; in_flight is unchanged
         self.in_flight -= 1

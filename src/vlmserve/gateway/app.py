@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 
 from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
-                                        asks_for_usage, check_output_limits, choices_of, context_tokens,
-                                        load_keys_file, settled_tokens)
+                                        asks_for_usage, check_output_limits, context_tokens, load_keys_file,
+                                        settled_tokens)
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
@@ -34,7 +34,8 @@ from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.routing import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
 from vlmserve.gateway.proxy import Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
-from vlmserve.gateway.request_info import BadRequestHeader, TokenEstimator, client_request_id, describe_request, session_key
+from vlmserve.gateway.request_info import (BadRequestHeader, TokenEstimator, choices_of, client_request_id, describe_request,
+                                           session_key)
 from vlmserve.vision.probe import load_image_readers
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
@@ -88,7 +89,7 @@ class Gateway:
         upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self.replica_headers = header_lines(upstream_headers.items())  # what a forwarded GET carries
         self.pool = ReplicaPool(
-            config.normalized_replicas,
+            config.replicas,
             health_interval_s=config.health_interval_s,
             metrics_interval_s=config.metrics_interval_s if self.policy.uses_engine_load else None,
             breaker_failures=config.breaker_failures,
@@ -324,7 +325,6 @@ class Gateway:
                 routed.session_id = session_key(request.headers.get("X-Session-ID"))
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
-                request_log.estimated_tokens = routed.expected_total_tokens
                 # settled from the relay's count of events, not of pieces (relay.py)
                 routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
                 if tenant.rate_limited:

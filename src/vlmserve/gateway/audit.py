@@ -15,7 +15,6 @@ class AuditLog:
     """Appends records to a file; line-buffered so a crash loses at most the line being written."""
 
     def __init__(self, path: Path | None, *, log_content: bool = False) -> None:
-        self.path = path
         self.log_content = log_content
         self._file: IO[str] | None = None
         if path is not None:

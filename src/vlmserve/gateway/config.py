@@ -168,7 +168,3 @@ class GatewayConfig:
                 raise UserError(f"{_flag(name)} must be a positive number of seconds, got {value}")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise UserError(f"--drain-timeout must be 0 or more seconds, got {self.drain_timeout_s}")
-
-    @property
-    def normalized_replicas(self) -> list[str]:
-        return [url.rstrip("/") for url in self.replicas]

@@ -32,12 +32,6 @@ class JsonShapeRefused(Exception):
         self.code = code
 
 
-def _too_many(items: int, max_items: int) -> JsonShapeRefused:
-    return JsonShapeRefused(
-        f"request body has about {items} JSON values, over the {max_items} limit: split the request "
-        "(fewer messages or inputs) or ask the operator to raise --max-json-items", "too_many_json_items")
-
-
 def loads_body(body: bytes) -> Any:
     """`json.loads(body)`, with the common body (a UTF-8 object with nothing around it) handed
     straight to the C scanner: json.loads first runs five Python-level steps (encoding detection,
@@ -68,5 +62,7 @@ def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
             f"request body nests JSON deeper than {max_depth} levels: flatten it or ask the operator "
             "to raise --max-json-depth", "json_too_deep")
     if finding.kind == "too_many":
-        raise _too_many(finding.values, max_items)
+        raise JsonShapeRefused(
+            f"request body has about {finding.values} JSON values, over the {max_items} limit: split the request "
+            "(fewer messages or inputs) or ask the operator to raise --max-json-items", "too_many_json_items")
     raise JsonShapeRefused("request body is not valid JSON (unbalanced brackets): check how it is built", "invalid_json")

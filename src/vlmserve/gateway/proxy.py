@@ -71,7 +71,6 @@ class RequestLog:
     status: str = "pending"
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    estimated_tokens: int = 0
     error: str | None = None
     images: list[dict[str, Any]] = field(default_factory=list)  # image_preflight.ImageSeen.audit()
 
@@ -144,10 +143,6 @@ class _RetryableFailure(Exception):
         self.fault = fault
 
 
-def _closed_before_first_byte(replica: Replica) -> _RetryableFailure:
-    return _RetryableFailure("closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
-
-
 _USAGE_NUMBERS = re.compile(rb'"usage":\s*\{[^{}]*?"prompt_tokens":\s*(\d+)[^{}]*?"completion_tokens":\s*(\d+)')
 
 
@@ -170,6 +165,12 @@ def _usage_from_sse_tail(tail: bytes) -> dict | None:
             if isinstance(usage, dict):
                 return usage
     return None
+
+
+def _whole_answer(upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> Response:
+    """A replica's answer read whole, passed on with its status and content type and the ids."""
+    return Response(upstream.status, payload, {"Content-Type": upstream.headers.get("content-type", "application/json"),
+                                               **log.id_headers()})
 
 
 class Forwarder:
@@ -197,7 +198,6 @@ class Forwarder:
         self.retry_budget = retry_budget
         self.idle_chunk_timeout_s = idle_chunk_timeout_s
         self.first_token_timeout_s = first_token_timeout_s
-        self.upstream_auth = upstream_auth
         self.on_retry = on_retry
         self._loop: asyncio.AbstractEventLoop | None = None
         # the header lines every upstream request carries, encoded once
@@ -364,13 +364,11 @@ class Forwarder:
                 fault=FAULT_UNDECIDED if upstream.status >= 500 else FAULT_NOBODY,
             )
 
-    def _passthrough_error(self, upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> Response:
+    @staticmethod
+    def _passthrough_error(upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> Response:
         log.status = str(upstream.status)
         log.first_byte_mono = log.finished_mono = time.monotonic()
-        return Response(upstream.status, payload, {
-            "Content-Type": upstream.headers.get("content-type", "application/json"),
-            **log.id_headers(),
-        })
+        return _whole_answer(upstream, payload, log)
 
     def _unary_response(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
                         routed: RoutedRequest, log: RequestLog) -> Response:
@@ -385,10 +383,7 @@ class Forwarder:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")
         log.status = "200"
-        return Response(200, payload, {
-            "Content-Type": upstream.headers.get("content-type", "application/json"),
-            **log.id_headers(),
-        })
+        return _whole_answer(upstream, payload, log)
 
     def _first_token(self, routed: RoutedRequest, replica: Replica, prompt_tokens: int | None) -> None:
         """The policy hears "first token" once the engine's prompt count is known (usage in the
@@ -411,7 +406,8 @@ class Forwarder:
                 relay.detach()
                 log.first_byte_mono = relay.first_sent_mono or time.monotonic()
             if end is RelayEnd.NOTHING_SENT:  # the replica failed before its first payload: retried
-                raise relay.unsent or _closed_before_first_byte(replica)
+                raise relay.unsent or _RetryableFailure(
+                    "closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
             if end is RelayEnd.CLIENT_GONE:
                 log.status = "abandoned"
                 return Outcome.ABANDONED

@@ -135,10 +135,6 @@ class BucketLimits:
     tokens_per_s: float = 0.0
     token_capacity: float = 0.0
 
-    @property
-    def limited(self) -> bool:
-        return self.requests_per_s > 0 or self.tokens_per_s > 0
-
 
 @dataclass(frozen=True)
 class AdmitResult:

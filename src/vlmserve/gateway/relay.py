@@ -46,7 +46,7 @@ import re
 import time
 from collections.abc import Callable
 
-from vlmserve.gateway.upstream import UpstreamClosed, UpstreamConnection, UpstreamError, UpstreamResponse, lost_mid_stream
+from vlmserve.gateway.upstream import UpstreamClosed, UpstreamConnection, UpstreamError, UpstreamResponse
 from vlmserve.gateway.watchdog import Exchange
 from vlmserve.http1.messages import Stream
 
@@ -127,7 +127,7 @@ _HANDLERS: dict[RelayState, tuple[str, str, str, str, str]] = {
     RelayState.ARMED: ("_armed_payload", "_armed_end", "_armed_lost", "_gone", "_ignore"),
     RelayState.STREAMING: ("_streaming_payload", "_streaming_end", "_streaming_lost", "_gone", "_streaming_pause"),
     RelayState.PAUSED: ("_streaming_payload", "_streaming_end", "_streaming_lost", "_gone", "_ignore"),
-    RelayState.ENDED: ("_ignore_payload", "_ignore", "_ignore_lost", "_ignore", "_ignore"),
+    RelayState.ENDED: ("_ignore", "_ignore", "_ignore", "_ignore", "_ignore"),
 }
 
 
@@ -296,10 +296,12 @@ class StreamRelay:
         self._end(RelayEnd.COMPLETED)
 
     def _streaming_lost(self, error: BaseException | None) -> None:
-        if isinstance(error, UpstreamError) and not isinstance(error, UpstreamClosed):
+        if error is None or isinstance(error, UpstreamClosed):
+            self.error = "closed the connection mid-stream"
+        elif isinstance(error, UpstreamError):
             self.error = str(error)  # what the replica sent that is not HTTP/1.1
         else:
-            self.error = lost_mid_stream(None if error is None or isinstance(error, UpstreamClosed) else type(error).__name__)
+            self.error = f"failed mid-stream ({type(error).__name__})"
         self._end(RelayEnd.UPSTREAM_FAILED)
 
     def _streaming_pause(self) -> None:
@@ -312,13 +314,7 @@ class StreamRelay:
     def _gone(self) -> None:
         self._end(RelayEnd.CLIENT_GONE)
 
-    def _ignore(self) -> None:
-        pass
-
-    def _ignore_payload(self, data: bytes) -> None:
-        pass
-
-    def _ignore_lost(self, error: BaseException | None) -> None:
+    def _ignore(self, *_: object) -> None:
         pass
 
     def _end(self, reason: RelayEnd) -> None:

@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from yarl import URL
-
 from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
 from vlmserve.http1.headers import header_lines
@@ -65,23 +63,15 @@ class Replica:
     health_failures: int = 0
     models: list[dict] = field(default_factory=list)
     models_checked_at: float = 0.0
-    load: EngineLoad | None = None
+    load: EngineLoad | None = None  # the last scrape of its engine's /metrics (when the policy reads them)
     in_flight: int = 0  # requests dispatched and not yet finished (the gateway's own count)
     last_success_at: float = -math.inf  # monotonic time of the last request it answered well
     dispatched_total: int = 0
     discovered: bool = False  # from --discover (may leave); False: a static --replica (stays)
     draining: bool = False  # removed from the source: no new requests, in-flight ones finish
-    _endpoints: dict[str, URL] = field(default_factory=dict, repr=False)
     # model_ids is asked for on every request: the set is rebuilt only when `models` is replaced
     _ids_of: list[dict] | None = field(default=None, init=False, repr=False)
     _ids: set[str] = field(default_factory=set, init=False, repr=False)
-
-    def endpoint(self, path: str) -> URL:
-        """The replica's URL for `path`, parsed once (URL parsing is a measurable share of a proxied request)."""
-        url = self._endpoints.get(path)
-        if url is None:
-            url = self._endpoints[path] = URL(self.url + path)
-        return url
 
     @functools.cached_property
     def name(self) -> str:
@@ -322,13 +312,9 @@ class ReplicaPool:
             await asyncio.sleep(self.metrics_interval_s)
             await asyncio.gather(*(self._poll_metrics(r) for r in self.replicas if r.healthy))
 
-    async def _probe(self, replica: Replica, path: str) -> bytes | None:
-        """GET `path` on the replica; the body when it answers 200, else None (never raises)."""
-        body, _ = await self._probe_status(replica, path)
-        return body
-
     async def _probe_status(self, replica: Replica, path: str) -> tuple[bytes | None, str]:
-        """Like `_probe`, plus why it failed: 'refused' (nothing listens), 'timeout' or 'error'."""
+        """GET `path` on the replica (never raises): the body when it answers 200, else None, and
+        why: 'ok', or 'refused' (nothing listens), 'timeout' or 'error'."""
         assert self._client is not None
         response: UpstreamResponse | None = None
         try:
@@ -366,7 +352,7 @@ class ReplicaPool:
             replica.healthy = False
 
     async def _refresh_models(self, replica: Replica) -> None:
-        body = await self._probe(replica, "/v1/models")
+        body, _ = await self._probe_status(replica, "/v1/models")
         try:
             payload = json.loads(body) if body is not None else None
         except ValueError:
@@ -377,7 +363,7 @@ class ReplicaPool:
             replica.models_checked_at = time.monotonic()
 
     async def _poll_metrics(self, replica: Replica) -> None:
-        body = await self._probe(replica, "/metrics")
+        body, _ = await self._probe_status(replica, "/metrics")
         if body is None:
             return
         replica.load = parse_engine_load(body.decode("utf-8", "replace"), time.monotonic())

@@ -20,6 +20,10 @@ MAX_SESSION_KEY_CHARS = 64
 then hold at most about 25 MB, whatever the clients send."""
 
 
+OUTPUT_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+"""The fields that bound a request's output, the first given one counting (admission checks them all)."""
+
+
 class BadRequestHeader(ValueError):
     """A request header the gateway refuses (400); the message names the header and the rule."""
 
@@ -178,11 +182,16 @@ def block_hashes(text: str, block_chars: int, max_blocks: int = 512) -> list[int
     return hashes
 
 
+def choices_of(payload: Mapping[str, object]) -> int:
+    """How many answers a request asks for (`n`, checked by admission.check_output_limits; 1 when absent)."""
+    n = payload.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+
 def expected_output_tokens(body: dict[str, Any], default: int) -> int:
     """The most output tokens the request may produce: its limit (reasoning included) times its `n` choices."""
-    n = body.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
-    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+    choices = choices_of(body)
+    for key in OUTPUT_LIMIT_KEYS:
         value = body.get(key)
         if isinstance(value, int) and value > 0:
             return value * choices

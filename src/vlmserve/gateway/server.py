@@ -1,4 +1,5 @@
-"""Ways to run a gateway: in the foreground (CLI), or in a background thread (tests, embedding).
+"""Ways to run a gateway: in the foreground (CLI, `serve_forever`), or in a running event loop (tests,
+embedding: `start_gateway`).
 
 Both bind the socket before reporting ready, check the replicas once, and on stop drain:
 the listening socket closes, idle connections close, in-progress requests get up to
@@ -14,7 +15,6 @@ import errno
 import logging
 import resource
 import signal
-import threading
 from collections.abc import Callable
 
 from vlmserve.errors import UserError
@@ -124,79 +124,3 @@ def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None 
 
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         runner.run(main())
-
-
-class GatewayServer:
-    """A gateway on its own event loop in a background thread.
-
-    with GatewayServer(GatewayConfig(replicas=[...], port=0)) as gw:
-        httpx.get(gw.base_url + "/health")
-    """
-
-    def __init__(self, config: GatewayConfig, start_timeout_s: float = 30.0) -> None:
-        self.config = config
-        self.start_timeout_s = start_timeout_s
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.running: RunningGateway | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-
-    @property
-    def port(self) -> int:
-        assert self.running is not None, "gateway not started"
-        return self.running.port
-
-    @property
-    def base_url(self) -> str:
-        assert self.running is not None, "gateway not started"
-        return self.running.base_url
-
-    @property
-    def gateway(self) -> Gateway:
-        assert self.running is not None, "gateway not started"
-        return self.running.gateway
-
-    def start(self) -> GatewayServer:
-        self._thread = threading.Thread(target=self._run, name="vlmserve-gateway", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(self.start_timeout_s):
-            raise RuntimeError("gateway did not start in time")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _run(self) -> None:
-        self.loop = new_event_loop()
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.running = self.loop.run_until_complete(start_gateway(self.config))
-        except BaseException as err:  # reported to the starting thread
-            self._error = err
-            self._ready.set()
-            return
-        self._ready.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.running.stop())
-        self.loop.close()
-
-    def call(self, fn: Callable[[], object]) -> object:
-        """Run `fn` on the gateway's loop thread and return its result (for inspecting state)."""
-        assert self.loop is not None
-        future = asyncio.run_coroutine_threadsafe(_call_async(fn), self.loop)
-        return future.result(timeout=10)
-
-    def stop(self) -> None:
-        if self.loop is not None and self._thread is not None and self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=self.config.drain_timeout_s + 10)
-
-    def __enter__(self) -> GatewayServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-async def _call_async(fn: Callable[[], object]) -> object:
-    return fn()

@@ -37,11 +37,6 @@ class UpstreamClosed(UpstreamError):
     """The replica closed the connection before the response was complete."""
 
 
-def lost_mid_stream(error_name: str | None) -> str:
-    """A replica connection that ended (None: closed) or failed (the exception's name) mid-body."""
-    return "closed the connection mid-stream" if error_name is None else f"failed mid-stream ({error_name})"
-
-
 class BodyListener(Protocol):
     """Who takes a response's body as it arrives (relay.py's StreamRelay)."""
 
@@ -61,7 +56,6 @@ class UpstreamConnection(asyncio.Protocol):
         self.loop: asyncio.AbstractEventLoop  # set at connection_made
         self.reader = ResponseReader(self)
         self.closed = False
-        self.used = False  # has carried a request before (so it may have been closed by an idle timer)
         self.idle_since = 0.0
         self.bytes_seen = False  # a byte of the current request's response has arrived
         # payload pieces llhttp appended during the current read (data_received), or received while
@@ -165,7 +159,6 @@ class UpstreamConnection(asyncio.Protocol):
 
     def write_request(self, data: bytes, body: bytes) -> None:
         """Send a request; the reader then expects its response from the next byte on."""
-        self.used = True
         self.bytes_seen = False
         self.reader.expect(self.body.append)
         transport = self.transport
@@ -175,27 +168,19 @@ class UpstreamConnection(asyncio.Protocol):
         else:
             transport.writelines((data, body))
 
-    async def _wait(self) -> None:
-        self.waiter = self.loop.create_future()
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
-
-    async def wait_head(self) -> ResponseHead:
-        """Until the response head is in; raises what ended the connection before it."""
-        while self.reader.head is None:
+    async def wait(self, end: bool = False) -> ResponseHead | None:
+        """Until the response head is in (with `end`: the whole response), then the head; raises
+        what ended the connection before it."""
+        reader = self.reader
+        while not (reader.complete if end else reader.head is not None):
             if self.error is not None:
                 raise self.error
-            await self._wait()
-        return self.reader.head
-
-    async def wait_end(self) -> None:
-        """Until the response has ended; raises what ended the connection before it."""
-        while not self.reader.complete:
-            if self.error is not None:
-                raise self.error
-            await self._wait()
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return reader.head
 
     def reusable(self) -> bool:
         """The response was read to its end, keep-alive holds, and nothing went wrong since."""
@@ -229,7 +214,7 @@ class UpstreamResponse:
         """The whole body (de-chunked); the connection goes back to the pool."""
         connection = self.connection
         try:
-            await connection.wait_end()
+            await connection.wait(end=True)
         except BaseException:
             self.close()
             raise
@@ -287,7 +272,7 @@ class SentRequest:
                 connection = await self.pool._connect(self.key)
                 self.write_on(connection, reused=False)
             try:
-                head = await connection.wait_head()
+                head = await connection.wait()
             except ConnectionError:
                 self.connection = None
                 connection.close()
@@ -297,6 +282,7 @@ class SentRequest:
             except BaseException:
                 connection.close()
                 raise
+            assert head is not None  # wait() returns once the head is in
             return UpstreamResponse(self.pool, connection, head)
 
 

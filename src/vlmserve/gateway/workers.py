@@ -15,7 +15,7 @@ What is per process: everything a worker keeps in memory, so with N workers each
 admission limits (`--max-in-flight` and the queues are per worker), tenants' rate limits (a
 tenant can get up to N times its rate unless shared state is configured), breakers, routing
 policy state and replica health checks (each worker checks the replicas), and the image
-worker processes that downscale images (`--image-workers` per gateway process, image_workers.py). The audit log is
+worker processes that downscale images (`--image-workers` per gateway process, media/workers.py). The audit log is
 appended by every worker (one line per request, lines may interleave across workers).
 """
 
@@ -92,7 +92,6 @@ class WorkerSupervisor:
         self.deaths: list[int] = []  # per slot: deaths in a row, for the restart pause
         self.started_at: list[float] = []
         self.stopping = False
-        self.restarts = 0
 
     def _start(self, slot: int) -> SpawnProcess:
         process = self.context.Process(target=_worker_main, args=(self.config, self.ready), name=f"vlmserve-gateway-{slot}",
@@ -167,7 +166,6 @@ class WorkerSupervisor:
                     del restart_at[slot]
                     self.started_at[slot] = now
                     self.processes[slot] = self._start(slot)
-                    self.restarts += 1
 
     def _drain_ready_queue(self) -> None:
         while True:

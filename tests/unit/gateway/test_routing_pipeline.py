@@ -12,15 +12,15 @@ from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.routing import (
     EngineAware,
-    HighestScore,
+    Lifecycle,
     Outcome,
     OutstandingTokens,
-    Part,
     Pipeline,
     PrefixAffinity,
     RoundRobin,
     Scorer,
-    UnderLoadBound,
+    fewer_in_flight_first,
+    under_load_bound,
 )
 
 
@@ -47,8 +47,8 @@ def test_a_new_signal_is_one_weighted_scorer_and_its_weight_decides_against_load
     tokens = OutstandingTokens(half_score_tokens=1000)
     busy = req("busy", prompt=2000, output=1000)  # replica 1 holds 3,000 tokens: load score 0.25
     tokens.on_dispatch(busy, replicas[1])
-    strong = Pipeline([(1.0, tokens), (1.0, Holds({1}))], picker=HighestScore(fewer_in_flight=True))
-    weak = Pipeline([(1.0, tokens), (0.5, Holds({1}))], picker=HighestScore(fewer_in_flight=True))
+    strong = Pipeline([(1.0, tokens), (1.0, Holds({1}))], picker=fewer_in_flight_first)
+    weak = Pipeline([(1.0, tokens), (0.5, Holds({1}))], picker=fewer_in_flight_first)
     assert strong.choose(req("a"), replicas) is replicas[1]  # 0.25 + 1.0 beats 1.0 idle
     assert weak.choose(req("b"), replicas) is not replicas[1]  # 0.25 + 0.5 does not
 
@@ -59,11 +59,11 @@ def test_equal_sums_rotate_and_fewer_in_flight_breaks_them_first() -> None:
     picks = Counter(plain.choose(req(f"r{i}"), replicas).index for i in range(30))
     assert picks == {0: 10, 1: 10, 2: 10}
     replicas[0].in_flight = replicas[2].in_flight = 1
-    idle_first = Pipeline(picker=HighestScore(fewer_in_flight=True))  # no scorer: every sum is equal
+    idle_first = Pipeline(picker=fewer_in_flight_first)  # no scorer: every sum is equal
     assert {idle_first.choose(req(f"i{i}"), replicas).index for i in range(6)} == {1}
 
 
-class Listener(Part):
+class Listener(Lifecycle):
     """Counts the events it hears; implements only dispatch and forget."""
 
     def __init__(self) -> None:
@@ -89,7 +89,7 @@ def test_a_part_shared_by_two_scorers_hears_each_event_once_and_only_those_it_im
     shared = Listener()
     pipeline = Pipeline([(1.0, ReadsListener(shared)), (1.0, ReadsListener(shared))], parts=(shared, shared))
     assert pipeline.parts.count(shared) == 1
-    assert pipeline._on_first_token == () and pipeline._on_finish == () and len(pipeline._on_dispatch) == 1
+    assert pipeline.on_dispatch == shared.on_dispatch and pipeline.forget == shared.forget  # bound once: no loop per event
     request = req("x")
     chosen = pipeline.choose(request, replicas)
     pipeline.on_dispatch(request, chosen)
@@ -109,9 +109,9 @@ def test_the_load_bound_never_empties_the_candidates() -> None:
     replicas = make_replicas(3)
     for replica in replicas:
         replica.in_flight = 5
-    assert UnderLoadBound(load_factor=0.5).keep(req("r"), replicas) == replicas  # below fair share: nobody fits
+    assert under_load_bound(load_factor=0.5)(req("r"), replicas) == replicas  # below fair share: nobody fits
     replicas[0].in_flight = 0
-    assert UnderLoadBound(load_factor=1.0).keep(req("r"), replicas) == [replicas[0]]
+    assert under_load_bound(load_factor=1.0)(req("r"), replicas) == [replicas[0]]
 
 
 def test_round_robin_reads_nothing_of_the_request() -> None:

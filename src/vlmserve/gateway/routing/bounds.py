@@ -22,19 +22,17 @@ def load_bound(candidates: Sequence[Replica], factor: float) -> int:
     return max(1, math.ceil(factor * total / len(candidates)))
 
 
-class UnderLoadBound(Filter):
-    """Keep the replicas that stay within the bound after taking this request.
+def under_load_bound(load_factor: float, only_with_images: bool = False) -> Filter:
+    """A filter keeping the replicas that stay within the bound after taking the request.
 
     With a factor of at least 1 some replica always does (the least loaded one); should none,
     every candidate is kept rather than none. `only_with_images`: bound only requests with images
     (image affinity leaves text requests to plain least-outstanding-tokens)."""
 
-    def __init__(self, load_factor: float, only_with_images: bool = False) -> None:
-        self.load_factor = load_factor
-        self.only_with_images = only_with_images
-
-    def keep(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Sequence[Replica]:
-        if self.only_with_images and not request.image_digests:
+    def keep(request: RoutedRequest, candidates: Sequence[Replica]) -> Sequence[Replica]:
+        if only_with_images and not request.image_digests:
             return candidates
-        bound = load_bound(candidates, self.load_factor)
+        bound = load_bound(candidates, load_factor)
         return [replica for replica in candidates if replica.in_flight + 1 <= bound] or candidates
+
+    return keep

@@ -17,14 +17,15 @@ from vlmserve.gateway.engine_metrics import EngineLoad
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.routing.image import ImageMemory, ImagesHeld
-from vlmserve.gateway.routing.pipeline import HighestScore, Part, Pipeline, Scorer
+from vlmserve.gateway.routing.pipeline import Pipeline, Scorer
+from vlmserve.gateway.routing.policy import Lifecycle
 from vlmserve.routing import ENGINE_AWARE
 
 Figures = tuple[float, float, float]
 """(queue, waiting, KV-cache usage 0..1) of one replica."""
 
 
-class EngineFigures(Part):
+class EngineFigures(Lifecycle):
     """The engines' last scrapes, and per choice the three engine scores of each candidate.
 
     The scores are computed here, once per choice, because they are relative: a queue scores
@@ -35,11 +36,10 @@ class EngineFigures(Part):
     def __init__(self, stale_after_s: float = 3.0) -> None:
         self.stale_after_s = stale_after_s
         self.loads: dict[int, EngineLoad] = {}
-        # this choice's scores by replica index: dicts refilled in place, never rebuilt per request
+        # this choice's scores by replica index, overwritten for every candidate of every choice
         self.queue_scores: dict[int, float] = {}
         self.waiting_scores: dict[int, float] = {}
         self.kv_scores: dict[int, float] = {}
-        self._figures: list[Figures] = []
 
     def _figures_of(self, replica: Replica, now: float) -> Figures:
         load = self.loads.get(replica.index)
@@ -51,16 +51,10 @@ class EngineFigures(Part):
 
     def prepare(self, request: RoutedRequest, candidates: Sequence[Replica]) -> None:
         now = time.monotonic()
-        figures = self._figures
-        figures.clear()
-        for replica in candidates:
-            figures.append(self._figures_of(replica, now))
+        figures = [self._figures_of(replica, now) for replica in candidates]
         max_queue = max(f[0] for f in figures) or 1.0
         max_waiting = max(f[1] for f in figures) or 1.0
         queue, waiting, kv = self.queue_scores, self.waiting_scores, self.kv_scores
-        queue.clear()
-        waiting.clear()
-        kv.clear()
         for replica, (queued, waited, kv_usage) in zip(candidates, figures):
             queue[replica.index] = 1 - queued / max_queue
             waiting[replica.index] = 1 - waited / max_waiting
@@ -100,4 +94,4 @@ class EngineAware(Pipeline):
                           (waiting_weight, EngineScore(engines.waiting_scores)),
                           (kv_weight, EngineScore(engines.kv_scores)),
                           (image_weight, ImagesHeld(self.memory, load_factor))],
-                         parts=(engines,), picker=HighestScore())
+                         parts=(engines, self.memory))

@@ -13,16 +13,19 @@ from collections.abc import Sequence
 
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
-from vlmserve.gateway.routing.bounds import UnderLoadBound, load_bound
+from vlmserve.gateway.routing.bounds import load_bound, under_load_bound
 from vlmserve.gateway.routing.load import LeastOutstandingTokens, OutstandingTokens
 from vlmserve.gateway.routing.pipeline import Scorer
+from vlmserve.gateway.routing.policy import Lifecycle
 from vlmserve.routing import IMAGE_AFFINITY
 
 
-class ImageMemory:
+class ImageMemory(Lifecycle):
     """Which image digests each replica was recently sent: a stand-in for its multimodal cache.
 
-    An LRU of `images_per_replica` digests approximates what is still cached there."""
+    An LRU of `images_per_replica` digests approximates what is still cached there. A pipeline
+    part placed after the scorers that read it, so a request is charged for the images its replica
+    did not hold before it."""
 
     def __init__(self, images_per_replica: int = 4096) -> None:
         self.images_per_replica = images_per_replica
@@ -33,7 +36,7 @@ class ImageMemory:
         seen = self._seen.get(replica.index)
         return sum(digest in seen for digest in request.image_digests) if seen else 0
 
-    def remember(self, request: RoutedRequest, replica: Replica) -> None:
+    def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
         seen = self._seen.setdefault(replica.index, OrderedDict())
         for digest in request.image_digests:
             seen[digest] = None
@@ -75,11 +78,6 @@ class ImageAwareTokens(OutstandingTokens):
 
     def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
         self._charge(request, replica, request.expected_total_tokens + self.image_work(request, replica))
-        self.memory.remember(request, replica)  # after the charge: this request pays for its images
-
-    def forget(self, replica: Replica) -> None:
-        super().forget(replica)
-        self.memory.forget(replica)
 
 
 class ImagesHeld(Scorer):
@@ -102,12 +100,6 @@ class ImagesHeld(Scorer):
             return self.memory.matched(request, replica) / images
         return 0.0
 
-    def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
-        self.memory.remember(request, replica)
-
-    def forget(self, replica: Replica) -> None:
-        self.memory.forget(replica)
-
 
 class ImageAffinity(LeastOutstandingTokens):
     """Least outstanding tokens with image-aware counts; requests with images stay under the load bound.
@@ -120,7 +112,7 @@ class ImageAffinity(LeastOutstandingTokens):
         self.memory = ImageMemory(images_per_replica)
         self.load_factor = load_factor
         super().__init__(ImageAwareTokens(self.memory, hit_weight),
-                         filters=(UnderLoadBound(load_factor, only_with_images=True),))
+                         filters=(under_load_bound(load_factor, only_with_images=True),), parts=(self.memory,))
         self.affinity_hits = 0  # sent where (some of) its images are held
         self.affinity_declined = 0  # a holder existed but was too busy (or over the bound)
 

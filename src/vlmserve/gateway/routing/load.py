@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
-from vlmserve.gateway.routing.pipeline import Filter, HighestScore, Pipeline, Scorer
-from vlmserve.gateway.routing.policy import Outcome
+from vlmserve.gateway.routing.pipeline import Filter, Pipeline, Scorer, fewer_in_flight_first
+from vlmserve.gateway.routing.policy import Lifecycle, Outcome
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 
 HALF_SCORE_TOKENS = 4096.0
@@ -67,9 +67,10 @@ class LeastOutstandingTokens(Pipeline):
 
     name = LEAST_OUTSTANDING_TOKENS
 
-    def __init__(self, tokens: OutstandingTokens | None = None, filters: tuple[Filter, ...] = ()) -> None:
+    def __init__(self, tokens: OutstandingTokens | None = None, filters: tuple[Filter, ...] = (),
+                 parts: tuple[Lifecycle, ...] = ()) -> None:
         self.tokens = tokens if tokens is not None else OutstandingTokens()
-        super().__init__([(1.0, self.tokens)], filters=filters, picker=HighestScore(fewer_in_flight=True))
+        super().__init__([(1.0, self.tokens)], filters=filters, picker=fewer_in_flight_first, parts=parts)
 
     @property
     def outstanding(self) -> dict[int, int]:

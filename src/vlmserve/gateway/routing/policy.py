@@ -24,8 +24,12 @@ class Outcome(str, Enum):
     ABANDONED = "abandoned"  # the client went away; the upstream request was cancelled
 
 
+HOOKS = ("on_dispatch", "on_first_token", "on_finish", "on_load_update", "forget")
+"""The events of Lifecycle, by name: a policy made of parts binds its parts' own hooks to them once."""
+
+
 class Lifecycle:
-    """The events of a request's life a policy, or a part of one, may keep state from (all optional)."""
+    """The events of a request's life a policy, or a scorer in one, may keep state from (all optional)."""
 
     uses_prefix_hashes = False  # the proxy hashes the conversation only when a policy reads it
     uses_engine_load = False  # the pool polls engine /metrics only when a policy reads it

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
-from vlmserve.gateway.routing.bounds import UnderLoadBound
-from vlmserve.gateway.routing.pipeline import HighestScore, Picker, Pipeline, Scorer, ScoreFn
+from vlmserve.gateway.routing.bounds import under_load_bound
+from vlmserve.gateway.routing.pipeline import Pipeline, Scorer, ScoreFn, fewer_in_flight_first
 from vlmserve.routing import PREFIX_AFFINITY
 
 
@@ -58,42 +58,37 @@ class PrefixCache(Scorer):
         self._blocks.pop(replica.index, None)
 
 
-class PrefixPicker(Picker):
+def pick_by_prefix(request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None,
+                   rotation: int) -> Replica:
     """How prefix affinity breaks ties.
 
     No blocks to follow: the fewest requests in flight, rotating among equals. Blocks held
     somewhere: the best match, then fewer in flight, then the first in the list (a conversation
     keeps going to one of its holders rather than rotating among them). Blocks held nowhere (every
     score 0): rendezvous hashing of the first block, so the repeats of a new prefix meet."""
-
-    def __init__(self) -> None:
-        self._spread = HighestScore(fewer_in_flight=True)
-
-    def pick(self, request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None,
-             rotation: int) -> Replica:
-        if not request.prefix_hashes or score is None:
-            return self._spread.pick(request, candidates, score, rotation)
-        best: Replica | None = None
-        best_score = 0.0
-        for replica in candidates:
-            value = score(request, replica)
-            if value > best_score or (best is not None and value == best_score and replica.in_flight < best.in_flight):
-                best, best_score = replica, value
-        if best is not None:
-            return best
-        first_block = request.prefix_hashes[0]
-        return max(candidates, key=lambda replica: hash((first_block, replica.url)))
+    if not request.prefix_hashes or score is None:
+        return fewer_in_flight_first(request, candidates, score, rotation)
+    best: Replica | None = None
+    best_score = 0.0
+    for replica in candidates:
+        value = score(request, replica)
+        if value > best_score or (best is not None and value == best_score and replica.in_flight < best.in_flight):
+            best, best_score = replica, value
+    if best is not None:
+        return best
+    first_block = request.prefix_hashes[0]
+    return max(candidates, key=lambda replica: hash((first_block, replica.url)))
 
 
 class PrefixAffinity(Pipeline):
-    """Under the load bound, the prefix-cache scorer, picked by PrefixPicker."""
+    """Under the load bound, the prefix-cache scorer, picked by pick_by_prefix."""
 
     name = PREFIX_AFFINITY
 
     def __init__(self, load_factor: float = 1.25, blocks_per_replica: int = 100_000) -> None:
         self.load_factor = load_factor
         self.cache = PrefixCache(blocks_per_replica)
-        super().__init__([(1.0, self.cache)], filters=(UnderLoadBound(load_factor),), picker=PrefixPicker())
+        super().__init__([(1.0, self.cache)], filters=(under_load_bound(load_factor),), picker=pick_by_prefix)
         self.affinity_hits = 0  # sent to a replica holding the longest prefix any candidate holds
         self.bound_overrides = 0  # a replica held a longer prefix but was over the bound
 

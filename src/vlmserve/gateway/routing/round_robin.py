@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vlmserve.gateway.routing.pipeline import HighestScore, Pipeline
+from vlmserve.gateway.routing.pipeline import Pipeline
 from vlmserve.routing import ROUND_ROBIN
 
 
@@ -11,6 +11,3 @@ class RoundRobin(Pipeline):
     spread requests that carry no request details (the app's /version and the like)."""
 
     name = ROUND_ROBIN
-
-    def __init__(self) -> None:
-        super().__init__(picker=HighestScore())

@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from vlmserve.gateway.engine_metrics import EngineLoad
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.routing.bounds import load_bound
-from vlmserve.gateway.routing.policy import Outcome, RoutingPolicy
+from vlmserve.gateway.routing.policy import HOOKS, RoutingPolicy
 
 
 class SessionAffinity(RoutingPolicy):
@@ -29,6 +28,9 @@ class SessionAffinity(RoutingPolicy):
         self.load_factor = load_factor
         self.max_sessions = max_sessions
         self._sessions: OrderedDict[str, int] = OrderedDict()  # session key -> replica index
+        for hook in HOOKS:  # the inner policy's own hooks, no call in between; forget (below) also unpins
+            if hook != "forget":
+                setattr(self, hook, getattr(inner, hook))
 
     def choose(self, request: RoutedRequest, candidates: Sequence[Replica]) -> Replica:
         session = request.session_id
@@ -47,18 +49,6 @@ class SessionAffinity(RoutingPolicy):
             if len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
         return chosen
-
-    def on_dispatch(self, request: RoutedRequest, replica: Replica) -> None:
-        self.inner.on_dispatch(request, replica)
-
-    def on_first_token(self, request: RoutedRequest, replica: Replica) -> None:
-        self.inner.on_first_token(request, replica)
-
-    def on_finish(self, request: RoutedRequest, replica: Replica, outcome: Outcome) -> None:
-        self.inner.on_finish(request, replica, outcome)
-
-    def on_load_update(self, replica: Replica, load: EngineLoad) -> None:
-        self.inner.on_load_update(replica, load)
 
     def forget(self, replica: Replica) -> None:
         """Sessions pinned to the replica are unpinned (they re-pin on their next request)."""
