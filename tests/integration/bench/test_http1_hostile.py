@@ -36,8 +36,12 @@ async def _server(answer: Answer, late: bytes = b"", late_sent: asyncio.Event | 
     yields a pool to it and the number of requests each accepted connection carried. `late`:
     bytes written, unasked, on the first connection a moment after its first answer."""
     requests: list[int] = []
+    handlers: set[asyncio.Task] = set()
 
     async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            handlers.add(task)
         index = len(requests)
         requests.append(0)
         try:
@@ -64,6 +68,8 @@ async def _server(answer: Answer, late: bytes = b"", late_sent: asyncio.Event | 
     finally:
         pool.close()
         server.close()
+        if handlers:  # each ends on its connection's close; a handler cancelled at the loop's end
+            await asyncio.wait(handlers, timeout=2)  # would make Python 3.11's asyncio log a traceback
         await server.wait_closed()
 
 
