@@ -41,7 +41,7 @@ from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import Route, RouteKind, RouteRefused, resolve
 from vlmserve.gateway.shared_state import SharedState
-from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
+from vlmserve.http1.client import ClientPool, ClientResponse
 from vlmserve.http1.headers import header_lines
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.messages import Answer, Request, Response
@@ -108,7 +108,7 @@ class Gateway:
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the HTTP server (http1/server.py)
         self.watchdog = Watchdog()
-        self.upstream: UpstreamPool | None = None
+        self.upstream: ClientPool | None = None
         self.forwarder: Forwarder | None = None
         self._engine_info_rotation = RoundRobin()
         self.draining = False
@@ -128,7 +128,7 @@ class Gateway:
                          if not self.media_addresses.allow_internal else None)
             self.media_session = aiohttp.ClientSession(auto_decompress=True, connector=connector)
             self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
-        self.upstream = UpstreamPool(self.config.connect_timeout_s)
+        self.upstream = ClientPool(self.config.connect_timeout_s)
         if self.preflight.pool is not None:
             self.preflight.pool.start()
         load_image_readers()  # before the first client: never ~0.1 s of imports on the loop at the first image
@@ -420,12 +420,12 @@ class Gateway:
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica", retry_after_s=1)
         replica: Replica = self._engine_info_rotation.choose(None, candidates)  # type: ignore[arg-type]
         assert self.upstream is not None
-        answer: UpstreamResponse | None = None
+        answer: ClientResponse | None = None
         try:
             async with asyncio.timeout(self.pool.probe_timeout_s):
                 answer = await self.upstream.request("GET", replica.url + route.path, self.replica_headers, b"")
                 body = await answer.read()
-        except (OSError, TimeoutError) as err:  # UpstreamError is an OSError: a reset, a close, not HTTP
+        except (OSError, TimeoutError) as err:  # ClientError is an OSError: a reset, a close, not HTTP
             self.pool.record_failure(replica)
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
         finally:
