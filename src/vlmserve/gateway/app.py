@@ -358,7 +358,7 @@ class Gateway:
                 if tenant is not None and charged is not None:
                     self.admission.settle_tokens(tenant, charged, settled_tokens(
                         request_log.status, request_log.prompt_tokens, request_log.completion_tokens, routed.prompt_tokens))
-            self._finish(request_log, payload)
+            self._finish(route, request_log, payload)
 
     async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
         """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
@@ -395,12 +395,14 @@ class Gateway:
             raise AdmissionRejected(400, "request body must be a JSON object", "invalid_json")
         return payload
 
-    def _finish(self, request_log: RequestLog, payload: dict[str, Any] | None) -> None:
+    def _finish(self, route: Route, request_log: RequestLog, payload: dict[str, Any] | None) -> None:
         request_log.finished_mono = time.monotonic()
         self.metrics.count_request(request_log.status, request_log.tenant, request_log.replica)
         if request_log.first_byte_mono is not None and request_log.status == "200":
-            self.metrics.observe_latency(request_log.replica, request_log.first_byte_mono - request_log.received_mono,
-                                         request_log.finished_mono - request_log.received_mono)
+            received = request_log.received_mono
+            self.metrics.observe_latency(request_log.replica, route.path,
+                                         request_log.first_byte_mono - received if route.generates else None,
+                                         request_log.finished_mono - received)
         if self.audit.enabled:
             content = None if payload is None else next(
                 (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
