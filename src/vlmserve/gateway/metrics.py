@@ -101,15 +101,15 @@ class _PerRequestSeries(Collector):
         series[2][1] += e2e_s
 
     def forget(self, replica: str) -> None:
-        for key in [key for key in self.latency if key[0] == replica]:
-            del self.latency[key]
-        for key in [key for key in self.requests if key[2] == replica]:
-            del self.requests[key]
+        for series_key in [key for key in self.latency if key[0] == replica]:
+            del self.latency[series_key]
+        for request_key in [key for key in self.requests if key[2] == replica]:
+            del self.requests[request_key]
 
     def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
         requests = CounterMetricFamily(_REQUESTS[0], _REQUESTS[1], labels=_REQUESTS[2])
-        for key, count in self.requests.items():
-            requests.add_metric(list(key), count)
+        for request_key, count in self.requests.items():
+            requests.add_metric(list(request_key), count)
         yield requests
         for (name, documentation, labels), which in ((_TTFT, 0), (_E2E, 1)):
             family = HistogramMetricFamily(name, documentation, labels=labels)
