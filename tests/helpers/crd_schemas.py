@@ -1,127 +1,67 @@
-"""JSON schemas for the custom resources we emit, written by hand from their CRD definitions.
+"""Schemas for every object `vlmserve export k8s` writes: Kubernetes' own for core kinds, the published
+CRD schemas for KEDA's ScaledObject and the Prometheus Operator's ServiceMonitor and PrometheusRule.
 
-The core Kubernetes schemas (bundled offline by `kubernetes-validate`) do not cover CRDs.
-These follow the openAPIV3Schema of KEDA's `keda.sh_scaledobjects.yaml` (keda.sh/v1alpha1)
-and the Prometheus Operator's `monitoring.coreos.com_servicemonitors.yaml` /
-`monitoring.coreos.com_prometheusrules.yaml` (monitoring.coreos.com/v1), restricted to the
-fields vlmserve uses: unknown fields are refused (a misspelt field is an error, as with
-`kubectl apply --validate=strict`), types, required fields and duration patterns are checked.
+The CRD schemas are each project's `openAPIV3Schema`, vendored unchanged under
+tests/fixtures/crd_schemas/ (README.md there says from which release). Loading adds what
+`kubectl apply --validate=strict` adds on a cluster: a field the schema does not declare is an
+error (a CRD's structural schema would prune it silently), and apiVersion/kind must match.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
 from typing import Any
 
-# Prometheus Operator's Duration pattern (monitoring.coreos.com/v1).
-DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+import jsonschema
+import kubernetes_validate
 
-_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_METADATA = {
-    "type": "object",
-    "required": ["name"],
-    "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
-                   "namespace": {"type": "string"}, "labels": _STRING_MAP, "annotations": _STRING_MAP},
+CRD_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "crd_schemas"
+KUBERNETES_VERSION = "1.30"  # oldest release still widely run; its schemas are bundled offline
+_FILES = {
+    ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_v1alpha1_scaledobject.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_v1_servicemonitor.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_v1_prometheusrule.json",
 }
-_LABEL_SELECTOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"matchLabels": _STRING_MAP, "matchExpressions": {"type": "array"}},
+_METADATA = {  # a CRD's schema says only `metadata: {type: object}`; the API server checks the name
+    "type": "object", "required": ["name"],
+    "properties": {"name": {"type": "string", "maxLength": 253, "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+                   "namespace": {"type": "string"},
+                   "labels": {"type": "object", "additionalProperties": {"type": "string"}}},
 }
 
 
-def _resource(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "additionalProperties": False,
-        "properties": {"apiVersion": {"const": api_version}, "kind": {"const": kind},
-                       "metadata": _METADATA, "spec": spec},
-    }
+def _strict(node: Any) -> Any:
+    """Unknown fields refused wherever the schema lists the known ones and does not keep unknown ones.
+
+    Go's regular expressions take an inline flag after `^` (`^(?i)...`); Python's want it first."""
+    if isinstance(node, dict):
+        node = {key: _strict(value) for key, value in node.items()}
+        if isinstance(node.get("pattern"), str) and node["pattern"].startswith("^(?i)"):
+            node["pattern"] = "(?i)^" + node["pattern"].removeprefix("^(?i)")
+        if ("properties" in node and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")):
+            node["additionalProperties"] = False
+    elif isinstance(node, list):
+        node = [_strict(item) for item in node]
+    return node
 
 
-SCALED_OBJECT = _resource("keda.sh/v1alpha1", "ScaledObject", {
-    "type": "object",
-    "required": ["scaleTargetRef", "triggers"],
-    "additionalProperties": False,
-    "properties": {
-        "scaleTargetRef": {"type": "object", "required": ["name"], "additionalProperties": False,
-                           "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                                          "name": {"type": "string"}, "envSourceContainerName": {"type": "string"}}},
-        "pollingInterval": {"type": "integer", "minimum": 1},
-        "cooldownPeriod": {"type": "integer", "minimum": 0},
-        "initialCooldownPeriod": {"type": "integer", "minimum": 0},
-        "idleReplicaCount": {"type": "integer", "minimum": 0},
-        "minReplicaCount": {"type": "integer", "minimum": 0},
-        "maxReplicaCount": {"type": "integer", "minimum": 1},
-        "fallback": {"type": "object"},
-        "advanced": {"type": "object", "additionalProperties": False, "properties": {
-            "restoreToOriginalReplicaCount": {"type": "boolean"},
-            "horizontalPodAutoscalerConfig": {"type": "object", "additionalProperties": False, "properties": {
-                "name": {"type": "string"},
-                "behavior": {"type": "object", "additionalProperties": False, "properties": {
-                    direction: {"type": "object", "additionalProperties": False, "properties": {
-                        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
-                        "selectPolicy": {"type": "string"}, "policies": {"type": "array"}}}
-                    for direction in ("scaleUp", "scaleDown")}}}},
-            "scalingModifiers": {"type": "object"}}},
-        "triggers": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
-            "properties": {"type": {"type": "string"}, "name": {"type": "string"},
-                           "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
-                           "useCachedMetrics": {"type": "boolean"},
-                           "authenticationRef": {"type": "object", "required": ["name"]},
-                           # every metadata value is a string in the CRD (threshold: "5", not 5)
-                           "metadata": _STRING_MAP}}},
-    },
-})
+def _load(api_version: str, kind: str, name: str) -> dict[str, Any]:
+    schema = _strict(copy.deepcopy(json.loads((CRD_DIR / name).read_text())))
+    schema["properties"].update(apiVersion={"const": api_version}, kind={"const": kind}, metadata=_METADATA)
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata", "spec"})
+    return schema
 
-SERVICE_MONITOR = _resource("monitoring.coreos.com/v1", "ServiceMonitor", {
-    "type": "object",
-    "required": ["selector"],
-    "additionalProperties": False,
-    "properties": {
-        "jobLabel": {"type": "string"},
-        "selector": _LABEL_SELECTOR,
-        "namespaceSelector": {"type": "object", "additionalProperties": False,
-                              "properties": {"any": {"type": "boolean"},
-                                             "matchNames": {"type": "array", "items": {"type": "string"}}}},
-        "endpoints": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False,
-            "properties": {"port": {"type": "string"}, "targetPort": {}, "path": {"type": "string"},
-                           "scheme": {"enum": ["http", "https"]},
-                           "interval": {"type": "string", "pattern": DURATION},
-                           "scrapeTimeout": {"type": "string", "pattern": DURATION},
-                           "honorLabels": {"type": "boolean"},
-                           "relabelings": {"type": "array", "items": {
-                               "type": "object", "additionalProperties": False,
-                               "properties": {"sourceLabels": {"type": "array", "items": {"type": "string"}},
-                                              "targetLabel": {"type": "string"}, "regex": {"type": "string"},
-                                              "replacement": {"type": "string"}, "separator": {"type": "string"},
-                                              "action": {"type": "string"}}}}}}},
-    },
-})
 
-PROMETHEUS_RULE = _resource("monitoring.coreos.com/v1", "PrometheusRule", {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {"groups": {"type": "array", "items": {
-        "type": "object", "required": ["name"], "additionalProperties": False,
-        "properties": {
-            "name": {"type": "string", "minLength": 1},
-            "interval": {"type": "string", "pattern": DURATION},
-            "rules": {"type": "array", "items": {
-                "type": "object", "required": ["expr"], "additionalProperties": False,
-                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
-                "properties": {"alert": {"type": "string"}, "record": {"type": "string"},
-                               "expr": {"type": ["string", "integer"]},
-                               "for": {"type": "string", "pattern": DURATION},
-                               "keep_firing_for": {"type": "string", "pattern": DURATION},
-                               "labels": _STRING_MAP, "annotations": _STRING_MAP}}},
-        }}}},
-})
+CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {key: _load(*key, name) for key, name in _FILES.items()}
 
-CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
-    ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
-    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
-}
+
+def validate(manifest: dict) -> None:
+    """Core kinds against Kubernetes' own schemas (strict: unknown fields fail); CRDs against theirs."""
+    key = (manifest["apiVersion"], manifest["kind"])
+    if key in CRD_SCHEMAS:
+        jsonschema.validate(manifest, CRD_SCHEMAS[key])
+    else:
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)

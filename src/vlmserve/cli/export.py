@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -24,8 +25,9 @@ def k8s(
     out: Path = typer.Option(..., "--out", help="Folder to write the manifests into."),
     namespace: str = typer.Option("default", "--namespace", help="Namespace of every object."),
     vllm_image: str = typer.Option("vllm/vllm-openai:latest", "--vllm-image", help="Engine image (pin a tag)."),
-    vlmserve_image: str = typer.Option("vlmserve:0.1.0", "--vlmserve-image",
-                                       help="Image with vlmserve installed (gateway, sim engine)."),
+    vlmserve_image: Optional[str] = typer.Option(
+        None, "--vlmserve-image", help="Image with vlmserve installed (gateway, sim engine); default: "
+                                       "vlmserve:<version>, what the repository's Dockerfile builds."),
     model_pvc: Optional[str] = typer.Option(None, "--model-pvc",
                                             help="PersistentVolumeClaim holding a local weights folder."),
     hf_token_secret: Optional[str] = typer.Option(None, "--hf-token-secret",
@@ -44,9 +46,19 @@ def k8s(
                                   help="How the gateways find the engine pods: dns (the headless Service's records) "
                                        "or k8s (its EndpointSlices; adds a ServiceAccount, Role and RoleBinding)."),
     redis_image: str = typer.Option("redis:7-alpine", "--redis-image", help="Image of the Redis the gateways share."),
+    embed_secrets: bool = typer.Option(False, "--embed-secrets",
+                                       help="Write the keys file, TLS pair and a Redis password into Secret "
+                                            "manifests (key material in --out); default: print the kubectl "
+                                            "commands that create them from the files."),
+    audit_pvc: Optional[str] = typer.Option(None, "--audit-pvc",
+                                            help="ReadWriteMany PersistentVolumeClaim for the gateways' audit logs "
+                                                 "(default: an emptyDir, lost when a pod restarts)."),
+    monitoring_namespace: str = typer.Option("monitoring", "--monitoring-namespace",
+                                             help="Namespace whose pods (Prometheus) may reach the engines' port "
+                                                  "for /metrics; '' lets only the gateways in."),
 ) -> None:
     """Write Deployments, Services (Redis for the gateways' shared state), a KEDA ScaledObject, a ServiceMonitor and a PrometheusRule."""
-    from vlmserve.export.k8s import K8sOptions, render_manifests
+    from vlmserve.export.k8s import K8sOptions, export_manifests
     from vlmserve.observe.alerts import AlertSettings
     from vlmserve.observe.pack import to_yaml
     from vlmserve.spec import load_deployment_spec, parse_duration_s
@@ -56,23 +68,51 @@ def k8s(
         slo_s = parse_duration_s(ttft_slo)
     except ValueError as err:
         raise UserError(f"--ttft-slo: {err}") from None
-    options = K8sOptions(namespace=namespace, vllm_image=vllm_image, vlmserve_image=vlmserve_image,
+    image = {"vlmserve_image": vlmserve_image} if vlmserve_image else {}
+    options = K8sOptions(namespace=namespace, vllm_image=vllm_image, **image,
                          model_pvc=model_pvc, hf_token_secret=hf_token_secret, max_replicas=max_replicas,
                          waiting_per_replica=waiting_per_replica, prometheus_url=prometheus_url,
                          monitoring_labels=tuple(_parse_label(text) for text in monitoring_label),
-                         discovery=discovery, redis_image=redis_image)
-    manifests = render_manifests(spec, options, AlertSettings(ttft_slo_s=slo_s))
+                         discovery=discovery, redis_image=redis_image, embed_secrets=embed_secrets,
+                         audit_pvc=audit_pvc, monitoring_namespace=monitoring_namespace or None)
+    export = export_manifests(spec, options, AlertSettings(ttft_slo_s=slo_s))
+    manifests = export.manifests
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UserError(f"--out: cannot create {out}: {err.strerror}; pick a writable folder") from None
+    for note in export.notes:
+        typer.echo(note, err=True)
     for name, manifest in manifests.items():
-        (out / name).write_text(to_yaml(manifest))
+        _write(out / name, to_yaml(manifest), private=manifest["kind"] == "Secret")
         typer.echo(f"wrote {out / name}")
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                      "resources": list(manifests)}
     (out / "kustomization.yaml").write_text(to_yaml(kustomization))
-    typer.echo(f"wrote {out / 'kustomization.yaml'}; apply with: kubectl apply -k {out}")
+    typer.echo(f"wrote {out / 'kustomization.yaml'}")
+    if export.secret_commands:
+        script = out / SECRETS_SCRIPT
+        _write(script, "#!/bin/sh\n# Create the Secrets the manifests mount; the files are read where they are.\n"
+                       "set -eu\n" + "".join(f"{line}\n" for line in export.secret_commands), private=True)
+        typer.echo(f"wrote {script}; first create the Secrets (no key material is in {out}):")
+        for line in export.secret_commands:
+            typer.echo(f"  {line}")
+    typer.echo(f"apply with: kubectl apply -k {out}")
+
+
+SECRETS_SCRIPT = "create-secrets.sh"
+
+
+def _write(path: Path, text: str, *, private: bool) -> None:
+    """A file in --out; Secrets (and the script naming the key files) readable by their owner only."""
+    if not private:
+        path.write_text(text)
+        return
+    mode = 0o700 if path.suffix == ".sh" else 0o600
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)  # never readable by others, even briefly
+    with os.fdopen(descriptor, "w") as handle:
+        os.fchmod(handle.fileno(), mode)  # a file left by an earlier export keeps its old mode otherwise
+        handle.write(text)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from vlmserve.gateway.config import CLIENT_MM_PROCESSOR_KWARGS, POLICY_NAMES, GatewayConfig
+from vlmserve.gateway.config import CLIENT_MM_PROCESSOR_KWARGS, GATEWAY_FILE_FLAGS, POLICY_NAMES, GatewayConfig
 from vlmserve.gateway.shared_state import (STATE_ENV, STATE_FLAG, STATE_TIMEOUT_FLAG, STATE_UNAVAILABLE_FLAG,
                                            UNAVAILABLE_MODES, parse_state_url)
 
@@ -27,8 +27,8 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(1, help="Gateway processes sharing the port (SO_REUSEPORT), 1-64: one core each. "
                                             "Limits, rate limits and breakers are per worker (docs/gateway.md)."),
         policy: str = typer.Option("least-outstanding-tokens", help=f"Routing policy: {', '.join(POLICY_NAMES)}."),
-        keys_file: Path | None = typer.Option(None, help="YAML file of tenants and API keys; without it the gateway is open."),
-        audit_log: Path | None = typer.Option(None, help="Append one JSON line per request to this file."),
+        keys_file: Path | None = typer.Option(None, GATEWAY_FILE_FLAGS["keys_file"], help="YAML file of tenants and API keys; without it the gateway is open."),
+        audit_log: Path | None = typer.Option(None, GATEWAY_FILE_FLAGS["audit_log"], help="Append one JSON line per request to this file."),
         log_content: bool = typer.Option(False, help="Include prompts (and image references) in the audit log."),
         max_body_bytes: int = typer.Option(32 * 1024 * 1024, help="Refuse larger request bodies with 413."),
         connect_timeout: float = typer.Option(3.0, help="Seconds to connect to a replica."),
@@ -48,8 +48,8 @@ def register(app: typer.Typer) -> None:
         header_timeout: float = typer.Option(_DEFAULTS["header_timeout_s"], help="Seconds a client has to send complete request headers (and a TLS handshake) before 408 and close."),
         keepalive_timeout: float = typer.Option(_DEFAULTS["keepalive_timeout_s"], help="Seconds an idle kept-alive client connection stays open."),
         max_connections: int = typer.Option(_DEFAULTS["max_connections"], help="Client connections open at once; one more is answered 503 and closed (0 = no cap)."),
-        ssl_certfile: Path | None = typer.Option(None, help="PEM certificate (chain): serve HTTPS (with --ssl-keyfile)."),
-        ssl_keyfile: Path | None = typer.Option(None, help="PEM private key (unencrypted) of --ssl-certfile."),
+        ssl_certfile: Path | None = typer.Option(None, GATEWAY_FILE_FLAGS["ssl_certfile"], help="PEM certificate (chain): serve HTTPS (with --ssl-keyfile)."),
+        ssl_keyfile: Path | None = typer.Option(None, GATEWAY_FILE_FLAGS["ssl_keyfile"], help="PEM private key (unencrypted) of --ssl-certfile."),
         allowed_media_domains: list[str] = typer.Option(
             [], "--allowed-media-domains",
             help="Host whose media URLs may reach the engines (exact hostname; repeat or comma-separate). "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vlmserve.errors import UserError
 from vlmserve.discovery.sources import parse_source
+from vlmserve.gateway.config import GATEWAY_FILE_FLAGS
 from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG, parse_state_url
 from vlmserve.spec import DeploymentSpec
 
@@ -72,12 +73,8 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str |
     argv += ["--host", spec.host, "--port", str(spec.port), "--policy", spec.gateway_policy]
     if spec.gateway_workers != 1:
         argv += ["--workers", str(spec.gateway_workers)]
-    for flag, value in (
-        ("--keys-file", spec.keys_file),
-        ("--audit-log", spec.audit_log),
-        ("--ssl-certfile", spec.ssl_certfile),
-        ("--ssl-keyfile", spec.ssl_keyfile),
-    ):
+    for name, flag in GATEWAY_FILE_FLAGS.items():
+        value = getattr(spec, name)
         if value:
             argv += [flag, str(Path(value).expanduser())]
     for domain in spec.allowed_media_domains:

@@ -12,18 +12,27 @@ reads its EndpointSlices instead, with a ServiceAccount, Role and RoleBinding al
 that). Two gateway replicas (spread over nodes) share admission state through a Redis
 Deployment and Service (`--state redis://...`, failing open when Redis is unreachable, so an
 outage of the limiter never takes the service down).
+
+The trust boundary travels too (export/k8s_security.py): the spec's keys, TLS and audit log reach
+the gateways as Secret and audit volumes with the flags `up` passes, Redis asks for a password,
+and NetworkPolicies let only the gateways reach the engines and Redis.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from vlmserve import __version__
 from vlmserve.engines.launcher import make_launcher
 from vlmserve.errors import UserError
-from vlmserve.gateway.shared_state import STATE_FLAG, STATE_UNAVAILABLE_FLAG
+from vlmserve.export.k8s_security import (MONITORING_NAMESPACE, REDIS_CLI_AUTH_ENV, REDIS_PASSWORD_ENV,
+                                          check_dns_label, check_trust_settings, embedded_secrets,
+                                          engine_network_policy, gateway_security, redis_network_policy,
+                                          redis_password_env, secret_commands, trust_warnings)
+from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG
 from vlmserve.observe.alerts import AlertSettings, alert_rules
 from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
@@ -36,6 +45,9 @@ GATEWAY_REPLICAS = 2
 REDIS_PORT = 6379
 DISCOVERY_KINDS = ("dns", "k8s")
 STATE_UNAVAILABLE = "open"  # an outage of the limiter must not take the service down
+VLLM_SERVE = ["vllm", "serve"]  # vLLM's documented server command; `python -m ...api_server` is deprecated
+GATEWAY_IMAGE = f"vlmserve:{__version__}".replace("+", "-")  # what the repository's Dockerfile builds
+GATEWAY_UID = 10001  # the Dockerfile's USER; also the group owning the audit volume and the Secret files
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,7 @@ class K8sOptions:
 
     namespace: str = "default"
     vllm_image: str = "vllm/vllm-openai:latest"
-    vlmserve_image: str = "vlmserve:0.1.0"
+    vlmserve_image: str = GATEWAY_IMAGE
     model_pvc: str | None = None
     hf_token_secret: str | None = None
     max_replicas: int | None = None
@@ -54,6 +66,9 @@ class K8sOptions:
     shm_size: str = "8Gi"
     discovery: str = "dns"  # how the gateway finds the engine pods: dns (headless Service) or k8s (EndpointSlices)
     redis_image: str = "redis:7-alpine"
+    embed_secrets: bool = False  # write key material into Secret manifests instead of printing kubectl commands
+    audit_pvc: str | None = None  # claim for the gateways' audit logs; None: an emptyDir (lost on restart)
+    monitoring_namespace: str | None = MONITORING_NAMESPACE  # may reach the engines' port, for /metrics
 
 
 def _labels(spec: DeploymentSpec, component: str) -> dict[str, str]:
@@ -111,15 +126,21 @@ def _probes(ready_timeout_s: float) -> dict[str, Any]:
     }
 
 
-def _gateway_probes() -> dict[str, Any]:
+def gateway_port_name(spec: DeploymentSpec) -> str:
+    """`https` when the spec gives the gateway TLS (the ServiceMonitor scrapes it so), else `http`."""
+    return "https" if spec.ssl_certfile else "http"
+
+
+def _gateway_probes(port: str = "http", scheme: str = "HTTP") -> dict[str, Any]:
     """Ready while some engine pod is routable (/health); alive while the process answers (/metrics).
 
     Liveness must not follow the engines: while they load a model for minutes, or all restart, a
     gateway restarted for it would only lose its state and connections."""
+    get = {"port": port, "scheme": scheme}
     return {
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 5,
+        "readinessProbe": {"httpGet": {"path": "/health", **get}, "periodSeconds": 5, "timeoutSeconds": 5,
                            "failureThreshold": 2},
-        "livenessProbe": {"httpGet": {"path": "/metrics", "port": "http"}, "initialDelaySeconds": 10,
+        "livenessProbe": {"httpGet": {"path": "/metrics", **get}, "initialDelaySeconds": 10,
                           "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
     }
 
@@ -132,17 +153,28 @@ def _env(spec: DeploymentSpec, options: K8sOptions) -> list[dict[str, Any]]:
     return env
 
 
-def engine_container_command(spec: DeploymentSpec, model: str) -> tuple[list[str], list[str]]:
+def engine_container_command(spec: DeploymentSpec, model: str,
+                             notes: list[str] | None = None) -> tuple[list[str], list[str]]:
     """(command, args) of the engine container: the flags `vlmserve up` passes, from the same
-    EngineLauncher, listening on the pod's network; the image's program replaces this machine's."""
-    launcher = make_launcher(spec, model_path=model, device_kind="cpu" if spec.devices == "cpu" else "gpu")
+    EngineLauncher, listening on the pod's network; the image's program replaces this machine's
+    (`vllm serve`, which takes `--model` as well as the positional model). `notes` collects what
+    the recipe did, and a warning naming what it skipped when this machine cannot read config.json."""
+    launcher = make_launcher(spec, model_path=model, device_kind="cpu" if spec.devices == "cpu" else "gpu",
+                             on_event=None if notes is None else lambda line: notes.append(_recipe_note(line)))
     args = launcher.arguments(host="0.0.0.0", port=CONTAINER_PORT, index=0)
-    command = ["vlmserve"] if spec.engine == "sim" else ["python3", "-m", launcher.module]
+    command = ["vlmserve"] if spec.engine == "sim" else list(VLLM_SERVE)
     return command, args
 
 
-def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[dict]) -> dict:
-    command, args = engine_container_command(spec, model)
+def _recipe_note(line: str) -> str:
+    """A skipped recipe is a warning: the pods would run on vLLM's defaults where `up` would not."""
+    skipped = "recipe: none "
+    return f"warning: no recipe in the engine's flags {line.removeprefix(skipped)}" if line.startswith(skipped) else line
+
+
+def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[dict],
+                      notes: list[str] | None = None) -> dict:
+    command, args = engine_container_command(spec, model, notes)
     resources: dict[str, Any]
     if spec.engine == "sim":
         image = options.vlmserve_image
@@ -163,13 +195,13 @@ def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mou
     }
 
 
-def engine_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def engine_deployment(spec: DeploymentSpec, options: K8sOptions, notes: list[str] | None = None) -> dict[str, Any]:
     """The replica group as one Deployment (replicas = spec.replicas)."""
     model, volumes, mounts = _model_location(spec, options)
     labels = _labels(spec, "engine")
     pod_spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": 60,
-        "containers": [_engine_container(spec, options, model, mounts)],
+        "containers": [_engine_container(spec, options, model, mounts, notes)],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}, *volumes],
     }
     if spec.engine == "vllm" and spec.devices != "cpu":
@@ -209,28 +241,42 @@ def discover_source(spec: DeploymentSpec, options: K8sOptions) -> str:
 
 
 def redis_url(spec: DeploymentSpec, options: K8sOptions) -> str:
-    return f"redis://{redis_name(spec)}.{options.namespace}.svc:{REDIS_PORT}/0"
+    """The gateways' --state URL, in their environment (STATE_ENV): Kubernetes expands the password
+    from the Redis Secret into it, so it is in no manifest and in no process's argv."""
+    return f"redis://:$({REDIS_PASSWORD_ENV})@{redis_name(spec)}.{options.namespace}.svc:{REDIS_PORT}/0"
 
 
 def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
     """Two gateways on different nodes where possible, each discovering the engine pods and sharing
     admission through Redis (failing open if Redis is unreachable)."""
     labels = _labels(spec, "gateway")
-    container = {
+    security = gateway_security(spec, options)
+    port_name = gateway_port_name(spec)
+    container: dict[str, Any] = {
         "name": "gateway", "image": options.vlmserve_image, "command": ["vlmserve"],
         "args": ["gateway", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
                  "--discover", discover_source(spec, options), "--policy", spec.gateway_policy,
-                 STATE_FLAG, redis_url(spec, options), STATE_UNAVAILABLE_FLAG, STATE_UNAVAILABLE],
-        "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
+                 STATE_UNAVAILABLE_FLAG, STATE_UNAVAILABLE, *security.args],
+        # the password first: Kubernetes expands $(REDIS_PASSWORD) only from variables defined before
+        "env": [*security.env, {"name": STATE_ENV, "value": redis_url(spec, options)}],
+        "ports": [{"name": port_name, "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-        **_gateway_probes(),
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        **_gateway_probes(port_name, "HTTPS" if security.tls else "HTTP"),
     }
+    if security.mounts:
+        container["volumeMounts"] = security.mounts
     pod_spec: dict[str, Any] = {
         "containers": [container],
+        # fsGroup: the audit volume is writable, and the Secret files readable, by the image's user
+        "securityContext": {"runAsNonRoot": True, "runAsUser": GATEWAY_UID, "runAsGroup": GATEWAY_UID,
+                            "fsGroup": GATEWAY_UID},
         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
             "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": labels},
                                                "topologyKey": "kubernetes.io/hostname"}}]}},
     }
+    if security.volumes:
+        pod_spec["volumes"] = security.volumes
     if options.discovery == "k8s":
         pod_spec["serviceAccountName"] = gateway_name(spec)
     return {
@@ -264,10 +310,13 @@ def gateway_rbac(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dict[st
 def redis_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
     """The gateways' shared admission state: rate-limit buckets that may be lost on restart (no persistence)."""
     labels = _labels(spec, "redis")
-    ping = {"exec": {"command": ["redis-cli", "ping"]}}
+    ping = {"exec": {"command": ["redis-cli", "ping"]}}  # authenticated through REDISCLI_AUTH
     container = {
         "name": "redis", "image": options.redis_image,
-        "args": ["--save", "", "--appendonly", "no"],
+        # the password is expanded from the Secret by Kubernetes; it is visible only inside this container
+        "command": ["redis-server"],
+        "args": ["--requirepass", f"$({REDIS_PASSWORD_ENV})", "--save", "", "--appendonly", "no"],
+        "env": [redis_password_env(spec), redis_password_env(spec, REDIS_CLI_AUTH_ENV)],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
         "readinessProbe": {**ping, "periodSeconds": 5, "timeoutSeconds": 2},
@@ -290,7 +339,10 @@ def redis_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
 
 
 def gateway_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
-    return _service(gateway_name(spec), spec, options, "gateway", GATEWAY_JOB, spec.port)
+    service = _service(gateway_name(spec), spec, options, "gateway", GATEWAY_JOB, spec.port)
+    port_name = gateway_port_name(spec)
+    service["spec"]["ports"][0].update(name=port_name, targetPort=port_name)
+    return service
 
 
 def scaled_object(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
@@ -333,12 +385,24 @@ def service_monitor(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]
             "selector": {"matchLabels": {"app.kubernetes.io/name": "vlmserve",
                                          "app.kubernetes.io/instance": spec.name}},
             "namespaceSelector": {"matchNames": [options.namespace]},
-            # the label the dashboards and alerts split deployments by, as prometheus.yml sets it
-            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s", "relabelings": [{
-                "sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
-                "targetLabel": DEPLOYMENT_LABEL}]}],
+            "endpoints": _scrape_endpoints(spec),
         },
     }
+
+
+def _scrape_endpoints(spec: DeploymentSpec) -> list[dict[str, Any]]:
+    """One endpoint per port name: `http` (engines, a plain gateway) and, with TLS, the gateway's `https`.
+
+    The TLS scrape encrypts but does not verify the gateway's certificate (its CA is the operator's);
+    set tlsConfig.ca in the ServiceMonitor to verify it."""
+    # the label the dashboards and alerts split deployments by, as prometheus.yml sets it
+    relabel = [{"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
+                "targetLabel": DEPLOYMENT_LABEL}]
+    endpoints: list[dict[str, Any]] = [{"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel}]
+    if gateway_port_name(spec) == "https":
+        endpoints.append({"port": "https", "scheme": "https", "path": "/metrics", "interval": "15s",
+                          "tlsConfig": {"insecureSkipVerify": True}, "relabelings": relabel})
+    return endpoints
 
 
 def prometheus_rule(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, Any]:
@@ -349,14 +413,64 @@ def prometheus_rule(spec: DeploymentSpec, options: K8sOptions, settings: AlertSe
     }
 
 
-def render_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, dict]:
-    """File name -> manifest, in the order `kubectl apply` should see them."""
+@dataclass
+class K8sExport:
+    """The manifests (file name -> object, in the order `kubectl apply` should see them), the
+    `kubectl create secret` commands to run first (none with --embed-secrets), and what to warn about."""
+
+    manifests: dict[str, dict] = field(default_factory=dict)
+    secret_commands: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def export_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> K8sExport:
+    """Everything `vlmserve export k8s` writes and says; every check runs before anything is built."""
     if options.discovery not in DISCOVERY_KINDS:
         raise UserError(f"--discovery {options.discovery!r}: choose {' or '.join(DISCOVERY_KINDS)}")
-    manifests = {
-        "engine-deployment.yaml": engine_deployment(spec, options),
-        "engine-service.yaml": engine_service(spec, options),
+    check_options(options)
+    check_trust_settings(spec)
+    found = K8sExport(notes=trust_warnings(spec, options))
+    if options.embed_secrets:
+        found.manifests.update(embedded_secrets(spec, options))
+    else:
+        found.secret_commands = secret_commands(spec, options)
+    found.manifests["engine-deployment.yaml"] = engine_deployment(spec, options, found.notes)
+    found.manifests["engine-service.yaml"] = engine_service(spec, options)
+    found.manifests.update(_cluster_objects(spec, options, settings))
+    return found
+
+
+def render_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, dict]:
+    """File name -> manifest, in the order `kubectl apply` should see them."""
+    return export_manifests(spec, options, settings).manifests
+
+
+def check_options(options: K8sOptions) -> None:
+    """Names that land in manifests: one line for one that Kubernetes would refuse at apply time."""
+    check_dns_label("--namespace", options.namespace)
+    for flag, value in (("--monitoring-namespace", options.monitoring_namespace), ("--audit-pvc", options.audit_pvc),
+                        ("--model-pvc", options.model_pvc), ("--hf-token-secret", options.hf_token_secret)):
+        if value:
+            check_dns_label(flag, value)
+
+
+def network_policies(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dict]:
+    """Engines and Redis take connections from the gateway pods only (engines also from the
+    monitoring namespace, for /metrics). With `gateway: false` the engines are the door: no policy."""
+    if not spec.gateway:
+        return {}
+    gateway_pods = _labels(spec, "gateway")
+    return {
+        "engine-networkpolicy.yaml": engine_network_policy(spec, options, _labels(spec, "engine"), gateway_pods,
+                                                           CONTAINER_PORT),
+        "redis-networkpolicy.yaml": redis_network_policy(spec, options, _labels(spec, "redis"), gateway_pods,
+                                                         REDIS_PORT),
     }
+
+
+def _cluster_objects(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, dict]:
+    """Every object after the engine's Deployment and Service."""
+    manifests: dict[str, dict] = network_policies(spec, options)
     if spec.gateway:
         if options.discovery == "k8s":
             manifests.update(gateway_rbac(spec, options))

@@ -23,6 +23,16 @@ _POSITIVE_SECONDS = ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_t
                      "discover_interval_s")
 
 
+GATEWAY_FILE_FLAGS: dict[str, str] = {
+    "keys_file": "--keys-file",
+    "audit_log": "--audit-log",
+    "ssl_certfile": "--ssl-certfile",
+    "ssl_keyfile": "--ssl-keyfile",
+}
+"""The gateway's file flags, by the setting's name (in GatewayConfig and DeploymentSpec alike), written once:
+`vlmserve gateway` declares them, `up` (deploy/front_door.py) and `export k8s` write them."""
+
+
 def _flag(name: str) -> str:
     """The CLI flag of a seconds setting: connect_timeout_s -> --connect-timeout."""
     return "--" + name.removesuffix("_s").replace("_", "-")
