@@ -1,4 +1,4 @@
-"""`vlmserve export k8s`: manifests validate against Kubernetes (and CRD) schemas, offline."""
+"""`vlmserve export k8s`: manifests validate against Kubernetes' schemas and the published CRD schemas, offline."""
 
 from __future__ import annotations
 
@@ -10,22 +10,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.helpers.crd_schemas import CRD_SCHEMAS
+from tests.helpers.crd_schemas import validate
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import K8sOptions, render_manifests
 from vlmserve.observe.alerts import AlertSettings
 from vlmserve.spec import DeploymentSpec
-
-KUBERNETES_VERSION = "1.30"  # oldest release still widely run; the schemas are bundled offline
-
-
-def validate(manifest: dict) -> None:
-    """Core kinds against Kubernetes' own schemas (strict: unknown fields fail); CRDs against ours."""
-    key = (manifest["apiVersion"], manifest["kind"])
-    if key in CRD_SCHEMAS:
-        jsonschema.validate(manifest, CRD_SCHEMAS[key])
-    else:
-        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
 
 
 def gpu_spec() -> DeploymentSpec:
@@ -56,7 +45,7 @@ def test_gpu_deployment_manifests_validate_and_carry_the_spec() -> None:
     pod = engine["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert container["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert container["command"] == ["vllm", "serve"]
     assert container["args"][container["args"].index("--model") + 1] == "Qwen/Qwen2.5-VL-7B-Instruct"
     assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"
     assert container["args"][container["args"].index("--tensor-parallel-size") + 1] == "2"
@@ -130,7 +119,7 @@ def test_cli_writes_valid_manifests(tmp_path: Path, vlmserve_cmd: list[str]) -> 
                    "release=kube-prometheus-stack")
     assert done.returncode == 0, done.stderr
     names = yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
-    assert len(names) == 9
+    assert len(names) == 11  # engine, gateway and Redis Deployments and Services, 2 NetworkPolicies, 3 CRs
     for name in names:
         text = (out / name).read_text()
         assert "&id" not in text  # plain YAML, no anchors
@@ -164,8 +153,7 @@ def test_cli_missing_spec_file(tmp_path: Path, vlmserve_cmd: list[str]) -> None:
 def test_two_gateways_discover_the_engine_pods_and_share_redis() -> None:
     """The gateways see every engine pod (a headless Service's DNS records), not one Service
     address, so they balance, eject and drain pods one by one and see the ones KEDA adds; two of
-    them share admission state through Redis, failing open if it is unreachable. (The gateway's
-    --state flags come from another change: the manifests are checked here, not run.)"""
+    them share admission state through Redis, failing open if it is unreachable. (The manifests are checked here, not run.)"""
     manifests = render_manifests(gpu_spec(), K8sOptions(namespace="vision"), AlertSettings())
     for manifest in manifests.values():
         validate(manifest)
@@ -176,7 +164,8 @@ def test_two_gateways_discover_the_engine_pods_and_share_redis() -> None:
     args = pod["containers"][0]["args"]
     assert "--replica" not in args
     assert flag(args, "--discover") == "dns:radiology-engine.vision.svc.cluster.local:8000"
-    assert flag(args, "--state") == "redis://radiology-redis.vision.svc:6379/0"
+    state = next(e["value"] for e in pod["containers"][0]["env"] if e["name"] == "VLMSERVE_GATEWAY_STATE")
+    assert state == "redis://:$(REDIS_PASSWORD)@radiology-redis.vision.svc:6379/0"  # password from the Secret
     assert flag(args, "--state-unavailable") == "open"
     container = pod["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"  # routable engines: ready
