@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from vlmserve.gateway.config import CLIENT_MM_PROCESSOR_KWARGS, GATEWAY_FILE_FLAGS, POLICY_NAMES, GatewayConfig
+from vlmserve.gateway.config import (ALLOW_INTERNAL_MEDIA_FLAG, ALLOWED_MEDIA_DOMAINS_FLAG, CLIENT_MM_PROCESSOR_KWARGS,
+                                     GATEWAY_FILE_FLAGS, MEDIA_POLICY_FLAGS, POLICY_NAMES, GatewayConfig)
 from vlmserve.gateway.shared_state import (STATE_ENV, STATE_FLAG, STATE_TIMEOUT_FLAG, STATE_UNAVAILABLE_FLAG,
                                            UNAVAILABLE_MODES, parse_state_url)
 
@@ -51,21 +52,21 @@ def register(app: typer.Typer) -> None:
         ssl_certfile: Path | None = typer.Option(None, GATEWAY_FILE_FLAGS["ssl_certfile"], help="PEM certificate (chain): serve HTTPS (with --ssl-keyfile)."),
         ssl_keyfile: Path | None = typer.Option(None, GATEWAY_FILE_FLAGS["ssl_keyfile"], help="PEM private key (unencrypted) of --ssl-certfile."),
         allowed_media_domains: list[str] = typer.Option(
-            [], "--allowed-media-domains",
+            [], ALLOWED_MEDIA_DOMAINS_FLAG,
             help="Host whose media URLs may reach the engines (exact hostname; repeat or comma-separate). "
                  "Without it only inline data: URLs pass."),
         allow_internal_media_addresses: bool = typer.Option(
-            _DEFAULTS["allow_internal_media_addresses"], "--allow-internal-media-addresses",
+            _DEFAULTS["allow_internal_media_addresses"], ALLOW_INTERNAL_MEDIA_FLAG,
             help="Let --allowed-media-domains hosts resolve to loopback, private, link-local or metadata addresses "
                  "(an internal image server, on purpose). Without it such a host is refused (400)."),
         max_json_depth: int = typer.Option(_DEFAULTS["max_json_depth"], help="Refuse bodies nested deeper (400)."),
         max_json_items: int = typer.Option(_DEFAULTS["max_json_items"],
                                            help="Refuse bodies with more JSON values: objects, arrays, elements (400)."),
-        max_image_bytes: int = typer.Option(_DEFAULTS["max_image_bytes"], help="Refuse a larger image (400); checked before decoding."),
-        max_image_pixels: int = typer.Option(_DEFAULTS["max_image_pixels"], help="Refuse an image with more pixels (400); read from its header, never decoded."),
-        max_images_per_request: int = typer.Option(_DEFAULTS["max_images_per_request"], help="Refuse a request with more images or other media parts (400)."),
+        max_image_bytes: int = typer.Option(_DEFAULTS["max_image_bytes"], MEDIA_POLICY_FLAGS["max_image_bytes"], help="Refuse a larger image (400); checked before decoding."),
+        max_image_pixels: int = typer.Option(_DEFAULTS["max_image_pixels"], MEDIA_POLICY_FLAGS["max_image_pixels"], help="Refuse an image with more pixels (400); read from its header, never decoded."),
+        max_images_per_request: int = typer.Option(_DEFAULTS["max_images_per_request"], MEDIA_POLICY_FLAGS["max_images_per_request"], help="Refuse a request with more images or other media parts (400)."),
         media_fetch_timeout: float = typer.Option(_DEFAULTS["media_fetch_timeout_s"], help="Seconds to fetch an allowed remote image (it is then forwarded inline)."),
-        image_downscale_max_side: Optional[int] = typer.Option(None, help="Resize images so their longest side is at most this many pixels (the engine's prompt tokens drop accordingly)."),
+        image_downscale_max_side: Optional[int] = typer.Option(None, MEDIA_POLICY_FLAGS["image_downscale_max_side"], help="Resize images so their longest side is at most this many pixels (the engine's prompt tokens drop accordingly)."),
         image_workers: int = typer.Option(_DEFAULTS["image_workers"], help="Processes that resize images for --image-downscale-max-side (never the event loop)."),
         image_work_budget: float = typer.Option(_DEFAULTS["image_work_budget_s"], help="CPU seconds of image-worker time one request's images may take; over it the request is refused (400)."),
         model_config_dir: Optional[Path] = typer.Option(None, help="The served model's directory (config.json, processor configs): per-model image token estimates and downscale rule."),

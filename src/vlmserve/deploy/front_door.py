@@ -14,7 +14,7 @@ from pathlib import Path
 
 from vlmserve.errors import UserError
 from vlmserve.discovery.sources import parse_source
-from vlmserve.gateway.config import GATEWAY_FILE_FLAGS
+from vlmserve.gateway.config import GATEWAY_FILE_FLAGS, media_policy_argv
 from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG, parse_state_url
 from vlmserve.spec import DeploymentSpec
 
@@ -77,18 +77,7 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str |
         value = getattr(spec, name)
         if value:
             argv += [flag, str(Path(value).expanduser())]
-    for domain in spec.allowed_media_domains:
-        argv += ["--allowed-media-domains", domain]
-    if spec.allow_internal_media_addresses:
-        argv.append("--allow-internal-media-addresses")
-    for flag, number in (
-        ("--max-image-bytes", spec.max_image_bytes),
-        ("--max-image-pixels", spec.max_image_pixels),
-        ("--max-images-per-request", spec.max_images_per_request),
-        ("--image-downscale-max-side", spec.image_downscale_max_side),
-    ):
-        if number is not None:
-            argv += [flag, str(number)]
+    argv += media_policy_argv(spec)
     if spec.gateway_discover:
         argv += ["--discover", spec.gateway_discover]
     if spec.gateway_state:  # the URL itself goes through the environment (gateway_env)

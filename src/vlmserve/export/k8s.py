@@ -32,6 +32,7 @@ from vlmserve.export.k8s_security import (MONITORING_NAMESPACE, REDIS_CLI_AUTH_E
                                           check_dns_label, check_trust_settings, embedded_secrets,
                                           engine_network_policy, gateway_security, redis_network_policy,
                                           redis_password_env, secret_commands, trust_warnings)
+from vlmserve.gateway.config import media_policy_argv
 from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG
 from vlmserve.observe.alerts import AlertSettings, alert_rules
 from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
@@ -256,7 +257,7 @@ def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, A
         "name": "gateway", "image": options.vlmserve_image, "command": ["vlmserve"],
         "args": ["gateway", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
                  "--discover", discover_source(spec, options), "--policy", spec.gateway_policy,
-                 STATE_UNAVAILABLE_FLAG, STATE_UNAVAILABLE, *security.args],
+                 STATE_UNAVAILABLE_FLAG, STATE_UNAVAILABLE, *security.args, *media_policy_argv(spec)],
         # the password first: Kubernetes expands $(REDIS_PASSWORD) only from variables defined before
         "env": [*security.env, {"name": STATE_ENV, "value": redis_url(spec, options)}],
         "ports": [{"name": port_name, "containerPort": CONTAINER_PORT, "protocol": "TCP"}],

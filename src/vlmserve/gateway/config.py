@@ -11,6 +11,7 @@ from vlmserve.discovery.sources import parse_source
 from vlmserve.gateway.shared_state import DEFAULT_TIMEOUT_S, check_state_settings
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
+from vlmserve.spec import DeploymentSpec
 
 
 CLIENT_MM_PROCESSOR_KWARGS = ("max_soft_tokens",)
@@ -31,6 +32,31 @@ GATEWAY_FILE_FLAGS: dict[str, str] = {
 }
 """The gateway's file flags, by the setting's name (in GatewayConfig and DeploymentSpec alike), written once:
 `vlmserve gateway` declares them, `up` (deploy/front_door.py) and `export k8s` write them."""
+
+
+MEDIA_POLICY_FLAGS: dict[str, str] = {
+    "max_image_bytes": "--max-image-bytes",
+    "max_image_pixels": "--max-image-pixels",
+    "max_images_per_request": "--max-images-per-request",
+    "image_downscale_max_side": "--image-downscale-max-side",
+}
+"""The gateway's image limits, by the setting's name in DeploymentSpec (None there: the gateway's default)."""
+ALLOWED_MEDIA_DOMAINS_FLAG = "--allowed-media-domains"
+ALLOW_INTERNAL_MEDIA_FLAG = "--allow-internal-media-addresses"
+
+
+def media_policy_argv(spec: DeploymentSpec) -> list[str]:
+    """The gateway flags for a spec's media allowlist and image limits: `up` and `export k8s` pass these same."""
+    argv: list[str] = []
+    for domain in spec.allowed_media_domains:
+        argv += [ALLOWED_MEDIA_DOMAINS_FLAG, domain]
+    if spec.allow_internal_media_addresses:
+        argv.append(ALLOW_INTERNAL_MEDIA_FLAG)
+    for name, flag in MEDIA_POLICY_FLAGS.items():
+        number = getattr(spec, name)
+        if number is not None:
+            argv += [flag, str(number)]
+    return argv
 
 
 def _flag(name: str) -> str:

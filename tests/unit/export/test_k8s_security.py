@@ -324,3 +324,15 @@ def test_cli_missing_keys_file_is_one_line(tmp_path: Path, capsys: pytest.Captur
     assert code == 2 and not (tmp_path / "out").exists()
     assert stderr == f"error: keys_file {tmp_path / 'keys.yaml'} does not exist; create it or fix the path " \
                      "(relative paths are read next to the spec file)\n"
+
+
+def test_the_media_allowlist_and_image_limits_reach_the_gateway_as_up_passes_them() -> None:
+    spec = DeploymentSpec.model_validate({
+        "name": "radiology", "engine": "sim", "model": "m", "allowed_media_domains": ["images.example.com"],
+        "max_image_bytes": 2_000_000, "max_images_per_request": 2, "image_downscale_max_side": 1024})
+    container = pod(render_manifests(spec, K8sOptions(), AlertSettings())["gateway-deployment.yaml"])["containers"][0]
+    params = gateway_params(container["args"])
+    assert params["allowed_media_domains"] == ["images.example.com"]
+    assert (params["max_image_bytes"], params["max_images_per_request"], params["image_downscale_max_side"]) == \
+        (2_000_000, 2, 1024)
+    assert params["allow_internal_media_addresses"] is False
