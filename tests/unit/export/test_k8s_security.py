@@ -336,3 +336,22 @@ def test_the_media_allowlist_and_image_limits_reach_the_gateway_as_up_passes_the
     assert (params["max_image_bytes"], params["max_images_per_request"], params["image_downscale_max_side"]) == \
         (2_000_000, 2, 1024)
     assert params["allow_internal_media_addresses"] is False
+
+
+@pytest.mark.parametrize("file_name, break_it", [
+    ("servicemonitor.yaml", lambda m: m["spec"]["endpoints"][0].update(intervall="15s")),  # misspelt field
+    ("servicemonitor.yaml", lambda m: m["spec"]["endpoints"][0].update(scheme="ftp")),  # not in the enum
+    ("prometheusrule.yaml", lambda m: m["spec"]["groups"][0].update(interval="5 minutes")),  # not a duration
+    ("engine-scaledobject.yaml", lambda m: m["spec"].update(minReplicaCount="2")),  # a string for an integer
+    ("engine-scaledobject.yaml", lambda m: m["spec"].update(scaleTargetRef={})),  # required name missing
+])
+def test_the_published_crd_schemas_catch_what_a_cluster_would_refuse(file_name: str, break_it: Any) -> None:
+    """The vendored schemas are real checks: each of these breaks the object as the CRD defines it."""
+    import jsonschema
+
+    spec = DeploymentSpec.model_validate({"name": "radiology", "model": "org/vlm"})
+    manifest = render_manifests(spec, K8sOptions(), AlertSettings())[file_name]
+    validate(manifest)
+    break_it(manifest)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(manifest)
