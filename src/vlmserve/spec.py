@@ -71,6 +71,9 @@ class SimEngineOptions(BaseModel):
     profile: str | None = None
     ttft_ms: float | None = None
     itl_ms: float | None = None
+    cold_start_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="seconds each replica takes to start serving (port bound, connections refused meanwhile, as vLLM)")
     extra_args: list[str] = Field(default_factory=list)
 
 
