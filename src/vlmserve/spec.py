@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
+from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.vllm_flags import check_engine_arg
@@ -148,6 +149,8 @@ class DeploymentSpec(BaseModel):
     log_dir: str | None = None
     ready_timeout_s: float = Field(600.0, gt=0)
     liveness: LivenessOptions = Field(default_factory=LivenessOptions)
+    autoscale: AutoscaleRule | None = Field(
+        None, description="add and remove replicas on the engines' queue (docs/autoscaling.md); the same rule `export k8s` writes for KEDA")
     # The trust boundary: what the gateway asks of clients, and what media the engines fetch.
     keys_file: str | None = Field(None, description="gateway: YAML file of tenants and API keys")
     audit_log: str | None = Field(None, description="gateway: one JSON line per request is appended here")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WAITING = "vllm:num_requests_waiting"
+from vlmserve.vllm_names import NUM_REQUESTS_WAITING
+
+WAITING = NUM_REQUESTS_WAITING
 RUNNING = "vllm:num_requests_running"
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vlmserve.vllm_names import NUM_REQUESTS_WAITING
+
 ENGINE_JOB = "vlmserve-engines"
 """Prometheus job name for the engine replicas (scrape config, ServiceMonitor, `up` queries)."""
 GATEWAY_JOB = "vlmserve-gateway"
@@ -22,7 +24,7 @@ GATEWAY_JOB = "vlmserve-gateway"
 
 # --- vLLM engine metrics (as scraped) ---
 VLLM_RUNNING = "vllm:num_requests_running"
-VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_WAITING = NUM_REQUESTS_WAITING
 VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"
 VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 VLLM_PREFIX_HITS = "vllm:prefix_cache_hits_total"
