@@ -58,6 +58,20 @@ def build_spec(file: Path | None, overrides: dict[str, Any], engine_overrides: d
         raise UserError(describe_validation_error(err, source)) from None
 
 
+def with_autoscale_bounds(spec, text: str):  # (DeploymentSpec, str) -> DeploymentSpec
+    """The spec with `--autoscale MIN:MAX` laid over its autoscale: section (or the rule's defaults)."""
+    from vlmserve.autoscale import AutoscaleRule, parse_min_max
+
+    try:
+        low, high = parse_min_max(text)
+        rule = AutoscaleRule.model_validate({**(spec.autoscale.model_dump() if spec.autoscale else {}),
+                                             "min_replicas": low, "max_replicas": high})
+    except ValueError as err:  # pydantic's ValidationError is a ValueError
+        detail = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
+        raise UserError(f"--autoscale {text}: {detail}") from None
+    return spec.model_copy(update={"autoscale": rule})
+
+
 def split_engine_args(values: list[str] | None) -> list[str]:
     """`--engine-arg "--swap-space 1" --engine-arg=--enforce-eager` -> a flat argv list."""
     flat: list[str] = []
@@ -121,6 +135,10 @@ def up(
     benchmark_recipe: bool = typer.Option(
         False, "--benchmark-recipe", help="The recipe's benchmark variant: also prefix caching off."),
     print_plan: bool = typer.Option(False, "--print-plan", help="Print each replica's command and environment; start nothing."),
+    autoscale: Optional[str] = typer.Option(
+        None, "--autoscale", metavar="MIN:MAX",
+        help="Add and remove replicas on the engines' queue, between MIN and MAX (the rule `export k8s` gives KEDA; "
+             "other settings from the spec's autoscale: section; docs/autoscaling.md)."),
 ) -> None:
     """Start and supervise engine replicas (and the gateway) until Ctrl-C or SIGTERM."""
     if benchmark_recipe and recipe is False:
@@ -149,6 +167,8 @@ def up(
             "extra_args": split_engine_args(engine_arg),
         },
     )  # fmt: skip
+    if autoscale is not None:
+        spec = with_autoscale_bounds(spec, autoscale)
     if print_plan:
         _print_plan(spec)
         return
@@ -268,6 +288,12 @@ def status_table(states: "list[DeploymentState]") -> Group:
                 member.devices or "",
                 member.last_restart_reason or "",
             )
+        if state.autoscale:
+            last = state.autoscale.get("last_decision") or {}
+            rule = state.autoscale.get("rule") or {}
+            tables.append(Text(f"autoscale {rule.get('min_replicas')}..{rule.get('max_replicas')} on "
+                               f"{state.autoscale.get('metric')}: {last.get('waiting', 0):g} waiting, "
+                               f"wants {last.get('wants', '-')}, {last.get('reason', 'no reading yet')}"))
         if state.alarm:  # above the table: the rows below are what was last saved, not what runs
             tables.append(Text(f"deployment {state.name}: {state.alarm}", style="bold red"))
         tables.append(table)

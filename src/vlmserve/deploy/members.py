@@ -17,7 +17,9 @@ from vlmserve.deploy.readiness import ServedConfig
 from vlmserve.deploy.state import MemberRecord, Role
 from vlmserve.engines.launcher import ExpectedConfig
 
-ProcessState = Literal["pending", "starting", "ready", "restarting", "failed", "stopped"]
+ProcessState = Literal["pending", "starting", "ready", "restarting", "failed", "stopped", "standby", "draining"]
+"""standby: planned, not running (autoscale may start it); draining: out of the gateway's members,
+its requests in flight finishing before it stops."""
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0

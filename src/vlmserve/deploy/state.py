@@ -97,6 +97,8 @@ class DeploymentState(BaseModel):
     """Writes of this file that failed in this supervisor's life (a full disk, a read-only mount)."""
     last_save_error: str | None = None
     last_save_error_at: float | None = None
+    autoscale: dict[str, Any] | None = None
+    """With autoscale: the rule, the count it wants now and the recent scale events (Autoscaler.summary)."""
     alarm: str | None = None
     """Set by `status` only, never saved: why the table may be out of date (the state is stale or
     could not be saved since some time)."""
