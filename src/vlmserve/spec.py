@@ -427,6 +427,8 @@ class LoadSpec(BaseModel):
     stop_when_oversaturated: bool | None = Field(
         None, description="stop an open loop early once the server is past saturation; None: the verb's default"
     )
+    load_shape: str | None = Field(
+        None, description="an open loop whose rate follows a shape (bench.load_shapes); rate is then its peak, duration_s its length")
     """None means the verb decides: off for `bench`, on for `sweep` and `slo-search` (bench.saturation)."""
 
     @model_validator(mode="after")
