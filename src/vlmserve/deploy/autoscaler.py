@@ -87,6 +87,7 @@ class Autoscaler:
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
         self.last: Decision | None = None
         self._last_logged: tuple[int, int, str] | None = None
+        self._last_held: str | None = None
         self.registry = CollectorRegistry()
         self.decisions = Counter("vlmserve_autoscale_decisions", "Autoscale decisions, by direction (up, down, hold)",
                                  ["direction"], registry=self.registry)
@@ -151,19 +152,39 @@ class Autoscaler:
         if decision.direction != "hold" or (decision.reason != "at target" and key != self._last_logged):
             self.say(decision.line())
         self._last_logged = key
+        if decision.direction != "down":
+            self._last_held = None
         if decision.direction == "up":
             standby = groups.get("standby", []) + groups.get("pending", [])
             for member in sorted(standby, key=lambda m: m.plan.index)[: decision.target - decision.current]:
                 self.supervisor.set_state(member, "starting")
                 self._spawn(self._bring_up, member, now, f"autoscale-up-{member.plan.index}")
             self.decider.scaled(now, decision.current, decision.target)
-        elif decision.direction == "down" and serving:
+        elif decision.direction == "down":
+            held = self._scale_down_held(groups)
+            if held is not None:
+                if held != self._last_held:
+                    self.say(f"autoscale: scale-down to {decision.target} held: {held}")
+                self._last_held = held
+                self._write_metrics()
+                return decision
             victim = max(serving, key=lambda m: m.plan.index)
             self.supervisor.set_state(victim, "draining")
             self._spawn(self._retire, victim, now, f"autoscale-down-{victim.plan.index}")
             self.decider.scaled(now, decision.current, decision.target)
         self._write_metrics()
         return decision
+
+    @staticmethod
+    def _scale_down_held(groups: dict[str, list[ManagedProcess]]) -> str | None:
+        """Why a scale-down must wait, or None. Kubernetes removes a pod that is not ready first;
+        here a start in progress is never cut short, so the removal waits for it (the next reading
+        decides again), and the last serving replica is never the one removed."""
+        if groups.get("starting"):
+            return "a replica is starting (it is removed, if still not wanted, once it serves)"
+        if len(groups.get("ready", [])) <= 1:
+            return "it would leave no replica serving"
+        return None
 
     def _spawn(self, work: Callable[[ManagedProcess, float], None], member: ManagedProcess, decided_at: float,
                name: str) -> None:
