@@ -57,7 +57,7 @@ def test_cold_start_refuses_then_serves(tmp_path) -> None:
         assert reply.status_code == 200
         text = log_path.read_text()
         assert "Model loading took 0.00 GiB memory and 1.800000 seconds" in text, text
-        assert "init engine (profile, create kv cache, warmup model) took 1.20 seconds" in text, text
+        assert "init engine (profile, create kv cache, warmup model) took 1.20 s" in text, text
     finally:
         stop_process(process, timeout_s=10.0)
 

@@ -432,7 +432,7 @@ async def cold_start(seconds: float, port: int) -> None:
     await asyncio.sleep(weights)
     print(f"INFO sim: Model loading took 0.00 GiB memory and {weights:.6f} seconds", flush=True)
     await asyncio.sleep(seconds - weights)
-    print(f"INFO sim: init engine (profile, create kv cache, warmup model) took {seconds - weights:.2f} seconds",
+    print(f"INFO sim: init engine (profile, create kv cache, warmup model) took {seconds - weights:.2f} s",
           flush=True)
 
 
