@@ -79,6 +79,19 @@ def parse_min_max(text: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+def scale_down_held(starting: int, serving: int) -> str | None:
+    """Why a scale-down the rule asks for must wait, or None (shared by `up` and `plan day`).
+
+    Kubernetes removes a pod that is not ready first; a replica here is never cut short while it
+    starts, so the removal waits for it (the next reading decides again), and the last serving
+    replica is never the one removed."""
+    if starting:
+        return "a replica is starting (it is removed, if still not wanted, once it serves)"
+    if serving <= 1:
+        return "it would leave no replica serving"
+    return None
+
+
 Direction = Literal["up", "down", "hold"]
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 
-from vlmserve.autoscale import AutoscaleDecider, AutoscaleRule, Decision
+from vlmserve.autoscale import AutoscaleDecider, AutoscaleRule, Decision, scale_down_held
 from vlmserve.deploy.guard import StepGuard
 from vlmserve.deploy.members import ManagedProcess
 from vlmserve.deploy.members_file import DISCOVER_INTERVAL_S
@@ -161,7 +161,7 @@ class Autoscaler:
                 self._spawn(self._bring_up, member, now, f"autoscale-up-{member.plan.index}")
             self.decider.scaled(now, decision.current, decision.target)
         elif decision.direction == "down":
-            held = self._scale_down_held(groups)
+            held = scale_down_held(len(groups.get("starting", [])), len(serving))
             if held is not None:
                 if held != self._last_held:
                     self.say(f"autoscale: scale-down to {decision.target} held: {held}")
@@ -174,17 +174,6 @@ class Autoscaler:
             self.decider.scaled(now, decision.current, decision.target)
         self._write_metrics()
         return decision
-
-    @staticmethod
-    def _scale_down_held(groups: dict[str, list[ManagedProcess]]) -> str | None:
-        """Why a scale-down must wait, or None. Kubernetes removes a pod that is not ready first;
-        here a start in progress is never cut short, so the removal waits for it (the next reading
-        decides again), and the last serving replica is never the one removed."""
-        if groups.get("starting"):
-            return "a replica is starting (it is removed, if still not wanted, once it serves)"
-        if len(groups.get("ready", [])) <= 1:
-            return "it would leave no replica serving"
-        return None
 
     def _spawn(self, work: Callable[[ManagedProcess, float], None], member: ManagedProcess, decided_at: float,
                name: str) -> None:
