@@ -31,6 +31,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 
 from vlmserve.autoscale import AutoscaleDecider, AutoscaleRule, Decision, scale_down_held
+from vlmserve.deploy.cold_start import cold_start_phases, log_size
 from vlmserve.deploy.guard import StepGuard
 from vlmserve.deploy.members import ManagedProcess
 from vlmserve.deploy.members_file import DISCOVER_INTERVAL_S
@@ -207,6 +208,7 @@ class Autoscaler:
         label = member.plan.label
         with self._lock:
             self._warming.add(member.plan.index)
+        log_offset = log_size(member.plan.log_path)
         try:
             self.supervisor.start_replica(member)
         except ReadinessAborted:
@@ -240,12 +242,15 @@ class Autoscaler:
             time.sleep(DISCOVER_INTERVAL_S / 2)
         in_rotation = time.time()
         started = member.started_at or decided_at
-        phases = {"decided_to_start_s": round(started - decided_at, 3), "start_to_ready_s": round(ready_at - started, 3),
+        phases = {"decided_to_start_s": round(started - decided_at, 3),
+                  **cold_start_phases(member.plan.log_path, log_offset, started, ready_at),
                   "warm_s": round(warm_s, 3), "admit_s": round(in_rotation - warmed_at, 3),
                   "decision_to_rotation_s": round(in_rotation - decided_at, 3)}
         self.scale_events.labels("in_rotation").inc()
+        engine = "".join(f", {name.removesuffix('_s').replace('_', ' ')} {phases[name]:.1f} s" for name in
+                         ("start_to_weights_s", "weights_to_engine_s", "engine_to_listening_s") if name in phases)
         self.say(f"autoscale: {label} in rotation {phases['decision_to_rotation_s']:.1f} s after the decision "
-                 f"(ready after {phases['start_to_ready_s']:.1f} s, warmed in {warm_s:.2f} s, "
+                 f"(ready after {phases['start_to_ready_s']:.1f} s{engine}; warmed in {warm_s:.2f} s, "
                  f"routed to {phases['admit_s']:.2f} s later)")
         self._record("in_rotation", member, decided_at, phases)
         self._write_metrics()

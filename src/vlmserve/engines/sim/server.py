@@ -426,14 +426,16 @@ KV cache, warm-up), the two phases vLLM's own log lines time."""
 
 async def cold_start(seconds: float, port: int) -> None:
     """Wait out a cold start, logging its phases in the words of vLLM 0.32's own log lines
-    ("Model loading took ...", "init engine (...) took ..."), so a log reader times both engines alike."""
+    ("Model loading took ...", "init engine (...) took ..."), stamped as vLLM stamps them, so one log reader
+    (deploy.cold_start) times both engines alike."""
     print(f"sim engine cold start: port {port} bound, serving in {seconds:g} s", flush=True)
     weights = seconds * COLD_START_WEIGHTS_SHARE
     await asyncio.sleep(weights)
-    print(f"INFO sim: Model loading took 0.00 GiB memory and {weights:.6f} seconds", flush=True)
-    await asyncio.sleep(seconds - weights)
-    print(f"INFO sim: init engine (profile, create kv cache, warmup model) took {seconds - weights:.2f} s",
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] Model loading took 0.00 GiB memory and {weights:.6f} seconds",
           flush=True)
+    await asyncio.sleep(seconds - weights)
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] init engine (profile, create kv cache, warmup model) took "
+          f"{seconds - weights:.2f} s", flush=True)
 
 
 async def serve(config: SimEngineConfig, on_ready: Callable[[int], None] | None = None) -> None:
