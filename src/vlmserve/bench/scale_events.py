@@ -37,6 +37,10 @@ def _good(record: RequestRecord, slo: SLO | None) -> bool:
     return record.ok and (slo is None or not slo.bounds_s or meets_slo(record, slo))
 
 
+def _missed_in(window: dict[str, Any]) -> bool:
+    return bool(window["requests"]) and window["met"] < window["requests"]
+
+
 def _count_at(timeline: Sequence[tuple[float, float]], t: float) -> float | None:
     """The count last sampled at or before t."""
     value = None
@@ -90,11 +94,13 @@ def scaling_block(records: Sequence[RequestRecord], timeline: Sequence[tuple[flo
     for number, group in enumerate(groups):
         first_seen, joined = group[0][1], group[-1][1]
         began = first_seen
-        for window in reversed([w for w in windows if w["start_s"] < first_seen]):
-            if window["requests"] and window["met"] < window["requests"]:
-                began = window["start_s"]
-            else:
+        leading = list(reversed([w for w in windows if w["start_s"] < first_seen]))
+        if leading and not _missed_in(leading[0]):
+            leading = leading[1:]  # the window the rise falls in may be all served by the new replicas
+        for window in leading:
+            if not _missed_in(window):
                 break
+            began = window["start_s"]
         until = groups[number + 1][0][0] if number + 1 < len(groups) else math.inf
         falls_after = [fall[0] for fall in falls if fall[0] > joined]
         until = min([until, *falls_after])

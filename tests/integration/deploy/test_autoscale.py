@@ -3,7 +3,7 @@
 The issue's "done when", shortened for a test (a 3 s cold start instead of 20 s; docs/autoscaling.md
 has a recorded run at 20 s): a step from 2 to 20 req/s scales up, the SLO is missed while the
 new replicas start and not after they serve; the step down scales down with no failed request.
-The stabilisation window (12 s) is longer than the time the queue stays empty at the peak, as
+The stabilisation window (8 s) is longer than the time the queue stays empty at the peak, as
 it must be for a rule on the queue alone (docs/autoscaling.md says why).
 """
 
@@ -21,7 +21,7 @@ from tests.helpers.procs import free_ports
 from tests.integration.test_up_trust_boundary import write_spec
 
 NAME = "autoscale-test"
-SHAPE = "steps:2@6,20@14,2@22"
+SHAPE = "steps:2@6,20@14,2@30"
 SLO = "ttft_p95=1s"
 
 
@@ -33,7 +33,7 @@ def test_step_up_scales_up_and_step_down_scales_down_without_failures(vlmserve_c
                       sim={"ttft_ms": 50, "itl_ms": 10, "cold_start_s": 3},
                       engine_args={"max_num_seqs": 8},
                       autoscale={"waiting_per_replica": 5, "polling_interval_s": 1,
-                                 "scale_down_stabilization_s": 12, "scale_down_cooldown_s": 1})
+                                 "scale_down_stabilization_s": 8, "scale_down_cooldown_s": 1})
     log = (tmp_path / "up.log").open("w")
     up = subprocess.Popen([*vlmserve_cmd, "up", "-f", str(spec), "--autoscale", "1:4"], env=cli_env(home),
                           stdout=log, stderr=subprocess.STDOUT, text=True)

@@ -54,3 +54,11 @@ def test_without_a_gateway_only_windows_are_reported() -> None:
     block = scaling_block(run(0, 0), None, None, 10.0, "steps:2@60")
     assert block["scale_ups"] == [] and block["replicas_timeline"] is None
     assert [w["requests"] for w in block["windows"]][:6] == [20] * 6
+
+
+def test_a_rise_in_a_window_without_misses_still_counts_the_misses_before_it() -> None:
+    """The window the replicas join in can be all good (the new replicas serve it): the misses
+    of the windows before it are still the scale-up's."""
+    timeline = [(T0 + t, 1.0) for t in range(0, 15)] + [(T0 + 15.05, 4.0)] + [(T0 + t, 4.0) for t in range(16, 60)]
+    (up,) = scaling_block(run(6, 15), timeline, SLO_1S, 5.0, None)["scale_ups"]
+    assert up["began_s"] == 5.0 and up["missed_during"] == 18 and up["missed_after"] == 0
