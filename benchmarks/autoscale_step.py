@@ -7,7 +7,12 @@ scale-down, and up's own timing of each scale event (decision -> ready -> warmed
 Everything is SIMULATED (sim engines), by design: the point is the loop, not an engine's speed.
 
     flock /work/notes/machine.lock .venv/bin/python benchmarks/autoscale_step.py --out /tmp/autoscale-20s
+    flock /work/notes/machine.lock .venv/bin/python benchmarks/autoscale_step.py --engine vllm --out /tmp/autoscale-vllm
     .venv/bin/python benchmarks/autoscale_step.py --smoke
+
+`--engine vllm` runs the embedded tiny VLM on vLLM's CPU build instead (one scale-up from 1 to 2
+replicas, 2 requests at once per replica so a queue forms): the cold start of a real engine,
+broken into vLLM's own phases (up's `in rotation` line and state.json). Not simulated.
 """
 
 from __future__ import annotations
@@ -39,16 +44,25 @@ def main() -> None:
     parser.add_argument("--cooldown-s", type=int, default=5)
     parser.add_argument("--window-s", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=Path("autoscale-step"))
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     args = parse_args(parser, cold_start_s=1.0, shape="steps:2@3,20@6,2@9", stabilization_s=5, cooldown_s=1,
-                      window_s=2.0)
+                      window_s=2.0, engine="sim")
+    if args.engine == "vllm" and parser.get_default("shape") == args.shape:
+        args.shape = "steps:1@5,12@60,1@60"
+        args.autoscale = "1:2"
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     port = free_port_block(8)
-    spec = {"name": NAME, "engine": "sim", "model": "sim-model", "port": port,
-            "sim": {"ttft_ms": 50, "itl_ms": 10, "cold_start_s": args.cold_start_s},
-            "engine_args": {"max_num_seqs": 8},
-            "autoscale": {"waiting_per_replica": 5, "polling_interval_s": 1,
-                          "scale_down_stabilization_s": args.stabilization_s, "scale_down_cooldown_s": args.cooldown_s}}
+    rule = {"waiting_per_replica": 5, "polling_interval_s": 1,
+            "scale_down_stabilization_s": args.stabilization_s, "scale_down_cooldown_s": args.cooldown_s}
+    spec: dict = {"name": NAME, "engine": "sim", "model": "sim-model", "port": port,
+                  "sim": {"ttft_ms": 50, "itl_ms": 10, "cold_start_s": args.cold_start_s},
+                  "engine_args": {"max_num_seqs": 8}, "autoscale": rule}
+    if args.engine == "vllm":  # the embedded VLM on vLLM's CPU build: 2 at once, so a queue forms
+        spec = {"name": NAME, "engine": "vllm", "model": "embedded", "port": port, "kv_cache_space_gb": 1,
+                "engine_args": {"max_model_len": 2048, "max_num_seqs": 2}, "ready_timeout_s": 600,
+                "autoscale": {**rule, "waiting_per_replica": 2}}
+    model = "embedded" if args.engine == "vllm" else "sim-model"
     (out / "deploy.yaml").write_text(yaml.safe_dump(spec))
     env = {**os.environ, "VLMSERVE_HOME": str((out / "home").resolve()), "COLUMNS": "200"}
     command = [sys.executable, "-m", "vlmserve"]
@@ -57,7 +71,7 @@ def main() -> None:
         up = subprocess.Popen([*command, "up", "-f", str(out / "deploy.yaml"), "--autoscale", args.autoscale],
                               env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 60 + 3 * args.cold_start_s
+            deadline = time.monotonic() + (600 if args.engine == "vllm" else 60 + 3 * args.cold_start_s)
             while True:
                 state = json.loads(state_file.read_text()) if state_file.is_file() else {}
                 if (state.get("gateway") or {}).get("state") == "ready":
@@ -66,7 +80,7 @@ def main() -> None:
                     raise SystemExit(f"`up` did not come up; see {out / 'up.log'}")
                 time.sleep(0.2)
             bench = subprocess.run(
-                [*command, "bench", "--base-url", f"http://127.0.0.1:{port}", "--model", "sim-model",
+                [*command, "bench", "--base-url", f"http://127.0.0.1:{port}", "--model", model,
                  "--load-shape", args.shape, "--output-len", "64", "--slo", args.slo, "--scale-window", str(args.window_s),
                  "--no-store", "--no-progress", "--json-out", str(out / "run.json"),
                  "--html-out", str(out / "scaling.html")], env=env, capture_output=True, text=True)
@@ -78,7 +92,8 @@ def main() -> None:
             up.send_signal(signal.SIGTERM)
             up.wait(timeout=120)
     scaling = json.loads((out / "run.json").read_text())["scaling"]
-    print(f"SIMULATED (sim engines, cold start {args.cold_start_s:g} s), load shape {args.shape}, "
+    what = "vLLM CPU, embedded model (measured)" if args.engine == "vllm" else f"SIMULATED (sim engines, cold start {args.cold_start_s:g} s)"
+    print(f"{what}, load shape {args.shape}, "
           f"--autoscale {args.autoscale}, SLO {args.slo}")
     for event in scaling["scale_ups"]:
         print(f"scale-up {event['replicas_before']:g} -> {event['replicas_after']:g}: {event['missed_during']} of "
