@@ -32,6 +32,10 @@ from vlmserve.errors import UserError
 FORMS = "steps:R@S,..., ramp:R1-R2@S,..., burst:BASE,PEAK@S/EVERY@TOTAL or trace:PATH[@SECONDS]"
 MAX_RATE = 100_000.0
 MAX_DURATION_S = 7 * 86400.0
+MAX_REQUESTS = 5_000_000
+"""The most requests a shape may send (each send offset is held in memory before the run)."""
+MAX_TRACE_POINTS = 100_000
+"""A week of traffic at one point a minute is 10,080: a trace file with more lines is refused."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,9 @@ def parse_load_shape(text: str) -> LoadShape:
     if shape.duration_s > MAX_DURATION_S:
         raise UserError(f"--load-shape {text!r}: lasts {shape.duration_s:g} s, over the {MAX_DURATION_S:g} s a run may take; "
                         "squeeze a trace with trace:PATH@SECONDS")
+    if shape.expected_requests > MAX_REQUESTS:
+        raise UserError(f"--load-shape {text!r}: sends about {shape.expected_requests:,.0f} requests, over the "
+                        f"{MAX_REQUESTS:,} a run may send; lower the rates or squeeze the shape")
     if shape.expected_requests < 1:
         raise UserError(f"--load-shape {text!r}: sends no request (every rate is 0)")
     return shape
@@ -230,6 +237,8 @@ def _trace(rest: str) -> list[Segment]:
         if not points and at_s != 0:
             raise ValueError(f"{path} line {number}: the first time must be 0")
         points.append((at_s, rate))
+        if len(points) > MAX_TRACE_POINTS:
+            raise ValueError(f"{path}: more than {MAX_TRACE_POINTS:,} TIME,RATE lines; aggregate the trace (a point a minute is plenty)")
     if len(points) < 2:
         raise ValueError(f"{path}: give at least two TIME,RATE lines (the last one marks the end)")
     scale = squeeze / points[-1][0] if squeeze else 1.0

@@ -63,6 +63,7 @@ def test_the_shape_sets_the_load_specs_rate_and_duration() -> None:
     ("steps:0@10", "--load-shape 'steps:0@10': sends no request (every rate is 0)"),
     ("steps:2@-1", "--load-shape 'steps:2@-1': duration '-1' must be a finite number above 0"),
     ("steps:2@1e9", "--load-shape 'steps:2@1e9': duration '1e9' must be a finite number above 0"),
+    ("steps:100000@600000", "--load-shape 'steps:100000@600000': sends about 60,000,000,000 requests, over the 5,000,000"),
     ("ramp:2@10", "--load-shape 'ramp:2@10': ramp '2@10': write FROM-TO@SECONDS"),
     ("burst:2,20@30/30@120", "--load-shape 'burst:2,20@30/30@120': a 30 s burst every 30 s never ends"),
     ("trace:/nonexistent/day.csv", "--load-shape 'trace:/nonexistent/day.csv': cannot read /nonexistent/day.csv"),
@@ -79,6 +80,7 @@ def test_bad_shapes_are_one_line(text: str, message: str) -> None:
     ("1,2\n10,5\n", "line 1: the first time must be 0"),
     ("0,2\n10\n", "line 2: write TIME,RATE"),
     ("0,2\n", "give at least two TIME,RATE lines"),
+    ("".join(f"{t},1\n" for t in range(100_002)), "more than 100,000 TIME,RATE lines"),
 ])
 def test_bad_trace_files_are_one_line(tmp_path: Path, content: str, message: str) -> None:
     trace = tmp_path / "t.csv"
