@@ -262,6 +262,15 @@ def status(
     console.print(status_table(states))
 
 
+def describe_cold_start(phases: dict[str, float] | None) -> str:
+    """'49 s (weights 43, engine 2, listening 2)': the last start, then its phases from the engine's log."""
+    if not phases or "start_to_ready_s" not in phases:
+        return ""
+    parts = [f"{name} {phases[key]:.0f}" for name, key in (("weights", "start_to_weights_s"), ("engine", "weights_to_engine_s"),
+                                                            ("listening", "engine_to_listening_s")) if key in phases]
+    return f"{phases['start_to_ready_s']:.0f} s" + (f" ({', '.join(parts)})" if parts else "")
+
+
 def status_table(states: "list[DeploymentState]") -> Group:
     """One table per deployment: each process's port, pid, state, restarts and uptime."""
     from vlmserve.deploy.state import format_uptime
@@ -274,7 +283,7 @@ def status_table(states: "list[DeploymentState]") -> Group:
             f"at {state.endpoint or '-'}",
             title_justify="left",
         )
-        for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices", "last restart"):
+        for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices", "cold start", "last restart"):
             table.add_column(column, justify="right" if column in ("port", "pid", "restarts") else "left")
         for member in state.members:
             colour = {"ready": "green", "restarting": "yellow", "failed": "red"}.get(member.state, "white")
@@ -286,6 +295,7 @@ def status_table(states: "list[DeploymentState]") -> Group:
                 str(member.restarts),
                 format_uptime(member.started_at, now),
                 member.devices or "",
+                describe_cold_start(member.cold_start),
                 member.last_restart_reason or "",
             )
         if state.autoscale:

@@ -31,7 +31,6 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
 
 from vlmserve.autoscale import AutoscaleDecider, AutoscaleRule, Decision, scale_down_held
-from vlmserve.deploy.cold_start import cold_start_phases, log_size
 from vlmserve.deploy.guard import StepGuard
 from vlmserve.deploy.members import ManagedProcess
 from vlmserve.deploy.members_file import DISCOVER_INTERVAL_S
@@ -208,7 +207,6 @@ class Autoscaler:
         label = member.plan.label
         with self._lock:
             self._warming.add(member.plan.index)
-        log_offset = log_size(member.plan.log_path)
         try:
             self.supervisor.start_replica(member)
         except ReadinessAborted:
@@ -243,7 +241,7 @@ class Autoscaler:
         in_rotation = time.time()
         started = member.started_at or decided_at
         phases = {"decided_to_start_s": round(started - decided_at, 3),
-                  **cold_start_phases(member.plan.log_path, log_offset, started, ready_at),
+                  **(member.cold_start or {"start_to_ready_s": round(ready_at - started, 3)}),
                   "warm_s": round(warm_s, 3), "admit_s": round(in_rotation - warmed_at, 3),
                   "decision_to_rotation_s": round(in_rotation - decided_at, 3)}
         self.scale_events.labels("in_rotation").inc()

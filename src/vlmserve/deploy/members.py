@@ -72,6 +72,10 @@ class ManagedProcess:
     kill_reason: str | None = None
     """Set when the supervisor killed the process itself (hung); the exit it causes is not a crash."""
     last_restart_reason: str | None = None
+    log_offset: int = 0
+    """Where the current start's lines begin in its log (for reading its cold-start phases)."""
+    cold_start: dict[str, float] | None = None
+    """The last start's phases from the engine's own log lines (deploy.cold_start)."""
 
     @property
     def pid(self) -> int | None:
@@ -95,4 +99,5 @@ class ManagedProcess:
             devices=self.plan.devices,
             log=str(self.plan.log_path),
             served=self.served.as_dict() if self.served else None,
+            cold_start=self.cold_start,
         )

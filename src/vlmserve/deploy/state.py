@@ -57,6 +57,8 @@ class MemberRecord(BaseModel):
     devices: str = ""
     log: str = ""
     served: dict[str, Any] | None = None
+    cold_start: dict[str, float] | None = None
+    """The last start's phases in seconds (start_to_ready_s, start_to_weights_s, ...; deploy.cold_start)."""
 
     @property
     def label(self) -> str:

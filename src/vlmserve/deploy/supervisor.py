@@ -47,6 +47,7 @@ import psutil
 
 from vlmserve import paths
 from vlmserve.deploy import processes
+from vlmserve.deploy.cold_start import cold_start_phases, log_size
 from vlmserve.deploy.front_door import check_gateway_files, check_trust_boundary
 from vlmserve.deploy.guard import StepGuard
 from vlmserve.deploy.liveness import LivenessWatch, Subject
@@ -321,6 +322,7 @@ class Supervisor:
                 raise ReadinessAborted("stopping")
             member.state = "starting" if first_start else "restarting"
             header = f"=== vlmserve: starting {plan.label} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(plan.argv)}"
+            member.log_offset = log_size(plan.log_path)
             member.process = processes.start_process_group(plan.argv, plan.env, plan.log_path, header=header)
             member.pid_created_at = processes.created_at(member.process.pid)
             member.started_at = time.time()
@@ -339,6 +341,9 @@ class Supervisor:
             member.served = served
             member.state = "ready"
             member.ready_at = time.time()
+            if plan.role == "replica":
+                member.cold_start = cold_start_phases(plan.log_path, member.log_offset,
+                                                      member.started_at or member.ready_at, member.ready_at)
             self._write_state()
         took = member.ready_at - (member.started_at or member.ready_at)
         detail = f", max_model_len {served.max_model_len}, engine {served.engine_version}" if served else ""

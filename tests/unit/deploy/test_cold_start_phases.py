@@ -43,3 +43,23 @@ def test_a_log_without_phase_lines_gives_start_to_ready_only(tmp_path: Path) -> 
     log.write_text("something else\n")
     assert cold_start_phases(log, 0, 100.0, 130.5) == {"start_to_ready_s": 30.5}
     assert cold_start_phases(tmp_path / "missing.log", 0, 100.0, 101.0) == {"start_to_ready_s": 1.0}
+
+
+def test_status_shows_the_last_start_and_its_phases() -> None:
+    from rich.console import Console
+
+    from vlmserve.cli.up import describe_cold_start, status_table
+    from vlmserve.deploy.state import DeploymentState, MemberRecord
+
+    phases = {"start_to_ready_s": 49.0, "start_to_weights_s": 43.0, "weights_to_engine_s": 2.0, "engine_to_listening_s": 2.0}
+    assert describe_cold_start(phases) == "49 s (weights 43, engine 2, listening 2)"
+    assert describe_cold_start({"start_to_ready_s": 3.2}) == "3 s" and describe_cold_start(None) == ""
+    state = DeploymentState(name="d", replicas=[MemberRecord(role="replica", port=9001, state="ready", cold_start=phases),
+                                                MemberRecord(role="replica", index=1, port=9002, state="standby")],
+                            autoscale={"rule": {"min_replicas": 1, "max_replicas": 2}, "metric": "vllm:num_requests_waiting",
+                                       "last_decision": {"waiting": 3.0, "wants": 1, "reason": "at target"}})
+    console = Console(width=200, record=True)
+    console.print(status_table([state]))
+    text = console.export_text()
+    assert "49 s (weights 43, engine 2, listening 2)" in text and "standby" in text
+    assert "autoscale 1..2 on vllm:num_requests_waiting: 3 waiting, wants 1, at target" in text
