@@ -220,16 +220,28 @@ def _print_plan(spec) -> None:  # spec: DeploymentSpec
     from vlmserve.deploy.front_door import gateway_argv, shown_gateway_env
     from vlmserve.engines.launcher import make_launcher
 
-    launches = make_launcher(spec, on_event=lambda line: console.print(line, soft_wrap=True)).launches()
+    rule = spec.autoscale
+    planned = spec if rule is None else spec.model_copy(update={"replicas": rule.max_replicas})
+    starting = spec.replicas if rule is None else max(rule.min_replicas, min(rule.max_replicas, spec.replicas))
+    launches = make_launcher(planned, on_event=lambda line: console.print(line, soft_wrap=True)).launches()
     for index, launch in enumerate(launches):
-        console.print(f"[bold]replica {index}[/bold] port {launch.port}")
+        standby = " (standby: started when the autoscale rule asks)" if index >= starting else ""
+        console.print(f"[bold]replica {index}[/bold] port {launch.port}{standby}")
         env_text = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(launch.env.items()))
         console.print(f"  {env_text} {shlex.join(launch.argv)}", soft_wrap=True)
     if spec.gateway:
         urls = [f"http://{spec.replica_host}:{launch.port}" for launch in launches]
+        argv = gateway_argv(spec, urls)
+        if rule is not None:  # the supervisor's members file, as Supervisor._preflight passes it
+            from vlmserve.deploy.members_file import DISCOVER_INTERVAL_S, MEMBERS_FILE
+            from vlmserve.paths import deployment_dir
+
+            members = f"file:{deployment_dir(spec.name) / MEMBERS_FILE}"
+            argv = gateway_argv(spec.model_copy(update={"gateway_discover": members}), []) + [
+                "--discover-interval", f"{DISCOVER_INTERVAL_S:g}"]
         console.print(f"[bold]gateway[/bold] port {spec.port}")
         env_text = "".join(f"{key}={shlex.quote(value)} " for key, value in shown_gateway_env(spec).items())
-        console.print(f"  {env_text}{shlex.join(gateway_argv(spec, urls))}", soft_wrap=True)
+        console.print(f"  {env_text}{shlex.join(argv)}", soft_wrap=True)
 
 
 def status(
