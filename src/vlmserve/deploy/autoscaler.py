@@ -13,8 +13,8 @@ Then:
   sending it requests and drains it; the process is stopped only when the gateway has forgotten
   it (its last request ended) and its engine reports nothing running or waiting.
 
-Every decision that is not "hold at target" is one log line (supervisor.log and the console),
-and every decision is counted in `autoscale.prom` beside state.json (Prometheus text format,
+Every decision is one log line (supervisor.log and the console; a hold repeated unchanged, the
+same count for the same reason, is said once, not every reading), and every decision is counted in `autoscale.prom` beside state.json (Prometheus text format,
 for node-exporter's textfile collector) with the replica counts and the queue read. Recent
 scale events, with their phase timings, are in state.json (`autoscale`).
 """
@@ -149,7 +149,7 @@ class Autoscaler:
         self.desired_gauge.set(decision.raw_desired)
         self.waiting_gauge.set(waiting)
         key = (decision.current, decision.target, decision.reason.split(":")[0])
-        if decision.direction != "hold" or (decision.reason != "at target" and key != self._last_logged):
+        if decision.direction != "hold" or key != self._last_logged:  # a hold repeated unchanged is said once
             self.say(decision.line())
         self._last_logged = key
         if decision.direction != "down":
