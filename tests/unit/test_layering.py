@@ -17,8 +17,8 @@ PACKAGE_ROOT = Path(vlmserve.__file__).parent
 
 # Bottom to top. A name is a top-level module (without .py) or a sub-package of src/vlmserve.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundation", {"__init__", "errors", "paths", "vllm_flags", "async_tasks", "routing", "quiet_gc",
-                    "bounded_read", "http1", "vllm_names"}),
+    ("foundation", {"__init__", "errors", "paths", "vllm_flags", "vllm_names", "async_tasks", "routing", "quiet_gc",
+                    "bounded_read", "http1"}),
     ("vision", {"vision"}),
     ("media", {"media"}),
     ("discovery", {"discovery"}),

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from vlmserve import vllm_names
+
 HISTOGRAMS: dict[str, str] = {
-    "ttft": "vllm:time_to_first_token_seconds",
-    "queue": "vllm:request_queue_time_seconds",
-    "prefill": "vllm:request_prefill_time_seconds",
+    "ttft": vllm_names.TIME_TO_FIRST_TOKEN,
+    "queue": vllm_names.REQUEST_QUEUE_TIME,
+    "prefill": vllm_names.REQUEST_PREFILL_TIME,
 }
 """The histograms whose _sum and _count deltas give the breakdown's means."""
 

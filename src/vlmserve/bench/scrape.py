@@ -16,25 +16,27 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from vlmserve import vllm_names as vllm
 from vlmserve.async_tasks import cancel_and_wait
+from vlmserve.vllm_names import total
 from vlmserve.bench.engine_breakdown import SAMPLE_NAMES, engine_breakdown
 
 COUNTERS = {
-    "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-    "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    "preemptions": ("vllm:num_preemptions_total",),
-    "prompt_tokens": ("vllm:prompt_tokens_total",),
-    "generation_tokens": ("vllm:generation_tokens_total",),
-    "requests_finished": ("vllm:request_success_total",),
-    "mm_cache_queries": ("vllm:mm_cache_queries_total",),
-    "mm_cache_hits": ("vllm:mm_cache_hits_total",),
+    "prefix_cache_queries": (total(vllm.PREFIX_CACHE_QUERIES), total(vllm.PREFIX_CACHE_QUERIES_LEGACY)),
+    "prefix_cache_hits": (total(vllm.PREFIX_CACHE_HITS), total(vllm.PREFIX_CACHE_HITS_LEGACY)),
+    "preemptions": (total(vllm.NUM_PREEMPTIONS),),
+    "prompt_tokens": (total(vllm.PROMPT_TOKENS),),
+    "generation_tokens": (total(vllm.GENERATION_TOKENS),),
+    "requests_finished": (total(vllm.REQUEST_SUCCESS),),
+    "mm_cache_queries": (total(vllm.MM_CACHE_QUERIES),),
+    "mm_cache_hits": (total(vllm.MM_CACHE_HITS),),
 }
 """Counter deltas reported under `server`, by the first of their names the target exports."""
 
 GAUGES = {
-    "running": ("vllm:num_requests_running",),
-    "waiting": ("vllm:num_requests_waiting",),
-    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "running": (vllm.NUM_REQUESTS_RUNNING,),
+    "waiting": (vllm.NUM_REQUESTS_WAITING,),
+    "kv_cache_usage": (vllm.KV_CACHE_USAGE, vllm.KV_CACHE_USAGE_LEGACY),
 }
 """Gauges sampled every second; their peaks are reported."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from vlmserve import vllm_names
 from vlmserve.engines.launcher import ExpectedConfig  # what a replica must serve: the launcher says
 
 READY_POLL_S = 0.2
@@ -173,7 +174,7 @@ def cache_config_labels(metrics_text: str) -> dict[str, str]:
 
     try:
         for family in text_string_to_metric_families(metrics_text):
-            if family.name in ("vllm:cache_config_info", "vllm_cache_config_info"):
+            if family.name in (vllm_names.CACHE_CONFIG_INFO, vllm_names.underscored(vllm_names.CACHE_CONFIG_INFO)):
                 for sample in family.samples:
                     return dict(sample.labels)
     except ValueError:

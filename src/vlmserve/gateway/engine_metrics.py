@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlmserve.vllm_names import NUM_REQUESTS_WAITING
+from vlmserve import vllm_names
 
-WAITING = NUM_REQUESTS_WAITING
-RUNNING = "vllm:num_requests_running"
-KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+WAITING = vllm_names.NUM_REQUESTS_WAITING
+RUNNING = vllm_names.NUM_REQUESTS_RUNNING
+KV_USAGE_NAMES = (vllm_names.KV_CACHE_USAGE, vllm_names.KV_CACHE_USAGE_LEGACY)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def parse_engine_load(text: str, scraped_at: float) -> EngineLoad:
     waiting = running = 0.0
     kv_values: list[float] = []
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(vllm_names.PREFIX):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name == WAITING:

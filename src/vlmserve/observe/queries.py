@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlmserve.vllm_names import NUM_REQUESTS_WAITING
+from vlmserve import vllm_names
 
 ENGINE_JOB = "vlmserve-engines"
 """Prometheus job name for the engine replicas (scrape config, ServiceMonitor, `up` queries)."""
@@ -23,24 +23,24 @@ GATEWAY_JOB = "vlmserve-gateway"
 """Prometheus job name for the gateway."""
 
 # --- vLLM engine metrics (as scraped) ---
-VLLM_RUNNING = "vllm:num_requests_running"
-VLLM_WAITING = NUM_REQUESTS_WAITING
-VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"
-VLLM_PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-VLLM_PREFIX_HITS = "vllm:prefix_cache_hits_total"
-VLLM_PREEMPTIONS = "vllm:num_preemptions_total"
-VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"
-VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"
-VLLM_REQUEST_SUCCESS = "vllm:request_success_total"
-VLLM_TTFT = "vllm:time_to_first_token_seconds"
-VLLM_ITL = "vllm:inter_token_latency_seconds"
-VLLM_E2E = "vllm:e2e_request_latency_seconds"
-VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"
+VLLM_RUNNING = vllm_names.NUM_REQUESTS_RUNNING
+VLLM_WAITING = vllm_names.NUM_REQUESTS_WAITING
+VLLM_KV_USAGE = vllm_names.KV_CACHE_USAGE
+VLLM_PREFIX_QUERIES = vllm_names.total(vllm_names.PREFIX_CACHE_QUERIES)
+VLLM_PREFIX_HITS = vllm_names.total(vllm_names.PREFIX_CACHE_HITS)
+VLLM_PREEMPTIONS = vllm_names.total(vllm_names.NUM_PREEMPTIONS)
+VLLM_PROMPT_TOKENS = vllm_names.total(vllm_names.PROMPT_TOKENS)
+VLLM_GENERATION_TOKENS = vllm_names.total(vllm_names.GENERATION_TOKENS)
+VLLM_REQUEST_SUCCESS = vllm_names.total(vllm_names.REQUEST_SUCCESS)
+VLLM_TTFT = vllm_names.TIME_TO_FIRST_TOKEN
+VLLM_ITL = vllm_names.INTER_TOKEN_LATENCY
+VLLM_E2E = vllm_names.E2E_REQUEST_LATENCY
+VLLM_QUEUE_TIME = vllm_names.REQUEST_QUEUE_TIME
 
 # --- vlmserve gateway metrics (as scraped; see vlmserve/gateway/metrics.py) ---
 GW_REQUESTS = "vlmserve_gateway_requests_total"  # labels: status, tenant, replica
-GW_TTFT = "vlmserve_gateway_time_to_first_token_seconds"  # labels: replica
-GW_E2E = "vlmserve_gateway_e2e_request_latency_seconds"  # labels: replica
+GW_TTFT = "vlmserve_gateway_time_to_first_token_seconds"  # labels: replica, route (generation routes only)
+GW_E2E = "vlmserve_gateway_e2e_request_latency_seconds"  # labels: replica, route
 GW_IN_FLIGHT = "vlmserve_gateway_in_flight"  # labels: replica
 GW_OUTSTANDING_TOKENS = "vlmserve_gateway_outstanding_tokens"  # labels: replica
 GW_QUEUED = "vlmserve_gateway_queued"  # labels: priority

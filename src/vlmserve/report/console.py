@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from vlmserve.report.tables import Table, cell_table, headline_table, knee_sentences
+from vlmserve.sweep.knee import no_knee_reason
 from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
@@ -35,7 +36,7 @@ def print_report(results: SweepResults, console: Console, *, cells: bool = False
     if results.simulated():
         console.print(f"[dim]{SIMULATED_NOTE}[/]")
     console.print(rich_table(headline_table(results, choices).select(HEADLINE_COLUMNS)))
-    for sentence in knee_sentences(results):
+    for sentence in knee_sentences(results) or [no_knee_reason(results)]:
         console.print(f"• {sentence}")
     cheap = cheapest(choices)
     if cheap is not None:

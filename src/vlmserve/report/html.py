@@ -29,6 +29,7 @@ from vlmserve.report.plots_timeline import timeline_charts
 from vlmserve.report.run_records import RecordsLoader, stored_records
 from vlmserve.spec import DeploymentSpec
 from vlmserve.report.tables import Table, cell_table, features_table, headline_table, knee_sentences
+from vlmserve.sweep.knee import no_knee_reason
 from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
@@ -182,7 +183,7 @@ def render_html(results: SweepResults, records_for: RecordsLoader = stored_recor
 <p>SLOs: {html.escape(slo_text)}</p>
 {_table_html(headline_table(results, choices))}
 <h2>Findings</h2>
-<ul>{''.join(f'<li>{item}</li>' for item in findings) or '<li>no knee found: throughput still scaled at the highest load measured</li>'}</ul>
+<ul>{''.join(f'<li>{item}</li>' for item in findings) or f'<li>{html.escape(no_knee_reason(results))}</li>'}</ul>
 <h2>Load charts</h2>
 <p class="legend">Circles are measured points; crosses mark client-limited cells (the load generator set the pace).</p>
 <div class="charts">{chart_divs}</div>

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vlmserve.report.tables import Table, cell_table, features_table, headline_table, knee_sentences
+from vlmserve.sweep.knee import no_knee_reason
 from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
@@ -35,7 +36,7 @@ def render_markdown(results: SweepResults) -> str:
                                            for key, value in sorted(results.slo.bounds_s.items())))
         parts.append("")
     parts += [f"### {headline_table(results, choices).title}", "", table_markdown(headline_table(results, choices)), ""]
-    findings = knee_sentences(results)
+    findings = knee_sentences(results) or [no_knee_reason(results)]
     cheap = cheapest(choices)
     if cheap is not None:
         findings.append(f"cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} "

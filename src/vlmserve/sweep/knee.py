@@ -89,6 +89,16 @@ def series_points(cells: list[CellOutcome]) -> dict[str, list[LoadPoint]]:
     return grouped
 
 
+def no_knee_reason(results: SweepResults) -> str:
+    """What to tell a reader when `find_knees` found none: a single load level cannot show a knee
+    at all, which is not the same finding as throughput still scaling."""
+    points = series_points(results.cells).values()
+    if not any(len(series) >= 2 for series in points):
+        return ("no knee to look for: each deployment has at most one measured load level; "
+                "a knee needs two or more (add load levels to the sweep)")
+    return "no knee found: throughput still scaled at the highest load measured"
+
+
 def find_knees(results: SweepResults) -> list[Knee]:
     """Every series' knee, in deployment order; series without one are left out."""
     knees: list[Knee] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.helpers.synthetic import sweep_results
 from vlmserve.spec import SLO
-from vlmserve.sweep.knee import LoadPoint, find_knee, find_knees
+from vlmserve.sweep.knee import LoadPoint, find_knee, find_knees, no_knee_reason
 from vlmserve.sweep.rank import best_operating_point, cheapest, rank_deployments, slo_misses
 
 
@@ -73,3 +73,13 @@ def test_slo_misses_read_as_words() -> None:
     results = sweep_results([32], {"slow": 2.0}, slo=SLO.parse("ttft_p95=10ms"))
     miss = slo_misses(results.cells[0], results.slo)[0]
     assert miss.startswith("ttft_p95 ") and miss.endswith(" ms > 10 ms: missed")
+
+
+def test_a_run_with_one_load_level_says_it_cannot_show_a_knee() -> None:
+    """One level per deployment is not "throughput still scaled": there is nothing to compare."""
+    one_level = sweep_results([8], {"fast": 1.0, "slow": 2.0})
+    assert find_knees(one_level) == []
+    assert no_knee_reason(one_level).startswith("no knee to look for: each deployment has at most one measured load level")
+    scaling = sweep_results([1, 2], {"fast": 1.0})
+    assert find_knees(scaling) == []
+    assert no_knee_reason(scaling) == "no knee found: throughput still scaled at the highest load measured"

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from vlmserve import vllm_names as names
+
 REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
@@ -86,50 +88,50 @@ class EngineMetrics:
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return Histogram(name, doc, LABEL_NAMES, registry=registry, buckets=buckets)
 
-        self.num_requests_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.").labels(*labels)
-        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.").labels(*labels)
-        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.").labels(*labels)
+        self.num_requests_running = gauge(names.NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.").labels(*labels)
+        self.num_requests_waiting = gauge(names.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.").labels(*labels)
+        self.kv_cache_usage = gauge(names.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.").labels(*labels)
         self.prefix_cache_queries = counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."
+            names.PREFIX_CACHE_QUERIES, "Prefix cache queries, in terms of number of queried tokens."
         ).labels(*labels)
         self.prefix_cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+            names.PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens."
         ).labels(*labels)
         self.mm_cache_queries = counter(
-            "vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items."
+            names.MM_CACHE_QUERIES, "Multi-modal cache queries, in terms of number of queried items."
         ).labels(*labels)
         self.mm_cache_hits = counter(
-            "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items."
+            names.MM_CACHE_HITS, "Multi-modal cache hits, in terms of number of cached items."
         ).labels(*labels)
-        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.").labels(*labels)
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(*labels)
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.").labels(*labels)
+        self.num_preemptions = counter(names.NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.").labels(*labels)
+        self.prompt_tokens = counter(names.PROMPT_TOKENS, "Number of prefill tokens processed.").labels(*labels)
+        self.generation_tokens = counter(names.GENERATION_TOKENS, "Number of generation tokens processed.").labels(*labels)
         success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.",
+            names.REQUEST_SUCCESS, "Count of successfully processed requests.",
             LABEL_NAMES + ("finished_reason",), registry=registry,
         )  # fmt: skip
         self.request_success = {reason: success.labels(*labels, reason) for reason in FINISH_REASONS}
         self.time_to_first_token = histogram(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS
+            names.TIME_TO_FIRST_TOKEN, "Histogram of time to first token in seconds.", TIME_TO_FIRST_TOKEN_BUCKETS
         ).labels(*labels)
         self.e2e_request_latency = histogram(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
+            names.E2E_REQUEST_LATENCY, "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS
         ).labels(*labels)
         self.request_queue_time = histogram(
-            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS
+            names.REQUEST_QUEUE_TIME, "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS
         ).labels(*labels)
         self.request_prefill_time = histogram(
-            "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+            names.REQUEST_PREFILL_TIME, "Histogram of time spent in PREFILL phase for request.",
             REQUEST_LATENCY_BUCKETS,
         ).labels(*labels)
         self.request_prompt_tokens = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", _token_buckets()
+            names.REQUEST_PROMPT_TOKENS, "Number of prefill tokens processed.", _token_buckets()
         ).labels(*labels)
         self.request_generation_tokens = histogram(
-            "vllm:request_generation_tokens", "Number of generation tokens processed.", _token_buckets()
+            names.REQUEST_GENERATION_TOKENS, "Number of generation tokens processed.", _token_buckets()
         ).labels(*labels)
         self.inter_token_latency = BatchedHistogram(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            names.INTER_TOKEN_LATENCY, "Histogram of inter-token latency in seconds.",
             INTER_TOKEN_LATENCY_BUCKETS, labels,
         )  # fmt: skip
         registry.register(self.inter_token_latency)
