@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
+from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.vllm_flags import check_engine_arg
@@ -71,6 +72,9 @@ class SimEngineOptions(BaseModel):
     profile: str | None = None
     ttft_ms: float | None = None
     itl_ms: float | None = None
+    cold_start_s: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="seconds each replica takes to start serving (port bound, connections refused meanwhile, as vLLM)")
     extra_args: list[str] = Field(default_factory=list)
 
 
@@ -145,6 +149,8 @@ class DeploymentSpec(BaseModel):
     log_dir: str | None = None
     ready_timeout_s: float = Field(600.0, gt=0)
     liveness: LivenessOptions = Field(default_factory=LivenessOptions)
+    autoscale: AutoscaleRule | None = Field(
+        None, description="add and remove replicas on the engines' queue (docs/autoscaling.md); the same rule `export k8s` writes for KEDA")
     # The trust boundary: what the gateway asks of clients, and what media the engines fetch.
     keys_file: str | None = Field(None, description="gateway: YAML file of tenants and API keys")
     audit_log: str | None = Field(None, description="gateway: one JSON line per request is appended here")
@@ -421,6 +427,8 @@ class LoadSpec(BaseModel):
     stop_when_oversaturated: bool | None = Field(
         None, description="stop an open loop early once the server is past saturation; None: the verb's default"
     )
+    load_shape: str | None = Field(
+        None, description="an open loop whose rate follows a shape (bench.load_shapes); rate is then its peak, duration_s its length")
     """None means the verb decides: off for `bench`, on for `sweep` and `slo-search` (bench.saturation)."""
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("vision", {"vision"}),
     ("media", {"media"}),
     ("discovery", {"discovery"}),
-    ("spec", {"spec"}),
+    ("spec", {"spec", "autoscale"}),
     ("recipes", {"recipes"}),
     ("results", {"results"}),
     ("sched", {"sched"}),

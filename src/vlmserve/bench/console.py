@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from vlmserve.bench.console_features import print_features
+from vlmserve.bench.console_scaling import print_scaling
 from vlmserve.bench.console_types import print_types
 from vlmserve.results.summary import DISTRIBUTION_STATS, LATENCY_METRICS, RunSummary, SloCheck
 from vlmserve.results.records import RequestRecord
@@ -160,6 +161,8 @@ def print_summary(console: Console, summary: RunSummary) -> None:
     )
     console.print(summary_table(summary))
     console.print(repeats_line(summary.repeats))
+    if summary.scaling is not None:
+        print_scaling(console, summary.scaling, simulated=bool(meta.get("simulated")))
     console.print(
         f"tokens: prompt {_fmt(tokens.actual_prompt_mean)} mean (requested {_fmt(tokens.requested_prompt_mean)}), "
         f"output {_fmt(tokens.actual_output_mean)} mean (requested {_fmt(tokens.requested_output_mean)})"

@@ -30,6 +30,7 @@ from vlmserve.bench.features.request import FIXED_ANSWER_FEATURES
 from vlmserve.bench.engine_traces import TraceReceiver, attach_engine_timings, parse_listen_address
 from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
 from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
+from vlmserve.bench.load_shapes import parse_load_shape
 from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
 from vlmserve.bench.post_run import PostRunWarnings
 from vlmserve.results.run import RunResult
@@ -61,7 +62,10 @@ def _conversations_needed(load: LoadSpec) -> int:
         needed = load.num_requests + load.warmup
     else:
         assert load.duration_s is not None
-        if load.rate is not None:
+        if load.load_shape is not None:
+            expected = parse_load_shape(load.load_shape).expected_requests
+            needed = min(DURATION_POOL_MAX, int(expected * 1.1) + load.warmup + 1)
+        elif load.rate is not None:
             needed = min(DURATION_POOL_MAX, int(load.rate * load.duration_s * 1.1) + load.warmup + 1)
         else:
             needed = min(DURATION_POOL_MAX, max((load.concurrency or 1) * 8, 64) + load.warmup)
@@ -94,7 +98,9 @@ def _plans(
     closed = load.concurrency is not None
     items = [WorkItem(c, build_item_bodies(c, options, load.multi_turn)) for c in conversations]
     if not closed:
-        if load.dataset == "trace" and load.rate is None:
+        if load.load_shape is not None:
+            offsets = parse_load_shape(load.load_shape).arrival_offsets(load.arrival, load.burstiness, rng)
+        elif load.dataset == "trace" and load.rate is None:
             offsets = [c.arrival_s or 0.0 for c in conversations]
         else:
             assert load.rate is not None

@@ -9,6 +9,7 @@ Anything the target does not export is simply absent; a target without /metrics
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +41,13 @@ GAUGES = {
 """Gauges sampled every second; their peaks are reported."""
 
 
+ROUTABLE_REPLICAS = "vlmserve_gateway_replicas"
+"""A gateway's replicas in rotation (its `state="routable"` series): sampled with the gauges, so a
+run against `up --autoscale` records its replica count over time (`replicas_timeline`)."""
+_ROUTABLE_LINE = ROUTABLE_REPLICAS + '{state="routable"}'
+
 WANTED_NAMES = (*(name for names in (*COUNTERS.values(), *GAUGES.values()) for name in names), *SAMPLE_NAMES)
-_WANTED_PREFIXES = tuple(name + end for name in WANTED_NAMES for end in ("{", " "))
+_WANTED_PREFIXES = (*(name + end for name in WANTED_NAMES for end in ("{", " ")), _ROUTABLE_LINE)
 
 
 def parse_samples(text: str, wanted: tuple[str, ...] | None = _WANTED_PREFIXES) -> dict[str, float]:
@@ -96,6 +102,8 @@ class ServerScraper:
     after: dict[str, float] | None = None
     peaks: dict[str, float] = field(default_factory=dict)
     samples: int = 0
+    replicas_timeline: list[tuple[float, float]] = field(default_factory=list)
+    """(wall-clock time, replicas in the gateway's rotation) per scrape, when the target is a gateway."""
     _task: asyncio.Task | None = None
     _session: aiohttp.ClientSession | None = None
 
@@ -113,6 +121,8 @@ class ServerScraper:
 
     def _observe(self, values: dict[str, float]) -> None:
         self.samples += 1
+        if ROUTABLE_REPLICAS in values:
+            self.replicas_timeline.append((time.time(), values[ROUTABLE_REPLICAS]))
         for key, names in GAUGES.items():
             value = _first(values, names)
             if value is not None:
@@ -157,4 +167,5 @@ class ServerScraper:
             "peak_waiting": self.peaks.get("waiting"),
             "peak_kv_cache_usage": self.peaks.get("kv_cache_usage"),
             "gauge_samples": self.samples,
+            "replicas_timeline": [[round(at, 3), count] for at, count in self.replicas_timeline] or None,
         }

@@ -181,8 +181,23 @@ def check_rate_objectives(objectives: SLO, load: LoadSpec) -> None:
             raise UserError(f"--slo {name}>=...: judges --features {RATE_FEATURE[name]} answers; add {RATE_FEATURE[name]} to --features")
 
 
+def _with_load_shape(args: dict[str, Any]) -> dict[str, Any]:
+    """--load-shape sets the open loop's rate (its peak) and duration (its length) itself."""
+    if not args.get("load_shape"):
+        return args
+    from vlmserve.bench.load_shapes import parse_load_shape
+
+    given = [flag for name, flag in (("rate", "--rate"), ("concurrency", "--concurrency"), ("duration", "--duration"),
+                                      ("num_requests", "--num-requests")) if args.get(name) is not None]
+    if given:
+        raise UserError(f"--load-shape sets the rate and the duration itself; drop {', '.join(given)}")
+    shape = parse_load_shape(args["load_shape"])
+    return {**args, "rate": shape.peak_rate, "duration": f"{shape.duration_s}s"}
+
+
 def build_load_spec(args: dict[str, Any]) -> LoadSpec:
     """Flags → LoadSpec, with every problem as one line naming the flag."""
+    args = _with_load_shape(args)
     _contradictions(args)
     from vlmserve.bench.features.assign import parse_features_flag, parse_tool_choice_flag
     from vlmserve.bench.workloads.mixed import parse_mix
@@ -205,6 +220,7 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         "prompt_pool_size": args["prompt_pool_size"], "shared_prefix_len": args["shared_prefix_len"],
         "repeat": args["repeat"], "stop_when_oversaturated": args["stop_when_oversaturated"],
         "features": features, "tool_choice": parse_tool_choice_flag(args.get("tool_choice"), features),
+        "load_shape": args.get("load_shape"),
         **_image_mixes(args),
     }
     if args["input_len"] is not None:
@@ -238,6 +254,9 @@ OPTIONS: dict[str, Any] = {
     "burstiness": typer.Option(None, "--burstiness", help="Gamma shape; < 1 burstier than Poisson."),
     "num_requests": typer.Option(None, *_alias("--num-requests"), help="Stop after N measured requests."),
     "duration": typer.Option(None, "--duration", help="Stop sending after this long (30s, 2m)."),
+    "load_shape": typer.Option(None, "--load-shape", help="Open loop whose rate changes: steps:2@30,20@60,2@40 | ramp:2-20@60 | burst:2,20@5/30@120 | trace:FILE[@SECONDS] (TIME,RATE lines); reports SLO attainment over time and across scale events (docs/autoscaling.md)."),
+    "scale_window": typer.Option(5.0, "--scale-window", help="--load-shape: seconds per window of the SLO-attainment timeline."),
+    "html_out": typer.Option(None, "--html-out", help="--load-shape: write the scaling timeline (attainment per window, replica count over it) as an HTML page."),
     "warmup": typer.Option(0, "--warmup", help="Requests sent first and left out of every figure."),
     "slo": typer.Option(None, "--slo", help="Objectives for goodput, e.g. ttft_p95=500ms,tpot_p99=50ms,e2e_p95=5s; with --features also rate objectives, e.g. 'schema_valid>=0.99,tool_call_valid>=0.95'."),
     "goodput": typer.Option(None, "--goodput", help="vLLM's SLO syntax, 'ttft:500 tpot:50' (ms; quoted or repeated): each becomes --slo KEY_p99."),
@@ -303,6 +322,9 @@ def bench(
     burstiness: Optional[float] = OPTIONS["burstiness"],
     num_requests: Optional[int] = OPTIONS["num_requests"],
     duration: Optional[str] = OPTIONS["duration"],
+    load_shape: Optional[str] = OPTIONS["load_shape"],
+    scale_window: float = OPTIONS["scale_window"],
+    html_out: Optional[Path] = OPTIONS["html_out"],
     warmup: int = OPTIONS["warmup"],
     slo: Optional[str] = OPTIONS["slo"],
     goodput: Optional[list[str]] = OPTIONS["goodput"],
@@ -390,6 +412,10 @@ def bench(
     if not (math.isfinite(max_send_lag_ms) and max_send_lag_ms > 0):  # NaN would never mark a run client-limited
         raise UserError(f"--max-send-lag-ms {max_send_lag_ms:g}: give a positive number of milliseconds")
     limits = metrics.ClientLimits(send_lag_p99_s=max_send_lag_ms / 1000.0)
+    if not (math.isfinite(scale_window) and scale_window > 0):
+        raise UserError(f"--scale-window {scale_window:g}: give a positive number of seconds")
+    if html_out is not None and load.load_shape is None:
+        raise UserError("--html-out draws a --load-shape run's scaling timeline; give --load-shape with it")
     if not (math.isfinite(server_metrics_interval) and server_metrics_interval >= 0):
         raise UserError(f"--server-metrics-interval {server_metrics_interval:g}: give seconds ≥ 0 (0 = before and after only)")
     result = asyncio.run(
@@ -397,8 +423,16 @@ def bench(
                      console=console, client_limits=limits, stop_on_ctrl_c=True,
                      server_metrics_interval_s=server_metrics_interval, engine_traces=engine_traces)
     )
+    if load.load_shape is not None:
+        from vlmserve.bench.scale_events import attach_scaling
+
+        attach_scaling(result, objectives, scale_window)
     save_results(result, store_run=store_run, json_out=json_out if result_format == "vlmserve" else None,
                  records_out=records_out)
+    if html_out is not None and result.summary.scaling is not None:
+        from vlmserve.report.scaling_html import write_scaling_html
+
+        console.print(f"scaling timeline: {write_scaling_html(result.summary, html_out)}")
     if result_format == "vllm" and json_out is not None:
         from vlmserve.interop.vllm_bench import write_vllm_result
 

@@ -70,6 +70,7 @@ def sim(
     trace_file: str = typer.Option(None, help="Append one JSON line per ended request: arrival, first-token and chunk emission times (monotonic clock), for judging clients' TTFT/ITL."),
     gpu: str = typer.Option(None, help="Planner mode: time steps as --model (a `plan models` preset or config.json) on this GPU; KV blocks from its memory."),
     tp: int = typer.Option(1, min=1, help="Planner mode: tensor-parallel GPUs."),
+    cold_start_s: float = typer.Option(0.0, help="Seconds before the engine serves: the port is bound but refuses connections meanwhile, as vLLM while it loads (phases logged as vLLM logs them)."),
 ) -> None:
     """Start a simulated vLLM engine: OpenAI API, vLLM metrics, timed by vLLM's scheduler rules."""
     from vlmserve.engines.sim.options import FaultOptions, OutputLengthDistribution, SimEngineConfig
@@ -120,6 +121,7 @@ def sim(
         trace_file=trace_file,
         gpu=gpu,
         tp=tp,
+        cold_start_s=cold_start_s,
     )
     run_server(config)
 

@@ -33,9 +33,10 @@ def k8s(
     hf_token_secret: Optional[str] = typer.Option(None, "--hf-token-secret",
                                                   help="Secret with key 'token' for gated Hugging Face models."),
     max_replicas: Optional[int] = typer.Option(None, "--max-replicas", min=1,
-                                               help="KEDA upper bound (default 4x replicas)."),
-    waiting_per_replica: int = typer.Option(5, "--waiting-per-replica", min=1,
-                                            help="Queued requests per replica before KEDA adds one."),
+                                               help="KEDA upper bound (default: the spec's autoscale rule, else 4x replicas)."),
+    waiting_per_replica: Optional[float] = typer.Option(
+        None, "--waiting-per-replica", min=0.001,
+        help="Queued requests per replica before KEDA adds one (default: the spec's autoscale rule, else 5)."),
     prometheus_url: str = typer.Option("http://prometheus-operated.monitoring.svc:9090", "--prometheus-url",
                                        help="Prometheus that KEDA queries."),
     monitoring_label: list[str] = typer.Option([], "--monitoring-label",

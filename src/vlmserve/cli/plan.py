@@ -444,6 +444,15 @@ def gpus() -> None:
         console.print(f"* {key}: not on the datasheet, assumed {figures}")
 
 
+def _register_day() -> None:
+    from vlmserve.cli.plan_day import day
+
+    plan_app.command("day")(day)
+
+
+_register_day()
+
+
 def register(app: typer.Typer) -> None:
     """Attach `vlmserve plan` (and its subcommands) to the root CLI."""
     app.add_typer(plan_app, name="plan")

@@ -58,6 +58,20 @@ def build_spec(file: Path | None, overrides: dict[str, Any], engine_overrides: d
         raise UserError(describe_validation_error(err, source)) from None
 
 
+def with_autoscale_bounds(spec, text: str):  # (DeploymentSpec, str) -> DeploymentSpec
+    """The spec with `--autoscale MIN:MAX` laid over its autoscale: section (or the rule's defaults)."""
+    from vlmserve.autoscale import AutoscaleRule, parse_min_max
+
+    try:
+        low, high = parse_min_max(text)
+        rule = AutoscaleRule.model_validate({**(spec.autoscale.model_dump() if spec.autoscale else {}),
+                                             "min_replicas": low, "max_replicas": high})
+    except ValueError as err:  # pydantic's ValidationError is a ValueError
+        detail = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
+        raise UserError(f"--autoscale {text}: {detail}") from None
+    return spec.model_copy(update={"autoscale": rule})
+
+
 def split_engine_args(values: list[str] | None) -> list[str]:
     """`--engine-arg "--swap-space 1" --engine-arg=--enforce-eager` -> a flat argv list."""
     flat: list[str] = []
@@ -121,6 +135,10 @@ def up(
     benchmark_recipe: bool = typer.Option(
         False, "--benchmark-recipe", help="The recipe's benchmark variant: also prefix caching off."),
     print_plan: bool = typer.Option(False, "--print-plan", help="Print each replica's command and environment; start nothing."),
+    autoscale: Optional[str] = typer.Option(
+        None, "--autoscale", metavar="MIN:MAX",
+        help="Add and remove replicas on the engines' queue, between MIN and MAX (the rule `export k8s` gives KEDA; "
+             "other settings from the spec's autoscale: section; docs/autoscaling.md)."),
 ) -> None:
     """Start and supervise engine replicas (and the gateway) until Ctrl-C or SIGTERM."""
     if benchmark_recipe and recipe is False:
@@ -149,6 +167,8 @@ def up(
             "extra_args": split_engine_args(engine_arg),
         },
     )  # fmt: skip
+    if autoscale is not None:
+        spec = with_autoscale_bounds(spec, autoscale)
     if print_plan:
         _print_plan(spec)
         return
@@ -200,16 +220,28 @@ def _print_plan(spec) -> None:  # spec: DeploymentSpec
     from vlmserve.deploy.front_door import gateway_argv, shown_gateway_env
     from vlmserve.engines.launcher import make_launcher
 
-    launches = make_launcher(spec, on_event=lambda line: console.print(line, soft_wrap=True)).launches()
+    rule = spec.autoscale
+    planned = spec if rule is None else spec.model_copy(update={"replicas": rule.max_replicas})
+    starting = spec.replicas if rule is None else max(rule.min_replicas, min(rule.max_replicas, spec.replicas))
+    launches = make_launcher(planned, on_event=lambda line: console.print(line, soft_wrap=True)).launches()
     for index, launch in enumerate(launches):
-        console.print(f"[bold]replica {index}[/bold] port {launch.port}")
+        standby = " (standby: started when the autoscale rule asks)" if index >= starting else ""
+        console.print(f"[bold]replica {index}[/bold] port {launch.port}{standby}")
         env_text = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(launch.env.items()))
         console.print(f"  {env_text} {shlex.join(launch.argv)}", soft_wrap=True)
     if spec.gateway:
         urls = [f"http://{spec.replica_host}:{launch.port}" for launch in launches]
+        argv = gateway_argv(spec, urls)
+        if rule is not None:  # the supervisor's members file, as Supervisor._preflight passes it
+            from vlmserve.deploy.members_file import DISCOVER_INTERVAL_S, MEMBERS_FILE
+            from vlmserve.paths import deployment_dir
+
+            members = f"file:{deployment_dir(spec.name) / MEMBERS_FILE}"
+            argv = gateway_argv(spec.model_copy(update={"gateway_discover": members}), []) + [
+                "--discover-interval", f"{DISCOVER_INTERVAL_S:g}"]
         console.print(f"[bold]gateway[/bold] port {spec.port}")
         env_text = "".join(f"{key}={shlex.quote(value)} " for key, value in shown_gateway_env(spec).items())
-        console.print(f"  {env_text}{shlex.join(gateway_argv(spec, urls))}", soft_wrap=True)
+        console.print(f"  {env_text}{shlex.join(argv)}", soft_wrap=True)
 
 
 def status(
@@ -242,6 +274,15 @@ def status(
     console.print(status_table(states))
 
 
+def describe_cold_start(phases: dict[str, float] | None) -> str:
+    """'49 s (weights 43, engine 2, listening 2)': the last start, then its phases from the engine's log."""
+    if not phases or "start_to_ready_s" not in phases:
+        return ""
+    parts = [f"{name} {phases[key]:.0f}" for name, key in (("weights", "start_to_weights_s"), ("engine", "weights_to_engine_s"),
+                                                            ("listening", "engine_to_listening_s")) if key in phases]
+    return f"{phases['start_to_ready_s']:.0f} s" + (f" ({', '.join(parts)})" if parts else "")
+
+
 def status_table(states: "list[DeploymentState]") -> Group:
     """One table per deployment: each process's port, pid, state, restarts and uptime."""
     from vlmserve.deploy.state import format_uptime
@@ -254,7 +295,7 @@ def status_table(states: "list[DeploymentState]") -> Group:
             f"at {state.endpoint or '-'}",
             title_justify="left",
         )
-        for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices", "last restart"):
+        for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices", "cold start", "last restart"):
             table.add_column(column, justify="right" if column in ("port", "pid", "restarts") else "left")
         for member in state.members:
             colour = {"ready": "green", "restarting": "yellow", "failed": "red"}.get(member.state, "white")
@@ -266,8 +307,15 @@ def status_table(states: "list[DeploymentState]") -> Group:
                 str(member.restarts),
                 format_uptime(member.started_at, now),
                 member.devices or "",
+                describe_cold_start(member.cold_start),
                 member.last_restart_reason or "",
             )
+        if state.autoscale:
+            last = state.autoscale.get("last_decision") or {}
+            rule = state.autoscale.get("rule") or {}
+            tables.append(Text(f"autoscale {rule.get('min_replicas')}..{rule.get('max_replicas')} on "
+                               f"{state.autoscale.get('metric')}: {last.get('waiting', 0):g} waiting, "
+                               f"wants {last.get('wants', '-')}, {last.get('reason', 'no reading yet')}"))
         if state.alarm:  # above the table: the rows below are what was last saved, not what runs
             tables.append(Text(f"deployment {state.name}: {state.alarm}", style="bold red"))
         tables.append(table)

@@ -17,7 +17,9 @@ from vlmserve.deploy.readiness import ServedConfig
 from vlmserve.deploy.state import MemberRecord, Role
 from vlmserve.engines.launcher import ExpectedConfig
 
-ProcessState = Literal["pending", "starting", "ready", "restarting", "failed", "stopped"]
+ProcessState = Literal["pending", "starting", "ready", "restarting", "failed", "stopped", "standby", "draining"]
+"""standby: planned, not running (autoscale may start it); draining: out of the gateway's members,
+its requests in flight finishing before it stops."""
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0
@@ -70,6 +72,10 @@ class ManagedProcess:
     kill_reason: str | None = None
     """Set when the supervisor killed the process itself (hung); the exit it causes is not a crash."""
     last_restart_reason: str | None = None
+    log_offset: int = 0
+    """Where the current start's lines begin in its log (for reading its cold-start phases)."""
+    cold_start: dict[str, float] | None = None
+    """The last start's phases from the engine's own log lines (deploy.cold_start)."""
 
     @property
     def pid(self) -> int | None:
@@ -93,4 +99,5 @@ class ManagedProcess:
             devices=self.plan.devices,
             log=str(self.plan.log_path),
             served=self.served.as_dict() if self.served else None,
+            cold_start=self.cold_start,
         )

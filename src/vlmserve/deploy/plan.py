@@ -38,12 +38,17 @@ def replica_plans(launcher: EngineLauncher, log_dir: Path) -> tuple[list[Process
     return plans, list(launches[0].notes) if launches else []
 
 
-def gateway_plan(spec: DeploymentSpec, replica_urls: list[str], log_dir: Path, model_dir: str | None = None) -> ProcessPlan:
-    """The gateway in front of the replicas at `replica_urls` (serving the model at `model_dir`)."""
+def gateway_plan(spec: DeploymentSpec, replica_urls: list[str], log_dir: Path, model_dir: str | None = None,
+                 discover_interval_s: float | None = None) -> ProcessPlan:
+    """The gateway in front of the replicas at `replica_urls` (serving the model at `model_dir`);
+    `discover_interval_s`: how often it rereads spec.gateway_discover (None: its default)."""
+    argv = gateway_argv(spec, replica_urls, model_dir)
+    if discover_interval_s is not None:
+        argv += ["--discover-interval", f"{discover_interval_s:g}"]
     return ProcessPlan(
         role="gateway",
         index=0,
-        argv=gateway_argv(spec, replica_urls, model_dir),
+        argv=argv,
         env=gateway_env(spec, {**os.environ, "PYTHONUNBUFFERED": "1"}),
         host=spec.host,
         port=spec.port,

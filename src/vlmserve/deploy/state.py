@@ -57,6 +57,8 @@ class MemberRecord(BaseModel):
     devices: str = ""
     log: str = ""
     served: dict[str, Any] | None = None
+    cold_start: dict[str, float] | None = None
+    """The last start's phases in seconds (start_to_ready_s, start_to_weights_s, ...; deploy.cold_start)."""
 
     @property
     def label(self) -> str:
@@ -97,6 +99,8 @@ class DeploymentState(BaseModel):
     """Writes of this file that failed in this supervisor's life (a full disk, a read-only mount)."""
     last_save_error: str | None = None
     last_save_error_at: float | None = None
+    autoscale: dict[str, Any] | None = None
+    """With autoscale: the rule, the count it wants now and the recent scale events (Autoscaler.summary)."""
     alarm: str | None = None
     """Set by `status` only, never saved: why the table may be out of date (the state is stale or
     could not be saved since some time)."""

@@ -24,6 +24,10 @@
 - The trust boundary: with a gateway in front, replicas listen on loopback only; a host
   reachable from other machines needs a keys file or an explicit `open: true`.
 - `stop()` (also on leaving the `with` block) stops every process tree it started.
+- With `autoscale:` in the spec, every replica up to the rule's maximum is planned (ports, logs,
+  memory checked) but only the starting count runs; the gateway reads its members from a file
+  this supervisor rewrites (`members_file`), and `vlmserve.deploy.autoscaler` starts and retires
+  the others as the rule decides.
 
 It is a library object (used by `vlmserve up`, `vlmserve demo` and `sweep`); signal handling
 belongs to the command that owns the terminal.
@@ -37,21 +41,25 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from vlmserve import paths
 from vlmserve.deploy import processes
+from vlmserve.deploy.cold_start import cold_start_phases, log_size
 from vlmserve.deploy.front_door import check_gateway_files, check_trust_boundary
 from vlmserve.deploy.guard import StepGuard
 from vlmserve.deploy.liveness import LivenessWatch, Subject
 from vlmserve.deploy.members import BACKOFF_MAX_S, BACKOFF_START_S, STABLE_AFTER_S, ManagedProcess
+from vlmserve.deploy.members_file import MEMBERS_FILE, DISCOVER_INTERVAL_S, check_autoscale, write_members_file
 from vlmserve.deploy.plan import gateway_plan, replica_plans
 from vlmserve.deploy.preflight import check_free_memory, check_gateway_policy, check_ports, refuse_running_duplicate
 from vlmserve.deploy.readiness import ReadinessAborted
 from vlmserve.deploy.startup import await_ready
 from vlmserve.deploy.state import DeploymentState, member_list
 from vlmserve.deploy.state_saver import StateSaver
+from vlmserve.deploy.members import ProcessState
 from vlmserve.engines.launcher import make_launcher, served_model_name
 from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
@@ -63,6 +71,9 @@ STARTS_TOGETHER = frozenset({"cpu", "sim"})
 memory it measures, so two starting together can each see the other's allocations)."""
 
 EventSink = Callable[[str], None]
+
+if TYPE_CHECKING:
+    from vlmserve.deploy.autoscaler import Autoscaler
 
 
 class Supervisor:
@@ -92,6 +103,9 @@ class Supervisor:
         self._guard = StepGuard(self._event)
         self._event_log_problem: str | None = None
         """Why supervisor.log could not be appended to, while it cannot (said once on the console)."""
+        self.members_file = self.state_dir / MEMBERS_FILE
+        """With autoscale: the replica URLs the gateway routes to (its --discover file)."""
+        self.autoscaler: Autoscaler | None = None
 
     # ---- public surface -------------------------------------------------------------
 
@@ -133,16 +147,19 @@ class Supervisor:
             self._write_state()
             self._heartbeat = threading.Thread(target=self._heartbeat_loop, name="vlmserve-state", daemon=True)
             self._heartbeat.start()
+            starting = self._first_replicas()
             if self.device_kind in STARTS_TOGETHER:
-                for replica in self.replicas:
+                for replica in starting:
                     self._launch(replica, first_start=True)
-                for replica in self.replicas:
+                for replica in starting:
                     self._await(replica)
-                if self.gateway is not None:
-                    self._start_and_wait(self.gateway, first_start=True)
             else:
-                for member in self.members:
-                    self._start_and_wait(member, first_start=True)
+                for replica in starting:
+                    self._start_and_wait(replica, first_start=True)
+            if self.spec.autoscale is not None:
+                self.publish_members()
+            if self.gateway is not None:
+                self._start_and_wait(self.gateway, first_start=True)
         except BaseException:
             self.stop()
             raise
@@ -152,7 +169,23 @@ class Supervisor:
             self._watches = [self._watch(member) for member in self.members]
             for watch in self._watches:
                 watch.start()
+        if self.spec.autoscale is not None:
+            from vlmserve.deploy.autoscaler import Autoscaler
+
+            self.autoscaler = Autoscaler(self, self.spec.autoscale, say=self._event)
+            self.autoscaler.start()
         return self
+
+    def _first_replicas(self) -> list[ManagedProcess]:
+        """The replicas started with the deployment: all, or with autoscale the spec's count
+        within the rule's bounds (the others wait as standby, planned but not running)."""
+        rule = self.spec.autoscale
+        if rule is None:
+            return self.replicas
+        count = max(rule.min_replicas, min(rule.max_replicas, self.spec.replicas))
+        for replica in self.replicas[count:]:
+            replica.state = "standby"
+        return self.replicas[:count]
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until stop() is called (or timeout_s passes)."""
@@ -161,6 +194,8 @@ class Supervisor:
     def stop(self) -> None:
         """Stop every process tree this supervisor started, gateway first; idempotent."""
         self._stopping.set()
+        if self.autoscaler is not None:
+            self.autoscaler.join()
         for thread in (self._monitor, self._heartbeat):
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=30)
@@ -168,7 +203,7 @@ class Supervisor:
             watch.join(timeout=self.spec.liveness.timeout_s + self.spec.liveness.probe_timeout_s + 1)
         with self._lock:
             for member in reversed(self.members):
-                if member.state == "stopped":
+                if member.state == "stopped" or (member.state == "standby" and member.process is None):
                     continue  # already stopped once: never signal a process group id twice
                 if member.process is not None and member.process.poll() is None:
                     self._event(f"stopping {member.plan.label} (pid {member.pid})")
@@ -200,6 +235,7 @@ class Supervisor:
                 replicas=[replica.record() for replica in self.replicas],
                 gateway=self.gateway.record() if self.gateway else None,
                 spec=self.spec.model_dump(mode="json"),
+                autoscale=self.autoscaler.summary() if self.autoscaler is not None else None,
             )
 
     @property
@@ -213,21 +249,63 @@ class Supervisor:
         spec = self.spec
         refuse_running_duplicate(spec.name, self.state_dir / "state.json")
         check_trust_boundary(spec, gateway_runs=spec.gateway)
-        launcher = make_launcher(spec, on_event=self._event)
+        check_autoscale(spec)
+        planned = spec if spec.autoscale is None else spec.model_copy(update={"replicas": spec.autoscale.max_replicas})
+        launcher = make_launcher(planned, on_event=self._event)
         self.model_path, self.device_kind = launcher.model_path, launcher.device_kind
         plans, notes = replica_plans(launcher, self.log_dir)
         self.notes.extend(notes)
-        check_free_memory(launcher.host_memory_needed_gb(), spec.replicas)
+        check_free_memory(launcher.host_memory_needed_gb(), planned.replicas)
         check_ports(spec.replica_host, [plan.port for plan in plans])
         self.replicas = [ManagedProcess(plan=plan) for plan in plans]
         if spec.gateway:
             check_gateway_policy(spec.gateway_policy)
             check_gateway_files(spec)
-            plan = gateway_plan(spec, self.replica_urls, self.log_dir, self.model_path)
+            if spec.autoscale is None:
+                plan = gateway_plan(spec, self.replica_urls, self.log_dir, self.model_path)
+            else:  # members come and go: the gateway reads them from the file this supervisor rewrites
+                discovering = spec.model_copy(update={"gateway_discover": f"file:{self.members_file}"})
+                plan = gateway_plan(discovering, [], self.log_dir, self.model_path, discover_interval_s=DISCOVER_INTERVAL_S)
             check_ports(spec.host, [plan.port])
             self.gateway = ManagedProcess(plan=plan)
         for note in self.notes:
             self._event(note)
+
+    # ---- replicas that come and go (autoscale) -------------------------------------------
+
+    def start_replica(self, member: ManagedProcess) -> None:
+        """Start a standby replica and wait until it is ready and verified (UserError if not;
+        ReadinessAborted on stop). Not yet in the gateway's members: see publish_members."""
+        self._start_and_wait(member, first_start=True)
+
+    def set_state(self, member: ManagedProcess, state: ProcessState) -> None:
+        with self._lock:
+            member.state = state
+            self._write_state()
+
+    def stop_replica(self, member: ManagedProcess) -> None:
+        """Stop one replica's process tree for good (its last request has ended) and park it as standby."""
+        with self._lock:
+            process = member.process
+        if process is not None:
+            processes.stop_process_tree(process)
+        with self._lock:
+            if process is not None:
+                member.last_exit_code = process.returncode
+            member.process = None  # never signal this process group id again
+            member.state = "standby"
+            member.started_at = member.ready_at = None
+            self._write_state()
+
+    def publish_members(self, held_back: frozenset[int] = frozenset()) -> list[str]:
+        """Rewrite the gateway's members file: every replica that serves or is being restarted
+        (not standby, starting or draining), less the indices `held_back` (ready, not warmed yet).
+        Returns the URLs written."""
+        with self._lock:
+            urls = [m.plan.url for m in self.replicas
+                    if m.state in ("ready", "restarting", "failed") and m.plan.index not in held_back]
+        write_members_file(self.members_file, urls)
+        return urls
 
     # ---- starting one process ---------------------------------------------------------
 
@@ -244,6 +322,7 @@ class Supervisor:
                 raise ReadinessAborted("stopping")
             member.state = "starting" if first_start else "restarting"
             header = f"=== vlmserve: starting {plan.label} at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(plan.argv)}"
+            member.log_offset = log_size(plan.log_path)
             member.process = processes.start_process_group(plan.argv, plan.env, plan.log_path, header=header)
             member.pid_created_at = processes.created_at(member.process.pid)
             member.started_at = time.time()
@@ -262,6 +341,9 @@ class Supervisor:
             member.served = served
             member.state = "ready"
             member.ready_at = time.time()
+            if plan.role == "replica":
+                member.cold_start = cold_start_phases(plan.log_path, member.log_offset,
+                                                      member.started_at or member.ready_at, member.ready_at)
             self._write_state()
         took = member.ready_at - (member.started_at or member.ready_at)
         detail = f", max_model_len {served.max_model_len}, engine {served.engine_version}" if served else ""

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vlmserve import __version__
+from vlmserve.autoscale import AutoscaleRule
 from vlmserve.engines.launcher import make_launcher
 from vlmserve.errors import UserError
 from vlmserve.export.k8s_security import (MONITORING_NAMESPACE, REDIS_CLI_AUTH_ENV, REDIS_PASSWORD_ENV,
@@ -35,7 +36,7 @@ from vlmserve.export.k8s_security import (MONITORING_NAMESPACE, REDIS_CLI_AUTH_E
 from vlmserve.gateway.config import media_policy_argv
 from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG
 from vlmserve.observe.alerts import AlertSettings, alert_rules
-from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB, VLLM_WAITING
+from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
 
 CONTAINER_PORT = 8000
@@ -61,7 +62,7 @@ class K8sOptions:
     model_pvc: str | None = None
     hf_token_secret: str | None = None
     max_replicas: int | None = None
-    waiting_per_replica: int = 5
+    waiting_per_replica: float | None = None  # None: the spec's autoscale rule (or its default)
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     monitoring_labels: tuple[tuple[str, str], ...] = ()
     shm_size: str = "8Gi"
@@ -346,27 +347,63 @@ def gateway_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]
     return service
 
 
+def autoscale_rule(spec: DeploymentSpec, options: K8sOptions) -> AutoscaleRule:
+    """The rule KEDA runs: the spec's `autoscale:` (the one `up --autoscale` runs), else the
+    spec's replica count as the floor; `--max-replicas` and `--waiting-per-replica` override."""
+    rule = spec.autoscale or AutoscaleRule(min_replicas=spec.replicas, max_replicas=max(spec.replicas * 4, spec.replicas + 1))
+    updates: dict[str, Any] = {}
+    if options.max_replicas is not None:
+        updates["max_replicas"] = options.max_replicas
+    if options.waiting_per_replica is not None:
+        updates["waiting_per_replica"] = options.waiting_per_replica
+    if updates.get("max_replicas", rule.max_replicas) < rule.min_replicas:
+        where = "autoscale.min_replicas" if spec.autoscale else "replicas"
+        raise UserError(f"--max-replicas {options.max_replicas} is below {where}: {rule.min_replicas} in the spec; raise it")
+    return AutoscaleRule.model_validate({**rule.model_dump(), **updates}) if updates else rule
+
+
+def keda_scaled_object_spec(rule: AutoscaleRule, query: str, prometheus_url: str, target: str) -> dict[str, Any]:
+    """A ScaledObject's spec carrying `rule` field for field (rule_from_keda reads it back)."""
+    return {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
+        "minReplicaCount": rule.min_replicas,
+        "maxReplicaCount": rule.max_replicas,
+        "pollingInterval": rule.polling_interval_s,
+        "cooldownPeriod": rule.scale_down_cooldown_s,  # KEDA's own cool-down only gates scaling to zero
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
+            "scaleUp": {"stabilizationWindowSeconds": rule.scale_up_stabilization_s, "selectPolicy": "Max",
+                        "policies": [{"type": "Pods", "value": rule.scale_up_step,
+                                      "periodSeconds": rule.polling_interval_s}]},
+            "scaleDown": {"stabilizationWindowSeconds": rule.scale_down_stabilization_s, "selectPolicy": "Max",
+                          "policies": [{"type": "Pods", "value": 1, "periodSeconds": rule.scale_down_cooldown_s}]},
+        }}},
+        "triggers": [{"type": "prometheus", "metricType": "AverageValue", "metadata": {
+            "serverAddress": prometheus_url, "query": query, "threshold": f"{rule.waiting_per_replica:g}"}}],
+    }
+
+
+def rule_from_keda(scaled_spec: dict[str, Any]) -> AutoscaleRule:
+    """The AutoscaleRule a ScaledObject's spec carries (the inverse of keda_scaled_object_spec)."""
+    behavior = scaled_spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    return AutoscaleRule(
+        min_replicas=scaled_spec["minReplicaCount"], max_replicas=scaled_spec["maxReplicaCount"],
+        waiting_per_replica=float(scaled_spec["triggers"][0]["metadata"]["threshold"]),
+        polling_interval_s=scaled_spec["pollingInterval"],
+        scale_up_stabilization_s=behavior["scaleUp"]["stabilizationWindowSeconds"],
+        scale_down_stabilization_s=behavior["scaleDown"]["stabilizationWindowSeconds"],
+        scale_down_cooldown_s=behavior["scaleDown"]["policies"][0]["periodSeconds"],
+        scale_up_step=behavior["scaleUp"]["policies"][0]["value"],
+    )
+
+
 def scaled_object(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
-    """KEDA: add engine replicas when requests queue up inside the engines."""
-    max_replicas = options.max_replicas or max(spec.replicas * 4, spec.replicas + 1)
-    if max_replicas < spec.replicas:
-        raise UserError(f"--max-replicas {max_replicas} is below replicas: {spec.replicas} in the spec; raise it")
-    query = (f'sum({VLLM_WAITING}{{namespace="{options.namespace}",service="{engine_name(spec)}"}})')
+    """KEDA: add engine replicas when requests queue up inside the engines (vlmserve.autoscale's rule)."""
+    rule = autoscale_rule(spec, options)
+    query = f'sum({rule.metric}{{namespace="{options.namespace}",service="{engine_name(spec)}"}})'
     return {
         "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
         "metadata": _meta(engine_name(spec), options, _labels(spec, "engine")),
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": engine_name(spec)},
-            "minReplicaCount": spec.replicas,
-            "maxReplicaCount": max_replicas,
-            "pollingInterval": 15,
-            "cooldownPeriod": 600,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
-                "scaleDown": {"stabilizationWindowSeconds": 600}}}},
-            "triggers": [{"type": "prometheus", "metadata": {
-                "serverAddress": options.prometheus_url, "query": query,
-                "threshold": str(options.waiting_per_replica)}}],
-        },
+        "spec": keda_scaled_object_spec(rule, query, options.prometheus_url, engine_name(spec)),
     }
 
 

@@ -187,6 +187,11 @@ def goodput(records: Sequence[RequestRecord], slo: SLO | None, duration_s: float
     }
 
 
+def meets_slo(record: RequestRecord, slo: SLO) -> bool:
+    """Did this request meet every per-request objective of `slo` (a failed request never does)?"""
+    return _meets(record, _per_request_bounds(slo))
+
+
 def _per_request_bounds(slo: SLO) -> dict[str, float]:
     """The tightest bound per metric when several percentiles of one metric are given."""
     bounds: dict[str, float] = {}

@@ -241,6 +241,8 @@ class RunSummary(_Block):
     """Expected vs measured prefix-cache hits (bench.prefix_cache)."""
     repeats: dict[str, Any] | None = None
     """Per-repeat rows and intervals of a `--repeat N` run (bench.repeats)."""
+    scaling: dict[str, Any] | None = None
+    """`--load-shape` runs: SLO attainment per window and across each scale-up and scale-down (bench.scale_events)."""
     warnings: list[str] | None = None
     """Post-run steps that failed (bench.post_run): the figures are complete, something around them is not."""
 

@@ -23,7 +23,7 @@ from tests.helpers.bench_fixtures import SIM_MODEL
 from tests.helpers.sim import SimHandle, free_port, start_sim_engine
 
 WARNINGS_EXIT_CODE = 3
-"""Documented in docs/benchmarks.md: results written, but a post-run step failed."""
+"""Documented in docs/metrics.md: results written, but a post-run step failed."""
 
 
 def _engine_finished(handle: SimHandle) -> float:

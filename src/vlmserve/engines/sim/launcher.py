@@ -20,7 +20,8 @@ SIM_ENGINE_HOST_GB = 0.3
 
 VLMSERVE_MODULE = "vlmserve"
 
-_SPEC_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "profile", "ttft_ms", "itl_ms")
+_SPEC_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "profile", "ttft_ms", "itl_ms",
+               "cold_start_s")
 """SimEngineConfig fields a DeploymentSpec sets, in the order they are passed."""
 
 _VLLM_FLAGS = ("api_server_count",)
@@ -60,6 +61,7 @@ class SimLauncher:
             "profile": spec.sim.profile,
             "ttft_ms": spec.sim.ttft_ms,
             "itl_ms": spec.sim.itl_ms,
+            "cold_start_s": spec.sim.cold_start_s,
         }
         for name in _SPEC_FLAGS:
             if values[name] is not None:

@@ -162,6 +162,11 @@ class SimEngineConfig:
     gpu: str | None = None
     """Planner mode: time steps with the roofline model of `model` on `tp` × this GPU."""
     tp: int = 1
+    cold_start_s: float = 0.0
+    """Seconds between the process start and serving: the port is bound at once (no one else can
+    take it) but listens only after this, so connections are refused meanwhile, as vLLM 0.32 binds
+    its port before loading the model and starts its HTTP server once the engine is ready. Its
+    phases are logged in vLLM's own words (server.cold_start), so one parser can read both engines."""
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -185,6 +190,8 @@ class SimEngineConfig:
             raise UserError(problem)
         check_listen_port(self.port)
         self.faults.validate()
+        if not (math.isfinite(self.cold_start_s) and self.cold_start_s >= 0):
+            raise UserError(f"--cold-start-s must be 0 or more seconds, got {self.cold_start_s}")
         if self.trace_file and not Path(self.trace_file).resolve().parent.is_dir():
             raise UserError(f"--trace-file {self.trace_file}: its directory does not exist; create it or pick another path")
         try:

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import os
 import random
+import socket
 import sys
 import threading
 import time
@@ -375,17 +376,66 @@ async def start_server(config: SimEngineConfig) -> tuple[web.AppRunner, SimEngin
     engine = SimEngine(config)
     runner = web.AppRunner(engine.build_app(), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+    site: web.BaseSite
     try:
-        await site.start()
+        if config.cold_start_s > 0:
+            sock = bound_socket(config.host, config.port)  # the port is ours from now on, as vLLM's
+            try:
+                await cold_start(config.cold_start_s, sock.getsockname()[1])
+                site = web.SockSite(runner, sock, backlog=4096)
+                await site.start()  # listens only now: connections were refused until here
+            except BaseException:
+                sock.close()
+                raise
+        else:
+            site = web.TCPSite(runner, config.host, config.port, backlog=4096, reuse_address=True)
+            await site.start()
     except OSError as err:
         await runner.cleanup()
         raise UserError(
             f"cannot listen on {config.host}:{config.port} ({err.strerror or err}); pick another --port"
         ) from None
+    except BaseException:
+        await runner.cleanup()
+        raise
     sockets = site._server.sockets if site._server is not None else []  # type: ignore[attr-defined]
     port = sockets[0].getsockname()[1] if sockets else config.port
+    engine.started_s = time.monotonic()  # the start-up fault's delay counts from serving, as before
+    engine.ready_at_s = engine.started_s + config.faults.startup_delay_s
     return runner, engine, port
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port but not listening (connections to it are refused)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+COLD_START_WEIGHTS_SHARE = 0.6
+"""The share of a sim cold start spent "loading weights"; the rest is "init engine" (profiling,
+KV cache, warm-up), the two phases vLLM's own log lines time."""
+
+
+async def cold_start(seconds: float, port: int) -> None:
+    """Wait out a cold start, logging its phases in the words of vLLM 0.32's own log lines
+    ("Model loading took ...", "init engine (...) took ..."), stamped as vLLM stamps them, so one log reader
+    (deploy.cold_start) times both engines alike."""
+    print(f"sim engine cold start: port {port} bound, serving in {seconds:g} s", flush=True)
+    weights = seconds * COLD_START_WEIGHTS_SHARE
+    await asyncio.sleep(weights)
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] Model loading took 0.00 GiB memory and {weights:.6f} seconds",
+          flush=True)
+    await asyncio.sleep(seconds - weights)
+    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] init engine (profile, create kv cache, warmup model) took "
+          f"{seconds - weights:.2f} s", flush=True)
 
 
 async def serve(config: SimEngineConfig, on_ready: Callable[[int], None] | None = None) -> None:
