@@ -355,3 +355,20 @@ def test_the_published_crd_schemas_catch_what_a_cluster_would_refuse(file_name: 
     break_it(manifest)
     with pytest.raises(jsonschema.ValidationError):
         validate(manifest)
+
+
+def test_cli_defaults_to_the_dockerfile_image_and_can_close_the_monitoring_exception(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from vlmserve.export.k8s import GATEWAY_IMAGE
+
+    spec_file = tmp_path / "deploy.yaml"
+    spec_file.write_text("name: radiology\nengine: sim\nmodel: m\n")
+    out = tmp_path / "k8s"
+    code, _, stderr = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(out),
+                               "--monitoring-namespace", ""], capsys)
+    assert code == 0, stderr
+    gateway = yaml.safe_load((out / "gateway-deployment.yaml").read_text())
+    assert pod(gateway)["containers"][0]["image"] == GATEWAY_IMAGE
+    policy = yaml.safe_load((out / "engine-networkpolicy.yaml").read_text())
+    assert [list(peer) for rule in policy["spec"]["ingress"] for peer in rule["from"]] == [["podSelector"]]
+    assert "warning: the spec has no keys_file" in stderr
