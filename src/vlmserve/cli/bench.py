@@ -506,14 +506,23 @@ def runs_show(
 
 @runs_app.command("import")
 def runs_import(
-    path: Path = typer.Argument(..., metavar="FILE", help="A vllm bench serve --save-result JSON or AIPerf's profile_export_aiperf.json."),
+    path: Path = typer.Argument(..., metavar="FILE", help="A result file of vlmserve (--json-out), vllm bench serve, "
+                                "AIPerf (profile_export_aiperf.json), guidellm (benchmarks JSON) or inference-perf."),
+    label: Optional[str] = typer.Option(None, "--label", help="The run's name in the history (default: the file's "
+                                        "own label, else the tool and file name)."),
+    simulated: bool = typer.Option(False, "--simulated", help="Mark the run simulated: it ran against a sim engine "
+                                   "(vlmserve's own files say so themselves; other tools' files cannot)."),
 ) -> None:
     """Store another tool's result file in the history, beside vlmserve's runs (for report and compare)."""
     from vlmserve.interop.importer import import_result_file
 
-    run_id, result = import_result_file(path)
-    records = f"{len(result.records)} request records" if result.records else "no per-request records (figures only)"
-    typer.echo(f"imported {path} as run {run_id} (from {result.meta['tool']}; {records})")
+    for run_id, result in import_result_file(path, label, simulated=simulated):
+        records = f"{len(result.records)} request records" if result.records else "no per-request records (figures only)"
+        flags = ", simulated" if result.simulated else ""
+        typer.echo(f"imported {path} as run {run_id} '{result.meta['label']}' "
+                   f"(from {result.meta['tool']}; model {result.meta.get('model') or 'unknown'}; {records}{flags})")
+        for line in result.warnings:
+            typer.echo(f"warning: {line}", err=True)
 
 
 def _wide_console() -> Console:

@@ -3,14 +3,23 @@
 The file holds one object per metric, `{"unit": "ms", "avg": ..., "p50": ..., "p99": ...}`,
 plus the run's duration, counts and `input_config`. It has no per-request data (that is
 `profile_export.jsonl`), so an imported AIPerf run has figures but no records: no CDF or
-timeline. Layout per AIPerf's docs (`docs/tutorials/working-with-profile-exports.md`); checked
-against that documented example, not against a file from a live AIPerf run.
+timeline. Read both the layout of AIPerf's docs (`input_config.endpoint.model_names`,
+`input_config.loadgen`) and the one AIPerf 0.13 writes (`input_config.models.items`,
+`input_config.endpoint.urls`, `input_config.phases`; tests/fixtures/imports has a file from a
+live 0.13 run).
+
+Unless it ran with `--use-server-token-count`, AIPerf counts tokens by re-tokenising the text
+with its own tokenizer, so its output tokens/s and per-token latencies follow that tokenizer,
+not the server's count: the import says so in one warning (with the server's `usage` total when
+the file has it). A file from a broken run (failed requests, a cancelled or incomplete run)
+imports with a warning saying so.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vlmserve.interop.fields import mapping
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -48,6 +57,60 @@ def _distribution(entry: dict[str, Any], name: str) -> dict[str, float | None]:
             for ours, theirs in keys.items()}
 
 
+def _first_model(config: dict[str, Any], endpoint: dict[str, Any]) -> str | None:
+    """The model: `models.items[0].name` (0.13) or `endpoint.model_names[0]` (earlier layouts)."""
+    models = config.get("models")
+    items = models.get("items") if isinstance(models, dict) else None
+    if isinstance(items, list) and items and isinstance(items[0], dict) and items[0].get("name"):
+        return str(items[0]["name"])
+    names = endpoint.get("model_names")
+    return str(names[0]) if isinstance(names, list) and names else None
+
+
+def _load(config: dict[str, Any], endpoint: dict[str, Any]) -> dict[str, Any]:
+    """Concurrency or rate, and the API: from the profiling phase (0.13) or `loadgen` (earlier)."""
+    loadgen = mapping(config, "loadgen")
+    phases = [phase for phase in config.get("phases") or [] if isinstance(phase, dict)]
+    profiling = next((phase for phase in phases if phase.get("kind") == "profiling"), phases[0] if phases else {})
+    datasets = [entry for entry in config.get("datasets") or [] if isinstance(entry, dict)]
+    prompts = mapping(datasets[0], "prompts") if datasets else {}
+    lengths = {ours: mapping(prompts, theirs).get("mean") for ours, theirs in (("input_len", "isl"), ("output_len", "osl"))}
+    load = {"concurrency": profiling.get("concurrency", loadgen.get("concurrency")),
+            "rate": profiling.get("request_rate", profiling.get("rate", loadgen.get("request_rate"))),
+            "api": endpoint.get("type"), "dataset": datasets[0].get("type") if datasets else None,
+            **{key: round(value) for key, value in lengths.items() if isinstance(value, (int, float))}}
+    return {key: value for key, value in load.items() if value is not None}
+
+
+def import_warnings(data: dict[str, Any]) -> list[str]:
+    """One line each: the token counts are AIPerf's re-tokenisation; the run was broken."""
+    warnings: list[str] = []
+    config = mapping(data, "input_config")
+    endpoint = mapping(config, "endpoint")
+    if not endpoint.get("use_server_token_count"):
+        client, server = _value(data, "total_osl"), _value(data, "total_usage_completion_tokens")
+        counts = (f" ({client:.0f} output tokens by AIPerf's count, {server:.0f} by the server's usage)"
+                  if client is not None and server is not None else "")
+        warnings.append("AIPerf counted tokens by re-tokenising the text with its own tokenizer, not the server's "
+                        f"count{counts}: output tokens/s and TPOT follow that count "
+                        "(run AIPerf with --use-server-token-count for the server's)")
+    completed = _value(data, "request_count") or 0.0
+    failed = _value(data, "error_request_count") or 0.0
+    broken = []
+    if failed:
+        broken.append(f"{failed:.0f} of {completed + failed:.0f} requests failed")
+    if not completed:
+        broken.append("no request completed")
+    if data.get("was_cancelled") is True:
+        broken.append("the run was cancelled")
+    if data.get("is_complete") is False:
+        broken.append("AIPerf marked the run incomplete")
+    if broken:
+        warnings.append(f"this AIPerf file is from a broken run ({'; '.join(broken)}): its figures cover "
+                        "only the requests that succeeded")
+    return warnings
+
+
 def from_aiperf(data: dict[str, Any]) -> RunResult:
     """AIPerf's aggregated statistics as a RunResult without records."""
     duration = _value(data, "benchmark_duration")
@@ -63,20 +126,19 @@ def from_aiperf(data: dict[str, Any]) -> RunResult:
     for name, block in METRIC_BLOCKS.items():
         if isinstance(data.get(name), dict):
             document[block] = _distribution(data[name], name)
-    config = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
-    endpoint = (config or {}).get("endpoint") or {}
-    loadgen = (config or {}).get("loadgen") or {}
-    models = endpoint.get("model_names") or []
-    load = {"concurrency": loadgen.get("concurrency"), "rate": loadgen.get("request_rate"),
-            "api": endpoint.get("type")}
+    config = mapping(data, "input_config")
+    endpoint = mapping(config, "endpoint")
+    urls = endpoint.get("urls")
     document["meta"] = {
-        "model": models[0] if models else None,
-        "target": endpoint.get("url"),
+        "model": _first_model(config, endpoint),
+        "target": endpoint.get("url") or (urls[0] if isinstance(urls, list) and urls else None),
         "started_at": data.get("start_time"),
-        "load_spec": {key: value for key, value in load.items() if value is not None},
+        "load_spec": _load(config, endpoint),
         "tool": TOOL,
-        "simulated": False,
+        "tool_version": data.get("aiperf_version"),
+        "simulated": False,  # the file does not say what served the requests
     }
+    document["warnings"] = import_warnings(data)
     return RunResult(records=[], summary=RunSummary.from_partial(document))
 
 

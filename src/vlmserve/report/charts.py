@@ -10,7 +10,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from vlmserve.report.plots_common import PALETTE as _PALETTE
-from vlmserve.report.tables import workload_label
+from vlmserve.report.tables import level_label, workload_label
 from vlmserve.sweep.results import CellOutcome, SweepResults
 
 _PERCENTILE_DASH = {"p50": "solid", "p95": "dash", "p99": "dot"}
@@ -155,7 +155,7 @@ def pareto_chart(results: SweepResults) -> go.Figure:
             continue
         figure.add_trace(go.Scatter(
             x=[point[0] for point in mine], y=[point[1] for point in mine], mode="markers", name=info.name,
-            text=[f"{point[2].cell} ({point[2].load_level_name} {point[2].load_level:g})" for point in mine],
+            text=[f"{point[2].cell} ({_load_words(point[2])})" for point in mine],
             marker={"size": 10, "color": _PALETTE[index % len(_PALETTE)],
                     "symbol": ["x" if point[2].client_limited else "circle" for point in mine]},
         ))
@@ -172,6 +172,11 @@ def pareto_chart(results: SweepResults) -> go.Figure:
     if speeds and max(speeds) / min(speeds) >= 30:  # bursty streams (TPOT near 0) would squash the rest
         figure.update_xaxes(type="log")
     return figure
+
+
+def _load_words(cell: CellOutcome) -> str:
+    """'4 users' / '2 req/s', or 'load unknown' for an imported run whose file did not say."""
+    return "load unknown" if cell.load_level is None else level_label(cell)
 
 
 def all_charts(results: SweepResults) -> list[tuple[str, go.Figure]]:

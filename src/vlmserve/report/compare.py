@@ -8,7 +8,7 @@ the rule and why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.table import Table as RichTable
@@ -139,6 +139,10 @@ class CellComparison:
     """How the two runs' loads differ (e.g. 'output_len 8 → 128'): a ratio across different loads misleads."""
     repeats: tuple[int, int] = (1, 1)
     """Repeats behind the baseline and the candidate (1: a single run)."""
+    unknown: list[str] = field(default_factory=list)
+    """Metrics one side does not know (an imported file without them): 'TTFT p99 (unknown in baseline)'."""
+    load_unknown: list[str] = field(default_factory=list)
+    """Load settings one side's file does not record: shown apart, so the differences that matter stand out."""
 
     def judged_by(self, threshold: float, min_effect: float) -> str:
         """How this cell's changes are judged, in words."""
@@ -198,11 +202,47 @@ _LOAD_KEYS_IGNORED = {"name", "seed", "workers", "tokenizer", "request_timeout_s
                       "warmup", "repeat", "stop_when_oversaturated"}
 
 
+_LOAD_KEYS_NAMED = ("api", "dataset", "input_len", "output_len", "concurrency", "rate")
+"""The load settings named when one side does not record them; the rest are only counted."""
+
+
+def _loop(load: dict) -> str | None:
+    """'closed loop, concurrency 4' / 'open loop, rate 12' / None when the load is not recorded."""
+    if load.get("concurrency") is not None:
+        return f"closed loop, concurrency {load['concurrency']}"
+    if load.get("rate") is not None:
+        return f"open loop, rate {load['rate']}"
+    return None
+
+
 def load_differences(baseline: dict, candidate: dict) -> list[str]:
-    """What differs in the workload itself (not its length or client plumbing) between two cells."""
-    keys = sorted((set(baseline) | set(candidate)) - _LOAD_KEYS_IGNORED)
-    return [f"{key} {baseline.get(key)} → {candidate.get(key)}" for key in keys
-            if baseline.get(key) != candidate.get(key)]
+    """What differs in the workload itself (not its length or client plumbing) between two cells.
+
+    Only settings both sides record: one an imported file does not record is unknown, not a
+    difference (`load_unknown`), or it would bury the difference that matters among 'X → None'.
+    A closed loop against an open one is said first, as one difference.
+    """
+    found: list[str] = []
+    base_loop, cand_loop = _loop(baseline), _loop(candidate)
+    crossed = bool(base_loop and cand_loop and base_loop.split(",")[0] != cand_loop.split(",")[0])
+    if crossed:
+        found.append(f"{base_loop} → {cand_loop}")
+    keys = sorted((set(baseline) | set(candidate)) - _LOAD_KEYS_IGNORED - ({"concurrency", "rate"} if crossed else set()))
+    return found + [f"{key} {baseline[key]} → {candidate[key]}" for key in keys
+                    if baseline.get(key) is not None and candidate.get(key) is not None and baseline[key] != candidate[key]]
+
+
+def load_unknown(baseline: dict, candidate: dict) -> list[str]:
+    """Load settings only one side records: the main ones by name ('input_len (unknown in candidate)'),
+    the rest counted, so the line stays short."""
+    base_loop, cand_loop = _loop(baseline), _loop(candidate)
+    skip = {"concurrency", "rate"} if base_loop and cand_loop else set()
+    keys = sorted((set(baseline) | set(candidate)) - _LOAD_KEYS_IGNORED - skip)
+    one_sided = [key for key in keys if (baseline.get(key) is None) != (candidate.get(key) is None)]
+    named = [f"{key} (unknown in {'baseline' if baseline.get(key) is None else 'candidate'})"
+             for key in one_sided if key in _LOAD_KEYS_NAMED]
+    others = len(one_sided) - len(named)
+    return named + ([f"{others} other load setting(s) recorded on one side only"] if others else [])
 
 
 def _repeats(cell: CellOutcome) -> int:
@@ -262,13 +302,16 @@ def compare(baseline: SweepResults, candidate: SweepResults, threshold: float = 
         )
     cells: list[CellComparison] = []
     for name, base, cand in pairs:
-        changes = []
+        changes, unknown = [], []
         for metric in COMPARED_METRICS:
             (before, before_interval), (after, after_interval) = _figure(base, metric.path), _figure(cand, metric.path)
             if before is not None and after is not None:
                 changes.append(MetricChange(name, metric, before, after, before_interval, after_interval))
+            elif (before is None) != (after is None):
+                unknown.append(f"{metric.label} (unknown in {'baseline' if before is None else 'candidate'})")
         cells.append(CellComparison(name, level_label(cand), changes, (_failed_fraction(base), _failed_fraction(cand)),
-                                    load_differences(base.load, cand.load), (_repeats(base), _repeats(cand))))
+                                    load_differences(base.load, cand.load), (_repeats(base), _repeats(cand)),
+                                    unknown, load_unknown(base.load, cand.load)))
     return Comparison(baseline, candidate, threshold, cells, unmatched, min_effect)
 
 
@@ -296,6 +339,8 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         if cell.load_differences:
             console.print(f"[yellow]  ⚠ the loads differ ({'; '.join(cell.load_differences)}): "
                           "these ratios compare different workloads[/]")
+        if cell.unknown or cell.load_unknown:
+            console.print(f"  not compared, unknown on one side: {', '.join(cell.unknown + cell.load_unknown)}")
     for line in comparison.headlines():
         console.print(f"• {line}")
     if comparison.unmatched:

@@ -53,6 +53,9 @@ def _cell_table_html(comparison: Comparison) -> str:
         if cell.load_differences:
             warning = (f'<p class="note">the loads differ ({html.escape("; ".join(cell.load_differences))}): '
                        "these ratios compare different workloads</p>")
+        if cell.unknown or cell.load_unknown:
+            warning += (f'<p class="note">not compared, unknown on one side: '
+                        f'{html.escape(", ".join(cell.unknown + cell.load_unknown))}</p>')
         parts.append(f"<h3>{html.escape(cell.name)} ({html.escape(cell.level)})</h3>{warning}<div class=\"scroll\">"
                      "<table><thead><tr><th>metric</th><th>baseline</th><th>candidate</th>"
                      "<th>candidate vs baseline</th><th>verdict</th></tr></thead>"

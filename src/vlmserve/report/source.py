@@ -143,7 +143,19 @@ def results_from_run(run_id: str) -> SweepResults:
         cells=[cell],
         slo=SLO(bounds_s=slo_bounds),
         source=run_id,
+        notes=_import_notes(meta),
     )
+
+
+def _import_notes(meta: dict[str, Any]) -> list[str]:
+    """For a run `runs import` stored: which tool made it, so the page says whose figures these are
+    (the import's warnings, like any run's, follow in `all_notes`)."""
+    tool = meta.get("tool")
+    if not tool:
+        return []
+    version = f" {meta['tool_version']}" if meta.get("tool_version") else ""
+    origin = f" ({meta['imported_from']})" if meta.get("imported_from") else ""
+    return [f"imported from {tool}{version}{origin}; figures the file lacks are unknown (shown as —)"]
 
 
 def _devices(deployment_spec: Any) -> int:

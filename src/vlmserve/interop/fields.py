@@ -1,0 +1,20 @@
+"""Reading other tools' JSON defensively: a field of the wrong type is absent, never a crash.
+
+Another tool's file may lack a block, or hold a string where a number belongs (a newer or
+older version, a hand edit); the readers take what is there and leave the rest unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def mapping(parent: Any, key: str) -> dict[str, Any]:
+    """parent[key] when both are JSON objects, else {}."""
+    value = parent.get(key) if isinstance(parent, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def number(value: Any) -> float | None:
+    """A JSON number as a float; None for anything else (booleans included)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
