@@ -65,7 +65,7 @@ def test_runs_import_puts_vllm_runs_beside_vlmserve_runs(home: Path, vlmserve_cm
 
     done = run_cli(vlmserve_cmd, home, "runs", "import", str(DETAILED))
     assert done.returncode == 0, done.stderr
-    assert "(from vllm bench serve; 12 request records)" in done.stdout
+    assert "(from vllm bench serve; model sim-model; 12 request records)" in done.stdout
     imported = done.stdout.split(" as run ")[1].split()[0]
     listed = run_cli(vlmserve_cmd, home, "runs", "list")
     assert imported in listed.stdout and "from vllm bench serve" in listed.stdout
@@ -104,7 +104,7 @@ def test_foreign_or_damaged_files_get_one_line(content: str, expected: str, tmp_
 
 
 def test_missing_file_says_what_to_give(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="no such file; give the result file"):
+    with pytest.raises(UserError, match="no such file; give a result file of vlmserve"):
         read_result_file(tmp_path / "absent.json")
 
 

@@ -4,6 +4,7 @@ labels are stored with their control characters shown, so no listing obeys an es
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,82 @@ def test_label_escape_sequences_are_shown_not_obeyed(tmp_path: Path, home: Path,
     assert listed.returncode == 0, listed.stderr
     assert "\x1b" not in listed.stdout and "\r" not in listed.stdout and "\x07" not in listed.stdout
     assert "ok\\x1b[2J" in listed.stdout
+
+
+FORMATS_DIR = DETAILED.parent
+
+
+def _real(name: str) -> dict:
+    data: dict = json.loads((FORMATS_DIR / name).read_text())
+    return data
+
+
+def _guidellm_without_benchmarks() -> str:
+    data = _real("guidellm-0.8-sim.json")
+    data["benchmarks"] = []
+    return json.dumps(data)
+
+
+def _guidellm_metrics_not_an_object() -> str:
+    data = _real("guidellm-0.8-sim.json")
+    data["benchmarks"][0]["metrics"] = "fast"
+    return json.dumps(data)
+
+
+def _guidellm_deeply_nested() -> str:
+    data = _real("guidellm-0.8-sim.json")
+    return json.dumps(data)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+
+
+def _vlmserve_count_not_a_number() -> str:
+    data = _real("vlmserve-bench.json")
+    data["requests"]["completed"] = "many"
+    return json.dumps(data)
+
+
+def _inference_perf_count_not_a_number() -> str:
+    data = _real("inference-perf-0.7/summary_lifecycle_metrics.json")
+    data["successes"]["count"] = "x"
+    return json.dumps(data)
+
+
+def _aiperf_without_its_required_blocks() -> str:
+    data = _real("aiperf-0.13-sim.json")
+    del data["request_throughput"]
+    del data["benchmark_duration"]
+    return json.dumps(data)
+
+
+@pytest.mark.hostile("runs import: truncated, foreign, empty or malformed guidellm / inference-perf / AIPerf / vlmserve files: one error line each")
+@pytest.mark.parametrize(("content", "expected"), [
+    (lambda: (FORMATS_DIR / "guidellm-0.8-sim.json").read_text()[:5000], "is not JSON (line"),
+    (lambda: json.dumps({"benchmarks": [{}], "metadata": {"version": 2}}), "is JSON but not a result file vlmserve reads"),
+    (lambda: json.dumps({"successes": [], "failures": {}, "benchmark_time_seconds": 1}), "is JSON but not a result file"),
+    (_aiperf_without_its_required_blocks, "is JSON but not a result file vlmserve reads"),
+    (_guidellm_without_benchmarks, "this guidellm file holds no benchmark"),
+    (_guidellm_metrics_not_an_object, "looks like guidellm output but a field is malformed (ValueError: a benchmark has no metrics object)"),
+    (_guidellm_deeply_nested, f"nests deeper than {RESULT_FILE.max_depth} levels"),
+    (_vlmserve_count_not_a_number, "looks like vlmserve output but a field is malformed (ValidationError"),
+    (_inference_perf_count_not_a_number, "looks like inference-perf output but a field is malformed (ValueError"),
+], ids=["guidellm-truncated", "guidellm-without-version", "inference-perf-successes-a-list", "aiperf-missing-blocks",
+        "guidellm-no-benchmark", "guidellm-metrics-a-string", "guidellm-deep", "vlmserve-count-a-word",
+        "inference-perf-count-a-word"])
+def test_bad_files_of_every_format_are_one_line(content: Callable[[], str], expected: str, tmp_path: Path,
+                                                home: Path, vlmserve_cmd: list[str]) -> None:  # noqa: F811
+    path = tmp_path / "result.json"
+    path.write_text(content())
+    line = one_error_line(vlmserve_cmd, home, path)
+    assert line.startswith(f"error: {path}") and expected in line, line
+
+
+@pytest.mark.hostile("runs import: an inference-perf report beside a billion-laughs config.yaml imports with the model unknown")
+def test_hostile_config_beside_an_inference_perf_report_is_ignored(tmp_path: Path, home: Path,  # noqa: F811
+                                                                   vlmserve_cmd: list[str]) -> None:
+    report = tmp_path / "summary_lifecycle_metrics.json"
+    report.write_text((FORMATS_DIR / "inference-perf-0.7" / "summary_lifecycle_metrics.json").read_text())
+    laughs = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    laughs += [f"a{n}: &a{n} [{','.join([f'*a{n - 1}'] * 9)}]" for n in range(1, 10)]
+    (tmp_path / "config.yaml").write_text("\n".join(laughs) + "\nserver: {model_name: *a9}\n")
+    done = run_cli(vlmserve_cmd, home, "runs", "import", str(report))
+    assert done.returncode == 0, done.stderr
+    assert "(from inference-perf; model unknown;" in done.stdout
