@@ -25,7 +25,7 @@ def test_vllm_command_line_writes_a_vllm_result_file(sim: SimHandle, cli, tmp_pa
 
     imported = cli("runs", "import", out)
     assert imported.code == 0, imported.err
-    assert "(from vllm bench serve; 16 request records)" in imported.out
+    assert "(from vllm bench serve; model bench-sim; 16 request records)" in imported.out
     run_id = imported.out.split(" as run ")[1].split()[0]
     shown = json.loads(cli("runs", "show", run_id, "--json").out)
     assert shown["ttft_ms"]["p50"] == pytest.approx(data["median_ttft_ms"])
