@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vlmserve.interop.fields import mapping
+from vlmserve.interop.fields import broken_run_warning, mapping
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -97,18 +97,10 @@ def import_warnings(data: dict[str, Any]) -> list[str]:
                         "(run AIPerf with --use-server-token-count for the server's)")
     completed = _value(data, "request_count") or 0.0
     failed = _value(data, "error_request_count") or 0.0
-    broken = []
-    if failed:
-        broken.append(f"{failed:.0f} of {completed + failed:.0f} requests failed")
-    if not completed:
-        broken.append("no request completed")
-    if data.get("was_cancelled") is True:
-        broken.append("the run was cancelled")
+    more = ["the run was cancelled"] if data.get("was_cancelled") is True else []
     if data.get("is_complete") is False:
-        broken.append("AIPerf marked the run incomplete")
-    if broken:
-        warnings.append(f"this AIPerf file is from a broken run ({'; '.join(broken)}): its figures cover "
-                        "only the requests that succeeded")
+        more.append("AIPerf marked the run incomplete")
+    warnings += broken_run_warning("this AIPerf file", int(completed), int(failed), more)
     return warnings
 
 

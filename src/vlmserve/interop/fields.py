@@ -18,3 +18,18 @@ def mapping(parent: Any, key: str) -> dict[str, Any]:
 def number(value: Any) -> float | None:
     """A JSON number as a float; None for anything else (booleans included)."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def broken_run_warning(what: str, completed: int, failed: int, more: list[str] | None = None) -> list[str]:
+    """One line when the file is from a broken run (failed requests, none completed, `more` reasons), else [].
+
+    `what` names the file ('this AIPerf file'); its figures cover only the requests that succeeded,
+    which a reader comparing it with a clean run must know.
+    """
+    reasons = [f"{failed} of {completed + failed} requests failed"] if failed else []
+    if not completed:
+        reasons.append("no request completed")
+    reasons += more or []
+    if not reasons:
+        return []
+    return [f"{what} is from a broken run ({'; '.join(reasons)}): its figures cover only the requests that succeeded"]

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from vlmserve.errors import UserError
-from vlmserve.interop.fields import mapping, number
+from vlmserve.interop.fields import broken_run_warning, mapping, number
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -108,11 +108,7 @@ def _one(benchmark: dict[str, Any], version: str | None, source: dict[str, Any])
         "strategy": _strategy_name(strategy),
         "simulated": False,  # the file does not say what served the requests
     }
-    warnings = []
-    if failed or not completed:
-        warnings.append(f"this guidellm benchmark ({_strategy_name(strategy)}) is from a broken run "
-                        f"({failed} of {completed + failed} requests errored or incomplete): its figures "
-                        "cover only the requests that succeeded")
+    warnings = broken_run_warning(f"this guidellm benchmark ({_strategy_name(strategy)})", completed, failed)
     document["warnings"] = warnings
     return RunResult(records=[], summary=RunSummary.from_partial(document))
 

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
-from vlmserve.interop.fields import mapping, number
+from vlmserve.interop.fields import broken_run_warning, mapping, number
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -125,10 +125,7 @@ def from_inference_perf(data: dict[str, Any], path: Path | None = None) -> RunRe
         "tool": TOOL,
         "simulated": False,  # the report does not say what served the requests
     }
-    warnings = _token_warning(successes)
-    if failed or not completed:
-        warnings.append(f"this inference-perf report is from a broken run ({failed} of {completed + failed} "
-                        "requests failed): its figures cover only the requests that succeeded")
+    warnings = _token_warning(successes) + broken_run_warning("this inference-perf report", completed, failed)
     document["warnings"] = warnings
     return RunResult(records=[], summary=RunSummary.from_partial(document))
 

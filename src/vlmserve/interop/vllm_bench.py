@@ -27,6 +27,7 @@ from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
 from vlmserve.bounded_read import printable
 from vlmserve.errors import UserError
+from vlmserve.interop.fields import broken_run_warning
 from vlmserve.results.records import RequestRecord
 
 TOOL = "vllm bench serve"
@@ -230,4 +231,6 @@ def from_vllm_result(data: dict[str, Any]) -> RunResult:
         "tool": TOOL,
         "simulated": False,
     }
+    summary.warnings = [*(summary.warnings or []),
+                        *broken_run_warning("this vllm bench serve file", int(completed), int(data.get("failed") or 0))]
     return RunResult(records=records, summary=summary)

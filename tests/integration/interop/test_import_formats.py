@@ -225,3 +225,24 @@ def test_aiperf_non_streaming_file_has_ttft_unknown_and_still_reports(tmp_path: 
     ((other_id, _),) = import_result_file(VLMSERVE)
     (cell,) = compare(load_source(other_id), load_source(run_id)).cells
     assert "TTFT p50 (unknown in candidate)" in cell.unknown and "TPOT p50 (unknown in candidate)" in cell.unknown
+
+
+@pytest.mark.parametrize("tool", ["vllm bench serve", "guidellm", "inference-perf"])
+def test_every_format_says_when_its_file_is_from_a_broken_run(tool: str, tmp_path: Path) -> None:
+    """Failed requests in the real files, as each tool counts them: one warning line, with the counts."""
+    if tool == "vllm bench serve":
+        data, name = load(FIXTURES / "vllm-plain.json"), "vllm.json"
+        data["failed"] = 4
+    elif tool == "guidellm":
+        data, name = load(GUIDELLM), "benchmarks.json"
+        data["benchmarks"][0]["metrics"]["request_totals"].update(errored=3, incomplete=1)
+    else:
+        data, name = load(INFERENCE_PERF), "summary_lifecycle_metrics.json"
+        data["failures"]["count"] = 4
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    result = only_run(path)
+    completed = result.summary.requests.completed
+    assert result.summary.requests.failed == 4
+    (line,) = [warning for warning in result.warnings if "broken run" in warning]
+    assert f"(4 of {completed + 4} requests failed)" in line and "\n" not in line
