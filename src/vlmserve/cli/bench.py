@@ -454,11 +454,20 @@ def bench(
 runs_app = typer.Typer(help="The run history: every bench (and sweep) run, stored in DuckDB.", no_args_is_help=True)
 
 
+RUNS_LIST_COLUMNS = ("run id", "started (UTC)", "label", "model", "ok", "failed", "req/s", "out tok/s", "TTFT p50",
+                     "TTFT p99", "TPOT p50", "flags")
+"""`runs list`'s columns in display order."""
+RUNS_LIST_KEPT_FIRST = ("run id", "label", "ok", "req/s", "TTFT p50", "flags", "failed", "TTFT p99", "TPOT p50",
+                        "out tok/s", "model", "started (UTC)")
+"""Which columns a narrow terminal keeps first (the run id already holds the start time)."""
+
+
 @runs_app.command("list")
 def runs_list(
     limit: int = typer.Option(20, "--limit", help="Newest N runs."),
     label: Optional[str] = typer.Option(None, "--label", help="Only runs with this label."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    wide: bool = typer.Option(False, "--wide", help="Every column, however narrow the terminal."),
 ) -> None:
     """List stored runs, newest first."""
     from vlmserve.results import store
@@ -470,21 +479,50 @@ def runs_list(
     if not rows:
         typer.echo(f"no runs stored yet in {store.database_path()}")
         return
-    table = Table(show_edge=False)
-    table.add_column("run id", no_wrap=True)
-    for column in ( "started (UTC)", "label", "model", "ok", "failed", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "flags"):
-        table.add_column(column)
-    for row in rows:
-        flags = ",".join(flag for flag, on in (("simulated", row["simulated"]), ("client-limited", row["client_limited"]),
-                                                   ("interrupted", row["interrupted"])) if on)
-        if row.get("tool"):
-            flags = ",".join(part for part in (flags, f"from {row['tool']}") if part)
-        table.add_row(
-            row["run_id"], str(row["started_at"])[:19], row["label"] or "", row["model"] or "", str(row["completed"]),
+    cells = [dict(zip(RUNS_LIST_COLUMNS, _runs_list_cells(row))) for row in rows]
+    console = _wide_console()
+    shown = list(RUNS_LIST_COLUMNS) if wide else _columns_that_fit(cells, console.width)
+    table = Table(show_edge=False, pad_edge=False)
+    for column in shown:
+        table.add_column(column, no_wrap=True)
+    for row_cells in cells:
+        table.add_row(*(row_cells[column] for column in shown))
+    natural = sum(_column_width(cells, column) for column in shown) + 3 * (len(shown) - 1)
+    if wide and natural > console.width:  # every column whole, even past the terminal's edge
+        console = Console(width=natural, file=console.file, highlight=False)
+    console.print(table)
+    left_out = [column for column in RUNS_LIST_COLUMNS if column not in shown]
+    if left_out:
+        console.print(f"({', '.join(left_out)} left out at {console.width} columns: --wide shows every column, "
+                      "--json every field)", soft_wrap=True)
+
+
+def _runs_list_cells(row: dict[str, Any]) -> list[str]:
+    flags = ",".join(flag for flag, on in (("simulated", row["simulated"]), ("client-limited", row["client_limited"]),
+                                           ("interrupted", row["interrupted"])) if on)
+    if row.get("tool"):
+        flags = ",".join(part for part in (flags, f"from {row['tool']}") if part)
+    return [row["run_id"], str(row["started_at"])[:19], row["label"] or "", row["model"] or "", str(row["completed"]),
             str(row["failed"]), _num(row["requests_per_s"]), _num(row["output_tokens_per_s"]), _num(row["ttft_p50_ms"]),
-            _num(row["ttft_p99_ms"]), _num(row["tpot_p50_ms"]), flags,
-        )
-    _wide_console().print(table)
+            _num(row["ttft_p99_ms"]), _num(row["tpot_p50_ms"]), flags]
+
+
+def _column_width(cells: list[dict[str, str]], column: str) -> int:
+    return max(len(column), *(len(row[column]) for row in cells))
+
+
+def _columns_that_fit(cells: list[dict[str, str]], width: int) -> list[str]:
+    """The columns, in display order, that fit `width` whole, taken in RUNS_LIST_KEPT_FIRST's order
+    (the run id always): a narrow terminal drops whole columns rather than cutting every one."""
+    kept: list[str] = []
+    used = 0
+    for column in RUNS_LIST_KEPT_FIRST:
+        extra = _column_width(cells, column) + (3 if kept else 0)  # padding and the rule between columns
+        if kept and used + extra > width:
+            continue
+        kept.append(column)
+        used += extra
+    return [column for column in RUNS_LIST_COLUMNS if column in kept]
 
 
 @runs_app.command("show")

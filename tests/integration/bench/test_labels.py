@@ -48,3 +48,24 @@ def test_unknown_server_figures_read_unknown_not_zero():
 def test_slo_verdict_wording():
     assert slo_verdict("ttft_p95", SloCheck(measured_ms=47.7, bound_ms=40.0, met=False)) == "ttft_p95 47.7 ms > 40 ms: missed"
     assert slo_verdict("tpot_p99", SloCheck(measured_ms=12.0, bound_ms=50.0, met=True)) == "tpot_p99 12.0 ms ≤ 50 ms: met"
+
+
+def test_runs_list_at_80_columns_drops_whole_columns_and_says_which(sim, cli, monkeypatch):
+    """A narrow terminal gets whole columns (no cell cut to '…'), the run id and the key figures
+    first, and a line naming what was left out; --wide keeps every column."""
+    from vlmserve.cli import bench as bench_cli
+
+    assert cli(*bench_args(sim, "--concurrency", 2, "--num-requests", 4, "--output-len", 4, "--label", "clinic-a")).code == 0
+    monkeypatch.setattr(bench_cli, "_wide_console", lambda: Console(width=80, force_terminal=False))
+    listed = cli("runs", "list")
+    assert listed.code == 0, listed.err
+    lines = listed.out.splitlines()
+    table_lines = [line for line in lines if not line.startswith("(")]
+    assert all(len(line) <= 80 for line in table_lines), lines
+    assert "…" not in listed.out
+    run_id = store.list_runs(limit=1)[0]["run_id"]
+    assert run_id in listed.out and "clinic-a" in listed.out and "simulated" in listed.out
+    assert "TTFT p50" in listed.out
+    assert lines[-1].startswith("(") and "left out at 80 columns: --wide shows every column" in lines[-1]
+    wide = cli("runs", "list", "--wide")
+    assert all(column in wide.out for column in bench_cli.RUNS_LIST_COLUMNS)
