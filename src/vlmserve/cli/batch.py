@@ -41,8 +41,7 @@ def batch(
                                                     help='--ray-engine: vLLM engine arguments, e.g. \'{"max_model_len": 4096}\'.'),
 ) -> None:
     """Run an OpenAI Batch JSONL file against an endpoint; rerun the same command to resume."""
-    from rich.console import Console
-
+    from vlmserve.cli import consoles
     from vlmserve.batch.runner import BatchOptions, run_batch_job
     from vlmserve.batch.send import RetryPolicy
     from vlmserve.batch.summary import Pricing, print_summary
@@ -64,7 +63,7 @@ def batch(
     if base_url is None and ray_engine is None:
         raise UserError("--base-url is required" + (" (or --ray-engine MODEL)" if runner == "ray" else ""))
     engine_kwargs = _engine_kwargs(ray_engine_kwargs)
-    console = Console(stderr=True)
+    console = consoles.console(stderr=True)
     options = BatchOptions(input_path=input_path, output_path=output, base_url=base_url or "", concurrency=concurrency,
                            priority=priority, api_key=api_key, retry=RetryPolicy(max_retries=max_retries),
                            request_timeout_s=request_timeout, progress=not no_progress)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+
+from vlmserve.cli import consoles
 from rich.table import Table
 
 from vlmserve.cli.options import parse_json_object_flag
@@ -408,7 +409,7 @@ def bench(
 
         deployment = load_deployment_spec(deployment_file).model_dump(mode="json")
     target = Target(base_url, model, api_key)
-    console = Console(stderr=True)
+    console = consoles.console(stderr=True)
     if not (math.isfinite(max_send_lag_ms) and max_send_lag_ms > 0):  # NaN would never mark a run client-limited
         raise UserError(f"--max-send-lag-ms {max_send_lag_ms:g}: give a positive number of milliseconds")
     limits = metrics.ClientLimits(send_lag_p99_s=max_send_lag_ms / 1000.0)
@@ -565,7 +566,7 @@ def runs_import(
 
 def _wide_console() -> Console:
     """Tables keep their columns when piped (rich would squeeze them to 80 characters)."""
-    return Console() if sys.stdout.isatty() else Console(width=220)
+    return consoles.console()
 
 
 def _num(value: float | None) -> str:

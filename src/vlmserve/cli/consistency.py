@@ -39,8 +39,7 @@ def consistency(
     json_out: Optional[Path] = typer.Option(None, "--result-file", "--json-out", help="Write the JSON result here."),
 ) -> None:
     """Send temperature-0 requests alone, then inside concurrent load, and compare the answers token by token."""
-    from rich.console import Console
-
+    from vlmserve.cli import consoles
     from vlmserve.bench.consistency.console import print_report
     from vlmserve.bench.consistency.runner import ConsistencyOptions, run_check
     from vlmserve.bench.target import Target
@@ -58,10 +57,9 @@ def consistency(
         output_len=output_len, filler_per_request=filler_per_request, image_size=_parse_size(image_size),
         min_identical=min_identical, seed=seed, timeout_s=timeout,
     )
-    import sys
 
     # no markup: answers are model text and may hold [brackets]; wide when logged (tables whole)
-    console = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+    console = consoles.console(highlight=False, markup=False)
 
     def progress(line: str) -> None:
         console.print(line, style="dim")

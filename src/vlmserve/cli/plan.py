@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+
+from vlmserve.cli import consoles
 from rich.markup import escape
 from rich.table import Table
 
@@ -40,8 +42,7 @@ plan_app = typer.Typer(
 
 def _console() -> Console:
     """A console wide enough for the tables when output is piped to a file or a test."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
+    return consoles.console()
 
 
 def _load_spec(**fields: Any) -> LoadSpec:

@@ -8,12 +8,13 @@ import shlex
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
+
+from vlmserve.cli import consoles
 from rich.table import Table
 
 from vlmserve.errors import UserError
 
-console = Console(highlight=False)
+console = consoles.console(highlight=False)
 
 recipe_app = typer.Typer(help="Model recipes: the vLLM flags each VLM family needs (docs/recipes.md).",
                          no_args_is_help=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
+
+from vlmserve.cli import consoles
 
 from vlmserve.report.compare import DEFAULT_MIN_EFFECT, DEFAULT_THRESHOLD
 
@@ -24,7 +25,7 @@ def report_command(
     from vlmserve.report.source import load_source
 
     results = load_source(source)
-    print_report(results, Console(), cells=cells)
+    print_report(results, consoles.console(), cells=cells)
     if html is not None:
         typer.echo(f"HTML report: {write_html(results, html)}")
     if md is not None:
@@ -49,7 +50,7 @@ def compare_command(
     from vlmserve.report.source import load_source
 
     comparison = compare(load_source(baseline), load_source(candidate), threshold, min_effect)
-    print_comparison(comparison, Console())
+    print_comparison(comparison, consoles.console())
     if html is not None:
         from vlmserve.report.compare_html import write_compare_html
 

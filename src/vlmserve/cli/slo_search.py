@@ -15,6 +15,8 @@ from typing import Any, Literal, Optional
 
 import typer
 from rich.console import Console
+
+from vlmserve.cli import consoles
 from rich.table import Table
 
 from vlmserve.cli.bench import OPTIONS, build_load_spec, option_defaults
@@ -82,7 +84,7 @@ def slo_search_command(
     given.update(repeat=repeat, concurrency=int(low) if knob == "concurrency" else None,
                  rate=low if knob == "rate" else None)
     template = build_load_spec(option_defaults(given))
-    console = Console(stderr=True)
+    console = consoles.console(stderr=True)
     with _endpoint(base_url, model, deployment_file, console) as (url, served_model, deployment):
         from vlmserve.bench.target import Target
 
@@ -167,7 +169,7 @@ def _num(value: float | None) -> str:
 
 
 def _wide_console() -> Console:
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    return consoles.console()
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,8 @@ import signal
 from pathlib import Path
 
 import typer
-from rich.console import Console
+
+from vlmserve.cli import consoles
 
 
 
@@ -44,13 +45,13 @@ def sweep_command(
     signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
     spec = load_sweep_spec(spec_file)
     directory = out or default_sweep_dir(spec.name)
-    console = Console(stderr=True)
+    console = consoles.console(stderr=True)
     patterns = tuple(part.strip() for part in (cells or "").split(",") if part.strip())
     overrides = SweepOverrides(request_scale=scale_requests, user_scale=scale_users, max_output_len=max_output_len,
                                cell_patterns=patterns, requests_per_user=requests_per_user)
     run_sweep(spec, directory, overrides=overrides, restart=restart, progress=progress, console=console)
     results = results_from_sweep_dir(directory)
-    print_report(results, Console())
+    print_report(results, consoles.console())
     html_path = write_html(results, html or directory / "report.html")
     typer.echo(f"sweep directory: {directory}")
     if md is not None:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
+
+from vlmserve.cli import consoles
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -23,7 +24,7 @@ from vlmserve.errors import UserError
 if TYPE_CHECKING:
     from vlmserve.deploy.state import DeploymentState
 
-console = Console(highlight=False)
+console = consoles.console(highlight=False)
 
 
 def build_spec(file: Path | None, overrides: dict[str, Any], engine_overrides: dict[str, Any]):  # -> DeploymentSpec
