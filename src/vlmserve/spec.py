@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
 from vlmserve.errors import UserError
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
-from vlmserve.vllm_flags import check_engine_arg
+from vlmserve.vllm_flags import VLLM_LORA_RANKS, check_engine_arg
 
 EMBEDDED_MODEL = "embedded"
 """The model name that means: the tiny VLM vlmserve makes itself (see vlmserve.engines.embedded)."""
@@ -103,13 +103,70 @@ class LivenessOptions(BaseModel):
         return self.interval_s + self.failures * max(self.interval_s, self.timeout_s) + self.probe_timeout_s
 
 
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""What an adapter's served name may be: it is a model name in requests, a label on metrics, a word in logs."""
+MAX_SPEC_ADAPTERS = 256
+"""Adapters one spec may declare: the gateway's per-adapter metric labels stay bounded by it."""
+
+
+class LoraOptions(BaseModel):
+    """LoRA adapters served beside the base model (vLLM's `--enable-lora` family; docs/lora.md).
+
+    Mixed into DeploymentSpec as top-level fields. Paths are checked when `up` starts (the
+    directory, its adapter_config.json, its rank against max_lora_rank): `export k8s` writes
+    the pod's paths, which need not exist here."""
+
+    lora_modules: dict[str, str] = Field(
+        default_factory=dict, description="adapters to serve, name -> PEFT directory (or embedded:N for the "
+        "embedded model's adapter N); each answers a 1-token generation before a replica is ready")
+    max_loras: int | None = Field(None, ge=1, le=MAX_SPEC_ADAPTERS, description="adapters in one batch (vLLM --max-loras)")
+    max_lora_rank: int | None = Field(None, description=f"largest adapter rank, one of {', '.join(map(str, VLLM_LORA_RANKS))} "
+                                      "(vLLM --max-lora-rank)")
+    max_cpu_loras: int | None = Field(None, ge=1, description="adapters kept in host memory, at least max_loras "
+                                      "(vLLM --max-cpu-loras)")
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _adapter_names(cls, modules: dict[str, str]) -> dict[str, str]:
+        if len(modules) > MAX_SPEC_ADAPTERS:
+            raise ValueError(f"{len(modules)} adapters; at most {MAX_SPEC_ADAPTERS} (load more at run time)")
+        for name, path in modules.items():
+            if not ADAPTER_NAME.fullmatch(name):
+                raise ValueError(f"adapter name '{name[:80]}' is not allowed; use up to 64 letters, digits, '-', '_' or '.'")
+            if not path.strip():
+                raise ValueError(f"adapter '{name}' has no path; give its PEFT directory")
+        return modules
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank_vllm_takes(cls, rank: int | None) -> int | None:
+        if rank is not None and rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"{rank} is not a rank vLLM takes; use one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return rank
+
+    @property
+    def lora_enabled(self) -> bool:
+        """LoRA is on when adapters are declared or slots are sized (for adapters loaded at run time)."""
+        return bool(self.lora_modules) or self.max_loras is not None
+
+    def _check_lora(self, served_name: str, engine: str) -> None:
+        """Cross-field rules, called from DeploymentSpec's validator."""
+        if served_name in self.lora_modules:
+            raise ValueError(f"adapter name '{served_name}' is the base model's served name; rename the adapter")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < (self.max_loras or 1):
+            raise ValueError(f"max_cpu_loras {self.max_cpu_loras} is below max_loras {self.max_loras or 1}; "
+                             "vLLM keeps at least max_loras adapters in host memory")
+        if engine == "sim" and self.lora_enabled:
+            raise ValueError("the sim engine serves no LoRA adapters; use engine vllm")
+
+
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 SPEC_FILE_PATHS = ("keys_file", "audit_log", "ssl_certfile", "ssl_keyfile", "log_dir")
 """Spec fields that are file paths: relative ones are read relative to the spec file."""
 
 
-class DeploymentSpec(BaseModel):
+class DeploymentSpec(LoraOptions):
     """Everything `vlmserve up` needs to start and supervise a deployment."""
 
     model_config = ConfigDict(extra="forbid")
@@ -177,6 +234,11 @@ class DeploymentSpec(BaseModel):
     def _tls_pair(self) -> "DeploymentSpec":
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("give both ssl_certfile and ssl_keyfile, or neither")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_fits(self) -> "DeploymentSpec":
+        self._check_lora(self.engine_args.served_model_name or self.model, self.engine)
         return self
 
     @property

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from vlmserve.engines.launcher import EngineLaunch, EventSink, ExpectedConfig, program, served_model_name
+from vlmserve.engines.lora import lora_argv, resolved_adapters
 from vlmserve.bounded_read import CONFIG_FILE, loads_json, read_bytes
 from vlmserve.errors import UserError
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
@@ -197,6 +198,7 @@ def engine_arguments(
         argv.append("--trust-request-mm-kwargs")
     for key, value in given.items():
         argv += engine_arg_argv(key, value)
+    argv += lora_argv(spec)
     argv += list(args.extra_args)
     return argv
 
@@ -392,11 +394,14 @@ class VllmLauncher:
 
     @classmethod
     def on_this_machine(cls, spec: DeploymentSpec, on_event: EventSink | None = None) -> "VllmLauncher":
-        """Resolve the model here (made on first use for 'embedded'), lay its recipe under the spec's
-        engine_args (unless `recipe: false`) and detect the devices."""
+        """Resolve the model here (made on first use for 'embedded'), check its LoRA adapters (made on
+        first use for 'embedded:N'), lay its recipe under the spec's engine_args (unless `recipe: false`)
+        and detect the devices."""
         from vlmserve.recipes.apply import spec_with_recipe
 
         model_path = resolve_model_path(spec.model, on_event=on_event)
+        if spec.lora_modules:
+            spec = spec.model_copy(update={"lora_modules": resolved_adapters(spec)})
         return cls(spec_with_recipe(spec, model_path, on_event), model_path, detect_device_kind(spec.devices))
 
     def arguments(self, *, host: str, port: int, index: int) -> list[str]:
@@ -413,6 +418,7 @@ class VllmLauncher:
             max_model_len=self.spec.engine_args.max_model_len,
             cache_config=expected_cache_labels(self.spec),
             expects_images=model_expects_images(self.spec.model, self.model_path),
+            adapters=tuple(self.spec.lora_modules),
         )
 
     def host_memory_needed_gb(self) -> float:
