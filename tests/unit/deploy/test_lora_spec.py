@@ -118,3 +118,17 @@ def test_bad_adapter_directories_are_one_line_each(tmp_path: Path) -> None:
     with pytest.raises(UserError) as caught:
         resolved_adapters(spec(lora_modules={"clinic": str(tmp_path / "big")}, max_lora_rank=16))
     assert "rank 32 is above max_lora_rank; set max_lora_rank to at least 32" in caught.value.message
+
+
+@pytest.mark.hostile("up -f SPEC --print-plan: an adapter directory that does not exist: one 'error:' line, exit non-zero")
+def test_up_refuses_a_missing_adapter_before_starting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.helpers.cli import run_cli
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(f"model: org/vlm\nrecipe: false\nlora_modules:\n  clinic: {tmp_path / 'gone'}\n")
+    code, out, err = run_cli(["up", "-f", str(spec_file), "--print-plan"], capsys)
+    assert code != 0 and out == ""
+    assert err.strip() == f"error: lora_modules.clinic: {tmp_path / 'gone'} does not exist; give the adapter's PEFT directory"
+    write_adapter(tmp_path / "gone")
+    code, out, err = run_cli(["up", "-f", str(spec_file), "--print-plan"], capsys)
+    assert code == 0 and f"--enable-lora --lora-modules clinic={tmp_path / 'gone'}" in out.replace("\n", "")
