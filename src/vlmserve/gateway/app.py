@@ -21,6 +21,7 @@ import aiohttp
 from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
                                         asks_for_usage, check_output_limits, context_tokens, load_keys_file,
                                         settled_tokens)
+from vlmserve.gateway.adapters import AdapterCatalog
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
@@ -101,6 +102,7 @@ class Gateway:
             on_ejection=lambda replica: self.metrics.ejections.labels(replica.name).inc(),
             on_forget=self._forget_replica,
         )
+        self.adapters = AdapterCatalog(self.pool, self.metrics.registry)
         self.discovery: DiscoveryWatcher | None = None
         if config.discover:
             self.discovery = DiscoveryWatcher(parse_source(config.discover), config.discover_interval_s,
@@ -252,10 +254,10 @@ class Gateway:
 
     async def handle_models(self, request: Request) -> Response:
         try:
-            self.admission.tenant_for(request.headers)
+            tenant = self.admission.tenant_for(request.headers)
         except AdmissionRejected as rejected:
             return error_response(rejected.status, rejected.message, rejected.code)
-        models = self.pool.known_models()
+        models = self.adapters.visible(tenant, self.pool.known_models())
         if not models and not self.pool.any_healthy():
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
         return Response.json({"object": "list", "data": list(models.values())})
@@ -309,9 +311,7 @@ class Gateway:
                 request_log.model = model if isinstance(model, str) else None
                 if model is not None and not isinstance(model, str):
                     raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
-                if isinstance(model, str) and not self.pool.lists_model(model):
-                    known = self.pool.known_models()
-                    raise AdmissionRejected(404, f"model {model!r} is not served here: choose one of {', '.join(sorted(known))}", "model_not_found")
+                request_log.adapter = self.adapters.check(tenant, model)  # 404 unknown, 403 not this key's
                 if route.generates:
                     check_output_limits(payload)
                 routed = describe_request(
@@ -321,7 +321,7 @@ class Gateway:
                     image_digests=images.digests or None,
                     image_tokens=images.image_tokens if images.images else None,
                 )
-                routed.tenant = tenant.name
+                routed.tenant, routed.adapter = tenant.name, request_log.adapter
                 routed.session_id = session_key(request.headers.get("X-Session-ID"))
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
@@ -401,6 +401,9 @@ class Gateway:
         if request_log.first_byte_mono is not None and request_log.status == "200":
             self.metrics.observe_latency(request_log.replica, request_log.first_byte_mono - request_log.received_mono,
                                          request_log.finished_mono - request_log.received_mono)
+        if request_log.adapter is not None:
+            self.adapters.observe(request_log.adapter, request_log.status, None if request_log.first_byte_mono is None
+                                  else request_log.first_byte_mono - request_log.received_mono)
         if self.audit.enabled:
             content = None if payload is None else next(
                 (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
