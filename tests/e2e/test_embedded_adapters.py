@@ -3,9 +3,12 @@ differently from the base model and from every other adapter at temperature 0.""
 
 from __future__ import annotations
 
+import json
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 
@@ -15,6 +18,7 @@ from vlmserve.demo.run import demo_spec
 from vlmserve.engines.embedded_adapters import adapter_name
 from vlmserve.spec import DeploymentSpec
 from vlmserve.vllm_flags import VLLM_LORA_RANKS
+from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway
 
 ADAPTERS = 8
 """More adapters than slots (max_loras 2): vLLM swaps them in and out of the batch's slots."""
@@ -62,3 +66,52 @@ def test_vlmserves_lora_ranks_are_the_installed_vllms() -> None:
 
     assert tuple(typing.get_args(MaxLoRARanks)) == VLLM_LORA_RANKS
 
+
+
+KEYS = """tenants:
+  - name: clinic
+    keys: [sk-clinic]
+    adapters: [tiny-lora-0]
+    base_model: false
+  - name: ops
+    keys: [sk-ops]
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.hostile("gateway on the real engine: a key limited to adapter A gets 403 for adapter B and the base model, "
+                     "404 naming its own models for an unknown one")
+async def test_gateway_limits_a_key_to_its_adapter_and_answers_as_the_replica(
+        lora_replica: tuple[str, typing.Any], tmp_path: Path) -> None:
+    base_url, _ = lora_replica
+    names = [adapter_name(index) for index in range(ADAPTERS)]
+    direct = {model: answer(base_url, model) for model in names}  # before the gateway shares this event loop
+    keys, audit = tmp_path / "keys.yaml", tmp_path / "audit.jsonl"
+    keys.write_text(KEYS)
+    clinic, ops = {"Authorization": "Bearer sk-clinic"}, {"Authorization": "Bearer sk-ops"}
+
+    def body(model: str) -> dict[str, typing.Any]:
+        return chat_body("Describe the picture, please.", stream=False, model=model, temperature=0.0)
+
+    async with running_gateway([base_url], keys_file=keys, audit_log=audit) as gateway, aiohttp.ClientSession() as session:
+        for model in names:  # at temperature 0, through the gateway = the replica's own answer
+            through = await post_chat(session, gateway.base_url, body(model), ops)
+            assert through.status == 200 and through.body["choices"][0]["message"]["content"] == direct[model], model
+        mine = await post_chat(session, gateway.base_url, body(names[0]), clinic)
+        assert mine.status == 200 and mine.body["choices"][0]["message"]["content"] == direct[names[0]]
+        for model, what in ((names[1], f"adapter '{names[1]}'"), ("embedded", "the base model 'embedded'")):
+            other = await post_chat(session, gateway.base_url, body(model), clinic)
+            assert other.status == 403 and other.body["error"]["code"] == "model_not_allowed"
+            assert other.body["error"]["message"] == f"tenant 'clinic' may not use {what}: it may use {names[0]}"
+        unknown = await post_chat(session, gateway.base_url, body("tiny-lora-99"), clinic)
+        assert unknown.status == 404 and unknown.body["error"]["message"].endswith(f"choose one of {names[0]}")
+        unknown = await post_chat(session, gateway.base_url, body("tiny-lora-99"), ops)
+        assert unknown.status == 404 and all(name in unknown.body["error"]["message"] for name in [*names, "embedded"])
+        async with session.get(f"{gateway.base_url}/v1/models", headers=clinic) as listed:
+            assert [entry["id"] for entry in (await listed.json())["data"]] == [names[0]]
+        async with session.get(f"{gateway.base_url}/metrics") as scraped:
+            metrics = await scraped.text()
+    assert f'vlmserve_gateway_adapter_requests_total{{adapter="{names[0]}",status="200"}} 2.0' in metrics
+    assert f'vlmserve_gateway_adapter_requests_total{{adapter="{names[1]}",status="403"}} 1.0' in metrics
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [line["adapter"] for line in lines if line["tenant"] == "clinic"] == [names[0], names[1], None, None]

@@ -59,6 +59,11 @@ class AdapterCatalog:
         self.refresh()
         return {name: entry for name, entry in models.items() if self.allowed(tenant, name)}
 
+    def adapter_of(self, model: str | None) -> str | None:
+        """`model` when it names a served adapter (for the audit line and metrics, refused or not), else None."""
+        self.refresh()
+        return model if model in self.adapters else None
+
     def check(self, tenant: Tenant, model: str | None) -> str | None:
         """The adapter a request names (None: the base model), or 404 / 403 as the module says."""
         self.refresh()

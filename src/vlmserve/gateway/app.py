@@ -311,7 +311,8 @@ class Gateway:
                 request_log.model = model if isinstance(model, str) else None
                 if model is not None and not isinstance(model, str):
                     raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
-                request_log.adapter = self.adapters.check(tenant, model)  # 404 unknown, 403 not this key's
+                request_log.adapter = self.adapters.adapter_of(model)
+                self.adapters.check(tenant, model)  # 404 unknown, 403 not this key's
                 if route.generates:
                     check_output_limits(payload)
                 routed = describe_request(
