@@ -6,11 +6,16 @@ each second would stall the event loop the streams run on, so only the wanted li
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+LORA_INFO = "vllm:lora_requests_info"
+"""vLLM's LoRA gauge: labels max_lora and the adapters with requests running / waiting; its value is the time
+it was set, and older label sets stay listed, so the newest sample is the current one."""
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,8 @@ class EngineLoad:
     running: float
     kv_usage: float
     scraped_at: float
+    adapters: frozenset[str] = frozenset()  # LoRA adapters with requests running or waiting (LORA_INFO)
+    max_loras: int | None = None  # adapters one batch may hold (LORA_INFO's max_lora); None: LoRA off or unknown
 
 
 def _sample_value(line: str) -> float:
@@ -34,6 +41,7 @@ def parse_engine_load(text: str, scraped_at: float) -> EngineLoad:
     """Sum each wanted gauge over its label sets (one engine may report several)."""
     waiting = running = 0.0
     kv_values: list[float] = []
+    lora_line, lora_time = "", -1.0
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -44,5 +52,12 @@ def parse_engine_load(text: str, scraped_at: float) -> EngineLoad:
             running += _sample_value(line)
         elif name in KV_USAGE_NAMES:
             kv_values.append(_sample_value(line))
+        elif name == LORA_INFO and _sample_value(line) > lora_time:
+            lora_line, lora_time = line, _sample_value(line)
     kv_usage = max(kv_values) if kv_values else 0.0
-    return EngineLoad(waiting=waiting, running=running, kv_usage=kv_usage, scraped_at=scraped_at)
+    labels = dict(_LABEL.findall(lora_line.split("}", 1)[0])) if lora_line else {}
+    adapters = frozenset(name for key in ("running_lora_adapters", "waiting_lora_adapters")
+                         for name in labels.get(key, "").split(",") if name)
+    max_lora = labels.get("max_lora", "")
+    return EngineLoad(waiting=waiting, running=running, kv_usage=kv_usage, scraped_at=scraped_at, adapters=adapters,
+                      max_loras=int(max_lora) if max_lora.isdigit() else None)
