@@ -419,6 +419,10 @@ class SLO(BaseModel):
         return {key.split("_", 1)[0]: value for key, value in self.bounds_s.items()}
 
 
+MAX_BENCH_ADAPTERS = 4096
+"""Adapters one bench run may spread its requests over."""
+
+
 class LoadSpec(BaseModel):
     """Client-side load: workload, lengths, concurrency or rate, count or duration."""
 
@@ -451,6 +455,11 @@ class LoadSpec(BaseModel):
     vision_budget_mix: dict[int, float] | None = None
     """{max_soft_tokens: weight}: a Gemma-style vision budget per request (mm_processor_kwargs)."""
     mix: dict[str, float] | None = None
+    lora_adapters: list[str] | None = Field(None, max_length=MAX_BENCH_ADAPTERS, description="LoRA adapters each "
+                                            "conversation is sent to (its model), drawn by lora_popularity")
+    lora_popularity: Literal["uniform", "zipf"] = "uniform"
+    lora_skew: float = Field(1.0, gt=0, le=10, description="Zipf exponent of adapter popularity (lora_popularity zipf)")
+    lora_base_share: float = Field(0.0, ge=0, le=1, description="share of conversations sent to the base model")
     extra_body: dict[str, Any] | None = None
     features: list[Literal["tools", "structured", "thinking"]] = Field(default_factory=list)
     """Feature workloads layered on the dataset (bench.features): tool schemas, a response JSON schema, thinking."""
@@ -500,6 +509,9 @@ class LoadSpec(BaseModel):
         if self.features and self.api != "chat":
             raise ValueError(f"features {','.join(self.features)} need api chat (tools, response_format and "
                              "chat_template_kwargs are chat-completions fields)")
+        if self.lora_adapters is not None and (len(set(self.lora_adapters)) != len(self.lora_adapters)
+                                                or not all(name.strip() for name in self.lora_adapters)):
+            raise ValueError("lora_adapters: name each adapter once, none empty")
         if self.shared_prefix_len >= self.input_len:
             raise ValueError(
                 f"shared_prefix_len {self.shared_prefix_len} must be below input_len {self.input_len} "
