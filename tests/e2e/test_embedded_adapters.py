@@ -115,3 +115,22 @@ async def test_gateway_limits_a_key_to_its_adapter_and_answers_as_the_replica(
     assert f'vlmserve_gateway_adapter_requests_total{{adapter="{names[1]}",status="403"}} 1.0' in metrics
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [line["adapter"] for line in lines if line["tenant"] == "clinic"] == [names[0], names[1], None, None]
+
+
+@pytest.mark.engine
+def test_bench_spreads_a_zipf_mix_over_the_adapters_and_reports_each(lora_replica: tuple[str, typing.Any], cli: typing.Any,
+                                                                     tmp_path: Path) -> None:
+    base_url, _ = lora_replica
+    out = tmp_path / "lora.json"
+    done = cli("bench", "--base-url", base_url, "--model", "embedded", "--no-progress", "--no-store",
+               "--lora-adapters", f"embedded:{ADAPTERS}", "--lora-popularity", "zipf", "--lora-skew", "1.2",
+               "--concurrency", 4, "--num-requests", 48, "--input-len", 32, "--output-len", 8, "--json-out", out)
+    assert done.code == 0, done.err
+    by_adapter = json.loads(out.read_text())["by_adapter"]
+    assert sum(block["requests"] for block in by_adapter.values()) == 48 and len(by_adapter) >= 4
+    top = next(iter(by_adapter))
+    assert top == adapter_name(0) and by_adapter[top]["share"] > 0.25  # Zipf: the first listed is the most popular
+    for block in by_adapter.values():
+        assert block["failed"] == 0 and block["ttft_ms"]["p50"] > 0 and block["first_use_ttft_ms"] > 0
+    assert any(block["first_use_penalty_ms"] is not None for block in by_adapter.values())
+    assert "per LoRA adapter" in done.out and "first-use penalty" in done.out
