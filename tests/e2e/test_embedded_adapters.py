@@ -18,6 +18,7 @@ from vlmserve.demo.run import demo_spec
 from vlmserve.engines.embedded_adapters import adapter_name
 from vlmserve.spec import DeploymentSpec
 from vlmserve.vllm_flags import VLLM_LORA_RANKS
+from tests.helpers.browser import find_chromium, visit_page
 from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway
 
 ADAPTERS = 8
@@ -118,15 +119,18 @@ async def test_gateway_limits_a_key_to_its_adapter_and_answers_as_the_replica(
 
 
 @pytest.mark.engine
-def test_bench_spreads_a_zipf_mix_over_the_adapters_and_reports_each(lora_replica: tuple[str, typing.Any], cli: typing.Any,
-                                                                     tmp_path: Path) -> None:
+def test_bench_spreads_a_zipf_mix_over_the_adapters_and_reports_each(
+        lora_replica: tuple[str, typing.Any], cli: typing.Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        artifacts_dir: Path) -> None:
     base_url, _ = lora_replica
+    monkeypatch.setenv("VLMSERVE_HOME", str(tmp_path / "home"))  # the run is stored there, for `vlmserve report`
     out = tmp_path / "lora.json"
-    done = cli("bench", "--base-url", base_url, "--model", "embedded", "--no-progress", "--no-store",
+    done = cli("bench", "--base-url", base_url, "--model", "embedded", "--no-progress", "--label", "lora-zipf",
                "--lora-adapters", f"embedded:{ADAPTERS}", "--lora-popularity", "zipf", "--lora-skew", "1.2",
                "--concurrency", 4, "--num-requests", 48, "--input-len", 32, "--output-len", 8, "--json-out", out)
     assert done.code == 0, done.err
-    by_adapter = json.loads(out.read_text())["by_adapter"]
+    summary = json.loads(out.read_text())
+    by_adapter = summary["by_adapter"]
     assert sum(block["requests"] for block in by_adapter.values()) == 48 and len(by_adapter) >= 4
     top = next(iter(by_adapter))
     assert top == adapter_name(0) and by_adapter[top]["share"] > 0.25  # Zipf: the first listed is the most popular
@@ -134,3 +138,15 @@ def test_bench_spreads_a_zipf_mix_over_the_adapters_and_reports_each(lora_replic
         assert block["failed"] == 0 and block["ttft_ms"]["p50"] > 0 and block["first_use_ttft_ms"] > 0
     assert any(block["first_use_penalty_ms"] is not None for block in by_adapter.values())
     assert "per LoRA adapter" in done.out and "first-use penalty" in done.out
+    if find_chromium() is None:
+        pytest.skip("chromium not installed: the HTML report's table is not checked")
+    page = tmp_path / "report.html"
+    assert cli("report", summary["meta"]["run_id"], "--html", page).code == 0
+    visit = visit_page(page, ready_js="document.readyState === 'complete'", checks_js={
+        "rows": "[...document.querySelectorAll('tr')].filter(r => r.textContent.includes('tiny-lora-')).length",
+        "title": "[...document.querySelectorAll('table caption, h2, h3, th')].map(e => e.textContent).join('|')",
+        "top": f"[...document.querySelectorAll('tr')].some(r => r.textContent.includes('{top}'))",
+    }, screenshot=artifacts_dir / "report-lora-adapters.png")
+    assert visit.console_errors == [], visit.console_errors
+    assert visit.checks["rows"] == len(by_adapter) and visit.checks["top"] is True
+    assert "first-use penalty ms" in visit.checks["title"]
