@@ -3,7 +3,9 @@ differently from the base model and from every other adapter at temperature 0.""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,8 @@ import pytest
 from vlmserve.deploy.readiness import image_message, tiny_png_data_url
 from vlmserve.deploy.supervisor import Supervisor
 from vlmserve.demo.run import demo_spec
-from vlmserve.engines.embedded_adapters import adapter_name
+from vlmserve.engines.embedded_adapters import adapter_name, ensure_adapter
+from vlmserve.engines.vllm import RUNTIME_LORA_ENV
 from vlmserve.spec import DeploymentSpec
 from vlmserve.vllm_flags import VLLM_LORA_RANKS
 from tests.helpers.browser import find_chromium, visit_page
@@ -25,20 +28,33 @@ ADAPTERS = 8
 """More adapters than slots (max_loras 2): vLLM swaps them in and out of the batch's slots."""
 
 
-def lora_spec(replicas: int = 1) -> DeploymentSpec:
-    base = demo_spec(name="test-lora", replicas=replicas, max_model_len=1024).model_dump()
+REPLICAS = 2
+
+
+def lora_spec() -> DeploymentSpec:
+    """Two replicas, one core each, behind no supervisor gateway (the tests start their own, with keys), with
+    runtime adapter loading on as `up` turns it on behind its gateway."""
+    base = demo_spec(name="test-lora", replicas=REPLICAS, max_model_len=1024).model_dump()
     return DeploymentSpec.model_validate({
-        **base, "lora_modules": {adapter_name(index): f"embedded:{index}" for index in range(ADAPTERS)},
-        "max_loras": 2, "max_cpu_loras": ADAPTERS,
+        **base, "gateway": False, "cpu_threads_per_replica": 1, "env": {RUNTIME_LORA_ENV: "1"},
+        "lora_modules": {adapter_name(index): f"embedded:{index}" for index in range(ADAPTERS)},
+        "max_loras": 2, "max_cpu_loras": ADAPTERS + 2,
     })
 
 
 @pytest.fixture(scope="module")
-def lora_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, typing.Any]]:
-    """One real replica serving the embedded model and its eight adapters, started (and checked) by the supervisor."""
+def lora_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], list[typing.Any], str]]:
+    """Two real replicas serving the embedded model and its eight adapters, started (and checked) by the supervisor:
+    (their URLs, what each serves, the model directory)."""
     with Supervisor(lora_spec(), state_dir=tmp_path_factory.mktemp("lora")) as supervisor:
-        replica = supervisor.replicas[0]
-        yield replica.plan.url, replica.served
+        yield ([replica.plan.url for replica in supervisor.replicas], [r.served for r in supervisor.replicas],
+               supervisor.model_path)
+
+
+@pytest.fixture(scope="module")
+def lora_replica(lora_replicas: tuple[list[str], list[typing.Any], str]) -> tuple[str, typing.Any]:
+    """The first of them."""
+    return lora_replicas[0][0], lora_replicas[1][0]
 
 
 def answer(base_url: str, model: str, content: typing.Any = "Describe the picture, please.") -> str:
@@ -83,10 +99,12 @@ KEYS = """tenants:
 @pytest.mark.hostile("gateway on the real engine: a key limited to adapter A gets 403 for adapter B and the base model, "
                      "404 naming its own models for an unknown one")
 async def test_gateway_limits_a_key_to_its_adapter_and_answers_as_the_replica(
-        lora_replica: tuple[str, typing.Any], tmp_path: Path) -> None:
-    base_url, _ = lora_replica
+        lora_replicas: tuple[list[str], list[typing.Any], str], tmp_path: Path) -> None:
+    urls = lora_replicas[0]
+    base_url = urls[0]
     names = [adapter_name(index) for index in range(ADAPTERS)]
     direct = {model: answer(base_url, model) for model in names}  # before the gateway shares this event loop
+    assert {model: answer(urls[1], model) for model in names} == direct  # the replicas answer alike
     keys, audit = tmp_path / "keys.yaml", tmp_path / "audit.jsonl"
     keys.write_text(KEYS)
     clinic, ops = {"Authorization": "Bearer sk-clinic"}, {"Authorization": "Bearer sk-ops"}
@@ -94,7 +112,8 @@ async def test_gateway_limits_a_key_to_its_adapter_and_answers_as_the_replica(
     def body(model: str) -> dict[str, typing.Any]:
         return chat_body("Describe the picture, please.", stream=False, model=model, temperature=0.0)
 
-    async with running_gateway([base_url], keys_file=keys, audit_log=audit) as gateway, aiohttp.ClientSession() as session:
+    async with running_gateway(urls, keys_file=keys, audit_log=audit, policy="adapter-affinity") as gateway, \
+            aiohttp.ClientSession() as session:
         for model in names:  # at temperature 0, through the gateway = the replica's own answer
             through = await post_chat(session, gateway.base_url, body(model), ops)
             assert through.status == 200 and through.body["choices"][0]["message"]["content"] == direct[model], model
@@ -150,3 +169,49 @@ def test_bench_spreads_a_zipf_mix_over_the_adapters_and_reports_each(
     assert visit.console_errors == [], visit.console_errors
     assert visit.checks["rows"] == len(by_adapter) and visit.checks["top"] is True
     assert "first-use penalty ms" in visit.checks["title"]
+
+
+@pytest.mark.engine
+async def test_an_adapter_loaded_through_the_gateway_during_a_bench_fails_no_request_and_answers_everywhere(
+        lora_replicas: tuple[list[str], list[typing.Any], str], tmp_path: Path) -> None:
+    urls, _, model_path = lora_replicas
+    new_name, new_path = adapter_name(ADAPTERS + 1), ensure_adapter(ADAPTERS + 1)
+    keys, out = tmp_path / "keys.yaml", tmp_path / "bench.json"
+    keys.write_text("tenants:\n  - name: ops\n    keys: [sk-ops]\n    admin: true\n")
+    admin = {"Authorization": "Bearer sk-ops"}
+    async with running_gateway(urls, keys_file=keys, policy="adapter-affinity") as gateway, \
+            aiohttp.ClientSession() as session:
+        bench = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vlmserve", "bench", "--base-url", gateway.base_url, "--model", "embedded",
+            "--api-key", "sk-ops", "--lora-adapters", f"embedded:{ADAPTERS}", "--lora-popularity", "zipf",
+            "--concurrency", "4", "--num-requests", "40", "--input-len", "32", "--output-len", "16",
+            "--tokenizer", model_path, "--no-store", "--no-progress", "--json-out", str(out),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        deadline = asyncio.get_running_loop().time() + 120
+        while gateway.gateway.requests_in_progress < 2 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        in_flight = gateway.gateway.requests_in_progress
+        status, loaded = await admin_post(session, f"{gateway.base_url}/admin/lora/load",
+                                          {"lora_name": new_name, "lora_path": str(new_path)}, admin)
+        assert status == 200 and sorted(loaded["replicas"].values()) == ["ok"] * REPLICAS, loaded
+        assert in_flight >= 2  # the bench was under way when the adapter was loaded
+        _, err = await bench.communicate()
+        assert bench.returncode == 0, err.decode()[-2000:]
+        summary = json.loads(out.read_text())
+        assert summary["requests"]["failed"] == 0 and summary["requests"]["completed"] == 40
+        through = await post_chat(session, gateway.base_url, chat_body("Describe the picture, please.", stream=False,
+                                                                       model=new_name, temperature=0.0), admin)
+        assert through.status == 200
+        new_answer = through.body["choices"][0]["message"]["content"]
+        direct = await asyncio.gather(*(asyncio.to_thread(answer, url, new_name) for url in urls))
+        assert direct == [new_answer] * REPLICAS  # every replica serves it, and gives the gateway's answer
+        assert new_answer != await asyncio.to_thread(answer, urls[0], adapter_name(0))
+        status, _ = await admin_post(session, f"{gateway.base_url}/admin/lora/unload", {"lora_name": new_name}, admin)
+        assert status == 200
+        gone = await post_chat(session, gateway.base_url, chat_body("x", stream=False, model=new_name), admin)
+        assert gone.status == 404 and new_name not in gone.body["error"]["message"].split("choose one of")[1]
+
+
+async def admin_post(session: aiohttp.ClientSession, url: str, body: dict, headers: dict) -> tuple[int, dict]:
+    async with session.post(url, json=body, headers=headers) as reply:
+        return reply.status, await reply.json()

@@ -55,6 +55,9 @@ MEDIA_REDIRECTS_ENV = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
 against the URL it was given only, so an allowlisted host answering 302 to http://169.254.169.254/
 or http://127.0.0.1:8000/ would otherwise lead the engine inside (vLLM's default: follow)."""
 
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+"""vLLM serves /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set."""
+
 GPU_ENGINE_HOST_OVERHEAD_GB = 4.0
 """Host memory a GPU engine process needs (CUDA context, torch, tokenizer, API server)."""
 
@@ -276,6 +279,10 @@ def plan_launches(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind
         # A local model needs no hub; don't let a missing network slow the start down.
         common_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     common_env.update(tracing_env(spec))
+    if spec.lora_enabled and spec.gateway:
+        # adapters loaded at run time through the gateway's admin route (gateway/adapter_admin.py); the
+        # engines' own load path is reachable from the gateway alone (replicas listen on loopback behind it)
+        common_env[RUNTIME_LORA_ENV] = "1"
     notes: list[str] = []
     if device_kind == "gpu":
         groups = gpu_groups(spec.replicas, spec.engine_args.tensor_parallel_size, gpu_count())

@@ -30,6 +30,7 @@ class AdapterCatalog:
         self.bases: frozenset[str] = frozenset()
         self._lists: tuple[int, ...] = ()  # identities of the lists the sets were built from
         self._labels: dict[str, str] = {}
+        self.in_flight: dict[str, int] = {}  # admitted requests per adapter not yet finished (adapter_admin.py)
         self.requests = Counter("vlmserve_gateway_adapter_requests", "Requests for a LoRA adapter by final "
                                 "status (adapter: its name, or other past the label bound)", ["adapter", "status"],
                                 registry=registry)
@@ -78,7 +79,18 @@ class AdapterCatalog:
             raise self._forbidden(tenant, "the base model (a request without 'model')")
         if model is not None and not self.allowed(tenant, model):
             raise self._forbidden(tenant, f"adapter {model!r}" if model in self.adapters else f"the base model {model!r}")
-        return model if model in self.adapters else None
+        if model not in self.adapters:
+            return None
+        self.in_flight[model] = self.in_flight.get(model, 0) + 1  # `release` when the request ends
+        return model
+
+    def release(self, adapter: str) -> None:
+        """An admitted request for `adapter` (check's answer) ended."""
+        left = self.in_flight.get(adapter, 0) - 1
+        if left > 0:
+            self.in_flight[adapter] = left
+        else:
+            self.in_flight.pop(adapter, None)
 
     def _forbidden(self, tenant: Tenant, what: str) -> AdmissionRejected:
         names = sorted(self.visible(tenant, self.pool.known_models()))

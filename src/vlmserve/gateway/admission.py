@@ -72,6 +72,7 @@ class TenantSpec(BaseModel):
     adapters: list[str] | None = Field(None, max_length=MAX_SPEC_ADAPTERS, description="LoRA adapters it may use; "
                                        "none listed: any (gateway/adapters.py)")
     base_model: bool = Field(True, description="it may use the base model (false: its adapters only)")
+    admin: bool = Field(False, description="it may load and unload LoRA adapters on every replica (adapter_admin.py)")
 
     @model_validator(mode="after")
     def _adapter_names(self) -> TenantSpec:
@@ -161,6 +162,7 @@ class Tenant:
     """(max_image_bytes, max_image_pixels, max_images_per_request) for this tenant; None: the gateway's."""
     adapters: frozenset[str] | None = None  # the LoRA adapters it may use; None: any
     base_model: bool = True  # it may use the base model
+    admin: bool = False  # it may load and unload adapters (adapter_admin.py)
 
     @classmethod
     def from_spec(cls, spec: TenantSpec) -> Tenant:
@@ -171,7 +173,8 @@ class Tenant:
             token_bucket = TokenBucket(spec.tokens_per_min / 60.0, spec.tokens_per_min)
         return cls(name=spec.name, priority=spec.priority, request_bucket=request_bucket, token_bucket=token_bucket,
                    image_limits=(spec.max_image_bytes, spec.max_image_pixels, spec.max_images_per_request),
-                   adapters=None if spec.adapters is None else frozenset(spec.adapters), base_model=spec.base_model)
+                   adapters=None if spec.adapters is None else frozenset(spec.adapters), base_model=spec.base_model,
+                   admin=spec.admin)
 
     @property
     def rate_limited(self) -> bool:

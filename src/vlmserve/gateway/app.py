@@ -21,6 +21,7 @@ import aiohttp
 from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
                                         asks_for_usage, check_output_limits, context_tokens, load_keys_file,
                                         settled_tokens)
+from vlmserve.gateway.adapter_admin import handle_adapter_admin
 from vlmserve.gateway.adapters import AdapterCatalog
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.config import GatewayConfig
@@ -89,6 +90,7 @@ class Gateway:
         self.media_addresses = MediaAddressPolicy(config.allow_internal_media_addresses)
         upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self.replica_headers = header_lines(upstream_headers.items())  # what a forwarded GET carries
+        self.admin_headers = header_lines([("Content-Type", "application/json"), *upstream_headers.items()])
         self.pool = ReplicaPool(
             config.replicas,
             health_interval_s=config.health_interval_s,
@@ -235,6 +237,8 @@ class Gateway:
             return await self.handle_models(request)
         if kind is RouteKind.ENGINE_INFO:
             return await self.handle_engine_info(request)
+        if kind is RouteKind.ADMIN:
+            return await handle_adapter_admin(self, request)
         return await (self.handle_health(request) if route.path == "/health" else self.handle_metrics(request))
 
     async def handle_health(self, request: Request) -> Response:
@@ -275,6 +279,7 @@ class Gateway:
         tenant = None
         slot_held = False
         charged: Charge | None = None
+        admitted_adapter: str | None = None
         payload: dict[str, Any] | None = None
         try:
             try:
@@ -312,7 +317,7 @@ class Gateway:
                 if model is not None and not isinstance(model, str):
                     raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
                 request_log.adapter = self.adapters.adapter_of(model)
-                self.adapters.check(tenant, model)  # 404 unknown, 403 not this key's
+                admitted_adapter = self.adapters.check(tenant, model)  # 404 unknown, 403 not this key's
                 if route.generates:
                     check_output_limits(payload)
                 routed = describe_request(
@@ -354,6 +359,8 @@ class Gateway:
                                   request_id=request_log.request_id)
         finally:
             self.requests_in_progress -= 1
+            if admitted_adapter is not None:
+                self.adapters.release(admitted_adapter)
             if slot_held:
                 self.admission.release_slot()
                 if tenant is not None and charged is not None:

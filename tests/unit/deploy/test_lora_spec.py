@@ -132,3 +132,13 @@ def test_up_refuses_a_missing_adapter_before_starting(tmp_path: Path, capsys: py
     write_adapter(tmp_path / "gone")
     code, out, err = run_cli(["up", "-f", str(spec_file), "--print-plan"], capsys)
     assert code == 0 and f"--enable-lora --lora-modules clinic={tmp_path / 'gone'}" in out.replace("\n", "")
+
+
+def test_runtime_adapter_loading_is_on_behind_a_gateway_only() -> None:
+    from vlmserve.engines.vllm import RUNTIME_LORA_ENV, plan_launches
+
+    behind = plan_launches(spec(max_loras=2, replicas=2, gateway=True), "/m", "cpu")
+    assert all(launch.env[RUNTIME_LORA_ENV] == "1" for launch in behind)
+    exposed = plan_launches(spec(max_loras=2, gateway=False), "/m", "cpu")  # replicas reachable directly: never
+    assert RUNTIME_LORA_ENV not in exposed[0].env
+    assert RUNTIME_LORA_ENV not in plan_launches(spec(replicas=2), "/m", "cpu")[0].env  # no LoRA: never
