@@ -73,10 +73,10 @@ def replicas(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[list[str
 
 
 @contextlib.contextmanager
-def gateway(policy: str, urls: list[str], log: Path) -> Iterator[str]:
+def gateway(policy: str, urls: list[str], log: Path, load_factor: float) -> Iterator[str]:
     port = free_port()
     argv = [sys.executable, "-m", "vlmserve", "gateway", "--port", str(port), "--policy", policy,
-            "--audit-log", str(log.with_suffix(".audit.jsonl"))]
+            "--prefix-load-factor", str(load_factor), "--audit-log", str(log.with_suffix(".audit.jsonl"))]
     for url in urls:
         argv += ["--replica", url]
     with open(log, "w") as out:
@@ -132,12 +132,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--skew", type=float, default=1.2, help="Zipf exponent of adapter popularity")
+    parser.add_argument("--load-factor", type=float, default=1.25,
+                        help="the gateways' --prefix-load-factor: the load bound adapter affinity stays under")
     parser.add_argument("--markdown", type=Path, help="append the results table to this file")
     args = parse_args(parser, rounds=1, num_requests=12, concurrency=2)
     workdir = Path(tempfile.mkdtemp(prefix="adapter-routing-"))
     results: dict[str, list[dict]] = {policy: [] for policy in POLICIES}
     with replicas(args, workdir) as (urls, model, model_dir, adapters), contextlib.ExitStack() as stack:
-        bases = {policy: stack.enter_context(gateway(policy, urls, workdir / f"gateway-{policy}.log")) for policy in POLICIES}
+        bases = {policy: stack.enter_context(gateway(policy, urls, workdir / f"gateway-{policy}.log",
+                                                                  args.load_factor)) for policy in POLICIES}
         audits = {policy: workdir / f"gateway-{policy}.audit.jsonl" for policy in POLICIES}
         if args.smoke:
             skip("the warm-up round: sim engines have nothing to warm")
@@ -175,8 +178,8 @@ def render(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     engine = "sim engines (smoke)" if args.smoke else "embedded vLLM CPU engine, 2 replicas x 1 core, max_loras 2"
     lines = [
         f"Adapter routing, {engine}: {args.num_requests} requests per run over {ADAPTERS} adapters (Zipf {args.skew:g}) "
-        f"at concurrency {args.concurrency}, 32 prompt / {args.output_len} output tokens, {args.rounds} rounds "
-        "(A B B A), medians.",
+        f"at concurrency {args.concurrency}, 32 prompt / {args.output_len} output tokens, load factor "
+        f"{args.load_factor:g}, {args.rounds} rounds (A B B A), medians.",
         "",
         "| policy | TTFT p50 (ms) | TTFT p95 (ms) | TPOT p50 (ms) | adapters in flight per replica | busiest replica's share | failed |",
         "|---|---|---|---|---|---|---|",
