@@ -149,15 +149,13 @@ class LoraOptions(BaseModel):
         """LoRA is on when adapters are declared or slots are sized (for adapters loaded at run time)."""
         return bool(self.lora_modules) or self.max_loras is not None
 
-    def _check_lora(self, served_name: str, engine: str) -> None:
+    def _check_lora(self, served_name: str) -> None:
         """Cross-field rules, called from DeploymentSpec's validator."""
         if served_name in self.lora_modules:
             raise ValueError(f"adapter name '{served_name}' is the base model's served name; rename the adapter")
         if self.max_cpu_loras is not None and self.max_cpu_loras < (self.max_loras or 1):
             raise ValueError(f"max_cpu_loras {self.max_cpu_loras} is below max_loras {self.max_loras or 1}; "
                              "vLLM keeps at least max_loras adapters in host memory")
-        if engine == "sim" and self.lora_enabled:
-            raise ValueError("the sim engine serves no LoRA adapters; use engine vllm")
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -238,7 +236,7 @@ class DeploymentSpec(LoraOptions):
 
     @model_validator(mode="after")
     def _lora_fits(self) -> "DeploymentSpec":
-        self._check_lora(self.engine_args.served_model_name or self.model, self.engine)
+        self._check_lora(self.engine_args.served_model_name or self.model)
         return self
 
     @property

@@ -81,7 +81,6 @@ def test_lora_bounds_are_one_line_each() -> None:
     assert "max_cpu_loras 1 is below max_loras 2" in refusal(max_loras=2, max_cpu_loras=1)
     assert "is the base model's served name" in refusal(lora_modules={"vision": "/x"},
                                                         engine_args={"served_model_name": "vision"})
-    assert "sim engine serves no LoRA adapters" in refusal(engine="sim", max_loras=2)
     assert f"at most {MAX_SPEC_ADAPTERS}" in refusal(lora_modules={f"a{i}": "/x" for i in range(MAX_SPEC_ADAPTERS + 1)})
     assert "has no path" in refusal(lora_modules={"a": " "})
     assert "field 'engine_args.max_loras': set by vlmserve; use the spec's `max_loras`" in refusal(engine_args={"max_loras": 4})
