@@ -46,14 +46,17 @@ def free_port() -> int:
 @contextlib.contextmanager
 def replicas(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[list[str], str, str | None, str]]:
     """(replica URLs, base model, model directory, --lora-adapters value) while two engines run."""
-    if args.smoke:
+    if args.smoke or args.engine == "sim":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.helpers.sim import start_sim_engine
 
-        skip("the embedded vLLM engines with adapters (a minute to start): sim engines stand in, "
-             "and every 'adapter' is the sim model itself")
-        with start_sim_engine(model="smoke-model", ttft_ms=5, itl_ms=1) as a, start_sim_engine(model="smoke-model", ttft_ms=5, itl_ms=1) as b:
-            yield [a.base_url, b.base_url], "smoke-model", None, "smoke-model"
+        if args.smoke:
+            skip("the embedded vLLM engines with adapters (a minute to start): sim engines with adapter slots stand in")
+        names = [f"lora-{index}" for index in range(ADAPTERS)]
+        options = {"model": "sim-model", "profile": "tiny-cpu", "max_loras": 2, "max_cpu_loras": ADAPTERS,
+                   "lora_step_ms": 2, "lora_module": names}
+        with start_sim_engine(**options) as a, start_sim_engine(**options) as b:
+            yield [a.base_url, b.base_url], "sim-model", None, ",".join(names)
         return
     from vlmserve.demo.run import demo_spec
     from vlmserve.deploy.supervisor import Supervisor
@@ -132,6 +135,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--skew", type=float, default=1.2, help="Zipf exponent of adapter popularity")
+    parser.add_argument("--engine", choices=("vllm", "sim"), default="vllm",
+                        help="vllm: two embedded vLLM replicas; sim: two sim engines with adapter slots (simulated figures)")
     parser.add_argument("--load-factor", type=float, default=1.25,
                         help="the gateways' --prefix-load-factor: the load bound adapter affinity stays under")
     parser.add_argument("--markdown", type=Path, help="append the results table to this file")
@@ -142,7 +147,7 @@ def main() -> None:
         bases = {policy: stack.enter_context(gateway(policy, urls, workdir / f"gateway-{policy}.log",
                                                                   args.load_factor)) for policy in POLICIES}
         audits = {policy: workdir / f"gateway-{policy}.audit.jsonl" for policy in POLICIES}
-        if args.smoke:
+        if args.smoke or args.engine == "sim":
             skip("the warm-up round: sim engines have nothing to warm")
         else:
             for policy in POLICIES:  # discarded: both gateways learn the model lists, the engines warm up
@@ -175,7 +180,8 @@ def render(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
         return statistics.median(b[key] / a[key] for a, b in zip(lot, aff))
 
     wins = sum(b["ttft_p95_ms"] < a["ttft_p95_ms"] for a, b in zip(lot, aff))
-    engine = "sim engines (smoke)" if args.smoke else "embedded vLLM CPU engine, 2 replicas x 1 core, max_loras 2"
+    engine = ("sim engines (smoke)" if args.smoke else "SIMULATED: sim engines (tiny-cpu profile), 2 replicas, max_loras 2"
+              if args.engine == "sim" else "embedded vLLM CPU engine, 2 replicas x 1 core, max_loras 2")
     lines = [
         f"Adapter routing, {engine}: {args.num_requests} requests per run over {ADAPTERS} adapters (Zipf {args.skew:g}) "
         f"at concurrency {args.concurrency}, 32 prompt / {args.output_len} output tokens, load factor "
