@@ -93,6 +93,12 @@ class ReplicaTransport(asyncio.Transport):
     def resume_reading(self) -> None:
         pass
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
     def write(self, data: Any) -> None:
         self.loop.call_soon(self._deliver, 0)
 
@@ -186,7 +192,11 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
     from vlmserve.gateway.proxy import Forwarder
     from vlmserve.gateway.retry_budget import RetryBudget
     from vlmserve.gateway.server import quiet_garbage_collector
-    from vlmserve.gateway.upstream import UpstreamConnection, UpstreamPool
+    try:
+        from vlmserve.http1.client import ClientConnection, ClientPool
+    except ImportError:  # a tree from before the one client (--compare-src)
+        from vlmserve.gateway.upstream import UpstreamConnection as ClientConnection  # type: ignore[no-redef]
+        from vlmserve.gateway.upstream import UpstreamPool as ClientPool  # type: ignore[no-redef]
     from vlmserve.http1.server import HttpConnection, HttpServer, ServerLimits
 
     loop = asyncio.get_running_loop()
@@ -194,7 +204,7 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
     gateway = Gateway(config)
     # What Gateway.start() sets up, without its health checks and background tasks. Built here from
     # the constructors, not through a Gateway method, so that --compare-src also runs older trees (those with http1.server).
-    gateway.upstream = UpstreamPool(config.connect_timeout_s)
+    gateway.upstream = ClientPool(config.connect_timeout_s)
     gateway.forwarder = Forwarder(
         gateway.pool, gateway.policy, gateway.upstream, gateway.watchdog, max_attempts=config.max_attempts,
         retry_budget=RetryBudget(config.retry_budget_ratio, config.retry_budget_min_per_s),
@@ -206,7 +216,7 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
     frames = stream_frames(output_tokens)
     connections = []
     for _ in range(concurrency + 8):
-        connection = UpstreamConnection(key)
+        connection = ClientConnection(key)
         transport = ReplicaTransport(loop, frames)
         connection.connection_made(transport)
         transport.protocol = connection

@@ -71,7 +71,7 @@ import psutil
 from _smoke import wait_healthy, parse_args, skip
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
-from vlmserve.bench.http_stream import ConnectionPool, Endpoint
+from vlmserve.bench.http_stream import ConnectionPool
 from vlmserve.results.records import RequestRecord
 
 MODEL = "sim-model"
@@ -534,7 +534,7 @@ async def run(args: argparse.Namespace, routes: list[Route],
     request_s = (args.ttft_ms + args.itl_ms * args.output_tokens) / 1000
     stagger_s = request_s / args.streams
     # the bench's own keep-alive pool, one per route (a pool holds connections to one endpoint)
-    pools = {route.name: ConnectionPool(Endpoint.from_url(route.base_url + options.path)) for route in routes}
+    pools = {route.name: ConnectionPool(route.base_url + options.path) for route in routes}
     rounds: list[list[Trial]] = []
     try:
         for route in routes:  # warm-up: connections, caches, JITs of the proxies

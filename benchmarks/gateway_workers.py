@@ -32,7 +32,7 @@ from _smoke import parse_args, wait_healthy
 from gateway_overhead import MODEL, Route, free_port, run_trial, start_engine  # the same load generator
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body
-from vlmserve.bench.http_stream import ConnectionPool, Endpoint
+from vlmserve.bench.http_stream import ConnectionPool
 
 
 def start_gateway(engines: list[Route], workers: int, log_dir: Path) -> Route:
@@ -60,7 +60,7 @@ async def measure(route: Route, engines: list[Route], args: argparse.Namespace) 
     low, high = max(1, args.output_tokens // 2), args.output_tokens * 3 // 2
     bodies = [encode_body(build_body(options, rng.randint(low, high), messages=messages)) for _ in range(97)]
     stagger_s = (args.ttft_ms + args.itl_ms * args.output_tokens) / 1000 / args.streams
-    pool = ConnectionPool(Endpoint.from_url(route.base_url + options.path))
+    pool = ConnectionPool(route.base_url + options.path)
     try:
         await run_trial(pool, route, bodies, min(args.requests, args.streams), args.streams, stagger_s)  # warm-up
         engines_before = cpu_of(engines)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from vlmserve.http1.reader import ProtocolError, ResponseHead, ResponseReader
+
 EVENT = b'data: {"choices":[{"index":0,"text":"hi"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
 BODY = EVENT + DONE
@@ -131,3 +133,29 @@ def head_splits(response: bytes = GOOD) -> Iterator[tuple[bytes, bytes]]:
     head_end = response.index(b"\r\n\r\n") + 4
     for cut in range(1, head_end + 1):
         yield response[:cut], response[cut:]
+
+
+class _Payload:
+    def __init__(self) -> None:
+        self.payload = b""
+
+    def on_response_head(self, head: ResponseHead) -> None:
+        pass
+
+    def on_response_body(self, data: bytes) -> None:
+        self.payload += data
+
+    def on_response_end(self) -> None:
+        pass
+
+
+def payload_before_refusal(case: ResponseCase) -> bytes:
+    """The payload the reader hands on before it refuses the case (the relay passes it on)."""
+    sink = _Payload()
+    reader = ResponseReader(sink)
+    reader.expect()
+    try:
+        reader.feed(case.response)
+    except ProtocolError:
+        pass
+    return sink.payload

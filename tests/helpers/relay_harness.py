@@ -28,7 +28,7 @@ from vlmserve.gateway.proxy import Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.gateway.upstream import UpstreamPool
+from vlmserve.http1.client import ClientPool
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.headers import Headers
 from vlmserve.http1.messages import Answer, Request, Response, StreamListener
@@ -265,7 +265,7 @@ class ForwardingHarness:
     forwarder: Forwarder
     policy: RecordingPolicy
     pool: ReplicaPool
-    upstream: UpstreamPool
+    upstream: ClientPool
     port: int = 0
     logs: list[RequestLog] = field(default_factory=list)
     clients: list[ClientSide] = field(default_factory=list)
@@ -289,7 +289,7 @@ async def forwarding(urls: list[str], *, high_water: int | None = None, send_buf
     pool = ReplicaPool(urls)
     for replica in pool.replicas:
         replica.healthy = True  # no probes here: the scripted replicas are taken to be up
-    upstream = UpstreamPool(connect_timeout_s=2)
+    upstream = ClientPool(connect_timeout_s=2)
     watchdog = Watchdog(tick_s=watchdog_tick_s)
     watchdog.start()
     policy = RecordingPolicy()

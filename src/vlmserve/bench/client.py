@@ -263,12 +263,12 @@ async def stream_request(
     except TimeoutError:
         record.finished_at_s = perf() + clock_offset
         record.error_kind, record.error_message = "timeout", f"no complete answer within {timeout_s:g} s"
+    except HttpProtocolError as err:  # before ConnectionLost, which it is a kind of
+        record.finished_at_s = perf() + clock_offset
+        record.error_kind, record.error_message = "protocol_error", str(err)[:300]
     except ConnectionLost as err:
         record.finished_at_s = perf() + clock_offset
         record.error_kind, record.error_message = "disconnected", str(err)[:300]
-    except HttpProtocolError as err:
-        record.finished_at_s = perf() + clock_offset
-        record.error_kind, record.error_message = "protocol_error", str(err)[:300]
     except OSError as err:  # refused, unreachable, name resolution, TLS handshake
         record.finished_at_s = perf() + clock_offset
         record.error_kind, record.error_message = "connect", f"{type(err).__name__}: {err}"[:300]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
-from vlmserve.bench.http_stream import ConnectionPool, Endpoint
+from vlmserve.bench.http_stream import ConnectionPool
 from vlmserve.bench.interrupt import GRACE_S, Interrupt
 from vlmserve.bench.workloads import Conversation, Turn, fresh_variant
 from vlmserve.results.records import RequestRecord
@@ -173,7 +173,7 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
     """Run one worker's share of the load, starting at `start_perf` (perf_counter time)."""
     interrupt = interrupt or Interrupt()
     stopping = interrupt.stopping
-    pool = ConnectionPool(Endpoint.from_url(plan.url), plan.headers)
+    pool = ConnectionPool(plan.url, plan.headers)
     try:
         sequence = itertools.count()
         deadline = start_perf + plan.duration_s if plan.duration_s is not None else None

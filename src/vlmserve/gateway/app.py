@@ -43,7 +43,7 @@ from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import Route, RouteKind, RouteRefused, resolve
 from vlmserve.gateway.shared_state import SharedState
-from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
+from vlmserve.http1.client import ClientPool, ClientResponse
 from vlmserve.http1.headers import header_lines
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.messages import Answer, Request, Response
@@ -112,7 +112,7 @@ class Gateway:
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the HTTP server (http1/server.py)
         self.watchdog = Watchdog()
-        self.upstream: UpstreamPool | None = None
+        self.upstream: ClientPool | None = None
         self.forwarder: Forwarder | None = None
         self._engine_info_rotation = RoundRobin()
         self.draining = False
@@ -132,7 +132,7 @@ class Gateway:
                          if not self.media_addresses.allow_internal else None)
             self.media_session = aiohttp.ClientSession(auto_decompress=True, connector=connector)
             self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
-        self.upstream = UpstreamPool(self.config.connect_timeout_s)
+        self.upstream = ClientPool(self.config.connect_timeout_s)
         if self.preflight.pool is not None:
             self.preflight.pool.start()
         load_image_readers()  # before the first client: never ~0.1 s of imports on the loop at the first image
@@ -366,7 +366,7 @@ class Gateway:
                 if tenant is not None and charged is not None:
                     self.admission.settle_tokens(tenant, charged, settled_tokens(
                         request_log.status, request_log.prompt_tokens, request_log.completion_tokens, routed.prompt_tokens))
-            self._finish(request_log, payload)
+            self._finish(route, request_log, payload)
 
     async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
         """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
@@ -403,12 +403,14 @@ class Gateway:
             raise AdmissionRejected(400, "request body must be a JSON object", "invalid_json")
         return payload
 
-    def _finish(self, request_log: RequestLog, payload: dict[str, Any] | None) -> None:
+    def _finish(self, route: Route, request_log: RequestLog, payload: dict[str, Any] | None) -> None:
         request_log.finished_mono = time.monotonic()
         self.metrics.count_request(request_log.status, request_log.tenant, request_log.replica)
         if request_log.first_byte_mono is not None and request_log.status == "200":
-            self.metrics.observe_latency(request_log.replica, request_log.first_byte_mono - request_log.received_mono,
-                                         request_log.finished_mono - request_log.received_mono)
+            received = request_log.received_mono
+            self.metrics.observe_latency(request_log.replica, route.path,
+                                         request_log.first_byte_mono - received if route.generates else None,
+                                         request_log.finished_mono - received)
         if request_log.adapter is not None:
             self.adapters.observe(request_log.adapter, request_log.status, None if request_log.first_byte_mono is None
                                   else request_log.first_byte_mono - request_log.received_mono)
@@ -431,12 +433,12 @@ class Gateway:
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica", retry_after_s=1)
         replica: Replica = self._engine_info_rotation.choose(None, candidates)  # type: ignore[arg-type]
         assert self.upstream is not None
-        answer: UpstreamResponse | None = None
+        answer: ClientResponse | None = None
         try:
             async with asyncio.timeout(self.pool.probe_timeout_s):
                 answer = await self.upstream.request("GET", replica.url + route.path, self.replica_headers, b"")
                 body = await answer.read()
-        except (OSError, TimeoutError) as err:  # UpstreamError is an OSError: a reset, a close, not HTTP
+        except (OSError, TimeoutError) as err:  # ClientError is an OSError: a reset, a close, not HTTP
             self.pool.record_failure(replica)
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
         finally:

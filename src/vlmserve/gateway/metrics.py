@@ -71,9 +71,10 @@ class _StateCollector(Collector):
 
 _REQUESTS = ("vlmserve_gateway_requests", "Requests finished, by final status (HTTP code, stream_error, abandoned)",
              ["status", "tenant", "replica"])
-_TTFT = ("vlmserve_gateway_time_to_first_token_seconds", "Request received to first response byte sent, at the gateway",
-         ["replica"])
-_E2E = ("vlmserve_gateway_e2e_request_latency_seconds", "Request received to last byte sent, at the gateway", ["replica"])
+_TTFT = ("vlmserve_gateway_time_to_first_token_seconds",
+         "Request received to first response byte sent, at the gateway; generation routes only", ["replica", "route"])
+_E2E = ("vlmserve_gateway_e2e_request_latency_seconds", "Request received to last byte sent, at the gateway",
+        ["replica", "route"])
 _BUCKET_LABELS = [floatToGoString(bound) for bound in LATENCY_BUCKETS_S] + ["+Inf"]
 
 
@@ -86,32 +87,36 @@ class _PerRequestSeries(Collector):
 
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
-        self.latency: dict[str, tuple[list[int], list[int], list[float]]] = {}  # replica -> ttft, e2e counts, sums
+        # (replica, route) -> ttft counts, e2e counts, their sums
+        self.latency: dict[tuple[str, str], tuple[list[int], list[int], list[float]]] = {}
 
-    def observe(self, replica: str, ttft_s: float, e2e_s: float) -> None:
-        series = self.latency.get(replica)
+    def observe(self, replica: str, route: str, ttft_s: float | None, e2e_s: float) -> None:
+        series = self.latency.get((replica, route))
         if series is None:
-            series = self.latency[replica] = ([0] * len(_BUCKET_LABELS), [0] * len(_BUCKET_LABELS), [0.0, 0.0])
-        series[0][bisect_left(LATENCY_BUCKETS_S, ttft_s)] += 1
+            series = self.latency[(replica, route)] = ([0] * len(_BUCKET_LABELS), [0] * len(_BUCKET_LABELS), [0.0, 0.0])
+        if ttft_s is not None:
+            series[0][bisect_left(LATENCY_BUCKETS_S, ttft_s)] += 1
+            series[2][0] += ttft_s
         series[1][bisect_left(LATENCY_BUCKETS_S, e2e_s)] += 1
-        series[2][0] += ttft_s
         series[2][1] += e2e_s
 
     def forget(self, replica: str) -> None:
-        self.latency.pop(replica, None)
-        for key in [key for key in self.requests if key[2] == replica]:
-            del self.requests[key]
+        for series_key in [key for key in self.latency if key[0] == replica]:
+            del self.latency[series_key]
+        for request_key in [key for key in self.requests if key[2] == replica]:
+            del self.requests[request_key]
 
     def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
         requests = CounterMetricFamily(_REQUESTS[0], _REQUESTS[1], labels=_REQUESTS[2])
-        for key, count in self.requests.items():
-            requests.add_metric(list(key), count)
+        for request_key, count in self.requests.items():
+            requests.add_metric(list(request_key), count)
         yield requests
         for (name, documentation, labels), which in ((_TTFT, 0), (_E2E, 1)):
             family = HistogramMetricFamily(name, documentation, labels=labels)
-            for replica, series in self.latency.items():
+            for key, series in self.latency.items():
                 cumulative = list(accumulate(series[which]))
-                family.add_metric([replica], list(zip(_BUCKET_LABELS, cumulative)), sum_value=series[2][which])
+                if cumulative[-1]:  # a route with no first token (pooling, tokenizer) has no TTFT series
+                    family.add_metric(list(key), list(zip(_BUCKET_LABELS, cumulative)), sum_value=series[2][which])
             yield family
 
 
@@ -181,7 +186,7 @@ class GatewayMetrics:
         # a worker's share means something only beside other workers (--workers); one process skips the count
         self._worker_child = self.worker_requests.labels(str(os.getpid())) if self._multiprocess_dir else None
         self._request_children: dict[tuple[str, str, str], Any] = {}
-        self._latency_children: dict[str, tuple[Any, Any]] = {}
+        self._latency_children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def count_request(self, status: str, tenant: str, replica: str) -> None:
         key = (status, tenant, replica)
@@ -196,15 +201,19 @@ class GatewayMetrics:
         if self._worker_child is not None:
             self._worker_child.inc()
 
-    def observe_latency(self, replica: str, ttft_s: float, e2e_s: float) -> None:
-        """Both histograms of a finished request (hot path: no label lookup, no lock with one process)."""
+    def observe_latency(self, replica: str, route: str, ttft_s: float | None, e2e_s: float) -> None:
+        """The histograms of a finished request: TTFT only where the route generates tokens (None
+        otherwise: a /tokenize answer's first byte is not a first token). Hot path: no label lookup,
+        no lock with one process."""
         if self.per_request is not None:
-            self.per_request.observe(replica, ttft_s, e2e_s)
+            self.per_request.observe(replica, route, ttft_s, e2e_s)
             return
-        children = self._latency_children.get(replica)
+        key = (replica, route)
+        children = self._latency_children.get(key)
         if children is None:
-            children = self._latency_children[replica] = (self.ttft.labels(replica), self.e2e.labels(replica))
-        children[0].observe(ttft_s)
+            children = self._latency_children[key] = (self.ttft.labels(*key), self.e2e.labels(*key))
+        if ttft_s is not None:
+            children[0].observe(ttft_s)
         children[1].observe(e2e_s)
 
     def forget_replica(self, replica: str) -> None:
@@ -213,9 +222,10 @@ class GatewayMetrics:
         if self.per_request is not None:
             self.per_request.forget(replica)
         else:
-            self._latency_children.pop(replica, None)
-            for key in [key for key in self._request_children if key[2] == replica]:
-                del self._request_children[key]
+            for key in [key for key in self._latency_children if key[0] == replica]:
+                del self._latency_children[key]
+            for request_key in [key for key in self._request_children if key[2] == replica]:
+                del self._request_children[request_key]
             metrics += [self.requests, self.ttft, self.e2e]
         for metric in metrics:
             names = metric._labelnames  # prometheus_client keeps label values per child; no public iterator

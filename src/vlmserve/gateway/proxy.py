@@ -42,13 +42,13 @@ from vlmserve.gateway.relay import USAGE_KEY, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
+from vlmserve.http1.client import ClientPool, ClientResponse
 from vlmserve.gateway.watchdog import FIRST_TOKEN, Exchange, Watchdog
 from vlmserve.http1.headers import header_lines
 from vlmserve.http1.messages import Answer, Request, Response, Stream
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
-CONNECTION_ERRORS = (OSError, asyncio.IncompleteReadError)  # upstream.UpstreamError is an OSError
+CONNECTION_ERRORS = (OSError, asyncio.IncompleteReadError)  # upstream.ClientError is an OSError
 
 
 @dataclass(slots=True)
@@ -169,7 +169,7 @@ def _usage_from_sse_tail(tail: bytes) -> dict | None:
     return None
 
 
-def _whole_answer(upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> Response:
+def _whole_answer(upstream: ClientResponse, payload: bytes, log: RequestLog) -> Response:
     """A replica's answer read whole, passed on with its status and content type and the ids."""
     return Response(upstream.status, payload, {"Content-Type": upstream.headers.get("content-type", "application/json"),
                                                **log.id_headers()})
@@ -182,7 +182,7 @@ class Forwarder:
         self,
         pool: ReplicaPool,
         policy: RoutingPolicy,
-        upstream: UpstreamPool,
+        upstream: ClientPool,
         watchdog: Watchdog,
         *,
         max_attempts: int,
@@ -283,7 +283,7 @@ class Forwarder:
         exchange = Exchange(task, self.first_token_timeout_s, loop.time())
         self.watchdog.active.add(exchange)
         outcome = Outcome.FAILED
-        upstream: UpstreamResponse | None = None
+        upstream: ClientResponse | None = None
         try:
             try:
                 upstream = await sent.response()
@@ -348,14 +348,14 @@ class Forwarder:
         replica.record_success()
 
     @staticmethod
-    def _stream_headers(upstream: UpstreamResponse, log: RequestLog) -> dict[str, str]:
+    def _stream_headers(upstream: ClientResponse, log: RequestLog) -> dict[str, str]:
         return {
             "Content-Type": upstream.headers.get("content-type", "text/event-stream"),
             "Cache-Control": "no-cache",
             **log.id_headers(),
         }
 
-    def _raise_if_retryable(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
+    def _raise_if_retryable(self, upstream: ClientResponse, payload: bytes, replica: Replica,
                             log: RequestLog) -> None:
         """A replica answered 5xx or 429 before streaming anything: another replica may do better."""
         if upstream.status in RETRYABLE_STATUS:
@@ -367,12 +367,12 @@ class Forwarder:
             )
 
     @staticmethod
-    def _passthrough_error(upstream: UpstreamResponse, payload: bytes, log: RequestLog) -> Response:
+    def _passthrough_error(upstream: ClientResponse, payload: bytes, log: RequestLog) -> Response:
         log.status = str(upstream.status)
         log.first_byte_mono = log.finished_mono = time.monotonic()
         return _whole_answer(upstream, payload, log)
 
-    def _unary_response(self, upstream: UpstreamResponse, payload: bytes, replica: Replica,
+    def _unary_response(self, upstream: ClientResponse, payload: bytes, replica: Replica,
                         routed: RoutedRequest, log: RequestLog) -> Response:
         replica.record_success()
         self.policy.on_first_token(routed, replica)

@@ -1,6 +1,6 @@
 """Relaying a replica's streamed answer to the client: an explicit state machine.
 
-The replica's connection (upstream.py) hands the relay each piece of payload as llhttp de-chunks
+The replica's connection (http1/client.py) hands the relay each piece of payload as llhttp de-chunks
 it, synchronously from the socket's `data_received`; the relay writes it to the client through
 `http1.messages.Stream`, which frames it as a chunk (or writes it as it is to an HTTP/1.0 client).
 No task wakes per chunk. The caller (proxy.py) awaits `run` once, for the end.
@@ -46,7 +46,7 @@ import re
 import time
 from collections.abc import Callable
 
-from vlmserve.gateway.upstream import UpstreamClosed, UpstreamConnection, UpstreamError, UpstreamResponse
+from vlmserve.http1.client import ServerClosed, ClientConnection, ClientError, ClientResponse
 from vlmserve.gateway.watchdog import Exchange
 from vlmserve.http1.messages import Stream
 
@@ -122,7 +122,7 @@ class RelayEnd(enum.Enum):
     NOTHING_SENT = "nothing_sent"  # armed, and the replica's body closed, failed or was empty before its first byte
 
 
-# Per state, the handler of each event: payload, end, replica_lost, client_lost, pause.
+# Per state, the handler of each event: payload, end, lost, client_lost, pause.
 _HANDLERS: dict[RelayState, tuple[str, str, str, str, str]] = {
     RelayState.ARMED: ("_armed_payload", "_armed_end", "_armed_lost", "_gone", "_ignore"),
     RelayState.STREAMING: ("_streaming_payload", "_streaming_end", "_streaming_lost", "_gone", "_streaming_pause"),
@@ -134,19 +134,19 @@ _HANDLERS: dict[RelayState, tuple[str, str, str, str, str]] = {
 class StreamRelay:
     """One streamed answer, from the replica's head to the end of the client's body.
 
-    The replica's connection calls `payload`, `end` and `replica_lost` (upstream.BodyListener);
+    The replica's connection calls `payload`, `end` and `lost` (http1.client.BodyListener);
     the client's connection calls `pause` and `client_lost` (http1.messages.StreamListener). Each
     is the current state's handler (`_enter` binds them)."""
 
-    __slots__ = ("payload", "end", "replica_lost", "client_lost", "pause", "state", "stream", "write", "exchange",
+    __slots__ = ("payload", "end", "lost", "client_lost", "pause", "state", "stream", "write", "exchange",
                  "events", "held", "usage_block", "first_token_pending", "written", "on_first_token", "on_start",
                  "upstream", "connection", "ended", "error", "unsent", "waiter", "first_sent_mono", "open_event")
 
-    def __init__(self, upstream: UpstreamResponse, stream: Stream, exchange: Exchange,
+    def __init__(self, upstream: ClientResponse, stream: Stream, exchange: Exchange,
                  on_first_token: Callable[[int | None], None], on_start: Callable[[], None] | None = None,
                  count_events: bool = False) -> None:
         self.upstream = upstream
-        self.connection: UpstreamConnection = upstream.connection
+        self.connection: ClientConnection = upstream.connection
         self.stream = stream
         self.write = stream.write
         self.exchange = exchange
@@ -169,7 +169,7 @@ class StreamRelay:
     def _enter(self, state: RelayState) -> None:
         self.state = state
         names = _HANDLERS[state]
-        self.payload, self.end, self.replica_lost, self.client_lost, self.pause = (
+        self.payload, self.end, self.lost, self.client_lost, self.pause = (
             getattr(self, name) for name in names)
 
     async def run(self) -> RelayEnd:
@@ -182,14 +182,11 @@ class StreamRelay:
             return RelayEnd.CLIENT_GONE
         client.listener = self  # from here on its loss and back-pressure reach the relay
         connection.listener = self
-        early = connection.body[:]
-        connection.body.clear()
-        for piece in early:  # payload that came before the relay was set up
-            self.payload(piece)
+        connection.deliver()  # payload that came before the relay was set up
         if connection.reader.complete:
             self.end()
         elif connection.error is not None or connection.closed:
-            self.replica_lost(connection.error)
+            self.lost(connection.error)
         loop = connection.loop
         while self.state is not RelayState.ENDED:
             if self.state is RelayState.PAUSED:
@@ -221,7 +218,7 @@ class StreamRelay:
             client.listener = None
         # the handlers are methods bound to this relay: let go of them, so that no reference cycle
         # keeps the relay (and the stream's last pieces) alive until the collector runs
-        self.payload = self.end = self.replica_lost = self.client_lost = self.pause = _nothing
+        self.payload = self.end = self.lost = self.client_lost = self.pause = _nothing
 
     def cut(self, event: bytes) -> bytes:
         """The SSE error event that ends a stream the gateway cuts, after the events passed on."""
@@ -260,7 +257,7 @@ class StreamRelay:
         self.end()
 
     def _armed_lost(self, error: BaseException | None) -> None:
-        self.unsent = error if isinstance(error, Exception) else UpstreamClosed("replica closed the connection before the body")
+        self.unsent = error if isinstance(error, Exception) else ServerClosed("replica closed the connection before the body")
         self._end(RelayEnd.NOTHING_SENT)
 
     # ---- STREAMING (and PAUSED) ----------------------------------------------------------------
@@ -296,9 +293,9 @@ class StreamRelay:
         self._end(RelayEnd.COMPLETED)
 
     def _streaming_lost(self, error: BaseException | None) -> None:
-        if error is None or isinstance(error, UpstreamClosed):
+        if error is None or isinstance(error, ServerClosed):
             self.error = "closed the connection mid-stream"
-        elif isinstance(error, UpstreamError):
+        elif isinstance(error, ClientError):
             self.error = str(error)  # what the replica sent that is not HTTP/1.1
         else:
             self.error = f"failed mid-stream ({type(error).__name__})"

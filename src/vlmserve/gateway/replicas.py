@@ -3,7 +3,7 @@
 Two sources of truth are combined. Active checks (GET /health every `health_interval_s`)
 notice a replica that is down even when no traffic goes to it; the circuit breaker notices one
 that fails real requests. Engine load (/metrics) is polled only when the policy uses it.
-Probes go through the gateway's own keep-alive client (upstream.py), the one its traffic uses:
+Probes go through the gateway's own keep-alive client (http1/client.py), the one its traffic uses:
 through aiohttp's client a probe cost about 0.8 ms of CPU, most of an idle gateway's CPU and a
 cost vllm-router (which probes far less often) does not pay.
 
@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
 from vlmserve.http1.headers import header_lines
-from vlmserve.gateway.upstream import UpstreamPool, UpstreamResponse
+from vlmserve.http1.client import ClientPool, ClientResponse
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -134,7 +134,7 @@ class ReplicaPool:
         self.max_ejections = 0
         self._update_ejection_cap()
         self.on_forget = on_forget
-        self._client: UpstreamPool | None = None  # the probes' connections (start to stop)
+        self._client: ClientPool | None = None  # the probes' connections (start to stop)
         self.health_interval_s = health_interval_s
         # how long a probe may take, connecting included: a busy replica answers late, not never
         self.probe_timeout_s = max(3.0, 3 * health_interval_s)
@@ -213,7 +213,7 @@ class ReplicaPool:
     async def start(self) -> None:
         """Check every replica once (so /health is meaningful at once), then keep checking."""
         # connecting may take the probe's whole time: the probe's own timeout, not the client's, ends it
-        self._client = UpstreamPool(connect_timeout_s=self.probe_timeout_s + 1)
+        self._client = ClientPool(connect_timeout_s=self.probe_timeout_s + 1)
         await asyncio.gather(*(self._check_health(r) for r in self.replicas))
         self._tasks.append(asyncio.create_task(self._health_loop(), name="gateway-health"))
         if self.metrics_interval_s:
@@ -316,7 +316,7 @@ class ReplicaPool:
         """GET `path` on the replica (never raises): the body when it answers 200, else None, and
         why: 'ok', or 'refused' (nothing listens), 'timeout' or 'error'."""
         assert self._client is not None
-        response: UpstreamResponse | None = None
+        response: ClientResponse | None = None
         try:
             async with asyncio.timeout(self.probe_timeout_s):
                 response = await self._client.request("GET", replica.url + path, self._probe_headers, b"")
@@ -325,7 +325,7 @@ class ReplicaPool:
             return None, "timeout"
         except ConnectionRefusedError:
             return None, "refused"
-        except OSError:  # the client's UpstreamError included: a reset, a close, not HTTP
+        except OSError:  # the client's ClientError included: a reset, a close, not HTTP
             return None, "error"
         finally:
             if response is not None:

@@ -6,8 +6,9 @@ and overflowing ones are errors) and fuzzed upstream. Everything here speaks the
 rules because everything parses with it:
 
 - `headers`  — the header map both sides use, and the bytes of a response head and a chunk.
-- `reader`   — a response parser: the gateway's replica client and the bench's client read
-               replicas and servers through it.
+- `reader`   — a response parser, fed by the client.
+- `client`   — the one HTTP client of the hot paths: pooled keep-alive connections whose answers
+               go, chunk by chunk, to a listener (the gateway's relay, the bench's SSE reader).
 - `server`   — the gateway's server protocol: requests in, answers (whole or streamed) out.
 
 What this layer refuses beyond llhttp's own errors (one place, `headers.Headers.add` and

@@ -1,4 +1,4 @@
-"""Reading HTTP/1.1 responses with llhttp: the gateway's replica client and the bench's client.
+"""Reading HTTP/1.1 responses with llhttp, for the project's one client (client.py).
 
 One `ResponseReader` per connection; `expect()` before each request's response. Bytes go in
 with `feed` as they arrive; the sink hears the head, each piece of body payload (de-chunked) and

@@ -37,8 +37,8 @@ VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"
 
 # --- vlmserve gateway metrics (as scraped; see vlmserve/gateway/metrics.py) ---
 GW_REQUESTS = "vlmserve_gateway_requests_total"  # labels: status, tenant, replica
-GW_TTFT = "vlmserve_gateway_time_to_first_token_seconds"  # labels: replica
-GW_E2E = "vlmserve_gateway_e2e_request_latency_seconds"  # labels: replica
+GW_TTFT = "vlmserve_gateway_time_to_first_token_seconds"  # labels: replica, route (generation routes only)
+GW_E2E = "vlmserve_gateway_e2e_request_latency_seconds"  # labels: replica, route
 GW_IN_FLIGHT = "vlmserve_gateway_in_flight"  # labels: replica
 GW_OUTSTANDING_TOKENS = "vlmserve_gateway_outstanding_tokens"  # labels: replica
 GW_QUEUED = "vlmserve_gateway_queued"  # labels: priority

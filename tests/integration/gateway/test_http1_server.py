@@ -6,7 +6,7 @@ body's code and message, one log line, the connection closed after the answer, a
 engine got no request (a control request sent after the refused one must be the only one the
 engine finished). Framings the server accepts (chunk sizes with leading zeros, chunk extensions,
 trailers) are safe whatever another hop would make of them: the gateway never forwards the
-client's framing, it re-sends the body it read with its own Content-Length (upstream.py), so the
+client's framing, it re-sends the body it read with its own Content-Length (http1/client.py), so the
 engine's prompt-token count for them is checked equal to that of the same body sent plainly.
 
 Everything here uses answers that need no stream (/health, /v1/models, HEAD, unary chat, requests

@@ -1,4 +1,4 @@
-"""The stream path (relay.py, upstream.py) keeps the gateway's guarantees through the whole gateway:
+"""The stream path (relay.py, http1/client.py) keeps the gateway's guarantees through the whole gateway:
 its server's client connection (back-pressure and loss reach the relay through `listener`), its
 routes, admission and audit log.
 
@@ -26,7 +26,7 @@ import pytest
 from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway
 from tests.helpers.relay_harness import SSE_HEAD, ScriptedReplica, frame, scripted_replica, send, token
 from tests.helpers.sim import SimHandle
-from vlmserve.gateway.upstream import UpstreamConnection
+from vlmserve.http1.client import ClientConnection
 
 
 async def assert_replica_let_go(replica: ScriptedReplica, gw: Any, left_at: float) -> None:
@@ -161,7 +161,7 @@ async def test_slow_client_holds_back_the_replica(piece_bytes: int) -> None:
                 first = await response.content.readany()
                 await asyncio.sleep(1.5)  # the client reads nothing for a while
                 held_back = sent["frames"]
-                relaying = [c for c in gc.get_objects() if isinstance(c, UpstreamConnection) and c.listener is not None]
+                relaying = [c for c in gc.get_objects() if isinstance(c, ClientConnection) and c.listener is not None]
                 reading = [c.transport.is_reading() for c in relaying if c.transport is not None]
                 body = first + await response.content.read()
         del replica

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from vlmserve.bench.client import stream_request
-from vlmserve.bench.http_stream import ConnectionPool, Endpoint
+from vlmserve.bench.http_stream import ConnectionPool
 from vlmserve.results.records import RequestRecord
 
 ANSWER = (b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":{"completion_tokens":1}}\n\n'
@@ -33,7 +33,7 @@ async def _one(body: bytes, delay_s: float, extra: bytes = b"") -> tuple[Request
     seen: list[bytes] = []
     server = await asyncio.start_server(lambda r, w: _slow_reader(r, w, delay_s, seen), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    pool = ConnectionPool(Endpoint.from_url(f"http://127.0.0.1:{port}/v1/chat/completions"))
+    pool = ConnectionPool(f"http://127.0.0.1:{port}/v1/chat/completions")
     record = RequestRecord("r", 0.0, 0.0)
     offset = time.time() - time.perf_counter()
     try:

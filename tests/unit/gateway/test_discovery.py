@@ -226,7 +226,7 @@ def test_a_forgotten_replica_leaves_no_metric_series() -> None:
                                       "clients": ClientStats()})
     for replica in ("10.0.0.1:8000", "10.0.0.2:8000"):
         metrics.count_request("200", "default", replica)
-        metrics.observe_latency(replica, 0.1, 0.5)
+        metrics.observe_latency(replica, "/v1/chat/completions", 0.1, 0.5)
         metrics.retries.labels(replica, "connect_error").inc()
         metrics.ejections.labels(replica).inc()
     metrics.forget_replica("10.0.0.1:8000")

@@ -1,4 +1,4 @@
-"""The relay's state machine (relay.py) and the replica client (upstream.py) keep every guarantee
+"""The relay's state machine (relay.py) and the replica client (http1/client.py) keep every guarantee
 of the gateway's stream path, on real sockets: a scripted replica, a real `Forwarder`, the client
 connection as the server gives it to handlers (tests/helpers/relay_harness.py), a raw client
 reading with the project's response reader.
@@ -16,7 +16,7 @@ from tests.helpers.relay_harness import (SSE_HEAD, ClientView, ForwardingHarness
                                          forwarding, frame, read_answer, scripted_replica, send, token)
 from vlmserve.gateway.routing import Outcome
 from vlmserve.gateway.relay import StreamRelay
-from vlmserve.gateway.upstream import UpstreamConnection
+from vlmserve.http1.client import ClientConnection
 
 END = frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 USAGE = {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
@@ -242,7 +242,7 @@ async def test_a_slow_client_holds_back_the_replica(piece_bytes: int) -> None:
         first = await reader.read(65536)
         await asyncio.sleep(1.0)  # the client reads nothing for a while
         held_back = sent["frames"]
-        relaying = [c for c in gc.get_objects() if isinstance(c, UpstreamConnection) and c.listener is not None]
+        relaying = [c for c in gc.get_objects() if isinstance(c, ClientConnection) and c.listener is not None]
         reading = [c.transport.is_reading() for c in relaying if c.transport is not None]
         rest = b""
         while not rest.endswith(b"0\r\n\r\n"):

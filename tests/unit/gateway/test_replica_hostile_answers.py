@@ -3,7 +3,7 @@ the project's response reader refuses costs the client a clean error — a 502 i
 when nothing was sent yet, a final SSE error event after the first event — never a hang, and the
 replica's connection is never reused; what it accepts reaches the client as the replica sent it.
 Both of the gateway's ways of reading a replica's answer are held to the list: streamed (relay.py)
-and whole (upstream.py's `read`, for error and unary answers)."""
+and whole (http1/client.py's `read`, for error and unary answers)."""
 
 from __future__ import annotations
 
@@ -13,39 +13,12 @@ from contextlib import AbstractAsyncContextManager
 
 import pytest
 
-from tests.helpers.http1_cases import BODY, CASES, ResponseCase, case_id, head_splits
+from tests.helpers.http1_cases import BODY, CASES, ResponseCase, case_id, head_splits, payload_before_refusal
 from tests.helpers.relay_harness import ScriptedReplica, forwarding, read_answer, scripted_replica, send
-from vlmserve.gateway.upstream import UpstreamError, UpstreamPool
-from vlmserve.http1.reader import ProtocolError, ResponseHead, ResponseReader
+from vlmserve.http1.client import ClientError, ClientPool
 
 
-class _Payload:
-    def __init__(self) -> None:
-        self.payload = b""
-
-    def on_response_head(self, head: ResponseHead) -> None:
-        pass
-
-    def on_response_body(self, data: bytes) -> None:
-        self.payload += data
-
-    def on_response_end(self) -> None:
-        pass
-
-
-def payload_before_refusal(case: ResponseCase) -> bytes:
-    """The payload the reader hands on before it refuses the case (the relay passes it on)."""
-    sink = _Payload()
-    reader = ResponseReader(sink)
-    reader.expect()
-    try:
-        reader.feed(case.response)
-    except ProtocolError:
-        pass
-    return sink.payload
-
-
-def idle_connections(pool: UpstreamPool) -> int:
+def idle_connections(pool: ClientPool) -> int:
     return sum(len(idle) for idle in pool._idle.values())
 
 
@@ -91,7 +64,7 @@ async def test_a_streamed_answer(case: ResponseCase) -> None:
                      "fault, never a hang; the connection is not pooled")
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 async def test_a_whole_answer(case: ResponseCase) -> None:
-    pool = UpstreamPool(connect_timeout_s=2)
+    pool = ClientPool(connect_timeout_s=2)
     try:
         async with answering(case) as replica:
             async def read() -> tuple[bytes, dict[str, str]]:
@@ -99,7 +72,7 @@ async def test_a_whole_answer(case: ResponseCase) -> None:
                 return await response.read(), response.headers
 
             if case.refused and payload_before_refusal(case) != case.body:
-                with pytest.raises(UpstreamError, match="sent a malformed") as raised:
+                with pytest.raises(ClientError, match="sent a malformed") as raised:
                     await asyncio.wait_for(read(), 5)
                 assert case.error in str(raised.value)
             else:
@@ -121,7 +94,7 @@ async def test_an_answer_split_at_every_byte_of_its_head_is_read_as_one() -> Non
         async def script(writer: asyncio.StreamWriter, first: bytes = first, rest: bytes = rest) -> None:
             await send(writer, first, rest, pause_s=0.005)
         scripts.append(script)
-    pool = UpstreamPool(connect_timeout_s=2)
+    pool = ClientPool(connect_timeout_s=2)
     try:
         async with scripted_replica(*scripts, keep_alive=True) as replica:
             for _ in splits:

@@ -1,4 +1,4 @@
-"""UpstreamPool reading whole answers (error and unary ones) through the project's response reader,
+"""ClientPool reading whole answers (error and unary ones) through the project's response reader,
 against a real local server: bodies of each framing read whole, what keeps a connection out of the
 pool, and a body cut short reported as such. The hostile framings are
 test_replica_hostile_answers.py's."""
@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from tests.helpers.relay_harness import scripted_replica, send
-from vlmserve.gateway.upstream import UpstreamClosed, UpstreamPool
+from vlmserve.http1.client import ServerClosed, ClientPool
 
 JSON = b'{"id": "cmpl-1", "choices": []}'
 HEAD = b"Content-Type: application/json\r\nX-A: 1\r\nx-a: 2\r\n"
@@ -30,7 +30,7 @@ async def test_a_whole_body_is_read_and_only_a_reusable_connection_is_pooled(ans
         if b"Content-Length" not in answer and b"chunked" not in answer:
             writer.close()  # the body's end
 
-    pool = UpstreamPool(connect_timeout_s=2)
+    pool = ClientPool(connect_timeout_s=2)
     try:
         async with scripted_replica(script, keep_alive=True) as replica:
             response = await pool.request("POST", replica.url + "/v1/x", b"", b"{}")
@@ -53,11 +53,11 @@ async def test_a_body_cut_short_is_an_error_not_a_body(cut: bytes) -> None:
         await send(writer, head + body, pause_s=0.05)
         writer.close()
 
-    pool = UpstreamPool(connect_timeout_s=2)
+    pool = ClientPool(connect_timeout_s=2)
     try:
         async with scripted_replica(script, keep_alive=True) as replica:
             response = await pool.request("POST", replica.url + "/v1/x", b"", b"{}")
-            with pytest.raises(UpstreamClosed, match="replica closed the connection"):
+            with pytest.raises(ServerClosed, match="the server closed the connection"):
                 await asyncio.wait_for(response.read(), 5)
             assert not any(pool._idle.values())
     finally:

@@ -1,19 +1,21 @@
-"""The gateway's HTTP/1.1 client for the requests it forwards to replicas, on llhttp.
+"""The project's one HTTP/1.1 client: the gateway's replica connections and the bench's load.
 
 Each pooled keep-alive connection is an `asyncio.Protocol` that owns an `http1.reader.ResponseReader`:
-the bytes from the replica's socket go into it as they arrive, and the response's head, pieces of
-payload (de-chunked by llhttp) and end go, synchronously, to whoever reads the response now: the
-task that waits for the head and then reads a whole body (error and unary answers), or the relay
-(relay.py) for a stream, which the connection calls per piece of payload with no task wake-up.
-Framing rules (what is refused) are http1's: this module parses nothing itself.
+the bytes from the socket go into it as they arrive, and the response's head, pieces of payload
+(de-chunked by llhttp) and end go, synchronously, to whoever reads the response now: the task that
+waits for the head and then reads a whole body (`ClientResponse.read`), or a `BodyListener` (the
+gateway's stream relay, the bench's SSE reader), which the connection calls per piece of payload
+with no task wake-up. Framing rules (what is refused) are the reader's: this module parses nothing.
 
-It speaks only what the gateway needs: one request at a time per connection, request bodies in
-memory, keep-alive pooling per replica, HTTP and HTTPS. A connection whose response was malformed,
-was not read to its end, or was followed by bytes after its end is closed, never reused.
+It speaks only what its two users need: one request at a time per connection, request bodies in
+memory, keep-alive pooling per (scheme, host, port), HTTP and HTTPS. A connection whose response
+was malformed, was not read to its end, or was followed by bytes after its end is closed, never
+reused.
 
-Connections are reused. A reused connection can race with the replica closing it for being
-idle (uvicorn closes idle connections after 5 s): a request that gets no response byte on a
-reused connection is sent once more on a fresh one, transparently, as every HTTP client does.
+A reused connection can race with the server closing it for being idle (uvicorn closes idle
+connections after 5 s): a request that gets no response byte on a reused connection is sent once
+more on a fresh one, transparently, as every HTTP client does (nothing reached the server's
+application, so this is not a retry of the request).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+import time
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -29,26 +32,32 @@ from vlmserve.http1.reader import ProtocolError, ResponseHead, ResponseReader
 IDLE_KEEP_S = 30.0  # an idle pooled connection older than this is closed rather than reused
 
 
-class UpstreamError(ConnectionError):
-    """The replica's connection failed or sent something that is not HTTP/1.1."""
+class ClientError(ConnectionError):
+    """The server's connection failed, or the request could not be sent."""
 
 
-class UpstreamClosed(UpstreamError):
-    """The replica closed the connection before the response was complete."""
+class MalformedResponse(ClientError):
+    """The server sent something that is not HTTP/1.1 the reader accepts (the message says what)."""
+
+
+class ServerClosed(ClientError):
+    """The server closed the connection before the response was complete."""
 
 
 class BodyListener(Protocol):
-    """Who takes a response's body as it arrives (relay.py's StreamRelay)."""
+    """Who takes a response's body as it arrives (the gateway's stream relay, the bench's SSE reader).
+    One given at `ClientPool.send` hears the body from its first byte; the head (`connection.reader.head`)
+    is in before any payload."""
 
     def payload(self, data: bytes) -> None: ...
 
     def end(self) -> None: ...
 
-    def replica_lost(self, error: BaseException | None) -> None: ...
+    def lost(self, error: BaseException | None) -> None: ...
 
 
-class UpstreamConnection(asyncio.Protocol):
-    """One keep-alive connection to a replica: a request, its response head, then its body."""
+class ClientConnection(asyncio.Protocol):
+    """One keep-alive connection to a server: a request, its response head, then its body."""
 
     def __init__(self, key: tuple[str, str, int]) -> None:
         self.key = key
@@ -61,10 +70,12 @@ class UpstreamConnection(asyncio.Protocol):
         # payload pieces llhttp appended during the current read (data_received), or received while
         # nobody takes them as they come; always this one list (its append is bound in the parser)
         self.body: list[bytes] = []
-        self.listener: BodyListener | None = None  # takes the payload as it comes (the relay of a stream)
+        self.listener: BodyListener | None = None  # takes the payload as it comes
         self.waiter: asyncio.Future[None] | None = None  # the task reading the response (its head, or its end)
         self.error: BaseException | None = None  # why the connection failed; it is then never reused
         self.reading_paused = False
+        # perf_counter time the current request's last byte left for the kernel (the upload's end)
+        self.written_at: float | None = None
 
     # ---- asyncio.Protocol ----------------------------------------------------------------------
 
@@ -74,37 +85,44 @@ class UpstreamConnection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # resume_writing once the buffer is empty: it marks when a large body was all written
+        transport.set_write_buffer_limits(high=0, low=0)  # type: ignore[attr-defined]
+
+    def pause_writing(self) -> None:
+        """Part of the request still waits in the buffer (a large body): the upload goes on."""
+
+    def resume_writing(self) -> None:
+        if self.written_at is None:
+            self.written_at = time.perf_counter()
 
     def data_received(self, data: bytes) -> None:
         """llhttp appends the payload's pieces to `body` (C to C: `body.append` is the reader's
-        on_body), and the head and end reach on_response_* below; a stream's relay then takes the
+        on_body), and the head and end reach on_response_* below; a listener then takes the
         pieces here, one call each: the hot path has no Python call per piece inside the parser."""
         self.bytes_seen = True
         try:
             self.reader.feed(data)
         except ProtocolError as err:
-            self._deliver()  # the whole pieces before the fault first
+            self.deliver()  # the whole pieces before the fault first
             in_body = self.reader.head is not None
-            self._fail(UpstreamError(f"sent a malformed {'body' if in_body else 'response'} ({err})"))
+            self._fail(MalformedResponse(f"sent a malformed {'body' if in_body else 'response'} ({err})"))
             return
         if self.body and self.listener is not None:
-            self._deliver()
+            self.deliver()
 
-    def _deliver(self) -> None:
-        """The payload pieces in hand, in order, to the listener (the relay), if one takes them."""
+    def deliver(self) -> None:
+        """The payload pieces in hand, to the listener if one takes them, in one call: the chunks of
+        one read arrived together (the bench stamps them with one time; the relay writes them out in
+        one write)."""
         listener = self.listener
         body = self.body
         if listener is None or not body:
             return
-        if len(body) == 1:  # the common read: one chunk
-            piece = body[0]
-            body.clear()
-            listener.payload(piece)
-            return
-        pieces = body[:]
+        if self.written_at is None:
+            self.written_at = time.perf_counter()  # answered before the buffer drained (an early error)
+        data = body[0] if len(body) == 1 else b"".join(body)  # the common read: one chunk
         body.clear()
-        for piece in pieces:
-            listener.payload(piece)
+        listener.payload(data)
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows
@@ -115,10 +133,11 @@ class UpstreamConnection(asyncio.Protocol):
         if exc is None and not reader.complete and reader.head is not None and reader.feed_eof():
             return  # a body delimited by the close has ended (on_response_end)
         if self.error is None and not reader.complete:
-            self._fail(exc if exc is not None else UpstreamClosed("replica closed the connection"))
+            why = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+            self._fail(ServerClosed(f"the server closed the connection{why}"))
 
     def pause_reading(self) -> None:
-        """Stop reading the replica (its client is slow): the kernel's buffers then hold it back."""
+        """Stop reading the server (whoever takes the body is slow): the kernel's buffers hold it back."""
         if not self.reading_paused and self.transport is not None and not self.closed:
             self.reading_paused = True
             self.transport.pause_reading()
@@ -140,7 +159,7 @@ class UpstreamConnection(asyncio.Protocol):
     def on_response_end(self) -> None:
         listener = self.listener
         if listener is not None:
-            self._deliver()  # the pieces of this last read go before the end
+            self.deliver()  # the pieces of this last read go before the end
             listener.end()
         _wake(self.waiter)
 
@@ -152,14 +171,15 @@ class UpstreamConnection(asyncio.Protocol):
             self.transport.close()
         listener = self.listener
         if listener is not None and not self.reader.complete:
-            listener.replica_lost(self.error)
+            listener.lost(self.error)
         _wake(self.waiter)
 
-    # ---- used by SentRequest and UpstreamResponse ------------------------------------------------
+    # ---- used by SentRequest and ClientResponse ------------------------------------------------
 
     def write_request(self, data: bytes, body: bytes) -> None:
         """Send a request; the reader then expects its response from the next byte on."""
         self.bytes_seen = False
+        self.written_at = None
         self.reader.expect(self.body.append)
         transport = self.transport
         assert transport is not None
@@ -167,6 +187,8 @@ class UpstreamConnection(asyncio.Protocol):
             transport.write(data + body)  # one write: the common request is one segment
         else:
             transport.writelines((data, body))
+        if transport.get_write_buffer_size() == 0:
+            self.written_at = time.perf_counter()
 
     async def wait(self, end: bool = False) -> ResponseHead | None:
         """Until the response head is in (with `end`: the whole response), then the head; raises
@@ -186,7 +208,7 @@ class UpstreamConnection(asyncio.Protocol):
         """The response was read to its end, keep-alive holds, and nothing went wrong since."""
         head = self.reader.head
         return (self.reader.complete and head is not None and head.keep_alive and self.error is None
-                and not self.closed and not self.reading_paused and self.listener is None)
+                and not self.closed and not self.reading_paused)
 
     def close(self) -> None:
         self.listener = None
@@ -200,10 +222,10 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
         waiter.set_result(None)
 
 
-class UpstreamResponse:
-    """A response whose head has arrived; the body is read whole (`read`) or relayed (relay.py)."""
+class ClientResponse:
+    """A response whose head has arrived; the body is read whole (`read`) or taken by a listener."""
 
-    def __init__(self, pool: UpstreamPool, connection: UpstreamConnection, head: ResponseHead) -> None:
+    def __init__(self, pool: ClientPool, connection: ClientConnection, head: ResponseHead) -> None:
         self._pool = pool
         self.connection = connection
         self.status = head.status
@@ -212,21 +234,28 @@ class UpstreamResponse:
 
     async def read(self) -> bytes:
         """The whole body (de-chunked); the connection goes back to the pool."""
+        await self.wait_end()
         connection = self.connection
-        try:
-            await connection.wait(end=True)
-        except BaseException:
-            self.close()
-            raise
         body = b"".join(connection.body)
         connection.body.clear()
         self.release()
         return body
 
+    async def wait_end(self) -> None:
+        """Until the body has ended (taken by a listener, or kept for `read`); a failure closes the
+        connection and is raised."""
+        try:
+            await self.connection.wait(end=True)
+        except BaseException:
+            self.close()
+            raise
+
     def release(self) -> None:
-        """Back to the pool when the body was read to its end and keep-alive holds; else closed."""
+        """Back to the pool when the body was read to its end and keep-alive holds; else closed.
+        The listener, if any, hears nothing more."""
         if self._let_go:
             return
+        self.connection.listener = None
         if self.connection.reusable():
             self._let_go = True
             self._pool._give_back(self.connection)
@@ -234,33 +263,35 @@ class UpstreamResponse:
             self.close()
 
     def close(self) -> None:
-        """Close the connection: a replica streaming an answer sees the disconnect and aborts it."""
+        """Close the connection: a server streaming an answer (vLLM) sees the disconnect and aborts it."""
         if not self._let_go:
             self._let_go = True
             self.connection.close()
 
 
 class SentRequest:
-    """A request given to `UpstreamPool.send`: written on a pooled connection, or to be written on
+    """A request given to `ClientPool.send`: written on a pooled connection, or to be written on
     a new one; `response` waits for its head."""
 
-    __slots__ = ("pool", "key", "head", "body", "connection", "reused", "error")
+    __slots__ = ("pool", "key", "head", "body", "listener", "connection", "reused", "error")
 
-    def __init__(self, pool: UpstreamPool) -> None:
+    def __init__(self, pool: ClientPool, listener: BodyListener | None) -> None:
         self.pool = pool
+        self.listener = listener
         self.key: tuple[str, str, int] = ("", "", 0)
         self.head = b""
         self.body = b""
-        self.connection: UpstreamConnection | None = None  # the connection it was written on
+        self.connection: ClientConnection | None = None  # the connection it was written on
         self.reused = False
         self.error: Exception | None = None  # what send() could not do, raised by response()
 
-    def write_on(self, connection: UpstreamConnection, *, reused: bool) -> None:
+    def write_on(self, connection: ClientConnection, *, reused: bool) -> None:
         self.connection, self.reused = connection, reused
+        connection.listener = self.listener
         connection.write_request(self.head, self.body)
 
-    async def response(self) -> UpstreamResponse:
-        """The response head (see UpstreamPool.send). A reused connection that the replica
+    async def response(self) -> ClientResponse:
+        """The response head (see ClientPool.send). A reused connection that the server
         closed as the request went out gets it once more on a fresh one (module docstring)."""
         if self.error is not None:
             if self.connection is not None:
@@ -277,22 +308,22 @@ class SentRequest:
                 self.connection = None
                 connection.close()
                 if self.reused and not connection.bytes_seen:
-                    continue  # the replica closed (or reset) this idle connection as we sent: a fresh one
+                    continue  # the server closed (or reset) this idle connection as we sent: a fresh one
                 raise
             except BaseException:
                 connection.close()
                 raise
             assert head is not None  # wait() returns once the head is in
-            return UpstreamResponse(self.pool, connection, head)
+            return ClientResponse(self.pool, connection, head)
 
 
-class UpstreamPool:
-    """Keep-alive connections to the replicas, any number per replica (admission limits that)."""
+class ClientPool:
+    """Keep-alive connections to servers, any number per server (the caller bounds how many)."""
 
     def __init__(self, connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         self._ssl_context = ssl_context
-        self._idle: dict[tuple[str, str, int], list[UpstreamConnection]] = {}
+        self._idle: dict[tuple[str, str, int], list[ClientConnection]] = {}
         self._targets: dict[str, tuple[tuple[str, str, int], bytes]] = {}
         self._closed = False
 
@@ -302,7 +333,7 @@ class UpstreamPool:
         if target is None:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise UpstreamError(f"cannot forward to {url!r}")
+                raise ClientError(f"cannot send to {url!r}: not an http(s) URL")
             port = parts.port or (443 if parts.scheme == "https" else 80)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             host_header = parts.netloc.rpartition("@")[2]
@@ -311,14 +342,16 @@ class UpstreamPool:
                 self._targets[url] = target
         return target
 
-    def send(self, method: str, url: str, headers: bytes, body: bytes) -> SentRequest:
-        """Write one request now when an idle pooled connection to its replica is at hand (else at
+    def send(self, method: str, url: str, headers: bytes, body: bytes,
+             listener: BodyListener | None = None) -> SentRequest:
+        """Write one request now when an idle pooled connection to its server is at hand (else at
         `SentRequest.response`), so that it leaves before the caller's bookkeeping. Raises nothing:
         a failure is raised by `response`, where the caller handles every failure of the attempt.
 
         `headers` are header lines ready to send (`Name: value\r\n` each, http1.headers.header_lines),
-        so that the caller builds its fixed ones once; Host and Content-Length are added here."""
-        sent = SentRequest(self)
+        so that the caller builds its fixed ones once; Host and Content-Length are added here. A
+        `listener` hears the body from its first byte (else the body waits for `read`)."""
+        sent = SentRequest(self, listener)
         try:
             sent.key, path_and_host = self._target(url)
             sent.head = b"%s%s%sContent-Length: %d\r\n\r\n" % (method.encode("ascii"), path_and_host, headers, len(body))
@@ -330,11 +363,11 @@ class UpstreamPool:
             sent.error = err
         return sent
 
-    async def request(self, method: str, url: str, headers: bytes, body: bytes) -> UpstreamResponse:
+    async def request(self, method: str, url: str, headers: bytes, body: bytes) -> ClientResponse:
         """Send one request and wait for the response head (not the body)."""
         return await self.send(method, url, headers, body).response()
 
-    def _take_idle(self, key: tuple[str, str, int]) -> UpstreamConnection | None:
+    def _take_idle(self, key: tuple[str, str, int]) -> ClientConnection | None:
         idle = self._idle.get(key)
         while idle:
             connection = idle.pop()
@@ -346,7 +379,7 @@ class UpstreamPool:
             return connection
         return None
 
-    async def _connect(self, key: tuple[str, str, int]) -> UpstreamConnection:
+    async def _connect(self, key: tuple[str, str, int]) -> ClientConnection:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         context: ssl.SSLContext | None = None
@@ -356,14 +389,14 @@ class UpstreamPool:
             context = self._ssl_context
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConnection(key), host, port, ssl=context),
+                loop.create_connection(lambda: ClientConnection(key), host, port, ssl=context),
                 self.connect_timeout_s,
             )
         except asyncio.TimeoutError:
-            raise UpstreamError(f"connect to {host}:{port} timed out after {self.connect_timeout_s:g} s") from None
+            raise ClientError(f"connect to {host}:{port} timed out after {self.connect_timeout_s:g} s") from None
         return protocol
 
-    def _give_back(self, connection: UpstreamConnection) -> None:
+    def _give_back(self, connection: ClientConnection) -> None:
         if self._closed:
             connection.close()
             return

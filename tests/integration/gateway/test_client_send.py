@@ -1,8 +1,8 @@
-"""UpstreamPool.send: a request leaves on a pooled connection at once; failures come from response().
+"""ClientPool.send: a request leaves on a pooled connection at once; failures come from response().
 
 Against a real asyncio server on a local socket: the request is on the wire before the caller
 awaits anything, a pooled connection that the replica closes as the request goes out is retried
-once on a fresh one, and what send() cannot do (a URL it cannot forward to, a refused connect)
+once on a fresh one, and what send() cannot do (a URL it cannot send to, a refused connect)
 is raised by response(), where the forwarder handles every failure of an attempt.
 """
 
@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from vlmserve.gateway.upstream import UpstreamError, UpstreamPool
+from vlmserve.http1.client import ClientError, ClientPool
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -52,7 +52,7 @@ class Replica:
 async def test_the_request_is_on_the_wire_before_the_caller_awaits() -> None:
     replica = Replica()
     url = await replica.start()
-    pool = UpstreamPool(connect_timeout_s=2)
+    pool = ClientPool(connect_timeout_s=2)
     first = await pool.send("POST", url + "/v1/x", b"", b"{}").response()
     assert await first.read() == b"{}"  # the connection goes back to the pool
     sent = pool.send("POST", url + "/v1/x", b"X-Request-ID: r2\r\n", b'{"a":1}')
@@ -67,7 +67,7 @@ async def test_the_request_is_on_the_wire_before_the_caller_awaits() -> None:
 async def test_a_pooled_connection_closed_as_the_request_went_out_is_retried_on_a_fresh_one() -> None:
     replica = Replica()
     url = await replica.start()
-    pool = UpstreamPool(connect_timeout_s=2)
+    pool = ClientPool(connect_timeout_s=2)
     await (await pool.send("POST", url + "/v1/x", b"", b"{}").response()).read()
     replica.drop_next = True
     response = await pool.send("POST", url + "/v1/x", b"", b"{}").response()
@@ -77,9 +77,9 @@ async def test_a_pooled_connection_closed_as_the_request_went_out_is_retried_on_
 
 
 async def test_what_send_cannot_do_is_raised_by_response() -> None:
-    pool = UpstreamPool(connect_timeout_s=2)
+    pool = ClientPool(connect_timeout_s=2)
     sent = pool.send("POST", "ftp://replica/v1/x", b"", b"{}")  # raises nothing here
-    with pytest.raises(UpstreamError, match="cannot forward to 'ftp://replica/v1/x'"):
+    with pytest.raises(ClientError, match="cannot send to 'ftp://replica/v1/x': not an http\(s\) URL"):
         await sent.response()
     listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
@@ -94,7 +94,7 @@ async def test_what_send_cannot_do_is_raised_by_response() -> None:
 async def test_a_write_that_fails_is_raised_by_response_and_its_connection_is_not_pooled_again() -> None:
     replica = Replica()
     url = await replica.start()
-    pool = UpstreamPool(connect_timeout_s=2)
+    pool = ClientPool(connect_timeout_s=2)
     await (await pool.send("POST", url + "/v1/x", b"", b"{}").response()).read()
     (pooled,) = [c for idle in pool._idle.values() for c in idle]
 
