@@ -20,7 +20,8 @@ from vlmserve.demo.run import demo_spec
 from vlmserve.engines.embedded_adapters import adapter_name, ensure_adapter
 from vlmserve.engines.vllm import RUNTIME_LORA_ENV
 from vlmserve.spec import DeploymentSpec
-from vlmserve.vllm_flags import VLLM_LORA_RANKS
+from vlmserve.engines.lora import lora_argv
+from vlmserve.vllm_flags import VLLM_LORA_RANKS, installed_vllm_flags
 from tests.helpers.browser import find_chromium, visit_page
 from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway
 
@@ -82,6 +83,11 @@ def test_vlmserves_lora_ranks_are_the_installed_vllms() -> None:
     from vllm.config.lora import MaxLoRARanks
 
     assert tuple(typing.get_args(MaxLoRARanks)) == VLLM_LORA_RANKS
+    flags = installed_vllm_flags()
+    assert flags is not None
+    spec = DeploymentSpec.model_validate({"lora_modules": {"a": "/a"}, "max_loras": 2, "max_lora_rank": 8, "max_cpu_loras": 4})
+    for option in (item for item in lora_argv(spec) if item.startswith("--")):  # every flag up passes is vLLM's
+        assert flags[option[2:].replace("-", "_")].name == option
 
 
 
