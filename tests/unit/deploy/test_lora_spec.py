@@ -141,3 +141,15 @@ def test_runtime_adapter_loading_is_on_behind_a_gateway_only() -> None:
     exposed = plan_launches(spec(max_loras=2, gateway=False), "/m", "cpu")  # replicas reachable directly: never
     assert RUNTIME_LORA_ENV not in exposed[0].env
     assert RUNTIME_LORA_ENV not in plan_launches(spec(replicas=2), "/m", "cpu")[0].env  # no LoRA: never
+
+
+def test_sim_replicas_get_the_specs_adapters_and_slots() -> None:
+    from vlmserve.engines.launcher import make_launcher
+
+    deployment = DeploymentSpec.model_validate({"engine": "sim", "model": "m", "sim": {"profile": "tiny-cpu"},
+                                                "lora_modules": {"a": "sim", "b": "sim"}, "max_loras": 1})
+    launcher = make_launcher(deployment)
+    argv = launcher.arguments(host="127.0.0.1", port=9001, index=0)
+    joined = " ".join(argv)
+    assert "--lora-module a --lora-module b --max-loras 1" in joined and "--max-cpu-loras" not in joined
+    assert launcher.expected().adapters == ("a", "b")  # readiness checks each, as on vLLM
