@@ -97,3 +97,10 @@ def test_per_adapter_figures_carry_the_first_use_penalty() -> None:
     warmed = by_adapter["warmed"]  # its first use was the warm-up: counted as its first use, left out of its figures
     assert warmed.requests == 2 and warmed.first_use_penalty_ms == pytest.approx(800)
     assert summarize([record(0, None, 0.1)], None).by_adapter is None  # no adapters: no block
+
+
+def test_the_adapter_survives_the_records_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from vlmserve.results.store import read_records_parquet, write_records_parquet
+
+    written = write_records_parquet([record(0, "clinic", 0.1), record(1, None, 0.1)], tmp_path / "r.parquet")
+    assert [row.adapter for row in read_records_parquet(written)] == ["clinic", None]
