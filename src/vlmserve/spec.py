@@ -19,7 +19,7 @@ from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
 from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
-from vlmserve.vllm_flags import check_engine_arg
+from vlmserve.vllm_flags import VLLM_LORA_RANKS, check_engine_arg
 
 EMBEDDED_MODEL = "embedded"
 """The model name that means: the tiny VLM vlmserve makes itself (see vlmserve.engines.embedded)."""
@@ -107,13 +107,68 @@ class LivenessOptions(BaseModel):
         return self.interval_s + self.failures * max(self.interval_s, self.timeout_s) + self.probe_timeout_s
 
 
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""What an adapter's served name may be: it is a model name in requests, a label on metrics, a word in logs."""
+MAX_SPEC_ADAPTERS = 256
+"""Adapters one spec may declare: the gateway's per-adapter metric labels stay bounded by it."""
+
+
+class LoraOptions(BaseModel):
+    """LoRA adapters served beside the base model (vLLM's `--enable-lora` family; docs/lora.md).
+
+    Mixed into DeploymentSpec as top-level fields. Paths are checked when `up` starts (the
+    directory, its adapter_config.json, its rank against max_lora_rank): `export k8s` writes
+    the pod's paths, which need not exist here."""
+
+    lora_modules: dict[str, str] = Field(
+        default_factory=dict, description="adapters to serve, name -> PEFT directory (or embedded:N for the "
+        "embedded model's adapter N); each answers a 1-token generation before a replica is ready")
+    max_loras: int | None = Field(None, ge=1, le=MAX_SPEC_ADAPTERS, description="adapters in one batch (vLLM --max-loras)")
+    max_lora_rank: int | None = Field(None, description=f"largest adapter rank, one of {', '.join(map(str, VLLM_LORA_RANKS))} "
+                                      "(vLLM --max-lora-rank)")
+    max_cpu_loras: int | None = Field(None, ge=1, description="adapters kept in host memory, at least max_loras "
+                                      "(vLLM --max-cpu-loras)")
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _adapter_names(cls, modules: dict[str, str]) -> dict[str, str]:
+        if len(modules) > MAX_SPEC_ADAPTERS:
+            raise ValueError(f"{len(modules)} adapters; at most {MAX_SPEC_ADAPTERS} (load more at run time)")
+        for name, path in modules.items():
+            if not ADAPTER_NAME.fullmatch(name):
+                raise ValueError(f"adapter name '{name[:80]}' is not allowed; use up to 64 letters, digits, '-', '_' or '.'")
+            if not path.strip():
+                raise ValueError(f"adapter '{name}' has no path; give its PEFT directory")
+        return modules
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank_vllm_takes(cls, rank: int | None) -> int | None:
+        if rank is not None and rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"{rank} is not a rank vLLM takes; use one of {', '.join(map(str, VLLM_LORA_RANKS))}")
+        return rank
+
+    @property
+    def lora_enabled(self) -> bool:
+        """LoRA is on when adapters are declared or slots are sized (for adapters loaded at run time)."""
+        return bool(self.lora_modules) or self.max_loras is not None
+
+    def _check_lora(self, served_name: str) -> None:
+        """Cross-field rules, called from DeploymentSpec's validator."""
+        if served_name in self.lora_modules:
+            raise ValueError(f"adapter name '{served_name}' is the base model's served name; rename the adapter")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < (self.max_loras or 1):
+            raise ValueError(f"max_cpu_loras {self.max_cpu_loras} is below max_loras {self.max_loras or 1}; "
+                             "vLLM keeps at least max_loras adapters in host memory")
+
+
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 SPEC_FILE_PATHS = ("keys_file", "audit_log", "ssl_certfile", "ssl_keyfile", "log_dir")
 """Spec fields that are file paths: relative ones are read relative to the spec file."""
 
 
-class DeploymentSpec(BaseModel):
+class DeploymentSpec(LoraOptions):
     """Everything `vlmserve up` needs to start and supervise a deployment."""
 
     model_config = ConfigDict(extra="forbid")
@@ -183,6 +238,11 @@ class DeploymentSpec(BaseModel):
     def _tls_pair(self) -> "DeploymentSpec":
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ValueError("give both ssl_certfile and ssl_keyfile, or neither")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_fits(self) -> "DeploymentSpec":
+        self._check_lora(self.engine_args.served_model_name or self.model)
         return self
 
     @property
@@ -363,6 +423,10 @@ class SLO(BaseModel):
         return {key.split("_", 1)[0]: value for key, value in self.bounds_s.items()}
 
 
+MAX_BENCH_ADAPTERS = 4096
+"""Adapters one bench run may spread its requests over."""
+
+
 class LoadSpec(BaseModel):
     """Client-side load: workload, lengths, concurrency or rate, count or duration."""
 
@@ -395,6 +459,11 @@ class LoadSpec(BaseModel):
     vision_budget_mix: dict[int, float] | None = None
     """{max_soft_tokens: weight}: a Gemma-style vision budget per request (mm_processor_kwargs)."""
     mix: dict[str, float] | None = None
+    lora_adapters: list[str] | None = Field(None, max_length=MAX_BENCH_ADAPTERS, description="LoRA adapters each "
+                                            "conversation is sent to (its model), drawn by lora_popularity")
+    lora_popularity: Literal["uniform", "zipf"] = "uniform"
+    lora_skew: float = Field(1.0, gt=0, le=10, description="Zipf exponent of adapter popularity (lora_popularity zipf)")
+    lora_base_share: float = Field(0.0, ge=0, le=1, description="share of conversations sent to the base model")
     extra_body: dict[str, Any] | None = None
     features: list[Literal["tools", "structured", "thinking"]] = Field(default_factory=list)
     """Feature workloads layered on the dataset (bench.features): tool schemas, a response JSON schema, thinking."""
@@ -446,6 +515,9 @@ class LoadSpec(BaseModel):
         if self.features and self.api != "chat":
             raise ValueError(f"features {','.join(self.features)} need api chat (tools, response_format and "
                              "chat_template_kwargs are chat-completions fields)")
+        if self.lora_adapters is not None and (len(set(self.lora_adapters)) != len(self.lora_adapters)
+                                                or not all(name.strip() for name in self.lora_adapters)):
+            raise ValueError("lora_adapters: name each adapter once, none empty")
         if self.shared_prefix_len >= self.input_len:
             raise ValueError(
                 f"shared_prefix_len {self.shared_prefix_len} must be below input_len {self.input_len} "

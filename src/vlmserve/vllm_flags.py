@@ -25,8 +25,20 @@ MANAGED_BY_VLMSERVE: dict[str, str] = {
     "host": "the spec's `host`/`replica_host` (replicas sit behind the gateway)",
     "port": "the spec's `port` (replica ports are assigned from it)",
     "allowed_media_domains": "the spec's `allowed_media_domains` (the gateway checks it too)",
+    "enable_lora": "the spec's `lora_modules` or `max_loras` (either turns LoRA on)",
+    "lora_modules": "the spec's `lora_modules` (each adapter is checked before the replica is ready)",
+    "max_loras": "the spec's `max_loras`",
+    "max_lora_rank": "the spec's `max_lora_rank`",
+    "max_cpu_loras": "the spec's `max_cpu_loras`",
 }
 """Flags vlmserve sets itself: a second value in engine_args would fight it."""
+
+
+VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM's `--max-lora-rank` takes (vllm.config.lora.MaxLoRARanks in 0.32; checked against
+the installed vLLM by tests/e2e/test_embedded_adapters.py)."""
+VLLM_DEFAULT_MAX_LORA_RANK = 16
+"""vLLM's `--max-lora-rank` when none is given: a larger adapter is refused at start."""
 
 
 @dataclass(frozen=True)

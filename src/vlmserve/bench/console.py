@@ -13,6 +13,7 @@ from rich.table import Table
 
 from vlmserve.bench.console_features import print_features
 from vlmserve.bench.console_scaling import print_scaling
+from vlmserve.bench.console_adapters import print_adapters
 from vlmserve.bench.console_types import print_types
 from vlmserve.results.summary import DISTRIBUTION_STATS, LATENCY_METRICS, RunSummary, SloCheck
 from vlmserve.results.records import RequestRecord
@@ -206,6 +207,7 @@ def print_summary(console: Console, summary: RunSummary) -> None:
     else:
         console.print("server: no /metrics at the target; prefix-cache hit rate, KV usage and preemptions unknown")
     print_types(console, summary)
+    print_adapters(console, summary)
     for warning in summary.warnings or []:
         console.print(f"[bold yellow]warning: {warning}[/]")
     per_turn = summary.per_turn

@@ -131,9 +131,12 @@ def _body_for(options: RequestOptions, history: list[dict[str, Any]], turn: Turn
             body["mm_processor_kwargs"] = {**body.get("mm_processor_kwargs", {}), **turn.mm_processor_kwargs}
         if turn.features is not None:
             turn.features.apply(body, options.extra_body)
-        return body
-    prompt = "\n".join(str(message["content"]) for message in history) + ("\n" if history else "") + text
-    return build_body(options, max_tokens, prompt=prompt)
+    else:
+        prompt = "\n".join(str(message["content"]) for message in history) + ("\n" if history else "") + text
+        body = build_body(options, max_tokens, prompt=prompt)
+    if turn.adapter is not None:
+        body["model"] = turn.adapter
+    return body
 
 
 def request_type_of(declared: str, image_count: int) -> str:
@@ -202,6 +205,7 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                     requested_output_tokens=turn.requested_output_tokens,
                     image_count=turn.image_count,
                     request_type=request_type_of(turn.request_type, turn.image_count),
+                    adapter=turn.adapter,
                     image_repeat=turn.image_repeat,
                     workload=conversation.workload,
                     turn_index=turn_index,

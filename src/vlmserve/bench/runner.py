@@ -24,6 +24,7 @@ from vlmserve.results import metrics
 from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.clientcpu import ClientCpuMonitor
 from vlmserve.bench.console import LiveProgress
+from vlmserve.bench.adapters import assign_adapters
 from vlmserve.bench.features.assign import assign_features
 from vlmserve.bench.features.check import check_answers
 from vlmserve.bench.features.request import FIXED_ANSWER_FEATURES
@@ -210,6 +211,7 @@ async def run_load(
     if load.num_requests is not None:
         conversations = _trim_to_requests(conversations, load.num_requests + load.warmup)
     assign_features(conversations, list(load.features), load.tool_choice, load.seed)
+    assign_adapters(conversations, load)
     if FIXED_ANSWER_FEATURES.intersection(load.features) and options.ignore_eos:
         context.notices.append("--features tools/structured: those requests are sent without ignore_eos "
                                "(an answer ends when its JSON is complete), so their output lengths vary")

@@ -25,6 +25,7 @@ FLAG_NAMES = {
     "burstiness": "--burstiness", "images_per_request": "--images-per-request", "workers": "--workers",
     "prompt_pool_size": "--prompt-pool-size", "shared_prefix_len": "--shared-prefix-len", "repeat": "--repeat",
     "image_repeat_rate": "--image-repeat-rate", "image_popularity_skew": "--image-popularity-skew",
+    "lora_skew": "--lora-skew", "lora_base_share": "--lora-base-share", "lora_adapters": "--lora-adapters",
 }
 
 
@@ -142,6 +143,22 @@ def _image_mixes(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _lora(args: dict[str, Any]) -> dict[str, Any]:
+    """The many-adapter flags as LoadSpec fields (bench.adapters)."""
+    from vlmserve.bench.adapters import parse_lora_adapters
+
+    adapters = parse_lora_adapters(args.get("lora_adapters"))
+    if adapters is None and any(args.get(flag) is not None for flag in ("lora_popularity", "lora_skew", "lora_base_share")):
+        raise UserError("--lora-popularity, --lora-skew and --lora-base-share shape --lora-adapters traffic; give --lora-adapters")
+    if args.get("lora_popularity") not in (None, "uniform", "zipf"):
+        raise UserError(f"--lora-popularity '{args['lora_popularity']}': use uniform or zipf")
+    if args.get("lora_skew") is not None and args.get("lora_popularity") != "zipf":
+        raise UserError("--lora-skew is the Zipf exponent; use it with --lora-popularity zipf")
+    given = {"lora_popularity": args.get("lora_popularity"), "lora_skew": args.get("lora_skew"),
+             "lora_base_share": args.get("lora_base_share")}
+    return {"lora_adapters": adapters, **{key: value for key, value in given.items() if value is not None}}
+
+
 def _contradictions(args: dict[str, Any]) -> None:
     """Flags that cannot go together: one line naming both."""
     if args["concurrency"] is not None and args["rate"] is not None:
@@ -222,7 +239,7 @@ def build_load_spec(args: dict[str, Any]) -> LoadSpec:
         "repeat": args["repeat"], "stop_when_oversaturated": args["stop_when_oversaturated"],
         "features": features, "tool_choice": parse_tool_choice_flag(args.get("tool_choice"), features),
         "load_shape": args.get("load_shape"),
-        **_image_mixes(args),
+        **_image_mixes(args), **_lora(args),
     }
     if args["input_len"] is not None:
         fields["input_len"] = args["input_len"]
@@ -283,6 +300,10 @@ OPTIONS: dict[str, Any] = {
     "mix": typer.Option(None, "--mix", help="mixed dataset ratios, e.g. text:0.7,images:0.3."),
     "features": typer.Option(None, "--features", help="Feature workloads on top of the dataset, comma-separated: tools (tool schemas; valid tool-call rate), structured (response_format json_schema; schema-valid rate), thinking (enable_thinking; reasoning tokens and timings). See docs/metrics.md."),
     "tool_choice": typer.Option(None, "--tool-choice", help="tools: named (default: each request names one offered tool), required or auto. vLLM needs --tool-call-parser for all three, and --enable-auto-tool-choice for auto."),
+    "lora_adapters": typer.Option(None, "--lora-adapters", help="LoRA adapters to send conversations to (each request's model), comma-separated, or embedded:N (the embedded model's first N)."),
+    "lora_popularity": typer.Option(None, "--lora-popularity", help="--lora-adapters popularity: uniform (default) or zipf (the first listed most popular)."),
+    "lora_skew": typer.Option(None, "--lora-skew", help="Zipf exponent of adapter popularity (default 1.0; --lora-popularity zipf)."),
+    "lora_base_share": typer.Option(None, "--lora-base-share", help="Share of conversations sent to the base model (--model) instead of an adapter (0-1)."),
     "extra_body": typer.Option(None, "--extra-body", help="JSON (or @file) merged into every request body."),
     "ignore_eos": typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly the output length (vLLM ignore_eos)."),
     "per_chunk_usage": typer.Option(True, "--per-chunk-usage/--no-per-chunk-usage", help="Ask for token counts on every chunk (exact ITL per token) where the server supports it."),
@@ -351,6 +372,10 @@ def bench(
     mix: Optional[str] = OPTIONS["mix"],
     features: Optional[str] = OPTIONS["features"],
     tool_choice: Optional[str] = OPTIONS["tool_choice"],
+    lora_adapters: Optional[str] = OPTIONS["lora_adapters"],
+    lora_popularity: Optional[str] = OPTIONS["lora_popularity"],
+    lora_skew: Optional[float] = OPTIONS["lora_skew"],
+    lora_base_share: Optional[float] = OPTIONS["lora_base_share"],
     extra_body: Optional[str] = OPTIONS["extra_body"],
     ignore_eos: bool = OPTIONS["ignore_eos"],
     per_chunk_usage: bool = OPTIONS["per_chunk_usage"],

@@ -71,6 +71,12 @@ def sim(
     gpu: str = typer.Option(None, help="Planner mode: time steps as --model (a `plan models` preset or config.json) on this GPU; KV blocks from its memory."),
     tp: int = typer.Option(1, min=1, help="Planner mode: tensor-parallel GPUs."),
     cold_start_s: float = typer.Option(0.0, help="Seconds before the engine serves: the port is bound but refuses connections meanwhile, as vLLM while it loads (phases logged as vLLM logs them)."),
+    lora_module: list[str] = typer.Option([], help="A LoRA adapter name it serves (repeatable): listed in /v1/models, "
+                                          "each takes one of --max-loras slots per step (needs --profile)."),
+    max_loras: int = typer.Option(None, min=1, help="Adapters in one step (vLLM's --max-loras; default 1)."),
+    max_cpu_loras: int = typer.Option(None, min=1, help="Adapters kept loaded (vLLM's --max-cpu-loras; default --max-loras)."),
+    lora_load_ms: float = typer.Option(0.0, help="Time to load an adapter that is not kept loaded."),
+    lora_step_ms: float = typer.Option(0.0, help="Time each distinct adapter adds to a step."),
 ) -> None:
     """Start a simulated vLLM engine: OpenAI API, vLLM metrics, timed by vLLM's scheduler rules."""
     from vlmserve.engines.sim.options import FaultOptions, OutputLengthDistribution, SimEngineConfig
@@ -122,6 +128,8 @@ def sim(
         gpu=gpu,
         tp=tp,
         cold_start_s=cold_start_s,
+        lora_modules=tuple(lora_module), max_loras=max_loras, max_cpu_loras=max_cpu_loras,
+        lora_load_ms=lora_load_ms, lora_step_ms=lora_step_ms,
     )
     run_server(config)
 

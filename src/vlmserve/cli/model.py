@@ -28,5 +28,16 @@ def path() -> None:
     typer.echo(str(ensure_tiny_model()))
 
 
+@model_app.command("adapters")
+def adapters(
+    count: int = typer.Option(8, "--count", min=1, max=64, help="How many adapters (1-64)."),
+) -> None:
+    """Print NAME=DIR of the embedded model's first COUNT LoRA adapters, making them first if needed."""
+    from vlmserve.engines.embedded_adapters import ensure_adapters
+
+    for name, path in ensure_adapters(count).items():
+        typer.echo(f"{name}={path}")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(model_app, name="model")

@@ -46,6 +46,8 @@ class ServedConfig:
     max_model_len: int | None = None
     engine_version: str | None = None
     cache_config: dict[str, str] = field(default_factory=dict)
+    adapters: tuple[str, ...] = ()
+    """LoRA adapters /v1/models lists (entries with a parent model)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +57,7 @@ class ServedConfig:
             "engine_version": self.engine_version,
             "kv_blocks": self.cache_config.get("num_gpu_blocks") or self.cache_config.get("num_cpu_blocks"),
             "block_size": self.cache_config.get("block_size"),
+            "adapters": list(self.adapters),
         }
 
 
@@ -118,8 +121,10 @@ def check_ready(client: httpx.Client, expected: ExpectedConfig) -> ServedConfig:
     health = client.get("/health", timeout=5)
     if health.status_code != 200:
         raise NotReadyYet(f"/health answered {health.status_code}")
-    served = read_served_config(client, expected.served_model_name)
+    served = read_served_config(client, expected.served_model_name, expected.adapters)
     _one_token(client, expected.served_model_name, [{"role": "user", "content": "Hello"}], "text")
+    for adapter in expected.adapters:  # each adapter loads (and can fail) on its own first request
+        _one_token(client, adapter, [{"role": "user", "content": "Hello"}], f"text with adapter '{adapter}'")
     if expected.expects_images is not False:
         message = image_message("What is in this image?", tiny_png_data_url())
         _one_token(
@@ -144,8 +149,8 @@ def _one_token(
         raise NotReadyYet(f"1-token {what} generation returned no tokens")
 
 
-def read_served_config(client: httpx.Client, served_model_name: str) -> ServedConfig:
-    """Read /v1/models, /version and the cache_config_info metric."""
+def read_served_config(client: httpx.Client, served_model_name: str, adapters: tuple[str, ...] = ()) -> ServedConfig:
+    """Read /v1/models (which must list the model and every adapter), /version and the cache_config_info metric."""
     models = client.get("/v1/models", timeout=10)
     if models.status_code != 200:
         raise NotReadyYet(f"/v1/models answered {models.status_code}")
@@ -154,7 +159,11 @@ def read_served_config(client: httpx.Client, served_model_name: str) -> ServedCo
     if entry is None:
         listed = ", ".join(str(item.get("id")) for item in entries) or "nothing"
         raise StaleReplica(f"it lists model(s) {listed}, not '{served_model_name}'")
-    served = ServedConfig(model_id=entry["id"], root=entry.get("root"), max_model_len=entry.get("max_model_len"))
+    missing = sorted(set(adapters) - {str(item.get("id")) for item in entries})
+    if missing:
+        raise StaleReplica(f"it does not list adapter(s) {', '.join(missing)} in /v1/models")
+    served = ServedConfig(model_id=entry["id"], root=entry.get("root"), max_model_len=entry.get("max_model_len"),
+                          adapters=tuple(sorted(str(item.get("id")) for item in entries if item.get("parent"))))
     version = client.get("/version", timeout=10)
     if version.status_code == 200:
         served.engine_version = version.json().get("version")

@@ -32,6 +32,8 @@ class ExpectedConfig:
     expects_images: bool | None = True
     """True: the image generation must succeed. None: unknown model; an HTTP 400 to the image
     request means a text-only model and is accepted. False: skip the image check."""
+    adapters: tuple[str, ...] = ()
+    """LoRA adapters the replica must list in /v1/models and answer a 1-token generation with."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 from vlmserve.engines.launcher import EngineLaunch, EventSink, ExpectedConfig, program, served_model_name
+from vlmserve.engines.lora import lora_argv, resolved_adapters
 from vlmserve.bounded_read import CONFIG_FILE, loads_json, read_bytes
 from vlmserve.errors import UserError
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
@@ -53,6 +54,9 @@ MEDIA_REDIRECTS_ENV = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
 """Replicas never follow a redirect when they fetch a media URL: vLLM checks `--allowed-media-domains`
 against the URL it was given only, so an allowlisted host answering 302 to http://169.254.169.254/
 or http://127.0.0.1:8000/ would otherwise lead the engine inside (vLLM's default: follow)."""
+
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+"""vLLM serves /v1/load_lora_adapter and /v1/unload_lora_adapter only with this set."""
 
 GPU_ENGINE_HOST_OVERHEAD_GB = 4.0
 """Host memory a GPU engine process needs (CUDA context, torch, tokenizer, API server)."""
@@ -197,6 +201,7 @@ def engine_arguments(
         argv.append("--trust-request-mm-kwargs")
     for key, value in given.items():
         argv += engine_arg_argv(key, value)
+    argv += lora_argv(spec)
     argv += list(args.extra_args)
     return argv
 
@@ -274,6 +279,10 @@ def plan_launches(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind
         # A local model needs no hub; don't let a missing network slow the start down.
         common_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     common_env.update(tracing_env(spec))
+    if spec.lora_enabled and spec.gateway:
+        # adapters loaded at run time through the gateway's admin route (gateway/adapter_admin.py); the
+        # engines' own load path is reachable from the gateway alone (replicas listen on loopback behind it)
+        common_env[RUNTIME_LORA_ENV] = "1"
     notes: list[str] = []
     if device_kind == "gpu":
         groups = gpu_groups(spec.replicas, spec.engine_args.tensor_parallel_size, gpu_count())
@@ -392,11 +401,14 @@ class VllmLauncher:
 
     @classmethod
     def on_this_machine(cls, spec: DeploymentSpec, on_event: EventSink | None = None) -> "VllmLauncher":
-        """Resolve the model here (made on first use for 'embedded'), lay its recipe under the spec's
-        engine_args (unless `recipe: false`) and detect the devices."""
+        """Resolve the model here (made on first use for 'embedded'), check its LoRA adapters (made on
+        first use for 'embedded:N'), lay its recipe under the spec's engine_args (unless `recipe: false`)
+        and detect the devices."""
         from vlmserve.recipes.apply import spec_with_recipe
 
         model_path = resolve_model_path(spec.model, on_event=on_event)
+        if spec.lora_modules:
+            spec = spec.model_copy(update={"lora_modules": resolved_adapters(spec)})
         return cls(spec_with_recipe(spec, model_path, on_event), model_path, detect_device_kind(spec.devices))
 
     def arguments(self, *, host: str, port: int, index: int) -> list[str]:
@@ -413,6 +425,7 @@ class VllmLauncher:
             max_model_len=self.spec.engine_args.max_model_len,
             cache_config=expected_cache_labels(self.spec),
             expects_images=model_expects_images(self.spec.model, self.model_path),
+            adapters=tuple(self.spec.lora_modules),
         )
 
     def host_memory_needed_gb(self) -> float:

@@ -35,7 +35,7 @@ from vlmserve.errors import UserError
 from vlmserve.gateway.redis_buckets import BucketLimits
 from vlmserve.gateway.request_info import OUTPUT_LIMIT_KEYS
 from vlmserve.gateway.shared_state import SharedState, StateUnavailable
-from vlmserve.spec import describe_validation_error, load_yaml_file
+from vlmserve.spec import ADAPTER_NAME, MAX_SPEC_ADAPTERS, describe_validation_error, load_yaml_file
 
 PRIORITIES = ("interactive", "batch")
 ANONYMOUS = "anonymous"
@@ -69,6 +69,18 @@ class TenantSpec(BaseModel):
     max_image_bytes: int | None = Field(None, ge=1, description="stricter than the gateway's --max-image-bytes")
     max_image_pixels: int | None = Field(None, ge=1, description="stricter than the gateway's --max-image-pixels")
     max_images_per_request: int | None = Field(None, ge=1, description="stricter than --max-images-per-request")
+    adapters: list[str] | None = Field(None, max_length=MAX_SPEC_ADAPTERS, description="LoRA adapters it may use; "
+                                       "none listed: any (gateway/adapters.py)")
+    base_model: bool = Field(True, description="it may use the base model (false: its adapters only)")
+    admin: bool = Field(False, description="it may load and unload LoRA adapters on every replica (adapter_admin.py)")
+
+    @model_validator(mode="after")
+    def _adapter_names(self) -> TenantSpec:
+        for name in self.adapters or []:
+            if not ADAPTER_NAME.fullmatch(name):
+                raise ValueError(f"tenant {self.name!r}: adapter name {name[:80]!r} is not allowed; "
+                                 "use up to 64 letters, digits, '-', '_' or '.'")
+        return self
 
     @model_validator(mode="after")
     def _limits_in_bounds(self) -> TenantSpec:
@@ -148,6 +160,9 @@ class Tenant:
     token_bucket: TokenBucket | None = None
     image_limits: tuple[int | None, int | None, int | None] = (None, None, None)
     """(max_image_bytes, max_image_pixels, max_images_per_request) for this tenant; None: the gateway's."""
+    adapters: frozenset[str] | None = None  # the LoRA adapters it may use; None: any
+    base_model: bool = True  # it may use the base model
+    admin: bool = False  # it may load and unload adapters (adapter_admin.py)
 
     @classmethod
     def from_spec(cls, spec: TenantSpec) -> Tenant:
@@ -157,7 +172,9 @@ class Tenant:
         if spec.tokens_per_min:
             token_bucket = TokenBucket(spec.tokens_per_min / 60.0, spec.tokens_per_min)
         return cls(name=spec.name, priority=spec.priority, request_bucket=request_bucket, token_bucket=token_bucket,
-                   image_limits=(spec.max_image_bytes, spec.max_image_pixels, spec.max_images_per_request))
+                   image_limits=(spec.max_image_bytes, spec.max_image_pixels, spec.max_images_per_request),
+                   adapters=None if spec.adapters is None else frozenset(spec.adapters), base_model=spec.base_model,
+                   admin=spec.admin)
 
     @property
     def rate_limited(self) -> bool:

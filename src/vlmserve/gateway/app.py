@@ -21,6 +21,8 @@ import aiohttp
 from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
                                         asks_for_usage, check_output_limits, context_tokens, load_keys_file,
                                         settled_tokens)
+from vlmserve.gateway.adapter_admin import handle_adapter_admin
+from vlmserve.gateway.adapters import AdapterCatalog
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
@@ -88,6 +90,7 @@ class Gateway:
         self.media_addresses = MediaAddressPolicy(config.allow_internal_media_addresses)
         upstream_headers = {"Authorization": f"Bearer {config.replica_api_key}"} if config.replica_api_key else {}
         self.replica_headers = header_lines(upstream_headers.items())  # what a forwarded GET carries
+        self.admin_headers = header_lines([("Content-Type", "application/json"), *upstream_headers.items()])
         self.pool = ReplicaPool(
             config.replicas,
             health_interval_s=config.health_interval_s,
@@ -101,6 +104,7 @@ class Gateway:
             on_ejection=lambda replica: self.metrics.ejections.labels(replica.name).inc(),
             on_forget=self._forget_replica,
         )
+        self.adapters = AdapterCatalog(self.pool, self.metrics.registry)
         self.discovery: DiscoveryWatcher | None = None
         if config.discover:
             self.discovery = DiscoveryWatcher(parse_source(config.discover), config.discover_interval_s,
@@ -233,6 +237,8 @@ class Gateway:
             return await self.handle_models(request)
         if kind is RouteKind.ENGINE_INFO:
             return await self.handle_engine_info(request)
+        if kind is RouteKind.ADMIN:
+            return await handle_adapter_admin(self, request)
         return await (self.handle_health(request) if route.path == "/health" else self.handle_metrics(request))
 
     async def handle_health(self, request: Request) -> Response:
@@ -252,10 +258,10 @@ class Gateway:
 
     async def handle_models(self, request: Request) -> Response:
         try:
-            self.admission.tenant_for(request.headers)
+            tenant = self.admission.tenant_for(request.headers)
         except AdmissionRejected as rejected:
             return error_response(rejected.status, rejected.message, rejected.code)
-        models = self.pool.known_models()
+        models = self.adapters.visible(tenant, self.pool.known_models())
         if not models and not self.pool.any_healthy():
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
         return Response.json({"object": "list", "data": list(models.values())})
@@ -273,6 +279,7 @@ class Gateway:
         tenant = None
         slot_held = False
         charged: Charge | None = None
+        admitted_adapter: str | None = None
         payload: dict[str, Any] | None = None
         try:
             try:
@@ -309,9 +316,8 @@ class Gateway:
                 request_log.model = model if isinstance(model, str) else None
                 if model is not None and not isinstance(model, str):
                     raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
-                if isinstance(model, str) and not self.pool.lists_model(model):
-                    known = self.pool.known_models()
-                    raise AdmissionRejected(404, f"model {model!r} is not served here: choose one of {', '.join(sorted(known))}", "model_not_found")
+                request_log.adapter = self.adapters.adapter_of(model)
+                admitted_adapter = self.adapters.check(tenant, model)  # 404 unknown, 403 not this key's
                 if route.generates:
                     check_output_limits(payload)
                 routed = describe_request(
@@ -321,7 +327,7 @@ class Gateway:
                     image_digests=images.digests or None,
                     image_tokens=images.image_tokens if images.images else None,
                 )
-                routed.tenant = tenant.name
+                routed.tenant, routed.adapter = tenant.name, request_log.adapter
                 routed.session_id = session_key(request.headers.get("X-Session-ID"))
                 routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
                 request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
@@ -353,6 +359,8 @@ class Gateway:
                                   request_id=request_log.request_id)
         finally:
             self.requests_in_progress -= 1
+            if admitted_adapter is not None:
+                self.adapters.release(admitted_adapter)
             if slot_held:
                 self.admission.release_slot()
                 if tenant is not None and charged is not None:
@@ -403,6 +411,9 @@ class Gateway:
             self.metrics.observe_latency(request_log.replica, route.path,
                                          request_log.first_byte_mono - received if route.generates else None,
                                          request_log.finished_mono - received)
+        if request_log.adapter is not None:
+            self.adapters.observe(request_log.adapter, request_log.status, None if request_log.first_byte_mono is None
+                                  else request_log.first_byte_mono - request_log.received_mono)
         if self.audit.enabled:
             content = None if payload is None else next(
                 (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)

@@ -60,6 +60,7 @@ class RequestLog:
     client_request_id: str | None = None  # the client's X-Request-ID, checked (request_info.py): recorded only
     tenant: str = "anonymous"
     model: str | None = None
+    adapter: str | None = None  # the LoRA adapter the model names (gateway/adapters.py); None: the base model
     stream: bool = False
     priority: str = "interactive"
     replica: str = "none"
@@ -93,6 +94,7 @@ class RequestLog:
             "client_request_id": self.client_request_id,
             "tenant": self.tenant,
             "model": self.model,
+            "adapter": self.adapter,
             "path": self.path,
             "stream": self.stream,
             "priority": self.priority,

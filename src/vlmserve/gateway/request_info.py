@@ -74,6 +74,7 @@ class RoutedRequest:
     prompt_tokens: int
     expected_output_tokens: int
     tenant: str = "anonymous"
+    adapter: str | None = None  # the LoRA adapter `model` names (gateway/adapters.py); None: the base model
     priority: str = "interactive"
     session_id: str | None = None
     # Chained hashes of the chat-templated conversation, block by block.

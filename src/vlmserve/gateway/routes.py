@@ -26,6 +26,7 @@ class RouteKind(Enum):
     MODELS = "models"  # answered by the gateway from the replicas' model lists; key needed
     ENGINE_INFO = "engine_info"  # a cheap GET forwarded to one healthy replica; key needed
     ENGINE_WORK = "engine_work"  # a JSON POST that makes an engine work; full admission
+    ADMIN = "admin"  # the gateway applies it to every replica; admin key only (adapter_admin.py)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ ROUTES: dict[str, Route] = {route.path: route for route in (
     # Tokenizer helpers: /tokenize renders chat messages, media included, so it is engine work too.
     Route("/tokenize", _POST, _WORK),
     Route("/detokenize", _POST, _WORK),
+    # Runtime LoRA adapters, on every replica (the engines' own /v1/load_lora_adapter stays unreachable).
+    Route("/admin/lora/load", _POST, RouteKind.ADMIN),
+    Route("/admin/lora/unload", _POST, RouteKind.ADMIN),
 )}
 """Every public path. Not forwarded on purpose: GET/DELETE /v1/responses/{id} (state lives in
 one replica), /v1/audio/* (multipart bodies the gateway does not inspect), and every engine

@@ -20,6 +20,7 @@ from plotly.offline import get_plotlyjs
 from pydantic import ValidationError
 
 from vlmserve import __version__
+from vlmserve.report.adapter_table import adapters_table
 from vlmserve.report.charts import all_charts
 from vlmserve.report.plots_breakdown import breakdown_charts
 from vlmserve.report.plots_cdf import latency_cdf_charts
@@ -109,6 +110,16 @@ def _features_html(results: SweepResults) -> str:
             "reasoning token and to the first content or tool-call token. A row marked red missed a rate SLO.</p>")
 
 
+def _adapters_html(results: SweepResults) -> str:
+    """The per-adapter table, with what its penalty column means; nothing when no cell ran --lora-adapters."""
+    table = adapters_table(results)
+    if table is None:
+        return ""
+    return (_table_html(table) + '<p class="legend">First-use penalty: the TTFT of the adapter\'s first request in '
+            "the run (warm-up included) less the p50 TTFT of its later requests: what loading it, or waiting for a "
+            "free adapter slot, cost that request. One request each: compare adapters, not single values.</p>")
+
+
 def _simulated_note(results: SweepResults) -> str:
     return f'<p class="note">{html.escape(SIMULATED_NOTE)}</p>' if results.simulated() else ""
 
@@ -190,6 +201,7 @@ def render_html(results: SweepResults, records_for: RecordsLoader = stored_recor
 {shape_sections_html(results, records_for)}
 {_table_html(cell_table(results), reason_column="run id / reason")}
 {_features_html(results)}
+{_adapters_html(results)}
 <p class="legend"><span style="background:#fdecea">failed</span><span style="background:#fff8e1">client-limited</span>
 <span style="background:#e8f5e9">best deployment</span></p>
 {_deployments_html(results)}

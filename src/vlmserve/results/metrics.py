@@ -346,6 +346,10 @@ def summarize(
         from vlmserve.results.features import feature_summary  # it builds on this module's distributions
 
         document["features"] = feature_summary(counted, slo)
+    if any(record.adapter for record in records):
+        from vlmserve.results.adapters import per_adapter  # it builds on this module's distributions
+
+        document["by_adapter"] = per_adapter(records, counted)
     workloads = sorted({record.workload for record in counted})
     if len(workloads) > 1:
         document["per_workload"] = {

@@ -39,6 +39,8 @@ class RequestRecord:
     image_count: int = 0
     request_type: str = "text"
     """What kind of request it was, for per-type figures: text, image, multi-image, video, audio."""
+    adapter: str | None = None
+    """The LoRA adapter it was sent to (`bench --lora-adapters`), for per-adapter figures; None: the base model."""
     image_repeat: bool | None = None
     """True when every image in it was sent earlier in the run (a cache could serve it), False when
     at least one is new, None without images. The workload's intent, not the engine's verdict."""

@@ -66,6 +66,7 @@ RECORD_SCHEMA = pa.schema(
         ("tokenizer_output_tokens", pa.int64()),
         ("image_count", pa.int64()),
         ("request_type", pa.string()),
+        ("adapter", pa.string()),
         ("image_repeat", pa.bool_()),
         ("request_bytes", pa.int64()),
         ("upload_s", pa.float64()),

@@ -211,6 +211,19 @@ class TypeSummary(GroupSummary):
     """Image types: "first" (an image new to the run) and "repeat" (every image sent before)."""
 
 
+class AdapterSummary(GroupSummary):
+    """One LoRA adapter's figures (`bench --lora-adapters`; results.adapters defines the first-use ones)."""
+
+    share: float = 0.0
+    """Its share of the measured requests."""
+    first_use_ttft_ms: float | None = None
+    """TTFT of its first request in the run (warm-up included): the engine may load it then."""
+    warm_ttft_p50_ms: float | None = None
+    """TTFT p50 of its later measured requests."""
+    first_use_penalty_ms: float | None = None
+    """first_use_ttft_ms - warm_ttft_p50_ms: what its first use cost (load, slot) beyond a warm request."""
+
+
 class RunSummary(_Block):
     """One run's figures (measured or simulated) and the blocks producers attach to them."""
 
@@ -229,6 +242,8 @@ class RunSummary(_Block):
     per_workload: dict[str, GroupSummary] | None = None
     by_type: dict[str, TypeSummary] | None = None
     """Per request type (text, image, multi-image, video, audio): latencies, breakdown, goodput."""
+    by_adapter: dict[str, AdapterSummary] | None = None
+    """Per LoRA adapter (`base`: the base model), with its first-use penalty; None without --lora-adapters."""
     features: FeatureSummary | None = None
     """Valid rates and reasoning timings of the feature workloads (`--features`); None without them."""
     meta: dict[str, Any] = Field(default_factory=dict)

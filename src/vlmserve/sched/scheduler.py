@@ -47,6 +47,7 @@ from vlmserve.sched.encoder_cache_manager import (
 )
 from vlmserve.sched.kv_cache import ROOT_HASH, BlockHash, hash_block_tokens, hash_request_blocks
 from vlmserve.sched.kv_cache_manager import KVCacheManager
+from vlmserve.sched.lora_slots import LoraConfig, LoraSlots
 from vlmserve.sched.step_cost import StepContents, StepCostModel
 
 MIN_STEP_S = 1e-4
@@ -70,6 +71,8 @@ class SchedulerConfig:
     """Encoder output tokens the encoder cache holds; None: max_num_batched_tokens, as vLLM."""
     disable_chunked_mm_input: bool = False
     """vLLM's --disable-chunked-mm-input: a prefill chunk never ends inside an image."""
+    lora: LoraConfig | None = None
+    """LoRA adapter slots and costs (sched.lora_slots); None: LoRA off."""
 
     @property
     def encoder_compute_budget(self) -> int:
@@ -121,6 +124,8 @@ class SimRequest:
     mm_positions: tuple[PlaceholderRange, ...] | tuple[tuple[int, int], ...] = ()
     """(offset, length) of the placeholder tokens of each image to encode, aligned with image_items;
     empty: `images` images share `image_tokens` at the start of the prompt (encoder_cache_manager)."""
+    lora: str | None = None
+    """The LoRA adapter it runs with (SchedulerConfig.lora); None: the base model."""
 
     def encoder_inputs(self) -> tuple[EncoderInput, ...]:
         """The images the engine encodes for this request, in prompt order."""
@@ -188,7 +193,7 @@ class Request:
         "request_id", "prompt_token_ids", "num_prompt_tokens", "max_output_tokens", "arrival_s",
         "image_tokens", "images", "output_token_ids", "num_output_tokens", "num_computed_tokens",
         "status", "block_ids", "block_hashes", "num_cached_blocks", "num_preemptions",
-        "first_scheduled_s", "first_token_s", "encoder_inputs", "encoder_end",
+        "first_scheduled_s", "first_token_s", "encoder_inputs", "encoder_end", "lora",
     )  # fmt: skip
 
     def __init__(self, source: SimRequest, block_size: int) -> None:
@@ -212,6 +217,7 @@ class Request:
         self.encoder_inputs: tuple[EncoderInput, ...] = source.encoder_inputs()
         self.encoder_end = max((item.end for item in self.encoder_inputs), default=0)
         """Where the last image's placeholders end: past it a chunk needs no encoder (0: no images)."""
+        self.lora = source.lora
 
     @property
     def num_tokens(self) -> int:
@@ -253,6 +259,7 @@ class Scheduler:
         self.max_num_encoder_input_tokens = config.encoder_compute_budget
         """The step's encoder budget; raised to the largest image seen, as vLLM does at start-up."""
         self.encoder_cache_manager = EncoderCacheManager(config.encoder_cache_tokens)
+        self.lora_slots = LoraSlots(config.lora) if config.lora is not None else None
 
     # -- requests in and out ---------------------------------------------------------------
     def add_request(self, request: SimRequest) -> None:
@@ -359,10 +366,17 @@ class Scheduler:
         prefix_queries = 0
         prefix_hits = 0
         first_scheduled: list[tuple[str, int]] = []
+        lora_slots = self.lora_slots
+        if lora_slots is not None:
+            lora_slots.begin_step(request.lora for request, _ in scheduled)
+        skipped: list[Request] = []  # waiting requests whose adapter found no slot: they keep their place
         if not preempted:
             waiting = self.waiting
             while waiting and token_budget > 0 and len(running) < config.max_num_seqs:
                 request = waiting[0]
+                if lora_slots is not None and not lora_slots.admits(request.lora):
+                    skipped.append(waiting.popleft())
+                    continue
                 new_computed_blocks: list[int] = []
                 num_hit_tokens = 0
                 if request.num_computed_tokens == 0:
@@ -381,6 +395,8 @@ class Scheduler:
                 if not kv.allocate_slots(request, num_new_tokens, new_computed_blocks):
                     break
                 waiting.popleft()
+                if lora_slots is not None:
+                    lora_slots.admit(request.lora)
                 running.append(request)
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens += num_hit_tokens
@@ -397,6 +413,8 @@ class Scheduler:
                         encoder_cache.allocate(request.request_id, item)
                     encoded += to_encode
                     encoder_budget = new_encoder_budget
+
+            waiting.extendleft(reversed(skipped))
 
         # 3. Price the step.
         prefill_tokens = 0
@@ -419,7 +437,7 @@ class Scheduler:
             image_tokens=sum(item.length for item in encoded),
             images=len(encoded),
         )
-        duration_s = max(self.cost.step_time_s(contents), MIN_STEP_S)
+        duration_s = max(self.cost.step_time_s(contents) + (lora_slots.step_extra_s() if lora_slots else 0.0), MIN_STEP_S)
         end_s = now_s + duration_s
 
         # 4. Advance requests; those caught up sample one token.

@@ -40,6 +40,8 @@ class Turn:
     """Per-request processor options (a vision budget), merged over the run's --mm-processor-kwargs."""
     features: RequestFeatures | None = None
     """Tools, structured output or thinking this request carries (`--features`; bench.features.assign)."""
+    adapter: str | None = None
+    """The LoRA adapter it is sent to (`--lora-adapters`; bench.adapters); None: the run's model."""
 
     @property
     def text(self) -> str:
@@ -144,7 +146,7 @@ def fresh_variant(conversation: Conversation, seed: int, variant: int) -> Conver
         turns.append(Turn(
             content, turn.max_tokens, turn.requested_prompt_tokens, turn.requested_output_tokens,
             turn.reference_reply, turn.image_count, turn.shared_words, turn.request_type, turn.image_repeat, turn.mm_processor_kwargs,
-            turn.features,
+            turn.features, turn.adapter,
         ))
     return Conversation(
         f"{conversation.conversation_id}~{variant}", conversation.workload, turns, conversation.system, conversation.arrival_s

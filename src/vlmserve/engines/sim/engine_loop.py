@@ -69,6 +69,8 @@ class EngineLoop:
         metrics.bind_state(
             running=lambda: core.num_running, waiting=lambda: core.num_waiting, kv_usage=lambda: core.kv_usage
         )
+        self.lora_modules: frozenset[str] = frozenset()
+        """Adapter names requests may run with (set by the server from its config)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -97,6 +99,7 @@ class EngineLoop:
             output_token_ids=request.plan.token_ids,
             image_items=tuple(parsed.image_items),
             mm_positions=tuple(parsed.image_positions),
+            lora=parsed.model if parsed.model in self.lora_modules else None,
         )
         self.core.add_request(only_fresh_images(sim_request, request.image_fresh))
         self.active[request.request_id] = request

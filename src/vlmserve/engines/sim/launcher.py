@@ -70,6 +70,11 @@ class SimLauncher:
         for name in _VLLM_FLAGS:
             if vllm_flags.get(name) is not None:
                 argv += [_flag(name), str(vllm_flags[name])]
+        for name in spec.lora_modules:
+            argv += ["--lora-module", name]
+        for flag, value in (("--max-loras", spec.max_loras), ("--max-cpu-loras", spec.max_cpu_loras)):
+            if value is not None:
+                argv += [flag, str(value)]
         return argv + list(spec.sim.extra_args)
 
     def launches(self) -> list[EngineLaunch]:
@@ -91,6 +96,7 @@ class SimLauncher:
             served_model_name=served_model_name(self.spec),
             max_model_len=self.spec.engine_args.max_model_len,
             expects_images=None,
+            adapters=tuple(self.spec.lora_modules),
         )
 
     def host_memory_needed_gb(self) -> float:

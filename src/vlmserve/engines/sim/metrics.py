@@ -12,7 +12,9 @@ they go through `BatchedHistogram`, which takes a whole step's values in one cal
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import HistogramMetricFamily
@@ -76,6 +78,7 @@ class EngineMetrics:
 
     def __init__(self, model_name: str, engine_index: int = 0) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.lora_info: Gauge | None = None
         labels = (model_name, str(engine_index))
         registry = self.registry
 
@@ -141,6 +144,15 @@ class EngineMetrics:
         self.num_requests_running.set_function(running)
         self.num_requests_waiting.set_function(waiting)
         self.kv_cache_usage.set_function(kv_usage)
+
+    def set_lora_info(self, max_loras: int, running: Iterable[Any], waiting: Iterable[Any]) -> None:
+        """vLLM's LoRA gauge: labels max_lora and the adapters with requests running / waiting, value the time now."""
+        if self.lora_info is None:
+            self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                                   ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=self.registry)
+        self.lora_info.clear()  # vLLM keeps old label sets (older timestamps); one current set reads the same
+        adapters = [",".join(sorted({r.lora for r in group if r.lora})) for group in (waiting, running)]
+        self.lora_info.labels(str(max_loras), *adapters).set(time.time())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

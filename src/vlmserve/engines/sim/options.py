@@ -13,6 +13,7 @@ from vlmserve.sched.engine_core import EngineCore
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.vision.tokens import ImageTokenEstimator, estimator_for_model_dir
 from vlmserve.hardware.roofline import make_step_cost_model
+from vlmserve.sched.lora_slots import LoraConfig
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
 
 GEMMA_IMAGE_BUDGETS = (70, 140, 280, 560, 1120)
@@ -167,6 +168,15 @@ class SimEngineConfig:
     take it) but listens only after this, so connections are refused meanwhile, as vLLM 0.32 binds
     its port before loading the model and starts its HTTP server once the engine is ready. Its
     phases are logged in vLLM's own words (server.cold_start), so one parser can read both engines."""
+    lora_modules: tuple[str, ...] = ()
+    """LoRA adapters it serves by name (listed in /v1/models with the model as parent); weights are not simulated."""
+    max_loras: int | None = None
+    """Adapters in one step (vLLM's --max-loras; None: 1 when adapters are served); sched.lora_slots."""
+    max_cpu_loras: int | None = None
+    lora_load_ms: float = 0.0
+    """Time a step spends loading an adapter that is not in the host-memory adapter cache."""
+    lora_step_ms: float = 0.0
+    """Time each distinct adapter in a step adds (the LoRA kernels run per adapter)."""
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -186,6 +196,11 @@ class SimEngineConfig:
                 raise UserError(f"--ttft-ms and --itl-ms must be 0 or more milliseconds: {flag} is {value}")
         if self.image_tokens < 1:
             raise UserError("--image-tokens must be at least 1")
+        if self.constant_mode and (self.lora_modules or self.max_loras):
+            raise UserError("--lora-module: adapter slots are modelled with vLLM's scheduler rules; use --profile, "
+                            "not --ttft-ms/--itl-ms")
+        if not all(math.isfinite(value) and value >= 0 for value in (self.lora_load_ms, self.lora_step_ms)):
+            raise UserError("--lora-load-ms and --lora-step-ms must be 0 or more milliseconds")
         for problem in self.frontend_config().validate():
             raise UserError(problem)
         check_listen_port(self.port)
@@ -237,6 +252,8 @@ class SimEngineConfig:
             enable_prefix_caching=self.enable_prefix_caching,
             enable_chunked_prefill=self.enable_chunked_prefill,
             max_model_len=self.max_model_len,
+            lora=LoraConfig(self.max_loras or 1, self.max_cpu_loras, self.lora_load_ms / 1000.0, self.lora_step_ms / 1000.0)
+            if self.lora_modules or self.max_loras else None,
         )
 
 

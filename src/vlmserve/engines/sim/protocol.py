@@ -341,7 +341,7 @@ def parse_generation_request(
         model = config.model_names[0]
     elif not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
-    elif model not in config.model_names:
+    elif model not in config.model_names and model not in config.lora_modules:
         raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
     if kind == "chat":

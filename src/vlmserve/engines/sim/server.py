@@ -97,6 +97,7 @@ class SimEngine:
     async def _on_startup(self, _app: web.Application) -> None:
         trace = EmissionTrace(self.config.trace_file) if self.config.trace_file else None
         self.loop = EngineLoop(self.core, self.metrics, self.timing, trace=trace)
+        self.loop.lora_modules = frozenset(self.config.lora_modules)
         self.loop.start()
         self.started_s = time.monotonic()
         self.ready_at_s = self.started_s + self.config.faults.startup_delay_s
@@ -321,6 +322,9 @@ class SimEngine:
             }
             for name in self.config.model_names
         ]
+        data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": name,
+                  "parent": self.config.model_names[0], "max_model_len": self.config.max_model_len, "permission": []}
+                 for name in self.config.lora_modules]  # as vLLM lists its adapters
         return web.json_response({"object": "list", "data": data})
 
     async def health(self, _request: web.Request) -> web.Response:
@@ -332,6 +336,9 @@ class SimEngine:
         return web.json_response({"version": f"sim-{__version__}", "engine": SIM_ENGINE_NAME})
 
     async def prometheus_metrics(self, _request: web.Request) -> web.Response:
+        lora_slots = getattr(self.core, "lora_slots", None)
+        if lora_slots is not None:  # vLLM's vllm:lora_requests_info, read from the scheduler at scrape time
+            self.metrics.set_lora_info(lora_slots.config.max_loras, self.core.running, self.core.waiting)  # type: ignore[attr-defined]
         return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def debug_timing(self, request: web.Request) -> web.Response:

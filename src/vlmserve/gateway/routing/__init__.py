@@ -3,11 +3,12 @@
 - policy.py      — the interface the proxy sees (RoutingPolicy, its Lifecycle events, Outcome)
 - pipeline.py    — Scorer, the filter and picker functions' types, the highest-score pickers, Pipeline
 - bounds.py      — the load bound affinity stays under (a filter)
-- round_robin.py, load.py, prefix.py, image.py, engine_load.py — one scorer family and its policy each
+- round_robin.py, load.py, prefix.py, image.py, engine_load.py, adapter.py — one scorer family and its policy each
 - session.py     — X-Session-ID pins over any policy
 - build.py       — the `--policy` names to pipelines
 """
 
+from vlmserve.gateway.routing.adapter import AdapterAffinity, AdapterResidency
 from vlmserve.gateway.routing.bounds import load_bound, under_load_bound
 from vlmserve.gateway.routing.build import build_policy
 from vlmserve.gateway.routing.engine_load import EngineAware
@@ -20,7 +21,7 @@ from vlmserve.gateway.routing.round_robin import RoundRobin
 from vlmserve.gateway.routing.session import SessionAffinity
 
 __all__ = [
-    "EngineAware", "Filter", "ImageAffinity", "ImageMemory", "LeastOutstandingTokens", "Lifecycle", "Outcome",
+    "AdapterAffinity", "AdapterResidency", "EngineAware", "Filter", "ImageAffinity", "ImageMemory", "LeastOutstandingTokens", "Lifecycle", "Outcome",
     "OutstandingTokens", "Picker", "Pipeline", "PrefixAffinity", "RoundRobin", "RoutingPolicy", "Scorer",
     "SessionAffinity", "build_policy", "fewer_in_flight_first", "highest_score", "load_bound", "under_load_bound",
 ]
