@@ -22,7 +22,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -138,11 +138,17 @@ def make_tiny_model(out_dir: Path) -> Path:
         raise UserError(f"{out_dir} is a file; give a directory path for the model")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not is_complete(out_dir):
         raise UserError(f"{out_dir} exists and is not empty; choose a new directory or remove it")
+    return write_directory_atomically(out_dir, _write_model)
+
+
+def write_directory_atomically(out_dir: Path, write: Callable[[Path], None]) -> Path:
+    """`write` fills a sibling temp directory, which then replaces `out_dir` in one rename: a process
+    killed midway leaves the old directory or none, never half of one."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         staging.chmod(0o755)  # mkdtemp makes it private; a model dir is ordinary data
-        _write_model(staging)
+        write(staging)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)

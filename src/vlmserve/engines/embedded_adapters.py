@@ -16,9 +16,6 @@ Written atomically under the cache directory beside the model, keyed by the mode
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from vlmserve.engines import embedded
@@ -95,19 +92,8 @@ def resolve_adapter_path(value: str) -> Path:
 
 def make_adapter(index: int, out_dir: Path) -> Path:
     """Write adapter `index` to `out_dir` atomically (staged in a sibling directory, then renamed)."""
-    out_dir = Path(out_dir).expanduser().resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        staging.chmod(0o755)
-        _write_adapter(index, staging)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out_dir
+    return embedded.write_directory_atomically(Path(out_dir).expanduser().resolve(),
+                                               lambda staging: _write_adapter(index, staging))
 
 
 def adapter_tensors(index: int) -> dict[str, "object"]:
