@@ -70,6 +70,8 @@ def sim(
     trace_file: str = typer.Option(None, help="Append one JSON line per ended request: arrival, first-token and chunk emission times (monotonic clock), for judging clients' TTFT/ITL."),
     gpu: str = typer.Option(None, help="Planner mode: time steps as --model (a `plan models` preset or config.json) on this GPU; KV blocks from its memory."),
     tp: int = typer.Option(1, min=1, help="Planner mode: tensor-parallel GPUs."),
+    rehearsal_optimum: str = typer.Option(None, help="Rehearse `vlmserve tune`: steps slow down away from this optimum, e.g. max_num_seqs=32,max_num_batched_tokens=2048 (engines.sim.rehearsal)."),
+    rehearsal_penalty: float = typer.Option(2.0, help="Step-time factor per doubling away from --rehearsal-optimum."),
 ) -> None:
     """Start a simulated vLLM engine: OpenAI API, vLLM metrics, timed by vLLM's scheduler rules."""
     from vlmserve.engines.sim.options import FaultOptions, OutputLengthDistribution, SimEngineConfig
@@ -120,6 +122,8 @@ def sim(
         trace_file=trace_file,
         gpu=gpu,
         tp=tp,
+        rehearsal_optimum=rehearsal_optimum,
+        rehearsal_penalty=rehearsal_penalty,
     )
     run_server(config)
 
