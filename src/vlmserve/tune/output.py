@@ -132,7 +132,7 @@ def print_table(outcome: TuneOutcome, console: Console) -> None:
             record.status, "" if record.goodput_rps is None else f"{record.goodput_rps:g}", interval_text,
             "" if record.ttft_p95_ms is None else f"{record.ttft_p95_ms:.0f}",
             "" if record.predicted_rps is None else f"{record.predicted_rps:g}",
-            (record.reason or "") + (f" (log: {record.log})" if record.log else ""))
+            (record.reason or "") + (f" (log: {record.log})" if record.log and record.log not in (record.reason or "") else ""))
     console.print(table)
     measured = len(outcome.records)
     console.print(f"{measured} of {len(outcome.space.candidates())} candidates measured ({outcome.stopped_by}); "

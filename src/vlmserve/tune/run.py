@@ -154,7 +154,8 @@ def _measure_one(candidate: Candidate, why: str, space: TuneSpace, settings: Tun
     )
     store.record(record)
     if record.status == "failed":
-        console.print(f"  [red]✗ failed[/]: {record.reason} (log: {record.log})")
+        where = "" if record.log and record.log in (record.reason or "") else f" (log: {record.log})"
+        console.print(f"  [red]✗ failed[/]: {record.reason}{where}")
     else:
         high = "" if found.high is None else f", missed at {found.high:g}"
         console.print(f"  [green]✓[/] goodput {found.goodput_rps:g} req/s (held at {found.low:g}{high}; "
