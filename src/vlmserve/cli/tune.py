@@ -42,6 +42,9 @@ def tune_command(
     duration: Optional[str] = OPTIONS["duration"],
     image_size: str = OPTIONS["image_size"],
     images_per_request: int = OPTIONS["images_per_request"],
+    image_format: str = OPTIONS["image_format"],
+    image_repeat_rate: Optional[float] = OPTIONS["image_repeat_rate"],
+    seed_load: int = OPTIONS["seed"],
     tokenizer: Optional[str] = OPTIONS["tokenizer"],
     timeout: float = OPTIONS["timeout"],
 ) -> None:
@@ -75,7 +78,7 @@ def tune_command(
         except ValueError as err:
             raise UserError(f"--max-time: {err}") from None
     given = {name: value for name, value in flags.items() if name in OPTIONS}
-    given.update(repeat=repeat, rate=low, concurrency=None)
+    given.update(repeat=repeat, rate=low, concurrency=None, seed=seed_load)
     template = build_load_spec(option_defaults(given))
 
     from vlmserve.tune.html import write_html
