@@ -73,6 +73,8 @@ def test_tune_finds_the_constructed_optimum_within_a_third_of_the_space_and_the_
     # every figure is labelled: measured on the sim engine (simulated), predictions simulated
     assert result["goodput_label"].startswith("measured on the sim engine: simulated")
     assert "simulated" in done.stdout and "★" in done.stdout
+    page = (out / "report.html").read_text()
+    assert all(f'id="{chart}"' in page for chart in ("chart-tune-goodput", "chart-tune-predicted", "chart-tune-pareto"))
     # the recommended spec is the user's spec with the winner's flags, and it starts with `vlmserve up`
     written = yaml.safe_load((out / "recommended.yaml").read_text())
     assert written["name"] == "rehearsal" and written["sim"]["rehearsal_optimum"] == OPTIMUM
