@@ -109,9 +109,10 @@ def render_html(outcome: TuneOutcome) -> str:
     notes = [f"Goodput: {measured_label(outcome)}.", f"Predictions: {PREDICTED_NOTE}."]
     if outcome.plan_note:
         notes.append(f"Planner: {outcome.plan_note}; candidates were measured in Optuna's order.")
-    charts = [chart_html(CHART_IDS[0], goodput_chart(outcome), simulated, wide=True),
-              chart_html(CHART_IDS[1], predicted_chart(outcome), True),
-              chart_html(CHART_IDS[2], pareto_chart(outcome), simulated)]
+    charts = [chart_html(CHART_IDS[0], goodput_chart(outcome), simulated, wide=True)]
+    if any(record.predicted_rps is not None for record in outcome.records):  # nothing to compare without a planner
+        charts.append(chart_html(CHART_IDS[1], predicted_chart(outcome), True))
+    charts.append(chart_html(CHART_IDS[2], pareto_chart(outcome), simulated))
     body = f"""<h1>vlmserve tune: {html.escape(outcome.space.base.name)}</h1>
 <p class="sub">SLO {html.escape(slo)}; rate range {outcome.settings.search.low:g}–{outcome.settings.search.high:g} req/s;
 {len(outcome.records)} of {len(outcome.space.candidates())} candidates measured ({html.escape(outcome.stopped_by)})</p>

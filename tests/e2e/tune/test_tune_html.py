@@ -63,3 +63,13 @@ def test_tune_page_renders_in_chromium(tmp_path: Path, artifacts_dir: Path) -> N
                                      title_mark=SIMULATED_TITLE_MARK.strip())
     assert checks["chart-tune-goodput"] == 1, "the predicted markers: one scatter trace (bars are not scatter)"
     assert checks["chart-tune-pareto"] == 2, "the candidates and the Pareto front"
+
+
+def test_without_a_planner_the_page_says_so_and_drops_the_prediction_chart(tmp_path: Path) -> None:
+    full = outcome(tmp_path)
+    records = [record.model_copy(update={"predicted_rps": None}) for record in full.records]
+    bare = TuneOutcome(full.space, full.settings, tmp_path, {}, "no planner model of the vLLM engine on this machine",
+                       records, recommend(records), 4)
+    page = render_html(bare)
+    assert 'id="chart-tune-predicted"' not in page and 'id="chart-tune-goodput"' in page
+    assert "Planner: no planner model of the vLLM engine on this machine; candidates were measured in Optuna" in page
