@@ -15,6 +15,7 @@ The layout under the data root:
     <home>/records/<run_id>.parquet every request of each stored run
     <home>/deployments/<name>/      state.json, supervisor.log, logs/ of one deployment
     <home>/sweeps/<name>/           a sweep's manifest, results and report
+    <home>/tunes/<name>/            a tune's store, candidates' logs, result, recommended spec, report
 """
 
 from __future__ import annotations
@@ -65,3 +66,8 @@ def deployment_dir(name: str) -> Path:
 def sweep_dir(name: str) -> Path:
     """The default directory of the sweep called `name`, beside the run store."""
     return home_dir() / "sweeps" / name
+
+
+def tune_dir(name: str) -> Path:
+    """The default directory of a tune of the deployment called `name`."""
+    return home_dir() / "tunes" / name

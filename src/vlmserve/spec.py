@@ -76,6 +76,10 @@ class SimEngineOptions(BaseModel):
         None, ge=0, allow_inf_nan=False,
         description="seconds each replica takes to start serving (port bound, connections refused meanwhile, as vLLM)")
     extra_args: list[str] = Field(default_factory=list)
+    rehearsal_optimum: dict[str, float] | None = Field(
+        None, description="rehearse `vlmserve tune`: steps slow down away from these settings "
+        "(vLLM flag names, e.g. {max_num_seqs: 32}; engines.sim.rehearsal)")
+    rehearsal_penalty: float = Field(2.0, ge=1.0, description="step-time factor per doubling away from rehearsal_optimum")
 
 
 class LivenessOptions(BaseModel):

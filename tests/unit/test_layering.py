@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("engines", {"engines"}),
     ("capabilities", {"gateway", "bench", "batch", "plan", "observe", "export", "interop"}),
     ("deploy", {"deploy"}),
-    ("orchestration", {"sweep", "report", "demo"}),
+    ("orchestration", {"sweep", "report", "demo", "tune"}),
     ("cli", {"cli", "__main__"}),
 ]
 LAYER_OF: dict[str, int] = {name: rank for rank, (_, names) in enumerate(LAYERS) for name in names}

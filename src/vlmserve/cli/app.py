@@ -37,6 +37,7 @@ VERB_MODULES: list[str] = [
     "vlmserve.cli.up",
     "vlmserve.cli.sweep",
     "vlmserve.cli.slo_search",
+    "vlmserve.cli.tune",
 ]
 
 VERB_COMMANDS: dict[str, str] = {
@@ -61,6 +62,7 @@ VERB_COMMANDS: dict[str, str] = {
     "up": "vlmserve.cli.up",
     "sweep": "vlmserve.cli.sweep",
     "slo-search": "vlmserve.cli.slo_search",
+    "tune": "vlmserve.cli.tune",
 }
 
 def _version_callback(value: bool) -> None:

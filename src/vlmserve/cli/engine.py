@@ -77,6 +77,8 @@ def sim(
     max_cpu_loras: int = typer.Option(None, min=1, help="Adapters kept loaded (vLLM's --max-cpu-loras; default --max-loras)."),
     lora_load_ms: float = typer.Option(0.0, help="Time to load an adapter that is not kept loaded."),
     lora_step_ms: float = typer.Option(0.0, help="Time each distinct adapter adds to a step."),
+    rehearsal_optimum: str = typer.Option(None, help="Rehearse `vlmserve tune`: steps slow down away from this optimum, e.g. max_num_seqs=32,max_num_batched_tokens=2048 (engines.sim.rehearsal)."),
+    rehearsal_penalty: float = typer.Option(2.0, help="Step-time factor per doubling away from --rehearsal-optimum."),
 ) -> None:
     """Start a simulated vLLM engine: OpenAI API, vLLM metrics, timed by vLLM's scheduler rules."""
     from vlmserve.engines.sim.options import FaultOptions, OutputLengthDistribution, SimEngineConfig
@@ -130,6 +132,8 @@ def sim(
         cold_start_s=cold_start_s,
         lora_modules=tuple(lora_module), max_loras=max_loras, max_cpu_loras=max_cpu_loras,
         lora_load_ms=lora_load_ms, lora_step_ms=lora_step_ms,
+        rehearsal_optimum=rehearsal_optimum,
+        rehearsal_penalty=rehearsal_penalty,
     )
     run_server(config)
 

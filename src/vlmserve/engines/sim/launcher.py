@@ -10,9 +10,11 @@ one-to-one, so a renamed field fails here, at import, not at start-up.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 from vlmserve.engines.launcher import EngineLaunch, ExpectedConfig, program, served_model_name
 from vlmserve.engines.sim.options import SimEngineConfig
+from vlmserve.engines.sim.rehearsal import RehearsalOptimum
 from vlmserve.spec import DeploymentSpec
 
 SIM_ENGINE_HOST_GB = 0.3
@@ -75,7 +77,29 @@ class SimLauncher:
         for flag, value in (("--max-loras", spec.max_loras), ("--max-cpu-loras", spec.max_cpu_loras)):
             if value is not None:
                 argv += [flag, str(value)]
+        if spec.sim.rehearsal_optimum:
+            optimum = RehearsalOptimum.parse(",".join(f"{key}={value:g}" for key, value in spec.sim.rehearsal_optimum.items()),
+                                             spec.sim.rehearsal_penalty)
+            argv += ["--rehearsal-optimum", optimum.as_flag(), "--rehearsal-penalty", f"{optimum.penalty:g}"]
         return argv + list(spec.sim.extra_args)
+
+    def engine_config(self, index: int = 0) -> SimEngineConfig:
+        """What replica `index` runs with, from the spec alone (the free-form `sim.extra_args` are not
+        read): the same values `arguments` passes, for the planner side of `vlmserve tune`."""
+        spec = self.spec
+        args = spec.engine_args
+        values: dict[str, Any] = {
+            "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens, "profile": spec.sim.profile,
+            "ttft_ms": spec.sim.ttft_ms, "itl_ms": spec.sim.itl_ms,
+            "api_server_count": args.vllm_flags().get("api_server_count"),
+        }
+        config = SimEngineConfig(model=served_model_name(spec), seed=index,
+                                 **{name: value for name, value in values.items() if value is not None})
+        if spec.sim.rehearsal_optimum:
+            config.rehearsal_optimum = ",".join(f"{key}={value:g}" for key, value in spec.sim.rehearsal_optimum.items())
+            config.rehearsal_penalty = spec.sim.rehearsal_penalty
+        return config
 
     def launches(self) -> list[EngineLaunch]:
         env = {"PYTHONUNBUFFERED": "1", **self.spec.env}

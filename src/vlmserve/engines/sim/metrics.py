@@ -148,7 +148,7 @@ class EngineMetrics:
     def set_lora_info(self, max_loras: int, running: Iterable[Any], waiting: Iterable[Any]) -> None:
         """vLLM's LoRA gauge: labels max_lora and the adapters with requests running / waiting, value the time now."""
         if self.lora_info is None:
-            self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+            self.lora_info = Gauge(names.LORA_REQUESTS_INFO, "Running stats on lora requests.",
                                    ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=self.registry)
         self.lora_info.clear()  # vLLM keeps old label sets (older timestamps); one current set reads the same
         adapters = [",".join(sorted({r.lora for r in group if r.lora})) for group in (waiting, running)]

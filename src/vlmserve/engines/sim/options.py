@@ -177,6 +177,10 @@ class SimEngineConfig:
     """Time a step spends loading an adapter that is not in the host-memory adapter cache."""
     lora_step_ms: float = 0.0
     """Time each distinct adapter in a step adds (the LoRA kernels run per adapter)."""
+    rehearsal_optimum: str | None = None
+    """Rehearse `vlmserve tune`: steps slow down away from this optimum (engines.sim.rehearsal)."""
+    rehearsal_penalty: float = 2.0
+    """Step-time factor per doubling away from `rehearsal_optimum`."""
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -191,6 +195,9 @@ class SimEngineConfig:
         if self.constant_mode and (self.profile or self.gpu):
             chosen = "--profile" if self.profile else "--gpu"
             raise UserError(f"{chosen} and --ttft-ms/--itl-ms exclude each other; pick one timing model")
+        if self.constant_mode and self.rehearsal_optimum:
+            raise UserError("--rehearsal-optimum scales a scheduler's step costs; constant mode (--ttft-ms/--itl-ms) "
+                            "has none; use --profile")
         for flag, value in (("--ttft-ms", self.ttft_ms), ("--itl-ms", self.itl_ms)):
             if value is not None and not (math.isfinite(value) and value >= 0):  # NaN passes `< 0`
                 raise UserError(f"--ttft-ms and --itl-ms must be 0 or more milliseconds: {flag} is {value}")
@@ -214,6 +221,16 @@ class SimEngineConfig:
         except ValueError as err:
             raise UserError(str(err)) from None
         make_step_cost_model(self.profile, model=self.model, gpu=self.gpu, tp=self.tp)  # bad choice -> UserError
+        self.rehearsal_factor()  # a bad optimum -> UserError
+
+    def rehearsal_factor(self) -> float:
+        """The step-time factor of the rehearsal cost model (1.0 without one)."""
+        from vlmserve.engines.sim.rehearsal import RehearsalOptimum
+
+        if not self.rehearsal_optimum:
+            return 1.0
+        optimum = RehearsalOptimum.parse(self.rehearsal_optimum, self.rehearsal_penalty)
+        return optimum.factor({name: float(getattr(self, name)) for name in optimum.optimum})
 
     def _planned_kv_blocks(self) -> int:
         """Planner mode: the blocks the GPU memory left after weights holds."""
@@ -269,4 +286,8 @@ def build_engine_core(config: SimEngineConfig) -> EngineCore:
             max_model_len=config.max_model_len,
         )
     cost = make_step_cost_model(config.profile, model=config.model, gpu=config.gpu, tp=config.tp)
+    if config.rehearsal_optimum:
+        from vlmserve.engines.sim.rehearsal import RehearsalCost
+
+        cost = RehearsalCost(cost, config.rehearsal_factor())
     return Scheduler(config.scheduler_config(), cost)
