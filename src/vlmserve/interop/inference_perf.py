@@ -68,8 +68,8 @@ def _load(config: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     api = mapping(config, "api")
     load_config = mapping(config, "load")
     stages = [stage for stage in load_config.get("stages") or [] if isinstance(stage, dict)]
-    summary = mapping(data, "load_summary")
-    rate = summary.get("requested_rate")
+    their_load = mapping(data, "load_summary")  # inference-perf's own block, not a RunSummary
+    rate = their_load.get("requested_rate")
     if rate is None and len(stages) == 1:
         rate = stages[0].get("rate")
     api_type = api.get("type")
