@@ -150,13 +150,13 @@ def _write_document(out: Path, header: str, document: dict, notes: list[str]) ->
     """One YAML file: the comment naming what the platform does not carry, then the document."""
     from vlmserve.observe.pack import to_yaml
 
-    for note in notes:
-        typer.echo(note, err=True)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(header + to_yaml(document))
     except OSError as err:
         raise UserError(f"--out: cannot write {out}: {err.strerror}; pick a writable path") from None
+    for note in notes:
+        typer.echo(note, err=True)
     typer.echo(f"wrote {out}")
 
 

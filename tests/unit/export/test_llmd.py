@@ -12,7 +12,7 @@ import yaml
 
 from tests.helpers.cli import run_cli
 from tests.helpers.crd_schemas import validate, validate_epp_config
-from tests.unit.export.platform_specs import MAX_IMAGES, RECIPE_FLAGS, RULE, keys_file, recipe_spec
+from tests.helpers.platform_specs import MAX_IMAGES, RECIPE_FLAGS, RULE, keys_file, recipe_spec
 from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import K8sOptions, rule_from_keda
