@@ -98,6 +98,10 @@ def k8s(
                                           (DROP_FLAG, drop_gateway_settings)) if value]
     if router == "vlmserve" and llmd_only:
         raise UserError(f"{', '.join(llmd_only)} only apply with --router llm-d")
+    gateway_only = [flag for flag, given in (("--embed-secrets", embed_secrets), ("--audit-pvc", audit_pvc),
+                                             ("--discovery", discovery != "dns")) if given]
+    if router == "llm-d" and gateway_only:
+        raise UserError(f"{', '.join(gateway_only)} only apply with --router vlmserve (they configure its gateway)")
     if router == "llm-d":
         llmd = LlmdOptions(**({"epp_image": epp_image} if epp_image else {}),
                            **({"gateway_name": gateway_name} if gateway_name else {}),

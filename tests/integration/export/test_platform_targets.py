@@ -4,6 +4,7 @@ against the published schemas and says what it does not carry."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -44,6 +45,10 @@ def test_llmd_router(tmp_path: Path, vlmserve_cmd: list[str]) -> None:
     assert NOT_CARRIED in (out / "inferencepool.yaml").read_text()
     args = yaml.safe_load((out / "engine-deployment.yaml").read_text())["spec"]["template"]["spec"]["containers"][0]["args"]
     assert all(flag in args for flag in RECIPE_FLAGS)
+    if shutil.which("kubectl"):  # kustomize (built into kubectl, offline) reads the folder as `apply -k` will
+        built = subprocess.run(["kubectl", "kustomize", str(out)], capture_output=True, text=True, timeout=60)
+        assert built.returncode == 0, built.stderr
+        assert {doc["kind"] for doc in yaml.safe_load_all(built.stdout)} == kinds
 
 
 def test_production_stack_values(tmp_path: Path, vlmserve_cmd: list[str]) -> None:

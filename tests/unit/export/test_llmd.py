@@ -131,6 +131,16 @@ def test_llmd_flags_without_llmd_router_are_refused(tmp_path: Path, capsys: pyte
     assert code == 2 and err.strip() == "error: --epp-image only apply with --router llm-d"
 
 
+@pytest.mark.hostile("export k8s --router llm-d with flags that configure vlmserve's gateway")
+def test_gateway_flags_with_llmd_router_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_file = tmp_path / "deploy.yaml"
+    spec_file.write_text("model: org/m\n")
+    code, _, err = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(tmp_path / "o"), "--router", "llm-d",
+                            "--embed-secrets", "--discovery", "k8s"], capsys)
+    assert code == 2
+    assert err.strip() == "error: --embed-secrets, --discovery only apply with --router vlmserve (they configure its gateway)"
+
+
 @pytest.mark.hostile("export k8s --router llm-d of a spec with API keys the platform cannot carry")
 def test_keys_are_refused_unless_dropped_on_purpose(tmp_path: Path) -> None:
     spec = DeploymentSpec(model="org/m", keys_file=keys_file(tmp_path), audit_log=str(tmp_path / "a.jsonl"))
