@@ -120,12 +120,17 @@ def _model_location(spec: DeploymentSpec, options: K8sOptions) -> tuple[str, lis
     return spec.model, cache[0], cache[1]
 
 
+def startup_budget(ready_timeout_s: float) -> dict[str, int]:
+    """A startup probe's period and failure count covering the spec's model-load time (ready_timeout_s)."""
+    return {"periodSeconds": STARTUP_PROBE_PERIOD_S,
+            "failureThreshold": max(1, math.ceil(ready_timeout_s / STARTUP_PROBE_PERIOD_S))}
+
+
 def _probes(ready_timeout_s: float) -> dict[str, Any]:
     """Startup budget covers model load (the spec's ready timeout); after that, quick checks."""
     health = {"httpGet": {"path": "/health", "port": "http"}}
     return {
-        "startupProbe": {**health, "periodSeconds": STARTUP_PROBE_PERIOD_S, "timeoutSeconds": 5,
-                         "failureThreshold": max(1, math.ceil(ready_timeout_s / STARTUP_PROBE_PERIOD_S))},
+        "startupProbe": {**health, "timeoutSeconds": 5, **startup_budget(ready_timeout_s)},
         "readinessProbe": {**health, "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**health, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
     }

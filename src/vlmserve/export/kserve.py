@@ -21,7 +21,7 @@ from typing import Any
 from vlmserve.engines.launcher import served_model_name
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import (K8sOptions, _is_local_path, _labels, _meta, autoscale_rule, check_options,
-                                 engine_resources, keda_scaled_object_spec)
+                                 engine_resources, keda_scaled_object_spec, startup_budget)
 from vlmserve.export.llmd import endpoint_picker_config, policy_note
 from vlmserve.export.platform_engine import comment_block, platform_engine, without_flags
 from vlmserve.spec import DeploymentSpec
@@ -71,7 +71,9 @@ def export_kserve(spec: DeploymentSpec, options: K8sOptions, *, drop_gateway_set
     engine.notes += policy_note(spec.gateway_policy, "kserve")
     container: dict[str, Any] = {"name": MAIN_CONTAINER, "image": options.vllm_image,
                                  "args": without_flags(engine.args, TEMPLATE_FLAGS),
-                                 "resources": engine_resources(engine.spec)}
+                                 "resources": engine_resources(engine.spec),
+                                 # KServe merges this into its template's probe (by container name): only the budget
+                                 "startupProbe": startup_budget(spec.ready_timeout_s)}
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     if options.hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": options.hf_token_secret, "key": "token"}}})

@@ -22,7 +22,8 @@ from typing import Any
 from vlmserve import routing
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import (K8sOptions, _is_local_path, _model_location, autoscale_rule,
-                                 check_options, engine_resources, keda_scaled_object_spec)
+                                 check_options, engine_resources, keda_scaled_object_spec,
+                                 startup_budget)
 from vlmserve.export.platform_engine import comment_block, flag_value, platform_engine, without_flags
 from vlmserve.spec import DeploymentSpec
 
@@ -133,7 +134,9 @@ def export_production_stack(spec: DeploymentSpec, options: K8sOptions, *, drop_g
     if differs:
         engine.notes.append(f"warning: production-stack: gateway_policy {policy} becomes routingLogic {logic}: {differs}")
     values = {
-        "servingEngineSpec": {"modelSpec": [model_spec(engine.spec, options, engine.args, engine.notes)]},
+        # the model-load budget (the chart's probe is one for all models; Helm keeps its other keys)
+        "servingEngineSpec": {"startupProbe": startup_budget(spec.ready_timeout_s),
+                              "modelSpec": [model_spec(engine.spec, options, engine.args, engine.notes)]},
         "routerSpec": {"routingLogic": logic},
     }
     header = comment_block(f"vlmserve export production-stack: {spec.name}, Helm values for {CHART}; "

@@ -12,7 +12,7 @@ import yaml
 
 from tests.helpers.cli import run_cli
 from tests.helpers.crd_schemas import validate, validate_epp_config
-from tests.helpers.platform_specs import MAX_IMAGES, RECIPE_FLAGS, RULE, recipe_spec
+from tests.helpers.platform_specs import LOAD_S, MAX_IMAGES, RECIPE_FLAGS, RULE, recipe_spec
 from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import K8sOptions, keda_scaled_object_spec
@@ -52,6 +52,8 @@ def test_resource_validates_and_carries_the_engine(tmp_path: Path) -> None:
     assert not [flag for flag in (*TEMPLATE_FLAGS, "--model", "--host", "--port") if flag in args]
     assert "--trust-request-mm-kwargs" not in args
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    probe = container["startupProbe"]
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= LOAD_S
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in container["env"]
     validate_epp_config(body["router"]["scheduler"]["config"]["inline"])
 

@@ -12,7 +12,7 @@ import yaml
 
 from tests.helpers.cli import run_cli
 from tests.helpers.crd_schemas import validate, validate_epp_config
-from tests.helpers.platform_specs import MAX_IMAGES, RECIPE_FLAGS, RULE, keys_file, recipe_spec
+from tests.helpers.platform_specs import LOAD_S, MAX_IMAGES, RECIPE_FLAGS, RULE, keys_file, recipe_spec
 from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import K8sOptions, rule_from_keda
@@ -81,6 +81,8 @@ def test_the_recipe_image_limit_replicas_and_autoscaling_rule_travel(tmp_path: P
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     # nothing in front checks processor kwargs any more, so the engine must not trust a request's
     assert "--trust-request-mm-kwargs" not in args
+    probe = engine["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= LOAD_S
     assert rule_from_keda(found.manifests["engine-scaledobject.yaml"]["spec"]) == AutoscaleRule(**RULE)
     # what cannot travel is said, on stderr and in the YAML
     assert any("max_image_bytes not enforced" in note for note in found.notes)

@@ -13,7 +13,7 @@ import yaml
 
 from tests.helpers.cli import run_cli
 from tests.helpers.crd_schemas import validate_helm_values
-from tests.helpers.platform_specs import MAX_IMAGES, RECIPE_FLAGS, RULE, keys_file, recipe_spec
+from tests.helpers.platform_specs import LOAD_S, MAX_IMAGES, RECIPE_FLAGS, RULE, keys_file, recipe_spec
 from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import K8sOptions, keda_scaled_object_spec
@@ -53,6 +53,8 @@ def test_values_validate_and_carry_the_engine(tmp_path: Path) -> None:
     assert "--trust-request-mm-kwargs" not in extra
     assert entry["hf_token"] == {"secretName": "hf", "secretKey": "token"}
     assert entry["env"] == [{"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}]
+    probe = found.values["servingEngineSpec"]["startupProbe"]
+    assert probe["failureThreshold"] * probe["periodSeconds"] >= LOAD_S
 
 
 def test_autoscaling_bounds_and_behaviour_travel_and_the_threshold_is_a_warning(tmp_path: Path) -> None:
