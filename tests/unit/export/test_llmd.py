@@ -22,14 +22,6 @@ from vlmserve.routing import GATEWAY_POLICIES
 from vlmserve.spec import DeploymentSpec
 
 
-def by_kind(manifests: dict[str, dict]) -> dict[str, dict]:
-    kinds: dict[str, dict] = {}
-    for manifest in manifests.values():
-        assert manifest["kind"] not in kinds or manifest["kind"] in ("Deployment", "Service"), manifest["kind"]
-        kinds.setdefault(manifest["kind"], manifest)
-    return kinds
-
-
 def test_every_object_validates_and_the_pieces_point_at_each_other(tmp_path: Path) -> None:
     spec = recipe_spec(tmp_path)
     found = export_llmd(spec, K8sOptions(namespace="vision", model_pvc="weights"), LlmdOptions(gateway_name="edge"))
