@@ -38,10 +38,11 @@ FLAG_NAMES: dict[str, str] = {
 """Flags whose name is not their field's (each with `--` and dashes)."""
 
 VLLM_ALIASES: dict[str, str] = {
-    "--dataset": "--dataset-name", "--num-requests": "--num-prompts", "--input-len": "--random-input-len",
-    "--output-len": "--random-output-len", "--concurrency": "--max-concurrency", "--rate": "--request-rate",
+    "LoadSpec.dataset": "--dataset-name", "LoadSpec.num_requests": "--num-prompts",
+    "LoadSpec.input_len": "--random-input-len", "LoadSpec.output_len": "--random-output-len",
+    "LoadSpec.concurrency": "--max-concurrency", "LoadSpec.rate": "--request-rate",
 }
-"""vlmserve flag -> the `vllm bench serve` flag accepted as its alias, so existing vLLM command lines run.
+"""A field's flag -> the `vllm bench serve` flag accepted as its alias, so existing vLLM command lines run.
 
 Same meanings, except: `--max-concurrency N` is vLLM's cap on requests in flight under its
 `--request-rate` (default inf: all sent at once, so N in flight = N closed-loop users); here it
@@ -177,7 +178,8 @@ def model_option(model: type, name: str, *short: str, help: str | None = None, f
     if default is not ... and model_default is not ...:
         raise ValueError(f"{model.__name__}.{name} has a default; the option takes it from there")
     primary = flag or flag_name(model, name)
-    names = (primary, *((VLLM_ALIASES[primary],) if primary in VLLM_ALIASES else ()), *short)
+    alias = VLLM_ALIASES.get(f"{model.__name__}.{name}")
+    names = (primary, *((alias,) if alias else ()), *short)
     if given_only:
         cli_default = None
     elif model_default is ...:
@@ -209,10 +211,11 @@ class OptionGroup:
         received under `name` (default: the group's)."""
         return OptionGroup(name or self.name, {option: self.options[option] for option in names})
 
-    def fields(self, values: dict[str, Any]) -> dict[str, Any]:
-        """The given flag values as field values (given-only flags left out when not given)."""
+    def fields(self, values: dict[str, Any], model: type | None = None) -> dict[str, Any]:
+        """The given flag values as field values (of `model`'s fields only, when given; given-only
+        flags left out when not given)."""
         return {option.field: option.value(values[name]) for name, option in self.options.items()
-                if isinstance(option, ModelOption) and name in values
+                if isinstance(option, ModelOption) and name in values and model in (None, option.model)
                 and not (option.given_only and values[name] is None)}
 
     def defaults(self) -> dict[str, Any]:
