@@ -6,7 +6,7 @@ import asyncio
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import typer
 from pydantic import ValidationError

@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from vlmserve.bench.slo_search import DEFAULT_REPEAT
 from vlmserve.cli.model_options import Flag, OptionGroup, field_default, model_option
 from vlmserve.cli.options import parse_json_object_flag
 from vlmserve.errors import UserError
@@ -169,6 +170,11 @@ BENCH = OptionGroup("flags", {
     "progress": Flag(typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."), bool),
 })
 """The bench flags by parameter name."""
+
+SEARCH_REPEAT = model_option(
+    LoadSpec, "repeat", default=DEFAULT_REPEAT, because="a searched level is judged by a majority of its runs",
+    help="Runs per load level; a level holds when more than half meet the SLOs.")
+"""--repeat of the verbs that search load levels (slo-search, tune): LoadSpec.repeat with their own default."""
 
 LOAD_FIELDS = ("api", "dataset", "dataset_path", "input_len", "output_len", "arrival", "num_requests", "duration",
                "image_size", "images_per_request", "tokenizer", "seed", "timeout")

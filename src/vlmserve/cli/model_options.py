@@ -59,7 +59,8 @@ class ModelOption:
     model: type
     field: str
     flag: str
-    info: OptionInfo
+    info: Any
+    """The typer OptionInfo (Any, as typer.Option's own return type, so `x: int = option.info` type-checks)."""
     annotation: Any
     """The command parameter's type: the field's, unless the flag takes text (`parse`)."""
     choices: tuple[Any, ...] | None
@@ -67,6 +68,8 @@ class ModelOption:
     """Flag value -> field value, where the flag is written differently (`64x64` for (64, 64))."""
     given_only: bool = False
     """The flag's default is None, meaning "not given": the field's own default applies."""
+    because: str | None = None
+    """Why the flag's default differs from the field's, where it does on purpose (a verb's own default)."""
 
     def value(self, given: Any) -> Any:
         """The field's value for the flag's value (a value outside the choices refused in one line)."""
@@ -118,7 +121,7 @@ def field_description(model: type, name: str) -> str | None:
     """A pydantic field's description (dataclass fields have none)."""
     if dataclasses.is_dataclass(model):
         return None
-    return model.model_fields[name].description  # type: ignore[attr-defined,no-any-return]
+    return model.model_fields[name].description  # type: ignore[attr-defined]
 
 
 def _without_none(annotation: Any) -> Any:
@@ -142,7 +145,7 @@ def cli_type(annotation: Any) -> Any:
         return type(typing.get_args(inner)[0])
     if typing.get_origin(inner) in (list, tuple):
         args = [arg for arg in typing.get_args(inner) if arg is not Ellipsis]
-        return list[cli_type(args[0])] if args else list
+        return types.GenericAlias(list, (cli_type(args[0]),)) if args else list
     return inner
 
 
@@ -165,24 +168,25 @@ def _choice_check(flag: str, choices: tuple[Any, ...]) -> Callable[[Any], Any]:
 def model_option(model: type, name: str, *short: str, help: str | None = None, flag: str | None = None,
                  given_only: bool = False, default: Any = ..., annotation: Any = None,
                  parse: Callable[[Any], Any] | None = None, text: Callable[[Any], Any] | None = None,
-                 **typer_kwargs: Any) -> ModelOption:
+                 because: str | None = None, **typer_kwargs: Any) -> ModelOption:
     """The option for `model.name`, registered.
 
     `flag` names a bool's pair (`--ignore-eos/--no-ignore-eos`) or a flag alone (`--reject-over-context`);
     otherwise the name comes from `flag_name`. `given_only` makes the default None (the verb tells
     "not given" from "given"; the field's default applies). `default` is for a field that has
-    none (a required field); `annotation`, `parse` and `text` for a flag written as text (`text`
-    writes the field's default as the flag's). Other keywords go to `typer.Option`.
+    none (a required field), or for a verb whose default differs on purpose, said in `because`;
+    `annotation`, `parse` and `text` for a flag written as text (`text` writes the field's default
+    as the flag's). Other keywords go to `typer.Option`.
     """
     model_default = field_default(model, name)
-    if default is not ... and model_default is not ...:
-        raise ValueError(f"{model.__name__}.{name} has a default; the option takes it from there")
+    if default is not ... and model_default is not ... and not because:
+        raise ValueError(f"{model.__name__}.{name} has a default; the option takes it from there (or say why not)")
     primary = flag or flag_name(model, name)
     alias = VLLM_ALIASES.get(f"{model.__name__}.{name}")
     names = (primary, *((alias,) if alias else ()), *short)
     if given_only:
         cli_default = None
-    elif model_default is ...:
+    elif default is not ...:
         cli_default = default
     else:
         cli_default = text(model_default) if text is not None else model_default
@@ -191,7 +195,8 @@ def model_option(model: type, name: str, *short: str, help: str | None = None, f
         typer_kwargs["callback"] = _choice_check(primary.split("/")[0], choices)
     info = typer.Option(cli_default, *names, help=help or _sentence(field_description(model, name)), **typer_kwargs)
     kind = annotation if annotation is not None else cli_type(field_type(model, name))
-    option = ModelOption(model, name, primary, info, kind | None if given_only else kind, choices, parse, given_only)
+    option = ModelOption(model, name, primary, info, kind | None if given_only else kind, choices, parse, given_only,
+                         because)
     REGISTRY[id(info)] = option
     return option
 
@@ -235,15 +240,15 @@ def with_groups(*groups: OptionGroup) -> Callable[[F], F]:
 
     def decorate(command: F) -> F:
         by_name = {group.name: group for group in groups}
+        hints = typing.get_type_hints(command)
         parameters: list[inspect.Parameter] = []
         for parameter in inspect.signature(command).parameters.values():
             if parameter.name not in by_name:
-                parameters.append(parameter)
+                parameters.append(parameter.replace(annotation=hints.get(parameter.name, parameter.annotation)))
                 continue
             parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option.info,
                                              annotation=option.annotation)
                            for name, option in by_name[parameter.name].options.items()]
-        hints = typing.get_type_hints(command)
 
         def run(**given: Any) -> Any:
             for group in groups:
@@ -252,8 +257,7 @@ def with_groups(*groups: OptionGroup) -> Callable[[F], F]:
 
         run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) for parameter in parameters])
-        run.__annotations__ = {parameter.name: hints.get(parameter.name, parameter.annotation)
-                               for parameter in parameters}
+        run.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
         for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
             setattr(run, attribute, getattr(command, attribute))
         return run  # type: ignore[return-value]
@@ -267,7 +271,7 @@ def mismatches(command: Callable[..., Any]) -> list[str]:
     problems: list[str] = []
     models: set[type] = set()
     hand_made: list[str] = []
-    for parameter in inspect.signature(command).parameters.values():
+    for parameter in inspect.signature(command, eval_str=True).parameters.values():
         option = REGISTRY.get(id(parameter.default))
         if option is None:
             if isinstance(parameter.default, OptionInfo):
@@ -291,7 +295,7 @@ def _field_mismatches(parameter: inspect.Parameter, option: ModelOption) -> list
     if option.given_only:
         if info.default is not None:
             problems.append(f"{where}: default {info.default!r}, but a given-only flag defaults to None")
-    elif expected is not ... and option.value(info.default) != expected:
+    elif expected is not ... and option.because is None and option.value(info.default) != expected:
         problems.append(f"{where}: default {info.default!r}, the field's is {expected!r}")
     if option.choices != field_choices(option.model, option.field):
         problems.append(f"{where}: choices {option.choices}, the field's are {field_choices(option.model, option.field)}")

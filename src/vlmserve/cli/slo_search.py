@@ -20,9 +20,9 @@ from vlmserve.cli import consoles
 from rich.table import Table
 
 from vlmserve.cli.bench import build_load_spec, option_defaults
-from vlmserve.cli.bench_options import BENCH
+from vlmserve.cli.bench_options import BENCH, SEARCH_REPEAT
 from vlmserve.cli.model_options import GROUP, with_groups
-from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION, DEFAULT_REPEAT
+from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION
 from vlmserve.errors import UserError
 
 
@@ -40,7 +40,7 @@ def slo_search_command(
     concurrency_range: Optional[str] = typer.Option(None, "--concurrency-range", help="Closed loop: search users LOW:HIGH, e.g. 1:256."),
     precision: float = typer.Option(DEFAULT_PRECISION, "--precision", help="Stop when the highest held and lowest missed levels are within this fraction."),
     max_probes: int = typer.Option(DEFAULT_MAX_PROBES, "--max-probes", help="Most load levels tried (both ends included)."),
-    repeat: int = typer.Option(DEFAULT_REPEAT, "--repeat", help="Runs per load level; a level holds when more than half meet the SLOs."),
+    repeat: int = SEARCH_REPEAT.info,
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint to search (or --deployment)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."),
     deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML: started once (as sweep does), searched, torn down."),

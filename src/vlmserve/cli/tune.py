@@ -13,9 +13,9 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION, DEFAULT_REPEAT
+from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION
 from vlmserve.cli.bench import build_load_spec, option_defaults
-from vlmserve.cli.bench_options import BENCH
+from vlmserve.cli.bench_options import BENCH, SEARCH_REPEAT
 from vlmserve.cli.model_options import GROUP, with_groups
 from vlmserve.errors import UserError
 
@@ -34,7 +34,7 @@ def tune_command(
     rate_range: str = typer.Option(..., "--rate-range", help="Request rates searched per candidate, LOW:HIGH (req/s), e.g. 0.5:32."),
     precision: float = typer.Option(DEFAULT_PRECISION, "--precision", help="Each candidate's search stops when held and missed rates are within this fraction."),
     max_probes: int = typer.Option(DEFAULT_MAX_PROBES, "--max-probes", help="Most load levels tried per candidate."),
-    repeat: int = typer.Option(DEFAULT_REPEAT, "--repeat", help="Runs per load level; a level holds when more than half meet the SLOs."),
+    repeat: int = SEARCH_REPEAT.info,
     max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="Most candidates measured (failed ones count), over every resumed run; default a third of the space."),
     max_time: Optional[str] = typer.Option(None, "--max-time", help="Start no new candidate after this long (30m, 2h); the one running finishes."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Tune directory (default $VLMSERVE_HOME/tunes/<spec name>); rerun to resume."),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from vlmserve.errors import UserError
 from vlmserve.discovery.sources import parse_source
@@ -66,9 +67,9 @@ def gateway_config(spec: DeploymentSpec, replica_urls: list[str], model_dir: str
     """The settings of the gateway in front of the replicas: the spec's trust settings, the rest at the
     gateway's defaults. `model_dir`, when it is a local model directory, lets the gateway price images
     by the model's own processor configuration."""
-    files = {name: Path(value).expanduser() for name in GATEWAY_FILE_FLAGS if (value := getattr(spec, name))}
-    media = {name: value for name in MEDIA_POLICY_FLAGS if (value := getattr(spec, name)) is not None}
-    shared = {"state": spec.gateway_state, "state_unavailable": spec.gateway_state_unavailable} if spec.gateway_state else {}
+    files: dict[str, Any] = {name: Path(value).expanduser() for name in GATEWAY_FILE_FLAGS if (value := getattr(spec, name))}
+    media: dict[str, Any] = {name: value for name in MEDIA_POLICY_FLAGS if (value := getattr(spec, name)) is not None}
+    shared: dict[str, Any] = {"state": spec.gateway_state, "state_unavailable": spec.gateway_state_unavailable} if spec.gateway_state else {}
     local_model = model_dir is not None and (Path(model_dir) / "config.json").is_file()
     return GatewayConfig(
         replicas=list(replica_urls), host=spec.host, port=spec.port, policy=spec.gateway_policy,
