@@ -20,7 +20,7 @@ from vlmserve.cli.model_options import ModelOption, with_groups
 from vlmserve.errors import UserError
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
 
-FLAG_NAMES = {option.field: option.flag.split("/")[0] for option in BENCH.options.values() if isinstance(option, ModelOption)}
+FLAG_NAMES = {option.field: option.flag for option in BENCH.options.values() if isinstance(option, ModelOption)}
 """LoadSpec field -> its bench flag, for naming the flag in a refused value."""
 
 

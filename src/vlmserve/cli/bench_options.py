@@ -138,7 +138,7 @@ BENCH = OptionGroup("flags", {
     "images_per_request": model_option(LoadSpec, "images_per_request", help="Images in each request (images dataset)."),
     "image_format": model_option(LoadSpec, "image_format", help="Synthetic image format: png or jpeg."),
     "image_dir": model_option(LoadSpec, "image_dir", help="Use images from this folder instead of synthetic ones."),
-    "image_url": model_option(LoadSpec, "image_urls", help="Send this image URL (repeatable) instead of data URLs.", flag="--image-url", parse=_list_or_none),
+    "image_url": model_option(LoadSpec, "image_urls", help="Send this image URL (repeatable) instead of data URLs.", parse=_list_or_none),
     "image_sizes": Flag(typer.Option(None, "--image-sizes", help="Resolution buckets WxH:weight, e.g. 256x256:0.5,1024x768:0.5 (overrides --image-size)."), Optional[str]),
     "images_per_request_mix": model_option(LoadSpec, "images_per_request_mix", help="Images per request as N:weight, e.g. 1:0.8,3:0.2.", annotation=str, parse=parse_images_per_request_mix),
     "image_repeat_rate": model_option(LoadSpec, "image_repeat_rate", help="Share of image requests that resend earlier images (0-1); the rest bring new ones."),
@@ -153,8 +153,8 @@ BENCH = OptionGroup("flags", {
     "lora_skew": model_option(LoadSpec, "lora_skew", help="Zipf exponent of adapter popularity (default 1.0; --lora-popularity zipf).", given_only=True),
     "lora_base_share": model_option(LoadSpec, "lora_base_share", help="Share of conversations sent to the base model (--model) instead of an adapter (0-1).", given_only=True),
     "extra_body": model_option(LoadSpec, "extra_body", help="JSON (or @file) merged into every request body.", annotation=str, parse=_json_flag("--extra-body")),
-    "ignore_eos": model_option(LoadSpec, "ignore_eos", help="Ask for exactly the output length (vLLM ignore_eos).", flag="--ignore-eos/--no-ignore-eos"),
-    "per_chunk_usage": model_option(LoadSpec, "per_chunk_usage", help="Ask for token counts on every chunk (exact ITL per token) where the server supports it.", flag="--per-chunk-usage/--no-per-chunk-usage"),
+    "ignore_eos": model_option(LoadSpec, "ignore_eos", help="Ask for exactly the output length (vLLM ignore_eos).", pair=True),
+    "per_chunk_usage": model_option(LoadSpec, "per_chunk_usage", help="Ask for token counts on every chunk (exact ITL per token) where the server supports it.", pair=True),
     "workers": model_option(LoadSpec, "workers", help="Client worker processes; default: as many as the load needs."),
     "timeout": model_option(LoadSpec, "request_timeout_s", help="Seconds one request may take before it counts as failed."),
     "seed": model_option(LoadSpec, "seed", help="Seed for prompts, images and arrivals."),
@@ -166,7 +166,7 @@ BENCH = OptionGroup("flags", {
     "deployment_file": Flag(typer.Option(None, "--deployment", help="Deployment spec YAML this run targets (recorded with the run)."), Optional[Path]),
     "store_run": Flag(typer.Option(True, "--store/--no-store", help="Save the run in the history (vlmserve runs)."), bool),
     "repeat": model_option(LoadSpec, "repeat", help="Run the same load N times, fresh prompts each; N > 1 reports each headline figure with its mean and 95% confidence interval (student t)."),
-    "stop_when_oversaturated": model_option(LoadSpec, "stop_when_oversaturated", help="Open loop: stop early once requests waiting and TTFT keep growing (past saturation); the summary says stopped: oversaturated. Default: off for bench, on for sweep and slo-search.", flag="--stop-when-oversaturated/--no-stop-when-oversaturated"),
+    "stop_when_oversaturated": model_option(LoadSpec, "stop_when_oversaturated", help="Open loop: stop early once requests waiting and TTFT keep growing (past saturation); the summary says stopped: oversaturated. Default: off for bench, on for sweep and slo-search.", pair=True),
     "progress": Flag(typer.Option(True, "--progress/--no-progress", help="Show the live progress bar."), bool),
 })
 """The bench flags by parameter name."""

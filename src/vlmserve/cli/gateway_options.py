@@ -33,7 +33,7 @@ GATEWAY = OptionGroup("settings", {
     "policy": model_option(GatewayConfig, "policy", help=f"Routing policy: {', '.join(POLICY_NAMES)}."),
     "keys_file": model_option(GatewayConfig, "keys_file", help="YAML file of tenants and API keys; without it the gateway is open."),
     "audit_log": model_option(GatewayConfig, "audit_log", help="Append one JSON line per request to this file."),
-    "log_content": model_option(GatewayConfig, "log_content", help="Include prompts (and image references) in the audit log.", flag="--log-content/--no-log-content"),
+    "log_content": model_option(GatewayConfig, "log_content", help="Include prompts (and image references) in the audit log.", pair=True),
     "max_body_bytes": model_option(GatewayConfig, "max_body_bytes", help="Refuse larger request bodies with 413."),
     "connect_timeout_s": model_option(GatewayConfig, "connect_timeout_s", help="Seconds to connect to a replica."),
     "first_token_timeout_s": model_option(GatewayConfig, "first_token_timeout_s", help="Seconds to wait for a replica's first byte (retryable)."),

@@ -30,10 +30,13 @@ from vlmserve.errors import UserError
 FLAG_NAMES: dict[str, str] = {
     # "Model.field" -> the flag, where it is not the field's name (kept for existing command lines)
     "LoadSpec.request_timeout_s": "--timeout",
-    "LoadSpec.lora_adapters": "--lora-adapters",
+    "LoadSpec.image_urls": "--image-url",
     "SimEngineConfig.cold_start_s": "--cold-start-s",
+    "SimEngineConfig.allowed_image_budgets": "--image-budgets",
+    "SimEngineConfig.lora_modules": "--lora-module",
     "FaultOptions.stall_s": "--stall-s",
     "GatewayConfig.replicas": "--replica",
+    "DeploymentSpec.ready_timeout_s": "--ready-timeout-s",
 }
 """Flags whose name is not their field's (each with `--` and dashes)."""
 
@@ -74,7 +77,7 @@ class ModelOption:
     def value(self, given: Any) -> Any:
         """The field's value for the flag's value (a value outside the choices refused in one line)."""
         if self.choices is not None:
-            _choice_check(self.flag.split("/")[0], self.choices)(given)
+            _choice_check(self.flag, self.choices)(given)
         return self.parse(given) if self.parse is not None and given is not None else given
 
 
@@ -82,9 +85,18 @@ class ModelOption:
 class Flag:
     """An option that sets no model field (an output path, a verb's own switch), kept in a group's order."""
 
-    info: OptionInfo
+    info: Any
     annotation: Any
+    differs: str | None = None
+    """Why a flag named as a field does not set that field as it is (said once; `mismatches` accepts it)."""
 
+    def __post_init__(self) -> None:
+        if self.differs:
+            NAMED_LIKE_A_FIELD[id(self.info)] = self.differs
+
+
+NAMED_LIKE_A_FIELD: dict[int, str] = {}
+"""Flags named as a field on purpose but not that field's mirror, by id of their OptionInfo: why."""
 
 REGISTRY: dict[int, ModelOption] = {}
 """Every generated option by id of its OptionInfo (the object a command's signature holds)."""
@@ -165,14 +177,14 @@ def _choice_check(flag: str, choices: tuple[Any, ...]) -> Callable[[Any], Any]:
     return check
 
 
-def model_option(model: type, name: str, *short: str, help: str | None = None, flag: str | None = None,
+def model_option(model: type, name: str, *short: str, help: str | None = None, pair: bool = False,
                  given_only: bool = False, default: Any = ..., annotation: Any = None,
                  parse: Callable[[Any], Any] | None = None, text: Callable[[Any], Any] | None = None,
                  because: str | None = None, **typer_kwargs: Any) -> ModelOption:
     """The option for `model.name`, registered.
 
-    `flag` names a bool's pair (`--ignore-eos/--no-ignore-eos`) or a flag alone (`--reject-over-context`);
-    otherwise the name comes from `flag_name`. `given_only` makes the default None (the verb tells
+    The name comes from `flag_name`; `pair` gives a bool its `--no-` form too (`--ignore-eos/--no-ignore-eos`;
+    without it a bool is a switch that sets True). `given_only` makes the default None (the verb tells
     "not given" from "given"; the field's default applies). `default` is for a field that has
     none (a required field), or for a verb whose default differs on purpose, said in `because`;
     `annotation`, `parse` and `text` for a flag written as text (`text` writes the field's default
@@ -181,9 +193,9 @@ def model_option(model: type, name: str, *short: str, help: str | None = None, f
     model_default = field_default(model, name)
     if default is not ... and model_default is not ... and not because:
         raise ValueError(f"{model.__name__}.{name} has a default; the option takes it from there (or say why not)")
-    primary = flag or flag_name(model, name)
+    primary = flag_name(model, name)
     alias = VLLM_ALIASES.get(f"{model.__name__}.{name}")
-    names = (primary, *((alias,) if alias else ()), *short)
+    names = (f"{primary}/--no-{primary[2:]}" if pair else primary, *((alias,) if alias else ()), *short)
     if given_only:
         cli_default = None
     elif default is not ...:
@@ -192,7 +204,7 @@ def model_option(model: type, name: str, *short: str, help: str | None = None, f
         cli_default = text(model_default) if text is not None else model_default
     choices = field_choices(model, name)
     if choices is not None and "callback" not in typer_kwargs:
-        typer_kwargs["callback"] = _choice_check(primary.split("/")[0], choices)
+        typer_kwargs["callback"] = _choice_check(primary, choices)
     info = typer.Option(cli_default, *names, help=help or _sentence(field_description(model, name)), **typer_kwargs)
     kind = annotation if annotation is not None else cli_type(field_type(model, name))
     option = ModelOption(model, name, primary, info, kind | None if given_only else kind, choices, parse, given_only,
@@ -274,7 +286,7 @@ def mismatches(command: Callable[..., Any]) -> list[str]:
     for parameter in inspect.signature(command, eval_str=True).parameters.values():
         option = REGISTRY.get(id(parameter.default))
         if option is None:
-            if isinstance(parameter.default, OptionInfo):
+            if isinstance(parameter.default, OptionInfo) and id(parameter.default) not in NAMED_LIKE_A_FIELD:
                 hand_made.append(parameter.name)
             continue
         models.add(option.model)
