@@ -180,7 +180,7 @@ def _choice_check(flag: str, choices: tuple[Any, ...]) -> Callable[[Any], Any]:
 def model_option(model: type, name: str, *short: str, help: str | None = None, pair: bool = False,
                  given_only: bool = False, default: Any = ..., annotation: Any = None,
                  parse: Callable[[Any], Any] | None = None, text: Callable[[Any], Any] | None = None,
-                 because: str | None = None, **typer_kwargs: Any) -> ModelOption:
+                 because: str | None = None, vllm_alias: bool = True, **typer_kwargs: Any) -> ModelOption:
     """The option for `model.name`, registered.
 
     The name comes from `flag_name`; `pair` gives a bool its `--no-` form too (`--ignore-eos/--no-ignore-eos`;
@@ -188,13 +188,14 @@ def model_option(model: type, name: str, *short: str, help: str | None = None, p
     "not given" from "given"; the field's default applies). `default` is for a field that has
     none (a required field), or for a verb whose default differs on purpose, said in `because`;
     `annotation`, `parse` and `text` for a flag written as text (`text` writes the field's default
-    as the flag's). Other keywords go to `typer.Option`.
+    as the flag's). `vllm_alias=False` leaves out the field's vLLM alias (a verb that is not a vLLM bench).
+    Other keywords go to `typer.Option`.
     """
     model_default = field_default(model, name)
     if default is not ... and model_default is not ... and not because:
         raise ValueError(f"{model.__name__}.{name} has a default; the option takes it from there (or say why not)")
     primary = flag_name(model, name)
-    alias = VLLM_ALIASES.get(f"{model.__name__}.{name}")
+    alias = VLLM_ALIASES.get(f"{model.__name__}.{name}") if vllm_alias else None
     names = (f"{primary}/--no-{primary[2:]}" if pair else primary, *((alias,) if alias else ()), *short)
     if given_only:
         cli_default = None

@@ -26,6 +26,8 @@ from vlmserve.spec import LoadSpec
 
 
 def _commands(app: typer.Typer, prefix: str = "") -> Iterator[tuple[str, Callable[..., Any]]]:
+    if app.registered_callback is not None and app.registered_callback.callback is not None:
+        yield prefix.strip() or "vlmserve", app.registered_callback.callback  # a group's own options (`plan`)
     for command in app.registered_commands:
         assert command.callback is not None
         yield f"{prefix}{command.name or command.callback.__name__}", command.callback
@@ -48,7 +50,8 @@ def test_every_option_says_what_its_field_says(name: str) -> None:
 
 
 @pytest.mark.parametrize(("name", "least"), [("bench", 40), ("tune", 15), ("slo-search", 17), ("gateway", 44),
-                                             ("engine sim", 45), ("up", 30)])
+                                             ("engine sim", 45), ("up", 30),
+                                             ("plan", 12), ("plan search", 7)])
 def test_the_option_groups_are_generated(name: str, least: int) -> None:
     """The walk above checks something: these commands' flags come from their models."""
     assert len(_generated(COMMANDS[name])) >= least
