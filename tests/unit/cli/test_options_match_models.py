@@ -51,7 +51,8 @@ def test_every_option_says_what_its_field_says(name: str) -> None:
 
 @pytest.mark.parametrize(("name", "least"), [("bench", 40), ("tune", 15), ("slo-search", 17), ("gateway", 44),
                                              ("engine sim", 45), ("up", 30),
-                                             ("plan", 12), ("plan search", 7)])
+                                             ("plan", 12), ("plan search", 7),
+                                             ("consistency", 9)])
 def test_the_option_groups_are_generated(name: str, least: int) -> None:
     """The walk above checks something: these commands' flags come from their models."""
     assert len(_generated(COMMANDS[name])) >= least
