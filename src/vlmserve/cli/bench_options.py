@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from vlmserve.bench.slo_search import DEFAULT_REPEAT
-from vlmserve.cli.model_options import Flag, OptionGroup, field_default, model_option
+from vlmserve.cli.model_options import Flag, OptionGroup, choices_text, field_default, model_option
 from vlmserve.cli.options import parse_json_object_flag
 from vlmserve.errors import UserError
 from vlmserve.spec import LoadSpec, parse_duration_s
@@ -116,7 +116,7 @@ BENCH = OptionGroup("flags", {
     "output_len": model_option(LoadSpec, "output_len", help=f"Output tokens. Default {field_default(LoadSpec, 'output_len')}; for sharegpt, the dataset reply's length.", given_only=True),
     "concurrency": model_option(LoadSpec, "concurrency", help="Closed loop: N users, each sending when its last answer ends. As --max-concurrency: N users, not vLLM's in-flight cap on an open loop."),
     "rate": model_option(LoadSpec, "rate", help="Open loop: requests per second (inf: none, as vLLM)."),
-    "arrival": model_option(LoadSpec, "arrival", help="Open-loop arrivals: poisson (default), constant or gamma.", given_only=True),
+    "arrival": model_option(LoadSpec, "arrival", help=f"Open-loop arrivals: {choices_text(LoadSpec, 'arrival')}.", given_only=True),
     "burstiness": model_option(LoadSpec, "burstiness", help="Gamma shape; < 1 burstier than Poisson.", given_only=True),
     "num_requests": model_option(LoadSpec, "num_requests", help="Stop after N measured requests."),
     "duration": model_option(LoadSpec, "duration_s", help="Stop sending after this long (30s, 2m).", annotation=str, parse=parse_duration),
@@ -149,8 +149,8 @@ BENCH = OptionGroup("flags", {
     "features": model_option(LoadSpec, "features", help="Feature workloads on top of the dataset, comma-separated: tools (tool schemas; valid tool-call rate), structured (response_format json_schema; schema-valid rate), thinking (enable_thinking; reasoning tokens and timings). See docs/metrics.md.", given_only=True, annotation=str, parse=_parse_features),
     "tool_choice": model_option(LoadSpec, "tool_choice", help="tools: named (default: each request names one offered tool), required or auto. vLLM needs --tool-call-parser for all three, and --enable-auto-tool-choice for auto.", given_only=True),
     "lora_adapters": model_option(LoadSpec, "lora_adapters", help="LoRA adapters to send conversations to (each request's model), comma-separated, or embedded:N (the embedded model's first N).", annotation=str, parse=_parse_lora_adapters),
-    "lora_popularity": model_option(LoadSpec, "lora_popularity", help="--lora-adapters popularity: uniform (default) or zipf (the first listed most popular).", given_only=True),
-    "lora_skew": model_option(LoadSpec, "lora_skew", help="Zipf exponent of adapter popularity (default 1.0; --lora-popularity zipf).", given_only=True),
+    "lora_popularity": model_option(LoadSpec, "lora_popularity", help=f"--lora-adapters popularity: {choices_text(LoadSpec, 'lora_popularity')} (the first listed most popular).", given_only=True),
+    "lora_skew": model_option(LoadSpec, "lora_skew", help=f"Zipf exponent of adapter popularity (default {field_default(LoadSpec, 'lora_skew')}; --lora-popularity zipf).", given_only=True),
     "lora_base_share": model_option(LoadSpec, "lora_base_share", help="Share of conversations sent to the base model (--model) instead of an adapter (0-1).", given_only=True),
     "extra_body": model_option(LoadSpec, "extra_body", help="JSON (or @file) merged into every request body.", annotation=str, parse=_json_flag("--extra-body")),
     "ignore_eos": model_option(LoadSpec, "ignore_eos", help="Ask for exactly the output length (vLLM ignore_eos).", pair=True),

@@ -150,6 +150,13 @@ def field_choices(model: type, name: str) -> tuple[Any, ...] | None:
     return typing.get_args(annotation) if typing.get_origin(annotation) is Literal else None
 
 
+def choices_text(model: type, name: str) -> str:
+    """A Literal field's values for a help text, its default marked: 'poisson (default), constant or gamma'."""
+    default = field_default(model, name)
+    words = [f"{choice} (default)" if choice == default else str(choice) for choice in field_choices(model, name) or ()]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
 def cli_type(annotation: Any) -> Any:
     """The type a flag for a field of this type is parsed as: a Literal's values' type, a tuple as a list."""
     inner = _without_none(annotation)

@@ -19,7 +19,7 @@ import typer
 from vlmserve.cli.app import build_app
 from vlmserve.cli.bench_options import BENCH, SEARCH_REPEAT
 from vlmserve.cli.gateway_options import GATEWAY
-from vlmserve.cli.model_options import REGISTRY, ModelOption, cli_type, field_default, mismatches, model_option
+from vlmserve.cli.model_options import REGISTRY, ModelOption, choices_text, cli_type, field_default, mismatches, model_option
 from vlmserve.errors import UserError
 from vlmserve.gateway.config import ENV_ONLY_SETTINGS, GatewayConfig, config_argv
 from vlmserve.spec import LoadSpec
@@ -73,6 +73,7 @@ def test_a_literal_field_refuses_other_values_in_one_line() -> None:
         dataset.info.callback("tweets")  # type: ignore[misc]
     with pytest.raises(UserError, match="--api 'grpc': use one of chat, completions"):
         BENCH.fields({"api": "grpc"})
+    assert choices_text(LoadSpec, "arrival") == "poisson (default), constant or gamma"  # help from the field too
 
 
 def test_a_flag_not_given_leaves_the_field_at_its_default() -> None:
