@@ -152,3 +152,22 @@ def test_a_flag_declared_by_hand_beside_generated_ones_is_caught() -> None:
               label: Optional[str] = typer.Option(None, "--label")) -> None: ...
 
     assert mismatches(wrong) == ["--api: declared by hand, but it is LoadSpec.api; use model_option"]
+
+
+# ---- a value outside a field's choices, on each generated verb: one line, exit 2 ------------------
+
+@pytest.mark.hostile("a choice flag (bench, up, engine sim) given a value outside its field's Literal")
+@pytest.mark.parametrize(("argv", "line"), [
+    (["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1", "--num-requests", "1",
+      "--arrival", "bursty"], "error: --arrival 'bursty': use one of poisson, constant, gamma"),
+    (["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--dataset-name", "tweets"],
+     "error: --dataset 'tweets': use one of random, sharegpt, images, mixed, trace"),
+    (["up", "--devices", "tpu", "--print-plan"], "error: --devices 'tpu': use one of auto, cpu, gpu"),
+])
+def test_a_value_outside_the_choices_is_one_line(argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from vlmserve.cli.app import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.strip() == line and "Traceback" not in err
