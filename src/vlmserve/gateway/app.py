@@ -29,7 +29,7 @@ from vlmserve.gateway.config import GatewayConfig
 from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
 from vlmserve.media.preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
 from vlmserve.media.workers import ImageWorkerPool
-from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
+from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
 from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy
 from vlmserve.gateway.metrics import GatewayMetrics
@@ -423,7 +423,7 @@ class Gateway:
         except JsonShapeRefused as refused:
             raise AdmissionRejected(400, refused.message, refused.code) from None
         try:
-            payload = loads_body(body)
+            payload = json.loads(body)
         except ValueError as err:
             raise AdmissionRejected(400, f"request body is not valid JSON ({err.msg} at char {err.pos})" if isinstance(err, json.JSONDecodeError) else "request body is not valid JSON", "invalid_json") from None
         if not isinstance(payload, dict):
