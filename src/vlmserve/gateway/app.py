@@ -36,7 +36,7 @@ from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.routing import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
 from vlmserve.gateway.proxy import Forwarder, RequestLog
-from vlmserve.gateway.replicas import Replica, ReplicaPool
+from vlmserve.gateway.replicas import Replica, ReplicaPool, fetch_whole
 from vlmserve.gateway.request_info import (BadRequestHeader, RoutedRequest, TokenEstimator, choices_of, client_request_id,
                                            describe_request, session_key)
 from vlmserve.vision.probe import load_image_readers
@@ -44,7 +44,7 @@ from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import Route, RouteKind, RouteRefused, resolve
 from vlmserve.gateway.shared_state import SharedState
-from vlmserve.http1.client import ClientPool, ClientResponse
+from vlmserve.http1.client import ClientPool
 from vlmserve.http1.headers import header_lines
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.messages import Answer, Request, Response
@@ -460,15 +460,10 @@ class Gateway:
             return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica", retry_after_s=1)
         replica: Replica = self._engine_info_rotation.choose(None, candidates)  # type: ignore[arg-type]
         assert self.upstream is not None
-        answer: ClientResponse | None = None
         try:
-            async with asyncio.timeout(self.pool.probe_timeout_s):
-                answer = await self.upstream.request("GET", replica.url + route.path, self.replica_headers, b"")
-                body = await answer.read()
-        except (OSError, TimeoutError) as err:  # ClientError is an OSError: a reset, a close, not HTTP
+            answer, body = await fetch_whole(self.upstream, "GET", replica.url + route.path, self.replica_headers, b"",
+                                             self.pool.probe_timeout_s)
+        except (OSError, TimeoutError) as err:
             self.pool.record_failure(replica)
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
-        finally:
-            if answer is not None:
-                answer.release()  # a no-op once the body was read whole
         return Response(answer.status, body, {"Content-Type": answer.headers.get("content-type", "application/json")})
