@@ -52,6 +52,9 @@ from vlmserve.http1.server import ClientStats
 
 log = logging.getLogger("vlmserve.gateway")
 
+_DRAINING = (503, "gateway is shutting down: retry on another gateway", "draining")
+_NO_HEALTHY_REPLICA = (503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
+
 
 @dataclass(slots=True)
 class _Held:
@@ -276,7 +279,7 @@ class Gateway:
             return error_response(rejected.status, rejected.message, rejected.code)
         models = self.adapters.visible(tenant, self.pool.known_models())
         if not models and not self.pool.any_healthy():
-            return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
+            return error_response(*_NO_HEALTHY_REPLICA)
         return Response.json({"object": "list", "data": list(models.values())})
 
     async def handle_engine_work(self, request: Request) -> Answer:
@@ -293,8 +296,7 @@ class Gateway:
         try:
             if self.draining:
                 request_log.status = "503"
-                return error_response(503, "gateway is shutting down: retry on another gateway", "draining",
-                                      retry_after_s=1, request_id=request_log.request_id)
+                return error_response(*_DRAINING, retry_after_s=1, request_id=request_log.request_id)
             try:
                 body, routed = await self._admit(request, request_log, held)
             except AdmissionRejected as rejected:
@@ -450,14 +452,14 @@ class Gateway:
         """A cheap ENGINE_INFO GET (/version): forwarded under its table path to one healthy replica."""
         route: Route = request.route
         if self.draining:
-            return error_response(503, "gateway is shutting down: retry on another gateway", "draining", retry_after_s=1)
+            return error_response(*_DRAINING, retry_after_s=1)
         try:
             self.admission.tenant_for(request.headers)
         except AdmissionRejected as rejected:
             return error_response(rejected.status, rejected.message, rejected.code)
         candidates = self.pool.candidates(None)
         if not candidates:
-            return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica", retry_after_s=1)
+            return error_response(*_NO_HEALTHY_REPLICA, retry_after_s=1)
         replica: Replica = self._engine_info_rotation.choose(None, candidates)  # type: ignore[arg-type]
         assert self.upstream is not None
         try:

@@ -248,8 +248,7 @@ class Forwarder:
         status = 504 if last_failure.reason == "first_token_timeout" else 502
         log.status = str(status)
         return error_response(status, f"request failed on {len(log.attempts)} replica(s): {last_failure.message}",
-                              last_failure.reason, request_id=log.request_id,
-                                  client_request_id=log.client_request_id)
+                              last_failure.reason, request_id=log.request_id, client_request_id=log.client_request_id)
 
     async def _attempt(self, request: Request, body: bytes, routed: RoutedRequest, replica: Replica,
                        log: RequestLog) -> Answer:
