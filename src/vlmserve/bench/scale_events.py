@@ -129,7 +129,9 @@ def scaling_block(records: Sequence[RequestRecord], timeline: Sequence[tuple[flo
 
 def attach_scaling(result: RunResult, slo: SLO | None, window_s: float) -> None:
     """Fill `result.summary.scaling` from its records and the replica count its scrape sampled."""
-    server = result.summary.server or {}
-    timeline = [(float(at), float(count)) for at, count in (server.get("replicas_timeline") or [])]
-    load_shape = (result.meta.get("load_spec") or {}).get("load_shape")
+    server = result.summary.server
+    timeline = [(float(at), float(count)) for at, count in (server.replicas_timeline or [])] if server else []
+    load_spec = result.meta.load_spec or {}
+    shape = load_spec.get("load_shape")
+    load_shape = shape if isinstance(shape, str) else None
     result.summary.scaling = scaling_block(result.records, timeline or None, slo, window_s, load_shape)

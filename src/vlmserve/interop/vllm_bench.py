@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from vlmserve.results.metrics import PERCENTILES, summarize
+from vlmserve.results.blocks import RunMeta
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
 from vlmserve.bounded_read import printable
@@ -49,9 +50,9 @@ def _percentile_word(key: str) -> str:
 def to_vllm_result(result: RunResult) -> dict[str, Any]:
     """A vlmserve run as the dict `vllm bench serve --save-result --save-detailed` writes."""
     summary, meta = result.summary, result.meta
-    load = meta.get("load_spec") or {}
+    load = meta.load_spec or {}
     requests, throughput, tokens = summary.requests, summary.throughput, summary.tokens
-    started = meta.get("started_at")
+    started = meta.started_at
     try:
         date = datetime.fromisoformat(str(started)).strftime(DATE_FORMAT) if started else None
     except ValueError:
@@ -63,9 +64,9 @@ def to_vllm_result(result: RunResult) -> dict[str, Any]:
         "date": date or datetime.now().strftime(DATE_FORMAT),
         "endpoint_type": backend,
         "backend": backend,
-        "label": meta.get("label"),
-        "model_id": meta.get("model"),
-        "tokenizer_id": load.get("tokenizer") or meta.get("model"),
+        "label": meta.label,
+        "model_id": meta.model,
+        "tokenizer_id": load.get("tokenizer") or meta.model,
         "num_prompts": requests.total,
         "request_rate": rate if rate is not None else "inf",
         "burstiness": load.get("burstiness", 1.0),
@@ -223,14 +224,14 @@ def from_vllm_result(data: dict[str, Any]) -> RunResult:
         "output_len": round(lengths.output_total / completed) if completed else None,
         "api": "chat" if str(data.get("backend", "")).endswith("chat") else "completions",
     }
-    summary.meta = {
+    summary.meta = RunMeta.model_validate({
         "label": data.get("label") or None,
         "model": data.get("model_id"),
         "started_at": _started_at(data),
         "load_spec": {key: value for key, value in load.items() if value is not None},
         "tool": TOOL,
         "simulated": False,
-    }
+    })
     summary.warnings = [*(summary.warnings or []),
                         *broken_run_warning("this vllm bench serve file", int(completed), int(data.get("failed") or 0))]
     return RunResult(records=records, summary=summary)

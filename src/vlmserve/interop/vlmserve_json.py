@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vlmserve.results.blocks import RunMeta
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
 
@@ -26,10 +27,7 @@ def looks_like_vlmserve_summary(data: Any) -> bool:
 def from_vlmserve_summary(data: dict[str, Any]) -> RunResult:
     """The summary as a RunResult without records; its run id is dropped so the store gives a fresh one."""
     summary = RunSummary.model_validate(data)
-    meta = dict(summary.meta)
-    meta.pop("run_id", None)
-    meta["original_run_id"] = data["meta"].get("run_id")
-    meta["tool"] = TOOL
-    meta["simulated"] = bool(meta.get("simulated", False))
-    summary.meta = meta
+    kept = summary.meta.model_dump(exclude_unset=True, exclude={"run_id"})  # the store gives it a fresh id
+    summary.meta = RunMeta.model_validate(
+        {**kept, "original_run_id": summary.meta.run_id, "tool": TOOL, "simulated": summary.meta.simulated})
     return RunResult(records=[], summary=summary)

@@ -47,7 +47,7 @@ def scaling_figure(scaling: dict) -> go.Figure:
 def write_scaling_html(summary: RunSummary, path: Path) -> Path:
     """Write the page; UserError when the folder cannot be written."""
     assert summary.scaling is not None
-    simulated = bool(summary.meta.get("simulated"))
+    simulated = summary.meta.simulated
     note = ('<p class="note">SIMULATED: measured against sim engines (vlmserve engine sim), not hardware.</p>'
             if simulated else "")
     rows = "".join(
@@ -57,7 +57,7 @@ def write_scaling_html(summary: RunSummary, path: Path) -> Path:
     rows += "".join(
         f"<li>scale-down {e['replicas_before']:g} → {e['replicas_after']:g} at {e['seen_s']:g} s: "
         f"{e['failed']} of {e['requests_in_flight']} requests in flight failed</li>" for e in summary.scaling["scale_downs"])
-    body = (f"<h1>Scaling timeline: run {html.escape(str(summary.meta.get('run_id') or ''))}</h1>{note}"
+    body = (f"<h1>Scaling timeline: run {html.escape(summary.meta.run_id or '')}</h1>{note}"
             f"{chart_html('scaling', scaling_figure(summary.scaling), simulated, wide=True)}<ul>{rows}</ul>")
     try:
         path.write_text(page_html("vlmserve scaling timeline", body))

@@ -15,6 +15,7 @@ import numpy as np
 
 from vlmserve.results.breakdown import ttft_breakdown
 from vlmserve.results.records import RequestRecord
+from vlmserve.results.blocks import ClientBlock, Distribution
 from vlmserve.results.summary import RunSummary
 from vlmserve.spec import REQUEST_TYPES, SLO
 
@@ -277,21 +278,21 @@ def _token_block(records: Sequence[RequestRecord], agreement: TokenAgreement) ->
     }
 
 
-def send_lag_block(records: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
+def send_lag_block(records: Sequence[RequestRecord], duration_s: float) -> ClientBlock:
     """Offered vs achieved send rate and the send-lag distribution (actual − scheduled send)."""
     if not records:
-        return {"send_lag_ms": distribution_ms([]), "offered_rate": None, "achieved_send_rate": None}
+        return ClientBlock(send_lag_ms=Distribution(**distribution_ms([])), offered_rate=None, achieved_send_rate=None)
     scheduled = np.sort(np.asarray([r.scheduled_at_s for r in records], dtype=float))
     sent = np.sort(np.asarray([r.sent_at_s for r in records], dtype=float))
     span_scheduled = float(scheduled[-1] - scheduled[0])
     span_sent = float(sent[-1] - sent[0])
     n = len(records)
-    return {
-        "send_lag_ms": distribution_ms([r.send_lag_s for r in records]),
-        "offered_rate": (n - 1) / span_scheduled if n > 1 and span_scheduled > 0 else None,
-        "achieved_send_rate": (n - 1) / span_sent if n > 1 and span_sent > 0 else None,
-        "requests_per_s_sent": n / duration_s if duration_s > 0 else None,
-    }
+    return ClientBlock(
+        send_lag_ms=Distribution(**distribution_ms([r.send_lag_s for r in records])),
+        offered_rate=(n - 1) / span_scheduled if n > 1 and span_scheduled > 0 else None,
+        achieved_send_rate=(n - 1) / span_sent if n > 1 and span_sent > 0 else None,
+        requests_per_s_sent=n / duration_s if duration_s > 0 else None,
+    )
 
 
 def summarize(
@@ -428,7 +429,7 @@ class ClientLimits:
     cpu_busy_fraction: float = 0.90
 
 
-def judge_client(client: dict[str, Any], limits: ClientLimits = ClientLimits(), *, open_loop: bool) -> dict[str, Any]:
+def judge_client(client: ClientBlock, limits: ClientLimits = ClientLimits(), *, open_loop: bool) -> ClientBlock:
     """Decide whether the client limited the run and say why (added to `client`).
 
     Send lag only matters for an open loop (a closed loop's user sends as soon as its
@@ -436,14 +437,14 @@ def judge_client(client: dict[str, Any], limits: ClientLimits = ClientLimits(), 
     any worker process matters for both.
     """
     reasons: list[str] = []
-    lag_p99 = client.get("send_lag_ms", {}).get("p99")
+    lag_p99 = client.send_lag_ms.p99
     if lag_p99 is not None and lag_p99 > limits.send_lag_p99_s * 1000.0:
         reasons.append(f"send lag p99 {lag_p99:.1f} ms > {limits.send_lag_p99_s * 1000:.0f} ms")
-    offered, achieved = client.get("offered_rate"), client.get("achieved_send_rate")
+    offered, achieved = client.offered_rate, client.achieved_send_rate
     if open_loop and offered and achieved is not None and achieved < limits.achieved_over_offered * offered:
         reasons.append(f"sent {achieved:.1f} req/s of {offered:.1f} offered")
-    for worker, busy in (client.get("cpu", {}) or {}).get("worker_busy_fraction", {}).items():
+    for worker, busy in (client.cpu.worker_busy_fraction if client.cpu is not None else {}).items():
         if busy >= limits.cpu_busy_fraction:
             reasons.append(f"worker {worker} CPU {busy * 100:.0f}% busy")
-    return {**client, "limited": bool(reasons), "limited_reasons": reasons}
+    return client.model_copy(update={"limited": bool(reasons), "limited_reasons": reasons})
 

@@ -329,7 +329,7 @@ def _cell_brief(summary: RunSummary) -> str:
         parts.append(f"{tok:.0f} tok/s")
     if ttft is not None:
         parts.append(f"TTFT p50 {ttft:.0f} ms")
-    stopped = summary.meta.get("stopped")
+    stopped = summary.meta.stopped
     if stopped:
         parts.append(f"stopped: {stopped}")
     return "  ".join(parts)
