@@ -331,19 +331,12 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[list[int], str | None]:
 
 # -- the whole request -----------------------------------------------------------------------
 def parse_generation_request(
-    body: Any, kind: str, config: SimEngineConfig, images: ImageValidator
+    body: object, kind: str, config: SimEngineConfig, images: ImageValidator
 ) -> ParsedRequest:
     """Validate a /v1/chat/completions (kind='chat') or /v1/completions body."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    model = body.get("model")
-    if model is None:
-        model = config.model_names[0]
-    elif not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
-    elif model not in config.model_names and model not in config.lora_modules:
-        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-
+    model = _served_model(body, config)
     if kind == "chat":
         image_items: list[tuple[int, int]] = []
         image_positions: list[tuple[int, int]] = []
@@ -356,9 +349,46 @@ def parse_generation_request(
         limit_name = "max_tokens"
     if not prompt_token_ids:
         raise bad_request("the prompt is empty", "prompt" if kind != "chat" else "messages")
+    max_tokens, min_tokens = _output_limits(body, kind, config, len(prompt_token_ids), limit_name)
+    stream = _get_bool(body, "stream")
+    stream_options = _stream_options(body, stream)
+    return ParsedRequest(
+        kind=kind,
+        model=model,
+        prompt_token_ids=prompt_token_ids,
+        stream=stream,
+        include_usage=_get_bool(stream_options, "include_usage"),
+        continuous_usage=_get_bool(stream_options, "continuous_usage_stats"),
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_get_bool(body, "ignore_eos"),
+        stop=_get_stop(body),
+        seed=_get_int(body, "seed", -(2**63)),
+        temperature=_get_temperature(body),
+        images=num_images,
+        image_tokens=image_tokens,
+        echo_prompt=echo_prompt if _get_bool(body, "echo") else None,
+        image_items=image_items,
+        image_positions=image_positions,
+    )
 
+
+def _served_model(body: dict[str, Any], config: SimEngineConfig) -> str:
+    """The request's model: the first served name when absent; 404 for one this engine does not serve."""
+    model = body.get("model")
+    if model is None:
+        return config.model_names[0]
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    if model not in config.model_names and model not in config.lora_modules:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    return model
+
+
+def _output_limits(body: dict[str, Any], kind: str, config: SimEngineConfig, prompt_len: int,
+                   limit_name: str) -> tuple[int, int]:
+    """(max_tokens, min_tokens) within the context, refused with vLLM's own messages where vLLM refuses."""
     max_model_len = config.max_model_len
-    prompt_len = len(prompt_token_ids)
     if prompt_len >= max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
@@ -385,32 +415,15 @@ def parse_generation_request(
     min_tokens = _get_int(body, "min_tokens", 0) or 0
     if min_tokens > max_tokens and requested is not None:
         raise bad_request(f"min_tokens={min_tokens} must be less than or equal to max_tokens={max_tokens}", "min_tokens")
+    return max_tokens, min(min_tokens, max_tokens)
 
-    stream = _get_bool(body, "stream")
+
+def _stream_options(body: dict[str, Any], stream: bool) -> dict[str, Any]:
+    """`stream_options`, an object and only with `stream=True` (as vLLM checks it)."""
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
     stream_options = stream_options or {}
     if stream_options and not stream:
         raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
-    seed = _get_int(body, "seed", -(2**63))
-    temperature = _get_temperature(body)
-    return ParsedRequest(
-        kind=kind,
-        model=model,
-        prompt_token_ids=prompt_token_ids,
-        stream=stream,
-        include_usage=_get_bool(stream_options, "include_usage"),
-        continuous_usage=_get_bool(stream_options, "continuous_usage_stats"),
-        max_tokens=max_tokens,
-        min_tokens=min(min_tokens, max_tokens),
-        ignore_eos=_get_bool(body, "ignore_eos"),
-        stop=_get_stop(body),
-        seed=seed,
-        temperature=temperature,
-        images=num_images,
-        image_tokens=image_tokens,
-        echo_prompt=echo_prompt if _get_bool(body, "echo") else None,
-        image_items=image_items,
-        image_positions=image_positions,
-    )
+    return stream_options
