@@ -13,17 +13,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bounded_read import RESULT_FILE, Refused, loads_json, printable, read_bytes
 from vlmserve.errors import UserError
 from vlmserve.results.blocks import RunMeta
 from vlmserve.results.run import RunResult
 from vlmserve.interop import aiperf, guidellm, inference_perf, vlmserve_json, vllm_bench
 
-Reader = Callable[[dict[str, Any], Path], "RunResult | list[RunResult]"]
+Reader = Callable[[JSONObject, Path], "RunResult | list[RunResult]"]
 
-FORMATS: tuple[tuple[str, Callable[[Any], bool], Reader], ...] = (
+FORMATS: tuple[tuple[str, Callable[[JSONValue], bool], Reader], ...] = (
     (vlmserve_json.TOOL, vlmserve_json.looks_like_vlmserve_summary, lambda data, _: vlmserve_json.from_vlmserve_summary(data)),
     (vllm_bench.TOOL, vllm_bench.looks_like_vllm_result, lambda data, _: vllm_bench.from_vllm_result(data)),
     (aiperf.TOOL, aiperf.looks_like_aiperf, lambda data, _: aiperf.from_aiperf(data)),

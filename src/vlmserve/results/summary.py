@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vlmserve.json_types import JSONObject, JSONValue
+from vlmserve.json_types import JSONObject
 from vlmserve.results.blocks import (
     DISTRIBUTION_STATS,
     ClientBlock,
@@ -248,10 +248,10 @@ class RunSummary(_Block):
     """Post-run steps that failed (bench.post_run): the figures are complete, something around them is not."""
 
     @classmethod
-    def from_partial(cls, data: JSONObject) -> RunSummary:
+    def from_partial(cls, data: dict[str, object]) -> RunSummary:
         """A summary from another tool's figures (`runs import`): values it lacks (None) stay unset."""
 
-        def present(node: JSONValue) -> JSONValue:
+        def present(node: object) -> object:
             if isinstance(node, dict):
                 return {key: present(value) for key, value in node.items() if value is not None}
             return node
