@@ -21,6 +21,14 @@ def objects(parent: JSONObject, key: str) -> list[JSONObject]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
+def count(value: JSONValue) -> int:
+    """A request count: absent or null is 0; anything that is not a number raises (the file is
+    malformed, and the import says so in one line rather than guessing)."""
+    if isinstance(value, (list, dict)):
+        raise TypeError(f"a count must be a number, not a JSON {type(value).__name__}")
+    return int(value or 0)
+
+
 def number(value: JSONValue) -> float | None:
     """A JSON number as a float; None for anything else (booleans included)."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

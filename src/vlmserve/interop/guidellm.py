@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 
 from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.errors import UserError
-from vlmserve.interop.fields import broken_run_warning, mapping, number, objects
+from vlmserve.interop.fields import broken_run_warning, count, mapping, number, objects
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -80,8 +80,8 @@ def _one(benchmark: JSONObject, version: str | None, source: JSONObject) -> RunR
     strategy = mapping(config, "strategy")
     backend = mapping(config, "backend")
     totals = mapping(metrics, "request_totals")
-    completed = int(number(totals.get("successful")) or 0)
-    failed = int(number(totals.get("errored")) or 0) + int(number(totals.get("incomplete")) or 0)
+    completed = count(totals.get("successful"))
+    failed = count(totals.get("errored")) + count(totals.get("incomplete"))
     output_tokens = number(_successful(metrics, "output_token_count").get("total_sum"))
     prompt_tokens = number(_successful(metrics, "prompt_token_count").get("total_sum"))
     document: dict[str, object] = {

@@ -18,7 +18,7 @@ import yaml
 
 from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
-from vlmserve.interop.fields import broken_run_warning, mapping, number, objects
+from vlmserve.interop.fields import broken_run_warning, count, mapping, number, objects
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -99,7 +99,7 @@ def from_inference_perf(data: JSONObject, path: Path | None = None) -> RunResult
     """The report as a RunResult without records; model and load from the config.yaml beside it."""
     successes = mapping(data, "successes")
     failures = mapping(data, "failures")
-    completed, failed = int(number(successes.get("count")) or 0), int(number(failures.get("count")) or 0)
+    completed, failed = count(successes.get("count")), count(failures.get("count"))
     latency = mapping(successes, "latency")
     throughput = mapping(successes, "throughput")
     prompt = mapping(successes, "prompt_tokens")
@@ -131,5 +131,5 @@ def from_inference_perf(data: JSONObject, path: Path | None = None) -> RunResult
 
 
 def _whole(value: JSONValue) -> int | None:
-    count = number(value)
-    return None if count is None else round(count)
+    figure = number(value)
+    return None if figure is None else round(figure)

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vlmserve import paths
+from vlmserve.errors import UserError
 from vlmserve.json_types import JSONObject
 from vlmserve.results.blocks import RunMeta
 from vlmserve.results.summary import RunSummary
-from vlmserve import paths
-from vlmserve.errors import UserError
 from vlmserve.sweep.manifest import SweepManifest
 from vlmserve.sweep.results import CellOutcome, DeploymentInfo, SweepResults
 from vlmserve.sweep.spec import SweepSpec

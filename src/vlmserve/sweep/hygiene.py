@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from vlmserve.errors import UserError
 from vlmserve.deploy.processes import free_port_block, port_is_free
+from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
 
 
