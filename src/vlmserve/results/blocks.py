@@ -228,3 +228,60 @@ class SimulationBlock(_Strict):
     kv_blocks_per_replica: int = 0
     busy_s_per_replica: list[float] = Field(default_factory=list)
     frontend: SimulatedFrontend | None = None
+
+
+class ScalingWindow(_Strict):
+    """One window of a `--load-shape` run: requests sent in it, how many met the SLO, the replicas."""
+
+    start_s: float
+    requests: int = 0
+    met: int = 0
+    failed: int = 0
+    attainment: float | None = None
+    replicas: float | None = None
+
+    @property
+    def missed(self) -> bool:
+        """Some request sent in the window missed the SLO (or failed)."""
+        return bool(self.requests) and self.met < self.requests
+
+
+class ScaleUp(_Strict):
+    """One rise of the replica count: SLO misses while it started and after it."""
+
+    began_s: float
+    first_joined_s: float
+    last_joined_s: float
+    replicas_before: float
+    replicas_after: float
+    requests_during: int = 0
+    missed_during: int = 0
+    failed_during: int = 0
+    requests_after: int = 0
+    missed_after: int = 0
+    failed_after: int = 0
+    after_until_s: float | None = None
+
+
+class ScaleDown(_Strict):
+    """One fall of the replica count: the requests in flight around it, and how many failed."""
+
+    seen_s: float
+    replicas_before: float
+    replicas_after: float
+    requests_in_flight: int = 0
+    failed: int = 0
+
+
+class ScalingBlock(_Strict):
+    """`--load-shape` runs: SLO attainment per window and across each scale event (bench.scale_events)."""
+
+    load_shape: str | None = None
+    window_s: float
+    slo: dict[str, float] | None = None
+    replicas_timeline: list[tuple[float, float]] | None = None
+    """(seconds from the first send, replicas in rotation); None when the target is not a vlmserve gateway."""
+    windows: list[ScalingWindow] = Field(default_factory=list)
+    scale_ups: list[ScaleUp] = Field(default_factory=list)
+    scale_downs: list[ScaleDown] = Field(default_factory=list)
+    failed_total: int = 0

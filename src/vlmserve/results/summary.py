@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from vlmserve.json_types import JSONObject
@@ -27,6 +25,7 @@ from vlmserve.results.blocks import (
     PrefixCacheBlock,
     RepeatsBlock,
     RunMeta,
+    ScalingBlock,
     ServerBlock,
     SimulationBlock,
 )
@@ -242,7 +241,7 @@ class RunSummary(_Block):
     """Expected vs measured prefix-cache hits (bench.prefix_cache)."""
     repeats: RepeatsBlock | None = None
     """Per-repeat rows and intervals of a `--repeat N` run (bench.repeats)."""
-    scaling: dict[str, Any] | None = None
+    scaling: ScalingBlock | None = None
     """`--load-shape` runs: SLO attainment per window and across each scale-up and scale-down (bench.scale_events)."""
     warnings: list[str] | None = None
     """Post-run steps that failed (bench.post_run): the figures are complete, something around them is not."""
