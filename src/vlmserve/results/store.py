@@ -234,7 +234,7 @@ def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[s
         " json_extract_string(summary, '$.meta.tool') AS tool"
         " FROM runs"
     )
-    params: list[Any] = []
+    params: list[str] = []
     if label is not None:
         query += " WHERE label = ?"
         params.append(label)
