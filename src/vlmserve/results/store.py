@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import duckdb
 import pyarrow as pa
@@ -223,7 +223,7 @@ def save_run(result: RunResult) -> str:
     return run_id
 
 
-def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[str, Any]]:
+def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[str, object]]:
     """Newest first: one dict per run with the headline columns (not the full summary)."""
     if not database_path().exists():
         return []
