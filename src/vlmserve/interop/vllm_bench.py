@@ -47,7 +47,7 @@ def _percentile_word(key: str) -> str:
     return f"{PERCENTILES[key]:g}"
 
 
-def to_vllm_result(result: RunResult) -> dict[str, Any]:
+def to_vllm_result(result: RunResult) -> dict[str, object]:
     """A vlmserve run as the dict `vllm bench serve --save-result --save-detailed` writes."""
     summary, meta = result.summary, result.meta
     load = meta.load_spec or {}
@@ -60,7 +60,7 @@ def to_vllm_result(result: RunResult) -> dict[str, Any]:
     backend = "openai-chat" if load.get("api", "chat") == "chat" else "openai"
     rate = load.get("rate")
     measured = [record for record in result.records if not record.warmup]
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "date": date or datetime.now().strftime(DATE_FORMAT),
         "endpoint_type": backend,
         "backend": backend,
@@ -132,7 +132,7 @@ def write_vllm_result(result: RunResult, path: Path) -> Path:
     return path
 
 
-def looks_like_vllm_result(data: Any) -> bool:
+def looks_like_vllm_result(data: object) -> bool:
     return isinstance(data, dict) and all(key in data for key in REQUIRED_KEYS)
 
 
@@ -175,7 +175,7 @@ def _spread(tokens: int, chunks: int) -> list[int]:
 
 def _aggregate_summary(data: dict[str, Any]) -> RunSummary:
     """vLLM's own figures as a vlmserve summary (a file saved without --save-detailed)."""
-    document: dict[str, Any] = {
+    document: dict[str, object] = {
         "requests": {"total": (data.get("completed") or 0) + (data.get("failed") or 0),
                      "completed": data.get("completed"), "failed": data.get("failed") or 0},
         "duration_s": data.get("duration"),
@@ -185,7 +185,7 @@ def _aggregate_summary(data: dict[str, Any]) -> RunSummary:
         "tokens": {"prompt_total": data.get("total_input_tokens"), "output_total": data.get("total_output_tokens")},
     }
     for name, block in METRIC_BLOCKS.items():
-        figures: dict[str, Any] = {"mean": data.get(f"mean_{name}_ms"), "p50": data.get(f"median_{name}_ms"),
+        figures: dict[str, object] = {"mean": data.get(f"mean_{name}_ms"), "p50": data.get(f"median_{name}_ms"),
                                    "std": data.get(f"std_{name}_ms")}
         for key in PERCENTILES:
             value = data.get(f"p{_percentile_word(key)}_{name}_ms")
@@ -217,7 +217,7 @@ def from_vllm_result(data: dict[str, Any]) -> RunResult:
     concurrency = data.get("max_concurrency")
     lengths = summary.tokens
     completed = data.get("completed") or 0
-    load: dict[str, Any] = {
+    load: dict[str, object] = {
         "concurrency": concurrency if rate in (None, "inf") else None,
         "rate": None if rate in (None, "inf") else _finite(float(rate), "request_rate"),
         "input_len": round(lengths.prompt_total / completed) if completed else None,

@@ -3,8 +3,9 @@
 The JSON a run writes (`--json-out`, `bench.json` in the store, sweep cells) is this model's
 serialisation, with the same keys and nesting as docs/metrics.md describes: a field is written
 when it was set (by `summarize` or by the producer that added a block afterwards: `meta`, `server`,
-`simulation`, `warnings`), so older files load and dump back unchanged, and unknown keys from a
-newer version survive a round trip (`extra="allow"`).
+`simulation`, `warnings`), so older files load and dump back unchanged. Every block is a declared
+model (the producers' blocks in results.blocks) that forbids keys it does not declare: a misspelled
+key fails where it is written or read, instead of becoming a silent extra beside a field left at 0.
 
 Readers name a figure (`"ttft_ms.p95"`, `"throughput.requests_per_s"`, `"goodput.requests_per_s"`)
 and `FIGURES` maps each name to a typed accessor: there is no dotted-path walker over dicts, so a
