@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ast
 import json
+import typing
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import vlmserve
 from tests.helpers.synthetic import saturating_records
@@ -143,3 +144,31 @@ def test_no_module_reads_run_figures_by_string_path() -> None:
         if 'split(".")' in source:
             offenders.append(f"{path.name}: splits a dotted path")
     assert not offenders, offenders
+
+
+def test_every_block_of_the_summary_forbids_unknown_keys() -> None:
+    """Walk RunSummary's fields down to every nested model: each one is declared with extra="forbid"."""
+    seen: set[type[BaseModel]] = set()
+
+    def models_in(annotation: object) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        found: list[type[BaseModel]] = []
+        for argument in typing.get_args(annotation):
+            found += models_in(argument)
+        return found
+
+    pending: list[type[BaseModel]] = [RunSummary]
+    while pending:
+        model = pending.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        assert model.model_config.get("extra") == "forbid", model.__name__
+        for info in model.model_fields.values():
+            pending += models_in(info.annotation)
+    names = {model.__name__ for model in seen}
+    assert {"RunMeta", "ClientBlock", "ClientCpu", "ServerBlock", "EngineBreakdown", "PrefixCacheBlock",
+            "RepeatsBlock", "RepeatRow", "ConfidenceInterval", "SimulationBlock", "SimulatedFrontend",
+            "ScalingBlock", "ScalingWindow", "ScaleUp", "ScaleDown", "EngineTraces", "Distribution", "Goodput",
+            "SloCheck", "TypeSummary", "TtftBreakdown", "FeatureSummary", "AdapterSummary"} <= names
