@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal
+from typing import Awaitable, Callable, Literal
 
 from rich.console import Console
 
@@ -109,7 +109,7 @@ class ProbePoint:
     def run_id(self) -> str | None:
         return self.result.run_id
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, object]:
         summary = self.result.summary
         checks = summary.goodput.checks if summary.goodput is not None else {}
         return {
@@ -169,7 +169,7 @@ class SearchOutcome:
         return (f"highest {self.space.knob} meeting {slo_text}: {held.level:g} {unit} "
                 f"(held at {held.level:g}, run {held.run_id}; missed at {missed.level:g}, run {missed.run_id})")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         held, missed = self.held, self.missed
         return {
             "knob": self.space.knob,
@@ -206,7 +206,7 @@ def majority_settled(repeats: int) -> Callable[[list[RunResult]], bool]:
 
 def probe_load(template: LoadSpec, space: SearchSpace, level: float, index: int) -> LoadSpec:
     """The load of probe `index` at `level`: the template's shape, its own seed, the over-saturation stop."""
-    update: dict[str, Any] = {
+    update: dict[str, object] = {
         space.knob: int(level) if space.knob == "concurrency" else level,
         "seed": template.seed + 1 + index,
         "name": f"{space.knob}={level:g}",
