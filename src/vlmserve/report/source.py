@@ -113,8 +113,8 @@ def results_from_run(run_id: str) -> SweepResults:
         raise UserError(missing if err.message.startswith("no run") else err.message) from None
     summary = result.summary
     meta = summary.meta
-    load = meta.load or meta.load_spec or {}
-    deployment_spec = meta.deployment or meta.deployment_spec
+    load = meta.load_spec or {}
+    deployment_spec = meta.deployment
     label = meta.label or run_id
     name = (deployment_spec or {}).get("name")
     deployment_name = str(name or meta.target or "endpoint")

@@ -1,11 +1,10 @@
 """The blocks producers attach to a run summary: `meta`, `client`, `server`, `prefix_cache`,
-`repeats`, `simulation`, each a declared model.
+`repeats`, `simulation`, `scaling`, each a declared model.
 
 Every block forbids keys it does not declare (`_Strict`): a producer that misspells a key fails
 where it writes it, instead of leaving a silent extra and the real field at its default. A field
 is written to the JSON only when a producer set it (`RunSummary.to_dict` dumps with
 `exclude_unset`), so a file keeps exactly the keys it was written with and older files round-trip.
-Fields kept only for files older runs wrote (`load`, `deployment_spec`) say so.
 """
 
 from __future__ import annotations
@@ -97,10 +96,6 @@ class RunMeta(_Strict):
     strategy: str | None = None
     imported_from: str | None = None
     original_run_id: str | None = None
-    load: JSONObject | None = None
-    """Written by early versions in place of `load_spec` (read by reports; never written now)."""
-    deployment_spec: JSONObject | None = None
-    """Written by early versions in place of `deployment` (read by reports; never written now)."""
 
 
 class ClientCpu(_Strict):
