@@ -291,9 +291,12 @@ def status_table(states: "list[DeploymentState]") -> Group:
     now = time.time()
     tables: list[Table | Text] = []
     for state in states:
+        if state.is_stopped():
+            where = f"stopped (last served at {state.endpoint})" if state.endpoint else "stopped"
+        else:
+            where = f"at {state.endpoint or '-'}"
         table = Table(
-            title=f"deployment [bold]{state.name}[/bold]: {state.served_model_name or state.model} "
-            f"at {state.endpoint or '-'}",
+            title=f"deployment [bold]{state.name}[/bold]: {state.served_model_name or state.model} {where}",
             title_justify="left",
         )
         for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices", "cold start", "last restart"):
