@@ -54,6 +54,7 @@ def test_the_blocks_read_typed() -> None:
     assert plan.simulation.frontend.mm_cache_hit_rate == 0.5
 
 
+@pytest.mark.hostile("a summary file with a misspelled key in any block is refused, never kept as a silent extra")
 @pytest.mark.parametrize("where", [(), ("meta",), ("client",), ("client", "cpu"), ("server",),
                                    ("server", "engine_breakdown"), ("prefix_cache",), ("repeats",),
                                    ("repeats", "runs", 0), ("ttft_ms",), ("goodput", "checks", "ttft_p95")])
@@ -75,6 +76,7 @@ def test_a_producer_that_sets_a_misspelled_field_fails_where_it_writes() -> None
         summary.server = {"available": True, "prefix_cache_hitrate": 0.5}  # type: ignore[assignment]
 
 
+@pytest.mark.hostile("runs/report: a stored run whose summary carries a key this version does not declare is one line")
 def test_a_stored_run_that_does_not_read_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from vlmserve.errors import UserError
     from vlmserve.results import store
