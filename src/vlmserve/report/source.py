@@ -13,7 +13,7 @@ from vlmserve import paths
 from vlmserve.errors import UserError
 from vlmserve.json_types import JSONObject
 from vlmserve.results.blocks import RunMeta
-from vlmserve.results.summary import RunSummary
+from vlmserve.results.summary import read_summary
 from vlmserve.sweep.manifest import SweepManifest
 from vlmserve.sweep.results import CellOutcome, DeploymentInfo, SweepResults
 from vlmserve.sweep.spec import SweepSpec
@@ -56,7 +56,8 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
                     load=cell.load.model_dump(mode="json"),
                     status=str(state.get("status", "pending")),
                     run_id=state.get("run_id"),
-                    summary=RunSummary.model_validate(state["summary"]) if state.get("summary") else None,
+                    summary=read_summary(state["summary"], f"{directory}: cell {entry.name}/{cell.name}")
+                    if state.get("summary") else None,
                     reason=state.get("reason"),
                     wall_s=state.get("wall_s"),
                 )

@@ -19,14 +19,13 @@ from typing import Iterator
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import ValidationError
 
 from vlmserve import paths
 from vlmserve.errors import UserError
 from vlmserve.results.blocks import RunMeta
 from vlmserve.results.records import RequestRecord
 from vlmserve.results.run import RunResult
-from vlmserve.results.summary import RunSummary
+from vlmserve.results.summary import read_summary
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -260,12 +259,6 @@ def load_run(run_id: str) -> RunResult:
         raise UserError(f"run id '{run_id}' is ambiguous ({len(rows)} runs); give more of it")
     found_id, summary_text, records_path = rows[0]
     records = read_records_parquet(records_path) if records_path and Path(records_path).exists() else []
-    try:
-        summary = RunSummary.model_validate_json(summary_text)
-    except ValidationError as err:
-        problem = err.errors()[0]
-        where = ".".join(str(part) for part in problem["loc"])
-        raise UserError(f"run '{found_id}' in {database_path()} does not read as a run summary "
-                        f"({where}: {problem['msg']})") from None
+    summary = read_summary(json.loads(summary_text), f"run '{found_id}' in {database_path()}")
     summary.meta.run_id = found_id
     return RunResult(records=records, summary=summary)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vlmserve.errors import UserError
 from vlmserve.json_types import JSONObject
 from vlmserve.results.blocks import (
     DISTRIBUTION_STATS,
@@ -292,6 +293,17 @@ class RunSummary(_Block):
                     self.model_dump(mode="json", include={name})[name])
         first: JSONObject = {key: data.pop(key) for key in ("meta", "warnings") if key in data}  # reads top-down
         return {**first, **data}
+
+
+def read_summary(data: object, where: str) -> RunSummary:
+    """A summary document someone stored or handed in (a sweep manifest, a `--json-out` file, the
+    history): a key no block declares, or a value of the wrong type, is one UserError line naming it."""
+    try:
+        return RunSummary.model_validate(data)
+    except ValidationError as err:
+        problem = err.errors()[0]
+        place = ".".join(str(part) for part in problem["loc"]) or "the document"
+        raise UserError(f"{where} does not read as a run summary ({place}: {problem['msg']})") from None
 
 
 @dataclass(frozen=True)
