@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -73,7 +73,13 @@ def _export_request_class() -> Any:
     return ExportTraceServiceRequest
 
 
-def _value(any_value: Any) -> float | int | str | None:
+class _OtlpAnyValue(Protocol):
+    """OTLP's AnyValue message: one of several typed fields is set."""
+
+    def WhichOneof(self, oneof_group: str) -> str | None: ...
+
+
+def _value(any_value: _OtlpAnyValue) -> float | int | str | None:
     kind = any_value.WhichOneof("value")
     if kind in ("double_value", "int_value", "string_value", "bool_value"):
         value: float | int | str | None = getattr(any_value, kind)
@@ -81,7 +87,7 @@ def _value(any_value: Any) -> float | int | str | None:
     return None
 
 
-def _float(value: Any) -> float | None:
+def _float(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

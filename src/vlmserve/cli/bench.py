@@ -176,11 +176,11 @@ def bench(flags: dict[str, Any]) -> None:
     _write_bench_outputs(result, args, load, objectives, console)
     print_summary(_wide_console(), result.summary)
     print_warnings(result.warnings)  # every warning once more on stderr, unwrapped, for scripts
-    if result.meta.get("interrupted"):
+    if result.meta.interrupted:
         kept = len(result.records)
         console.print(f"interrupted by Ctrl-C: {kept} request record(s) kept and written; the figures cover only them")
         raise typer.Exit(130)
-    if result.meta.get("post_run_failed"):
+    if result.meta.post_run_failed:
         raise typer.Exit(WARNINGS_EXIT_CODE)
 
 
@@ -265,7 +265,7 @@ def _write_bench_outputs(result: Any, args: dict[str, Any], load: LoadSpec, obje
         PostRunWarnings(result.warnings).attempt(f"writing {json_out}", lambda: write_vllm_result(result, json_out),
                                                  None, "the vLLM-format result is not in that file")
         if len(result.warnings) > before:
-            result.meta["post_run_failed"] = True
+            result.meta.post_run_failed = True
 
 
 runs_app = typer.Typer(help="The run history: every bench (and sweep) run, stored in DuckDB.", no_args_is_help=True)
@@ -374,8 +374,8 @@ def runs_import(
     for run_id, result in import_result_file(path, label, simulated=simulated):
         records = f"{len(result.records)} request records" if result.records else "no per-request records (figures only)"
         flags = ", simulated" if result.simulated else ""
-        typer.echo(f"imported {path} as run {run_id} '{result.meta['label']}' "
-                   f"(from {result.meta['tool']}; model {result.meta.get('model') or 'unknown'}; {records}{flags})")
+        typer.echo(f"imported {path} as run {run_id} '{result.meta.label}' "
+                   f"(from {result.meta.tool}; model {result.meta.model or 'unknown'}; {records}{flags})")
         for line in result.warnings:
             typer.echo(f"warning: {line}", err=True)
 

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from vlmserve.cli.bench_options import parse_image_size
 from vlmserve.cli.model_options import model_option
 from vlmserve.errors import UserError
+from vlmserve.results.blocks import SimulationBlock
 from vlmserve.hardware.gpus import GIB
 from vlmserve.hardware.setup import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_GPU_MEMORY_UTILIZATION, FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
 from vlmserve.sched.frontend import FrontendConfig
@@ -186,12 +187,12 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
     console.print(SIMULATED_NOTE)
     console.print(f"step costs: {setup.cost_model_summary()}")
     memory = setup.memory()
-    simulation = summary.simulation or {}
+    simulation = summary.simulation or SimulationBlock()
     console.print(
         f"{setup.model.name} on {setup.replicas}× ({setup.tp}× {setup.gpu.name}), weights {setup.weight_dtype}, "
         f"KV {setup.kv_dtype}: {memory.weight_bytes_per_gpu / GIB:.1f} GiB weights and "
         f"{memory.kv_gib_per_gpu:.1f} GiB KV cache per GPU "
-        f"({summary.meta.get('kv_cache_tokens_per_replica', 0):,} tokens per replica)"
+        f"({summary.meta.kv_cache_tokens_per_replica or 0:,} tokens per replica)"
     )
     max_model_len = setup.max_model_len or setup.model.max_position_embeddings  # vLLM's default: the model's own
     if max_model_len and setup.model.kv_bytes_per_token(setup.kv_dtype) > 0:
@@ -202,9 +203,9 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
         )
     print_summary(console, summary)
     console.print(
-        f"engine: {simulation.get('steps', 0):,} steps, max running {simulation.get('max_num_running')}, "
-        f"max waiting {simulation.get('max_num_waiting')}, peak KV use {simulation.get('max_kv_usage', 0):.0%}, "
-        f"{simulation.get('preemptions', 0)} preemptions; simulated in {wall_s:.2f} s"
+        f"engine: {simulation.steps:,} steps, max running {simulation.max_num_running}, "
+        f"max waiting {simulation.max_num_waiting}, peak KV use {simulation.max_kv_usage:.0%}, "
+        f"{simulation.preemptions} preemptions; simulated in {wall_s:.2f} s"
     )
     if price is not None:
         output_rate = summary.throughput.output_tokens_per_s
