@@ -182,15 +182,16 @@ class MeasuredStepCost:
         return MoePricer(self.gpu.key, weight, model.hidden_size, width, model.experts_per_token, model.num_experts,
                          moe_tp, self.roof, self._moe_roofline_layer_s, self.vllm_version, ep=moe_ep)
 
-    def _moe_roofline_layer_s(self, tokens: float) -> float:
-        """One MoE layer on the roofline: routed FLOPs, and the bytes of the experts the tokens touch
-        (split over the TP GPUs, or whole experts over the EP GPUs)."""
+    def _moe_roofline_layer_s(self, tokens: float, roof: OpRoofline | None = None) -> float:
+        """One MoE layer on the roofline (this GPU's unless `roof` names another): routed FLOPs, and
+        the bytes of the experts the tokens touch (split over the TP GPUs, or whole experts over the EP GPUs)."""
+        roof = roof or self.roof
         model = self.model
         spread = self.efficiency.moe_expert_spread
         shards = self.ep or self.tp
         flops = 2.0 * tokens * model.experts_per_token * model.expert_params / shards
         nbytes = model.expected_experts_touched(tokens, spread) * model.expert_params * bytes_per_weight(self.weight_dtype) / shards
-        return self.roof.time_s(flops, nbytes, self.weight_dtype) / max(self.efficiency.moe_efficiency, 1e-6)
+        return roof.time_s(flops, nbytes, self.weight_dtype) / max(self.efficiency.moe_efficiency, 1e-6)
 
     # ---- pricing ------------------------------------------------------------------------
     def _linear_parts(self, tokens: int) -> dict[str, float]:
