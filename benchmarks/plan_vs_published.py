@@ -187,7 +187,10 @@ def workload_for(run: Run, scale: float) -> Workload:
             raise UserError("input/output lengths not published and no assumption recorded for this run")
         load = LoadSpec(input_len=max(1, round(input_len)), output_len=max(1, round(output_len)), concurrency=users,
                         num_requests=prompts)
-    return Workload(load, closed_loop, assumed)
+    # Every non-legacy row was measured with `vllm bench serve`, which creates one task per prompt at
+    # once and lets --max-concurrency of them through a semaphore (vllm/benchmarks/serve.py:
+    # `benchmark` and `limited_request_func`): the first wave starts together, as simulated here.
+    return Workload(load, False, assumed)
 
 
 UNEXPRESSIBLE_FLAGS = {
@@ -401,7 +404,7 @@ def _few_streams(case: Case) -> bool:
 def _burst(case: Case) -> bool:
     """Every prompt sent at once (no concurrency limit): `vllm bench serve`'s default request rate inf."""
     load = case.scenario.load
-    return load.rate is None and not case.scenario.staggered and (load.concurrency or 0) > FEW_STREAMS
+    return load.rate is None and (load.concurrency or 0) >= (load.num_requests or 0) > FEW_STREAMS
 
 
 def _gpu_key(case: Case) -> str:
@@ -653,8 +656,9 @@ def report(cases: Sequence[Case], refused: dict[str, str], predictions: dict[str
     out += ["", "Fit (on calibration sources only):"]
     out += list(fit_notes) or ["- (shipped calibration; run with --refit to refit and see the stages)"]
     out += ["", "ASSUMED (workload details the sources leave out):",
-            "- closed-loop runs with a max concurrency: clients in steady state (start times staggered), "
-            "not one synchronized first wave; runs with no concurrency limit: every prompt sent at once"]
+            "- runs with a max concurrency: the first max-concurrency prompts sent at once, as `vllm bench serve` does "
+            "(the legacy rows of other tools: clients in steady state, start times staggered); runs with no "
+            "concurrency limit: every prompt sent at once"]
     for case in cases:
         if case.assumed:
             out.append(f"- {case.run.run_id}: " + "; ".join(case.assumed))
