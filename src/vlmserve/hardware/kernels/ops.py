@@ -142,6 +142,7 @@ class AttentionPricer:
 
     def __post_init__(self) -> None:
         self._donors: dict[str, OpRoofline] = {}
+        self._table_window: bool = False
         self._ctx, self._ctx_scale, self.context_source = self._resolve("context_attention_perf",
                                                                          tables.context_attention_tables)
         self._gen, self._gen_scale, self.generation_source = self._resolve("generation_attention_perf",
