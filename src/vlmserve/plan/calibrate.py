@@ -143,6 +143,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "per_seq_overhead_s": (0.0, 0.00005),
     "allreduce_latency_s": (0.0, 0.0002),
     "request_overhead_s": (0.0, 0.1),
+    "frontend_token_s": (0.0, 0.0005),
+    "frontend_request_s": (0.0, 0.05),
     "reserved_memory_gb": (0.5, 10.0),
 }
 
