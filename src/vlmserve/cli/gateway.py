@@ -13,6 +13,7 @@ from vlmserve.gateway.config import (ALLOW_INTERNAL_MEDIA_FLAG, ALLOWED_MEDIA_DO
                                      GATEWAY_FILE_FLAGS, MEDIA_POLICY_FLAGS, POLICY_NAMES, GatewayConfig)
 from vlmserve.gateway.shared_state import (STATE_ENV, STATE_FLAG, STATE_TIMEOUT_FLAG, STATE_UNAVAILABLE_FLAG,
                                            UNAVAILABLE_MODES, parse_state_url)
+from vlmserve.observe.tracing import OTLP_TRACES_ENDPOINT_FLAG, TRACE_SAMPLE_RATIO_FLAG
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}
 
@@ -83,6 +84,13 @@ def register(app: typer.Typer) -> None:
                  "and keeps serving; closed refuses rate-limited tenants' requests with 503."),
         state_timeout: float = typer.Option(_DEFAULTS["state_timeout_s"], STATE_TIMEOUT_FLAG,
                                             help="Seconds a Redis call may take before Redis counts as unreachable."),
+        otlp_traces_endpoint: Optional[str] = typer.Option(
+            _DEFAULTS["otlp_traces_endpoint"], OTLP_TRACES_ENDPOINT_FLAG,
+            help="Export OpenTelemetry spans (request, admission, queue, each attempt, relay) over OTLP/HTTP to this "
+                 "collector URL, e.g. http://127.0.0.1:4318/v1/traces; engines' spans join the same traces. Off without it."),
+        trace_sample_ratio: float = typer.Option(
+            _DEFAULTS["trace_sample_ratio"], TRACE_SAMPLE_RATIO_FLAG,
+            help="Share of new traces kept (0-1); a request carrying a traceparent follows its sampled flag."),
     ) -> None:
         """OpenAI-compatible router across engine replicas (load- and cache-aware, with admission control)."""
         from vlmserve.gateway.server import serve_forever
@@ -111,6 +119,7 @@ def register(app: typer.Typer) -> None:
             client_mm_processor_kwargs=[key.strip() for value in client_mm_processor_kwargs for key in value.split(",") if key.strip()],
             discover=discover, discover_interval_s=discover_interval,
             state=state or None, state_unavailable=state_unavailable, state_timeout_s=state_timeout,
+            otlp_traces_endpoint=otlp_traces_endpoint or None, trace_sample_ratio=trace_sample_ratio,
         )
         config.validate()
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -16,6 +16,8 @@ from vlmserve.errors import UserError
 from vlmserve.discovery.sources import parse_source
 from vlmserve.gateway.config import GATEWAY_FILE_FLAGS, media_policy_argv
 from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG, parse_state_url
+from vlmserve.observe.tracing import (DEFAULT_TRACE_SAMPLE_RATIO, OTLP_TRACES_ENDPOINT_FLAG, TRACE_SAMPLE_RATIO_FLAG,
+                                      check_tracing_settings)
 from vlmserve.spec import DeploymentSpec
 
 
@@ -60,6 +62,11 @@ def check_gateway_files(spec: DeploymentSpec) -> None:
             parse_state_url(spec.gateway_state)  # likewise a malformed Redis URL
         except UserError as err:
             raise UserError(f"gateway_state: {err}") from None
+    if spec.gateway_otlp_traces_endpoint:
+        try:  # a bad URL, or the SDK missing, stops `up` before any engine starts
+            check_tracing_settings(spec.gateway_otlp_traces_endpoint, DEFAULT_TRACE_SAMPLE_RATIO)
+        except UserError as err:
+            raise UserError(f"gateway_otlp_traces_endpoint: {err}") from None
 
 
 def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> list[str]:
@@ -82,8 +89,19 @@ def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str |
         argv += ["--discover", spec.gateway_discover]
     if spec.gateway_state:  # the URL itself goes through the environment (gateway_env)
         argv += [STATE_UNAVAILABLE_FLAG, spec.gateway_state_unavailable]
+    argv += tracing_argv(spec)
     if model_dir and (Path(model_dir) / "config.json").is_file():
         argv += ["--model-config-dir", model_dir]
+    return argv
+
+
+def tracing_argv(spec: DeploymentSpec) -> list[str]:
+    """The gateway's tracing flags from the spec (none: tracing off, the gateway's default ratio)."""
+    if not spec.gateway_otlp_traces_endpoint:
+        return []
+    argv = [OTLP_TRACES_ENDPOINT_FLAG, spec.gateway_otlp_traces_endpoint]
+    if spec.gateway_trace_sample_ratio is not None:
+        argv += [TRACE_SAMPLE_RATIO_FLAG, repr(spec.gateway_trace_sample_ratio)]
     return argv
 
 

@@ -48,6 +48,7 @@ from vlmserve.http1.headers import header_lines
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.messages import Answer, Request, Response
 from vlmserve.http1.server import ClientStats
+from vlmserve.observe.tracing import gateway_tracing
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -112,6 +113,7 @@ class Gateway:
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the HTTP server (http1/server.py)
         self.watchdog = Watchdog()
+        self.tracing = gateway_tracing(config.otlp_traces_endpoint, config.trace_sample_ratio)  # None: off
         self.upstream: ClientPool | None = None
         self.forwarder: Forwarder | None = None
         self._engine_info_rotation = RoundRobin()
@@ -175,6 +177,8 @@ class Gateway:
         if self.shared_state is not None:
             await self.shared_state.close()
         self.audit.close()
+        if self.tracing is not None:
+            await self.tracing.close()  # the last spans leave on a thread, not on the loop
 
     # ---- replicas that come and go -------------------------------------------------------------
 
@@ -275,6 +279,8 @@ class Gateway:
             request_id="%032x" % random.getrandbits(128),
             path=route.path, received_at=time.time(), received_mono=time.monotonic(),
         )
+        if self.tracing is not None:
+            request_log.trace = self.tracing.begin(request.method, route.path, request.headers)
         self.requests_in_progress += 1
         tenant = None
         slot_held = False
@@ -338,8 +344,12 @@ class Gateway:
                     charged = await self.admission.check_rate(tenant, admissible_tokens(
                         routed.prompt_tokens, routed.expected_output_tokens, choices_of(payload), context))
                 if not self.admission.try_acquire_slot():
+                    if request_log.trace is not None:
+                        request_log.trace.queued(routed.priority)
                     await self.admission.acquire_slot(routed.priority)
                 slot_held = True
+                if request_log.trace is not None:
+                    request_log.trace.admitted(tenant.name, routed.priority)
             except AdmissionRejected as rejected:
                 request_log.status, request_log.error = str(rejected.status), rejected.message
                 if rejected.status == 429 or rejected.code == "state_unavailable":
@@ -414,6 +424,8 @@ class Gateway:
         if request_log.adapter is not None:
             self.adapters.observe(request_log.adapter, request_log.status, None if request_log.first_byte_mono is None
                                   else request_log.first_byte_mono - request_log.received_mono)
+        if request_log.trace is not None:
+            request_log.trace.finish(request_log)
         if self.audit.enabled:
             content = None if payload is None else next(
                 (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
