@@ -122,8 +122,9 @@ class GatewayTracing:
     """One gateway process's tracer provider, sampler and exporter (never the global provider, so that
     several gateways in one process, as in tests, each export their own spans)."""
 
-    def __init__(self, endpoint: str, ratio: float, exporter: Any = None) -> None:
+    def __init__(self, endpoint: str, ratio: float) -> None:
         check_tracing_settings(endpoint, ratio)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -131,10 +132,7 @@ class GatewayTracing:
         from opentelemetry.trace import SpanKind, set_span_in_context
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            exporter = OTLPSpanExporter(endpoint=traces_url(endpoint))
+        exporter = OTLPSpanExporter(endpoint=traces_url(endpoint))
         self.endpoint = endpoint
         self.provider = TracerProvider(
             sampler=ParentBasedTraceIdRatio(ratio),

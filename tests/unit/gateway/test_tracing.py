@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -110,6 +111,23 @@ async def test_a_request_yields_one_trace_of_server_admission_attempt_and_relay_
     assert relay.attributes["vlmserve.relay.chunks"] >= 1  # type: ignore[operator]  # pieces as TCP delivered them
     # the replica was sent the attempt's own context: the engine's span becomes the attempt's child
     assert sent_context(replica) == (server.trace_id, attempt.span_id, True)
+
+
+async def test_spans_leave_on_the_exporters_own_thread_never_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    exported_on: list[threading.Thread] = []
+    real_export = OTLPSpanExporter.export
+
+    def export(self: OTLPSpanExporter, spans: Any) -> Any:
+        exported_on.append(threading.current_thread())
+        return real_export(self, spans)
+
+    monkeypatch.setattr(OTLPSpanExporter, "export", export)
+    async with scripted_replica(streamed(), keep_alive=True) as replica:
+        spans, _ = await traced_request([replica])
+    assert len(spans) == 4 and exported_on
+    assert threading.main_thread() not in exported_on  # the event loop runs on the main thread here
 
 
 async def test_a_clients_traceparent_is_honoured() -> None:
@@ -251,3 +269,18 @@ def test_the_spec_carries_tracing_to_the_gateways_command_line(tmp_path: Path) -
     assert "--otlp-traces-endpoint" not in gateway_argv(DeploymentSpec(), ["http://127.0.0.1:8001"])
     with pytest.raises(UserError, match=r"^gateway_otlp_traces_endpoint: --otlp-traces-endpoint 'udp://x:1'"):
         check_gateway_files(DeploymentSpec(gateway_otlp_traces_endpoint="udp://x:1"))
+
+
+def test_tracing_without_the_sdk_installed_says_which_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:  # as on a core install: no opentelemetry-sdk, no exporter
+        return None if name.startswith(("opentelemetry.sdk", "opentelemetry.exporter")) else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    config = GatewayConfig(replicas=["http://127.0.0.1:8001"], otlp_traces_endpoint="http://127.0.0.1:4318/v1/traces")
+    with pytest.raises(UserError, match=r"pip install 'vlmserve\[tracing\]'$"):
+        config.validate()
+    GatewayConfig(replicas=["http://127.0.0.1:8001"]).validate()  # tracing off: the SDK is not needed
