@@ -271,8 +271,8 @@ class Forwarder:
         # The request leaves first (on a pooled connection, the common case); the bookkeeping
         # below runs while it travels. Nothing awaits in between, so no other request sees the
         # policy's counts without this one.
-        trace = request.headers if log.trace is None else log.trace.attempt_began(replica.name, len(log.attempts))
-        sent = self.upstream.send("POST", replica.url + request.path, self._upstream_headers(log.request_id, trace), body)
+        context = request.headers if log.trace is None else log.trace.attempt_began(replica.name, len(log.attempts))
+        sent = self.upstream.send("POST", replica.url + request.path, self._upstream_headers(log.request_id, context), body)
         task = asyncio.current_task(loop)
         assert task is not None
         replica.in_flight += 1
