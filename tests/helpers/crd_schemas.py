@@ -1,5 +1,8 @@
-"""Schemas for every object `vlmserve export k8s` writes: Kubernetes' own for core kinds, the published
-CRD schemas for KEDA's ScaledObject and the Prometheus Operator's ServiceMonitor and PrometheusRule.
+"""Schemas for every object `vlmserve export` writes: Kubernetes' own for core kinds, the published
+CRD schemas for KEDA's ScaledObject, the Prometheus Operator's ServiceMonitor and PrometheusRule,
+the Gateway API Inference Extension's InferencePool, the Gateway API's HTTPRoute and KServe's
+LLMInferenceService; the production-stack chart's values schema; and, where the project publishes
+no schema (the endpoint picker's EndpointPickerConfig), one derived from its Go type.
 
 The CRD schemas are each project's `openAPIV3Schema`, vendored unchanged under
 tests/fixtures/crd_schemas/ (README.md there says from which release). Loading adds what
@@ -10,6 +13,7 @@ error (a CRD's structural schema would prune it silently), and apiVersion/kind m
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,12 @@ _FILES = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_v1alpha1_scaledobject.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_v1_servicemonitor.json",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_v1_prometheusrule.json",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inference.networking.k8s.io_v1_inferencepool.json",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "gateway.networking.k8s.io_v1_httproute.json",
+    ("serving.kserve.io/v1alpha2", "LLMInferenceService"): "serving.kserve.io_v1alpha2_llminferenceservice.json",
 }
+EPP_CONFIG_FILE = "llm-d.ai_v1alpha1_endpointpickerconfig.json"
+HELM_VALUES_FILE = "production-stack_vllm-stack-0.1.12_values.schema.json"
 _METADATA = {  # a CRD's schema says only `metadata: {type: object}`; the API server checks the name
     "type": "object", "required": ["name"],
     "properties": {"name": {"type": "string", "maxLength": 253, "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
@@ -48,20 +57,45 @@ def _strict(node: Any) -> Any:
     return node
 
 
-def _load(api_version: str, kind: str, name: str) -> dict[str, Any]:
-    schema = _strict(copy.deepcopy(json.loads((CRD_DIR / name).read_text())))
+@functools.cache
+def crd_schema(api_version: str, kind: str) -> dict[str, Any]:
+    """The strict schema of one CRD kind (loaded on first use: KServe's is 0.9 MB)."""
+    schema = _strict(copy.deepcopy(json.loads((CRD_DIR / _FILES[(api_version, kind)]).read_text())))
     schema["properties"].update(apiVersion={"const": api_version}, kind={"const": kind}, metadata=_METADATA)
     schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata", "spec"})
     return schema
 
 
-CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {key: _load(*key, name) for key, name in _FILES.items()}
+@functools.cache
+def _validator(api_version: str, kind: str) -> Any:
+    """The validator of one CRD kind, made once. The schema itself is not checked against the JSON Schema
+    meta-schema (API servers serve these schemas; checking KServe's 0.9 MB one takes 11 s here)."""
+    schema = crd_schema(api_version, kind)
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def _raise_first(validator: Any, instance: dict) -> None:
+    error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    if error is not None:
+        raise error
 
 
 def validate(manifest: dict) -> None:
     """Core kinds against Kubernetes' own schemas (strict: unknown fields fail); CRDs against theirs."""
     key = (manifest["apiVersion"], manifest["kind"])
-    if key in CRD_SCHEMAS:
-        jsonschema.validate(manifest, CRD_SCHEMAS[key])
+    if key in _FILES:
+        _raise_first(_validator(*key), manifest)
     else:
         kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+
+
+def validate_epp_config(config: dict) -> None:
+    """An EndpointPickerConfig against the schema derived from its Go type (README.md says how)."""
+    jsonschema.validate(config, json.loads((CRD_DIR / EPP_CONFIG_FILE).read_text()))
+
+
+def validate_helm_values(values: dict) -> None:
+    """production-stack values against the chart's values.schema.json (draft 2020-12, as Helm 3 reads it),
+    strict as a CRD: a key the chart does not declare is an error, not a silently ignored value."""
+    schema = _strict(json.loads((CRD_DIR / HELM_VALUES_FILE).read_text()))
+    jsonschema.Draft202012Validator(schema).validate(values)

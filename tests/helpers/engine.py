@@ -82,7 +82,7 @@ class EmbeddedEngine:
 @contextmanager
 def start_embedded_engine(
     workdir: Path, *, max_model_len: int = EMBEDDED_MAX_MODEL_LEN, extra_args: tuple[str, ...] = (),
-    tool_parser: str | None = "hermes", trace_sink: TraceSink | None = None,
+    tool_parser: str | None = None, trace_sink: TraceSink | None = None,
 ) -> Iterator[EmbeddedEngine]:
     """Start the embedded model on free ports; stop it (whole process tree) on exit.
 
@@ -90,8 +90,8 @@ def start_embedded_engine(
     reads them by releasing the sink's port to its bench (tests/e2e/bench/test_engine_breakdown.py)."""
     # The tests put a gateway in front of this engine (as `vlmserve up` does), and the gateway adds
     # per-request processor kwargs when it downscales images: the engine must accept them.
-    # The feature-workload tests send tools with a named tool_choice: vLLM 0.32 loads a tool parser only
-    # with --enable-auto-tool-choice, and refuses named and required tool_choice (400) without one.
+    # The embedded model's recipe loads a tool parser (the feature-workload tests send tools), so
+    # these tests exercise the flags `vlmserve up` gives it; `tool_parser` replaces the recipe's.
     # The parser is not free: vLLM builds one per chat request, tools or not (a few ms of frontend
     # time on this machine), which the TTFT breakdown test's bound on the time outside the engine's
     # clock leaves room for.

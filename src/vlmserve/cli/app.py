@@ -38,6 +38,7 @@ VERB_MODULES: list[str] = [
     "vlmserve.cli.sweep",
     "vlmserve.cli.slo_search",
     "vlmserve.cli.tune",
+    "vlmserve.cli.vllm_bench",
 ]
 
 VERB_COMMANDS: dict[str, str] = {
@@ -63,6 +64,7 @@ VERB_COMMANDS: dict[str, str] = {
     "sweep": "vlmserve.cli.sweep",
     "slo-search": "vlmserve.cli.slo_search",
     "tune": "vlmserve.cli.tune",
+    "vllm-bench": "vlmserve.cli.vllm_bench",
 }
 
 def _version_callback(value: bool) -> None:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from vlmserve.errors import UserError
+from vlmserve.export.platform_engine import DROP_FLAG
+
+DROP_HELP = ("Export a spec with keys_file, TLS or audit_log although the platform has no vlmserve gateway to "
+             "carry them (each is named in a warning); without it such a spec is refused.")
 
 export_app = typer.Typer(help="Export a deployment to other platforms.", no_args_is_help=True)
 
@@ -57,9 +61,21 @@ def k8s(
     monitoring_namespace: str = typer.Option("monitoring", "--monitoring-namespace",
                                              help="Namespace whose pods (Prometheus) may reach the engines' port "
                                                   "for /metrics; '' lets only the gateways in."),
+    router: str = typer.Option("vlmserve", "--router",
+                               help="What routes requests to the engines: vlmserve (its gateway, Redis and "
+                                    "NetworkPolicies) or llm-d (an InferencePool, its endpoint picker and an "
+                                    "HTTPRoute from your Gateway; no vlmserve gateway)."),
+    epp_image: Optional[str] = typer.Option(None, "--epp-image",
+                                            help="--router llm-d: endpoint-picker image (default: the one KServe "
+                                                 "v0.20 pins)."),
+    gateway_name: Optional[str] = typer.Option(None, "--gateway-name",
+                                               help="--router llm-d: the Gateway (same namespace) the HTTPRoute "
+                                                    "attaches to (default: inference-gateway)."),
+    drop_gateway_settings: bool = typer.Option(False, DROP_FLAG, help=DROP_HELP),
 ) -> None:
     """Write Deployments, Services (Redis for the gateways' shared state), a KEDA ScaledObject, a ServiceMonitor and a PrometheusRule."""
     from vlmserve.export.k8s import K8sOptions, export_manifests
+    from vlmserve.export.llmd import ROUTERS, LlmdOptions, export_llmd
     from vlmserve.observe.alerts import AlertSettings
     from vlmserve.observe.pack import to_yaml
     from vlmserve.spec import load_deployment_spec, parse_duration_s
@@ -76,7 +92,23 @@ def k8s(
                          monitoring_labels=tuple(_parse_label(text) for text in monitoring_label),
                          discovery=discovery, redis_image=redis_image, embed_secrets=embed_secrets,
                          audit_pvc=audit_pvc, monitoring_namespace=monitoring_namespace or None)
-    export = export_manifests(spec, options, AlertSettings(ttft_slo_s=slo_s))
+    if router not in ROUTERS:
+        raise UserError(f"--router {router!r}: choose {' or '.join(ROUTERS)}")
+    llmd_only = [flag for flag, value in (("--epp-image", epp_image), ("--gateway-name", gateway_name),
+                                          (DROP_FLAG, drop_gateway_settings)) if value]
+    if router == "vlmserve" and llmd_only:
+        raise UserError(f"{', '.join(llmd_only)} only apply with --router llm-d")
+    gateway_only = [flag for flag, given in (("--embed-secrets", embed_secrets), ("--audit-pvc", audit_pvc),
+                                             ("--discovery", discovery != "dns")) if given]
+    if router == "llm-d" and gateway_only:
+        raise UserError(f"{', '.join(gateway_only)} only apply with --router vlmserve (they configure its gateway)")
+    if router == "llm-d":
+        llmd = LlmdOptions(**({"epp_image": epp_image} if epp_image else {}),
+                           **({"gateway_name": gateway_name} if gateway_name else {}),
+                           drop_gateway_settings=drop_gateway_settings)
+        export = export_llmd(spec, options, llmd)
+    else:
+        export = export_manifests(spec, options, AlertSettings(ttft_slo_s=slo_s))
     manifests = export.manifests
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -85,11 +117,12 @@ def k8s(
     for note in export.notes:
         typer.echo(note, err=True)
     for name, manifest in manifests.items():
-        _write(out / name, to_yaml(manifest), private=manifest["kind"] == "Secret")
+        _write(out / name, export.comments.get(name, "") + to_yaml(manifest), private=manifest["kind"] == "Secret")
         typer.echo(f"wrote {out / name}")
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                      "resources": list(manifests)}
-    (out / "kustomization.yaml").write_text(to_yaml(kustomization))
+    header = next(iter(export.comments.values()), "")
+    (out / "kustomization.yaml").write_text(header + to_yaml(kustomization))
     typer.echo(f"wrote {out / 'kustomization.yaml'}")
     if export.secret_commands:
         script = out / SECRETS_SCRIPT
@@ -102,6 +135,84 @@ def k8s(
 
 
 SECRETS_SCRIPT = "create-secrets.sh"
+
+
+def _platform_options(spec_file: Path, vllm_image: str, namespace: str, model_pvc: Optional[str],
+                      hf_token_secret: Optional[str], max_replicas: Optional[int],
+                      waiting_per_replica: Optional[float]) -> tuple[Any, Any]:
+    """(spec, K8sOptions) for a platform target: the flags it shares with `export k8s`."""
+    from vlmserve.export.k8s import K8sOptions
+    from vlmserve.spec import load_deployment_spec
+
+    spec = load_deployment_spec(spec_file)
+    return spec, K8sOptions(namespace=namespace, vllm_image=vllm_image, model_pvc=model_pvc,
+                            hf_token_secret=hf_token_secret, max_replicas=max_replicas,
+                            waiting_per_replica=waiting_per_replica)
+
+
+def _write_document(out: Path, header: str, document: dict, notes: list[str]) -> None:
+    """One YAML file: the comment naming what the platform does not carry, then the document."""
+    from vlmserve.observe.pack import to_yaml
+
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(header + to_yaml(document))
+    except OSError as err:
+        raise UserError(f"--out: cannot write {out}: {err.strerror}; pick a writable path") from None
+    for note in notes:
+        typer.echo(note, err=True)
+    typer.echo(f"wrote {out}")
+
+
+_SPEC = typer.Option(..., "-f", "--file", help="Deployment spec (deploy.yaml).")
+_VLLM_IMAGE = typer.Option("vllm/vllm-openai:latest", "--vllm-image", help="Engine image (pin a tag).")
+_MODEL_PVC = typer.Option(None, "--model-pvc", help="PersistentVolumeClaim holding a local weights folder.")
+_HF_SECRET = typer.Option(None, "--hf-token-secret", help="Secret with key 'token' for gated Hugging Face models.")
+_MAX_REPLICAS = typer.Option(None, "--max-replicas", min=1,
+                             help="Autoscaling upper bound (default: the spec's autoscale rule, else 4x replicas).")
+_WAITING = typer.Option(None, "--waiting-per-replica", min=0.001,
+                        help="Queued requests per replica before one is added (default: the spec's autoscale rule, else 5).")
+
+
+@export_app.command("production-stack")
+def production_stack(
+    spec_file: Path = _SPEC,
+    out: Path = typer.Option(..., "--out", help="Values file to write (values.yaml)."),
+    vllm_image: str = _VLLM_IMAGE,
+    model_pvc: Optional[str] = _MODEL_PVC,
+    hf_token_secret: Optional[str] = _HF_SECRET,
+    max_replicas: Optional[int] = _MAX_REPLICAS,
+    waiting_per_replica: Optional[float] = _WAITING,
+    drop_gateway_settings: bool = typer.Option(False, DROP_FLAG, help=DROP_HELP),
+) -> None:
+    """Write Helm values for vllm-project/production-stack's vllm-stack chart (engine, replicas, KEDA, router)."""
+    from vlmserve.export.production_stack import export_production_stack
+
+    spec, options = _platform_options(spec_file, vllm_image, "default", model_pvc, hf_token_secret, max_replicas,
+                                      waiting_per_replica)
+    found = export_production_stack(spec, options, drop_gateway_settings=drop_gateway_settings)
+    _write_document(out, found.header, found.values, found.notes)
+
+
+@export_app.command("kserve")
+def kserve(
+    spec_file: Path = _SPEC,
+    out: Path = typer.Option(..., "--out", help="File to write the LLMInferenceService into."),
+    namespace: str = typer.Option("default", "--namespace", help="Namespace of the resource."),
+    vllm_image: str = _VLLM_IMAGE,
+    model_pvc: Optional[str] = _MODEL_PVC,
+    hf_token_secret: Optional[str] = _HF_SECRET,
+    max_replicas: Optional[int] = _MAX_REPLICAS,
+    waiting_per_replica: Optional[float] = _WAITING,
+    drop_gateway_settings: bool = typer.Option(False, DROP_FLAG, help=DROP_HELP),
+) -> None:
+    """Write a KServe LLMInferenceService (serving.kserve.io/v1alpha2): model, vLLM flags, scaling, llm-d scheduler."""
+    from vlmserve.export.kserve import export_kserve
+
+    spec, options = _platform_options(spec_file, vllm_image, namespace, model_pvc, hf_token_secret, max_replicas,
+                                      waiting_per_replica)
+    found = export_kserve(spec, options, drop_gateway_settings=drop_gateway_settings)
+    _write_document(out, found.header, found.resource, found.notes)
 
 
 def _write(path: Path, text: str, *, private: bool) -> None:

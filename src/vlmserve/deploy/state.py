@@ -110,6 +110,10 @@ class DeploymentState(BaseModel):
         """Every replica, then the gateway when there is one."""
         return member_list(self.replicas, self.gateway)
 
+    def is_stopped(self) -> bool:
+        """True when no member runs any more: `status` then shows where it served, not a live URL."""
+        return all(member.state.startswith("stopped") for member in self.members)
+
     def supervisor_alive(self) -> bool:
         """True when the supervisor that wrote this state is still running."""
         if not self.supervisor_pid:

@@ -124,8 +124,9 @@ class Supervisor:
 
     @property
     def endpoint(self) -> str:
-        """Where clients go: the gateway when it runs, else the first replica."""
-        if self.gateway is not None and self.gateway.state == "ready":
+        """Where clients go: the gateway when the deployment has one (also while it restarts or
+        stops: a replica's URL would invite clients around admission), else the first replica."""
+        if self.gateway is not None:
             return self.gateway.plan.url
         return self.replica_urls[0]
 

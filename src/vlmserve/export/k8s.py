@@ -49,6 +49,9 @@ DISCOVERY_KINDS = ("dns", "k8s")
 STATE_UNAVAILABLE = "open"  # an outage of the limiter must not take the service down
 VLLM_SERVE = ["vllm", "serve"]  # vLLM's documented server command; `python -m ...api_server` is deprecated
 GATEWAY_IMAGE = f"vlmserve:{__version__}".replace("+", "-")  # what the repository's Dockerfile builds
+ENGINE_CPUS_PER_GPU = 4
+ENGINE_GIB_PER_GPU = 16
+GPU_RESOURCE = "nvidia.com/gpu"
 GATEWAY_UID = 10001  # the Dockerfile's USER; also the group owning the audit volume and the Secret files
 
 
@@ -117,12 +120,17 @@ def _model_location(spec: DeploymentSpec, options: K8sOptions) -> tuple[str, lis
     return spec.model, cache[0], cache[1]
 
 
+def startup_budget(ready_timeout_s: float) -> dict[str, int]:
+    """A startup probe's period and failure count covering the spec's model-load time (ready_timeout_s)."""
+    return {"periodSeconds": STARTUP_PROBE_PERIOD_S,
+            "failureThreshold": max(1, math.ceil(ready_timeout_s / STARTUP_PROBE_PERIOD_S))}
+
+
 def _probes(ready_timeout_s: float) -> dict[str, Any]:
     """Startup budget covers model load (the spec's ready timeout); after that, quick checks."""
     health = {"httpGet": {"path": "/health", "port": "http"}}
     return {
-        "startupProbe": {**health, "periodSeconds": STARTUP_PROBE_PERIOD_S, "timeoutSeconds": 5,
-                         "failureThreshold": max(1, math.ceil(ready_timeout_s / STARTUP_PROBE_PERIOD_S))},
+        "startupProbe": {**health, "timeoutSeconds": 5, **startup_budget(ready_timeout_s)},
         "readinessProbe": {**health, "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**health, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
     }
@@ -174,25 +182,26 @@ def _recipe_note(line: str) -> str:
     return f"warning: no recipe in the engine's flags {line.removeprefix(skipped)}" if line.startswith(skipped) else line
 
 
+def engine_resources(spec: DeploymentSpec) -> dict[str, Any]:
+    """One engine pod's requests (and GPU limits): GPUs = tensor-parallel size, 4 CPUs and 16 GiB per GPU."""
+    if spec.engine == "sim":
+        return {"requests": {"cpu": "500m", "memory": "512Mi"}}
+    tp = spec.engine_args.tensor_parallel_size
+    if spec.devices == "cpu":
+        return {"requests": {"cpu": str(ENGINE_CPUS_PER_GPU * tp), "memory": f"{ENGINE_GIB_PER_GPU * tp}Gi"}}
+    gpus = {GPU_RESOURCE: str(tp)}
+    return {"requests": {**gpus, "cpu": str(ENGINE_CPUS_PER_GPU * tp), "memory": f"{ENGINE_GIB_PER_GPU * tp}Gi"},
+            "limits": gpus}
+
+
 def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[dict],
                       notes: list[str] | None = None) -> dict:
     command, args = engine_container_command(spec, model, notes)
-    resources: dict[str, Any]
-    if spec.engine == "sim":
-        image = options.vlmserve_image
-        resources = {"requests": {"cpu": "500m", "memory": "512Mi"}}
-    else:
-        image = options.vllm_image
-        tp = spec.engine_args.tensor_parallel_size
-        if spec.devices == "cpu":
-            resources = {"requests": {"cpu": str(4 * tp), "memory": f"{16 * tp}Gi"}}
-        else:
-            gpus = {"nvidia.com/gpu": str(tp)}
-            resources = {"requests": {**gpus, "cpu": str(4 * tp), "memory": f"{16 * tp}Gi"}, "limits": gpus}
+    image = options.vlmserve_image if spec.engine == "sim" else options.vllm_image
     return {
         "name": "engine", "image": image, "command": command, "args": args,
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
-        "env": _env(spec, options), "resources": resources, **_probes(spec.ready_timeout_s),
+        "env": _env(spec, options), "resources": engine_resources(spec), **_probes(spec.ready_timeout_s),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *mounts],
     }
 
@@ -459,6 +468,7 @@ class K8sExport:
     manifests: dict[str, dict] = field(default_factory=dict)
     secret_commands: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    comments: dict[str, str] = field(default_factory=dict)  # file name -> YAML comment written above it
 
 
 def export_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> K8sExport:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,3 +211,34 @@ class GatewayConfig:
                 raise UserError(f"{_flag(name)} must be a positive number of seconds, got {value}")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise UserError(f"--drain-timeout must be 0 or more seconds, got {self.drain_timeout_s}")
+
+
+ENV_ONLY_SETTINGS = ("replica_api_key", "state")
+"""Settings that never go on a command line, which every user of the machine can read (`ps`): an API key,
+a Redis URL with its password. They travel in the environment (VLMSERVE_REPLICA_API_KEY, VLMSERVE_GATEWAY_STATE)."""
+
+
+def setting_flag(name: str) -> str:
+    """The `vlmserve gateway` flag of a setting: its name with dashes, a unit suffix `_s` dropped
+    (`replicas`: `--replica`, one a flag), the rule cli.model_options builds the flags by."""
+    return "--replica" if name == "replicas" else _flag(name)
+
+
+def config_argv(config: GatewayConfig) -> list[str]:
+    """The `vlmserve gateway` flags that give `config` back: each setting away from its default
+    (settings without a flag must stay at their default; ENV_ONLY_SETTINGS are left out)."""
+    argv: list[str] = []
+    defaults = GatewayConfig(replicas=[])
+    for item in dataclasses.fields(config):
+        value = getattr(config, item.name)
+        if item.name in ENV_ONLY_SETTINGS or value == getattr(defaults, item.name):
+            continue
+        flag = setting_flag(item.name)
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(value, list):
+            for each in value:
+                argv += [flag, str(each)]
+        else:
+            argv += [flag, str(value)]
+    return argv

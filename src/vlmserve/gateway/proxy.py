@@ -146,17 +146,6 @@ class _RetryableFailure(Exception):
         self.fault = fault
 
 
-_USAGE_NUMBERS = re.compile(rb'"usage":\s*\{[^{}]*?"prompt_tokens":\s*(\d+)[^{}]*?"completion_tokens":\s*(\d+)')
-
-
-def _usage_counts(raw: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of the last usage object in `raw`, read without parsing the
-    JSON (engines write prompt_tokens before completion_tokens); None to fall back to parsing."""
-    start = raw.rfind(USAGE_KEY)
-    match = _USAGE_NUMBERS.match(raw, start) if start >= 0 else None
-    return (int(match.group(1)), int(match.group(2))) if match is not None else None
-
-
 def _usage_from_sse_tail(tail: bytes) -> dict | None:
     """The `usage` object of the last SSE event that carries one (engines send it last)."""
     for line in reversed(tail.split(b"\n")):
@@ -260,8 +249,7 @@ class Forwarder:
         status = 504 if last_failure.reason == "first_token_timeout" else 502
         log.status = str(status)
         return error_response(status, f"request failed on {len(log.attempts)} replica(s): {last_failure.message}",
-                              last_failure.reason, request_id=log.request_id,
-                                  client_request_id=log.client_request_id)
+                              last_failure.reason, request_id=log.request_id, client_request_id=log.client_request_id)
 
     async def _attempt(self, request: Request, body: bytes, routed: RoutedRequest, replica: Replica,
                        log: RequestLog) -> Answer:
@@ -428,9 +416,7 @@ class Forwarder:
             failure = (504, f"replica {replica.name} stalled: no data for {self.idle_chunk_timeout_s:g} s", "idle_chunk_timeout")
         if relay.first_token_pending:
             self.policy.on_first_token(routed, replica)
-        counts = _usage_counts(relay.usage_block)
-        usage = ({"prompt_tokens": counts[0], "completion_tokens": counts[1]} if counts is not None
-                 else _usage_from_sse_tail(relay.usage_block[-8192:]))
+        usage = _usage_from_sse_tail(relay.usage_block[-8192:])
         if usage is not None:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")

@@ -52,6 +52,21 @@ MODELS_REFRESH_S = 10.0
 RECENT_SUCCESS_S = 10.0
 
 
+async def fetch_whole(client: ClientPool, method: str, url: str, headers: bytes, body: bytes,
+                      timeout_s: float) -> tuple[ClientResponse, bytes]:
+    """One request to a replica and its answer read whole, within `timeout_s` (connecting included);
+    the connection goes back to the pool. Raises TimeoutError, or OSError (the client's ClientError
+    included: a reset, a close, not HTTP)."""
+    response: ClientResponse | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            response = await client.request(method, url, headers, body)
+            return response, await response.read()
+    finally:
+        if response is not None:
+            response.release()  # closes it unless the body was read whole (a no-op then)
+
+
 @dataclass(eq=False)
 class Replica:
     """One engine behind the gateway and the gateway's own bookkeeping about it."""
@@ -316,20 +331,15 @@ class ReplicaPool:
         """GET `path` on the replica (never raises): the body when it answers 200, else None, and
         why: 'ok', or 'refused' (nothing listens), 'timeout' or 'error'."""
         assert self._client is not None
-        response: ClientResponse | None = None
         try:
-            async with asyncio.timeout(self.probe_timeout_s):
-                response = await self._client.request("GET", replica.url + path, self._probe_headers, b"")
-                body = await response.read()  # the connection goes back to the client's pool
+            response, body = await fetch_whole(self._client, "GET", replica.url + path, self._probe_headers,
+                                               b"", self.probe_timeout_s)
         except TimeoutError:
             return None, "timeout"
         except ConnectionRefusedError:
             return None, "refused"
         except OSError:  # the client's ClientError included: a reset, a close, not HTTP
             return None, "error"
-        finally:
-            if response is not None:
-                response.release()  # closes it unless the body was read whole (a no-op then)
         return (body, "ok") if response.status == 200 else (None, "error")
 
     async def _check_health(self, replica: Replica) -> None:

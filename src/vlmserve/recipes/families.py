@@ -137,8 +137,15 @@ def _images_only(label: str) -> Callable[[ModelFacts], FlagTable]:
 
 
 def _embedded(facts: ModelFacts) -> FlagTable:
-    return {"limit_mm_per_prompt": ({"image": EMBEDDED_IMAGES_PER_PROMPT},
-                                    "embedded model: as many images as the gateway allows by default")}
+    # vLLM 0.32 refuses `tools` with tool_choice auto (the OpenAI SDK's default) without these two,
+    # and named or required tool_choice without a loaded parser. The parser costs a few ms of frontend
+    # time per chat request; the OpenAI SDK's tool examples working on the default model is worth it.
+    return {
+        "limit_mm_per_prompt": ({"image": EMBEDDED_IMAGES_PER_PROMPT},
+                                "embedded model: as many images as the gateway allows by default"),
+        "tool_call_parser": ("hermes", "embedded model: <tool_call> JSON, so tool requests are accepted"),
+        "enable_auto_tool_choice": (True, "embedded model: tool_choice auto, the OpenAI SDK's default"),
+    }
 
 
 RECIPES: tuple[Recipe, ...] = (

@@ -149,6 +149,8 @@ def test_the_embedded_model_keeps_starting_as_before(tmp_path: Path) -> None:
     argv = engine_arguments(applied, str(tmp_path), 8001, "cpu")
     assert argv[argv.index("--limit-mm-per-prompt") + 1] == '{"image":16}'
     assert "--enforce-eager" in argv and "--reasoning-parser" not in argv
+    # the OpenAI SDK's tool examples (tool_choice auto) work on the default model
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
 
 
 def test_the_spec_field_reads_from_yaml_values() -> None:
