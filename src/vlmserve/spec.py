@@ -197,6 +197,12 @@ class DeploymentSpec(LoraOptions):
     gateway_state_unavailable: Literal["open", "closed"] = Field(
         "open", description="gateway: when that Redis does not answer, admit on per-process limits (open) "
         "or refuse rate-limited requests with 503 (closed) (vlmserve gateway --state-unavailable)")
+    gateway_otlp_traces_endpoint: str | None = Field(
+        None, description="gateway: export OpenTelemetry spans over OTLP/HTTP to this collector URL "
+        "(vlmserve gateway --otlp-traces-endpoint); none: no gateway spans")
+    gateway_trace_sample_ratio: float | None = Field(
+        None, ge=0, le=1, description="gateway: share of new traces kept (vlmserve gateway --trace-sample-ratio); "
+        "none: the gateway's default")
     devices: Literal["auto", "cpu", "gpu"] = "auto"
     cpu_threads_per_replica: int | None = Field(None, ge=1)
     kv_cache_space_gb: float | None = Field(None, gt=0)

@@ -69,5 +69,7 @@ GATEWAY = OptionGroup("settings", {
     "state": model_option(GatewayConfig, "state", help="Share tenants' rate limits and token budgets with every gateway process and instance through " "Redis: redis://[:PASSWORD@]HOST[:PORT][/DB] (rediss:// for TLS). Without it each process keeps its own.", envvar=STATE_ENV, parse=_blank_as_none),
     "state_unavailable": model_option(GatewayConfig, "state_unavailable", help=f"When Redis does not answer: {' or '.join(UNAVAILABLE_MODES)}. open admits on per-process limits " "and keeps serving; closed refuses rate-limited tenants' requests with 503."),
     "state_timeout_s": model_option(GatewayConfig, "state_timeout_s", help="Seconds a Redis call may take before Redis counts as unreachable."),
+    "otlp_traces_endpoint": model_option(GatewayConfig, "otlp_traces_endpoint", help="Export OpenTelemetry spans (request, admission, queue, each attempt, relay) over OTLP/HTTP to this collector URL, e.g. http://127.0.0.1:4318/v1/traces; engines' spans join the same traces. Off without it.", parse=_blank_as_none),
+    "trace_sample_ratio": model_option(GatewayConfig, "trace_sample_ratio", help="Share of new traces kept (0-1); a request carrying a traceparent follows its sampled flag."),
 })
 """Every `vlmserve gateway` flag, in its --help order (`workers` is the command's own: processes, not a setting)."""

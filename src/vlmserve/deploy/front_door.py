@@ -17,6 +17,7 @@ from vlmserve.errors import UserError
 from vlmserve.discovery.sources import parse_source
 from vlmserve.gateway.config import GATEWAY_FILE_FLAGS, MEDIA_POLICY_FLAGS, GatewayConfig, config_argv
 from vlmserve.gateway.shared_state import STATE_ENV, parse_state_url
+from vlmserve.observe.tracing import DEFAULT_TRACE_SAMPLE_RATIO, check_tracing_settings
 from vlmserve.spec import DeploymentSpec
 
 
@@ -61,6 +62,11 @@ def check_gateway_files(spec: DeploymentSpec) -> None:
             parse_state_url(spec.gateway_state)  # likewise a malformed Redis URL
         except UserError as err:
             raise UserError(f"gateway_state: {err}") from None
+    if spec.gateway_otlp_traces_endpoint:
+        try:  # a bad URL, or the SDK missing, stops `up` before any engine starts
+            check_tracing_settings(spec.gateway_otlp_traces_endpoint, DEFAULT_TRACE_SAMPLE_RATIO)
+        except UserError as err:
+            raise UserError(f"gateway_otlp_traces_endpoint: {err}") from None
 
 
 def gateway_config(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> GatewayConfig:
@@ -70,12 +76,15 @@ def gateway_config(spec: DeploymentSpec, replica_urls: list[str], model_dir: str
     files: dict[str, Any] = {name: Path(value).expanduser() for name in GATEWAY_FILE_FLAGS if (value := getattr(spec, name))}
     media: dict[str, Any] = {name: value for name in MEDIA_POLICY_FLAGS if (value := getattr(spec, name)) is not None}
     shared: dict[str, Any] = {"state": spec.gateway_state, "state_unavailable": spec.gateway_state_unavailable} if spec.gateway_state else {}
+    tracing: dict[str, Any] = {"otlp_traces_endpoint": spec.gateway_otlp_traces_endpoint} if spec.gateway_otlp_traces_endpoint else {}
+    if tracing and spec.gateway_trace_sample_ratio is not None:
+        tracing["trace_sample_ratio"] = spec.gateway_trace_sample_ratio
     local_model = model_dir is not None and (Path(model_dir) / "config.json").is_file()
     return GatewayConfig(
         replicas=list(replica_urls), host=spec.host, port=spec.port, policy=spec.gateway_policy,
         allowed_media_domains=list(spec.allowed_media_domains),
         allow_internal_media_addresses=spec.allow_internal_media_addresses, discover=spec.gateway_discover or None,
-        model_config_dir=Path(model_dir) if local_model and model_dir else None, **files, **media, **shared)
+        model_config_dir=Path(model_dir) if local_model and model_dir else None, **files, **media, **shared, **tracing)
 
 
 def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> list[str]:

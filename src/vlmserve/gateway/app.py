@@ -49,6 +49,7 @@ from vlmserve.http1.headers import header_lines
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.messages import Answer, Request, Response
 from vlmserve.http1.server import ClientStats
+from vlmserve.observe.tracing import gateway_tracing
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -128,6 +129,7 @@ class Gateway:
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the HTTP server (http1/server.py)
         self.watchdog = Watchdog()
+        self.tracing = gateway_tracing(config.otlp_traces_endpoint, config.trace_sample_ratio)  # None: off
         self.upstream: ClientPool | None = None
         self.forwarder: Forwarder | None = None
         self._engine_info_rotation = RoundRobin()
@@ -191,6 +193,8 @@ class Gateway:
         if self.shared_state is not None:
             await self.shared_state.close()
         self.audit.close()
+        if self.tracing is not None:
+            await self.tracing.close()  # the last spans leave on a thread, not on the loop
 
     # ---- replicas that come and go -------------------------------------------------------------
 
@@ -291,6 +295,8 @@ class Gateway:
             request_id="%032x" % random.getrandbits(128),
             path=route.path, received_at=time.time(), received_mono=time.monotonic(),
         )
+        if self.tracing is not None:
+            request_log.trace = self.tracing.begin(request.method, route.path, request.headers)
         self.requests_in_progress += 1
         held = _Held()
         try:
@@ -366,8 +372,12 @@ class Gateway:
             held.charged = await self.admission.check_rate(tenant, admissible_tokens(
                 routed.prompt_tokens, routed.expected_output_tokens, choices_of(payload), context))
         if not self.admission.try_acquire_slot():
+            if request_log.trace is not None:
+                request_log.trace.queued(routed.priority)
             await self.admission.acquire_slot(routed.priority)
         held.slot = True
+        if request_log.trace is not None:
+            request_log.trace.admitted(tenant.name, routed.priority)
         return body, routed
 
     def _release(self, held: _Held, request_log: RequestLog) -> None:
@@ -443,6 +453,8 @@ class Gateway:
         if request_log.adapter is not None:
             self.adapters.observe(request_log.adapter, request_log.status, None if request_log.first_byte_mono is None
                                   else request_log.first_byte_mono - request_log.received_mono)
+        if request_log.trace is not None:
+            request_log.trace.finish(request_log)
         if self.audit.enabled:
             content = None if payload is None else next(
                 (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)

@@ -10,6 +10,7 @@ from pathlib import Path
 from vlmserve.errors import UserError, check_listen_port
 from vlmserve.discovery.sources import parse_source
 from vlmserve.gateway.shared_state import DEFAULT_TIMEOUT_S, check_state_settings
+from vlmserve.observe.tracing import DEFAULT_TRACE_SAMPLE_RATIO, check_tracing_settings
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.spec import DeploymentSpec
@@ -156,6 +157,10 @@ class GatewayConfig:
     state: str | None = None
     state_unavailable: str = "open"
     state_timeout_s: float = DEFAULT_TIMEOUT_S
+    # OpenTelemetry spans (observe/tracing.py), exported over OTLP/HTTP here (vLLM's flag name); None: off.
+    # New traces are kept at this ratio; a client's sampled traceparent decides for its own.
+    otlp_traces_endpoint: str | None = None
+    trace_sample_ratio: float = DEFAULT_TRACE_SAMPLE_RATIO
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
@@ -175,6 +180,7 @@ class GatewayConfig:
         if self.keys_file is not None and not Path(self.keys_file).is_file():
             raise UserError(f"keys file {self.keys_file} does not exist: create it or drop --keys-file")
         check_state_settings(self.state, self.state_unavailable, self.state_timeout_s)
+        check_tracing_settings(self.otlp_traces_endpoint, self.trace_sample_ratio)
         if self.max_attempts < 1:
             raise UserError("--max-attempts must be at least 1")
         if self.max_body_bytes < 1:

@@ -74,6 +74,7 @@ class RequestLog:
     completion_tokens: int | None = None
     error: str | None = None
     images: list[dict[str, Any]] = field(default_factory=list)  # image_preflight.ImageSeen.audit()
+    trace: Any = None  # its spans (observe/tracing.py RequestTrace) when tracing is on
 
     def id_headers(self) -> dict[str, str]:
         """The response's id headers: the gateway's id, and the client's echoed when it sent one."""
@@ -258,8 +259,8 @@ class Forwarder:
         # The request leaves first (on a pooled connection, the common case); the bookkeeping
         # below runs while it travels. Nothing awaits in between, so no other request sees the
         # policy's counts without this one.
-        sent = self.upstream.send("POST", replica.url + request.path,
-                                  self._upstream_headers(log.request_id, request.headers), body)
+        context = request.headers if log.trace is None else log.trace.attempt_began(replica.name, len(log.attempts))
+        sent = self.upstream.send("POST", replica.url + request.path, self._upstream_headers(log.request_id, context), body)
         task = asyncio.current_task(loop)
         assert task is not None
         replica.in_flight += 1
@@ -275,6 +276,8 @@ class Forwarder:
         try:
             try:
                 upstream = await sent.response()
+                if log.trace is not None:
+                    log.trace.answered(upstream.status)
                 if upstream.status != 200:
                     payload = await upstream.read()
                     self._raise_if_retryable(upstream, payload, replica, log)
@@ -318,6 +321,8 @@ class Forwarder:
             log.status = "abandoned"
             raise
         finally:
+            if log.trace is not None:  # first: an exception in flight is the attempt's failure
+                log.trace.attempt_ended(outcome, exchange.chunks, log.first_byte_mono)
             self.watchdog.active.discard(exchange)
             if upstream is not None:
                 if outcome is Outcome.COMPLETED:
