@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from vlmserve import __version__
 from vlmserve.autoscale import AutoscaleRule
@@ -35,6 +35,7 @@ from vlmserve.export.k8s_security import (MONITORING_NAMESPACE, REDIS_CLI_AUTH_E
                                           redis_password_env, secret_commands, trust_warnings)
 from vlmserve.gateway.config import media_policy_argv
 from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.observe.alerts import AlertSettings, alert_rules
 from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
@@ -81,8 +82,8 @@ def _labels(spec: DeploymentSpec, component: str) -> dict[str, str]:
             "app.kubernetes.io/component": component}
 
 
-def _meta(name: str, options: K8sOptions, labels: dict[str, str]) -> dict[str, Any]:
-    return {"name": name, "namespace": options.namespace, "labels": labels}
+def _meta(name: str, options: K8sOptions, labels: Mapping[str, str]) -> JSONObject:
+    return {"name": name, "namespace": options.namespace, "labels": {**labels}}
 
 
 def engine_name(spec: DeploymentSpec) -> str:
@@ -101,7 +102,7 @@ def _is_local_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or Path(model).exists()
 
 
-def _model_location(spec: DeploymentSpec, options: K8sOptions) -> tuple[str, list[dict], list[dict]]:
+def _model_location(spec: DeploymentSpec, options: K8sOptions) -> tuple[str, list[JSONValue], list[JSONValue]]:
     """(model argument inside the pod, volumes, volume mounts) for the engine container."""
     if spec.engine == "sim":
         return spec.model, [], []
@@ -116,8 +117,8 @@ def _model_location(spec: DeploymentSpec, options: K8sOptions) -> tuple[str, lis
         return (in_pod,
                 [{"name": "models", "persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}],
                 [{"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True}])
-    cache = [{"name": "hf-cache", "emptyDir": {}}], [{"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}]
-    return spec.model, cache[0], cache[1]
+    return (spec.model, [{"name": "hf-cache", "emptyDir": {}}],
+            [{"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}])
 
 
 def startup_budget(ready_timeout_s: float) -> dict[str, int]:
@@ -126,9 +127,9 @@ def startup_budget(ready_timeout_s: float) -> dict[str, int]:
             "failureThreshold": max(1, math.ceil(ready_timeout_s / STARTUP_PROBE_PERIOD_S))}
 
 
-def _probes(ready_timeout_s: float) -> dict[str, Any]:
+def _probes(ready_timeout_s: float) -> JSONObject:
     """Startup budget covers model load (the spec's ready timeout); after that, quick checks."""
-    health = {"httpGet": {"path": "/health", "port": "http"}}
+    health: JSONObject = {"httpGet": {"path": "/health", "port": "http"}}
     return {
         "startupProbe": {**health, "timeoutSeconds": 5, **startup_budget(ready_timeout_s)},
         "readinessProbe": {**health, "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3},
@@ -141,7 +142,7 @@ def gateway_port_name(spec: DeploymentSpec) -> str:
     return "https" if spec.ssl_certfile else "http"
 
 
-def _gateway_probes(port: str = "http", scheme: str = "HTTP") -> dict[str, Any]:
+def _gateway_probes(port: str = "http", scheme: str = "HTTP") -> JSONObject:
     """Ready while some engine pod is routable (/health); alive while the process answers (/metrics).
 
     Liveness must not follow the engines: while they load a model for minutes, or all restart, a
@@ -155,8 +156,8 @@ def _gateway_probes(port: str = "http", scheme: str = "HTTP") -> dict[str, Any]:
     }
 
 
-def _env(spec: DeploymentSpec, options: K8sOptions) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
+def _env(spec: DeploymentSpec, options: K8sOptions) -> list[JSONValue]:
+    env: list[JSONValue] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     if options.hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": options.hf_token_secret,
                                                                        "key": "token"}}})
@@ -182,35 +183,41 @@ def _recipe_note(line: str) -> str:
     return f"warning: no recipe in the engine's flags {line.removeprefix(skipped)}" if line.startswith(skipped) else line
 
 
-def engine_resources(spec: DeploymentSpec) -> dict[str, Any]:
-    """One engine pod's requests (and GPU limits): GPUs = tensor-parallel size, 4 CPUs and 16 GiB per GPU."""
+def engine_requests(spec: DeploymentSpec) -> dict[str, str]:
+    """One engine pod's resource requests: GPUs = tensor-parallel size, 4 CPUs and 16 GiB per GPU."""
     if spec.engine == "sim":
-        return {"requests": {"cpu": "500m", "memory": "512Mi"}}
+        return {"cpu": "500m", "memory": "512Mi"}
     tp = spec.engine_args.tensor_parallel_size
-    if spec.devices == "cpu":
-        return {"requests": {"cpu": str(ENGINE_CPUS_PER_GPU * tp), "memory": f"{ENGINE_GIB_PER_GPU * tp}Gi"}}
-    gpus = {GPU_RESOURCE: str(tp)}
-    return {"requests": {**gpus, "cpu": str(ENGINE_CPUS_PER_GPU * tp), "memory": f"{ENGINE_GIB_PER_GPU * tp}Gi"},
-            "limits": gpus}
+    gpus = {} if spec.devices == "cpu" else {GPU_RESOURCE: str(tp)}
+    return {**gpus, "cpu": str(ENGINE_CPUS_PER_GPU * tp), "memory": f"{ENGINE_GIB_PER_GPU * tp}Gi"}
 
 
-def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[dict],
-                      notes: list[str] | None = None) -> dict:
+def engine_resources(spec: DeploymentSpec) -> JSONObject:
+    """One engine pod's requests, and its GPUs again as limits (Kubernetes needs both for extended resources)."""
+    requests = engine_requests(spec)
+    resources: JSONObject = {"requests": {**requests}}
+    if GPU_RESOURCE in requests:
+        resources["limits"] = {GPU_RESOURCE: requests[GPU_RESOURCE]}
+    return resources
+
+
+def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[JSONValue],
+                      notes: list[str] | None = None) -> JSONObject:
     command, args = engine_container_command(spec, model, notes)
     image = options.vlmserve_image if spec.engine == "sim" else options.vllm_image
     return {
-        "name": "engine", "image": image, "command": command, "args": args,
+        "name": "engine", "image": image, "command": [*command], "args": [*args],
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "env": _env(spec, options), "resources": engine_resources(spec), **_probes(spec.ready_timeout_s),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *mounts],
     }
 
 
-def engine_deployment(spec: DeploymentSpec, options: K8sOptions, notes: list[str] | None = None) -> dict[str, Any]:
+def engine_deployment(spec: DeploymentSpec, options: K8sOptions, notes: list[str] | None = None) -> JSONObject:
     """The replica group as one Deployment (replicas = spec.replicas)."""
     model, volumes, mounts = _model_location(spec, options)
     labels = _labels(spec, "engine")
-    pod_spec: dict[str, Any] = {
+    pod_spec: JSONObject = {
         "terminationGracePeriodSeconds": 60,
         "containers": [_engine_container(spec, options, model, mounts, notes)],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}, *volumes],
@@ -219,16 +226,16 @@ def engine_deployment(spec: DeploymentSpec, options: K8sOptions, notes: list[str
         pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(engine_name(spec), options, labels),
-        "spec": {"replicas": spec.replicas, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": pod_spec}},
+        "spec": {"replicas": spec.replicas, "selector": {"matchLabels": {**labels}},
+                 "template": {"metadata": {"labels": {**labels}}, "spec": pod_spec}},
     }
 
 
 def _service(name: str, spec: DeploymentSpec, options: K8sOptions, component: str, job: str,
-             port: int, headless: bool = False) -> dict[str, Any]:
+             port: int, headless: bool = False, port_name: str = "http") -> JSONObject:
     selector = _labels(spec, component)
-    service_spec: dict[str, Any] = {"selector": selector,
-                                    "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]}
+    service_spec: JSONObject = {"selector": {**selector}, "ports": [
+        {"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}]}
     if headless:
         service_spec["clusterIP"] = "None"
     return {
@@ -238,7 +245,7 @@ def _service(name: str, spec: DeploymentSpec, options: K8sOptions, component: st
     }
 
 
-def engine_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def engine_service(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     """Headless: its DNS name resolves to every ready engine pod (and its EndpointSlices list them),
     which is how the gateway finds them; Prometheus scrapes the same endpoints."""
     return _service(engine_name(spec), spec, options, "engine", ENGINE_JOB, CONTAINER_PORT, headless=True)
@@ -257,13 +264,13 @@ def redis_url(spec: DeploymentSpec, options: K8sOptions) -> str:
     return f"redis://:$({REDIS_PASSWORD_ENV})@{redis_name(spec)}.{options.namespace}.svc:{REDIS_PORT}/0"
 
 
-def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     """Two gateways on different nodes where possible, each discovering the engine pods and sharing
     admission through Redis (failing open if Redis is unreachable)."""
     labels = _labels(spec, "gateway")
     security = gateway_security(spec, options)
     port_name = gateway_port_name(spec)
-    container: dict[str, Any] = {
+    container: JSONObject = {
         "name": "gateway", "image": options.vlmserve_image, "command": ["vlmserve"],
         "args": ["gateway", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
                  "--discover", discover_source(spec, options), "--policy", spec.gateway_policy,
@@ -277,13 +284,13 @@ def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, A
     }
     if security.mounts:
         container["volumeMounts"] = security.mounts
-    pod_spec: dict[str, Any] = {
+    pod_spec: JSONObject = {
         "containers": [container],
         # fsGroup: the audit volume is writable, and the Secret files readable, by the image's user
         "securityContext": {"runAsNonRoot": True, "runAsUser": GATEWAY_UID, "runAsGroup": GATEWAY_UID,
                             "fsGroup": GATEWAY_UID},
         "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": labels},
+            "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": {**labels}},
                                                "topologyKey": "kubernetes.io/hostname"}}]}},
     }
     if security.volumes:
@@ -292,12 +299,12 @@ def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, A
         pod_spec["serviceAccountName"] = gateway_name(spec)
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(gateway_name(spec), options, labels),
-        "spec": {"replicas": GATEWAY_REPLICAS, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": pod_spec}},
+        "spec": {"replicas": GATEWAY_REPLICAS, "selector": {"matchLabels": {**labels}},
+                 "template": {"metadata": {"labels": {**labels}}, "spec": pod_spec}},
     }
 
 
-def gateway_rbac(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dict[str, Any]]:
+def gateway_rbac(spec: DeploymentSpec, options: K8sOptions) -> dict[str, JSONObject]:
     """`--discovery k8s`: the gateway's ServiceAccount may list and watch EndpointSlices in its namespace, nothing else."""
     labels = _labels(spec, "gateway")
     name = gateway_name(spec)
@@ -318,11 +325,11 @@ def gateway_rbac(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dict[st
     }
 
 
-def redis_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def redis_deployment(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     """The gateways' shared admission state: rate-limit buckets that may be lost on restart (no persistence)."""
     labels = _labels(spec, "redis")
-    ping = {"exec": {"command": ["redis-cli", "ping"]}}  # authenticated through REDISCLI_AUTH
-    container = {
+    ping: JSONObject = {"exec": {"command": ["redis-cli", "ping"]}}  # authenticated through REDISCLI_AUTH
+    container: JSONObject = {
         "name": "redis", "image": options.redis_image,
         # the password is expanded from the Secret by Kubernetes; it is visible only inside this container
         "command": ["redis-server"],
@@ -335,32 +342,30 @@ def redis_deployment(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any
     }
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(redis_name(spec), options, labels),
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {**labels}},
+                 "template": {"metadata": {"labels": {**labels}}, "spec": {"containers": [container]}}},
     }
 
 
-def redis_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def redis_service(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     labels = _labels(spec, "redis")
     return {
         "apiVersion": "v1", "kind": "Service", "metadata": _meta(redis_name(spec), options, labels),
-        "spec": {"selector": labels,
+        "spec": {"selector": {**labels},
                  "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis", "protocol": "TCP"}]},
     }
 
 
-def gateway_service(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
-    service = _service(gateway_name(spec), spec, options, "gateway", GATEWAY_JOB, spec.port)
-    port_name = gateway_port_name(spec)
-    service["spec"]["ports"][0].update(name=port_name, targetPort=port_name)
-    return service
+def gateway_service(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
+    return _service(gateway_name(spec), spec, options, "gateway", GATEWAY_JOB, spec.port,
+                    port_name=gateway_port_name(spec))
 
 
 def autoscale_rule(spec: DeploymentSpec, options: K8sOptions) -> AutoscaleRule:
     """The rule KEDA runs: the spec's `autoscale:` (the one `up --autoscale` runs), else the
     spec's replica count as the floor; `--max-replicas` and `--waiting-per-replica` override."""
     rule = spec.autoscale or AutoscaleRule(min_replicas=spec.replicas, max_replicas=max(spec.replicas * 4, spec.replicas + 1))
-    updates: dict[str, Any] = {}
+    updates: dict[str, float] = {}
     if options.max_replicas is not None:
         updates["max_replicas"] = options.max_replicas
     if options.waiting_per_replica is not None:
@@ -371,7 +376,18 @@ def autoscale_rule(spec: DeploymentSpec, options: K8sOptions) -> AutoscaleRule:
     return AutoscaleRule.model_validate({**rule.model_dump(), **updates}) if updates else rule
 
 
-def keda_scaled_object_spec(rule: AutoscaleRule, query: str, prometheus_url: str, target: str) -> dict[str, Any]:
+def hpa_behavior(rule: AutoscaleRule) -> JSONObject:
+    """The HorizontalPodAutoscaler behaviour carrying the rule's stabilization windows, step and cool-down."""
+    return {
+        "scaleUp": {"stabilizationWindowSeconds": rule.scale_up_stabilization_s, "selectPolicy": "Max",
+                    "policies": [{"type": "Pods", "value": rule.scale_up_step,
+                                  "periodSeconds": rule.polling_interval_s}]},
+        "scaleDown": {"stabilizationWindowSeconds": rule.scale_down_stabilization_s, "selectPolicy": "Max",
+                      "policies": [{"type": "Pods", "value": 1, "periodSeconds": rule.scale_down_cooldown_s}]},
+    }
+
+
+def keda_scaled_object_spec(rule: AutoscaleRule, query: str, prometheus_url: str, target: str) -> JSONObject:
     """A ScaledObject's spec carrying `rule` field for field (rule_from_keda reads it back)."""
     return {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
@@ -379,33 +395,42 @@ def keda_scaled_object_spec(rule: AutoscaleRule, query: str, prometheus_url: str
         "maxReplicaCount": rule.max_replicas,
         "pollingInterval": rule.polling_interval_s,
         "cooldownPeriod": rule.scale_down_cooldown_s,  # KEDA's own cool-down only gates scaling to zero
-        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
-            "scaleUp": {"stabilizationWindowSeconds": rule.scale_up_stabilization_s, "selectPolicy": "Max",
-                        "policies": [{"type": "Pods", "value": rule.scale_up_step,
-                                      "periodSeconds": rule.polling_interval_s}]},
-            "scaleDown": {"stabilizationWindowSeconds": rule.scale_down_stabilization_s, "selectPolicy": "Max",
-                          "policies": [{"type": "Pods", "value": 1, "periodSeconds": rule.scale_down_cooldown_s}]},
-        }}},
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(rule)}},
         "triggers": [{"type": "prometheus", "metricType": "AverageValue", "metadata": {
             "serverAddress": prometheus_url, "query": query, "threshold": f"{rule.waiting_per_replica:g}"}}],
     }
 
 
-def rule_from_keda(scaled_spec: dict[str, Any]) -> AutoscaleRule:
+def _at(document: JSONValue, *path: str | int) -> JSONValue:
+    """The value at `path` (keys of objects, indexes of lists) in a parsed manifest; a ValueError
+    naming the path where the manifest does not have that shape."""
+    found = document
+    for step in path:
+        if isinstance(step, str) and isinstance(found, dict) and step in found:
+            found = found[step]
+        elif isinstance(step, int) and isinstance(found, list) and 0 <= step < len(found):
+            found = found[step]
+        else:
+            raise ValueError(f"the manifest has no {'.'.join(map(str, path))}")
+    return found
+
+
+def rule_from_keda(scaled_spec: JSONObject) -> AutoscaleRule:
     """The AutoscaleRule a ScaledObject's spec carries (the inverse of keda_scaled_object_spec)."""
-    behavior = scaled_spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    return AutoscaleRule(
-        min_replicas=scaled_spec["minReplicaCount"], max_replicas=scaled_spec["maxReplicaCount"],
-        waiting_per_replica=float(scaled_spec["triggers"][0]["metadata"]["threshold"]),
-        polling_interval_s=scaled_spec["pollingInterval"],
-        scale_up_stabilization_s=behavior["scaleUp"]["stabilizationWindowSeconds"],
-        scale_down_stabilization_s=behavior["scaleDown"]["stabilizationWindowSeconds"],
-        scale_down_cooldown_s=behavior["scaleDown"]["policies"][0]["periodSeconds"],
-        scale_up_step=behavior["scaleUp"]["policies"][0]["value"],
-    )
+    behavior = _at(scaled_spec, "advanced", "horizontalPodAutoscalerConfig", "behavior")
+    threshold = _at(scaled_spec, "triggers", 0, "metadata", "threshold")
+    return AutoscaleRule.model_validate({
+        "min_replicas": scaled_spec.get("minReplicaCount"), "max_replicas": scaled_spec.get("maxReplicaCount"),
+        "waiting_per_replica": float(threshold) if isinstance(threshold, (str, int, float)) else threshold,
+        "polling_interval_s": scaled_spec.get("pollingInterval"),
+        "scale_up_stabilization_s": _at(behavior, "scaleUp", "stabilizationWindowSeconds"),
+        "scale_down_stabilization_s": _at(behavior, "scaleDown", "stabilizationWindowSeconds"),
+        "scale_down_cooldown_s": _at(behavior, "scaleDown", "policies", 0, "periodSeconds"),
+        "scale_up_step": _at(behavior, "scaleUp", "policies", 0, "value"),
+    })
 
 
-def scaled_object(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def scaled_object(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     """KEDA: add engine replicas when requests queue up inside the engines (vlmserve.autoscale's rule)."""
     rule = autoscale_rule(spec, options)
     query = f'sum({rule.metric}{{namespace="{options.namespace}",service="{engine_name(spec)}"}})'
@@ -416,13 +441,13 @@ def scaled_object(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
     }
 
 
-def _monitoring_meta(name: str, spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def _monitoring_meta(name: str, spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     labels = {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name,
               **dict(options.monitoring_labels)}
     return _meta(name, options, labels)
 
 
-def service_monitor(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def service_monitor(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     """Prometheus Operator scrapes the engine and gateway Services; job = their vlmserve.io/job label."""
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
@@ -437,22 +462,22 @@ def service_monitor(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]
     }
 
 
-def _scrape_endpoints(spec: DeploymentSpec) -> list[dict[str, Any]]:
+def _scrape_endpoints(spec: DeploymentSpec) -> list[JSONValue]:
     """One endpoint per port name: `http` (engines, a plain gateway) and, with TLS, the gateway's `https`.
 
     The TLS scrape encrypts but does not verify the gateway's certificate (its CA is the operator's);
     set tlsConfig.ca in the ServiceMonitor to verify it."""
     # the label the dashboards and alerts split deployments by, as prometheus.yml sets it
-    relabel = [{"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
+    relabel: list[JSONValue] = [{"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
                 "targetLabel": DEPLOYMENT_LABEL}]
-    endpoints: list[dict[str, Any]] = [{"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel}]
+    endpoints: list[JSONValue] = [{"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel}]
     if gateway_port_name(spec) == "https":
         endpoints.append({"port": "https", "scheme": "https", "path": "/metrics", "interval": "15s",
                           "tlsConfig": {"insecureSkipVerify": True}, "relabelings": relabel})
     return endpoints
 
 
-def prometheus_rule(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, Any]:
+def prometheus_rule(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> JSONObject:
     return {
         "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
         "metadata": _monitoring_meta(spec.name, spec, options),
@@ -465,7 +490,7 @@ class K8sExport:
     """The manifests (file name -> object, in the order `kubectl apply` should see them), the
     `kubectl create secret` commands to run first (none with --embed-secrets), and what to warn about."""
 
-    manifests: dict[str, dict] = field(default_factory=dict)
+    manifests: dict[str, JSONObject] = field(default_factory=dict)
     secret_commands: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     comments: dict[str, str] = field(default_factory=dict)  # file name -> YAML comment written above it
@@ -488,7 +513,7 @@ def export_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertS
     return found
 
 
-def render_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, dict]:
+def render_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, JSONObject]:
     """File name -> manifest, in the order `kubectl apply` should see them."""
     return export_manifests(spec, options, settings).manifests
 
@@ -502,7 +527,7 @@ def check_options(options: K8sOptions) -> None:
             check_dns_label(flag, value)
 
 
-def network_policies(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dict]:
+def network_policies(spec: DeploymentSpec, options: K8sOptions) -> dict[str, JSONObject]:
     """Engines and Redis take connections from the gateway pods only (engines also from the
     monitoring namespace, for /metrics). With `gateway: false` the engines are the door: no policy."""
     if not spec.gateway:
@@ -516,9 +541,9 @@ def network_policies(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dic
     }
 
 
-def _cluster_objects(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, dict]:
+def _cluster_objects(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> dict[str, JSONObject]:
     """Every object after the engine's Deployment and Service."""
-    manifests: dict[str, dict] = network_policies(spec, options)
+    manifests: dict[str, JSONObject] = network_policies(spec, options)
     if spec.gateway:
         if options.discovery == "k8s":
             manifests.update(gateway_rbac(spec, options))

@@ -20,14 +20,16 @@ import base64
 import re
 import secrets
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from vlmserve.errors import UserError
 from vlmserve.gateway.admission import load_keys_file
 from vlmserve.gateway.config import GATEWAY_FILE_FLAGS
 from vlmserve.http1.tls import server_ssl_context
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.spec import DeploymentSpec
 
 if TYPE_CHECKING:
@@ -68,9 +70,9 @@ class GatewaySecurity:
     """What the trust settings add to the gateway pod: flags, environment, volumes and mounts."""
 
     args: list[str] = field(default_factory=list)
-    env: list[dict[str, Any]] = field(default_factory=list)
-    volumes: list[dict[str, Any]] = field(default_factory=list)
-    mounts: list[dict[str, Any]] = field(default_factory=list)
+    env: list[JSONValue] = field(default_factory=list)
+    volumes: list[JSONValue] = field(default_factory=list)
+    mounts: list[JSONValue] = field(default_factory=list)
     tls: bool = False
 
 
@@ -126,7 +128,7 @@ def gateway_security(spec: DeploymentSpec, options: K8sOptions) -> GatewaySecuri
         found.args += [flags["ssl_certfile"], f"{TLS_MOUNT}/{TLS_CERT_KEY}",
                        flags["ssl_keyfile"], f"{TLS_MOUNT}/{TLS_KEY_KEY}"]
     if spec.audit_log:
-        source: dict[str, Any] = ({"persistentVolumeClaim": {"claimName": options.audit_pvc}}
+        source: JSONObject = ({"persistentVolumeClaim": {"claimName": options.audit_pvc}}
                                   if options.audit_pvc else {"emptyDir": {}})
         found.volumes.append({"name": "audit", **source})
         found.mounts.append({"name": "audit", "mountPath": AUDIT_MOUNT})
@@ -142,7 +144,7 @@ def audit_file_name(spec: DeploymentSpec) -> str:
     return f"{stem}-$({POD_NAME_ENV}).jsonl"
 
 
-def redis_password_env(spec: DeploymentSpec, name: str = REDIS_PASSWORD_ENV) -> dict[str, Any]:
+def redis_password_env(spec: DeploymentSpec, name: str = REDIS_PASSWORD_ENV) -> JSONObject:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": redis_secret_name(spec), "key": REDIS_PASSWORD_KEY}}}
 
 
@@ -161,15 +163,15 @@ def trust_warnings(spec: DeploymentSpec, options: K8sOptions) -> list[str]:
     return warnings
 
 
-def _secret(spec: DeploymentSpec, options: K8sOptions, name: str, body: dict[str, Any]) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name}
+def _secret(spec: DeploymentSpec, options: K8sOptions, name: str, body: JSONObject) -> JSONObject:
+    labels: JSONObject = {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name}
     return {"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": name, "namespace": options.namespace, "labels": labels}, **body}
 
 
-def embedded_secrets(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dict[str, Any]]:
+def embedded_secrets(spec: DeploymentSpec, options: K8sOptions) -> dict[str, JSONObject]:
     """`--embed-secrets`: Secret manifests holding the files' content and a fresh Redis password."""
-    manifests: dict[str, dict[str, Any]] = {}
+    manifests: dict[str, JSONObject] = {}
     if spec.gateway:
         password = secrets.token_hex(REDIS_PASSWORD_BYTES)
         manifests["redis-secret.yaml"] = _secret(spec, options, redis_secret_name(spec), {
@@ -179,7 +181,7 @@ def embedded_secrets(spec: DeploymentSpec, options: K8sOptions) -> dict[str, dic
         manifests["gateway-keys-secret.yaml"] = _secret(spec, options, keys_secret_name(spec), {
             "type": "Opaque", "stringData": {KEYS_SECRET_KEY: text}})
     if spec.ssl_certfile and spec.ssl_keyfile:
-        data = {key: base64.b64encode(Path(path).expanduser().read_bytes()).decode("ascii")
+        data: JSONObject = {key: base64.b64encode(Path(path).expanduser().read_bytes()).decode("ascii")
                 for key, path in ((TLS_CERT_KEY, spec.ssl_certfile), (TLS_KEY_KEY, spec.ssl_keyfile))}
         manifests["gateway-tls-secret.yaml"] = _secret(spec, options, tls_secret_name(spec), {
             "type": "kubernetes.io/tls", "data": data})
@@ -206,30 +208,30 @@ def secret_commands(spec: DeploymentSpec, options: K8sOptions) -> list[str]:
     return commands
 
 
-def _policy(spec: DeploymentSpec, options: K8sOptions, name: str, pods: dict[str, str],
-            ingress: list[dict[str, Any]]) -> dict[str, Any]:
+def _policy(spec: DeploymentSpec, options: K8sOptions, name: str, pods: Mapping[str, str],
+            ingress: list[JSONValue]) -> JSONObject:
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-        "metadata": {"name": name, "namespace": options.namespace, "labels": pods},
-        "spec": {"podSelector": {"matchLabels": pods}, "policyTypes": ["Ingress"], "ingress": ingress},
+        "metadata": {"name": name, "namespace": options.namespace, "labels": {**pods}},
+        "spec": {"podSelector": {"matchLabels": {**pods}}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
-def engine_network_policy(spec: DeploymentSpec, options: K8sOptions, engine_pods: dict[str, str],
-                          gateway_pods: dict[str, str], engine_port: int) -> dict[str, Any]:
+def engine_network_policy(spec: DeploymentSpec, options: K8sOptions, engine_pods: Mapping[str, str],
+                          gateway_pods: Mapping[str, str], engine_port: int) -> JSONObject:
     """Only the gateway pods reach the engines, so no client goes around its keys, limits and audit;
     the one exception is Prometheus's namespace, for /metrics (a NetworkPolicy cannot pick a path:
     that namespace may reach the engine's port, which is why it is a flag, and may be turned off)."""
-    port = [{"protocol": "TCP", "port": engine_port}]
-    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": gateway_pods}}], "ports": port}]
+    port: list[JSONValue] = [{"protocol": "TCP", "port": engine_port}]
+    ingress: list[JSONValue] = [{"from": [{"podSelector": {"matchLabels": {**gateway_pods}}}], "ports": port}]
     if options.monitoring_namespace:
         ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
             NAMESPACE_NAME_LABEL: options.monitoring_namespace}}}], "ports": port})
     return _policy(spec, options, f"{spec.name}-engine", engine_pods, ingress)
 
 
-def redis_network_policy(spec: DeploymentSpec, options: K8sOptions, redis_pods: dict[str, str],
-                         gateway_pods: dict[str, str], redis_port: int) -> dict[str, Any]:
+def redis_network_policy(spec: DeploymentSpec, options: K8sOptions, redis_pods: Mapping[str, str],
+                         gateway_pods: Mapping[str, str], redis_port: int) -> JSONObject:
     """Only the gateway pods reach Redis (its password is the second lock)."""
     return _policy(spec, options, f"{spec.name}-redis", redis_pods, [{
-        "from": [{"podSelector": {"matchLabels": gateway_pods}}], "ports": [{"protocol": "TCP", "port": redis_port}]}])
+        "from": [{"podSelector": {"matchLabels": {**gateway_pods}}}], "ports": [{"protocol": "TCP", "port": redis_port}]}])

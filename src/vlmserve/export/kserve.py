@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
 from vlmserve.engines.launcher import served_model_name
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import (K8sOptions, _is_local_path, _labels, _meta, autoscale_rule, check_options,
-                                 engine_resources, keda_scaled_object_spec, startup_budget)
+                                 engine_resources, hpa_behavior, startup_budget)
 from vlmserve.export.llmd import endpoint_picker_config, policy_note
 from vlmserve.export.platform_engine import comment_block, platform_engine, without_flags
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.spec import DeploymentSpec
 
 LLMISVC_API = "serving.kserve.io/v1alpha2"
@@ -37,7 +36,7 @@ TEMPLATE_FLAGS = ("--served-model-name", "--tensor-parallel-size")  # KServe's t
 class ResourceExport:
     """The resource, its comment header, and what to print."""
 
-    resource: dict[str, Any]
+    resource: JSONObject
     header: str
     notes: list[str] = field(default_factory=list)
 
@@ -52,15 +51,14 @@ def model_uri(spec: DeploymentSpec, options: K8sOptions) -> str:
     return f"pvc://{options.model_pvc}/{Path(spec.model).expanduser().name}"
 
 
-def scaling(spec: DeploymentSpec, options: K8sOptions, notes: list[str]) -> dict[str, Any]:
+def scaling(spec: DeploymentSpec, options: K8sOptions, notes: list[str]) -> JSONObject:
     """The rule's bounds and HPA behaviour, for WVA's HPA actuator."""
     rule = autoscale_rule(spec, options)
-    behavior = keda_scaled_object_spec(rule, "", "", "")["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     notes.append(f"warning: kserve: the autoscaling trigger ({rule.waiting_per_replica:g} waiting requests per "
                  f"replica, read every {rule.polling_interval_s}s) is not carried: {KSERVE}'s autoscaler "
                  "(WVA) scales on its own saturation model; the bounds and scaling behaviour are carried")
     return {"minReplicas": rule.min_replicas, "maxReplicas": rule.max_replicas,
-            "wva": {"hpa": {"behavior": behavior}}}
+            "wva": {"hpa": {"behavior": hpa_behavior(rule)}}}
 
 
 def export_kserve(spec: DeploymentSpec, options: K8sOptions, *, drop_gateway_settings: bool) -> ResourceExport:
@@ -69,17 +67,17 @@ def export_kserve(spec: DeploymentSpec, options: K8sOptions, *, drop_gateway_set
     engine = platform_engine(spec, KSERVE_MODEL_DIR, "kserve", drop_gateway_settings=drop_gateway_settings)
     uri = model_uri(spec, options)
     engine.notes += policy_note(spec.gateway_policy, "kserve")
-    container: dict[str, Any] = {"name": MAIN_CONTAINER, "image": options.vllm_image,
-                                 "args": without_flags(engine.args, TEMPLATE_FLAGS),
-                                 "resources": engine_resources(engine.spec),
-                                 # KServe merges this into its template's probe (by container name): only the budget
-                                 "startupProbe": startup_budget(spec.ready_timeout_s)}
-    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
+    container: JSONObject = {"name": MAIN_CONTAINER, "image": options.vllm_image,
+                             "args": [*without_flags(engine.args, TEMPLATE_FLAGS)],
+                             "resources": engine_resources(engine.spec),
+                             # KServe merges this into its template's probe (by container name): only the budget
+                             "startupProbe": {**startup_budget(spec.ready_timeout_s)}}
+    env: list[JSONValue] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     if options.hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": options.hf_token_secret, "key": "token"}}})
     if env:
         container["env"] = env
-    body: dict[str, Any] = {
+    body: JSONObject = {
         "model": {"uri": uri, "name": served_model_name(engine.spec)},
         "scaling": scaling(spec, options, engine.notes),  # KServe takes replicas or scaling, not both
         "router": {"route": {}, "gateway": {},
@@ -89,7 +87,7 @@ def export_kserve(spec: DeploymentSpec, options: K8sOptions, *, drop_gateway_set
     tp = spec.engine_args.tensor_parallel_size
     if tp > 1:
         body["parallelism"] = {"tensor": tp}
-    resource = {"apiVersion": LLMISVC_API, "kind": "LLMInferenceService",
+    resource: JSONObject = {"apiVersion": LLMISVC_API, "kind": "LLMInferenceService",
                 "metadata": _meta(spec.name, options, _labels(spec, "engine")), "spec": body}
     header = comment_block(f"vlmserve export kserve: {spec.name}, an LLMInferenceService for {KSERVE}; "
                            "apply with: kubectl apply -f <this file>", engine.left_behind)

@@ -22,15 +22,15 @@ extension's own EPP reads and that llm-d's EPP still accepts (as a deprecated al
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from vlmserve import routing
 from vlmserve.errors import UserError
-from vlmserve.export.k8s import (CONTAINER_PORT, K8sExport, K8sOptions, _labels, _meta, check_options,
+from vlmserve.export.k8s import (CONTAINER_PORT, K8sExport, K8sOptions, _at, _labels, _meta, check_options,
                                  engine_deployment, engine_name, engine_service, scaled_object, service_monitor)
 from vlmserve.export.k8s_security import check_dns_label
 from vlmserve.export.platform_engine import (LIMIT_MM_FLAG, cap_images, check_platform_spec, comment_block,
                                              gateway_off, left_behind)
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.observe.pack import to_yaml
 from vlmserve.spec import DeploymentSpec
 
@@ -105,13 +105,13 @@ def policy_note(policy: str, platform: str) -> list[str]:
             f"{', '.join(name for name, _ in chosen.scorers) or chosen.picker}: {chosen.differs}"]
 
 
-def endpoint_picker_config(policy: str) -> dict[str, Any]:
+def endpoint_picker_config(policy: str) -> JSONObject:
     """The EPP's plugin configuration for a vlmserve routing policy (one scheduling profile)."""
     chosen = policy_scorers(policy)
-    plugins = [{"type": "single-profile-handler"}, *({"type": name} for name, _ in chosen.scorers),
-               {"type": chosen.picker}]
-    profile = [*({"pluginRef": name, "weight": weight} for name, weight in chosen.scorers),
-               {"pluginRef": chosen.picker}]
+    scorers: list[JSONValue] = [{"type": name} for name, _ in chosen.scorers]
+    weights: list[JSONValue] = [{"pluginRef": name, "weight": weight} for name, weight in chosen.scorers]
+    plugins: list[JSONValue] = [{"type": "single-profile-handler"}, *scorers, {"type": chosen.picker}]
+    profile: list[JSONValue] = [*weights, {"pluginRef": chosen.picker}]
     return {"apiVersion": EPP_CONFIG_API, "kind": EPP_CONFIG_KIND, "plugins": plugins,
             "schedulingProfiles": [{"name": "default", "plugins": profile}]}
 
@@ -124,13 +124,13 @@ def epp_name(spec: DeploymentSpec) -> str:
     return f"{spec.name}-epp"
 
 
-def inference_pool(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
+def inference_pool(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     """The engine pods (by the engine Deployment's pod labels) and the EPP that picks among them."""
     return {
         "apiVersion": INFERENCE_POOL_API, "kind": "InferencePool",
         "metadata": _meta(pool_name(spec), options, _labels(spec, "engine")),
         "spec": {
-            "selector": {"matchLabels": _labels(spec, "engine")},
+            "selector": {"matchLabels": {**_labels(spec, "engine")}},
             "targetPorts": [{"number": CONTAINER_PORT}],
             "endpointPickerRef": {"name": epp_name(spec), "kind": "Service", "port": {"number": EPP_GRPC_PORT},
                                   "failureMode": EPP_FAILURE_MODE},
@@ -138,11 +138,11 @@ def inference_pool(spec: DeploymentSpec, options: K8sOptions) -> dict[str, Any]:
     }
 
 
-def epp_objects(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> dict[str, dict[str, Any]]:
+def epp_objects(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> dict[str, JSONObject]:
     """The endpoint picker: may read pods and InferencePools in the namespace, nothing else."""
     labels = _labels(spec, "endpoint-picker")
     name = epp_name(spec)
-    container = {
+    container: JSONObject = {
         "name": "epp", "image": llmd.epp_image,
         "args": ["--pool-name", pool_name(spec), "--pool-namespace", options.namespace,
                  "--pool-group", INFERENCE_GROUP, "--config-file", f"{EPP_CONFIG_MOUNT}/{EPP_CONFIG_FILE}",
@@ -159,7 +159,7 @@ def epp_objects(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) ->
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "epp-config", "mountPath": EPP_CONFIG_MOUNT, "readOnly": True}],
     }
-    read = ["get", "list", "watch"]
+    read: list[JSONValue] = ["get", "list", "watch"]
     return {
         "epp-serviceaccount.yaml": {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, options, labels)},
         "epp-role.yaml": {
@@ -181,22 +181,22 @@ def epp_objects(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) ->
         "epp-deployment.yaml": {
             "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, options, labels),
             # one active EPP: its prefix-cache view is in memory; Recreate never runs two at once
-            "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels}, "spec": {
+            "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": {**labels}},
+                     "template": {"metadata": {"labels": {**labels}}, "spec": {
                          "serviceAccountName": name, "terminationGracePeriodSeconds": 130,
                          "containers": [container],
                          "volumes": [{"name": "epp-config", "configMap": {"name": name}}]}}},
         },
         "epp-service.yaml": {
             "apiVersion": "v1", "kind": "Service", "metadata": _meta(name, options, labels),
-            "spec": {"selector": labels, "type": "ClusterIP", "ports": [
+            "spec": {"selector": {**labels}, "type": "ClusterIP", "ports": [
                 {"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
                 {"name": "http-metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]},
         },
     }
 
 
-def http_route(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> dict[str, Any]:
+def http_route(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> JSONObject:
     """Every path on the operator's Gateway to the pool (the EPP picks the pod)."""
     return {
         "apiVersion": HTTP_ROUTE_API, "kind": "HTTPRoute",
@@ -210,12 +210,13 @@ def http_route(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> 
     }
 
 
-def _engine(spec: DeploymentSpec, options: K8sOptions, notes: list[str]) -> dict[str, Any]:
+def _engine(spec: DeploymentSpec, options: K8sOptions, notes: list[str]) -> JSONObject:
     """The engine Deployment with its gateway off and the image-count limit in vLLM's own flag."""
     deployment = engine_deployment(gateway_off(spec), options, notes)
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    if spec.engine == "vllm":
-        container["args"] = cap_images(container["args"], spec.max_images_per_request)
+    container = _at(deployment, "spec", "template", "spec", "containers", 0)
+    args = _at(container, "args")
+    if spec.engine == "vllm" and isinstance(container, dict) and isinstance(args, list):  # as engine_deployment builds it
+        container["args"] = [*cap_images([str(item) for item in args], spec.max_images_per_request)]
     elif spec.max_images_per_request is not None:
         notes.append(f"warning: llm-d: max_images_per_request is not enforced by the sim engine ({LIMIT_MM_FLAG})")
     return deployment

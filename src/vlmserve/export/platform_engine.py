@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONValue
 from vlmserve.spec import DeploymentSpec
 
 LIMIT_MM_FLAG = "--limit-mm-per-prompt"
@@ -74,7 +74,8 @@ def cap_images(args: list[str], max_images: int | None) -> list[str]:
     if max_images is None:
         return args
     current = flag_value(args, LIMIT_MM_FLAG)
-    limits: dict[str, Any] = json.loads(current) if current else {}
+    parsed: JSONValue = json.loads(current) if current else {}
+    limits = parsed if isinstance(parsed, dict) else {}
     image = limits.get("image")
     if isinstance(image, int) and image <= max_images:
         return args

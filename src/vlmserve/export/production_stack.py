@@ -17,14 +17,12 @@ What the chart cannot take is said, on stderr and at the top of the values file:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
 from vlmserve import routing
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import (K8sOptions, _is_local_path, _model_location, autoscale_rule,
-                                 check_options, engine_resources, keda_scaled_object_spec,
-                                 startup_budget)
+                                 check_options, engine_requests, hpa_behavior, startup_budget)
 from vlmserve.export.platform_engine import comment_block, flag_value, platform_engine, without_flags
+from vlmserve.json_types import JSONObject
 from vlmserve.spec import DeploymentSpec
 
 CHART = "vllm-stack 0.1.12 (github.com/vllm-project/production-stack)"
@@ -42,7 +40,7 @@ ROUTING_LOGIC: dict[str, tuple[str, str]] = {
 }
 """vlmserve's gateway policies as the chart's `routerSpec.routingLogic` (and how each differs)."""
 
-_VLLM_CONFIG: dict[str, tuple[str, type]] = {
+_VLLM_CONFIG: dict[str, tuple[str, type[int] | type[float] | type[str]]] = {
     "--tensor-parallel-size": ("tensorParallelSize", int),
     "--max-model-len": ("maxModelLen", int),
     "--max-num-seqs": ("maxNumSeqs", int),
@@ -57,7 +55,7 @@ _PREFIX_CACHING = ("--enable-prefix-caching", "--no-enable-prefix-caching")
 class ValuesExport:
     """The values (one YAML document), its comment header, and what to print."""
 
-    values: dict[str, Any]
+    values: JSONObject
     header: str
     notes: list[str] = field(default_factory=list)
 
@@ -70,9 +68,9 @@ def image_parts(image: str) -> tuple[str, str]:
     return name, tag
 
 
-def vllm_config(args: list[str]) -> dict[str, Any]:
+def vllm_config(args: list[str]) -> JSONObject:
     """The chart's vllmConfig from the engine's flags: its own keys where it has one, the rest as extraArgs."""
-    config: dict[str, Any] = {}
+    config: JSONObject = {}
     for flag, (key, kind) in _VLLM_CONFIG.items():
         value = flag_value(args, flag)
         if value is not None:
@@ -81,29 +79,28 @@ def vllm_config(args: list[str]) -> dict[str, Any]:
         else VLLM_DEFAULT_PREFIX_CACHING
     extra = [item for item in without_flags(args, tuple(_VLLM_CONFIG)) if item not in _PREFIX_CACHING]
     if extra:
-        config["extraArgs"] = extra
+        config["extraArgs"] = [*extra]
     return config
 
 
-def keda_values(spec: DeploymentSpec, options: K8sOptions, notes: list[str]) -> dict[str, Any]:
+def keda_values(spec: DeploymentSpec, options: K8sOptions, notes: list[str]) -> JSONObject:
     """The autoscaling rule in the chart's per-model KEDA keys (bounds, polling, HPA behaviour)."""
     rule = autoscale_rule(spec, options)
-    scaled = keda_scaled_object_spec(rule, "", options.prometheus_url, "")
     if rule.waiting_per_replica != CHART_TRIGGER_THRESHOLD:
         notes.append(f"warning: production-stack: the autoscaling threshold {rule.waiting_per_replica:g} waiting "
                      f"requests per replica is not carried: {CHART} scales at {CHART_TRIGGER_THRESHOLD:g} (its "
                      "values schema and template disagree on keda.triggers)")
     return {"enabled": True, "minReplicaCount": rule.min_replicas, "maxReplicaCount": rule.max_replicas,
             "pollingInterval": rule.polling_interval_s, "cooldownPeriod": rule.scale_down_cooldown_s,
-            "advanced": {"horizontalPodAutoscalerConfig": scaled["advanced"]["horizontalPodAutoscalerConfig"]}}
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(rule)}}}
 
 
-def model_spec(spec: DeploymentSpec, options: K8sOptions, args: list[str], notes: list[str]) -> dict[str, Any]:
+def model_spec(spec: DeploymentSpec, options: K8sOptions, args: list[str], notes: list[str]) -> JSONObject:
     """The one servingEngineSpec.modelSpec entry for the spec's engine."""
     model, volumes, mounts = _model_location(spec, options)
     repository, tag = image_parts(options.vllm_image)
-    requests = engine_resources(spec)["requests"]
-    entry: dict[str, Any] = {
+    requests = engine_requests(spec)
+    entry: JSONObject = {
         "name": spec.name, "repository": repository, "tag": tag, "modelURL": model,
         "replicaCount": spec.replicas,
         "requestCPU": int(requests["cpu"]), "requestMemory": requests["memory"],
@@ -133,9 +130,9 @@ def export_production_stack(spec: DeploymentSpec, options: K8sOptions, *, drop_g
     logic, differs = ROUTING_LOGIC[policy]
     if differs:
         engine.notes.append(f"warning: production-stack: gateway_policy {policy} becomes routingLogic {logic}: {differs}")
-    values = {
+    values: JSONObject = {
         # the model-load budget (the chart's probe is one for all models; Helm keeps its other keys)
-        "servingEngineSpec": {"startupProbe": startup_budget(spec.ready_timeout_s),
+        "servingEngineSpec": {"startupProbe": {**startup_budget(spec.ready_timeout_s)},
                               "modelSpec": [model_spec(engine.spec, options, engine.args, engine.notes)]},
         "routerSpec": {"routingLogic": logic},
     }
