@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
@@ -25,11 +25,16 @@ from vlmserve.cli.model_options import model_option
 from vlmserve.errors import UserError
 from vlmserve.results.blocks import SimulationBlock
 from vlmserve.hardware.gpus import GIB
-from vlmserve.hardware.setup import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_GPU_MEMORY_UTILIZATION, FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
+from vlmserve.hardware.setup import (COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_GPU_MEMORY_UTILIZATION, FRONTEND_PER_IMAGE_MS,
+                                     FRONTEND_PER_MEGAPIXEL_MS, PlanSetup)
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.results.summary import RunSummary
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
+
+if TYPE_CHECKING:  # imported where used, so the CLI starts without them
+    from vlmserve.plan.search import Candidate, SearchOutcome
+    from vlmserve.plan.simulate import SimulationOutput
 
 SIMULATED_NOTE = "[yellow]planner output (simulated, not measured)[/]"
 
@@ -77,9 +82,8 @@ def _load_spec(**fields: Any) -> LoadSpec:
         raise UserError(describe_validation_error(err, "plan")) from None
 
 
-def _setup(model: str, gpu: str, calibration_path: Optional[str], **options: Any) -> Any:
+def _setup(model: str, gpu: str, calibration_path: Optional[str], **options: Any) -> PlanSetup:
     from vlmserve.hardware.calibration import load_calibration
-    from vlmserve.hardware.setup import PlanSetup
 
     return PlanSetup.from_names(model, gpu, calibration=load_calibration(calibration_path), **options)
 
@@ -157,7 +161,7 @@ def plan(
     _report_plan(output, setup, load, price=price, compare=compare, explain=explain, json_out=json_out, save=save)
 
 
-def _report_plan(output: Any, setup: Any, load: LoadSpec, *, price: float | None, compare: Path | None,
+def _report_plan(output: SimulationOutput, setup: PlanSetup, load: LoadSpec, *, price: float | None, compare: Path | None,
                  explain: bool, json_out: Path | None, save: bool) -> None:
     """The simulated run printed (with findings, the explanation and a comparison where asked), written, stored."""
     from vlmserve.plan.explain import frontend_findings
@@ -181,7 +185,7 @@ def _report_plan(output: Any, setup: Any, load: LoadSpec, *, price: float | None
         console.print(f"stored as run {save_run(result)} (simulated)")
 
 
-def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float, price: float | None) -> None:
+def _print_run(console: Console, summary: RunSummary, setup: PlanSetup, wall_s: float, price: float | None) -> None:
     from vlmserve.bench.console import print_summary
 
     console.print(SIMULATED_NOTE)
@@ -227,14 +231,15 @@ def _read_measured(path: Path) -> RunSummary:
 
 
 def _print_explain(
-    console: Console, setup: Any, load: LoadSpec, summary: RunSummary, measured: RunSummary | None
+    console: Console, setup: PlanSetup, load: LoadSpec, summary: RunSummary, measured: RunSummary | None
 ) -> None:
     from vlmserve.plan.explain import measured_efficiency, napkin
 
     prompt = summary.tokens.actual_prompt_mean or load.input_len
     output = summary.tokens.actual_output_mean or load.output_len
     context = int(prompt + output / 2)  # the mean context a decode step reads
-    batch = min(load.concurrency or setup.max_num_seqs, setup.max_num_seqs)
+    max_seqs = setup.max_num_seqs or 1  # never None once the setup exists (vLLM's default filled in), as setup.py reads it
+    batch = min(load.concurrency or max_seqs, max_seqs)
     facts = napkin(setup, context, batch)
     table = Table(title="roofline napkin math (one replica)", show_edge=False)
     table.add_column("quantity")
@@ -357,7 +362,7 @@ def search(
         raise typer.Exit(1)
 
 
-def _print_candidates(console: Console, outcome: Any, top: int) -> None:
+def _print_candidates(console: Console, outcome: SearchOutcome, top: int) -> None:
     """The best configuration and the runners-up as a table (or why none meets the SLO)."""
     from vlmserve.plan.search import runners_up
 
@@ -386,7 +391,7 @@ def _ms(summary: RunSummary | None, key: str) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
-def _candidate_json(candidate: Any) -> dict[str, Any]:
+def _candidate_json(candidate: Candidate) -> dict[str, object]:
     figures = candidate.summary.to_dict() if candidate.summary is not None else {}
     return {
         "gpu": candidate.gpu, "tp": candidate.tp, "replicas": candidate.replicas,

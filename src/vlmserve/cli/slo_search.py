@@ -11,7 +11,9 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+import contextlib
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import typer
 from rich.console import Console
@@ -24,6 +26,16 @@ from vlmserve.cli.bench_options import BENCH, SEARCH_REPEAT
 from vlmserve.cli.model_options import GROUP, with_groups
 from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
+
+if TYPE_CHECKING:  # imported where used, so the CLI starts without them
+    from collections.abc import Callable
+
+    from vlmserve.bench.slo_search import RunPoint, SearchOutcome
+    from vlmserve.bench.target import Target
+    from vlmserve.results.run import RunResult
+    from vlmserve.spec import SLO, LoadSpec
+    from vlmserve.sweep.runner import ReadyDeployment
 
 
 _LOAD = BENCH.only("api", "dataset", "dataset_path", "input_len", "output_len", "arrival", "num_requests", "duration",
@@ -87,13 +99,13 @@ def slo_search_command(
         typer.echo(f"search written to {json_out}")
 
 
-def _stored_runs(target: Any, slo: Any, label: str, deployment: dict[str, Any] | None, console: Console,
-                 progress: bool) -> Any:
+def _stored_runs(target: Target, slo: SLO, label: str, deployment: JSONObject | None, console: Console,
+                 progress: bool) -> RunPoint:
     """The probe runner: every repeat of one level, combined and saved in the history."""
     from vlmserve.results import store
     from vlmserve.bench.repeats import run_repeated
 
-    async def run_point(load: Any, settled: Any) -> Any:
+    async def run_point(load: LoadSpec, settled: Callable[[list[RunResult]], bool]) -> RunResult:
         result = await run_repeated(load, target, slo=slo, settled=settled, console=console, progress=progress,
                                     label=f"{label} {load.name}", deployment=deployment)
         store.save_run(result)
@@ -107,9 +119,9 @@ class _endpoint:
 
     def __init__(self, base_url: str | None, model: str | None, deployment_file: Path | None, console: Console) -> None:
         self.base_url, self.model, self.deployment_file, self.console = base_url, model, deployment_file, console
-        self._context: Any = None
+        self._context: contextlib.AbstractContextManager[ReadyDeployment] | None = None
 
-    def __enter__(self) -> tuple[str, str, dict[str, Any] | None]:
+    def __enter__(self) -> tuple[str, str, JSONObject | None]:
         if self.deployment_file is None:
             assert self.base_url is not None and self.model is not None
             return self.base_url.rstrip("/"), self.model, None
@@ -121,31 +133,33 @@ class _endpoint:
         spec = with_free_ports(load_deployment_spec(self.deployment_file))
         entry = DeploymentEntry(name=spec.name, spec=spec, model=self.model)
         self.console.print(f"starting deployment {spec.name} from {self.deployment_file}")
-        self._context = deployment_endpoint(entry)
-        ready = self._context.__enter__()
+        context = self._context = deployment_endpoint(entry)
+        ready = context.__enter__()
         try:
             verify_serving(ready.base_url, entry.served_model(), spec.engine_args.max_model_len)
         except BaseException:
-            self._context.__exit__(*sys.exc_info())
+            context.__exit__(*sys.exc_info())
             raise
         return ready.base_url, entry.served_model(), spec.model_dump(mode="json")
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if self._context is not None:
-            self._context.__exit__(*exc)
+            self._context.__exit__(kind, error, traceback)
 
 
-def print_outcome(outcome: Any, console: Console) -> None:
+def print_outcome(outcome: SearchOutcome, console: Console) -> None:
     """The probes as a table (in level order), then the answer in one line."""
     unit = "req/s" if outcome.space.knob == "rate" else "users"
     table = Table(title=f"SLO search over {outcome.space.knob} ({unit})", show_edge=False)
     for column in (outcome.space.knob, "verdict", "repeats met", *outcome.slo.bounds_s, "achieved req/s", "stopped", "run id"):
         table.add_column(column)
     for probe in sorted(outcome.probes, key=lambda probe: probe.level):
-        row = probe.row()
-        measured = [_ms(row["slo_measured_ms"].get(key)) for key in outcome.slo.bounds_s]
+        summary = probe.result.summary  # the figures ProbePoint.row() writes to --json-out
+        checks = summary.goodput.checks if summary.goodput is not None else {}
+        measured = [_ms(checks[key].measured_ms if key in checks else None) for key in outcome.slo.bounds_s]
         table.add_row(f"{probe.level:g}", "held" if probe.held else "missed", f"{probe.met}/{probe.ran}", *measured,
-                      _num(row["requests_per_s"]), row["stopped"] or "", probe.run_id or "")
+                      _num(summary.throughput.requests_per_s), summary.meta.stopped or "", probe.run_id or "")
     console.print(table)
     console.print(outcome.sentence())
 
