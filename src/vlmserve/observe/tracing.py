@@ -34,10 +34,16 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from vlmserve.errors import UserError
+
+if TYPE_CHECKING:  # the SDK is optional (imported only when tracing is on)
+    from opentelemetry.trace import Span
+
+SpanAttributes = dict[str, str | bool | int | float]
+"""The attribute values the gateway sets on its spans (a subset of OpenTelemetry's AttributeValue)."""
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -182,19 +188,20 @@ class RequestTrace:
 
     __slots__ = ("tracing", "server", "admission", "queue", "attempt", "relay", "relay_started_mono")
 
-    def __init__(self, tracing: GatewayTracing, server: Any) -> None:
+    def __init__(self, tracing: GatewayTracing, server: Span) -> None:
         self.tracing = tracing
         self.server = server
-        self.admission: Any = tracing.tracer.start_span(ADMISSION_SPAN, context=tracing.in_context(server))
-        self.queue: Any = None
-        self.attempt: Any = None
-        self.relay: Any = None
+        self.admission: Span | None = tracing.tracer.start_span(ADMISSION_SPAN, context=tracing.in_context(server))
+        self.queue: Span | None = None
+        self.attempt: Span | None = None
+        self.relay: Span | None = None
         self.relay_started_mono = 0.0
 
     def queued(self, priority: str) -> None:
         """No slot was free: the request waits in its priority's admission queue."""
-        tracing = self.tracing
-        self.queue = tracing.tracer.start_span(QUEUE_SPAN, context=tracing.in_context(self.admission),
+        tracing, admission = self.tracing, self.admission
+        assert admission is not None, "queued after admission ended"
+        self.queue = tracing.tracer.start_span(QUEUE_SPAN, context=tracing.in_context(admission),
                                                attributes={"vlmserve.priority": priority})
 
     def admitted(self, tenant: str, priority: str) -> None:
@@ -202,6 +209,7 @@ class RequestTrace:
         if self.queue is not None:
             self.queue.end()
         admission = self.admission
+        assert admission is not None, "admitted twice"
         admission.set_attributes({"vlmserve.tenant": tenant, "vlmserve.priority": priority,
                                   "vlmserve.admission.queued": self.queue is not None,
                                   "vlmserve.admission.outcome": "admitted"})
@@ -221,9 +229,10 @@ class RequestTrace:
 
     def answered(self, status: int) -> None:
         """The replica's answer head arrived: its status, and the relay of its body starts."""
-        tracing = self.tracing
-        self.attempt.set_attribute("http.response.status_code", status)
-        self.relay = tracing.tracer.start_span(RELAY_SPAN, context=tracing.in_context(self.attempt))
+        tracing, attempt = self.tracing, self.attempt
+        assert attempt is not None, "an answer without an attempt"
+        attempt.set_attribute("http.response.status_code", status)
+        self.relay = tracing.tracer.start_span(RELAY_SPAN, context=tracing.in_context(attempt))
         self.relay_started_mono = time.monotonic()
 
     def attempt_ended(self, outcome: str, chunks: int, first_byte_mono: float | None) -> None:
@@ -231,7 +240,7 @@ class RequestTrace:
         error = sys.exc_info()[1] if outcome != "completed" else None
         relay = self.relay
         if relay is not None:
-            attributes: dict[str, Any] = {"vlmserve.relay.chunks": chunks}
+            attributes: SpanAttributes = {"vlmserve.relay.chunks": chunks}
             if first_byte_mono is not None and first_byte_mono >= self.relay_started_mono:
                 ago_ns = int((time.monotonic() - first_byte_mono) * 1e9)
                 relay.add_event("first_byte", timestamp=time.time_ns() - ago_ns)
@@ -240,6 +249,7 @@ class RequestTrace:
             relay.end()
             self.relay = None
         attempt = self.attempt
+        assert attempt is not None, "an attempt ended that never began"
         attempt.set_attribute("vlmserve.outcome", outcome)
         reason = None if error is None else getattr(error, "reason", None) or type(error).__name__
         if reason is not None:
@@ -259,7 +269,7 @@ class RequestTrace:
             self.admission.end()
             self.admission = None
         server = self.server
-        attributes: dict[str, Any] = {
+        attributes: SpanAttributes = {
             "vlmserve.request_id": request.request_id, "vlmserve.tenant": request.tenant,
             "vlmserve.stream": request.stream, "vlmserve.priority": request.priority,
             "vlmserve.replica": request.replica, "vlmserve.retries": request.retries, "vlmserve.outcome": status,
@@ -279,7 +289,7 @@ class RequestTrace:
         server.end()
 
 
-def _set_error(span: Any, description: str) -> None:
+def _set_error(span: Span, description: str) -> None:
     from opentelemetry.trace import Status, StatusCode
 
     span.set_status(Status(StatusCode.ERROR, description[:256]))
