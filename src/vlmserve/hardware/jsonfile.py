@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from vlmserve.bounded_read import RESULT_FILE, Limits, Refused, loads_json, read_bytes
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONValue
 
 
-def read_json_file(path: str | Path, what: str, hint: str, limits: Limits = RESULT_FILE) -> Any:
+def read_json_file(path: str | Path, what: str, hint: str, limits: Limits = RESULT_FILE) -> JSONValue:
     """Parsed JSON, or a one-line UserError naming the file, what it should be and what to do.
 
     The file is bounded by `limits` (size, nesting, values, numbers) before it is parsed."""

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from vlmserve.errors import UserError
 from vlmserve.hardware.dtypes import normalize_dtype, normalize_kv_dtype, weight_bytes_per_param
 from vlmserve.hardware.quantization import QuantScheme, parse_quantization
 from vlmserve.hardware.jsonfile import read_json_file
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.vision.tokens import ImageTokenEstimator, SoftTokenBudget, estimator_from_configs
 
 AttentionKind = Literal["full", "sliding", "mla", "linear"]
@@ -436,7 +437,7 @@ class ModelCost:
 class _Fields:
     """Reads fields from a config section, failing with one line that names the field."""
 
-    def __init__(self, section: dict[str, Any], source: str, prefix: str = "") -> None:
+    def __init__(self, section: JSONObject, source: str, prefix: str = "") -> None:
         self.section = section
         self.source = source
         self.prefix = prefix
@@ -458,7 +459,7 @@ class _Fields:
                 return self._as_int(name, value)
         return default
 
-    def _as_int(self, name: str, value: Any) -> int:
+    def _as_int(self, name: str, value: JSONValue) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or int(value) != value:
             raise UserError(
                 f"{self.source}: config.json field '{self.prefix}{name}' is {value!r}; it must be a whole number ≥ 0"
@@ -479,7 +480,7 @@ _LAYER_TYPE_KINDS: dict[str, AttentionKind] = {
 }
 
 
-def _layer_kinds(text: dict[str, Any], fields: _Fields, num_layers: int) -> list[AttentionKind]:
+def _layer_kinds(text: JSONObject, fields: _Fields, num_layers: int) -> list[AttentionKind]:
     """Per-layer attention kind from layer_types, full_attention_interval, sliding_window_pattern or sliding_window.
 
     An entry of `layer_types` this module cannot price (mamba, chunked attention, ...) is refused
@@ -523,7 +524,7 @@ def _layer_kinds(text: dict[str, Any], fields: _Fields, num_layers: int) -> list
 _UNPRICED_MIXERS = ("hybrid_override_pattern", "mamba_d_state", "ssm_state_size", "attn_layer_indices", "mamba_expand")
 
 
-def _refuse_unpriced_mixers(text: dict[str, Any], fields: _Fields) -> None:
+def _refuse_unpriced_mixers(text: JSONObject, fields: _Fields) -> None:
     """State-space (Mamba) layers are not priced: say so instead of pricing them as attention."""
     for name in _UNPRICED_MIXERS:
         if name in text:
@@ -543,7 +544,7 @@ def _mla_shape(fields: _Fields) -> MlaShape:
     )
 
 
-def _linear_shape(text: dict[str, Any], fields: _Fields) -> LinearAttentionShape:
+def _linear_shape(text: JSONObject, fields: _Fields) -> LinearAttentionShape:
     why = "the linear-attention state each sequence keeps"
     ssm_dtype = str(text.get("mamba_ssm_dtype") or "").lower()
     return LinearAttentionShape(
@@ -556,7 +557,7 @@ def _linear_shape(text: dict[str, Any], fields: _Fields) -> LinearAttentionShape
     )
 
 
-def _attention_groups(text: dict[str, Any], fields: _Fields, hidden: int, num_layers: int) -> tuple[AttentionLayers, ...]:
+def _attention_groups(text: JSONObject, fields: _Fields, hidden: int, num_layers: int) -> tuple[AttentionLayers, ...]:
     _refuse_unpriced_mixers(text, fields)
     q_heads = fields.need_int("num_attention_heads", "n_head", why="attention FLOPs")
     kv_heads = fields.get_int("num_key_value_heads", "num_kv_heads", default=q_heads) or q_heads
@@ -599,11 +600,13 @@ def _attention_groups(text: dict[str, Any], fields: _Fields, hidden: int, num_la
     return tuple(groups)
 
 
-def _vision_tower(vision: dict[str, Any] | None, source: str, config: dict[str, Any]) -> VisionTower | None:
+def _vision_tower(vision: JSONValue, source: str, config: JSONObject) -> VisionTower | None:
     """Encoder params and patches per LM token from a `vision_config` section; tokens per image by
     the family's rule read from the whole config (vision.tokens), else `default_output_length`."""
     if not vision:
         return None
+    if not isinstance(vision, dict):
+        raise UserError(f"{source}: config.json field 'vision_config' must be an object")
     fields = _Fields(vision, source, "vision_config.")
     hidden = fields.need_int("hidden_size", "embed_dim", why="vision-encoder cost")
     layers = fields.need_int("num_hidden_layers", "depth", why="vision-encoder cost")
@@ -625,12 +628,14 @@ def _vision_tower(vision: dict[str, Any] | None, source: str, config: dict[str, 
     return VisionTower(encoder + projector, patches_per_token, tokens_per_image, estimator)
 
 
-def parse_config(config: dict[str, Any], name: str, source: str | None = None) -> ModelCost:
+def parse_config(config: JSONValue, name: str, source: str | None = None) -> ModelCost:
     """Turn a Hugging Face config.json dict into ModelCost (one-line UserError on bad fields)."""
     source = source or name
     if not isinstance(config, dict):
         raise UserError(f"{source}: config.json must be a JSON object")
     text = config.get("text_config") or config
+    if not isinstance(text, dict):
+        raise UserError(f"{source}: config.json field 'text_config' must be an object")
     prefix = "text_config." if "text_config" in config else ""
     fields = _Fields(text, source, prefix)
     hidden = fields.need_int("hidden_size", "n_embd", "d_model", why="weight and FLOP counts")
@@ -698,8 +703,15 @@ def parse_config(config: dict[str, Any], name: str, source: str | None = None) -
     )
 
 
+class PresetEntry(TypedDict):
+    """One preset in the package's index.json."""
+
+    file: str
+    aliases: list[str]
+
+
 @cache
-def preset_index() -> dict[str, dict[str, Any]]:
+def preset_index() -> dict[str, PresetEntry]:
     """Preset name → {'file', 'aliases'} from the package data."""
     return json.loads(resources.files(PRESET_PACKAGE).joinpath("index.json").read_text())
 
@@ -708,7 +720,7 @@ def preset_names() -> list[str]:
     return sorted(preset_index())
 
 
-def preset_config(name: str) -> dict[str, Any]:
+def preset_config(name: str) -> JSONObject:
     """The HF-style config.json content of a preset."""
     entry = preset_index()[name]
     return json.loads(resources.files(PRESET_PACKAGE).joinpath(entry["file"]).read_text())
@@ -731,7 +743,8 @@ def load_model(spec: str) -> ModelCost:
         path = path / "config.json"
     if path.suffix == ".json" or path.exists():
         config = read_json_file(path, "file", "give a config.json path or a preset name (vlmserve plan models)")
-        return parse_config(config, name=str(config.get("_name_or_path") or path.parent.name or path.stem), source=str(path))
+        named = config.get("_name_or_path") if isinstance(config, dict) else None  # parse_config refuses a non-object
+        return parse_config(config, name=str(named or path.parent.name or path.stem), source=str(path))
     canonical = resolve_preset(spec)
     if canonical is None:
         raise UserError(

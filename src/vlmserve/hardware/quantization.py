@@ -15,9 +15,9 @@ scheme — is refused: pricing it as another format would be silently wrong.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject, JSONValue
 
 KNOWN_METHODS = ("fp8", "awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-tensors", "modelopt", "mxfp4")
 
@@ -43,7 +43,7 @@ def _refuse(source: str, what: str) -> UserError:
     return UserError(f"{source}: {what}; vlmserve prices bf16, fp8, int4 (AWQ/GPTQ), nvfp4 and mxfp4 checkpoints")
 
 
-def _group(value: Any) -> int | None:
+def _group(value: JSONValue) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -51,7 +51,7 @@ def _group(value: Any) -> int | None:
     return PER_CHANNEL_GROUP if value <= 0 else int(value)
 
 
-def _int_scheme(bits: Any, method: str, source: str, group: Any, zero_point: bool) -> QuantScheme:
+def _int_scheme(bits: JSONValue, method: str, source: str, group: JSONValue, zero_point: bool) -> QuantScheme:
     if bits == 4:
         return QuantScheme("int4", method, _group(group), zero_point)
     if bits == 8:
@@ -59,15 +59,16 @@ def _int_scheme(bits: Any, method: str, source: str, group: Any, zero_point: boo
     raise _refuse(source, f"quantization_config.bits is {bits!r} for '{method}'; only 4 and 8 are priced")
 
 
-def _compressed_tensors(quant: dict[str, Any], source: str) -> QuantScheme:
+def _compressed_tensors(quant: JSONObject, source: str) -> QuantScheme:
     """compressed-tensors: read the first config group's weight scheme (format + bits + type)."""
     fmt = str(quant.get("format", "")).lower()
     groups = quant.get("config_groups") or {}
-    weights: dict[str, Any] = {}
+    weights: JSONObject = {}
     if isinstance(groups, dict):
         for group in groups.values():
-            if isinstance(group, dict) and isinstance(group.get("weights"), dict):
-                weights = group["weights"]
+            group_weights = group.get("weights") if isinstance(group, dict) else None
+            if isinstance(group, dict) and isinstance(group_weights, dict):
+                weights = group_weights
                 fmt = str(group.get("format") or fmt).lower()
                 break
     bits = weights.get("num_bits")
@@ -88,8 +89,10 @@ def _compressed_tensors(quant: dict[str, Any], source: str) -> QuantScheme:
     raise _refuse(source, f"compressed-tensors weights of {bits!r} bits, type {kind or 'unset'!r} (format {fmt or 'unset'!r}) are not understood")
 
 
-def _modelopt(quant: dict[str, Any], source: str) -> QuantScheme:
-    algo = str(quant.get("quant_algo") or (quant.get("quantization") or {}).get("quant_algo") or "").upper()
+def _modelopt(quant: JSONObject, source: str) -> QuantScheme:
+    nested = quant.get("quantization")  # hf_quant_config.json's layout
+    nested_algo = nested.get("quant_algo") if isinstance(nested, dict) else None
+    algo = str(quant.get("quant_algo") or nested_algo or "").upper()
     if algo == "NVFP4":
         return QuantScheme("nvfp4", "modelopt", 16)
     if algo == "FP8":
@@ -97,7 +100,7 @@ def _modelopt(quant: dict[str, Any], source: str) -> QuantScheme:
     raise _refuse(source, f"modelopt quant_algo {algo or 'unset'!r} is not understood (NVFP4 and FP8 are)")
 
 
-def parse_quantization(quant: Any, source: str) -> QuantScheme | None:
+def parse_quantization(quant: JSONValue, source: str) -> QuantScheme | None:
     """The scheme of a `quantization_config` section; None for an unquantized checkpoint."""
     if not quant:
         return None

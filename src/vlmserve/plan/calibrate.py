@@ -24,6 +24,7 @@ from vlmserve.hardware.calibration import COEFFICIENTS, Calibration, Efficiency
 from vlmserve.hardware.jsonfile import read_json_file
 from vlmserve.results.summary import RunSummary, read_summary
 from vlmserve.hardware.setup import PlanSetup
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.spec import LoadSpec
 
@@ -246,27 +247,27 @@ def scenario_from_bench_json(
     file_path = Path(path)
     data = read_json_file(file_path, "run file", "give `vlmserve bench --json-out` results")
     meta = data.get("meta") if isinstance(data, dict) else None
-    if not isinstance(meta, dict) or not isinstance(meta.get("load_spec"), dict):
+    load_spec = meta.get("load_spec") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(load_spec, dict):
         raise UserError(f"{file_path}: no meta.load_spec in it; give a `vlmserve bench --json-out` result")
     if meta.get("simulated"):
         raise UserError(f"{file_path}: is a simulated run; calibrate from measured runs only")
-    deployment = meta.get("deployment") or {}
-    engine_args = deployment.get("engine_args") or {}
+    deployment = _section(meta.get("deployment"))
+    engine_args = _section(deployment.get("engine_args"))
     model_name = model or meta.get("model") or deployment.get("model")
     if not model_name:
         raise UserError(f"{file_path}: names no model; pass --model NAME|config.json")
-    load_fields = {key: value for key, value in meta["load_spec"].items() if key in LoadSpec.model_fields}
+    load_fields = {key: value for key, value in load_spec.items() if key in LoadSpec.model_fields}
     try:
         load = LoadSpec.model_validate(load_fields)
     except Exception as err:  # pydantic ValidationError; one line is enough here
         raise UserError(f"{file_path}: its meta.load_spec is not a valid load spec ({str(err).splitlines()[0]})") from None
     summary = read_summary(data, str(file_path))
     measured = {metric: value for metric in METRICS if (value := metric_value(summary, metric)) is not None}
-    tp_value = tp or int(engine_args.get("tensor_parallel_size") or 1)
-    replicas_value = replicas or int(deployment.get("replicas") or 1)
-    limits = {
-        key: int(engine_args[key]) for key in ("max_num_seqs", "max_num_batched_tokens") if engine_args.get(key)
-    }
+    tp_value = tp or _whole(file_path, "engine_args.tensor_parallel_size", engine_args.get("tensor_parallel_size")) or 1
+    replicas_value = replicas or _whole(file_path, "replicas", deployment.get("replicas")) or 1
+    limits = {key: value for key in ("max_num_seqs", "max_num_batched_tokens")
+              if (value := _whole(file_path, f"engine_args.{key}", engine_args.get(key)))}
 
     def build(calibration: Calibration) -> PlanSetup:
         return PlanSetup.from_names(
@@ -275,6 +276,23 @@ def scenario_from_bench_json(
 
     build(Calibration())  # fail now, in one line, if the model or GPU is unknown or does not fit
     return Scenario(file_path.stem, build, load, measured)
+
+
+def _section(value: JSONValue) -> JSONObject:
+    """A block of a run's meta (deployment, engine_args); absent, or not an object, reads as empty."""
+    return value if isinstance(value, dict) else {}
+
+
+def _whole(file_path: Path, name: str, value: JSONValue) -> int | None:
+    """A count in a run's meta.deployment as an int; None when unset or 0; one line when it is not a number."""
+    if not value:
+        return None
+    if isinstance(value, (int, float, str)):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise UserError(f"{file_path}: meta.deployment.{name} is {value!r}, not a whole number")
 
 
 DEFAULT_FIT_PARAMETERS = ("bandwidth", "compute", "step_overhead_s")

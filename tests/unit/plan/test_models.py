@@ -162,3 +162,19 @@ def test_config_files_and_unknown_names(tmp_path) -> None:
         load_model(str(tmp_path / "missing.json"))
     with pytest.raises(UserError, match="unknown model 'no-such-model'; give a path to a config.json or one of"):
         load_model("no-such-model")
+
+
+@pytest.mark.hostile("plan --model config.json whose top level, text_config or vision_config is not an object")
+def test_config_sections_of_the_wrong_shape_are_one_line(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps([preset_config("Qwen/Qwen3-4B")]))
+    with pytest.raises(UserError, match="config.json must be a JSON object"):
+        load_model(str(path))
+    config = preset_config("google/gemma-4-31B-it")
+    config["text_config"] = "gemma"
+    with pytest.raises(UserError, match="field 'text_config' must be an object"):
+        parse_config(config, "gemma")
+    config = preset_config("google/gemma-4-31B-it")
+    config["vision_config"] = [1, 2]
+    with pytest.raises(UserError, match="field 'vision_config' must be an object"):
+        parse_config(config, "gemma")
