@@ -14,7 +14,6 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bench.http_stream import ConnectionLost, ConnectionPool, HttpProtocolError, post_stream
@@ -40,15 +39,15 @@ class RequestOptions:
 
 
 def build_body(
-    options: RequestOptions, max_tokens: int, *, messages: list[dict[str, Any]] | None = None, prompt: str | None = None
-) -> dict[str, Any]:
+    options: RequestOptions, max_tokens: int, *, messages: list[JSONObject] | None = None, prompt: str | None = None
+) -> JSONObject:
     """The JSON body of one streamed request; `--extra-body` is merged last and wins."""
-    stream_options: dict[str, Any] = {"include_usage": True}
+    stream_options: JSONObject = {"include_usage": True}
     if options.per_chunk_usage:
         stream_options["continuous_usage_stats"] = True
-    body: dict[str, Any] = {"model": options.model, "stream": True, "stream_options": stream_options, "max_tokens": max_tokens}
+    body: JSONObject = {"model": options.model, "stream": True, "stream_options": stream_options, "max_tokens": max_tokens}
     if options.api == "chat":
-        body["messages"] = messages or []
+        body["messages"] = [*(messages or [])]
     else:
         body["prompt"] = prompt or ""
     if options.ignore_eos:
@@ -59,7 +58,7 @@ def build_body(
     return body
 
 
-def encode_body(body: dict[str, Any]) -> bytes:
+def encode_body(body: JSONObject) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -73,6 +72,18 @@ def _error_text(payload: bytes) -> str:
         return str(error)[:300]
     except ValueError:
         return payload[:300].decode("utf-8", "replace")
+
+
+ToolCallKey = str | int | float | bool | None
+"""What identifies a tool call across stream chunks: its `index` (or `id`), a JSON scalar."""
+
+
+@dataclass
+class _ToolCall:
+    """One tool call as its deltas arrive: the name (sent once) and the argument text in pieces."""
+
+    name: str | None = None
+    pieces: list[str] = field(default_factory=list)
 
 
 class _StreamState:
@@ -91,7 +102,7 @@ class _StreamState:
         self.parts: list[str] | None = [] if keep_text else None
         self.usage: JSONObject | None = None
         self.last_completion = 0
-        self.tool_ids: set[Any] = set()
+        self.tool_ids: set[ToolCallKey] = set()
         self.reasoning_chunks = 0
         self.reasoning_tokens = 0
         self.per_chunk = False
@@ -100,8 +111,8 @@ class _StreamState:
         self.first_reasoning: float | None = None
         self.first_answer: float | None = None
         self.finish_reason: str | None = None
-        self.tool_parts: dict[Any, list[Any]] | None = None
-        """Tool calls by index: [name, [argument pieces]] (only streams that carry tool calls fill it)."""
+        self.tool_parts: dict[ToolCallKey, _ToolCall] | None = None
+        """Tool calls by index (only streams that carry tool calls fill it)."""
 
     def event(self, data: bytes, now: float) -> None:
         if data == b"[DONE]":
@@ -172,29 +183,30 @@ class _StreamState:
             # tokens reported on chunks without content (held-back text) go to the next content chunk
             self.last_completion = completion_now
 
-    def _tool_piece(self, call: dict[str, Any]) -> None:
+    def _tool_piece(self, call: JSONValue) -> None:
         """Accumulate one tool-call delta: the name comes once, the arguments in pieces (OpenAI's stream format)."""
         if not isinstance(call, dict):
             return  # not a tool-call delta: nothing to accumulate (the answer will not validate)
-        key = call.get("index", call.get("id"))
+        given = call.get("index", call.get("id"))
+        key = json.dumps(given) if isinstance(given, (list, dict)) else given  # a set holds no list or object
         self.tool_ids.add(key)
         if self.tool_parts is None:
             self.tool_parts = {}
-        entry = self.tool_parts.setdefault(key, [None, []])
+        entry = self.tool_parts.setdefault(key, _ToolCall())
         function = call.get("function")
         if not isinstance(function, dict):
             return
         name, arguments = function.get("name"), function.get("arguments")
         if name:
-            entry[0] = str(name)
+            entry.name = str(name)
         if arguments:  # text pieces by the standard; an object sent whole is kept as its JSON
-            entry[1].append(arguments if isinstance(arguments, str) else json.dumps(arguments))
+            entry.pieces.append(arguments if isinstance(arguments, str) else json.dumps(arguments))
 
     def tool_call_text(self) -> str | None:
         """The calls as one JSON list of {"name", "arguments"} (arguments the raw text), or None without calls."""
         if not self.tool_parts:
             return None
-        return json.dumps([{"name": name, "arguments": "".join(pieces)} for name, pieces in self.tool_parts.values()])
+        return json.dumps([{"name": call.name, "arguments": "".join(call.pieces)} for call in self.tool_parts.values()])
 
 
 class _SSELines:

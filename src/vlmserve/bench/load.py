@@ -27,13 +27,14 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool
 from vlmserve.bench.interrupt import GRACE_S, Interrupt
 from vlmserve.bench.workloads import Conversation, Turn, fresh_variant
 from vlmserve.results.records import RequestRecord
+from vlmserve.json_types import JSONObject
 
 RecordSink = Callable[[RequestRecord, str | None], None]
 
@@ -113,23 +114,29 @@ class WorkerPlan:
 def build_item_bodies(conversation: Conversation, options: RequestOptions, multi_turn: str) -> list[bytes | None]:
     """Serialise every turn the parent can build; live multi-turn leaves later turns to the worker."""
     bodies: list[bytes | None] = []
-    history: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}] if conversation.system else []
+    history: list[JSONObject] = [chat_message("system", conversation.system)] if conversation.system else []
     for index, turn in enumerate(conversation.turns):
         if multi_turn == "live" and index > 0:
             bodies.append(None)
             continue
         bodies.append(encode_body(_body_for(options, history, turn)))
-        history = history + [{"role": "user", "content": turn.content}]
-        history.append({"role": "assistant", "content": turn.reference_reply or ""})
+        history = history + [chat_message("user", turn.content)]
+        history.append(chat_message("assistant", turn.reference_reply or ""))
     return bodies
 
 
-def _body_for(options: RequestOptions, history: list[dict[str, Any]], turn: Turn) -> dict[str, Any]:
+def chat_message(role: str, content: str | list[JSONObject] | None) -> JSONObject:
+    """One chat message: text, or OpenAI content parts (None: an answer whose text was not kept)."""
+    return {"role": role, "content": [*content] if isinstance(content, list) else content}
+
+
+def _body_for(options: RequestOptions, history: list[JSONObject], turn: Turn) -> JSONObject:
     content, text, max_tokens = turn.content, turn.text, turn.max_tokens
     if options.api == "chat":
-        body = build_body(options, max_tokens, messages=[*history, {"role": "user", "content": content}])
+        body = build_body(options, max_tokens, messages=[*history, chat_message("user", content)])
         if turn.mm_processor_kwargs:
-            body["mm_processor_kwargs"] = {**body.get("mm_processor_kwargs", {}), **turn.mm_processor_kwargs}
+            given = body.get("mm_processor_kwargs")  # the run's --mm-processor-kwargs, which the turn's extend
+            body["mm_processor_kwargs"] = {**(given if isinstance(given, dict) else {}), **turn.mm_processor_kwargs}
         if turn.features is not None:
             turn.features.apply(body, options.extra_body)
     else:
@@ -184,9 +191,7 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
             conversation, bodies = item.conversation, item.bodies
             if item.variant and plan.fresh_seed is not None:  # a repeat: send an unseen variant
                 conversation, bodies = fresh_variant(conversation, plan.fresh_seed, item.variant), []
-            history: list[dict[str, Any]] = (
-                [{"role": "system", "content": conversation.system}] if conversation.system else []
-            )
+            history: list[JSONObject] = [chat_message("system", conversation.system)] if conversation.system else []
             for turn_index, turn in enumerate(conversation.turns):
                 warmup = item.warmup
                 if stopping.is_set():
@@ -235,8 +240,8 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                 if not record.ok:
                     return scheduled_perf  # later turns depend on this answer
                 history = history + [
-                    {"role": "user", "content": turn.content},
-                    {"role": "assistant", "content": text if plan.multi_turn == "live" else (turn.reference_reply or "")},
+                    chat_message("user", turn.content),
+                    chat_message("assistant", text if plan.multi_turn == "live" else (turn.reference_reply or "")),
                 ]
             return scheduled_perf
 
