@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 
+from vlmserve.json_types import JSONObject
 from vlmserve.media.workers import ImageWorkerPool, ImageWorkRefused, WorkBudget
 from vlmserve.media.urls import media_slots
 from vlmserve.vision.probe import (
@@ -168,7 +168,7 @@ class ImagePreflight:
         self.fetcher = fetcher
         self.pool = pool if pool is not None or downscale_max_side is None else ImageWorkerPool()
 
-    async def run(self, payload: dict[str, Any], limits: ImageLimits | None = None, *,
+    async def run(self, payload: JSONObject, limits: ImageLimits | None = None, *,
                   takes_processor_kwargs: bool = True) -> PreflightResult:
         """Check every media part of `payload`; ImageRefused for the first that breaks a rule."""
         limits = limits or self.limits
@@ -178,10 +178,12 @@ class ImagePreflight:
         if len(slots) > limits.max_images_per_request:
             raise ImageRefused(f"request has {len(slots)} images or other media parts, over the limit of "
                                f"{limits.max_images_per_request} per request (--max-images-per-request)", "too_many_images")
-        kwargs: dict[str, Any] = {}
+        kwargs: JSONObject = {}
         budget: list[WorkBudget] = []  # the request's image-work budget, made by its first resize
         for index, (kind, holder, key) in enumerate(slots, start=1):
             url = holder[key]
+            if not isinstance(url, str):  # never: media_slots yields string slots only
+                continue
             if kind != "image":
                 result.other_media += 1
                 if url[:5].lower() == "data:" and base64_decoded_size(len(url)) > limits.max_image_bytes:
@@ -193,7 +195,8 @@ class ImagePreflight:
                 holder[key] = new_url
                 result.changed = True
             for name, value in extra.items():
-                kwargs[name] = max(kwargs[name], value) if isinstance(value, int) and name in kwargs else value
+                held = kwargs.get(name)
+                kwargs[name] = max(held, value) if isinstance(value, int) and isinstance(held, (int, float)) else value
             result.images.append(seen)
         if kwargs and takes_processor_kwargs:
             given = payload.get("mm_processor_kwargs")
@@ -201,11 +204,12 @@ class ImagePreflight:
             if merged != given:
                 payload["mm_processor_kwargs"] = merged
                 result.changed = True
+        sent = payload.get("mm_processor_kwargs")  # an object or absent: check_client_kwargs refused the rest
         for seen in result.images:
-            seen.tokens = self.estimator.tokens(seen.sent_width, seen.sent_height, payload.get("mm_processor_kwargs"))
+            seen.tokens = self.estimator.tokens(seen.sent_width, seen.sent_height, sent if isinstance(sent, dict) else None)
         return result
 
-    def check_client_kwargs(self, payload: dict[str, Any]) -> None:
+    def check_client_kwargs(self, payload: JSONObject) -> None:
         """Engines behind the gateway trust per-request processor kwargs (the gateway adds its own when
         downscaling), so only the keys the operator allows may come from a client: a kwarg such as
         an image size can multiply an engine's preprocessing and encoder work."""
@@ -243,7 +247,7 @@ class ImagePreflight:
         return data, "inline"
 
     async def _inspect(self, data: bytes, source: str, limits: ImageLimits, index: int,
-                       budget: list[WorkBudget]) -> tuple[ImageSeen, str | None, dict[str, Any]]:
+                       budget: list[WorkBudget]) -> tuple[ImageSeen, str | None, JSONObject]:
         """(what the image is, its new URL if it changed, processor kwargs to add)."""
         try:
             header = probe_image(data, ACCEPTED_FORMATS)
@@ -260,7 +264,7 @@ class ImagePreflight:
         seen = ImageSeen(index, content_digest(data), header.format, header.width, header.height, len(data), source,
                          header.width, header.height, len(data))
         new_url: str | None = None
-        kwargs: dict[str, Any] = {}
+        kwargs: JSONObject = {}
         if self.downscale_max_side is not None:
             plan = self.estimator.downscale(header.width, header.height, self.downscale_max_side)
             kwargs = plan.mm_processor_kwargs

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
 from urllib.parse import urlsplit
+
+from vlmserve.json_types import JSONObject, JSONValue
 
 MEDIA_URL_FIELDS = ("image_url", "video_url", "audio_url", "input_image", "file_url")
 FLAG = "--allowed-media-domains"
@@ -45,13 +46,13 @@ def may_hold_media(body: bytes) -> bool:
     return body.find(b"_url") >= 0 or body.find(b"input_image") >= 0 or body.find(b"\\u") >= 0
 
 
-def media_slots(payload: Any) -> Iterator[tuple[str, dict[str, Any], str]]:
+def media_slots(payload: JSONValue) -> Iterator[tuple[str, JSONObject, str]]:
     """(kind, holder, key) for every media URL in a parsed JSON body: `holder[key]` is the URL string.
 
     `kind` is image, video, audio or file. Walked without recursion, in document order, so the
     n-th slot is the n-th media part the client sent (error messages number them that way).
     """
-    stack: list[Any] = [payload]
+    stack: list[JSONValue] = [payload]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
@@ -66,10 +67,12 @@ def media_slots(payload: Any) -> Iterator[tuple[str, dict[str, Any], str]]:
             stack.extend(reversed([value for value in node if isinstance(value, (dict, list))]))
 
 
-def media_urls(payload: Any) -> Iterator[tuple[str, str]]:
+def media_urls(payload: JSONValue) -> Iterator[tuple[str, str]]:
     """(field, url) for every media URL field in a parsed JSON body."""
     for kind, holder, key in media_slots(payload):
-        yield (_FIELD_OF_KIND.get(kind, "image_url") if key == "url" else key), holder[key]
+        url = holder[key]
+        if isinstance(url, str):  # always: media_slots yields string slots only
+            yield (_FIELD_OF_KIND.get(kind, "image_url") if key == "url" else key), url
 
 
 def _kind(field: str) -> str:
@@ -110,7 +113,7 @@ def allowed_host_set(domains: Iterable[str]) -> frozenset[str]:
     return frozenset(domain.strip().lower().strip("[]") for domain in domains if domain.strip())
 
 
-def check_media(payload: Any, allowed_hosts: frozenset[str]) -> list[tuple[str, str]]:
+def check_media(payload: JSONValue, allowed_hosts: frozenset[str]) -> list[tuple[str, str]]:
     """Raise MediaRefused for the first media URL in `payload` the policy does not allow; else the
     (kind, host) of each remote URL, once per host, for the address check (media_addresses.py)."""
     remote: dict[str, str] = {}

@@ -31,8 +31,8 @@ import multiprocessing.connection
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.context import SpawnProcess
-from typing import Any
+from multiprocessing.context import SpawnContext, SpawnProcess
+from typing import TypeVar
 
 QUEUE_PER_WORKER = 8  # requests that may wait for a busy pool, per worker process
 WORKER_NICENESS = 10  # below the event loop's process: with fewer free cores than workers, /health still wins the CPU
@@ -91,7 +91,7 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
         except (EOFError, OSError):
             return
         try:
-            reply: tuple[bool, Any] = (True, function(*args))
+            reply: tuple[bool, object] = (True, function(*args))
         except MemoryError:
             reply = (False, "not enough memory to decode it")
         except Exception as err:  # a decoder's error: the request's, reported as a 400
@@ -102,10 +102,14 @@ def _serve(conn: multiprocessing.connection.Connection) -> None:
             return
 
 
+Result = TypeVar("Result")
+"""What a function run in a worker returns (sent back through the pipe, so picklable)."""
+
+
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: SpawnContext) -> None:
         self.conn, child = context.Pipe()
         self.process: SpawnProcess = context.Process(target=_serve, args=(child,), daemon=True,
                                                      name="vlmserve-image-worker")
@@ -122,7 +126,7 @@ class _Worker:
         except (OSError, IndexError, ValueError):
             return 0.0  # no /proc (or the worker is gone): the wall-time cap still holds
 
-    def call(self, function: Callable[..., Any], args: tuple[Any, ...], budget_s: float) -> tuple[Any, float]:
+    def call(self, function: Callable[..., Result], args: tuple[object, ...], budget_s: float) -> tuple[Result, float]:
         """Run in a pool thread: send the task and wait while it uses at most budget_s of CPU (and
         WALL_FACTOR times that of wall time) once the worker is up. (result, CPU seconds it took);
         TimeoutError past the budget."""
@@ -185,7 +189,7 @@ class ImageWorkerPool:
         """A request's budget, shared by its images."""
         return WorkBudget(self.budget_s)
 
-    async def run(self, function: Callable[..., Any], args: tuple[Any, ...], budget: WorkBudget, what: str) -> Any:
+    async def run(self, function: Callable[..., Result], args: tuple[object, ...], budget: WorkBudget, what: str) -> Result:
         """function(*args) in a worker, within what is left of the request's `budget`; ImageWorkRefused
         otherwise. `what` names the work in a refusal ("image 3")."""
         if budget.remaining_s <= 0:
