@@ -120,6 +120,24 @@ def test_calibrate_rejects_bad_runs(tmp_path: Path, capsys) -> None:
     assert code == 2 and "no such run file" in err
 
 
+@pytest.mark.hostile("plan calibrate on a run whose meta.deployment gives a count that is not a number")
+def test_calibrate_names_a_deployment_count_that_is_not_a_number(tmp_path: Path, capsys) -> None:
+    from vlmserve.hardware.setup import PlanSetup
+    from vlmserve.plan.simulate import simulate_run
+    from vlmserve.spec import LoadSpec
+
+    setup = PlanSetup.from_names("llama-3.1-8b", "h100")
+    result = simulate_run(setup, LoadSpec(input_len=64, output_len=8, concurrency=1, num_requests=2)).result
+    result.summary.meta.simulated = False
+    result.summary.meta.deployment = {"model": "llama-3.1-8b", "engine_args": {"tensor_parallel_size": "two"}}
+    run_file = tmp_path / "run.json"
+    result.write_json(run_file)
+    code, _out, err = run_cli(["plan", "calibrate", str(run_file), "--gpu", "h100"], capsys)
+    assert code == 2
+    assert "meta.deployment.engine_args.tensor_parallel_size is 'two', not a whole number" in err
+    assert "Traceback" not in err
+
+
 def test_real_subprocess_exit_code(vlmserve_cmd: list[str]) -> None:
     done = subprocess.run([*vlmserve_cmd, "plan", "--model", "llama-3.1-8b", "--gpu", "tpu9", "--concurrency", "1"],
                           capture_output=True, text=True, timeout=60)
