@@ -6,8 +6,8 @@ deployment and one cell.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from vlmserve import paths
 from vlmserve.errors import UserError
@@ -48,18 +48,18 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
     cells: list[CellOutcome] = []
     for entry in spec.deployments:
         for cell in spec.cells:
-            state = manifest.cell(entry.name, cell.name)
+            cell_state = manifest.cell(entry.name, cell.name)
             cells.append(
                 CellOutcome(
                     deployment=entry.name,
                     cell=cell.name,
                     load=cell.load.model_dump(mode="json"),
-                    status=str(state.get("status", "pending")),
-                    run_id=state.get("run_id"),
-                    summary=read_summary(state["summary"], f"{directory}: cell {entry.name}/{cell.name}")
-                    if state.get("summary") else None,
-                    reason=state.get("reason"),
-                    wall_s=state.get("wall_s"),
+                    status=str(cell_state.get("status", "pending")),
+                    run_id=cell_state.get("run_id"),
+                    summary=read_summary(cell_state["summary"], f"{directory}: cell {entry.name}/{cell.name}")
+                    if cell_state.get("summary") else None,
+                    reason=cell_state.get("reason"),
+                    wall_s=cell_state.get("wall_s"),
                 )
             )
     return SweepResults(
@@ -77,14 +77,16 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
 def _version_from_runs(manifest: SweepManifest, deployment: str) -> str | None:
     """The server version bench recorded with a finished cell (gateways may not answer /version)."""
     for key, cell in manifest.data.get("cells", {}).items():
-        if key.startswith(f"{deployment}/") and cell.get("summary"):
-            version = (cell["summary"].get("meta") or {}).get("server_version")
+        summary = cell.get("summary")  # done cells only
+        meta = summary.get("meta") if isinstance(summary, dict) else None
+        if key.startswith(f"{deployment}/") and isinstance(meta, dict):
+            version = meta.get("server_version")
             if version:
                 return str(version)
     return None
 
 
-def _override_notes(overrides: dict[str, Any]) -> list[str]:
+def _override_notes(overrides: Mapping[str, object]) -> list[str]:
     """Say plainly when a sweep ran shrunk, so nobody quotes a smoke run as the study."""
     parts = []
     if overrides.get("request_scale", 1.0) != 1.0:
@@ -95,8 +97,9 @@ def _override_notes(overrides: dict[str, Any]) -> list[str]:
         parts.append(f"{overrides['requests_per_user']} requests per user (counts and durations replaced)")
     if overrides.get("max_output_len"):
         parts.append(f"outputs capped at {overrides['max_output_len']} tokens")
-    if overrides.get("cell_patterns"):
-        parts.append(f"only cells {', '.join(overrides['cell_patterns'])}")
+    patterns = overrides.get("cell_patterns")
+    if patterns and isinstance(patterns, (list, tuple)):
+        parts.append(f"only cells {', '.join(map(str, patterns))}")
     return [f"shrunk run ({'; '.join(parts)}): not the full study"] if parts else []
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, Unpack
 
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.results.summary import RunSummary
 
 MANIFEST_NAME = "manifest.json"
@@ -27,11 +29,50 @@ SPEC_NAME = "spec.json"
 FORMAT_VERSION = 1
 
 
+class CellState(TypedDict, total=False):
+    """A cell's entry in manifest.json (absent: pending)."""
+
+    status: str  # pending, done or failed
+    run_id: str | None
+    summary: JSONObject  # a copy of the stored run's summary (done cells)
+    reason: str  # why it failed
+    wall_s: float
+    finished_at: float
+
+
+class DeploymentFacts(TypedDict, total=False):
+    """What the runner learns of a deployment once it serves."""
+
+    base_url: str
+    server_version: str | None
+    start_s: float
+
+
+class DeploymentState(DeploymentFacts, total=False):
+    """A deployment's entry in manifest.json (absent: pending)."""
+
+    status: str  # pending, running, done, partial or failed
+    reason: str | None
+
+
+class ManifestData(TypedDict, total=False):
+    """manifest.json as this module writes it."""
+
+    format: int
+    name: str
+    fingerprint: str
+    created_at: float
+    updated_at: float
+    overrides: dict[str, object]  # the SweepOverrides it ran with (empty: the full study)
+    deployments: dict[str, DeploymentState]
+    cells: dict[str, CellState]
+
+
 def cell_key(deployment: str, cell: str) -> str:
     return f"{deployment}/{cell}"
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
+def _write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
     temp = path.with_suffix(path.suffix + ".tmp")
     temp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
     os.replace(temp, path)
@@ -40,7 +81,7 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 class SweepManifest:
     """Read and update one sweep directory's manifest; every update is flushed to disk at once."""
 
-    def __init__(self, directory: Path, data: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, data: ManifestData) -> None:
         self.directory = directory
         self.data = data
 
@@ -54,8 +95,8 @@ class SweepManifest:
 
     @classmethod
     def open_for_run(
-        cls, directory: Path, name: str, fingerprint: str, spec_json: dict[str, Any], restart: bool,
-        overrides: dict[str, Any] | None = None,
+        cls, directory: Path, name: str, fingerprint: str, spec_json: JSONObject, restart: bool,
+        overrides: Mapping[str, object] | None = None,
     ) -> "SweepManifest":
         """Create the directory, or reopen it to resume the same study (refusing a different one)."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -67,12 +108,12 @@ class SweepManifest:
                     "pass --restart to start it over or --out NEW_DIR to keep both"
                 )
             return manifest
-        data = {
+        data: ManifestData = {
             "format": FORMAT_VERSION,
             "name": name,
             "fingerprint": fingerprint,
             "created_at": time.time(),
-            "overrides": overrides or {},
+            "overrides": dict(overrides or {}),
             "deployments": {},
             "cells": {},
         }
@@ -89,7 +130,7 @@ class SweepManifest:
             raise UserError(f"{directory}: cannot read {MANIFEST_NAME} ({err}); is this a sweep directory?") from None
         return cls(directory, data)
 
-    def spec_json(self) -> dict[str, Any]:
+    def spec_json(self) -> JSONObject:
         return json.loads((self.directory / SPEC_NAME).read_text())
 
     def flush(self) -> None:
@@ -97,8 +138,8 @@ class SweepManifest:
         _write_json_atomic(self.path, self.data)
 
     # cells -----------------------------------------------------------------------------------
-    def cell(self, deployment: str, cell: str) -> dict[str, Any]:
-        return self.data["cells"].get(cell_key(deployment, cell), {"status": "pending"})
+    def cell(self, deployment: str, cell: str) -> CellState:
+        return self.data.get("cells", {}).get(cell_key(deployment, cell), {"status": "pending"})
 
     def is_done(self, deployment: str, cell: str) -> bool:
         return self.cell(deployment, cell).get("status") == "done"
@@ -106,7 +147,7 @@ class SweepManifest:
     def record_cell_done(
         self, deployment: str, cell: str, run_id: str, summary: RunSummary, wall_s: float
     ) -> None:
-        self.data["cells"][cell_key(deployment, cell)] = {
+        self.data.setdefault("cells", {})[cell_key(deployment, cell)] = {
             "status": "done",
             "run_id": run_id,
             "summary": summary.to_dict(),
@@ -118,7 +159,7 @@ class SweepManifest:
     def record_cell_failed(
         self, deployment: str, cell: str, reason: str, wall_s: float = 0.0, run_id: str | None = None
     ) -> None:
-        self.data["cells"][cell_key(deployment, cell)] = {
+        self.data.setdefault("cells", {})[cell_key(deployment, cell)] = {
             "status": "failed",
             "reason": reason,
             "run_id": run_id,
@@ -128,11 +169,11 @@ class SweepManifest:
         self.flush()
 
     # deployments -----------------------------------------------------------------------------
-    def deployment(self, name: str) -> dict[str, Any]:
-        return self.data["deployments"].get(name, {"status": "pending"})
+    def deployment(self, name: str) -> DeploymentState:
+        return self.data.get("deployments", {}).get(name, {"status": "pending"})
 
-    def record_deployment(self, name: str, status: str, reason: str | None = None, **extra: Any) -> None:
-        entry = dict(self.deployment(name))
-        entry.update({"status": status, "reason": reason, **extra})
-        self.data["deployments"][name] = entry
+    def record_deployment(self, name: str, status: str, reason: str | None = None,
+                          **facts: Unpack[DeploymentFacts]) -> None:
+        entry: DeploymentState = {**self.deployment(name), "status": status, "reason": reason, **facts}
+        self.data.setdefault("deployments", {})[name] = entry
         self.flush()

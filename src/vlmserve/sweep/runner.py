@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from rich.console import Console
 from rich.progress import (
@@ -58,7 +58,7 @@ class SweepOverrides:
     """Replace each cell's count or duration by this many requests per user (per req/s for open loops)."""
 
     def apply(self, load: LoadSpec) -> LoadSpec:
-        update: dict[str, Any] = {}
+        update: dict[str, int | float | None] = {}
         if self.request_scale != 1.0:
             if load.num_requests is not None:
                 update["num_requests"] = max(1, round(load.num_requests * self.request_scale))
