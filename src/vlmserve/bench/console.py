@@ -194,7 +194,9 @@ def print_summary(console: Console, summary: RunSummary) -> None:
     if client.get("limited"):
         console.print(f"[bold red]CLIENT-LIMITED: {'; '.join(client.get('limited_reasons', []))} — these figures measure the client, not the server[/]")
     server = summary.server or {}
-    if server.get("available"):
+    if server.get("available") and server.get("engines_unknown"):  # a gateway whose engines could not be read
+        console.print(f"server: {server['engines_unknown']}; prefix-cache hit rate, KV usage and preemptions unknown")
+    elif server.get("available"):
         cache = summary.prefix_cache or {}
         expected = cache.get("expected_hit_rate")
         intended = f" (intended {_pct(expected)} for {cache['workload']})" if cache.get("workload") else ""

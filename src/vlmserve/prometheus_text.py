@@ -1,0 +1,139 @@
+"""Several servers' Prometheus text pages (format 0.0.4) as one: each sample labelled with its source.
+
+Why: a gateway serves its replicas' own /metrics pages at one address (`GET /admin/engine-metrics`),
+and whoever reads that one page (the bench, an operator's Prometheus) must still tell the replicas'
+series apart and get a page its parser takes. So:
+- each sample gets a label naming its source, first in its label set; a label of that name the
+  source already had is kept as `exported_<name>`, as Prometheus does on a clash;
+- the lines of one family stay together under one HELP and one TYPE (the first source's), as the
+  format requires; other comments (`# EOF` included) are dropped;
+- a page that breaks the format, is not UTF-8 or is over `MAX_PAGE_BYTES` is refused whole
+  (`PageRefused`) and its source named in a comment line: one bad source never spoils the merged page.
+
+Label values are scanned as the format quotes them (`\\"` escapes; a `}` or `,` inside quotes is
+part of the value). Pure text, no I/O: the gateway runs it off its event loop.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The exposition format's media type, as a page of it is served."""
+
+GATEWAY_PATH = "/admin/engine-metrics"
+"""Where a vlmserve gateway serves its replicas' pages merged (gateway/engine_metrics_admin.py; the bench reads it)."""
+
+MAX_PAGE_BYTES = 8 << 20
+"""One source's page: vLLM's is about 100-300 kB (mostly histogram buckets); a larger one is refused."""
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_QUOTED = r'"(?:[^"\\\n]|\\.)*"'
+_VALUE = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|Inf|inf|NaN|nan)"
+_SAMPLE = re.compile(rf"({_NAME})[ \t]*(?:\{{((?:[^\"}}\n]|{_QUOTED})*)\}})?[ \t]+({_VALUE})(?:[ \t]+(-?\d+))?[ \t]*")
+_LABEL = re.compile(rf"[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*({_QUOTED})[ \t]*(?:,|$)")
+_META = re.compile(rf"#[ \t]+(HELP|TYPE)[ \t]+({_NAME})(?:[ \t]+(.*))?")
+_SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count", "_info", "_gsum", "_gcount")
+"""A family's sample names beyond its own (histogram, summary, counter and info series)."""
+
+
+class PageRefused(ValueError):
+    """A source's page cannot be merged; the message says why (one line)."""
+
+
+@dataclass
+class _Family:
+    help: str | None = None
+    type: str | None = None
+    samples: list[str] = field(default_factory=list)
+
+
+def _quoted(value: str) -> str:
+    """A label value as the format quotes it."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _labels(inner: str, line_number: int) -> list[tuple[str, str]]:
+    """A sample's label pairs (values kept quoted, as sent); PageRefused when they break the format."""
+    pairs: list[tuple[str, str]] = []
+    position = 0
+    while position < len(inner.rstrip(" \t")):
+        match = _LABEL.match(inner, position)
+        if match is None:
+            raise PageRefused(f"line {line_number}: malformed label set")
+        pairs.append((match.group(1), match.group(2)))
+        position = match.end()
+    return pairs
+
+
+def _families(page: bytes | str, label: str, source: str) -> dict[str, _Family]:
+    """One page's families, in order, each sample with `label="<source>"` put first."""
+    if len(page) > MAX_PAGE_BYTES:
+        raise PageRefused(f"page of {len(page):,} bytes, over the {MAX_PAGE_BYTES:,}-byte limit")
+    try:
+        text = page.decode() if isinstance(page, bytes) else page
+    except UnicodeDecodeError:
+        raise PageRefused("page is not UTF-8") from None
+    ours = f"{label}={_quoted(source)}"
+    families: dict[str, _Family] = {}
+    current = ""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            meta = _META.fullmatch(line)
+            if meta is not None:
+                kind, name, rest = meta.groups()
+                current = name
+                family = families.setdefault(name, _Family())
+                if kind == "HELP":
+                    family.help = rest or ""
+                else:
+                    family.type = rest or "untyped"
+            continue
+        sample = _SAMPLE.fullmatch(line)
+        if sample is None:
+            raise PageRefused(f"line {number}: not a sample line: {line[:80]!r}")
+        name, inner, value, timestamp = sample.groups()
+        pairs = [(f"exported_{key}" if key == label else key, quoted)
+                 for key, quoted in _labels(inner or "", number)]
+        labels = ",".join([ours, *(f"{key}={quoted}" for key, quoted in pairs)])
+        if not (current and (name == current or (name.startswith(current) and name[len(current):] in _SUFFIXES))):
+            current = name  # a sample of no declared family: a family (untyped) of its own
+        families.setdefault(current, _Family()).samples.append(
+            f"{name}{{{labels}}} {value}" + (f" {timestamp}" if timestamp else ""))
+    return families
+
+
+def merge_pages(pages: Iterable[tuple[str, bytes | str]], label: str,
+                failed: Iterable[tuple[str, str]] = ()) -> str:
+    """The pages, (source, page) each, as one page whose samples carry `label="<source>"`; each of
+    `failed`, (source, why), and each page refused, is left out and named in a `#` line."""
+    merged: dict[str, _Family] = {}
+    left_out = list(failed)
+    for source, page in pages:
+        try:
+            families = _families(page, label, source)
+        except PageRefused as refused:
+            left_out.append((source, str(refused)))
+            continue
+        for name, family in families.items():
+            into = merged.setdefault(name, _Family())
+            into.help = into.help if into.help is not None else family.help
+            into.type = into.type if into.type is not None else family.type
+            into.samples.extend(family.samples)
+    lines = [f"# {label} {_one_line(source)} left out: {_one_line(why)}" for source, why in left_out]
+    for name, family in merged.items():
+        if family.help is not None:
+            lines.append(f"# HELP {name} {family.help}")
+        if family.type is not None:
+            lines.append(f"# TYPE {name} {family.type}")
+        lines.extend(family.samples)
+    return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    """Printable text on one line (a comment must not end early nor start a sample)."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
