@@ -1,13 +1,7 @@
-"""`GET /admin/engine-metrics`: the replicas' own /metrics pages as one, for readers behind the gateway.
-
-The bench (and an operator's Prometheus) see the engines' figures — prefix cache, KV usage,
-preemptions — through the one address they have. Each sample is labelled `replica="<url>"`
-(prometheus_text.merge_pages). Every replica the gateway routes to is read at once through the
-probes' client, each within the probe timeout and prometheus_text.MAX_PAGE_BYTES; one that fails is
-left out and named in a comment line; the merge runs off the event loop. With a keys file only an
-admin key may read it (the engines' figures show every tenant's traffic); an open gateway serves it
-as it serves its own /metrics.
-"""
+"""`GET /admin/engine-metrics`: every routable replica's /metrics, read at once through the probes'
+client (probe timeout, MAX_PAGE_BYTES each) and merged off the event loop, each sample labelled
+`replica="<url>"` (prometheus_text.py); a failed replica is named in a comment. With a keys file an
+admin key only (the engines' figures show every tenant's traffic); open gateway: like /metrics."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
 from vlmserve.http1.headers import header_lines
-from vlmserve.http1.client import ClientPool, ClientResponse, SentRequest
+from vlmserve.http1.client import CappedBody, ClientPool, ClientResponse
 from vlmserve.prometheus_text import MAX_PAGE_BYTES
 
 log = logging.getLogger("vlmserve.gateway")
@@ -51,26 +51,6 @@ MODELS_REFRESH_S = 10.0
 # A replica that answered real traffic this recently is alive, whatever a slow /health says:
 # an engine under heavy load can take seconds to answer /health while it serves fine.
 RECENT_SUCCESS_S = 10.0
-
-
-class _CappedBody:
-    """A probe's answer as it arrives, closed past MAX_PAGE_BYTES (ClientResponse.read keeps all it is sent)."""
-
-    def __init__(self) -> None:
-        self.pieces: list[bytes] = []
-        self.size = 0
-        self.sent: SentRequest | None = None
-
-    def payload(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size <= MAX_PAGE_BYTES:
-            self.pieces.append(data)
-        elif self.sent is not None and self.sent.connection is not None:
-            self.sent.connection.close()  # the read ends in ServerClosed, at once
-
-    def end(self) -> None: ...
-
-    def lost(self, error: BaseException | None) -> None: ...
 
 
 @dataclass(eq=False)
@@ -335,10 +315,10 @@ class ReplicaPool:
 
     async def _probe_status(self, replica: Replica, path: str) -> tuple[bytes | None, str]:
         """GET `path` on the replica (never raises): the body when it answers 200, else None, and
-        why: 'ok', or 'refused' (nothing listens), 'timeout' or 'error'."""
+        why: 'ok', or 'refused' (nothing listens), 'timeout', 'over N bytes' or 'error'."""
         assert self._client is not None
         response: ClientResponse | None = None
-        body = _CappedBody()
+        body = CappedBody(MAX_PAGE_BYTES)  # a page is read whole: at most this much of it
         try:
             async with asyncio.timeout(self.probe_timeout_s):
                 body.sent = self._client.send("GET", replica.url + path, self._probe_headers, b"", body)
@@ -349,13 +329,13 @@ class ReplicaPool:
         except ConnectionRefusedError:
             return None, "refused"
         except OSError:  # the client's ClientError included: a reset, a close, not HTTP
-            return None, f"over {MAX_PAGE_BYTES:,} bytes" if body.size > MAX_PAGE_BYTES else "error"
+            return None, body.over or "error"
         finally:
             if response is not None:
                 response.release()  # back to the client's pool when read whole, else closed
-        if body.size > MAX_PAGE_BYTES:  # a body the close delimits ends "complete" when we close
-            return None, f"over {MAX_PAGE_BYTES:,} bytes"
-        return (b"".join(body.pieces), "ok") if response.status == 200 else (None, "error")
+        if body.over:  # also when the close delimited the body: it then ended "complete"
+            return None, body.over
+        return (body.whole(), "ok") if response.status == 200 else (None, "error")
 
     async def _check_health(self, replica: Replica) -> None:
         body, why = await self._probe_status(replica, "/health")

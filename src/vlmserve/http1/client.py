@@ -222,6 +222,40 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
         waiter.set_result(None)
 
 
+class CappedBody:
+    """A BodyListener that keeps a response's body up to `limit` bytes and closes the connection past
+    it, at once: `ClientResponse.read` keeps all it is sent, so a server not trusted with the reader's
+    memory (a replica's /metrics) is read through this. Give it to `ClientPool.send` and set `sent`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.pieces: list[bytes] = []
+        self.sent: SentRequest | None = None  # the request whose connection is closed past the limit
+
+    @property
+    def over(self) -> str:
+        """Why the body was refused ('over N bytes'), or '' while within the limit. Check it once the
+        read ends, either way: a body the close delimits ends "complete" when this closes it."""
+        return f"over {self.limit:,} bytes" if self.size > self.limit else ""
+
+    def whole(self) -> bytes:
+        return b"".join(self.pieces)
+
+    def payload(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size <= self.limit:
+            self.pieces.append(data)
+        elif self.sent is not None and self.sent.connection is not None:
+            self.sent.connection.close()  # the read ends (ServerClosed) without waiting for the rest
+
+    def end(self) -> None:
+        pass
+
+    def lost(self, error: BaseException | None) -> None:
+        pass
+
+
 class ClientResponse:
     """A response whose head has arrived; the body is read whole (`read`) or taken by a listener."""
 

@@ -1,5 +1,6 @@
 """The gateway's probes of its replicas (replicas.py `_probe_status`: /health, /v1/models, /metrics and
-the merged /admin/engine-metrics) read at most prometheus_text.MAX_PAGE_BYTES of an answer: past it
+the merged /admin/engine-metrics) read at most prometheus_text.MAX_PAGE_BYTES of an answer
+(http1.client.CappedBody): past it
 the connection is closed at once and the probe fails, whatever the replica keeps sending."""
 
 from __future__ import annotations
