@@ -86,10 +86,10 @@ def test_a_brace_inside_a_label_value_is_part_of_the_value() -> None:
 
 
 @pytest.mark.hostile("gateway /admin/engine-metrics: a replica page with a malformed line (unclosed label set, label "
-                     "text after the value, a value that is no number, a newline inside a label) is left out whole "
-                     "and named; the other replicas are served")
+                     "text after the value, a value that is no number, pairs without a comma, an unquoted value, no name, "
+                     "an unknown TYPE) is left out whole and named; the other replicas are served")
 @pytest.mark.parametrize("bad", ['vllm:x{a="b" 1', 'vllm:x 1 {a="b"}', 'vllm:x{a="b"} one', 'vllm:x{a="b"c="d"} 1',
-                                 'vllm:x{a=b} 1', '{a="b"} 1'])
+                                 'vllm:x{a=b} 1', '{a="b"} 1', '# TYPE vllm:x countr\nvllm:x 1'])
 def test_a_malformed_page_is_left_out_and_named(bad: str) -> None:
     merged = merge_pages([(A, f"good 1\n{bad}\n"), (B, "good 2\n")], "replica")
     assert samples(merged) == {("good", (("replica", B),)): 2.0}
