@@ -17,6 +17,7 @@ part of the value). Pure text, no I/O: the gateway runs it off its event loop.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,11 @@ GATEWAY_PATH = "/admin/engine-metrics"
 
 MAX_PAGE_BYTES = 8 << 20
 """One source's page: vLLM's is about 100-300 kB (mostly histogram buckets); a larger one is refused."""
+
+LINES_PER_GIL_RELEASE = 128
+"""Lines merged between two releases of the GIL (time.sleep(0), about 0.3 ms apart): in a thread beside an
+event loop (the gateway's), a merge holding it would delay the loop by the 5 ms switch interval at a time
+(benchmarks/engine_metrics_merge.py)."""
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*+"
 _QUOTED = r'"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'
@@ -81,6 +87,8 @@ def _families(page: bytes | str, label: str, source: str) -> dict[str, _Family]:
     families: dict[str, _Family] = {}
     current, family = "", _Family()
     for number, line in enumerate(text.splitlines(), start=1):
+        if not number % LINES_PER_GIL_RELEASE:
+            time.sleep(0)
         if not line or line[0] == "#" or line.isspace():
             meta = _META.fullmatch(line) if line.startswith("# ") else None
             if meta is not None:
