@@ -5,6 +5,8 @@ several ways, alternately, in many rounds of the same closed-loop load (N concur
 
   direct          the client talks to the engine
   vlmserve        through `vlmserve gateway` (default policy)
+  vlmserve-traced (only with --only) the same gateway exporting OpenTelemetry spans of every request
+                  (--otlp-traces-endpoint, --trace-ratio) to the project's OTLP receiver in a process of its own
   nginx           through nginx with proxy_buffering off: the near-zero-overhead floor
   vllm-router     through the vLLM project's router (PyPI `vllm-router`), if it installs
   vlmserve-base   (--baseline-src) another checkout's gateway, e.g. main's: before and after
@@ -21,7 +23,8 @@ With vllm-router in the run, a last block compares every other proxy with it rou
 TTFT p50 and p99 differences and the CPU-per-chunk ratio, each a median with an interval that
 holds the true median with at least 95 %, and a verdict (below / above / not distinguishable).
 With vlmserve-base in the run, the same block compares this checkout's gateway with it: a change
-measured beside the code before it.
+measured beside the code before it. With vlmserve-traced and vlmserve in the run, it compares the
+traced gateway with the untraced one: what tracing costs.
 The load generator runs each trial with its garbage collector off (see run_trial).
 With --syscalls, one more trial per proxy runs after the rounds under `perf stat` on the kernel's
 system-call tracepoints, and the system calls each proxy made per request are printed: where the
@@ -148,11 +151,11 @@ def start_engine(args: argparse.Namespace, log_dir: Path) -> Route:
 
 
 def start_vlmserve(engine: Route, args: argparse.Namespace, log_dir: Path, name: str = "vlmserve",
-                   src: Path | None = None) -> Route:
+                   src: Path | None = None, extra: tuple[str, ...] = ()) -> Route:
     """This checkout's gateway, or (`src`) another checkout's, e.g. main's, to compare before and after."""
     port = free_port()
     argv = [sys.executable, "-m", "vlmserve", "gateway", "--replica", engine.base_url, "--host", "127.0.0.1",
-            "--port", str(port), "--policy", args.policy]
+            "--port", str(port), "--policy", args.policy, *extra]
     if args.workers != 1 and src is None:
         argv += ["--workers", str(args.workers)]
     env = dict(os.environ)
@@ -163,6 +166,44 @@ def start_vlmserve(engine: Route, args: argparse.Namespace, log_dir: Path, name:
     route = Route(name, f"http://127.0.0.1:{port}", [process])
     wait_healthy(route.base_url + "/health", process=process)
     return route
+
+
+TRACE_RECEIVER = """
+import asyncio, signal, sys
+from vlmserve.bench.engine_traces import TraceReceiver
+
+async def main() -> None:
+    receiver = TraceReceiver("127.0.0.1", int(sys.argv[1]))
+    await receiver.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("ready", flush=True)
+    await stop.wait()
+    print(f"OTLP exports received {receiver.exports}, refused {receiver.rejected}", flush=True)
+    await receiver.stop()
+
+asyncio.run(main())
+"""
+SIDECARS: list[subprocess.Popen] = []
+"""Processes a route needs that are not the proxy (the trace receiver): their CPU is not the proxy's."""
+
+
+def start_vlmserve_traced(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route:
+    """This checkout's gateway with tracing on, exporting to the project's OTLP/HTTP receiver (its own
+    process, on the engine's CPUs): the gateway's side of tracing is what is measured."""
+    port = free_port()
+    log_path = log_dir / "trace-receiver.log"
+    with log_path.open("wb") as log:
+        receiver = subprocess.Popen(pinned(args.engine_cpus, [sys.executable, "-c", TRACE_RECEIVER, str(port)]),
+                                    stdout=log, stderr=subprocess.STDOUT)
+    SIDECARS.append(receiver)
+    deadline = time.monotonic() + 60
+    while b"ready" not in log_path.read_bytes():
+        if receiver.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the trace receiver did not start; see {log_path}")
+        time.sleep(0.1)
+    return start_vlmserve(engine, args, log_dir, "vlmserve-traced", extra=(
+        "--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces", "--trace-sample-ratio", str(args.trace_ratio)))
 
 
 NGINX_CONF = """
@@ -438,7 +479,7 @@ def print_summary(summary: dict, args: argparse.Namespace) -> None:
     print()
     print(f"{args.streams} streams, {args.rounds} rounds x {args.requests} requests per configuration, "
           f"engine TTFT {args.ttft_ms} ms / ITL {args.itl_ms} ms / {args.output_tokens} tokens (simulated engine)")
-    header = (f"{'route':<12} {'TTFT p50':>9} {'TTFT p99':>9} {'+p50 (paired)':>14} {'+p99 (paired)':>14} "
+    header = (f"{'route':<15} {'TTFT p50':>9} {'TTFT p99':>9} {'+p50 (paired)':>14} {'+p99 (paired)':>14} "
               f"{'tok/s':>8} {'tput vs direct':>15} {'proxy CPU':>10} {'CPU/chunk':>10} {'kernel':>7} "
               f"{'client CPU':>11} {'failed':>7}")
     print(header)
@@ -447,7 +488,7 @@ def print_summary(summary: dict, args: argparse.Namespace) -> None:
             return figures[key]["median"]
 
         spread = f"[{figures['added_ttft_p50_ms']['min']:+.2f},{figures['added_ttft_p50_ms']['max']:+.2f}]"
-        print(f"{name:<12} {med('ttft_p50_ms'):>8.2f}ms {med('ttft_p99_ms'):>8.2f}ms "
+        print(f"{name:<15} {med('ttft_p50_ms'):>8.2f}ms {med('ttft_p99_ms'):>8.2f}ms "
               f"{med('added_ttft_p50_ms'):>+12.2f}ms {med('added_ttft_p99_ms'):>+12.2f}ms "
               f"{med('tokens_per_s'):>8.0f} {med('throughput_ratio'):>14.3f}x "
               f"{med('proxy_cpu'):>9.2f}c {med('proxy_cpu_us_per_chunk'):>8.1f}us {med('proxy_kernel_share'):>6.0%} "
@@ -545,7 +586,7 @@ async def run(args: argparse.Namespace, routes: list[Route],
             for route in order:
                 trial = await run_trial(pools[route.name], route, bodies, args.requests, args.streams, stagger_s)
                 trials.append(trial)
-                print(f"round {index + 1}/{args.rounds} {route.name:<12} TTFT p50 {trial.percentile(0.5):7.2f} ms "
+                print(f"round {index + 1}/{args.rounds} {route.name:<15} TTFT p50 {trial.percentile(0.5):7.2f} ms "
                       f"p99 {trial.percentile(0.99):7.2f} ms  {trial.tokens_per_s:8.0f} tok/s  "
                       f"failed {trial.failed}  client CPU {trial.loadgen_cpu:.2f}  proxy CPU {trial.proxy_cpu:.2f} "
                       f"({trial.proxy_cpu_us_per_chunk:.1f} us/chunk, {trial.proxy_kernel_share:.0%} kernel)",
@@ -620,6 +661,8 @@ def report(rounds: list[list[Trial]], args: argparse.Namespace) -> tuple[dict, d
     print_against(verdicts)
     this_against = {other: against(rounds, ["vlmserve"], other) for other in ("vlmserve-base",)
                     if other in names and "vlmserve" in names}
+    if "vlmserve-traced" in names and "vlmserve" in names:  # what tracing costs: traced minus untraced
+        this_against["vlmserve"] = against(rounds, ["vlmserve-traced"], "vlmserve")
     for other, figures in this_against.items():
         print_against(figures, other)
     return summary, verdicts, this_against
@@ -638,8 +681,11 @@ def main() -> None:
     parser.add_argument("--proxy-cpus", default="1", help="taskset CPU list for each proxy")
     parser.add_argument("--loadgen-cpus", default="0", help="CPU list for this load generator")
     parser.add_argument("--only", default="",
-                        help="comma-separated subset of vlmserve,vlmserve-base,nginx,vllm-router,uvloop-pump "
-                             "(default: all but uvloop-pump, a byte pump with no HTTP: the floor for a Python relay)")
+                        help="comma-separated subset of vlmserve,vlmserve-base,vlmserve-traced,nginx,vllm-router,"
+                             "uvloop-pump (default: all but vlmserve-traced and uvloop-pump, a byte pump with no HTTP: "
+                             "the floor for a Python relay)")
+    parser.add_argument("--trace-ratio", type=float, default=1.0,
+                        help="vlmserve-traced: the gateway's --trace-sample-ratio (1: every request traced)")
     parser.add_argument("--baseline-src", type=Path,
                         help="a checkout's src/ directory (e.g. main's, from `git archive main src | tar -x -C DIR`) "
                              "whose gateway runs beside this one as `vlmserve-base`")
@@ -652,7 +698,7 @@ def main() -> None:
     parser.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
                         help="run nothing: report the rounds of these --json-out files together, as one run")
     args = parse_args(parser, streams=4, requests=16, rounds=1, ttft_ms=5.0, itl_ms=2.0, output_tokens=4,
-                      only="vlmserve,nginx")
+                      only="vlmserve,vlmserve-traced,nginx")
     if args.pool:
         pooled_args, pooled_rounds = load_rounds(args.pool)
         figures = report(pooled_rounds, pooled_args)
@@ -682,6 +728,7 @@ def main() -> None:
             "vlmserve": start_vlmserve,
             "vlmserve-base": lambda engine, args, log_dir: start_vlmserve(engine, args, log_dir, "vlmserve-base",
                                                                           args.baseline_src),
+            "vlmserve-traced": start_vlmserve_traced,
             "nginx": start_nginx,
             "vllm-router": start_vllm_router,
             "uvloop-pump": start_uvloop_pump,
@@ -710,6 +757,10 @@ def main() -> None:
     finally:
         for route in reversed(routes):
             route.stop()
+        for sidecar in SIDECARS:
+            Route("sidecar", "", [sidecar]).stop()
+        if SIDECARS:
+            print((log_dir / "trace-receiver.log").read_text().replace("ready\n", "").strip())
 
 
 if __name__ == "__main__":

@@ -187,7 +187,10 @@ def workload_for(run: Run, scale: float) -> Workload:
             raise UserError("input/output lengths not published and no assumption recorded for this run")
         load = LoadSpec(input_len=max(1, round(input_len)), output_len=max(1, round(output_len)), concurrency=users,
                         num_requests=prompts)
-    return Workload(load, closed_loop, assumed)
+    # Every non-legacy row was measured with `vllm bench serve`, which creates one task per prompt at
+    # once and lets --max-concurrency of them through a semaphore (vllm/benchmarks/serve.py:
+    # `benchmark` and `limited_request_func`): the first wave starts together, as simulated here.
+    return Workload(load, False, assumed)
 
 
 UNEXPRESSIBLE_FLAGS = {
@@ -326,8 +329,14 @@ PRIOR = Calibration(
         # benchmarks; serving rows cannot pin it better.
         bandwidth=0.9,
         step_overhead_s=0.0015,
-        # starting points of the fit (overwritten by it): MoE kernels slower than dense, skewed routing
+        # Not fitted: the engine process's own Python per scheduled request (schedule(), input
+        # preparation, update_from_output) — microseconds each; the API server's larger per-stream
+        # cost is `frontend_token_s`, fitted below. An order-of-magnitude prior, not a measurement.
+        per_seq_overhead_s=1e-5,
+        # starting points of the fit (overwritten by it): MoE kernels slower than dense, skewed routing;
+        # the API server's CPU per streamed token and per request (see Efficiency)
         moe_efficiency=0.5, moe_expert_spread=0.5, reserved_memory_gb=3.0,
+        frontend_token_s=5e-5, frontend_request_s=2e-3,
     ),
     per_gpu={
         # PCIe GPUs: vLLM's custom all-reduce needs NVLink, so NCCL over PCIe pays tens of µs a call.
@@ -365,14 +374,37 @@ def fit_stages(cases: Sequence[Case]) -> list[Stage]:
               (("default", "compute"),)),
         Stage("MoE kernels and routing spread on the reference GPU", lambda case: _is_moe(case) and _gpu_key(case) == REFERENCE_GPU,
               (("default", "moe_efficiency"), ("default", "moe_expert_spread"))),
-        # The CPU side of a step and of a request: what the measured-kernel step cost adds to the
-        # kernels' sum (the compute and MoE coefficients above only reach roofline-priced ops).
-        Stage("engine overheads on the reference GPU", lambda case: _gpu_key(case) == REFERENCE_GPU,
-              (("default", "step_overhead_s"), ("default", "per_seq_overhead_s"), ("default", "request_overhead_s"))),
+        # The CPU side, in two stages on the runs where each part shows (the compute and MoE
+        # coefficients above only reach roofline-priced ops). With a few streams the API server is
+        # idle most of the time: the engine's per-step CPU (TPOT above the kernels) and the
+        # per-request latency outside the engine (TTFT above the prefill) are what is left.
+        Stage("engine overheads at low concurrency on the reference GPU",
+              lambda case: _gpu_key(case) == REFERENCE_GPU and _few_streams(case),
+              (("default", "step_overhead_s"), ("default", "request_overhead_s"))),
+        # A burst of hundreds of requests at once: vLLM's single API server process streams every
+        # token and admits every request, and bounds the steps when it has more to do than the GPU.
+        Stage("API server under bursts on the reference GPU",
+              lambda case: _gpu_key(case) == REFERENCE_GPU and _burst(case),
+              (("default", "frontend_token_s"), ("default", "frontend_request_s"))),
     ]
     for gpu in sorted({_gpu_key(case) for case in cases} - {REFERENCE_GPU}):
         stages.append(Stage(f"compute on {gpu}", _on_gpu(gpu), ((gpu, "compute"),)))
     return [stage for stage in stages if all(name in known for _target, name in stage.parameters)]
+
+
+FEW_STREAMS = 8
+"""Closed-loop runs with at most this many clients identify the engine's own overheads."""
+
+
+def _few_streams(case: Case) -> bool:
+    load = case.scenario.load
+    return load.rate is None and 0 < (load.concurrency or 0) <= FEW_STREAMS
+
+
+def _burst(case: Case) -> bool:
+    """Every prompt sent at once (no concurrency limit): `vllm bench serve`'s default request rate inf."""
+    load = case.scenario.load
+    return load.rate is None and (load.concurrency or 0) >= (load.num_requests or 0) > FEW_STREAMS
 
 
 def _gpu_key(case: Case) -> str:
@@ -624,8 +656,9 @@ def report(cases: Sequence[Case], refused: dict[str, str], predictions: dict[str
     out += ["", "Fit (on calibration sources only):"]
     out += list(fit_notes) or ["- (shipped calibration; run with --refit to refit and see the stages)"]
     out += ["", "ASSUMED (workload details the sources leave out):",
-            "- closed-loop runs with a max concurrency: clients in steady state (start times staggered), "
-            "not one synchronized first wave; runs with no concurrency limit: every prompt sent at once"]
+            "- runs with a max concurrency: the first max-concurrency prompts sent at once, as `vllm bench serve` does "
+            "(the legacy rows of other tools: clients in steady state, start times staggered); runs with no "
+            "concurrency limit: every prompt sent at once"]
     for case in cases:
         if case.assumed:
             out.append(f"- {case.run.run_id}: " + "; ".join(case.assumed))

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
 from vlmserve.autoscale import AutoscaleRule
+from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.vllm_flags import VLLM_LORA_RANKS, check_engine_arg
 
@@ -45,7 +46,7 @@ class EngineArgs(BaseModel):
     kv_cache_dtype: str | None = None
     enable_prefix_caching: bool | None = None
     limit_mm_per_prompt: dict[str, int] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: JSONObject | None = None
     async_scheduling: bool | None = None
     enforce_eager: bool | None = Field(None, description="skip torch.compile; default: on for the embedded model only")
     served_model_name: str | None = None
@@ -59,7 +60,7 @@ class EngineArgs(BaseModel):
                 raise PydanticCustomError("unknown_vllm_flag", problem, {"key": key})
         return self
 
-    def vllm_flags(self) -> dict[str, Any]:
+    def vllm_flags(self) -> JSONObject:
         """The keys beyond vlmserve's own fields, for the engine's command line."""
         return dict(self.model_extra or {})
 
@@ -196,6 +197,12 @@ class DeploymentSpec(LoraOptions):
     gateway_state_unavailable: Literal["open", "closed"] = Field(
         "open", description="gateway: when that Redis does not answer, admit on per-process limits (open) "
         "or refuse rate-limited requests with 503 (closed) (vlmserve gateway --state-unavailable)")
+    gateway_otlp_traces_endpoint: str | None = Field(
+        None, description="gateway: export OpenTelemetry spans over OTLP/HTTP to this collector URL "
+        "(vlmserve gateway --otlp-traces-endpoint); none: no gateway spans")
+    gateway_trace_sample_ratio: float | None = Field(
+        None, ge=0, le=1, description="gateway: share of new traces kept (vlmserve gateway --trace-sample-ratio); "
+        "none: the gateway's default")
     devices: Literal["auto", "cpu", "gpu"] = "auto"
     cpu_threads_per_replica: int | None = Field(None, ge=1)
     kv_cache_space_gb: float | None = Field(None, gt=0)
@@ -468,7 +475,7 @@ class LoadSpec(BaseModel):
     lora_popularity: Literal["uniform", "zipf"] = "uniform"
     lora_skew: float = Field(1.0, gt=0, le=10, description="Zipf exponent of adapter popularity (lora_popularity zipf)")
     lora_base_share: float = Field(0.0, ge=0, le=1, description="share of conversations sent to the base model")
-    extra_body: dict[str, Any] | None = None
+    extra_body: JSONObject | None = None
     features: list[Literal["tools", "structured", "thinking"]] = Field(default_factory=list)
     """Feature workloads layered on the dataset (bench.features): tool schemas, a response JSON schema, thinking."""
     tool_choice: Literal["named", "required", "auto"] = "named"
@@ -492,7 +499,7 @@ class LoadSpec(BaseModel):
     """sharegpt: ask for output_len tokens instead of the dataset reply's length."""
     image_dir: str | None = None
     image_urls: list[str] | None = None
-    mm_processor_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: JSONObject | None = None
     request_timeout_s: float = Field(600.0, gt=0)
     workers: int | None = Field(None, ge=1, description="client worker processes; None: as the load needs")
     repeat: int = Field(1, ge=1, le=100, description="runs of the same load, fresh prompts each (a seed per repeat)")
@@ -543,7 +550,7 @@ def describe_validation_error(err: ValidationError, source: str) -> str:
     return f"{source}: field '{where}': {message}{more}"
 
 
-def load_yaml_file(path: str | Path) -> Any:
+def load_yaml_file(path: str | Path) -> JSONValue:
     """Read a YAML file (a spec, a keys file, a sweep), turning missing files, syntax errors and
     files over the config-file bounds (size, nesting, nodes with aliases expanded: an alias
     bomb) into UserError. The bounds are checked on the parser's events, before any node is built."""
@@ -566,7 +573,7 @@ def load_yaml_file(path: str | Path) -> Any:
         raise UserError(f"{file_path}: not valid YAML{where}; fix the syntax") from None
 
 
-def resolve_spec_paths(data: dict[str, Any], spec_file: str | Path) -> dict[str, Any]:
+def resolve_spec_paths(data: JSONObject, spec_file: str | Path) -> JSONObject:
     """Relative file paths in a spec file mean: next to the spec file (not the current directory)."""
     base = Path(spec_file).resolve().parent
     resolved = dict(data)

@@ -18,7 +18,6 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 MANAGED_BY_VLMSERVE: dict[str, str] = {
     "model": "the spec's `model` field",
@@ -87,7 +86,7 @@ def check_engine_arg(key: str) -> str | None:
     return f"not a flag of the installed vLLM{hint}"
 
 
-def engine_arg_argv(key: str, value: Any) -> list[str]:
+def engine_arg_argv(key: str, value: object) -> list[str]:
     """`key: value` from a spec as vLLM's parser reads it (bools as switches, dicts as JSON)."""
     flags = installed_vllm_flags()
     flag = flags.get(key) if flags else None

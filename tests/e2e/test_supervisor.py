@@ -112,7 +112,7 @@ def test_malformed_flags(vlmserve_cmd: list[str], home: Path) -> None:
     done = run_up(vlmserve_cmd, home, "--replicas", "0")
     assert_one_line_error(done, "flags: field 'replicas'")
     done = run_up(vlmserve_cmd, home, "--engine", "llama")
-    assert_one_line_error(done, "field 'engine'")
+    assert_one_line_error(done, "--engine 'llama': use one of vllm, sim")
 
 
 def test_unknown_gateway_policy(vlmserve_cmd: list[str], home: Path) -> None:

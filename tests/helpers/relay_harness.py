@@ -73,6 +73,7 @@ class ScriptedReplica:
     port: int = 0
     closed_at: list[float] = field(default_factory=list)
     posts: int = 0
+    heads: list[str] = field(default_factory=list)  # each POST's request head, as received
     connections: int = 0
     keep_alive: bool = False  # after a script, read the next request on the same connection
 
@@ -96,6 +97,7 @@ class ScriptedReplica:
                     await writer.drain()
                     continue
                 self.posts += 1
+                self.heads.append(head.decode("latin-1"))
                 script = self.scripts.pop(0)
                 if self.keep_alive:
                     await script(writer)

@@ -13,8 +13,8 @@ such as "\\ud800" cannot be written to the UTF-8 output, so the record names the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from vlmserve.json_types import JSONObject
 from vlmserve.bounded_read import BATCH_LINE, Refused, loads_json, too_long
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -28,7 +28,7 @@ class BatchRequest:
     line_no: int
     custom_id: str
     url: str
-    body: dict[str, Any]
+    body: JSONObject
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def parse_line(raw: bytes | None, line_no: int) -> BatchRequest | MalformedLine 
     return BatchRequest(line_no, custom_id, data["url"], data["body"])
 
 
-def _request_problem(data: dict[str, Any]) -> str | None:
+def _request_problem(data: JSONObject) -> str | None:
     if data.get("method") != "POST":
         return "'method' must be \"POST\""
     if data.get("url") not in BATCH_URLS:

@@ -22,8 +22,9 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from vlmserve.json_types import JSONObject
 from vlmserve.batch.lines import MALFORMED, MalformedLine
 from vlmserve.errors import UserError
 
@@ -37,7 +38,7 @@ def _result_id() -> str:
     return f"batch_req_{uuid.uuid4().hex}"
 
 
-def _encode(record: dict[str, Any]) -> bytes:
+def _encode(record: dict[str, object]) -> bytes:
     """One output line. Text is written as UTF-8; a lone surrogate (an answer echoing "\\ud800")
     cannot be, so such a record is written with \\u escapes instead (valid JSON, same value)."""
     text = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
@@ -47,7 +48,7 @@ def _encode(record: dict[str, Any]) -> bytes:
         return (json.dumps(record, separators=(",", ":")) + "\n").encode()
 
 
-def response_line(custom_id: str, status_code: int, request_id: str | None, body: Any) -> bytes:
+def response_line(custom_id: str, status_code: int, request_id: str | None, body: object) -> bytes:
     """An answered request (any HTTP status the server gave, after retries)."""
     return _encode({"id": _result_id(), "custom_id": custom_id,
                     "response": {"status_code": status_code, "request_id": request_id, "body": body},
@@ -56,31 +57,31 @@ def response_line(custom_id: str, status_code: int, request_id: str | None, body
 
 def error_line(custom_id: str | None, code: str, message: str, line_no: int | None = None) -> bytes:
     """A request that could not be sent (malformed) or got no usable answer."""
-    error: dict[str, Any] = {"code": code, "message": message}
+    error: JSONObject = {"code": code, "message": message}
     if line_no is not None:
         error["line"] = line_no
     return _encode({"id": _result_id(), "custom_id": custom_id, "response": None, "error": error})
 
 
-def failure_cause(record: dict[str, Any]) -> str | None:
+def failure_cause(record: JSONObject) -> str | None:
     """None for a success, else a short cause ('http_429', 'connection_error', 'malformed_line')."""
     error = record.get("error")
     if error:
-        return str(error.get("code") or "error")
-    response = record.get("response") or {}
-    status = response.get("status_code")
+        return str(error.get("code") or "error") if isinstance(error, dict) else "error"
+    response = record.get("response")
+    status = response.get("status_code") if isinstance(response, dict) else None
     if not isinstance(status, int):
         return "no_response"
     return None if status < 400 else f"http_{status}"
 
 
-def usage_tokens(record: dict[str, Any]) -> tuple[int, int]:
+def usage_tokens(record: JSONObject) -> tuple[int, int]:
     """(prompt, completion) tokens of an answered output line."""
-    response = record.get("response") or {}
-    return body_usage_tokens(response.get("body"))
+    response = record.get("response")
+    return body_usage_tokens(response.get("body") if isinstance(response, dict) else None)
 
 
-def body_usage_tokens(body: Any) -> tuple[int, int]:
+def body_usage_tokens(body: object) -> tuple[int, int]:
     """(prompt, completion) tokens from a response body's usage block; (0, 0) when absent."""
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
@@ -100,7 +101,7 @@ class Result:
     completion_tokens: int = 0
 
     @classmethod
-    def answered(cls, custom_id: str, status_code: int, request_id: str | None, body: Any) -> Result:
+    def answered(cls, custom_id: str, status_code: int, request_id: str | None, body: object) -> Result:
         cause = None if status_code < 400 else f"http_{status_code}"
         return cls(response_line(custom_id, status_code, request_id, body), cause, *body_usage_tokens(body))
 

@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from types import ModuleType
 from typing import Any
 
+from vlmserve.json_types import JSONObject
 from vlmserve.batch.output import Result
 
 ENGINE_URL = "/v1/chat/completions"
@@ -67,13 +69,13 @@ def result_row(row: dict[str, Any]) -> dict[str, Any]:
             "no_answer": ""}
 
 
-def engine_processor(ray: Any, model: str, workers: int, engine_kwargs: dict[str, Any], batch_size: int) -> Any:
+def engine_processor(ray: ModuleType, model: str, workers: int, engine_kwargs: JSONObject, batch_size: int) -> Any:
     """Ray Data's vLLM processor: `workers` engines, each on one GPU where the cluster has GPUs,
     else on one CPU bundle with the settings vLLM's CPU build needs."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     on_gpu = float(ray.cluster_resources().get("GPU", 0)) > 0
-    kwargs: dict[str, Any] = {} if on_gpu else {"gpu_memory_utilization": 0.05}
+    kwargs: JSONObject = {} if on_gpu else {"gpu_memory_utilization": 0.05}
     config = vLLMEngineProcessorConfig(
         model_source=model, engine_kwargs={**kwargs, **engine_kwargs}, concurrency=workers, batch_size=batch_size,
         log_engine_metrics=False, should_continue_on_error=True,

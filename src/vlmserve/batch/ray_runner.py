@@ -24,11 +24,11 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from types import FrameType
-from typing import Any
+from types import FrameType, ModuleType
+from typing import Protocol
 
 from rich.console import Console
 
@@ -40,6 +40,7 @@ from vlmserve.batch.runner import (NO_ANSWER_STREAK_LIMIT_FACTOR, BatchOptions, 
                                    progress_bar, request_headers)
 from vlmserve.batch.scan import PriorResults, entry_key, id_key, iter_input
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 
 RAY_EXTRA = "pip install 'vlmserve[ray]'"
 ACTOR_CPUS = 0.5
@@ -61,7 +62,7 @@ class RayOptions:
     workers: int = DEFAULT_WORKERS
     engine: str | None = None
     """A model (path or hub id): Ray starts `workers` vLLM engines for it instead of sending to an endpoint."""
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    engine_kwargs: JSONObject = field(default_factory=dict)
 
 
 def resolve_address(flag: str | None, env: Mapping[str, str]) -> str:
@@ -87,7 +88,7 @@ def host_port(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def import_ray() -> Any:
+def import_ray() -> ModuleType:
     try:
         import ray
         import ray.data  # noqa: F401
@@ -96,7 +97,7 @@ def import_ray() -> Any:
     return ray
 
 
-def _connect(ray: Any, address: str, workers: int, cpus_per_worker: float) -> None:
+def _connect(ray: ModuleType, address: str, workers: int, cpus_per_worker: float) -> None:
     """Join the cluster (or start a local instance) within a bounded time; one line if not."""
     target = host_port(address)
     if target is not None:
@@ -106,7 +107,7 @@ def _connect(ray: Any, address: str, workers: int, cpus_per_worker: float) -> No
             raise UserError(f"cannot reach the Ray cluster at {address} ({err.strerror or type(err).__name__}); "
                             "start it (ray start --head) or fix --ray-address / RAY_ADDRESS (nothing was sent)") from None
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ warnings would bury the summary
-    kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
+    kwargs: dict[str, object] = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if address == "local":
         kwargs |= {"num_cpus": max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker)), "include_dashboard": False}
     with _quiet_stderr() as stderr_fd:
@@ -144,7 +145,7 @@ def _auth_hint() -> str:
             "RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN)")
 
 
-def _join_within_timeout(ray: Any, address: str, kwargs: dict[str, Any], stderr_fd: int) -> None:
+def _join_within_timeout(ray: ModuleType, address: str, kwargs: dict[str, object], stderr_fd: int) -> None:
     """ray.init against something that is not a Ray head (or refuses our token) retries for ever.
 
     After the bound the error is written and the process ends at once: the connecting thread
@@ -175,7 +176,7 @@ def _join_within_timeout(ray: Any, address: str, kwargs: dict[str, Any], stderr_
 
 
 @contextmanager
-def _ray_session(address: str, workers: int, cpus_per_worker: float) -> Iterator[Any]:
+def _ray_session(address: str, workers: int, cpus_per_worker: float) -> Iterator[ModuleType]:
     ray = import_ray()
     try:
         _connect(ray, address, workers, cpus_per_worker)
@@ -196,7 +197,7 @@ class _Stop:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.requested = False
-        self.previous: dict[int, Any] = {}
+        self.previous: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
     def __enter__(self) -> _Stop:
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -222,12 +223,12 @@ def _requests_to_send(options: BatchOptions, prior: PriorResults, only_url: str 
                and (only_url is None or entry.url == only_url))
 
 
-def _feed(options: BatchOptions, prior: PriorResults, file: ResultFile, put: Callable[[Any], Any] | None,
-          only_url: str | None = None) -> list[Any]:
+def _feed(options: BatchOptions, prior: PriorResults, file: ResultFile, put: Callable[[list[dict[str, str]]], ObjectRef] | None,
+          only_url: str | None = None) -> list[ObjectRef]:
     """Write the malformed lines not yet answered (and, with `only_url`, an error record for each
     line of another url), and `put` the lines still to send into the object store in chunks of
     CHUNK_ROWS rows (their references are returned)."""
-    refs: list[Any] = []
+    refs: list[ObjectRef] = []
     chunk: list[dict[str, str]] = []
     for _, entry in iter_input(options.input_path):
         if entry_key(entry) in prior.done:
@@ -252,10 +253,10 @@ def _feed(options: BatchOptions, prior: PriorResults, file: ResultFile, put: Cal
     return refs
 
 
-def _putter(ray: Any) -> Callable[[list[dict[str, str]]], Any]:
+def _putter(ray: ModuleType) -> Callable[[list[dict[str, str]]], ObjectRef]:
     import pyarrow as pa  # part of ray[data]
 
-    def put(rows: list[dict[str, str]]) -> Any:
+    def put(rows: list[dict[str, str]]) -> ObjectRef:
         return ray.put(pa.Table.from_pylist(rows))
 
     return put
@@ -272,7 +273,7 @@ class _Collector:
         self.streak_limit = NO_ANSWER_STREAK_LIMIT_FACTOR * max(options.concurrency, ray_options.workers)
         self.duplicates = 0
 
-    def take(self, batch: dict[str, Any]) -> str | None:
+    def take(self, batch: Mapping[str, Sequence[object]]) -> str | None:
         """Write one batch of results; a reason to stop the job, or None."""
         for custom_id, line, cause, prompt, completion, retries, no_answer in zip(
                 batch["custom_id"], batch["line"], batch["cause"], batch["prompt_tokens"], batch["completion_tokens"],
@@ -297,8 +298,8 @@ class _Collector:
         return None
 
 
-def _stream(ray: Any, refs: list[Any], options: BatchOptions, ray_options: RayOptions,
-            collector: _Collector, stop: _Stop, on_batch: Any) -> None:
+def _stream(ray: ModuleType, refs: list[ObjectRef], options: BatchOptions, ray_options: RayOptions,
+            collector: _Collector, stop: _Stop, on_batch: Callable[[], None]) -> None:
     per_actor = per_actor_concurrency(options.concurrency, ray_options.workers)
     dataset = ray.data.from_arrow_refs(refs)
     if ray_options.engine is not None:
@@ -314,7 +315,18 @@ def _stream(ray: Any, refs: list[Any], options: BatchOptions, ray_options: RayOp
     _consume(dataset, collector, stop, on_batch)
 
 
-def _consume(dataset: Any, collector: _Collector, stop: _Stop, on_batch: Callable[[], None]) -> None:
+class _Batches(Protocol):
+    """What `_consume` reads from a Ray dataset: its batches, one column array per field."""
+
+    def iter_batches(self, *, batch_size: int | None, batch_format: str,
+                     prefetch_batches: int) -> Iterator[Mapping[str, Sequence[object]]]: ...
+
+
+ObjectRef = object
+"""A Ray object reference: only handed back to Ray (`from_arrow_refs`), never read here."""
+
+
+def _consume(dataset: _Batches, collector: _Collector, stop: _Stop, on_batch: Callable[[], None]) -> None:
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy", prefetch_batches=1):
         reason = collector.take(batch)
         on_batch()
@@ -356,7 +368,7 @@ def run_ray_job(options: BatchOptions, ray_options: RayOptions, console: Console
 
             refs = _feed(options, prior, file, None if ray is None else _putter(ray), only_url)
             on_batch()
-            if refs and not file.failed:
+            if refs and ray is not None and not file.failed:  # refs exist only when a session puts them
                 try:
                     _stream(ray, refs, options, ray_options, _Collector(options, ray_options, outcome, file),
                             stop, on_batch)

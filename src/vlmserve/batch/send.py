@@ -13,9 +13,9 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
+from vlmserve.json_types import JSONObject, JSONValue
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 120.0
@@ -55,18 +55,18 @@ def retry_after_s(value: str | None) -> float | None:
 class Answer:
     status_code: int
     request_id: str | None
-    body: Any
+    body: JSONValue
     retries: int
 
 
-def _decode(payload: bytes) -> Any:
+def _decode(payload: bytes) -> JSONValue:
     try:
         return json.loads(payload)
     except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack (the error body says so)
         return {"error": {"message": payload.decode(errors="replace")[:2000], "type": "non_json_response"}}
 
 
-async def send_with_retries(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+async def send_with_retries(session: aiohttp.ClientSession, url: str, body: JSONObject,
                             headers: dict[str, str], policy: RetryPolicy) -> Answer:
     """POST until a final answer; 429/5xx and connection errors are retried."""
     last_error = ""
@@ -82,7 +82,8 @@ async def send_with_retries(session: aiohttp.ClientSession, url: str, body: dict
                 decoded = _decode(payload)
                 request_id = response.headers.get("x-request-id")
                 if request_id is None and isinstance(decoded, dict):
-                    request_id = decoded.get("id")
+                    ident = decoded.get("id")
+                    request_id = None if ident is None else str(ident)
                 return Answer(response.status, request_id, decoded, attempt)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             last_error = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__

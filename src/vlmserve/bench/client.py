@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bench.http_stream import ConnectionLost, ConnectionPool, HttpProtocolError, post_stream
 from vlmserve.results.records import RequestRecord
 
@@ -30,8 +31,8 @@ class RequestOptions:
     model: str = ""
     ignore_eos: bool = True
     per_chunk_usage: bool = True
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    mm_processor_kwargs: dict[str, Any] | None = None
+    extra_body: JSONObject = field(default_factory=dict)
+    mm_processor_kwargs: JSONObject | None = None
 
     @property
     def path(self) -> str:
@@ -88,7 +89,7 @@ class _StreamState:
         self.times: list[float] = []
         self.tokens: list[int] = []
         self.parts: list[str] | None = [] if keep_text else None
-        self.usage: dict[str, Any] | None = None
+        self.usage: JSONObject | None = None
         self.last_completion = 0
         self.tool_ids: set[Any] = set()
         self.reasoning_chunks = 0
@@ -281,6 +282,11 @@ async def stream_request(
     return "".join(state.parts) if state.parts is not None else None
 
 
+def _token_count(value: JSONValue) -> int | None:
+    """A usage count as the server sent it (an integer); None when absent or not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _finish(record: RequestRecord, state: _StreamState) -> None:
     """Copy the stream's findings into the record and decide ok / error cause."""
     record.first_token_at_s = state.first
@@ -288,11 +294,12 @@ def _finish(record: RequestRecord, state: _StreamState) -> None:
     record.chunk_tokens = state.tokens
     usage = state.usage or {}
     if usage:
-        record.prompt_tokens = usage.get("prompt_tokens")
-        record.output_tokens = usage.get("completion_tokens")
-        details = usage.get("completion_tokens_details") or {}
-        if details.get("reasoning_tokens") is not None:
-            record.reasoning_tokens = int(details["reasoning_tokens"])
+        record.prompt_tokens = _token_count(usage.get("prompt_tokens"))
+        record.output_tokens = _token_count(usage.get("completion_tokens"))
+        details = usage.get("completion_tokens_details")
+        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        if isinstance(reasoning, (int, float, str)):
+            record.reasoning_tokens = int(reasoning)
     if record.reasoning_tokens is None and state.reasoning_chunks:
         record.reasoning_tokens = state.reasoning_tokens
     record.tool_calls = len(state.tool_ids)

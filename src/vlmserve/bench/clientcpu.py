@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import psutil
 
 from vlmserve.async_tasks import cancel_and_wait
+from vlmserve.results.blocks import ClientCpu
 
 
 class ClientCpuMonitor:
@@ -66,17 +66,17 @@ class ClientCpuMonitor:
                 pass  # the worker has exited: keep its last sample
         await cancel_and_wait(self._task)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ClientCpu:
         wall = max(self.ended - self.started, 1e-9)
         busy = {
             str(index): (self.end_times.get(pid, self.start_times[pid]) - self.start_times[pid]) / wall
             for index, pid in enumerate(self.processes)
         }
         peaks = {str(index): self.peaks.get(pid, 0.0) for index, pid in enumerate(self.processes)}
-        return {
-            "processes": len(self.processes),
-            "worker_busy_fraction": busy,
-            "worker_peak_busy_fraction": peaks,
-            "total_cpu_s": sum(self.end_times.get(pid, self.start_times[pid]) - self.start_times[pid] for pid in self.processes),
-            "machine_cores": psutil.cpu_count() or 1,
-        }
+        return ClientCpu(
+            processes=len(self.processes),
+            worker_busy_fraction=busy,
+            worker_peak_busy_fraction=peaks,
+            total_cpu_s=sum(self.end_times.get(pid, self.start_times[pid]) - self.start_times[pid] for pid in self.processes),
+            machine_cores=psutil.cpu_count() or 1,
+        )

@@ -3,10 +3,10 @@ each scale-up (SLO misses while it started, and after) and scale-down (requests 
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 from rich.table import Table
+
+from vlmserve.results.blocks import ScalingBlock
 
 BAR_WIDTH = 20
 
@@ -18,29 +18,29 @@ def _bar(fraction: float | None) -> str:
     return "█" * filled + "·" * (BAR_WIDTH - filled)
 
 
-def print_scaling(console: Console, scaling: dict[str, Any], *, simulated: bool) -> None:
+def print_scaling(console: Console, scaling: ScalingBlock, *, simulated: bool) -> None:
     """Windows as rows (attainment bar, replicas), then one line per scale event."""
     label = " (SIMULATED: sim engines)" if simulated else ""
-    table = Table(title=f"load shape {scaling.get('load_shape')}: SLO attainment per {scaling['window_s']:g} s window{label}",
+    table = Table(title=f"load shape {scaling.load_shape}: SLO attainment per {scaling.window_s:g} s window{label}",
                   title_justify="left")
     for column in ("from", "sent", "met SLO", "failed", "attainment", "replicas"):
         table.add_column(column, justify="left" if column == "attainment" else "right")
-    for window in scaling["windows"]:
-        attainment = window["attainment"]
+    for window in scaling.windows:
+        attainment = window.attainment
         shown = f"{_bar(attainment)} {attainment:.0%}" if attainment is not None else "-"
-        replicas = window["replicas"]
-        table.add_row(f"{window['start_s']:g} s", str(window["requests"]), str(window["met"]), str(window["failed"]),
+        replicas = window.replicas
+        table.add_row(f"{window.start_s:g} s", str(window.requests), str(window.met), str(window.failed),
                       shown, "-" if replicas is None else f"{replicas:g}")
     console.print(table)
-    if scaling.get("replicas_timeline") is None:
+    if scaling.replicas_timeline is None:
         console.print("replica count: not available (the target is not a vlmserve gateway, or its /metrics was not read)")
-    for event in scaling["scale_ups"]:
+    for event in scaling.scale_ups:
         console.print(
-            f"scale-up {event['replicas_before']:g} -> {event['replicas_after']:g} replicas: from {event['began_s']:g} s "
-            f"(first miss) to {event['last_joined_s']:g} s (last replica in rotation): "
-            f"{event['missed_during']} of {event['requests_during']} requests missed the SLO ({event['failed_during']} failed); "
-            f"after it: {event['missed_after']} of {event['requests_after']} missed ({event['failed_after']} failed)")
-    for event in scaling["scale_downs"]:
-        verdict = "[green]none failed[/]" if event["failed"] == 0 else f"[bold red]{event['failed']} failed[/]"
-        console.print(f"scale-down {event['replicas_before']:g} -> {event['replicas_after']:g} replicas at "
-                      f"{event['seen_s']:g} s: {event['requests_in_flight']} requests in flight around it, {verdict}")
+            f"scale-up {event.replicas_before:g} -> {event.replicas_after:g} replicas: from {event.began_s:g} s "
+            f"(first miss) to {event.last_joined_s:g} s (last replica in rotation): "
+            f"{event.missed_during} of {event.requests_during} requests missed the SLO ({event.failed_during} failed); "
+            f"after it: {event.missed_after} of {event.requests_after} missed ({event.failed_after} failed)")
+    for down in scaling.scale_downs:
+        verdict = "[green]none failed[/]" if down.failed == 0 else f"[bold red]{down.failed} failed[/]"
+        console.print(f"scale-down {down.replicas_before:g} -> {down.replicas_after:g} replicas at "
+                      f"{down.seen_s:g} s: {down.requests_in_flight} requests in flight around it, {verdict}")

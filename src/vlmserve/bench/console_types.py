@@ -7,11 +7,11 @@ block and the engine histograms' breakdown, and prints nothing for a plain text 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from vlmserve.results.blocks import ServerBlock
 from vlmserve.results.summary import RunSummary, TypeSummary
 
 
@@ -75,18 +75,19 @@ def breakdown_table(summary: RunSummary) -> Table:
     return table
 
 
-def engine_line(server: dict[str, Any] | None) -> str | None:
+def engine_line(server: ServerBlock | None) -> str | None:
     """The run-level breakdown from the engine's histograms, and the multimodal cache hit rate."""
-    server = server or {}
-    block = server.get("engine_breakdown")
-    rate = server.get("mm_cache_hit_rate")
+    if server is None:
+        return None
+    block = server.engine_breakdown
+    rate = server.mm_cache_hit_rate
     if not block and rate is None:
         return None
     parts = []
     if block:
         parts.append(
-            f"TTFT {_ms(block.get('ttft_ms'))} ms = frontend {_ms(block.get('frontend_ms'))} + queue "
-            f"{_ms(block.get('queue_ms'))} + prefill {_ms(block.get('prefill_ms'))} (mean of {block.get('requests')} requests)"
+            f"TTFT {_ms(block.ttft_ms)} ms = frontend {_ms(block.frontend_ms)} + queue "
+            f"{_ms(block.queue_ms)} + prefill {_ms(block.prefill_ms)} (mean of {block.requests} requests)"
         )
     if rate is not None:
         parts.append(f"multimodal cache hit rate {rate * 100:.1f}%")

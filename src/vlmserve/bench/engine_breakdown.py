@@ -11,9 +11,9 @@ the same parts come from the engine's trace spans (bench.engine_traces, results.
 
 from __future__ import annotations
 
-from typing import Any
 
 from vlmserve import vllm_names
+from vlmserve.results.blocks import EngineBreakdown
 
 HISTOGRAMS: dict[str, str] = {
     "ttft": vllm_names.TIME_TO_FIRST_TOKEN,
@@ -38,7 +38,7 @@ def _mean_ms(before: dict[str, float], after: dict[str, float], name: str) -> tu
     return total / count * 1000.0, int(count)
 
 
-def engine_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
+def engine_breakdown(before: dict[str, float], after: dict[str, float]) -> EngineBreakdown | None:
     """Mean engine TTFT, queue, prefill and frontend (TTFT − queue − prefill) in ms; None without the histograms.
 
     The counts differ a little when requests were in flight at a scrape: TTFT is observed at the
@@ -52,13 +52,13 @@ def engine_breakdown(before: dict[str, float], after: dict[str, float]) -> dict[
         return None
     ttft, queue, prefill = means["ttft"], means["queue"], means["prefill"]
     frontend = ttft - queue - prefill if queue is not None and prefill is not None else None
-    return {
-        "source": "engine /metrics histograms (run means)",
-        "ttft_ms": ttft,
-        "queue_ms": queue,
-        "prefill_ms": prefill,
-        "frontend_ms": frontend,
-        "requests": counts["ttft"],
-        "queue_requests": counts["queue"],
-        "prefill_requests": counts["prefill"],
-    }
+    return EngineBreakdown(
+        source="engine /metrics histograms (run means)",
+        ttft_ms=ttft,
+        queue_ms=queue,
+        prefill_ms=prefill,
+        frontend_ms=frontend,
+        requests=counts["ttft"],
+        queue_requests=counts["queue"],
+        prefill_requests=counts["prefill"],
+    )

@@ -26,7 +26,8 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Literal, Protocol
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool
@@ -248,11 +249,11 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
         pool.close()
 
 
-async def _until_interrupted(load: Any, interrupt: Interrupt, grace_s: float) -> None:
+async def _until_interrupted(load: Awaitable[object], interrupt: Interrupt, grace_s: float) -> None:
     """Run the load; once stopped, give requests in flight `grace_s` (or until STOP_NOW), then cancel."""
     task = asyncio.ensure_future(load)
     stop_wait = asyncio.ensure_future(interrupt.stopping.wait())
-    now_wait: asyncio.Future | None = None
+    now_wait: asyncio.Future[Literal[True]] | None = None
     try:
         await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
@@ -335,8 +336,29 @@ async def _closed_loop(
 
 _FLUSH_EVERY_S = 0.1
 
+WorkerMessage = tuple[str, int, "int | str | list[tuple[RequestRecord, str | None]] | None"]
+"""(kind, worker index, payload): ("ready", i, pid), ("records", i, batch), ("done", i, None), ("error", i, traceback)."""
 
-def _worker_process(plan: WorkerPlan, results: Any, go: Any, start_at: Any, stop_level: Any) -> None:
+
+class _Shared(Protocol):
+    """A number shared with the worker processes (`multiprocessing.Value`)."""
+
+    value: float
+
+
+class _Outbox(Protocol):
+    """The queue a worker puts its messages on (`multiprocessing.Queue`)."""
+
+    def put(self, message: WorkerMessage) -> None: ...
+
+
+class _StartSignal(Protocol):
+    """The event every worker waits on before its clock starts (`multiprocessing.Event`)."""
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def _worker_process(plan: WorkerPlan, results: _Outbox, go: _StartSignal, start_at: _Shared, stop_level: _Shared) -> None:
     """Entry point of a worker process: one asyncio loop, records sent back in batches.
 
     Ctrl-C reaches every process of the terminal's group; workers ignore it and follow the
@@ -355,7 +377,8 @@ def _worker_process(plan: WorkerPlan, results: Any, go: Any, start_at: Any, stop
         results.put(("error", plan.index, traceback.format_exc(limit=4)))
 
 
-async def _worker_main(plan: WorkerPlan, results: Any, go: Any, start_at: Any, stop_level: Any) -> None:
+async def _worker_main(plan: WorkerPlan, results: _Outbox, go: _StartSignal, start_at: _Shared,
+                       stop_level: _Shared) -> None:
     batch: list[tuple[RequestRecord, str | None]] = []
     interrupt = Interrupt()
 
@@ -365,7 +388,7 @@ async def _worker_main(plan: WorkerPlan, results: Any, go: Any, start_at: Any, s
     async def flusher() -> None:
         while True:
             await asyncio.sleep(_FLUSH_EVERY_S)
-            interrupt.raise_to(stop_level.value)
+            interrupt.raise_to(int(stop_level.value))
             if batch:
                 results.put(("records", plan.index, batch[:]))
                 batch.clear()
@@ -448,82 +471,123 @@ async def run_workers(
         await asyncio.gather(*(drive(plan, collect, start_perf, interrupt) for plan in plans))
         return LoadOutcome(records, texts, start_wall, time.time(), [os.getpid()], True, interrupt.level > 0)
 
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    go = context.Event()
-    start_at = context.Value("d", 0.0)
-    stop_level = context.Value("i", 0)
-    interrupt.listen(lambda level: setattr(stop_level, "value", level))
-    processes = [
-        context.Process(target=_worker_process, args=(plan, results, go, start_at, stop_level), daemon=True, name=f"vlmserve-bench-w{plan.index}")
-        for plan in plans
-    ]
-    with _main_module_hidden():
-        for process in processes:
-            process.start()
-    loop = asyncio.get_running_loop()
-    pending = {plan.index for plan in plans}
-    ready: dict[int, int] = {}
-    errors: list[str] = []
-
-    def receive(timeout: float) -> Any:
-        try:
-            return results.get(timeout=timeout)
-        except queue_module.Empty:
-            return None
-
+    pool = _WorkerPool(plans, interrupt)
     try:
-        while len(ready) < len(plans):
-            if interrupt.level:
+        pids = await pool.wait_ready()
+        start_wall = pool.start()
+        if on_started:
+            on_started(pids)
+        errors = await pool.collect_until_done(collect)
+    finally:
+        pool.stop()
+    if errors:
+        raise WorkerFailed("; ".join(errors))
+    return LoadOutcome(records, texts, start_wall, time.time(), pids, False, interrupt.level > 0)
+
+
+class _WorkerPool:
+    """One spawned process per plan, talking over one queue: ("ready", index, pid), ("records",
+    index, [(record, text), ...]), ("done", index, None) or ("error", index, traceback)."""
+
+    def __init__(self, plans: list[WorkerPlan], interrupt: Interrupt) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.plans = plans
+        self.interrupt = interrupt
+        self.results = context.Queue()
+        self.go = context.Event()
+        self.start_at = context.Value("d", 0.0)
+        stop_level = context.Value("i", 0)
+        interrupt.listen(lambda level: setattr(stop_level, "value", level))
+        self.processes = [
+            context.Process(target=_worker_process, args=(plan, self.results, self.go, self.start_at, stop_level),
+                            daemon=True, name=f"vlmserve-bench-w{plan.index}")
+            for plan in plans
+        ]
+        with _main_module_hidden():
+            for process in self.processes:
+                process.start()
+
+    async def _receive(self) -> WorkerMessage | None:
+        """The next message, or None after half a second without one (off the event loop)."""
+
+        def receive() -> WorkerMessage | None:
+            try:
+                message: WorkerMessage = self.results.get(timeout=0.5)
+                return message
+            except queue_module.Empty:
+                return None
+
+        return await asyncio.get_running_loop().run_in_executor(None, receive)
+
+    async def wait_ready(self) -> list[int]:
+        """Wait until every worker has prepared its requests; their pids, in the order they got ready."""
+        ready: dict[int, int] = {}
+        while len(ready) < len(self.plans):
+            if self.interrupt.level:
                 raise KeyboardInterrupt  # nothing was sent yet: nothing to keep
-            message = await loop.run_in_executor(None, receive, 0.5)
+            message = await self._receive()
             if message is None:
-                dead = [p for p in processes if not p.is_alive()]
+                dead = [p for p in self.processes if not p.is_alive()]
                 if dead:
                     raise WorkerFailed(f"bench worker exited with code {dead[0].exitcode} before starting")
                 continue
-            if message[0] == "ready":
-                ready[message[1]] = message[2]
-            elif message[0] == "error":
-                raise WorkerFailed(message[2].strip().splitlines()[-1])
-        start_at.value = time.perf_counter() + 0.05
-        start_wall = start_at.value + plans[0].clock_offset
-        go.set()
-        if on_started:
-            on_started(list(ready.values()))
+            kind, index, payload = message
+            if kind == "ready":
+                assert isinstance(payload, int)
+                ready[index] = payload
+            elif kind == "error":
+                assert isinstance(payload, str)
+                raise WorkerFailed(payload.strip().splitlines()[-1])
+        return list(ready.values())
+
+    def start(self) -> float:
+        """Start every worker's clock at one shared instant; returns it on the wall clock."""
+        self.start_at.value = time.perf_counter() + 0.05
+        self.go.set()
+        return float(self.start_at.value) + self.plans[0].clock_offset
+
+    async def collect_until_done(self, collect: RecordSink) -> list[str]:
+        """Feed every record to `collect` until each worker is done, failed or gone; the failures."""
+        pending = {plan.index for plan in self.plans}
+        errors: list[str] = []
         while pending:
-            message = await loop.run_in_executor(None, receive, 0.5)
+            message = await self._receive()
             if message is None:
-                for plan, process in zip(plans, processes):
-                    if plan.index in pending and not process.is_alive():
-                        # give a final batch already on its way a moment to arrive
-                        late = await loop.run_in_executor(None, receive, 0.5)
-                        if late is not None:
-                            message = late
-                            break
-                        pending.discard(plan.index)
-                        errors.append(f"worker {plan.index} exited with code {process.exitcode}")
+                message = await self._reap_dead(pending, errors)
                 if message is None:
                     continue
             kind, index, payload = message
             if kind == "records":
+                assert isinstance(payload, list)
                 for record, text in payload:
                     collect(record, text)
             elif kind == "done":
                 pending.discard(index)
             elif kind == "error":
+                assert isinstance(payload, str)
                 pending.discard(index)
                 errors.append(f"worker {index}: {payload.strip().splitlines()[-1]}")
-    finally:
-        go.set()
-        for process in processes:
+        return errors
+
+    async def _reap_dead(self, pending: set[int], errors: list[str]) -> WorkerMessage | None:
+        """After a quiet spell: a dead worker's late final batch if one arrives, else it is written off."""
+        for plan, process in zip(self.plans, self.processes):
+            if plan.index in pending and not process.is_alive():
+                late = await self._receive()  # give a final batch already on its way a moment to arrive
+                if late is not None:
+                    return late
+                pending.discard(plan.index)
+                errors.append(f"worker {plan.index} exited with code {process.exitcode}")
+        return None
+
+    def stop(self) -> None:
+        """Release workers still waiting for the start, then join them (terminated if they hang)."""
+        self.go.set()
+        for process in self.processes:
             process.join(timeout=5)
             if process.is_alive():
                 process.terminate()
                 process.join(timeout=5)
-    if errors:
-        raise WorkerFailed("; ".join(errors))
-    return LoadOutcome(records, texts, start_wall, time.time(), list(ready.values()), False, interrupt.level > 0)
 
 
 def workers_needed(

@@ -75,7 +75,7 @@ def save_results(result: RunResult, *, store_run: bool, json_out: Path | None, r
 
     def note_failure() -> None:
         if len(warnings.messages) > already:
-            result.meta["post_run_failed"] = True
+            result.meta.post_run_failed = True
     if store_run:
         warnings.attempt(f"saving the run in the history ({store.database_path()})", lambda: store.save_run(result),
                          None, "it is missing from `vlmserve runs`")

@@ -10,8 +10,7 @@ A mismatch becomes a warning in every output.
 
 from __future__ import annotations
 
-from typing import Any
-
+from vlmserve.results.blocks import PrefixCacheBlock, ServerBlock
 from vlmserve.spec import LoadSpec
 
 HIT_RATE_TOLERANCE = 0.1
@@ -41,9 +40,9 @@ def expected_hit_rate(load: LoadSpec, requests_sent: int) -> float | None:
     return (first_uses + (requests_sent - distinct)) / requests_sent
 
 
-def prefix_cache_block(load: LoadSpec, server: dict[str, Any], requests_sent: int) -> dict[str, Any]:
+def prefix_cache_block(load: LoadSpec, server: ServerBlock, requests_sent: int) -> PrefixCacheBlock:
     """The summary's `prefix_cache` block: measured and expected hit rates and whether they disagree."""
-    measured = server.get("prefix_cache_hit_rate") if server.get("available") else None
+    measured = server.prefix_cache_hit_rate if server.available else None
     expected = expected_hit_rate(load, requests_sent)
     verdict = "unknown"
     if measured is not None and expected is not None:
@@ -53,27 +52,29 @@ def prefix_cache_block(load: LoadSpec, server: dict[str, Any], requests_sent: in
             verdict = "below"
         else:
             verdict = "as intended"
-    return {
-        "workload": intended_reuse(load),
-        "measured_hit_rate": measured,
-        "expected_hit_rate": expected,
-        "verdict": verdict,
-    }
+    return PrefixCacheBlock(
+        workload=intended_reuse(load),
+        measured_hit_rate=measured,
+        expected_hit_rate=expected,
+        verdict=verdict,
+    )
 
 
-def prefix_cache_warnings(block: dict[str, Any]) -> list[str]:
+def prefix_cache_warnings(block: PrefixCacheBlock) -> list[str]:
     """One line per mismatch, saying what it does to the figures and what to do."""
-    measured, expected = block.get("measured_hit_rate"), block.get("expected_hit_rate")
-    if block.get("verdict") == "above":
+    measured, expected = block.measured_hit_rate, block.expected_hit_rate
+    if measured is None or expected is None:
+        return []  # a verdict needs both rates
+    if block.verdict == "above":
         return [
             f"prefix-cache hit rate {measured:.0%} is above the {expected:.0%} this workload intends "
-            f"({block['workload']}): the engine served repeated prompts from its cache, so TTFT is flattered; "
+            f"({block.workload}): the engine served repeated prompts from its cache, so TTFT is flattered; "
             "make reuse explicit with --prompt-pool-size or --shared-prefix-len, or check the dataset for repeats"
         ]
-    if block.get("verdict") == "below":
+    if block.verdict == "below":
         return [
             f"prefix-cache hit rate {measured:.0%} is below the {expected:.0%} this workload intends "
-            f"({block['workload']}): prefix caching is off or its cache too small, so TTFT includes prefill "
+            f"({block.workload}): prefix caching is off or its cache too small, so TTFT includes prefill "
             "the workload meant to reuse"
         ]
     return []

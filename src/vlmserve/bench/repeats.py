@@ -20,13 +20,22 @@ Rules kept:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypedDict
+
+from typing_extensions import Unpack
 
 from rich.console import Console
 
+from vlmserve.bench.target import Target
+from vlmserve.json_types import JSONObject
+from vlmserve.results.blocks import ConfidenceInterval, RepeatRow, RepeatsBlock
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
 from vlmserve.spec import SLO, LoadSpec
+
+if TYPE_CHECKING:
+    from vlmserve.results.metrics import ClientLimits  # numpy: imported when a run starts, not with the CLI
 
 REPEAT_SEED_STRIDE = 100_003
 """Seed step between repeats; larger than any sweep's cell count, so seeds never collide."""
@@ -62,15 +71,15 @@ def t_quantile_975(degrees_of_freedom: int) -> float:
     return _T_975[max(known)] if degrees_of_freedom <= 120 else 1.960
 
 
-def confidence_interval(values: Sequence[float]) -> dict[str, Any]:
+def confidence_interval(values: Sequence[float]) -> ConfidenceInterval:
     """Mean and 95 % t-interval of per-repeat values; `low`/`high` None for a single value."""
     count = len(values)
     mean = sum(values) / count
     if count < 2:
-        return {"mean": mean, "low": None, "high": None, "half_width": None, "values": list(values)}
+        return ConfidenceInterval(mean=mean, low=None, high=None, half_width=None, values=list(values))
     variance = sum((value - mean) ** 2 for value in values) / (count - 1)
     half = t_quantile_975(count - 1) * math.sqrt(variance / count)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "half_width": half, "values": list(values)}
+    return ConfidenceInterval(mean=mean, low=mean - half, high=mean + half, half_width=half, values=list(values))
 
 
 def repeat_seed(seed: int, index: int) -> int:
@@ -88,28 +97,40 @@ def repeat_verdict(summary: RunSummary, max_failed_fraction: float) -> bool | No
         return None
     total = summary.requests.total
     failed_fraction = summary.requests.failed / total if total else 1.0
-    stopped = summary.meta.get("stopped")
+    stopped = summary.meta.stopped
     return good.all_met and failed_fraction <= max_failed_fraction and not stopped
+
+
+class RunOptions(TypedDict, total=False):
+    """The keyword options `run_repeated` passes through to each `run_load` (see its docstring)."""
+
+    progress: bool
+    label: str | None
+    deployment: JSONObject | None
+    client_limits: ClientLimits
+    stop_on_ctrl_c: bool
+    server_metrics_interval_s: float
+    engine_traces: str | None
 
 
 MAX_FAILED_FRACTION = 0.01
 """A repeat whose requests failed more often than this misses its SLOs whatever its latencies."""
 
 
-def _repeat_row(index: int, seed: int, result: RunResult) -> dict[str, Any]:
+def _repeat_row(index: int, seed: int, result: RunResult) -> RepeatRow:
     summary = result.summary
     checks = summary.goodput.checks if summary.goodput is not None else {}
-    return {
-        "repeat": index + 1,
-        "seed": seed,
-        "duration_s": summary.duration_s,
-        "completed": summary.requests.completed,
-        "failed": summary.requests.failed,
-        "stopped": summary.meta.get("stopped"),
-        "slo_met": repeat_verdict(summary, MAX_FAILED_FRACTION),
-        "slo_checks": {key: check.measured_ms for key, check in checks.items()},
-        "figures": {name: summary.figure(name) for name in INTERVAL_METRICS},
-    }
+    return RepeatRow(
+        repeat=index + 1,
+        seed=seed,
+        duration_s=summary.duration_s,
+        completed=summary.requests.completed,
+        failed=summary.requests.failed,
+        stopped=summary.meta.stopped,
+        slo_met=repeat_verdict(summary, MAX_FAILED_FRACTION),
+        slo_checks={key: check.measured_ms for key, check in checks.items()},
+        figures={name: summary.figure(name) for name in INTERVAL_METRICS},
+    )
 
 
 def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunResult:
@@ -119,7 +140,7 @@ def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunRes
     seeds = [repeat_seed(load.seed, index) for index in range(len(results))]
     if len(results) == 1:
         only = results[0]
-        only.summary.repeats = {"count": 1, "single_run": True, "runs": [_repeat_row(0, seeds[0], only)]}
+        only.summary.repeats = RepeatsBlock(count=1, single_run=True, runs=[_repeat_row(0, seeds[0], only)])
         return only
     records = []
     for index, result in enumerate(results):
@@ -130,45 +151,45 @@ def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunRes
     summary = metrics.summarize(records, slo, duration_s=window)
     first, last = results[0].summary, results[-1].summary
     clients = [result.summary.client for result in results]
-    client = dict(clients[0])
-    client["limited"] = any(block.get("limited") for block in clients)
-    client["limited_reasons"] = [f"repeat {index + 1}: {reason}" for index, block in enumerate(clients)
-                                 for reason in block.get("limited_reasons") or []]
-    summary.client = client
+    summary.client = clients[0].model_copy(update={
+        "limited": any(block.limited for block in clients),
+        "limited_reasons": [f"repeat {index + 1}: {reason}" for index, block in enumerate(clients)
+                            for reason in block.limited_reasons],
+    })
     summary.server = last.server  # the last repeat's counters: caches at their warmest
     summary.prefix_cache = last.prefix_cache
     summary.warnings = [f"repeat {index + 1}: {warning}" for index, result in enumerate(results)
                            for warning in result.warnings]
     metas = [result.meta for result in results]
-    stopped = next((meta.get("stopped") for meta in metas if meta.get("stopped")), None)
-    summary.meta = {
-        **first.meta,
+    summary.meta = first.meta.model_copy(update={
         "load_spec": load.model_dump(mode="json"),
-        "interrupted": any(meta.get("interrupted") for meta in metas),
-        "post_run_failed": any(meta.get("post_run_failed") for meta in metas),
-        "client_limited": client["limited"],
-        "stopped": stopped,
-    }
+        "interrupted": any(meta.interrupted for meta in metas),
+        "post_run_failed": any(meta.post_run_failed for meta in metas),
+        "client_limited": summary.client.limited,
+        "stopped": next((meta.stopped for meta in metas if meta.stopped), None),
+    })
     rows = [_repeat_row(index, seeds[index], result) for index, result in enumerate(results)]
-    intervals: dict[str, Any] = {}
+    intervals: dict[str, ConfidenceInterval] = {}
     for path in INTERVAL_METRICS:
-        values = [row["figures"][path] for row in rows]
-        if all(value is not None for value in values):
-            intervals[path] = confidence_interval(values)
-    summary.repeats = {
-        "count": len(results),
-        "single_run": False,
-        "method": "student-t over per-repeat values",
-        "confidence": CONFIDENCE,
-        "seeds": seeds,
-        "intervals": intervals,
-        "runs": rows,
-    }
+        values = [row.figures[path] for row in rows]
+        present = [value for value in values if value is not None]
+        if len(present) == len(values):
+            intervals[path] = confidence_interval(present)
+    summary.repeats = RepeatsBlock(
+        count=len(results),
+        single_run=False,
+        method="student-t over per-repeat values",
+        confidence=CONFIDENCE,
+        seeds=seeds,
+        intervals=intervals,
+        runs=rows,
+    )
     return RunResult(records=records, summary=summary)
 
 
-async def run_repeated(load: LoadSpec, target: Any, *, console: Console | None = None, slo: SLO | None = None,
-                       settled: Callable[[list[RunResult]], bool] | None = None, **run_options: Any) -> RunResult:
+async def run_repeated(load: LoadSpec, target: Target, *, console: Console | None = None, slo: SLO | None = None,
+                       settled: Callable[[list[RunResult]], bool] | None = None,
+                       **run_options: Unpack[RunOptions]) -> RunResult:
     """Run `load` `load.repeat` times (fresh seeds) and combine; Ctrl-C keeps what ran.
 
     `settled(results so far)` may end the repeats early (the SLO search stops once a majority
@@ -184,8 +205,8 @@ async def run_repeated(load: LoadSpec, target: Any, *, console: Console | None =
             console.print(f"repeat {index + 1} of {load.repeat} (seed {single.seed})")
         result = await run_load(single, target, console=console, slo=slo, **run_options)
         results.append(result)
-        if result.meta.get("interrupted") or (settled is not None and settled(results)):
+        if result.meta.interrupted or (settled is not None and settled(results)):
             break
     combined = combine(results, load, slo)
-    combined.meta["load_spec"] = load.model_dump(mode="json")
+    combined.meta.load_spec = load.model_dump(mode="json")
     return combined

@@ -14,6 +14,7 @@ import os
 import random
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from collections.abc import Callable
 
@@ -32,14 +33,24 @@ from vlmserve.bench.engine_traces import TraceReceiver, attach_engine_timings, p
 from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
 from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
 from vlmserve.bench.load_shapes import parse_load_shape
-from vlmserve.bench.load import WorkItem, WorkerPlan, arrival_offsets, build_item_bodies, run_workers, workers_needed
+from vlmserve.bench.load import (
+    LoadOutcome,
+    WorkerPlan,
+    WorkItem,
+    arrival_offsets,
+    build_item_bodies,
+    run_workers,
+    workers_needed,
+)
 from vlmserve.bench.post_run import PostRunWarnings
 from vlmserve.results.run import RunResult
 from vlmserve.bench.saturation import OVERSATURATED, OversaturationDetector, SaturationRule, watch
 from vlmserve.bench.scrape import ServerScraper
-from vlmserve.bench.target import Target, check_target
+from vlmserve.bench.target import ServerFacts, Target, check_target
 from vlmserve.bench.tokens import TokenCounter, choose_counter
 from vlmserve.bench.workloads import Conversation, WorkloadContext, build_conversations, check_local_inputs
+from vlmserve.json_types import JSONObject
+from vlmserve.results.blocks import ClientCpu, EngineTraces, RunMeta, ServerBlock
 from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO, LoadSpec
 
@@ -91,7 +102,8 @@ def _trim_to_requests(conversations: list[Conversation], requests: int) -> list[
 
 
 def _plans(
-    load: LoadSpec, target: Target, options: RequestOptions, conversations: list[Conversation], workers: int, keep_text: bool
+    load: LoadSpec, target: Target, options: RequestOptions, conversations: list[Conversation], workers: int, *,
+    keep_text: bool,
 ) -> list[WorkerPlan]:
     """Split the load over `workers`: users and budgets for a closed loop, send offsets for an open one."""
     url = f"{target.base_url}{options.path}"
@@ -173,6 +185,27 @@ def _tokenizer_check(records: list[RequestRecord], texts: dict[str, str], counte
         record.tokenizer_output_tokens = count
 
 
+@dataclass
+class _Prepared:
+    """Everything ready before the clock starts: the server's facts, the counter, the worker plans."""
+
+    options: RequestOptions
+    facts: ServerFacts
+    counter: TokenCounter
+    notices: list[str]
+    plans: list[WorkerPlan]
+    in_process: bool
+
+
+@dataclass
+class _Driven:
+    """What the load phase left: its outcome, the client's CPU, and why it stopped early (if it did)."""
+
+    outcome: LoadOutcome
+    cpu: ClientCpu
+    stopped: list[str]
+
+
 async def run_load(
     load: LoadSpec,
     target: Target,
@@ -180,7 +213,7 @@ async def run_load(
     slo: SLO | None = None,
     progress: bool = True,
     label: str | None = None,
-    deployment: dict | None = None,
+    deployment: JSONObject | None = None,
     console: Console | None = None,
     client_limits: metrics.ClientLimits = metrics.ClientLimits(),
     stop_on_ctrl_c: bool = False,
@@ -196,6 +229,55 @@ async def run_load(
     """
     receiver = TraceReceiver(*parse_listen_address(engine_traces)) if engine_traces is not None else None
     console = console or Console(stderr=True)
+    prepared = await _prepare(load, target, console, progress, trace_requests=receiver is not None)
+    started_at = datetime.now(timezone.utc)
+    scraper = ServerScraper(target.base_url, target.headers, interval_s=server_metrics_interval_s)
+    if receiver is not None:
+        await receiver.start()
+    await scraper.start()
+    try:
+        driven = await _drive(load, prepared, console, progress, stop_on_ctrl_c)
+    except BaseException:
+        if receiver is not None:  # the run failed: no spans to wait for, the port is freed
+            await receiver.stop()
+        raise
+    if driven.stopped:
+        console.print(f"[bold yellow]stopped early: {driven.stopped[0]}[/]")
+    # From here on the records are the run: a failing step is a warning, never a lost run.
+    warnings = PostRunWarnings()
+    server = await _last_scrape(scraper, warnings)
+    records = sorted(driven.outcome.records, key=lambda record: record.sent_at_s)
+    for record in records:
+        record.simulated = prepared.facts.simulated
+    traces = await _collect_engine_spans(receiver, records, warnings) if receiver is not None else None
+    await _check_records(records, driven.outcome.texts, prepared.counter, load.seed, warnings)
+    summary = metrics.summarize(records, slo)
+    summary.client = metrics.judge_client(
+        summary.client.model_copy(update={"cpu": driven.cpu, "workers": len(prepared.plans),
+                                          "in_process": prepared.in_process}),
+        client_limits, open_loop=load.concurrency is None)
+    summary.server = server
+    summary.prefix_cache = prefix_cache_block(load, server, len(records))
+    summary.warnings = warnings.messages + prefix_cache_warnings(summary.prefix_cache)
+    summary.meta = RunMeta(
+        run_id=store.new_run_id(started_at), label=label, target=target.base_url, model=target.model,
+        server_version=prepared.facts.server_version, load_spec=load.model_dump(mode="json"), deployment=deployment,
+        started_at=started_at.isoformat(), simulated=prepared.facts.simulated,
+        post_run_failed=bool(warnings.messages), token_counter=prepared.counter.source,
+        prompt_lengths_exact=prepared.counter.exact, per_chunk_usage=prepared.facts.per_chunk_usage,
+        notices=prepared.notices, slo=slo.bounds_s if slo else None,
+        slo_by_type=slo.by_type if slo and slo.by_type else None,
+        slo_rates=slo.min_rates if slo and slo.min_rates else None,
+        client_limited=summary.client_limited, interrupted=driven.outcome.interrupted and not driven.stopped,
+        stopped=OVERSATURATED if driven.stopped else None, stopped_reason=driven.stopped[0] if driven.stopped else None,
+        host_cpus=os.cpu_count(), engine_traces=traces,
+    )
+    return RunResult(records=records, summary=summary)
+
+
+async def _prepare(load: LoadSpec, target: Target, console: Console, progress: bool, *,
+                   trace_requests: bool) -> _Prepared:
+    """Check the target and build every request and the worker plans before the clock starts."""
     options = RequestOptions(
         api=load.api, model=target.model, ignore_eos=load.ignore_eos, extra_body=dict(load.extra_body or {}),
         mm_processor_kwargs=load.mm_processor_kwargs, per_chunk_usage=load.per_chunk_usage,
@@ -219,18 +301,15 @@ async def run_load(
         console.print(notice)
 
     workers = load.workers or workers_needed(load.concurrency, load.rate, load.output_len)
-    keep_text = counter.exact
-    plans = _plans(load, target, options, conversations, workers, keep_text)
+    plans = _plans(load, target, options, conversations, workers, keep_text=counter.exact)
     for plan in plans:
-        plan.trace_requests = receiver is not None
-    in_process = len(plans) == 1 and load.workers is None
+        plan.trace_requests = trace_requests
+    return _Prepared(options, facts, counter, context.notices, plans, in_process=len(plans) == 1 and load.workers is None)
 
-    started_at = datetime.now(timezone.utc)
-    run_id = store.new_run_id(started_at)
-    scraper = ServerScraper(target.base_url, target.headers, interval_s=server_metrics_interval_s)
-    if receiver is not None:
-        await receiver.start()
-    await scraper.start()
+
+async def _drive(load: LoadSpec, prepared: _Prepared, console: Console, progress: bool,
+                 stop_on_ctrl_c: bool) -> _Driven:
+    """Run the workers under the progress display, the Ctrl-C guard and the over-saturation stop."""
     cpu = ClientCpuMonitor()
     total = load.num_requests + load.warmup if load.num_requests is not None else None
     interrupt = Interrupt()
@@ -239,9 +318,9 @@ async def run_load(
     # collector skips them, so its pauses stay off the clock (unfrozen after, for sweeps' sake)
     gc.collect()
     gc.freeze()
-    detector = oversaturation_detector(load, plans)
+    detector = oversaturation_detector(load, prepared.plans)
     stopped: list[str] = []
-    watcher: asyncio.Task | None = None
+    watcher: asyncio.Task[None] | None = None
 
     def started(pids: list[int]) -> None:
         nonlocal watcher
@@ -255,81 +334,42 @@ async def run_load(
         with LiveProgress(console, total, load.duration_s, enabled=progress) as live, stop_guard:
             sink = live.add if detector is None else _both(live.add, detector.observe)
             try:
-                outcome = await run_workers(plans, sink, in_process=in_process, on_started=started, interrupt=interrupt)
+                outcome = await run_workers(prepared.plans, sink, in_process=prepared.in_process, on_started=started,
+                                            interrupt=interrupt)
             finally:
                 if watcher is not None:
                     watcher.cancel()
             await cpu.stop()
-    except BaseException:
-        if receiver is not None:  # the run failed: no spans to wait for, the port is freed
-            await receiver.stop()
-        raise
     finally:
         gc.unfreeze()
-    if stopped:
-        console.print(f"[bold yellow]stopped early: {stopped[0]}[/]")
-    # From here on the records are the run: a failing step is a warning, never a lost run.
-    warnings = PostRunWarnings()
+    return _Driven(outcome, cpu.summary(), stopped)
+
+
+async def _last_scrape(scraper: ServerScraper, warnings: PostRunWarnings) -> ServerBlock:
+    """The server block from the scrape after the load (a failed scrape: unavailable, with a warning)."""
     server = await warnings.attempt_async("the last /metrics scrape", scraper.stop,
-                                          {"available": False, "metrics_url": scraper.url},
+                                          ServerBlock(available=False, metrics_url=scraper.url),
                                           "the server's counters are missing")
     if scraper.before is not None and scraper.after is None:
         warnings.add(f"{scraper.url} did not answer after the load; the server's counters are missing")
+    return server
 
-    records = sorted(outcome.records, key=lambda record: record.sent_at_s)
-    for record in records:
-        record.simulated = facts.simulated
-    traces: dict[str, object] | None = None
-    if receiver is not None:
-        traces = await _collect_engine_spans(receiver, records, warnings)
+
+async def _check_records(records: list[RequestRecord], texts: dict[str, str], counter: TokenCounter, seed: int,
+                         warnings: PostRunWarnings) -> None:
+    """Before the figures: re-count answers with the tokenizer and judge the feature answers (their rates count these)."""
     await warnings.attempt_async(
         "re-counting the answers with the tokenizer",
-        lambda: asyncio.to_thread(_tokenizer_check, records, outcome.texts, counter, load.seed),
+        lambda: asyncio.to_thread(_tokenizer_check, records, texts, counter, seed),
         None, "usage is not cross-checked against the tokenizer",
     )
-    # before the figures: the feature rates count these verdicts
     warnings.attempt("checking the feature answers", lambda: check_answers(records), None,
                      "answers are not judged; the valid rates are missing")
-    summary = metrics.summarize(records, slo)
-    client = dict(summary.client)
-    client["cpu"] = cpu.summary()
-    client["workers"] = len(plans)
-    client["in_process"] = in_process
-    summary.client = metrics.judge_client(client, client_limits, open_loop=load.concurrency is None)
-    summary.server = server
-    summary.prefix_cache = prefix_cache_block(load, server, len(records))
-    summary.warnings = warnings.messages + prefix_cache_warnings(summary.prefix_cache)
-    summary.meta = {
-        "run_id": run_id,
-        "label": label,
-        "target": target.base_url,
-        "model": target.model,
-        "server_version": facts.server_version,
-        "load_spec": load.model_dump(mode="json"),
-        "deployment": deployment,
-        "started_at": started_at.isoformat(),
-        "simulated": facts.simulated,
-        "post_run_failed": bool(warnings.messages),
-        "token_counter": counter.source,
-        "prompt_lengths_exact": counter.exact,
-        "per_chunk_usage": facts.per_chunk_usage,
-        "notices": context.notices,
-        "slo": slo.bounds_s if slo else None,
-        "slo_by_type": slo.by_type if slo and slo.by_type else None,
-        "slo_rates": slo.min_rates if slo and slo.min_rates else None,
-        "client_limited": summary.client_limited,
-        "interrupted": outcome.interrupted and not stopped,
-        "stopped": OVERSATURATED if stopped else None,
-        "stopped_reason": stopped[0] if stopped else None,
-        "host_cpus": os.cpu_count(),
-        "engine_traces": traces,
-    }
-    return RunResult(records=records, summary=summary)
 
 
 async def _collect_engine_spans(
     receiver: TraceReceiver, records: list[RequestRecord], warnings: PostRunWarnings
-) -> dict[str, object]:
+) -> EngineTraces:
     """Wait briefly for the engine's spans, copy their timings into the records, stop the receiver.
 
     Requests without a span are named in one warning, with the likely causes: an engine not
@@ -350,8 +390,8 @@ async def _collect_engine_spans(
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf, and reach it directly or through a proxy that "
             "forwards the traceparent header; the per-request engine breakdown covers only the others"
         )
-    return {"url": receiver.url, "spans_received": len(receiver.spans), "records_matched": matched,
-            "measured_with_span": counted, "measured_answered": len(wanted), "exports": receiver.exports}
+    return EngineTraces(url=receiver.url, spans_received=len(receiver.spans), records_matched=matched,
+                        measured_with_span=counted, measured_answered=len(wanted), exports=receiver.exports)
 
 
 def _both(first: Callable[[RequestRecord, str | None], None],

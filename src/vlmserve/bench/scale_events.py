@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
-
+from vlmserve.results.blocks import ScaleDown, ScaleUp, ScalingBlock, ScalingWindow
 from vlmserve.results.metrics import meets_slo
 from vlmserve.results.records import RequestRecord
 from vlmserve.results.run import RunResult
@@ -35,10 +34,6 @@ MERGE_S = 10.0
 
 def _good(record: RequestRecord, slo: SLO | None) -> bool:
     return record.ok and (slo is None or not slo.bounds_s or meets_slo(record, slo))
-
-
-def _missed_in(window: dict[str, Any]) -> bool:
-    return bool(window["requests"]) and window["met"] < window["requests"]
 
 
 def _count_at(timeline: Sequence[tuple[float, float]], t: float) -> float | None:
@@ -61,16 +56,16 @@ def _changes(timeline: Sequence[tuple[float, float]]) -> list[tuple[float, float
 
 
 def scaling_block(records: Sequence[RequestRecord], timeline: Sequence[tuple[float, float]] | None,
-                  slo: SLO | None, window_s: float, load_shape: str | None) -> dict[str, Any]:
+                  slo: SLO | None, window_s: float, load_shape: str | None) -> ScalingBlock:
     """The `scaling` block (module docstring); `timeline` is (wall time, replicas), absent for a
     target that is not a vlmserve gateway (then only the windows are reported)."""
     measured = sorted((r for r in records if not r.warmup), key=lambda r: r.sent_at_s)
     if not measured:
-        return {"load_shape": load_shape, "window_s": window_s, "windows": [], "scale_ups": [], "scale_downs": []}
+        return ScalingBlock(load_shape=load_shape, window_s=window_s, windows=[], scale_ups=[], scale_downs=[])
     start = min(r.scheduled_at_s for r in measured)
     rel_timeline = [(at - start, count) for at, count in (timeline or [])]
     end = max((r.finished_at_s or r.sent_at_s) for r in measured) - start
-    windows: list[dict[str, Any]] = []
+    windows: list[ScalingWindow] = []
     for index in range(max(1, math.ceil(end / window_s))):
         low, high = index * window_s, (index + 1) * window_s
         inside = [r for r in measured if low <= r.sent_at_s - start < high]
@@ -78,9 +73,9 @@ def scaling_block(records: Sequence[RequestRecord], timeline: Sequence[tuple[flo
         before = _count_at(rel_timeline, low)
         replicas = max(sampled) if sampled else before
         good = sum(_good(r, slo) for r in inside)
-        windows.append({"start_s": round(low, 3), "requests": len(inside), "met": good,
-                        "failed": sum(not r.ok for r in inside),
-                        "attainment": round(good / len(inside), 4) if inside else None, "replicas": replicas})
+        windows.append(ScalingWindow(start_s=round(low, 3), requests=len(inside), met=good,
+                                     failed=sum(not r.ok for r in inside),
+                                     attainment=round(good / len(inside), 4) if inside else None, replicas=replicas))
     changes = _changes(rel_timeline)
     rises = [change for change in changes if change[3] > change[2]]
     falls = [change for change in changes if change[3] < change[2]]
@@ -90,46 +85,48 @@ def scaling_block(records: Sequence[RequestRecord], timeline: Sequence[tuple[flo
             groups[-1].append(rise)
         else:
             groups.append([rise])
-    scale_ups: list[dict[str, Any]] = []
+    scale_ups: list[ScaleUp] = []
     for number, group in enumerate(groups):
         first_seen, joined = group[0][1], group[-1][1]
         began = first_seen
-        leading = list(reversed([w for w in windows if w["start_s"] < first_seen]))
-        if leading and not _missed_in(leading[0]):
+        leading = list(reversed([w for w in windows if w.start_s < first_seen]))
+        if leading and not leading[0].missed:
             leading = leading[1:]  # the window the rise falls in may be all served by the new replicas
         for window in leading:
-            if not _missed_in(window):
+            if not window.missed:
                 break
-            began = window["start_s"]
+            began = window.start_s
         until = groups[number + 1][0][0] if number + 1 < len(groups) else math.inf
         falls_after = [fall[0] for fall in falls if fall[0] > joined]
         until = min([until, *falls_after])
         during = [r for r in measured if began <= r.sent_at_s - start < joined]
         later = [r for r in measured if joined <= r.sent_at_s - start < until]
-        scale_ups.append({
-            "began_s": round(began, 3), "first_joined_s": round(first_seen, 3), "last_joined_s": round(joined, 3),
-            "replicas_before": group[0][2], "replicas_after": group[-1][3],
-            "requests_during": len(during), "missed_during": sum(not _good(r, slo) for r in during),
-            "failed_during": sum(not r.ok for r in during),
-            "requests_after": len(later), "missed_after": sum(not _good(r, slo) for r in later),
-            "failed_after": sum(not r.ok for r in later),
-            "after_until_s": None if math.isinf(until) else round(until, 3),
-        })
-    scale_downs = []
+        scale_ups.append(ScaleUp(
+            began_s=round(began, 3), first_joined_s=round(first_seen, 3), last_joined_s=round(joined, 3),
+            replicas_before=group[0][2], replicas_after=group[-1][3],
+            requests_during=len(during), missed_during=sum(not _good(r, slo) for r in during),
+            failed_during=sum(not r.ok for r in during),
+            requests_after=len(later), missed_after=sum(not _good(r, slo) for r in later),
+            failed_after=sum(not r.ok for r in later),
+            after_until_s=None if math.isinf(until) else round(until, 3),
+        ))
+    scale_downs: list[ScaleDown] = []
     for sample_before, seen, before, after in falls:
         around = [r for r in measured if r.sent_at_s - start <= seen
                   and ((r.finished_at_s or math.inf) - start >= sample_before or not r.ok)]
-        scale_downs.append({"seen_s": round(seen, 3), "replicas_before": before, "replicas_after": after,
-                            "requests_in_flight": len(around), "failed": sum(not r.ok for r in around)})
-    return {"load_shape": load_shape, "window_s": window_s, "slo": slo.bounds_s if slo else None,
-            "replicas_timeline": [[round(at, 3), count] for at, count in rel_timeline] or None,
-            "windows": windows, "scale_ups": scale_ups, "scale_downs": scale_downs,
-            "failed_total": sum(not r.ok for r in measured)}
+        scale_downs.append(ScaleDown(seen_s=round(seen, 3), replicas_before=before, replicas_after=after,
+                                     requests_in_flight=len(around), failed=sum(not r.ok for r in around)))
+    return ScalingBlock(load_shape=load_shape, window_s=window_s, slo=slo.bounds_s if slo else None,
+                        replicas_timeline=[(round(at, 3), count) for at, count in rel_timeline] or None,
+                        windows=windows, scale_ups=scale_ups, scale_downs=scale_downs,
+                        failed_total=sum(not r.ok for r in measured))
 
 
 def attach_scaling(result: RunResult, slo: SLO | None, window_s: float) -> None:
     """Fill `result.summary.scaling` from its records and the replica count its scrape sampled."""
-    server = result.summary.server or {}
-    timeline = [(float(at), float(count)) for at, count in (server.get("replicas_timeline") or [])]
-    load_shape = (result.meta.get("load_spec") or {}).get("load_shape")
+    server = result.summary.server
+    timeline = [(float(at), float(count)) for at, count in (server.replicas_timeline or [])] if server else []
+    load_spec = result.meta.load_spec or {}
+    shape = load_spec.get("load_shape")
+    load_shape = shape if isinstance(shape, str) else None
     result.summary.scaling = scaling_block(result.records, timeline or None, slo, window_s, load_shape)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,6 +25,7 @@ from vlmserve import prometheus_text, vllm_names as vllm
 from vlmserve.async_tasks import cancel_and_wait
 from vlmserve.vllm_names import total
 from vlmserve.bench.engine_breakdown import SAMPLE_NAMES, engine_breakdown
+from vlmserve.results.blocks import ServerBlock
 
 COUNTERS = {
     "prefix_cache_queries": (total(vllm.PREFIX_CACHE_QUERIES), total(vllm.PREFIX_CACHE_QUERIES_LEGACY)),
@@ -188,7 +188,7 @@ class ServerScraper:
             if values is not None:
                 self._observe(values)
 
-    async def stop(self) -> dict[str, Any]:
+    async def stop(self) -> ServerBlock:
         """Stop sampling, scrape once more and return the `server` block of the summary."""
         await cancel_and_wait(self._task)
         if self._session is not None:
@@ -202,9 +202,9 @@ class ServerScraper:
         """What the figures were read from: the target's /metrics and, behind a gateway, its engines' page."""
         return self.url if self.engines_url is None or self.engines_unknown else f"{self.url} + {self.engines_url}"
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ServerBlock:
         if self.before is None or self.after is None:
-            return {"available": False, "metrics_url": self.url}
+            return ServerBlock(available=False, metrics_url=self.url)
         read = self.read
         if self.engines_url is not None and self.engines_unknown is None and not any(
                 name.startswith(vllm.PREFIX) for name in self.after):
@@ -216,18 +216,18 @@ class ServerScraper:
             deltas[key] = (end - start) if start is not None and end is not None else None
         queries, hits = deltas.get("prefix_cache_queries"), deltas.get("prefix_cache_hits")
         mm_queries, mm_hits = deltas.get("mm_cache_queries"), deltas.get("mm_cache_hits")
-        return {
-            "available": True,
-            "metrics_url": read,
-            "engines_unknown": self.engines_unknown,
-            "counters": deltas,
-            "prefix_cache_hit_rate": (hits / queries) if queries and hits is not None else None,
-            "mm_cache_hit_rate": (mm_hits / mm_queries) if mm_queries and mm_hits is not None else None,
-            "engine_breakdown": engine_breakdown(self.before, self.after),
-            "preemptions": deltas.get("preemptions"),
-            "peak_running": self.peaks.get("running"),
-            "peak_waiting": self.peaks.get("waiting"),
-            "peak_kv_cache_usage": self.peaks.get("kv_cache_usage"),
-            "gauge_samples": self.samples,
-            "replicas_timeline": [[round(at, 3), count] for at, count in self.replicas_timeline] or None,
-        }
+        return ServerBlock(
+            available=True,
+            metrics_url=read,
+            engines_unknown=self.engines_unknown,
+            counters=deltas,
+            prefix_cache_hit_rate=(hits / queries) if queries and hits is not None else None,
+            mm_cache_hit_rate=(mm_hits / mm_queries) if mm_queries and mm_hits is not None else None,
+            engine_breakdown=engine_breakdown(self.before, self.after),
+            preemptions=deltas.get("preemptions"),
+            peak_running=self.peaks.get("running"),
+            peak_waiting=self.peaks.get("waiting"),
+            peak_kv_cache_usage=self.peaks.get("kv_cache_usage"),
+            gauge_samples=self.samples,
+            replicas_timeline=[(round(at, 3), count) for at, count in self.replicas_timeline] or None,
+        )

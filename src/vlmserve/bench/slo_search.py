@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal
+from typing import Awaitable, Callable, Literal
 
 from rich.console import Console
 
@@ -109,7 +109,7 @@ class ProbePoint:
     def run_id(self) -> str | None:
         return self.result.run_id
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> dict[str, object]:
         summary = self.result.summary
         checks = summary.goodput.checks if summary.goodput is not None else {}
         return {
@@ -118,11 +118,12 @@ class ProbePoint:
             "repeats_met": self.met,
             "repeats_run": self.ran,
             "run_id": self.run_id,
-            "stopped": summary.meta.get("stopped"),
+            "stopped": summary.meta.stopped,
             "requests_per_s": summary.throughput.requests_per_s,
             "slo_measured_ms": {key: check.measured_ms for key, check in checks.items()},
-            "repeats": [{key: row.get(key) for key in ("repeat", "seed", "slo_met", "stopped", "slo_checks")}
-                        for row in (summary.repeats or {}).get("runs") or []],
+            "repeats": [{"repeat": row.repeat, "seed": row.seed, "slo_met": row.slo_met, "stopped": row.stopped,
+                         "slo_checks": row.slo_checks}
+                        for row in (summary.repeats.runs if summary.repeats is not None else [])],
         }
 
 
@@ -168,7 +169,7 @@ class SearchOutcome:
         return (f"highest {self.space.knob} meeting {slo_text}: {held.level:g} {unit} "
                 f"(held at {held.level:g}, run {held.run_id}; missed at {missed.level:g}, run {missed.run_id})")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         held, missed = self.held, self.missed
         return {
             "knob": self.space.knob,
@@ -205,7 +206,7 @@ def majority_settled(repeats: int) -> Callable[[list[RunResult]], bool]:
 
 def probe_load(template: LoadSpec, space: SearchSpace, level: float, index: int) -> LoadSpec:
     """The load of probe `index` at `level`: the template's shape, its own seed, the over-saturation stop."""
-    update: dict[str, Any] = {
+    update: dict[str, object] = {
         space.knob: int(level) if space.knob == "concurrency" else level,
         "seed": template.seed + 1 + index,
         "name": f"{space.knob}={level:g}",
@@ -232,8 +233,8 @@ async def search(template: LoadSpec, slo: SLO, space: SearchSpace, run_point: Ru
         load = probe_load(template, space, level, len(outcome.probes))
         console.print(f"probe {len(outcome.probes) + 1}: {space.knob} {level:g} ({load.repeat} repeat(s))")
         result = await run_point(load, majority_settled(load.repeat))
-        runs = (result.summary.repeats or {}).get("runs") or []
-        met = sum(1 for row in runs if row.get("slo_met"))
+        runs = result.summary.repeats.runs if result.summary.repeats is not None else []
+        met = sum(1 for row in runs if row.slo_met)
         point = ProbePoint(level, result, met, max(len(runs), 1))
         outcome.probes.append(point)
         console.print(f"  {'held' if point.held else 'missed'}: {met} of {point.ran} repeat(s) met the SLOs"

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.errors import UserError
 
-Messages = list[dict[str, Any]]
+Messages = list[JSONObject]
 
 
 class TokenCounter(Protocol):
@@ -97,7 +98,7 @@ class ServerTokenCounter:
         self.client = httpx.Client(timeout=30.0, headers=headers or {})
         self.source = f"server {self.url}"
 
-    def _count(self, body: dict[str, Any]) -> int:
+    def _count(self, body: JSONObject) -> int:
         """One /tokenize call; every failure is a one-line UserError (the server may be gone)."""
         try:
             response = self.client.post(self.url, json={"model": self.model, **body})
@@ -113,7 +114,8 @@ class ServerTokenCounter:
 
     def count_prompt(self, api: str, text: str, messages: Messages | None) -> int:
         if api == "chat" and messages is not None:
-            return self._count({"messages": _text_only(messages), "add_generation_prompt": True})
+            cleaned: list[JSONValue] = list(_text_only(messages))
+            return self._count({"messages": cleaned, "add_generation_prompt": True})
         return self._count({"prompt": text})
 
     def count_text(self, text: str) -> int:
@@ -145,7 +147,8 @@ def _text_only(messages: Messages) -> Messages:
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            text = " ".join(part.get("text", "") for part in content if part.get("type") == "text")
+            text = " ".join(str(part.get("text", "")) for part in content
+                            if isinstance(part, dict) and part.get("type") == "text")
             cleaned.append({**message, "content": text})
         else:
             cleaned.append(message)

@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import typer
 
+from vlmserve.cli.bench_options import image_size_text
+from vlmserve.cli.model_options import GROUP, ModelOption, OptionGroup, model_option, with_groups
 from vlmserve.errors import UserError
 
 
@@ -21,21 +23,38 @@ def _parse_size(text: str) -> tuple[int, int]:
     return int(width), int(height)
 
 
+def _checks() -> OptionGroup:
+    """The check's own settings, one flag per ConsistencyOptions field."""
+    from vlmserve.bench.consistency.runner import ConsistencyOptions
+
+    def option(name: str, help: str, **kwargs: Any) -> ModelOption:
+        return model_option(ConsistencyOptions, name, help=help, **kwargs)
+
+    return OptionGroup("checks", {
+        "num_requests": option("num_requests", "Checked text requests (distinct prompts)."),
+        "num_image_requests": option("num_image_requests", "Checked image requests: one question, each with its own synthetic image (0: none)."),
+        "concurrency": option("concurrency", "Requests in flight during the loaded run (checked ones among filler load)."),
+        "output_len": option("output_len", "max_tokens of each checked request (fillers ask for twice as many)."),
+        "filler_per_request": option("filler_per_request", "Filler requests queued after each checked one in the loaded run."),
+        "image_size": option("image_size", "Synthetic image size WxH.", annotation=str, parse=_parse_size,
+                             text=image_size_text),
+        "min_identical": option("min_identical", "Fail (exit 1) when fewer than this fraction of answers are identical."),
+        "seed": option("seed", "Seed for prompts and images (same seed, same requests)."),
+        "timeout": option("timeout_s", "Seconds one request may take."),
+    })
+
+
+CHECKS = _checks()
+
+
+@with_groups(CHECKS)
 def consistency(
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000 (or --deployment)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."),
     deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML: started once per --prefix-caching variant, checked, torn down."),
     prefix_caching: str = typer.Option("both", "--prefix-caching", help="With --deployment: on, off or both (one deployment each)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token for the endpoint."),
-    num_requests: int = typer.Option(32, "--num-requests", help="Checked text requests (distinct prompts)."),
-    num_image_requests: int = typer.Option(8, "--num-image-requests", help="Checked image requests: one question, each with its own synthetic image (0: none)."),
-    concurrency: int = typer.Option(16, "--concurrency", help="Requests in flight during the loaded run (checked ones among filler load)."),
-    output_len: int = typer.Option(32, "--output-len", help="max_tokens of each checked request (fillers ask for twice as many)."),
-    filler_per_request: int = typer.Option(1, "--filler-per-request", help="Filler requests queued after each checked one in the loaded run."),
-    image_size: str = typer.Option("64x64", "--image-size", help="Synthetic image size WxH."),
-    min_identical: float = typer.Option(1.0, "--min-identical", help="Fail (exit 1) when fewer than this fraction of answers are identical."),
-    seed: int = typer.Option(0, "--seed", help="Seed for prompts and images (same seed, same requests)."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds one request may take."),
+    checks: dict[str, Any] = GROUP,
     json_out: Optional[Path] = typer.Option(None, "--result-file", "--json-out", help="Write the JSON result here."),
 ) -> None:
     """Send temperature-0 requests alone, then inside concurrent load, and compare the answers token by token."""
@@ -52,11 +71,7 @@ def consistency(
         raise UserError("--prefix-caching needs --deployment (an endpoint's engine is already configured)")
     if json_out is not None and not json_out.resolve().parent.is_dir():
         raise UserError(f"--result-file {json_out}: its directory does not exist")
-    options = ConsistencyOptions(
-        num_requests=num_requests, num_image_requests=num_image_requests, concurrency=concurrency,
-        output_len=output_len, filler_per_request=filler_per_request, image_size=_parse_size(image_size),
-        min_identical=min_identical, seed=seed, timeout_s=timeout,
-    )
+    options = ConsistencyOptions(**CHECKS.fields(checks))
 
     # no markup: answers are model text and may hold [brackets]; wide when logged (tables whole)
     console = consoles.console(highlight=False, markup=False)

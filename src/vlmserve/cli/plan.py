@@ -20,8 +20,10 @@ from rich.table import Table
 
 from pydantic import ValidationError
 
-from vlmserve.cli.bench import parse_image_size
+from vlmserve.cli.bench_options import parse_image_size
+from vlmserve.cli.model_options import model_option
 from vlmserve.errors import UserError
+from vlmserve.results.blocks import SimulationBlock
 from vlmserve.hardware.gpus import GIB
 from vlmserve.hardware.setup import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_GPU_MEMORY_UTILIZATION, FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXEL_MS
 from vlmserve.sched.frontend import FrontendConfig
@@ -38,6 +40,22 @@ plan_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+_PLANNED = "the planner's workload: a typical chat request (1024-token prompt, 128-token answer, 1024x1024 images)"
+_PLANNED_IMAGE = "1024x1024"
+
+
+def _load(name: str, **kwargs: Any) -> Any:
+    """A plan flag that sets LoadSpec's `name` (generated from the field; no vLLM bench alias)."""
+    return model_option(LoadSpec, name, vllm_alias=False, **kwargs).info
+
+
+_INPUT_LEN = model_option(LoadSpec, "input_len", default=1024, because=_PLANNED, vllm_alias=False, min=1,
+                          help="Prompt tokens (random/images).")
+_OUTPUT_LEN = model_option(LoadSpec, "output_len", default=128, because=_PLANNED, vllm_alias=False, min=1,
+                           help="Output tokens (random/images).")
+_DATASET = model_option(LoadSpec, "dataset", vllm_alias=False, help="random | sharegpt | images.")
 
 
 def _console() -> Console:
@@ -74,20 +92,21 @@ def plan(
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs per replica."),
     ep: Optional[int] = typer.Option(None, "--ep", min=1, help="MoE: expert-parallel GPUs per replica (vLLM --enable-expert-parallel with data parallel = ep ÷ tp; default: experts split by TP)."),
     replicas: int = typer.Option(1, "--replicas", min=1, help="Independent replicas behind the router."),
-    input_len: int = typer.Option(1024, "--input-len", min=1, help="Prompt tokens (random/images)."),
-    output_len: int = typer.Option(128, "--output-len", min=1, help="Output tokens (random/images)."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Closed loop: concurrent clients in all."),
-    rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="Open loop: requests/s offered in all."),
-    num_requests: int = typer.Option(500, "--num-requests", min=1, help="Requests to simulate."),
-    dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
-    dataset_path: Optional[str] = typer.Option(None, "--dataset-path", help="ShareGPT file (default: built-in length distribution)."),
-    images_per_request: int = typer.Option(1, "--images-per-request", min=0, help="images dataset: images per request."),
-    image_size: str = typer.Option("1024x1024", "--image-size", help="images dataset: image size WxH (tokens by the model's own rule)."),
-    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: share of requests resending an earlier image (hits the multimodal cache)."),
+    input_len: int = _INPUT_LEN.info,
+    output_len: int = _OUTPUT_LEN.info,
+    concurrency: Optional[int] = _load("concurrency", min=1, help="Closed loop: concurrent clients in all."),
+    rate: Optional[float] = _load("rate", min=0.0, help="Open loop: requests/s offered in all."),
+    num_requests: int = _load("num_requests", default=500, because=_PLANNED, min=1, help="Requests to simulate."),
+    dataset: str = _DATASET.info,
+    dataset_path: Optional[str] = _load("dataset_path", help="ShareGPT file (default: built-in length distribution)."),
+    images_per_request: int = _load("images_per_request", min=0, help="images dataset: images per request."),
+    image_size: str = _load("image_size", default=_PLANNED_IMAGE, because=_PLANNED, annotation=str, parse=parse_image_size,
+                            help="images dataset: image size WxH (tokens by the model's own rule)."),
+    image_repeat_rate: Optional[float] = _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image (hits the multimodal cache)."),
     api_server_count: int = typer.Option(1, "--api-server-count", help="vLLM's --api-server-count: frontend processes preprocessing images, per replica."),
     mm_preprocess_ms_per_image: float = typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image not in the cache (a prior; see docs/plan.md)."),
     mm_preprocess_ms_per_megapixel: float = typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."),
-    arrival: str = typer.Option("poisson", "--arrival", help="Open loop arrivals: poisson | constant | gamma."),
+    arrival: str = _load("arrival", help="Open loop arrivals: poisson | constant | gamma."),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."),
     max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=16, help="vLLM --max-model-len."),
@@ -102,7 +121,7 @@ def plan(
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON from `plan calibrate`."),
     slo: Optional[str] = typer.Option(None, "--slo", help="e.g. ttft_p95=500ms,tpot_p95=50ms (goodput)."),
     price: Optional[float] = typer.Option(None, "--price", min=0.0, help="Dollars per GPU-hour, for cost per million tokens."),
-    seed: int = typer.Option(0, "--seed", help="Random seed for lengths and arrivals."),
+    seed: int = _load("seed", help="Random seed for lengths and arrivals."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the summary JSON (bench format) here."),
     save: bool = typer.Option(False, "--save", help="Store the simulated run in the run history (report/compare)."),
     cost_model: str = typer.Option(DEFAULT_COST_MODEL, "--cost-model", help=" | ".join(COST_MODELS) + ": price steps from measured vLLM kernel tables (kernels), the calibrated roofline, or kernels where the tables cover the GPU (auto)."),
@@ -135,11 +154,17 @@ def plan(
     slo_spec = SLO.parse(slo).refuse_rates("vlmserve plan") if slo else None
     output = simulate_run(setup, load, slo=slo_spec, staggered=staggered, encoder_cache_size=encoder_cache_size,
                           max_num_encoder_input_tokens=max_num_encoder_input_tokens)
+    _report_plan(output, setup, load, price=price, compare=compare, explain=explain, json_out=json_out, save=save)
+
+
+def _report_plan(output: Any, setup: Any, load: LoadSpec, *, price: float | None, compare: Path | None,
+                 explain: bool, json_out: Path | None, save: bool) -> None:
+    """The simulated run printed (with findings, the explanation and a comparison where asked), written, stored."""
+    from vlmserve.plan.explain import frontend_findings
+
     result = output.result
     console = _console()
     _print_run(console, result.summary, setup, output.wall_s, price)
-    from vlmserve.plan.explain import frontend_findings
-
     for line in frontend_findings(setup, load, result.summary):
         console.print(line)
     measured = _read_measured(compare) if compare else None
@@ -162,12 +187,12 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
     console.print(SIMULATED_NOTE)
     console.print(f"step costs: {setup.cost_model_summary()}")
     memory = setup.memory()
-    simulation = summary.simulation or {}
+    simulation = summary.simulation or SimulationBlock()
     console.print(
         f"{setup.model.name} on {setup.replicas}× ({setup.tp}× {setup.gpu.name}), weights {setup.weight_dtype}, "
         f"KV {setup.kv_dtype}: {memory.weight_bytes_per_gpu / GIB:.1f} GiB weights and "
         f"{memory.kv_gib_per_gpu:.1f} GiB KV cache per GPU "
-        f"({summary.meta.get('kv_cache_tokens_per_replica', 0):,} tokens per replica)"
+        f"({summary.meta.kv_cache_tokens_per_replica or 0:,} tokens per replica)"
     )
     max_model_len = setup.max_model_len or setup.model.max_position_embeddings  # vLLM's default: the model's own
     if max_model_len and setup.model.kv_bytes_per_token(setup.kv_dtype) > 0:
@@ -178,9 +203,9 @@ def _print_run(console: Console, summary: RunSummary, setup: Any, wall_s: float,
         )
     print_summary(console, summary)
     console.print(
-        f"engine: {simulation.get('steps', 0):,} steps, max running {simulation.get('max_num_running')}, "
-        f"max waiting {simulation.get('max_num_waiting')}, peak KV use {simulation.get('max_kv_usage', 0):.0%}, "
-        f"{simulation.get('preemptions', 0)} preemptions; simulated in {wall_s:.2f} s"
+        f"engine: {simulation.steps:,} steps, max running {simulation.max_num_running}, "
+        f"max waiting {simulation.max_num_waiting}, peak KV use {simulation.max_kv_usage:.0%}, "
+        f"{simulation.preemptions} preemptions; simulated in {wall_s:.2f} s"
     )
     if price is not None:
         output_rate = summary.throughput.output_tokens_per_s
@@ -269,17 +294,18 @@ def search(
     slo: str = typer.Option(..., "--slo", help="Objectives to meet, e.g. ttft_p95=500ms,tpot_p95=50ms."),
     gpus: str = typer.Option("h100,h200,l40s", "--gpus", help="Comma-separated GPU types to consider."),
     price: Optional[str] = typer.Option(None, "--price", help="Dollars per GPU-hour, e.g. h100=3.0,h200=4.0,l40s=1.1."),
-    rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="Target load: requests/s offered (open loop)."),
-    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1, help="Target load: concurrent clients."),
-    input_len: int = typer.Option(1024, "--input-len", min=1),
-    output_len: int = typer.Option(128, "--output-len", min=1),
-    dataset: str = typer.Option("random", "--dataset", help="random | sharegpt | images."),
-    image_size: str = typer.Option("1024x1024", "--image-size", help="images dataset: image size WxH."),
-    image_repeat_rate: Optional[float] = typer.Option(None, "--image-repeat-rate", help="images dataset: share of requests resending an earlier image."),
+    rate: Optional[float] = _load("rate", min=0.0, help="Target load: requests/s offered (open loop)."),
+    concurrency: Optional[int] = _load("concurrency", min=1, help="Target load: concurrent clients."),
+    input_len: int = _INPUT_LEN.info,
+    output_len: int = _OUTPUT_LEN.info,
+    dataset: str = _DATASET.info,
+    image_size: str = _load("image_size", default=_PLANNED_IMAGE, because=_PLANNED, annotation=str, parse=parse_image_size,
+                            help="images dataset: image size WxH."),
+    image_repeat_rate: Optional[float] = _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image."),
     api_server_counts: str = typer.Option("1", "--api-server-counts", help="vLLM --api-server-count values to try, e.g. 1,2,4."),
     mm_preprocess_ms_per_image: float = typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image (a prior)."),
     mm_preprocess_ms_per_megapixel: float = typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."),
-    num_requests: int = typer.Option(300, "--num-requests", min=1, help="Requests simulated per configuration."),
+    num_requests: int = _load("num_requests", default=300, because=_PLANNED, min=1, help="Requests simulated per configuration."),
     tps: str = typer.Option("1,2,4,8", "--tps", help="TP sizes to try."),
     replicas: str = typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."),
     max_num_seqs: str = typer.Option("64,128,256", "--max-num-seqs", help="max-num-seqs values to try."),
@@ -297,7 +323,7 @@ def search(
     from rich.progress import Progress
 
     from vlmserve.hardware.calibration import load_calibration
-    from vlmserve.plan.search import SearchSpace, parse_prices, run_search, runners_up
+    from vlmserve.plan.search import SearchSpace, parse_prices, run_search
 
     load = _load_spec(dataset=dataset, input_len=input_len, output_len=output_len, rate=rate,
                       concurrency=concurrency, num_requests=num_requests, image_size=parse_image_size(image_size),
@@ -323,6 +349,18 @@ def search(
     elapsed = time.perf_counter() - started
     console.print(SIMULATED_NOTE)
     console.print(f"{outcome.evaluated} configurations ({outcome.simulated} simulated) in {elapsed:.1f} s; ranked by {outcome.ranked_by}")
+    _print_candidates(console, outcome, top)
+    if json_out:
+        json_out.write_text(json.dumps([_candidate_json(c) for c in outcome.candidates], indent=2) + "\n")
+        console.print(f"candidates written to {json_out}")
+    if outcome.best is None:
+        raise typer.Exit(1)
+
+
+def _print_candidates(console: Console, outcome: Any, top: int) -> None:
+    """The best configuration and the runners-up as a table (or why none meets the SLO)."""
+    from vlmserve.plan.search import runners_up
+
     table = Table(show_edge=False)
     for column in ("", "configuration", "GPUs", "$/h", "$/M out tok", "req/s", "TTFT p95 ms", "TPOT p95 ms", "verdict"):
         table.add_column(column)
@@ -341,11 +379,6 @@ def search(
     console.print(table)
     if outcome.best is None:
         console.print("[red]no configuration meets the SLO at this load[/]; relax the SLO, raise --max-gpus or add GPU types")
-    if json_out:
-        json_out.write_text(json.dumps([_candidate_json(c) for c in outcome.candidates], indent=2) + "\n")
-        console.print(f"candidates written to {json_out}")
-    if outcome.best is None:
-        raise typer.Exit(1)
 
 
 def _ms(summary: RunSummary | None, key: str) -> str:

@@ -19,42 +19,35 @@ from rich.console import Console
 from vlmserve.cli import consoles
 from rich.table import Table
 
-from vlmserve.cli.bench import OPTIONS, build_load_spec, option_defaults
-from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION, DEFAULT_REPEAT
+from vlmserve.cli.bench import build_load_spec, option_defaults
+from vlmserve.cli.bench_options import BENCH, SEARCH_REPEAT
+from vlmserve.cli.model_options import GROUP, with_groups
+from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION
 from vlmserve.errors import UserError
 
 
+_LOAD = BENCH.only("api", "dataset", "dataset_path", "input_len", "output_len", "arrival", "num_requests", "duration",
+                   "warmup", "image_size", "images_per_request", "tokenizer", "seed", "prompt_pool_size",
+                   "shared_prefix_len", "timeout", "api_key", "stop_when_oversaturated", name="load")
+"""The bench's load flags slo-search takes (the level searched comes from its range)."""
+_SHOWN = BENCH.only("progress", name="shown")
+
+
+@with_groups(_LOAD, _SHOWN)
 def slo_search_command(
     slo: str = typer.Option(..., "--slo", help="Objectives that must hold, e.g. ttft_p95=500ms,tpot_p95=50ms."),
     rate_range: Optional[str] = typer.Option(None, "--rate-range", help="Open loop: search request rates LOW:HIGH (req/s), e.g. 0.5:64."),
     concurrency_range: Optional[str] = typer.Option(None, "--concurrency-range", help="Closed loop: search users LOW:HIGH, e.g. 1:256."),
     precision: float = typer.Option(DEFAULT_PRECISION, "--precision", help="Stop when the highest held and lowest missed levels are within this fraction."),
     max_probes: int = typer.Option(DEFAULT_MAX_PROBES, "--max-probes", help="Most load levels tried (both ends included)."),
-    repeat: int = typer.Option(DEFAULT_REPEAT, "--repeat", help="Runs per load level; a level holds when more than half meet the SLOs."),
+    repeat: int = SEARCH_REPEAT.info,
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint to search (or --deployment)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."),
     deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML: started once (as sweep does), searched, torn down."),
-    api: str = OPTIONS["api"],
-    dataset: str = OPTIONS["dataset"],
-    dataset_path: Optional[str] = OPTIONS["dataset_path"],
-    input_len: Optional[int] = OPTIONS["input_len"],
-    output_len: Optional[int] = OPTIONS["output_len"],
-    arrival: Optional[str] = OPTIONS["arrival"],
-    num_requests: Optional[int] = OPTIONS["num_requests"],
-    duration: Optional[str] = OPTIONS["duration"],
-    warmup: int = OPTIONS["warmup"],
-    image_size: str = OPTIONS["image_size"],
-    images_per_request: int = OPTIONS["images_per_request"],
-    tokenizer: Optional[str] = OPTIONS["tokenizer"],
-    seed: int = OPTIONS["seed"],
-    prompt_pool_size: Optional[int] = OPTIONS["prompt_pool_size"],
-    shared_prefix_len: int = OPTIONS["shared_prefix_len"],
-    timeout: float = OPTIONS["timeout"],
-    api_key: Optional[str] = OPTIONS["api_key"],
-    stop_when_oversaturated: Optional[bool] = OPTIONS["stop_when_oversaturated"],
+    load: dict[str, Any] = GROUP,
     label: Optional[str] = typer.Option(None, "--label", help="Label prefix of the stored probe runs (default slo-search)."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the search (boundary, every probe, run ids) as JSON here."),
-    progress: bool = OPTIONS["progress"],
+    shown: dict[str, Any] = GROUP,
 ) -> None:
     """Find the highest request rate (--rate-range) or concurrency (--concurrency-range) at which the SLOs hold.
 
@@ -65,7 +58,6 @@ def slo_search_command(
     from vlmserve.bench.slo_search import SearchSpace, parse_range, require_objectives, search
     from vlmserve.spec import SLO
 
-    flags = dict(locals())
     if (rate_range is None) == (concurrency_range is None):
         raise UserError("give one of --rate-range LOW:HIGH (open loop) or --concurrency-range LOW:HIGH (closed loop)")
     if (base_url is None) == (deployment_file is None):
@@ -80,16 +72,14 @@ def slo_search_command(
         raise UserError("--slo: slo-search judges run-wide objectives only; drop the TYPE: ones "
                         "(vlmserve bench reports them per request type)")
     require_objectives(objectives)  # before a deployment is started for nothing
-    given = {name: value for name, value in flags.items() if name in OPTIONS}
-    given.update(repeat=repeat, concurrency=int(low) if knob == "concurrency" else None,
-                 rate=low if knob == "rate" else None)
-    template = build_load_spec(option_defaults(given))
+    template = build_load_spec(option_defaults({**load, "repeat": repeat, "rate": low if knob == "rate" else None,
+                                                "concurrency": int(low) if knob == "concurrency" else None}))
     console = consoles.console(stderr=True)
     with _endpoint(base_url, model, deployment_file, console) as (url, served_model, deployment):
         from vlmserve.bench.target import Target
 
-        target = Target(url, served_model, api_key)
-        run_point = _stored_runs(target, objectives, label or "slo-search", deployment, console, progress)
+        target = Target(url, served_model, load["api_key"])
+        run_point = _stored_runs(target, objectives, label or "slo-search", deployment, console, shown["progress"])
         outcome = asyncio.run(search(template, objectives, space, run_point, console))
     print_outcome(outcome, _wide_console())
     if json_out is not None:

@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
-from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION, DEFAULT_REPEAT
-from vlmserve.cli.bench import OPTIONS, build_load_spec, option_defaults
+from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION
+from vlmserve.cli.bench import build_load_spec, option_defaults
+from vlmserve.cli.bench_options import BENCH, SEARCH_REPEAT
+from vlmserve.cli.model_options import GROUP, with_groups
 from vlmserve.errors import UserError
 
 
+_LOAD = BENCH.only("api", "dataset", "dataset_path", "input_len", "output_len", "arrival", "num_requests", "duration",
+                   "image_size", "images_per_request", "image_format", "image_repeat_rate", "seed", "tokenizer",
+                   "timeout", name="load")
+"""The bench's load flags tune takes (the rate comes from --rate-range)."""
+
+
+@with_groups(_LOAD)
 def tune_command(
     spec_file: Path = typer.Argument(..., help="Deployment spec YAML: the baseline, and the base of every candidate."),
     flag: list[str] = typer.Option([], "--flag", help="A vLLM flag and its values, NAME=V1,V2,... (repeatable), e.g. max-num-seqs=16,32,64."),
@@ -25,28 +34,14 @@ def tune_command(
     rate_range: str = typer.Option(..., "--rate-range", help="Request rates searched per candidate, LOW:HIGH (req/s), e.g. 0.5:32."),
     precision: float = typer.Option(DEFAULT_PRECISION, "--precision", help="Each candidate's search stops when held and missed rates are within this fraction."),
     max_probes: int = typer.Option(DEFAULT_MAX_PROBES, "--max-probes", help="Most load levels tried per candidate."),
-    repeat: int = typer.Option(DEFAULT_REPEAT, "--repeat", help="Runs per load level; a level holds when more than half meet the SLOs."),
+    repeat: int = SEARCH_REPEAT.info,
     max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="Most candidates measured (failed ones count), over every resumed run; default a third of the space."),
     max_time: Optional[str] = typer.Option(None, "--max-time", help="Start no new candidate after this long (30m, 2h); the one running finishes."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Tune directory (default $VLMSERVE_HOME/tunes/<spec name>); rerun to resume."),
     restart: bool = typer.Option(False, "--restart", help="Forget the candidates finished in --out and start over."),
     plan: bool = typer.Option(True, "--plan/--no-plan", help="Rank candidates with the planner first (sim engine specs)."),
-    seed: int = typer.Option(0, "--tune-seed", help="Seed of Optuna's sampler."),
-    api: str = OPTIONS["api"],
-    dataset: str = OPTIONS["dataset"],
-    dataset_path: Optional[str] = OPTIONS["dataset_path"],
-    input_len: Optional[int] = OPTIONS["input_len"],
-    output_len: Optional[int] = OPTIONS["output_len"],
-    arrival: Optional[str] = OPTIONS["arrival"],
-    num_requests: Optional[int] = OPTIONS["num_requests"],
-    duration: Optional[str] = OPTIONS["duration"],
-    image_size: str = OPTIONS["image_size"],
-    images_per_request: int = OPTIONS["images_per_request"],
-    image_format: str = OPTIONS["image_format"],
-    image_repeat_rate: Optional[float] = OPTIONS["image_repeat_rate"],
-    seed_load: int = OPTIONS["seed"],
-    tokenizer: Optional[str] = OPTIONS["tokenizer"],
-    timeout: float = OPTIONS["timeout"],
+    tune_seed: int = typer.Option(0, "--tune-seed", help="Seed of Optuna's sampler."),
+    load: dict[str, Any] = GROUP,
 ) -> None:
     """Search vLLM flags for the highest goodput at the SLOs: plan every candidate, measure the promising ones.
 
@@ -63,7 +58,6 @@ def tune_command(
     from vlmserve.tune.propose import require_optuna
 
     require_optuna()
-    flags = dict(locals())
     base = load_deployment_spec(spec_file)
     objectives = SLO.parse(slo).refuse_rates("vlmserve tune")
     if objectives.by_type:
@@ -77,9 +71,7 @@ def tune_command(
             max_time_s = _minutes_or_duration(max_time, parse_duration_s)
         except ValueError as err:
             raise UserError(f"--max-time: {err}") from None
-    given = {name: value for name, value in flags.items() if name in OPTIONS}
-    given.update(repeat=repeat, rate=low, concurrency=None, seed=seed_load)
-    template = build_load_spec(option_defaults(given))
+    template = build_load_spec(option_defaults({**load, "repeat": repeat, "rate": low, "concurrency": None}))
 
     from vlmserve.tune.html import write_html
     from vlmserve.tune.output import HTML_FILE, RECOMMENDED_FILE, RESULT_FILE, print_table, write_recommended_spec, \
@@ -88,7 +80,7 @@ def tune_command(
     from vlmserve.tune.space import TuneSpace
 
     space = TuneSpace.parse(base, flag)
-    settings = TuneSettings(template, objectives, search, max_candidates, max_time_s, seed, plan)
+    settings = TuneSettings(template, objectives, search, max_candidates, max_time_s, tune_seed, plan)
     directory = out or paths.tune_dir(base.name)
     signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
     outcome = run_tune(space, settings, directory, restart=restart, console=Console(stderr=True))

@@ -18,7 +18,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from vlmserve.cli.options import parse_json_object_flag
+from vlmserve.cli.model_options import GROUP, with_groups
+from vlmserve.cli.up_options import UP
 from vlmserve.errors import UserError
 
 if TYPE_CHECKING:
@@ -81,96 +82,21 @@ def split_engine_args(values: list[str] | None) -> list[str]:
     return flat
 
 
-def up(
-    file: Optional[Path] = typer.Option(None, "-f", "--file", help="Deployment spec (YAML). Flags override its values."),
-    model: Optional[str] = typer.Option(None, help="Model: 'embedded' (default), a local directory, or a hub id."),
-    name: Optional[str] = typer.Option(None, help="Deployment name (state and logs go under it). Default: default."),
-    replicas: Optional[int] = typer.Option(None, help="Number of engine replicas."),
-    port: Optional[int] = typer.Option(None, help="Gateway port; replicas take the ports after it."),
-    host: Optional[str] = typer.Option(None, help="Address to listen on (default 127.0.0.1)."),
-    engine: Optional[str] = typer.Option(None, help="vllm (real engine) or sim (simulated engine)."),
-    devices: Optional[str] = typer.Option(None, help="auto, cpu or gpu (auto: GPU when nvidia-smi sees one)."),
-    gateway: Optional[bool] = typer.Option(None, "--gateway/--no-gateway", help="Start the gateway in front."),
-    gateway_policy: Optional[str] = typer.Option(None, help="Gateway routing policy."),
-    gateway_workers: Optional[int] = typer.Option(None, help="Gateway processes sharing its port (1-64)."),
-    kv_cache_space_gb: Optional[float] = typer.Option(None, help="CPU engines: KV cache per replica in GB."),
-    cpu_threads_per_replica: Optional[int] = typer.Option(None, help="CPU engines: cores bound to each replica."),
-    dtype: Optional[str] = typer.Option(None, help="Engine dtype (auto, bfloat16, float16, ...)."),
-    tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "-tp", help="GPUs per replica."),
-    max_model_len: Optional[int] = typer.Option(None, help="Context length the engine serves."),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, help="GPU engines: fraction of GPU memory to use."),
-    max_num_seqs: Optional[int] = typer.Option(None, help="Engine: most sequences in a batch."),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, help="Engine: token budget per step."),
-    kv_cache_dtype: Optional[str] = typer.Option(None, help="Engine: KV cache dtype (auto, fp8, ...)."),
-    enable_prefix_caching: Optional[bool] = typer.Option(
-        None, "--enable-prefix-caching/--no-enable-prefix-caching", help="Engine: prefix caching."
-    ),
-    limit_mm_per_prompt: Optional[str] = typer.Option(None, help='Engine: JSON, e.g. \'{"image": 2}\'.'),
-    mm_processor_kwargs: Optional[str] = typer.Option(None, help="Engine: JSON kwargs for the multimodal processor."),
-    async_scheduling: Optional[bool] = typer.Option(
-        None, "--async-scheduling/--no-async-scheduling", help="Engine: overlap scheduling with execution."
-    ),
-    enforce_eager: Optional[bool] = typer.Option(
-        None, "--enforce-eager/--no-enforce-eager", help="Engine: skip torch.compile (default: only for 'embedded')."
-    ),
-    served_model_name: Optional[str] = typer.Option(None, help="The model name clients send."),
-    engine_arg: Optional[list[str]] = typer.Option(
-        None, "--engine-arg", help="Extra engine flag(s), passed as given, e.g. --engine-arg=--enforce-eager."
-    ),
-    ready_timeout_s: Optional[float] = typer.Option(None, help="Seconds each process may take to become ready."),
-    keys_file: Optional[Path] = typer.Option(None, help="Gateway: YAML file of tenants and API keys (clients must send one)."),
-    audit_log: Optional[Path] = typer.Option(None, help="Gateway: append one JSON line per request to this file."),
-    ssl_certfile: Optional[Path] = typer.Option(None, help="Gateway: TLS certificate (PEM); needs --ssl-keyfile."),
-    ssl_keyfile: Optional[Path] = typer.Option(None, help="Gateway: TLS private key (PEM)."),
-    allowed_media_domains: Optional[list[str]] = typer.Option(
-        None, "--allowed-media-domains",
-        help="Host media URLs may point at, as vLLM's flag (repeat or comma-separate); default: none, images inline only.",
-    ),
-    open_: Optional[bool] = typer.Option(
-        None, "--open", help="Serve a non-loopback --host without --keys-file, on purpose."
-    ),
-    recipe: Optional[bool] = typer.Option(
-        None, "--recipe/--no-recipe",
-        help="Lay the model family's vLLM flags (parsers, multimodal limits) under yours; default on (docs/recipes.md).",
-    ),
-    benchmark_recipe: bool = typer.Option(
-        False, "--benchmark-recipe", help="The recipe's benchmark variant: also prefix caching off."),
-    print_plan: bool = typer.Option(False, "--print-plan", help="Print each replica's command and environment; start nothing."),
-    autoscale: Optional[str] = typer.Option(
-        None, "--autoscale", metavar="MIN:MAX",
-        help="Add and remove replicas on the engines' queue, between MIN and MAX (the rule `export k8s` gives KEDA; "
-             "other settings from the spec's autoscale: section; docs/autoscaling.md)."),
-) -> None:
+@with_groups(UP)
+def up(flags: dict[str, Any] = GROUP) -> None:
     """Start and supervise engine replicas (and the gateway) until Ctrl-C or SIGTERM."""
-    if benchmark_recipe and recipe is False:
+    from vlmserve.spec import DeploymentSpec, EngineArgs
+
+    if flags["benchmark_recipe"] and flags["recipe"] is False:
         raise UserError("--benchmark-recipe and --no-recipe contradict each other; give one")
-    spec = build_spec(
-        file,
-        {
-            "model": model, "name": name, "replicas": replicas, "port": port, "host": host, "engine": engine,
-            "devices": devices, "gateway": gateway, "gateway_policy": gateway_policy,
-            "gateway_workers": gateway_workers,
-            "kv_cache_space_gb": kv_cache_space_gb, "cpu_threads_per_replica": cpu_threads_per_replica,
-            "ready_timeout_s": ready_timeout_s, "keys_file": keys_file, "audit_log": audit_log,
-            "ssl_certfile": ssl_certfile, "ssl_keyfile": ssl_keyfile,
-            "allowed_media_domains": [domain.strip() for value in allowed_media_domains or [] for domain in value.split(",")
-                                      if domain.strip()] or None, "open": open_,
-            "recipe": "benchmark" if benchmark_recipe else recipe,
-        },
-        {
-            "dtype": dtype, "tensor_parallel_size": tensor_parallel_size, "max_model_len": max_model_len,
-            "gpu_memory_utilization": gpu_memory_utilization, "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens, "kv_cache_dtype": kv_cache_dtype,
-            "enable_prefix_caching": enable_prefix_caching, "served_model_name": served_model_name,
-            "enforce_eager": enforce_eager, "async_scheduling": async_scheduling,
-            "limit_mm_per_prompt": parse_json_object_flag("--limit-mm-per-prompt", limit_mm_per_prompt),
-            "mm_processor_kwargs": parse_json_object_flag("--mm-processor-kwargs", mm_processor_kwargs),
-            "extra_args": split_engine_args(engine_arg),
-        },
-    )  # fmt: skip
-    if autoscale is not None:
-        spec = with_autoscale_bounds(spec, autoscale)
-    if print_plan:
+    overrides = UP.fields(flags, DeploymentSpec)
+    if flags["benchmark_recipe"]:
+        overrides["recipe"] = "benchmark"
+    engine_overrides = {**UP.fields(flags, EngineArgs), "extra_args": split_engine_args(flags["engine_arg"])}
+    spec = build_spec(flags["file"], overrides, engine_overrides)
+    if flags["autoscale"] is not None:
+        spec = with_autoscale_bounds(spec, flags["autoscale"])
+    if flags["print_plan"]:
         _print_plan(spec)
         return
     run_until_signalled(spec)

@@ -107,7 +107,7 @@ def _store(result: Path, label: str | None, simulated: bool) -> None:
 
     for run_id, run in import_result_file(result, label, simulated=simulated):
         flags = ", simulated" if run.simulated else ""
-        typer.echo(f"stored vllm bench serve's result as run {run_id} '{run.meta['label']}' "
+        typer.echo(f"stored vllm bench serve's result as run {run_id} '{run.meta.label}' "
                    f"({len(run.records)} request records{flags}); see `vlmserve report {run_id}`")
         for line in run.warnings:
             typer.echo(f"warning: {line}", err=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from rich.console import Console
@@ -18,8 +17,9 @@ from rich.table import Table
 
 from vlmserve.deploy.processes import free_port_block
 from vlmserve.deploy.readiness import image_message, tiny_png_data_url
-from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
 from vlmserve.deploy.supervisor import Supervisor
+from vlmserve.json_types import JSONObject, JSONValue
+from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec, EngineArgs
 
 TEXT_PROMPT = "Write one sentence about a dental clinic."
 IMAGE_PROMPT = "What is in this picture?"
@@ -37,7 +37,7 @@ class DemoAnswer:
     completion_tokens: int | None
 
 
-def stream_chat(base_url: str, model: str, messages: list[dict[str, Any]], max_tokens: int, kind: str) -> DemoAnswer:
+def stream_chat(base_url: str, model: str, messages: list[JSONObject], max_tokens: int, kind: str) -> DemoAnswer:
     """Send one streamed chat request; time the first content chunk and the last byte."""
     body = {
         "model": model,
@@ -48,7 +48,7 @@ def stream_chat(base_url: str, model: str, messages: list[dict[str, Any]], max_t
         "stream_options": {"include_usage": True},
     }
     pieces: list[str] = []
-    usage: dict[str, Any] = {}
+    usage: JSONObject = {}
     first_token_at: float | None = None
     sent_at = time.perf_counter()
     with httpx.Client(timeout=120, trust_env=False) as client:
@@ -76,13 +76,13 @@ def stream_chat(base_url: str, model: str, messages: list[dict[str, Any]], max_t
         answer="".join(pieces),
         time_to_first_token_s=(first_token_at - sent_at) if first_token_at else None,
         end_to_end_s=done_at - sent_at,
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
     )
 
 
 def demo_spec(
-    model: str = EMBEDDED_MODEL, max_model_len: int = 2048, replicas: int = 1, *, name: str = "demo", **engine_args: Any
+    model: str = EMBEDDED_MODEL, max_model_len: int = 2048, replicas: int = 1, *, name: str = "demo", **engine_args: JSONValue
 ) -> DeploymentSpec:
     """Replicas on free ports (behind the gateway when more than one): the smallest deployment that proves the path.
 
@@ -162,3 +162,8 @@ def answers_table(answers: list[DemoAnswer]) -> Table:
 
 def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _count(value: JSONValue) -> int | None:
+    """A token count from the usage block; None when the server sent none (or not a number)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

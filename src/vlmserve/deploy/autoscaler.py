@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, write_to_textfile
@@ -84,7 +84,7 @@ class Autoscaler:
         self._lock = threading.Lock()
         self._warming: set[int] = set()
         """Replicas started and verified but not warmed: kept out of the members file."""
-        self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)
+        self.events: deque[dict[str, object]] = deque(maxlen=EVENTS_KEPT)
         self.last: Decision | None = None
         self._last_logged: tuple[int, int, str] | None = None
         self._last_held: str | None = None
@@ -319,7 +319,7 @@ class Autoscaler:
         except OSError:
             pass  # a full disk: the state saver already raises the alarm; decisions go on
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """What state.json records: the rule, the last decision, and recent scale events."""
         with self._lock:
             events = list(self.events)

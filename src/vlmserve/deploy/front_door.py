@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from vlmserve.errors import UserError
 from vlmserve.discovery.sources import parse_source
-from vlmserve.gateway.config import GATEWAY_FILE_FLAGS, media_policy_argv
-from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG, parse_state_url
+from vlmserve.gateway.config import GATEWAY_FILE_FLAGS, MEDIA_POLICY_FLAGS, GatewayConfig, config_argv
+from vlmserve.gateway.shared_state import STATE_ENV, parse_state_url
+from vlmserve.observe.tracing import DEFAULT_TRACE_SAMPLE_RATIO, check_tracing_settings
 from vlmserve.spec import DeploymentSpec
 
 
@@ -60,30 +62,36 @@ def check_gateway_files(spec: DeploymentSpec) -> None:
             parse_state_url(spec.gateway_state)  # likewise a malformed Redis URL
         except UserError as err:
             raise UserError(f"gateway_state: {err}") from None
+    if spec.gateway_otlp_traces_endpoint:
+        try:  # a bad URL, or the SDK missing, stops `up` before any engine starts
+            check_tracing_settings(spec.gateway_otlp_traces_endpoint, DEFAULT_TRACE_SAMPLE_RATIO)
+        except UserError as err:
+            raise UserError(f"gateway_otlp_traces_endpoint: {err}") from None
+
+
+def gateway_config(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> GatewayConfig:
+    """The settings of the gateway in front of the replicas: the spec's trust settings, the rest at the
+    gateway's defaults. `model_dir`, when it is a local model directory, lets the gateway price images
+    by the model's own processor configuration."""
+    files: dict[str, Any] = {name: Path(value).expanduser() for name in GATEWAY_FILE_FLAGS if (value := getattr(spec, name))}
+    media: dict[str, Any] = {name: value for name in MEDIA_POLICY_FLAGS if (value := getattr(spec, name)) is not None}
+    shared: dict[str, Any] = {"state": spec.gateway_state, "state_unavailable": spec.gateway_state_unavailable} if spec.gateway_state else {}
+    tracing: dict[str, Any] = {"otlp_traces_endpoint": spec.gateway_otlp_traces_endpoint} if spec.gateway_otlp_traces_endpoint else {}
+    if tracing and spec.gateway_trace_sample_ratio is not None:
+        tracing["trace_sample_ratio"] = spec.gateway_trace_sample_ratio
+    local_model = model_dir is not None and (Path(model_dir) / "config.json").is_file()
+    return GatewayConfig(
+        replicas=list(replica_urls), host=spec.host, port=spec.port, policy=spec.gateway_policy,
+        allowed_media_domains=list(spec.allowed_media_domains),
+        allow_internal_media_addresses=spec.allow_internal_media_addresses, discover=spec.gateway_discover or None,
+        model_config_dir=Path(model_dir) if local_model and model_dir else None, **files, **media, **shared, **tracing)
 
 
 def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> list[str]:
-    """`python -m vlmserve gateway ...` in front of the replicas, with the spec's trust settings.
-
-    `model_dir`, when it is a local model directory, lets the gateway price images by the model's
-    own processor configuration."""
-    argv = [sys.executable, "-m", "vlmserve", "gateway"]
-    for url in replica_urls:
-        argv += ["--replica", url]
-    argv += ["--host", spec.host, "--port", str(spec.port), "--policy", spec.gateway_policy]
+    """`python -m vlmserve gateway ...` giving `gateway_config` (the Redis URL travels in gateway_env)."""
+    argv = [sys.executable, "-m", "vlmserve", "gateway", *config_argv(gateway_config(spec, replica_urls, model_dir))]
     if spec.gateway_workers != 1:
         argv += ["--workers", str(spec.gateway_workers)]
-    for name, flag in GATEWAY_FILE_FLAGS.items():
-        value = getattr(spec, name)
-        if value:
-            argv += [flag, str(Path(value).expanduser())]
-    argv += media_policy_argv(spec)
-    if spec.gateway_discover:
-        argv += ["--discover", spec.gateway_discover]
-    if spec.gateway_state:  # the URL itself goes through the environment (gateway_env)
-        argv += [STATE_UNAVAILABLE_FLAG, spec.gateway_state_unavailable]
-    if model_dir and (Path(model_dir) / "config.json").is_file():
-        argv += ["--model-config-dir", model_dir]
     return argv
 
 

@@ -15,10 +15,10 @@ import io
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
+from vlmserve.json_types import JSONObject
 from vlmserve import vllm_names
 from vlmserve.engines.launcher import ExpectedConfig  # what a replica must serve: the launcher says
 
@@ -49,7 +49,7 @@ class ServedConfig:
     adapters: tuple[str, ...] = ()
     """LoRA adapters /v1/models lists (entries with a parent model)."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JSONObject:
         return {
             "model_id": self.model_id,
             "root": self.root,
@@ -79,7 +79,7 @@ def tiny_png_data_url(width: int = 64, height: int = 64, seed: int = 0) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def image_message(text: str, data_url: str) -> dict[str, Any]:
+def image_message(text: str, data_url: str) -> JSONObject:
     """An OpenAI chat message with one image and a text part."""
     return {
         "role": "user",
@@ -134,7 +134,7 @@ def check_ready(client: httpx.Client, expected: ExpectedConfig) -> ServedConfig:
 
 
 def _one_token(
-    client: httpx.Client, model: str, messages: list[dict[str, Any]], what: str, text_only_ok: bool = False
+    client: httpx.Client, model: str, messages: list[JSONObject], what: str, text_only_ok: bool = False
 ) -> None:
     reply = client.post(
         "/v1/chat/completions",

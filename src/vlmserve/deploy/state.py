@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar
 import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from vlmserve.json_types import JSONObject
 from vlmserve import paths
 from vlmserve.deploy import processes
 
@@ -56,7 +57,7 @@ class MemberRecord(BaseModel):
     last_restart_reason: str | None = None
     devices: str = ""
     log: str = ""
-    served: dict[str, Any] | None = None
+    served: JSONObject | None = None
     cold_start: dict[str, float] | None = None
     """The last start's phases in seconds (start_to_ready_s, start_to_weights_s, ...; deploy.cold_start)."""
 
@@ -91,7 +92,7 @@ class DeploymentState(BaseModel):
     notes: list[str] = []
     replicas: list[MemberRecord] = []
     gateway: MemberRecord | None = None
-    spec: dict[str, Any] = {}
+    spec: JSONObject = {}
     heartbeat_s: float | None = None
     """How often the running supervisor rewrites this file even when nothing changed; a state much
     older than this, from a supervisor still alive, was not saved since (`state_saver.state_alarm`)."""

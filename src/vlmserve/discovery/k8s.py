@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from vlmserve.errors import UserError
 from vlmserve.discovery.sources import DiscoveryError, url_for
@@ -43,7 +44,30 @@ def _client_configuration() -> Any:
     return configuration
 
 
-def _pick_port(ports: list[Any], port_name: str | None) -> int | None:
+class _Port(Protocol):
+    """An EndpointSlice port (kubernetes' V1EndpointPort), as read here."""
+
+    name: str | None
+    port: int | None
+
+
+class _Conditions(Protocol):
+    ready: bool | None
+
+
+class _Endpoint(Protocol):
+    addresses: list[str] | None
+    conditions: _Conditions | None
+
+
+class EndpointSliceLike(Protocol):
+    """The parts of kubernetes' V1EndpointSlice that discovery reads (tests pass plain objects)."""
+
+    ports: list[_Port] | None
+    endpoints: list[_Endpoint] | None
+
+
+def _pick_port(ports: Sequence[_Port], port_name: str | None) -> int | None:
     if port_name is not None:
         return next((p.port for p in ports if p.name == port_name and p.port), None)
     if len(ports) == 1:
@@ -51,7 +75,7 @@ def _pick_port(ports: list[Any], port_name: str | None) -> int | None:
     return next((p.port for p in ports if p.name == "http" and p.port), None)
 
 
-def urls_from_slices(slices: list[Any], port_name: str | None) -> list[str]:
+def urls_from_slices(slices: Sequence[EndpointSliceLike], port_name: str | None) -> list[str]:
     """Base URLs of the ready endpoints of `slices` (V1EndpointSlice objects)."""
     urls: set[str] = set()
     for endpoint_slice in slices:
@@ -90,7 +114,7 @@ class EndpointSliceSource:
             self._api_client = client.ApiClient(_client_configuration())
             self._api = client.DiscoveryV1Api(self._api_client)
 
-    def _list(self) -> list[Any]:
+    def _list(self) -> list[EndpointSliceLike]:
         from kubernetes.client.exceptions import ApiException
 
         try:

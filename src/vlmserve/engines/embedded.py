@@ -25,9 +25,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vlmserve import paths
 from vlmserve.errors import UserError
+
+if TYPE_CHECKING:
+    from transformers import Idefics3Config, Idefics3Processor, PreTrainedTokenizerFast
 
 TINY_MODEL_VERSION = "v1"
 """Bump when anything below changes what is written, so caches are rebuilt, not reused."""
@@ -161,12 +165,31 @@ def write_directory_atomically(out_dir: Path, write: Callable[[Path], None]) -> 
 def _write_model(model_dir: Path) -> None:
     """Build tokenizer, processor and random-weight model, and save them with transformers."""
     import torch
-    from transformers import (
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3Processor,
-        PreTrainedTokenizerFast,
-    )
+    from transformers import Idefics3ForConditionalGeneration
+
+    processor = _build_processor()
+    tokenizer = processor.tokenizer
+    config = _model_config(tokenizer)
+    torch.manual_seed(SEED)
+    model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16).eval()
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(model_dir, safe_serialization=True)
+    processor.save_pretrained(model_dir)
+    marker = {
+        "made_by": "vlmserve",
+        "version": TINY_MODEL_VERSION,
+        "seed": SEED,
+        "note": "random weights: the words are gibberish by design; everything else is real",
+        "files_sha256": _digest_files(model_dir),
+    }
+    (model_dir / "vlmserve-tiny.json").write_text(json.dumps(marker, indent=2) + "\n")
+
+
+def _build_processor() -> Idefics3Processor:
+    """The trained tokenizer with the Idefics3 specials, and the image processor, as one processor."""
+    from transformers import Idefics3Processor, PreTrainedTokenizerFast
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     tokenizer = PreTrainedTokenizerFast(
@@ -184,17 +207,22 @@ def _write_model(model_dir: Path) -> None:
         max_image_size={"longest_edge": IMAGE_SIZE},
         do_image_splitting=True,
     )
-    processor = Idefics3Processor(
+    return Idefics3Processor(
         image_processor=image_processor,
         tokenizer=tokenizer,
         image_seq_len=IMAGE_SEQ_LEN,
         chat_template=CHAT_TEMPLATE,
     )
-    vocab_size = len(tokenizer)
+
+
+def _model_config(tokenizer: PreTrainedTokenizerFast) -> Idefics3Config:
+    """The tiny model's shape: a small Llama text model behind a small SigLIP vision tower."""
+    from transformers import Idefics3Config
+
     config = Idefics3Config(
         text_config={
             "model_type": "llama",
-            "vocab_size": vocab_size,
+            "vocab_size": len(tokenizer),
             "hidden_size": TEXT_HIDDEN,
             "intermediate_size": TEXT_INTERMEDIATE,
             "num_hidden_layers": TEXT_LAYERS,
@@ -224,21 +252,7 @@ def _write_model(model_dir: Path) -> None:
     )
     config.bos_token_id = tokenizer.bos_token_id
     config.eos_token_id = tokenizer.eos_token_id
-    torch.manual_seed(SEED)
-    model = Idefics3ForConditionalGeneration(config).to(torch.bfloat16).eval()
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(model_dir, safe_serialization=True)
-    processor.save_pretrained(model_dir)
-    marker = {
-        "made_by": "vlmserve",
-        "version": TINY_MODEL_VERSION,
-        "seed": SEED,
-        "note": "random weights: the words are gibberish by design; everything else is real",
-        "files_sha256": _digest_files(model_dir),
-    }
-    (model_dir / "vlmserve-tiny.json").write_text(json.dumps(marker, indent=2) + "\n")
+    return config
 
 
 def _train_tokenizer():  # -> tokenizers.Tokenizer

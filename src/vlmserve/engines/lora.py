@@ -9,7 +9,7 @@ rank the spec's slots cannot hold is one line naming the adapter, before anythin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from vlmserve.json_types import JSONObject
 
 from vlmserve.bounded_read import CONFIG_FILE, Refused, loads_json, printable, read_bytes
 from vlmserve.errors import UserError
@@ -59,7 +59,7 @@ def adapter_rank(path: Path, where: str) -> int:
     return rank
 
 
-def _read_config(config_file: Path, where: str) -> dict[str, Any]:
+def _read_config(config_file: Path, where: str) -> JSONObject:
     try:
         config = loads_json(read_bytes(config_file, CONFIG_FILE), CONFIG_FILE)
     except OSError as err:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from vlmserve.gateway.admission import AdmissionRejected
 from vlmserve.gateway.openai_errors import error_response
+from vlmserve.gateway.replicas import fetch_whole
 from vlmserve.http1.messages import Request, Response
 from vlmserve.spec import ADAPTER_NAME
 
@@ -77,16 +78,10 @@ async def handle_adapter_admin(gateway: Gateway, request: Request) -> Response:
 async def _apply(gateway: Gateway, replica: Any, path: str, fields: dict[str, str]) -> str:
     """One replica's outcome: 'ok', or why not (its own error message, shortened)."""
     assert gateway.upstream is not None
-    answer = None
     try:
-        async with asyncio.timeout(REPLICA_TIMEOUT_S):
-            answer = await gateway.upstream.request("POST", replica.url + ENGINE_PATHS[path], gateway.admin_headers,
-                                                    json.dumps(fields).encode())
-            body = await answer.read()
+        answer, body = await fetch_whole(gateway.upstream, "POST", replica.url + ENGINE_PATHS[path],
+                                         gateway.admin_headers, json.dumps(fields).encode(), REPLICA_TIMEOUT_S)
         await gateway.pool._refresh_models(replica)  # routable (or gone) when the answer arrives
     except (OSError, TimeoutError) as err:
         return f"{type(err).__name__}"
-    finally:
-        if answer is not None:
-            answer.release()
     return "ok" if answer.status == 200 else f"HTTP {answer.status}: {body[:200].decode('utf-8', 'replace')}"

@@ -349,18 +349,13 @@ class Admission:
                     raise self._rate_limited(tenant, wait)
                 return Charge("shared", charged)
         now = time.monotonic()
-        waits = []
-        if tenant.request_bucket is not None:
-            waits.append(tenant.request_bucket.wait_s(1, now))
-        if tenant.token_bucket is not None:
-            waits.append(tenant.token_bucket.wait_s(estimated_tokens, now))
-        wait = max(waits, default=0.0)
-        if wait > 0:
+        takes = [(bucket, amount) for bucket, amount in ((tenant.request_bucket, 1), (tenant.token_bucket, estimated_tokens))
+                 if bucket is not None]
+        wait = max((bucket.wait_s(amount, now) for bucket, amount in takes), default=0.0)
+        if wait > 0:  # both buckets, or neither
             raise self._rate_limited(tenant, wait)
-        if tenant.request_bucket is not None:
-            tenant.request_bucket.take(1)
-        if tenant.token_bucket is not None:
-            tenant.token_bucket.take(estimated_tokens)
+        for bucket, amount in takes:
+            bucket.take(amount)
         return Charge("local", charged)
 
     @staticmethod

@@ -14,6 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -29,28 +30,44 @@ from vlmserve.gateway.config import GatewayConfig
 from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
 from vlmserve.media.preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
 from vlmserve.media.workers import ImageWorkerPool
-from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape, loads_body
+from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
 from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.routing import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
 from vlmserve.gateway.proxy import Forwarder, RequestLog
-from vlmserve.gateway.replicas import Replica, ReplicaPool
-from vlmserve.gateway.request_info import (BadRequestHeader, TokenEstimator, choices_of, client_request_id, describe_request,
-                                           session_key)
+from vlmserve.gateway.replicas import Replica, ReplicaPool, fetch_whole
+from vlmserve.gateway.request_info import (BadRequestHeader, RoutedRequest, TokenEstimator, choices_of, client_request_id,
+                                           describe_request, session_key)
 from vlmserve.vision.probe import load_image_readers
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import Route, RouteKind, RouteRefused, resolve
 from vlmserve.gateway.shared_state import SharedState
-from vlmserve.http1.client import ClientPool, ClientResponse
+from vlmserve.http1.client import ClientPool
 from vlmserve.http1.headers import header_lines
 from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.messages import Answer, Request, Response
 from vlmserve.http1.server import ClientStats
+from vlmserve.observe.tracing import gateway_tracing
 
 log = logging.getLogger("vlmserve.gateway")
+
+_DRAINING = (503, "gateway is shutting down: retry on another gateway", "draining")
+_NO_HEALTHY_REPLICA = (503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
+
+
+@dataclass(slots=True)
+class _Held:
+    """What admission took for one request, noted as it is taken, given back when the request ends."""
+
+    tenant: Tenant | None = None
+    payload: dict[str, Any] | None = None  # the parsed body (the audit log's content)
+    adapter: str | None = None  # counted in by AdapterCatalog.check, counted out at the end
+    routed: RoutedRequest | None = None
+    charged: Charge | None = None  # what the tenant's token budget was charged, settled to the use
+    slot: bool = False  # an in-flight slot is held
 
 
 class Gateway:
@@ -113,6 +130,7 @@ class Gateway:
                                               lambda reason: self.metrics.discovery_errors.labels(reason).inc())
         self.client_stats = ClientStats()  # filled by the HTTP server (http1/server.py)
         self.watchdog = Watchdog()
+        self.tracing = gateway_tracing(config.otlp_traces_endpoint, config.trace_sample_ratio)  # None: off
         self.upstream: ClientPool | None = None
         self.forwarder: Forwarder | None = None
         self._engine_info_rotation = RoundRobin()
@@ -176,6 +194,8 @@ class Gateway:
         if self.shared_state is not None:
             await self.shared_state.close()
         self.audit.close()
+        if self.tracing is not None:
+            await self.tracing.close()  # the last spans leave on a thread, not on the loop
 
     # ---- replicas that come and go -------------------------------------------------------------
 
@@ -264,7 +284,7 @@ class Gateway:
             return error_response(rejected.status, rejected.message, rejected.code)
         models = self.adapters.visible(tenant, self.pool.known_models())
         if not models and not self.pool.any_healthy():
-            return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica")
+            return error_response(*_NO_HEALTHY_REPLICA)
         return Response.json({"object": "list", "data": list(models.values())})
 
     async def handle_engine_work(self, request: Request) -> Answer:
@@ -276,71 +296,16 @@ class Gateway:
             request_id="%032x" % random.getrandbits(128),
             path=route.path, received_at=time.time(), received_mono=time.monotonic(),
         )
+        if self.tracing is not None:
+            request_log.trace = self.tracing.begin(request.method, route.path, request.headers)
         self.requests_in_progress += 1
-        tenant = None
-        slot_held = False
-        charged: Charge | None = None
-        admitted_adapter: str | None = None
-        payload: dict[str, Any] | None = None
+        held = _Held()
         try:
+            if self.draining:
+                request_log.status = "503"
+                return error_response(*_DRAINING, retry_after_s=1, request_id=request_log.request_id)
             try:
-                if self.draining:
-                    request_log.status = "503"
-                    return error_response(503, "gateway is shutting down: retry on another gateway", "draining",
-                                          retry_after_s=1, request_id=request_log.request_id)
-                try:
-                    request_log.client_request_id = client_request_id(request.headers)
-                except BadRequestHeader as bad:
-                    raise AdmissionRejected(400, str(bad), "invalid_request_id") from None
-                tenant = self.admission.tenant_for(request.headers)
-                request_log.tenant = tenant.name
-                body = request.body  # whole, within --max-body-bytes (the server refused a larger one)
-                payload = self._parse_json(body)
-                if may_hold_media(body):
-                    try:
-                        remote_hosts = check_media(payload, self.allowed_media_hosts)
-                        if remote_hosts:  # a listed name may still resolve inside (media/addresses.py)
-                            await self.media_addresses.check_hosts(remote_hosts)
-                    except MediaRefused as refused:
-                        raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
-                    images = await self._preflight(payload, tenant, route)
-                    request_log.images = [image.audit() for image in images.images]
-                else:  # text only: nothing to walk for (the processor-kwargs rule still holds)
-                    try:
-                        self.preflight.check_client_kwargs(payload)
-                    except ImageRefused as refused:
-                        raise self._image_refused(refused) from None
-                    images = TEXT_ONLY
-                if images.changed:
-                    body = json.dumps(payload, separators=(",", ":")).encode()
-                model = payload.get("model")
-                request_log.model = model if isinstance(model, str) else None
-                if model is not None and not isinstance(model, str):
-                    raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
-                request_log.adapter = self.adapters.adapter_of(model)
-                admitted_adapter = self.adapters.check(tenant, model)  # 404 unknown, 403 not this key's
-                if route.generates:
-                    check_output_limits(payload)
-                routed = describe_request(
-                    payload, request_id=request_log.request_id, estimator=self.estimator,
-                    prefix_block_chars=self.config.prefix_block_chars if self.policy.uses_prefix_hashes else None,
-                    generates=route.generates, streams=route.streams,
-                    image_digests=images.digests or None,
-                    image_tokens=images.image_tokens if images.images else None,
-                )
-                routed.tenant, routed.adapter = tenant.name, request_log.adapter
-                routed.session_id = session_key(request.headers.get("X-Session-ID"))
-                routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
-                request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
-                # settled from the relay's count of events, not of pieces (relay.py)
-                routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
-                if tenant.rate_limited:
-                    context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None
-                    charged = await self.admission.check_rate(tenant, admissible_tokens(
-                        routed.prompt_tokens, routed.expected_output_tokens, choices_of(payload), context))
-                if not self.admission.try_acquire_slot():
-                    await self.admission.acquire_slot(routed.priority)
-                slot_held = True
+                body, routed = await self._admit(request, request_log, held)
             except AdmissionRejected as rejected:
                 request_log.status, request_log.error = str(rejected.status), rejected.message
                 if rejected.status == 429 or rejected.code == "state_unavailable":
@@ -360,14 +325,88 @@ class Gateway:
                                   request_id=request_log.request_id)
         finally:
             self.requests_in_progress -= 1
-            if admitted_adapter is not None:
-                self.adapters.release(admitted_adapter)
-            if slot_held:
-                self.admission.release_slot()
-                if tenant is not None and charged is not None:
-                    self.admission.settle_tokens(tenant, charged, settled_tokens(
-                        request_log.status, request_log.prompt_tokens, request_log.completion_tokens, routed.prompt_tokens))
-            self._finish(route, request_log, payload)
+            self._release(held, request_log)
+            self._finish(route, request_log, held.payload)
+
+    async def _admit(self, request: Request, request_log: RequestLog, held: _Held) -> tuple[bytes, RoutedRequest]:
+        """The checks before a request may go to a replica, in order: its id header, its key, its
+        body, its media, its model, its output limits, its tenant's rate, a slot in flight. What it
+        takes (an adapter, a charge, a slot) is noted in `held` as it is taken; a refusal raises
+        AdmissionRejected. Returns the body to forward and the router's view of the request."""
+        route: Route = request.route
+        try:
+            request_log.client_request_id = client_request_id(request.headers)
+        except BadRequestHeader as bad:
+            raise AdmissionRejected(400, str(bad), "invalid_request_id") from None
+        tenant = held.tenant = self.admission.tenant_for(request.headers)
+        request_log.tenant = tenant.name
+        body = request.body  # whole, within --max-body-bytes (the server refused a larger one)
+        payload = held.payload = self._parse_json(body)
+        images = await self._check_media(body, payload, tenant, route)
+        if images.images:
+            request_log.images = [image.audit() for image in images.images]
+        if images.changed:
+            body = json.dumps(payload, separators=(",", ":")).encode()
+        model = payload.get("model")
+        if model is not None and not isinstance(model, str):
+            raise AdmissionRejected(400, "'model' must be a string naming a served model (see GET /v1/models)", "invalid_model")
+        request_log.model = model
+        request_log.adapter = self.adapters.adapter_of(model)
+        held.adapter = self.adapters.check(tenant, model)  # 404 unknown, 403 not this key's
+        if route.generates:
+            check_output_limits(payload)
+        routed = held.routed = describe_request(
+            payload, request_id=request_log.request_id, estimator=self.estimator,
+            prefix_block_chars=self.config.prefix_block_chars if self.policy.uses_prefix_hashes else None,
+            generates=route.generates, streams=route.streams,
+            image_digests=images.digests or None,
+            image_tokens=images.image_tokens if images.images else None,
+        )
+        routed.tenant, routed.adapter = tenant.name, request_log.adapter
+        routed.session_id = session_key(request.headers.get("X-Session-ID"))
+        routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
+        request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
+        # settled from the relay's count of events, not of pieces (relay.py)
+        routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
+        if tenant.rate_limited:
+            context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None
+            held.charged = await self.admission.check_rate(tenant, admissible_tokens(
+                routed.prompt_tokens, routed.expected_output_tokens, choices_of(payload), context))
+        if not self.admission.try_acquire_slot():
+            if request_log.trace is not None:
+                request_log.trace.queued(routed.priority)
+            await self.admission.acquire_slot(routed.priority)
+        held.slot = True
+        if request_log.trace is not None:
+            request_log.trace.admitted(tenant.name, routed.priority)
+        return body, routed
+
+    def _release(self, held: _Held, request_log: RequestLog) -> None:
+        """Give back what admission took: the adapter's count, the slot, and the charge, settled to the use."""
+        if held.adapter is not None:
+            self.adapters.release(held.adapter)
+        if held.slot:
+            self.admission.release_slot()
+            if held.tenant is not None and held.charged is not None and held.routed is not None:
+                self.admission.settle_tokens(held.tenant, held.charged, settled_tokens(
+                    request_log.status, request_log.prompt_tokens, request_log.completion_tokens,
+                    held.routed.prompt_tokens))
+
+    async def _check_media(self, body: bytes, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
+        """The media policy (allowed hosts, their addresses) and the image preflight; a refusal is a 400."""
+        if not may_hold_media(body):  # text only: nothing to walk for (the processor-kwargs rule still holds)
+            try:
+                self.preflight.check_client_kwargs(payload)
+            except ImageRefused as refused:
+                raise self._image_refused(refused) from None
+            return TEXT_ONLY
+        try:
+            remote_hosts = check_media(payload, self.allowed_media_hosts)
+            if remote_hosts:  # a listed name may still resolve inside (media/addresses.py)
+                await self.media_addresses.check_hosts(remote_hosts)
+        except MediaRefused as refused:
+            raise AdmissionRejected(400, refused.message, "media_url_not_allowed") from None
+        return await self._preflight(payload, tenant, route)
 
     async def _preflight(self, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
         """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
@@ -397,7 +436,7 @@ class Gateway:
         except JsonShapeRefused as refused:
             raise AdmissionRejected(400, refused.message, refused.code) from None
         try:
-            payload = loads_body(body)
+            payload = json.loads(body)
         except ValueError as err:
             raise AdmissionRejected(400, f"request body is not valid JSON ({err.msg} at char {err.pos})" if isinstance(err, json.JSONDecodeError) else "request body is not valid JSON", "invalid_json") from None
         if not isinstance(payload, dict):
@@ -415,6 +454,8 @@ class Gateway:
         if request_log.adapter is not None:
             self.adapters.observe(request_log.adapter, request_log.status, None if request_log.first_byte_mono is None
                                   else request_log.first_byte_mono - request_log.received_mono)
+        if request_log.trace is not None:
+            request_log.trace.finish(request_log)
         if self.audit.enabled:
             content = None if payload is None else next(
                 (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
@@ -424,25 +465,20 @@ class Gateway:
         """A cheap ENGINE_INFO GET (/version): forwarded under its table path to one healthy replica."""
         route: Route = request.route
         if self.draining:
-            return error_response(503, "gateway is shutting down: retry on another gateway", "draining", retry_after_s=1)
+            return error_response(*_DRAINING, retry_after_s=1)
         try:
             self.admission.tenant_for(request.headers)
         except AdmissionRejected as rejected:
             return error_response(rejected.status, rejected.message, rejected.code)
         candidates = self.pool.candidates(None)
         if not candidates:
-            return error_response(503, "no healthy replica: check the replicas' health (GET /health)", "no_healthy_replica", retry_after_s=1)
+            return error_response(*_NO_HEALTHY_REPLICA, retry_after_s=1)
         replica: Replica = self._engine_info_rotation.choose(None, candidates)  # type: ignore[arg-type]
         assert self.upstream is not None
-        answer: ClientResponse | None = None
         try:
-            async with asyncio.timeout(self.pool.probe_timeout_s):
-                answer = await self.upstream.request("GET", replica.url + route.path, self.replica_headers, b"")
-                body = await answer.read()
-        except (OSError, TimeoutError) as err:  # ClientError is an OSError: a reset, a close, not HTTP
+            answer, body = await fetch_whole(self.upstream, "GET", replica.url + route.path, self.replica_headers, b"",
+                                             self.pool.probe_timeout_s)
+        except (OSError, TimeoutError) as err:
             self.pool.record_failure(replica)
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")
-        finally:
-            if answer is not None:
-                answer.release()  # a no-op once the body was read whole
         return Response(answer.status, body, {"Content-Type": answer.headers.get("content-type", "application/json")})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 from vlmserve.errors import UserError, check_listen_port
 from vlmserve.discovery.sources import parse_source
 from vlmserve.gateway.shared_state import DEFAULT_TIMEOUT_S, check_state_settings
+from vlmserve.observe.tracing import DEFAULT_TRACE_SAMPLE_RATIO, check_tracing_settings
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.spec import DeploymentSpec
@@ -155,6 +157,10 @@ class GatewayConfig:
     state: str | None = None
     state_unavailable: str = "open"
     state_timeout_s: float = DEFAULT_TIMEOUT_S
+    # OpenTelemetry spans (observe/tracing.py), exported over OTLP/HTTP here (vLLM's flag name); None: off.
+    # New traces are kept at this ratio; a client's sampled traceparent decides for its own.
+    otlp_traces_endpoint: str | None = None
+    trace_sample_ratio: float = DEFAULT_TRACE_SAMPLE_RATIO
 
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
@@ -174,6 +180,7 @@ class GatewayConfig:
         if self.keys_file is not None and not Path(self.keys_file).is_file():
             raise UserError(f"keys file {self.keys_file} does not exist: create it or drop --keys-file")
         check_state_settings(self.state, self.state_unavailable, self.state_timeout_s)
+        check_tracing_settings(self.otlp_traces_endpoint, self.trace_sample_ratio)
         if self.max_attempts < 1:
             raise UserError("--max-attempts must be at least 1")
         if self.max_body_bytes < 1:
@@ -204,3 +211,34 @@ class GatewayConfig:
                 raise UserError(f"{_flag(name)} must be a positive number of seconds, got {value}")
         if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
             raise UserError(f"--drain-timeout must be 0 or more seconds, got {self.drain_timeout_s}")
+
+
+ENV_ONLY_SETTINGS = ("replica_api_key", "state")
+"""Settings that never go on a command line, which every user of the machine can read (`ps`): an API key,
+a Redis URL with its password. They travel in the environment (VLMSERVE_REPLICA_API_KEY, VLMSERVE_GATEWAY_STATE)."""
+
+
+def setting_flag(name: str) -> str:
+    """The `vlmserve gateway` flag of a setting: its name with dashes, a unit suffix `_s` dropped
+    (`replicas`: `--replica`, one a flag), the rule cli.model_options builds the flags by."""
+    return "--replica" if name == "replicas" else _flag(name)
+
+
+def config_argv(config: GatewayConfig) -> list[str]:
+    """The `vlmserve gateway` flags that give `config` back: each setting away from its default
+    (settings without a flag must stay at their default; ENV_ONLY_SETTINGS are left out)."""
+    argv: list[str] = []
+    defaults = GatewayConfig(replicas=[])
+    for item in dataclasses.fields(config):
+        value = getattr(config, item.name)
+        if item.name in ENV_ONLY_SETTINGS or value == getattr(defaults, item.name):
+            continue
+        flag = setting_flag(item.name)
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(value, list):
+            for each in value:
+                argv += [flag, str(each)]
+        else:
+            argv += [flag, str(value)]
+    return argv

@@ -13,14 +13,7 @@ The rules this module keeps:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any
-
 from vlmserve.bounded_read import json_shape
-
-# the C scanner json.loads ends in (typeshed does not declare the attribute)
-_SCAN_VALUE: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 class JsonShapeRefused(Exception):
@@ -30,23 +23,6 @@ class JsonShapeRefused(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
-
-
-def loads_body(body: bytes) -> Any:
-    """`json.loads(body)`, with the common body (a UTF-8 object with nothing around it) handed
-    straight to the C scanner: json.loads first runs five Python-level steps (encoding detection,
-    decode, two whitespace matches, raw_decode) that cost more than scanning a small body. Any
-    other body, and every error, goes through json.loads itself, so results and messages are its."""
-    if body[:1] == b"{" and body[-1:] == b"}" and body[1:2] != b"\x00":  # json.loads would decode it as UTF-8
-        try:
-            text = body.decode("utf-8", "surrogatepass")
-            value, end = _SCAN_VALUE(text, 0)
-        except (UnicodeDecodeError, StopIteration, ValueError):
-            pass  # json.loads below says what is wrong
-        else:
-            if end == len(text):
-                return value
-    return json.loads(body)
 
 
 def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:

@@ -14,16 +14,13 @@ view of the replicas): per-process state stays per process.
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from itertools import accumulate
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -75,68 +72,15 @@ _TTFT = ("vlmserve_gateway_time_to_first_token_seconds",
          "Request received to first response byte sent, at the gateway; generation routes only", ["replica", "route"])
 _E2E = ("vlmserve_gateway_e2e_request_latency_seconds", "Request received to last byte sent, at the gateway",
         ["replica", "route"])
-_BUCKET_LABELS = [floatToGoString(bound) for bound in LATENCY_BUCKETS_S] + ["+Inf"]
-
-
-class _PerRequestSeries(Collector):
-    """The request counter and the two latency histograms of a one-process gateway, as plain numbers.
-
-    Only the event loop's thread touches them, so an observation is a dict update and a bisect;
-    a scrape turns them into the same families (names, labels, buckets) prometheus_client's
-    Counter and Histogram would expose."""
-
-    def __init__(self) -> None:
-        self.requests: dict[tuple[str, str, str], int] = {}
-        # (replica, route) -> ttft counts, e2e counts, their sums
-        self.latency: dict[tuple[str, str], tuple[list[int], list[int], list[float]]] = {}
-
-    def observe(self, replica: str, route: str, ttft_s: float | None, e2e_s: float) -> None:
-        series = self.latency.get((replica, route))
-        if series is None:
-            series = self.latency[(replica, route)] = ([0] * len(_BUCKET_LABELS), [0] * len(_BUCKET_LABELS), [0.0, 0.0])
-        if ttft_s is not None:
-            series[0][bisect_left(LATENCY_BUCKETS_S, ttft_s)] += 1
-            series[2][0] += ttft_s
-        series[1][bisect_left(LATENCY_BUCKETS_S, e2e_s)] += 1
-        series[2][1] += e2e_s
-
-    def forget(self, replica: str) -> None:
-        for series_key in [key for key in self.latency if key[0] == replica]:
-            del self.latency[series_key]
-        for request_key in [key for key in self.requests if key[2] == replica]:
-            del self.requests[request_key]
-
-    def collect(self) -> Iterable[CounterMetricFamily | HistogramMetricFamily]:
-        requests = CounterMetricFamily(_REQUESTS[0], _REQUESTS[1], labels=_REQUESTS[2])
-        for request_key, count in self.requests.items():
-            requests.add_metric(list(request_key), count)
-        yield requests
-        for (name, documentation, labels), which in ((_TTFT, 0), (_E2E, 1)):
-            family = HistogramMetricFamily(name, documentation, labels=labels)
-            for key, series in self.latency.items():
-                cumulative = list(accumulate(series[which]))
-                if cumulative[-1]:  # a route with no first token (pooling, tokenizer) has no TTFT series
-                    family.add_metric(list(key), list(zip(_BUCKET_LABELS, cumulative)), sum_value=series[2][which])
-            yield family
-
-
 class GatewayMetrics:
     """One registry per gateway, so several gateways can live in one process (tests)."""
 
     def __init__(self, snapshot: Callable[[], dict]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        # Per-request series: with one process, plain numbers the event loop owns (no lock, no
-        # bucket scan per observation; turned into families at scrape time, `_PerRequestSeries`);
-        # with --workers, prometheus_client's, whose values live in the shared multiprocess files.
-        self.per_request: _PerRequestSeries | None = None
-        if self._multiprocess_dir is None:
-            self.per_request = _PerRequestSeries()
-            self.registry.register(self.per_request)
-        else:
-            self.requests = Counter(*_REQUESTS, registry=self.registry)
-            self.ttft = Histogram(*_TTFT, buckets=LATENCY_BUCKETS_S, registry=self.registry)
-            self.e2e = Histogram(*_E2E, buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.requests = Counter(*_REQUESTS, registry=self.registry)
+        self.ttft = Histogram(*_TTFT, buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.e2e = Histogram(*_E2E, buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.retries = Counter(
             "vlmserve_gateway_retries", "Attempts retried on another replica, by the replica that failed and why",
             ["replica", "reason"], registry=self.registry,
@@ -190,10 +134,6 @@ class GatewayMetrics:
 
     def count_request(self, status: str, tenant: str, replica: str) -> None:
         key = (status, tenant, replica)
-        if self.per_request is not None:
-            requests = self.per_request.requests
-            requests[key] = requests.get(key, 0) + 1
-            return
         child = self._request_children.get(key)
         if child is None:
             child = self._request_children[key] = self.requests.labels(*key)
@@ -203,31 +143,25 @@ class GatewayMetrics:
 
     def observe_latency(self, replica: str, route: str, ttft_s: float | None, e2e_s: float) -> None:
         """The histograms of a finished request: TTFT only where the route generates tokens (None
-        otherwise: a /tokenize answer's first byte is not a first token). Hot path: no label lookup,
-        no lock with one process."""
-        if self.per_request is not None:
-            self.per_request.observe(replica, route, ttft_s, e2e_s)
-            return
+        otherwise: a /tokenize answer's first byte is not a first token). Hot path: the labelled
+        children are looked up once per (replica, route), and a route without a first token gets no
+        TTFT series (a route either generates or not, so its first request decides)."""
         key = (replica, route)
         children = self._latency_children.get(key)
         if children is None:
-            children = self._latency_children[key] = (self.ttft.labels(*key), self.e2e.labels(*key))
-        if ttft_s is not None:
+            children = self._latency_children[key] = (
+                self.ttft.labels(*key) if ttft_s is not None else None, self.e2e.labels(*key))
+        if ttft_s is not None and children[0] is not None:
             children[0].observe(ttft_s)
         children[1].observe(e2e_s)
 
     def forget_replica(self, replica: str) -> None:
         """Drop the per-replica series of a replica that left and drained (pods come and go: labels must not pile up)."""
-        metrics: list[Any] = [self.retries, self.ejections]
-        if self.per_request is not None:
-            self.per_request.forget(replica)
-        else:
-            for key in [key for key in self._latency_children if key[0] == replica]:
-                del self._latency_children[key]
-            for request_key in [key for key in self._request_children if key[2] == replica]:
-                del self._request_children[request_key]
-            metrics += [self.requests, self.ttft, self.e2e]
-        for metric in metrics:
+        for key in [key for key in self._latency_children if key[0] == replica]:
+            del self._latency_children[key]
+        for request_key in [key for key in self._request_children if key[2] == replica]:
+            del self._request_children[request_key]
+        for metric in (self.retries, self.ejections, self.requests, self.ttft, self.e2e):
             names = metric._labelnames  # prometheus_client keeps label values per child; no public iterator
             position = names.index("replica")
             for values in [v for v in list(metric._metrics) if v[position] == replica]:

@@ -11,20 +11,14 @@ CLIENT_REQUEST_ID_HEADER = "X-Client-Request-ID"
 """Where a response echoes the client's own request id; X-Request-ID is the gateway's (request_info.py)."""
 
 ERROR_TYPES = {
-    400: "invalid_request_error",
+    **dict.fromkeys((400, 405, 413, 417, 431, 505), "invalid_request_error"),
+    **dict.fromkeys((408, 504), "timeout_error"),
     401: "authentication_error",
     404: "not_found_error",
-    405: "invalid_request_error",
-    408: "timeout_error",
-    413: "invalid_request_error",
-    417: "invalid_request_error",
-    431: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",
     502: "upstream_error",
     503: "service_unavailable",
-    504: "timeout_error",
-    505: "invalid_request_error",
 }
 
 

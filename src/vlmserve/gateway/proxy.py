@@ -74,6 +74,7 @@ class RequestLog:
     completion_tokens: int | None = None
     error: str | None = None
     images: list[dict[str, Any]] = field(default_factory=list)  # image_preflight.ImageSeen.audit()
+    trace: Any = None  # its spans (observe/tracing.py RequestTrace) when tracing is on
 
     def id_headers(self) -> dict[str, str]:
         """The response's id headers: the gateway's id, and the client's echoed when it sent one."""
@@ -143,17 +144,6 @@ class _RetryableFailure(Exception):
         self.message = message
         self.response = response  # the replica's own error answer, passed on if retries run out
         self.fault = fault
-
-
-_USAGE_NUMBERS = re.compile(rb'"usage":\s*\{[^{}]*?"prompt_tokens":\s*(\d+)[^{}]*?"completion_tokens":\s*(\d+)')
-
-
-def _usage_counts(raw: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of the last usage object in `raw`, read without parsing the
-    JSON (engines write prompt_tokens before completion_tokens); None to fall back to parsing."""
-    start = raw.rfind(USAGE_KEY)
-    match = _USAGE_NUMBERS.match(raw, start) if start >= 0 else None
-    return (int(match.group(1)), int(match.group(2))) if match is not None else None
 
 
 def _usage_from_sse_tail(tail: bytes) -> dict | None:
@@ -259,8 +249,7 @@ class Forwarder:
         status = 504 if last_failure.reason == "first_token_timeout" else 502
         log.status = str(status)
         return error_response(status, f"request failed on {len(log.attempts)} replica(s): {last_failure.message}",
-                              last_failure.reason, request_id=log.request_id,
-                                  client_request_id=log.client_request_id)
+                              last_failure.reason, request_id=log.request_id, client_request_id=log.client_request_id)
 
     async def _attempt(self, request: Request, body: bytes, routed: RoutedRequest, replica: Replica,
                        log: RequestLog) -> Answer:
@@ -270,8 +259,8 @@ class Forwarder:
         # The request leaves first (on a pooled connection, the common case); the bookkeeping
         # below runs while it travels. Nothing awaits in between, so no other request sees the
         # policy's counts without this one.
-        sent = self.upstream.send("POST", replica.url + request.path,
-                                  self._upstream_headers(log.request_id, request.headers), body)
+        context = request.headers if log.trace is None else log.trace.attempt_began(replica.name, len(log.attempts))
+        sent = self.upstream.send("POST", replica.url + request.path, self._upstream_headers(log.request_id, context), body)
         task = asyncio.current_task(loop)
         assert task is not None
         replica.in_flight += 1
@@ -287,6 +276,8 @@ class Forwarder:
         try:
             try:
                 upstream = await sent.response()
+                if log.trace is not None:
+                    log.trace.answered(upstream.status)
                 if upstream.status != 200:
                     payload = await upstream.read()
                     self._raise_if_retryable(upstream, payload, replica, log)
@@ -330,6 +321,8 @@ class Forwarder:
             log.status = "abandoned"
             raise
         finally:
+            if log.trace is not None:  # first: an exception in flight is the attempt's failure
+                log.trace.attempt_ended(outcome, exchange.chunks, log.first_byte_mono)
             self.watchdog.active.discard(exchange)
             if upstream is not None:
                 if outcome is Outcome.COMPLETED:
@@ -423,9 +416,7 @@ class Forwarder:
             failure = (504, f"replica {replica.name} stalled: no data for {self.idle_chunk_timeout_s:g} s", "idle_chunk_timeout")
         if relay.first_token_pending:
             self.policy.on_first_token(routed, replica)
-        counts = _usage_counts(relay.usage_block)
-        usage = ({"prompt_tokens": counts[0], "completion_tokens": counts[1]} if counts is not None
-                 else _usage_from_sse_tail(relay.usage_block[-8192:]))
+        usage = _usage_from_sse_tail(relay.usage_block[-8192:])
         if usage is not None:
             log.prompt_tokens = usage.get("prompt_tokens")
             log.completion_tokens = usage.get("completion_tokens")

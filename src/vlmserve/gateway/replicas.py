@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
 from vlmserve.http1.headers import header_lines
-from vlmserve.http1.client import CappedBody, ClientPool, ClientResponse
+from vlmserve.http1.client import AnswerTooLarge, CappedBody, ClientPool, ClientResponse
 from vlmserve.prometheus_text import MAX_PAGE_BYTES
 
 log = logging.getLogger("vlmserve.gateway")
@@ -51,6 +51,28 @@ MODELS_REFRESH_S = 10.0
 # A replica that answered real traffic this recently is alive, whatever a slow /health says:
 # an engine under heavy load can take seconds to answer /health while it serves fine.
 RECENT_SUCCESS_S = 10.0
+
+
+async def fetch_whole(client: ClientPool, method: str, url: str, headers: bytes, body: bytes,
+                      timeout_s: float) -> tuple[ClientResponse, bytes]:
+    """One request to a replica and its answer read whole, within `timeout_s` (connecting included) and
+    MAX_PAGE_BYTES (its /metrics page is the largest it sends); the connection goes back to the pool.
+    Raises TimeoutError, or OSError (the client's ClientError included: a reset, a close, not HTTP,
+    AnswerTooLarge)."""
+    response: ClientResponse | None = None
+    answer = CappedBody(MAX_PAGE_BYTES)
+    try:
+        async with asyncio.timeout(timeout_s):
+            answer.sent = client.send(method, url, headers, body, answer)
+            response = await answer.sent.response()
+            await response.wait_end()
+    except OSError:
+        answer.whole()  # AnswerTooLarge, when that is why the read failed
+        raise
+    finally:
+        if response is not None:
+            response.release()  # closes it unless the body was read whole (a no-op then)
+    return response, answer.whole()
 
 
 @dataclass(eq=False)
@@ -317,25 +339,16 @@ class ReplicaPool:
         """GET `path` on the replica (never raises): the body when it answers 200, else None, and
         why: 'ok', or 'refused' (nothing listens), 'timeout', 'over N bytes' or 'error'."""
         assert self._client is not None
-        response: ClientResponse | None = None
-        body = CappedBody(MAX_PAGE_BYTES)  # a page is read whole: at most this much of it
         try:
-            async with asyncio.timeout(self.probe_timeout_s):
-                body.sent = self._client.send("GET", replica.url + path, self._probe_headers, b"", body)
-                response = await body.sent.response()
-                await response.wait_end()
+            response, body = await fetch_whole(self._client, "GET", replica.url + path, self._probe_headers,
+                                               b"", self.probe_timeout_s)
         except TimeoutError:
             return None, "timeout"
         except ConnectionRefusedError:
             return None, "refused"
-        except OSError:  # the client's ClientError included: a reset, a close, not HTTP
-            return None, body.over or "error"
-        finally:
-            if response is not None:
-                response.release()  # back to the client's pool when read whole, else closed
-        if body.over:  # also when the close delimited the body: it then ended "complete"
-            return None, body.over
-        return (body.whole(), "ok") if response.status == 200 else (None, "error")
+        except OSError as err:  # the client's ClientError included: a reset, a close, not HTTP, too large
+            return None, str(err) if isinstance(err, AnswerTooLarge) else "error"
+        return (body, "ok") if response.status == 200 else (None, "error")
 
     async def _check_health(self, replica: Replica) -> None:
         body, why = await self._probe_status(replica, "/health")

@@ -96,15 +96,13 @@ def target_path(raw_target: str) -> str:
         slash = rest.find("/")
         target = rest[slash:] if slash >= 0 else "/"
     path = target.split("?", 1)[0]
-    shown = repr(path[:80])
-    if "\\" in path or "#" in path:
-        raise RouteRefused(400, f"path {shown} contains a backslash or '#': send the plain path, e.g. /v1/chat/completions", "invalid_path")
-    if _ENCODED_SEPARATOR.search(path):
-        raise RouteRefused(400, f"path {shown} contains an encoded '.', '/' or '\\': send the plain path, e.g. /v1/chat/completions", "invalid_path")
-    if "//" in path:
-        raise RouteRefused(400, f"path {shown} contains an empty segment ('//'): send the plain path, e.g. /v1/chat/completions", "invalid_path")
-    if any(segment in (".", "..") for segment in path.split("/")):
-        raise RouteRefused(400, f"path {shown} contains a '.' or '..' segment: send the plain path, e.g. /v1/chat/completions", "invalid_path")
+    problem = ("a backslash or '#'" if "\\" in path or "#" in path
+               else "an encoded '.', '/' or '\\'" if _ENCODED_SEPARATOR.search(path)
+               else "an empty segment ('//')" if "//" in path
+               else "a '.' or '..' segment" if any(segment in (".", "..") for segment in path.split("/")) else None)
+    if problem is not None:
+        raise RouteRefused(400, f"path {path[:80]!r} contains {problem}: send the plain path, e.g. /v1/chat/completions",
+                           "invalid_path")
     return path
 
 

@@ -72,24 +72,21 @@ class StateURL:
 
 def parse_state_url(url: str) -> StateURL:
     """Check a `--state` value; a problem is one line that says how to write it."""
-    hint = "write it as redis://[:PASSWORD@]HOST[:PORT][/DB] (rediss:// for TLS)"
+    shown, hint = _shown(url), "write it as redis://[:PASSWORD@]HOST[:PORT][/DB] (rediss:// for TLS)"
     try:
         parts = urlsplit(url.strip())
         port = parts.port
     except ValueError as err:
-        raise UserError(f"--state {_shown(url)!r} is not a valid URL ({err}): {hint}") from None
-    if parts.scheme not in STATE_SCHEMES:
-        raise UserError(f"--state {_shown(url)!r}: the scheme must be redis:// or rediss://; {hint}")
-    if not parts.hostname:
-        raise UserError(f"--state {_shown(url)!r} names no host: {hint}")
-    if port == 0:
-        raise UserError(f"--state {_shown(url)!r}: port 0 is not a Redis port: {hint}")
+        raise UserError(f"--state {shown!r} is not a valid URL ({err}): {hint}") from None
     db = parts.path.strip("/")
-    if db and not db.isdigit():
-        raise UserError(f"--state {_shown(url)!r}: the database after the host must be a number like /0: {hint}")
-    if parts.query or parts.fragment:
-        raise UserError(f"--state {_shown(url)!r}: no query or fragment is read; {hint}")
-    return StateURL(url.strip(), _shown(url))
+    problem = ("the scheme must be redis:// or rediss://" if parts.scheme not in STATE_SCHEMES
+               else "it names no host" if not parts.hostname
+               else "port 0 is not a Redis port" if port == 0
+               else "the database after the host must be a number like /0" if db and not db.isdigit()
+               else "no query or fragment is read" if parts.query or parts.fragment else None)
+    if problem is not None:
+        raise UserError(f"--state {shown!r}: {problem}; {hint}")
+    return StateURL(url.strip(), shown)
 
 
 def check_state_settings(url: str | None, unavailable: str, timeout_s: float) -> None:

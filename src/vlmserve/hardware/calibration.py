@@ -46,6 +46,15 @@ class Efficiency:
     """Per-request time outside the engine step loop (HTTP, tokenize, detokenize), added to TTFT."""
     reserved_memory_gb: float = 3.0
     """Per-GPU memory vLLM keeps for activations, CUDA graphs and the runtime (not KV)."""
+    frontend_token_s: float = 0.0
+    """CPU of vLLM's API server per output token it streams (the output processor's incremental
+    detokenisation, the chat chunk's JSON, the SSE write). Since V1 the API server is its own
+    process, so this work overlaps the engine's steps and bounds them only when it is the larger:
+    with hundreds of streams at once (`hardware.cost.frontend_step_s`). 0: not priced."""
+    frontend_request_s: float = 0.0
+    """CPU of vLLM's API server per request it hands to the engine (HTTP body and validation, chat
+    template, tokenisation, the engine hand-off), in the same process as `frontend_token_s`:
+    under a burst of short requests the API server, not the GPU, sets the admission rate. 0: not priced."""
 
     def with_values(self, **values: float) -> "Efficiency":
         return replace(self, **values)

@@ -40,6 +40,9 @@ class StepBreakdown:
     overhead_s: float
     overlapped: bool = False
     """True under async scheduling: the CPU overhead hides behind the GPU work."""
+    frontend_s: float = 0.0
+    """The API server's CPU for this step's streams and new requests (`frontend_step_s`): its own
+    process, so the step takes the longer of it and the engine."""
 
     @property
     def gpu_s(self) -> float:
@@ -47,13 +50,29 @@ class StepBreakdown:
 
     @property
     def total_s(self) -> float:
-        if self.overlapped:
-            return max(self.gpu_s, self.overhead_s)
-        return self.gpu_s + self.overhead_s
+        engine = max(self.gpu_s, self.overhead_s) if self.overlapped else self.gpu_s + self.overhead_s
+        return max(engine, self.frontend_s)
 
     @property
     def bound(self) -> str:
         return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+def frontend_step_s(efficiency: Efficiency, step: StepContents, api_servers: int = 1) -> float:
+    """Seconds of API-server CPU one engine step hands it, spread over `api_servers` processes.
+
+    Every sequence in the step is counted as streaming a token (a prefill chunk that does not end
+    its prompt streams none: a slight over-count for long chunked prompts, where GPU time dominates),
+    and every prefill sequence as a request the API server admitted (likewise over-counted for a
+    prompt spread over several chunks). vLLM's engine runs ahead of a slower API server and its
+    output queue grows; the client sees tokens at the API server's pace, which is what taking the
+    longer of the two per step reproduces in steady state.
+    """
+    if efficiency.frontend_token_s <= 0 and efficiency.frontend_request_s <= 0:
+        return 0.0
+    work = (efficiency.frontend_token_s * (step.prefill_seqs + step.decode_seqs)
+            + efficiency.frontend_request_s * step.prefill_seqs)
+    return work / max(api_servers, 1)
 
 
 @dataclass
@@ -67,6 +86,8 @@ class RooflineStepCost:
     kv_dtype: str
     efficiency: Efficiency
     async_scheduling: bool = False
+    api_servers: int = 1
+    """vLLM's --api-server-count: the processes that share `frontend_step_s`."""
     _weight_bytes_cache: dict[int, float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -102,8 +123,9 @@ class RooflineStepCost:
         seqs = step.prefill_seqs + step.decode_seqs
         tokens = step.batch_tokens
         overhead = eff.step_overhead_s + eff.per_seq_overhead_s * seqs
+        frontend = frontend_step_s(eff, step, self.api_servers)
         if tokens <= 0 and step.image_tokens <= 0:
-            return StepBreakdown(0.0, 0.0, 0.0, overhead, self.async_scheduling)
+            return StepBreakdown(0.0, 0.0, 0.0, overhead, self.async_scheduling, frontend)
         model = self.model
         mean_context = step.kv_tokens_read / seqs if seqs else 0.0
 
@@ -129,7 +151,8 @@ class RooflineStepCost:
             per_call = allreduce_time_s(message, self.tp, self.gpu, eff.interconnect, eff.allreduce_latency_s)
             communication = 2 * model.num_layers * per_call
         return StepBreakdown(
-            flops / self._flops_per_s, memory_bytes / self._bytes_per_s, communication, overhead, self.async_scheduling
+            flops / self._flops_per_s, memory_bytes / self._bytes_per_s, communication, overhead, self.async_scheduling,
+            frontend,
         )
 
     def step_time_s(self, step: StepContents) -> float:

@@ -210,7 +210,8 @@ class PlanSetup:
         """The step cost model `--cost-model` picks (see the module docstring)."""
         assert self.weight_dtype is not None
         inputs = (self.model, self.gpu, self.tp, self.ep, self.weight_dtype, self.kv_dtype, self.efficiency,
-                  self.async_scheduling, self.cost_model_kind, self.vllm_version, self.vision_shape)
+                  self.async_scheduling, self.cost_model_kind, self.vllm_version, self.vision_shape,
+                  self.frontend.api_server_count)
         if self._cost is not None and self._cost[0] == inputs:
             return self._cost[1]
         cost: RooflineStepCost | MeasuredStepCost
@@ -220,6 +221,7 @@ class PlanSetup:
             cost = MeasuredStepCost(
                 self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency,
                 self.async_scheduling, vllm_version=self.vllm_version, vision=self.vision_shape, ep=self.ep,
+                api_servers=self.frontend.api_server_count,
             )
         else:
             cost = self.roofline_cost_model()
@@ -230,7 +232,8 @@ class PlanSetup:
         """The calibrated roofline, whatever `--cost-model` says (napkin math, comparisons)."""
         assert self.weight_dtype is not None
         return RooflineStepCost(
-            self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency, self.async_scheduling
+            self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency, self.async_scheduling,
+            api_servers=self.frontend.api_server_count,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -44,6 +44,10 @@ class ServerClosed(ClientError):
     """The server closed the connection before the response was complete."""
 
 
+class AnswerTooLarge(ClientError):
+    """The server's answer went over what its reader keeps (CappedBody); the message says the limit."""
+
+
 class BodyListener(Protocol):
     """Who takes a response's body as it arrives (the gateway's stream relay, the bench's SSE reader).
     One given at `ClientPool.send` hears the body from its first byte; the head (`connection.reader.head`)
@@ -233,13 +237,11 @@ class CappedBody:
         self.pieces: list[bytes] = []
         self.sent: SentRequest | None = None  # the request whose connection is closed past the limit
 
-    @property
-    def over(self) -> str:
-        """Why the body was refused ('over N bytes'), or '' while within the limit. Check it once the
-        read ends, either way: a body the close delimits ends "complete" when this closes it."""
-        return f"over {self.limit:,} bytes" if self.size > self.limit else ""
-
     def whole(self) -> bytes:
+        """The body; AnswerTooLarge when it went over the limit. Ask once the read has ended, whether
+        it failed (ServerClosed, when this closed it) or not (a body the close delimits then ends whole)."""
+        if self.size > self.limit:
+            raise AnswerTooLarge(f"over {self.limit:,} bytes")
         return b"".join(self.pieces)
 
     def payload(self, data: bytes) -> None:

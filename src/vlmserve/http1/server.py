@@ -423,88 +423,99 @@ class HttpConnection(asyncio.Protocol):
 
     async def _serve(self) -> None:
         """This connection's requests, in turn, until it closes."""
-        server = self.server
         try:
             while True:
                 if not self.queue:
                     if self.stop_reading or self.transport is None:
                         self.close()
                         return
-                    self.ready = server.loop.create_future()
+                    self.ready = self.server.loop.create_future()
                     await self.ready
                     continue
-                request = self.queue.popleft()
-                self.queued_bytes -= len(request.body)
-                # Reading resumes as soon as what waits is back under the bounds, before the answer:
-                # the bound is on pipelined requests, and a client that leaves while its own request
-                # is served must be seen leaving (its request is then cancelled), which a paused
-                # socket hides (a body over MAX_QUEUED_BYTES paused it).
-                self._resume_if_room()
-                if isinstance(request, _RefusalRequest):
-                    if self.transport is not None:
-                        self.transport.write(request.answer.to_bytes(close=True))
-                    self._linger()
+                if not await self._serve_next():
                     return
-                self.serving = request
-                try:
-                    answer = await server.handler(request)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # the handler answers its own errors: this is a bug, and costs this request
-                    log.exception("request %s %s failed", request.method, request.target[:80])
-                    answer = server.render_error(500, "internal server error; see the gateway log", "internal_error")
-                finally:
-                    self.serving = None
-                transport = self.transport
-                if transport is None or transport.is_closing():
-                    return
-                last = (self.stop_reading and not self.queue) or server.closing
-                if isinstance(answer, Stream):
-                    if not (answer.started and answer.ended) or not answer.chunked:
-                        self.close()  # a cut stream, or an HTTP/1.0 client's body ended by the close
-                        return
-                elif isinstance(answer, Response):
-                    transport.write(self._render(answer, request, close=last))
-                else:  # a bug in the handler: this connection closes, the server goes on
-                    log.error("request %s %s: the handler answered %r", request.method, request.target[:80],
-                              type(answer).__name__)
-                    self.close()
-                    return
-                request = answer = None  # type: ignore[assignment]  # not kept alive while the connection idles
-                if last:
-                    self._linger()
-                    return
-                if self.writing_paused:
-                    # A client that pipelines and does not read its answers: none more is made until it
-                    # does (reading stays paused once the queue is full). Without this, its answers
-                    # piled up in the transport's buffer without limit (GET /metrics: 170 times the
-                    # bytes of the requests). One that reads nothing for keepalive_timeout_s is dropped,
-                    # as by nginx's send_timeout: else it held its connection for ever.
-                    try:
-                        await asyncio.wait_for(self.drain(), server.limits.keepalive_timeout_s)
-                    except TimeoutError:
-                        if self.transport is not None:
-                            self.transport.abort()  # close() would wait for the unread answers to leave
-                        return
-                    if self.transport is None:
-                        return
-                self._resume_if_room()
-                if self._continue_due and not self.queue:
-                    self._continue_due = False
-                    transport.write(_CONTINUE)  # the next request's, held while this answer was made
-                if self._in_head:
-                    self._await_head()  # a pipelined head begun while this answer was served
-                elif self._in_body:  # a pipelined body under way: its reads' deadline (data_received)
-                    self.deadline = server.loop.time() + server.limits.header_timeout_s
-                elif not self.queue:
-                    self.deadline = server.loop.time() + server.limits.keepalive_timeout_s
-                    self.awaiting_head = False
         except asyncio.CancelledError:
             self.close()  # the client went away (or the gateway stops): nothing more on this connection
             return
         finally:
             self.task = self.ready = None
             self.serving = None
+
+    async def _serve_next(self) -> bool:
+        """The first queued request, answered; False once the connection is done with."""
+        server = self.server
+        request = self.queue.popleft()
+        self.queued_bytes -= len(request.body)
+        # Reading resumes as soon as what waits is back under the bounds, before the answer:
+        # the bound is on pipelined requests, and a client that leaves while its own request
+        # is served must be seen leaving (its request is then cancelled), which a paused
+        # socket hides (a body over MAX_QUEUED_BYTES paused it).
+        self._resume_if_room()
+        if isinstance(request, _RefusalRequest):
+            if self.transport is not None:
+                self.transport.write(request.answer.to_bytes(close=True))
+            self._linger()
+            return False
+        answer = await self._answer(request)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return False
+        last = (self.stop_reading and not self.queue) or server.closing
+        if isinstance(answer, Stream):
+            if not (answer.started and answer.ended) or not answer.chunked:
+                self.close()  # a cut stream, or an HTTP/1.0 client's body ended by the close
+                return False
+        elif isinstance(answer, Response):
+            transport.write(self._render(answer, request, close=last))
+        else:  # a bug in the handler: this connection closes, the server goes on
+            log.error("request %s %s: the handler answered %r", request.method, request.target[:80],
+                      type(answer).__name__)
+            self.close()
+            return False
+        if last:
+            self._linger()
+            return False
+        if self.writing_paused and not await self._wait_for_reader():
+            return False
+        self._resume_if_room()
+        if self._continue_due and not self.queue:
+            self._continue_due = False
+            transport.write(_CONTINUE)  # the next request's, held while this answer was made
+        if self._in_head:
+            self._await_head()  # a pipelined head begun while this answer was served
+        elif self._in_body:  # a pipelined body under way: its reads' deadline (data_received)
+            self.deadline = server.loop.time() + server.limits.header_timeout_s
+        elif not self.queue:
+            self.deadline = server.loop.time() + server.limits.keepalive_timeout_s
+            self.awaiting_head = False
+        return True
+
+    async def _answer(self, request: Request) -> Answer:
+        """The handler's answer; a handler that raises (a bug) costs this request a 500."""
+        self.serving = request
+        try:
+            return await self.server.handler(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the handler answers its own errors: this is a bug, and costs this request
+            log.exception("request %s %s failed", request.method, request.target[:80])
+            return self.server.render_error(500, "internal server error; see the gateway log", "internal_error")
+        finally:
+            self.serving = None
+
+    async def _wait_for_reader(self) -> bool:
+        """A client that pipelines and does not read its answers: none more is made until it does
+        (reading stays paused once the queue is full). Without this, its answers piled up in the
+        transport's buffer without limit (GET /metrics: 170 times the bytes of the requests). One
+        that reads nothing for keepalive_timeout_s is dropped, as by nginx's send_timeout: else it
+        held its connection for ever. False: the connection is gone."""
+        try:
+            await asyncio.wait_for(self.drain(), self.server.limits.keepalive_timeout_s)
+        except TimeoutError:
+            if self.transport is not None:
+                self.transport.abort()  # close() would wait for the unread answers to leave
+            return False
+        return self.transport is not None
 
     def _resume_if_room(self) -> None:
         # the count too, not only the bytes: else every answer resumed reading, and each read queued

@@ -17,9 +17,9 @@ imports with a warning saying so.
 
 from __future__ import annotations
 
-from typing import Any
 
-from vlmserve.interop.fields import broken_run_warning, mapping
+from vlmserve.json_types import JSONObject, JSONValue
+from vlmserve.interop.fields import broken_run_warning, mapping, number, objects
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -37,28 +37,28 @@ REQUIRED_KEYS = ("request_throughput", "benchmark_duration")
 _TO_MS = {"ms": 1.0, "sec": 1000.0, "s": 1000.0, "ns": 1e-6, "us": 1e-3}
 
 
-def looks_like_aiperf(data: Any) -> bool:
+def looks_like_aiperf(data: JSONValue) -> bool:
     return isinstance(data, dict) and all(isinstance(data.get(key), dict) for key in REQUIRED_KEYS)
 
 
-def _value(data: dict[str, Any], name: str) -> float | None:
+def _value(data: JSONObject, name: str) -> float | None:
     entry = data.get(name)
     value = entry.get("avg") if isinstance(entry, dict) else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _distribution(entry: dict[str, Any], name: str) -> dict[str, float | None]:
+def _distribution(entry: JSONObject, name: str) -> dict[str, float | None]:
     unit = str(entry.get("unit", "ms"))
     if unit not in _TO_MS:
         raise UserError(f"AIPerf metric {name} is in '{unit}', not a time unit; is this a profile_export_aiperf.json?")
     scale = _TO_MS[unit]
     keys = {"mean": "avg", "std": "std", "min": "min", "max": "max",
             **{key: f"p{PERCENTILES[key]:g}" for key in PERCENTILES}}
-    return {ours: float(entry[theirs]) * scale if isinstance(entry.get(theirs), (int, float)) else None
+    return {ours: value * scale if (value := number(entry.get(theirs))) is not None else None
             for ours, theirs in keys.items()}
 
 
-def _first_model(config: dict[str, Any], endpoint: dict[str, Any]) -> str | None:
+def _first_model(config: JSONObject, endpoint: JSONObject) -> str | None:
     """The model: `models.items[0].name` (0.13) or `endpoint.model_names[0]` (earlier layouts)."""
     models = config.get("models")
     items = models.get("items") if isinstance(models, dict) else None
@@ -68,12 +68,12 @@ def _first_model(config: dict[str, Any], endpoint: dict[str, Any]) -> str | None
     return str(names[0]) if isinstance(names, list) and names else None
 
 
-def _load(config: dict[str, Any], endpoint: dict[str, Any]) -> dict[str, Any]:
+def _load(config: JSONObject, endpoint: JSONObject) -> JSONObject:
     """Concurrency or rate, and the API: from the profiling phase (0.13) or `loadgen` (earlier)."""
     loadgen = mapping(config, "loadgen")
-    phases = [phase for phase in config.get("phases") or [] if isinstance(phase, dict)]
+    phases = objects(config, "phases")
     profiling = next((phase for phase in phases if phase.get("kind") == "profiling"), phases[0] if phases else {})
-    datasets = [entry for entry in config.get("datasets") or [] if isinstance(entry, dict)]
+    datasets = objects(config, "datasets")
     prompts = mapping(datasets[0], "prompts") if datasets else {}
     lengths = {ours: mapping(prompts, theirs).get("mean") for ours, theirs in (("input_len", "isl"), ("output_len", "osl"))}
     load = {"concurrency": profiling.get("concurrency", loadgen.get("concurrency")),
@@ -83,7 +83,7 @@ def _load(config: dict[str, Any], endpoint: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in load.items() if value is not None}
 
 
-def import_warnings(data: dict[str, Any]) -> list[str]:
+def import_warnings(data: JSONObject) -> list[str]:
     """One line each: the token counts are AIPerf's re-tokenisation; the run was broken."""
     warnings: list[str] = []
     config = mapping(data, "input_config")
@@ -104,12 +104,12 @@ def import_warnings(data: dict[str, Any]) -> list[str]:
     return warnings
 
 
-def from_aiperf(data: dict[str, Any]) -> RunResult:
+def from_aiperf(data: JSONObject) -> RunResult:
     """AIPerf's aggregated statistics as a RunResult without records."""
     duration = _value(data, "benchmark_duration")
     count = _value(data, "request_count") or 0.0
     failed = _value(data, "error_request_count") or 0.0  # null when no request failed
-    document: dict[str, Any] = {
+    document: dict[str, object] = {
         "requests": {"total": int(count + failed), "completed": int(count), "failed": int(failed)},
         "duration_s": duration,
         "throughput": {"requests_per_s": _value(data, "request_throughput"),
@@ -118,7 +118,7 @@ def from_aiperf(data: dict[str, Any]) -> RunResult:
     }
     for name, block in METRIC_BLOCKS.items():
         if isinstance(data.get(name), dict):
-            document[block] = _distribution(data[name], name)
+            document[block] = _distribution(mapping(data, name), name)
     config = mapping(data, "input_config")
     endpoint = mapping(config, "endpoint")
     urls = endpoint.get("urls")

@@ -6,16 +6,30 @@ older version, a hand edit); the readers take what is there and leave the rest u
 
 from __future__ import annotations
 
-from typing import Any
+from vlmserve.json_types import JSONObject, JSONValue
 
 
-def mapping(parent: Any, key: str) -> dict[str, Any]:
+def mapping(parent: JSONValue, key: str) -> JSONObject:
     """parent[key] when both are JSON objects, else {}."""
     value = parent.get(key) if isinstance(parent, dict) else None
     return value if isinstance(value, dict) else {}
 
 
-def number(value: Any) -> float | None:
+def objects(parent: JSONObject, key: str) -> list[JSONObject]:
+    """The JSON objects in the list parent[key]; [] when it is not a list (other items skipped)."""
+    value = parent.get(key)
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def count(value: JSONValue) -> int:
+    """A request count: absent or null is 0; anything that is not a number raises (the file is
+    malformed, and the import says so in one line rather than guessing)."""
+    if isinstance(value, (list, dict)):
+        raise TypeError(f"a count must be a number, not a JSON {type(value).__name__}")
+    return int(value or 0)
+
+
+def number(value: JSONValue) -> float | None:
     """A JSON number as a float; None for anything else (booleans included)."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 

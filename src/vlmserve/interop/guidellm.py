@@ -11,10 +11,10 @@ sample, so a CDF from them would mislead; an imported guidellm run has figures, 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
 
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.errors import UserError
-from vlmserve.interop.fields import broken_run_warning, mapping, number
+from vlmserve.interop.fields import broken_run_warning, count, mapping, number, objects
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -30,28 +30,28 @@ METRIC_BLOCKS: dict[str, tuple[str, float]] = {
 """guidellm metric -> (vlmserve summary block, factor to milliseconds)."""
 
 
-def looks_like_guidellm(data: Any) -> bool:
+def looks_like_guidellm(data: JSONValue) -> bool:
     return (isinstance(data, dict) and isinstance(data.get("benchmarks"), list)
-            and isinstance(data.get("metadata"), dict) and "guidellm_version" in data["metadata"])
+            and isinstance(data.get("metadata"), dict) and "guidellm_version" in mapping(data, "metadata"))
 
 
-def _successful(metrics: dict[str, Any], name: str) -> dict[str, Any]:
+def _successful(metrics: JSONObject, name: str) -> JSONObject:
     entry = metrics.get(name)
     block = entry.get("successful") if isinstance(entry, dict) else None
     return block if isinstance(block, dict) else {}
 
 
-def _distribution(block: dict[str, Any], scale: float) -> dict[str, float | None]:
+def _distribution(block: JSONObject, scale: float) -> dict[str, float | None]:
     percentiles = mapping(block, "percentiles")
-    values: dict[str, Any] = {"mean": block.get("mean"), "std": block.get("std_dev"), "min": block.get("min"),
+    values: JSONObject = {"mean": block.get("mean"), "std": block.get("std_dev"), "min": block.get("min"),
                               "max": block.get("max"), **{key: percentiles.get(key) for key in PERCENTILES}}
     values["p50"] = percentiles.get("p50", block.get("median"))
-    return {key: None if number(value) is None else float(value) * scale for key, value in values.items()}
+    return {key: None if (figure := number(value)) is None else figure * scale for key, value in values.items()}
 
 
-def _load(strategy: dict[str, Any], backend: dict[str, Any], source: dict[str, Any]) -> dict[str, Any]:
+def _load(strategy: JSONObject, backend: JSONObject, source: JSONObject) -> JSONObject:
     kind = str(strategy.get("type_", ""))
-    load: dict[str, Any] = {"strategy": kind or None, "dataset": source.get("kind")}
+    load: JSONObject = {"strategy": kind or None, "dataset": source.get("kind")}
     for ours, theirs in (("input_len", "prompt_tokens"), ("output_len", "output_tokens")):
         if isinstance(source.get(theirs), (int, float)):
             load[ours] = source[theirs]
@@ -66,25 +66,25 @@ def _load(strategy: dict[str, Any], backend: dict[str, Any], source: dict[str, A
     return {key: value for key, value in load.items() if value is not None}
 
 
-def _strategy_name(strategy: dict[str, Any]) -> str:
+def _strategy_name(strategy: JSONObject) -> str:
     kind = str(strategy.get("type_") or "benchmark")
     level = strategy.get("streams") if kind == "concurrent" else strategy.get("rate")
     return f"{kind}@{level:g}" if isinstance(level, (int, float)) else kind
 
 
-def _one(benchmark: dict[str, Any], version: str | None, source: dict[str, Any]) -> RunResult:
+def _one(benchmark: JSONObject, version: str | None, source: JSONObject) -> RunResult:
     if not isinstance(benchmark, dict) or not isinstance(benchmark.get("metrics"), dict):
         raise ValueError("a benchmark has no metrics object")
-    metrics = benchmark["metrics"]
+    metrics = mapping(benchmark, "metrics")
     config = mapping(benchmark, "config")
     strategy = mapping(config, "strategy")
     backend = mapping(config, "backend")
     totals = mapping(metrics, "request_totals")
-    completed = int(totals.get("successful") or 0)
-    failed = int(totals.get("errored") or 0) + int(totals.get("incomplete") or 0)
+    completed = count(totals.get("successful"))
+    failed = count(totals.get("errored")) + count(totals.get("incomplete"))
     output_tokens = number(_successful(metrics, "output_token_count").get("total_sum"))
     prompt_tokens = number(_successful(metrics, "prompt_token_count").get("total_sum"))
-    document: dict[str, Any] = {
+    document: dict[str, object] = {
         "requests": {"total": completed + failed, "completed": completed, "failed": failed},
         "duration_s": number(benchmark.get("duration")),
         "throughput": {"requests_per_s": number(_successful(metrics, "requests_per_second").get("mean")),
@@ -113,19 +113,20 @@ def _one(benchmark: dict[str, Any], version: str | None, source: dict[str, Any])
     return RunResult(records=[], summary=RunSummary.from_partial(document))
 
 
-def from_guidellm(data: dict[str, Any]) -> list[RunResult]:
+def from_guidellm(data: JSONObject) -> list[RunResult]:
     """Every benchmark of the file as a run, in the file's order."""
-    benchmarks = data["benchmarks"]
+    benchmarks = objects(data, "benchmarks")
     if not benchmarks:
         raise UserError("this guidellm file holds no benchmark (the run stopped before its first one ended); "
                         "re-run guidellm")
-    version = data["metadata"].get("guidellm_version")
+    version = mapping(data, "metadata").get("guidellm_version")
     return [_one(benchmark, None if version is None else str(version), _data_source(data)) for benchmark in benchmarks]
 
 
-def _data_source(data: dict[str, Any]) -> dict[str, Any]:
+def _data_source(data: JSONObject) -> JSONObject:
     """The run's first data source (`config.spec.data[0]`: kind, prompt_tokens, output_tokens), or {}."""
     config = mapping(data, "config")
     spec = mapping(config, "spec")
-    sources = spec.get("data") if isinstance(spec.get("data"), list) else []
-    return sources[0] if sources and isinstance(sources[0], dict) else {}
+    sources = spec.get("data")
+    first = sources[0] if isinstance(sources, list) and sources else None
+    return first if isinstance(first, dict) else {}

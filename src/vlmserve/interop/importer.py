@@ -13,16 +13,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bounded_read import RESULT_FILE, Refused, loads_json, printable, read_bytes
 from vlmserve.errors import UserError
+from vlmserve.results.blocks import RunMeta
 from vlmserve.results.run import RunResult
 from vlmserve.interop import aiperf, guidellm, inference_perf, vlmserve_json, vllm_bench
 
-Reader = Callable[[dict[str, Any], Path], "RunResult | list[RunResult]"]
+Reader = Callable[[JSONObject, Path], "RunResult | list[RunResult]"]
 
-FORMATS: tuple[tuple[str, Callable[[Any], bool], Reader], ...] = (
+FORMATS: tuple[tuple[str, Callable[[JSONValue], bool], Reader], ...] = (
     (vlmserve_json.TOOL, vlmserve_json.looks_like_vlmserve_summary, lambda data, _: vlmserve_json.from_vlmserve_summary(data)),
     (vllm_bench.TOOL, vllm_bench.looks_like_vllm_result, lambda data, _: vllm_bench.from_vllm_result(data)),
     (aiperf.TOOL, aiperf.looks_like_aiperf, lambda data, _: aiperf.from_aiperf(data)),
@@ -88,22 +89,26 @@ def _describe(result: RunResult, path: Path, tool: str, label: str | None, sever
     """Label (given, the file's own, or from the file name), tool, origin; several runs of one file
     get their strategy appended so they stay apart."""
     meta = result.meta
-    meta["imported_from"] = str(path.resolve())
-    chosen = label or meta.get("label") or default_label(path, tool)
-    if several and meta.get("strategy"):
-        chosen = f"{chosen} {meta['strategy']}"
-    meta["label"] = chosen
-    meta["tool"] = meta.get("tool") or tool
+    meta.imported_from = str(path.resolve())
+    chosen = label or meta.label or default_label(path, tool)
+    if several and meta.strategy:
+        chosen = f"{chosen} {meta.strategy}"
+    meta.label = chosen
+    meta.tool = meta.tool or tool
     _make_printable(meta)
 
 
-def _make_printable(meta: dict[str, Any]) -> None:
+PRINTED_META: tuple[str, ...] = ("label", "model", "target", "started_at", "imported_from", "tool_version", "strategy")
+"""The meta fields (all text) that `runs list`, `report` and `compare` print."""
+
+
+def _make_printable(meta: RunMeta) -> None:
     """The file's words (label, model, target, dates) are printed by `runs list`, `report` and
     `compare`: escape sequences and other control characters in them are shown, not obeyed."""
-    for key in ("label", "model", "target", "started_at", "imported_from", "tool_version", "strategy"):
-        value = meta.get(key)
+    for key in PRINTED_META:
+        value = getattr(meta, key)
         if value is not None:
-            meta[key] = printable(str(value))
+            setattr(meta, key, printable(str(value)))
 
 
 def import_result_file(path: Path, label: str | None = None, *,
@@ -117,5 +122,5 @@ def import_result_file(path: Path, label: str | None = None, *,
 
     results = read_result_runs(path, label)
     for result in results:
-        result.meta["simulated"] = bool(result.meta.get("simulated")) or simulated
+        result.meta.simulated = result.meta.simulated or simulated
     return [(store.save_run(result), result) for result in results]

@@ -13,12 +13,12 @@ disagree (`token_count_mismatches`), the import says so in one warning.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
 
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
-from vlmserve.interop.fields import broken_run_warning, mapping, number
+from vlmserve.interop.fields import broken_run_warning, count, mapping, number, objects
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
@@ -37,12 +37,12 @@ CONFIG_NAME = "config.yaml"
 
 
 
-def looks_like_inference_perf(data: Any) -> bool:
+def looks_like_inference_perf(data: JSONValue) -> bool:
     return (isinstance(data, dict) and isinstance(data.get("successes"), dict) and "failures" in data
             and "benchmark_time_seconds" in data)
 
 
-def _distribution(block: dict[str, Any]) -> dict[str, float | None]:
+def _distribution(block: JSONObject) -> dict[str, float | None]:
     values = {"mean": block.get("mean"), "min": block.get("min"), "max": block.get("max"),
               **{key: block.get(f"p{PERCENTILES[key]:g}") for key in PERCENTILES}}
     values["p50"] = block.get("median", values.get("p50"))
@@ -50,7 +50,7 @@ def _distribution(block: dict[str, Any]) -> dict[str, float | None]:
     return {key: None if value is None else value * 1000.0 for key, value in seconds.items()}
 
 
-def _config_beside(path: Path | None) -> dict[str, Any]:
+def _config_beside(path: Path | None) -> JSONObject:
     """The run's config.yaml next to the report, or {} (absent, unreadable, over the config-file
     bounds, not YAML): the config is optional, the report imports without it."""
     if path is None:
@@ -64,10 +64,10 @@ def _config_beside(path: Path | None) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def _load(config: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+def _load(config: JSONObject, data: JSONObject) -> JSONObject:
     api = mapping(config, "api")
     load_config = mapping(config, "load")
-    stages = [stage for stage in load_config.get("stages") or [] if isinstance(stage, dict)]
+    stages = objects(load_config, "stages")
     their_load = mapping(data, "load_summary")  # inference-perf's own block, not a RunSummary
     rate = their_load.get("requested_rate")
     if rate is None and len(stages) == 1:
@@ -82,7 +82,7 @@ def _load(config: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in load.items() if value is not None}
 
 
-def _token_warning(successes: dict[str, Any]) -> list[str]:
+def _token_warning(successes: JSONObject) -> list[str]:
     mismatches = number(successes.get("token_count_mismatches")) or 0.0
     if not mismatches:
         return []
@@ -95,16 +95,16 @@ def _token_warning(successes: dict[str, Any]) -> list[str]:
             "its output tokens/s and TPOT follow its own re-tokenisation"]
 
 
-def from_inference_perf(data: dict[str, Any], path: Path | None = None) -> RunResult:
+def from_inference_perf(data: JSONObject, path: Path | None = None) -> RunResult:
     """The report as a RunResult without records; model and load from the config.yaml beside it."""
-    successes = data["successes"]
+    successes = mapping(data, "successes")
     failures = mapping(data, "failures")
-    completed, failed = int(successes.get("count") or 0), int(failures.get("count") or 0)
+    completed, failed = count(successes.get("count")), count(failures.get("count"))
     latency = mapping(successes, "latency")
     throughput = mapping(successes, "throughput")
     prompt = mapping(successes, "prompt_tokens")
     output = mapping(successes, "output_tokens")
-    document: dict[str, Any] = {
+    document: dict[str, object] = {
         "requests": {"total": completed + failed, "completed": completed, "failed": failed},
         "duration_s": number(data.get("benchmark_time_seconds")),
         "throughput": {"requests_per_s": number(throughput.get("requests_per_sec")),
@@ -115,7 +115,7 @@ def from_inference_perf(data: dict[str, Any], path: Path | None = None) -> RunRe
     }
     for name, block in METRIC_BLOCKS.items():
         if isinstance(latency.get(name), dict):
-            document[block] = _distribution(latency[name])
+            document[block] = _distribution(mapping(latency, name))
     config = _config_beside(path)
     server = mapping(config, "server")
     document["meta"] = {
@@ -130,6 +130,6 @@ def from_inference_perf(data: dict[str, Any], path: Path | None = None) -> RunRe
     return RunResult(records=[], summary=RunSummary.from_partial(document))
 
 
-def _whole(value: Any) -> int | None:
-    count = number(value)
-    return None if count is None else round(count)
+def _whole(value: JSONValue) -> int | None:
+    figure = number(value)
+    return None if figure is None else round(figure)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from vlmserve.results.metrics import PERCENTILES, summarize
+from vlmserve.results.blocks import RunMeta
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
 from vlmserve.bounded_read import printable
@@ -46,12 +47,12 @@ def _percentile_word(key: str) -> str:
     return f"{PERCENTILES[key]:g}"
 
 
-def to_vllm_result(result: RunResult) -> dict[str, Any]:
+def to_vllm_result(result: RunResult) -> dict[str, object]:
     """A vlmserve run as the dict `vllm bench serve --save-result --save-detailed` writes."""
     summary, meta = result.summary, result.meta
-    load = meta.get("load_spec") or {}
+    load = meta.load_spec or {}
     requests, throughput, tokens = summary.requests, summary.throughput, summary.tokens
-    started = meta.get("started_at")
+    started = meta.started_at
     try:
         date = datetime.fromisoformat(str(started)).strftime(DATE_FORMAT) if started else None
     except ValueError:
@@ -59,13 +60,13 @@ def to_vllm_result(result: RunResult) -> dict[str, Any]:
     backend = "openai-chat" if load.get("api", "chat") == "chat" else "openai"
     rate = load.get("rate")
     measured = [record for record in result.records if not record.warmup]
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "date": date or datetime.now().strftime(DATE_FORMAT),
         "endpoint_type": backend,
         "backend": backend,
-        "label": meta.get("label"),
-        "model_id": meta.get("model"),
-        "tokenizer_id": load.get("tokenizer") or meta.get("model"),
+        "label": meta.label,
+        "model_id": meta.model,
+        "tokenizer_id": load.get("tokenizer") or meta.model,
         "num_prompts": requests.total,
         "request_rate": rate if rate is not None else "inf",
         "burstiness": load.get("burstiness", 1.0),
@@ -131,7 +132,7 @@ def write_vllm_result(result: RunResult, path: Path) -> Path:
     return path
 
 
-def looks_like_vllm_result(data: Any) -> bool:
+def looks_like_vllm_result(data: object) -> bool:
     return isinstance(data, dict) and all(key in data for key in REQUIRED_KEYS)
 
 
@@ -174,7 +175,7 @@ def _spread(tokens: int, chunks: int) -> list[int]:
 
 def _aggregate_summary(data: dict[str, Any]) -> RunSummary:
     """vLLM's own figures as a vlmserve summary (a file saved without --save-detailed)."""
-    document: dict[str, Any] = {
+    document: dict[str, object] = {
         "requests": {"total": (data.get("completed") or 0) + (data.get("failed") or 0),
                      "completed": data.get("completed"), "failed": data.get("failed") or 0},
         "duration_s": data.get("duration"),
@@ -184,7 +185,7 @@ def _aggregate_summary(data: dict[str, Any]) -> RunSummary:
         "tokens": {"prompt_total": data.get("total_input_tokens"), "output_total": data.get("total_output_tokens")},
     }
     for name, block in METRIC_BLOCKS.items():
-        figures: dict[str, Any] = {"mean": data.get(f"mean_{name}_ms"), "p50": data.get(f"median_{name}_ms"),
+        figures: dict[str, object] = {"mean": data.get(f"mean_{name}_ms"), "p50": data.get(f"median_{name}_ms"),
                                    "std": data.get(f"std_{name}_ms")}
         for key in PERCENTILES:
             value = data.get(f"p{_percentile_word(key)}_{name}_ms")
@@ -216,21 +217,21 @@ def from_vllm_result(data: dict[str, Any]) -> RunResult:
     concurrency = data.get("max_concurrency")
     lengths = summary.tokens
     completed = data.get("completed") or 0
-    load: dict[str, Any] = {
+    load: dict[str, object] = {
         "concurrency": concurrency if rate in (None, "inf") else None,
         "rate": None if rate in (None, "inf") else _finite(float(rate), "request_rate"),
         "input_len": round(lengths.prompt_total / completed) if completed else None,
         "output_len": round(lengths.output_total / completed) if completed else None,
         "api": "chat" if str(data.get("backend", "")).endswith("chat") else "completions",
     }
-    summary.meta = {
+    summary.meta = RunMeta.model_validate({
         "label": data.get("label") or None,
         "model": data.get("model_id"),
         "started_at": _started_at(data),
         "load_spec": {key: value for key, value in load.items() if value is not None},
         "tool": TOOL,
         "simulated": False,
-    }
+    })
     summary.warnings = [*(summary.warnings or []),
                         *broken_run_warning("this vllm bench serve file", int(completed), int(data.get("failed") or 0))]
     return RunResult(records=records, summary=summary)

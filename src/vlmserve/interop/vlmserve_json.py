@@ -8,8 +8,9 @@ model, label, load, and `simulated` (bench sets it when the endpoint was a sim e
 
 from __future__ import annotations
 
-from typing import Any
 
+from vlmserve.json_types import JSONObject, JSONValue
+from vlmserve.results.blocks import RunMeta
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
 
@@ -19,17 +20,14 @@ REQUIRED_KEYS = ("meta", "requests", "throughput", "ttft_ms")
 """Blocks every `--json-out` summary has."""
 
 
-def looks_like_vlmserve_summary(data: Any) -> bool:
+def looks_like_vlmserve_summary(data: JSONValue) -> bool:
     return isinstance(data, dict) and all(isinstance(data.get(key), dict) for key in REQUIRED_KEYS)
 
 
-def from_vlmserve_summary(data: dict[str, Any]) -> RunResult:
+def from_vlmserve_summary(data: JSONObject) -> RunResult:
     """The summary as a RunResult without records; its run id is dropped so the store gives a fresh one."""
     summary = RunSummary.model_validate(data)
-    meta = dict(summary.meta)
-    meta.pop("run_id", None)
-    meta["original_run_id"] = data["meta"].get("run_id")
-    meta["tool"] = TOOL
-    meta["simulated"] = bool(meta.get("simulated", False))
-    summary.meta = meta
+    kept = summary.meta.model_dump(exclude_unset=True, exclude={"run_id"})  # the store gives it a fresh id
+    summary.meta = RunMeta.model_validate(
+        {**kept, "original_run_id": summary.meta.run_id, "tool": TOOL, "simulated": summary.meta.simulated})
     return RunResult(records=[], summary=summary)

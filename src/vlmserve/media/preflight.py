@@ -91,7 +91,7 @@ class ImageSeen:
     sent_bytes: int = 0
     tokens: int = 0  # estimated prompt tokens, as forwarded
 
-    def audit(self) -> dict[str, Any]:
+    def audit(self) -> dict[str, object]:
         return {"digest": self.digest, "format": self.format, "source": self.source,
                 "size": f"{self.width}x{self.height}", "bytes": self.bytes,
                 "sent_size": f"{self.sent_width}x{self.sent_height}", "sent_bytes": self.sent_bytes,

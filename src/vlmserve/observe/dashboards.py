@@ -9,7 +9,6 @@ a dashboard gets the variables its queries can use.
 
 from __future__ import annotations
 
-from typing import Any
 
 from vlmserve.observe.queries import (
     DEPLOYMENT_LABEL,
@@ -31,7 +30,7 @@ DASHBOARD_FILTERS = {DEPLOYMENT_LABEL: "$deployment", MODEL_LABEL: "$model"}
 """Label -> the variable its selectors match (a regex match, so an unlabelled setup still shows data)."""
 
 
-def _panel_json(panel: Panel, panel_id: int) -> dict[str, Any]:
+def _panel_json(panel: Panel, panel_id: int) -> dict[str, object]:
     column = (panel_id - 1) % 2
     row = (panel_id - 1) // 2
     return {
@@ -52,15 +51,15 @@ def _panel_json(panel: Panel, panel_id: int) -> dict[str, Any]:
     }
 
 
-def _query_variable(name: str, label: str, query: str, **options: Any) -> dict[str, Any]:
+def _query_variable(name: str, label: str, query: str, **options: object) -> dict[str, object]:
     return {"name": name, "label": label, "type": "query", "datasource": _DATASOURCE, "query": query,
             "definition": query, "refresh": 2, "sort": 1, "current": {}, "hide": 0, **options}
 
 
-def _variables(panels: tuple[Panel, ...], job: str) -> list[dict[str, Any]]:
+def _variables(panels: tuple[Panel, ...], job: str) -> list[dict[str, object]]:
     """The datasource, then a variable per label the panels' queries can be narrowed by."""
     used = set().union(*(scoped_labels(query.expr) for panel in panels for query in panel.queries))
-    variables: list[dict[str, Any]] = [{
+    variables: list[dict[str, object]] = [{
         "name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
         "current": {}, "hide": 0,
     }]
@@ -76,7 +75,7 @@ def _variables(panels: tuple[Panel, ...], job: str) -> list[dict[str, Any]]:
     return variables
 
 
-def dashboard(uid: str, title: str, panels: tuple[Panel, ...], job: str) -> dict[str, Any]:
+def dashboard(uid: str, title: str, panels: tuple[Panel, ...], job: str) -> dict[str, object]:
     """A complete Grafana dashboard JSON model; `job` is the scrape job whose targets name the deployments."""
     return {
         "uid": uid,
@@ -93,9 +92,9 @@ def dashboard(uid: str, title: str, panels: tuple[Panel, ...], job: str) -> dict
     }
 
 
-def engine_dashboard() -> dict[str, Any]:
+def engine_dashboard() -> dict[str, object]:
     return dashboard("vlmserve-engines", "vlmserve — vLLM engines", ENGINE_PANELS, ENGINE_JOB)
 
 
-def gateway_dashboard() -> dict[str, Any]:
+def gateway_dashboard() -> dict[str, object]:
     return dashboard("vlmserve-gateway", "vlmserve — gateway", GATEWAY_PANELS, GATEWAY_JOB)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB
 from vlmserve.spec import DeploymentSpec
@@ -28,7 +27,7 @@ def prometheus_config(
     deployment: str,
     scrape_interval: str = "15s",
     rule_files: list[str] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A complete prometheus.yml (as a dict) scraping the gateway and the engines."""
     labels = {DEPLOYMENT_LABEL: deployment}
     scrape_configs = []
@@ -37,7 +36,7 @@ def prometheus_config(
                                "static_configs": [{"targets": gateway_targets, "labels": labels}]})
     scrape_configs.append({"job_name": ENGINE_JOB, "metrics_path": "/metrics",
                            "static_configs": [{"targets": engine_targets, "labels": labels}]})
-    config: dict[str, Any] = {
+    config: dict[str, object] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": scrape_configs,
     }
@@ -47,7 +46,7 @@ def prometheus_config(
 
 
 def prometheus_config_for(spec: DeploymentSpec, *, scrape_interval: str = "15s",
-                          rule_files: list[str] | None = None) -> dict[str, Any]:
+                          rule_files: list[str] | None = None) -> dict[str, object]:
     gateway, engines = scrape_targets(spec)
     return prometheus_config(gateway, engines, deployment=spec.name, scrape_interval=scrape_interval,
                              rule_files=rule_files)

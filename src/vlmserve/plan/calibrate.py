@@ -22,7 +22,7 @@ from statistics import median
 from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import COEFFICIENTS, Calibration, Efficiency
 from vlmserve.hardware.jsonfile import read_json_file
-from vlmserve.results.summary import RunSummary
+from vlmserve.results.summary import RunSummary, read_summary
 from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.spec import LoadSpec
@@ -143,6 +143,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "per_seq_overhead_s": (0.0, 0.00005),
     "allreduce_latency_s": (0.0, 0.0002),
     "request_overhead_s": (0.0, 0.1),
+    "frontend_token_s": (0.0, 0.0005),
+    "frontend_request_s": (0.0, 0.05),
     "reserved_memory_gb": (0.5, 10.0),
 }
 
@@ -258,7 +260,7 @@ def scenario_from_bench_json(
         load = LoadSpec.model_validate(load_fields)
     except Exception as err:  # pydantic ValidationError; one line is enough here
         raise UserError(f"{file_path}: its meta.load_spec is not a valid load spec ({str(err).splitlines()[0]})") from None
-    summary = RunSummary.model_validate(data)
+    summary = read_summary(data, str(file_path))
     measured = {metric: value for metric in METRICS if (value := metric_value(summary, metric)) is not None}
     tp_value = tp or int(engine_args.get("tensor_parallel_size") or 1)
     replicas_value = replicas or int(deployment.get("replicas") or 1)

@@ -137,94 +137,123 @@ def simulate(shape: LoadShape, replica: ReplicaModel, slo_ttft_s: float, *, rule
     """One strategy over the shape: the rule (`rule`) or `fixed` replicas all along."""
     arrivals = shape.arrival_offsets("poisson", 1.0, random.Random(seed))
     end = shape.duration_s
-    first = rule.min_replicas if rule is not None else (fixed or 1)
-    replicas = [_Replica(index, 0.0, 0.0) for index in range(first)]
-    decider = AutoscaleDecider(rule) if rule is not None else None
-    events: list[tuple[float, int, str, int]] = []  # (time, order, kind, replica index)
-    order = 0
-
-    def push(at: float, kind: str, index: int) -> None:
-        nonlocal order
-        order += 1
-        heapq.heappush(events, (at, order, kind, index))
-
-    if rule is not None:
-        push(rule.polling_interval_s, "poll", -1)
-    met = 0
-    scale_ups = scale_downs = 0
-    timeline: list[tuple[float, int]] = [(0.0, first)]
+    day = _DaySimulation(replica, slo_ttft_s, rule, rule.min_replicas if rule is not None else (fixed or 1),
+                         cold_start_s)
+    now = end
     next_arrival = 0
+    while next_arrival < len(arrivals) or day.events:
+        if next_arrival < len(arrivals) and (not day.events or arrivals[next_arrival] <= day.events[0][0]):
+            now = arrivals[next_arrival]
+            next_arrival += 1
+            day.arrive(now)
+            continue
+        now, _, kind, index = heapq.heappop(day.events)
+        if kind == "done":
+            day.finish_request(replicas_index=index, now=now)
+        elif kind == "ready":
+            day.replica_ready(index, now)
+        elif kind == "poll":
+            day.poll(now, more_to_come=next_arrival < len(arrivals))
+    finish = max(end, now) if arrivals else end
+    replica_seconds = sum((r.stopped_at if r.stopped_at is not None else finish) - r.started_at for r in day.replicas)
+    cost = None if price_per_replica_hour is None else replica_seconds / 3600 * price_per_replica_hour
+    return DayResult(strategy=strategy, requests=len(arrivals), met_slo=day.met, replica_seconds=replica_seconds,
+                     cost=None if cost is None else round(cost, 4),
+                     cost_per_day=None if cost is None else round(cost * DAY_S / end, 4),
+                     peak_replicas=max(count for _, count in day.timeline), timeline=_thin(day.timeline),
+                     scale_ups=day.scale_ups, scale_downs=day.scale_downs)
 
-    def start_request(target: _Replica, arrived: float, now: float) -> None:
-        nonlocal met
+
+class _DaySimulation:
+    """The replicas, the event heap and the counts of one simulated day (`simulate` drives it)."""
+
+    def __init__(self, replica: ReplicaModel, slo_ttft_s: float, rule: AutoscaleRule | None, first: int,
+                 cold_start_s: float) -> None:
+        self.replica = replica
+        self.slo_ttft_s = slo_ttft_s
+        self.rule = rule
+        self.cold_start_s = cold_start_s
+        self.replicas = [_Replica(index, 0.0, 0.0) for index in range(first)]
+        self.decider = AutoscaleDecider(rule) if rule is not None else None
+        self.events: list[tuple[float, int, str, int]] = []  # (time, order, kind, replica index)
+        self.order = 0
+        self.met = 0
+        self.scale_ups = 0
+        self.scale_downs = 0
+        self.timeline: list[tuple[float, int]] = [(0.0, first)]
+        if rule is not None:
+            self.push(rule.polling_interval_s, "poll", -1)
+
+    def push(self, at: float, kind: str, index: int) -> None:
+        self.order += 1
+        heapq.heappush(self.events, (at, self.order, kind, index))
+
+    def start_request(self, target: _Replica, arrived: float, now: float) -> None:
         target.running += 1
-        if now - arrived + replica.ttft_s <= slo_ttft_s:
-            met += 1
-        push(now + replica.service_s, "done", target.index)
+        if now - arrived + self.replica.ttft_s <= self.slo_ttft_s:
+            self.met += 1
+        self.push(now + self.replica.service_s, "done", target.index)
 
-    def serving(now: float) -> list[_Replica]:
-        return [r for r in replicas if r.serving_at <= now and not r.draining and r.stopped_at is None]
+    def serving(self, now: float) -> list[_Replica]:
+        return [r for r in self.replicas if r.serving_at <= now and not r.draining and r.stopped_at is None]
 
+    @staticmethod
     def maybe_stop(target: _Replica, now: float) -> None:
         if target.draining and target.outstanding == 0 and target.stopped_at is None:
             target.stopped_at = now
 
-    while next_arrival < len(arrivals) or events:
-        if next_arrival < len(arrivals) and (not events or arrivals[next_arrival] <= events[0][0]):
-            now = arrivals[next_arrival]
-            next_arrival += 1
-            candidates = serving(now)
-            if not candidates:  # only while the first replicas start (never with min >= 1 serving)
-                candidates = [min((r for r in replicas if r.stopped_at is None), key=lambda r: r.serving_at)]
-            target = min(candidates, key=lambda r: (r.outstanding, r.index))
-            if target.running < replica.slots and target.serving_at <= now:
-                start_request(target, now, now)
-            else:
-                target.queue.append((now, 0))
-            continue
-        now, _, kind, index = heapq.heappop(events)
-        if kind == "done":
-            target = replicas[index]
-            target.running -= 1
-            if target.queue:
-                arrived, _ = target.queue.popleft()
-                start_request(target, arrived, now)
-            maybe_stop(target, now)
-        elif kind == "ready":
-            target = replicas[index]
-            while target.queue and target.running < replica.slots:
-                arrived, _ = target.queue.popleft()
-                start_request(target, arrived, now)
-        elif kind == "poll" and decider is not None and rule is not None:
-            live = [r for r in replicas if r.stopped_at is None and not r.draining]
-            starting = [r for r in live if r.serving_at > now]
-            ready = [r for r in live if r.serving_at <= now]
-            waiting = float(sum(len(r.queue) for r in ready))
-            decision = decider.decide(now, waiting, len(live))
-            if decision.direction == "up":
-                for _ in range(decision.target - decision.current):
-                    new = _Replica(len(replicas), now, now + cold_start_s)
-                    replicas.append(new)
-                    push(new.serving_at, "ready", new.index)
-                scale_ups += 1
-                decider.scaled(now, decision.current, decision.target)
-            elif decision.direction == "down" and scale_down_held(len(starting), len(ready)) is None:
-                victim = max(ready, key=lambda r: r.index)
-                victim.draining = True
-                maybe_stop(victim, now)
-                scale_downs += 1
-                decider.scaled(now, decision.current, decision.target)
-            timeline.append((now, len([r for r in replicas if r.stopped_at is None and not r.draining])))
-            if next_arrival < len(arrivals) or any(r.outstanding for r in replicas):
-                push(now + rule.polling_interval_s, "poll", -1)
-    finish = max(end, now if arrivals else end)
-    replica_seconds = sum((r.stopped_at if r.stopped_at is not None else finish) - r.started_at for r in replicas)
-    cost = None if price_per_replica_hour is None else replica_seconds / 3600 * price_per_replica_hour
-    return DayResult(strategy=strategy, requests=len(arrivals), met_slo=met, replica_seconds=replica_seconds,
-                     cost=None if cost is None else round(cost, 4),
-                     cost_per_day=None if cost is None else round(cost * DAY_S / end, 4),
-                     peak_replicas=max(count for _, count in timeline), timeline=_thin(timeline),
-                     scale_ups=scale_ups, scale_downs=scale_downs)
+    def arrive(self, now: float) -> None:
+        """A request arrives: to the least loaded serving replica, started at once or queued there."""
+        candidates = self.serving(now)
+        if not candidates:  # only while the first replicas start (never with min >= 1 serving)
+            candidates = [min((r for r in self.replicas if r.stopped_at is None), key=lambda r: r.serving_at)]
+        target = min(candidates, key=lambda r: (r.outstanding, r.index))
+        if target.running < self.replica.slots and target.serving_at <= now:
+            self.start_request(target, now, now)
+        else:
+            target.queue.append((now, 0))
+
+    def finish_request(self, replicas_index: int, now: float) -> None:
+        """A request ends: the replica's next queued one starts; a draining replica left idle stops."""
+        target = self.replicas[replicas_index]
+        target.running -= 1
+        if target.queue:
+            arrived, _ = target.queue.popleft()
+            self.start_request(target, arrived, now)
+        self.maybe_stop(target, now)
+
+    def replica_ready(self, index: int, now: float) -> None:
+        """A new replica finished its cold start: it takes what queued for it, up to its slots."""
+        target = self.replicas[index]
+        while target.queue and target.running < self.replica.slots:
+            arrived, _ = target.queue.popleft()
+            self.start_request(target, arrived, now)
+
+    def poll(self, now: float, *, more_to_come: bool) -> None:
+        """The autoscaler's poll: scale up (cold starts), or drain the newest ready replica."""
+        if self.decider is None or self.rule is None:
+            return
+        live = [r for r in self.replicas if r.stopped_at is None and not r.draining]
+        starting = [r for r in live if r.serving_at > now]
+        ready = [r for r in live if r.serving_at <= now]
+        waiting = float(sum(len(r.queue) for r in ready))
+        decision = self.decider.decide(now, waiting, len(live))
+        if decision.direction == "up":
+            for _ in range(decision.target - decision.current):
+                new = _Replica(len(self.replicas), now, now + self.cold_start_s)
+                self.replicas.append(new)
+                self.push(new.serving_at, "ready", new.index)
+            self.scale_ups += 1
+            self.decider.scaled(now, decision.current, decision.target)
+        elif decision.direction == "down" and scale_down_held(len(starting), len(ready)) is None:
+            victim = max(ready, key=lambda r: r.index)
+            victim.draining = True
+            self.maybe_stop(victim, now)
+            self.scale_downs += 1
+            self.decider.scaled(now, decision.current, decision.target)
+        self.timeline.append((now, len([r for r in self.replicas if r.stopped_at is None and not r.draining])))
+        if more_to_come or any(r.outstanding for r in self.replicas):
+            self.push(now + self.rule.polling_interval_s, "poll", -1)
 
 
 def plan_day(shape: LoadShape, rule: AutoscaleRule, replica: ReplicaModel, slo_ttft_s: float, cold_start_s: float,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from vlmserve.results.blocks import SimulatedFrontend
 from vlmserve.results.summary import RunSummary
 from vlmserve.hardware.gpus import ASSUMED_FIGURES
 from vlmserve.hardware.setup import PlanSetup
@@ -88,12 +89,12 @@ FRONTEND_BUSY = 0.8
 """Frontend utilization from which the API servers, not the GPU, set the pace."""
 
 
-def frontend_is_limit(block: dict[str, Any] | None) -> bool:
+def frontend_is_limit(block: SimulatedFrontend | None) -> bool:
     """Whether a simulated run's frontend block says the API servers, not the GPU, set the pace:
     busy at least FRONTEND_BUSY, and image requests wait longer there than in the engine's queue."""
-    if not block:
+    if block is None:
         return False
-    return bool(block["utilization"] >= FRONTEND_BUSY and block["mean_frontend_s"] > block["mean_engine_queue_s"])
+    return block.utilization >= FRONTEND_BUSY and block.mean_frontend_s > block.mean_engine_queue_s
 
 
 def frontend_findings(setup: PlanSetup, load: LoadSpec, summary: RunSummary) -> list[str]:
@@ -104,12 +105,12 @@ def frontend_findings(setup: PlanSetup, load: LoadSpec, summary: RunSummary) -> 
     load is simulated again with one more API server per replica, and with images at half the
     side (a quarter of the pixels), and the TTFT p50 of each is given.
     """
-    block = (summary.simulation or {}).get("frontend")
-    if not block:
+    block = summary.simulation.frontend if summary.simulation is not None else None
+    if block is None:
         return []
-    utilization, waited, queued = block["utilization"], block["mean_frontend_s"], block["mean_engine_queue_s"]
+    utilization, waited, queued = block.utilization, block.mean_frontend_s, block.mean_engine_queue_s
     lines = [f"frontend (simulated): API servers {utilization:.0%} busy, image requests spend {waited * 1000:.0f} ms there "
-             f"and {queued * 1000:.0f} ms in the engine's queue; multimodal cache hit rate {block['mm_cache_hit_rate']:.2f}"]
+             f"and {queued * 1000:.0f} ms in the engine's queue; multimodal cache hit rate {block.mm_cache_hit_rate:.2f}"]
     if not frontend_is_limit(block):
         return lines
     from vlmserve.plan.simulate import simulate_run

@@ -145,10 +145,9 @@ def _judge(candidate: Candidate, result: RunResult, slo: SLO, load: LoadSpec) ->
             reasons.append(
                 f"overloaded at {load.rate:g} req/s: the queue grows (TTFT {first:.2f} s early, {last:.2f} s late)"
             )
-    frontend = (summary.simulation or {}).get("frontend")
-    if reasons and frontend_is_limit(frontend):
-        assert frontend is not None
-        reasons.append(f"frontend-bound (API servers {frontend['utilization']:.0%} busy): try more --api-server-counts")
+    frontend = summary.simulation.frontend if summary.simulation is not None else None
+    if reasons and frontend is not None and frontend_is_limit(frontend):
+        reasons.append(f"frontend-bound (API servers {frontend.utilization:.0%} busy): try more --api-server-counts")
     candidate.status = "misses" if reasons else "meets"
     candidate.reason = "; ".join(reasons)
 

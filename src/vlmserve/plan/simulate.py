@@ -14,15 +14,15 @@ import time
 import uuid
 from datetime import datetime, timezone
 from dataclasses import dataclass, replace
-from typing import Any
 
+from vlmserve.results.blocks import RunMeta, SimulatedFrontend, SimulationBlock
 from vlmserve.results.metrics import summarize
 from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.workload import PlannedRequest, planned_requests
 from vlmserve.results.records import RequestRecord
-from vlmserve.sched.scheduler import Scheduler, SimRequest
+from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest
 from vlmserve.sched.virtual_clock import RequestTiming, Send, SimulationStats, run_virtual_clock
 from vlmserve.sched.step_cost import StepContents
 from vlmserve.spec import SLO, LoadSpec
@@ -121,7 +121,10 @@ def simulate_run(
     records = [_record(timings[str(request.index)], request, epoch, load) for request in requests]
     summary = summarize(records, slo)
     summary.meta = _meta(setup, load, label, config, count)
-    summary.simulation = _simulation_block(stats, config) | _frontend_block(setup, timings, stats, load)
+    summary.simulation = _simulation_block(stats, config)
+    frontend = _frontend_block(setup, timings, stats, load)
+    if frontend is not None:
+        summary.simulation.frontend = frontend
     return SimulationOutput(RunResult(records=records, summary=summary), stats, time.perf_counter() - started)
 
 
@@ -159,29 +162,29 @@ def _record(timing: RequestTiming, planned: PlannedRequest, epoch: float, load: 
     )
 
 
-def _meta(setup: PlanSetup, load: LoadSpec, label: str | None, config: Any, count: int) -> dict[str, Any]:
-    return {
-        "run_id": None,
-        "label": label or f"plan {setup.model.name} {setup.replicas}x{setup.tp}x{setup.gpu.key}",
-        "target": f"planner:{setup.gpu.key}",
-        "model": setup.model.name,
-        "server_version": "vlmserve planner (simulated)",
-        "load_spec": load.model_dump(mode="json") | {"num_requests": count},
-        "deployment": setup.describe(),
-        "started_at": datetime.now(timezone.utc).isoformat(),
-        "simulated": True,
-        "simulation_id": uuid.uuid4().hex[:12],
-        "kv_cache_tokens_per_replica": config.num_kv_blocks * config.block_size,
-    }
+def _meta(setup: PlanSetup, load: LoadSpec, label: str | None, config: SchedulerConfig, count: int) -> RunMeta:
+    return RunMeta(
+        run_id=None,
+        label=label or f"plan {setup.model.name} {setup.replicas}x{setup.tp}x{setup.gpu.key}",
+        target=f"planner:{setup.gpu.key}",
+        model=setup.model.name,
+        server_version="vlmserve planner (simulated)",
+        load_spec=load.model_dump(mode="json") | {"num_requests": count},
+        deployment=setup.describe(),
+        started_at=datetime.now(timezone.utc).isoformat(),
+        simulated=True,
+        simulation_id=uuid.uuid4().hex[:12],
+        kv_cache_tokens_per_replica=config.num_kv_blocks * config.block_size,
+    )
 
 
 def _frontend_block(setup: PlanSetup, timings: dict[str, RequestTiming], stats: list[SimulationStats],
-                    load: LoadSpec) -> dict[str, Any]:
+                    load: LoadSpec) -> SimulatedFrontend | None:
     """The frontend (image preprocessing) as simulated: how busy its API servers were, how long
     requests waited there against the engine's own queue, and the multimodal cache hit rate."""
     queries = sum(item.mm_cache_queries for item in stats)
     if not queries:
-        return {}
+        return None
     with_images = [timing for timing in timings.values() if timing.images or timing.mm_cache_hits]
     span = max((timing.finished_s or 0.0) for timing in timings.values()) - min(t.sent_s for t in timings.values())
     busy = [item.frontend_busy_s for item in stats]
@@ -189,25 +192,25 @@ def _frontend_block(setup: PlanSetup, timings: dict[str, RequestTiming], stats: 
     def mean(values: list[float]) -> float:
         return sum(values) / len(values) if values else 0.0
 
-    return {"frontend": {
-        "api_server_count": setup.frontend.api_server_count,
-        "utilization": max(busy) / (span * setup.frontend.api_server_count) if span > 0 else 0.0,
-        "mean_frontend_s": mean([timing.frontend_s for timing in with_images]),
-        "mean_engine_queue_s": mean([timing.queue_time_s or 0.0 for timing in with_images]),
-        "mm_cache_hit_rate": sum(item.mm_cache_hits for item in stats) / queries,
-        "stated_repeat_rate": load.image_repeat_rate,
-        "per_image_ms": setup.frontend.per_image_ms,
-        "per_megapixel_ms": setup.frontend.per_megapixel_ms,
-    }}
+    return SimulatedFrontend(
+        api_server_count=setup.frontend.api_server_count,
+        utilization=max(busy) / (span * setup.frontend.api_server_count) if span > 0 else 0.0,
+        mean_frontend_s=mean([timing.frontend_s for timing in with_images]),
+        mean_engine_queue_s=mean([timing.queue_time_s or 0.0 for timing in with_images]),
+        mm_cache_hit_rate=sum(item.mm_cache_hits for item in stats) / queries,
+        stated_repeat_rate=load.image_repeat_rate,
+        per_image_ms=setup.frontend.per_image_ms,
+        per_megapixel_ms=setup.frontend.per_megapixel_ms,
+    )
 
 
-def _simulation_block(stats: list[SimulationStats], config: Any) -> dict[str, Any]:
-    return {
-        "steps": sum(item.steps for item in stats),
-        "preemptions": sum(item.num_preemptions for item in stats),
-        "max_num_running": max(item.max_num_running for item in stats),
-        "max_num_waiting": max(item.max_num_waiting for item in stats),
-        "max_kv_usage": max(item.max_kv_usage for item in stats),
-        "kv_blocks_per_replica": config.num_kv_blocks,
-        "busy_s_per_replica": [round(item.busy_s, 3) for item in stats],
-    }
+def _simulation_block(stats: list[SimulationStats], config: SchedulerConfig) -> SimulationBlock:
+    return SimulationBlock(
+        steps=sum(item.steps for item in stats),
+        preemptions=sum(item.num_preemptions for item in stats),
+        max_num_running=max(item.max_num_running for item in stats),
+        max_num_waiting=max(item.max_num_waiting for item in stats),
+        max_kv_usage=max(item.max_kv_usage for item in stats),
+        kv_blocks_per_replica=config.num_kv_blocks,
+        busy_s_per_replica=[round(item.busy_s, 3) for item in stats],
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from vlmserve.json_types import JSONObject, JSONValue
 
 EMBEDDED_FAMILY = "embedded"
 """The recipe for vlmserve's own tiny Idefics3 model (spec model `embedded`)."""
@@ -33,13 +33,13 @@ EMBEDDED_IMAGES_PER_PROMPT = 16
 """The embedded model allows what the gateway allows by default (max_images_per_request), so a
 request the gateway passes is never refused by the engine behind it."""
 
-BENCHMARK_FLAGS: dict[str, tuple[Any, str]] = {
+BENCHMARK_FLAGS: dict[str, tuple[JSONValue, str]] = {
     "enable_prefix_caching": (False, "benchmark: repeated prompt prefixes must not be served from cache "
                                      "(it flatters TTFT); vLLM's benchmarking guidance"),
 }
 """What a benchmark deployment changes on top of every recipe."""
 
-FlagTable = dict[str, tuple[Any, str]]
+FlagTable = dict[str, tuple[JSONValue, str]]
 """flag key (underscore name, as in engine_args) -> (value, why)."""
 
 
@@ -47,7 +47,7 @@ FlagTable = dict[str, tuple[Any, str]]
 class ModelFacts:
     """What a recipe may depend on: the model's config.json and the name it was given."""
 
-    config: dict[str, Any]
+    config: JSONObject
     name: str  # directory path or hub id, as given
 
     @property
@@ -88,7 +88,8 @@ def _gemma4(facts: ModelFacts) -> FlagTable:
     }
     if facts.has_vision:
         if facts.has_audio:
-            limits, why = {"image": IMAGES_PER_PROMPT, "audio": 1}, "audio_config present: one audio clip allowed"
+            limits: JSONObject = {"image": IMAGES_PER_PROMPT, "audio": 1}
+            why = "audio_config present: one audio clip allowed"
         else:
             limits, why = {"image": IMAGES_PER_PROMPT, "audio": 0}, "no audio_config: image-only, audio 0"
         flags["limit_mm_per_prompt"] = (limits, f"Gemma 4 recipe: {why}")
@@ -183,7 +184,7 @@ EMBEDDED_RECIPE = Recipe(
 )
 
 
-def find_recipe(config: dict[str, Any]) -> Recipe | None:
+def find_recipe(config: JSONObject) -> Recipe | None:
     """The recipe for a config.json: by `model_type`, else by any of its `architectures`."""
     model_type = str(config.get("model_type", "")).lower()
     for recipe in RECIPES:

@@ -15,17 +15,17 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from vlmserve.bounded_read import CONFIG_FILE, Refused, loads_json, read_bytes
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 
 
 @dataclass(frozen=True)
 class FoundConfig:
     """A model's config.json, or why there is none (`config` None)."""
 
-    config: dict[str, Any] | None
+    config: JSONObject | None
     where: str  # the file read, or why nothing was
 
 
@@ -34,7 +34,7 @@ def looks_like_directory(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or model.endswith("/") or Path(model).exists()
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
+def read_config_file(path: Path) -> JSONObject:
     """config.json as a mapping; anything unreadable, or over the config-file bounds (size,
     nesting, values: `bounded_read.CONFIG_FILE`), is one line naming the file."""
     try:
@@ -91,7 +91,7 @@ HUB_FETCH_TIMEOUT_S = 5.0
 """One try, this long: a machine without the hub must not wait on retries to start."""
 
 
-def _hub_fetch_config(model_id: str) -> tuple[dict[str, Any] | None, str]:
+def _hub_fetch_config(model_id: str) -> tuple[JSONObject | None, str]:
     """A hub model's config.json fetched once, in memory: (config, url) or (None, why not, one line).
 
     Plain HTTP with a short timeout rather than huggingface_hub's download, which retries five

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.recipes.families import BENCHMARK_FLAGS, FlagTable, ModelFacts, Recipe
 from vlmserve.spec import EngineArgs
 from vlmserve.vllm_flags import PARSER_SOURCE_DIRS, engine_arg_argv, vllm_has_flag, vllm_has_parser, vllm_version
 
-FlagCheck = Callable[[str, Any], "str | None"]
+FlagCheck = Callable[[str, JSONValue], "str | None"]
 """(flag key, value) -> why the installed vLLM cannot take it; None when it can (or cannot be told)."""
 
 REQUIRES: dict[str, str] = {"enable_auto_tool_choice": "tool_call_parser"}
@@ -33,7 +34,7 @@ class ResolvedFlag:
     """One flag of the resulting command line, and where it came from."""
 
     key: str
-    value: Any
+    value: JSONValue
     origin: Origin
     why: str
     argv: tuple[str, ...]
@@ -61,7 +62,7 @@ def option(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
-def render(key: str, value: Any) -> tuple[str, ...]:
+def render(key: str, value: JSONValue) -> tuple[str, ...]:
     """A flag as vLLM reads it, without asking vLLM: bools as switches, mappings as compact JSON."""
     if isinstance(value, bool):
         return (option(key),) if value else ("--no-" + option(key)[2:],)
@@ -74,7 +75,7 @@ def render(key: str, value: Any) -> tuple[str, ...]:
     return (option(key), str(value))
 
 
-def installed_vllm_check(key: str, value: Any) -> str | None:
+def installed_vllm_check(key: str, value: JSONValue) -> str | None:
     """The real check: the flag's name, and for parser flags the parser's name, in the installed vLLM."""
     version = vllm_version()
     installed = f"the installed vLLM {version}" if version else "the installed vLLM"
@@ -148,7 +149,7 @@ def resolve(args: EngineArgs, table: FlagTable, *, family: str | None,
     """The recipe's `table` under the user's `args`: user flags win; flags vLLM lacks are dropped."""
     given = user_flag_keys(args)
     warnings: list[str] = []
-    kept: dict[str, tuple[Any, str]] = {}
+    kept: dict[str, tuple[JSONValue, str]] = {}
     for key, (value, why) in table.items():
         if key in given:
             continue
@@ -172,10 +173,10 @@ def resolve(args: EngineArgs, table: FlagTable, *, family: str | None,
     return Resolution(family, tuple(recipe_flags + users), tuple(warnings), laid_under(args, kept))
 
 
-def laid_under(args: EngineArgs, kept: dict[str, tuple[Any, str]]) -> EngineArgs:
+def laid_under(args: EngineArgs, kept: dict[str, tuple[JSONValue, str]]) -> EngineArgs:
     """`args` with the recipe's kept flags filled in: fields by value, other flags rendered onto
     extra_args (so starting needs no vLLM import to render them; user keys were removed already)."""
-    fields: dict[str, Any] = {}
+    fields: JSONObject = {}
     extra: list[str] = []
     for key, (value, _) in kept.items():
         if key in EngineArgs.model_fields:

@@ -247,15 +247,15 @@ def load_unknown(baseline: dict, candidate: dict) -> list[str]:
 
 def _repeats(cell: CellOutcome) -> int:
     repeats = cell.summary.repeats if cell.summary is not None else None
-    return int((repeats or {}).get("count") or 1)
+    return repeats.count if repeats is not None else 1
 
 
 def _figure(cell: CellOutcome, path: str) -> tuple[float | None, tuple[float, float] | None]:
     """A figure and its 95 % interval: the mean over repeats when there is one, else the run's value."""
     repeats = cell.summary.repeats if cell.summary is not None else None
-    interval = ((repeats or {}).get("intervals") or {}).get(path)
-    if interval and interval.get("low") is not None and interval.get("high") is not None:
-        return float(interval["mean"]), (float(interval["low"]), float(interval["high"]))
+    interval = (repeats.intervals or {}).get(path) if repeats is not None else None
+    if interval is not None and interval.low is not None and interval.high is not None:
+        return interval.mean, (interval.low, interval.high)
     return cell.metric(path), None
 
 

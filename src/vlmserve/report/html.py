@@ -13,13 +13,13 @@ import datetime as _dt
 import html
 import json
 from pathlib import Path
-from typing import Any
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from pydantic import ValidationError
 
 from vlmserve import __version__
+from vlmserve.json_types import JSONObject
 from vlmserve.report.adapter_table import adapters_table
 from vlmserve.report.charts import all_charts
 from vlmserve.report.plots_breakdown import breakdown_charts
@@ -28,8 +28,8 @@ from vlmserve.report.plots_common import mark_simulated
 from vlmserve.report.plots_latency_throughput import latency_vs_throughput_charts
 from vlmserve.report.plots_timeline import timeline_charts
 from vlmserve.report.run_records import RecordsLoader, stored_records
-from vlmserve.spec import DeploymentSpec
 from vlmserve.report.tables import Table, cell_table, features_table, headline_table, knee_sentences
+from vlmserve.spec import DeploymentSpec
 from vlmserve.sweep.knee import no_knee_reason
 from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
@@ -71,7 +71,7 @@ def _table_html(table: Table, reason_column: str | None = None) -> str:
             f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
-def _compact_spec(spec: dict[str, Any]) -> dict[str, Any]:
+def _compact_spec(spec: JSONObject) -> JSONObject:
     """Only what differs from the defaults: the part of a deployment spec a reader needs."""
     try:
         return DeploymentSpec.model_validate(spec).model_dump(mode="json", exclude_defaults=True)

@@ -14,10 +14,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from vlmserve.results.metrics import end_to_end_s, time_per_output_token_s, time_to_first_token_s
-from vlmserve.results.records import RequestRecord
 from vlmserve.report.plots_common import color, per_shape_record_charts, style
 from vlmserve.report.run_records import RecordsLoader
+from vlmserve.results.metrics import end_to_end_s, time_per_output_token_s, time_to_first_token_s
+from vlmserve.results.records import RequestRecord
 from vlmserve.sweep.results import SweepResults
 
 MAX_POINTS = 200

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import plotly.graph_objects as go
 
-from vlmserve.results.records import RequestRecord
 from vlmserve.report.run_records import RecordsLoader
 from vlmserve.report.tables import level_label
+from vlmserve.results.records import RequestRecord
 from vlmserve.sweep.results import CellOutcome, SweepResults
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",

@@ -17,10 +17,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from vlmserve.results.metrics import time_per_output_token_s
-from vlmserve.results.records import RequestRecord
 from vlmserve.report.plots_common import color, per_shape_record_charts, style
 from vlmserve.report.run_records import RecordsLoader
+from vlmserve.results.metrics import time_per_output_token_s
+from vlmserve.results.records import RequestRecord
 from vlmserve.sweep.results import SweepResults
 
 BUCKET_S = 1.0

@@ -9,9 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vlmserve.results.summary import RunSummary
 from vlmserve import paths
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
+from vlmserve.results.blocks import RunMeta
+from vlmserve.results.summary import read_summary
 from vlmserve.sweep.manifest import SweepManifest
 from vlmserve.sweep.results import CellOutcome, DeploymentInfo, SweepResults
 from vlmserve.sweep.spec import SweepSpec
@@ -54,7 +56,8 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
                     load=cell.load.model_dump(mode="json"),
                     status=str(state.get("status", "pending")),
                     run_id=state.get("run_id"),
-                    summary=RunSummary.model_validate(state["summary"]) if state.get("summary") else None,
+                    summary=read_summary(state["summary"], f"{directory}: cell {entry.name}/{cell.name}")
+                    if state.get("summary") else None,
                     reason=state.get("reason"),
                     wall_s=state.get("wall_s"),
                 )
@@ -111,59 +114,60 @@ def results_from_run(run_id: str) -> SweepResults:
         raise UserError(missing if err.message.startswith("no run") else err.message) from None
     summary = result.summary
     meta = summary.meta
-    load = meta.get("load") or meta.get("load_spec") or {}
-    deployment_spec = meta.get("deployment") or meta.get("deployment_spec")
-    label = str(meta.get("label") or run_id)
-    deployment_name = str((deployment_spec or {}).get("name") or meta.get("target") or "endpoint")
+    load = meta.load_spec or {}
+    deployment_spec = meta.deployment
+    label = meta.label or run_id
+    name = (deployment_spec or {}).get("name")
+    deployment_name = str(name or meta.target or "endpoint")
     from vlmserve.spec import SLO
 
-    raw_slo = meta.get("slo")
-    slo_bounds = (raw_slo.get("bounds_s", raw_slo) if isinstance(raw_slo, dict) else None) or {}
     info = DeploymentInfo(
         name=deployment_name,
         kind="managed" if deployment_spec else "endpoint",
         devices=float(_devices(deployment_spec)),
-        spec=deployment_spec if isinstance(deployment_spec, dict) else None,
-        endpoint=meta.get("target"),
-        model=meta.get("model"),
+        spec=deployment_spec,
+        endpoint=meta.target,
+        model=meta.model,
         status="done",
-        server_version=meta.get("server_version"),
+        server_version=meta.server_version,
     )
     cell = CellOutcome(
         deployment=deployment_name,
         cell=label,
-        load=load if isinstance(load, dict) else {},
+        load=load,
         status="done",
-        run_id=str(meta.get("run_id") or run_id),
+        run_id=meta.run_id or run_id,
         summary=summary,
     )
     return SweepResults(
         name=label,
         deployments=[info],
         cells=[cell],
-        slo=SLO(bounds_s=slo_bounds),
+        slo=SLO(bounds_s=meta.slo or {}),
         source=run_id,
         notes=_import_notes(meta),
     )
 
 
-def _import_notes(meta: dict[str, Any]) -> list[str]:
+def _import_notes(meta: RunMeta) -> list[str]:
     """For a run `runs import` stored: which tool made it, so the page says whose figures these are
     (the import's warnings, like any run's, follow in `all_notes`)."""
-    tool = meta.get("tool")
-    if not tool:
+    if not meta.tool:
         return []
-    version = f" {meta['tool_version']}" if meta.get("tool_version") else ""
-    origin = f" ({meta['imported_from']})" if meta.get("imported_from") else ""
+    version = f" {meta.tool_version}" if meta.tool_version else ""
+    origin = f" ({meta.imported_from})" if meta.imported_from else ""
+    tool = meta.tool
     return [f"imported from {tool}{version}{origin}; figures the file lacks are unknown (shown as —)"]
 
 
-def _devices(deployment_spec: Any) -> int:
-    if not isinstance(deployment_spec, dict):
+def _devices(deployment_spec: JSONObject | None) -> int:
+    """GPUs a deployment spec asks for: replicas × tensor parallel (1 where it does not say)."""
+    if deployment_spec is None:
         return 1
-    replicas = int(deployment_spec.get("replicas") or 1)
-    tp = int((deployment_spec.get("engine_args") or {}).get("tensor_parallel_size") or 1)
-    return replicas * tp
+    replicas = deployment_spec.get("replicas")
+    engine_args = deployment_spec.get("engine_args")
+    tp = engine_args.get("tensor_parallel_size") if isinstance(engine_args, dict) else None
+    return (replicas if isinstance(replicas, int) and replicas > 0 else 1) * (tp if isinstance(tp, int) and tp > 0 else 1)
 
 
 def load_source(name: str) -> SweepResults:

@@ -113,7 +113,7 @@ def cell_table(results: SweepResults) -> Table:
             slo_text = "met" if results.slo.bounds_s and not misses else ("; ".join(misses) or "—")
             status = "client-limited" if cell.client_limited else "ok"
             tail = cell.run_id or ""
-            reasons = (cell.summary.client.get("limited_reasons") if cell.summary is not None else None) or []
+            reasons = cell.summary.client.limited_reasons if cell.summary is not None else []
             if cell.client_limited and reasons:
                 tail += f" (client: {'; '.join(str(reason) for reason in reasons)})"
         else:

@@ -11,7 +11,6 @@ across adapters (the console shows its median), not as one adapter's exact load 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -22,7 +21,7 @@ BASE_MODEL = "base"
 """The by_adapter key of requests sent to the base model."""
 
 
-def per_adapter(records: Sequence[RequestRecord], counted: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
+def per_adapter(records: Sequence[RequestRecord], counted: Sequence[RequestRecord]) -> dict[str, dict[str, object]]:
     """`by_adapter`: one block per adapter (and `base`), most requested first."""
     firsts: dict[str, RequestRecord] = {}
     for record in sorted(records, key=lambda item: item.sent_at_s):
@@ -30,7 +29,7 @@ def per_adapter(records: Sequence[RequestRecord], counted: Sequence[RequestRecor
     groups: dict[str, list[RequestRecord]] = {}
     for record in counted:
         groups.setdefault(record.adapter or BASE_MODEL, []).append(record)
-    blocks: dict[str, dict[str, Any]] = {}
+    blocks: dict[str, dict[str, object]] = {}
     for name, chosen in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
         first = firsts[name]
         first_ttft = first.ttft_s * 1000.0 if first.ok and first.ttft_s is not None else None

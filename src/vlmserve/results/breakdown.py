@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from vlmserve.results.records import RequestRecord
 
@@ -87,7 +86,7 @@ def _mean_ms(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) * 1000.0 if present else None
 
 
-def ttft_breakdown(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+def ttft_breakdown(records: Sequence[RequestRecord]) -> dict[str, object] | None:
     """Mean parts (ms) of client TTFT over the answered requests; None when none has an upload time.
 
     With engine timings the means cover only the requests that have all of them (`requests`),

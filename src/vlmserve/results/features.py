@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from vlmserve.results.metrics import distribution, distribution_ms
 from vlmserve.results.records import RequestRecord
@@ -43,16 +42,16 @@ def _reason_kinds(records: Sequence[RequestRecord]) -> dict[str, int]:
     return dict(kinds.most_common(REASON_KINDS_SHOWN))
 
 
-def _rate_checks(rates: dict[str, float | None], slo: SLO | None) -> dict[str, dict[str, Any]]:
+def _rate_checks(rates: dict[str, float | None], slo: SLO | None) -> dict[str, dict[str, object]]:
     """Each rate objective with its measured value and verdict (a rate not measured misses)."""
-    checks: dict[str, dict[str, Any]] = {}
+    checks: dict[str, dict[str, object]] = {}
     for name, bound in (slo.min_rates if slo is not None else {}).items():
         measured = rates.get(name)
         checks[name] = {"bound": bound, "measured": measured, "met": measured is not None and measured >= bound}
     return checks
 
 
-def feature_summary(records: Sequence[RequestRecord], slo: SLO | None) -> dict[str, Any]:
+def feature_summary(records: Sequence[RequestRecord], slo: SLO | None) -> dict[str, object]:
     """The `features` block of a run summary (measured records only, warm-up already left out)."""
     requested = sorted({name for record in records for name in record.features or []})
     ok = [record for record in records if record.ok and record.features]

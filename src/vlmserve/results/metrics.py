@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from vlmserve.results.breakdown import ttft_breakdown
 from vlmserve.results.records import RequestRecord
-from vlmserve.results.summary import RunSummary
+from vlmserve.results.blocks import ClientBlock, Distribution
+from vlmserve.results.summary import RunSummary, TokenCounts
 from vlmserve.spec import REQUEST_TYPES, SLO
 
 PERCENTILES: dict[str, float] = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
@@ -149,7 +150,7 @@ def _meets(record: RequestRecord, bounds_s: dict[str, float]) -> bool:
     return True
 
 
-def goodput(records: Sequence[RequestRecord], slo: SLO | None, duration_s: float) -> dict[str, Any] | None:
+def goodput(records: Sequence[RequestRecord], slo: SLO | None, duration_s: float) -> dict[str, object] | None:
     """Requests/s that met every objective, the fraction of all requests, and each aggregate check.
 
     Per request, each objective's metric must be within its bound (the percentile in the
@@ -167,7 +168,7 @@ def goodput(records: Sequence[RequestRecord], slo: SLO | None, duration_s: float
         "itl": distribution_ms(_pooled_itl(records)),
         "e2e": distribution_ms([r.e2e_s for r in records if r.ok and r.e2e_s is not None]),
     }
-    checks: dict[str, dict[str, Any]] = {}
+    checks: dict[str, dict[str, object]] = {}
     for key, bound_s in slo.bounds_s.items():
         metric, stat = key.split("_", 1)
         value = distributions[metric].get(stat)
@@ -206,7 +207,7 @@ def _pooled_itl(records: Sequence[RequestRecord]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0)
 
 
-def _latency_block(records: Sequence[RequestRecord]) -> dict[str, Any]:
+def _latency_block(records: Sequence[RequestRecord]) -> dict[str, object]:
     ok = [record for record in records if record.ok]
     return {
         "ttft_ms": distribution_ms([r.ttft_s for r in ok if r.ttft_s is not None]),
@@ -224,7 +225,7 @@ class TokenAgreement:
     relative: float = 0.02
 
 
-def _token_block(records: Sequence[RequestRecord], agreement: TokenAgreement) -> dict[str, Any]:
+def _token_block(records: Sequence[RequestRecord], agreement: TokenAgreement) -> TokenCounts:
     ok = [record for record in records if record.ok]
     prompt_tokens = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     output_tokens = [n for r in ok if (n := output_token_count(r)) is not None]
@@ -257,41 +258,41 @@ def _token_block(records: Sequence[RequestRecord], agreement: TokenAgreement) ->
     def mean(values: list[int]) -> float | None:
         return float(np.mean(values)) if values else None
 
-    return {
-        "prompt_total": int(sum(prompt_tokens)),
-        "output_total": int(sum(output_tokens)),
-        "requested_prompt_mean": mean(requested_prompt),
-        "actual_prompt_mean": mean(prompt_tokens),
-        "requested_output_mean": mean(requested_output),
-        "actual_output_mean": mean(output_tokens),
-        "prompt_length_mismatches": prompt_mismatch,
-        "output_length_mismatches": output_mismatch,
-        "usage_missing": sum(1 for r in ok if r.output_tokens is None),
-        "tokenizer_checked": len(checked),
-        "usage_tokenizer_disagreements": disagreements,
-        "usage_tokenizer_disagree": disagreements > 0,
-        "reasoning_total": int(sum(reasoning)),
-        "requests_with_reasoning": sum(1 for n in reasoning if n > 0),
-        "tool_calls_total": int(sum(r.tool_calls for r in ok)),
-        "images_total": int(sum(r.image_count for r in records)),
-    }
+    return TokenCounts(
+        prompt_total=int(sum(prompt_tokens)),
+        output_total=int(sum(output_tokens)),
+        requested_prompt_mean=mean(requested_prompt),
+        actual_prompt_mean=mean(prompt_tokens),
+        requested_output_mean=mean(requested_output),
+        actual_output_mean=mean(output_tokens),
+        prompt_length_mismatches=prompt_mismatch,
+        output_length_mismatches=output_mismatch,
+        usage_missing=sum(1 for r in ok if r.output_tokens is None),
+        tokenizer_checked=len(checked),
+        usage_tokenizer_disagreements=disagreements,
+        usage_tokenizer_disagree=disagreements > 0,
+        reasoning_total=int(sum(reasoning)),
+        requests_with_reasoning=sum(1 for n in reasoning if n > 0),
+        tool_calls_total=int(sum(r.tool_calls for r in ok)),
+        images_total=int(sum(r.image_count for r in records)),
+    )
 
 
-def send_lag_block(records: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
+def send_lag_block(records: Sequence[RequestRecord], duration_s: float) -> ClientBlock:
     """Offered vs achieved send rate and the send-lag distribution (actual − scheduled send)."""
     if not records:
-        return {"send_lag_ms": distribution_ms([]), "offered_rate": None, "achieved_send_rate": None}
+        return ClientBlock(send_lag_ms=Distribution(**distribution_ms([])), offered_rate=None, achieved_send_rate=None)
     scheduled = np.sort(np.asarray([r.scheduled_at_s for r in records], dtype=float))
     sent = np.sort(np.asarray([r.sent_at_s for r in records], dtype=float))
     span_scheduled = float(scheduled[-1] - scheduled[0])
     span_sent = float(sent[-1] - sent[0])
     n = len(records)
-    return {
-        "send_lag_ms": distribution_ms([r.send_lag_s for r in records]),
-        "offered_rate": (n - 1) / span_scheduled if n > 1 and span_scheduled > 0 else None,
-        "achieved_send_rate": (n - 1) / span_sent if n > 1 and span_sent > 0 else None,
-        "requests_per_s_sent": n / duration_s if duration_s > 0 else None,
-    }
+    return ClientBlock(
+        send_lag_ms=Distribution(**distribution_ms([r.send_lag_s for r in records])),
+        offered_rate=(n - 1) / span_scheduled if n > 1 and span_scheduled > 0 else None,
+        achieved_send_rate=(n - 1) / span_sent if n > 1 and span_sent > 0 else None,
+        requests_per_s_sent=n / duration_s if duration_s > 0 else None,
+    )
 
 
 def summarize(
@@ -313,7 +314,7 @@ def summarize(
     failed_by_cause = Counter(record.error_kind or "unknown" for record in counted if not record.ok)
     tokens = _token_block(counted, agreement)
     chunks = sum(len(record.chunk_times_s) for record in ok)
-    document: dict[str, Any] = {
+    document: dict[str, object] = {
         "requests": {
             "total": len(counted),
             "completed": len(ok),
@@ -325,9 +326,9 @@ def summarize(
         "duration_s": window,
         "throughput": {
             "requests_per_s": len(ok) / window if window > 0 else 0.0,
-            "output_tokens_per_s": tokens["output_total"] / window if window > 0 else 0.0,
-            "input_tokens_per_s": tokens["prompt_total"] / window if window > 0 else 0.0,
-            "total_tokens_per_s": (tokens["output_total"] + tokens["prompt_total"]) / window
+            "output_tokens_per_s": tokens.output_total / window if window > 0 else 0.0,
+            "input_tokens_per_s": tokens.prompt_total / window if window > 0 else 0.0,
+            "total_tokens_per_s": (tokens.output_total + tokens.prompt_total) / window
             if window > 0
             else 0.0,
             "chunks_per_s": chunks / window if window > 0 else 0.0,
@@ -358,7 +359,7 @@ def summarize(
     return RunSummary.model_validate(document)
 
 
-def _group_summary(records: Sequence[RequestRecord]) -> dict[str, Any]:
+def _group_summary(records: Sequence[RequestRecord]) -> dict[str, object]:
     """Counts and latency distributions for one slice of a run (a turn, a workload)."""
     ok = [record for record in records if record.ok]
     return {
@@ -383,7 +384,7 @@ def _mean(values: Sequence[float | int | None]) -> float | None:
     return float(np.mean(present)) if present else None
 
 
-def _type_block(records: Sequence[RequestRecord], slo: SLO | None, request_type: str, duration_s: float) -> dict[str, Any]:
+def _type_block(records: Sequence[RequestRecord], slo: SLO | None, request_type: str, duration_s: float) -> dict[str, object]:
     """One request type's counts, latencies, request size and TTFT breakdown, and its goodput if an SLO applies."""
     block = _group_summary(records)
     block["request_bytes_mean"] = _mean([record.request_bytes for record in records])
@@ -394,7 +395,7 @@ def _type_block(records: Sequence[RequestRecord], slo: SLO | None, request_type:
     return block
 
 
-def per_type(records: Sequence[RequestRecord], slo: SLO | None, duration_s: float) -> dict[str, dict[str, Any]]:
+def per_type(records: Sequence[RequestRecord], slo: SLO | None, duration_s: float) -> dict[str, dict[str, object]]:
     """Figures per request type (text, image, ...), image types also split into first sight and repeats.
 
     Each type is judged by the run's SLO with its own objectives on top (`SLO.for_type`); its
@@ -402,7 +403,7 @@ def per_type(records: Sequence[RequestRecord], slo: SLO | None, duration_s: floa
     """
     order = {name: index for index, name in enumerate(REQUEST_TYPES)}
     types = sorted({record.request_type for record in records}, key=lambda name: (order.get(name, len(order)), name))
-    blocks: dict[str, dict[str, Any]] = {}
+    blocks: dict[str, dict[str, object]] = {}
     for request_type in types:
         chosen = [record for record in records if record.request_type == request_type]
         block = _type_block(chosen, slo, request_type, duration_s)
@@ -428,7 +429,7 @@ class ClientLimits:
     cpu_busy_fraction: float = 0.90
 
 
-def judge_client(client: dict[str, Any], limits: ClientLimits = ClientLimits(), *, open_loop: bool) -> dict[str, Any]:
+def judge_client(client: ClientBlock, limits: ClientLimits = ClientLimits(), *, open_loop: bool) -> ClientBlock:
     """Decide whether the client limited the run and say why (added to `client`).
 
     Send lag only matters for an open loop (a closed loop's user sends as soon as its
@@ -436,14 +437,14 @@ def judge_client(client: dict[str, Any], limits: ClientLimits = ClientLimits(), 
     any worker process matters for both.
     """
     reasons: list[str] = []
-    lag_p99 = client.get("send_lag_ms", {}).get("p99")
+    lag_p99 = client.send_lag_ms.p99
     if lag_p99 is not None and lag_p99 > limits.send_lag_p99_s * 1000.0:
         reasons.append(f"send lag p99 {lag_p99:.1f} ms > {limits.send_lag_p99_s * 1000:.0f} ms")
-    offered, achieved = client.get("offered_rate"), client.get("achieved_send_rate")
+    offered, achieved = client.offered_rate, client.achieved_send_rate
     if open_loop and offered and achieved is not None and achieved < limits.achieved_over_offered * offered:
         reasons.append(f"sent {achieved:.1f} req/s of {offered:.1f} offered")
-    for worker, busy in (client.get("cpu", {}) or {}).get("worker_busy_fraction", {}).items():
+    for worker, busy in (client.cpu.worker_busy_fraction if client.cpu is not None else {}).items():
         if busy >= limits.cpu_busy_fraction:
             reasons.append(f"worker {worker} CPU {busy * 100:.0f}% busy")
-    return {**client, "limited": bool(reasons), "limited_reasons": reasons}
+    return client.model_copy(update={"limited": bool(reasons), "limited_reasons": reasons})
 

@@ -118,7 +118,7 @@ class RequestRecord:
         """How late the client sent it compared with its schedule."""
         return self.sent_at_s - self.scheduled_at_s
 
-    def to_row(self) -> dict[str, Any]:
+    def to_row(self) -> dict[str, object]:
         """A flat dict for Parquet/DuckDB (lists stay lists)."""
         return asdict(self)
 

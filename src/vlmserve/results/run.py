@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
+from vlmserve.results.blocks import RunMeta
 from vlmserve.results.records import RequestRecord
 from vlmserve.results.summary import RunSummary
 
@@ -23,11 +22,11 @@ class RunResult:
 
     records: list[RequestRecord]
     summary: RunSummary
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, object] = field(default_factory=dict)
     """Anything a producer wants to keep alongside (not persisted by the store)."""
 
     @property
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> RunMeta:
         return self.summary.meta
 
     @property
@@ -39,7 +38,7 @@ class RunResult:
 
     @property
     def run_id(self) -> str | None:
-        return self.meta.get("run_id")
+        return self.meta.run_id
 
     @property
     def simulated(self) -> bool:

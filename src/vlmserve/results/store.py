@@ -14,7 +14,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import duckdb
 import pyarrow as pa
@@ -22,9 +22,10 @@ import pyarrow.parquet as pq
 
 from vlmserve import paths
 from vlmserve.errors import UserError
+from vlmserve.results.blocks import RunMeta
 from vlmserve.results.records import RequestRecord
 from vlmserve.results.run import RunResult
-from vlmserve.results.summary import RunSummary
+from vlmserve.results.summary import read_summary
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -147,7 +148,7 @@ def _connect(read_only: bool = False, wait_s: float = 15.0) -> Iterator[duckdb.D
         connection.close()
 
 
-def write_records_parquet(records: list[RequestRecord], path: str | Path, meta: dict[str, Any] | None = None) -> Path:
+def write_records_parquet(records: list[RequestRecord], path: str | Path, meta: RunMeta | None = None) -> Path:
     """One row per request; the `--records-out` format and the store's format.
 
     The run's id and its `client_limited` / `simulated` marks ride along as Parquet
@@ -159,9 +160,9 @@ def write_records_parquet(records: list[RequestRecord], path: str | Path, meta: 
     table = pa.Table.from_pylist(rows, schema=RECORD_SCHEMA)
     if meta is not None:
         marks = {
-            "vlmserve.run_id": str(meta.get("run_id", "")),
-            "vlmserve.client_limited": json.dumps(bool(meta.get("client_limited", False))),
-            "vlmserve.simulated": json.dumps(bool(meta.get("simulated", False))),
+            "vlmserve.run_id": meta.run_id or "",
+            "vlmserve.client_limited": json.dumps(bool(meta.client_limited)),
+            "vlmserve.simulated": json.dumps(meta.simulated),
         }
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **marks})
     pq.write_table(table, target)
@@ -173,11 +174,11 @@ def read_records_parquet(path: str | Path) -> list[RequestRecord]:
     return [RequestRecord.from_row(row) for row in table.to_pylist()]
 
 
-def _started_at(meta: dict[str, Any]) -> datetime:
-    text = meta.get("started_at")
+def _started_at(meta: RunMeta) -> datetime:
+    text = meta.started_at
     if text:
         try:
-            return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+            return datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
             pass
     return datetime.now(timezone.utc)
@@ -188,18 +189,19 @@ def save_run(result: RunResult) -> str:
     summary = result.summary
     meta = summary.meta
     started = _started_at(meta)
-    run_id = meta.get("run_id") or new_run_id(started)
-    meta["run_id"] = run_id
-    meta.setdefault("client_limited", summary.client_limited)
+    run_id = meta.run_id or new_run_id(started)
+    meta.run_id = run_id
+    if "client_limited" not in meta.model_fields_set:
+        meta.client_limited = summary.client_limited
     records_path = write_records_parquet(result.records, records_dir() / f"{run_id}.parquet", meta)
     row = (
         run_id,
         started.astimezone(timezone.utc).replace(tzinfo=None),
-        meta.get("label"),
-        meta.get("target"),
-        meta.get("model"),
-        meta.get("server_version"),
-        bool(meta.get("simulated", False)),
+        meta.label,
+        meta.target,
+        meta.model,
+        meta.server_version,
+        meta.simulated,
         summary.client_limited,
         summary.requests.completed,
         summary.requests.failed,
@@ -208,8 +210,8 @@ def save_run(result: RunResult) -> str:
         summary.ttft_ms.p50,
         summary.ttft_ms.p99,
         summary.tpot_ms.p50,
-        json.dumps(meta.get("load_spec"), default=str),
-        json.dumps(meta.get("deployment"), default=str),
+        json.dumps(meta.load_spec),
+        json.dumps(meta.deployment),
         json.dumps(summary.to_dict(), default=str),
         str(records_path),
     )
@@ -220,7 +222,7 @@ def save_run(result: RunResult) -> str:
     return run_id
 
 
-def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[str, Any]]:
+def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[str, object]]:
     """Newest first: one dict per run with the headline columns (not the full summary)."""
     if not database_path().exists():
         return []
@@ -231,7 +233,7 @@ def list_runs(limit: int | None = None, label: str | None = None) -> list[dict[s
         " json_extract_string(summary, '$.meta.tool') AS tool"
         " FROM runs"
     )
-    params: list[Any] = []
+    params: list[str] = []
     if label is not None:
         query += " WHERE label = ?"
         params.append(label)
@@ -257,6 +259,6 @@ def load_run(run_id: str) -> RunResult:
         raise UserError(f"run id '{run_id}' is ambiguous ({len(rows)} runs); give more of it")
     found_id, summary_text, records_path = rows[0]
     records = read_records_parquet(records_path) if records_path and Path(records_path).exists() else []
-    summary = RunSummary.model_validate_json(summary_text)
-    summary.meta["run_id"] = found_id
+    summary = read_summary(json.loads(summary_text), f"run '{found_id}' in {database_path()}")
+    summary.meta.run_id = found_id
     return RunResult(records=records, summary=summary)

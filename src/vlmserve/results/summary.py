@@ -3,8 +3,9 @@
 The JSON a run writes (`--json-out`, `bench.json` in the store, sweep cells) is this model's
 serialisation, with the same keys and nesting as docs/metrics.md describes: a field is written
 when it was set (by `summarize` or by the producer that added a block afterwards: `meta`, `server`,
-`simulation`, `warnings`), so older files load and dump back unchanged, and unknown keys from a
-newer version survive a round trip (`extra="allow"`).
+`simulation`, `warnings`), so older files load and dump back unchanged. Every block is a declared
+model (the producers' blocks in results.blocks) that forbids keys it does not declare: a misspelled
+key fails where it is written or read, instead of becoming a silent extra beside a field left at 0.
 
 Readers name a figure (`"ttft_ms.p95"`, `"throughput.requests_per_s"`, `"goodput.requests_per_s"`)
 and `FIGURES` maps each name to a typed accessor: there is no dotted-path walker over dicts, so a
@@ -15,46 +16,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
+from vlmserve.results.blocks import (
+    DISTRIBUTION_STATS,
+    ClientBlock,
+    Distribution,
+    PrefixCacheBlock,
+    RepeatsBlock,
+    RunMeta,
+    ScalingBlock,
+    ServerBlock,
+    SimulationBlock,
+)
 from vlmserve.spec import REQUEST_TYPES
+
+__all__ = ["DISTRIBUTION_STATS", "Distribution", "RunSummary", "FIGURES", "figure", "figure_value"]
 
 LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 """The latency distributions every summary holds (docs/metrics.md defines each)."""
 
-DISTRIBUTION_STATS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "p999", "mean", "std", "min", "max")
-
-
 class _Block(BaseModel):
-    """A part of the summary: unknown keys kept, so files from other versions round-trip."""
+    """A part of the summary: an unknown key is an error (a misspelled key must not become a silent extra)."""
 
-    model_config = ConfigDict(extra="allow")
-
-
-class Distribution(_Block):
-    """One latency distribution in milliseconds; every statistic None when nothing was measured."""
-
-    p50: float | None = None
-    p90: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-    p999: float | None = None
-    mean: float | None = None
-    std: float | None = None
-    min: float | None = None
-    max: float | None = None
-    count: int = 0
-    p50_p99_spread: float | None = None
-    p99_over_p50: float | None = None
-
-    def stat(self, name: str) -> float | None:
-        """A statistic by name (`p95`, `mean`, …), as the SLO keys and figure names spell it."""
-        if name not in DISTRIBUTION_STATS:
-            raise KeyError(f"unknown statistic {name!r}; one of {', '.join(DISTRIBUTION_STATS)}")
-        value = getattr(self, name)
-        return None if value is None else float(value)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class RequestCounts(_Block):
@@ -236,7 +223,7 @@ class RunSummary(_Block):
     e2e_ms: Distribution = Field(default_factory=Distribution)
     tokens: TokenCounts = Field(default_factory=TokenCounts)
     goodput: Goodput | None = None
-    client: dict[str, Any] = Field(default_factory=dict)
+    client: ClientBlock = Field(default_factory=ClientBlock)
     """Send lag, offered vs achieved rate, client CPU, and whether the client limited the run."""
     per_turn: dict[str, GroupSummary] | None = None
     per_workload: dict[str, GroupSummary] | None = None
@@ -246,26 +233,26 @@ class RunSummary(_Block):
     """Per LoRA adapter (`base`: the base model), with its first-use penalty; None without --lora-adapters."""
     features: FeatureSummary | None = None
     """Valid rates and reasoning timings of the feature workloads (`--features`); None without them."""
-    meta: dict[str, Any] = Field(default_factory=dict)
+    meta: RunMeta = Field(default_factory=RunMeta)
     """run_id, label, target, model, server_version, load_spec, deployment, started_at, simulated."""
-    server: dict[str, Any] | None = None
+    server: ServerBlock | None = None
     """Scraped /metrics deltas of the endpoint (bench.scrape)."""
-    simulation: dict[str, Any] | None = None
+    simulation: SimulationBlock | None = None
     """Engine-side totals of a simulated run (plan.simulate)."""
-    prefix_cache: dict[str, Any] | None = None
+    prefix_cache: PrefixCacheBlock | None = None
     """Expected vs measured prefix-cache hits (bench.prefix_cache)."""
-    repeats: dict[str, Any] | None = None
+    repeats: RepeatsBlock | None = None
     """Per-repeat rows and intervals of a `--repeat N` run (bench.repeats)."""
-    scaling: dict[str, Any] | None = None
+    scaling: ScalingBlock | None = None
     """`--load-shape` runs: SLO attainment per window and across each scale-up and scale-down (bench.scale_events)."""
     warnings: list[str] | None = None
     """Post-run steps that failed (bench.post_run): the figures are complete, something around them is not."""
 
     @classmethod
-    def from_partial(cls, data: dict[str, Any]) -> RunSummary:
+    def from_partial(cls, data: dict[str, object]) -> RunSummary:
         """A summary from another tool's figures (`runs import`): values it lacks (None) stay unset."""
 
-        def present(node: Any) -> Any:
+        def present(node: object) -> object:
             if isinstance(node, dict):
                 return {key: present(value) for key, value in node.items() if value is not None}
             return node
@@ -281,28 +268,42 @@ class RunSummary(_Block):
 
     @property
     def simulated(self) -> bool:
-        return bool(self.meta.get("simulated", False))
+        return self.meta.simulated
 
     @property
     def client_limited(self) -> bool:
-        return bool(self.client.get("limited", False))
+        return self.client.limited
 
     def figure(self, name: str) -> float | None:
         """A headline figure by its name in `FIGURES`; None when this run has no value for it."""
         return figure(name).read(self)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The JSON document (same keys and nesting as before the model existed).
 
-        Fields are written when set, or when a producer filled a default container in place
-        (`result.meta["run_id"] = …`), so nothing a producer recorded is lost.
+        Fields are written when set, or when a producer filled a default block in place
+        (`result.meta.run_id = …`), so nothing a producer recorded is lost; inside a block, only
+        the keys a producer set are written.
         """
-        data = self.model_dump(mode="json", exclude_unset=True)
+        data: JSONObject = self.model_dump(mode="json", exclude_unset=True)
         for name, info in type(self).model_fields.items():
-            if name not in data and getattr(self, name) != info.get_default(call_default_factory=True):
-                data[name] = self.model_dump(mode="json", include={name})[name]
-        first: dict[str, Any] = {key: data.pop(key) for key in ("meta", "warnings") if key in data}  # reads top-down
+            value = getattr(self, name)
+            if name not in data and value != info.get_default(call_default_factory=True):
+                data[name] = value.model_dump(mode="json", exclude_unset=True) if isinstance(value, BaseModel) else (
+                    self.model_dump(mode="json", include={name})[name])
+        first: JSONObject = {key: data.pop(key) for key in ("meta", "warnings") if key in data}  # reads top-down
         return {**first, **data}
+
+
+def read_summary(data: object, where: str) -> RunSummary:
+    """A summary document someone stored or handed in (a sweep manifest, a `--json-out` file, the
+    history): a key no block declares, or a value of the wrong type, is one UserError line naming it."""
+    try:
+        return RunSummary.model_validate(data)
+    except ValidationError as err:
+        problem = err.errors()[0]
+        place = ".".join(str(part) for part in problem["loc"]) or "the document"
+        raise UserError(f"{where} does not read as a run summary ({place}: {problem['msg']})") from None
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,20 @@ class Request:
             hashes.append(parent)
 
 
+@dataclass
+class _StepPlan:
+    """What one step has scheduled so far and the budgets it has left (the state `step`'s phases share)."""
+
+    token_budget: int
+    encoder_budget: int
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    encoded: list[EncoderInput] = field(default_factory=list)
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    first_scheduled: list[tuple[str, int]] = field(default_factory=list)
+
+
 class Scheduler:
     """vLLM V1's scheduling rules over a block-granular KV cache, priced by a StepCostModel."""
 
@@ -320,26 +334,47 @@ class Scheduler:
     # -- one engine step -------------------------------------------------------------------
     def step(self, now_s: float) -> StepResult:
         """Schedule, price and run one step that starts at `now_s`."""
-        config = self.config
-        kv = self.kv_cache_manager
-        token_budget = config.max_num_batched_tokens
-        encoder_budget = self.max_num_encoder_input_tokens
-        encoder_cache = self.encoder_cache_manager
-        scheduled: list[tuple[Request, int]] = []
-        preempted: list[Request] = []
-        encoded: list[EncoderInput] = []
+        plan = _StepPlan(
+            token_budget=self.config.max_num_batched_tokens, encoder_budget=self.max_num_encoder_input_tokens)
+        self._schedule_running(plan)
+        if self.lora_slots is not None:
+            self.lora_slots.begin_step(request.lora for request, _ in plan.scheduled)
+        if not plan.preempted:
+            self._admit_waiting(plan, now_s)
+        contents = self._step_contents(plan)
+        lora_extra_s = self.lora_slots.step_extra_s() if self.lora_slots else 0.0
+        duration_s = max(self.cost.step_time_s(contents) + lora_extra_s, MIN_STEP_S)
+        tokens, first_token, finished = self._advance_scheduled(plan, now_s + duration_s)
+        self.num_preemptions_total += len(plan.preempted)
+        return StepResult(
+            start_s=now_s,
+            duration_s=duration_s,
+            contents=contents,
+            tokens=tokens,
+            first_token=first_token,
+            finished=finished,
+            preempted=[request.request_id for request in plan.preempted],
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_usage=self.kv_cache_manager.usage,
+            prefix_queries_tokens=plan.prefix_queries,
+            prefix_hits_tokens=plan.prefix_hits,
+            first_scheduled=plan.first_scheduled,
+        )
 
-        # 1. RUNNING requests, in order.
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        """Step 1: RUNNING requests, in order, preempting from the back when KV blocks run out."""
+        kv = self.kv_cache_manager
         running = self.running
         req_index = 0
-        while req_index < len(running) and token_budget > 0:
+        while req_index < len(running) and plan.token_budget > 0:
             request = running[req_index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, plan.token_budget)
             to_encode: list[EncoderInput] = []
-            new_encoder_budget = encoder_budget
+            new_encoder_budget = plan.encoder_budget
             if request.num_computed_tokens < request.encoder_end and num_new_tokens > 0:
                 to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
-                    request, request.num_computed_tokens, num_new_tokens, encoder_budget)
+                    request, request.num_computed_tokens, num_new_tokens, plan.encoder_budget)
             if num_new_tokens <= 0:
                 req_index += 1  # vLLM skips it (not FCFS) so later requests may still run
                 continue
@@ -347,81 +382,84 @@ class Scheduler:
             while not kv.allocate_slots(request, num_new_tokens):
                 victim = running.pop()
                 self._preempt_request(victim)
-                preempted.append(victim)
+                plan.preempted.append(victim)
                 if victim is request:
                     scheduled_ok = False
                     break
             if not scheduled_ok:
                 break
-            scheduled.append((request, num_new_tokens))
-            token_budget -= num_new_tokens
+            self._commit_scheduled(plan, request, num_new_tokens, to_encode, new_encoder_budget)
             req_index += 1
-            if to_encode:
-                for item in to_encode:
-                    encoder_cache.allocate(request.request_id, item)
-                encoded += to_encode
-                encoder_budget = new_encoder_budget
 
-        # 2. WAITING requests, only if nobody was preempted.
-        prefix_queries = 0
-        prefix_hits = 0
-        first_scheduled: list[tuple[str, int]] = []
+    def _admit_waiting(self, plan: _StepPlan, now_s: float) -> None:
+        """Step 2: WAITING requests, FCFS, while budget and seats last (only when nobody was preempted)."""
+        config = self.config
+        kv = self.kv_cache_manager
         lora_slots = self.lora_slots
-        if lora_slots is not None:
-            lora_slots.begin_step(request.lora for request, _ in scheduled)
+        waiting = self.waiting
         skipped: list[Request] = []  # waiting requests whose adapter found no slot: they keep their place
-        if not preempted:
-            waiting = self.waiting
-            while waiting and token_budget > 0 and len(running) < config.max_num_seqs:
-                request = waiting[0]
-                if lora_slots is not None and not lora_slots.admits(request.lora):
-                    skipped.append(waiting.popleft())
-                    continue
-                new_computed_blocks: list[int] = []
-                num_hit_tokens = 0
-                if request.num_computed_tokens == 0:
-                    new_computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
-                num_new_tokens = request.num_tokens - request.num_computed_tokens - num_hit_tokens
-                if not config.enable_chunked_prefill and num_new_tokens > token_budget:
-                    break
-                num_new_tokens = min(num_new_tokens, token_budget)
-                to_encode = []
-                new_encoder_budget = encoder_budget
-                if request.num_computed_tokens + num_hit_tokens < request.encoder_end:
-                    to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
-                        request, request.num_computed_tokens + num_hit_tokens, num_new_tokens, encoder_budget)
-                    if num_new_tokens <= 0:
-                        break  # its next image cannot be encoded this step: admission stops (FCFS)
-                if not kv.allocate_slots(request, num_new_tokens, new_computed_blocks):
-                    break
-                waiting.popleft()
-                if lora_slots is not None:
-                    lora_slots.admit(request.lora)
-                running.append(request)
-                request.status = RequestStatus.RUNNING
-                request.num_computed_tokens += num_hit_tokens
-                if config.enable_prefix_caching:
-                    prefix_queries += request.num_tokens
-                    prefix_hits += num_hit_tokens
-                if request.first_scheduled_s is None:
-                    request.first_scheduled_s = now_s
-                    first_scheduled.append((request.request_id, num_hit_tokens))
-                scheduled.append((request, num_new_tokens))
-                token_budget -= num_new_tokens
-                if to_encode:
-                    for item in to_encode:
-                        encoder_cache.allocate(request.request_id, item)
-                    encoded += to_encode
-                    encoder_budget = new_encoder_budget
+        while waiting and plan.token_budget > 0 and len(self.running) < config.max_num_seqs:
+            request = waiting[0]
+            if lora_slots is not None and not lora_slots.admits(request.lora):
+                skipped.append(waiting.popleft())
+                continue
+            new_computed_blocks: list[int] = []
+            num_hit_tokens = 0
+            if request.num_computed_tokens == 0:
+                new_computed_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new_tokens = request.num_tokens - request.num_computed_tokens - num_hit_tokens
+            if not config.enable_chunked_prefill and num_new_tokens > plan.token_budget:
+                break
+            num_new_tokens = min(num_new_tokens, plan.token_budget)
+            to_encode: list[EncoderInput] = []
+            new_encoder_budget = plan.encoder_budget
+            if request.num_computed_tokens + num_hit_tokens < request.encoder_end:
+                to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
+                    request, request.num_computed_tokens + num_hit_tokens, num_new_tokens, plan.encoder_budget)
+                if num_new_tokens <= 0:
+                    break  # its next image cannot be encoded this step: admission stops (FCFS)
+            if not kv.allocate_slots(request, num_new_tokens, new_computed_blocks):
+                break
+            waiting.popleft()
+            self._start_running(plan, request, num_hit_tokens, now_s)
+            self._commit_scheduled(plan, request, num_new_tokens, to_encode, new_encoder_budget)
+        waiting.extendleft(reversed(skipped))
 
-            waiting.extendleft(reversed(skipped))
+    def _start_running(self, plan: _StepPlan, request: Request, num_hit_tokens: int, now_s: float) -> None:
+        """Move an admitted request to RUNNING and count its prefix-cache hit."""
+        if self.lora_slots is not None:
+            self.lora_slots.admit(request.lora)
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens += num_hit_tokens
+        if self.config.enable_prefix_caching:
+            plan.prefix_queries += request.num_tokens
+            plan.prefix_hits += num_hit_tokens
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = now_s
+            plan.first_scheduled.append((request.request_id, num_hit_tokens))
 
-        # 3. Price the step.
+    def _commit_scheduled(
+        self, plan: _StepPlan, request: Request, num_new_tokens: int, to_encode: list[EncoderInput],
+        new_encoder_budget: int,
+    ) -> None:
+        """Record a scheduled chunk: spend its tokens and put the images it encodes in the encoder cache."""
+        plan.scheduled.append((request, num_new_tokens))
+        plan.token_budget -= num_new_tokens
+        if to_encode:
+            for item in to_encode:
+                self.encoder_cache_manager.allocate(request.request_id, item)
+            plan.encoded += to_encode
+            plan.encoder_budget = new_encoder_budget
+
+    @staticmethod
+    def _step_contents(plan: _StepPlan) -> StepContents:
+        """Step 3: what the step computes, in the terms the cost model prices."""
         prefill_tokens = 0
         prefill_seqs = 0
         decode_seqs = 0
         kv_tokens_read = 0
-        for request, num_new_tokens in scheduled:
+        for request, num_new_tokens in plan.scheduled:
             context = request.num_computed_tokens + num_new_tokens
             kv_tokens_read += context
             if num_new_tokens == 1 and request.num_output_tokens > 0 and context == request.num_tokens:
@@ -429,24 +467,27 @@ class Scheduler:
             else:
                 prefill_tokens += num_new_tokens
                 prefill_seqs += 1
-        contents = StepContents(
+        return StepContents(
             prefill_tokens=prefill_tokens,
             prefill_seqs=prefill_seqs,
             decode_seqs=decode_seqs,
             kv_tokens_read=kv_tokens_read,
-            image_tokens=sum(item.length for item in encoded),
-            images=len(encoded),
+            image_tokens=sum(item.length for item in plan.encoded),
+            images=len(plan.encoded),
         )
-        duration_s = max(self.cost.step_time_s(contents) + (lora_slots.step_extra_s() if lora_slots else 0.0), MIN_STEP_S)
-        end_s = now_s + duration_s
 
-        # 4. Advance requests; those caught up sample one token.
+    def _advance_scheduled(
+        self, plan: _StepPlan, end_s: float
+    ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+        """Step 4: advance requests; those caught up sample one token, and finished ones free their blocks.
+
+        Returns (tokens emitted, requests with their first token, requests finished)."""
         tokens: list[tuple[str, int]] = []
         first_token: list[str] = []
         finished: list[str] = []
-        block_size = config.block_size
-        max_model_len = config.max_model_len
-        for request, num_new_tokens in scheduled:
+        block_size = self.config.block_size
+        max_model_len = self.config.max_model_len
+        for request, num_new_tokens in plan.scheduled:
             request.num_computed_tokens += num_new_tokens
             if request.num_computed_tokens - num_new_tokens < request.encoder_end:
                 self._free_consumed_encoder_inputs(request)
@@ -462,28 +503,12 @@ class Scheduler:
             if request.num_output_tokens >= request.max_output_tokens or request.num_tokens >= max_model_len:
                 finished.append(request.request_id)
                 request.status = RequestStatus.FINISHED
-                kv.free(request)
-                encoder_cache.free(request.request_id, request.encoder_inputs)
+                self.kv_cache_manager.free(request)
+                self.encoder_cache_manager.free(request.request_id, request.encoder_inputs)
                 del self.requests[request.request_id]
         if finished:
-            self.running = [request for request in running if request.status == RequestStatus.RUNNING]
-
-        self.num_preemptions_total += len(preempted)
-        return StepResult(
-            start_s=now_s,
-            duration_s=duration_s,
-            contents=contents,
-            tokens=tokens,
-            first_token=first_token,
-            finished=finished,
-            preempted=[request.request_id for request in preempted],
-            num_running=len(self.running),
-            num_waiting=len(self.waiting),
-            kv_usage=kv.usage,
-            prefix_queries_tokens=prefix_queries,
-            prefix_hits_tokens=prefix_hits,
-            first_scheduled=first_scheduled,
-        )
+            self.running = [request for request in self.running if request.status == RequestStatus.RUNNING]
+        return tokens, first_token, finished
 
     def _try_schedule_encoder_inputs(
         self, request: Request, num_computed_tokens: int, num_new_tokens: int, encoder_budget: int

@@ -285,6 +285,10 @@ def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter
         request = replace(only_fresh_images(request, visit.fresh), arrival_s=visit.ready_s)
         if visit.ready_s > arrived_s:
             return _Arrival(visit.ready_s, send.sequence, index, request)
+    if request.arrival_s > send.send_s:
+        # Time outside the engine (HTTP, tokenisation): the request reaches the scheduler at its
+        # arrival, also while the engine is busy with others (else only an idle engine honoured it).
+        return _Arrival(request.arrival_s, send.sequence, index, request)
     _enter_scheduler(replica, request)
     return None
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from vlmserve.bench.consistency.compare import ConsistencyReport
 from vlmserve.bench.consistency.runner import ConsistencyOptions, run_check
 from vlmserve.bench.target import Target
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.spec import DeploymentSpec, load_deployment_spec
 
 PREFIX_CACHING_CHOICES = {"both": (True, False), "on": (True,), "off": (False,)}
@@ -60,7 +60,7 @@ def check_deployment(
     return reports
 
 
-def combined_result(reports: list[ConsistencyReport]) -> dict[str, Any]:
+def combined_result(reports: list[ConsistencyReport]) -> JSONObject:
     """The JSON result of a deployment check: every variant's report, and whether all passed."""
     return {
         "kind": "consistency",

@@ -7,12 +7,12 @@ still serves its previous configuration. Both are checked before any cell runs.
 
 from __future__ import annotations
 
-from typing import Any
 
 import httpx
 
-from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.deploy.processes import free_port_block, port_is_free
+from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
 
 
@@ -46,7 +46,7 @@ def check_ports_free(spec: DeploymentSpec) -> None:
             )
 
 
-def served_models(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+def served_models(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[JSONObject]:
     """GET /v1/models; an unreachable endpoint is one clear line."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
@@ -64,7 +64,7 @@ def served_models(base_url: str, api_key: str | None = None, timeout_s: float = 
         raise UserError(f"endpoint {base_url}/v1/models did not answer JSON; is it OpenAI-compatible?") from None
 
 
-def verify_serving(base_url: str, model: str, max_model_len: int | None = None) -> dict[str, Any]:
+def verify_serving(base_url: str, model: str, max_model_len: int | None = None) -> JSONObject:
     """Check the endpoint serves `model` (and `max_model_len`, when the server reports one); return its entry."""
     models = served_models(base_url)
     ids = [str(entry.get("id")) for entry in models]
@@ -75,7 +75,7 @@ def verify_serving(base_url: str, model: str, max_model_len: int | None = None) 
             "(a previous deployment still running?)"
         )
     reported = match.get("max_model_len")
-    if max_model_len is not None and reported is not None and int(reported) != max_model_len:
+    if max_model_len is not None and isinstance(reported, (int, float, str)) and int(reported) != max_model_len:
         raise UserError(
             f"endpoint {base_url} serves '{model}' with max_model_len {reported}, not {max_model_len} "
             "(still serving a previous configuration?)"

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vlmserve.results.summary import RunSummary
 from vlmserve.errors import UserError
+from vlmserve.results.summary import RunSummary
 
 MANIFEST_NAME = "manifest.json"
 SPEC_NAME = "spec.json"

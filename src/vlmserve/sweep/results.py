@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
+from vlmserve.json_types import JSONObject
 from vlmserve.results.summary import RunSummary, figure_value
 from vlmserve.spec import SLO
 
@@ -29,7 +29,7 @@ class CellOutcome:
 
     deployment: str
     cell: str
-    load: dict[str, Any]
+    load: JSONObject
     status: str
     """'done', 'failed' or 'pending'."""
     run_id: str | None = None
@@ -46,7 +46,7 @@ class CellOutcome:
         """Concurrency (closed loop) or rate (open loop): the x axis of every load plot."""
         for key in LOAD_LEVEL_FIELDS:
             value = self.load.get(key)
-            if value is not None:
+            if isinstance(value, (int, float, str)):
                 return float(value)
         return None
 
@@ -76,7 +76,8 @@ class CellOutcome:
         if dataset == "random":
             text = f"random {load.get('input_len')}→{load.get('output_len')}"
         elif dataset == "images":
-            size = load.get("image_size") or ["?", "?"]
+            given = load.get("image_size")
+            size = given if isinstance(given, list) and len(given) == 2 else ["?", "?"]
             text = f"images {load.get('images_per_request', 1)}×{size[0]}×{size[1]}"
         else:
             text = dataset
@@ -84,8 +85,9 @@ class CellOutcome:
             text += f" pool {load['prompt_pool_size']}"
         if load.get("shared_prefix_len"):
             text += f" shared prefix {load['shared_prefix_len']}"
-        if load.get("features"):
-            text += " + " + ",".join(load["features"])
+        features = load.get("features")
+        if isinstance(features, list) and features:
+            text += " + " + ",".join(str(feature) for feature in features)
         return text
 
     @property
@@ -107,7 +109,7 @@ class DeploymentInfo:
     """'managed' (vlmserve started it) or 'endpoint'."""
     devices: float
     usd_per_gpu_hour: float | None = None
-    spec: dict[str, Any] | None = None
+    spec: JSONObject | None = None
     endpoint: str | None = None
     model: str | None = None
     status: str = "pending"

@@ -24,11 +24,13 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     SpinnerColumn,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 
+from vlmserve.json_types import JSONObject
 from vlmserve.errors import UserError
 from vlmserve.results.summary import RunSummary
 from vlmserve.spec import LoadSpec
@@ -143,7 +145,7 @@ SWEEP_STOPS_WHEN_OVERSATURATED = True
 
 
 def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str,
-              deployment: dict[str, Any] | None, console: Console) -> "RunResult":
+              deployment: JSONObject | None, console: Console) -> "RunResult":
     """One cell: its repeats (LoadSpec.repeat) combined into one run, stopped early when oversaturated."""
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.target import Target
@@ -222,7 +224,7 @@ class SweepRunner:
     def _pending_cells(self, entry: DeploymentEntry) -> list[CellEntry]:
         return [cell for cell in self.spec.cells if not self.manifest.is_done(entry.name, cell.name)]
 
-    def _run_deployment(self, entry: DeploymentEntry, progress: Progress, task: Any) -> None:
+    def _run_deployment(self, entry: DeploymentEntry, progress: Progress, task: TaskID) -> None:
         pending = self._pending_cells(entry)
         if not pending:
             return
@@ -267,7 +269,7 @@ class SweepRunner:
         self.manifest.record_deployment(entry.name, "done" if failed == 0 else "partial", None)
 
     def _fail_deployment(self, entry: DeploymentEntry, cells: list[CellEntry], reason: str,
-                         progress: Progress, task: Any) -> None:
+                         progress: Progress, task: TaskID) -> None:
         self.manifest.record_deployment(entry.name, "failed", reason)
         for cell in cells:
             self.manifest.record_cell_failed(entry.name, cell.name, f"deployment failed: {reason}")
@@ -275,14 +277,14 @@ class SweepRunner:
         progress.console.print(f"[red]✗ {entry.name}[/]: deployment failed: {reason}")
 
     def _run_cell(self, entry: DeploymentEntry, cell: CellEntry, base_url: str, progress: Progress,
-                  task: Any) -> None:
+                  task: TaskID) -> None:
         from vlmserve.results import store
 
         size = f"{cell.load.duration_s:g} s" if cell.load.duration_s is not None else f"{cell.load.num_requests} requests"
         progress.update(task, description=f"{self.spec.name}: {entry.name} / {cell.name} ({size})")
         self._attempted.add(cell.name)
         started = time.monotonic()
-        deployment = entry.spec.model_dump(mode="json") if entry.spec else {"endpoint": entry.endpoint}
+        deployment: JSONObject = entry.spec.model_dump(mode="json") if entry.spec else {"endpoint": entry.endpoint}
         try:
             load = cell.load.model_copy(update={"name": cell.name, "seed": _cell_seed(self.spec, cell)})
             result = _run_load(load, base_url, entry.served_model(),
@@ -329,7 +331,7 @@ def _cell_brief(summary: RunSummary) -> str:
         parts.append(f"{tok:.0f} tok/s")
     if ttft is not None:
         parts.append(f"TTFT p50 {ttft:.0f} ms")
-    stopped = summary.meta.get("stopped")
+    stopped = summary.meta.stopped
     if stopped:
         parts.append(f"stopped: {stopped}")
     return "  ".join(parts)

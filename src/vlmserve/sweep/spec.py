@@ -14,7 +14,7 @@ import itertools
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -184,14 +184,14 @@ class SweepSpec(BaseModel):
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _expand_cells(raw_cells: Any) -> Any:
+def _expand_cells(raw_cells: object) -> object:
     """Turn `{base: {...}, vary: {k: [..]}, name: "in{input_len}-c{concurrency}"}` items into cells.
 
     Plain cells (`name:` + LoadSpec fields) pass through; a `load:` key is accepted too.
     """
     if not isinstance(raw_cells, list):
         return raw_cells
-    expanded: list[Any] = []
+    expanded: list[object] = []
     for index, item in enumerate(raw_cells):
         if not isinstance(item, dict):
             expanded.append(item)
@@ -215,7 +215,7 @@ def _expand_cells(raw_cells: Any) -> Any:
                 expanded.append({"name": name, **base, **values})
         else:
             expanded.append(item)
-    cells: list[Any] = []
+    cells: list[object] = []
     for item in expanded:
         if isinstance(item, dict) and "load" not in item:
             load = {key: value for key, value in item.items() if key != "name"}
@@ -225,14 +225,14 @@ def _expand_cells(raw_cells: Any) -> Any:
     return cells
 
 
-def _normalise_slo(raw: Any) -> Any:
+def _normalise_slo(raw: object) -> object:
     """Accept `slo: "ttft_p95=500ms,..."` or `slo: {ttft_p95: 500ms}` besides `{bounds_s: ...}`."""
     if raw is None:
         return {}
     if isinstance(raw, str):
         return SLO.parse(raw).model_dump()
     if isinstance(raw, dict) and "bounds_s" not in raw:
-        bounds: dict[str, Any] = {}
+        bounds: dict[str, object] = {}
         for key, value in raw.items():
             if isinstance(value, str):
                 try:
@@ -244,15 +244,17 @@ def _normalise_slo(raw: Any) -> Any:
     return raw
 
 
-def _resolve_paths(data: dict[str, Any], base_dir: Path) -> None:
+def _resolve_paths(data: dict[str, object], base_dir: Path) -> None:
     """Make dataset paths and spec files relative to the sweep file, so examples run from anywhere."""
-    for cell in data.get("cells") or []:
+    cells = data.get("cells")
+    for cell in cells if isinstance(cells, list) else []:
         load = cell.get("load") if isinstance(cell, dict) else None
         if isinstance(load, dict) and isinstance(load.get("dataset_path"), str):
             path = Path(load["dataset_path"]).expanduser()
             if not path.is_absolute():
                 load["dataset_path"] = str((base_dir / path).resolve())
-    for index, entry in enumerate(data.get("deployments") or []):
+    deployments = data.get("deployments")
+    for entry in deployments if isinstance(deployments, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("spec_file"), str):
             path = Path(entry["spec_file"]).expanduser()
             if not path.is_absolute():
@@ -264,7 +266,7 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path) -> None:
             del entry["spec_file"]
 
 
-def parse_sweep_spec(data: Any, source: str, base_dir: Path | None = None) -> SweepSpec:
+def parse_sweep_spec(data: object, source: str, base_dir: Path | None = None) -> SweepSpec:
     """Validate a sweep spec from parsed YAML; any problem becomes one line naming the field."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: a sweep spec is a YAML mapping with name:, deployments: and cells:")

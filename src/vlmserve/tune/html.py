@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
-from typing import Any
 
 import plotly.graph_objects as go
 
@@ -98,7 +97,7 @@ def _rows_html(outcome: TuneOutcome) -> str:
     return f"<div class=\"scroll\"><table><tr>{head}</tr>{''.join(body)}</table></div>"
 
 
-def _num(value: Any) -> str:
+def _num(value: object) -> str:
     return "" if value is None else f"{value:g}"
 
 

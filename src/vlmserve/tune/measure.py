@@ -15,10 +15,11 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from rich.console import Console
 
+from vlmserve.json_types import JSONObject
 from vlmserve.bench.slo_search import SearchOutcome, SearchSpace, search
 from vlmserve.errors import UserError
 from vlmserve.results.run import RunResult
@@ -105,7 +106,7 @@ def _fill(outcome: Measurement, found: SearchOutcome) -> None:
         outcome.ttft_p95_ms = held.result.summary.figure("ttft_ms.p95")
 
 
-def _run(load: LoadSpec, base_url: str, model: str, slo: SLO | None, label: str, deployment: dict[str, Any],
+def _run(load: LoadSpec, base_url: str, model: str, slo: SLO | None, label: str, deployment: JSONObject,
          console: Console, *, store: bool = True) -> RunResult:
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.target import Target
@@ -119,7 +120,8 @@ def _run(load: LoadSpec, base_url: str, model: str, slo: SLO | None, label: str,
     return result
 
 
-def _run_point(base_url: str, model: str, slo: SLO, label: str, deployment: dict[str, Any], console: Console) -> Any:
+def _run_point(base_url: str, model: str, slo: SLO, label: str, deployment: JSONObject,
+               console: Console) -> Callable[[LoadSpec, Callable[[list[RunResult]], bool]], Awaitable[RunResult]]:
     """The SLO search's probe runner: every repeat of one level against this candidate, stored."""
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.target import Target
@@ -127,7 +129,7 @@ def _run_point(base_url: str, model: str, slo: SLO, label: str, deployment: dict
 
     target = Target(base_url=base_url, model=model)
 
-    async def run_point(load: LoadSpec, settled: Any) -> RunResult:
+    async def run_point(load: LoadSpec, settled: Callable[[list[RunResult]], bool]) -> RunResult:
         result = await run_repeated(load, target, slo=slo, settled=settled, console=console, progress=False,
                                     label=f"{label} {load.name}", deployment=deployment, stop_on_ctrl_c=False)
         run_store.save_run(result)

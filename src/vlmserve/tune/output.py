@@ -83,7 +83,7 @@ def _why(record: CandidateRecord, best: CandidateRecord | None, outcome: TuneOut
     return "dropped: within the best candidate's interval, not distinguishable from it"
 
 
-def result_json(outcome: TuneOutcome) -> dict[str, Any]:
+def result_json(outcome: TuneOutcome) -> dict[str, object]:
     recommendation = outcome.recommendation
     chosen = recommendation.chosen
     return {

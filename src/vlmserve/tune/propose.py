@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from vlmserve.errors import UserError
 from vlmserve.tune.space import Candidate, TuneSpace
@@ -33,7 +35,7 @@ MAX_ASKS = 50
 TUNE_EXTRA = "vlmserve[tune]"
 
 
-def require_optuna() -> Any:
+def require_optuna() -> ModuleType:
     """The optuna module, or one line naming the extra to install."""
     try:
         import optuna
@@ -110,5 +112,5 @@ class Proposer:
         return Proposal(ranked[0], "fallback")
 
 
-def _key(params: dict[str, Any]) -> str:
+def _key(params: Mapping[str, object]) -> str:
     return json.dumps(params, sort_keys=True)

@@ -16,12 +16,12 @@ import itertools
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.spec import DeploymentSpec, EngineArgs, describe_validation_error
 from vlmserve.vllm_flags import check_engine_arg
 
@@ -187,7 +187,7 @@ class TuneSpace:
         except ValidationError as err:
             raise UserError(describe_validation_error(err, f"--flag candidate {candidate.label}")) from None
 
-    def fingerprint_data(self) -> dict[str, Any]:
+    def fingerprint_data(self) -> JSONObject:
         return {"base": self.base.model_dump(mode="json"),
                 "axes": [{"name": axis.name, "values": list(axis.values)} for axis in self.axes]}
 

@@ -15,7 +15,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -70,7 +70,7 @@ class TuneStoreData(BaseModel):
 
     version: int
     fingerprint: str
-    study: dict[str, Any]
+    study: dict[str, object]
     candidates: list[CandidateRecord] = Field(default_factory=list)
     elapsed_s: float = 0.0
 
@@ -78,7 +78,7 @@ class TuneStoreData(BaseModel):
 class TuneStore:
     """Open (or create) the store of one tune directory; `record` adds a candidate and saves."""
 
-    def __init__(self, directory: Path, fingerprint: str, study: dict[str, Any], *, restart: bool = False) -> None:
+    def __init__(self, directory: Path, fingerprint: str, study: dict[str, object], *, restart: bool = False) -> None:
         self.directory = directory
         self.path = directory / STORE_FILE
         existing = None if restart else read_store(self.path)

@@ -24,9 +24,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
 
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject, JSONValue
 
 FALLBACK_IMAGE_TOKENS = 576
 """LLaVA-1.5's count, used when nothing better is known (and labelled a fallback)."""
@@ -38,7 +39,7 @@ class Downscale:
 
     width: int
     height: int
-    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    mm_processor_kwargs: JSONObject = field(default_factory=dict)
 
 
 def fit_within(width: int, height: int, max_side: int) -> tuple[int, int]:
@@ -60,7 +61,7 @@ class ImageTokenEstimator:
     """Where the numbers came from, for logs and docs (which files, which keys)."""
     is_fallback: bool = True
 
-    def tokens(self, width: int, height: int, mm_processor_kwargs: dict[str, Any] | None = None) -> int:
+    def tokens(self, width: int, height: int, mm_processor_kwargs: Mapping[str, object] | None = None) -> int:
         """Prompt tokens one image of this size costs (placeholders and framing tokens)."""
         return self.tokens_per_image
 
@@ -90,11 +91,11 @@ class SoftTokenBudget(ImageTokenEstimator):
     pooling: int = 3
     framing: int = 2  # begin- and end-of-image tokens
 
-    def _budget(self, mm_processor_kwargs: dict[str, Any] | None) -> int:
+    def _budget(self, mm_processor_kwargs: Mapping[str, object] | None) -> int:
         chosen = (mm_processor_kwargs or {}).get("max_soft_tokens")
         return chosen if isinstance(chosen, int) and chosen > 0 else self.budget
 
-    def tokens(self, width: int, height: int, mm_processor_kwargs: dict[str, Any] | None = None) -> int:
+    def tokens(self, width: int, height: int, mm_processor_kwargs: Mapping[str, object] | None = None) -> int:
         area = (self.patch_size * self.pooling) ** 2
         return min(self._budget(mm_processor_kwargs), max(1, math.ceil(width * height / area))) + self.framing
 
@@ -133,7 +134,7 @@ class PixelGrid(ImageTokenEstimator):
             new_width = math.ceil(width * beta / factor) * factor
         return new_width, new_height
 
-    def tokens(self, width: int, height: int, mm_processor_kwargs: dict[str, Any] | None = None) -> int:
+    def tokens(self, width: int, height: int, mm_processor_kwargs: Mapping[str, object] | None = None) -> int:
         new_width, new_height = self.resized(width, height)
         return (new_width // self.patch_size) * (new_height // self.patch_size) // self.merge_size**2 + self.framing
 
@@ -169,7 +170,7 @@ class Tiles(ImageTokenEstimator):
             return rows, cols
         return 0, 0
 
-    def tokens(self, width: int, height: int, mm_processor_kwargs: dict[str, Any] | None = None) -> int:
+    def tokens(self, width: int, height: int, mm_processor_kwargs: Mapping[str, object] | None = None) -> int:
         size = (mm_processor_kwargs or {}).get("size")
         edge = size.get("longest_edge") if isinstance(size, dict) else None
         rows, cols = self.grid(width, height, edge if isinstance(edge, int) and edge > 0 else None)
@@ -199,7 +200,7 @@ _TILE_TYPES = ("idefics3", "smolvlm")
 _LLAVA_TYPES = ("llava", "llava_next", "llava_onevision", "llava_next_video")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> JSONObject:
     if not path.is_file():
         return {}
     try:
@@ -209,15 +210,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def _dict(value: JSONValue) -> JSONObject:
     return value if isinstance(value, dict) else {}
 
 
-def _int(value: Any, default: int) -> int:
+def _int(value: JSONValue, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
-def _pixel_grid(model_type: str, pre: dict[str, Any]) -> PixelGrid:
+def _pixel_grid(model_type: str, pre: JSONObject) -> PixelGrid:
     patch, merge = _PIXEL_DEFAULTS[model_type]
     size = _dict(pre.get("size"))
     min_pixels = _int(pre.get("min_pixels"), _int(size.get("shortest_edge"), 56 * 56))
@@ -229,7 +230,7 @@ def _pixel_grid(model_type: str, pre: dict[str, Any]) -> PixelGrid:
     )
 
 
-def _tiles(model_type: str, config: dict[str, Any], pre: dict[str, Any], proc: dict[str, Any]) -> Tiles:
+def _tiles(model_type: str, config: JSONObject, pre: JSONObject, proc: JSONObject) -> Tiles:
     vision = _dict(config.get("vision_config"))
     tile = _int(_dict(pre.get("max_image_size")).get("longest_edge"), _int(vision.get("image_size"), 364))
     longest = _int(_dict(pre.get("size")).get("longest_edge"), 4 * tile)
@@ -244,8 +245,8 @@ def _tiles(model_type: str, config: dict[str, Any], pre: dict[str, Any], proc: d
     )
 
 
-def estimator_from_configs(config: dict[str, Any], preprocessor: dict[str, Any],
-                           processor: dict[str, Any]) -> ImageTokenEstimator:
+def estimator_from_configs(config: JSONObject, preprocessor: JSONObject,
+                           processor: JSONObject) -> ImageTokenEstimator:
     """The estimator for a model given its config.json, preprocessor_config.json and processor_config.json."""
     model_type = str(config.get("model_type", "")).lower()
     nested = processor.get("image_processor")

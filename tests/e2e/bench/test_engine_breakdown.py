@@ -41,16 +41,16 @@ def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(embedded_engin
                                       engine_traces=f"127.0.0.1:{port}")
 
         gateway_result = asyncio.run(through_gateway())
-    assert gateway_result.summary.meta["engine_traces"]["measured_with_span"] == 6, gateway_result.summary.meta
+    assert gateway_result.summary.meta.engine_traces.measured_with_span == 6, gateway_result.summary.meta
     summary = result.summary
     print(json.dumps({name: block.breakdown.model_dump() if block.breakdown else None
                       for name, block in (summary.by_type or {}).items()}, indent=1))
     print(json.dumps({"server_breakdown": (summary.server or {}).get("engine_breakdown"),
                       "mm_cache_hit_rate": (summary.server or {}).get("mm_cache_hit_rate"),
-                      "engine_traces": summary.meta["engine_traces"], "warnings": summary.warnings}, indent=1))
+                      "engine_traces": summary.meta.model_dump(mode="json")["engine_traces"], "warnings": summary.warnings}, indent=1))
     assert summary.requests.completed == 24, summary.requests
     assert not summary.warnings, summary.warnings
-    assert summary.meta["engine_traces"]["measured_with_span"] == 24
+    assert summary.meta.engine_traces.measured_with_span == 24
     by_type = summary.by_type or {}
     assert set(by_type) == {"text", "image"}
     for request_type in ("text", "image"):

@@ -31,7 +31,7 @@ def test_traced_run_without_spans_keeps_client_figures_and_warns(sim, monkeypatc
     assert all(record.request_bytes and record.request_bytes > 1000 for record in records)
     assert all(record.upload_s is not None and 0 <= record.upload_s < record.ttft_s for record in records)  # type: ignore[operator]
     assert all(record.request_type == "image" for record in records)
-    assert result.meta["engine_traces"]["spans_received"] == 0
+    assert result.meta.engine_traces.spans_received == 0
     [warning] = [text for text in result.warnings if "engine span" in text]
     assert warning.startswith(f"8 of 8 answered requests got no engine span at http://127.0.0.1:{port}/v1/traces")
     image = (result.summary.by_type or {})["image"]

@@ -21,7 +21,8 @@ def test_reported_cache_hit_rate_matches_the_stated_repeat_rate(cli, tmp_path: P
                      "--concurrency", 4, "--input-len", 8, "--output-len", 4, "--seed", 5, "--json-out", out)
     assert result.code == 0, result.err
     summary = RunSummary.model_validate(json.loads(out.read_text()))
-    hit_rate = summary.server["mm_cache_hit_rate"]
+    assert summary.server is not None
+    hit_rate = summary.server.mm_cache_hit_rate
     assert abs(hit_rate - repeat_rate) <= 0.10, (hit_rate, repeat_rate)
     assert f"repeat rate {repeat_rate:.2f} stated" in result.err + result.out
     first, repeat = summary.figure("by_type.image.first.requests"), summary.figure("by_type.image.repeat.requests")

@@ -20,9 +20,9 @@ from vlmserve.report.compare import COMPARED_METRICS
 
 def test_t_interval_matches_the_textbook() -> None:
     interval = confidence_interval([10.0, 12.0, 14.0])  # mean 12, s 2, t(2) 4.303
-    assert interval["mean"] == pytest.approx(12.0)
-    assert interval["half_width"] == pytest.approx(4.303 * 2.0 / 3 ** 0.5, rel=1e-6)
-    assert confidence_interval([5.0])["low"] is None  # one value: no interval
+    assert interval.mean == pytest.approx(12.0)
+    assert interval.half_width == pytest.approx(4.303 * 2.0 / 3 ** 0.5, rel=1e-6)
+    assert confidence_interval([5.0]).low is None  # one value: no interval
     assert t_quantile_975(35) == t_quantile_975(30)  # between rows: the wider one
     assert repeat_seed(7, 0) == 7 and repeat_seed(7, 1) != repeat_seed(8, 0)
 

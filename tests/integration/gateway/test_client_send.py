@@ -79,7 +79,7 @@ async def test_a_pooled_connection_closed_as_the_request_went_out_is_retried_on_
 async def test_what_send_cannot_do_is_raised_by_response() -> None:
     pool = ClientPool(connect_timeout_s=2)
     sent = pool.send("POST", "ftp://replica/v1/x", b"", b"{}")  # raises nothing here
-    with pytest.raises(ClientError, match="cannot send to 'ftp://replica/v1/x': not an http\(s\) URL"):
+    with pytest.raises(ClientError, match=r"cannot send to 'ftp://replica/v1/x': not an http\(s\) URL"):
         await sent.response()
     listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]

@@ -40,7 +40,7 @@ def run_cli(vlmserve_cmd: list[str], home: Path, *args: str) -> subprocess.Compl
 def test_detailed_vllm_file_becomes_records_and_the_same_figures() -> None:
     data = json.loads(DETAILED.read_text())
     result = read_result_file(DETAILED)
-    assert result.meta["tool"] == "vllm bench serve" and result.meta["label"] == "vllm bench serve: vllm-detailed"
+    assert result.meta.tool == "vllm bench serve" and result.meta.label == "vllm bench serve: vllm-detailed"
     assert len(result.records) == data["completed"] == 12
     summary = result.summary.to_dict()
     assert summary["throughput"]["output_tokens_per_s"] == pytest.approx(data["output_throughput"])
@@ -48,7 +48,7 @@ def test_detailed_vllm_file_becomes_records_and_the_same_figures() -> None:
     for ours, theirs in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"), ("e2e_ms", "e2el")):
         assert summary[ours]["p50"] == pytest.approx(data[f"median_{theirs}_ms"], rel=1e-6)
         assert summary[ours]["p99"] == pytest.approx(data[f"p99_{theirs}_ms"], rel=1e-6)
-    assert result.meta["load_spec"] == {"concurrency": 4, "input_len": 27, "output_len": 8, "api": "completions"}
+    assert result.meta.load_spec == {"concurrency": 4, "input_len": 27, "output_len": 8, "api": "completions"}
 
 
 def test_plain_vllm_file_keeps_vllms_figures_without_records() -> None:
@@ -139,8 +139,8 @@ def test_vllm_format_has_vllms_keys_and_types_and_reads_back() -> None:
 
 def test_aiperf_aggregate_file_imports_as_figures() -> None:
     result = read_result_file(FIXTURES / "profile_export_aiperf.json")
-    assert result.meta["tool"] == "aiperf" and result.records == []
-    assert result.meta["model"] == "openai/gpt-oss-20b" and result.meta["load_spec"]["concurrency"] == 100
+    assert result.meta.tool == "aiperf" and result.records == []
+    assert result.meta.model == "openai/gpt-oss-20b" and result.meta.load_spec["concurrency"] == 100
     assert result.summary.to_dict()["ttft_ms"]["p50"] == pytest.approx(787.54, abs=0.01)
     assert result.summary.to_dict()["e2e_ms"]["p99"] == pytest.approx(9381.63, abs=0.01)
     assert result.summary.to_dict()["tpot_ms"]["p50"] == pytest.approx(51.98)

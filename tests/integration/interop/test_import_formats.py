@@ -43,9 +43,9 @@ def test_vlmserve_json_out_reads_back_with_its_meta_and_simulated_flag() -> None
     data = load(VLMSERVE)
     result = only_run(VLMSERVE)
     summary = result.summary.to_dict()
-    assert result.meta["tool"] == "vlmserve" and result.meta["label"] == data["meta"]["label"] == "vlmserve-sim"
-    assert result.meta["model"] == "sim-model" and result.simulated is True  # bench ran against the sim engine
-    assert "run_id" not in result.meta and result.meta["original_run_id"] == data["meta"]["run_id"]
+    assert result.meta.tool == "vlmserve" and result.meta.label == data["meta"]["label"] == "vlmserve-sim"
+    assert result.meta.model == "sim-model" and result.simulated is True  # bench ran against the sim engine
+    assert "run_id" not in result.meta and result.meta.original_run_id == data["meta"]["run_id"]
     for block in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert summary[block]["p99"] == data[block]["p99"]
     assert summary["throughput"] == data["throughput"] and summary["requests"] == data["requests"]
@@ -55,9 +55,9 @@ def test_aiperf_013_file_gives_model_load_and_figures_in_ms() -> None:
     data = load(AIPERF)
     result = only_run(AIPERF)
     summary = result.summary.to_dict()
-    assert result.meta["model"] == "sim-model" and result.meta["tool_version"] == "0.13.0"
-    assert result.meta["target"] == "http://127.0.0.1:18431"
-    assert result.meta["load_spec"] == {"concurrency": 4, "api": "chat", "dataset": "synthetic",
+    assert result.meta.model == "sim-model" and result.meta.tool_version == "0.13.0"
+    assert result.meta.target == "http://127.0.0.1:18431"
+    assert result.meta.load_spec == {"concurrency": 4, "api": "chat", "dataset": "synthetic",
                                         "input_len": 32, "output_len": 8}
     assert summary["ttft_ms"]["p50"] == pytest.approx(data["time_to_first_token"]["p50"])
     assert summary["e2e_ms"]["p99"] == pytest.approx(data["request_latency"]["p99"])
@@ -109,9 +109,9 @@ def test_guidellm_benchmark_becomes_a_run_with_its_strategy_and_figures() -> Non
     metrics = benchmark["metrics"]
     result = only_run(GUIDELLM)
     summary = result.summary.to_dict()
-    assert result.meta["tool"] == "guidellm" and result.meta["tool_version"] == data["metadata"]["guidellm_version"]
-    assert result.meta["model"] == "sim-model" and result.meta["strategy"] == "concurrent@4"
-    assert result.meta["load_spec"] == {"strategy": "concurrent", "dataset": "synthetic_text", "input_len": 32,
+    assert result.meta.tool == "guidellm" and result.meta.tool_version == data["metadata"]["guidellm_version"]
+    assert result.meta.model == "sim-model" and result.meta.strategy == "concurrent@4"
+    assert result.meta.load_spec == {"strategy": "concurrent", "dataset": "synthetic_text", "input_len": 32,
                                         "output_len": 8, "concurrency": 4, "api": "chat"}
     ttft = metrics["time_to_first_token_ms"]["successful"]
     assert summary["ttft_ms"]["p50"] == pytest.approx(ttft["percentiles"]["p50"])
@@ -130,9 +130,9 @@ def test_a_guidellm_sweep_becomes_one_run_per_benchmark_with_distinct_labels(tmp
     path = tmp_path / "benchmarks.json"
     path.write_text(json.dumps(data))
     runs = read_result_runs(path)
-    assert [run.meta["label"] for run in runs] == [f"guidellm: {tmp_path.name}/benchmarks concurrent@4",
+    assert [run.meta.label for run in runs] == [f"guidellm: {tmp_path.name}/benchmarks concurrent@4",
                                                    f"guidellm: {tmp_path.name}/benchmarks constant@2"]
-    assert runs[1].meta["load_spec"]["rate"] == 2.0 and "concurrency" not in runs[1].meta["load_spec"]
+    assert runs[1].meta.load_spec["rate"] == 2.0 and "concurrency" not in runs[1].meta.load_spec
 
 
 def test_inference_perf_report_reads_seconds_as_ms_and_its_config_beside_it() -> None:
@@ -144,8 +144,8 @@ def test_inference_perf_report_reads_seconds_as_ms_and_its_config_beside_it() ->
     assert summary["ttft_ms"]["p999"] == pytest.approx(latency["time_to_first_token"]["p99.9"] * 1000)
     assert summary["itl_ms"]["p90"] == pytest.approx(latency["inter_token_latency"]["p90"] * 1000)
     assert summary["throughput"]["requests_per_s"] == pytest.approx(data["successes"]["throughput"]["requests_per_sec"])
-    assert result.meta["model"] == "sim-model"  # from config.yaml beside the report
-    assert result.meta["load_spec"] == {"rate": 12.0, "api": "completions", "input_len": 32, "output_len": 8,
+    assert result.meta.model == "sim-model"  # from config.yaml beside the report
+    assert result.meta.load_spec == {"rate": 12.0, "api": "completions", "input_len": 32, "output_len": 8,
                                         "dataset": "random"}
     (warning,) = result.warnings
     assert warning.startswith("inference-perf's token counts disagree with the server's on 24 requests")
@@ -155,7 +155,7 @@ def test_inference_perf_report_without_its_config_has_unknown_model(tmp_path: Pa
     alone = tmp_path / "summary_lifecycle_metrics.json"
     shutil.copy(INFERENCE_PERF, alone)
     result = only_run(alone)
-    assert result.meta.get("model") is None and result.meta["load_spec"] == {}
+    assert result.meta.model is None and result.meta.load_spec == {}
     assert result.summary.to_dict()["ttft_ms"]["p50"] is not None
 
 
@@ -164,10 +164,10 @@ def test_labels_default_to_the_file_and_folder_and_label_sets_them(tmp_path: Pat
     for folder in (run_a, run_b):
         folder.mkdir()
         shutil.copy(AIPERF, folder / "profile_export_aiperf.json")
-    labels = {only_run(folder / "profile_export_aiperf.json").meta["label"] for folder in (run_a, run_b)}
+    labels = {only_run(folder / "profile_export_aiperf.json").meta.label for folder in (run_a, run_b)}
     assert labels == {"aiperf: run-a/profile_export_aiperf", "aiperf: run-b/profile_export_aiperf"}
-    assert only_run(AIPERF, label="before the fix").meta["label"] == "before the fix"
-    assert only_run(VLMSERVE, label="mine").meta["label"] == "mine"
+    assert only_run(AIPERF, label="before the fix").meta.label == "before the fix"
+    assert only_run(VLMSERVE, label="mine").meta.label == "mine"
 
 
 @pytest.mark.parametrize("tool", sorted(REAL_TOOL_FILES))

@@ -23,7 +23,7 @@ def test_vllm_bench_serve_runs_here_and_its_result_is_stored(cli) -> None:
         assert "stored vllm bench serve's result as run" in done.out and "6 request records, simulated" in done.out
         run_id = done.out.split("as run ")[1].split()[0]
         stored = store.load_run(run_id)
-        assert stored.meta["tool"] == "vllm bench serve" and stored.meta["label"] == "vllm-own"
+        assert stored.meta.tool == "vllm bench serve" and stored.meta.label == "vllm-own"
         assert stored.simulated and len(stored.records) == 6
         report = cli("report", run_id)
         assert report.code == 0 and "Traceback" not in report.err

@@ -95,8 +95,8 @@ def test_calibrate_recovers_the_bandwidth_of_a_measured_run(tmp_path: Path, caps
     truth = Calibration(Efficiency(bandwidth=0.5, compute=0.4, step_overhead_s=0.002))
     setup = PlanSetup.from_names("llama-3.1-8b", "h100", calibration=truth)
     result = simulate_run(setup, LoadSpec(input_len=256, output_len=64, concurrency=4, num_requests=24)).result
-    result.summary.meta["simulated"] = False  # stands in for a bench run on a real H100
-    result.summary.meta["deployment"] = {"model": "llama-3.1-8b", "replicas": 1, "engine_args": {"tensor_parallel_size": 1}}
+    result.summary.meta.simulated = False  # stands in for a bench run on a real H100
+    result.summary.meta.deployment = {"model": "llama-3.1-8b", "replicas": 1, "engine_args": {"tensor_parallel_size": 1}}
     run_file = tmp_path / "run.json"
     result.write_json(run_file)
     start = tmp_path / "start.json"

@@ -27,8 +27,8 @@ from tests.helpers.procs import free_ports
 OPTIMUM = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "api_server_count": 2}
 FLAGS = ["--flag", "max-num-seqs=4,8,16,64", "--flag", "max-num-batched-tokens=512,1024,4096",
          "--flag", "api-server-count=1,2"]
-LOAD = ["--slo", "ttft_p95=400ms", "--rate-range", "1:32", "--precision", "0.3", "--max-probes", "6", "--repeat", "1",
-        "--duration", "2s", "--input-len", "128", "--output-len", "16", "--arrival", "constant", "--timeout", "30"]
+LOAD = ["--slo", "ttft_p95=400ms", "--rate-range", "1:32", "--precision", "0.3", "--max-probes", "4", "--repeat", "1",
+        "--duration", "1s", "--input-len", "128", "--output-len", "16", "--arrival", "constant", "--timeout", "30"]
 
 
 def write_spec(path: Path, name: str, engine_args: dict[str, object], optimum: dict[str, int] = OPTIMUM) -> Path:

@@ -28,9 +28,9 @@ def test_means_come_from_the_deltas_and_the_frontend_is_the_rest_of_ttft() -> No
     after = parse_samples(exposition((3.0, 30), (0.6, 30), (1.5, 30)))
     block = engine_breakdown(before, after)
     assert block is not None
-    assert block["ttft_ms"] == pytest.approx(100.0) and block["requests"] == 20
-    assert block["queue_ms"] == pytest.approx(20.0) and block["prefill_ms"] == pytest.approx(50.0)
-    assert block["frontend_ms"] == pytest.approx(30.0)
+    assert block.ttft_ms == pytest.approx(100.0) and block.requests == 20
+    assert block.queue_ms == pytest.approx(20.0) and block.prefill_ms == pytest.approx(50.0)
+    assert block.frontend_ms == pytest.approx(30.0)
 
 
 def test_no_histograms_or_no_requests_gives_no_breakdown() -> None:
@@ -44,5 +44,5 @@ def test_the_server_block_carries_the_breakdown_and_the_multimodal_cache_hit_rat
     scraper.before = parse_samples(exposition((1.0, 10), (0.2, 10), (0.5, 10), mm=(10, 2)))
     scraper.after = parse_samples(exposition((3.0, 30), (0.6, 30), (1.5, 30), mm=(30, 12)))
     server = scraper.summary()
-    assert server["mm_cache_hit_rate"] == pytest.approx(0.5)
-    assert server["engine_breakdown"]["frontend_ms"] == pytest.approx(30.0)
+    assert server.mm_cache_hit_rate == pytest.approx(0.5)
+    assert server.engine_breakdown is not None and server.engine_breakdown.frontend_ms == pytest.approx(30.0)

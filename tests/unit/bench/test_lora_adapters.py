@@ -70,7 +70,7 @@ def test_bad_lora_flags_are_one_line_each() -> None:
     assert "name each adapter once" in refusal(lora_adapters="a,a")
     assert "use it with --lora-popularity zipf" in refusal(lora_adapters="a,b", lora_skew=2.0)
     assert "give --lora-adapters" in refusal(lora_popularity="zipf")
-    assert "'pareto': use uniform or zipf" in refusal(lora_adapters="a", lora_popularity="pareto")
+    assert "--lora-popularity 'pareto': use one of uniform, zipf" in refusal(lora_adapters="a", lora_popularity="pareto")
     assert "--lora-base-share" in refusal(lora_adapters="a", lora_base_share=1.5)
     ok = build_load_spec(option_defaults({"base_url": "http://x", "model": "m", "concurrency": 1, "num_requests": 1,
                                           "lora_adapters": "a,b", "lora_popularity": "zipf", "lora_skew": 1.5}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vlmserve.results.blocks import ClientBlock
 from vlmserve.results import metrics
 from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO
@@ -80,13 +81,20 @@ def test_usage_tokenizer_disagreement_is_flagged():
     assert tokens["usage_tokenizer_disagreements"] == 1 and tokens["usage_tokenizer_disagree"] is True
 
 
+def client(data: dict) -> ClientBlock:
+    return ClientBlock.model_validate(data)
+
+
 def test_client_judgement():
-    fine = metrics.judge_client({"send_lag_ms": {"p99": 1.0}, "offered_rate": 100, "achieved_send_rate": 99}, open_loop=True)
-    assert fine["limited"] is False
-    lagging = metrics.judge_client({"send_lag_ms": {"p99": 80.0}, "offered_rate": 100, "achieved_send_rate": 70}, open_loop=True)
-    assert lagging["limited"] is True and len(lagging["limited_reasons"]) == 2
-    busy = metrics.judge_client({"send_lag_ms": {"p99": 1.0}, "cpu": {"worker_busy_fraction": {"0": 0.97}}}, open_loop=False)
-    assert busy["limited"] and "worker 0 CPU 97% busy" in busy["limited_reasons"][0]
+    fine = metrics.judge_client(client({"send_lag_ms": {"p99": 1.0}, "offered_rate": 100, "achieved_send_rate": 99}),
+                                open_loop=True)
+    assert fine.limited is False
+    lagging = metrics.judge_client(client({"send_lag_ms": {"p99": 80.0}, "offered_rate": 100, "achieved_send_rate": 70}),
+                                   open_loop=True)
+    assert lagging.limited is True and len(lagging.limited_reasons) == 2
+    busy = metrics.judge_client(client({"send_lag_ms": {"p99": 1.0}, "cpu": {"worker_busy_fraction": {"0": 0.97}}}),
+                                open_loop=False)
+    assert busy.limited and "worker 0 CPU 97% busy" in busy.limited_reasons[0]
 
 
 def test_empty_run_has_every_key():

@@ -41,7 +41,7 @@ async def test_a_non_admin_key_is_said_to_need_an_admin_key(tmp_path: Path) -> N
             await scraper.start()
             summaries[key] = await scraper.stop()
     user, ops = summaries["sk-user"], summaries["sk-ops"]
-    assert user["available"] and user["engines_unknown"] == ADMIN_KEY_NEEDED
-    assert user["metrics_url"] == f"{gateway.base_url}/metrics" and user["counters"]["prefix_cache_queries"] is None
-    assert ops["engines_unknown"] is None and ops["counters"]["prefix_cache_queries"] == 0  # 3 before, 3 after
-    assert ops["metrics_url"] == f"{gateway.base_url}/metrics + {gateway.base_url}/admin/engine-metrics"
+    assert user.available and user.engines_unknown == ADMIN_KEY_NEEDED
+    assert user.metrics_url == f"{gateway.base_url}/metrics" and user.counters["prefix_cache_queries"] is None
+    assert ops.engines_unknown is None and ops.counters["prefix_cache_queries"] == 0  # 3 before, 3 after
+    assert ops.metrics_url == f"{gateway.base_url}/metrics + {gateway.base_url}/admin/engine-metrics"

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from vlmserve.hardware.calibration import Calibration, Efficiency
+from vlmserve.hardware.gpus import get_gpu
+from vlmserve.hardware.models import load_model
 from vlmserve.hardware.setup import PlanSetup
+from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.sched.step_cost import StepContents
 
 EFFICIENCY = Efficiency(bandwidth=0.5, compute=0.5, step_overhead_s=0.001, per_seq_overhead_s=0.0)
@@ -78,3 +81,23 @@ def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step() -> None:
     # a tiny step is CPU-bound even when overlapped: the overhead is a floor, not removed
     idle = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=0, kv_tokens_read=0)
     assert cost(True).step_time_s(idle) == pytest.approx(0.002)
+
+
+def test_the_api_server_bounds_a_step_only_when_it_has_more_to_do_than_the_engine() -> None:
+    """vLLM's API server is its own process: a step takes the longer of the engine and the frontend."""
+    from vlmserve.hardware.cost import frontend_step_s
+
+    quiet = Efficiency(bandwidth=0.7, compute=0.5, step_overhead_s=0.001, per_seq_overhead_s=0.0)
+    busy = quiet.with_values(frontend_token_s=1e-4, frontend_request_s=5e-3)
+    model = load_model("llama-3.1-8b")
+    small = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=1, kv_tokens_read=1000)
+    burst = StepContents(prefill_tokens=64 * 128, prefill_seqs=64, decode_seqs=900, kv_tokens_read=900 * 130 + 64 * 128)
+    for kind in ("roofline", "kernels"):
+        def cost(eff: Efficiency, servers: int = 1, kind: str = kind):  # noqa: ANN202
+            return PlanSetup(model=model, gpu=get_gpu("h100"), calibration=Calibration(eff), cost_model_kind=kind,
+                             frontend=FrontendConfig(api_server_count=servers)).cost_model()
+        assert cost(busy).step_time_s(small) == pytest.approx(cost(quiet).step_time_s(small))
+        frontend = 1e-4 * (64 + 900) + 5e-3 * 64
+        assert frontend_step_s(busy, burst) == pytest.approx(frontend)
+        assert cost(busy).step_time_s(burst) == pytest.approx(frontend)
+        assert cost(busy, servers=4).step_time_s(burst) == pytest.approx(max(frontend / 4, cost(quiet).step_time_s(burst)))

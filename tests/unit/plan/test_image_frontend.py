@@ -31,8 +31,9 @@ def test_the_planner_names_the_frontend_when_image_preprocessing_is_the_limit() 
     lines = frontend_findings(setup, image_load(12.0), busy)
     assert any("the limit is the frontend, not the GPU" in line for line in lines), lines
     assert any("--api-server-count 2" in line for line in lines) and any("half the side" in line for line in lines)
-    block = busy.simulation["frontend"]
-    assert block["mean_frontend_s"] > 10 * block["mean_engine_queue_s"]  # the engine's queue stays short
+    assert busy.simulation is not None and busy.simulation.frontend is not None
+    block = busy.simulation.frontend
+    assert block.mean_frontend_s > 10 * block.mean_engine_queue_s  # the engine's queue stays short
     quiet = simulate_run(setup, image_load(2.0), record_token_times=False).result.summary
     assert not any("the limit is the frontend" in line for line in frontend_findings(setup, image_load(2.0), quiet))
     # more API servers relieve it
@@ -45,7 +46,7 @@ def test_the_simulated_cache_hit_rate_matches_the_stated_repeat_rate() -> None:
     setup = PlanSetup.from_names("qwen3-vl-4b", "h100")
     for rate in (0.0, 0.3, 0.6):
         summary = simulate_run(setup, image_load(2.0, image_repeat_rate=rate), record_token_times=False).result.summary
-        assert abs(summary.simulation["frontend"]["mm_cache_hit_rate"] - rate) < 0.1
+        assert abs(summary.simulation.frontend.mm_cache_hit_rate - rate) < 0.1
 
 
 def test_a_repeat_is_faster_by_its_preprocessing_and_encoding() -> None:

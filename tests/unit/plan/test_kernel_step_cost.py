@@ -247,3 +247,24 @@ def test_all_reduce_is_vllms_custom_kernel_on_nvlink_and_nccl_on_pcie_past_two_g
     assert pcie.startswith("comm/nccl_perf.parquet (l40s, NCCL ") and "custom all-reduce does not run over PCIe" in pcie
     assert dict(step_cost_sources(_setup(tp=4)))["all-reduce (tensor parallel)"].startswith(
         "comm/custom_allreduce_perf.parquet (h100_sxm")
+
+
+def test_fp8_experts_use_the_block_scaled_rows_of_the_published_fp8_checkpoints() -> None:
+    """Qwen3-235B-A22B-FP8 (and DeepSeek's, GLM's FP8) are 128×128 block-scaled: vLLM's block-FP8 MoE prices them.
+
+    At TP4 each GPU holds twice the expert slice of TP8 at half the bytes per weight, so FP8 TP4 experts
+    cost about what BF16 TP8 experts do — not the 3–5× of the per-tensor rows at decode sizes.
+    """
+    import json
+    from importlib.resources import files
+
+    from vlmserve.hardware.gpus import get_gpu
+    from vlmserve.hardware.models import parse_config
+
+    path = files("aiconfigurator_core").joinpath("model_configs", "Qwen--Qwen3-235B-A22B_config.json")
+    model = parse_config(json.loads(path.read_text()), name="Qwen/Qwen3-235B-A22B", source=str(path))
+    fp8 = PlanSetup(model=model, gpu=get_gpu("h100"), tp=4, weight_dtype="fp8", calibration=Calibration(EFFICIENCY)).cost_model()
+    bf16 = PlanSetup(model=model, gpu=get_gpu("h100"), tp=8, calibration=Calibration(EFFICIENCY)).cost_model()
+    assert "fp8_block" in fp8.sources()["moe: routed experts"].label
+    for tokens in (8, 64, 512):
+        assert fp8._moe.seconds(tokens) < 1.5 * bf16._moe.seconds(tokens)

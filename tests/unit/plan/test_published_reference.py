@@ -146,3 +146,26 @@ def test_the_fit_sees_calibration_runs_only_and_the_held_out_table_validation_ru
     held_out = [row for row in rows if row.case.run.split == published.VALIDATION]
     table = "\n".join(published.summary_table(held_out, "held-out", with_targets=True))
     assert "| tpot/itl | 1 | 1 | 1 | **20.0%** | 20.0% | ≤ 15%: MISSED |" in table  # 12 against 10, the validation run only
+
+
+def test_each_overhead_stage_fits_on_the_runs_where_its_cost_shows(published: ModuleType, tmp_path: Path) -> None:
+    """Engine overheads on few-stream closed loops; the API server on all-at-once bursts; neither sees the other's runs."""
+    path = _write(tmp_path / "ref.csv", [
+        _run_row("few", "cal", "calibration", max_concurrency="4", num_prompts="40"),
+        _run_row("burst", "cal", "calibration", max_concurrency="", num_prompts="100"),
+        _run_row("mid", "cal", "calibration", max_concurrency="64", num_prompts="128"),
+    ])
+    cases, _ = published.build_cases(published.read_runs(path), 1.0)
+    stages = {stage.title: {case.run.run_id for case in cases if stage.selects(case)}
+              for stage in published.fit_stages(cases)}
+    assert stages["engine overheads at low concurrency on the reference GPU"] == {"few"}
+    assert stages["API server under bursts on the reference GPU"] == {"burst"}
+
+
+def test_a_vllm_bench_run_with_max_concurrency_starts_its_first_wave_together(published: ModuleType, tmp_path: Path) -> None:
+    """`vllm bench serve` sends every prompt at once through a semaphore of --max-concurrency: no staggered start."""
+    path = _write(tmp_path / "ref.csv", [_run_row("c4", "cal", "calibration", max_concurrency="4", num_prompts="40")])
+    (case,), _ = published.build_cases(published.read_runs(path), 1.0)
+    assert case.scenario.load.concurrency == 4 and case.scenario.load.num_requests == 40
+    assert case.scenario.staggered is False
+    assert published.LEGACY_WORKLOADS["spark-oss-c4"].staggered is True  # other tools keep their recorded assumption

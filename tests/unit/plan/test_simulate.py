@@ -96,3 +96,13 @@ def test_simulated_run_can_be_stored_and_reloaded(tmp_path, monkeypatch) -> None
         raise SystemExit(0)
     assert done.value.code in (0, None)
     assert "plan meta-llama/Llama-3.1-8B-Instruct" in (tmp_path / "report.md").read_text()
+
+
+def test_time_outside_the_engine_is_in_every_ttft_also_while_the_engine_is_busy() -> None:
+    """request_overhead_s delays each request's entry to the scheduler, not only the ones that find it idle."""
+    slow_http = Calibration(Efficiency(bandwidth=0.7, compute=0.5, step_overhead_s=0.002, request_overhead_s=0.05))
+    setup = PlanSetup.from_names("llama-3.1-8b", "h100", calibration=slow_http)
+    load = LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=4, num_requests=40)  # lengths vary: never idle
+    records = simulate_run(setup, load).result.records
+    ttfts = [record.ttft_s for record in records]
+    assert len(ttfts) == 40 and min(t for t in ttfts if t is not None) >= 0.05

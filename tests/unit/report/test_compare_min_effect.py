@@ -12,6 +12,7 @@ from rich.console import Console
 
 from tests.helpers.synthetic import sweep_results
 from vlmserve.bench.repeats import confidence_interval
+from vlmserve.results.blocks import RepeatsBlock
 from vlmserve.errors import UserError
 from vlmserve.report.compare import COMPARED_METRICS, Comparison, compare, print_comparison
 from vlmserve.sweep.results import SweepResults
@@ -31,7 +32,7 @@ def repeated_run(latency_scale: float, jitter: tuple[float, ...] = JITTER) -> Sw
         assert value is not None
         scaled = value * latency_scale if metric.lower_is_better else value / latency_scale
         intervals[metric.path] = confidence_interval([scaled * (1 + d) for d in jitter])
-    cell.summary = cell.summary.model_copy(update={"repeats": {"count": len(jitter), "intervals": intervals}})
+    cell.summary = cell.summary.model_copy(update={"repeats": RepeatsBlock(count=len(jitter), intervals=intervals)})
     return results
 
 

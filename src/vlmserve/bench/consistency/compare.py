@@ -55,7 +55,7 @@ def answer_from_response(data: Any) -> Answer:
     return Answer(text)
 
 
-def first_difference(left: Sequence[Any], right: Sequence[Any]) -> int | None:
+def first_difference(left: Sequence[object], right: Sequence[object]) -> int | None:
     """Index of the first differing item (the shorter length if one is a prefix); None if equal."""
     for index, (a, b) in enumerate(zip(left, right)):
         if a != b:
@@ -86,7 +86,7 @@ class CaseResult:
             return None
         return self.alone.unit if self.alone.unit == self.loaded.unit else "char"
 
-    def _sequences(self) -> tuple[Sequence[Any], Sequence[Any]]:
+    def _sequences(self) -> tuple[Sequence[object], Sequence[object]]:
         assert self.alone is not None and self.loaded is not None
         if self.unit == "char":
             return tuple(self.alone.text), tuple(self.loaded.text)

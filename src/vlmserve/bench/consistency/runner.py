@@ -14,10 +14,10 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
+from vlmserve.json_types import JSONObject
 from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.consistency.cases import CaseSet, CheckedCase, build_cases, request_body
 from vlmserve.bench.consistency.compare import Answer, CaseResult, ConsistencyReport, answer_from_response, find_image_swaps
@@ -69,7 +69,7 @@ class _Failed(Exception):
     """A request got no usable answer; the message says why in one line."""
 
 
-async def _ask(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Answer:
+async def _ask(client: httpx.AsyncClient, url: str, body: JSONObject) -> Answer:
     try:
         response = await client.post(url, json=body)
     except httpx.HTTPError as err:
@@ -104,7 +104,7 @@ def _probe_token_detail(target: Target, timeout_s: float) -> tuple[bool, str | N
     raise AssertionError("unreachable")
 
 
-async def _alone(client: httpx.AsyncClient, url: str, bodies: list[dict[str, Any]], results: list[CaseResult]) -> None:
+async def _alone(client: httpx.AsyncClient, url: str, bodies: list[JSONObject], results: list[CaseResult]) -> None:
     for body, result in zip(bodies, results):
         try:
             result.alone = await _ask(client, url, body)
@@ -113,12 +113,12 @@ async def _alone(client: httpx.AsyncClient, url: str, bodies: list[dict[str, Any
 
 
 async def _loaded(
-    client: httpx.AsyncClient, url: str, bodies: list[dict[str, Any]], results: list[CaseResult],
-    fillers: list[dict[str, Any]], options: ConsistencyOptions,
+    client: httpx.AsyncClient, url: str, bodies: list[JSONObject], results: list[CaseResult],
+    fillers: list[JSONObject], options: ConsistencyOptions,
 ) -> int:
     """The loaded run; returns how many filler requests were sent."""
     filler_iter = iter(fillers)
-    queue: deque[tuple[int | None, dict[str, Any]]] = deque()
+    queue: deque[tuple[int | None, JSONObject]] = deque()
     queue.extend((None, body) for body in itertools.islice(filler_iter, options.concurrency))
     for index, body in enumerate(bodies):
         queue.append((index, body))

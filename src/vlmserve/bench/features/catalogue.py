@@ -9,9 +9,9 @@ Records name the schema they were sent with; these dicts are the one copy a chec
 
 from __future__ import annotations
 
-from typing import Any
+from vlmserve.json_types import JSONObject
 
-TOOLS: dict[str, dict[str, Any]] = {
+TOOLS: dict[str, JSONObject] = {
     "record_finding": {
         "description": "Record one finding on a dental radiograph.",
         "parameters": {
@@ -65,7 +65,7 @@ TOOLS: dict[str, dict[str, Any]] = {
 }
 """Tool name → description and parameters (a JSON Schema object)."""
 
-RESPONSE_SCHEMAS: dict[str, dict[str, Any]] = {
+RESPONSE_SCHEMAS: dict[str, JSONObject] = {
     "radiograph_finding": {
         "type": "object",
         "properties": {
@@ -104,7 +104,7 @@ OFFERED_TOOLS_PER_REQUEST = 2
 """How many catalogue tools each tools request offers (the named one among them)."""
 
 
-def tool_definition(name: str) -> dict[str, Any]:
+def tool_definition(name: str) -> JSONObject:
     """The OpenAI `tools` entry for one catalogue tool, marked `strict` (arguments must follow the schema).
 
     Without `strict`, vLLM (0.32) constrains only the call's envelope (the tool name), not its arguments,
@@ -115,6 +115,6 @@ def tool_definition(name: str) -> dict[str, Any]:
                                              "parameters": tool["parameters"], "strict": True}}
 
 
-def response_format(name: str) -> dict[str, Any]:
+def response_format(name: str) -> JSONObject:
     """The OpenAI `response_format` asking for one catalogue schema."""
     return {"type": "json_schema", "json_schema": {"name": name, "schema": RESPONSE_SCHEMAS[name], "strict": True}}

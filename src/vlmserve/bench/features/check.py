@@ -17,10 +17,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any
 
 import jsonschema
 
+from vlmserve.json_types import JSONValue
 from vlmserve.bench.features.catalogue import RESPONSE_SCHEMAS, TOOLS
 from vlmserve.results.records import RequestRecord
 
@@ -43,7 +43,7 @@ def _cut(record: RequestRecord) -> str:
     return "cut at max_tokens" if record.finish_reason == "length" else ""
 
 
-def _json_problem(text: str, schema_kind: str, name: str, what: str, cut: str) -> tuple[Any, str | None]:
+def _json_problem(text: str, schema_kind: str, name: str, what: str, cut: str) -> tuple[JSONValue, str | None]:
     """(parsed value, None) when `text` is valid JSON for the schema, else (None, 'kind: detail')."""
     try:
         value = json.loads(text)

@@ -9,8 +9,8 @@ Fields the user set with `--extra-body` win over what a feature would add.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from vlmserve.json_types import JSONObject
 from vlmserve.bench.features.catalogue import response_format, tool_definition
 from vlmserve.results.records import RequestRecord
 
@@ -39,9 +39,9 @@ class RequestFeatures:
         """The answer text must come back from the worker (it is checked against a schema)."""
         return "structured" in self.names
 
-    def body_fields(self) -> dict[str, Any]:
+    def body_fields(self) -> JSONObject:
         """The request body fields these features add."""
-        fields: dict[str, Any] = {}
+        fields: JSONObject = {}
         if self.response_schema is not None:
             fields["response_format"] = response_format(self.response_schema)
         if self.offered_tools:
@@ -52,13 +52,14 @@ class RequestFeatures:
                 fields["tool_choice"] = self.tool_choice
         return fields
 
-    def apply(self, body: dict[str, Any], user_fields: dict[str, Any]) -> None:
+    def apply(self, body: JSONObject, user_fields: JSONObject) -> None:
         """Add the feature fields to `body` in place; a field in `user_fields` (--extra-body) is left as the user set it."""
         for key, value in self.body_fields().items():
             if key not in user_fields:
                 body[key] = value
         if "thinking" in self.names:
-            kwargs = dict(body.get("chat_template_kwargs") or {})
+            given = body.get("chat_template_kwargs")
+            kwargs: JSONObject = dict(given) if isinstance(given, dict) else {}
             kwargs.setdefault("enable_thinking", True)
             body["chat_template_kwargs"] = kwargs
         if FIXED_ANSWER_FEATURES.intersection(self.names) and "ignore_eos" not in user_fields:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import random as _random
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
+from vlmserve.json_types import JSONObject
 from vlmserve.bench.features.request import RequestFeatures
 from vlmserve.bench.tokens import TokenCounter
 from vlmserve.errors import UserError
@@ -22,7 +23,7 @@ from vlmserve.spec import LoadSpec
 class Turn:
     """One user message and how long an answer it asks for."""
 
-    content: str | list[dict[str, Any]]
+    content: str | list[JSONObject]
     """Chat content: text, or OpenAI content parts (text + image_url)."""
     max_tokens: int
     requested_prompt_tokens: int | None = None
@@ -36,7 +37,7 @@ class Turn:
     """text, image, multi-image, video or audio: the key of per-type figures and SLOs."""
     image_repeat: bool | None = None
     """True when every image was sent earlier in the run, False when one is new, None without images."""
-    mm_processor_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: JSONObject | None = None
     """Per-request processor options (a vision budget), merged over the run's --mm-processor-kwargs."""
     features: RequestFeatures | None = None
     """Tools, structured output or thinking this request carries (`--features`; bench.features.assign)."""
@@ -48,7 +49,7 @@ class Turn:
         """The text part (what the completions API receives)."""
         if isinstance(self.content, str):
             return self.content
-        return " ".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+        return " ".join(str(part.get("text", "")) for part in self.content if part.get("type") == "text")
 
 
 @dataclass
@@ -137,10 +138,10 @@ def fresh_variant(conversation: Conversation, seed: int, variant: int) -> Conver
     for turn in conversation.turns:
         keep = turn.shared_words
         if isinstance(turn.content, str):
-            content: str | list[dict[str, Any]] = freshen_text(turn.content, rng, keep)
+            content: str | list[JSONObject] = freshen_text(turn.content, rng, keep)
         else:
             content = [
-                {**part, "text": freshen_text(part["text"], rng, keep)} if part.get("type") == "text" else part
+                {**part, "text": freshen_text(str(part["text"]), rng, keep)} if part.get("type") == "text" else part
                 for part in turn.content
             ]
         turns.append(Turn(

@@ -11,8 +11,8 @@ import base64
 import io
 import random
 from pathlib import Path
-from typing import Any
 
+from vlmserve.json_types import JSONObject
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_image_dir
 from vlmserve.bench.workloads.image_reuse import ImagePicker, weighted_choice
 from vlmserve.bench.workloads.text import fit_prompt
@@ -60,9 +60,9 @@ def folder_image_urls(folder: str | Path) -> tuple[list[str], list[str]]:
     return urls, skipped
 
 
-def image_content(text: str, urls: list[str]) -> list[dict[str, Any]]:
+def image_content(text: str, urls: list[str]) -> list[JSONObject]:
     """OpenAI content parts: the images first, then the question."""
-    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    parts: list[JSONObject] = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
     parts.append({"type": "text", "text": text})
     return parts
 

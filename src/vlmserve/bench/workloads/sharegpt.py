@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import BinaryIO, Iterator
 
 import ijson
 
@@ -38,7 +38,7 @@ class SkipConversation(Exception):
     """A conversation that cannot be replayed; the message is the counted reason."""
 
 
-def _turns_of(item: Any) -> tuple[str | None, list[tuple[str, str | None]]]:
+def _turns_of(item: object) -> tuple[str | None, list[tuple[str, str | None]]]:
     """(system prompt, [(user text, reference reply or None)]) of one ShareGPT item."""
     if not isinstance(item, dict):
         raise SkipConversation("not an object")
@@ -96,7 +96,7 @@ class _MeteredFile:
         return data
 
 
-def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, Any]]:
+def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, object]]:
     """Each top-level array element, stopping quietly (but counted) at a broken tail.
 
     Built from ijson's flat event stream with our own depth count, not `ijson.items`: its
@@ -114,9 +114,9 @@ def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, Any]]:
         metered = _MeteredFile(handle, path)
         index = -1
         values = 0  # events of the conversation being built
-        open_values: list[Any] = []  # the containers being built, outermost first (a conversation's depth)
-        keys: list[Any] = []  # the pending key of each open object (None for a list)
-        item: Any = None
+        open_values: list[dict[object, object] | list[object]] = []  # the containers being built, outermost first (a conversation's depth)
+        keys: list[object] = []  # the pending key of each open object (None for a list)
+        item: object = None
         max_values, max_depth = DATASET_ITEM.max_items, DATASET_ITEM.max_depth
         try:
             for event, value in ijson.basic_parse(metered, use_float=True, buf_size=READ_CHUNK):
@@ -140,7 +140,7 @@ def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, Any]]:
                         value = {} if event == "start_map" else []
                     if open_values:
                         parent = open_values[-1]
-                        if type(parent) is dict:
+                        if isinstance(parent, dict):
                             parent[keys[-1]] = value
                         else:
                             parent.append(value)

@@ -8,8 +8,8 @@ counter reports exactly the requested prompt length, chat template included.
 from __future__ import annotations
 
 import random
-from typing import Any
 
+from vlmserve.json_types import JSONObject
 from vlmserve.bench.tokens import TokenCounter
 
 WORDS = (
@@ -36,8 +36,8 @@ def random_words(rng: random.Random, count: int) -> list[str]:
     return [rng.choice(WORDS) for _ in range(max(count, 0))]
 
 
-def chat_messages(text: str, system: str | None = None) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
+def chat_messages(text: str, system: str | None = None) -> list[JSONObject]:
+    messages: list[JSONObject] = []
     if system:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": text})

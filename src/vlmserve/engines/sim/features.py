@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from vlmserve.json_types import JSONObject, JSONValue
 
 from vlmserve.engines.sim.protocol import bad_request
 from vlmserve.engines.sim.schema_values import SchemaError, minimal_value
@@ -42,7 +42,7 @@ _REFUSED = {
 @dataclass(frozen=True)
 class Tool:
     name: str
-    parameters: dict[str, Any]
+    parameters: JSONObject
     arguments: str
     """The call's arguments: the minimal valid JSON for `parameters`, rendered once at parse time."""
 
@@ -75,7 +75,7 @@ class Features:
         return self.tool_choice in ("required", "named")
 
 
-def parse_features(body: dict[str, Any], kind: str) -> Features:
+def parse_features(body: JSONObject, kind: str) -> Features:
     """The feature options of a chat (kind='chat') or completion body; ApiError for what cannot be honoured."""
     for name, message in _REFUSED.items():
         if _asks_for(body.get(name), allowed_int=1 if name == "best_of" else 0):
@@ -97,7 +97,7 @@ def parse_features(body: dict[str, Any], kind: str) -> Features:
     return features
 
 
-def _asks_for(value: Any, allowed_int: int) -> bool:
+def _asks_for(value: JSONValue, allowed_int: int) -> bool:
     """True if `value` actually requests the option (None, false, or an integer up to `allowed_int` do not)."""
     if value is None or value is False:
         return False
@@ -106,7 +106,7 @@ def _asks_for(value: Any, allowed_int: int) -> bool:
     return True
 
 
-def _int_option(body: dict[str, Any], name: str, low: int, high: int, message: str) -> int | None:
+def _int_option(body: JSONObject, name: str, low: int, high: int, message: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -117,7 +117,7 @@ def _int_option(body: dict[str, Any], name: str, low: int, high: int, message: s
     return value
 
 
-def _chat_logprobs(body: dict[str, Any], features: Features) -> None:
+def _chat_logprobs(body: JSONObject, features: Features) -> None:
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise bad_request("'logprobs' must be a boolean in chat completions", "logprobs")
@@ -130,7 +130,7 @@ def _chat_logprobs(body: dict[str, Any], features: Features) -> None:
     features.top_logprobs = top or 0
 
 
-def _completion_logprobs(body: dict[str, Any], features: Features) -> None:
+def _completion_logprobs(body: JSONObject, features: Features) -> None:
     value = body.get("logprobs")
     if value is None:
         return
@@ -142,7 +142,7 @@ def _completion_logprobs(body: dict[str, Any], features: Features) -> None:
     features.top_logprobs = value
 
 
-def _thinking(body: dict[str, Any], features: Features) -> None:
+def _thinking(body: JSONObject, features: Features) -> None:
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
@@ -162,7 +162,7 @@ def _thinking(body: dict[str, Any], features: Features) -> None:
     features.include_reasoning = include
 
 
-def _tools(body: dict[str, Any], features: Features) -> None:
+def _tools(body: JSONObject, features: Features) -> None:
     tools = body.get("tools")
     choice = body.get("tool_choice")
     if tools is None or tools == []:
@@ -193,11 +193,11 @@ def _tools(body: dict[str, Any], features: Features) -> None:
     features.named_tool = by_name[name]
 
 
-def _tool(tool: Any, index: int) -> Tool:
+def _tool(tool: JSONValue, index: int) -> Tool:
     where = f"tools[{index}]"
-    if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(tool.get("function"), dict):
+    function = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
         raise bad_request(f"{where} must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}", "tools")
-    function = tool["function"]
     name = function.get("name")
     if not isinstance(name, str) or not _TOOL_NAME.match(name):
         raise bad_request(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}", "tools")
@@ -215,9 +215,9 @@ def _tool(tool: Any, index: int) -> Tool:
     return Tool(name=name, parameters=parameters, arguments=arguments)
 
 
-def _structured_output(body: dict[str, Any]) -> str | None:
+def _structured_output(body: JSONObject) -> str | None:
     """The JSON answer asked for by response_format, structured_outputs or guided_json (None: free text)."""
-    schema: Any = None
+    schema: JSONValue = None
     response_format = body.get("response_format")
     if response_format is not None:
         if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
@@ -262,19 +262,19 @@ def _structured_output(body: dict[str, Any]) -> str | None:
         raise bad_request(f"the JSON schema is not one the sim engine can satisfy: {err}", "response_format") from None
 
 
-def _parse_schema_text(text: str) -> Any:
+def _parse_schema_text(text: str) -> JSONValue:
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         raise bad_request("the JSON schema given as a string is not valid JSON", "response_format") from None
 
 
-def _json_text(value: Any) -> str:
+def _json_text(value: JSONValue) -> str:
     """JSON as models write it (spaces after separators, ASCII-escaped)."""
     return json.dumps(value)
 
 
-def check_combinations(features: Features, body: dict[str, Any]) -> None:
+def check_combinations(features: Features, body: JSONObject) -> None:
     """Refuse options that would interact with the features in ways the sim does not model."""
     if not features.rich:
         return

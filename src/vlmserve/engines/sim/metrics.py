@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import HistogramMetricFamily
@@ -72,6 +72,13 @@ class BatchedHistogram(Collector):
         family.add_metric(self.label_values, buckets, self.total)
         yield family
 
+
+
+class _WithLora(Protocol):
+    """A request as the LoRA gauge reads it: the adapter it asked for, if any."""
+
+    @property
+    def lora(self) -> str | None: ...
 
 class EngineMetrics:
     """The sim engine's Prometheus metrics, labelled as vLLM labels them."""
@@ -145,7 +152,7 @@ class EngineMetrics:
         self.num_requests_waiting.set_function(waiting)
         self.kv_cache_usage.set_function(kv_usage)
 
-    def set_lora_info(self, max_loras: int, running: Iterable[Any], waiting: Iterable[Any]) -> None:
+    def set_lora_info(self, max_loras: int, running: Iterable[_WithLora], waiting: Iterable[_WithLora]) -> None:
         """vLLM's LoRA gauge: labels max_lora and the adapters with requests running / waiting, value the time now."""
         if self.lora_info is None:
             self.lora_info = Gauge(names.LORA_REQUESTS_INFO, "Running stats on lora requests.",

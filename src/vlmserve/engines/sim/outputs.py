@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from vlmserve.json_types import JSONObject, JSONValue
 
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.generation import OutputPlan
@@ -41,7 +41,7 @@ def http_chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def sse_event(payload: dict[str, Any]) -> bytes:
+def sse_event(payload: JSONObject) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -205,9 +205,9 @@ class ActiveRequest:
     def _role_event(self) -> bytes:
         return sse_event(self._chunk_payload({"role": "assistant", "content": ""}, None))
 
-    def _chunk_payload(self, delta_or_text: Any, finish_reason: str | None) -> dict[str, Any]:
+    def _chunk_payload(self, delta_or_text: JSONValue, finish_reason: str | None) -> JSONObject:
         if self.parsed.kind == "chat":
-            choice: dict[str, Any] = {"index": 0, "delta": delta_or_text, "logprobs": None, "finish_reason": finish_reason}
+            choice: JSONObject = {"index": 0, "delta": delta_or_text, "logprobs": None, "finish_reason": finish_reason}
             obj = "chat.completion.chunk"
         else:
             choice = {"index": 0, "text": delta_or_text, "logprobs": None, "finish_reason": finish_reason}
@@ -217,7 +217,7 @@ class ActiveRequest:
         return {"id": self.response_id, "object": obj, "created": self.created, "model": self.parsed.model, "choices": [choice]}
 
     def _event_with_usage(self, piece: str, finish_reason: str | None, completion_tokens: int) -> bytes:
-        delta: Any = {"content": piece} if self.parsed.kind == "chat" else piece
+        delta: JSONValue = {"content": piece} if self.parsed.kind == "chat" else piece
         payload = self._chunk_payload(delta, finish_reason)
         payload["usage"] = self.usage(completion_tokens)
         return sse_event(payload)
@@ -228,7 +228,7 @@ class ActiveRequest:
         if self.parsed.continuous_usage:
             events = [self._event_with_usage(piece, reason, self.plan.num_tokens)]
         else:
-            delta: Any = ({"content": piece} if piece else {}) if self.parsed.kind == "chat" else piece
+            delta: JSONValue = ({"content": piece} if piece else {}) if self.parsed.kind == "chat" else piece
             events = [sse_event(self._chunk_payload(delta, reason))]
         if self.parsed.include_usage:
             events.append(
@@ -248,7 +248,7 @@ class ActiveRequest:
         return b"".join(events)
 
     # -- whole responses ---------------------------------------------------------------------
-    def usage(self, completion_tokens: int) -> dict[str, Any]:
+    def usage(self, completion_tokens: int) -> JSONObject:
         prompt_tokens = len(self.parsed.prompt_token_ids)
         return {
             "prompt_tokens": prompt_tokens,
@@ -257,13 +257,13 @@ class ActiveRequest:
             "prompt_tokens_details": None,
         }
 
-    def response_body(self) -> dict[str, Any]:
+    def response_body(self) -> JSONObject:
         """The non-streaming JSON body, as vLLM returns it."""
         if self.rich is not None:
             return self.rich.body()
         text = self.plan.text
         if self.parsed.kind == "chat":
-            choice: dict[str, Any] = {
+            choice: JSONObject = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text, "refusal": None, "tool_calls": [], "reasoning_content": None},
                 "logprobs": None,

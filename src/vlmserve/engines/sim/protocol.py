@@ -25,7 +25,9 @@ import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from vlmserve.json_types import JSONObject, JSONValue
 
 from PIL import Image
 
@@ -48,7 +50,7 @@ class ApiError(Exception):
         self.err_type = err_type
         self.param = param
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> JSONObject:
         return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.status}}
 
 
@@ -61,7 +63,7 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def decode_json_body(raw: bytes) -> Any:
+def decode_json_body(raw: bytes) -> JSONValue:
     """The request body as JSON; a 400 ApiError for bytes that are not valid UTF-8 JSON text."""
     try:
         text = raw.decode("utf-8")  # strict: invalid bytes and encoded surrogates are refused
@@ -80,7 +82,7 @@ def decode_json_body(raw: bytes) -> Any:
     return body
 
 
-def _holds_lone_surrogate(value: Any) -> bool:
+def _holds_lone_surrogate(value: JSONValue) -> bool:
     """True if any string (key or value) in the decoded JSON holds an unpaired surrogate."""
     pending = [value]
     while pending:
@@ -126,7 +128,7 @@ class ParsedRequest:
 
 
 # -- small typed getters ---------------------------------------------------------------------
-def _get_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+def _get_bool(body: JSONObject, name: str, default: bool = False) -> bool:
     value = body.get(name, default)
     if value is None:
         return default
@@ -135,7 +137,7 @@ def _get_bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
     return value
 
 
-def _get_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
+def _get_int(body: JSONObject, name: str, minimum: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -146,7 +148,7 @@ def _get_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
     return value
 
 
-def _get_temperature(body: dict[str, Any]) -> float | None:
+def _get_temperature(body: JSONObject) -> float | None:
     value = body.get("temperature")
     if value is None:
         return None
@@ -155,14 +157,14 @@ def _get_temperature(body: dict[str, Any]) -> float | None:
     return float(value)
 
 
-def _get_stop(body: dict[str, Any]) -> list[str]:
+def _get_stop(body: JSONObject) -> list[str]:
     stop = body.get("stop")
     if stop is None:
         return []
     if isinstance(stop, str):
         return [stop] if stop else []
     if isinstance(stop, list) and all(isinstance(item, str) for item in stop):
-        return [item for item in stop if item]
+        return [item for item in stop if isinstance(item, str) and item]
     raise bad_request("'stop' must be a string or a list of strings", "stop")
 
 
@@ -233,7 +235,7 @@ def _check_data_url(url: str) -> tuple[int, int]:
 
 
 # -- prompts ---------------------------------------------------------------------------------
-def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int | None:
+def _image_budget(body: JSONObject, config: SimEngineConfig) -> int | None:
     """A budget the request picked via mm_processor_kwargs (checked), or None."""
     kwargs = body.get("mm_processor_kwargs")
     if kwargs is None:
@@ -241,7 +243,7 @@ def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int | None:
     if not isinstance(kwargs, dict):
         raise bad_request("'mm_processor_kwargs' must be an object", "mm_processor_kwargs")
     nested = kwargs.get("images_kwargs")
-    images_kwargs: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    images_kwargs: JSONObject = nested if isinstance(nested, dict) else {}
     budget = kwargs.get("max_soft_tokens", images_kwargs.get("max_soft_tokens", kwargs.get("image_tokens")))
     if budget is None:
         return None
@@ -254,7 +256,7 @@ def _image_budget(body: dict[str, Any], config: SimEngineConfig) -> int | None:
 
 
 def _chat_prompt(
-    body: dict[str, Any], config: SimEngineConfig, images: ImageValidator, items: list[tuple[int, int]],
+    body: JSONObject, config: SimEngineConfig, images: ImageValidator, items: list[tuple[int, int]],
     positions: list[tuple[int, int]],
 ) -> tuple[list[int], int, int]:
     """Token ids of the rendered chat (role headers + content + image placeholders)."""
@@ -288,7 +290,7 @@ def _chat_prompt(
 
 
 def _add_content_part(
-    part: Any, index: int, part_index: int, budget: int | None, default_tokens: int, images: ImageValidator,
+    part: JSONValue, index: int, part_index: int, budget: int | None, default_tokens: int, images: ImageValidator,
     token_ids: list[int], items: list[tuple[int, int]], positions: list[tuple[int, int]],
 ) -> int:
     """Append one content part's tokens; returns the image's vision tokens (0 for text)."""
@@ -316,7 +318,7 @@ def _add_content_part(
     raise bad_request(f"{where} has unsupported type '{part_type}'; use 'text' or 'image_url'", "messages")
 
 
-def _completion_prompt(body: dict[str, Any]) -> tuple[list[int], str | None]:
+def _completion_prompt(body: JSONObject) -> tuple[list[int], str | None]:
     prompt = body.get("prompt")
     if prompt is None:
         raise bad_request("'prompt' is required: a string or a list of token ids", "prompt")
@@ -325,25 +327,18 @@ def _completion_prompt(body: dict[str, Any]) -> tuple[list[int], str | None]:
     if isinstance(prompt, str):
         return tokenizer.encode(prompt), prompt
     if isinstance(prompt, list) and prompt and all(isinstance(item, int) and not isinstance(item, bool) for item in prompt):
-        return list(prompt), None
+        return [item for item in prompt if isinstance(item, int)], None  # every item is (checked above)
     raise bad_request("'prompt' must be one string or one list of token ids (batches are not supported)", "prompt")
 
 
 # -- the whole request -----------------------------------------------------------------------
 def parse_generation_request(
-    body: Any, kind: str, config: SimEngineConfig, images: ImageValidator
+    body: object, kind: str, config: SimEngineConfig, images: ImageValidator
 ) -> ParsedRequest:
     """Validate a /v1/chat/completions (kind='chat') or /v1/completions body."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    model = body.get("model")
-    if model is None:
-        model = config.model_names[0]
-    elif not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
-    elif model not in config.model_names and model not in config.lora_modules:
-        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-
+    model = _served_model(body, config)
     if kind == "chat":
         image_items: list[tuple[int, int]] = []
         image_positions: list[tuple[int, int]] = []
@@ -356,9 +351,46 @@ def parse_generation_request(
         limit_name = "max_tokens"
     if not prompt_token_ids:
         raise bad_request("the prompt is empty", "prompt" if kind != "chat" else "messages")
+    max_tokens, min_tokens = _output_limits(body, kind, config, len(prompt_token_ids), limit_name)
+    stream = _get_bool(body, "stream")
+    stream_options = _stream_options(body, stream)
+    return ParsedRequest(
+        kind=kind,
+        model=model,
+        prompt_token_ids=prompt_token_ids,
+        stream=stream,
+        include_usage=_get_bool(stream_options, "include_usage"),
+        continuous_usage=_get_bool(stream_options, "continuous_usage_stats"),
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=_get_bool(body, "ignore_eos"),
+        stop=_get_stop(body),
+        seed=_get_int(body, "seed", -(2**63)),
+        temperature=_get_temperature(body),
+        images=num_images,
+        image_tokens=image_tokens,
+        echo_prompt=echo_prompt if _get_bool(body, "echo") else None,
+        image_items=image_items,
+        image_positions=image_positions,
+    )
 
+
+def _served_model(body: JSONObject, config: SimEngineConfig) -> str:
+    """The request's model: the first served name when absent; 404 for one this engine does not serve."""
+    model = body.get("model")
+    if model is None:
+        return config.model_names[0]
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    if model not in config.model_names and model not in config.lora_modules:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    return model
+
+
+def _output_limits(body: JSONObject, kind: str, config: SimEngineConfig, prompt_len: int,
+                   limit_name: str) -> tuple[int, int]:
+    """(max_tokens, min_tokens) within the context, refused with vLLM's own messages where vLLM refuses."""
     max_model_len = config.max_model_len
-    prompt_len = len(prompt_token_ids)
     if prompt_len >= max_model_len:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
@@ -385,32 +417,15 @@ def parse_generation_request(
     min_tokens = _get_int(body, "min_tokens", 0) or 0
     if min_tokens > max_tokens and requested is not None:
         raise bad_request(f"min_tokens={min_tokens} must be less than or equal to max_tokens={max_tokens}", "min_tokens")
+    return max_tokens, min(min_tokens, max_tokens)
 
-    stream = _get_bool(body, "stream")
+
+def _stream_options(body: JSONObject, stream: bool) -> JSONObject:
+    """`stream_options`, an object and only with `stream=True` (as vLLM checks it)."""
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
     stream_options = stream_options or {}
     if stream_options and not stream:
         raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
-    seed = _get_int(body, "seed", -(2**63))
-    temperature = _get_temperature(body)
-    return ParsedRequest(
-        kind=kind,
-        model=model,
-        prompt_token_ids=prompt_token_ids,
-        stream=stream,
-        include_usage=_get_bool(stream_options, "include_usage"),
-        continuous_usage=_get_bool(stream_options, "continuous_usage_stats"),
-        max_tokens=max_tokens,
-        min_tokens=min(min_tokens, max_tokens),
-        ignore_eos=_get_bool(body, "ignore_eos"),
-        stop=_get_stop(body),
-        seed=seed,
-        temperature=temperature,
-        images=num_images,
-        image_tokens=image_tokens,
-        echo_prompt=echo_prompt if _get_bool(body, "echo") else None,
-        image_items=image_items,
-        image_positions=image_positions,
-    )
+    return stream_options

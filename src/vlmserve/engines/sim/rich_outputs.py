@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from typing import Any
+from vlmserve.json_types import JSONObject, JSONValue
 
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.features import Features
@@ -32,7 +32,7 @@ from vlmserve.engines.sim.rich_plan import Choice, RichPlan, Token
 _ALTERNATIVES = tokenizer.OUTPUT_PIECES
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
+def _sse(payload: JSONObject) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
@@ -52,7 +52,7 @@ def token_logprobs(token: Token, position: int, top: int) -> tuple[float, list[t
     return chosen, ranked[:top]
 
 
-def _chat_logprob_entry(token: Token, position: int, top: int) -> dict[str, Any]:
+def _chat_logprob_entry(token: Token, position: int, top: int) -> JSONObject:
     chosen, ranked = token_logprobs(token, position, top)
     return {
         "token": token.text,
@@ -76,9 +76,9 @@ class RichRenderer:
         self._text_offsets = [len(parsed.echo_prompt or "")] * len(plan.choices)
 
     # -- usage -------------------------------------------------------------------------------
-    def usage(self, completion_tokens: int) -> dict[str, Any]:
+    def usage(self, completion_tokens: int) -> JSONObject:
         prompt_tokens = len(self.parsed.prompt_token_ids)
-        usage: dict[str, Any] = {
+        usage: JSONObject = {
             "prompt_tokens": prompt_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens,
@@ -100,7 +100,7 @@ class RichRenderer:
                 events.append(_sse(self._payload(number, {"role": "assistant", "content": ""}, None, None)))
         last = position == len(choice.tokens) - 1
         finish = choice.finish_reason if last else None
-        delta: Any = self._delta(choice, token) if self.chat else token.text
+        delta: JSONValue = self._delta(choice, token) if self.chat else token.text
         if delta is not None or finish is not None:
             if delta is None:
                 delta = {}
@@ -111,13 +111,13 @@ class RichRenderer:
             events.append(_sse(payload))
         if index == plan.num_tokens - 1:
             if self.parsed.include_usage:
-                usage = {k: v for k, v in self.usage(plan.num_tokens).items() if v is not None}
+                usage: JSONObject = {k: v for k, v in self.usage(plan.num_tokens).items() if v is not None}
                 events.append(_sse({"id": self.response_id, "object": self.object, "created": self.created,
                                     "model": self.parsed.model, "choices": [], "usage": usage}))  # fmt: skip
             events.append(b"data: [DONE]\n\n")
         return b"".join(events)
 
-    def _delta(self, choice: Choice, token: Token) -> dict[str, Any] | None:
+    def _delta(self, choice: Choice, token: Token) -> JSONObject | None:
         channel = token.channel
         if channel == "content":
             return {"content": token.text}
@@ -130,7 +130,7 @@ class RichRenderer:
                                     "function": {"name": token.text, "arguments": ""}}]}  # fmt: skip
         return {"tool_calls": [{"index": 0, "function": {"arguments": token.text}}]}
 
-    def _chunk_logprobs(self, choice_index: int, token: Token, position: int) -> dict[str, Any]:
+    def _chunk_logprobs(self, choice_index: int, token: Token, position: int) -> JSONObject:
         top = self.features.top_logprobs
         if self.chat:
             return {"content": [_chat_logprob_entry(token, position, top)]}
@@ -139,8 +139,8 @@ class RichRenderer:
         self._text_offsets[choice_index] = offset + len(token.text)
         return {"text_offset": [offset], "token_logprobs": [chosen], "tokens": [token.text], "top_logprobs": [dict(ranked)]}
 
-    def _payload(self, choice_index: int, delta: Any, logprobs: Any, finish: str | None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": choice_index}
+    def _payload(self, choice_index: int, delta: JSONValue, logprobs: JSONValue, finish: str | None) -> JSONObject:
+        choice: JSONObject = {"index": choice_index}
         choice["delta" if self.chat else "text"] = delta
         choice["logprobs"] = logprobs
         choice["finish_reason"] = finish
@@ -150,10 +150,10 @@ class RichRenderer:
                 "choices": [choice]}  # fmt: skip
 
     # -- whole response ----------------------------------------------------------------------
-    def body(self) -> dict[str, Any]:
+    def body(self) -> JSONObject:
         """The non-streaming JSON body."""
-        choices = [self._chat_choice(i, c) if self.chat else self._completion_choice(i, c)
-                   for i, c in enumerate(self.plan.choices)]  # fmt: skip
+        choices: list[JSONValue] = [self._chat_choice(i, c) if self.chat else self._completion_choice(i, c)
+                                    for i, c in enumerate(self.plan.choices)]  # fmt: skip
         return {
             "id": self.response_id,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -163,15 +163,15 @@ class RichRenderer:
             "usage": self.usage(self.plan.num_tokens),
         }
 
-    def _chat_choice(self, index: int, choice: Choice) -> dict[str, Any]:
+    def _chat_choice(self, index: int, choice: Choice) -> JSONObject:
         content = choice.text("content")
         reasoning = choice.text("reasoning") if self.features.include_reasoning and choice.count("reasoning") else None
-        tool_calls = []
+        tool_calls: list[JSONValue] = []
         if choice.tool is not None and choice.count("tool"):
             tool_calls.append({"id": choice.tool_call_id, "type": "function",
                                "function": {"name": choice.tool.name, "arguments": choice.text("args")}})  # fmt: skip
         has_content = choice.count("content") > 0
-        message = {
+        message: JSONObject = {
             "role": "assistant",
             "content": content if has_content or not (tool_calls or self.features.thinking) else None,
             "refusal": None,
@@ -179,29 +179,29 @@ class RichRenderer:
             "reasoning": reasoning,
             "reasoning_content": reasoning,
         }
-        logprobs = None
+        logprobs: JSONObject | None = None
         if self.features.logprobs:
             top = self.features.top_logprobs
             logprobs = {"content": [_chat_logprob_entry(t, p, top) for p, t in enumerate(choice.tokens)]}
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": choice.finish_reason,
                 "stop_reason": None}  # fmt: skip
 
-    def _completion_choice(self, index: int, choice: Choice) -> dict[str, Any]:
+    def _completion_choice(self, index: int, choice: Choice) -> JSONObject:
         text = choice.text("content")
         prefix = self.parsed.echo_prompt or ""
-        logprobs = None
+        logprobs: JSONObject | None = None
         if self.features.logprobs:
             top = max(self.features.top_logprobs, 1)
-            offsets: list[int] = []
-            chosen_values: list[float] = []
-            tops: list[dict[str, float]] = []
+            offsets: list[JSONValue] = []
+            chosen_values: list[JSONValue] = []
+            tops: list[JSONValue] = []
             offset = len(prefix)
             for position, token in enumerate(choice.tokens):
                 chosen, ranked = token_logprobs(token, position, top)
                 offsets.append(offset)
                 offset += len(token.text)
                 chosen_values.append(chosen)
-                tops.append(dict(ranked))
+                tops.append({text: value for text, value in ranked})
             logprobs = {"text_offset": offsets, "token_logprobs": chosen_values,
                         "tokens": [t.text for t in choice.tokens], "top_logprobs": tops}  # fmt: skip
         return {"index": index, "text": prefix + text, "logprobs": logprobs, "finish_reason": choice.finish_reason,

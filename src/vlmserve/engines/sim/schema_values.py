@@ -16,7 +16,7 @@ the checks here are the ones needed to guarantee the generated value is valid.
 from __future__ import annotations
 
 import math
-from typing import Any
+from vlmserve.json_types import JSONObject, JSONValue
 
 MAX_DEPTH = 32
 """Deepest nesting (including $ref hops) followed; deeper is a recursive schema → 400."""
@@ -42,16 +42,16 @@ class SchemaError(ValueError):
     """The schema is malformed, unsatisfiable, or uses a keyword the sim engine cannot honour."""
 
 
-def minimal_value(schema: Any) -> Any:
+def minimal_value(schema: JSONValue) -> JSONValue:
     """The smallest deterministic instance of `schema`; raises SchemaError if there is none we can make."""
     return _Generator(schema).value(schema, "#", 0)
 
 
 class _Generator:
-    def __init__(self, root: Any) -> None:
+    def __init__(self, root: JSONValue) -> None:
         self.root = root
 
-    def value(self, schema: Any, where: str, depth: int) -> Any:
+    def value(self, schema: JSONValue, where: str, depth: int) -> JSONValue:
         if depth > MAX_DEPTH:
             raise SchemaError(f"the schema at {where} nests deeper than {MAX_DEPTH} levels (a recursive $ref?)")
         if schema is True or schema == {}:
@@ -64,7 +64,8 @@ class _Generator:
             if keyword in schema:
                 raise SchemaError(f"the schema at {where} uses '{keyword}', which the sim engine cannot honour")
         if "$ref" in schema:
-            return self.value(self._resolve(schema["$ref"], where), schema["$ref"], depth + 1)
+            ref = schema["$ref"]
+            return self.value(self._resolve(ref, where), str(ref), depth + 1)
         if "const" in schema:
             return schema["const"]
         if "enum" in schema:
@@ -98,7 +99,7 @@ class _Generator:
             return False
         return None
 
-    def _type(self, schema: dict[str, Any], where: str) -> str:
+    def _type(self, schema: JSONObject, where: str) -> str:
         declared = schema.get("type")
         if declared is None:
             if "properties" in schema or "required" in schema:
@@ -112,10 +113,10 @@ class _Generator:
             raise SchemaError(f"'type' at {where} must be one of {', '.join(_TYPES)} (or a list of them), got {declared!r}")
         return str(names[0])
 
-    def _resolve(self, ref: Any, where: str) -> Any:
+    def _resolve(self, ref: JSONValue, where: str) -> JSONValue:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise SchemaError(f"'$ref' at {where} must be a local reference ('#/$defs/...'), got {ref!r}")
-        node: Any = self.root
+        node: JSONValue = self.root
         for part in [p for p in ref[1:].split("/") if p]:
             part = part.replace("~1", "/").replace("~0", "~")
             if not isinstance(node, dict) or part not in node:
@@ -123,7 +124,7 @@ class _Generator:
             node = node[part]
         return node
 
-    def _object(self, schema: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
+    def _object(self, schema: JSONObject, where: str, depth: int) -> JSONObject:
         properties = schema.get("properties", {})
         if not isinstance(properties, dict):
             raise SchemaError(f"'properties' at {where} must be an object")
@@ -133,12 +134,12 @@ class _Generator:
         additional = schema.get("additionalProperties", True)
         max_properties = _count(schema, "maxProperties", where)
         min_properties = _count(schema, "minProperties", where) or 0
-        names = list(dict.fromkeys(required))
+        names = [name for name in dict.fromkeys(required) if isinstance(name, str)]  # all are (checked above)
         if max_properties is not None and len(names) > max_properties:
             raise SchemaError(f"the schema at {where} requires {len(names)} properties but allows at most {max_properties}")
         optional = [name for name in properties if name not in names]
         names += optional[: max(0, min_properties - len(names))]
-        result: dict[str, Any] = {}
+        result: JSONObject = {}
         for name in names:
             if name in properties:
                 sub = properties[name]
@@ -151,7 +152,7 @@ class _Generator:
             raise SchemaError(f"the schema at {where} needs {min_properties} properties; the sim engine cannot invent them")
         return result
 
-    def _array(self, schema: dict[str, Any], where: str, depth: int) -> list[Any]:
+    def _array(self, schema: JSONObject, where: str, depth: int) -> list[JSONValue]:
         min_items = _count(schema, "minItems", where) or 0
         max_items = _count(schema, "maxItems", where)
         if max_items is not None and min_items > max_items:
@@ -166,7 +167,7 @@ class _Generator:
         return result
 
 
-def _count(schema: dict[str, Any], name: str, where: str) -> int | None:
+def _count(schema: JSONObject, name: str, where: str) -> int | None:
     value = schema.get(name)
     if value is None:
         return None
@@ -175,7 +176,7 @@ def _count(schema: dict[str, Any], name: str, where: str) -> int | None:
     return value
 
 
-def _string(schema: dict[str, Any], where: str) -> str:
+def _string(schema: JSONObject, where: str) -> str:
     low = _count(schema, "minLength", where) or 0
     high = _count(schema, "maxLength", where)
     if high is not None and low > high:
@@ -189,7 +190,7 @@ def _string(schema: dict[str, Any], where: str) -> str:
     return (_FILLER * (length // len(_FILLER) + 1))[:length]
 
 
-def _number(schema: dict[str, Any], where: str, integer: bool) -> int | float:
+def _number(schema: JSONObject, where: str, integer: bool) -> int | float:
     bounds: dict[str, float] = {}
     for name in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
         value = schema.get(name)

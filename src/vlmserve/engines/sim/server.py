@@ -21,7 +21,7 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from typing import Any
+from vlmserve.json_types import JSONObject, JSONValue
 
 from aiohttp import web
 
@@ -111,7 +111,7 @@ class SimEngine:
         return time.monotonic() >= self.ready_at_s
 
     def _api(
-        self, handler: Callable[[web.Request, Any], Awaitable[web.StreamResponse]], count: bool = True
+        self, handler: Callable[[web.Request, JSONValue], Awaitable[web.StreamResponse]], count: bool = True
     ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """Wrap an API handler: readiness, injected faults, JSON parsing, OpenAI-format errors.
 
@@ -165,10 +165,10 @@ class SimEngine:
             raise ApiError(500, "injected fault: poisoned request (HTTP 500)", "InternalServerError")
 
     # -- generation --------------------------------------------------------------------------
-    async def chat_completions(self, request: web.Request, body: Any) -> web.StreamResponse:
+    async def chat_completions(self, request: web.Request, body: JSONValue) -> web.StreamResponse:
         return await self._generate(request, body, "chat")
 
-    async def completions(self, request: web.Request, body: Any) -> web.StreamResponse:
+    async def completions(self, request: web.Request, body: JSONValue) -> web.StreamResponse:
         return await self._generate(request, body, "completion")
 
     def _answer_key(self, parsed: ParsedRequest) -> str | int:
@@ -197,8 +197,9 @@ class SimEngine:
         same_shape = [key for key, length in others if length == prompt_len]
         return self.fault_rng.choice(same_shape or [key for key, _ in others])
 
-    async def _generate(self, request: web.Request, body: Any, kind: str) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, body: JSONValue, kind: str) -> web.StreamResponse:
         parsed = parse_generation_request(body, kind, self.config, self.images)
+        assert isinstance(body, dict)  # parse_generation_request refused any other body
         features = parse_features(body, kind)
         check_combinations(features, body)
         self.request_counter += 1
@@ -293,7 +294,7 @@ class SimEngine:
             active.drop_after = faults.drop_after_tokens
 
     # -- other routes ------------------------------------------------------------------------
-    async def tokenize(self, _request: web.Request, body: Any) -> web.StreamResponse:
+    async def tokenize(self, _request: web.Request, body: JSONValue) -> web.StreamResponse:
         if not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
         if "messages" in body:
@@ -309,7 +310,7 @@ class SimEngine:
 
     async def models(self, _request: web.Request) -> web.Response:
         created = int(time.time())
-        data: list[dict[str, Any]] = [
+        data: list[JSONObject] = [
             {
                 "id": name,
                 "object": "model",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from typing import Any
+from vlmserve.json_types import JSONObject
 
 _BIN_S = 10e-6
 _LOW_S = -0.005
@@ -52,7 +52,7 @@ class EmissionTimingRecorder:
         index = bisect.bisect_left(cumulative, max(1.0, q * self.count))
         return min(_LOW_S + (index + 1) * _BIN_S, self.max_s + _BIN_S)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JSONObject:
         """Milliseconds; percentiles are bin upper edges (10 µs resolution)."""
 
         def ms(value: float | None) -> float | None:

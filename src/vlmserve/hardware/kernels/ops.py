@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from vlmserve.hardware.gpus import get_gpu
 from vlmserve.hardware.kernels import tables
 from vlmserve.hardware.kernels.interp import interp_curve
 from vlmserve.hardware.kernels.locate import TableRef, locate_table
@@ -20,6 +21,14 @@ from vlmserve.hardware.kernels.roofline_ops import OpRoofline
 
 MS = 1e-3
 ROOFLINE = "roofline"
+
+DONOR_GPUS = ("h100", "h200", "b200")
+"""Where a GPU's own table lacks an op's shape (the A100 tables have no MoE rows at all), the first of
+these whose table measured it prices it: the donor's measured latency × this GPU's roofline time /
+the donor's roofline time for the same op (the same efficiency on both, so the ratio is the two
+GPUs' peak compute or bandwidth, whichever bounds the op). The measured curve keeps what the
+roofline misses — small per-expert batches, tile quantisation, routing — instead of a fitted
+efficiency constant; the hardware ratio comes from the datasheets."""
 
 
 @dataclass
@@ -132,6 +141,8 @@ class AttentionPricer:
     generation_source: Source = field(init=False)
 
     def __post_init__(self) -> None:
+        self._donors: dict[str, OpRoofline] = {}
+        self._table_window: bool = False
         self._ctx, self._ctx_scale, self.context_source = self._resolve("context_attention_perf",
                                                                          tables.context_attention_tables)
         self._gen, self._gen_scale, self.generation_source = self._resolve("generation_attention_perf",
@@ -139,8 +150,29 @@ class AttentionPricer:
 
     def _resolve(self, name: str, load: Callable[[TableRef], tables.ShapeGrids]
                  ) -> tuple[tables.GridTable | None, float, Source]:
-        ref: TableRef | None = locate_table(self.gpu_key, "attention", name, self.vllm_version)
+        """This GPU's measured grid for the shape; else a donor GPU's (`DONOR_GPUS`), recorded in
+        `_donors[name]` so queries scale it by the two GPUs' roofline ratio; else the roofline."""
+        table, scale, source = self._resolve_on(self.gpu_key, name, load)
+        if table is not None:
+            return table, scale, source
+        own_window = self._table_window
+        for donor_key in DONOR_GPUS:
+            if donor_key == self.gpu_key:
+                continue
+            donor_table, donor_scale, donor_source = self._resolve_on(donor_key, name, load)
+            if donor_table is not None:
+                self._donors[name] = OpRoofline(get_gpu(donor_key), self.roof.efficiency)
+                note = "; ".join(filter(None, [f"{source.note} on this GPU: {donor_key}'s measurement × this GPU's "
+                                                f"roofline / {donor_key}'s", donor_source.note]))
+                return donor_table, donor_scale, Source(f"{donor_source.label} (transferred)", note)
+        self._table_window = own_window
+        return None, 1.0, source
+
+    def _resolve_on(self, gpu_key: str, name: str, load: Callable[[TableRef], tables.ShapeGrids]
+                    ) -> tuple[tables.GridTable | None, float, Source]:
+        ref: TableRef | None = locate_table(gpu_key, "attention", name, self.vllm_version)
         if ref is None:
+            self._table_window = False
             return None, 1.0, Source(ROOFLINE, "no measured attention table for this GPU")
         grids = load(ref)
         keys = list(grids)
@@ -160,13 +192,13 @@ class AttentionPricer:
         shape = f"{q}/{kv} heads × {dim}, KV {kv_dtype}" + (f", window {win}" if win else "")
         return grids[key], scale, Source(f"{ref.label}, {shape}", note)
 
-    def _roof_ctx(self, batch: float, length: float) -> float:
+    def _roof_ctx(self, batch: float, length: float, roof: OpRoofline | None = None) -> float:
         s = self.shape
-        return self.roof.context_attention_s(batch, length, s.q_heads, s.kv_heads, s.head_dim, s.kv_bytes)
+        return (roof or self.roof).context_attention_s(batch, length, s.q_heads, s.kv_heads, s.head_dim, s.kv_bytes)
 
-    def _roof_gen(self, batch: float, context: float) -> float:
+    def _roof_gen(self, batch: float, context: float, roof: OpRoofline | None = None) -> float:
         s = self.shape
-        return self.roof.generation_attention_s(batch, context, s.q_heads, s.kv_heads, s.head_dim, s.kv_bytes)
+        return (roof or self.roof).generation_attention_s(batch, context, s.q_heads, s.kv_heads, s.head_dim, s.kv_bytes)
 
     def _window_cap(self, length: float) -> float:
         window = self.shape.window
@@ -182,8 +214,11 @@ class AttentionPricer:
             return at_window + (length - window) * 2.0 * at_window / window
         if self._ctx is None:
             return self._roof_ctx(batch, length)
-        value, beyond = self._ctx.latency_ms(batch, length, self._roof_ctx)
+        donor = self._donors.get("context_attention_perf")
+        value, beyond = self._ctx.latency_ms(batch, length, lambda b, n: self._roof_ctx(b, n, donor))
         self.context_source.extrapolated |= beyond
+        if donor is not None:
+            value *= self._roof_ctx(batch, length) / max(self._roof_ctx(batch, length, donor), 1e-15)
         return value * MS * self._ctx_scale
 
     def decode_s(self, batch: float, context: float) -> float:
@@ -193,8 +228,11 @@ class AttentionPricer:
         context = max(self._window_cap(context), 1.0)
         if self._gen is None:
             return self._roof_gen(batch, context)
-        value, beyond = self._gen.latency_ms(batch, context, self._roof_gen)
+        donor = self._donors.get("generation_attention_perf")
+        value, beyond = self._gen.latency_ms(batch, context, lambda b, n: self._roof_gen(b, n, donor))
         self.generation_source.extrapolated |= beyond
+        if donor is not None:
+            value *= self._roof_gen(batch, context) / max(self._roof_gen(batch, context, donor), 1e-15)
         return value * MS * self._gen_scale
 
     def prefill_s(self, seqs: float, chunk: float, end: float) -> float:
@@ -226,8 +264,9 @@ class MoePricer:
     experts: int
     tp: int
     roof: OpRoofline
-    roofline_layer_s: Callable[[float], float]
-    """The roofline seconds of one MoE layer for a token count (the fallback, and the extrapolation scale)."""
+    roofline_layer_s: Callable[[float, OpRoofline], float]
+    """The roofline seconds of one MoE layer for a token count on a GPU's roofline (the fallback, the
+    extrapolation scale, and the scale from a donor GPU's measurement to this one)."""
     vllm_version: str | None = None
     ep: int = 1
     """Expert-parallel ranks (then `tp` is the MoE's own TP, 1)."""
@@ -237,32 +276,61 @@ class MoePricer:
         choice = moe_kernel(self.weight, bool(self.roof.gpu.fp8_tflops))
         self._slowdown = WEIGHT_ONLY_SLOWDOWN if choice.weight_only else 1.0
         self._curve: tables.Curve | None = None
+        self._donor: OpRoofline | None = None
         ref = locate_table(self.gpu_key, "moe", "moe_perf", self.vllm_version)
-        if ref is not None:
-            curves = tables.moe_curves(ref)
-            for dtype in choice.table_dtypes:
-                key = (dtype, self.hidden, self.width, self.top_k, self.experts, self.tp, self.ep)
-                if key in curves:
-                    self._curve = curves[key]
-                    parallel = f"EP {self.ep}" if self.ep > 1 else f"TP {self.tp}"
-                    note = "; ".join(filter(None, [choice.note, "EP dispatch/combine traffic not priced" if self.ep > 1 else ""]))
-                    self.source = Source(f"{ref.label}, {dtype} hidden {self.hidden} width {self.width} "
-                                         f"top-{self.top_k}/{self.experts} {parallel}", note)
-                    return
+        found = self._find(ref, choice)
+        parallel = f"EP {self.ep}" if self.ep > 1 else f"TP {self.tp}"
+        ep_note = "EP dispatch/combine traffic not priced" if self.ep > 1 else ""
+        if found is not None:
+            self._curve, label = found
+            self.source = Source(label, "; ".join(filter(None, [choice.note, ep_note])))
+            return
         why = choice.note or ("no measured MoE table for this GPU" if ref is None else
                               f"shape hidden {self.hidden}, width {self.width}, top-{self.top_k} of {self.experts}, "
-                              f"TP {self.tp} EP {self.ep} not measured")
+                              f"{parallel} not measured")
+        if choice.table_dtypes:
+            for donor_key in DONOR_GPUS:
+                if donor_key == self.gpu_key:
+                    continue
+                donor = self._find(locate_table(donor_key, "moe", "moe_perf", self.vllm_version), choice)
+                if donor is not None:
+                    self._curve, label = donor
+                    self._donor = OpRoofline(get_gpu(donor_key), self.roof.efficiency)
+                    note = (f"{why} on this GPU: {donor_key}'s measurement × this GPU's roofline / {donor_key}'s "
+                            f"at each token count")
+                    self.source = Source(f"{label} (transferred)", "; ".join(filter(None, [note, choice.note, ep_note])))
+                    return
         self.source = Source(ROOFLINE, why)
+
+    def _find(self, ref: TableRef | None, choice: KernelChoice) -> tuple[tables.Curve, str] | None:
+        """This layer's measured curve in one GPU's MoE table (the first table dtype that has the shape)."""
+        if ref is None:
+            return None
+        curves = tables.moe_curves(ref)
+        for dtype in choice.table_dtypes:
+            key = (dtype, self.hidden, self.width, self.top_k, self.experts, self.tp, self.ep)
+            if key in curves:
+                parallel = f"EP {self.ep}" if self.ep > 1 else f"TP {self.tp}"
+                return curves[key], (f"{ref.label}, {dtype} hidden {self.hidden} width {self.width} "
+                                     f"top-{self.top_k}/{self.experts} {parallel}")
+        return None
 
     def seconds(self, tokens: float) -> float:
         if tokens <= 0:
             return 0.0
-        fallback = self.roofline_layer_s
+        own = self.roof
+
+        def fallback(count: float) -> float:
+            return self.roofline_layer_s(count, own)
+
         if self._curve is None:
             return fallback(tokens)
+        measured_on = self._donor or own
         value, beyond = interp_curve(self._curve[0], self._curve[1], tokens,
-                                     lambda a, b: fallback(b) / max(fallback(a), 1e-12))
+                                     lambda a, b: self.roofline_layer_s(b, measured_on) / max(self.roofline_layer_s(a, measured_on), 1e-12))
         self.source.extrapolated |= beyond
+        if self._donor is not None:
+            value *= fallback(tokens) / max(self.roofline_layer_s(tokens, self._donor), 1e-15)
         return value * MS * self._slowdown
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 
 from vlmserve.hardware.calibration import Efficiency
+from vlmserve.hardware.cost import frontend_step_s
 from vlmserve.hardware.dtypes import normalize_kv_dtype
 from vlmserve.hardware.gpus import GPU
 from vlmserve.hardware.kernels.ops import (
@@ -72,6 +73,8 @@ class KernelBreakdown:
     parts: dict[str, float]
     overhead_s: float
     overlapped: bool = False
+    frontend_s: float = 0.0
+    """The API server's CPU for the step (`hardware.cost.frontend_step_s`): the step takes the longer of it and the engine."""
 
     @property
     def gpu_s(self) -> float:
@@ -79,9 +82,8 @@ class KernelBreakdown:
 
     @property
     def total_s(self) -> float:
-        if self.overlapped:
-            return max(self.gpu_s, self.overhead_s)
-        return self.gpu_s + self.overhead_s
+        engine = max(self.gpu_s, self.overhead_s) if self.overlapped else self.gpu_s + self.overhead_s
+        return max(engine, self.frontend_s)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ class MeasuredStepCost:
     vision: VisionShape | None = None
     ep: int | None = None
     """Expert-parallel GPUs (vLLM --enable-expert-parallel): experts whole on ep GPUs instead of split by TP."""
+    api_servers: int = 1
+    """vLLM's --api-server-count: the processes that share `frontend_step_s`."""
     _linear_cache: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
     _lm_cache: dict[int, float] = field(default_factory=dict, repr=False)
     _attn_cache: dict[tuple[int, int, int, int, int], tuple[float, float]] = field(default_factory=dict, repr=False)
@@ -182,15 +186,16 @@ class MeasuredStepCost:
         return MoePricer(self.gpu.key, weight, model.hidden_size, width, model.experts_per_token, model.num_experts,
                          moe_tp, self.roof, self._moe_roofline_layer_s, self.vllm_version, ep=moe_ep)
 
-    def _moe_roofline_layer_s(self, tokens: float) -> float:
-        """One MoE layer on the roofline: routed FLOPs, and the bytes of the experts the tokens touch
-        (split over the TP GPUs, or whole experts over the EP GPUs)."""
+    def _moe_roofline_layer_s(self, tokens: float, roof: OpRoofline | None = None) -> float:
+        """One MoE layer on the roofline (this GPU's unless `roof` names another): routed FLOPs, and
+        the bytes of the experts the tokens touch (split over the TP GPUs, or whole experts over the EP GPUs)."""
+        roof = roof or self.roof
         model = self.model
         spread = self.efficiency.moe_expert_spread
         shards = self.ep or self.tp
         flops = 2.0 * tokens * model.experts_per_token * model.expert_params / shards
         nbytes = model.expected_experts_touched(tokens, spread) * model.expert_params * bytes_per_weight(self.weight_dtype) / shards
-        return self.roof.time_s(flops, nbytes, self.weight_dtype) / max(self.efficiency.moe_efficiency, 1e-6)
+        return roof.time_s(flops, nbytes, self.weight_dtype) / max(self.efficiency.moe_efficiency, 1e-6)
 
     # ---- pricing ------------------------------------------------------------------------
     def _linear_parts(self, tokens: int) -> dict[str, float]:
@@ -288,7 +293,7 @@ class MeasuredStepCost:
             parts[PREFILL_ATTN], parts[DECODE_ATTN] = prefill, decode
         if step.image_tokens > 0:
             parts[VIT_GEMM], parts[VIT_ATTN] = self._vision_parts(step.image_tokens, step.images)
-        return KernelBreakdown(parts, overhead, self.async_scheduling)
+        return KernelBreakdown(parts, overhead, self.async_scheduling, frontend_step_s(eff, step, self.api_servers))
 
     def step_time_s(self, step: StepContents) -> float:
         """Seconds the step takes: the kernels' sum plus (or, async, overlapping) the CPU overhead."""
