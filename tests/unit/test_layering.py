@@ -18,7 +18,7 @@ PACKAGE_ROOT = Path(vlmserve.__file__).parent
 # Bottom to top. A name is a top-level module (without .py) or a sub-package of src/vlmserve.
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {"__init__", "errors", "paths", "vllm_flags", "vllm_names", "async_tasks", "routing", "quiet_gc",
-                    "bounded_read", "http1", "json_types"}),
+                    "bounded_read", "http1", "json_types", "prometheus_text"}),
     ("vision", {"vision"}),
     ("media", {"media"}),
     ("discovery", {"discovery"}),

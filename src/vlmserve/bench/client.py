@@ -115,73 +115,91 @@ class _StreamState:
         """Tool calls by index (only streams that carry tool calls fill it)."""
 
     def event(self, data: bytes, now: float) -> None:
+        """Fold one SSE `data:` payload into the state.
+
+        The per-chunk hot path: a content chunk runs straight through without helper calls;
+        the rare cases (end, broken or error events, reasoning, tool calls) go to helpers.
+        """
         if data == b"[DONE]":
             self.done = True
             return
         try:
             message = _loads(data)
         except ValueError:
-            self.error = f"unparseable stream event: {data[:80]!r}"
+            self._unparseable(data)
             return
         if "error" in message or message.get("object") == "error":
             self.error = _error_text(data)
             return
         usage = message.get("usage")
         completion_now = self.last_completion
+        reported = False
         if usage:
             self.usage = usage
             tokens = usage.get("completion_tokens")
             if tokens is not None:
                 completion_now = int(tokens)
+                reported = True
         choices = message.get("choices")
         carried = answer = False
         reasoning = None
         if choices:
             choice = choices[0]
             delta = choice.get("delta")
-            if delta is not None:
+            if delta is None:  # the completions API: text on the choice itself
+                text = choice.get("text")
+                tool_calls = None
+            else:
                 text = delta.get("content")
                 reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                 tool_calls = delta.get("tool_calls")
-                if reasoning:
-                    self.reasoning_chunks += 1
                 if tool_calls:
-                    for call in tool_calls:
-                        self._tool_piece(call)
-                answer = bool(text or tool_calls)
-                carried = answer or bool(reasoning)
-                if text and self.parts is not None:
-                    self.parts.append(text)
-            else:
-                text = choice.get("text")
-                carried = answer = bool(text)
-                if text and self.parts is not None:
-                    self.parts.append(text)
+                    self._tool_calls(tool_calls)
+            answer = bool(text or tool_calls)
+            carried = answer or bool(reasoning)
+            if text and self.parts is not None:
+                self.parts.append(text)
             finish = choice.get("finish_reason")
             if finish:
                 self.finish_reason = finish
-        if usage and choices is not None and usage.get("completion_tokens") is not None and choices:
-            self.per_chunk = True
-            # a token whose text is still held back (a partial UTF-8 character, a special
-            # token) arrives with empty text: with per-chunk counts it still is a token
-            carried = carried or completion_now > self.last_completion
+            if reported:
+                self.per_chunk = True
+                # a token whose text is still held back (a partial UTF-8 character, a special
+                # token) arrives with empty text: with per-chunk counts it still is a token
+                carried = carried or completion_now > self.last_completion
         if carried:
             now += self.offset
-            if self.first is None:
-                self.first = now
+            if self.first_answer is None:  # only until the first answer chunk
+                self._first_times(now, answer)
             self.times.append(now)
-            if self.per_chunk:
-                self.tokens.append(max(completion_now - self.last_completion, 1))
-            else:
-                self.tokens.append(1)
+            self.tokens.append(max(completion_now - self.last_completion, 1) if self.per_chunk else 1)
             if reasoning:
-                self.reasoning_tokens += self.tokens[-1]
-                if self.first_reasoning is None:
-                    self.first_reasoning = now
-            if answer and self.first_answer is None:
-                self.first_answer = now
+                self._reasoning_chunk(now)
             # tokens reported on chunks without content (held-back text) go to the next content chunk
             self.last_completion = completion_now
+
+    def _unparseable(self, data: bytes) -> None:
+        """A payload that is not JSON fails the request, quoting its start for the reader."""
+        self.error = f"unparseable stream event: {data[:80]!r}"
+
+    def _first_times(self, now: float, answer: bool) -> None:
+        """Note the first token-bearing chunk and the first answer chunk (once each per stream)."""
+        if self.first is None:
+            self.first = now
+        if answer:
+            self.first_answer = now
+
+    def _reasoning_chunk(self, now: float) -> None:
+        """Count a reasoning-bearing chunk (just appended to the timeline) and its tokens."""
+        self.reasoning_chunks += 1
+        self.reasoning_tokens += self.tokens[-1]
+        if self.first_reasoning is None:
+            self.first_reasoning = now
+
+    def _tool_calls(self, tool_calls: list[JSONValue]) -> None:
+        """Accumulate a chunk's tool-call deltas (rare: only tool-using streams carry them)."""
+        for call in tool_calls:
+            self._tool_piece(call)
 
     def _tool_piece(self, call: JSONValue) -> None:
         """Accumulate one tool-call delta: the name comes once, the arguments in pieces (OpenAI's stream format)."""

@@ -230,6 +230,9 @@ def _print_server(console: Console, server: ServerBlock | None, cache: PrefixCac
     if server is None or not server.available:
         console.print("server: no /metrics at the target; prefix-cache hit rate, KV usage and preemptions unknown")
         return
+    if server.engines_unknown:  # a gateway whose engines' page could not be read
+        console.print(f"server: {server.engines_unknown}; prefix-cache hit rate, KV usage and preemptions unknown")
+        return
     intended = f" (intended {_pct(cache.expected_hit_rate)} for {cache.workload})" if cache and cache.workload else ""
     console.print(
         f"server: prefix-cache hit rate {_pct(server.prefix_cache_hit_rate)}{intended}, "

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from vlmserve.errors import UserError
 from vlmserve.export.platform_engine import DROP_FLAG
+
+if TYPE_CHECKING:
+    from vlmserve.export.k8s import K8sExport, K8sOptions
+    from vlmserve.observe.alerts import AlertSettings
+    from vlmserve.spec import DeploymentSpec
 
 DROP_HELP = ("Export a spec with keys_file, TLS or audit_log although the platform has no vlmserve gateway to "
              "carry them (each is named in a warning); without it such a spec is refused.")
@@ -74,10 +79,8 @@ def k8s(
     drop_gateway_settings: bool = typer.Option(False, DROP_FLAG, help=DROP_HELP),
 ) -> None:
     """Write Deployments, Services (Redis for the gateways' shared state), a KEDA ScaledObject, a ServiceMonitor and a PrometheusRule."""
-    from vlmserve.export.k8s import K8sOptions, export_manifests
-    from vlmserve.export.llmd import ROUTERS, LlmdOptions, export_llmd
+    from vlmserve.export.k8s import K8sOptions
     from vlmserve.observe.alerts import AlertSettings
-    from vlmserve.observe.pack import to_yaml
     from vlmserve.spec import load_deployment_spec, parse_duration_s
 
     spec = load_deployment_spec(spec_file)
@@ -92,23 +95,38 @@ def k8s(
                          monitoring_labels=tuple(_parse_label(text) for text in monitoring_label),
                          discovery=discovery, redis_image=redis_image, embed_secrets=embed_secrets,
                          audit_pvc=audit_pvc, monitoring_namespace=monitoring_namespace or None)
+    export = _routed_export(spec, options, AlertSettings(ttft_slo_s=slo_s), router,
+                            {"--epp-image": epp_image, "--gateway-name": gateway_name, DROP_FLAG: drop_gateway_settings},
+                            {"--embed-secrets": embed_secrets, "--audit-pvc": audit_pvc, "--discovery": discovery != "dns"})
+    _write_export(export, out)
+
+
+def _routed_export(spec: "DeploymentSpec", options: "K8sOptions", alerts: "AlertSettings", router: str,
+                   llmd_flags: dict[str, object], gateway_flags: dict[str, object]) -> "K8sExport":
+    """The manifests for the chosen router, after refusing flags that only the other router reads."""
+    from vlmserve.export.k8s import export_manifests
+    from vlmserve.export.llmd import ROUTERS, LlmdOptions, export_llmd
+
     if router not in ROUTERS:
         raise UserError(f"--router {router!r}: choose {' or '.join(ROUTERS)}")
-    llmd_only = [flag for flag, value in (("--epp-image", epp_image), ("--gateway-name", gateway_name),
-                                          (DROP_FLAG, drop_gateway_settings)) if value]
+    llmd_only = [flag for flag, value in llmd_flags.items() if value]
     if router == "vlmserve" and llmd_only:
         raise UserError(f"{', '.join(llmd_only)} only apply with --router llm-d")
-    gateway_only = [flag for flag, given in (("--embed-secrets", embed_secrets), ("--audit-pvc", audit_pvc),
-                                             ("--discovery", discovery != "dns")) if given]
+    gateway_only = [flag for flag, given in gateway_flags.items() if given]
     if router == "llm-d" and gateway_only:
         raise UserError(f"{', '.join(gateway_only)} only apply with --router vlmserve (they configure its gateway)")
-    if router == "llm-d":
-        llmd = LlmdOptions(**({"epp_image": epp_image} if epp_image else {}),
-                           **({"gateway_name": gateway_name} if gateway_name else {}),
-                           drop_gateway_settings=drop_gateway_settings)
-        export = export_llmd(spec, options, llmd)
-    else:
-        export = export_manifests(spec, options, AlertSettings(ttft_slo_s=slo_s))
+    if router == "vlmserve":
+        return export_manifests(spec, options, alerts)
+    given = {field: str(llmd_flags[flag]) for field, flag in (("epp_image", "--epp-image"),
+                                                             ("gateway_name", "--gateway-name")) if llmd_flags[flag]}
+    llmd = LlmdOptions(**given, drop_gateway_settings=bool(llmd_flags[DROP_FLAG]))
+    return export_llmd(spec, options, llmd)
+
+
+def _write_export(export: "K8sExport", out: Path) -> None:
+    """Every manifest, a kustomization naming them, and the Secret-creating script when one is needed."""
+    from vlmserve.observe.pack import to_yaml
+
     manifests = export.manifests
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected
                                         asks_for_usage, check_output_limits, context_tokens, load_keys_file,
                                         settled_tokens)
 from vlmserve.gateway.adapter_admin import handle_adapter_admin
+from vlmserve.gateway.engine_metrics_admin import PATH as ENGINE_METRICS_PATH, handle_engine_metrics
 from vlmserve.gateway.adapters import AdapterCatalog
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.config import GatewayConfig
@@ -258,7 +259,7 @@ class Gateway:
         if kind is RouteKind.ENGINE_INFO:
             return await self.handle_engine_info(request)
         if kind is RouteKind.ADMIN:
-            return await handle_adapter_admin(self, request)
+            return await (handle_engine_metrics if route.path == ENGINE_METRICS_PATH else handle_adapter_admin)(self, request)
         return await (self.handle_health(request) if route.path == "/health" else self.handle_metrics(request))
 
     async def handle_health(self, request: Request) -> Response:

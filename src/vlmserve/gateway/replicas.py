@@ -41,7 +41,8 @@ from urllib.parse import urlsplit
 from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
 from vlmserve.http1.headers import header_lines
-from vlmserve.http1.client import ClientPool, ClientResponse
+from vlmserve.http1.client import AnswerTooLarge, CappedBody, ClientPool, ClientResponse
+from vlmserve.prometheus_text import MAX_PAGE_BYTES
 
 log = logging.getLogger("vlmserve.gateway")
 
@@ -54,17 +55,24 @@ RECENT_SUCCESS_S = 10.0
 
 async def fetch_whole(client: ClientPool, method: str, url: str, headers: bytes, body: bytes,
                       timeout_s: float) -> tuple[ClientResponse, bytes]:
-    """One request to a replica and its answer read whole, within `timeout_s` (connecting included);
-    the connection goes back to the pool. Raises TimeoutError, or OSError (the client's ClientError
-    included: a reset, a close, not HTTP)."""
+    """One request to a replica and its answer read whole, within `timeout_s` (connecting included) and
+    MAX_PAGE_BYTES (its /metrics page is the largest it sends); the connection goes back to the pool.
+    Raises TimeoutError, or OSError (the client's ClientError included: a reset, a close, not HTTP,
+    AnswerTooLarge)."""
     response: ClientResponse | None = None
+    answer = CappedBody(MAX_PAGE_BYTES)
     try:
         async with asyncio.timeout(timeout_s):
-            response = await client.request(method, url, headers, body)
-            return response, await response.read()
+            answer.sent = client.send(method, url, headers, body, answer)
+            response = await answer.sent.response()
+            await response.wait_end()
+    except OSError:
+        answer.whole()  # AnswerTooLarge, when that is why the read failed
+        raise
     finally:
         if response is not None:
             response.release()  # closes it unless the body was read whole (a no-op then)
+    return response, answer.whole()
 
 
 @dataclass(eq=False)
@@ -329,7 +337,7 @@ class ReplicaPool:
 
     async def _probe_status(self, replica: Replica, path: str) -> tuple[bytes | None, str]:
         """GET `path` on the replica (never raises): the body when it answers 200, else None, and
-        why: 'ok', or 'refused' (nothing listens), 'timeout' or 'error'."""
+        why: 'ok', or 'refused' (nothing listens), 'timeout', 'over N bytes' or 'error'."""
         assert self._client is not None
         try:
             response, body = await fetch_whole(self._client, "GET", replica.url + path, self._probe_headers,
@@ -338,8 +346,8 @@ class ReplicaPool:
             return None, "timeout"
         except ConnectionRefusedError:
             return None, "refused"
-        except OSError:  # the client's ClientError included: a reset, a close, not HTTP
-            return None, "error"
+        except OSError as err:  # the client's ClientError included: a reset, a close, not HTTP, too large
+            return None, str(err) if isinstance(err, AnswerTooLarge) else "error"
         return (body, "ok") if response.status == 200 else (None, "error")
 
     async def _check_health(self, replica: Replica) -> None:

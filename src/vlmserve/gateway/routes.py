@@ -65,6 +65,7 @@ ROUTES: dict[str, Route] = {route.path: route for route in (
     # Runtime LoRA adapters, on every replica (the engines' own /v1/load_lora_adapter stays unreachable).
     Route("/admin/lora/load", _POST, RouteKind.ADMIN),
     Route("/admin/lora/unload", _POST, RouteKind.ADMIN),
+    Route("/admin/engine-metrics", _GET, RouteKind.ADMIN),  # the replicas' /metrics, merged (engine_metrics_admin.py)
 )}
 """Every public path. Not forwarded on purpose: GET/DELETE /v1/responses/{id} (state lives in
 one replica), /v1/audio/* (multipart bodies the gateway does not inspect), and every engine

@@ -44,6 +44,10 @@ class ServerClosed(ClientError):
     """The server closed the connection before the response was complete."""
 
 
+class AnswerTooLarge(ClientError):
+    """The server's answer went over what its reader keeps (CappedBody); the message says the limit."""
+
+
 class BodyListener(Protocol):
     """Who takes a response's body as it arrives (the gateway's stream relay, the bench's SSE reader).
     One given at `ClientPool.send` hears the body from its first byte; the head (`connection.reader.head`)
@@ -220,6 +224,38 @@ class ClientConnection(asyncio.Protocol):
 def _wake(waiter: asyncio.Future[None] | None) -> None:
     if waiter is not None and not waiter.done():
         waiter.set_result(None)
+
+
+class CappedBody:
+    """A BodyListener that keeps a response's body up to `limit` bytes and closes the connection past
+    it, at once: `ClientResponse.read` keeps all it is sent, so a server not trusted with the reader's
+    memory (a replica's /metrics) is read through this. Give it to `ClientPool.send` and set `sent`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.pieces: list[bytes] = []
+        self.sent: SentRequest | None = None  # the request whose connection is closed past the limit
+
+    def whole(self) -> bytes:
+        """The body; AnswerTooLarge when it went over the limit. Ask once the read has ended, whether
+        it failed (ServerClosed, when this closed it) or not (a body the close delimits then ends whole)."""
+        if self.size > self.limit:
+            raise AnswerTooLarge(f"over {self.limit:,} bytes")
+        return b"".join(self.pieces)
+
+    def payload(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size <= self.limit:
+            self.pieces.append(data)
+        elif self.sent is not None and self.sent.connection is not None:
+            self.sent.connection.close()  # the read ends (ServerClosed) without waiting for the rest
+
+    def end(self) -> None:
+        pass
+
+    def lost(self, error: BaseException | None) -> None:
+        pass
 
 
 class ClientResponse:

@@ -140,6 +140,9 @@ class ServerBlock(_Strict):
 
     available: bool = False
     metrics_url: str | None = None
+    """What was read: the target's /metrics, and behind a vlmserve gateway its engines' page too ('A + B')."""
+    engines_unknown: str | None = None
+    """Behind a gateway: why the engines' figures are unknown (e.g. its engines' page needs an admin key)."""
     counters: dict[str, float | None] = Field(default_factory=dict)
     prefix_cache_hit_rate: float | None = None
     mm_cache_hit_rate: float | None = None

@@ -25,7 +25,6 @@ MAX_MESSAGE_CHARS = 200_000
 READ_CHUNK = 64 << 10
 """Bytes ijson reads at a time."""
 
-_TOP = object()
 _START_EVENTS = frozenset({"start_map", "start_array"})
 _END_EVENTS = frozenset({"end_map", "end_array"})
 
@@ -96,13 +95,99 @@ class _MeteredFile:
         return data
 
 
+_MORE = object()
+"""`_ConversationBuilder.feed`'s answer while no conversation is complete."""
+_END = object()
+"""`_ConversationBuilder.feed`'s answer when the top-level array closes."""
+
+
+class _ConversationBuilder:
+    """Rebuilds each top-level array element from ijson's flat events, one container per open level.
+
+    Our own depth count, not `ijson.items`: its prefix strings made memory grow with the square
+    of the nesting (23.6 GB for a 200 KB file of 100,000 brackets). Values and depth per
+    conversation are bounded by `bounded_read.DATASET_ITEM`.
+    """
+
+    __slots__ = ("path", "open_values", "keys", "started", "values", "completed", "max_items")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.open_values: list[dict[object, object] | list[object]] = []
+        """The containers being built, outermost first (a conversation's depth)."""
+        self.keys: list[object] = []
+        """The pending key of each open object (None for a list)."""
+        self.started = False
+        """Whether the top-level array has opened (the head check guarantees it is an array)."""
+        self.values = 0
+        """Events of the conversation being built."""
+        self.completed = 0
+        """Conversations finished so far."""
+        self.max_items = DATASET_ITEM.max_items
+
+    def feed(self, event: str, value: object) -> object:
+        """Take one parser event: the finished conversation, else `_MORE`, or `_END` at the array's end."""
+        self.values += 1
+        if self.values > self.max_items:
+            raise UserError(f"{self.path}: conversation {self.completed + 1} {too_many(self.values, DATASET_ITEM)}; "
+                            "check --dataset-path")
+        if event == "map_key":
+            self.keys[-1] = value
+            return _MORE
+        if event in _END_EVENTS:
+            if not self.open_values:
+                return _END  # the end of the top-level array
+            closed = self.open_values.pop()
+            self.keys.pop()
+            return _MORE if self.open_values else self._complete(closed)
+        if event in _START_EVENTS:
+            return self._open(event)
+        open_values = self.open_values
+        if not open_values:
+            return self._complete(value)  # a bare scalar: skipped later, counted
+        parent = open_values[-1]  # a scalar inside the conversation (most events): attached inline
+        if isinstance(parent, dict):
+            parent[self.keys[-1]] = value
+        else:
+            parent.append(value)
+        return _MORE
+
+    def _open(self, event: str) -> object:
+        """Start a container inside the open one (or a new conversation), refusing one too deep."""
+        if not self.started:  # the top-level array itself
+            self.started, self.values = True, 0
+            return _MORE
+        container: dict[object, object] | list[object] = {} if event == "start_map" else []
+        self._attach(container)
+        if len(self.open_values) >= DATASET_ITEM.max_depth:
+            raise UserError(f"{self.path}: conversation {self.completed + 1} {too_deep(DATASET_ITEM)}; "
+                            "a ShareGPT conversation nests 3 levels: check --dataset-path")
+        self.open_values.append(container)
+        self.keys.append(None)
+        return _MORE
+
+    def _attach(self, value: object) -> None:
+        """Put a value into the innermost open container (under its pending key for an object)."""
+        if self.open_values:
+            parent = self.open_values[-1]
+            if isinstance(parent, dict):
+                parent[self.keys[-1]] = value
+            else:
+                parent.append(value)
+
+    def _complete(self, conversation: object) -> object:
+        """Count a finished conversation and start the next one's value budget."""
+        self.completed += 1
+        self.values = 0
+        return conversation
+
+
 def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, object]]:
     """Each top-level array element, stopping quietly (but counted) at a broken tail.
 
-    Built from ijson's flat event stream with our own depth count, not `ijson.items`: its
-    prefix strings made memory grow with the square of the nesting (23.6 GB for a 200 KB file
-    of 100,000 brackets). Nesting, values and bytes per conversation are bounded by
-    `bounded_read.DATASET_ITEM`; a file over them is one error naming the file and the limit.
+    A stream (not json.load) so a large file costs one conversation of memory; nesting, values
+    and bytes per conversation are bounded by `bounded_read.DATASET_ITEM`, and a file over them
+    is one error naming the file and the limit.
     """
     with path.open("rb") as handle:
         head = handle.read(1024).lstrip()
@@ -112,58 +197,21 @@ def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, object
             )
         handle.seek(0)
         metered = _MeteredFile(handle, path)
-        index = -1
-        values = 0  # events of the conversation being built
-        open_values: list[dict[object, object] | list[object]] = []  # the containers being built, outermost first (a conversation's depth)
-        keys: list[object] = []  # the pending key of each open object (None for a list)
-        item: object = None
-        max_values, max_depth = DATASET_ITEM.max_items, DATASET_ITEM.max_depth
+        builder = _ConversationBuilder(path)
+        feed = builder.feed
         try:
             for event, value in ijson.basic_parse(metered, use_float=True, buf_size=READ_CHUNK):
-                values += 1
-                if values > max_values:
-                    raise UserError(f"{path}: conversation {index + 2} {too_many(values, DATASET_ITEM)}; "
-                                    "check --dataset-path")
-                if event == "map_key":
-                    keys[-1] = value
+                conversation = feed(event, value)
+                if conversation is _MORE:
                     continue
-                if event in _END_EVENTS:
-                    if not open_values:
-                        break  # the end of the top-level array
-                    open_values.pop()
-                    keys.pop()
-                else:
-                    if event in _START_EVENTS:
-                        if item is None and not keys:  # the top-level array itself (checked by the head above)
-                            item, values = _TOP, 0
-                            continue
-                        value = {} if event == "start_map" else []
-                    if open_values:
-                        parent = open_values[-1]
-                        if isinstance(parent, dict):
-                            parent[keys[-1]] = value
-                        else:
-                            parent.append(value)
-                    if event in _START_EVENTS:
-                        if len(open_values) >= max_depth:
-                            raise UserError(f"{path}: conversation {index + 2} {too_deep(DATASET_ITEM)}; "
-                                            "a ShareGPT conversation nests 3 levels: check --dataset-path")
-                        if not open_values:
-                            finished = value
-                        open_values.append(value)
-                        keys.append(None)
-                        continue
-                    if len(open_values) == 0:
-                        finished = value  # a scalar conversation (skipped later, counted)
-                if not open_values:  # a conversation is complete
-                    index += 1
-                    values = 0
-                    metered.since_item = 0
-                    yield index, finished
+                if conversation is _END:
+                    break
+                metered.since_item = 0
+                yield builder.completed - 1, conversation
         except ijson.IncompleteJSONError:
             skips["truncated at end of file"] += 1
         except ijson.JSONError:
-            skips[f"unparseable after conversation {index + 1}"] += 1
+            skips[f"unparseable after conversation {builder.completed}"] += 1
 
 
 def read_conversations(path_text: str, limit: int | None = None) -> tuple[list[tuple[str, str | None, list[tuple[str, str | None]]]], Counter[str]]:

@@ -232,6 +232,14 @@ class EngineLoop:
 
     def _emit(self, result: StepResult, emit_at: float) -> None:
         """Deliver one step's tokens and finishes to their requests, and update the metrics."""
+        self._count_step(result)
+        lost = self._emit_tokens(result, emit_at)
+        self._finish_requests(result.finished, emit_at)
+        for request_id in lost:
+            self.abort(request_id)
+
+    def _count_step(self, result: StepResult) -> None:
+        """The step's scheduler counters: queue times of newly scheduled requests, preemptions, cache, tokens."""
         metrics = self.metrics
         active = self.active
         for request_id, _cached in result.first_scheduled:
@@ -247,9 +255,14 @@ class EngineLoop:
         if result.tokens:
             metrics.generation_tokens.inc(len(result.tokens))
 
-        # One pass over the step's tokens: bookkeeping, and the chunks `_send` did not cover.
+    def _emit_tokens(self, result: StepResult, emit_at: float) -> list[str]:
+        """One pass over the step's tokens: bookkeeping, and the chunks `_send` did not cover.
+
+        The per-token hot path; once-per-request work (the first token, arming a slow
+        reader's retry) is in helpers. Returns the requests whose client is gone.
+        """
         timer = _GroupTimer(self.timing, self.clock, emit_at)
-        active_get = active.get
+        active_get = self.active.get
         itl_values: list[float] = []
         itl_append = itl_values.append
         lost: list[str] = []
@@ -264,11 +277,7 @@ class EngineLoop:
             index = request.emitted
             request.emitted = index + count
             if request.first_token_s is None:
-                request.first_token_s = emit_at
-                metrics.time_to_first_token.observe(emit_at - request.arrival_s)
-                if request.scheduled_s is not None:
-                    metrics.request_prefill_time.observe(max(0.0, emit_at - request.scheduled_s))
-                metrics.prompt_tokens.inc(len(request.parsed.prompt_token_ids))
+                self._first_token(request, emit_at)
             else:
                 itl_append(emit_at - request.last_token_s)
             request.last_token_s = emit_at
@@ -283,16 +292,35 @@ class EngineLoop:
             if not self._deliver(request):
                 lost.append(request_id)
                 continue
-            if request.backlogged and request._flush_handle is None and request.stall_after is None:
-                request._flush_handle = asyncio.get_running_loop().call_later(
-                    BACKLOG_RETRY_S, self._flush_backlog, request
-                )
+            if request.backlogged:
+                self._arm_backlog_retry(request)
             timer.tick()
         timer.flush()
         if itl_values:
-            metrics.inter_token_latency.observe_many(itl_values)
+            self.metrics.inter_token_latency.observe_many(itl_values)
+        return lost
 
-        for request_id in result.finished:
+    def _first_token(self, request: ActiveRequest, emit_at: float) -> None:
+        """A request's first token: its TTFT, prefill time and prompt tokens (once per request)."""
+        metrics = self.metrics
+        request.first_token_s = emit_at
+        metrics.time_to_first_token.observe(emit_at - request.arrival_s)
+        if request.scheduled_s is not None:
+            metrics.request_prefill_time.observe(max(0.0, emit_at - request.scheduled_s))
+        metrics.prompt_tokens.inc(len(request.parsed.prompt_token_ids))
+
+    def _arm_backlog_retry(self, request: ActiveRequest) -> None:
+        """A slow reader's pending tokens are offered again on a timer (one at a time; not while stalled)."""
+        if request._flush_handle is None and request.stall_after is None:
+            request._flush_handle = asyncio.get_running_loop().call_later(
+                BACKLOG_RETRY_S, self._flush_backlog, request
+            )
+
+    def _finish_requests(self, finished: list[str], emit_at: float) -> None:
+        """Retire the step's finished requests: their outcome metrics, and resolve those fully written."""
+        metrics = self.metrics
+        active = self.active
+        for request_id in finished:
             request = active.pop(request_id, None)
             if request is None:
                 continue
@@ -305,8 +333,6 @@ class EngineLoop:
             if request.written >= request.plan.num_tokens:
                 request.resolve("finished")
             # else: a stalled or slow-read stream; its flush timer resolves it (or the client gives up).
-        for request_id in lost:
-            self.abort(request_id)
 
     def _trace_request(self, request: ActiveRequest, outcome: str) -> None:
         """Append the request's emission times to the trace, once (it then stops collecting)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from vlmserve.json_types import JSONObject, JSONValue
 
@@ -216,40 +217,14 @@ def _tool(tool: JSONValue, index: int) -> Tool:
 
 
 def _structured_output(body: JSONObject) -> str | None:
-    """The JSON answer asked for by response_format, structured_outputs or guided_json (None: free text)."""
-    schema: JSONValue = None
-    response_format = body.get("response_format")
-    if response_format is not None:
-        if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
-            raise bad_request("'response_format' must be an object with a 'type'", "response_format")
-        kind = response_format["type"]
-        if kind == "text":
-            pass
-        elif kind == "json_object":
-            schema = {"type": "object"}
-        elif kind == "json_schema":
-            spec = response_format.get("json_schema")
-            inner = spec.get("schema", spec.get("json_schema")) if isinstance(spec, dict) else None
-            if not isinstance(inner, dict):
-                raise bad_request("response_format.json_schema.schema must be a JSON Schema object", "response_format")
-            schema = inner
-        else:
-            raise bad_request(
-                f"response_format type '{kind}' is not supported by the sim engine; use 'text', 'json_object' or 'json_schema'",
-                "response_format",
-            )
-    structured = body.get("structured_outputs")
-    if structured is not None:
-        if not isinstance(structured, dict):
-            raise bad_request("'structured_outputs' must be an object", "structured_outputs")
-        for key, value in structured.items():
-            if key not in ("json", "json_object") and value not in (None, False):
-                raise bad_request(f"structured_outputs.{key} is not supported by the sim engine (only json, json_object)",
-                                  "structured_outputs")  # fmt: skip
-        if structured.get("json") is not None:
-            schema = structured["json"]
-        elif structured.get("json_object"):
-            schema = {"type": "object"}
+    """The JSON answer asked for by response_format, structured_outputs or guided_json (None: free text).
+
+    All three are validated; when several ask for a schema the later one wins, as listed.
+    """
+    schema = _response_format_schema(body.get("response_format"))
+    override = _structured_outputs_schema(body.get("structured_outputs"))
+    if override is not None:
+        schema = override
     if body.get("guided_json") is not None:
         schema = body["guided_json"]
     if schema is None:
@@ -260,6 +235,63 @@ def _structured_output(body: JSONObject) -> str | None:
         return _json_text(minimal_value(schema))
     except SchemaError as err:
         raise bad_request(f"the JSON schema is not one the sim engine can satisfy: {err}", "response_format") from None
+
+
+def _free_text(response_format: JSONObject) -> JSONValue:
+    """`{"type": "text"}`: no schema."""
+    return None
+
+
+def _any_object(response_format: JSONObject) -> JSONValue:
+    """`{"type": "json_object"}`: any JSON object."""
+    return {"type": "object"}
+
+
+def _named_schema(response_format: JSONObject) -> JSONValue:
+    """`{"type": "json_schema", "json_schema": {"schema": ...}}` (vLLM also reads a nested `json_schema`)."""
+    spec = response_format.get("json_schema")
+    inner = spec.get("schema", spec.get("json_schema")) if isinstance(spec, dict) else None
+    if not isinstance(inner, dict):
+        raise bad_request("response_format.json_schema.schema must be a JSON Schema object", "response_format")
+    return inner
+
+
+_RESPONSE_FORMATS: dict[str, Callable[[JSONObject], JSONValue]] = {
+    "text": _free_text, "json_object": _any_object, "json_schema": _named_schema}
+"""response_format type → the schema it asks for; any other type is refused."""
+
+
+def _response_format_schema(response_format: JSONValue) -> JSONValue:
+    """The schema OpenAI's `response_format` asks for (None: free text); an unknown type is a 400, not ignored."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if not isinstance(response_format, dict) or not isinstance(kind, str):
+        raise bad_request("'response_format' must be an object with a 'type'", "response_format")
+    schema_of = _RESPONSE_FORMATS.get(kind)
+    if schema_of is None:
+        raise bad_request(
+            f"response_format type '{kind}' is not supported by the sim engine; use 'text', 'json_object' or 'json_schema'",
+            "response_format",
+        )
+    return schema_of(response_format)
+
+
+def _structured_outputs_schema(structured: JSONValue) -> JSONValue:
+    """The schema vLLM's `structured_outputs` asks for (None: none); other constraint kinds are refused."""
+    if structured is None:
+        return None
+    if not isinstance(structured, dict):
+        raise bad_request("'structured_outputs' must be an object", "structured_outputs")
+    for key, value in structured.items():
+        if key not in ("json", "json_object") and value not in (None, False):
+            raise bad_request(f"structured_outputs.{key} is not supported by the sim engine (only json, json_object)",
+                              "structured_outputs")  # fmt: skip
+    if structured.get("json") is not None:
+        return structured["json"]
+    if structured.get("json_object"):
+        return {"type": "object"}
+    return None
 
 
 def _parse_schema_text(text: str) -> JSONValue:

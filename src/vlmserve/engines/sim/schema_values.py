@@ -16,6 +16,7 @@ the checks here are the ones needed to guarantee the generated value is valid.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from vlmserve.json_types import JSONObject, JSONValue
 
 MAX_DEPTH = 32
@@ -48,10 +49,13 @@ def minimal_value(schema: JSONValue) -> JSONValue:
 
 
 class _Generator:
+    """Walks one schema (kept as the root `$ref`s resolve against), building its minimal instance."""
+
     def __init__(self, root: JSONValue) -> None:
         self.root = root
 
     def value(self, schema: JSONValue, where: str, depth: int) -> JSONValue:
+        """The minimal instance of the sub-schema at `where`: keywords that pick a value first, then its type."""
         if depth > MAX_DEPTH:
             raise SchemaError(f"the schema at {where} nests deeper than {MAX_DEPTH} levels (a recursive $ref?)")
         if schema is True or schema == {}:
@@ -60,43 +64,66 @@ class _Generator:
             raise SchemaError(f"the schema at {where} is `false`: no value satisfies it")
         if not isinstance(schema, dict):
             raise SchemaError(f"the schema at {where} must be an object or a boolean, got {type(schema).__name__}")
-        for keyword in _UNSUPPORTED:
+        _refuse_unsupported(schema, where)
+        for keyword, rule in _KEYWORD_RULES:  # the first one present decides
             if keyword in schema:
-                raise SchemaError(f"the schema at {where} uses '{keyword}', which the sim engine cannot honour")
-        if "$ref" in schema:
-            ref = schema["$ref"]
-            return self.value(self._resolve(ref, where), str(ref), depth + 1)
-        if "const" in schema:
-            return schema["const"]
-        if "enum" in schema:
-            enum = schema["enum"]
-            if not isinstance(enum, list) or not enum:
-                raise SchemaError(f"'enum' at {where} must be a non-empty list")
-            return enum[0]
-        for keyword in ("anyOf", "oneOf"):
-            if keyword in schema:
-                options = schema[keyword]
-                if not isinstance(options, list) or not options:
-                    raise SchemaError(f"'{keyword}' at {where} must be a non-empty list of schemas")
-                if keyword == "oneOf" and len(options) > 1:
-                    raise SchemaError(f"'oneOf' with several schemas at {where} is not supported by the sim engine")
-                return self.value(options[0], f"{where}/{keyword}/0", depth + 1)
-        if "allOf" in schema:
-            parts = schema["allOf"]
-            if not isinstance(parts, list) or len(parts) != 1:
-                raise SchemaError(f"'allOf' at {where} is supported with exactly one schema")
-            return self.value(parts[0], f"{where}/allOf/0", depth + 1)
-        kind = self._type(schema, where)
-        if kind == "object":
-            return self._object(schema, where, depth)
-        if kind == "array":
-            return self._array(schema, where, depth)
-        if kind == "string":
-            return _string(schema, where)
-        if kind in ("integer", "number"):
-            return _number(schema, where, integer=kind == "integer")
-        if kind == "boolean":
-            return False
+                return rule(self, schema, where, depth)
+        return _TYPE_RULES[self._type(schema, where)](self, schema, where, depth)
+
+    def _ref(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        """`$ref`: the value of the local schema it points at (a hop counts as a level)."""
+        ref = schema["$ref"]
+        return self.value(self._resolve(ref, where), str(ref), depth + 1)
+
+    def _const(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        """`const`: the one value allowed."""
+        return schema["const"]
+
+    def _enum(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        """`enum`: its first value."""
+        enum = schema["enum"]
+        if not isinstance(enum, list) or not enum:
+            raise SchemaError(f"'enum' at {where} must be a non-empty list")
+        return enum[0]
+
+    def _any_of(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        """`anyOf`: the first option's value (it satisfies the union)."""
+        return self._first_option(schema, "anyOf", where, depth)
+
+    def _one_of(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        """`oneOf` with one option only: with several, its value might match more than one."""
+        return self._first_option(schema, "oneOf", where, depth)
+
+    def _first_option(self, schema: JSONObject, keyword: str, where: str, depth: int) -> JSONValue:
+        """The value of the first schema listed under `keyword` (anyOf or oneOf), the list checked."""
+        options = schema[keyword]
+        if not isinstance(options, list) or not options:
+            raise SchemaError(f"'{keyword}' at {where} must be a non-empty list of schemas")
+        if keyword == "oneOf" and len(options) > 1:
+            raise SchemaError(f"'oneOf' with several schemas at {where} is not supported by the sim engine")
+        return self.value(options[0], f"{where}/{keyword}/0", depth + 1)
+
+    def _all_of(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        """`allOf` with exactly one schema (intersecting several is not modelled)."""
+        parts = schema["allOf"]
+        if not isinstance(parts, list) or len(parts) != 1:
+            raise SchemaError(f"'allOf' at {where} is supported with exactly one schema")
+        return self.value(parts[0], f"{where}/allOf/0", depth + 1)
+
+    # The type rules share the keyword rules' signature so `_TYPE_RULES` can dispatch on the type name.
+    def _string_value(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        return _string(schema, where)
+
+    def _integer_value(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        return _number(schema, where, integer=True)
+
+    def _number_value(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        return _number(schema, where, integer=False)
+
+    def _boolean_value(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
+        return False
+
+    def _null_value(self, schema: JSONObject, where: str, depth: int) -> JSONValue:
         return None
 
     def _type(self, schema: JSONObject, where: str) -> str:
@@ -165,6 +192,31 @@ class _Generator:
         for _ in range(len(result), min_items):
             result.append(self.value(items, f"{where}/items", depth + 1) if items != {} else "")
         return result
+
+
+_Rule = Callable[[_Generator, JSONObject, str, int], JSONValue]
+"""How one keyword or type turns a sub-schema into its value."""
+
+_KEYWORD_RULES: tuple[tuple[str, _Rule], ...] = (
+    ("$ref", _Generator._ref), ("const", _Generator._const), ("enum", _Generator._enum),
+    ("anyOf", _Generator._any_of), ("oneOf", _Generator._one_of), ("allOf", _Generator._all_of),
+)
+"""Keywords that decide the value before the type does, in the order they are looked for."""
+
+_TYPE_RULES: dict[str, _Rule] = {
+    "object": _Generator._object, "array": _Generator._array, "string": _Generator._string_value,
+    "integer": _Generator._integer_value, "number": _Generator._number_value,
+    "boolean": _Generator._boolean_value,
+    "null": _Generator._null_value,
+}
+"""The value of each JSON type (one entry per name in _TYPES)."""
+
+
+def _refuse_unsupported(schema: JSONObject, where: str) -> None:
+    """A keyword we cannot honour is a 400: ignoring it could produce JSON that does not validate."""
+    for keyword in _UNSUPPORTED:
+        if keyword in schema:
+            raise SchemaError(f"the schema at {where} uses '{keyword}', which the sim engine cannot honour")
 
 
 def _count(schema: JSONObject, name: str, where: str) -> int | None:
