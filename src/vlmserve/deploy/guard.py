@@ -47,7 +47,7 @@ class StepGuard:
     def _tell(self, line: str, details: str | None) -> None:
         try:
             self._say(line)
-        except Exception:  # noqa: BLE001 - reporting must not be a new way to fail
+        except Exception:  # noqa: BLE001, S110 - reporting must not be a new way to fail
             pass
         if details:
             try:

@@ -478,5 +478,5 @@ class Supervisor:
         if self._on_event is not None:
             try:
                 self._on_event(line)
-            except Exception:  # noqa: BLE001 - a closed terminal must not end supervision
+            except Exception:  # noqa: BLE001, S110 - a closed terminal must not end supervision
                 pass

@@ -264,5 +264,5 @@ class DiscoveryWatcher:
 async def _quietly(awaitable: Awaitable[object]) -> None:
     try:
         await awaitable
-    except (asyncio.CancelledError, Exception):
+    except (asyncio.CancelledError, Exception):  # noqa: S110 - what it awaited was being torn down
         pass

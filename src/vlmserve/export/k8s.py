@@ -209,7 +209,7 @@ def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mou
         "name": "engine", "image": image, "command": [*command], "args": [*args],
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         "env": _env(spec, options), "resources": engine_resources(spec), **_probes(spec.ready_timeout_s),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *mounts],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *mounts],  # noqa: S108 - the pod's shared memory
     }
 
 

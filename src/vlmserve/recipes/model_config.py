@@ -101,11 +101,13 @@ def _hub_fetch_config(model_id: str) -> tuple[JSONObject | None, str]:
     if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model_id):
         return None, "not a hub id like org/name"
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    if not endpoint.startswith(("https://", "http://")):  # urllib would open file: and other schemes too
+        return None, f"HF_ENDPOINT {endpoint[:80]!r} is not an http(s) URL"
     url = f"{endpoint}/{model_id}/resolve/main/config.json"
     token = os.environ.get("HF_TOKEN") or _stored_token()
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})  # noqa: S310
     try:
-        with urllib.request.urlopen(request, timeout=HUB_FETCH_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=HUB_FETCH_TIMEOUT_S) as response:  # noqa: S310 - http(s) checked above
             value = loads_json(response.read(CONFIG_FILE.max_bytes + 1), CONFIG_FILE)  # Refused is a ValueError
     except urllib.error.HTTPError as err:
         return None, f"fetching it failed: HTTP {err.code}{' (gated? set HF_TOKEN)' if err.code in (401, 403) else ''}"

@@ -217,7 +217,7 @@ def save_run(result: RunResult) -> str:
     )
     with _connect() as connection:
         connection.execute(
-            "INSERT OR REPLACE INTO runs VALUES (" + ",".join("?" * len(row)) + ")", list(row)
+            "INSERT OR REPLACE INTO runs VALUES (" + ",".join("?" * len(row)) + ")", list(row)  # noqa: S608 - placeholders only
         )
     return run_id
 

@@ -60,3 +60,12 @@ def test_a_refused_fetch_says_why_in_one_line(hub: str) -> None:
     chosen = choose_recipe("google/gated-model")
     assert chosen.recipe is None
     assert "fetching it failed: HTTP 401 (gated? set HF_TOKEN)" in chosen.basis
+
+
+@pytest.mark.hostile("HF_ENDPOINT set to a file: URL: the config is not read from the local disk")
+def test_an_endpoint_that_is_not_http_is_not_opened(hub: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "google" / "gemma-4-31B-it" / "resolve" / "main").mkdir(parents=True)
+    (tmp_path / "google" / "gemma-4-31B-it" / "resolve" / "main" / "config.json").write_text(json.dumps(GEMMA4_31B_IT))
+    monkeypatch.setenv("HF_ENDPOINT", f"file://{tmp_path}")
+    chosen = choose_recipe("google/gemma-4-31B-it")
+    assert chosen.recipe is None and "is not an http(s) URL" in chosen.basis
