@@ -216,9 +216,8 @@ def save_run(result: RunResult) -> str:
         str(records_path),
     )
     with _connect() as connection:
-        connection.execute(
-            "INSERT OR REPLACE INTO runs VALUES (" + ",".join("?" * len(row)) + ")", list(row)  # noqa: S608 - placeholders only
-        )
+        placeholders = ",".join("?" * len(row))
+        connection.execute(f"INSERT OR REPLACE INTO runs VALUES ({placeholders})", list(row))  # noqa: S608 - "?" only
     return run_id
 
 

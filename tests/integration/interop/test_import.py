@@ -26,12 +26,6 @@ FIXTURES = TESTS_ROOT / "fixtures" / "imports"
 DETAILED, PLAIN = FIXTURES / "vllm-detailed.json", FIXTURES / "vllm-plain.json"
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("VLMSERVE_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
 def run_cli(vlmserve_cmd: list[str], home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "VLMSERVE_HOME": str(home), "COLUMNS": "200"}
     return subprocess.run([*vlmserve_cmd, *args], capture_output=True, text=True, timeout=120, env=env)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.interop.test_import import FIXTURES, home, run_cli  # noqa: F401 (fixture)
+from tests.integration.interop.test_import import FIXTURES, run_cli
 from vlmserve.interop.importer import read_result_runs
 from vlmserve.results.run import RunResult
 
@@ -171,7 +171,7 @@ def test_labels_default_to_the_file_and_folder_and_label_sets_them(tmp_path: Pat
 
 
 @pytest.mark.parametrize("tool", sorted(REAL_TOOL_FILES))
-def test_import_then_report_html_and_compare_work_on_each_real_tool_file(tool: str, tmp_path: Path, home: Path,  # noqa: F811
+def test_import_then_report_html_and_compare_work_on_each_real_tool_file(tool: str, tmp_path: Path, home: Path,
                                                                          vlmserve_cmd: list[str]) -> None:
     """The Done-when path as a user runs it: import, `report --html`, `compare` both ways, exit 0, no traceback."""
     imported = run_cli(vlmserve_cmd, home, "runs", "import", str(REAL_TOOL_FILES[tool]), "--label", f"from-{tool}")
@@ -192,7 +192,7 @@ def test_import_then_report_html_and_compare_work_on_each_real_tool_file(tool: s
         assert "not compared, unknown on one side:" in compared.stdout
 
 
-def test_import_prints_each_warning_on_one_stderr_line_and_simulated_marks_the_run(home: Path,  # noqa: F811
+def test_import_prints_each_warning_on_one_stderr_line_and_simulated_marks_the_run(home: Path,
                                                                                     vlmserve_cmd: list[str]) -> None:
     done = run_cli(vlmserve_cmd, home, "runs", "import", str(AIPERF_ERRORS), "--simulated")
     assert done.returncode == 0, done.stderr
@@ -204,7 +204,7 @@ def test_import_prints_each_warning_on_one_stderr_line_and_simulated_marks_the_r
     assert "simulated,from aiperf" in listed.stdout
 
 
-def test_aiperf_non_streaming_file_has_ttft_unknown_and_still_reports(tmp_path: Path, home: Path) -> None:  # noqa: F811
+def test_aiperf_non_streaming_file_has_ttft_unknown_and_still_reports(tmp_path: Path, home: Path) -> None:
     """A non-streaming AIPerf run has no TTFT or ITL blocks: they are unknown, the report still renders."""
     from vlmserve.interop.importer import import_result_file
     from vlmserve.report.compare import compare

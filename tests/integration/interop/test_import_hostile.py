@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.interop.test_import import DETAILED, home, run_cli  # noqa: F401 (fixture)
+from tests.integration.interop.test_import import DETAILED, run_cli
 from vlmserve.bounded_read import RESULT_FILE
 
 REQUIRED = '"duration": 1, "completed": 2, "request_throughput": 2, "output_throughput": 1'
@@ -32,7 +32,7 @@ def one_error_line(vlmserve_cmd: list[str], home_dir: Path, path: Path) -> str:
     ("{" + REQUIRED.replace('"duration": 1', '"duration": 1e999') + "}", "has the number 1e999, which is not finite"),
     ("{" + REQUIRED + ', "request_rate": "nan"}', "a field is malformed (ValueError: request_rate is nan, not a finite number)"),
 ], ids=["deep", "huge-integer", "nan", "minus-infinity", "1e999", "nan-as-text"])
-def test_hostile_numbers_and_nesting_are_one_line(content: str, expected: str, tmp_path: Path, home: Path,  # noqa: F811
+def test_hostile_numbers_and_nesting_are_one_line(content: str, expected: str, tmp_path: Path, home: Path,
                                                   vlmserve_cmd: list[str]) -> None:
     path = tmp_path / "result.json"
     path.write_text(content)
@@ -41,7 +41,7 @@ def test_hostile_numbers_and_nesting_are_one_line(content: str, expected: str, t
 
 
 @pytest.mark.hostile("runs import: a detailed file of a million requests is refused by its value count before it is parsed")
-def test_a_million_records_is_refused_by_count(tmp_path: Path, home: Path, vlmserve_cmd: list[str]) -> None:  # noqa: F811
+def test_a_million_records_is_refused_by_count(tmp_path: Path, home: Path, vlmserve_cmd: list[str]) -> None:
     count = 1_000_000
     path = tmp_path / "huge.json"
     with path.open("w") as handle:
@@ -56,7 +56,7 @@ def test_a_million_records_is_refused_by_count(tmp_path: Path, home: Path, vlmse
 
 
 @pytest.mark.hostile("runs import: a label with terminal escape sequences is stored and listed with them shown, not obeyed")
-def test_label_escape_sequences_are_shown_not_obeyed(tmp_path: Path, home: Path, vlmserve_cmd: list[str]) -> None:  # noqa: F811
+def test_label_escape_sequences_are_shown_not_obeyed(tmp_path: Path, home: Path, vlmserve_cmd: list[str]) -> None:
     data = json.loads(DETAILED.read_text())
     data["label"] = "ok\x1b[2J\x1b]0;owned\x07\rfake"
     data["model_id"] = "m\x1b[31m"
@@ -129,7 +129,7 @@ def _aiperf_without_its_required_blocks() -> str:
         "guidellm-no-benchmark", "guidellm-metrics-a-string", "guidellm-deep", "vlmserve-count-a-word",
         "inference-perf-count-a-word"])
 def test_bad_files_of_every_format_are_one_line(content: Callable[[], str], expected: str, tmp_path: Path,
-                                                home: Path, vlmserve_cmd: list[str]) -> None:  # noqa: F811
+                                                home: Path, vlmserve_cmd: list[str]) -> None:
     path = tmp_path / "result.json"
     path.write_text(content())
     line = one_error_line(vlmserve_cmd, home, path)
@@ -137,7 +137,7 @@ def test_bad_files_of_every_format_are_one_line(content: Callable[[], str], expe
 
 
 @pytest.mark.hostile("runs import: an inference-perf report beside a billion-laughs config.yaml imports with the model unknown")
-def test_hostile_config_beside_an_inference_perf_report_is_ignored(tmp_path: Path, home: Path,  # noqa: F811
+def test_hostile_config_beside_an_inference_perf_report_is_ignored(tmp_path: Path, home: Path,
                                                                    vlmserve_cmd: list[str]) -> None:
     report = tmp_path / "summary_lifecycle_metrics.json"
     report.write_text((FORMATS_DIR / "inference-perf-0.7" / "summary_lifecycle_metrics.json").read_text())

@@ -41,7 +41,7 @@ from vlmserve.hardware.kernels.ops import (
 from vlmserve.hardware.kernels.quant import bytes_per_weight, weight_format
 from vlmserve.hardware.kernels.roofline_ops import ACTIVATION_BYTES, OpRoofline
 from vlmserve.hardware.kernels.vision_shape import VisionShape
-from vlmserve.hardware.models import ModelCost
+from vlmserve.hardware.models import AttentionLayers, ModelCost
 from vlmserve.sched.step_cost import StepContents
 
 CONTEXT_BUCKET = 16
@@ -171,12 +171,12 @@ class MeasuredStepCost:
         return [GemmShape(model.num_layers, 2 * per_gpu, model.hidden_size),
                 GemmShape(model.num_layers, model.hidden_size, per_gpu)]
 
-    def _attention_pricer(self, group: object) -> AttentionPricer | None:
+    def _attention_pricer(self, group: AttentionLayers) -> AttentionPricer | None:
         """The tables' pricer for a standard (full or sliding, MHA/GQA) group; None → the roofline, labelled."""
         if _unmodelled(group):
             return None
-        shape = AttentionShape(_split(group.q_heads, self.tp), _split(group.kv_heads, self.tp),  # type: ignore[attr-defined]
-                               group.head_dim, normalize_kv_dtype(self.kv_dtype), group.window)  # type: ignore[attr-defined]
+        shape = AttentionShape(_split(group.q_heads, self.tp), _split(group.kv_heads, self.tp),
+                               group.head_dim, normalize_kv_dtype(self.kv_dtype), group.window)
         return AttentionPricer(self.gpu.key, shape, self.roof, self.vllm_version)
 
     def _moe_pricer(self, weight: str) -> MoePricer:
