@@ -77,12 +77,11 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
 def _version_from_runs(manifest: SweepManifest, deployment: str) -> str | None:
     """The server version bench recorded with a finished cell (gateways may not answer /version)."""
     for key, cell in manifest.data.get("cells", {}).items():
-        summary = cell.get("summary")  # done cells only
-        meta = summary.get("meta") if isinstance(summary, dict) else None
-        if key.startswith(f"{deployment}/") and isinstance(meta, dict):
-            version = meta.get("server_version")
+        stored = cell.get("summary")  # done cells only
+        if key.startswith(f"{deployment}/") and stored is not None:
+            version = read_summary(stored, f"the sweep manifest's cell {key}").meta.server_version
             if version:
-                return str(version)
+                return version
     return None
 
 
