@@ -63,7 +63,7 @@ async def handle_adapter_admin(gateway: Gateway, request: Request) -> Response:
             raise AdmissionRejected(409, f"adapter {fields['lora_name']!r} has {busy} request(s) in flight here: "
                                     "unloading would cut them; retry when they are done", "adapter_in_use")
     except AdmissionRejected as refused:
-        return error_response(refused.status, refused.message, refused.code)
+        return refused.answer()
     outcomes = await asyncio.gather(*(_apply(gateway, replica, request.path, fields)
                                       for replica in gateway.pool.replicas))
     results = {replica.name: outcome for replica, outcome in zip(gateway.pool.replicas, outcomes)}

@@ -87,30 +87,17 @@ class RequestLog:
         return max(0, len(self.attempts) - 1)
 
     def to_record(self) -> dict[str, Any]:
+        """The audit log's line: the fields in _RECORD_FIELDS, the retries, and times as ms after receipt."""
         def ms(mono: float | None) -> float | None:
             return None if mono is None else round((mono - self.received_mono) * 1000, 3)
 
-        return {
-            "id": self.request_id,
-            "client_request_id": self.client_request_id,
-            "tenant": self.tenant,
-            "model": self.model,
-            "adapter": self.adapter,
-            "path": self.path,
-            "stream": self.stream,
-            "priority": self.priority,
-            "replica": self.replica,
-            "status": self.status,
-            "retries": self.retries,
-            "attempts": self.attempts,
-            "received_at": self.received_at,
-            "ttft_ms": ms(self.first_byte_mono),
-            "e2e_ms": ms(self.finished_mono),
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "error": self.error,
-            **({"images": self.images} if self.images else {}),
-        }
+        return {"id": self.request_id, **{name: getattr(self, name) for name in _RECORD_FIELDS},
+                "retries": self.retries, "ttft_ms": ms(self.first_byte_mono), "e2e_ms": ms(self.finished_mono),
+                **({"images": self.images} if self.images else {})}
+
+
+_RECORD_FIELDS = ("client_request_id", "tenant", "model", "adapter", "path", "stream", "priority", "replica", "status",
+                  "attempts", "received_at", "prompt_tokens", "completion_tokens", "error")
 
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
