@@ -42,7 +42,7 @@ from vlmserve.gateway.request_info import (RoutedRequest, TokenEstimator, choice
 from vlmserve.vision.probe import load_image_readers
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.gateway.routes import Route, RouteKind, RouteRefused, resolve
+from vlmserve.gateway.routes import Route, RouteKind, resolve
 from vlmserve.gateway.shared_state import SharedState
 from vlmserve.http1.client import ClientPool
 from vlmserve.http1.headers import header_lines
@@ -243,23 +243,23 @@ class Gateway:
     # ---- handlers ------------------------------------------------------------------------------
 
     async def dispatch(self, request: Request) -> Answer:
-        """Every request: its route from the raw target (routes.py), then that kind's handler."""
+        """Every request: its route from the raw target (routes.py), then that kind's handler. A
+        Refusal (a bad path, key or admin body) is answered here; engine work answers its own."""
         try:
-            route = resolve(request.method, request.target)
-        except RouteRefused as refused:
+            route = request.route = resolve(request.method, request.target)
+            request.path = route.path
+            kind = route.kind
+            if kind is RouteKind.ENGINE_WORK:
+                return await self.handle_engine_work(request)
+            if kind is RouteKind.MODELS:
+                return await self.handle_models(request)
+            if kind is RouteKind.ENGINE_INFO:
+                return await self.handle_engine_info(request)
+            if kind is RouteKind.ADMIN:
+                return await handle_adapter_admin(self, request)
+            return await (self.handle_health(request) if route.path == "/health" else self.handle_metrics(request))
+        except Refusal as refused:
             return refused.answer()
-        request.route = route
-        request.path = route.path
-        kind = route.kind
-        if kind is RouteKind.ENGINE_WORK:
-            return await self.handle_engine_work(request)
-        if kind is RouteKind.MODELS:
-            return await self.handle_models(request)
-        if kind is RouteKind.ENGINE_INFO:
-            return await self.handle_engine_info(request)
-        if kind is RouteKind.ADMIN:
-            return await handle_adapter_admin(self, request)
-        return await (self.handle_health(request) if route.path == "/health" else self.handle_metrics(request))
 
     async def handle_health(self, request: Request) -> Response:
         ok = bool(self.pool.candidates(None)) and not self.draining  # panic routing counts: ejection alone never fails /health
@@ -277,10 +277,7 @@ class Gateway:
         return Response(200, self.metrics.render(), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def handle_models(self, request: Request) -> Response:
-        try:
-            tenant = self.admission.tenant_for(request.headers)
-        except AdmissionRejected as rejected:
-            return rejected.answer()
+        tenant = self.admission.tenant_for(request.headers)
         models = self.adapters.visible(tenant, self.pool.known_models())
         if not models and not self.pool.any_healthy():
             return error_response(*_NO_HEALTHY_REPLICA)
@@ -457,10 +454,7 @@ class Gateway:
         route: Route = request.route
         if self.draining:
             return error_response(*_DRAINING, retry_after_s=1)
-        try:
-            self.admission.tenant_for(request.headers)
-        except AdmissionRejected as rejected:
-            return rejected.answer()
+        self.admission.tenant_for(request.headers)
         candidates = self.pool.candidates(None)
         if not candidates:
             return error_response(*_NO_HEALTHY_REPLICA, retry_after_s=1)

@@ -82,6 +82,12 @@ class RequestLog:
             return {"X-Request-ID": self.request_id}
         return {"X-Request-ID": self.request_id, CLIENT_REQUEST_ID_HEADER: self.client_request_id}
 
+    def note_usage(self, usage: object) -> None:
+        """The engine's token counts, from the `usage` object of its answer (when it is one)."""
+        if isinstance(usage, dict):
+            self.prompt_tokens = usage.get("prompt_tokens")
+            self.completion_tokens = usage.get("completion_tokens")
+
     @property
     def retries(self) -> int:
         return max(0, len(self.attempts) - 1)
@@ -261,52 +267,48 @@ class Forwarder:
         outcome = Outcome.FAILED
         upstream: ClientResponse | None = None
         try:
-            try:
-                upstream = await sent.response()
-                if log.trace is not None:
-                    log.trace.answered(upstream.status)
-                if upstream.status != 200:
-                    payload = await upstream.read()
-                    self._raise_if_retryable(upstream, payload, replica, log)
-                    replica.record_success()  # a 4xx is the request's fault, not the replica's
-                    outcome = Outcome.COMPLETED
-                    return self._passthrough_error(upstream, payload, log)
-                if not routed.stream:
-                    payload = await upstream.read()
-                    outcome = Outcome.COMPLETED
-                    return self._unary_response(upstream, payload, replica, routed, log)
-                # Armed (relay.py): the stream is set up now, while the engine computes its first
-                # token, which then leaves with the client's head from the replica's data_received.
-                # Until it does nothing is sent, so what fails before it is retried as below.
-                stream = Stream(request, 200, self._stream_headers(upstream, log))
-                relay = StreamRelay(upstream, stream, exchange,
-                                    lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens),
-                                    on_start=lambda: self._started(replica, exchange),
-                                    count_events=routed.counts_events)
-                outcome = await self._stream(relay, replica, routed, log)
-                return stream
-            except asyncio.CancelledError:
-                if exchange.expired and exchange.phase == FIRST_TOKEN and task.uncancel() == 0:
-                    self.pool.record_failure(replica)
-                    raise _RetryableFailure(
-                        "first_token_timeout",
-                        f"replica {replica.name} sent nothing within {self.first_token_timeout_s:g} s",
-                    ) from None
-                outcome = Outcome.ABANDONED
-                raise
-            except _RetryableFailure as failure:
-                if failure.fault == FAULT_REPLICA:
-                    self.pool.record_failure(replica)
-                else:
-                    replica.breaker.record_abandoned()  # no verdict (yet): free a probe slot
-                raise
-            except CONNECTION_ERRORS as err:
-                self.pool.record_failure(replica)
-                raise _RetryableFailure("connect_error", f"replica {replica.name}: {type(err).__name__}: {err}") from None
+            upstream = await sent.response()
+            if log.trace is not None:
+                log.trace.answered(upstream.status)
+            if upstream.status != 200:
+                payload = await upstream.read()
+                self._raise_if_retryable(upstream, payload, replica, log)
+                replica.record_success()  # a 4xx is the request's fault, not the replica's
+                outcome = Outcome.COMPLETED
+                return self._passthrough_error(upstream, payload, log)
+            if not routed.stream:
+                payload = await upstream.read()
+                outcome = Outcome.COMPLETED
+                return self._unary_response(upstream, payload, replica, routed, log)
+            # Armed (relay.py): the stream is set up now, while the engine computes its first
+            # token, which then leaves with the client's head from the replica's data_received.
+            # Until it does nothing is sent, so what fails before it is retried as below.
+            stream = Stream(request, 200, self._stream_headers(upstream, log))
+            relay = StreamRelay(upstream, stream, exchange,
+                                lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens),
+                                on_start=lambda: self._started(replica, exchange),
+                                count_events=routed.counts_events)
+            outcome = await self._stream(relay, replica, routed, log)
+            return stream
         except asyncio.CancelledError:
+            if exchange.expired and exchange.phase == FIRST_TOKEN and task.uncancel() == 0:
+                self.pool.record_failure(replica)
+                raise _RetryableFailure(
+                    "first_token_timeout",
+                    f"replica {replica.name} sent nothing within {self.first_token_timeout_s:g} s",
+                ) from None
             outcome = Outcome.ABANDONED
             log.status = "abandoned"
             raise
+        except _RetryableFailure as failure:
+            if failure.fault == FAULT_REPLICA:
+                self.pool.record_failure(replica)
+            else:
+                replica.breaker.record_abandoned()  # no verdict (yet): free a probe slot
+            raise
+        except CONNECTION_ERRORS as err:
+            self.pool.record_failure(replica)
+            raise _RetryableFailure("connect_error", f"replica {replica.name}: {type(err).__name__}: {err}") from None
         finally:
             if log.trace is not None:  # first: an exception in flight is the attempt's failure
                 log.trace.attempt_ended(outcome, exchange.chunks, log.first_byte_mono)
@@ -358,12 +360,9 @@ class Forwarder:
         self.policy.on_first_token(routed, replica)
         log.first_byte_mono = time.monotonic()
         try:
-            usage = json.loads(payload).get("usage")
+            log.note_usage(json.loads(payload).get("usage"))
         except (ValueError, AttributeError):
-            usage = None
-        if isinstance(usage, dict):
-            log.prompt_tokens = usage.get("prompt_tokens")
-            log.completion_tokens = usage.get("completion_tokens")
+            pass
         log.status = "200"
         return _whole_answer(upstream, payload, log)
 
@@ -405,8 +404,7 @@ class Forwarder:
             self.policy.on_first_token(routed, replica)
         usage = _usage_from_sse_tail(relay.usage_block[-8192:])
         if usage is not None:
-            log.prompt_tokens = usage.get("prompt_tokens")
-            log.completion_tokens = usage.get("completion_tokens")
+            log.note_usage(usage)
         elif relay.events is not None:  # a budget settles from it: events, not pieces (relay.py, EventCounter)
             log.completion_tokens = relay.events.events
         else:
