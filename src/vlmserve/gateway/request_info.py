@@ -147,14 +147,9 @@ def _flatten_prompt(prompt: Any) -> str:
 
 
 def template_conversation(body: dict[str, Any], image_digests: list[str] | None = None) -> tuple[str, int]:
-    """A canonical text of the prompt and the number of images in it.
-
-    Chat messages become `<|role|>content` in order (a stand-in for the model's chat template:
-    what matters is that equal conversation prefixes give equal text prefixes). Images become a
-    short digest of their URL, so two requests with the same image share that block. Without
-    `messages`, the completions `prompt` or the /v1/responses, embeddings and pooling `input`
-    is used.
-    """
+    """A canonical text of the prompt and the number of images in it: the chat messages (a stand-in
+    for the model's chat template: equal conversation prefixes give equal text prefixes), else the
+    completions `prompt` or the /v1/responses, embeddings and pooling `input`."""
     digests = iter(image_digests) if image_digests else None
     messages = body.get("messages")
     if isinstance(messages, list):

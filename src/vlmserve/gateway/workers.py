@@ -21,6 +21,7 @@ appended by every worker (one line per request, lines may interleave across work
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import multiprocessing.process
@@ -61,10 +62,15 @@ def reserve_port(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        if err.errno == 98:  # EADDRINUSE
-            raise UserError(f"port {port} on {host} is already in use: choose another --port") from None
-        raise UserError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+        raise listen_error(host, port, err) from None
     return sock
+
+
+def listen_error(host: str, port: int, err: OSError) -> UserError:
+    """Why the gateway cannot listen on host:port, as the one line a user sees."""
+    if err.errno == errno.EADDRINUSE:
+        return UserError(f"port {port} on {host} is already in use: choose another --port")
+    return UserError(f"cannot listen on {host}:{port}: {err.strerror}")
 
 
 def _worker_main(config: GatewayConfig, ready: Any) -> None:
