@@ -32,7 +32,7 @@ import json
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any
 
 
@@ -158,32 +158,23 @@ def _whole_answer(upstream: ClientResponse, payload: bytes, log: RequestLog) -> 
                                                **log.id_headers()})
 
 
+@dataclass(eq=False)
 class Forwarder:
     """Sends generation requests to replicas on behalf of the app."""
 
-    def __init__(
-        self,
-        pool: ReplicaPool,
-        policy: RoutingPolicy,
-        upstream: ClientPool,
-        watchdog: Watchdog,
-        *,
-        max_attempts: int,
-        retry_budget: RetryBudget,
-        idle_chunk_timeout_s: float,
-        first_token_timeout_s: float,
-        upstream_auth: str | None = None,
-        on_retry: Any = None,
-    ) -> None:
-        self.pool = pool
-        self.policy = policy
-        self.upstream = upstream
-        self.watchdog = watchdog
-        self.max_attempts = max_attempts
-        self.retry_budget = retry_budget
-        self.idle_chunk_timeout_s = idle_chunk_timeout_s
-        self.first_token_timeout_s = first_token_timeout_s
-        self.on_retry = on_retry
+    pool: ReplicaPool
+    policy: RoutingPolicy
+    upstream: ClientPool
+    watchdog: Watchdog
+    _: KW_ONLY
+    max_attempts: int
+    retry_budget: RetryBudget
+    idle_chunk_timeout_s: float
+    first_token_timeout_s: float
+    upstream_auth: InitVar[str | None] = None
+    on_retry: Any = None
+
+    def __post_init__(self, upstream_auth: str | None) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         # the header lines every upstream request carries, encoded once
         self._fixed_headers = header_lines([("Content-Type", "application/json"),

@@ -15,6 +15,7 @@ import logging
 import resource
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from vlmserve.gateway.app import Gateway
 from vlmserve.gateway.config import GatewayConfig
@@ -37,14 +38,14 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+@dataclass
 class RunningGateway:
     """A started gateway inside a running event loop."""
 
-    def __init__(self, listener: asyncio.Server, http: HttpServer, gateway: Gateway, port: int) -> None:
-        self.listener = listener
-        self.http = http
-        self.gateway = gateway
-        self.port = port
+    listener: asyncio.Server
+    http: HttpServer
+    gateway: Gateway
+    port: int
 
     @property
     def base_url(self) -> str:
