@@ -51,11 +51,7 @@ class _StateCollector(Collector):
         replicas = GaugeMetricFamily("vlmserve_gateway_replicas", "Replicas in the set by state: routable, not_ready (joined or failing its health check), draining (left the source, requests still in flight)", labels=["state"])
         for state_name, count in state.get("replica_states", {}).items():
             replicas.add_metric([state_name], count)
-        yield replicas
-        yield in_flight
-        yield healthy
-        yield outstanding
-        yield queued
+        yield from (replicas, in_flight, healthy, outstanding, queued)
         yield GaugeMetricFamily("vlmserve_gateway_ejected_replicas", "Replicas passively ejected now (breaker open or probing)", value=state["ejected"])
         yield GaugeMetricFamily("vlmserve_gateway_panic", "1 when every replica passing its health check is ejected, so all of them are routed to", value=1.0 if state["panic"] else 0.0)
         clients = state["clients"]
