@@ -51,19 +51,17 @@ def _request_fields(path: str, body: bytes) -> dict[str, str]:
 
 
 async def handle_adapter_admin(gateway: Gateway, request: Request) -> Response:
-    """The admin route: authenticate, check, apply to every replica, report each one."""
-    try:
-        tenant = gateway.admission.tenant_for(request.headers)
-        if not tenant.admin:
-            raise AdmissionRejected(403, "loading and unloading adapters needs an admin key (a keys-file tenant with "
-                                    "admin: true)", "admin_required")
-        fields = _request_fields(request.path, request.body)
-        busy = gateway.adapters.in_flight.get(fields["lora_name"], 0)
-        if request.path.endswith("/unload") and busy:
-            raise AdmissionRejected(409, f"adapter {fields['lora_name']!r} has {busy} request(s) in flight here: "
-                                    "unloading would cut them; retry when they are done", "adapter_in_use")
-    except AdmissionRejected as refused:
-        return error_response(refused.status, refused.message, refused.code)
+    """The admin route: authenticate, check, apply to every replica, report each one (a refusal
+    before any replica is the Refusal Gateway.dispatch answers)."""
+    tenant = gateway.admission.tenant_for(request.headers)
+    if not tenant.admin:
+        raise AdmissionRejected(403, "loading and unloading adapters needs an admin key (a keys-file tenant with "
+                                "admin: true)", "admin_required")
+    fields = _request_fields(request.path, request.body)
+    busy = gateway.adapters.in_flight.get(fields["lora_name"], 0)
+    if request.path.endswith("/unload") and busy:
+        raise AdmissionRejected(409, f"adapter {fields['lora_name']!r} has {busy} request(s) in flight here: "
+                                "unloading would cut them; retry when they are done", "adapter_in_use")
     outcomes = await asyncio.gather(*(_apply(gateway, replica, request.path, fields)
                                       for replica in gateway.pool.replicas))
     results = {replica.name: outcome for replica, outcome in zip(gateway.pool.replicas, outcomes)}

@@ -8,11 +8,9 @@ what a request may cost at admission (`admissible_tokens`: the prompt estimate p
 limit, capped by the model's context) and settles to what it did cost (`settled_tokens`), never
 refunding more than it charged: use beyond the charge is a debt the tenant's next requests wait
 out. A request that may cost more than the whole budget is admitted only when the budget is full,
-and charged all of it. `TokenBucket` here and the Lua script in redis_buckets.py are the same
-rule (tests/helpers/budget_cases.py runs one table against both). They are kept in
-this process, or, with `--state redis://...`, in Redis, shared by every gateway process and
-instance (shared_state.py decides, and says when to fall back to this process's buckets).
-In-flight caps and priority queues always stay per process. When the gateway
+and charged all of it. The buckets are kept in this process (`TokenBucket`), or, with `--state
+redis://...`, in Redis by the same rule (redis_buckets.py, shared_state.py, which says when to fall
+back here). In-flight caps and priority queues always stay per process. When the gateway
 caps requests in flight (`max_in_flight`), the rest wait in one bounded queue per priority
 class; interactive waiters always go before batch ones. A full queue answers 429 with
 Retry-After at once — shedding keeps latency for admitted requests instead of collapsing it.
@@ -32,6 +30,7 @@ from typing import Literal, TypeGuard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vlmserve.errors import UserError
+from vlmserve.gateway.openai_errors import Refusal
 from vlmserve.gateway.redis_buckets import BucketLimits
 from vlmserve.gateway.request_info import OUTPUT_LIMIT_KEYS
 from vlmserve.gateway.shared_state import SharedState, StateUnavailable
@@ -122,11 +121,8 @@ def load_keys_file(path: str | Path) -> list[TenantSpec]:
 
 
 class TokenBucket:
-    """A token bucket that charges whole costs and may go into debt (the rule in the module docstring).
-
-    `wait_s` asks for min(amount, capacity): a cost over the whole bucket waits for a full one.
-    `take` then charges all of `amount`, so the bucket may fall below zero until `settle` gives
-    back what was not used (never more: the refund is the charge less the actual use)."""
+    """A token bucket that charges whole costs and may go into debt (the rule in the module docstring):
+    `wait_s` asks for min(amount, capacity), `take` charges all of `amount`, `settle` gives back."""
 
     def __init__(self, rate_per_s: float, capacity: float) -> None:
         self.rate_per_s = rate_per_s
@@ -253,17 +249,8 @@ def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_OUTPUT_TOKENS
 
 
-class AdmissionRejected(Exception):
-    """Carries the HTTP status, OpenAI error type/code and Retry-After for the response."""
-
-    def __init__(self, status: int, message: str, code: str, retry_after_s: float | None = None,
-                 reason: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.retry_after_s = retry_after_s
-        self.reason = reason or code
+class AdmissionRejected(Refusal):
+    """A request admission refuses: its key, limits, queue or body."""
 
 
 class Admission:

@@ -30,20 +30,20 @@ from vlmserve.gateway.config import GatewayConfig
 from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
 from vlmserve.media.preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
 from vlmserve.media.workers import ImageWorkerPool
-from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
+from vlmserve.gateway.json_limits import check_json_shape
 from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media, may_hold_media
 from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy
 from vlmserve.gateway.metrics import GatewayMetrics
-from vlmserve.gateway.openai_errors import error_response
+from vlmserve.gateway.openai_errors import Refusal, error_response
 from vlmserve.gateway.routing import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
 from vlmserve.gateway.proxy import Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool, fetch_whole
-from vlmserve.gateway.request_info import (BadRequestHeader, RoutedRequest, TokenEstimator, choices_of, client_request_id,
+from vlmserve.gateway.request_info import (RoutedRequest, TokenEstimator, choices_of, client_request_id,
                                            describe_request, session_key)
 from vlmserve.vision.probe import load_image_readers
 from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.gateway.routes import Route, RouteKind, RouteRefused, resolve
+from vlmserve.gateway.routes import Route, RouteKind, resolve
 from vlmserve.gateway.shared_state import SharedState
 from vlmserve.http1.client import ClientPool
 from vlmserve.http1.headers import header_lines
@@ -244,23 +244,23 @@ class Gateway:
     # ---- handlers ------------------------------------------------------------------------------
 
     async def dispatch(self, request: Request) -> Answer:
-        """Every request: its route from the raw target (routes.py), then that kind's handler."""
+        """Every request: its route from the raw target (routes.py), then that kind's handler. A
+        Refusal (a bad path, key or admin body) is answered here; engine work answers its own."""
         try:
-            route = resolve(request.method, request.target)
-        except RouteRefused as refused:
-            return error_response(refused.status, refused.message, refused.code)
-        request.route = route
-        request.path = route.path
-        kind = route.kind
-        if kind is RouteKind.ENGINE_WORK:
-            return await self.handle_engine_work(request)
-        if kind is RouteKind.MODELS:
-            return await self.handle_models(request)
-        if kind is RouteKind.ENGINE_INFO:
-            return await self.handle_engine_info(request)
-        if kind is RouteKind.ADMIN:
-            return await (handle_engine_metrics if route.path == ENGINE_METRICS_PATH else handle_adapter_admin)(self, request)
-        return await (self.handle_health(request) if route.path == "/health" else self.handle_metrics(request))
+            route = request.route = resolve(request.method, request.target)
+            request.path = route.path
+            kind = route.kind
+            if kind is RouteKind.ENGINE_WORK:
+                return await self.handle_engine_work(request)
+            if kind is RouteKind.MODELS:
+                return await self.handle_models(request)
+            if kind is RouteKind.ENGINE_INFO:
+                return await self.handle_engine_info(request)
+            if kind is RouteKind.ADMIN:
+                return await (handle_engine_metrics if route.path == ENGINE_METRICS_PATH else handle_adapter_admin)(self, request)
+            return await (self.handle_health(request) if route.path == "/health" else self.handle_metrics(request))
+        except Refusal as refused:
+            return refused.answer()
 
     async def handle_health(self, request: Request) -> Response:
         ok = bool(self.pool.candidates(None)) and not self.draining  # panic routing counts: ejection alone never fails /health
@@ -278,10 +278,7 @@ class Gateway:
         return Response(200, self.metrics.render(), {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def handle_models(self, request: Request) -> Response:
-        try:
-            tenant = self.admission.tenant_for(request.headers)
-        except AdmissionRejected as rejected:
-            return error_response(rejected.status, rejected.message, rejected.code)
+        tenant = self.admission.tenant_for(request.headers)
         models = self.adapters.visible(tenant, self.pool.known_models())
         if not models and not self.pool.any_healthy():
             return error_response(*_NO_HEALTHY_REPLICA)
@@ -306,13 +303,11 @@ class Gateway:
                 return error_response(*_DRAINING, retry_after_s=1, request_id=request_log.request_id)
             try:
                 body, routed = await self._admit(request, request_log, held)
-            except AdmissionRejected as rejected:
+            except Refusal as rejected:
                 request_log.status, request_log.error = str(rejected.status), rejected.message
                 if rejected.status == 429 or rejected.code == "state_unavailable":
                     self.metrics.shed.labels(request_log.tenant, rejected.reason).inc()
-                return error_response(rejected.status, rejected.message, rejected.code,
-                                      retry_after_s=rejected.retry_after_s, request_id=request_log.request_id,
-                                      client_request_id=request_log.client_request_id)
+                return rejected.answer(request_log.request_id, request_log.client_request_id)
             assert self.forwarder is not None
             return await self.forwarder.forward(request, body, routed, request_log)
         except asyncio.CancelledError:
@@ -332,12 +327,9 @@ class Gateway:
         """The checks before a request may go to a replica, in order: its id header, its key, its
         body, its media, its model, its output limits, its tenant's rate, a slot in flight. What it
         takes (an adapter, a charge, a slot) is noted in `held` as it is taken; a refusal raises
-        AdmissionRejected. Returns the body to forward and the router's view of the request."""
+        a Refusal. Returns the body to forward and the router's view of the request."""
         route: Route = request.route
-        try:
-            request_log.client_request_id = client_request_id(request.headers)
-        except BadRequestHeader as bad:
-            raise AdmissionRejected(400, str(bad), "invalid_request_id") from None
+        request_log.client_request_id = client_request_id(request.headers)  # BadRequestHeader: 400
         tenant = held.tenant = self.admission.tenant_for(request.headers)
         request_log.tenant = tenant.name
         body = request.body  # whole, within --max-body-bytes (the server refused a larger one)
@@ -431,10 +423,7 @@ class Gateway:
 
     def _parse_json(self, body: bytes) -> dict[str, Any]:
         """The body as a JSON object, within the depth and item limits; anything else is a 400."""
-        try:
-            check_json_shape(body, max_depth=self.config.max_json_depth, max_items=self.config.max_json_items)
-        except JsonShapeRefused as refused:
-            raise AdmissionRejected(400, refused.message, refused.code) from None
+        check_json_shape(body, max_depth=self.config.max_json_depth, max_items=self.config.max_json_items)
         try:
             payload = json.loads(body)
         except ValueError as err:
@@ -466,10 +455,7 @@ class Gateway:
         route: Route = request.route
         if self.draining:
             return error_response(*_DRAINING, retry_after_s=1)
-        try:
-            self.admission.tenant_for(request.headers)
-        except AdmissionRejected as rejected:
-            return error_response(rejected.status, rejected.message, rejected.code)
+        self.admission.tenant_for(request.headers)
         candidates = self.pool.candidates(None)
         if not candidates:
             return error_response(*_NO_HEALTHY_REPLICA, retry_after_s=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from vlmserve.errors import UserError, check_listen_port
@@ -18,12 +19,6 @@ from vlmserve.spec import DeploymentSpec
 
 CLIENT_MM_PROCESSOR_KWARGS = ("max_soft_tokens",)
 """The per-request processor kwargs clients may send by default: a vision budget (Gemma-style)."""
-
-
-# Settings in seconds that must be positive and finite, each named by its flag (_flag).
-_POSITIVE_SECONDS = ("connect_timeout_s", "first_token_timeout_s", "idle_chunk_timeout_s", "health_interval_s",
-                     "metrics_interval_s", "header_timeout_s", "keepalive_timeout_s", "media_fetch_timeout_s",
-                     "discover_interval_s")
 
 
 GATEWAY_FILE_FLAGS: dict[str, str] = {
@@ -61,6 +56,27 @@ def media_policy_argv(spec: DeploymentSpec) -> list[str]:
     return argv
 
 
+def _in_range(default: Any, low: float, high: float | None = None, *, above: bool = False, note: str = "") -> Any:
+    """A number setting's default and its allowed range, `low` (`above`: more than it) to `high`, checked by validate."""
+    return field(default=default, metadata={"range": (low, high, above, note)})
+
+
+def _positive_seconds(default: float, high: float | None = None) -> Any:
+    return _in_range(default, 0, high, above=True)
+
+
+def _check_range(name: str, value: float, low: float, high: float | None, above: bool, note: str) -> None:
+    """A one-line error naming the flag unless `value` is finite and in range (NaN fails every comparison)."""
+    if math.isfinite(value) and (value > low if above else value >= low) and (high is None or value <= high):
+        return
+    unit = " seconds" if name.endswith("_s") else ""
+    rule = ("a positive number of seconds" if above and high is None
+            else f"more than {low} and at most {high}{unit}" if above
+            else f"between {low} and {high}{unit}" if high is not None
+            else f"0 or more{unit}" if low == 0 else f"at least {low}{unit}")
+    raise UserError(f"{_flag(name)} must be {rule}{note}, got {value}")
+
+
 def _flag(name: str) -> str:
     """The CLI flag of a seconds setting: connect_timeout_s -> --connect-timeout."""
     return "--" + name.removesuffix("_s").replace("_", "-")
@@ -78,26 +94,26 @@ class GatewayConfig:
     audit_log: Path | None = None
     log_content: bool = False
     # Requests larger than this are refused with 413 before they are read completely.
-    max_body_bytes: int = 32 * 1024 * 1024
+    max_body_bytes: int = _in_range(32 * 1024 * 1024, 1)
     # Timeouts (seconds). The first-token one covers queueing inside the engine.
-    connect_timeout_s: float = 3.0
-    first_token_timeout_s: float = 300.0
-    idle_chunk_timeout_s: float = 60.0
+    connect_timeout_s: float = _positive_seconds(3.0)
+    first_token_timeout_s: float = _positive_seconds(300.0)
+    idle_chunk_timeout_s: float = _positive_seconds(60.0)
     # Retries happen only before the first byte reaches the client.
-    max_attempts: int = 3
+    max_attempts: int = _in_range(3, 1)
     retry_budget_ratio: float = 0.2
     retry_budget_min_per_s: float = 5.0
     # Health and ejection.
-    health_interval_s: float = 1.0
-    metrics_interval_s: float = 0.5
+    health_interval_s: float = _positive_seconds(1.0)
+    metrics_interval_s: float = _positive_seconds(0.5)
     breaker_failures: int = 3
     breaker_open_s: float = 5.0
     breaker_open_max_s: float = 60.0
     # Admission: how many requests may be in flight to the engines at once (0 = no limit),
     # and how many may wait per priority class before 429.
-    max_in_flight: int = 0
-    queue_limit_interactive: int = 1024
-    queue_limit_batch: int = 4096
+    max_in_flight: int = _in_range(0, 0, note=" (0 = no cap)")
+    queue_limit_interactive: int = _in_range(1024, 0)
+    queue_limit_batch: int = _in_range(4096, 0)
     queue_timeout_s: float = 60.0
     # Token estimates used by the load-aware policies (the gateway has no tokenizer).
     chars_per_token: float = 4.0
@@ -106,17 +122,17 @@ class GatewayConfig:
     # Prefix affinity: characters per hashed block, and how far over its fair share a
     # replica may go before affinity yields (consistent hashing with bounded loads).
     prefix_block_chars: int = 256
-    prefix_load_factor: float = 1.25
+    prefix_load_factor: float = _in_range(1.25, 1.0, note=" (1.0 = strict fair share)")
     replica_api_key: str | None = None
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = _in_range(30.0, 0)
     # Trust boundary: passive ejection never removes more than this share of the replicas
     # (rounded down: one replica is never ejected); beyond it, panic routing (replicas.py).
-    max_ejection_fraction: float = 0.5
+    max_ejection_fraction: float = _in_range(0.5, 0.0, 1.0, note=" (0 = never eject, 1 = any number)")
     # Slow, idle and too many clients (http1/server.py; nginx: client_header_timeout 60 s,
     # keepalive_timeout 75 s). Over max_connections a new connection gets 503 (0 = no cap).
-    header_timeout_s: float = 15.0
-    keepalive_timeout_s: float = 75.0
-    max_connections: int = 4096
+    header_timeout_s: float = _positive_seconds(15.0)
+    keepalive_timeout_s: float = _positive_seconds(75.0)
+    max_connections: int = _in_range(4096, 0, note=" (0 = no cap)")
     # HTTPS (http1/tls.py): both PEM files or neither.
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
@@ -127,20 +143,20 @@ class GatewayConfig:
     # A listed host that resolves to a loopback, private, link-local, metadata or other internal
     # address is refused too (media/addresses.py), unless the operator allows that on purpose.
     allow_internal_media_addresses: bool = False
-    max_json_depth: int = 64
-    max_json_items: int = 100_000
+    max_json_depth: int = _in_range(64, 2)
+    max_json_items: int = _in_range(100_000, 1)
     # Image preflight (media/preflight.py): per-request limits, which a tenant in the keys file may
     # tighten; remote media (allowed hosts only) is fetched here and forwarded inline.
-    max_image_bytes: int = 20 * 1024 * 1024
-    max_image_pixels: int = 64_000_000
-    max_images_per_request: int = 16
-    media_fetch_timeout_s: float = 10.0
+    max_image_bytes: int = _in_range(20 * 1024 * 1024, 1)
+    max_image_pixels: int = _in_range(64_000_000, 1)
+    max_images_per_request: int = _in_range(16, 1)
+    media_fetch_timeout_s: float = _positive_seconds(10.0)
     # Resize images so their longest side is at most this (None: forward them as sent).
-    image_downscale_max_side: int | None = None
+    image_downscale_max_side: int | None = _in_range(None, 16, note=" pixels (or left out to forward images as sent)")
     # Downscaling runs in this many worker processes (media/workers.py), and one request's
     # images may take at most image_work_budget_s of their CPU time (over it: 400).
-    image_workers: int = 2
-    image_work_budget_s: float = 5.0
+    image_workers: int = _in_range(2, 1, 64)
+    image_work_budget_s: float = _positive_seconds(5.0, 3600)
     # The served model's directory (config.json, processor configs): per-model image token
     # estimates and the downscale rule. Without it each image counts image_token_estimate.
     model_config_dir: Path | None = None
@@ -150,7 +166,7 @@ class GatewayConfig:
     # Replicas that come and go (vlmserve/discovery): a source read every discover_interval_s, beside
     # the static `replicas` (file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]).
     discover: str | None = None
-    discover_interval_s: float = 5.0
+    discover_interval_s: float = _positive_seconds(5.0)
     # Where tenants' rate limits and token budgets live (shared_state.py): None = this process;
     # redis://HOST:PORT/DB = shared by every gateway process and instance. When Redis does not
     # answer within state_timeout_s: "open" admits on per-process limits, "closed" answers 503.
@@ -181,36 +197,14 @@ class GatewayConfig:
             raise UserError(f"keys file {self.keys_file} does not exist: create it or drop --keys-file")
         check_state_settings(self.state, self.state_unavailable, self.state_timeout_s)
         check_tracing_settings(self.otlp_traces_endpoint, self.trace_sample_ratio)
-        if self.max_attempts < 1:
-            raise UserError("--max-attempts must be at least 1")
-        if self.max_body_bytes < 1:
-            raise UserError(f"--max-body-bytes must be at least 1, got {self.max_body_bytes}")
-        if not (math.isfinite(self.prefix_load_factor) and self.prefix_load_factor >= 1.0):
-            raise UserError("--prefix-load-factor must be at least 1.0 (1.0 = strict fair share)")
-        if self.max_json_depth < 2 or self.max_json_items < 1:
-            raise UserError("--max-json-depth must be at least 2 and --max-json-items at least 1")
-        if not 0.0 <= self.max_ejection_fraction <= 1.0:
-            raise UserError("--max-ejection-fraction must be between 0 and 1 (0 = never eject, 1 = any number)")
-        if min(self.max_image_bytes, self.max_image_pixels, self.max_images_per_request) < 1:
-            raise UserError("--max-image-bytes, --max-image-pixels and --max-images-per-request must be at least 1")
-        if not (1 <= self.image_workers <= 64 and 0 < self.image_work_budget_s <= 3600):
-            raise UserError("--image-workers must be between 1 and 64, and --image-work-budget between 0 and 3600 seconds")
-        if self.image_downscale_max_side is not None and self.image_downscale_max_side < 16:
-            raise UserError("--image-downscale-max-side must be at least 16 pixels (or left out to forward images as sent)")
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if "range" in item.metadata and value is not None:
+                _check_range(item.name, value, *item.metadata["range"])
         if self.model_config_dir is not None and not (Path(self.model_config_dir) / "config.json").is_file():
             raise UserError(f"--model-config-dir {self.model_config_dir}: no config.json there; give the served model's directory")
-        if min(self.max_in_flight, self.queue_limit_interactive, self.queue_limit_batch) < 0:
-            raise UserError("--max-in-flight (0 = no cap), --queue-limit-interactive and --queue-limit-batch must be 0 or more")
-        if self.max_connections < 0:
-            raise UserError("--max-connections must be 0 (no cap) or more")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise UserError("HTTPS needs both --ssl-certfile and --ssl-keyfile: pass both, or neither for plain HTTP")
-        for name in _POSITIVE_SECONDS:
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):  # NaN passes every comparison; inf never fires
-                raise UserError(f"{_flag(name)} must be a positive number of seconds, got {value}")
-        if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
-            raise UserError(f"--drain-timeout must be 0 or more seconds, got {self.drain_timeout_s}")
 
 
 ENV_ONLY_SETTINGS = ("replica_api_key", "state")

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from vlmserve import prometheus_text
 from vlmserve.gateway.admission import AdmissionRejected
-from vlmserve.gateway.openai_errors import error_response
 from vlmserve.http1.messages import Request, Response
 
 if TYPE_CHECKING:
@@ -21,12 +20,9 @@ PATH = prometheus_text.GATEWAY_PATH
 
 async def handle_engine_metrics(gateway: Gateway, request: Request) -> Response:
     """Authenticate, read the routable replicas' pages together, answer them merged."""
-    try:
-        if not gateway.admission.open and not gateway.admission.tenant_for(request.headers).admin:
-            raise AdmissionRejected(403, "the engines' metrics need an admin key (a keys-file tenant with admin: true)",
-                                    "admin_required")
-    except AdmissionRejected as refused:
-        return error_response(refused.status, refused.message, refused.code)
+    if not gateway.admission.open and not gateway.admission.tenant_for(request.headers).admin:  # dispatch answers
+        raise AdmissionRejected(403, "the engines' metrics need an admin key (a keys-file tenant with admin: true)",
+                                "admin_required")
     replicas = gateway.pool.candidates(None)
     probes = await asyncio.gather(*(gateway.pool._probe_status(replica, "/metrics") for replica in replicas))
     pages = [(replica.url, body) for replica, (body, _) in zip(replicas, probes) if body is not None]

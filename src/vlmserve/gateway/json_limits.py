@@ -14,15 +14,11 @@ The rules this module keeps:
 from __future__ import annotations
 
 from vlmserve.bounded_read import json_shape
+from vlmserve.gateway.openai_errors import Refusal
 
 
-class JsonShapeRefused(Exception):
-    """The body is too deep, too big in values, or unbalanced; the message says what to change."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
+class JsonShapeRefused(Refusal):
+    """The body is too deep, too big in values, or unbalanced (400); the message says what to change."""
 
 
 def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
@@ -35,10 +31,11 @@ def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
         return
     if finding.kind == "too_deep":
         raise JsonShapeRefused(
-            f"request body nests JSON deeper than {max_depth} levels: flatten it or ask the operator "
+            400, f"request body nests JSON deeper than {max_depth} levels: flatten it or ask the operator "
             "to raise --max-json-depth", "json_too_deep")
     if finding.kind == "too_many":
         raise JsonShapeRefused(
-            f"request body has about {finding.values} JSON values, over the {max_items} limit: split the request "
+            400, f"request body has about {finding.values} JSON values, over the {max_items} limit: split the request "
             "(fewer messages or inputs) or ask the operator to raise --max-json-items", "too_many_json_items")
-    raise JsonShapeRefused("request body is not valid JSON (unbalanced brackets): check how it is built", "invalid_json")
+    raise JsonShapeRefused(400, "request body is not valid JSON (unbalanced brackets): check how it is built",
+                           "invalid_json")

@@ -13,6 +13,7 @@ view of the replicas): per-process state stays per process.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -50,11 +51,7 @@ class _StateCollector(Collector):
         replicas = GaugeMetricFamily("vlmserve_gateway_replicas", "Replicas in the set by state: routable, not_ready (joined or failing its health check), draining (left the source, requests still in flight)", labels=["state"])
         for state_name, count in state.get("replica_states", {}).items():
             replicas.add_metric([state_name], count)
-        yield replicas
-        yield in_flight
-        yield healthy
-        yield outstanding
-        yield queued
+        yield from (replicas, in_flight, healthy, outstanding, queued)
         yield GaugeMetricFamily("vlmserve_gateway_ejected_replicas", "Replicas passively ejected now (breaker open or probing)", value=state["ejected"])
         yield GaugeMetricFamily("vlmserve_gateway_panic", "1 when every replica passing its health check is ejected, so all of them are routed to", value=1.0 if state["panic"] else 0.0)
         clients = state["clients"]
@@ -66,65 +63,45 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily("vlmserve_gateway_state_available", "1 while the shared admission state (--state redis://...) answers; 0 while rate limits fall back per --state-unavailable", value=1.0 if state["state_available"] else 0.0)
 
 
-_REQUESTS = ("vlmserve_gateway_requests", "Requests finished, by final status (HTTP code, stream_error, abandoned)",
-             ["status", "tenant", "replica"])
-_TTFT = ("vlmserve_gateway_time_to_first_token_seconds",
-         "Request received to first response byte sent, at the gateway; generation routes only", ["replica", "route"])
-_E2E = ("vlmserve_gateway_e2e_request_latency_seconds", "Request received to last byte sent, at the gateway",
-        ["replica", "route"])
 class GatewayMetrics:
     """One registry per gateway, so several gateways can live in one process (tests)."""
 
     def __init__(self, snapshot: Callable[[], dict]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        self.requests = Counter(*_REQUESTS, registry=self.registry)
-        self.ttft = Histogram(*_TTFT, buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.e2e = Histogram(*_E2E, buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.retries = Counter(
-            "vlmserve_gateway_retries", "Attempts retried on another replica, by the replica that failed and why",
-            ["replica", "reason"], registry=self.registry,
-        )
-        self.ejections = Counter(
-            "vlmserve_gateway_ejections", "Replicas ejected by their circuit breaker", ["replica"], registry=self.registry,
-        )
-        self.shed = Counter(
-            "vlmserve_gateway_shed_requests", "Requests refused by admission control (429; 503 when the shared state is unreachable in closed mode)", ["tenant", "reason"],
-            registry=self.registry,
-        )
-        self.images = Counter(
-            "vlmserve_gateway_images", "Images through the preflight, by outcome (inline, fetched, downscaled) or refusal code",
-            ["outcome"], registry=self.registry,
-        )
-        self.image_preflight = Histogram(
-            "vlmserve_gateway_image_preflight_seconds", "Time the image preflight took per request with images (fetch included)",
-            buckets=LATENCY_BUCKETS_S, registry=self.registry,
-        )
-        self.replica_changes = Counter(
-            "vlmserve_gateway_replica_changes", "Replicas that joined or left the set through --discover",
-            ["change"], registry=self.registry,
-        )
-        self.discovery_errors = Counter(
-            "vlmserve_gateway_discovery_errors",
-            "Failed reads of the --discover source (the previous set is kept), by reason: unreadable, malformed, unresolved, api_error",
-            ["reason"], registry=self.registry,
-        )
-        self.state_errors = Counter(
-            "vlmserve_gateway_state_errors",
-            "Failed calls to the shared admission state (--state), by kind: connection, timeout, auth, response, "
-            "wrong_type (a key that was not a bucket, replaced), other",
-            ["kind"], registry=self.registry,
-        )
-        self.state_fallbacks = Counter(
-            "vlmserve_gateway_state_fallbacks",
-            "Requests whose rate limits the shared state could not decide, by --state-unavailable mode: "
-            "open (decided on per-process limits), closed (refused with 503)",
-            ["mode"], registry=self.registry,
-        )
-        self.worker_requests = Counter(
-            "vlmserve_gateway_worker_requests", "Requests finished by each gateway worker process (--workers)",
-            ["pid"], registry=self.registry,
-        )
+        counter = functools.partial(Counter, registry=self.registry)
+        histogram = functools.partial(Histogram, buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.requests = counter("vlmserve_gateway_requests",
+                                "Requests finished, by final status (HTTP code, stream_error, abandoned)",
+                                ["status", "tenant", "replica"])
+        self.ttft = histogram("vlmserve_gateway_time_to_first_token_seconds",
+                              "Request received to first response byte sent, at the gateway; generation routes only",
+                              ["replica", "route"])
+        self.e2e = histogram("vlmserve_gateway_e2e_request_latency_seconds",
+                             "Request received to last byte sent, at the gateway", ["replica", "route"])
+        self.retries = counter("vlmserve_gateway_retries",
+                               "Attempts retried on another replica, by the replica that failed and why",
+                               ["replica", "reason"])
+        self.ejections = counter("vlmserve_gateway_ejections", "Replicas ejected by their circuit breaker", ["replica"])
+        self.shed = counter("vlmserve_gateway_shed_requests", "Requests refused by admission control (429; 503 when "
+                            "the shared state is unreachable in closed mode)", ["tenant", "reason"])
+        self.images = counter("vlmserve_gateway_images", "Images through the preflight, by outcome (inline, fetched, "
+                              "downscaled) or refusal code", ["outcome"])
+        self.image_preflight = histogram("vlmserve_gateway_image_preflight_seconds",
+                                         "Time the image preflight took per request with images (fetch included)")
+        self.replica_changes = counter("vlmserve_gateway_replica_changes",
+                                       "Replicas that joined or left the set through --discover", ["change"])
+        self.discovery_errors = counter("vlmserve_gateway_discovery_errors", "Failed reads of the --discover source "
+                                        "(the previous set is kept), by reason: unreadable, malformed, unresolved, "
+                                        "api_error", ["reason"])
+        self.state_errors = counter("vlmserve_gateway_state_errors", "Failed calls to the shared admission state "
+                                    "(--state), by kind: connection, timeout, auth, response, wrong_type (a key that "
+                                    "was not a bucket, replaced), other", ["kind"])
+        self.state_fallbacks = counter("vlmserve_gateway_state_fallbacks", "Requests whose rate limits the shared "
+                                       "state could not decide, by --state-unavailable mode: open (decided on "
+                                       "per-process limits), closed (refused with 503)", ["mode"])
+        self.worker_requests = counter("vlmserve_gateway_worker_requests",
+                                       "Requests finished by each gateway worker process (--workers)", ["pid"])
         self._state = _StateCollector(snapshot)
         self.registry.register(self._state)
         # a worker's share means something only beside other workers (--workers); one process skips the count

@@ -47,6 +47,24 @@ def error_response(
     return Response.json(error_body(status, message, code), status=status, headers=headers)
 
 
+class Refusal(Exception):
+    """A request the gateway answers with an error of its own (`answer`); `reason` labels the
+    shed-requests metric (the code unless given)."""
+
+    def __init__(self, status: int, message: str, code: str, retry_after_s: float | None = None,
+                 reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.retry_after_s = retry_after_s
+        self.reason = reason or code
+
+    def answer(self, request_id: str | None = None, client_request_id: str | None = None) -> Response:
+        return error_response(self.status, self.message, self.code, retry_after_s=self.retry_after_s,
+                              request_id=request_id, client_request_id=client_request_id)
+
+
 def sse_error_event(status: int, message: str, code: str | None = None) -> bytes:
     """The last event of a stream the gateway had to cut: clients see why, then EOF."""
     return b"data: " + json.dumps(error_body(status, message, code)).encode() + b"\n\n"

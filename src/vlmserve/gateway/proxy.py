@@ -32,7 +32,7 @@ import json
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any
 
 
@@ -82,35 +82,28 @@ class RequestLog:
             return {"X-Request-ID": self.request_id}
         return {"X-Request-ID": self.request_id, CLIENT_REQUEST_ID_HEADER: self.client_request_id}
 
+    def note_usage(self, usage: object) -> None:
+        """The engine's token counts, from the `usage` object of its answer (when it is one)."""
+        if isinstance(usage, dict):
+            self.prompt_tokens = usage.get("prompt_tokens")
+            self.completion_tokens = usage.get("completion_tokens")
+
     @property
     def retries(self) -> int:
         return max(0, len(self.attempts) - 1)
 
     def to_record(self) -> dict[str, Any]:
+        """The audit log's line: the fields in _RECORD_FIELDS, the retries, and times as ms after receipt."""
         def ms(mono: float | None) -> float | None:
             return None if mono is None else round((mono - self.received_mono) * 1000, 3)
 
-        return {
-            "id": self.request_id,
-            "client_request_id": self.client_request_id,
-            "tenant": self.tenant,
-            "model": self.model,
-            "adapter": self.adapter,
-            "path": self.path,
-            "stream": self.stream,
-            "priority": self.priority,
-            "replica": self.replica,
-            "status": self.status,
-            "retries": self.retries,
-            "attempts": self.attempts,
-            "received_at": self.received_at,
-            "ttft_ms": ms(self.first_byte_mono),
-            "e2e_ms": ms(self.finished_mono),
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "error": self.error,
-            **({"images": self.images} if self.images else {}),
-        }
+        return {"id": self.request_id, **{name: getattr(self, name) for name in _RECORD_FIELDS},
+                "retries": self.retries, "ttft_ms": ms(self.first_byte_mono), "e2e_ms": ms(self.finished_mono),
+                **({"images": self.images} if self.images else {})}
+
+
+_RECORD_FIELDS = ("client_request_id", "tenant", "model", "adapter", "path", "stream", "priority", "replica", "status",
+                  "attempts", "received_at", "prompt_tokens", "completion_tokens", "error")
 
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -165,32 +158,23 @@ def _whole_answer(upstream: ClientResponse, payload: bytes, log: RequestLog) -> 
                                                **log.id_headers()})
 
 
+@dataclass(eq=False)
 class Forwarder:
     """Sends generation requests to replicas on behalf of the app."""
 
-    def __init__(
-        self,
-        pool: ReplicaPool,
-        policy: RoutingPolicy,
-        upstream: ClientPool,
-        watchdog: Watchdog,
-        *,
-        max_attempts: int,
-        retry_budget: RetryBudget,
-        idle_chunk_timeout_s: float,
-        first_token_timeout_s: float,
-        upstream_auth: str | None = None,
-        on_retry: Any = None,
-    ) -> None:
-        self.pool = pool
-        self.policy = policy
-        self.upstream = upstream
-        self.watchdog = watchdog
-        self.max_attempts = max_attempts
-        self.retry_budget = retry_budget
-        self.idle_chunk_timeout_s = idle_chunk_timeout_s
-        self.first_token_timeout_s = first_token_timeout_s
-        self.on_retry = on_retry
+    pool: ReplicaPool
+    policy: RoutingPolicy
+    upstream: ClientPool
+    watchdog: Watchdog
+    _: KW_ONLY
+    max_attempts: int
+    retry_budget: RetryBudget
+    idle_chunk_timeout_s: float
+    first_token_timeout_s: float
+    upstream_auth: InitVar[str | None] = None
+    on_retry: Any = None
+
+    def __post_init__(self, upstream_auth: str | None) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         # the header lines every upstream request carries, encoded once
         self._fixed_headers = header_lines([("Content-Type", "application/json"),
@@ -274,52 +258,48 @@ class Forwarder:
         outcome = Outcome.FAILED
         upstream: ClientResponse | None = None
         try:
-            try:
-                upstream = await sent.response()
-                if log.trace is not None:
-                    log.trace.answered(upstream.status)
-                if upstream.status != 200:
-                    payload = await upstream.read()
-                    self._raise_if_retryable(upstream, payload, replica, log)
-                    replica.record_success()  # a 4xx is the request's fault, not the replica's
-                    outcome = Outcome.COMPLETED
-                    return self._passthrough_error(upstream, payload, log)
-                if not routed.stream:
-                    payload = await upstream.read()
-                    outcome = Outcome.COMPLETED
-                    return self._unary_response(upstream, payload, replica, routed, log)
-                # Armed (relay.py): the stream is set up now, while the engine computes its first
-                # token, which then leaves with the client's head from the replica's data_received.
-                # Until it does nothing is sent, so what fails before it is retried as below.
-                stream = Stream(request, 200, self._stream_headers(upstream, log))
-                relay = StreamRelay(upstream, stream, exchange,
-                                    lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens),
-                                    on_start=lambda: self._started(replica, exchange),
-                                    count_events=routed.counts_events)
-                outcome = await self._stream(relay, replica, routed, log)
-                return stream
-            except asyncio.CancelledError:
-                if exchange.expired and exchange.phase == FIRST_TOKEN and task.uncancel() == 0:
-                    self.pool.record_failure(replica)
-                    raise _RetryableFailure(
-                        "first_token_timeout",
-                        f"replica {replica.name} sent nothing within {self.first_token_timeout_s:g} s",
-                    ) from None
-                outcome = Outcome.ABANDONED
-                raise
-            except _RetryableFailure as failure:
-                if failure.fault == FAULT_REPLICA:
-                    self.pool.record_failure(replica)
-                else:
-                    replica.breaker.record_abandoned()  # no verdict (yet): free a probe slot
-                raise
-            except CONNECTION_ERRORS as err:
-                self.pool.record_failure(replica)
-                raise _RetryableFailure("connect_error", f"replica {replica.name}: {type(err).__name__}: {err}") from None
+            upstream = await sent.response()
+            if log.trace is not None:
+                log.trace.answered(upstream.status)
+            if upstream.status != 200:
+                payload = await upstream.read()
+                self._raise_if_retryable(upstream, payload, replica, log)
+                replica.record_success()  # a 4xx is the request's fault, not the replica's
+                outcome = Outcome.COMPLETED
+                return self._passthrough_error(upstream, payload, log)
+            if not routed.stream:
+                payload = await upstream.read()
+                outcome = Outcome.COMPLETED
+                return self._unary_response(upstream, payload, replica, routed, log)
+            # Armed (relay.py): the stream is set up now, while the engine computes its first
+            # token, which then leaves with the client's head from the replica's data_received.
+            # Until it does nothing is sent, so what fails before it is retried as below.
+            stream = Stream(request, 200, self._stream_headers(upstream, log))
+            relay = StreamRelay(upstream, stream, exchange,
+                                lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens),
+                                on_start=lambda: self._started(replica, exchange),
+                                count_events=routed.counts_events)
+            outcome = await self._stream(relay, replica, routed, log)
+            return stream
         except asyncio.CancelledError:
+            if exchange.expired and exchange.phase == FIRST_TOKEN and task.uncancel() == 0:
+                self.pool.record_failure(replica)
+                raise _RetryableFailure(
+                    "first_token_timeout",
+                    f"replica {replica.name} sent nothing within {self.first_token_timeout_s:g} s",
+                ) from None
             outcome = Outcome.ABANDONED
             log.status = "abandoned"
             raise
+        except _RetryableFailure as failure:
+            if failure.fault == FAULT_REPLICA:
+                self.pool.record_failure(replica)
+            else:
+                replica.breaker.record_abandoned()  # no verdict (yet): free a probe slot
+            raise
+        except CONNECTION_ERRORS as err:
+            self.pool.record_failure(replica)
+            raise _RetryableFailure("connect_error", f"replica {replica.name}: {type(err).__name__}: {err}") from None
         finally:
             if log.trace is not None:  # first: an exception in flight is the attempt's failure
                 log.trace.attempt_ended(outcome, exchange.chunks, log.first_byte_mono)
@@ -371,12 +351,9 @@ class Forwarder:
         self.policy.on_first_token(routed, replica)
         log.first_byte_mono = time.monotonic()
         try:
-            usage = json.loads(payload).get("usage")
+            log.note_usage(json.loads(payload).get("usage"))
         except (ValueError, AttributeError):
-            usage = None
-        if isinstance(usage, dict):
-            log.prompt_tokens = usage.get("prompt_tokens")
-            log.completion_tokens = usage.get("completion_tokens")
+            pass
         log.status = "200"
         return _whole_answer(upstream, payload, log)
 
@@ -418,8 +395,7 @@ class Forwarder:
             self.policy.on_first_token(routed, replica)
         usage = _usage_from_sse_tail(relay.usage_block[-8192:])
         if usage is not None:
-            log.prompt_tokens = usage.get("prompt_tokens")
-            log.completion_tokens = usage.get("completion_tokens")
+            log.note_usage(usage)
         elif relay.events is not None:  # a budget settles from it: events, not pieces (relay.py, EventCounter)
             log.completion_tokens = relay.events.events
         else:

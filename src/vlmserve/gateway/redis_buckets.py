@@ -6,12 +6,9 @@ The rules kept:
   script alone, so two gateways admitting at the same instant cannot both take the last token.
 - Redis's clock (`TIME`, inside the script), never a gateway's: gateways on different machines
   need not agree on the time.
-- The budget rule is admission.py's (`TokenBucket`): a request waits for min(cost, capacity)
-  and is charged its whole cost, so a cost over the budget needs a full bucket and leaves it in
-  debt; after the response the charge is settled to the use (a refund of charge less use, never
-  more than the charge; a negative one is a debt), carried by the tenant's next `admit` (no extra
-  round trip), or by `settle` when none comes soon. tests/helpers/budget_cases.py is the one
-  table of cases both implementations are tested against.
+- The budget rule is admission.py's (`TokenBucket`), so falling back to it changes where a bucket
+  lives, not what it allows (tests/helpers/budget_cases.py runs one table against both). A settle
+  rides along with the tenant's next `admit` (no extra round trip), or goes by `settle`.
 - Every key expires once its bucket would be full again (a full bucket and a missing key mean
   the same), so tenants that stop sending leave nothing behind; the expiry is capped at
   MAX_TTL_MS, so no level or rate can make PEXPIRE refuse it.
@@ -20,8 +17,6 @@ The rules kept:
 
 Keys: `vlmserve:admission:{TENANT}:req` and `...:tok`, hashes of `tokens` and `at_us`. The
 braces are a Redis Cluster hash tag: a tenant's two keys live in one slot, as a script needs.
-Semantics match `admission.TokenBucket`, so falling back to it changes where a bucket lives,
-not what it allows.
 """
 
 from __future__ import annotations

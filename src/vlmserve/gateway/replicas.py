@@ -180,11 +180,8 @@ class ReplicaPool:
     # ---- replicas that come and go -----------------------------------------------------------
 
     def set_discovered(self, urls: Iterable[str]) -> tuple[list[Replica], list[Replica]]:
-        """Make the discovered replicas exactly `urls` (static ones are kept whatever the list says).
-
-        Returns (added, removed). An added replica is routed to once its health check passes (one
-        starts now); a removed one drains. A URL that returns while its replica drains is taken
-        back as it is (same index, breaker and policy state)."""
+        """Make the discovered replicas exactly `urls` (the module docstring's rules); returns (added, removed).
+        A URL that returns while its replica drains is taken back as it is (same index, breaker and policy state)."""
         static = {r.url for r in self.replicas if not r.discovered}
         wanted = {url.rstrip("/") for url in urls} - static
         current = {r.url: r for r in self.replicas if r.discovered}
@@ -298,14 +295,8 @@ class ReplicaPool:
     def lists_model(self, model: str) -> bool:
         """Whether a healthy replica lists `model`, or none has listed any model yet (then the
         engine decides). Asked per request: no union of the lists is built (known_models)."""
-        listed = False
-        for replica in self.replicas:
-            if replica.healthy and replica.models:
-                ids = replica.model_ids
-                if model in ids:
-                    return True
-                listed = listed or bool(ids)
-        return not listed
+        lists = [replica.model_ids for replica in self.replicas if replica.healthy and replica.models]
+        return any(model in ids for ids in lists) or not any(lists)
 
     def any_healthy(self) -> bool:
         return any(r.healthy for r in self.replicas)

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vlmserve.gateway.openai_errors import Refusal
+
 
 MAX_CLIENT_REQUEST_ID_CHARS = 128
 _CLIENT_REQUEST_ID = re.compile(r"[!-~]{1,%d}" % MAX_CLIENT_REQUEST_ID_CHARS)  # printable ASCII, no spaces
@@ -24,7 +26,7 @@ OUTPUT_LIMIT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 """The fields that bound a request's output, the first given one counting (admission checks them all)."""
 
 
-class BadRequestHeader(ValueError):
+class BadRequestHeader(Refusal):
     """A request header the gateway refuses (400); the message names the header and the rule."""
 
 
@@ -38,8 +40,8 @@ def client_request_id(headers: Mapping[str, str]) -> str | None:
     if not value:
         return None
     if not _CLIENT_REQUEST_ID.fullmatch(value):
-        raise BadRequestHeader(f"X-Request-ID must be 1 to {MAX_CLIENT_REQUEST_ID_CHARS} printable ASCII characters "
-                               "without spaces (a UUID, say): drop it or send a shorter one")
+        raise BadRequestHeader(400, f"X-Request-ID must be 1 to {MAX_CLIENT_REQUEST_ID_CHARS} printable ASCII characters "
+                               "without spaces (a UUID, say): drop it or send a shorter one", "invalid_request_id")
     return value
 
 
@@ -145,14 +147,9 @@ def _flatten_prompt(prompt: Any) -> str:
 
 
 def template_conversation(body: dict[str, Any], image_digests: list[str] | None = None) -> tuple[str, int]:
-    """A canonical text of the prompt and the number of images in it.
-
-    Chat messages become `<|role|>content` in order (a stand-in for the model's chat template:
-    what matters is that equal conversation prefixes give equal text prefixes). Images become a
-    short digest of their URL, so two requests with the same image share that block. Without
-    `messages`, the completions `prompt` or the /v1/responses, embeddings and pooling `input`
-    is used.
-    """
+    """A canonical text of the prompt and the number of images in it: the chat messages (a stand-in
+    for the model's chat template: equal conversation prefixes give equal text prefixes), else the
+    completions `prompt` or the /v1/responses, embeddings and pooling `input`."""
     digests = iter(image_digests) if image_digests else None
     messages = body.get("messages")
     if isinstance(messages, list):

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from vlmserve.gateway.openai_errors import Refusal
+
 
 class RouteKind(Enum):
     GATEWAY = "gateway"  # answered by the gateway itself (/health, /metrics); no key needed
@@ -74,14 +76,8 @@ internal."""
 _ENCODED_SEPARATOR = re.compile(r"%(?:2e|2f|5c)", re.IGNORECASE)
 
 
-class RouteRefused(Exception):
-    """The request target is not a public path; carries the OpenAI-format answer's fields."""
-
-    def __init__(self, status: int, message: str, code: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
+class RouteRefused(Refusal):
+    """The request target is not a public path."""
 
 
 def target_path(raw_target: str) -> str:

@@ -11,16 +11,16 @@ certificate is configured; a bad certificate or key is a one-line error before a
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import resource
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from vlmserve.errors import UserError
 from vlmserve.gateway.app import Gateway
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.openai_errors import error_response
+from vlmserve.gateway.workers import listen_error
 from vlmserve.http1.tls import server_ssl_context
 from vlmserve.http1.server import HttpServer, ServerLimits
 from vlmserve.quiet_gc import quiet_garbage_collector
@@ -38,14 +38,14 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+@dataclass
 class RunningGateway:
     """A started gateway inside a running event loop."""
 
-    def __init__(self, listener: asyncio.Server, http: HttpServer, gateway: Gateway, port: int) -> None:
-        self.listener = listener
-        self.http = http
-        self.gateway = gateway
-        self.port = port
+    listener: asyncio.Server
+    http: HttpServer
+    gateway: Gateway
+    port: int
 
     @property
     def base_url(self) -> str:
@@ -79,9 +79,7 @@ async def start_gateway(config: GatewayConfig, reuse_port: bool = False) -> Runn
     except OSError as err:
         http.close_all()
         await gateway.stop()
-        if err.errno == errno.EADDRINUSE:
-            raise UserError(f"port {config.port} on {config.host} is already in use: choose another --port") from None
-        raise UserError(f"cannot listen on {config.host}:{config.port}: {err.strerror}") from None
+        raise listen_error(config.host, config.port, err) from None
     port = listener.sockets[0].getsockname()[1] if listener.sockets else config.port
     return RunningGateway(listener, http, gateway, port)
 

@@ -4,30 +4,20 @@
 instance draw a tenant's limits from the same atomic buckets (redis_buckets.py); without it
 each process keeps its own (admission.TokenBucket). This module is the facade admission calls:
 
-- `admit` answers "admitted", "wait N s", or "not decided here" (`None`): Redis is unavailable
-  and the operator chose `--state-unavailable open`, so the caller uses its per-process buckets
-  and keeps serving. With `closed` it raises `StateUnavailable` instead, which the gateway turns
-  into a 503 with Retry-After. Every request decided without Redis counts in
-  `vlmserve_gateway_state_fallbacks_total{mode}`; every failed Redis call in
-  `vlmserve_gateway_state_errors_total{kind}`; `vlmserve_gateway_state_available` is 0 meanwhile.
-- A failed call marks Redis unavailable at once; from then on requests are not sent to Redis
-  (no request waits out a timeout during an outage) and a background probe tries a write
-  every `probe_interval_s` (a PING would pass on a Redis out of memory or read-only, which
-  refuses every bucket update); the first that succeeds makes it shared again. Buckets Redis
-  lost in a restart start full, as a new tenant's do.
+- `admit` answers "admitted", "wait N s", or "not decided here" (`None`: Redis is unavailable and
+  the operator chose `--state-unavailable open`, so the caller uses its per-process buckets and
+  keeps serving); with `closed` it raises `StateUnavailable`, which the gateway turns into a 503.
+- A failed call marks Redis unavailable at once, so no request waits out a timeout during an
+  outage; a background probe writes (`_check_writable`) every `probe_interval_s` until one succeeds.
+  Buckets Redis lost in a restart start full, as a new tenant's do.
 - One timeout (`--state-timeout`) bounds every Redis call, connecting included; redis-py's own
   retries are off, so a call costs at most that long.
-- The client is made in `start()` (the app's startup, inside the serving process's event
-  loop), never at import or before a fork: each worker process gets its own connections.
-- At start, a password Redis refuses is a configuration mistake and stops the gateway with one
-  line; an unreachable Redis is not (it may start after the gateway): the gateway starts in the
-  fallback mode and waits for it.
-- Settling (giving back a charge less the use after the response, or charging a debt: the
-  rule is admission.py's) never makes a response wait, nor costs a round trip of its own
-  while the tenant keeps sending: settles add up per tenant in the process and ride along with
-  that tenant's next admit; those still pending after `settle_interval_s` are sent on their
-  own. Through an outage they stay pending here (a failed send is kept); only a process that
-  ends with some pending loses them.
+- The client is made in `start()` (inside the serving process's event loop), never at import or
+  before a fork: each worker process gets its own connections. A password Redis refuses stops the
+  gateway there with one line; an unreachable Redis does not (it may start after the gateway).
+- Settles never make a response wait, nor cost a round trip of their own while the tenant keeps
+  sending (`settle`); through an outage they stay pending here, so only a process that ends with
+  some pending loses them.
 """
 
 from __future__ import annotations

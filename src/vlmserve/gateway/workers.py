@@ -11,16 +11,13 @@ between processes. This process stays a small supervisor:
 - /metrics sums counters and histograms over the workers (metrics.py, Prometheus multiprocess
   mode in a private temporary directory).
 
-What is per process: everything a worker keeps in memory, so with N workers each one has its own
-admission limits (`--max-in-flight` and the queues are per worker), tenants' rate limits (a
-tenant can get up to N times its rate unless shared state is configured), breakers, routing
-policy state and replica health checks (each worker checks the replicas), and the image
-worker processes that downscale images (`--image-workers` per gateway process, media/workers.py). The audit log is
-appended by every worker (one line per request, lines may interleave across workers).
+Everything a worker keeps in memory is per worker (limits, queues, breakers, routing state, health
+checks, `--image-workers` processes): docs/gateway.md lists it. Every worker appends to the audit log.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import multiprocessing.process
@@ -61,10 +58,15 @@ def reserve_port(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        if err.errno == 98:  # EADDRINUSE
-            raise UserError(f"port {port} on {host} is already in use: choose another --port") from None
-        raise UserError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+        raise listen_error(host, port, err) from None
     return sock
+
+
+def listen_error(host: str, port: int, err: OSError) -> UserError:
+    """Why the gateway cannot listen on host:port, as the one line a user sees."""
+    if err.errno == errno.EADDRINUSE:
+        return UserError(f"port {port} on {host} is already in use: choose another --port")
+    return UserError(f"cannot listen on {host}:{port}: {err.strerror}")
 
 
 def _worker_main(config: GatewayConfig, ready: Any) -> None:

@@ -39,7 +39,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
         (["--replica", "http://127.0.0.1:1", "--drain-timeout", "-1"], "--drain-timeout must be 0 or more seconds, got -1.0"),
         (["--replica", "http://127.0.0.1:1", "--max-body-bytes", "-1"], "--max-body-bytes must be at least 1, got -1"),
         (["--replica", "http://127.0.0.1:1", "--prefix-load-factor", "nan"], "--prefix-load-factor must be at least 1.0"),
-        (["--replica", "http://127.0.0.1:1", "--max-in-flight", "-1"], "--max-in-flight (0 = no cap), --queue-limit-interactive and --queue-limit-batch must be 0 or more"),
+        (["--replica", "http://127.0.0.1:1", "--max-in-flight", "-1"], "--max-in-flight must be 0 or more (0 = no cap), got -1"),
         (["--replica", "http://127.0.0.1:1", "--queue-limit-batch", "-5"], "--queue-limit-batch must be 0 or more"),
     ],
 )
