@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from vlmserve.errors import UserError
+
+if TYPE_CHECKING:
+    from vlmserve.batch.output import BatchOutcome
 
 
 def batch(
@@ -46,6 +49,27 @@ def batch(
     from vlmserve.batch.send import RetryPolicy
     from vlmserve.batch.summary import Pricing, print_summary
 
+    _check_flags(priority, runner, base_url, ray_address, ray_workers, ray_engine, ray_engine_kwargs)
+    engine_kwargs = _engine_kwargs(ray_engine_kwargs)
+    console = consoles.console(stderr=True)
+    options = BatchOptions(input_path=input_path, output_path=output, base_url=base_url or "", concurrency=concurrency,
+                           priority=priority, api_key=api_key, retry=RetryPolicy(max_retries=max_retries),
+                           request_timeout_s=request_timeout, progress=not no_progress)
+    if runner == "ray":
+        from vlmserve.batch.ray_runner import DEFAULT_WORKERS, RayOptions, run_ray_job
+
+        outcome = run_ray_job(options, RayOptions(address=ray_address, workers=ray_workers or DEFAULT_WORKERS,
+                                                  engine=ray_engine, engine_kwargs=engine_kwargs), console)
+    else:
+        outcome = run_batch_job(options, console)
+    pricing = Pricing(price_per_gpu_hour, gpus) if price_per_gpu_hour is not None else None
+    print_summary(console, outcome, pricing)
+    _exit_for(outcome, output)
+
+
+def _check_flags(priority: str | None, runner: str, base_url: str | None, ray_address: str | None,
+                 ray_workers: int | None, ray_engine: str | None, ray_engine_kwargs: str | None) -> None:
+    """The flags that contradict each other, or name a runner or priority that does not exist, refused."""
     if priority is not None and priority not in ("batch", "interactive"):
         raise UserError(f"--priority '{priority}': use batch or interactive")
     if runner not in ("builtin", "ray"):
@@ -62,20 +86,10 @@ def batch(
         raise UserError("--ray-engine-kwargs only applies with --ray-engine")
     if base_url is None and ray_engine is None:
         raise UserError("--base-url is required" + (" (or --ray-engine MODEL)" if runner == "ray" else ""))
-    engine_kwargs = _engine_kwargs(ray_engine_kwargs)
-    console = consoles.console(stderr=True)
-    options = BatchOptions(input_path=input_path, output_path=output, base_url=base_url or "", concurrency=concurrency,
-                           priority=priority, api_key=api_key, retry=RetryPolicy(max_retries=max_retries),
-                           request_timeout_s=request_timeout, progress=not no_progress)
-    if runner == "ray":
-        from vlmserve.batch.ray_runner import DEFAULT_WORKERS, RayOptions, run_ray_job
 
-        outcome = run_ray_job(options, RayOptions(address=ray_address, workers=ray_workers or DEFAULT_WORKERS,
-                                                  engine=ray_engine, engine_kwargs=engine_kwargs), console)
-    else:
-        outcome = run_batch_job(options, console)
-    pricing = Pricing(price_per_gpu_hour, gpus) if price_per_gpu_hour is not None else None
-    print_summary(console, outcome, pricing)
+
+def _exit_for(outcome: BatchOutcome, output: Path) -> None:
+    """A run that left lines unanswered or failed exits non-zero, saying how to finish it."""
     if outcome.write_error:
         raise UserError(f"{outcome.write_error}; every line in it is complete — free space (or pick a writable "
                         f"folder) and rerun the same command to answer the {outcome.remaining:,} lines left",
@@ -89,6 +103,7 @@ def batch(
     if outcome.failed:
         raise UserError(f"{outcome.failed:,} lines failed; see their response.status_code / error in {output}",
                         exit_code=1)
+
 
 
 def _engine_kwargs(text: str | None) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+from vlmserve.cli.model_options import GROUP, Flag, OptionGroup, with_groups
 from vlmserve.errors import UserError
 from vlmserve.export.platform_engine import DROP_FLAG
 
@@ -28,77 +29,63 @@ def _parse_label(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+K8S = OptionGroup("flags", {
+    # every `vlmserve export k8s` flag once, in its --help order
+    "spec_file": Flag(typer.Option(..., "-f", "--file", help="Deployment spec (deploy.yaml)."), Path),
+    "out": Flag(typer.Option(..., "--out", help="Folder to write the manifests into."), Path),
+    "namespace": Flag(typer.Option("default", "--namespace", help="Namespace of every object."), str),
+    "vllm_image": Flag(typer.Option("vllm/vllm-openai:latest", "--vllm-image", help="Engine image (pin a tag)."), str),
+    "vlmserve_image": Flag(typer.Option(None, "--vlmserve-image", help="Image with vlmserve installed (gateway, sim engine); default: vlmserve:<version>, what the repository's Dockerfile builds."), Optional[str]),
+    "model_pvc": Flag(typer.Option(None, "--model-pvc", help="PersistentVolumeClaim holding a local weights folder."), Optional[str]),
+    "hf_token_secret": Flag(typer.Option(None, "--hf-token-secret", help="Secret with key 'token' for gated Hugging Face models."), Optional[str]),
+    "max_replicas": Flag(typer.Option(None, "--max-replicas", min=1, help="KEDA upper bound (default: the spec's autoscale rule, else 4x replicas)."), Optional[int]),
+    "waiting_per_replica": Flag(typer.Option(None, "--waiting-per-replica", min=0.001, help="Queued requests per replica before KEDA adds one (default: the spec's autoscale rule, else 5)."), Optional[float]),
+    "prometheus_url": Flag(typer.Option("http://prometheus-operated.monitoring.svc:9090", "--prometheus-url", help="Prometheus that KEDA queries."), str),
+    "monitoring_label": Flag(typer.Option([], "--monitoring-label", help="KEY=VALUE label your Prometheus Operator selects on (e.g. release=kube-prometheus-stack); repeatable."), list[str]),
+    "ttft_slo": Flag(typer.Option("500ms", "--ttft-slo", help="p95 TTFT objective in the PrometheusRule."), str),
+    "discovery": Flag(typer.Option("dns", "--discovery", help="How the gateways find the engine pods: dns (the headless Service's records) or k8s (its EndpointSlices; adds a ServiceAccount, Role and RoleBinding)."), str),
+    "redis_image": Flag(typer.Option("redis:7-alpine", "--redis-image", help="Image of the Redis the gateways share."), str),
+    "embed_secrets": Flag(typer.Option(False, "--embed-secrets", help="Write the keys file, TLS pair and a Redis password into Secret manifests (key material in --out); default: print the kubectl commands that create them from the files."), bool),
+    "audit_pvc": Flag(typer.Option(None, "--audit-pvc", help="ReadWriteMany PersistentVolumeClaim for the gateways' audit logs (default: an emptyDir, lost when a pod restarts)."), Optional[str]),
+    "monitoring_namespace": Flag(typer.Option("monitoring", "--monitoring-namespace", help="Namespace whose pods (Prometheus) may reach the engines' port for /metrics; '' lets only the gateways in."), str),
+    "router": Flag(typer.Option("vlmserve", "--router", help="What routes requests to the engines: vlmserve (its gateway, Redis and NetworkPolicies) or llm-d (an InferencePool, its endpoint picker and an HTTPRoute from your Gateway; no vlmserve gateway)."), str),
+    "epp_image": Flag(typer.Option(None, "--epp-image", help="--router llm-d: endpoint-picker image (default: the one KServe v0.20 pins)."), Optional[str]),
+    "gateway_name": Flag(typer.Option(None, "--gateway-name", help="--router llm-d: the Gateway (same namespace) the HTTPRoute attaches to (default: inference-gateway)."), Optional[str]),
+    "drop_gateway_settings": Flag(typer.Option(False, DROP_FLAG, help=DROP_HELP), bool),
+})
+
+
 @export_app.command("k8s")
-def k8s(
-    spec_file: Path = typer.Option(..., "-f", "--file", help="Deployment spec (deploy.yaml)."),
-    out: Path = typer.Option(..., "--out", help="Folder to write the manifests into."),
-    namespace: str = typer.Option("default", "--namespace", help="Namespace of every object."),
-    vllm_image: str = typer.Option("vllm/vllm-openai:latest", "--vllm-image", help="Engine image (pin a tag)."),
-    vlmserve_image: Optional[str] = typer.Option(
-        None, "--vlmserve-image", help="Image with vlmserve installed (gateway, sim engine); default: "
-                                       "vlmserve:<version>, what the repository's Dockerfile builds."),
-    model_pvc: Optional[str] = typer.Option(None, "--model-pvc",
-                                            help="PersistentVolumeClaim holding a local weights folder."),
-    hf_token_secret: Optional[str] = typer.Option(None, "--hf-token-secret",
-                                                  help="Secret with key 'token' for gated Hugging Face models."),
-    max_replicas: Optional[int] = typer.Option(None, "--max-replicas", min=1,
-                                               help="KEDA upper bound (default: the spec's autoscale rule, else 4x replicas)."),
-    waiting_per_replica: Optional[float] = typer.Option(
-        None, "--waiting-per-replica", min=0.001,
-        help="Queued requests per replica before KEDA adds one (default: the spec's autoscale rule, else 5)."),
-    prometheus_url: str = typer.Option("http://prometheus-operated.monitoring.svc:9090", "--prometheus-url",
-                                       help="Prometheus that KEDA queries."),
-    monitoring_label: list[str] = typer.Option([], "--monitoring-label",
-                                               help="KEY=VALUE label your Prometheus Operator selects on "
-                                                    "(e.g. release=kube-prometheus-stack); repeatable."),
-    ttft_slo: str = typer.Option("500ms", "--ttft-slo", help="p95 TTFT objective in the PrometheusRule."),
-    discovery: str = typer.Option("dns", "--discovery",
-                                  help="How the gateways find the engine pods: dns (the headless Service's records) "
-                                       "or k8s (its EndpointSlices; adds a ServiceAccount, Role and RoleBinding)."),
-    redis_image: str = typer.Option("redis:7-alpine", "--redis-image", help="Image of the Redis the gateways share."),
-    embed_secrets: bool = typer.Option(False, "--embed-secrets",
-                                       help="Write the keys file, TLS pair and a Redis password into Secret "
-                                            "manifests (key material in --out); default: print the kubectl "
-                                            "commands that create them from the files."),
-    audit_pvc: Optional[str] = typer.Option(None, "--audit-pvc",
-                                            help="ReadWriteMany PersistentVolumeClaim for the gateways' audit logs "
-                                                 "(default: an emptyDir, lost when a pod restarts)."),
-    monitoring_namespace: str = typer.Option("monitoring", "--monitoring-namespace",
-                                             help="Namespace whose pods (Prometheus) may reach the engines' port "
-                                                  "for /metrics; '' lets only the gateways in."),
-    router: str = typer.Option("vlmserve", "--router",
-                               help="What routes requests to the engines: vlmserve (its gateway, Redis and "
-                                    "NetworkPolicies) or llm-d (an InferencePool, its endpoint picker and an "
-                                    "HTTPRoute from your Gateway; no vlmserve gateway)."),
-    epp_image: Optional[str] = typer.Option(None, "--epp-image",
-                                            help="--router llm-d: endpoint-picker image (default: the one KServe "
-                                                 "v0.20 pins)."),
-    gateway_name: Optional[str] = typer.Option(None, "--gateway-name",
-                                               help="--router llm-d: the Gateway (same namespace) the HTTPRoute "
-                                                    "attaches to (default: inference-gateway)."),
-    drop_gateway_settings: bool = typer.Option(False, DROP_FLAG, help=DROP_HELP),
-) -> None:
+@with_groups(K8S)
+def k8s(flags: dict[str, Any] = GROUP) -> None:
     """Write Deployments, Services (Redis for the gateways' shared state), a KEDA ScaledObject, a ServiceMonitor and a PrometheusRule."""
-    from vlmserve.export.k8s import K8sOptions
     from vlmserve.observe.alerts import AlertSettings
     from vlmserve.spec import load_deployment_spec, parse_duration_s
 
-    spec = load_deployment_spec(spec_file)
+    spec = load_deployment_spec(flags["spec_file"])
     try:
-        slo_s = parse_duration_s(ttft_slo)
+        slo_s = parse_duration_s(flags["ttft_slo"])
     except ValueError as err:
         raise UserError(f"--ttft-slo: {err}") from None
-    image = {"vlmserve_image": vlmserve_image} if vlmserve_image else {}
-    options = K8sOptions(namespace=namespace, vllm_image=vllm_image, **image,
-                         model_pvc=model_pvc, hf_token_secret=hf_token_secret, max_replicas=max_replicas,
-                         waiting_per_replica=waiting_per_replica, prometheus_url=prometheus_url,
-                         monitoring_labels=tuple(_parse_label(text) for text in monitoring_label),
-                         discovery=discovery, redis_image=redis_image, embed_secrets=embed_secrets,
-                         audit_pvc=audit_pvc, monitoring_namespace=monitoring_namespace or None)
-    export = _routed_export(spec, options, AlertSettings(ttft_slo_s=slo_s), router,
-                            {"--epp-image": epp_image, "--gateway-name": gateway_name, DROP_FLAG: drop_gateway_settings},
-                            {"--embed-secrets": embed_secrets, "--audit-pvc": audit_pvc, "--discovery": discovery != "dns"})
-    _write_export(export, out)
+    llmd_flags = {"--epp-image": flags["epp_image"], "--gateway-name": flags["gateway_name"],
+                  DROP_FLAG: flags["drop_gateway_settings"]}
+    gateway_flags = {"--embed-secrets": flags["embed_secrets"], "--audit-pvc": flags["audit_pvc"],
+                     "--discovery": flags["discovery"] != "dns"}
+    export = _routed_export(spec, _k8s_options(flags), AlertSettings(ttft_slo_s=slo_s), flags["router"], llmd_flags,
+                            gateway_flags)
+    _write_export(export, flags["out"])
+
+
+def _k8s_options(flags: dict[str, Any]) -> "K8sOptions":
+    """The K8sOptions `export k8s`'s flags set (the image default kept where --vlmserve-image is not given)."""
+    from vlmserve.export.k8s import K8sOptions
+
+    image = {"vlmserve_image": flags["vlmserve_image"]} if flags["vlmserve_image"] else {}
+    same = ("namespace", "vllm_image", "model_pvc", "hf_token_secret", "max_replicas", "waiting_per_replica",
+            "prometheus_url", "discovery", "redis_image", "embed_secrets", "audit_pvc")
+    return K8sOptions(**{name: flags[name] for name in same}, **image,
+                      monitoring_labels=tuple(_parse_label(text) for text in flags["monitoring_label"]),
+                      monitoring_namespace=flags["monitoring_namespace"] or None)
 
 
 def _routed_export(spec: "DeploymentSpec", options: "K8sOptions", alerts: "AlertSettings", router: str,

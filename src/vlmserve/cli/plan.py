@@ -21,7 +21,7 @@ from rich.table import Table
 from pydantic import ValidationError
 
 from vlmserve.cli.bench_options import parse_image_size
-from vlmserve.cli.model_options import model_option
+from vlmserve.cli.model_options import GROUP, Flag, ModelOption, OptionGroup, model_option, with_groups
 from vlmserve.errors import UserError
 from vlmserve.results.blocks import SimulationBlock
 from vlmserve.hardware.gpus import GIB
@@ -33,7 +33,7 @@ from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts without them
-    from vlmserve.plan.search import Candidate, SearchOutcome
+    from vlmserve.plan.search import Candidate, SearchOutcome, SearchSpace
     from vlmserve.plan.simulate import SimulationOutput
 
 SIMULATED_NOTE = "[yellow]planner output (simulated, not measured)[/]"
@@ -51,9 +51,9 @@ _PLANNED = "the planner's workload: a typical chat request (1024-token prompt, 1
 _PLANNED_IMAGE = "1024x1024"
 
 
-def _load(name: str, **kwargs: Any) -> Any:
+def _load(name: str, **kwargs: Any) -> ModelOption:
     """A plan flag that sets LoadSpec's `name` (generated from the field; no vLLM bench alias)."""
-    return model_option(LoadSpec, name, vllm_alias=False, **kwargs).info
+    return model_option(LoadSpec, name, vllm_alias=False, **kwargs)
 
 
 _INPUT_LEN = model_option(LoadSpec, "input_len", default=1024, because=_PLANNED, vllm_alias=False, min=1,
@@ -88,77 +88,81 @@ def _setup(model: str, gpu: str, calibration_path: Optional[str], **options: Any
     return PlanSetup.from_names(model, gpu, calibration=load_calibration(calibration_path), **options)
 
 
+PLAN = OptionGroup("flags", {
+    # every `vlmserve plan` flag once, in its --help order
+    "model": Flag(typer.Option(None, "--model", help="Preset name (see `plan models`) or a config.json path."), Optional[str]),
+    "gpu": Flag(typer.Option("h100", "--gpu", help="GPU type (see `plan gpus`)."), str),
+    "tp": Flag(typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs per replica."), int),
+    "ep": Flag(typer.Option(None, "--ep", min=1, help="MoE: expert-parallel GPUs per replica (vLLM --enable-expert-parallel with data parallel = ep ÷ tp; default: experts split by TP)."), Optional[int]),
+    "replicas": Flag(typer.Option(1, "--replicas", min=1, help="Independent replicas behind the router."), int),
+    "input_len": _INPUT_LEN,
+    "output_len": _OUTPUT_LEN,
+    "concurrency": _load("concurrency", min=1, help="Closed loop: concurrent clients in all."),
+    "rate": _load("rate", min=0.0, help="Open loop: requests/s offered in all."),
+    "num_requests": _load("num_requests", default=500, because=_PLANNED, min=1, help="Requests to simulate."),
+    "dataset": _DATASET,
+    "dataset_path": _load("dataset_path", help="ShareGPT file (default: built-in length distribution)."),
+    "images_per_request": _load("images_per_request", min=0, help="images dataset: images per request."),
+    "image_size": _load("image_size", default=_PLANNED_IMAGE, because=_PLANNED, annotation=str, parse=parse_image_size, help="images dataset: image size WxH (tokens by the model's own rule)."),
+    "image_repeat_rate": _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image (hits the multimodal cache)."),
+    "api_server_count": Flag(typer.Option(1, "--api-server-count", help="vLLM's --api-server-count: frontend processes preprocessing images, per replica."), int),
+    "mm_preprocess_ms_per_image": Flag(typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image not in the cache (a prior; see docs/plan.md)."), float),
+    "mm_preprocess_ms_per_megapixel": Flag(typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."), float),
+    "arrival": _load("arrival", help="Open loop arrivals: poisson | constant | gamma."),
+    "max_num_seqs": Flag(typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."), Optional[int]),
+    "max_num_batched_tokens": Flag(typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."), Optional[int]),
+    "max_model_len": Flag(typer.Option(None, "--max-model-len", min=16, help="vLLM --max-model-len."), Optional[int]),
+    "max_num_encoder_input_tokens": Flag(typer.Option(None, "--max-num-encoder-input-tokens", help="vLLM --max-num-encoder-input-tokens: image tokens encoded per step (default: --max-num-batched-tokens)."), Optional[int]),
+    "encoder_cache_size": Flag(typer.Option(None, "--encoder-cache-size", help="vLLM --encoder-cache-size: image tokens the encoder cache holds (default: --max-num-batched-tokens)."), Optional[int]),
+    "gpu_memory_utilization": Flag(typer.Option(DEFAULT_GPU_MEMORY_UTILIZATION, "--gpu-memory-utilization", help="vLLM --gpu-memory-utilization (default: vLLM's)."), float),
+    "weight_dtype": Flag(typer.Option(None, "--weight-dtype", help="bf16 | fp8 | mxfp4 (default: the checkpoint's)."), Optional[str]),
+    "kv_dtype": Flag(typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16 | fp8."), str),
+    "routing": Flag(typer.Option(LEAST_OUTSTANDING_TOKENS, "--routing", help=" | ".join(SIMULATED_POLICIES) + "."), str),
+    "async_scheduling": Flag(typer.Option(False, "--async-scheduling", help="Model vLLM --async-scheduling."), bool),
+    "staggered": Flag(typer.Option(False, "--steady-state", help="Closed loop: stagger client starts (no synchronized first wave)."), bool),
+    "calibration": Flag(typer.Option(None, "--calibration", help="Calibration JSON from `plan calibrate`."), Optional[str]),
+    "slo": Flag(typer.Option(None, "--slo", help="e.g. ttft_p95=500ms,tpot_p95=50ms (goodput)."), Optional[str]),
+    "price": Flag(typer.Option(None, "--price", min=0.0, help="Dollars per GPU-hour, for cost per million tokens."), Optional[float]),
+    "seed": _load("seed", help="Random seed for lengths and arrivals."),
+    "json_out": Flag(typer.Option(None, "--json-out", help="Write the summary JSON (bench format) here."), Optional[Path]),
+    "save": Flag(typer.Option(False, "--save", help="Store the simulated run in the run history (report/compare)."), bool),
+    "cost_model": Flag(typer.Option(DEFAULT_COST_MODEL, "--cost-model", help=" | ".join(COST_MODELS) + ": price steps from measured vLLM kernel tables (kernels), the calibrated roofline, or kernels where the tables cover the GPU (auto)."), str),
+    "vllm_version": Flag(typer.Option(None, "--vllm-version", help="The deployment's vLLM version: kernel tables closest to it are used (default: the newest)."), Optional[str]),
+    "explain": Flag(typer.Option(False, "--explain", help="Print where each op's cost comes from, and roofline napkin math."), bool),
+    "compare": Flag(typer.Option(None, "--compare", help="A measured bench JSON to set the prediction against."), Optional[Path]),
+})
+
+
 @plan_app.callback()
-def plan(
-    ctx: typer.Context,
-    model: Optional[str] = typer.Option(None, "--model", help="Preset name (see `plan models`) or a config.json path."),
-    gpu: str = typer.Option("h100", "--gpu", help="GPU type (see `plan gpus`)."),
-    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs per replica."),
-    ep: Optional[int] = typer.Option(None, "--ep", min=1, help="MoE: expert-parallel GPUs per replica (vLLM --enable-expert-parallel with data parallel = ep ÷ tp; default: experts split by TP)."),
-    replicas: int = typer.Option(1, "--replicas", min=1, help="Independent replicas behind the router."),
-    input_len: int = _INPUT_LEN.info,
-    output_len: int = _OUTPUT_LEN.info,
-    concurrency: Optional[int] = _load("concurrency", min=1, help="Closed loop: concurrent clients in all."),
-    rate: Optional[float] = _load("rate", min=0.0, help="Open loop: requests/s offered in all."),
-    num_requests: int = _load("num_requests", default=500, because=_PLANNED, min=1, help="Requests to simulate."),
-    dataset: str = _DATASET.info,
-    dataset_path: Optional[str] = _load("dataset_path", help="ShareGPT file (default: built-in length distribution)."),
-    images_per_request: int = _load("images_per_request", min=0, help="images dataset: images per request."),
-    image_size: str = _load("image_size", default=_PLANNED_IMAGE, because=_PLANNED, annotation=str, parse=parse_image_size,
-                            help="images dataset: image size WxH (tokens by the model's own rule)."),
-    image_repeat_rate: Optional[float] = _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image (hits the multimodal cache)."),
-    api_server_count: int = typer.Option(1, "--api-server-count", help="vLLM's --api-server-count: frontend processes preprocessing images, per replica."),
-    mm_preprocess_ms_per_image: float = typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image not in the cache (a prior; see docs/plan.md)."),
-    mm_preprocess_ms_per_megapixel: float = typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."),
-    arrival: str = _load("arrival", help="Open loop arrivals: poisson | constant | gamma."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=16, help="vLLM --max-model-len."),
-    max_num_encoder_input_tokens: Optional[int] = typer.Option(None, "--max-num-encoder-input-tokens", help="vLLM --max-num-encoder-input-tokens: image tokens encoded per step (default: --max-num-batched-tokens)."),
-    encoder_cache_size: Optional[int] = typer.Option(None, "--encoder-cache-size", help="vLLM --encoder-cache-size: image tokens the encoder cache holds (default: --max-num-batched-tokens)."),
-    gpu_memory_utilization: float = typer.Option(DEFAULT_GPU_MEMORY_UTILIZATION, "--gpu-memory-utilization", help="vLLM --gpu-memory-utilization (default: vLLM's)."),
-    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="bf16 | fp8 | mxfp4 (default: the checkpoint's)."),
-    kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16 | fp8."),
-    routing: str = typer.Option(LEAST_OUTSTANDING_TOKENS, "--routing", help=" | ".join(SIMULATED_POLICIES) + "."),
-    async_scheduling: bool = typer.Option(False, "--async-scheduling", help="Model vLLM --async-scheduling."),
-    staggered: bool = typer.Option(False, "--steady-state", help="Closed loop: stagger client starts (no synchronized first wave)."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON from `plan calibrate`."),
-    slo: Optional[str] = typer.Option(None, "--slo", help="e.g. ttft_p95=500ms,tpot_p95=50ms (goodput)."),
-    price: Optional[float] = typer.Option(None, "--price", min=0.0, help="Dollars per GPU-hour, for cost per million tokens."),
-    seed: int = _load("seed", help="Random seed for lengths and arrivals."),
-    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the summary JSON (bench format) here."),
-    save: bool = typer.Option(False, "--save", help="Store the simulated run in the run history (report/compare)."),
-    cost_model: str = typer.Option(DEFAULT_COST_MODEL, "--cost-model", help=" | ".join(COST_MODELS) + ": price steps from measured vLLM kernel tables (kernels), the calibrated roofline, or kernels where the tables cover the GPU (auto)."),
-    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="The deployment's vLLM version: kernel tables closest to it are used (default: the newest)."),
-    explain: bool = typer.Option(False, "--explain", help="Print where each op's cost comes from, and roofline napkin math."),
-    compare: Optional[Path] = typer.Option(None, "--compare", help="A measured bench JSON to set the prediction against."),
-) -> None:
+@with_groups(PLAN)
+def plan(ctx: typer.Context, flags: dict[str, Any] = GROUP) -> None:
     """Simulate one deployment at one load (the default action of `vlmserve plan`)."""
     if ctx.invoked_subcommand is not None:
         return
-    if model is None:
+    if flags["model"] is None:
         typer.echo(ctx.get_help())
         raise UserError("give --model NAME|config.json (and --gpu, --concurrency or --rate)")
     from vlmserve.plan.simulate import simulate_run
 
-    load = _load_spec(
-        dataset=dataset, dataset_path=dataset_path, input_len=input_len, output_len=output_len,
-        concurrency=concurrency, rate=rate, num_requests=num_requests, arrival=arrival,
-        images_per_request=images_per_request, seed=seed, image_size=parse_image_size(image_size),
-        image_repeat_rate=image_repeat_rate,
-    )
-    setup = _setup(
-        model, gpu, calibration, tp=tp, ep=ep, replicas=replicas, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-        routing=routing, async_scheduling=async_scheduling,
-        frontend=FrontendConfig(api_server_count, mm_preprocess_ms_per_image, mm_preprocess_ms_per_megapixel),
-        cost_model_kind=cost_model, vllm_version=vllm_version,
-    )
-    slo_spec = SLO.parse(slo).refuse_rates("vlmserve plan") if slo else None
-    output = simulate_run(setup, load, slo=slo_spec, staggered=staggered, encoder_cache_size=encoder_cache_size,
-                          max_num_encoder_input_tokens=max_num_encoder_input_tokens)
-    _report_plan(output, setup, load, price=price, compare=compare, explain=explain, json_out=json_out, save=save)
+    load = _load_spec(**PLAN.fields(flags, LoadSpec))
+    setup = _plan_setup(flags)
+    slo_spec = SLO.parse(flags["slo"]).refuse_rates("vlmserve plan") if flags["slo"] else None
+    output = simulate_run(setup, load, slo=slo_spec, staggered=flags["staggered"],
+                          encoder_cache_size=flags["encoder_cache_size"],
+                          max_num_encoder_input_tokens=flags["max_num_encoder_input_tokens"])
+    _report_plan(output, setup, load, price=flags["price"], compare=flags["compare"], explain=flags["explain"],
+                 json_out=flags["json_out"], save=flags["save"])
+
+
+def _plan_setup(flags: dict[str, Any]) -> PlanSetup:
+    """The deployment `vlmserve plan`'s flags describe."""
+    engine = {name: flags[name] for name in ("tp", "ep", "replicas", "max_num_seqs", "max_num_batched_tokens",
+                                             "max_model_len", "gpu_memory_utilization", "weight_dtype", "kv_dtype",
+                                             "routing", "async_scheduling", "vllm_version")}
+    frontend = FrontendConfig(flags["api_server_count"], flags["mm_preprocess_ms_per_image"],
+                              flags["mm_preprocess_ms_per_megapixel"])
+    return _setup(flags["model"], flags["gpu"], flags["calibration"], **engine, frontend=frontend,
+                  cost_model_kind=flags["cost_model"])
 
 
 def _report_plan(output: SimulationOutput, setup: PlanSetup, load: LoadSpec, *, price: float | None, compare: Path | None,
@@ -293,73 +297,84 @@ def _print_comparison(console: Console, predicted: RunSummary, measured: RunSumm
     console.print(table)
 
 
+SEARCH = OptionGroup("flags", {
+    # every `vlmserve plan search` flag once, in its --help order
+    "model": Flag(typer.Option(..., "--model", help="Preset name or config.json path."), str),
+    "slo": Flag(typer.Option(..., "--slo", help="Objectives to meet, e.g. ttft_p95=500ms,tpot_p95=50ms."), str),
+    "gpus": Flag(typer.Option("h100,h200,l40s", "--gpus", help="Comma-separated GPU types to consider."), str),
+    "price": Flag(typer.Option(None, "--price", help="Dollars per GPU-hour, e.g. h100=3.0,h200=4.0,l40s=1.1."), Optional[str]),
+    "rate": _load("rate", min=0.0, help="Target load: requests/s offered (open loop)."),
+    "concurrency": _load("concurrency", min=1, help="Target load: concurrent clients."),
+    "input_len": _INPUT_LEN,
+    "output_len": _OUTPUT_LEN,
+    "dataset": _DATASET,
+    "image_size": _load("image_size", default=_PLANNED_IMAGE, because=_PLANNED, annotation=str, parse=parse_image_size, help="images dataset: image size WxH."),
+    "image_repeat_rate": _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image."),
+    "api_server_counts": Flag(typer.Option("1", "--api-server-counts", help="vLLM --api-server-count values to try, e.g. 1,2,4."), str),
+    "mm_preprocess_ms_per_image": Flag(typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image (a prior)."), float),
+    "mm_preprocess_ms_per_megapixel": Flag(typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."), float),
+    "num_requests": _load("num_requests", default=300, because=_PLANNED, min=1, help="Requests simulated per configuration."),
+    "tps": Flag(typer.Option("1,2,4,8", "--tps", help="TP sizes to try."), str),
+    "replicas": Flag(typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."), str),
+    "max_num_seqs": Flag(typer.Option("64,128,256", "--max-num-seqs", help="max-num-seqs values to try."), str),
+    "max_gpus": Flag(typer.Option(8, "--max-gpus", min=1, help="Most GPUs a deployment may use."), int),
+    "weight_dtype": Flag(typer.Option(None, "--weight-dtype"), Optional[str]),
+    "kv_dtype": Flag(typer.Option("bf16", "--kv-dtype"), str),
+    "calibration": Flag(typer.Option(None, "--calibration", help="Calibration JSON."), Optional[str]),
+    "no_prune": Flag(typer.Option(False, "--no-prune", help="Simulate every candidate (no early stop on replicas)."), bool),
+    "top": Flag(typer.Option(8, "--top", min=1, help="Runners-up to show."), int),
+    "json_out": Flag(typer.Option(None, "--json-out", help="Write all candidates as JSON."), Optional[Path]),
+})
+
+
 @plan_app.command("search")
-def search(
-    model: str = typer.Option(..., "--model", help="Preset name or config.json path."),
-    slo: str = typer.Option(..., "--slo", help="Objectives to meet, e.g. ttft_p95=500ms,tpot_p95=50ms."),
-    gpus: str = typer.Option("h100,h200,l40s", "--gpus", help="Comma-separated GPU types to consider."),
-    price: Optional[str] = typer.Option(None, "--price", help="Dollars per GPU-hour, e.g. h100=3.0,h200=4.0,l40s=1.1."),
-    rate: Optional[float] = _load("rate", min=0.0, help="Target load: requests/s offered (open loop)."),
-    concurrency: Optional[int] = _load("concurrency", min=1, help="Target load: concurrent clients."),
-    input_len: int = _INPUT_LEN.info,
-    output_len: int = _OUTPUT_LEN.info,
-    dataset: str = _DATASET.info,
-    image_size: str = _load("image_size", default=_PLANNED_IMAGE, because=_PLANNED, annotation=str, parse=parse_image_size,
-                            help="images dataset: image size WxH."),
-    image_repeat_rate: Optional[float] = _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image."),
-    api_server_counts: str = typer.Option("1", "--api-server-counts", help="vLLM --api-server-count values to try, e.g. 1,2,4."),
-    mm_preprocess_ms_per_image: float = typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image (a prior)."),
-    mm_preprocess_ms_per_megapixel: float = typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."),
-    num_requests: int = _load("num_requests", default=300, because=_PLANNED, min=1, help="Requests simulated per configuration."),
-    tps: str = typer.Option("1,2,4,8", "--tps", help="TP sizes to try."),
-    replicas: str = typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."),
-    max_num_seqs: str = typer.Option("64,128,256", "--max-num-seqs", help="max-num-seqs values to try."),
-    max_gpus: int = typer.Option(8, "--max-gpus", min=1, help="Most GPUs a deployment may use."),
-    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
-    kv_dtype: str = typer.Option("bf16", "--kv-dtype"),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON."),
-    no_prune: bool = typer.Option(False, "--no-prune", help="Simulate every candidate (no early stop on replicas)."),
-    top: int = typer.Option(8, "--top", min=1, help="Runners-up to show."),
-    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write all candidates as JSON."),
-) -> None:
+@with_groups(SEARCH)
+def search(flags: dict[str, Any] = GROUP) -> None:
     """Find the cheapest GPU × TP × replicas × max-num-seqs (× API servers) meeting the SLO at the target load."""
     import time
 
     from rich.progress import Progress
 
     from vlmserve.hardware.calibration import load_calibration
-    from vlmserve.plan.search import SearchSpace, parse_prices, run_search
+    from vlmserve.plan.search import parse_prices, run_search
 
-    load = _load_spec(dataset=dataset, input_len=input_len, output_len=output_len, rate=rate,
-                      concurrency=concurrency, num_requests=num_requests, image_size=parse_image_size(image_size),
-                      image_repeat_rate=image_repeat_rate)
-    server_counts = _ints(api_server_counts, "--api-server-counts")
-    frontend = FrontendConfig(max(server_counts), mm_preprocess_ms_per_image, mm_preprocess_ms_per_megapixel)
-    for problem in frontend.validate():  # once, here: inside the search a bad value would read as "does not fit"
-        raise UserError(problem.replace("--api-server-count ", "--api-server-counts ", 1))
-    space = SearchSpace(
-        model=model, gpus=_names(gpus, "--gpus"), tps=_ints(tps, "--tps"), replicas=_ints(replicas, "--replicas"),
-        max_num_seqs=_ints(max_num_seqs, "--max-num-seqs"), max_gpus=max_gpus, weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype, api_server_counts=server_counts, frontend=frontend,
-    )
-    prices = parse_prices(price)
-    slo_spec = SLO.parse(slo).refuse_rates("vlmserve plan search")
+    load = _load_spec(**SEARCH.fields(flags, LoadSpec))
+    space = _search_space(flags)
+    prices = parse_prices(flags["price"])
+    slo_spec = SLO.parse(flags["slo"]).refuse_rates("vlmserve plan search")
     console = _console()
     started = time.perf_counter()
     total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs) * len(space.api_server_counts)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("simulating configurations", total=total)
-        outcome = run_search(space, load, slo_spec, prices=prices, calibration=load_calibration(calibration),
-                             prune=not no_prune, progress=lambda _c: progress.advance(task))
+        outcome = run_search(space, load, slo_spec, prices=prices, calibration=load_calibration(flags["calibration"]),
+                             prune=not flags["no_prune"], progress=lambda _c: progress.advance(task))
     elapsed = time.perf_counter() - started
     console.print(SIMULATED_NOTE)
     console.print(f"{outcome.evaluated} configurations ({outcome.simulated} simulated) in {elapsed:.1f} s; ranked by {outcome.ranked_by}")
-    _print_candidates(console, outcome, top)
-    if json_out:
-        json_out.write_text(json.dumps([_candidate_json(c) for c in outcome.candidates], indent=2) + "\n")
-        console.print(f"candidates written to {json_out}")
+    _print_candidates(console, outcome, flags["top"])
+    if flags["json_out"]:
+        flags["json_out"].write_text(json.dumps([_candidate_json(c) for c in outcome.candidates], indent=2) + "\n")
+        console.print(f"candidates written to {flags['json_out']}")
     if outcome.best is None:
         raise typer.Exit(1)
+
+
+def _search_space(flags: dict[str, Any]) -> SearchSpace:
+    """The configurations `plan search`'s flags ask for (the frontend's numbers refused here, once)."""
+    from vlmserve.plan.search import SearchSpace
+
+    server_counts = _ints(flags["api_server_counts"], "--api-server-counts")
+    frontend = FrontendConfig(max(server_counts), flags["mm_preprocess_ms_per_image"],
+                              flags["mm_preprocess_ms_per_megapixel"])
+    for problem in frontend.validate():  # once, here: inside the search a bad value would read as "does not fit"
+        raise UserError(problem.replace("--api-server-count ", "--api-server-counts ", 1))
+    return SearchSpace(
+        model=flags["model"], gpus=_names(flags["gpus"], "--gpus"), tps=_ints(flags["tps"], "--tps"),
+        replicas=_ints(flags["replicas"], "--replicas"), max_num_seqs=_ints(flags["max_num_seqs"], "--max-num-seqs"),
+        max_gpus=flags["max_gpus"], weight_dtype=flags["weight_dtype"], kv_dtype=flags["kv_dtype"],
+        api_server_counts=server_counts, frontend=frontend,
+    )
 
 
 def _print_candidates(console: Console, outcome: SearchOutcome, top: int) -> None:

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from vlmserve.errors import UserError
+
+if TYPE_CHECKING:
+    from vlmserve.autoscale import AutoscaleRule
+    from vlmserve.bench.load_shapes import LoadShape
+    from vlmserve.plan.day import DayPlan, ReplicaModel
+    from vlmserve.spec import DeploymentSpec
 
 SPARK = " ▁▂▃▄▅▆▇█"
 
@@ -44,12 +50,10 @@ def day(
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the plan (every strategy, replicas over time) as JSON."),
 ) -> None:
     """Simulate the autoscaling rule, cold starts included, over a traffic shape; compare with fixed replicas at peak and mean."""
-    import math
-
     from vlmserve.autoscale import AutoscaleRule
     from vlmserve.bench.load_shapes import parse_load_shape
     from vlmserve.cli.up import with_autoscale_bounds
-    from vlmserve.plan.day import ReplicaModel, plan_day
+    from vlmserve.plan.day import plan_day
     from vlmserve.spec import SLO, DeploymentSpec, load_deployment_spec
 
     spec = load_deployment_spec(file) if file is not None else DeploymentSpec(engine="sim")
@@ -60,6 +64,25 @@ def day(
     ttft_bounds = [value for key, value in objectives.bounds_s.items() if key.startswith("ttft_")]
     if not ttft_bounds:
         raise UserError(f"--slo {slo}: plan day holds each request to a TTFT bound; give one, e.g. ttft_p95=1s")
+    cold, replica = _replica_model(spec, cold_start_s, max_num_seqs, ttft_ms, itl_ms, output_len)
+    shape = parse_load_shape(load_shape)
+    plan = plan_day(shape, rule, replica, min(ttft_bounds), cold, price, seed)
+    console = _print_day(plan, shape, rule, cold, replica)
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps(plan.as_dict(), indent=2))
+        except OSError as err:
+            raise UserError(f"--json-out {json_out}: cannot write it ({err.strerror})") from None
+        console.print(f"wrote {json_out}")
+
+
+def _replica_model(spec: DeploymentSpec, cold_start_s: float | None, max_num_seqs: int | None, ttft_ms: float | None,
+                   itl_ms: float | None, output_len: int) -> tuple[float, ReplicaModel]:
+    """(cold start s, one replica's service): each flag given, else the spec's sim timings, else the defaults."""
+    import math
+
+    from vlmserve.plan.day import ReplicaModel
+
     cold = cold_start_s if cold_start_s is not None else (spec.sim.cold_start_s if spec.sim.cold_start_s is not None else 60.0)
     for flag, value in (("--cold-start-s", cold), ("--ttft-ms", ttft_ms), ("--itl-ms", itl_ms)):
         if value is not None and not (math.isfinite(value) and value >= 0):
@@ -71,8 +94,11 @@ def day(
         output_len=output_len)
     if replica.service_s <= 0:
         raise UserError("--ttft-ms and --itl-ms are both 0: a replica would serve without limit; give a time")
-    shape = parse_load_shape(load_shape)
-    plan = plan_day(shape, rule, replica, min(ttft_bounds), cold, price, seed)
+    return cold, replica
+
+
+def _print_day(plan: DayPlan, shape: LoadShape, rule: AutoscaleRule, cold: float, replica: ReplicaModel) -> Console:
+    """The simulated day: the rule and one replica's capacity, then a row per strategy (the console, to say more)."""
     console = Console(highlight=False, width=max(140, Console().width))
     console.print(f"[yellow]planner output (SIMULATED, not measured)[/]: {shape.text} over {shape.duration_s:g} s, "
                   f"rule {rule.min_replicas}..{rule.max_replicas} replicas at {rule.waiting_per_replica:g} waiting each, "
@@ -88,9 +114,4 @@ def day(
                       "-" if result.cost_per_day is None else f"${result.cost_per_day:,.2f}", str(result.peak_replicas),
                       _sparkline(row["timeline"], shape.duration_s, peak))
     console.print(table)
-    if json_out is not None:
-        try:
-            json_out.write_text(json.dumps(plan.as_dict(), indent=2))
-        except OSError as err:
-            raise UserError(f"--json-out {json_out}: cannot write it ({err.strerror})") from None
-        console.print(f"wrote {json_out}")
+    return console

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from rich.console import Console
@@ -18,6 +18,9 @@ from vlmserve.cli.bench import build_load_spec, option_defaults
 from vlmserve.cli.bench_options import BENCH, SEARCH_REPEAT
 from vlmserve.cli.model_options import GROUP, with_groups
 from vlmserve.errors import UserError
+
+if TYPE_CHECKING:
+    from vlmserve.tune.run import TuneOutcome
 
 
 _LOAD = BENCH.only("api", "dataset", "dataset_path", "input_len", "output_len", "arrival", "num_requests", "duration",
@@ -54,7 +57,7 @@ def tune_command(
     """
     from vlmserve import paths
     from vlmserve.bench.slo_search import SearchSpace, parse_range, require_objectives
-    from vlmserve.spec import SLO, load_deployment_spec, parse_duration_s
+    from vlmserve.spec import SLO, load_deployment_spec
     from vlmserve.tune.propose import require_optuna
 
     require_optuna()
@@ -65,17 +68,9 @@ def tune_command(
     require_objectives(objectives)
     low, high = parse_range(rate_range, "--rate-range")
     search = SearchSpace("rate", low, high, precision, max_probes)
-    max_time_s = None
-    if max_time is not None:
-        try:
-            max_time_s = _minutes_or_duration(max_time, parse_duration_s)
-        except ValueError as err:
-            raise UserError(f"--max-time: {err}") from None
+    max_time_s = _max_time_s(max_time)
     template = build_load_spec(option_defaults({**load, "repeat": repeat, "rate": low, "concurrency": None}))
 
-    from vlmserve.tune.html import write_html
-    from vlmserve.tune.output import HTML_FILE, RECOMMENDED_FILE, RESULT_FILE, print_table, write_recommended_spec, \
-        write_result_json
     from vlmserve.tune.run import TuneSettings, run_tune
     from vlmserve.tune.space import TuneSpace
 
@@ -84,6 +79,27 @@ def tune_command(
     directory = out or paths.tune_dir(base.name)
     signal.signal(signal.SIGTERM, _terminate_like_ctrl_c)
     outcome = run_tune(space, settings, directory, restart=restart, console=Console(stderr=True))
+    _report(outcome, directory)
+
+
+def _max_time_s(max_time: str | None) -> float | None:
+    """--max-time in seconds (None: no limit)."""
+    from vlmserve.spec import parse_duration_s
+
+    if max_time is None:
+        return None
+    try:
+        return _minutes_or_duration(max_time, parse_duration_s)
+    except ValueError as err:
+        raise UserError(f"--max-time: {err}") from None
+
+
+def _report(outcome: TuneOutcome, directory: Path) -> None:
+    """The table printed; result.json, report.html and the recommended spec (where there is one) written to --out."""
+    from vlmserve.tune.html import write_html
+    from vlmserve.tune.output import HTML_FILE, RECOMMENDED_FILE, RESULT_FILE, print_table, write_recommended_spec, \
+        write_result_json
+
     print_table(outcome, Console() if _tty() else Console(width=220))
     recommended = write_recommended_spec(outcome, directory / RECOMMENDED_FILE)
     typer.echo(f"result: {write_result_json(outcome, directory / RESULT_FILE)}")

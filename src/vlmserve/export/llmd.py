@@ -140,9 +140,23 @@ def inference_pool(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
 
 def epp_objects(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> dict[str, JSONObject]:
     """The endpoint picker: may read pods and InferencePools in the namespace, nothing else."""
-    labels = _labels(spec, "endpoint-picker")
-    name = epp_name(spec)
-    container: JSONObject = {
+    name, labels = epp_name(spec), _labels(spec, "endpoint-picker")
+    return {
+        "epp-serviceaccount.yaml": {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, options, labels)},
+        "epp-role.yaml": _epp_role(name, options, labels),
+        "epp-rolebinding.yaml": _epp_role_binding(name, options, labels),
+        "epp-configmap.yaml": {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, options, labels),
+            "data": {EPP_CONFIG_FILE: to_yaml(endpoint_picker_config(spec.gateway_policy))},
+        },
+        "epp-deployment.yaml": _epp_deployment(name, options, labels, _epp_container(spec, options, llmd)),
+        "epp-service.yaml": _epp_service(name, options, labels),
+    }
+
+
+def _epp_container(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> JSONObject:
+    """The EPP container: watches the pool, reads its configuration from the mounted ConfigMap."""
+    return {
         "name": "epp", "image": llmd.epp_image,
         "args": ["--pool-name", pool_name(spec), "--pool-namespace", options.namespace,
                  "--pool-group", INFERENCE_GROUP, "--config-file", f"{EPP_CONFIG_MOUNT}/{EPP_CONFIG_FILE}",
@@ -159,40 +173,48 @@ def epp_objects(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) ->
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "volumeMounts": [{"name": "epp-config", "mountPath": EPP_CONFIG_MOUNT, "readOnly": True}],
     }
+
+
+def _epp_role(name: str, options: K8sOptions, labels: dict[str, str]) -> JSONObject:
+    """Read access to pods and the extension's objects in the namespace: what the EPP watches."""
     read: list[JSONValue] = ["get", "list", "watch"]
     return {
-        "epp-serviceaccount.yaml": {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, options, labels)},
-        "epp-role.yaml": {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, options, labels),
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": read},
-                      {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": read},
-                      {"apiGroups": ["inference.networking.x-k8s.io"],
-                       "resources": ["inferenceobjectives", "inferencemodelrewrites"], "verbs": read}],
-        },
-        "epp-rolebinding.yaml": {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(name, options, labels),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": options.namespace}],
-        },
-        "epp-configmap.yaml": {
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, options, labels),
-            "data": {EPP_CONFIG_FILE: to_yaml(endpoint_picker_config(spec.gateway_policy))},
-        },
-        "epp-deployment.yaml": {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, options, labels),
-            # one active EPP: its prefix-cache view is in memory; Recreate never runs two at once
-            "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": {**labels}},
-                     "template": {"metadata": {"labels": {**labels}}, "spec": {
-                         "serviceAccountName": name, "terminationGracePeriodSeconds": 130,
-                         "containers": [container],
-                         "volumes": [{"name": "epp-config", "configMap": {"name": name}}]}}},
-        },
-        "epp-service.yaml": {
-            "apiVersion": "v1", "kind": "Service", "metadata": _meta(name, options, labels),
-            "spec": {"selector": {**labels}, "type": "ClusterIP", "ports": [
-                {"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
-                {"name": "http-metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]},
-        },
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, options, labels),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": read},
+                  {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": read},
+                  {"apiGroups": ["inference.networking.x-k8s.io"],
+                   "resources": ["inferenceobjectives", "inferencemodelrewrites"], "verbs": read}],
+    }
+
+
+def _epp_role_binding(name: str, options: K8sOptions, labels: dict[str, str]) -> JSONObject:
+    """The Role bound to the EPP's ServiceAccount."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(name, options, labels),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": options.namespace}],
+    }
+
+
+def _epp_deployment(name: str, options: K8sOptions, labels: dict[str, str], container: JSONObject) -> JSONObject:
+    """One EPP pod: its prefix-cache view is in memory, and Recreate never runs two at once."""
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, options, labels),
+        "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": {**labels}},
+                 "template": {"metadata": {"labels": {**labels}}, "spec": {
+                     "serviceAccountName": name, "terminationGracePeriodSeconds": 130,
+                     "containers": [container],
+                     "volumes": [{"name": "epp-config", "configMap": {"name": name}}]}}},
+    }
+
+
+def _epp_service(name: str, options: K8sOptions, labels: dict[str, str]) -> JSONObject:
+    """The EPP's ext-proc port (the InferencePool points here) and its metrics port."""
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": _meta(name, options, labels),
+        "spec": {"selector": {**labels}, "type": "ClusterIP", "ports": [
+            {"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+            {"name": "http-metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]},
     }
 
 

@@ -50,6 +50,11 @@ class Alert:
 
 def build_alerts(settings: AlertSettings) -> list[Alert]:
     """The alert list; thresholds from settings, queries from the shared table."""
+    return [*_engine_load_alerts(settings), *_down_alerts(), *_gateway_traffic_alerts(settings)]
+
+
+def _engine_load_alerts(settings: AlertSettings) -> list[Alert]:
+    """Per replica: latency over the SLO, a queue, a full KV cache, preemptions."""
     per_replica = f"{q.DEPLOYMENT_LABEL}, instance"
     ttft_p95 = q.quantile(0.95, q.vllm_sel(q.VLLM_TTFT + "_bucket"), per_replica)
     return [
@@ -70,12 +75,24 @@ def build_alerts(settings: AlertSettings) -> list[Alert]:
               "Engine preempting requests on {{ $labels.instance }}",
               "{{ $value }} preemptions/s: KV cache too small for the load; raise gpu_memory_utilization "
               "or lower max_num_seqs."),
+    ]
+
+
+def _down_alerts() -> list[Alert]:
+    """An engine replica or the gateway that Prometheus cannot scrape."""
+    return [
         Alert("VlmserveReplicaDown", q.Query(q.sel("up", f'job="{q.ENGINE_JOB}"'), ""), "<", 1, "1m", "critical",
               "Engine replica {{ $labels.instance }} is down",
               "Prometheus cannot scrape the replica; the gateway routes around it meanwhile."),
         Alert("VlmserveGatewayDown", q.Query(q.sel("up", f'job="{q.GATEWAY_JOB}"'), ""), "<", 1, "1m", "critical",
               "The vlmserve gateway {{ $labels.instance }} is down",
               "Prometheus cannot scrape the gateway; clients get connection errors."),
+    ]
+
+
+def _gateway_traffic_alerts(settings: AlertSettings) -> list[Alert]:
+    """Requests the gateway fails or sheds."""
+    return [
         Alert("VlmserveHighErrorRate", q.GATEWAY_ERROR_RATIO, ">", settings.error_ratio, "5m", "critical",
               f"More than {settings.error_ratio:.0%} of gateway requests fail",
               "{{ $value | humanizePercentage }} of requests failed: answered 5xx, or the stream broke after it began."),
