@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import psutil
-from _smoke import wait_healthy, parse_args
+from _smoke import parse_args, wait_healthy
 
 MODEL = "sim-model"
 

@@ -29,11 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _smoke import parse_args, skip  # noqa: E402
 from bench_vs_vllm_engine import vllm_installed  # noqa: E402
 
-from vlmserve.interop import vllm_bench_main  # noqa: E402  (the same `vllm bench serve` entry)
-
 from tests.helpers.sim import start_sim_engine  # noqa: E402
-
 from vlmserve.engines.embedded import ensure_tiny_model  # noqa: E402
+from vlmserve.interop import vllm_bench_main  # noqa: E402  (the same `vllm bench serve` entry)
 
 MODEL = "capacity-sim"
 TTFT_MS, ITL_MS, OUTPUT_TOKENS, INPUT_TOKENS = 20, 5, 32, 32

@@ -37,6 +37,7 @@ from vlmserve.demo.run import demo_spec
 from vlmserve.deploy.supervisor import Supervisor
 from vlmserve.interop import vllm_bench_main
 
+
 def vllm_installed() -> bool:
     """Whether `vllm bench serve` can run in this Python (the smoke runs skip it where it cannot)."""
     return importlib.util.find_spec("vllm") is not None

@@ -57,12 +57,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _smoke import parse_args, skip  # noqa: E402
 from bench_vs_vllm_engine import parse_cpus  # noqa: E402
 
-from vlmserve.interop import vllm_bench_main  # noqa: E402  (the same `vllm bench serve` entry)
-
 from tests.helpers.sim import start_sim_engine  # noqa: E402
-
 from vlmserve import __version__ as vlmserve_version  # noqa: E402
 from vlmserve.engines.embedded import ensure_tiny_model  # noqa: E402
+from vlmserve.interop import vllm_bench_main  # noqa: E402  (the same `vllm bench serve` entry)
 
 MODEL = "accuracy-sim"
 TTFT_MS, ITL_MS = 30.0, 8.0

@@ -23,8 +23,8 @@ import time
 from _smoke import parse_args
 from prometheus_client import generate_latest
 
-from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve import prometheus_text
+from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.prometheus_text import merge_pages
 
 

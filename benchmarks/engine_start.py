@@ -23,9 +23,8 @@ from _smoke import parse_args, skip
 
 from vlmserve.demo.run import demo_spec, stream_chat
 from vlmserve.deploy.processes import free_port_block
-from vlmserve.spec import DeploymentSpec, SimEngineOptions
 from vlmserve.deploy.supervisor import Supervisor
-
+from vlmserve.spec import DeploymentSpec, SimEngineOptions
 
 INIT_TOOK = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
 """vLLM's own figure for the engine-core init (profiling, KV cache, warm-up / compilation):

@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from _smoke import parse_args, wait_healthy
 from aiohttp import web
-
-from _smoke import wait_healthy, parse_args
 
 HELD = 0  # status recorded for a request the gateway forwarded and the black hole held
 

@@ -70,8 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-
-from _smoke import wait_healthy, parse_args, skip
+from _smoke import parse_args, skip, wait_healthy
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool

@@ -39,7 +39,6 @@ from pathlib import Path
 
 import aiohttp
 import psutil
-
 from _smoke import parse_args, wait_healthy
 
 from vlmserve.gateway.admission import Admission, TenantSpec

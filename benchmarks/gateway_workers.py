@@ -26,9 +26,7 @@ import time
 from pathlib import Path
 
 import psutil
-
 from _smoke import parse_args, wait_healthy
-
 from gateway_overhead import MODEL, Route, free_port, run_trial, start_engine  # the same load generator
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _smoke import parse_args
 import psutil
+from _smoke import parse_args
 from PIL import Image
 
 from vlmserve.media.preflight import ImageLimits, ImagePreflight

@@ -51,8 +51,8 @@ def engine(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
                               mm_preprocess_ms_per_megapixel=20) as sim:
             yield sim.base_url, "smoke-model"
         return
-    from vlmserve.deploy.supervisor import Supervisor
     from vlmserve.demo.run import demo_spec
+    from vlmserve.deploy.supervisor import Supervisor
 
     spec = demo_spec(name="bench-preprocess").model_copy(update={"cpu_threads_per_replica": 1})
     workdir = Path(tempfile.mkdtemp(prefix="preprocess-cost-"))

@@ -17,9 +17,9 @@ import time
 
 from _smoke import parse_args
 
-from vlmserve.sched.virtual_clock import SimulationStats, simulate
 from vlmserve.sched.parametric_cost import get_profile
 from vlmserve.sched.scheduler import SchedulerConfig, SimRequest
+from vlmserve.sched.virtual_clock import SimulationStats, simulate
 
 
 def main() -> None:

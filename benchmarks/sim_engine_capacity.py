@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 import httpx
-from _smoke import wait_healthy, parse_args
+from _smoke import parse_args, wait_healthy
 
 MODEL = "bench-model"
 

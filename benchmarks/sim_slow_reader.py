@@ -22,8 +22,7 @@ import sys
 import time
 
 import psutil
-
-from _smoke import wait_healthy, parse_args
+from _smoke import parse_args, wait_healthy
 
 MODEL = "sim-model"
 

@@ -27,9 +27,9 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
 
 import yaml

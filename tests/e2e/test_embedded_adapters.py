@@ -14,16 +14,16 @@ import aiohttp
 import httpx
 import pytest
 
-from vlmserve.deploy.readiness import image_message, tiny_png_data_url
-from vlmserve.deploy.supervisor import Supervisor
-from vlmserve.demo.run import demo_spec
-from vlmserve.engines.embedded_adapters import adapter_name, ensure_adapter
-from vlmserve.engines.vllm import RUNTIME_LORA_ENV
-from vlmserve.spec import DeploymentSpec
-from vlmserve.engines.lora import lora_argv
-from vlmserve.vllm_flags import VLLM_LORA_RANKS, installed_vllm_flags
 from tests.helpers.browser import find_chromium, visit_page
 from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway
+from vlmserve.demo.run import demo_spec
+from vlmserve.deploy.readiness import image_message, tiny_png_data_url
+from vlmserve.deploy.supervisor import Supervisor
+from vlmserve.engines.embedded_adapters import adapter_name, ensure_adapter
+from vlmserve.engines.lora import lora_argv
+from vlmserve.engines.vllm import RUNTIME_LORA_ENV
+from vlmserve.spec import DeploymentSpec
+from vlmserve.vllm_flags import VLLM_LORA_RANKS, installed_vllm_flags
 
 ADAPTERS = 8
 """More adapters than slots (max_loras 2): vLLM swaps them in and out of the batch's slots."""

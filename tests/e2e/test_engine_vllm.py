@@ -8,8 +8,7 @@ import sys
 import httpx
 import pytest
 
-from vlmserve.engines import vllm as vllm_engine
-from vlmserve.errors import UserError
+from tests.helpers.paths import REPO_ROOT
 from vlmserve.deploy.readiness import (
     ExpectedConfig,
     StaleReplica,
@@ -18,8 +17,9 @@ from vlmserve.deploy.readiness import (
     read_served_config,
     tiny_png_data_url,
 )
+from vlmserve.engines import vllm as vllm_engine
+from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
-from tests.helpers.paths import REPO_ROOT
 
 
 def cpu_spec(**changes: object) -> DeploymentSpec:

@@ -374,9 +374,9 @@ def test_stale_engine_on_the_port_is_refused(tmp_path: Path, monkeypatch: pytest
     """
     from tests.helpers.sim import start_sim_engine
     from vlmserve.deploy import processes
+    from vlmserve.deploy.supervisor import Supervisor
     from vlmserve.errors import UserError
     from vlmserve.spec import DeploymentSpec
-    from vlmserve.deploy.supervisor import Supervisor
 
     with start_sim_engine(model="yesterdays-model") as stale:
         monkeypatch.setattr(processes, "port_is_free", lambda host, port: True)  # the check ran before it came up

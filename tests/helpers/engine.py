@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from vlmserve.demo.run import demo_spec
-from vlmserve.spec import DeploymentSpec
 from vlmserve.deploy.supervisor import Supervisor
+from vlmserve.spec import DeploymentSpec
 
 EMBEDDED_MAX_MODEL_LEN = 2048
 

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.helpers.sim import SimHandle, free_port, sim_engine_argv, wait_ready
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.server import RunningGateway, start_gateway
-from tests.helpers.sim import SimHandle, free_port, sim_engine_argv, wait_ready
 
 MODEL = "sim-model"
 

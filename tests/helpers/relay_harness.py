@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.helpers.gateway_fixtures import MODEL
-from vlmserve.gateway.routing import Outcome, RoutingPolicy
 from vlmserve.gateway.proxy import Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.http1.client import ClientPool
+from vlmserve.gateway.routing import Outcome, RoutingPolicy
 from vlmserve.gateway.watchdog import Watchdog
+from vlmserve.http1.client import ClientPool
 from vlmserve.http1.headers import Headers
 from vlmserve.http1.messages import Answer, Request, Response, StreamListener
 from vlmserve.http1.reader import ProtocolError, ResponseHead, ResponseReader

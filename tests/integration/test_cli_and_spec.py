@@ -32,10 +32,10 @@ def test_help_lists_verbs(vlmserve_cmd: list[str]) -> None:
 def test_every_verb_has_help(vlmserve_cmd: list[str]) -> None:
     """Every verb's --help renders. In this process (CliRunner): the subprocess start, ~0.6 s a verb, proves
     nothing the first verb's run through `python -m vlmserve` does not."""
+    import typer.main
     from typer.testing import CliRunner
 
     from vlmserve.cli.app import build_app
-    import typer.main
 
     app = build_app()
     group = typer.main.get_command(app)

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile_report import TABLE_END, TABLE_START, render_markdown, replace_table
-
 from tests.helpers.paths import REPO_ROOT  # noqa: E402
+from tests.hostile_report import TABLE_END, TABLE_START, render_markdown, replace_table
 
 
 def test_counts_tracebacks_in_logs_and_requests_lost(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from vlmserve.cli.app import main
 from tests.unit.recipes.configs import GEMMA4_31B_IT, model_dir
+from vlmserve.cli.app import main
 from vlmserve.vllm_flags import vllm_package_dir
 
 

@@ -23,7 +23,6 @@ import pydantic
 import pytest
 import yaml
 
-from tests.helpers.tls import self_signed_certificate
 from tests.e2e.test_supervisor import (
     all_ready,
     assert_one_line_error,
@@ -37,11 +36,12 @@ from tests.e2e.test_supervisor import (
 )
 from tests.e2e.test_supervisor import home as home  # noqa: F401  (fixture)
 from tests.e2e.test_supervisor import up_process as up_process  # noqa: F401  (fixture)
+from tests.helpers.paths import REPO_ROOT
 from tests.helpers.procs import free_ports
+from tests.helpers.tls import self_signed_certificate
+from vlmserve.cli.up import build_spec
 from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
-from vlmserve.cli.up import build_spec
-from tests.helpers.paths import REPO_ROOT
 
 # What this suite checks is imported inside each test, so that every case is collected
 # (and fails on what it checks) on code that lacks it.

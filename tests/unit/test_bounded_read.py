@@ -7,8 +7,18 @@ import io
 import pytest
 
 from vlmserve import bounded_read
-from vlmserve.bounded_read import (CONFIG_FILE, MAX_DEPTH, MAX_INT_DIGITS, Limits, Refused, iter_lines, json_shape,
-                                   loads_json, printable, yaml_shape)
+from vlmserve.bounded_read import (
+    CONFIG_FILE,
+    MAX_DEPTH,
+    MAX_INT_DIGITS,
+    Limits,
+    Refused,
+    iter_lines,
+    json_shape,
+    loads_json,
+    printable,
+    yaml_shape,
+)
 
 SMALL = Limits("test file", max_bytes=1000, max_items=20, max_depth=4)
 

@@ -11,11 +11,11 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 import vlmserve
+from tests.helpers.paths import TESTS_ROOT
 from tests.helpers.synthetic import saturating_records
 from vlmserve.results.metrics import summarize
 from vlmserve.results.summary import FIGURES, RunSummary, figure_value
 from vlmserve.spec import SLO
-from tests.helpers.paths import TESTS_ROOT
 
 RESULTS = TESTS_ROOT / "fixtures" / "results"
 FIXTURE = RESULTS / "summary-0.1.json"

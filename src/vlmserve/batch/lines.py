@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlmserve.json_types import JSONObject
 from vlmserve.bounded_read import BATCH_LINE, Refused, loads_json, too_long
+from vlmserve.json_types import JSONObject
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 MALFORMED = "malformed_line"

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vlmserve.json_types import JSONObject
 from vlmserve.batch.lines import MALFORMED, MalformedLine
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 
 if TYPE_CHECKING:
     from vlmserve.batch.scan import InputScan, PriorResults

@@ -25,8 +25,8 @@ import uuid
 from types import ModuleType
 from typing import Any
 
-from vlmserve.json_types import JSONObject
 from vlmserve.batch.output import Result
+from vlmserve.json_types import JSONObject
 
 ENGINE_URL = "/v1/chat/completions"
 UNSUPPORTED = "unsupported_url"

@@ -36,8 +36,15 @@ from vlmserve.batch.lines import MalformedLine
 from vlmserve.batch.output import BatchOutcome, Result, ResultFile, error_line
 from vlmserve.batch.ray_engine import ENGINE_URL, UNSUPPORTED, engine_processor
 from vlmserve.batch.ray_sender import RaySender, request_row
-from vlmserve.batch.runner import (NO_ANSWER_STREAK_LIMIT_FACTOR, BatchOptions, api_root, prepared_job, preflight,
-                                   progress_bar, request_headers)
+from vlmserve.batch.runner import (
+    NO_ANSWER_STREAK_LIMIT_FACTOR,
+    BatchOptions,
+    api_root,
+    preflight,
+    prepared_job,
+    progress_bar,
+    request_headers,
+)
 from vlmserve.batch.scan import PriorResults, entry_key, id_key, iter_input
 from vlmserve.errors import UserError
 from vlmserve.json_types import JSONObject

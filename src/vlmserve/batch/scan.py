@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vlmserve.bounded_read import BATCH_LINE, BATCH_RESULT_LINE, iter_lines, loads_json, printable
 from vlmserve.batch.lines import MALFORMED, BatchRequest, MalformedLine, parse_line
 from vlmserve.batch.output import failure_cause, usage_tokens
+from vlmserve.bounded_read import BATCH_LINE, BATCH_RESULT_LINE, iter_lines, loads_json, printable
 from vlmserve.errors import UserError
 
 _TAIL_CHUNK = 1 << 16

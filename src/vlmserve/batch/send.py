@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+
 from vlmserve.json_types import JSONObject, JSONValue
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})

@@ -15,8 +15,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bench.http_stream import ConnectionLost, ConnectionPool, HttpProtocolError, post_stream
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.results.records import RequestRecord
 
 _loads = json.loads

@@ -11,11 +11,12 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from vlmserve.bench.console_adapters import print_adapters
 from vlmserve.bench.console_features import print_features
 from vlmserve.bench.console_scaling import print_scaling
-from vlmserve.bench.console_adapters import print_adapters
 from vlmserve.bench.console_types import print_types
 from vlmserve.results.blocks import ClientBlock, PrefixCacheBlock, RepeatsBlock, ServerBlock
+from vlmserve.results.records import RequestRecord
 from vlmserve.results.summary import (
     DISTRIBUTION_STATS,
     LATENCY_METRICS,
@@ -24,7 +25,6 @@ from vlmserve.results.summary import (
     SloCheck,
     TokenCounts,
 )
-from vlmserve.results.records import RequestRecord
 
 
 class LiveProgress:

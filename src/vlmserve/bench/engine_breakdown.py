@@ -11,7 +11,6 @@ the same parts come from the engine's trace spans (bench.engine_traces, results.
 
 from __future__ import annotations
 
-
 from vlmserve import vllm_names
 from vlmserve.results.blocks import EngineBreakdown
 

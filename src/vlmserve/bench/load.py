@@ -21,20 +21,20 @@ import queue as queue_module
 import random
 import signal
 import sys
-import types
 import time
 import traceback
+import types
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from collections.abc import Awaitable, Callable, Iterator
 from typing import Literal, Protocol
 
 from vlmserve.bench.client import RequestOptions, build_body, encode_body, stream_request
 from vlmserve.bench.http_stream import ConnectionPool
 from vlmserve.bench.interrupt import GRACE_S, Interrupt
 from vlmserve.bench.workloads import Conversation, Turn, fresh_variant
-from vlmserve.results.records import RequestRecord
 from vlmserve.json_types import JSONObject
+from vlmserve.results.records import RequestRecord
 
 RecordSink = Callable[[RequestRecord, str | None], None]
 

@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
+from vlmserve.results.run import RunResult
 
 T = TypeVar("T")
 

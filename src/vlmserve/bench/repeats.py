@@ -23,9 +23,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypedDict
 
-from typing_extensions import Unpack
-
 from rich.console import Console
+from typing_extensions import Unpack
 
 from vlmserve.bench.target import Target
 from vlmserve.json_types import JSONObject

@@ -13,26 +13,22 @@ import gc
 import os
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from collections.abc import Callable
 
 from rich.console import Console
 
-from vlmserve.results import store
-from vlmserve.results import metrics
+from vlmserve.bench.adapters import assign_adapters
 from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.clientcpu import ClientCpuMonitor
 from vlmserve.bench.console import LiveProgress
-from vlmserve.bench.adapters import assign_adapters
+from vlmserve.bench.engine_traces import TraceReceiver, attach_engine_timings, parse_listen_address
 from vlmserve.bench.features.assign import assign_features
 from vlmserve.bench.features.check import check_answers
 from vlmserve.bench.features.request import FIXED_ANSWER_FEATURES
-from vlmserve.bench.engine_traces import TraceReceiver, attach_engine_timings, parse_listen_address
 from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
-from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
-from vlmserve.bench.load_shapes import parse_load_shape
 from vlmserve.bench.load import (
     LoadOutcome,
     WorkerPlan,
@@ -42,16 +38,19 @@ from vlmserve.bench.load import (
     run_workers,
     workers_needed,
 )
+from vlmserve.bench.load_shapes import parse_load_shape
 from vlmserve.bench.post_run import PostRunWarnings
-from vlmserve.results.run import RunResult
+from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
 from vlmserve.bench.saturation import OVERSATURATED, OversaturationDetector, SaturationRule, watch
 from vlmserve.bench.scrape import ServerScraper
 from vlmserve.bench.target import ServerFacts, Target, check_target
 from vlmserve.bench.tokens import TokenCounter, choose_counter
 from vlmserve.bench.workloads import Conversation, WorkloadContext, build_conversations, check_local_inputs
 from vlmserve.json_types import JSONObject
+from vlmserve.results import metrics, store
 from vlmserve.results.blocks import ClientCpu, EngineTraces, RunMeta, ServerBlock
 from vlmserve.results.records import RequestRecord
+from vlmserve.results.run import RunResult
 from vlmserve.spec import SLO, LoadSpec
 
 __all__ = ["Target", "run_load", "RunResult"]

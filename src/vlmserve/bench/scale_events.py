@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
 from vlmserve.results.blocks import ScaleDown, ScaleUp, ScalingBlock, ScalingWindow
 from vlmserve.results.metrics import meets_slo
 from vlmserve.results.records import RequestRecord

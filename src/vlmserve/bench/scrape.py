@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from vlmserve import prometheus_text, vllm_names as vllm
+from vlmserve import prometheus_text
+from vlmserve import vllm_names as vllm
 from vlmserve.async_tasks import cancel_and_wait
-from vlmserve.vllm_names import total
 from vlmserve.bench.engine_breakdown import SAMPLE_NAMES, engine_breakdown
 from vlmserve.results.blocks import ServerBlock
+from vlmserve.vllm_names import total
 
 COUNTERS = {
     "prefix_cache_queries": (total(vllm.PREFIX_CACHE_QUERIES), total(vllm.PREFIX_CACHE_QUERIES_LEGACY)),

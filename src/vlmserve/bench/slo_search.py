@@ -33,8 +33,8 @@ from typing import Awaitable, Callable, Literal
 
 from rich.console import Console
 
-from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
+from vlmserve.results.run import RunResult
 from vlmserve.spec import SLO, LoadSpec
 
 DEFAULT_REPEAT = 3

@@ -16,7 +16,6 @@ from vlmserve.bench.client import RequestOptions, build_body
 from vlmserve.engines.sim import SIM_ENGINE_NAME
 from vlmserve.errors import UserError
 
-
 PROBE_ATTEMPTS = 5
 """Tries of the pre-flight test request when the server answers 5xx or 429."""
 

@@ -14,8 +14,8 @@ from typing import Protocol
 
 import httpx
 
-from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject, JSONValue
 
 Messages = list[JSONObject]
 

@@ -44,10 +44,10 @@ def batch(
                                                     help='--ray-engine: vLLM engine arguments, e.g. \'{"max_model_len": 4096}\'.'),
 ) -> None:
     """Run an OpenAI Batch JSONL file against an endpoint; rerun the same command to resume."""
-    from vlmserve.cli import consoles
     from vlmserve.batch.runner import BatchOptions, run_batch_job
     from vlmserve.batch.send import RetryPolicy
     from vlmserve.batch.summary import Pricing, print_summary
+    from vlmserve.cli import consoles
 
     _check_flags(priority, runner, base_url, ray_address, ray_workers, ray_engine, ray_engine_kwargs)
     engine_kwargs = _engine_kwargs(ray_engine_kwargs)

@@ -11,10 +11,9 @@ from typing import Any, Optional
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-
-from vlmserve.cli import consoles
 from rich.table import Table
 
+from vlmserve.cli import consoles
 from vlmserve.cli.bench_options import BENCH, parse_image_size, positive_int, weights
 from vlmserve.cli.model_options import ModelOption, with_groups
 from vlmserve.errors import UserError
@@ -348,8 +347,8 @@ def runs_show(
     as_json: bool = typer.Option(False, "--json", help="Print the summary JSON."),
 ) -> None:
     """Show one stored run's summary."""
-    from vlmserve.results import store
     from vlmserve.bench.console import print_summary
+    from vlmserve.results import store
 
     result = store.load_run(run_id)
     if as_json:

@@ -58,10 +58,10 @@ def consistency(
     json_out: Optional[Path] = typer.Option(None, "--result-file", "--json-out", help="Write the JSON result here."),
 ) -> None:
     """Send temperature-0 requests alone, then inside concurrent load, and compare the answers token by token."""
-    from vlmserve.cli import consoles
     from vlmserve.bench.consistency.console import print_report
     from vlmserve.bench.consistency.runner import ConsistencyOptions, run_check
     from vlmserve.bench.target import Target
+    from vlmserve.cli import consoles
 
     if (base_url is None) == (deployment_file is None):
         raise UserError("give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the check), not both")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+
 from vlmserve.cli.model_options import GROUP, Flag, OptionGroup, with_groups
 from vlmserve.errors import UserError
 from vlmserve.export.platform_engine import DROP_FLAG

@@ -12,24 +12,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
-
-from vlmserve.cli import consoles
 from rich.markup import escape
 from rich.table import Table
 
-from pydantic import ValidationError
-
+from vlmserve.cli import consoles
 from vlmserve.cli.bench_options import parse_image_size
 from vlmserve.cli.model_options import GROUP, Flag, ModelOption, OptionGroup, model_option, with_groups
 from vlmserve.errors import UserError
-from vlmserve.results.blocks import SimulationBlock
 from vlmserve.hardware.gpus import GIB
-from vlmserve.hardware.setup import (COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_GPU_MEMORY_UTILIZATION, FRONTEND_PER_IMAGE_MS,
-                                     FRONTEND_PER_MEGAPIXEL_MS, PlanSetup)
-from vlmserve.sched.frontend import FrontendConfig
+from vlmserve.hardware.setup import (
+    COST_MODELS,
+    DEFAULT_COST_MODEL,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    FRONTEND_PER_IMAGE_MS,
+    FRONTEND_PER_MEGAPIXEL_MS,
+    PlanSetup,
+)
+from vlmserve.results.blocks import SimulationBlock
 from vlmserve.results.summary import RunSummary
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, SIMULATED_POLICIES
+from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.spec import SLO, LoadSpec, describe_validation_error
 
 if TYPE_CHECKING:  # imported where used, so the CLI starts without them
@@ -444,8 +448,8 @@ def calibrate(
     parameters: str = typer.Option("bandwidth,compute,step_overhead_s", "--fit", help="Coefficients to fit."),
 ) -> None:
     """Fit efficiency coefficients for one GPU from measured runs; save a calibration `plan` can use."""
-    from vlmserve.plan.calibrate import calibrate_runs, relative_errors
     from vlmserve.hardware.calibration import load_calibration
+    from vlmserve.plan.calibrate import calibrate_runs, relative_errors
 
     console = _console()
     result, scenarios = calibrate_runs(

@@ -8,10 +8,9 @@ import shlex
 from typing import Any, Optional
 
 import typer
-
-from vlmserve.cli import consoles
 from rich.table import Table
 
+from vlmserve.cli import consoles
 from vlmserve.errors import UserError
 
 console = consoles.console(highlight=False)

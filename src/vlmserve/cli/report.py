@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 
 from vlmserve.cli import consoles
-
 from vlmserve.report.compare import DEFAULT_MIN_EFFECT, DEFAULT_THRESHOLD
 
 

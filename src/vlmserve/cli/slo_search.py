@@ -8,23 +8,22 @@ It lives beside `sweep` because it may start a deployment, which the bench layer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
-import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import typer
 from rich.console import Console
-
-from vlmserve.cli import consoles
 from rich.table import Table
 
+from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION
+from vlmserve.cli import consoles
 from vlmserve.cli.bench import build_load_spec, option_defaults
 from vlmserve.cli.bench_options import BENCH, SEARCH_REPEAT
 from vlmserve.cli.model_options import GROUP, with_groups
-from vlmserve.bench.slo_search import DEFAULT_MAX_PROBES, DEFAULT_PRECISION
 from vlmserve.errors import UserError
 from vlmserve.json_types import JSONObject
 
@@ -102,8 +101,8 @@ def slo_search_command(
 def _stored_runs(target: Target, slo: SLO, label: str, deployment: JSONObject | None, console: Console,
                  progress: bool) -> RunPoint:
     """The probe runner: every repeat of one level, combined and saved in the history."""
-    from vlmserve.results import store
     from vlmserve.bench.repeats import run_repeated
+    from vlmserve.results import store
 
     async def run_point(load: LoadSpec, settled: Callable[[list[RunResult]], bool]) -> RunResult:
         result = await run_repeated(load, target, slo=slo, settled=settled, console=console, progress=progress,

@@ -10,7 +10,6 @@ import typer
 from vlmserve.cli import consoles
 
 
-
 def sweep_command(
     spec_file: Path = typer.Argument(..., help="Sweep spec YAML (see examples/sweep-*.yaml)."),
     out: Path | None = typer.Option(None, "--out", "-o",

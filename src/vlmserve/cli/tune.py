@@ -97,8 +97,14 @@ def _max_time_s(max_time: str | None) -> float | None:
 def _report(outcome: TuneOutcome, directory: Path) -> None:
     """The table printed; result.json, report.html and the recommended spec (where there is one) written to --out."""
     from vlmserve.tune.html import write_html
-    from vlmserve.tune.output import HTML_FILE, RECOMMENDED_FILE, RESULT_FILE, print_table, write_recommended_spec, \
-        write_result_json
+    from vlmserve.tune.output import (
+        HTML_FILE,
+        RECOMMENDED_FILE,
+        RESULT_FILE,
+        print_table,
+        write_recommended_spec,
+        write_result_json,
+    )
 
     print_table(outcome, Console() if _tty() else Console(width=220))
     recommended = write_recommended_spec(outcome, directory / RECOMMENDED_FILE)

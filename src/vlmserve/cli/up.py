@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 from pydantic import ValidationError
-
-from vlmserve.cli import consoles
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from vlmserve.cli import consoles
 from vlmserve.cli.model_options import GROUP, with_groups
 from vlmserve.cli.up_options import UP
 from vlmserve.errors import UserError

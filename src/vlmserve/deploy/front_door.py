@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vlmserve.errors import UserError
 from vlmserve.discovery.sources import parse_source
+from vlmserve.errors import UserError
 from vlmserve.gateway.config import GATEWAY_FILE_FLAGS, MEDIA_POLICY_FLAGS, GatewayConfig, config_argv
 from vlmserve.gateway.shared_state import STATE_ENV, parse_state_url
 from vlmserve.observe.tracing import DEFAULT_TRACE_SAMPLE_RATIO, check_tracing_settings

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from vlmserve.json_types import JSONObject
 from vlmserve import vllm_names
 from vlmserve.engines.launcher import ExpectedConfig  # what a replica must serve: the launcher says
+from vlmserve.json_types import JSONObject
 
 READY_POLL_S = 0.2
 """Between readiness polls: a sim replica is up in about a second, so a longer pause is mostly waiting

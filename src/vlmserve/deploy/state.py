@@ -14,16 +14,16 @@ import contextlib
 import json
 import os
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import psutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vlmserve.json_types import JSONObject
 from vlmserve import paths
 from vlmserve.deploy import processes
+from vlmserve.json_types import JSONObject
 
 Role = Literal["replica", "gateway"]
 

@@ -51,15 +51,14 @@ from vlmserve.deploy.cold_start import cold_start_phases, log_size
 from vlmserve.deploy.front_door import check_gateway_files, check_trust_boundary
 from vlmserve.deploy.guard import StepGuard
 from vlmserve.deploy.liveness import LivenessWatch, Subject
-from vlmserve.deploy.members import BACKOFF_MAX_S, BACKOFF_START_S, STABLE_AFTER_S, ManagedProcess
-from vlmserve.deploy.members_file import MEMBERS_FILE, DISCOVER_INTERVAL_S, check_autoscale, write_members_file
+from vlmserve.deploy.members import BACKOFF_MAX_S, BACKOFF_START_S, STABLE_AFTER_S, ManagedProcess, ProcessState
+from vlmserve.deploy.members_file import DISCOVER_INTERVAL_S, MEMBERS_FILE, check_autoscale, write_members_file
 from vlmserve.deploy.plan import gateway_plan, replica_plans
 from vlmserve.deploy.preflight import check_free_memory, check_gateway_policy, check_ports, refuse_running_duplicate
 from vlmserve.deploy.readiness import ReadinessAborted
 from vlmserve.deploy.startup import await_ready
 from vlmserve.deploy.state import DeploymentState, member_list
 from vlmserve.deploy.state_saver import StateSaver
-from vlmserve.deploy.members import ProcessState
 from vlmserve.engines.launcher import make_launcher, served_model_name
 from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec

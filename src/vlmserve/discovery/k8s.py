@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vlmserve.errors import UserError
 from vlmserve.discovery.sources import DiscoveryError, url_for
+from vlmserve.errors import UserError
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 LIST_TIMEOUT_S = 10.0

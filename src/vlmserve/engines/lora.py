@@ -9,10 +9,10 @@ rank the spec's slots cannot hold is one line naming the adapter, before anythin
 from __future__ import annotations
 
 from pathlib import Path
-from vlmserve.json_types import JSONObject
 
 from vlmserve.bounded_read import CONFIG_FILE, Refused, loads_json, printable, read_bytes
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.spec import LoraOptions
 from vlmserve.vllm_flags import VLLM_DEFAULT_MAX_LORA_RANK
 

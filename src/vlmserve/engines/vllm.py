@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from vlmserve.bounded_read import CONFIG_FILE, loads_json, read_bytes
 from vlmserve.engines.launcher import EngineLaunch, EventSink, ExpectedConfig, program, served_model_name
 from vlmserve.engines.lora import lora_argv, resolved_adapters
-from vlmserve.bounded_read import CONFIG_FILE, loads_json, read_bytes
 from vlmserve.errors import UserError
 from vlmserve.spec import EMBEDDED_MODEL, DeploymentSpec
 from vlmserve.vllm_flags import engine_arg_argv

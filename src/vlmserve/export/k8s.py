@@ -21,18 +21,28 @@ and NetworkPolicies let only the gateways reach the engines and Redis.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from vlmserve import __version__
 from vlmserve.autoscale import AutoscaleRule
 from vlmserve.engines.launcher import make_launcher
 from vlmserve.errors import UserError
-from vlmserve.export.k8s_security import (MONITORING_NAMESPACE, REDIS_CLI_AUTH_ENV, REDIS_PASSWORD_ENV,
-                                          check_dns_label, check_trust_settings, embedded_secrets,
-                                          engine_network_policy, gateway_security, redis_network_policy,
-                                          redis_password_env, secret_commands, trust_warnings)
+from vlmserve.export.k8s_security import (
+    MONITORING_NAMESPACE,
+    REDIS_CLI_AUTH_ENV,
+    REDIS_PASSWORD_ENV,
+    check_dns_label,
+    check_trust_settings,
+    embedded_secrets,
+    engine_network_policy,
+    gateway_security,
+    redis_network_policy,
+    redis_password_env,
+    secret_commands,
+    trust_warnings,
+)
 from vlmserve.gateway.config import media_policy_argv
 from vlmserve.gateway.shared_state import STATE_ENV, STATE_UNAVAILABLE_FLAG
 from vlmserve.json_types import JSONObject, JSONValue

@@ -16,10 +16,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from vlmserve.engines.launcher import served_model_name
 from vlmserve.errors import UserError
-from vlmserve.export.k8s import (K8sOptions, _is_local_path, _labels, _meta, autoscale_rule, check_options,
-                                 engine_resources, hpa_behavior, startup_budget)
+from vlmserve.export.k8s import (
+    K8sOptions,
+    _is_local_path,
+    _labels,
+    _meta,
+    autoscale_rule,
+    check_options,
+    engine_resources,
+    hpa_behavior,
+    startup_budget,
+)
 from vlmserve.export.llmd import endpoint_picker_config, policy_note
 from vlmserve.export.platform_engine import comment_block, platform_engine, without_flags
 from vlmserve.json_types import JSONObject, JSONValue

@@ -25,11 +25,29 @@ from dataclasses import dataclass
 
 from vlmserve import routing
 from vlmserve.errors import UserError
-from vlmserve.export.k8s import (CONTAINER_PORT, K8sExport, K8sOptions, _at, _labels, _meta, check_options,
-                                 engine_deployment, engine_name, engine_service, scaled_object, service_monitor)
+from vlmserve.export.k8s import (
+    CONTAINER_PORT,
+    K8sExport,
+    K8sOptions,
+    _at,
+    _labels,
+    _meta,
+    check_options,
+    engine_deployment,
+    engine_name,
+    engine_service,
+    scaled_object,
+    service_monitor,
+)
 from vlmserve.export.k8s_security import check_dns_label
-from vlmserve.export.platform_engine import (LIMIT_MM_FLAG, cap_images, check_platform_spec, comment_block,
-                                             gateway_off, left_behind)
+from vlmserve.export.platform_engine import (
+    LIMIT_MM_FLAG,
+    cap_images,
+    check_platform_spec,
+    comment_block,
+    gateway_off,
+    left_behind,
+)
 from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.observe.pack import to_yaml
 from vlmserve.spec import DeploymentSpec

@@ -17,10 +17,19 @@ What the chart cannot take is said, on stderr and at the top of the values file:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from vlmserve import routing
 from vlmserve.errors import UserError
-from vlmserve.export.k8s import (K8sOptions, _is_local_path, _model_location, autoscale_rule,
-                                 check_options, engine_requests, hpa_behavior, startup_budget)
+from vlmserve.export.k8s import (
+    K8sOptions,
+    _is_local_path,
+    _model_location,
+    autoscale_rule,
+    check_options,
+    engine_requests,
+    hpa_behavior,
+    startup_budget,
+)
 from vlmserve.export.platform_engine import comment_block, flag_value, platform_engine, without_flags
 from vlmserve.json_types import JSONObject
 from vlmserve.spec import DeploymentSpec

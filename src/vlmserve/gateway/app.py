@@ -19,38 +19,55 @@ from typing import Any
 
 import aiohttp
 
-from vlmserve.gateway.admission import (PRIORITIES, Admission, AdmissionRejected, Charge, Tenant, admissible_tokens,
-                                        asks_for_usage, check_output_limits, context_tokens, load_keys_file,
-                                        settled_tokens)
+from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
 from vlmserve.gateway.adapter_admin import handle_adapter_admin
-from vlmserve.gateway.engine_metrics_admin import PATH as ENGINE_METRICS_PATH, handle_engine_metrics
 from vlmserve.gateway.adapters import AdapterCatalog
+from vlmserve.gateway.admission import (
+    PRIORITIES,
+    Admission,
+    AdmissionRejected,
+    Charge,
+    Tenant,
+    admissible_tokens,
+    asks_for_usage,
+    check_output_limits,
+    context_tokens,
+    load_keys_file,
+    settled_tokens,
+)
 from vlmserve.gateway.audit import AuditLog
 from vlmserve.gateway.config import GatewayConfig
-from vlmserve.discovery.sources import DiscoveryWatcher, parse_source
-from vlmserve.media.preflight import ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher, TEXT_ONLY
-from vlmserve.media.workers import ImageWorkerPool
+from vlmserve.gateway.engine_metrics_admin import PATH as ENGINE_METRICS_PATH
+from vlmserve.gateway.engine_metrics_admin import handle_engine_metrics
 from vlmserve.gateway.json_limits import check_json_shape
-from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media, may_hold_media
-from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy
 from vlmserve.gateway.metrics import GatewayMetrics
 from vlmserve.gateway.openai_errors import Refusal, error_response
-from vlmserve.gateway.routing import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
 from vlmserve.gateway.proxy import Forwarder, RequestLog
 from vlmserve.gateway.replicas import Replica, ReplicaPool, fetch_whole
-from vlmserve.gateway.request_info import (RoutedRequest, TokenEstimator, choices_of, client_request_id,
-                                           describe_request, session_key)
-from vlmserve.vision.probe import load_image_readers
-from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
+from vlmserve.gateway.request_info import (
+    RoutedRequest,
+    TokenEstimator,
+    choices_of,
+    client_request_id,
+    describe_request,
+    session_key,
+)
 from vlmserve.gateway.retry_budget import RetryBudget
 from vlmserve.gateway.routes import Route, RouteKind, resolve
+from vlmserve.gateway.routing import LeastOutstandingTokens, RoundRobin, RoutingPolicy, SessionAffinity, build_policy
 from vlmserve.gateway.shared_state import SharedState
+from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.client import ClientPool
 from vlmserve.http1.headers import header_lines
-from vlmserve.gateway.watchdog import Watchdog
 from vlmserve.http1.messages import Answer, Request, Response
 from vlmserve.http1.server import ClientStats
+from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy
+from vlmserve.media.preflight import TEXT_ONLY, ImageLimits, ImagePreflight, ImageRefused, PreflightResult, RemoteFetcher
+from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media, may_hold_media
+from vlmserve.media.workers import ImageWorkerPool
 from vlmserve.observe.tracing import gateway_tracing
+from vlmserve.vision.probe import load_image_readers
+from vlmserve.vision.tokens import estimator_for_model_dir, fallback_estimator
 
 log = logging.getLogger("vlmserve.gateway")
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
-from vlmserve.errors import UserError, check_listen_port
 from vlmserve.discovery.sources import parse_source
+from vlmserve.errors import UserError, check_listen_port
 from vlmserve.gateway.shared_state import DEFAULT_TIMEOUT_S, check_state_settings
 from vlmserve.observe.tracing import DEFAULT_TRACE_SAMPLE_RATIO, check_tracing_settings
 from vlmserve.routing import GATEWAY_POLICIES as POLICY_NAMES
 from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.spec import DeploymentSpec
-
 
 CLIENT_MM_PROCESSOR_KWARGS = ("max_soft_tokens",)
 """The per-request processor kwargs clients may send by default: a vision budget (Gemma-style)."""

@@ -35,15 +35,14 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from typing import Any
 
-
 from vlmserve.gateway.openai_errors import CLIENT_REQUEST_ID_HEADER, error_response, sse_error_event
-from vlmserve.gateway.routing import Outcome, RoutingPolicy
 from vlmserve.gateway.relay import USAGE_KEY, RelayEnd, StreamRelay
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.retry_budget import RetryBudget
-from vlmserve.http1.client import ClientPool, ClientResponse
+from vlmserve.gateway.routing import Outcome, RoutingPolicy
 from vlmserve.gateway.watchdog import FIRST_TOKEN, Exchange, Watchdog
+from vlmserve.http1.client import ClientPool, ClientResponse
 from vlmserve.http1.headers import header_lines
 from vlmserve.http1.messages import Answer, Request, Response, Stream
 

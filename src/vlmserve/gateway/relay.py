@@ -46,8 +46,8 @@ import re
 import time
 from collections.abc import Callable
 
-from vlmserve.http1.client import ServerClosed, ClientConnection, ClientError, ClientResponse
 from vlmserve.gateway.watchdog import Exchange
+from vlmserve.http1.client import ClientConnection, ClientError, ClientResponse, ServerClosed
 from vlmserve.http1.messages import Stream
 
 USAGE_KEY = b'"usage"'  # a piece that holds it may carry the engine's token counts

@@ -40,8 +40,8 @@ from urllib.parse import urlsplit
 
 from vlmserve.gateway.breaker import BreakerState, CircuitBreaker
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
-from vlmserve.http1.headers import header_lines
 from vlmserve.http1.client import AnswerTooLarge, CappedBody, ClientPool, ClientResponse
+from vlmserve.http1.headers import header_lines
 from vlmserve.prometheus_text import MAX_PAGE_BYTES
 
 log = logging.getLogger("vlmserve.gateway")
@@ -246,7 +246,7 @@ class ReplicaPool:
         for task in self._tasks:
             try:
                 await task
-            except (asyncio.CancelledError, Exception):
+            except (asyncio.CancelledError, Exception):  # noqa: S110 - stopping: each loop logged its own failures
                 pass
         self._tasks.clear()
         self._one_off.clear()

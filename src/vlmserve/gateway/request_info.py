@@ -14,7 +14,6 @@ from typing import Any
 
 from vlmserve.gateway.openai_errors import Refusal
 
-
 MAX_CLIENT_REQUEST_ID_CHARS = 128
 _CLIENT_REQUEST_ID = re.compile(r"[!-~]{1,%d}" % MAX_CLIENT_REQUEST_ID_CHARS)  # printable ASCII, no spaces
 MAX_SESSION_KEY_CHARS = 64

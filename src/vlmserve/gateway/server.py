@@ -21,8 +21,8 @@ from vlmserve.gateway.app import Gateway
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.openai_errors import error_response
 from vlmserve.gateway.workers import listen_error
-from vlmserve.http1.tls import server_ssl_context
 from vlmserve.http1.server import HttpServer, ServerLimits
+from vlmserve.http1.tls import server_ssl_context
 from vlmserve.quiet_gc import quiet_garbage_collector
 
 log = logging.getLogger("vlmserve.gateway")

@@ -11,7 +11,6 @@ import asyncio
 
 from vlmserve.async_tasks import cancel_and_wait
 
-
 FIRST_TOKEN = "first_token"  # an exchange's phase until the client has its first bytes
 IDLE_CHUNK = "idle_chunk"  # and after
 

@@ -24,8 +24,8 @@ from typing import Literal, TypedDict
 
 from vlmserve.errors import UserError
 from vlmserve.hardware.dtypes import normalize_dtype, normalize_kv_dtype, weight_bytes_per_param
-from vlmserve.hardware.quantization import QuantScheme, parse_quantization
 from vlmserve.hardware.jsonfile import read_json_file
+from vlmserve.hardware.quantization import QuantScheme, parse_quantization
 from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.vision.tokens import ImageTokenEstimator, SoftTokenBudget, estimator_from_configs
 

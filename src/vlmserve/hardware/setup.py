@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vlmserve.errors import UserError
-from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.hardware.calibration import Calibration, Efficiency, default_calibration
 from vlmserve.hardware.cost import RooflineStepCost
 from vlmserve.hardware.dtypes import normalize_dtype, normalize_kv_dtype
@@ -26,6 +25,7 @@ from vlmserve.hardware.kernels.locate import covers, data_root
 from vlmserve.hardware.kernels.vision_shape import VisionShape, raw_config_or_none, vision_shape
 from vlmserve.hardware.memory import MemoryPlan, VllmStartupReport, kv_capacity_tokens, plan_memory, vllm_startup_report
 from vlmserve.hardware.models import ModelCost, load_model
+from vlmserve.routing import LEAST_OUTSTANDING_TOKENS
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.sched.scheduler import SchedulerConfig
 

@@ -17,13 +17,12 @@ imports with a warning saying so.
 
 from __future__ import annotations
 
-
-from vlmserve.json_types import JSONObject, JSONValue
+from vlmserve.errors import UserError
 from vlmserve.interop.fields import broken_run_warning, mapping, number, objects
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary
-from vlmserve.errors import UserError
 
 TOOL = "aiperf"
 

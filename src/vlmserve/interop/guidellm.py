@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.errors import UserError
 from vlmserve.interop.fields import broken_run_warning, count, mapping, number, objects
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary

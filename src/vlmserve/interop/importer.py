@@ -14,12 +14,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bounded_read import RESULT_FILE, Refused, loads_json, printable, read_bytes
 from vlmserve.errors import UserError
+from vlmserve.interop import aiperf, guidellm, inference_perf, vllm_bench, vlmserve_json
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.results.blocks import RunMeta
 from vlmserve.results.run import RunResult
-from vlmserve.interop import aiperf, guidellm, inference_perf, vlmserve_json, vllm_bench
 
 Reader = Callable[[JSONObject, Path], "RunResult | list[RunResult]"]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.bounded_read import CONFIG_FILE, Refused, read_bytes, yaml_shape
 from vlmserve.interop.fields import broken_run_warning, count, mapping, number, objects
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.results.metrics import PERCENTILES
 from vlmserve.results.run import RunResult
 from vlmserve.results.summary import RunSummary

@@ -22,14 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from vlmserve.results.metrics import PERCENTILES, summarize
-from vlmserve.results.blocks import RunMeta
-from vlmserve.results.run import RunResult
-from vlmserve.results.summary import RunSummary
 from vlmserve.bounded_read import printable
 from vlmserve.errors import UserError
 from vlmserve.interop.fields import broken_run_warning
+from vlmserve.results.blocks import RunMeta
+from vlmserve.results.metrics import PERCENTILES, summarize
 from vlmserve.results.records import RequestRecord
+from vlmserve.results.run import RunResult
+from vlmserve.results.summary import RunSummary
 
 TOOL = "vllm bench serve"
 

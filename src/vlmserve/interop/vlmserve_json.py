@@ -8,7 +8,6 @@ model, label, load, and `simulated` (bench sets it when the endpoint was a sim e
 
 from __future__ import annotations
 
-
 from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.results.blocks import RunMeta
 from vlmserve.results.run import RunResult

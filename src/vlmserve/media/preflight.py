@@ -30,10 +30,15 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from vlmserve.json_types import JSONObject
-from vlmserve.media.workers import ImageWorkerPool, ImageWorkRefused, WorkBudget
 from vlmserve.media.urls import media_slots
+from vlmserve.media.workers import ImageWorkerPool, ImageWorkRefused, WorkBudget
 from vlmserve.vision.probe import (
-    ImageTooLarge, ImageUnreadable, base64_decoded_size, content_digest, decode_base64, probe_image,
+    ImageTooLarge,
+    ImageUnreadable,
+    base64_decoded_size,
+    content_digest,
+    decode_base64,
+    probe_image,
     split_data_url,
 )
 from vlmserve.vision.resize import data_url, resized_data_url

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
 import multiprocessing.connection
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor

@@ -9,7 +9,6 @@ a dashboard gets the variables its queries can use.
 
 from __future__ import annotations
 
-
 from vlmserve.observe.queries import (
     DEPLOYMENT_LABEL,
     ENGINE_JOB,

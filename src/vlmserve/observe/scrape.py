@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from vlmserve.observe.queries import DEPLOYMENT_LABEL, ENGINE_JOB, GATEWAY_JOB
 from vlmserve.spec import DeploymentSpec
 

@@ -22,10 +22,10 @@ from statistics import median
 from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import COEFFICIENTS, Calibration, Efficiency
 from vlmserve.hardware.jsonfile import read_json_file
-from vlmserve.results.summary import RunSummary, read_summary
 from vlmserve.hardware.setup import PlanSetup
 from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.plan.simulate import simulate_run
+from vlmserve.results.summary import RunSummary, read_summary
 from vlmserve.spec import LoadSpec
 
 

@@ -22,8 +22,8 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from vlmserve.plan.calibrate import Scenario, fit, predict
 from vlmserve.hardware.calibration import Calibration
+from vlmserve.plan.calibrate import Scenario, fit, predict
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vlmserve.results.blocks import SimulatedFrontend
-from vlmserve.results.summary import RunSummary
 from vlmserve.hardware.gpus import ASSUMED_FIGURES
 from vlmserve.hardware.setup import PlanSetup
+from vlmserve.results.blocks import SimulatedFrontend
+from vlmserve.results.summary import RunSummary
 from vlmserve.spec import LoadSpec
 
 GB = 1e9

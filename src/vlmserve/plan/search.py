@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from vlmserve.results.run import RunResult
-from vlmserve.results.summary import RunSummary
 from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import Calibration
 from vlmserve.hardware.gpus import get_gpu
@@ -25,6 +23,8 @@ from vlmserve.hardware.setup import FRONTEND_PER_IMAGE_MS, FRONTEND_PER_MEGAPIXE
 from vlmserve.plan.explain import frontend_is_limit
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.results.records import RequestRecord
+from vlmserve.results.run import RunResult
+from vlmserve.results.summary import RunSummary
 from vlmserve.sched.frontend import FrontendConfig
 from vlmserve.spec import SLO, LoadSpec
 

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timezone
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
-from vlmserve.results.blocks import RunMeta, SimulatedFrontend, SimulationBlock
-from vlmserve.results.metrics import summarize
-from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.workload import PlannedRequest, planned_requests
+from vlmserve.results.blocks import RunMeta, SimulatedFrontend, SimulationBlock
+from vlmserve.results.metrics import summarize
 from vlmserve.results.records import RequestRecord
+from vlmserve.results.run import RunResult
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest
-from vlmserve.sched.virtual_clock import RequestTiming, Send, SimulationStats, run_virtual_clock
 from vlmserve.sched.step_cost import StepContents
+from vlmserve.sched.virtual_clock import RequestTiming, Send, SimulationStats, run_virtual_clock
 from vlmserve.spec import SLO, LoadSpec
 
 TOKEN_ID_STRIDE = 1 << 24

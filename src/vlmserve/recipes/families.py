@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
 from vlmserve.json_types import JSONObject, JSONValue
 
 EMBEDDED_FAMILY = "embedded"

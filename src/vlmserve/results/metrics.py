@@ -8,14 +8,14 @@ written out in docs/metrics.md and must stay in step with this module.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from vlmserve.results.blocks import ClientBlock, Distribution
 from vlmserve.results.breakdown import ttft_breakdown
 from vlmserve.results.records import RequestRecord
-from vlmserve.results.blocks import ClientBlock, Distribution
 from vlmserve.results.summary import RunSummary, TokenCounts
 from vlmserve.spec import REQUEST_TYPES, SLO
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from vlmserve.results.blocks import RunMeta
 from vlmserve.results.records import RequestRecord
 from vlmserve.results.summary import RunSummary

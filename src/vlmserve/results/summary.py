@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vlmserve.errors import UserError

@@ -7,12 +7,11 @@ still serves its previous configuration. Both are checked before any cell runs.
 
 from __future__ import annotations
 
-
 import httpx
 
-from vlmserve.json_types import JSONObject
 from vlmserve.deploy.processes import free_port_block, port_is_free
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.spec import DeploymentSpec
 
 

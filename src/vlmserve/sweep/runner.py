@@ -30,8 +30,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from vlmserve.json_types import JSONObject
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.results.summary import RunSummary
 from vlmserve.spec import LoadSpec
 from vlmserve.sweep.hygiene import check_ports_free, server_version, verify_serving, with_free_ports

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Awaitable, Callable
 
 from rich.console import Console
 
-from vlmserve.json_types import JSONObject
 from vlmserve.bench.slo_search import SearchOutcome, SearchSpace, search
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.results.run import RunResult
 from vlmserve.spec import SLO, DeploymentSpec, LoadSpec
 

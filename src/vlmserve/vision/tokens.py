@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Mapping
 
 from vlmserve.errors import UserError
 from vlmserve.json_types import JSONObject, JSONValue

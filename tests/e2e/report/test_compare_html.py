@@ -10,12 +10,12 @@ import pytest
 
 from tests.helpers.browser import check_report_in_browser, find_chromium
 from tests.helpers.synthetic import saturating_records
-from vlmserve.results.metrics import summarize
-from vlmserve.results.run import RunResult
 from vlmserve.report.compare import compare
 from vlmserve.report.compare_html import render_compare_html
 from vlmserve.report.plots_common import SIMULATED_TITLE_MARK
 from vlmserve.report.source import load_source
+from vlmserve.results.metrics import summarize
+from vlmserve.results.run import RunResult
 
 COMPARE_CHART_IDS = ("chart-compare-latency-throughput", "chart-compare-cdf-0", "chart-compare-timeline-0")
 

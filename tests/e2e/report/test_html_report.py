@@ -9,13 +9,13 @@ import pytest
 
 from tests.helpers.browser import CHART_IDS, check_report_in_browser, find_chromium
 from tests.helpers.synthetic import saturating_records, sweep_results, sweep_with_records
-from vlmserve.results import store
-from vlmserve.results.records import RequestRecord
 from vlmserve.report.html import render_html, write_html
 from vlmserve.report.markdown import render_markdown
 from vlmserve.report.plots_cdf import MAX_POINTS, cdf_points
 from vlmserve.report.plots_common import SIMULATED_TITLE_MARK
 from vlmserve.report.plots_timeline import timeline
+from vlmserve.results import store
+from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO
 from vlmserve.sweep.results import CellOutcome, SweepResults
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.paths import REPO_ROOT
 from vlmserve.report.html import write_html
 from vlmserve.report.source import results_from_sweep_dir
 from vlmserve.sweep.runner import run_sweep
 from vlmserve.sweep.spec import parse_sweep_spec
-from tests.helpers.paths import REPO_ROOT
 
 REPO = REPO_ROOT
 

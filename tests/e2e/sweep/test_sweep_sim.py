@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.browser import CHART_IDS, check_report_in_browser, find_chromium
-from vlmserve.report.source import results_from_sweep_dir
-from vlmserve.deploy.processes import port_is_free
-from vlmserve.errors import UserError
-from vlmserve.sweep.runner import SweepOverrides, apply_overrides, run_sweep
-from vlmserve.sweep.spec import parse_sweep_spec
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.procs import free_port
+from vlmserve.deploy.processes import port_is_free
+from vlmserve.errors import UserError
+from vlmserve.report.source import results_from_sweep_dir
+from vlmserve.sweep.runner import SweepOverrides, apply_overrides, run_sweep
+from vlmserve.sweep.spec import parse_sweep_spec
 
 REPO = REPO_ROOT
 SMOKE = ["--requests-per-user", "2", "--max-output-len", "8", "--no-progress"]

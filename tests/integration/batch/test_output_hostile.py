@@ -16,8 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.batch.test_batch_job import MODEL, batch_argv, read_output, request_line, run_batch, wait_for_lines, write_input
 from tests.helpers.sim import start_sim_engine
+from tests.integration.batch.test_batch_job import (
+    MODEL,
+    batch_argv,
+    read_output,
+    request_line,
+    run_batch,
+    wait_for_lines,
+    write_input,
+)
 
 
 @pytest.fixture(scope="module")

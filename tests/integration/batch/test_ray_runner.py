@@ -22,8 +22,16 @@ import pytest
 from tests.helpers.gateway_proc import free_port, start_gateway
 from tests.helpers.ray_cluster import start_ray_head
 from tests.helpers.sim import start_sim_engine
-from tests.integration.batch.test_batch_job import (MODEL, batch_argv, engine_requests_done, read_output, request_line,
-                                                    run_batch, wait_for_lines, write_input)
+from tests.integration.batch.test_batch_job import (
+    MODEL,
+    batch_argv,
+    engine_requests_done,
+    read_output,
+    request_line,
+    run_batch,
+    wait_for_lines,
+    write_input,
+)
 
 pytest.importorskip("ray.data", reason="the ray extra is not installed (pip install 'vlmserve[ray]')")
 

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from tests.helpers.bench_fixtures import bench_args
-from vlmserve.results import store
 from vlmserve.bench.console import print_summary, slo_verdict
+from vlmserve.results import store
 from vlmserve.results.summary import RunSummary, SloCheck
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from tests.helpers.bench_fixtures import SIM_MODEL, bench_args, write_sharegpt
 from tests.helpers.sim import start_sim_engine
+from vlmserve.bench.runner import Target, run_load
 from vlmserve.results import store
 from vlmserve.results.metrics import ClientLimits
-from vlmserve.bench.runner import Target, run_load
 from vlmserve.spec import SLO, LoadSpec
 
 

@@ -111,7 +111,8 @@ def test_search_starts_a_deployment_once_and_tears_it_down(cli, tmp_path) -> Non
     runs = [store.load_run(probe["run_id"]).summary.to_dict()["meta"] for probe in search["probes"]]
     assert {meta["deployment"]["name"] for meta in runs} == {"slo-dep"}
     assert len({meta["target"] for meta in runs}) == 1  # started once, every probe against it
-    from vlmserve.deploy.processes import port_is_free
     from urllib.parse import urlparse
+
+    from vlmserve.deploy.processes import port_is_free
 
     assert port_is_free("127.0.0.1", urlparse(runs[0]["target"]).port)  # torn down at the end

@@ -14,9 +14,9 @@ import yaml
 from tests.e2e.test_supervisor import assert_one_line_error, run_up, spawn_up, wait_for
 from tests.e2e.test_supervisor import home as home  # noqa: F401  (fixture)
 from tests.e2e.test_supervisor import up_process as up_process  # noqa: F401  (fixture)
+from tests.helpers.procs import free_ports
 from tests.helpers.redis_server import RedisServer
 from tests.integration.test_up_trust_boundary import ready_with_gateway, stop_up
-from tests.helpers.procs import free_ports
 from vlmserve.deploy.front_door import gateway_argv, gateway_env, shown_gateway_env
 from vlmserve.gateway.redis_buckets import bucket_keys
 from vlmserve.spec import DeploymentSpec

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+
 from tests.helpers.paths import REPO_ROOT
 
 ROOT = REPO_ROOT

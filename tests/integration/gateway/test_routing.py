@@ -16,9 +16,9 @@ import pytest
 
 from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_gateway, scrape_engine, sim_engines
 from tests.helpers.sim import SimHandle
-from vlmserve.gateway.routing import PrefixAffinity, load_bound
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
+from vlmserve.gateway.routing import PrefixAffinity, load_bound
 
 TOKEN_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
 LETTERS = "abcdefghijklmnopqrstuvwxyz"

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import REPO_ROOT, TESTS_ROOT
 from tests.helpers.synthetic import saturating_records
-from vlmserve.results.metrics import summarize
-from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.interop.importer import read_result_file
 from vlmserve.interop.vllm_bench import from_vllm_result, to_vllm_result
 from vlmserve.report.compare import compare
 from vlmserve.report.html import render_html
 from vlmserve.report.source import load_source
-from tests.helpers.paths import REPO_ROOT, TESTS_ROOT
+from vlmserve.results.metrics import summarize
+from vlmserve.results.run import RunResult
 
 FIXTURES = TESTS_ROOT / "fixtures" / "imports"
 DETAILED, PLAIN = FIXTURES / "vllm-detailed.json", FIXTURES / "vllm-plain.json"

@@ -11,8 +11,6 @@ import pytest
 from tests.helpers.cli import run_cli
 
 
-
-
 def test_plan_as_the_issue_writes_it(tmp_path: Path, capsys) -> None:
     out_file = tmp_path / "plan.json"
     code, out, _ = run_cli([

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.synthetic import saturating_records
-from vlmserve.results.metrics import summarize
-from vlmserve.results.run import RunResult
 from vlmserve.errors import UserError
 from vlmserve.report.compare import compare
 from vlmserve.report.source import load_source
+from vlmserve.results.metrics import summarize
+from vlmserve.results.run import RunResult
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.sim import start_sim_engine
-from vlmserve.errors import UserError
 from vlmserve.deploy.processes import free_port
-from vlmserve.sweep.hygiene import check_ports_free, verify_serving, with_free_ports
+from vlmserve.errors import UserError
 from vlmserve.spec import DeploymentSpec
+from vlmserve.sweep.hygiene import check_ports_free, verify_serving, with_free_ports
 
 
 def test_endpoint_serving_another_model_or_length_is_refused() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import REPO_ROOT
 from vlmserve.errors import UserError
 from vlmserve.sweep.spec import load_sweep_spec
-from tests.helpers.paths import REPO_ROOT
 
 REPO = REPO_ROOT
 GOOD = """

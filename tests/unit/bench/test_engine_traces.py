@@ -12,7 +12,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
 from vlmserve.bench.engine_traces import (
-    TraceReceiver, attach_engine_timings, decode_spans, parse_listen_address,
+    TraceReceiver,
+    attach_engine_timings,
+    decode_spans,
+    parse_listen_address,
 )
 from vlmserve.bench.load import new_traceparent, request_type_of
 from vlmserve.errors import UserError

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vlmserve.results.blocks import ClientBlock
 from vlmserve.results import metrics
+from vlmserve.results.blocks import ClientBlock
 from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO
 

@@ -16,8 +16,7 @@ from tests.helpers.platform_specs import LOAD_S, MAX_IMAGES, RECIPE_FLAGS, RULE,
 from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import K8sOptions, rule_from_keda
-from vlmserve.export.llmd import (EPP_CONFIG_FILE, POLICY_SCORERS, LlmdOptions, endpoint_picker_config,
-                                  export_llmd)
+from vlmserve.export.llmd import EPP_CONFIG_FILE, POLICY_SCORERS, LlmdOptions, endpoint_picker_config, export_llmd
 from vlmserve.routing import GATEWAY_POLICIES
 from vlmserve.spec import DeploymentSpec
 

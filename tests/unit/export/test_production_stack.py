@@ -17,8 +17,7 @@ from tests.helpers.platform_specs import LOAD_S, MAX_IMAGES, RECIPE_FLAGS, RULE,
 from vlmserve.autoscale import AutoscaleRule
 from vlmserve.errors import UserError
 from vlmserve.export.k8s import K8sOptions, keda_scaled_object_spec
-from vlmserve.export.production_stack import (CHART_TRIGGER_THRESHOLD, ROUTING_LOGIC, export_production_stack,
-                                              image_parts)
+from vlmserve.export.production_stack import CHART_TRIGGER_THRESHOLD, ROUTING_LOGIC, export_production_stack, image_parts
 from vlmserve.routing import GATEWAY_POLICIES
 from vlmserve.spec import DeploymentSpec
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from vlmserve.gateway.json_limits import JsonShapeRefused, check_json_shape
-from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media
 from vlmserve.gateway.routes import RouteRefused, find_route, target_path
+from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media
 
 
 @pytest.mark.parametrize("target", ["/v1/./x", "/v1/../x", "/v1/%2E%2e/x", "/a%2fb", "/a%5Cb", "/a\\b", "//a", "/a//b",

@@ -9,9 +9,19 @@ import pytest
 
 from tests.helpers.budget_cases import BUDGET_CASES, LEVEL_TOLERANCE, RATE_PER_S, Admit, BudgetCase
 from vlmserve.errors import UserError
-from vlmserve.gateway.admission import (MAX_OUTPUT_TOKENS, Admission, AdmissionRejected, Charge, Tenant, TokenBucket,
-                                        admissible_tokens, check_output_limits, context_tokens, load_keys_file,
-                                        settled_tokens)
+from vlmserve.gateway.admission import (
+    MAX_OUTPUT_TOKENS,
+    Admission,
+    AdmissionRejected,
+    Charge,
+    Tenant,
+    TokenBucket,
+    admissible_tokens,
+    check_output_limits,
+    context_tokens,
+    load_keys_file,
+    settled_tokens,
+)
 from vlmserve.gateway.request_info import choices_of
 
 

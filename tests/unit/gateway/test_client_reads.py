@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from tests.helpers.relay_harness import scripted_replica, send
-from vlmserve.http1.client import ServerClosed, ClientPool
+from vlmserve.http1.client import ClientPool, ServerClosed
 
 JSON = b'{"id": "cmpl-1", "choices": []}'
 HEAD = b"Content-Type: application/json\r\nX-A: 1\r\nx-a: 2\r\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from vlmserve.discovery.k8s import urls_from_slices
 from vlmserve.discovery.sources import (
     DiscoveryError,
     DiscoveryWatcher,
@@ -20,7 +21,9 @@ from vlmserve.discovery.sources import (
     parse_replica_list,
     url_for,
 )
-from vlmserve.discovery.k8s import urls_from_slices
+from vlmserve.gateway.engine_metrics import EngineLoad
+from vlmserve.gateway.replicas import Replica, ReplicaPool
+from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.routing import (
     EngineAware,
     ImageAffinity,
@@ -31,9 +34,6 @@ from vlmserve.gateway.routing import (
     PrefixAffinity,
     SessionAffinity,
 )
-from vlmserve.gateway.engine_metrics import EngineLoad
-from vlmserve.gateway.replicas import Replica, ReplicaPool
-from vlmserve.gateway.request_info import RoutedRequest
 
 
 def make_pool(static: list[str], max_ejection_fraction: float = 0.5) -> ReplicaPool:

@@ -16,6 +16,7 @@ from tests.helpers.gateway_fixtures import running_gateway
 from tests.helpers.metrics_replicas import endless, failing, page, replicas
 from vlmserve.prometheus_text import MAX_PAGE_BYTES
 
+
 async def get(url: str, key: str | None = None) -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as response:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media
 from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy, internal_reason
+from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media
 
 
 @pytest.mark.parametrize("address, reason", [

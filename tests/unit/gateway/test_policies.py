@@ -7,6 +7,8 @@ import time
 from vlmserve.gateway.breaker import CircuitBreaker
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.engine_metrics import EngineLoad, parse_engine_load
+from vlmserve.gateway.replicas import Replica
+from vlmserve.gateway.request_info import RoutedRequest, TokenEstimator, block_hashes, describe_request
 from vlmserve.gateway.routing import (
     EngineAware,
     LeastOutstandingTokens,
@@ -17,8 +19,6 @@ from vlmserve.gateway.routing import (
     build_policy,
     load_bound,
 )
-from vlmserve.gateway.replicas import Replica
-from vlmserve.gateway.request_info import RoutedRequest, TokenEstimator, block_hashes, describe_request
 
 
 def make_replicas(n: int) -> list[Replica]:

@@ -12,10 +12,21 @@ import time
 
 import pytest
 
-from tests.helpers.relay_harness import (SSE_HEAD, ClientView, ForwardingHarness, ScriptedReplica, chat_request,
-                                         forwarding, frame, read_answer, scripted_replica, send, token)
-from vlmserve.gateway.routing import Outcome
+from tests.helpers.relay_harness import (
+    SSE_HEAD,
+    ClientView,
+    ForwardingHarness,
+    ScriptedReplica,
+    chat_request,
+    forwarding,
+    frame,
+    read_answer,
+    scripted_replica,
+    send,
+    token,
+)
 from vlmserve.gateway.relay import StreamRelay
+from vlmserve.gateway.routing import Outcome
 from vlmserve.http1.client import ClientConnection
 
 END = frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"

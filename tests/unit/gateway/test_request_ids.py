@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from vlmserve.http1.headers import Headers
 from vlmserve.gateway.request_info import (
-    MAX_CLIENT_REQUEST_ID_CHARS, MAX_SESSION_KEY_CHARS, BadRequestHeader, client_request_id, session_key,
+    MAX_CLIENT_REQUEST_ID_CHARS,
+    MAX_SESSION_KEY_CHARS,
+    BadRequestHeader,
+    client_request_id,
+    session_key,
 )
+from vlmserve.http1.headers import Headers
 
 
 def headers(**values: str) -> Headers:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from vlmserve.plan.calibrate import Scenario, metric_value, predict
 from vlmserve.hardware.calibration import Calibration, Efficiency
-from vlmserve.plan.crossval import FitStage, StagedFitter, cross_validate
 from vlmserve.hardware.setup import PlanSetup
+from vlmserve.plan.calibrate import Scenario, metric_value, predict
+from vlmserve.plan.crossval import FitStage, StagedFitter, cross_validate
 from vlmserve.plan.simulate import simulate_run
 from vlmserve.spec import LoadSpec
 

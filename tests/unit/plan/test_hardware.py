@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.paths import REPO_ROOT  # noqa: E402
 from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import Calibration, Efficiency, default_calibration
 from vlmserve.hardware.gpus import GIB, WEIGHT_ONLY_COMPUTE_EFFICIENCY, allreduce_time_s, catalog, get_gpu
@@ -14,7 +15,6 @@ from vlmserve.hardware.memory import plan_memory
 from vlmserve.hardware.models import load_model
 from vlmserve.hardware.setup import DEFAULT_GPU_MEMORY_UTILIZATION, PlanSetup, vllm_default_limits
 
-from tests.helpers.paths import REPO_ROOT  # noqa: E402
 REFERENCE_CSV = REPO_ROOT.parent / "shared/reference/hardware.csv"  # the shared data beside the checkout
 PACKAGED_CSV = REPO_ROOT / "src/vlmserve/hardware/data/hardware.csv"
 

@@ -6,9 +6,6 @@ import pytest
 
 from tests.helpers.cli import run_cli
 
-
-
-
 PLAN = ["plan", "--model", "llama-3.1-8b", "--concurrency", "2", "--num-requests", "4", "--output-len", "8"]
 
 

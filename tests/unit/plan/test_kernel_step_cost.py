@@ -13,7 +13,13 @@ from vlmserve.hardware.calibration import Calibration, Efficiency
 from vlmserve.hardware.kernels.locate import locate_table
 from vlmserve.hardware.kernels.quant import WEIGHT_ONLY_SLOWDOWN
 from vlmserve.hardware.kernels.step_cost import (
-    DECODE_ATTN, ELEMENTWISE, LM_HEAD, MLP, PREFILL_ATTN, PROJ, MeasuredStepCost,
+    DECODE_ATTN,
+    ELEMENTWISE,
+    LM_HEAD,
+    MLP,
+    PREFILL_ATTN,
+    PROJ,
+    MeasuredStepCost,
 )
 from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.explain import step_cost_sources

@@ -12,9 +12,9 @@ from rich.console import Console
 
 from tests.helpers.synthetic import sweep_results
 from vlmserve.bench.repeats import confidence_interval
-from vlmserve.results.blocks import RepeatsBlock
 from vlmserve.errors import UserError
 from vlmserve.report.compare import COMPARED_METRICS, Comparison, compare, print_comparison
+from vlmserve.results.blocks import RepeatsBlock
 from vlmserve.sweep.results import SweepResults
 
 JITTER = (-0.002, 0.0, 0.002)

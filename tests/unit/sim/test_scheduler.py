@@ -6,13 +6,13 @@ import random
 
 import pytest
 
+from vlmserve.errors import UserError
+from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.constant import ConstantLatencyScheduler
 from vlmserve.sched.kv_cache import BlockPool, hash_request_blocks
-from vlmserve.sched.virtual_clock import SimulationStats, simulate
-from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.parametric_cost import PROFILES, ParametricStepCost, get_profile
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest
-from vlmserve.errors import UserError
+from vlmserve.sched.virtual_clock import SimulationStats, simulate
 
 UNIT_COST = ParametricStepCost(fixed_s=0.010, per_prefill_token_s=1e-5, per_decode_seq_s=1e-4, per_kv_token_s=0.0)
 

@@ -11,7 +11,12 @@ import pytest
 from PIL import Image
 
 from vlmserve.vision.probe import (
-    ImageTooLarge, ImageUnreadable, content_digest, decode_base64, probe_image, split_data_url,
+    ImageTooLarge,
+    ImageUnreadable,
+    content_digest,
+    decode_base64,
+    probe_image,
+    split_data_url,
 )
 
 

@@ -9,7 +9,12 @@ import pytest
 
 from vlmserve.errors import UserError
 from vlmserve.vision.tokens import (
-    FALLBACK_IMAGE_TOKENS, PixelGrid, SoftTokenBudget, Tiles, estimator_for_model_dir, estimator_from_configs,
+    FALLBACK_IMAGE_TOKENS,
+    PixelGrid,
+    SoftTokenBudget,
+    Tiles,
+    estimator_for_model_dir,
+    estimator_from_configs,
 )
 
 SIZES = [(64, 64), (1024, 1024), (128, 32), (32, 128), (16, 16), (2000, 500), (640, 480), (10, 1000), (4000, 3000)]

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from vlmserve.json_types import JSONObject
 from vlmserve.bench.client import RequestOptions
 from vlmserve.bench.consistency.cases import CaseSet, CheckedCase, build_cases, request_body
 from vlmserve.bench.consistency.compare import Answer, CaseResult, ConsistencyReport, answer_from_response, find_image_swaps
 from vlmserve.bench.target import Target, check_target
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 
 CHAT_PATH = "/v1/chat/completions"
 

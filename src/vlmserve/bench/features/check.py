@@ -20,8 +20,8 @@ from functools import lru_cache
 
 import jsonschema
 
-from vlmserve.json_types import JSONValue
 from vlmserve.bench.features.catalogue import RESPONSE_SCHEMAS, TOOLS
+from vlmserve.json_types import JSONValue
 from vlmserve.results.records import RequestRecord
 
 DETAIL_CHARS = 120

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vlmserve.json_types import JSONObject
 from vlmserve.bench.features.catalogue import response_format, tool_definition
+from vlmserve.json_types import JSONObject
 from vlmserve.results.records import RequestRecord
 
 FEATURE_NAMES: tuple[str, ...] = ("tools", "structured", "thinking")

@@ -8,14 +8,14 @@ Every workload produces `Conversation`s: one or more user `Turn`s. Single-turn w
 from __future__ import annotations
 
 import random as _random
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
-from vlmserve.json_types import JSONObject
 from vlmserve.bench.features.request import RequestFeatures
 from vlmserve.bench.tokens import TokenCounter
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 from vlmserve.spec import LoadSpec
 
 

@@ -12,11 +12,11 @@ import io
 import random
 from pathlib import Path
 
-from vlmserve.json_types import JSONObject
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_image_dir
 from vlmserve.bench.workloads.image_reuse import ImagePicker, weighted_choice
 from vlmserve.bench.workloads.text import fit_prompt
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp"}
 _MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "gif": "image/gif", "bmp": "image/bmp"}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext
 import random
 
+from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext
 from vlmserve.bench.workloads.text import fit_prompt
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
-from vlmserve.json_types import JSONObject
 from vlmserve.bench.tokens import TokenCounter
+from vlmserve.json_types import JSONObject
 
 WORDS = (
     "time person year way day thing man world life hand part child eye woman place work week "

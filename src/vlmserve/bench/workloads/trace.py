@@ -19,13 +19,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from vlmserve.bounded_read import TRACE_LINE, Refused, iter_lines, loads_json, too_long
 from vlmserve.bench.workloads import Conversation, Turn, WorkloadContext, require_dataset_file
 from vlmserve.bench.workloads.images import image_content, request_type, synthetic_image_url
 from vlmserve.bench.workloads.text import fit_prompt
+from vlmserve.bounded_read import TRACE_LINE, Refused, iter_lines, loads_json, too_long
 from vlmserve.errors import UserError
 from vlmserve.spec import LoadSpec
-
 
 MAX_TRACE_TOKENS = 1 << 20
 """The longest prompt or answer a trace line may ask for: the largest context any model serves (1M)."""

@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 from vlmserve.async_tasks import cancel_and_wait
 from vlmserve.engines.sim.metrics import EngineMetrics
-from vlmserve.sched.engine_core import EngineCore
 from vlmserve.engines.sim.outputs import WRITE_BUFFER_HIGH_BYTES, ActiveRequest
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
+from vlmserve.sched.engine_core import EngineCore
 from vlmserve.sched.frontend import only_fresh_images
 from vlmserve.sched.scheduler import SimRequest, StepResult
 

@@ -16,10 +16,10 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from vlmserve.json_types import JSONObject, JSONValue
 
 from vlmserve.engines.sim.protocol import bad_request
 from vlmserve.engines.sim.schema_values import SchemaError, minimal_value
+from vlmserve.json_types import JSONObject, JSONValue
 
 MAX_N = 16
 """Most choices per request (vLLM has no fixed limit; the sim keeps requests bounded)."""

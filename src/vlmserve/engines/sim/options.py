@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vlmserve.errors import UserError, check_listen_port
+from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.constant import ConstantLatencyScheduler
 from vlmserve.sched.engine_core import EngineCore
 from vlmserve.sched.frontend import FrontendConfig
-from vlmserve.vision.tokens import ImageTokenEstimator, estimator_for_model_dir
-from vlmserve.hardware.roofline import make_step_cost_model
 from vlmserve.sched.lora_slots import LoraConfig
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig
+from vlmserve.vision.tokens import ImageTokenEstimator, estimator_for_model_dir
 
 GEMMA_IMAGE_BUDGETS = (70, 140, 280, 560, 1120)
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from vlmserve.json_types import JSONObject, JSONValue
 
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.generation import OutputPlan
 from vlmserve.engines.sim.protocol import ParsedRequest
 from vlmserve.engines.sim.rich_outputs import RichRenderer
 from vlmserve.engines.sim.rich_plan import RichPlan
+from vlmserve.json_types import JSONObject, JSONValue
 
 _PIECE_JSON: dict[str, bytes] = {piece: json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES}
 _PIECE_JSON_BY_INDEX: list[bytes] = [json.dumps(piece).encode() for piece in tokenizer.OUTPUT_PIECES]

@@ -27,14 +27,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vlmserve.json_types import JSONObject, JSONValue
-
 from PIL import Image
-
-from vlmserve.vision.tokens import ImageTokenEstimator
 
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.options import SimEngineConfig
+from vlmserve.json_types import JSONObject, JSONValue
+from vlmserve.vision.tokens import ImageTokenEstimator
 
 if TYPE_CHECKING:
     from vlmserve.engines.sim.features import Features

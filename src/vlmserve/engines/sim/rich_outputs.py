@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from vlmserve.json_types import JSONObject, JSONValue
 
 from vlmserve.engines.sim import tokenizer
 from vlmserve.engines.sim.features import Features
 from vlmserve.engines.sim.protocol import ParsedRequest
 from vlmserve.engines.sim.rich_plan import Choice, RichPlan, Token
+from vlmserve.json_types import JSONObject, JSONValue
 
 _ALTERNATIVES = tokenizer.OUTPUT_PIECES
 

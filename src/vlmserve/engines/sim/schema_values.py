@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+
 from vlmserve.json_types import JSONObject, JSONValue
 
 MAX_DEPTH = 32

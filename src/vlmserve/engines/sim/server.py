@@ -21,7 +21,6 @@ import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from vlmserve.json_types import JSONObject, JSONValue
 
 from aiohttp import web
 
@@ -33,13 +32,21 @@ from vlmserve.engines.sim.generation import OutputPlan, plan_output
 from vlmserve.engines.sim.metrics import EngineMetrics
 from vlmserve.engines.sim.options import SimEngineConfig, build_engine_core
 from vlmserve.engines.sim.outputs import ActiveRequest
-from vlmserve.engines.sim.protocol import ApiError, ImageValidator, ParsedRequest, bad_request, decode_json_body, parse_generation_request
+from vlmserve.engines.sim.protocol import (
+    ApiError,
+    ImageValidator,
+    ParsedRequest,
+    bad_request,
+    decode_json_body,
+    parse_generation_request,
+)
 from vlmserve.engines.sim.rich_plan import plan_rich_output
-from vlmserve.sched.frontend import Frontend
 from vlmserve.engines.sim.timing import EmissionTimingRecorder
 from vlmserve.engines.sim.trace import EmissionTrace
 from vlmserve.errors import UserError
+from vlmserve.json_types import JSONObject, JSONValue
 from vlmserve.quiet_gc import quiet_garbage_collector
+from vlmserve.sched.frontend import Frontend
 
 _STATUS_TYPES = {
     500: "InternalServerError",

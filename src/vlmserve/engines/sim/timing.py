@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+
 from vlmserve.json_types import JSONObject
 
 _BIN_S = 10e-6

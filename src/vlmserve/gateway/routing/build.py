@@ -13,8 +13,14 @@ from vlmserve.gateway.routing.policy import RoutingPolicy
 from vlmserve.gateway.routing.prefix import PrefixAffinity
 from vlmserve.gateway.routing.round_robin import RoundRobin
 from vlmserve.gateway.routing.session import SessionAffinity
-from vlmserve.routing import (ADAPTER_AFFINITY, ENGINE_AWARE, IMAGE_AFFINITY, LEAST_OUTSTANDING_TOKENS, PREFIX_AFFINITY,
-                              ROUND_ROBIN)
+from vlmserve.routing import (
+    ADAPTER_AFFINITY,
+    ENGINE_AWARE,
+    IMAGE_AFFINITY,
+    LEAST_OUTSTANDING_TOKENS,
+    PREFIX_AFFINITY,
+    ROUND_ROBIN,
+)
 
 POLICIES: dict[str, Callable[[GatewayConfig], RoutingPolicy]] = {
     ROUND_ROBIN: lambda config: RoundRobin(),

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from vlmserve.gateway.replicas import Replica
 from vlmserve.gateway.request_info import RoutedRequest
 from vlmserve.gateway.routing.bounds import under_load_bound
-from vlmserve.gateway.routing.pipeline import Pipeline, Scorer, ScoreFn, fewer_in_flight_first
+from vlmserve.gateway.routing.pipeline import Pipeline, ScoreFn, Scorer, fewer_in_flight_first
 from vlmserve.routing import PREFIX_AFFINITY
 
 

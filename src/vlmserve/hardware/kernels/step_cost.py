@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-
 from vlmserve.hardware.calibration import Efficiency
 from vlmserve.hardware.cost import frontend_step_s
 from vlmserve.hardware.dtypes import normalize_kv_dtype
