@@ -38,8 +38,9 @@ def skip(reason: str) -> None:
     print(f"smoke: skipped {reason}", flush=True)
 
 
-def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout_s: float = 60.0,
-                 log_path: Path | None = None) -> None:
+def wait_healthy(
+    url: str, process: subprocess.Popen | None = None, timeout_s: float = 60.0, log_path: Path | None = None
+) -> None:
     """Return once GET `url` answers 200; exit with one line (and the log's tail) if the process
     dies or the time runs out."""
     deadline = time.monotonic() + timeout_s
@@ -51,7 +52,9 @@ def wait_healthy(url: str, process: subprocess.Popen | None = None, timeout_s: f
             pass
         exited = process is not None and process.poll() is not None
         if exited or time.monotonic() > deadline:
-            why = f"exited with {process.returncode}" if exited and process is not None else f"not healthy within {timeout_s:.0f} s"
+            why = (
+                f"exited with {process.returncode}" if exited and process is not None else f"not healthy within {timeout_s:.0f} s"
+            )
             tail = f"\n{log_path.read_text(errors='replace')[-2000:]}" if log_path is not None and log_path.exists() else ""
             raise SystemExit(f"{url}: {why}{tail}")
         time.sleep(0.1)

@@ -80,7 +80,7 @@ async def _smoke() -> None:
     _Client.engine = ("127.0.0.1", echo.sockets[0].getsockname()[1])
     pump = await loop.create_server(_Client, "127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", pump.sockets[0].getsockname()[1])
-    message = b"data: {\"choices\": []}\n\n" * 64
+    message = b'data: {"choices": []}\n\n' * 64
     writer.write(message)
     echoed = await asyncio.wait_for(reader.readexactly(len(message)), timeout=10)
     writer.close()

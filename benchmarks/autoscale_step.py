@@ -45,31 +45,53 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=Path("autoscale-step"))
     parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
-    args = parse_args(parser, cold_start_s=1.0, shape="steps:2@3,20@6,2@9", stabilization_s=5, cooldown_s=1,
-                      window_s=2.0, engine="sim")
+    args = parse_args(
+        parser, cold_start_s=1.0, shape="steps:2@3,20@6,2@9", stabilization_s=5, cooldown_s=1, window_s=2.0, engine="sim"
+    )
     if args.engine == "vllm" and parser.get_default("shape") == args.shape:
         args.shape = "steps:1@5,12@60,1@60"
         args.autoscale = "1:2"
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     port = free_port_block(8)
-    rule = {"waiting_per_replica": 5, "polling_interval_s": 1,
-            "scale_down_stabilization_s": args.stabilization_s, "scale_down_cooldown_s": args.cooldown_s}
-    spec: dict = {"name": NAME, "engine": "sim", "model": "sim-model", "port": port,
-                  "sim": {"ttft_ms": 50, "itl_ms": 10, "cold_start_s": args.cold_start_s},
-                  "engine_args": {"max_num_seqs": 8}, "autoscale": rule}
+    rule = {
+        "waiting_per_replica": 5,
+        "polling_interval_s": 1,
+        "scale_down_stabilization_s": args.stabilization_s,
+        "scale_down_cooldown_s": args.cooldown_s,
+    }
+    spec: dict = {
+        "name": NAME,
+        "engine": "sim",
+        "model": "sim-model",
+        "port": port,
+        "sim": {"ttft_ms": 50, "itl_ms": 10, "cold_start_s": args.cold_start_s},
+        "engine_args": {"max_num_seqs": 8},
+        "autoscale": rule,
+    }
     if args.engine == "vllm":  # the embedded VLM on vLLM's CPU build: 2 at once, so a queue forms
-        spec = {"name": NAME, "engine": "vllm", "model": "embedded", "port": port, "kv_cache_space_gb": 1,
-                "engine_args": {"max_model_len": 2048, "max_num_seqs": 2}, "ready_timeout_s": 600,
-                "autoscale": {**rule, "waiting_per_replica": 2}}
+        spec = {
+            "name": NAME,
+            "engine": "vllm",
+            "model": "embedded",
+            "port": port,
+            "kv_cache_space_gb": 1,
+            "engine_args": {"max_model_len": 2048, "max_num_seqs": 2},
+            "ready_timeout_s": 600,
+            "autoscale": {**rule, "waiting_per_replica": 2},
+        }
     model = "embedded" if args.engine == "vllm" else "sim-model"
     (out / "deploy.yaml").write_text(yaml.safe_dump(spec))
     env = {**os.environ, "VLMSERVE_HOME": str((out / "home").resolve()), "COLUMNS": "200"}
     command = [sys.executable, "-m", "vlmserve"]
     state_file = out / "home" / "deployments" / NAME / "state.json"
     with (out / "up.log").open("w") as log:
-        up = subprocess.Popen([*command, "up", "-f", str(out / "deploy.yaml"), "--autoscale", args.autoscale],
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
+        up = subprocess.Popen(
+            [*command, "up", "-f", str(out / "deploy.yaml"), "--autoscale", args.autoscale],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + (600 if args.engine == "vllm" else 60 + 3 * args.cold_start_s)
             while True:
@@ -80,10 +102,32 @@ def main() -> None:
                     raise SystemExit(f"`up` did not come up; see {out / 'up.log'}")
                 time.sleep(0.2)
             bench = subprocess.run(
-                [*command, "bench", "--base-url", f"http://127.0.0.1:{port}", "--model", model,
-                 "--load-shape", args.shape, "--output-len", "64", "--slo", args.slo, "--scale-window", str(args.window_s),
-                 "--no-store", "--no-progress", "--json-out", str(out / "run.json"),
-                 "--html-out", str(out / "scaling.html")], env=env, capture_output=True, text=True)
+                [
+                    *command,
+                    "bench",
+                    "--base-url",
+                    f"http://127.0.0.1:{port}",
+                    "--model",
+                    model,
+                    "--load-shape",
+                    args.shape,
+                    "--output-len",
+                    "64",
+                    "--slo",
+                    args.slo,
+                    "--scale-window",
+                    str(args.window_s),
+                    "--no-store",
+                    "--no-progress",
+                    "--json-out",
+                    str(out / "run.json"),
+                    "--html-out",
+                    str(out / "scaling.html"),
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             (out / "bench.txt").write_text(bench.stdout + bench.stderr)
             if bench.returncode != 0:
                 raise SystemExit(f"bench failed ({bench.returncode}); see {out / 'bench.txt'}")
@@ -92,16 +136,23 @@ def main() -> None:
             up.send_signal(signal.SIGTERM)
             up.wait(timeout=120)
     scaling = json.loads((out / "run.json").read_text())["scaling"]
-    what = "vLLM CPU, embedded model (measured)" if args.engine == "vllm" else f"SIMULATED (sim engines, cold start {args.cold_start_s:g} s)"
-    print(f"{what}, load shape {args.shape}, "
-          f"--autoscale {args.autoscale}, SLO {args.slo}")
+    what = (
+        "vLLM CPU, embedded model (measured)"
+        if args.engine == "vllm"
+        else f"SIMULATED (sim engines, cold start {args.cold_start_s:g} s)"
+    )
+    print(f"{what}, load shape {args.shape}, --autoscale {args.autoscale}, SLO {args.slo}")
     for event in scaling["scale_ups"]:
-        print(f"scale-up {event['replicas_before']:g} -> {event['replicas_after']:g}: {event['missed_during']} of "
-              f"{event['requests_during']} requests missed the SLO from {event['began_s']:g} s to {event['last_joined_s']:g} s; "
-              f"after: {event['missed_after']} of {event['requests_after']}")
+        print(
+            f"scale-up {event['replicas_before']:g} -> {event['replicas_after']:g}: {event['missed_during']} of "
+            f"{event['requests_during']} requests missed the SLO from {event['began_s']:g} s to {event['last_joined_s']:g} s; "
+            f"after: {event['missed_after']} of {event['requests_after']}"
+        )
     for event in scaling["scale_downs"]:
-        print(f"scale-down {event['replicas_before']:g} -> {event['replicas_after']:g} at {event['seen_s']:g} s: "
-              f"{event['failed']} of {event['requests_in_flight']} in flight failed")
+        print(
+            f"scale-down {event['replicas_before']:g} -> {event['replicas_after']:g} at {event['seen_s']:g} s: "
+            f"{event['failed']} of {event['requests_in_flight']} in flight failed"
+        )
     print(f"failed requests in the run: {scaling['failed_total']}")
     for event in events:
         phases = {key: value for key, value in event.items() if key.endswith("_s")}

@@ -42,15 +42,37 @@ def free_port() -> int:
 def write_input(path: Path, lines: int) -> None:
     with path.open("w") as handle:
         for index in range(lines):
-            body = {"model": MODEL, "max_tokens": 4,
-                    "messages": [{"role": "user", "content": f"Summarise radiograph report number {index}."}]}
-            handle.write(json.dumps({"custom_id": f"report-{index:07d}", "method": "POST",
-                                     "url": "/v1/chat/completions", "body": body}) + "\n")
+            body = {
+                "model": MODEL,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": f"Summarise radiograph report number {index}."}],
+            }
+            handle.write(
+                json.dumps({"custom_id": f"report-{index:07d}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+                + "\n"
+            )
 
 
 def start_engine(port: int, log: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "vlmserve", "engine", "sim", "--host", "127.0.0.1", "--port", str(port),
-            "--model", MODEL, "--ttft-ms", "1", "--itl-ms", "1", "--max-num-seqs", "1024"]
+    argv = [
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "engine",
+        "sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        MODEL,
+        "--ttft-ms",
+        "1",
+        "--itl-ms",
+        "1",
+        "--max-num-seqs",
+        "1024",
+    ]
     engine = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", engine, log_path=log)
@@ -94,7 +116,7 @@ def check_output(path: Path, expected: int | None) -> tuple[int, int]:
 
 def measure_resume(argv: list[str]) -> tuple[float, float]:
     """(seconds, peak RSS MB) of rerunning the finished job: the resume scan alone (no engine needed)."""
-    argv = [*argv[:argv.index("--base-url") + 1], "http://127.0.0.1:9", *argv[argv.index("--base-url") + 2:]]
+    argv = [*argv[: argv.index("--base-url") + 1], "http://127.0.0.1:9", *argv[argv.index("--base-url") + 2 :]]
     started = time.monotonic()
     job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     process = psutil.Process(job.pid)
@@ -123,16 +145,29 @@ def main() -> None:
     input_path, output_path = workdir / "input.jsonl", workdir / "output.jsonl"
     started = time.monotonic()
     write_input(input_path, args.lines)
-    print(f"input: {args.lines:,} lines, {input_path.stat().st_size / 1e6:,.0f} MB "
-          f"(written in {time.monotonic() - started:.1f} s)")
+    print(
+        f"input: {args.lines:,} lines, {input_path.stat().st_size / 1e6:,.0f} MB (written in {time.monotonic() - started:.1f} s)"
+    )
     output_path.unlink(missing_ok=True)
 
     port = free_port()
     engine = start_engine(port, workdir / "engine.log")
     job = None
     try:
-        argv = [sys.executable, "-m", "vlmserve", "batch", str(input_path), "--output", str(output_path),
-                "--base-url", f"http://127.0.0.1:{port}", "--concurrency", str(args.concurrency), "--no-progress"]
+        argv = [
+            sys.executable,
+            "-m",
+            "vlmserve",
+            "batch",
+            str(input_path),
+            "--output",
+            str(output_path),
+            "--base-url",
+            f"http://127.0.0.1:{port}",
+            "--concurrency",
+            str(args.concurrency),
+            "--no-progress",
+        ]
         started = time.monotonic()
         job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=(workdir / "batch.log").open("wb"))
         process = psutil.Process(job.pid)
@@ -168,16 +203,23 @@ def main() -> None:
     print(f"batch exit code {code}; answered {lines:,} lines ({ids:,} distinct ids) in {elapsed:,.1f} s")
     print(f"throughput: {rate:,.0f} lines/s (concurrency {args.concurrency}, sim engine, machine shared)")
     print(f"peak RSS of the batch process: {peak_rss / 1e6:,.1f} MB")
-    print("RSS (MB) at each tenth of the file: "
-          + ", ".join(f"{tenth * 10}%: {mb:,.1f}" for tenth, mb in sorted(rss_by_tenth.items())))
+    print(
+        "RSS (MB) at each tenth of the file: "
+        + ", ".join(f"{tenth * 10}%: {mb:,.1f}" for tenth, mb in sorted(rss_by_tenth.items()))
+    )
     if resume is not None:
-        print(f"rerun over the finished job (resume: scan input + output, send nothing): "
-              f"{resume[0]:,.1f} s, peak RSS {resume[1]:,.1f} MB")
+        print(
+            f"rerun over the finished job (resume: scan input + output, send nothing): "
+            f"{resume[0]:,.1f} s, peak RSS {resume[1]:,.1f} MB"
+        )
     if stopped_early:
-        print(f"EXTRAPOLATED (stopped after {args.time_budget:.0f} s): the full {args.lines:,} lines would take "
-              f"about {args.lines / rate / 60:,.1f} min at this rate")
-    print(f"files in {workdir} (input {input_path.stat().st_size / 1e6:,.0f} MB, "
-          f"output {output_path.stat().st_size / 1e6:,.0f} MB)")
+        print(
+            f"EXTRAPOLATED (stopped after {args.time_budget:.0f} s): the full {args.lines:,} lines would take "
+            f"about {args.lines / rate / 60:,.1f} min at this rate"
+        )
+    print(
+        f"files in {workdir} (input {input_path.stat().st_size / 1e6:,.0f} MB, output {output_path.stat().st_size / 1e6:,.0f} MB)"
+    )
     if os.environ.get("BATCH_BENCH_CLEANUP", "1") == "1":
         input_path.unlink()
         output_path.unlink()

@@ -39,9 +39,20 @@ def start_ray_head(port: int, workdir: Path, cpus: int) -> tuple[subprocess.Pope
     token.write_text(secrets.token_hex(32))
     client_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_USAGE_STATS_ENABLED": "0", **client_env}
-    argv = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--port", str(port),
-            "--num-cpus", str(cpus), "--include-dashboard=false", "--temp-dir", str(workdir / "ray"),
-            "--disable-usage-stats"]
+    argv = [
+        str(Path(sys.executable).with_name("ray")),
+        "start",
+        "--head",
+        "--block",
+        "--port",
+        str(port),
+        "--num-cpus",
+        str(cpus),
+        "--include-dashboard=false",
+        "--temp-dir",
+        str(workdir / "ray"),
+        "--disable-usage-stats",
+    ]
     head = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 120
     while "Ray runtime started" not in log.read_text(errors="replace"):
@@ -76,8 +87,9 @@ def check_output(path: Path, expected: int) -> None:
 def run_once(argv: list[str], output: Path, lines: int, log: Path, env: dict[str, str]) -> float:
     output.unlink(missing_ok=True)
     started = time.monotonic()
-    done = subprocess.run([*argv, "--output", str(output)], stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                          env={**os.environ, **env})
+    done = subprocess.run(
+        [*argv, "--output", str(output)], stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ, **env}
+    )
     elapsed = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv[3:6])}... exited {done.returncode}: {log.read_text(errors='replace')[-2000:]}")
@@ -92,13 +104,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (builtin, then ray, each round)")
     parser.add_argument("--ray-workers", type=int, default=2)
     parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs the local Ray head offers")
-    parser.add_argument("--small-lines", type=int, default=100,
-                        help="a small file run once per runner: its wall time is mostly the fixed start-up cost")
+    parser.add_argument(
+        "--small-lines",
+        type=int,
+        default=100,
+        help="a small file run once per runner: its wall time is mostly the fixed start-up cost",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     args = parse_args(parser, lines=300, concurrency=8, rounds=1, small_lines=20)
 
     try:
         import ray.data  # noqa: F401
+
         have_ray = True
     except ImportError:
         have_ray = False
@@ -115,14 +132,31 @@ def main() -> None:
     rates: dict[str, list[float]] = {"builtin": [], "ray": []}
     small_s: dict[str, float] = {}
     try:
-        base = [sys.executable, "-m", "vlmserve", "batch", str(input_path), "--base-url", f"http://127.0.0.1:{engine_port}",
-                "--concurrency", str(args.concurrency), "--no-progress"]
+        base = [
+            sys.executable,
+            "-m",
+            "vlmserve",
+            "batch",
+            str(input_path),
+            "--base-url",
+            f"http://127.0.0.1:{engine_port}",
+            "--concurrency",
+            str(args.concurrency),
+            "--no-progress",
+        ]
         runners = {"builtin": base}
         client_env: dict[str, str] = {}
         if have_ray:
             head, client_env = start_ray_head(ray_port, workdir, args.ray_cpus)
-            runners["ray"] = [*base, "--runner", "ray", "--ray-address", f"127.0.0.1:{ray_port}",
-                              "--ray-workers", str(args.ray_workers)]
+            runners["ray"] = [
+                *base,
+                "--runner",
+                "ray",
+                "--ray-address",
+                f"127.0.0.1:{ray_port}",
+                "--ray-workers",
+                str(args.ray_workers),
+            ]
         for round_no in range(1, args.rounds + 1):
             for name, argv in runners.items():
                 rate = run_once(argv, workdir / f"out-{name}.jsonl", args.lines, workdir / f"{name}.log", client_env)
@@ -130,22 +164,30 @@ def main() -> None:
                 print(f"round {round_no}: {name:7s} {rate:,.0f} lines/s", flush=True)
         for name, argv in runners.items():
             small_argv = [small_path if part == str(input_path) else part for part in argv]
-            small_s[name] = args.small_lines / run_once([str(part) for part in small_argv],
-                                                        workdir / f"small-{name}.jsonl", args.small_lines,
-                                                        workdir / f"{name}-small.log", client_env)
+            small_s[name] = args.small_lines / run_once(
+                [str(part) for part in small_argv],
+                workdir / f"small-{name}.jsonl",
+                args.small_lines,
+                workdir / f"{name}-small.log",
+                client_env,
+            )
     finally:
         if head is not None:
             stop_group(head)
         engine.terminate()
         engine.wait(timeout=30)
 
-    print(f"{args.lines:,} lines, concurrency {args.concurrency}, sim engine on the same machine "
-          f"({os.cpu_count()} CPUs, shared); wall time of the whole command")
+    print(
+        f"{args.lines:,} lines, concurrency {args.concurrency}, sim engine on the same machine "
+        f"({os.cpu_count()} CPUs, shared); wall time of the whole command"
+    )
     for name, values in rates.items():
         if values:
-            print(f"{name:7s}: median {statistics.median(values):,.0f} lines/s over {len(values)} rounds "
-                  f"({', '.join(f'{value:,.0f}' for value in values)})"
-                  + (f"; {args.ray_workers} workers on a {args.ray_cpus}-CPU local head" if name == "ray" else ""))
+            print(
+                f"{name:7s}: median {statistics.median(values):,.0f} lines/s over {len(values)} rounds "
+                f"({', '.join(f'{value:,.0f}' for value in values)})"
+                + (f"; {args.ray_workers} workers on a {args.ray_cpus}-CPU local head" if name == "ray" else "")
+            )
     for name, seconds in small_s.items():
         print(f"{name:7s}: {args.small_lines:,} lines in {seconds:,.1f} s (mostly fixed start-up cost)")
     if os.environ.get("BATCH_BENCH_CLEANUP", "1") == "1":

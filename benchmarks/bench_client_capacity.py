@@ -43,30 +43,88 @@ requests), which alone can push 'achieved' under 95% of the nominal rate."""
 
 def run_vllm(base_url: str, tokenizer: str, rate: float, count: int, out: Path) -> dict:
     command = [
-        *vllm_bench_main.command("bench", "serve"), "--backend", "openai", "--base-url", base_url, "--model", MODEL,
-        "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(INPUT_TOKENS),
-        "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0", "--num-prompts", str(count),
-        "--request-rate", str(rate), "--burstiness", str(GAMMA_SHAPE), "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", str(out.parent),
-        "--result-filename", out.name,
+        *vllm_bench_main.command("bench", "serve"),
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--model",
+        MODEL,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT_TOKENS),
+        "--random-output-len",
+        str(OUTPUT_TOKENS),
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        str(count),
+        "--request-rate",
+        str(rate),
+        "--burstiness",
+        str(GAMMA_SHAPE),
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
     ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     data = json.loads(out.read_text())
-    return {"achieved": data["request_throughput"], "ttft_p50_ms": data["median_ttft_ms"], "completed": data["completed"],
-            "failed": data.get("failed", count - data["completed"])}
+    return {
+        "achieved": data["request_throughput"],
+        "ttft_p50_ms": data["median_ttft_ms"],
+        "completed": data["completed"],
+        "failed": data.get("failed", count - data["completed"]),
+    }
 
 
 def run_vlmserve(base_url: str, tokenizer: str, rate: float, count: int, out: Path) -> dict:
     command = [
-        sys.executable, "-m", "vlmserve", "bench", "--base-url", base_url, "--model", MODEL, "--api", "completions",
-        "--input-len", str(INPUT_TOKENS), "--output-len", str(OUTPUT_TOKENS), "--rate", str(rate), "--arrival", "constant",
-        "--num-requests", str(count), "--tokenizer", tokenizer, "--json-out", str(out), "--no-progress", "--no-store",
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "bench",
+        "--base-url",
+        base_url,
+        "--model",
+        MODEL,
+        "--api",
+        "completions",
+        "--input-len",
+        str(INPUT_TOKENS),
+        "--output-len",
+        str(OUTPUT_TOKENS),
+        "--rate",
+        str(rate),
+        "--arrival",
+        "constant",
+        "--num-requests",
+        str(count),
+        "--tokenizer",
+        tokenizer,
+        "--json-out",
+        str(out),
+        "--no-progress",
+        "--no-store",
     ]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     data = json.loads(out.read_text())
     client = data["client"]
-    return {"achieved": data["throughput"]["requests_per_s"], "ttft_p50_ms": data["ttft_ms"]["p50"],
-            "completed": data["requests"]["completed"], "failed": data["requests"]["failed"],
-            "send_lag_p99_ms": client["send_lag_ms"]["p99"], "client_limited": client["limited"], "workers": client["workers"]}
+    return {
+        "achieved": data["throughput"]["requests_per_s"],
+        "ttft_p50_ms": data["ttft_ms"]["p50"],
+        "completed": data["requests"]["completed"],
+        "failed": data["requests"]["failed"],
+        "send_lag_p99_ms": client["send_lag_ms"]["p99"],
+        "client_limited": client["limited"],
+        "workers": client["workers"],
+    }
 
 
 def main() -> None:
@@ -74,7 +132,9 @@ def main() -> None:
     parser.add_argument("--rates", default="50,200,400,700,1000,1500")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of arrivals per rate")
     parser.add_argument("--repeats", type=int, default=2, help="runs per client and rate (the best counts)")
-    parser.add_argument("--clients", default="vllm,vlmserve", help="which clients to run (e.g. vlmserve alone to find its ceiling)")
+    parser.add_argument(
+        "--clients", default="vllm,vlmserve", help="which clients to run (e.g. vlmserve alone to find its ceiling)"
+    )
     args = parse_args(parser, rates="20", seconds=1.0, repeats=1)
     clients = [client for client in ("vllm", "vlmserve") if client in args.clients.split(",")]
     if "vllm" in clients and not vllm_installed():
@@ -98,11 +158,19 @@ def main() -> None:
                     runner = run_vllm if client == "vllm" else run_vlmserve
                     figures = runner(sim.base_url, tokenizer, rate, count, out)
                     results[client].setdefault(rate, []).append(figures)
-                    print(f"rate {rate:7.0f} {client:8s} " + " ".join(
-                        f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}" for key, value in figures.items()), flush=True)
+                    print(
+                        f"rate {rate:7.0f} {client:8s} "
+                        + " ".join(
+                            f"{key}={value:.2f}" if isinstance(value, float) else f"{key}={value}"
+                            for key, value in figures.items()
+                        ),
+                        flush=True,
+                    )
     print()
-    print(f"sim engine constant mode: TTFT {TTFT_MS} ms, ITL {ITL_MS} ms, {OUTPUT_TOKENS} output tokens, constant arrivals, "
-          f"{args.seconds:g} s of arrivals per rate; held = achieved ≥ 95% offered and median TTFT ≤ 1.1 × low-load")
+    print(
+        f"sim engine constant mode: TTFT {TTFT_MS} ms, ITL {ITL_MS} ms, {OUTPUT_TOKENS} output tokens, constant arrivals, "
+        f"{args.seconds:g} s of arrivals per rate; held = achieved ≥ 95% offered and median TTFT ≤ 1.1 × low-load"
+    )
     held: dict[str, float] = {}
     for client, by_rate in results.items():
         base = min(run["ttft_p50_ms"] for run in by_rate[rates[0]])

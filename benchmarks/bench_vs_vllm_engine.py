@@ -77,8 +77,10 @@ def parse_cpus(text: str) -> set[int]:
 
 
 SERVER_COUNTERS = (
-    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-    "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
 )
 
 
@@ -105,8 +107,13 @@ CLIENT_CPUS: set[int] | None = None
 def start_client(command: list[str]) -> subprocess.Popen:
     """Start one client command on the client CPUs."""
     cpus = CLIENT_CPUS
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
 
 
 def finish_client(process: subprocess.Popen) -> None:
@@ -117,12 +124,40 @@ def finish_client(process: subprocess.Popen) -> None:
 
 def vllm_command(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path) -> list[str]:
     return [
-        *vllm_bench_main.command("bench", "serve"), "--backend", "openai", "--base-url", base_url,
-        "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
-        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-        "--random-range-ratio", "0", "--num-prompts", str(args.num_requests), "--max-concurrency", str(args.concurrency),
-        "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--seed", str(int(time.time())),
+        *vllm_bench_main.command("bench", "serve"),
+        "--backend",
+        "openai",
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        str(args.num_requests),
+        "--max-concurrency",
+        str(args.concurrency),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
+        "--seed",
+        str(int(time.time())),
     ]
 
 
@@ -140,10 +175,35 @@ def vllm_figures(out: Path) -> dict:
 
 def vlmserve_command(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, out: Path, seed: int) -> list[str]:
     return [
-        sys.executable, "-m", "vlmserve", "bench", "--base-url", base_url, "--model", model, "--api", "completions",
-        "--dataset", "random", "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-        "--concurrency", str(args.concurrency), "--num-requests", str(args.num_requests), "--tokenizer", tokenizer,
-        "--json-out", str(out), "--no-progress", "--no-store", "--seed", str(seed), *args.vlmserve_args.split(),
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "bench",
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--api",
+        "completions",
+        "--dataset",
+        "random",
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--concurrency",
+        str(args.concurrency),
+        "--num-requests",
+        str(args.num_requests),
+        "--tokenizer",
+        tokenizer,
+        "--json-out",
+        str(out),
+        "--no-progress",
+        "--no-store",
+        "--seed",
+        str(seed),
+        *args.vlmserve_args.split(),
     ]
 
 
@@ -175,7 +235,9 @@ def requests_in_flight(base_url: str) -> float:
     return values.get("vllm:num_requests_running", 0.0) + values.get("vllm:num_requests_waiting", 0.0)
 
 
-def run_together(base_url: str, model: str, tokenizer: str, args: argparse.Namespace, workdir: Path, seed: int) -> dict[str, dict]:
+def run_together(
+    base_url: str, model: str, tokenizer: str, args: argparse.Namespace, workdir: Path, seed: int
+) -> dict[str, dict]:
     """Both clients on the engine at once, each with the same workload: engine drift hits both alike.
 
     vLLM's client takes ~20 s to import before it sends; vlmserve is started the moment the
@@ -208,14 +270,20 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--vlmserve-args", default="", help="extra flags for vlmserve bench, e.g. --no-per-chunk-usage")
-    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
-                        help="engine prefix caching (default off: the two clients' random prompts hit the cache differently)")
-    parser.add_argument("--together", action="store_true",
-                        help="run both clients at once on the engine (each its own workload) instead of alternating runs")
+    parser.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="engine prefix caching (default off: the two clients' random prompts hit the cache differently)",
+    )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="run both clients at once on the engine (each its own workload) instead of alternating runs",
+    )
     parser.add_argument("--engine-cpus", default="0", help="CPUs for the engine ('' = all); default the first core")
     parser.add_argument("--client-cpus", default="1-1023", help="CPUs for the clients ('' = all); default all but the first")
-    args = parse_args(parser, pairs=1, num_requests=8, concurrency=2, input_len=32, output_len=8, engine_cpus="",
-                      client_cpus="")
+    args = parse_args(parser, pairs=1, num_requests=8, concurrency=2, input_len=32, output_len=8, engine_cpus="", client_cpus="")
     if not vllm_installed():
         if args.smoke:
             skip("everything: vllm is not installed in this Python, and both the engine and one client are vLLM's")
@@ -236,7 +304,18 @@ def main() -> None:
         if args.smoke:
             skip("the warm-up run: the sim engine has nothing to warm")
         else:
-            finish_client(start_client(vlmserve_command(base_url, model, tokenizer, argparse.Namespace(**{**vars(args), "num_requests": 8}), workdir / "warm.json", 99)))
+            finish_client(
+                start_client(
+                    vlmserve_command(
+                        base_url,
+                        model,
+                        tokenizer,
+                        argparse.Namespace(**{**vars(args), "num_requests": 8}),
+                        workdir / "warm.json",
+                        99,
+                    )
+                )
+            )
         results: dict[str, list[dict]] = {"vlmserve": [], "vllm": []}
         for pair in range(args.pairs):
             if args.together:
@@ -253,13 +332,19 @@ def main() -> None:
                     results[client].append(figures)
                     print(f"pair {pair} {client:8s} " + _line(figures), flush=True)
     print()
-    print(f"engine CPUs {sorted(engine_cpus or usable)}, client CPUs {sorted(CLIENT_CPUS or usable)}, "
-          f"prefix caching {'on' if args.prefix_caching else 'off'}")
-    print(f"workload: random, input {args.input_len}, output {args.output_len} (ignore_eos), concurrency {args.concurrency}, "
-          f"{args.num_requests} requests, completions API, {args.pairs} runs per client; vlmserve flags: {args.vlmserve_args or '(none)'}")
+    print(
+        f"engine CPUs {sorted(engine_cpus or usable)}, client CPUs {sorted(CLIENT_CPUS or usable)}, "
+        f"prefix caching {'on' if args.prefix_caching else 'off'}"
+    )
+    print(
+        f"workload: random, input {args.input_len}, output {args.output_len} (ignore_eos), concurrency {args.concurrency}, "
+        f"{args.num_requests} requests, completions API, {args.pairs} runs per client; vlmserve flags: {args.vlmserve_args or '(none)'}"
+    )
     mode = "both clients at once, each with this workload" if args.together else "alternating runs, one client at a time"
     print(f"mode: {mode}")
-    print("ratio = vlmserve / vllm per pair (a pair ran back to back, or together); the median of the pair ratios is the figure to quote")
+    print(
+        "ratio = vlmserve / vllm per pair (a pair ran back to back, or together); the median of the pair ratios is the figure to quote"
+    )
     print(f"{'figure':22s} {'vlmserve':>10s} {'vllm':>10s} {'pair ratios':>28s} {'median':>8s}")
     keys = ["requests_per_s", "output_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms", "ttft_mean_ms"]
     if not args.together:
@@ -268,8 +353,11 @@ def main() -> None:
         ours = [run[key] for run in results["vlmserve"]]
         theirs = [run[key] for run in results["vllm"]]
         ratios = [a / b for a, b in zip(ours, theirs)]
-        print(f"{key:22s} {statistics.mean(ours):10.3f} {statistics.mean(theirs):10.3f} "
-              f"{' '.join(f'{r:.3f}' for r in ratios):>28s} {statistics.median(ratios):8.3f}")
+        print(
+            f"{key:22s} {statistics.mean(ours):10.3f} {statistics.mean(theirs):10.3f} "
+            f"{' '.join(f'{r:.3f}' for r in ratios):>28s} {statistics.median(ratios):8.3f}"
+        )
+
 
 def _line(figures: dict) -> str:
     return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items())

@@ -131,43 +131,122 @@ class Client:
 
 def vlmserve_command(work: Workload, out: Path) -> list[str]:
     return [
-        sys.executable, "-m", "vlmserve", "bench", "--base-url", work.base_url, "--model", MODEL, "--api", "completions",
-        "--dataset", "random", "--input-len", str(work.input_len), "--output-len", str(work.output_len),
-        "--concurrency", str(work.users), "--num-requests", str(work.num_requests), "--tokenizer", work.tokenizer,
-        "--json-out", str(out), "--no-progress", "--no-store",
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "bench",
+        "--base-url",
+        work.base_url,
+        "--model",
+        MODEL,
+        "--api",
+        "completions",
+        "--dataset",
+        "random",
+        "--input-len",
+        str(work.input_len),
+        "--output-len",
+        str(work.output_len),
+        "--concurrency",
+        str(work.users),
+        "--num-requests",
+        str(work.num_requests),
+        "--tokenizer",
+        work.tokenizer,
+        "--json-out",
+        str(out),
+        "--no-progress",
+        "--no-store",
     ]
 
 
 def vlmserve_read(out: Path) -> ClientFigures:
     data = json.loads(out.read_text())
-    return ClientFigures(data["ttft_ms"]["p50"], data["ttft_ms"]["p99"], data["itl_ms"]["p50"], data["itl_ms"]["p99"],
-                         POOLED, data["requests"]["completed"])
+    return ClientFigures(
+        data["ttft_ms"]["p50"],
+        data["ttft_ms"]["p99"],
+        data["itl_ms"]["p50"],
+        data["itl_ms"]["p99"],
+        POOLED,
+        data["requests"]["completed"],
+    )
 
 
 def vllm_command(work: Workload, out: Path) -> list[str]:
     return [
-        *vllm_bench_main.command("bench", "serve"), "--backend", "openai", "--base-url", work.base_url,
-        "--model", MODEL, "--tokenizer", work.tokenizer, "--dataset-name", "random",
-        "--random-input-len", str(work.input_len), "--random-output-len", str(work.output_len), "--random-range-ratio", "0",
-        "--num-prompts", str(work.num_requests), "--max-concurrency", str(work.users), "--request-rate", "inf",
-        "--ignore-eos", "--disable-tqdm", "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99",
-        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+        *vllm_bench_main.command("bench", "serve"),
+        "--backend",
+        "openai",
+        "--base-url",
+        work.base_url,
+        "--model",
+        MODEL,
+        "--tokenizer",
+        work.tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(work.input_len),
+        "--random-output-len",
+        str(work.output_len),
+        "--random-range-ratio",
+        "0",
+        "--num-prompts",
+        str(work.num_requests),
+        "--max-concurrency",
+        str(work.users),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--disable-tqdm",
+        "--percentile-metrics",
+        "ttft,itl",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
     ]
 
 
 def vllm_read(out: Path) -> ClientFigures:
     data = json.loads(out.read_text())
-    return ClientFigures(data["median_ttft_ms"], data["p99_ttft_ms"], data["median_itl_ms"], data["p99_itl_ms"],
-                         POOLED, data["completed"])
+    return ClientFigures(
+        data["median_ttft_ms"], data["p99_ttft_ms"], data["median_itl_ms"], data["p99_itl_ms"], POOLED, data["completed"]
+    )
 
 
 def aiperf_command(binary: str) -> Callable[[Workload, Path], list[str]]:
     def command(work: Workload, out: Path) -> list[str]:
         return [
-            binary, "profile", "--model", MODEL, "--url", work.base_url, "--endpoint-type", "completions", "--streaming",
-            "--tokenizer", work.tokenizer, "--concurrency", str(work.users), "--request-count", str(work.num_requests),
-            "--isl", str(work.input_len), "--osl", str(work.output_len), "--extra-inputs", "ignore_eos:true",
-            "--use-server-token-count", "--ui-type", "none", "--artifact-dir", str(out),
+            binary,
+            "profile",
+            "--model",
+            MODEL,
+            "--url",
+            work.base_url,
+            "--endpoint-type",
+            "completions",
+            "--streaming",
+            "--tokenizer",
+            work.tokenizer,
+            "--concurrency",
+            str(work.users),
+            "--request-count",
+            str(work.num_requests),
+            "--isl",
+            str(work.input_len),
+            "--osl",
+            str(work.output_len),
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--use-server-token-count",
+            "--ui-type",
+            "none",
+            "--artifact-dir",
+            str(out),
         ]
 
     return command
@@ -182,10 +261,20 @@ def aiperf_read(out: Path) -> ClientFigures:
 def guidellm_command(binary: str) -> Callable[[Workload, Path], list[str]]:
     def command(work: Workload, out: Path) -> list[str]:
         return [
-            binary, "run", "--backend", f"kind=openai_http,target={work.base_url},model={MODEL},request_format=/v1/completions",
-            "--profile", f"kind=concurrent,streams={work.users}", "--constraint", f"kind=max_requests,count={work.num_requests}",
-            "--data", f"kind=synthetic_text,prompt_tokens={work.input_len},output_tokens={work.output_len}",
-            "--tokenizer", f"kind=huggingface_auto,model={work.tokenizer}", "--output", f"kind=json,path={out}",
+            binary,
+            "run",
+            "--backend",
+            f"kind=openai_http,target={work.base_url},model={MODEL},request_format=/v1/completions",
+            "--profile",
+            f"kind=concurrent,streams={work.users}",
+            "--constraint",
+            f"kind=max_requests,count={work.num_requests}",
+            "--data",
+            f"kind=synthetic_text,prompt_tokens={work.input_len},output_tokens={work.output_len}",
+            "--tokenizer",
+            f"kind=huggingface_auto,model={work.tokenizer}",
+            "--output",
+            f"kind=json,path={out}",
             "--disable-console-interactive",
         ]
 
@@ -240,8 +329,11 @@ def available_clients(wanted: list[str], args: argparse.Namespace) -> list[Clien
             if not binary or not Path(binary).exists():
                 skip("guidellm: no `guidellm` on PATH; install it in its own venv and pass --guidellm-bin VENV/bin/guidellm")
                 continue
-            clients.append(Client(name, guidellm_command(binary), guidellm_read,
-                                  f"guidellm {tool_version([binary, '--version']).split()[-1]}"))
+            clients.append(
+                Client(
+                    name, guidellm_command(binary), guidellm_read, f"guidellm {tool_version([binary, '--version']).split()[-1]}"
+                )
+            )
         else:
             raise SystemExit(f"unknown client '{name}'; choose from {', '.join(CLIENTS)}")
     return clients
@@ -277,9 +369,12 @@ def engine_truth(trace: Path, offset: int, output_len: int) -> tuple[dict[str, f
         if gaps:
             per_request.append(1000 * (chunks[-1] - chunks[0]) / (sum(tokens) - tokens[0]))
     truth = {
-        "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
-        "itl_pooled_p50": percentile(pooled, 50), "itl_pooled_p99": percentile(pooled, 99),
-        "itl_per_request_p50": percentile(per_request, 50), "itl_per_request_p99": percentile(per_request, 99),
+        "ttft_p50": percentile(ttfts, 50),
+        "ttft_p99": percentile(ttfts, 99),
+        "itl_pooled_p50": percentile(pooled, 50),
+        "itl_pooled_p99": percentile(pooled, 99),
+        "itl_per_request_p50": percentile(per_request, 50),
+        "itl_per_request_p99": percentile(per_request, 99),
         "requests": float(len(ttfts)),
     }
     return truth, offset + len(data)
@@ -291,8 +386,9 @@ def wait_trace_settled(trace: Path, base_url: str) -> None:
     size = -1
     while time.monotonic() < deadline:
         state = httpx.get(f"{base_url}/metrics", timeout=10).text
-        running = any(line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0")
-                      for line in state.splitlines())
+        running = any(
+            line.startswith("vllm:num_requests_running") and not line.rstrip().endswith(" 0.0") for line in state.splitlines()
+        )
         new_size = trace.stat().st_size if trace.exists() else 0
         if not running and new_size == size:
             return
@@ -333,8 +429,12 @@ def run_client(client: Client, work: Workload, out: Path, client_cpus: set[int] 
     """Run one client to completion; (its process tree's CPU seconds, wall seconds)."""
     before, started = children_cpu_s(), time.monotonic()
     process = subprocess.Popen(
-        client.command(work, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None, cwd=out.parent,
+        client.command(work, out),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None,
+        cwd=out.parent,
     )
     output, _ = process.communicate()
     wall = time.monotonic() - started
@@ -359,25 +459,49 @@ def summarise(results: list[RunResult], clients: list[Client], users: list[int])
             def median(get: Callable[[RunResult], float], runs: list[RunResult] = runs) -> float:
                 return statistics.median(get(run) for run in runs)
 
-            rows.append([
-                str(level), client.name, str(len(runs)), str(int(median(lambda r: r.figures.completed))),
-                f"{median(lambda r: r.truth['ttft_p50']):.1f}", f"{median(lambda r: r.figures.ttft_p50):.1f}",
-                f"{median(lambda r: r.error('ttft_p50')):+.1f}", f"{median(lambda r: r.error('ttft_p99')):+.1f}",
-                runs[0].figures.itl_kind,
-                f"{median(lambda r: r.error('itl_p50')):+.2f}", f"{median(lambda r: r.error('itl_p99')):+.2f}",
-                f"{median(lambda r: r.cpu_s):.1f}", f"{median(lambda r: r.cpu_ms_per_request):.2f}",
-            ])
+            rows.append(
+                [
+                    str(level),
+                    client.name,
+                    str(len(runs)),
+                    str(int(median(lambda r: r.figures.completed))),
+                    f"{median(lambda r: r.truth['ttft_p50']):.1f}",
+                    f"{median(lambda r: r.figures.ttft_p50):.1f}",
+                    f"{median(lambda r: r.error('ttft_p50')):+.1f}",
+                    f"{median(lambda r: r.error('ttft_p99')):+.1f}",
+                    runs[0].figures.itl_kind,
+                    f"{median(lambda r: r.error('itl_p50')):+.2f}",
+                    f"{median(lambda r: r.error('itl_p99')):+.2f}",
+                    f"{median(lambda r: r.cpu_s):.1f}",
+                    f"{median(lambda r: r.cpu_ms_per_request):.2f}",
+                ]
+            )
     return rows
 
 
-HEADER = ["users", "client", "rounds", "requests", "engine TTFT p50", "client TTFT p50", "TTFT p50 error",
-          "TTFT p99 error", "ITL as reported", "ITL p50 error", "ITL p99 error", "client CPU s per run",
-          "client CPU ms/request beyond start-up"]
+HEADER = [
+    "users",
+    "client",
+    "rounds",
+    "requests",
+    "engine TTFT p50",
+    "client TTFT p50",
+    "TTFT p50 error",
+    "TTFT p99 error",
+    "ITL as reported",
+    "ITL p50 error",
+    "ITL p99 error",
+    "client CPU s per run",
+    "client CPU ms/request beyond start-up",
+]
 
 
 def markdown_table(rows: list[list[str]]) -> str:
     numeric = {i for i, name in enumerate(HEADER) if name not in ("client", "ITL as reported")}
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---:" if i in numeric else "---" for i in range(len(HEADER))) + "|"]
+    lines = [
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "|".join("---:" if i in numeric else "---" for i in range(len(HEADER))) + "|",
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -386,10 +510,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", default="4,32", help="closed-loop user counts (each client's concurrency), comma-separated")
     parser.add_argument("--num-requests", default="500", help="requests per client run: one number, or one per --users entry")
-    parser.add_argument("--baseline-requests", type=int, default=8,
-                        help="requests of each client's short baseline run, whose CPU is taken as its start-up cost "
-                             "(0: no baseline runs; the CPU per request then includes start-up)")
-    parser.add_argument("--rounds", type=int, default=2, help="runs per client and user count, in rotating order (medians reported)")
+    parser.add_argument(
+        "--baseline-requests",
+        type=int,
+        default=8,
+        help="requests of each client's short baseline run, whose CPU is taken as its start-up cost "
+        "(0: no baseline runs; the CPU per request then includes start-up)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="runs per client and user count, in rotating order (medians reported)"
+    )
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--clients", default=",".join(CLIENTS), help="which clients to run, comma-separated")
@@ -401,8 +531,17 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="keep every client's result file and the engine trace here")
     # no baseline runs in smoke mode: each is a whole client start (~10 s), and the measured run goes through the same
     # run_client / read path
-    args = parse_args(parser, users="2", num_requests="8", rounds=1, output_len=8, input_len=16, engine_cpus="", client_cpus="",
-                      baseline_requests=0)
+    args = parse_args(
+        parser,
+        users="2",
+        num_requests="8",
+        rounds=1,
+        output_len=8,
+        input_len=16,
+        engine_cpus="",
+        client_cpus="",
+        baseline_requests=0,
+    )
 
     users = [int(value) for value in args.users.split(",")]
     counts = [int(value) for value in args.num_requests.split(",")]
@@ -421,15 +560,19 @@ def main() -> None:
     trace = workdir / "engine-trace.jsonl"
     tokenizer = str(ensure_tiny_model())
     load_before = os.getloadavg()
-    print(f"engine on CPUs {sorted(engine_cpus or usable)}, clients on CPUs {sorted(client_cpus or usable)}; "
-          f"load average {load_before[0]:.2f}; files under {workdir}", flush=True)
+    print(
+        f"engine on CPUs {sorted(engine_cpus or usable)}, clients on CPUs {sorted(client_cpus or usable)}; "
+        f"load average {load_before[0]:.2f}; files under {workdir}",
+        flush=True,
+    )
     print("clients: " + "; ".join(client.version for client in clients), flush=True)
 
     results: list[RunResult] = []
     # natural answer length far above max_tokens: every request runs to exactly --output-len tokens,
     # whether or not the client sends ignore_eos
-    with start_sim_engine(model=MODEL, ttft_ms=TTFT_MS, itl_ms=ITL_MS, max_num_seqs=1024, output_len="fixed:4096",
-                          trace_file=str(trace)) as engine:
+    with start_sim_engine(
+        model=MODEL, ttft_ms=TTFT_MS, itl_ms=ITL_MS, max_num_seqs=1024, output_len="fixed:4096", trace_file=str(trace)
+    ) as engine:
         offset = 0
         startup: dict[str, tuple[float, int]] = {client.name: (0.0, 0) for client in clients}
         if not args.baseline_requests:
@@ -440,7 +583,10 @@ def main() -> None:
             work = Workload(users[0], args.baseline_requests, args.input_len, args.output_len, engine.base_url, tokenizer)
             cpu_s, _ = run_client(client, work, out, client_cpus, engine.pid)
             startup[client.name] = (cpu_s, client.read(out).completed)
-            print(f"baseline {client.name:9s} {args.baseline_requests} requests: CPU {cpu_s:.2f} s (taken as start-up cost)", flush=True)
+            print(
+                f"baseline {client.name:9s} {args.baseline_requests} requests: CPU {cpu_s:.2f} s (taken as start-up cost)",
+                flush=True,
+            )
         if args.baseline_requests:
             wait_trace_settled(trace, engine.base_url)
             _, offset = engine_truth(trace, 0, args.output_len)
@@ -449,7 +595,11 @@ def main() -> None:
             for round_index in range(args.rounds):
                 shift = round_index % len(clients) if clients else 0
                 for client in clients[shift:] + clients[:shift]:  # rotate the order between rounds
-                    out = workdir / f"{client.name}-u{level}-r{round_index}" / ("result" if client.name == "aiperf" else "result.json")
+                    out = (
+                        workdir
+                        / f"{client.name}-u{level}-r{round_index}"
+                        / ("result" if client.name == "aiperf" else "result.json")
+                    )
                     out.parent.mkdir(parents=True, exist_ok=True)
                     httpx.get(f"{engine.base_url}/debug/timing?reset=1", timeout=10)
                     cpu_s, wall_s = run_client(client, work, out, client_cpus, engine.pid)
@@ -459,19 +609,24 @@ def main() -> None:
                     truth["emission_late_p99_ms"] = lateness.get("p99_ms") or float("nan")
                     run = RunResult(client.name, level, round_index, client.read(out), truth, cpu_s, wall_s, startup[client.name])
                     results.append(run)
-                    print(f"users {level:3d} round {round_index} {client.name:9s} completed {run.figures.completed:5d} "
-                          f"(engine saw {int(truth['requests'])}) TTFT p50 {run.figures.ttft_p50:6.2f} (engine {truth['ttft_p50']:6.2f}) "
-                          f"p99 {run.figures.ttft_p99:6.2f} (engine {truth['ttft_p99']:6.2f}) ITL[{run.figures.itl_kind}] "
-                          f"p50 {run.figures.itl_p50:5.2f} p99 {run.figures.itl_p99:5.2f} (engine {run.figures.itl_p50 - run.error('itl_p50'):5.2f} "
-                          f"/ {run.figures.itl_p99 - run.error('itl_p99'):5.2f}) CPU {cpu_s:5.2f} s wall {wall_s:5.1f} s "
-                          f"engine late p99 {truth['emission_late_p99_ms']:.2f} ms", flush=True)
+                    print(
+                        f"users {level:3d} round {round_index} {client.name:9s} completed {run.figures.completed:5d} "
+                        f"(engine saw {int(truth['requests'])}) TTFT p50 {run.figures.ttft_p50:6.2f} (engine {truth['ttft_p50']:6.2f}) "
+                        f"p99 {run.figures.ttft_p99:6.2f} (engine {truth['ttft_p99']:6.2f}) ITL[{run.figures.itl_kind}] "
+                        f"p50 {run.figures.itl_p50:5.2f} p99 {run.figures.itl_p99:5.2f} (engine {run.figures.itl_p50 - run.error('itl_p50'):5.2f} "
+                        f"/ {run.figures.itl_p99 - run.error('itl_p99'):5.2f}) CPU {cpu_s:5.2f} s wall {wall_s:5.1f} s "
+                        f"engine late p99 {truth['emission_late_p99_ms']:.2f} ms",
+                        flush=True,
+                    )
     load_after = os.getloadavg()
     rows = summarise(results, clients, users)
     table = markdown_table(rows)
-    settings = (f"sim engine constant mode (simulated): TTFT {TTFT_MS:g} ms, ITL {ITL_MS:g} ms; completions API, streaming, "
-                f"{args.input_len} prompt tokens, {args.output_len} output tokens; {', '.join(f'{c} requests at {u} users' for u, c in zip(users, counts))} per run, "
-                f"{args.rounds} round(s) per client and user count, medians over rounds; engine CPUs {sorted(engine_cpus or usable)}, "
-                f"client CPUs {sorted(client_cpus or usable)}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    settings = (
+        f"sim engine constant mode (simulated): TTFT {TTFT_MS:g} ms, ITL {ITL_MS:g} ms; completions API, streaming, "
+        f"{args.input_len} prompt tokens, {args.output_len} output tokens; {', '.join(f'{c} requests at {u} users' for u, c in zip(users, counts))} per run, "
+        f"{args.rounds} round(s) per client and user count, medians over rounds; engine CPUs {sorted(engine_cpus or usable)}, "
+        f"client CPUs {sorted(client_cpus or usable)}; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
+    )
     print()
     print(settings)
     print("error = client-reported − engine-emitted (ms); ITL compared with the engine's figure of the same kind")

@@ -36,7 +36,8 @@ def vllm_shaped_page(kilobytes: int) -> bytes:
     while len(page) < kilobytes * 1000:
         name = f"vllm:padding_{family}_seconds"
         page += f"# HELP {name} Padding histogram.\n# TYPE {name} histogram\n" + "".join(
-            f'{name}_bucket{{{labels},le="{0.001 * 2 ** b:g}"}} {b * 17.0}\n' for b in range(40))
+            f'{name}_bucket{{{labels},le="{0.001 * 2**b:g}"}} {b * 17.0}\n' for b in range(40)
+        )
         page += f"{name}_sum{{{labels}}} 12.5\n{name}_count{{{labels}}} 680.0\n"
         family += 1
     return page.encode()
@@ -67,8 +68,12 @@ async def main() -> None:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--page-kb", type=int, default=250)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--lines-per-gil-release", type=int, default=prometheus_text.LINES_PER_GIL_RELEASE,
-                        help="the merge's GIL release interval (a huge number: never, as before it had one)")
+    parser.add_argument(
+        "--lines-per-gil-release",
+        type=int,
+        default=prometheus_text.LINES_PER_GIL_RELEASE,
+        help="the merge's GIL release interval (a huge number: never, as before it had one)",
+    )
     args = parse_args(parser, replicas=2, page_kb=20, repeats=2)
     prometheus_text.LINES_PER_GIL_RELEASE = args.lines_per_gil_release
     page = vllm_shaped_page(args.page_kb)
@@ -81,8 +86,9 @@ async def main() -> None:
         started = time.process_time()
         merged = merge_pages(pages, "replica")
         cpu.append((time.process_time() - started) * 1000 / args.replicas)
-    print(f"merge: {statistics.median(cpu):.1f} ms CPU per page (median of {args.repeats}); "
-          f"merged page {len(merged) / 1000:.0f} kB")
+    print(
+        f"merge: {statistics.median(cpu):.1f} ms CPU per page (median of {args.repeats}); merged page {len(merged) / 1000:.0f} kB"
+    )
 
     idle = await loop_lag_ms(1.0 if not args.smoke else 0.2, None)
     print(f"event loop, nothing merging: 1 ms sleep late by {summary(idle)}")

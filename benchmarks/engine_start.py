@@ -33,8 +33,14 @@ the part that eager mode changes, without the import time that machine load infl
 
 def sim_spec() -> DeploymentSpec:
     """The stand-in for --smoke: one sim replica under the same supervisor, so every step but vLLM's own runs."""
-    return DeploymentSpec(name="bench-start", engine="sim", model="sim-model", gateway=False, port=free_port_block(2),
-                          sim=SimEngineOptions(ttft_ms=5, itl_ms=1))
+    return DeploymentSpec(
+        name="bench-start",
+        engine="sim",
+        model="sim-model",
+        gateway=False,
+        port=free_port_block(2),
+        sim=SimEngineOptions(ttft_ms=5, itl_ms=1),
+    )
 
 
 def one_run(enforce_eager: bool, requests: int, workdir: Path, smoke: bool = False) -> dict[str, float]:
@@ -67,23 +73,32 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5)
     args = parse_args(parser, repeats=1, requests=2)
     if args.smoke:
-        skip("the embedded vLLM engine (a minute or more per start): a sim engine stands in, so eager and compiled "
-             "runs are the same engine and the figures compare nothing")
+        skip(
+            "the embedded vLLM engine (a minute or more per start): a sim engine stands in, so eager and compiled "
+            "runs are the same engine and the figures compare nothing"
+        )
     results: dict[str, list[dict[str, float]]] = {"eager": [], "compiled": []}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for mode in ("eager", "compiled"):
                 run = one_run(mode == "eager", args.requests, Path(tmp) / f"{mode}-{repeat}", args.smoke)
                 results[mode].append(run)
-                print(f"{mode:9s} run {repeat}: ready {run['ready_s']:.1f} s (engine init {run['init_s']:.1f} s), TTFT p50 {run['ttft_ms']:.0f} ms, "
-                      f"E2E p50 {run['e2e_ms']:.0f} ms ({run['tokens']:.0f} tokens)", flush=True)
-    print("\n| mode | ready (s), each run | median ready (s) | engine init (s), each run | TTFT p50 (ms) | E2E p50, 64 tokens (ms) |")
+                print(
+                    f"{mode:9s} run {repeat}: ready {run['ready_s']:.1f} s (engine init {run['init_s']:.1f} s), TTFT p50 {run['ttft_ms']:.0f} ms, "
+                    f"E2E p50 {run['e2e_ms']:.0f} ms ({run['tokens']:.0f} tokens)",
+                    flush=True,
+                )
+    print(
+        "\n| mode | ready (s), each run | median ready (s) | engine init (s), each run | TTFT p50 (ms) | E2E p50, 64 tokens (ms) |"
+    )
     print("|---|---|---:|---|---:|---:|")
     for mode, runs in results.items():
         readies = ", ".join(f"{run['ready_s']:.1f}" for run in runs)
         inits = ", ".join(f"{run['init_s']:.1f}" for run in runs)
-        print(f"| {mode} | {readies} | {statistics.median(r['ready_s'] for r in runs):.1f} | {inits} | "
-              f"{statistics.median(r['ttft_ms'] for r in runs):.0f} | {statistics.median(r['e2e_ms'] for r in runs):.0f} |")
+        print(
+            f"| {mode} | {readies} | {statistics.median(r['ready_s'] for r in runs):.1f} | {inits} | "
+            f"{statistics.median(r['ttft_ms'] for r in runs):.0f} | {statistics.median(r['e2e_ms'] for r in runs):.0f} |"
+        )
     eager_ready = statistics.median(r["ready_s"] for r in results["eager"])
     compiled_ready = statistics.median(r["ready_s"] for r in results["compiled"])
     print(f"\nready-time ratio compiled/eager: {compiled_ready / eager_ready:.2f}x")

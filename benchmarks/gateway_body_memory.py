@@ -123,8 +123,10 @@ class Measured:
         body_mib = len(self.case.body) / MIB
         ratio = self.cost_bytes / (len(self.case.body) * self.case.copies)
         statuses = ",".join("held" if status == HELD else str(status) for status in sorted(set(self.statuses)))
-        return (f"{self.case.name:<16} {body_mib:8.1f} {self.case.copies:6d} {statuses:>8} "
-                f"{self.baseline_bytes / MIB:9.0f} {self.peak_bytes / MIB:9.0f} {self.cost_bytes / MIB:9.0f} {ratio:8.1f}")
+        return (
+            f"{self.case.name:<16} {body_mib:8.1f} {self.case.copies:6d} {statuses:>8} "
+            f"{self.baseline_bytes / MIB:9.0f} {self.peak_bytes / MIB:9.0f} {self.cost_bytes / MIB:9.0f} {ratio:8.1f}"
+        )
 
 
 HEADER = f"{'case':<16} {'body MiB':>8} {'copies':>6} {'status':>8} {'base MiB':>9} {'peak MiB':>9} {'cost MiB':>9} {'x body':>8}"
@@ -132,6 +134,7 @@ HEADER = f"{'case':<16} {'body MiB':>8} {'copies':>6} {'status':>8} {'base MiB':
 
 async def send_all(url: str, case: Case, hold_s: float) -> list[int]:
     async with httpx.AsyncClient(timeout=httpx.Timeout(120, read=hold_s)) as client:
+
         async def one() -> int:
             try:
                 response = await client.post(url, content=case.body, headers={"Content-Type": "application/json"})
@@ -144,8 +147,20 @@ async def send_all(url: str, case: Case, hold_s: float) -> list[int]:
 
 def measure(case: Case, replica: BlackHoleReplica, log_dir: Path, hold_s: float) -> Measured:
     port = free_port()
-    argv = [sys.executable, "-m", "vlmserve", "gateway", "--replica", f"http://127.0.0.1:{replica.port}",
-            "--host", "127.0.0.1", "--port", str(port), "--health-interval", "5"]
+    argv = [
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "gateway",
+        "--replica",
+        f"http://127.0.0.1:{replica.port}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--health-interval",
+        "5",
+    ]
     log_path = log_dir / f"gateway-{port}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -181,9 +196,22 @@ def main() -> None:
             results.append(measured)
             print(measured.row(), flush=True)
     if args.json:
-        args.json.write_text(json.dumps([
-            {"case": m.case.name, "body_bytes": len(m.case.body), "copies": m.case.copies, "statuses": m.statuses,
-             "baseline_bytes": m.baseline_bytes, "peak_bytes": m.peak_bytes} for m in results], indent=1))
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "case": m.case.name,
+                        "body_bytes": len(m.case.body),
+                        "copies": m.case.copies,
+                        "statuses": m.statuses,
+                        "baseline_bytes": m.baseline_bytes,
+                        "peak_bytes": m.peak_bytes,
+                    }
+                    for m in results
+                ],
+                indent=1,
+            )
+        )
     if any(status >= 500 for m in results for status in m.statuses):
         sys.exit("a request failed inside the gateway (5xx): see above")
 

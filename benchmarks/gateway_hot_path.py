@@ -53,17 +53,28 @@ def stream_frames(output_tokens: int) -> list[bytes]:
         return frame(b"data: " + json.dumps({**base, "choices": choices, **extra}, separators=(",", ":")).encode() + b"\n\n")
 
     frames = [event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])]
-    frames += [event([{"index": 0, "delta": {"content": f" tok{i % 10}"}, "logprobs": None, "finish_reason": None}])
-               for i in range(output_tokens)]
+    frames += [
+        event([{"index": 0, "delta": {"content": f" tok{i % 10}"}, "logprobs": None, "finish_reason": None}])
+        for i in range(output_tokens)
+    ]
     frames.append(event([], usage={"prompt_tokens": 17, "total_tokens": 17 + output_tokens, "completion_tokens": output_tokens}))
     return frames + [frame(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
 
 
 def client_request(output_tokens: int) -> bytes:
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Describe the radiograph in one line."}],
-                       "max_tokens": output_tokens, "stream": True, "stream_options": {"include_usage": True}}).encode()
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway:9000\r\nContent-Type: application/json\r\n"
-            b"Accept: application/json\r\nUser-Agent: OpenAI/Python 1.99.0\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Describe the radiograph in one line."}],
+            "max_tokens": output_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway:9000\r\nContent-Type: application/json\r\n"
+        b"Accept: application/json\r\nUser-Agent: OpenAI/Python 1.99.0\r\nContent-Length: %d\r\n\r\n" % len(body)
+    ) + body
 
 
 class ReplicaTransport(asyncio.Transport):
@@ -73,8 +84,10 @@ class ReplicaTransport(asyncio.Transport):
         super().__init__()
         self.loop = loop
         self.frames = frames
-        self.head = (b"HTTP/1.1 200 OK\r\ndate: Fri, 27 Nov 2026 01:00:00 GMT\r\nserver: uvicorn\r\n"
-                     b"content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n")
+        self.head = (
+            b"HTTP/1.1 200 OK\r\ndate: Fri, 27 Nov 2026 01:00:00 GMT\r\nserver: uvicorn\r\n"
+            b"content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         self.protocol: Any = None
         self.closed = False
 
@@ -180,7 +193,9 @@ class Run:
             await asyncio.wait_for(self.done, timeout=600)
         except asyncio.TimeoutError:
             closed = sum(client.closed for client in self.clients)
-            raise SystemExit(f"requests stopped ending ({self.left} left, {closed} client connection(s) closed by the gateway)") from None
+            raise SystemExit(
+                f"requests stopped ending ({self.left} left, {closed} client connection(s) closed by the gateway)"
+            ) from None
         return (time.process_time() - started) / count * 1e6
 
 
@@ -192,6 +207,7 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
     from vlmserve.gateway.proxy import Forwarder
     from vlmserve.gateway.retry_budget import RetryBudget
     from vlmserve.gateway.server import quiet_garbage_collector
+
     try:
         from vlmserve.http1.client import ClientConnection, ClientPool
     except ImportError:  # a tree from before the one client (--compare-src)
@@ -206,9 +222,15 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
     # the constructors, not through a Gateway method, so that --compare-src also runs older trees (those with http1.server).
     gateway.upstream = ClientPool(config.connect_timeout_s)
     gateway.forwarder = Forwarder(
-        gateway.pool, gateway.policy, gateway.upstream, gateway.watchdog, max_attempts=config.max_attempts,
+        gateway.pool,
+        gateway.policy,
+        gateway.upstream,
+        gateway.watchdog,
+        max_attempts=config.max_attempts,
         retry_budget=RetryBudget(config.retry_budget_ratio, config.retry_budget_min_per_s),
-        idle_chunk_timeout_s=config.idle_chunk_timeout_s, first_token_timeout_s=config.first_token_timeout_s)
+        idle_chunk_timeout_s=config.idle_chunk_timeout_s,
+        first_token_timeout_s=config.first_token_timeout_s,
+    )
     for replica in gateway.pool.replicas:
         replica.healthy = True
         replica.models = [{"id": MODEL, "object": "model"}]
@@ -223,8 +245,15 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
         connection.idle_since = loop.time() + 1e9  # never too old to reuse
         connections.append(connection)
     gateway.upstream._idle[key] = connections
-    server = HttpServer(gateway.dispatch, ServerLimits(max_body_bytes=config.max_body_bytes, header_timeout_s=config.header_timeout_s,
-                                                       keepalive_timeout_s=config.keepalive_timeout_s), error_response)
+    server = HttpServer(
+        gateway.dispatch,
+        ServerLimits(
+            max_body_bytes=config.max_body_bytes,
+            header_timeout_s=config.header_timeout_s,
+            keepalive_timeout_s=config.keepalive_timeout_s,
+        ),
+        error_response,
+    )
     run = Run(loop, client_request(output_tokens))
     for _ in range(concurrency):
         client = ClientTransport(run)
@@ -240,8 +269,19 @@ async def measure(output_tokens: int, concurrency: int, requests: int, rounds: i
 def run_in_child(src: Path, output_tokens: int, concurrency: int, requests: int) -> float:
     """One round in a fresh interpreter importing the gateway from `src` (its CPU µs per request)."""
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{Path(__file__).parent}"}
-    argv = [sys.executable, __file__, "--child", "--output-tokens", str(output_tokens), "--concurrency", str(concurrency),
-            "--requests", str(requests), "--rounds", "1"]
+    argv = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--output-tokens",
+        str(output_tokens),
+        "--concurrency",
+        str(concurrency),
+        "--requests",
+        str(requests),
+        "--rounds",
+        "1",
+    ]
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
         raise SystemExit(f"{src}: {(result.stderr or result.stdout).strip().splitlines()[-1:]}")
@@ -267,19 +307,23 @@ def main() -> None:
     if args.compare_src is None:
         for tokens in lengths:
             rounds = uvloop.run(measure(tokens, args.concurrency, args.requests, args.rounds))
-            print(f"{tokens:4d} tokens: {statistics.median(rounds):7.1f} us/request (rounds {' '.join(f'{f:.1f}' for f in rounds)})")
+            print(
+                f"{tokens:4d} tokens: {statistics.median(rounds):7.1f} us/request (rounds {' '.join(f'{f:.1f}' for f in rounds)})"
+            )
         return
     here = Path(__file__).resolve().parent.parent / "src"
     for tokens in lengths:
         figures: dict[str, list[float]] = {"this tree": [], "compared": []}
         for round_index in range(args.rounds):
             order = [("this tree", here), ("compared", args.compare_src)]
-            for label, src in order[round_index % 2:] + order[:round_index % 2]:
+            for label, src in order[round_index % 2 :] + order[: round_index % 2]:
                 figures[label].append(run_in_child(src, tokens, args.concurrency, args.requests))
         ratios = [a / b for a, b in zip(figures["this tree"], figures["compared"])]
-        print(f"{tokens:4d} tokens: this tree {statistics.median(figures['this tree']):7.1f} us/request, "
-              f"compared {statistics.median(figures['compared']):7.1f}; paired ratio {statistics.median(ratios):.3f} "
-              f"(rounds {min(ratios):.3f}..{max(ratios):.3f})")
+        print(
+            f"{tokens:4d} tokens: this tree {statistics.median(figures['this tree']):7.1f} us/request, "
+            f"compared {statistics.median(figures['compared']):7.1f}; paired ratio {statistics.median(ratios):.3f} "
+            f"(rounds {min(ratios):.3f}..{max(ratios):.3f})"
+        )
 
 
 if __name__ == "__main__":

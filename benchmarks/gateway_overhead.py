@@ -139,9 +139,25 @@ class Route:
 
 def start_engine(args: argparse.Namespace, log_dir: Path) -> Route:
     port = free_port()
-    argv = [sys.executable, "-m", "vlmserve", "engine", "sim", "--host", "127.0.0.1", "--port", str(port),
-            "--model", MODEL, "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
-            "--max-num-seqs", str(max(1024, args.streams * 2))]
+    argv = [
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "engine",
+        "sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        MODEL,
+        "--ttft-ms",
+        str(args.ttft_ms),
+        "--itl-ms",
+        str(args.itl_ms),
+        "--max-num-seqs",
+        str(max(1024, args.streams * 2)),
+    ]
     with (log_dir / "engine.log").open("wb") as log:
         process = subprocess.Popen(pinned(args.engine_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
     route = Route("direct", f"http://127.0.0.1:{port}", [process])
@@ -149,12 +165,31 @@ def start_engine(args: argparse.Namespace, log_dir: Path) -> Route:
     return route
 
 
-def start_vlmserve(engine: Route, args: argparse.Namespace, log_dir: Path, name: str = "vlmserve",
-                   src: Path | None = None, extra: tuple[str, ...] = ()) -> Route:
+def start_vlmserve(
+    engine: Route,
+    args: argparse.Namespace,
+    log_dir: Path,
+    name: str = "vlmserve",
+    src: Path | None = None,
+    extra: tuple[str, ...] = (),
+) -> Route:
     """This checkout's gateway, or (`src`) another checkout's, e.g. main's, to compare before and after."""
     port = free_port()
-    argv = [sys.executable, "-m", "vlmserve", "gateway", "--replica", engine.base_url, "--host", "127.0.0.1",
-            "--port", str(port), "--policy", args.policy, *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "gateway",
+        "--replica",
+        engine.base_url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        args.policy,
+        *extra,
+    ]
     if args.workers != 1 and src is None:
         argv += ["--workers", str(args.workers)]
     env = dict(os.environ)
@@ -193,16 +228,22 @@ def start_vlmserve_traced(engine: Route, args: argparse.Namespace, log_dir: Path
     port = free_port()
     log_path = log_dir / "trace-receiver.log"
     with log_path.open("wb") as log:
-        receiver = subprocess.Popen(pinned(args.engine_cpus, [sys.executable, "-c", TRACE_RECEIVER, str(port)]),
-                                    stdout=log, stderr=subprocess.STDOUT)
+        receiver = subprocess.Popen(
+            pinned(args.engine_cpus, [sys.executable, "-c", TRACE_RECEIVER, str(port)]), stdout=log, stderr=subprocess.STDOUT
+        )
     SIDECARS.append(receiver)
     deadline = time.monotonic() + 60
     while b"ready" not in log_path.read_bytes():
         if receiver.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"the trace receiver did not start; see {log_path}")
         time.sleep(0.1)
-    return start_vlmserve(engine, args, log_dir, "vlmserve-traced", extra=(
-        "--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces", "--trace-sample-ratio", str(args.trace_ratio)))
+    return start_vlmserve(
+        engine,
+        args,
+        log_dir,
+        "vlmserve-traced",
+        extra=("--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces", "--trace-sample-ratio", str(args.trace_ratio)),
+    )
 
 
 NGINX_CONF = """
@@ -246,8 +287,9 @@ def start_nginx(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route
     conf = conf_dir / "nginx.conf"
     conf.write_text(NGINX_CONF.format(dir=conf_dir, engine_port=engine.base_url.rsplit(":", 1)[1], port=port))
     with (log_dir / "nginx.log").open("wb") as log:
-        process = subprocess.Popen(pinned(args.proxy_cpus, [binary, "-c", str(conf), "-p", str(conf_dir)]),
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            pinned(args.proxy_cpus, [binary, "-c", str(conf), "-p", str(conf_dir)]), stdout=log, stderr=subprocess.STDOUT
+        )
     route = Route("nginx", f"http://127.0.0.1:{port}", [process])
     wait_healthy(route.base_url + "/health", process=process)
     return route
@@ -256,8 +298,13 @@ def start_nginx(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route
 def start_uvloop_pump(engine: Route, args: argparse.Namespace, log_dir: Path) -> Route:
     """_uvloop_pump.py: bytes passed on with no HTTP at all, the floor for a relay written in Python."""
     port = free_port()
-    argv = [sys.executable, str(Path(__file__).with_name("_uvloop_pump.py")), "127.0.0.1",
-            engine.base_url.rsplit(":", 1)[1], str(port)]
+    argv = [
+        sys.executable,
+        str(Path(__file__).with_name("_uvloop_pump.py")),
+        "127.0.0.1",
+        engine.base_url.rsplit(":", 1)[1],
+        str(port),
+    ]
     with (log_dir / "uvloop-pump.log").open("wb") as log:
         process = subprocess.Popen(pinned(args.proxy_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
     route = Route("uvloop-pump", f"http://127.0.0.1:{port}", [process])
@@ -273,8 +320,7 @@ def vllm_router_binary(venv: Path) -> Path | None:
     print(f"installing vllm-router into {venv} ...")
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "vllm-router"], check=True,
-                       capture_output=True, timeout=900)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "vllm-router"], check=True, capture_output=True, timeout=900)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
         stderr = getattr(err, "stderr", b"") or b""
         print(f"note: vllm-router did not install ({stderr.decode(errors='replace').strip()[-200:]}); skipping it")
@@ -287,8 +333,19 @@ def start_vllm_router(engine: Route, args: argparse.Namespace, log_dir: Path) ->
     if binary is None:
         return None
     port = free_port()
-    argv = [str(binary), "--worker-urls", engine.base_url, "--host", "127.0.0.1", "--port", str(port),
-            "--policy", "round_robin", "--log-level", "warning"]
+    argv = [
+        str(binary),
+        "--worker-urls",
+        engine.base_url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        "round_robin",
+        "--log-level",
+        "warning",
+    ]
     with (log_dir / "vllm-router.log").open("wb") as log:
         process = subprocess.Popen(pinned(args.proxy_cpus, argv), stdout=log, stderr=subprocess.STDOUT)
     route = Route("vllm-router", f"http://127.0.0.1:{port}", [process])
@@ -323,8 +380,9 @@ class Trial:
         return self.output_tokens / self.wall_s
 
 
-async def run_trial(pool: ConnectionPool, route: Route, bodies: list[bytes], requests: int, streams: int,
-                    stagger_s: float) -> Trial:
+async def run_trial(
+    pool: ConnectionPool, route: Route, bodies: list[bytes], requests: int, streams: int, stagger_s: float
+) -> Trial:
     """Closed loop: `streams` workers send `requests` streamed requests in total.
 
     Output lengths vary (the `bodies` cycle) and workers start `stagger_s` apart, so requests do
@@ -388,25 +446,33 @@ def summarize(trials: list[list[Trial]], names: list[str]) -> dict:
         for round_trials in trials:
             by_name = {t.route: t for t in round_trials}
             direct, this = by_name["direct"], by_name[name]
-            rows.append({
-                "ttft_p50_ms": this.percentile(0.50),
-                "ttft_p99_ms": this.percentile(0.99),
-                "tokens_per_s": this.tokens_per_s,
-                "added_ttft_p50_ms": this.percentile(0.50) - direct.percentile(0.50),
-                "added_ttft_p99_ms": this.percentile(0.99) - direct.percentile(0.99),
-                "throughput_ratio": this.tokens_per_s / direct.tokens_per_s,
-                "failed": this.failed,
-                "loadgen_cpu": this.loadgen_cpu,
-                "proxy_cpu": this.proxy_cpu,
-                "proxy_cpu_us_per_chunk": this.proxy_cpu_us_per_chunk,
-                "proxy_kernel_share": this.proxy_kernel_share,
-                # the issue's yardstick: CPU per chunk over vllm-router's in the same round (absent without it)
-                **({"cpu_per_chunk_vs_router": this.proxy_cpu_us_per_chunk / by_name["vllm-router"].proxy_cpu_us_per_chunk}
-                   if "vllm-router" in by_name and by_name["vllm-router"].proxy_cpu_us_per_chunk > 0 else {}),
-            })
+            rows.append(
+                {
+                    "ttft_p50_ms": this.percentile(0.50),
+                    "ttft_p99_ms": this.percentile(0.99),
+                    "tokens_per_s": this.tokens_per_s,
+                    "added_ttft_p50_ms": this.percentile(0.50) - direct.percentile(0.50),
+                    "added_ttft_p99_ms": this.percentile(0.99) - direct.percentile(0.99),
+                    "throughput_ratio": this.tokens_per_s / direct.tokens_per_s,
+                    "failed": this.failed,
+                    "loadgen_cpu": this.loadgen_cpu,
+                    "proxy_cpu": this.proxy_cpu,
+                    "proxy_cpu_us_per_chunk": this.proxy_cpu_us_per_chunk,
+                    "proxy_kernel_share": this.proxy_kernel_share,
+                    # the issue's yardstick: CPU per chunk over vllm-router's in the same round (absent without it)
+                    **(
+                        {"cpu_per_chunk_vs_router": this.proxy_cpu_us_per_chunk / by_name["vllm-router"].proxy_cpu_us_per_chunk}
+                        if "vllm-router" in by_name and by_name["vllm-router"].proxy_cpu_us_per_chunk > 0
+                        else {}
+                    ),
+                }
+            )
         summary[name] = {
-            key: {"median": statistics.median(r[key] for r in rows), "min": min(r[key] for r in rows),
-                  "max": max(r[key] for r in rows)}
+            key: {
+                "median": statistics.median(r[key] for r in rows),
+                "min": min(r[key] for r in rows),
+                "max": max(r[key] for r in rows),
+            }
             for key in rows[0]
         }
         summary[name]["failed_total"] = sum(r["failed"] for r in rows)
@@ -425,7 +491,7 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     count = len(ordered)
     tail, k = 0.0, 0
     while k < count // 2:
-        tail += math.comb(count, k) / 2 ** count
+        tail += math.comb(count, k) / 2**count
         if tail > (1 - confidence) / 2:
             break
         k += 1
@@ -433,8 +499,9 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return statistics.median(ordered), low, high
 
 
-def against(trials: list[list[Trial]], names: list[str],
-            reference: str = "vllm-router") -> dict[str, dict[str, tuple[float, float, float]]]:
+def against(
+    trials: list[list[Trial]], names: list[str], reference: str = "vllm-router"
+) -> dict[str, dict[str, tuple[float, float, float]]]:
     """Each route paired round by round against `reference` (#18's yardstick with vllm-router): the
     added TTFT p50 and p99 as differences from the reference's (direct cancels out), CPU per chunk
     as a ratio to its; each a median with its interval (median_interval). Empty without the reference."""
@@ -451,9 +518,11 @@ def against(trials: list[list[Trial]], names: list[str],
             p50.append(this.percentile(0.50) - other.percentile(0.50))
             p99.append(this.percentile(0.99) - other.percentile(0.99))
             cpu.append(this.proxy_cpu_us_per_chunk / other.proxy_cpu_us_per_chunk)
-        verdicts[name] = {"ttft_p50_ms_minus": median_interval(p50),
-                          "ttft_p99_ms_minus": median_interval(p99),
-                          "cpu_per_chunk_over": median_interval(cpu)}
+        verdicts[name] = {
+            "ttft_p50_ms_minus": median_interval(p50),
+            "ttft_p99_ms_minus": median_interval(p99),
+            "cpu_per_chunk_over": median_interval(cpu),
+        }
     return verdicts
 
 
@@ -463,40 +532,53 @@ def print_against(verdicts: dict[str, dict[str, tuple[float, float, float]]], re
     print(f"\nagainst {reference}, paired by round: median [interval holding the median with >= 95 %]")
     for name, figures in verdicts.items():
         parts = []
-        for key, label, unit, parity in (("ttft_p50_ms_minus", "TTFT p50", " ms", 0.0),
-                                         ("ttft_p99_ms_minus", "TTFT p99", " ms", 0.0),
-                                         ("cpu_per_chunk_over", "CPU/chunk", "x", 1.0)):
+        for key, label, unit, parity in (
+            ("ttft_p50_ms_minus", "TTFT p50", " ms", 0.0),
+            ("ttft_p99_ms_minus", "TTFT p99", " ms", 0.0),
+            ("cpu_per_chunk_over", "CPU/chunk", "x", 1.0),
+        ):
             median, low, high = figures[key]
             verdict = "below" if high < parity else "above" if low > parity else "not distinguishable"
-            number = (f"{median:.2f}x [{low:.2f}, {high:.2f}]" if unit == "x"
-                      else f"{median:+.2f} ms [{low:+.2f}, {high:+.2f}]")
+            number = f"{median:.2f}x [{low:.2f}, {high:.2f}]" if unit == "x" else f"{median:+.2f} ms [{low:+.2f}, {high:+.2f}]"
             parts.append(f"{label} {number} ({verdict})")
         print(f"  {name}: " + "; ".join(parts))
 
 
 def print_summary(summary: dict, args: argparse.Namespace) -> None:
     print()
-    print(f"{args.streams} streams, {args.rounds} rounds x {args.requests} requests per configuration, "
-          f"engine TTFT {args.ttft_ms} ms / ITL {args.itl_ms} ms / {args.output_tokens} tokens (simulated engine)")
-    header = (f"{'route':<15} {'TTFT p50':>9} {'TTFT p99':>9} {'+p50 (paired)':>14} {'+p99 (paired)':>14} "
-              f"{'tok/s':>8} {'tput vs direct':>15} {'proxy CPU':>10} {'CPU/chunk':>10} {'kernel':>7} "
-              f"{'client CPU':>11} {'failed':>7}")
+    print(
+        f"{args.streams} streams, {args.rounds} rounds x {args.requests} requests per configuration, "
+        f"engine TTFT {args.ttft_ms} ms / ITL {args.itl_ms} ms / {args.output_tokens} tokens (simulated engine)"
+    )
+    header = (
+        f"{'route':<15} {'TTFT p50':>9} {'TTFT p99':>9} {'+p50 (paired)':>14} {'+p99 (paired)':>14} "
+        f"{'tok/s':>8} {'tput vs direct':>15} {'proxy CPU':>10} {'CPU/chunk':>10} {'kernel':>7} "
+        f"{'client CPU':>11} {'failed':>7}"
+    )
     print(header)
     for name, figures in summary.items():
+
         def med(key: str, figures: dict = figures) -> float:
             return figures[key]["median"]
 
         spread = f"[{figures['added_ttft_p50_ms']['min']:+.2f},{figures['added_ttft_p50_ms']['max']:+.2f}]"
-        print(f"{name:<15} {med('ttft_p50_ms'):>8.2f}ms {med('ttft_p99_ms'):>8.2f}ms "
-              f"{med('added_ttft_p50_ms'):>+12.2f}ms {med('added_ttft_p99_ms'):>+12.2f}ms "
-              f"{med('tokens_per_s'):>8.0f} {med('throughput_ratio'):>14.3f}x "
-              f"{med('proxy_cpu'):>9.2f}c {med('proxy_cpu_us_per_chunk'):>8.1f}us {med('proxy_kernel_share'):>6.0%} "
-              f"{med('loadgen_cpu'):>10.2f}c {figures['failed_total']:>7d}   p50 diff range {spread}")
-    ratios = {name: figures["cpu_per_chunk_vs_router"] for name, figures in summary.items()
-              if "cpu_per_chunk_vs_router" in figures and name not in ("vllm-router", "direct")}
+        print(
+            f"{name:<15} {med('ttft_p50_ms'):>8.2f}ms {med('ttft_p99_ms'):>8.2f}ms "
+            f"{med('added_ttft_p50_ms'):>+12.2f}ms {med('added_ttft_p99_ms'):>+12.2f}ms "
+            f"{med('tokens_per_s'):>8.0f} {med('throughput_ratio'):>14.3f}x "
+            f"{med('proxy_cpu'):>9.2f}c {med('proxy_cpu_us_per_chunk'):>8.1f}us {med('proxy_kernel_share'):>6.0%} "
+            f"{med('loadgen_cpu'):>10.2f}c {figures['failed_total']:>7d}   p50 diff range {spread}"
+        )
+    ratios = {
+        name: figures["cpu_per_chunk_vs_router"]
+        for name, figures in summary.items()
+        if "cpu_per_chunk_vs_router" in figures and name not in ("vllm-router", "direct")
+    }
     for name, ratio in ratios.items():
-        print(f"CPU/chunk vs vllm-router, {name}: paired median {ratio['median']:.2f}x "
-              f"(rounds {ratio['min']:.2f}x..{ratio['max']:.2f}x)")
+        print(
+            f"CPU/chunk vs vllm-router, {name}: paired median {ratio['median']:.2f}x "
+            f"(rounds {ratio['min']:.2f}x..{ratio['max']:.2f}x)"
+        )
 
 
 # ---- system calls per request (--syscalls) ----------------------------------------------------------
@@ -516,8 +598,12 @@ def syscall_tracing_problem() -> str | None:
 def start_syscall_count(route: Route) -> subprocess.Popen[str]:
     """`perf stat` on every system-call tracepoint of the proxy's processes (nginx's or the gateway's workers too)."""
     pids = [proc.pid for tree in route.process_trees() for proc in tree]
-    return subprocess.Popen(["perf", "stat", "-x", ",", "-e", "syscalls:sys_enter_*", "-p", ",".join(map(str, pids))],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["perf", "stat", "-x", ",", "-e", "syscalls:sys_enter_*", "-p", ",".join(map(str, pids))],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def parse_syscall_counts(perf_csv: str) -> dict[str, int]:
@@ -531,8 +617,9 @@ def parse_syscall_counts(perf_csv: str) -> dict[str, int]:
     return counts
 
 
-async def count_syscalls(pool: ConnectionPool, route: Route, bodies: list[bytes], args: argparse.Namespace,
-                         stagger_s: float) -> dict[str, float]:
+async def count_syscalls(
+    pool: ConnectionPool, route: Route, bodies: list[bytes], args: argparse.Namespace, stagger_s: float
+) -> dict[str, float]:
     """One trial of `args.requests` under perf: system calls per completed request, most frequent first."""
     perf = start_syscall_count(route)
     try:
@@ -554,15 +641,16 @@ async def count_syscalls(pool: ConnectionPool, route: Route, bodies: list[bytes]
 def print_syscalls(per_route: dict[str, dict[str, float]], requests: int) -> None:
     if not per_route:
         return
-    print(f"\nsystem calls per request (one more trial of {requests} requests per proxy, under perf stat; "
-          "those made at least 0.05 times a request)")
+    print(
+        f"\nsystem calls per request (one more trial of {requests} requests per proxy, under perf stat; "
+        "those made at least 0.05 times a request)"
+    )
     for name, per_request in per_route.items():
         listed = ", ".join(f"{call} {count:.2f}" for call, count in per_request.items() if count >= 0.05)
         print(f"  {name:<13} {sum(per_request.values()):6.1f}: {listed}")
 
 
-async def run(args: argparse.Namespace, routes: list[Route],
-              syscall_counts: dict[str, dict[str, float]]) -> list[list[Trial]]:
+async def run(args: argparse.Namespace, routes: list[Route], syscall_counts: dict[str, dict[str, float]]) -> list[list[Trial]]:
     """The rounds; with --syscalls, then one trial per proxy under perf, its counts put in `syscall_counts`."""
     if args.loadgen_cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(cpu) for cpu in args.loadgen_cpus.split(",")})
@@ -580,30 +668,41 @@ async def run(args: argparse.Namespace, routes: list[Route],
         for route in routes:  # warm-up: connections, caches, JITs of the proxies
             await run_trial(pools[route.name], route, bodies, min(args.requests, args.streams), args.streams, stagger_s)
         for index in range(args.rounds):
-            order = routes[index % len(routes):] + routes[: index % len(routes)]
+            order = routes[index % len(routes) :] + routes[: index % len(routes)]
             trials = []
             for route in order:
                 trial = await run_trial(pools[route.name], route, bodies, args.requests, args.streams, stagger_s)
                 trials.append(trial)
-                print(f"round {index + 1}/{args.rounds} {route.name:<15} TTFT p50 {trial.percentile(0.5):7.2f} ms "
-                      f"p99 {trial.percentile(0.99):7.2f} ms  {trial.tokens_per_s:8.0f} tok/s  "
-                      f"failed {trial.failed}  client CPU {trial.loadgen_cpu:.2f}  proxy CPU {trial.proxy_cpu:.2f} "
-                      f"({trial.proxy_cpu_us_per_chunk:.1f} us/chunk, {trial.proxy_kernel_share:.0%} kernel)",
-                      flush=True)
+                print(
+                    f"round {index + 1}/{args.rounds} {route.name:<15} TTFT p50 {trial.percentile(0.5):7.2f} ms "
+                    f"p99 {trial.percentile(0.99):7.2f} ms  {trial.tokens_per_s:8.0f} tok/s  "
+                    f"failed {trial.failed}  client CPU {trial.loadgen_cpu:.2f}  proxy CPU {trial.proxy_cpu:.2f} "
+                    f"({trial.proxy_cpu_us_per_chunk:.1f} us/chunk, {trial.proxy_kernel_share:.0%} kernel)",
+                    flush=True,
+                )
             rounds.append(trials)
         if args.syscalls:
             for route in routes:
                 if route.name != "direct":
-                    syscall_counts[route.name] = await count_syscalls(pools[route.name], route, bodies, args,
-                                                                           stagger_s)
+                    syscall_counts[route.name] = await count_syscalls(pools[route.name], route, bodies, args, stagger_s)
     finally:
         for pool in pools.values():
             pool.close()
     return rounds
 
 
-POOLED_SETTINGS = ("streams", "requests", "ttft_ms", "itl_ms", "output_tokens", "policy", "engine_cpus", "proxy_cpus",
-                   "loadgen_cpus", "workers")
+POOLED_SETTINGS = (
+    "streams",
+    "requests",
+    "ttft_ms",
+    "itl_ms",
+    "output_tokens",
+    "policy",
+    "engine_cpus",
+    "proxy_cpus",
+    "loadgen_cpus",
+    "workers",
+)
 """What runs pooled together must share: the load and the placement that the figures depend on."""
 
 
@@ -615,8 +714,10 @@ def load_rounds(paths: list[Path]) -> tuple[argparse.Namespace, list[list[Trial]
         try:
             data = json.loads(path.read_text())
             if isinstance(data, dict) and "pooled_from" in data:
-                raise SystemExit(f"--pool {path}: it is a pooled summary with no rounds; pool the files it came from: "
-                                 f"{' '.join(data['pooled_from'])}")
+                raise SystemExit(
+                    f"--pool {path}: it is a pooled summary with no rounds; pool the files it came from: "
+                    f"{' '.join(data['pooled_from'])}"
+                )
             file_settings = {key: data["args"][key] for key in POOLED_SETTINGS}
             file_rounds = [[Trial(**trial) for trial in trials] for trials in data["rounds"]]
         except OSError as err:
@@ -627,10 +728,12 @@ def load_rounds(paths: list[Path]) -> tuple[argparse.Namespace, list[list[Trial]
             raise SystemExit(f"--pool {path}: its rounds keep no TTFT samples (written before --pool existed): run it again")
         if settings is None:
             settings = file_settings
-        elif (differ := [key for key in POOLED_SETTINGS if file_settings[key] != settings[key]]):
+        elif differ := [key for key in POOLED_SETTINGS if file_settings[key] != settings[key]]:
             key = differ[0]
-            raise SystemExit(f"--pool {path}: --{key.replace('_', '-')} is {file_settings[key]}, not {settings[key]} as in "
-                             f"{paths[0]}: only runs of the same settings pool")
+            raise SystemExit(
+                f"--pool {path}: --{key.replace('_', '-')} is {file_settings[key]}, not {settings[key]} as in "
+                f"{paths[0]}: only runs of the same settings pool"
+            )
         if rounds and {t.route for t in file_rounds[0]} != {t.route for t in rounds[0]}:
             raise SystemExit(f"--pool {path}: its routes differ from {paths[0]}'s: only runs of the same routes pool")
         rounds += file_rounds
@@ -642,13 +745,18 @@ def load_rounds(paths: list[Path]) -> tuple[argparse.Namespace, list[list[Trial]
 def write_results(path: Path, args: argparse.Namespace, figures: tuple[dict, dict, dict], extra: dict) -> None:
     """--json-out: the settings, the summary and the paired blocks (report's figures), and `extra`."""
     summary, verdicts, this_against = figures
-    path.write_text(json.dumps({
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "summary": summary,
-        "against_vllm_router": verdicts,
-        "vlmserve_against": this_against,
-        **extra,
-    }, indent=2))
+    path.write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "summary": summary,
+                "against_vllm_router": verdicts,
+                "vlmserve_against": this_against,
+                **extra,
+            },
+            indent=2,
+        )
+    )
 
 
 def report(rounds: list[list[Trial]], args: argparse.Namespace) -> tuple[dict, dict, dict]:
@@ -658,8 +766,9 @@ def report(rounds: list[list[Trial]], args: argparse.Namespace) -> tuple[dict, d
     print_summary(summary, args)
     verdicts = against(rounds, names)
     print_against(verdicts)
-    this_against = {other: against(rounds, ["vlmserve"], other) for other in ("vlmserve-base",)
-                    if other in names and "vlmserve" in names}
+    this_against = {
+        other: against(rounds, ["vlmserve"], other) for other in ("vlmserve-base",) if other in names and "vlmserve" in names
+    }
     if "vlmserve-traced" in names and "vlmserve" in names:  # what tracing costs: traced minus untraced
         this_against["vlmserve"] = against(rounds, ["vlmserve-traced"], "vlmserve")
     for other, figures in this_against.items():
@@ -679,25 +788,45 @@ def main() -> None:
     parser.add_argument("--engine-cpus", default="0", help="taskset CPU list for the engine")
     parser.add_argument("--proxy-cpus", default="1", help="taskset CPU list for each proxy")
     parser.add_argument("--loadgen-cpus", default="0", help="CPU list for this load generator")
-    parser.add_argument("--only", default="",
-                        help="comma-separated subset of vlmserve,vlmserve-base,vlmserve-traced,nginx,vllm-router,"
-                             "uvloop-pump (default: all but vlmserve-traced and uvloop-pump, a byte pump with no HTTP: "
-                             "the floor for a Python relay)")
-    parser.add_argument("--trace-ratio", type=float, default=1.0,
-                        help="vlmserve-traced: the gateway's --trace-sample-ratio (1: every request traced)")
-    parser.add_argument("--baseline-src", type=Path,
-                        help="a checkout's src/ directory (e.g. main's, from `git archive main src | tar -x -C DIR`) "
-                             "whose gateway runs beside this one as `vlmserve-base`")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated subset of vlmserve,vlmserve-base,vlmserve-traced,nginx,vllm-router,"
+        "uvloop-pump (default: all but vlmserve-traced and uvloop-pump, a byte pump with no HTTP: "
+        "the floor for a Python relay)",
+    )
+    parser.add_argument(
+        "--trace-ratio",
+        type=float,
+        default=1.0,
+        help="vlmserve-traced: the gateway's --trace-sample-ratio (1: every request traced)",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="a checkout's src/ directory (e.g. main's, from `git archive main src | tar -x -C DIR`) "
+        "whose gateway runs beside this one as `vlmserve-base`",
+    )
     parser.add_argument("--workers", type=int, default=1, help="vlmserve gateway --workers (this checkout's gateway)")
     parser.add_argument("--vllm-router-venv", default=str(VLLM_ROUTER_VENV))
-    parser.add_argument("--json-out", type=Path,
-                        help="write per-round trials and the summary here (with --pool: the pooled summary, no rounds)")
-    parser.add_argument("--syscalls", action="store_true",
-                        help="after the rounds, count each proxy's system calls per request under perf stat (Linux, root)")
-    parser.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
-                        help="run nothing: report the rounds of these --json-out files together, as one run")
-    args = parse_args(parser, streams=4, requests=16, rounds=1, ttft_ms=5.0, itl_ms=2.0, output_tokens=4,
-                      only="vlmserve,vlmserve-traced,nginx")
+    parser.add_argument(
+        "--json-out", type=Path, help="write per-round trials and the summary here (with --pool: the pooled summary, no rounds)"
+    )
+    parser.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="after the rounds, count each proxy's system calls per request under perf stat (Linux, root)",
+    )
+    parser.add_argument(
+        "--pool",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: report the rounds of these --json-out files together, as one run",
+    )
+    args = parse_args(
+        parser, streams=4, requests=16, rounds=1, ttft_ms=5.0, itl_ms=2.0, output_tokens=4, only="vlmserve,vlmserve-traced,nginx"
+    )
     if args.pool:
         pooled_args, pooled_rounds = load_rounds(args.pool)
         figures = report(pooled_rounds, pooled_args)
@@ -725,8 +854,9 @@ def main() -> None:
         routes.append(engine)
         starters = {
             "vlmserve": start_vlmserve,
-            "vlmserve-base": lambda engine, args, log_dir: start_vlmserve(engine, args, log_dir, "vlmserve-base",
-                                                                          args.baseline_src),
+            "vlmserve-base": lambda engine, args, log_dir: start_vlmserve(
+                engine, args, log_dir, "vlmserve-base", args.baseline_src
+            ),
             "vlmserve-traced": start_vlmserve_traced,
             "nginx": start_nginx,
             "vllm-router": start_vllm_router,
@@ -737,8 +867,10 @@ def main() -> None:
                 route = starter(engine, args, log_dir)
                 if route is not None:
                     routes.append(route)
-        print(f"routes: {', '.join(r.name for r in routes)}; cpus: engine {args.engine_cpus}, proxies "
-              f"{args.proxy_cpus}, load generator {args.loadgen_cpus} (of {os.cpu_count()}); logs in {log_dir}")
+        print(
+            f"routes: {', '.join(r.name for r in routes)}; cpus: engine {args.engine_cpus}, proxies "
+            f"{args.proxy_cpus}, load generator {args.loadgen_cpus} (of {os.cpu_count()}); logs in {log_dir}"
+        )
         import uvloop
 
         rounds = uvloop.run(run(args, routes, syscall_counts))
@@ -748,11 +880,16 @@ def main() -> None:
         if args.smoke and failed:
             raise SystemExit(f"smoke: {failed} requests failed; see the logs in {log_dir}")
         if args.json_out:
-            write_results(args.json_out, args, (summary, verdicts, this_against), {
-                "syscalls_per_request": syscall_counts,
-                # every request's TTFT (to the µs), so that --pool can pair the rounds of several runs
-                "rounds": [[{**vars(t), "ttft_ms": [round(x, 3) for x in t.ttft_ms]} for t in trials] for trials in rounds],
-            })
+            write_results(
+                args.json_out,
+                args,
+                (summary, verdicts, this_against),
+                {
+                    "syscalls_per_request": syscall_counts,
+                    # every request's TTFT (to the µs), so that --pool can pair the rounds of several runs
+                    "rounds": [[{**vars(t), "ttft_ms": [round(x, 3) for x in t.ttft_ms]} for t in trials] for trials in rounds],
+                },
+            )
     finally:
         for route in reversed(routes):
             route.stop()

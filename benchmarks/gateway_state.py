@@ -63,17 +63,35 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary_ms(values_s: list[float]) -> dict[str, float]:
-    return {"p50_ms": percentile(values_s, 50) * 1e3, "p99_ms": percentile(values_s, 99) * 1e3,
-            "mean_ms": statistics.fmean(values_s) * 1e3}
+    return {
+        "p50_ms": percentile(values_s, 50) * 1e3,
+        "p99_ms": percentile(values_s, 99) * 1e3,
+        "mean_ms": statistics.fmean(values_s) * 1e3,
+    }
 
 
 def start_redis(directory: Path) -> tuple[subprocess.Popen, str]:
     server = shutil.which("redis-server") or "/usr/bin/redis-server"
     port = free_port()
     process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory), "--save", "",
-         "--appendonly", "no", "--logfile", str(directory / "redis.log")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(directory),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(directory / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     import redis
 
     deadline = time.monotonic() + 10
@@ -88,8 +106,7 @@ def start_redis(directory: Path) -> tuple[subprocess.Popen, str]:
 
 
 async def decisions_in_process(count: int) -> dict[str, float]:
-    admission = Admission([TenantSpec(name="bench", keys=[KEY], requests_per_s=REQUESTS_PER_S,
-                                      tokens_per_min=TOKENS_PER_MIN)])
+    admission = Admission([TenantSpec(name="bench", keys=[KEY], requests_per_s=REQUESTS_PER_S, tokens_per_min=TOKENS_PER_MIN)])
     tenant = admission.tenants["bench"]
     took = []
     for _ in range(count):
@@ -159,8 +176,7 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
-async def through_gateways(gateways: dict[str, tuple[str, int]], args: argparse.Namespace,
-                           concurrency: int) -> dict[str, object]:
+async def through_gateways(gateways: dict[str, tuple[str, int]], args: argparse.Namespace, concurrency: int) -> dict[str, object]:
     """Alternating rounds at one concurrency; `gateways` maps a name to (base URL, pid)."""
     per_round: dict[str, list[dict[str, float]]] = {name: [] for name in gateways}
     cpu: dict[str, float] = {name: 0.0 for name in gateways}
@@ -174,10 +190,11 @@ async def through_gateways(gateways: dict[str, tuple[str, int]], args: argparse.
                 per_round[name].append(summary_ms(await closed_loop(session, url, args.requests, concurrency)))
                 cpu[name] += cpu_seconds(pid) - before
     local, shared = per_round["in-process"], per_round["redis"]
-    added = {key: statistics.median(r[key] - l[key] for l, r in zip(local, shared))
-             for key in ("p50_ms", "p99_ms", "mean_ms")}
-    medians = {name: {key: statistics.median(r[key] for r in rounds) for key in ("p50_ms", "p99_ms")}
-               for name, rounds in per_round.items()}
+    added = {key: statistics.median(r[key] - l[key] for l, r in zip(local, shared)) for key in ("p50_ms", "p99_ms", "mean_ms")}
+    medians = {
+        name: {key: statistics.median(r[key] for r in rounds) for key in ("p50_ms", "p99_ms")}
+        for name, rounds in per_round.items()
+    }
     cpu_us = {name: seconds / (args.rounds * args.requests) * 1e6 for name, seconds in cpu.items()}
     return {"concurrency": concurrency, "medians": medians, "added": added, "gateway_cpu_us_per_request": cpu_us}
 
@@ -188,46 +205,102 @@ async def run(args: argparse.Namespace, work: Path) -> None:
     try:
         local = await decisions_in_process(args.decisions)
         remote, rate = await decisions_in_redis(url, args.decisions, args.decision_concurrency)
-        print(f"decision, {args.decisions} sequential: in-process p50 {local['p50_ms'] * 1e3:.1f} µs, "
-              f"p99 {local['p99_ms'] * 1e3:.1f} µs | Redis p50 {remote['p50_ms'] * 1e3:.0f} µs, "
-              f"p99 {remote['p99_ms'] * 1e3:.0f} µs")
+        print(
+            f"decision, {args.decisions} sequential: in-process p50 {local['p50_ms'] * 1e3:.1f} µs, "
+            f"p99 {local['p99_ms'] * 1e3:.1f} µs | Redis p50 {remote['p50_ms'] * 1e3:.0f} µs, "
+            f"p99 {remote['p99_ms'] * 1e3:.0f} µs"
+        )
         print(f"decision throughput, one Redis client, {args.decision_concurrency} concurrent: {rate:,.0f}/s")
 
         keys = work / "keys.yaml"
-        keys.write_text(f"tenants:\n  - name: bench\n    keys: [{KEY}]\n    requests_per_s: {REQUESTS_PER_S:.0f}\n"
-                        f"    tokens_per_min: {TOKENS_PER_MIN:.0f}\n")
+        keys.write_text(
+            f"tenants:\n  - name: bench\n    keys: [{KEY}]\n    requests_per_s: {REQUESTS_PER_S:.0f}\n"
+            f"    tokens_per_min: {TOKENS_PER_MIN:.0f}\n"
+        )
         engine_port, local_port, shared_port = free_port(), free_port(), free_port()
         engine = f"http://127.0.0.1:{engine_port}"
-        processes.append(start_process(
-            [sys.executable, "-m", "vlmserve", "engine", "sim", "--host", "127.0.0.1", "--port", str(engine_port),
-             "--model", MODEL, "--ttft-ms", "1", "--itl-ms", "1", "--max-num-seqs", "256"],
-            work / "engine.log", engine + "/health"))
-        gateway = [sys.executable, "-m", "vlmserve", "gateway", "--replica", engine, "--host", "127.0.0.1",
-                   "--keys-file", str(keys)]
-        local_gateway = start_process([*gateway, "--port", str(local_port)], work / "gateway-local.log",
-                                      f"http://127.0.0.1:{local_port}/health")
-        shared_gateway = start_process([*gateway, "--port", str(shared_port), "--state", url],
-                                       work / "gateway-redis.log", f"http://127.0.0.1:{shared_port}/health")
+        processes.append(
+            start_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "vlmserve",
+                    "engine",
+                    "sim",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(engine_port),
+                    "--model",
+                    MODEL,
+                    "--ttft-ms",
+                    "1",
+                    "--itl-ms",
+                    "1",
+                    "--max-num-seqs",
+                    "256",
+                ],
+                work / "engine.log",
+                engine + "/health",
+            )
+        )
+        gateway = [
+            sys.executable,
+            "-m",
+            "vlmserve",
+            "gateway",
+            "--replica",
+            engine,
+            "--host",
+            "127.0.0.1",
+            "--keys-file",
+            str(keys),
+        ]
+        local_gateway = start_process(
+            [*gateway, "--port", str(local_port)], work / "gateway-local.log", f"http://127.0.0.1:{local_port}/health"
+        )
+        shared_gateway = start_process(
+            [*gateway, "--port", str(shared_port), "--state", url],
+            work / "gateway-redis.log",
+            f"http://127.0.0.1:{shared_port}/health",
+        )
         processes += [local_gateway, shared_gateway]
-        gateways = {"in-process": (f"http://127.0.0.1:{local_port}", local_gateway.pid),
-                    "redis": (f"http://127.0.0.1:{shared_port}", shared_gateway.pid)}
+        gateways = {
+            "in-process": (f"http://127.0.0.1:{local_port}", local_gateway.pid),
+            "redis": (f"http://127.0.0.1:{shared_port}", shared_gateway.pid),
+        }
         results = []
         for concurrency in (int(level) for level in str(args.concurrency).split(",")):
             result = await through_gateways(gateways, args, concurrency)
             results.append(result)
             medians, added, cpu_us = result["medians"], result["added"], result["gateway_cpu_us_per_request"]
             assert isinstance(medians, dict) and isinstance(added, dict) and isinstance(cpu_us, dict)
-            print(f"through the gateway (sim engine, {args.rounds} rounds x {args.requests} requests, "
-                  f"concurrency {concurrency}), medians over rounds:")
+            print(
+                f"through the gateway (sim engine, {args.rounds} rounds x {args.requests} requests, "
+                f"concurrency {concurrency}), medians over rounds:"
+            )
             for name in ("in-process", "redis"):
-                print(f"  {name:<11} e2e p50 {medians[name]['p50_ms']:.2f} ms, p99 {medians[name]['p99_ms']:.2f} ms, "
-                      f"gateway CPU {cpu_us[name]:.0f} µs/request")
-            print(f"  added by Redis (paired per round): p50 {added['p50_ms']:+.2f} ms, p99 {added['p99_ms']:+.2f} ms, "
-                  f"mean {added['mean_ms']:+.2f} ms")
+                print(
+                    f"  {name:<11} e2e p50 {medians[name]['p50_ms']:.2f} ms, p99 {medians[name]['p99_ms']:.2f} ms, "
+                    f"gateway CPU {cpu_us[name]:.0f} µs/request"
+                )
+            print(
+                f"  added by Redis (paired per round): p50 {added['p50_ms']:+.2f} ms, p99 {added['p99_ms']:+.2f} ms, "
+                f"mean {added['mean_ms']:+.2f} ms"
+            )
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps({
-                "decision_in_process": local, "decision_redis": remote, "redis_decisions_per_s": rate,
-                "through_gateway": results, "settings": vars(args)}, indent=2))
+            Path(args.json_out).write_text(
+                json.dumps(
+                    {
+                        "decision_in_process": local,
+                        "decision_redis": remote,
+                        "redis_decisions_per_s": rate,
+                        "through_gateway": results,
+                        "settings": vars(args),
+                    },
+                    indent=2,
+                )
+            )
     finally:
         for process in reversed(processes):
             process.terminate()

@@ -104,8 +104,11 @@ def main() -> None:
             engine = start_engine(args, log_dir)
             engine.name = f"engine{index}"
             engines.append(engine)
-        print(f"{args.engines} sim engine(s) (TTFT {args.ttft_ms} ms, ITL {args.itl_ms} ms), {args.streams} streams, "
-              f"{args.requests} requests per worker count, {os.cpu_count()} CPUs; logs in {log_dir}", flush=True)
+        print(
+            f"{args.engines} sim engine(s) (TTFT {args.ttft_ms} ms, ITL {args.itl_ms} ms), {args.streams} streams, "
+            f"{args.requests} requests per worker count, {os.cpu_count()} CPUs; logs in {log_dir}",
+            flush=True,
+        )
         import uvloop
 
         for workers in counts:
@@ -116,17 +119,23 @@ def main() -> None:
             finally:
                 gateway.stop()
             rows.append(row)
-            print(f"workers {workers}: {row['chunks_per_s']:8.0f} chunks/s  TTFT p50 {row['ttft_p50_ms']:7.2f} ms "
-                  f"p99 {row['ttft_p99_ms']:7.2f} ms  failed {row['failed']}  CPU cores: gateway {row['gateway_cpu']:.2f} "
-                  f"engines {row['engines_cpu']:.2f} load generator {row['loadgen_cpu']:.2f} (of {psutil.cpu_count()})",
-                  flush=True)
+            print(
+                f"workers {workers}: {row['chunks_per_s']:8.0f} chunks/s  TTFT p50 {row['ttft_p50_ms']:7.2f} ms "
+                f"p99 {row['ttft_p99_ms']:7.2f} ms  failed {row['failed']}  CPU cores: gateway {row['gateway_cpu']:.2f} "
+                f"engines {row['engines_cpu']:.2f} load generator {row['loadgen_cpu']:.2f} (of {psutil.cpu_count()})",
+                flush=True,
+            )
         base = rows[0]["chunks_per_s"] if rows else 0
         print()
-        print(f"{'workers':>7} {'chunks/s':>9} {'vs first':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'gw CPU':>7} {'eng CPU':>8} {'gen CPU':>8}")
+        print(
+            f"{'workers':>7} {'chunks/s':>9} {'vs first':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'gw CPU':>7} {'eng CPU':>8} {'gen CPU':>8}"
+        )
         for row in rows:
-            print(f"{row['workers']:>7} {row['chunks_per_s']:>9.0f} {row['chunks_per_s'] / base:>8.2f}x "
-                  f"{row['ttft_p50_ms']:>7.2f}ms {row['ttft_p99_ms']:>7.2f}ms {row['gateway_cpu']:>7.2f} "
-                  f"{row['engines_cpu']:>8.2f} {row['loadgen_cpu']:>8.2f}")
+            print(
+                f"{row['workers']:>7} {row['chunks_per_s']:>9.0f} {row['chunks_per_s'] / base:>8.2f}x "
+                f"{row['ttft_p50_ms']:>7.2f}ms {row['ttft_p99_ms']:>7.2f}ms {row['gateway_cpu']:>7.2f} "
+                f"{row['engines_cpu']:>8.2f} {row['loadgen_cpu']:>8.2f}"
+            )
         failed = sum(row["failed"] for row in rows)
         if args.smoke and failed:
             raise SystemExit(f"smoke: {failed} requests failed; see the logs in {log_dir}")

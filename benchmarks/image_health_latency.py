@@ -45,8 +45,18 @@ MODEL = "sim-model"
 
 def image_body(data: bytes, mime: str) -> bytes:
     url = f"data:{mime};base64,{base64.b64encode(data).decode()}"
-    return json.dumps({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is this?"}]}]}).encode()
+    return json.dumps(
+        {
+            "model": MODEL,
+            "max_tokens": 2,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is this?"}],
+                }
+            ],
+        }
+    ).encode()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -61,6 +71,7 @@ async def fire_and_poll(base_url: str, bodies: list[bytes]) -> tuple[list[float]
     done = asyncio.Event()
     limits = httpx.Limits(max_connections=len(bodies) + 2)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client, httpx.AsyncClient(timeout=300) as health:
+
         async def poll(into: list[float], until: asyncio.Event) -> None:
             while not until.is_set():
                 started = time.perf_counter()
@@ -74,8 +85,9 @@ async def fire_and_poll(base_url: str, bodies: list[bytes]) -> tuple[list[float]
         await poll(idle, idle_over)
 
         async def post(body: bytes) -> int:
-            response = await client.post(base_url + "/v1/chat/completions", content=body,
-                                         headers={"Content-Type": "application/json"})
+            response = await client.post(
+                base_url + "/v1/chat/completions", content=body, headers={"Content-Type": "application/json"}
+            )
             return response.status_code
 
         poller = asyncio.create_task(poll(latencies, done))
@@ -90,17 +102,34 @@ async def fire_and_poll(base_url: str, bodies: list[bytes]) -> tuple[list[float]
 def gateway_under_images(bombs: int, side: int, extra_flags: list[str]) -> None:
     bomb = image_body(one_bit_png(side, side), "image/png")
     ico = image_body(ico_holding_png(int(side * 1.5), int(side * 1.5)), "image/x-icon")
-    print(f"one PNG bomb: {len(one_bit_png(side, side))} bytes, {side}x{side} 1-bit; the ICO holds "
-          f"{int(side * 1.5)}x{int(side * 1.5)}", flush=True)
+    print(
+        f"one PNG bomb: {len(one_bit_png(side, side))} bytes, {side}x{side} 1-bit; the ICO holds "
+        f"{int(side * 1.5)}x{int(side * 1.5)}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as log_dir:
         engine_port, port = free_port(), free_port()
         engine_log = Path(log_dir) / "sim.log"
         gateway_log = Path(log_dir) / "gateway.log"
         with engine_log.open("wb") as log:
-            engine = subprocess.Popen(sim_engine_argv(engine_port, model=MODEL, ttft_ms=5, itl_ms=1),
-                                      stdout=log, stderr=subprocess.STDOUT)
-        argv = [sys.executable, "-m", "vlmserve", "gateway", "--replica", f"http://127.0.0.1:{engine_port}",
-                "--host", "127.0.0.1", "--port", str(port), "--image-downscale-max-side", "512", *extra_flags]
+            engine = subprocess.Popen(
+                sim_engine_argv(engine_port, model=MODEL, ttft_ms=5, itl_ms=1), stdout=log, stderr=subprocess.STDOUT
+            )
+        argv = [
+            sys.executable,
+            "-m",
+            "vlmserve",
+            "gateway",
+            "--replica",
+            f"http://127.0.0.1:{engine_port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--image-downscale-max-side",
+            "512",
+            *extra_flags,
+        ]
         with gateway_log.open("wb") as log:
             gateway = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -115,10 +144,16 @@ def gateway_under_images(bombs: int, side: int, extra_flags: list[str]) -> None:
             engine.wait(30)
     counts = {status: statuses.count(status) for status in sorted(set(statuses))}
     print(f"{bombs} PNG bombs + 1 ICO answered in {window:.2f} s; statuses {counts}", flush=True)
-    print(f"/health idle, for reference: {len(idle)} polls, p50 {statistics.median(idle):.1f} ms, "
-          f"p99 {percentile(idle, 0.99):.1f} ms, max {max(idle):.1f} ms", flush=True)
-    print(f"/health while they ran: {len(latencies)} polls, p50 {statistics.median(latencies):.1f} ms, "
-          f"p99 {percentile(latencies, 0.99):.1f} ms, max {max(latencies):.1f} ms", flush=True)
+    print(
+        f"/health idle, for reference: {len(idle)} polls, p50 {statistics.median(idle):.1f} ms, "
+        f"p99 {percentile(idle, 0.99):.1f} ms, max {max(idle):.1f} ms",
+        flush=True,
+    )
+    print(
+        f"/health while they ran: {len(latencies)} polls, p50 {statistics.median(latencies):.1f} ms, "
+        f"p99 {percentile(latencies, 0.99):.1f} ms, max {max(latencies):.1f} ms",
+        flush=True,
+    )
     if any(status >= 500 and status != 503 for status in statuses):
         sys.exit("an image request failed inside the gateway (5xx): see above")
 
@@ -143,8 +178,9 @@ def compare_pools(bombs: int, side: int) -> None:
     async def threads() -> list[float]:
         executor = ThreadPoolExecutor(2)
         loop = asyncio.get_running_loop()
-        work = asyncio.ensure_future(asyncio.gather(*(loop.run_in_executor(executor, resized_data_url, *args)
-                                                      for _ in range(bombs))))
+        work = asyncio.ensure_future(
+            asyncio.gather(*(loop.run_in_executor(executor, resized_data_url, *args) for _ in range(bombs)))
+        )
         try:
             return await loop_lag_ms(work)
         finally:
@@ -155,8 +191,9 @@ def compare_pools(bombs: int, side: int) -> None:
         pool.start()
         await pool.run(resized_data_url, (one_bit_png(64, 64), "png", 16, 16), pool.budget(), "warm-up")
         await pool.run(resized_data_url, (one_bit_png(64, 64), "png", 16, 16), pool.budget(), "warm-up")
-        work = asyncio.ensure_future(asyncio.gather(*(pool.run(resized_data_url, args, pool.budget(), "bomb")
-                                                      for _ in range(bombs))))
+        work = asyncio.ensure_future(
+            asyncio.gather(*(pool.run(resized_data_url, args, pool.budget(), "bomb") for _ in range(bombs)))
+        )
         try:
             return await loop_lag_ms(work)
         finally:
@@ -165,8 +202,11 @@ def compare_pools(bombs: int, side: int) -> None:
     for name, run in (("2 threads", threads), ("2 processes", processes)):
         started = time.perf_counter()
         lags = asyncio.run(run())
-        print(f"{name:<12} {bombs} resizes in {time.perf_counter() - started:.2f} s; event loop lag over a 10 ms sleep: "
-              f"p50 {statistics.median(lags):.1f} ms, max {max(lags):.1f} ms ({len(lags)} samples)", flush=True)
+        print(
+            f"{name:<12} {bombs} resizes in {time.perf_counter() - started:.2f} s; event loop lag over a 10 ms sleep: "
+            f"p50 {statistics.median(lags):.1f} ms, max {max(lags):.1f} ms ({len(lags)} samples)",
+            flush=True,
+        )
 
 
 def main() -> None:

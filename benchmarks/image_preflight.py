@@ -49,8 +49,15 @@ def photo(width: int, height: int, image_format: str, rng: random.Random) -> str
 
 
 def body(url: str) -> dict:
-    return {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                                   {"type": "text", "text": "what is this?"}]}]}
+    return {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is this?"}],
+            }
+        ],
+    }
 
 
 def configurations() -> dict[str, Callable[[str, int], None]]:
@@ -113,18 +120,25 @@ def main() -> None:
             samples: dict[str, list[float]] = {name: [] for name in configs}
             for round_index in range(args.rounds):
                 names = list(configs)
-                names = names[round_index % len(names):] + names[: round_index % len(names)]
+                names = names[round_index % len(names) :] + names[: round_index % len(names)]
                 for name in names:
                     samples[name].append(cpu_ms(configs[name], url, args.repeats))
             medians = {name: statistics.median(values) for name, values in samples.items()}
             rows.append((f"{width}x{height}", image_format, kib, medians))
-            print(f"{width}x{height} {image_format:4s} {kib:8.0f} KiB  " +
-                  "  ".join(f"{name} {value:7.2f} ms" for name, value in medians.items()), flush=True)
-    lines = ["| image | format | size (KiB) | check (ms CPU) | check + downscale to 512 (ms CPU) | full decode, for reference (ms CPU) |",
-             "|---|---|---|---|---|---|"]
+            print(
+                f"{width}x{height} {image_format:4s} {kib:8.0f} KiB  "
+                + "  ".join(f"{name} {value:7.2f} ms" for name, value in medians.items()),
+                flush=True,
+            )
+    lines = [
+        "| image | format | size (KiB) | check (ms CPU) | check + downscale to 512 (ms CPU) | full decode, for reference (ms CPU) |",
+        "|---|---|---|---|---|---|",
+    ]
     for size, image_format, kib, medians in rows:
-        lines.append(f"| {size} | {image_format} | {kib:.0f} | {medians['check']:.2f} | {medians['check+downscale']:.2f} | "
-                     f"{medians['full decode']:.2f} |")
+        lines.append(
+            f"| {size} | {image_format} | {kib:.0f} | {medians['check']:.2f} | {medians['check+downscale']:.2f} | "
+            f"{medians['full decode']:.2f} |"
+        )
     table = "\n".join(lines)
     print(table)
     if args.markdown and not args.smoke:

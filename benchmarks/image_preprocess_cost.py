@@ -47,8 +47,9 @@ def engine(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         from tests.helpers.sim import start_sim_engine
 
         skip("the embedded vLLM engine: a sim engine with 5 ms + 20 ms/MP of preprocessing stands in")
-        with start_sim_engine(model="smoke-model", profile="tiny-cpu", mm_preprocess_ms_per_image=5,
-                              mm_preprocess_ms_per_megapixel=20) as sim:
+        with start_sim_engine(
+            model="smoke-model", profile="tiny-cpu", mm_preprocess_ms_per_image=5, mm_preprocess_ms_per_megapixel=20
+        ) as sim:
             yield sim.base_url, "smoke-model"
         return
     from vlmserve.demo.run import demo_spec
@@ -62,8 +63,13 @@ def engine(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 
 def ttft_ms(client: httpx.Client, base_url: str, model: str, url: str, question: str) -> float:
-    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]}]}
+    body = {
+        "model": model,
+        "max_tokens": 1,
+        "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}]}
+        ],
+    }
     started = time.perf_counter()
     response = client.post(base_url + "/v1/chat/completions", json=body)
     response.raise_for_status()
@@ -98,8 +104,9 @@ def main() -> None:
                 saving.append(first - again)
             megapixels = size * size / 1e6
             rows.append((size, megapixels, statistics.median(new), statistics.median(repeat), statistics.median(saving)))
-            print(f"{size}x{size}: new {rows[-1][2]:.1f} ms, repeat {rows[-1][3]:.1f} ms, saving {rows[-1][4]:.1f} ms",
-                  flush=True)
+            print(
+                f"{size}x{size}: new {rows[-1][2]:.1f} ms, repeat {rows[-1][3]:.1f} ms, saving {rows[-1][4]:.1f} ms", flush=True
+            )
     intercept, slope = fit_line([(mp, saving) for _, mp, _, _, saving in rows])
     engine_name = "sim engine (smoke)" if args.smoke else "embedded vLLM CPU engine, one core"
     print(f"\n{engine_name}, {args.pairs} pairs per size, medians:\n")

@@ -35,8 +35,13 @@ from vlmserve.bench.scrape import parse_samples
 from vlmserve.results.summary import RunSummary
 
 POLICIES = ("least-outstanding-tokens", "image-affinity")
-COUNTERS = ("vllm:mm_cache_queries", "vllm:mm_cache_hits", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",
-            "vllm:request_success")
+COUNTERS = (
+    "vllm:mm_cache_queries",
+    "vllm:mm_cache_hits",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:request_success",
+)
 
 
 def free_port() -> int:
@@ -53,7 +58,10 @@ def replicas(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[list[str
         from tests.helpers.sim import start_sim_engine
 
         skip("the embedded vLLM engines (a minute to start): sim engines stand in")
-        with start_sim_engine(model="smoke-model", ttft_ms=5, itl_ms=1) as a, start_sim_engine(model="smoke-model", ttft_ms=5, itl_ms=1) as b:
+        with (
+            start_sim_engine(model="smoke-model", ttft_ms=5, itl_ms=1) as a,
+            start_sim_engine(model="smoke-model", ttft_ms=5, itl_ms=1) as b,
+        ):
             yield [a.base_url, b.base_url], "smoke-model", None
         return
     from vlmserve.demo.run import demo_spec
@@ -68,8 +76,18 @@ def replicas(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[list[str
 @contextlib.contextmanager
 def gateway(policy: str, urls: list[str], model_dir: str | None, log: Path) -> Iterator[str]:
     port = free_port()
-    argv = [sys.executable, "-m", "vlmserve", "gateway", "--port", str(port), "--policy", policy,
-            "--audit-log", str(log.with_suffix(".audit.jsonl"))]
+    argv = [
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "gateway",
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--audit-log",
+        str(log.with_suffix(".audit.jsonl")),
+    ]
     for url in urls:
         argv += ["--replica", url]
     if model_dir:
@@ -122,21 +140,60 @@ def audit_split(audit: Path, skip: int) -> dict[str, float]:
         seen.setdefault(replica, set()).add(digest)
         groups[group].append(row["ttft_ms"])
     return {f"ttft_{name}_ms": statistics.median(values) if values else float("nan") for name, values in groups.items()} | {
-        f"n_{name}": float(len(values)) for name, values in groups.items()}
+        f"n_{name}": float(len(values)) for name, values in groups.items()
+    }
 
 
-def run_round(policy: str, base: str, model: str, urls: list[str], args: argparse.Namespace, seed: int, out: Path,
-              model_dir: str | None, audit: Path) -> dict:
+def run_round(
+    policy: str,
+    base: str,
+    model: str,
+    urls: list[str],
+    args: argparse.Namespace,
+    seed: int,
+    out: Path,
+    model_dir: str | None,
+    audit: Path,
+) -> dict:
     """One bench run through `base`; the engines' cache counters around it. The local tokenizer
     fits prompts without /tokenize calls, which would load the engines being measured."""
     before = counters(urls)
     audit_lines = len(audit.read_text().splitlines()) if audit.exists() else 0
-    command = [sys.executable, "-m", "vlmserve", "bench", "--base-url", base, "--model", model, "--dataset", "images",
-               "--image-size", args.image_size, "--image-format", "jpeg", "--image-repeat-rate", str(args.repeat_rate),
-               "--image-popularity-skew", str(args.popularity_skew),
-               "--num-requests", str(args.num_requests), "--concurrency", str(args.concurrency),
-               "--input-len", "16", "--output-len", "8", "--seed", str(seed), "--no-store", "--json-out", str(out),
-               "--no-progress", *(["--tokenizer", model_dir] if model_dir else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "bench",
+        "--base-url",
+        base,
+        "--model",
+        model,
+        "--dataset",
+        "images",
+        "--image-size",
+        args.image_size,
+        "--image-format",
+        "jpeg",
+        "--image-repeat-rate",
+        str(args.repeat_rate),
+        "--image-popularity-skew",
+        str(args.popularity_skew),
+        "--num-requests",
+        str(args.num_requests),
+        "--concurrency",
+        str(args.concurrency),
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        "--seed",
+        str(seed),
+        "--no-store",
+        "--json-out",
+        str(out),
+        "--no-progress",
+        *(["--tokenizer", model_dir] if model_dir else []),
+    ]
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode not in (0, 3):  # 3: the run finished with warnings (still measured)
         raise SystemExit(f"bench failed ({policy}): {finished.stderr.strip().splitlines()[-1:]}")
@@ -164,31 +221,55 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeat-rate", type=float, default=0.5)
     parser.add_argument("--image-size", default="1024x1024")
-    parser.add_argument("--popularity-skew", type=float, default=0.0,
-                        help="Zipf exponent of which earlier image a repeat picks (0: uniform)")
+    parser.add_argument(
+        "--popularity-skew", type=float, default=0.0, help="Zipf exponent of which earlier image a repeat picks (0: uniform)"
+    )
     parser.add_argument("--markdown", type=Path, help="append the results table to this file")
     args = parse_args(parser, rounds=1, num_requests=12, concurrency=2)
     workdir = Path(tempfile.mkdtemp(prefix="image-routing-"))
     results: dict[str, list[dict]] = {policy: [] for policy in POLICIES}
     with replicas(args, workdir) as (urls, model, model_dir), contextlib.ExitStack() as stack:
-        bases = {policy: stack.enter_context(gateway(policy, urls, model_dir, workdir / f"gateway-{policy}.log"))
-                 for policy in POLICIES}
+        bases = {
+            policy: stack.enter_context(gateway(policy, urls, model_dir, workdir / f"gateway-{policy}.log"))
+            for policy in POLICIES
+        }
         audits = {policy: workdir / f"gateway-{policy}.audit.jsonl" for policy in POLICIES}
         if args.smoke:  # the measured rounds below go through the same run_round
             skip("the warm-up round: sim engines have no caches or compilation to warm")
         else:
-            run_round(POLICIES[0], bases[POLICIES[0]], model, urls, args, 10_000, workdir / "warmup.json", model_dir,
-                      audits[POLICIES[0]])  # discarded
+            run_round(
+                POLICIES[0],
+                bases[POLICIES[0]],
+                model,
+                urls,
+                args,
+                10_000,
+                workdir / "warmup.json",
+                model_dir,
+                audits[POLICIES[0]],
+            )  # discarded
         for round_index in range(args.rounds):
             order = POLICIES if round_index % 2 == 0 else POLICIES[::-1]
             for policy in order:
                 seed = 1000 * (round_index + 1) + POLICIES.index(policy)  # fresh images every run
-                figures = run_round(policy, bases[policy], model, urls, args, seed, workdir / f"{policy}-{round_index}.json",
-                                    model_dir, audits[policy])
+                figures = run_round(
+                    policy,
+                    bases[policy],
+                    model,
+                    urls,
+                    args,
+                    seed,
+                    workdir / f"{policy}-{round_index}.json",
+                    model_dir,
+                    audits[policy],
+                )
                 results[policy].append(figures)
-                print(f"round {round_index + 1} {policy:26s} mm hit {figures['mm_hit_rate']:.2f}  prefix hit "
-                      f"{figures['prefix_hit_rate']:.2f}  TTFT p50 {figures['ttft_p50_ms']:.1f} ms  p95 "
-                      f"{figures['ttft_p95_ms']:.1f} ms  busiest replica {figures['share_max']:.0%}", flush=True)
+                print(
+                    f"round {round_index + 1} {policy:26s} mm hit {figures['mm_hit_rate']:.2f}  prefix hit "
+                    f"{figures['prefix_hit_rate']:.2f}  TTFT p50 {figures['ttft_p50_ms']:.1f} ms  p95 "
+                    f"{figures['ttft_p95_ms']:.1f} ms  busiest replica {figures['share_max']:.0%}",
+                    flush=True,
+                )
     table = render(results, args)
     print(table)
     if args.markdown and not args.smoke:
@@ -215,17 +296,29 @@ def render(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
         "|---|---|---|---|---|---|",
     ]
     for policy, rows in zip(POLICIES, (lot, aff)):
-        lines.append(f"| {policy} | {med(rows, 'mm_hit_rate'):.2f} | {med(rows, 'prefix_hit_rate'):.2f} | "
-                     f"{med(rows, 'ttft_p50_ms'):.1f} | {med(rows, 'ttft_p95_ms'):.1f} | {med(rows, 'share_max'):.0%} |")
-    lines += ["", "Gateway-side TTFT p50 (ms) by where the request's image had gone before, from the audit log "
-                  "(same replica: the engine's cache can serve it):", "",
-              "| policy | same replica (n) | other replica only (n) | new image (n) |", "|---|---|---|---|"]
+        lines.append(
+            f"| {policy} | {med(rows, 'mm_hit_rate'):.2f} | {med(rows, 'prefix_hit_rate'):.2f} | "
+            f"{med(rows, 'ttft_p50_ms'):.1f} | {med(rows, 'ttft_p95_ms'):.1f} | {med(rows, 'share_max'):.0%} |"
+        )
+    lines += [
+        "",
+        "Gateway-side TTFT p50 (ms) by where the request's image had gone before, from the audit log "
+        "(same replica: the engine's cache can serve it):",
+        "",
+        "| policy | same replica (n) | other replica only (n) | new image (n) |",
+        "|---|---|---|---|",
+    ]
     for policy, rows in zip(POLICIES, (lot, aff)):
-        cells = [f"{med(rows, f'ttft_{name}_ms'):.1f} ({sum(row[f'n_{name}'] for row in rows):.0f})"
-                 for name in ("same_replica", "other_replica", "new")]
+        cells = [
+            f"{med(rows, f'ttft_{name}_ms'):.1f} ({sum(row[f'n_{name}'] for row in rows):.0f})"
+            for name in ("same_replica", "other_replica", "new")
+        ]
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
-    lines += ["", f"Paired (image-affinity vs LOT, same round): mm-cache hit rate {paired('mm_hit_rate'):+.2f}, "
-                  f"TTFT p50 ratio {paired('ttft_p50_ms', ratio=True):.2f}, TTFT p95 ratio {paired('ttft_p95_ms', ratio=True):.2f}."]
+    lines += [
+        "",
+        f"Paired (image-affinity vs LOT, same round): mm-cache hit rate {paired('mm_hit_rate'):+.2f}, "
+        f"TTFT p50 ratio {paired('ttft_p50_ms', ratio=True):.2f}, TTFT p95 ratio {paired('ttft_p95_ms', ratio=True):.2f}.",
+    ]
     return "\n".join(lines)
 
 

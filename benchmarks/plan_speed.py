@@ -29,8 +29,15 @@ from vlmserve.spec import LoadSpec
 def _time_steps(setup: PlanSetup, samples: int) -> float:
     """µs per step_time_s call over a spread of decode and mixed steps (warm caches after the first pass)."""
     cost = setup.cost_model()
-    steps = [StepContents(prefill_tokens=(i % 5) * 512, prefill_seqs=1 if i % 5 else 0, decode_seqs=1 + i % 64,
-                          kv_tokens_read=(1 + i % 64) * (900 + 16 * (i % 40)) + (i % 5) * 512) for i in range(samples)]
+    steps = [
+        StepContents(
+            prefill_tokens=(i % 5) * 512,
+            prefill_seqs=1 if i % 5 else 0,
+            decode_seqs=1 + i % 64,
+            kv_tokens_read=(1 + i % 64) * (900 + 16 * (i % 40)) + (i % 5) * 512,
+        )
+        for i in range(samples)
+    ]
     started = time.perf_counter()
     for step in steps:
         cost.step_time_s(step)
@@ -48,24 +55,39 @@ def main() -> None:
     parser.add_argument("--step-samples", type=int, default=20000)
     args = parse_args(parser, requests=50, output_len=16, step_samples=500)
 
-    load = LoadSpec(input_len=args.input_len, output_len=args.output_len, concurrency=args.concurrency,
-                    num_requests=args.requests)
+    load = LoadSpec(
+        input_len=args.input_len, output_len=args.output_len, concurrency=args.concurrency, num_requests=args.requests
+    )
     for kind in ("kernels", "roofline"):
         runs = []
         for attempt in ("cold", "warm"):
             started, cpu_started = time.perf_counter(), time.process_time()
             setup = PlanSetup.from_names(args.model, args.gpu, cost_model_kind=kind)
             output = simulate_run(setup, load, record_token_times=False)
-            runs.append({"run": attempt, "wall_s": round(time.perf_counter() - started, 3),
-                         "cpu_s": round(time.process_time() - cpu_started, 3),
-                         "steps": sum(stat.steps for stat in output.stats)})
-        print(json.dumps({
-            "cost_model": kind, "model": args.model, "gpu": args.gpu, "requests": args.requests,
-            "concurrency": args.concurrency, "runs": runs,
-            "us_per_step_priced": round(_time_steps(PlanSetup.from_names(args.model, args.gpu, cost_model_kind=kind),
-                                                    args.step_samples), 2),
-            "simulated": True,
-        }))
+            runs.append(
+                {
+                    "run": attempt,
+                    "wall_s": round(time.perf_counter() - started, 3),
+                    "cpu_s": round(time.process_time() - cpu_started, 3),
+                    "steps": sum(stat.steps for stat in output.stats),
+                }
+            )
+        print(
+            json.dumps(
+                {
+                    "cost_model": kind,
+                    "model": args.model,
+                    "gpu": args.gpu,
+                    "requests": args.requests,
+                    "concurrency": args.concurrency,
+                    "runs": runs,
+                    "us_per_step_priced": round(
+                        _time_steps(PlanSetup.from_names(args.model, args.gpu, cost_model_kind=kind), args.step_samples), 2
+                    ),
+                    "simulated": True,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

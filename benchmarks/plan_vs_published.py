@@ -127,24 +127,53 @@ class Workload:
 LEGACY_WORKLOADS: dict[str, Workload] = {
     # The shared reference's rows whose lengths the sources leave out: the assumptions of the
     # earlier comparison, unchanged (they are ASSUMED in the file too).
-    **{f"spark-oss-c{c}": Workload(LoadSpec(input_len=1000, output_len=128, concurrency=c, num_requests=10 * c), True,
-                                   ["lengths 1000/128 as the source infers", "10×concurrency prompts",
-                                    "gpu-memory-utilization 0.8", "KV cache FP8 as published"])
-       for c in (1, 4, 16, 64)},
-    "h100-oss-tp1": Workload(LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=1000, num_requests=1000),
-                             False, ["ShareGPT lengths: the planner's built-in distribution"]),
-    "h100-oss-tp2": Workload(LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=1000, num_requests=1000),
-                             False, ["ShareGPT lengths: the planner's built-in distribution"]),
-    "h100-oss-tp4": Workload(LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=1000, num_requests=1000),
-                             False, ["ShareGPT lengths: the planner's built-in distribution"]),
-    "h100-qwen3-8b-c4": Workload(LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=4, num_requests=100),
-                                 True, ["ShareGPT lengths: the planner's built-in distribution"]),
-    "h100-llama3-8b": Workload(LoadSpec(input_len=1024, output_len=128, concurrency=1, num_requests=10), True,
-                               ["input/output 1024/128 (vllm bench random defaults; the source gives none)"]),
-    "l4x4-qwen3-4b": Workload(LoadSpec(input_len=1024, output_len=200, concurrency=32, num_requests=320), True,
-                              ["input 1024 (the source gives none)",
-                               "output 200, inferred from the row: 32/5.6 req/s = 5.7 s per request = TTFT + 199×TPOT",
-                               "10×concurrency prompts"]),
+    **{
+        f"spark-oss-c{c}": Workload(
+            LoadSpec(input_len=1000, output_len=128, concurrency=c, num_requests=10 * c),
+            True,
+            [
+                "lengths 1000/128 as the source infers",
+                "10×concurrency prompts",
+                "gpu-memory-utilization 0.8",
+                "KV cache FP8 as published",
+            ],
+        )
+        for c in (1, 4, 16, 64)
+    },
+    "h100-oss-tp1": Workload(
+        LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=1000, num_requests=1000),
+        False,
+        ["ShareGPT lengths: the planner's built-in distribution"],
+    ),
+    "h100-oss-tp2": Workload(
+        LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=1000, num_requests=1000),
+        False,
+        ["ShareGPT lengths: the planner's built-in distribution"],
+    ),
+    "h100-oss-tp4": Workload(
+        LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=1000, num_requests=1000),
+        False,
+        ["ShareGPT lengths: the planner's built-in distribution"],
+    ),
+    "h100-qwen3-8b-c4": Workload(
+        LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=4, num_requests=100),
+        True,
+        ["ShareGPT lengths: the planner's built-in distribution"],
+    ),
+    "h100-llama3-8b": Workload(
+        LoadSpec(input_len=1024, output_len=128, concurrency=1, num_requests=10),
+        True,
+        ["input/output 1024/128 (vllm bench random defaults; the source gives none)"],
+    ),
+    "l4x4-qwen3-4b": Workload(
+        LoadSpec(input_len=1024, output_len=200, concurrency=32, num_requests=320),
+        True,
+        [
+            "input 1024 (the source gives none)",
+            "output 200, inferred from the row: 32/5.6 req/s = 5.7 s per request = TTFT + 199×TPOT",
+            "10×concurrency prompts",
+        ],
+    ),
 }
 LEGACY_SETUP: dict[str, dict[str, Any]] = {
     **{f"spark-oss-c{c}": {"kv_dtype": "fp8", "gpu_memory_utilization": 0.8} for c in (1, 4, 16, 64)},
@@ -164,8 +193,11 @@ def workload_for(run: Run, scale: float) -> Workload:
     if run.run_id in LEGACY_WORKLOADS:
         legacy = LEGACY_WORKLOADS[run.run_id]
         if scale < 1.0 and legacy.load.num_requests:
-            return Workload(legacy.load.model_copy(update={"num_requests": max(4, int(legacy.load.num_requests * scale))}),
-                            legacy.staggered, legacy.assumed)
+            return Workload(
+                legacy.load.model_copy(update={"num_requests": max(4, int(legacy.load.num_requests * scale))}),
+                legacy.staggered,
+                legacy.assumed,
+            )
         return legacy
     info = run.info
     assumed = [part.strip() for part in info.get("assumed", "").split(";") if part.strip()]
@@ -185,8 +217,9 @@ def workload_for(run: Run, scale: float) -> Workload:
         output_len = _number(info.get("output_len", ""))
         if input_len is None or output_len is None:
             raise UserError("input/output lengths not published and no assumption recorded for this run")
-        load = LoadSpec(input_len=max(1, round(input_len)), output_len=max(1, round(output_len)), concurrency=users,
-                        num_requests=prompts)
+        load = LoadSpec(
+            input_len=max(1, round(input_len)), output_len=max(1, round(output_len)), concurrency=users, num_requests=prompts
+        )
     # Every non-legacy row was measured with `vllm bench serve`, which creates one task per prompt at
     # once and lets --max-concurrency of them through a semaphore (vllm/benchmarks/serve.py:
     # `benchmark` and `limited_request_func`): the first wave starts together, as simulated here.
@@ -214,9 +247,12 @@ def engine_options(run: Run) -> dict[str, Any]:
         match = re.search(rf"{re.escape(flag)}[ =]([^\s]+)", flags)
         return match.group(1) if match else None
 
-    for flag, name, kind in (("--max-num-seqs", "max_num_seqs", int), ("--max-num-batched-tokens", "max_num_batched_tokens", int),
-                             ("--max-model-len", "max_model_len", int),
-                             ("--gpu-memory-utilization", "gpu_memory_utilization", float)):
+    for flag, name, kind in (
+        ("--max-num-seqs", "max_num_seqs", int),
+        ("--max-num-batched-tokens", "max_num_batched_tokens", int),
+        ("--max-model-len", "max_model_len", int),
+        ("--gpu-memory-utilization", "gpu_memory_utilization", float),
+    ):
         text = value(flag)
         if text is not None:
             options[name] = kind(text)
@@ -294,8 +330,9 @@ def build_cases(runs: Sequence[Run], scale: float) -> tuple[list[Case], dict[str
             refused[run.run_id] = str(err)
             continue
 
-        def build(calibration: Calibration, model: ModelCost = model, gpu: Any = gpu, tp: int = tp,
-                  options: dict[str, Any] = options) -> PlanSetup:
+        def build(
+            calibration: Calibration, model: ModelCost = model, gpu: Any = gpu, tp: int = tp, options: dict[str, Any] = options
+        ) -> PlanSetup:
             return PlanSetup(model=model, gpu=gpu, tp=tp, calibration=calibration, **options)
 
         scenario = Scenario(run.run_id, build, workload.load, dict(run.measured), staggered=workload.staggered)
@@ -335,8 +372,11 @@ PRIOR = Calibration(
         per_seq_overhead_s=1e-5,
         # starting points of the fit (overwritten by it): MoE kernels slower than dense, skewed routing;
         # the API server's CPU per streamed token and per request (see Efficiency)
-        moe_efficiency=0.5, moe_expert_spread=0.5, reserved_memory_gb=3.0,
-        frontend_token_s=5e-5, frontend_request_s=2e-3,
+        moe_efficiency=0.5,
+        moe_expert_spread=0.5,
+        reserved_memory_gb=3.0,
+        frontend_token_s=5e-5,
+        frontend_request_s=2e-3,
     ),
     per_gpu={
         # PCIe GPUs: vLLM's custom all-reduce needs NVLink, so NCCL over PCIe pays tens of µs a call.
@@ -370,22 +410,32 @@ def fit_stages(cases: Sequence[Case]) -> list[Stage]:
     """The staged fit, derived from what the calibration sources contain (coefficients the planner still has)."""
     known = {item.name for item in fields(Efficiency)}
     stages = [
-        Stage("dense compute on the reference GPU", lambda case: not _is_moe(case) and _gpu_key(case) == REFERENCE_GPU,
-              (("default", "compute"),)),
-        Stage("MoE kernels and routing spread on the reference GPU", lambda case: _is_moe(case) and _gpu_key(case) == REFERENCE_GPU,
-              (("default", "moe_efficiency"), ("default", "moe_expert_spread"))),
+        Stage(
+            "dense compute on the reference GPU",
+            lambda case: not _is_moe(case) and _gpu_key(case) == REFERENCE_GPU,
+            (("default", "compute"),),
+        ),
+        Stage(
+            "MoE kernels and routing spread on the reference GPU",
+            lambda case: _is_moe(case) and _gpu_key(case) == REFERENCE_GPU,
+            (("default", "moe_efficiency"), ("default", "moe_expert_spread")),
+        ),
         # The CPU side, in two stages on the runs where each part shows (the compute and MoE
         # coefficients above only reach roofline-priced ops). With a few streams the API server is
         # idle most of the time: the engine's per-step CPU (TPOT above the kernels) and the
         # per-request latency outside the engine (TTFT above the prefill) are what is left.
-        Stage("engine overheads at low concurrency on the reference GPU",
-              lambda case: _gpu_key(case) == REFERENCE_GPU and _few_streams(case),
-              (("default", "step_overhead_s"), ("default", "request_overhead_s"))),
+        Stage(
+            "engine overheads at low concurrency on the reference GPU",
+            lambda case: _gpu_key(case) == REFERENCE_GPU and _few_streams(case),
+            (("default", "step_overhead_s"), ("default", "request_overhead_s")),
+        ),
         # A burst of hundreds of requests at once: vLLM's single API server process streams every
         # token and admits every request, and bounds the steps when it has more to do than the GPU.
-        Stage("API server under bursts on the reference GPU",
-              lambda case: _gpu_key(case) == REFERENCE_GPU and _burst(case),
-              (("default", "frontend_token_s"), ("default", "frontend_request_s"))),
+        Stage(
+            "API server under bursts on the reference GPU",
+            lambda case: _gpu_key(case) == REFERENCE_GPU and _burst(case),
+            (("default", "frontend_token_s"), ("default", "frontend_request_s")),
+        ),
     ]
     for gpu in sorted({_gpu_key(case) for case in cases} - {REFERENCE_GPU}):
         stages.append(Stage(f"compute on {gpu}", _on_gpu(gpu), ((gpu, "compute"),)))
@@ -439,11 +489,15 @@ def refit(cases: Sequence[Case], progress: Callable[[str], None]) -> tuple[Calib
         progress(f"stage '{stage.title}' on {len(chosen)} runs")
         result = fit([case.scenario for case in chosen], calibration, stage.parameters, max_evaluations=FIT_EVALUATIONS)
         calibration = result.calibration
-        values = ", ".join(f"{name} ({target}) = {getattr(calibration.default if target == 'default' else calibration.for_gpu(target), name):.4g}"
-                           for target, name in stage.parameters)
+        values = ", ".join(
+            f"{name} ({target}) = {getattr(calibration.default if target == 'default' else calibration.for_gpu(target), name):.4g}"
+            for target, name in stage.parameters
+        )
         notes.append(f"- {stage.title}: {values}, on {', '.join(case.scenario.scenario_id for case in chosen)}")
-    calibration.source = ("fitted by benchmarks/plan_vs_published.py --refit on the calibration sources of "
-                          "benchmarks/data/published_vllm.csv only; quote its errors on the validation sources")
+    calibration.source = (
+        "fitted by benchmarks/plan_vs_published.py --refit on the calibration sources of "
+        "benchmarks/data/published_vllm.csv only; quote its errors on the validation sources"
+    )
     return calibration, notes
 
 
@@ -532,16 +586,20 @@ def per_gpu_table(rows: Sequence[Error]) -> list[str]:
 def worst_table(rows: Sequence[Error], count: int) -> list[str]:
     lines = ["| run | source | metric | published | planner | error |", "|---|---|---|---:|---:|---:|"]
     for row in sorted(rows, key=lambda row: -abs(row.relative))[:count]:
-        lines.append(f"| {row.case.run.run_id} | {row.case.run.source} | {row.metric} | {row.measured:.4g} | "
-                     f"{row.predicted:.4g} | {row.relative:+.0%} |")
+        lines.append(
+            f"| {row.case.run.run_id} | {row.case.run.source} | {row.metric} | {row.measured:.4g} | "
+            f"{row.predicted:.4g} | {row.relative:+.0%} |"
+        )
     return lines
 
 
 def all_rows_table(rows: Sequence[Error]) -> list[str]:
     lines = ["| split | run | metric | published | planner | error |", "|---|---|---|---:|---:|---:|"]
     for row in sorted(rows, key=lambda row: (row.case.run.split != VALIDATION, row.case.run.run_id, row.metric)):
-        lines.append(f"| {row.case.run.split} | {row.case.run.run_id} | {row.metric} | {row.measured:.4g} | "
-                     f"{row.predicted:.4g} | {row.relative:+.0%} |")
+        lines.append(
+            f"| {row.case.run.split} | {row.case.run.run_id} | {row.metric} | {row.measured:.4g} | "
+            f"{row.predicted:.4g} | {row.relative:+.0%} |"
+        )
     return lines
 
 
@@ -555,34 +613,37 @@ def shape_replicas_vs_tp(calibration: Calibration, scale: float = 1.0) -> list[s
     lines = ["| GPUs | deployment | output tok/s | mean TTFT ms | mean TPOT ms |", "|---:|---|---:|---:|---:|"]
     ratios = []
     for gpus in (2, 4):
-        load = LoadSpec(dataset="sharegpt", dataset_path="builtin", concurrency=256 * gpus,
-                        num_requests=scaled(1000 * gpus, scale))
+        load = LoadSpec(
+            dataset="sharegpt", dataset_path="builtin", concurrency=256 * gpus, num_requests=scaled(1000 * gpus, scale)
+        )
         results = {}
         for label, tp, replicas in ((f"{gpus} replicas × TP1", 1, gpus), (f"1 replica × TP{gpus}", gpus, 1)):
             setup = PlanSetup.from_names("llama-3.1-8b", "h100", tp=tp, replicas=replicas, calibration=calibration)
             summary = simulate_run(setup, load).result.summary
             results[tp] = summary.throughput.output_tokens_per_s
-            lines.append(f"| {gpus} | {label} | {results[tp]:.0f} | {summary.ttft_ms.mean:.0f} | "
-                         f"{summary.tpot_ms.mean:.1f} |")
+            lines.append(f"| {gpus} | {label} | {results[tp]:.0f} | {summary.ttft_ms.mean:.0f} | {summary.tpot_ms.mean:.1f} |")
         ratios.append((gpus, results[1] / results[gpus]))
     lines.append("")
     for gpus, ratio in ratios:
-        lines.append(f"On {gpus} GPUs, independent replicas give {ratio:.2f}× the output throughput of one TP{gpus} "
-                     f"server ({'reproduces' if ratio > 1 else 'does NOT reproduce'} the published finding).")
+        lines.append(
+            f"On {gpus} GPUs, independent replicas give {ratio:.2f}× the output throughput of one TP{gpus} "
+            f"server ({'reproduces' if ratio > 1 else 'does NOT reproduce'} the published finding)."
+        )
     return lines
 
 
 def shape_knee(calibration: Calibration, scale: float = 1.0) -> list[str]:
     """Llama-3.1-8B on one H100, open loop at rising rates: throughput flattens, TTFT climbs."""
-    lines = ["| offered rate req/s | achieved req/s | output tok/s | mean TTFT ms | p99 TTFT ms |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = ["| offered rate req/s | achieved req/s | output tok/s | mean TTFT ms | p99 TTFT ms |", "|---:|---:|---:|---:|---:|"]
     setup = PlanSetup.from_names("llama-3.1-8b", "h100", calibration=calibration)
     for rate in (4, 8, 16, 24, 32, 40, 48, 64):
         load = LoadSpec(input_len=1024, output_len=256, rate=float(rate), num_requests=scaled(max(400, rate * 30), scale))
         summary = simulate_run(setup, load, record_token_times=True).result.summary
-        lines.append(f"| {rate} | {summary.throughput.requests_per_s:.1f} | "
-                     f"{summary.throughput.output_tokens_per_s:.0f} | {summary.ttft_ms.mean:.0f} | "
-                     f"{summary.ttft_ms.p99:.0f} |")
+        lines.append(
+            f"| {rate} | {summary.throughput.requests_per_s:.1f} | "
+            f"{summary.throughput.output_tokens_per_s:.0f} | {summary.ttft_ms.mean:.0f} | "
+            f"{summary.ttft_ms.p99:.0f} |"
+        )
     return lines
 
 
@@ -595,29 +656,34 @@ def speed(calibration: Calibration, scale: float = 1.0) -> list[str]:
         simulate_run(setup, load)
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
-    lines = [f"- one configuration, {load.num_requests:,} requests (Llama-3.1-8B, H100, 1024/128, concurrency 64): "
-             f"best of 3 {min(walls):.2f} s wall, {min(cpus):.2f} s CPU (one process, one core)"]
+    lines = [
+        f"- one configuration, {load.num_requests:,} requests (Llama-3.1-8B, H100, 1024/128, concurrency 64): "
+        f"best of 3 {min(walls):.2f} s wall, {min(cpus):.2f} s CPU (one process, one core)"
+    ]
     from vlmserve.plan.search import SearchSpace, run_search
     from vlmserve.spec import SLO
 
     space = SearchSpace(
-        model="llama-3.1-8b", gpus=["h100", "h200", "l40s", "a100"] if scale == 1.0 else ["h100"], tps=[1, 2, 4],
-        replicas=[1, 2, 3, 4], max_num_seqs=[64, 128, 256], max_gpus=8,
+        model="llama-3.1-8b",
+        gpus=["h100", "h200", "l40s", "a100"] if scale == 1.0 else ["h100"],
+        tps=[1, 2, 4],
+        replicas=[1, 2, 3, 4],
+        max_num_seqs=[64, 128, 256],
+        max_gpus=8,
     )
     load = LoadSpec(input_len=1024, output_len=128, rate=20.0, num_requests=scaled(300, scale))
     slo = SLO.parse("ttft_p95=1s,tpot_p95=60ms")
     for prune in (True, False):
         wall, cpu = time.perf_counter(), time.process_time()
-        outcome = run_search(space, load, slo, prices={"h100": 3.0, "h200": 4.0, "l40s": 1.2, "a100": 2.0},
-                             calibration=calibration, prune=prune)
+        outcome = run_search(
+            space, load, slo, prices={"h100": 3.0, "h200": 4.0, "l40s": 1.2, "a100": 2.0}, calibration=calibration, prune=prune
+        )
         lines.append(
             f"- search {'with' if prune else 'without'} pruning: {outcome.evaluated} configurations, "
             f"{outcome.simulated} simulated ({load.num_requests} requests each), {time.perf_counter() - wall:.1f} s wall, "
             f"{time.process_time() - cpu:.1f} s CPU; best: {outcome.best.label if outcome.best else 'none'}"
         )
     return lines
-
-
 
 
 def smoke_runs(runs: Sequence[Run]) -> list[Run]:
@@ -627,17 +693,26 @@ def smoke_runs(runs: Sequence[Run]) -> list[Run]:
     return calibration[:2] + validation[:2]
 
 
-def report(cases: Sequence[Case], refused: dict[str, str], predictions: dict[str, dict[str, float]],
-           calibration: Calibration, fit_notes: Sequence[str], timings: Sequence[str], runs: Sequence[Run],
-           full_table: bool) -> list[str]:
+def report(
+    cases: Sequence[Case],
+    refused: dict[str, str],
+    predictions: dict[str, dict[str, float]],
+    calibration: Calibration,
+    fit_notes: Sequence[str],
+    timings: Sequence[str],
+    runs: Sequence[Run],
+    full_table: bool,
+) -> list[str]:
     rows = errors_of(cases, predictions)
     held_out = [row for row in rows if row.case.run.split == VALIDATION]
     in_sample = [row for row in rows if row.case.run.split == CALIBRATION]
     sources = {side: sorted({run.source for run in runs if run.split == side}) for side in (CALIBRATION, VALIDATION)}
-    out = [f"Reference: {PUBLISHED.relative_to(ROOT) if PUBLISHED.is_relative_to(ROOT) else PUBLISHED} — "
-           f"{len(runs)} runs from {len(sources[CALIBRATION]) + len(sources[VALIDATION])} sources; split by source "
-           f"(benchmarks/data/README.md): {len(sources[CALIBRATION])} calibration, {len(sources[VALIDATION])} validation.",
-           f"Calibration: {calibration.source}"]
+    out = [
+        f"Reference: {PUBLISHED.relative_to(ROOT) if PUBLISHED.is_relative_to(ROOT) else PUBLISHED} — "
+        f"{len(runs)} runs from {len(sources[CALIBRATION]) + len(sources[VALIDATION])} sources; split by source "
+        f"(benchmarks/data/README.md): {len(sources[CALIBRATION])} calibration, {len(sources[VALIDATION])} validation.",
+        f"Calibration: {calibration.source}",
+    ]
     out += [f"- {line}" for line in timings]
     out += ["", "Held-out error: validation sources only, none used for fitting (planner output is simulated):", ""]
     out += summary_table(held_out, "held-out", with_targets=True)
@@ -655,10 +730,13 @@ def report(cases: Sequence[Case], refused: dict[str, str], predictions: dict[str
         out.append(f"- {reason}: {', '.join(sorted(ids))}")
     out += ["", "Fit (on calibration sources only):"]
     out += list(fit_notes) or ["- (shipped calibration; run with --refit to refit and see the stages)"]
-    out += ["", "ASSUMED (workload details the sources leave out):",
-            "- runs with a max concurrency: the first max-concurrency prompts sent at once, as `vllm bench serve` does "
-            "(the legacy rows of other tools: clients in steady state, start times staggered); runs with no "
-            "concurrency limit: every prompt sent at once"]
+    out += [
+        "",
+        "ASSUMED (workload details the sources leave out):",
+        "- runs with a max concurrency: the first max-concurrency prompts sent at once, as `vllm bench serve` does "
+        "(the legacy rows of other tools: clients in steady state, start times staggered); runs with no "
+        "concurrency limit: every prompt sent at once",
+    ]
     for case in cases:
         if case.assumed:
             out.append(f"- {case.run.run_id}: " + "; ".join(case.assumed))
@@ -670,8 +748,9 @@ def report(cases: Sequence[Case], refused: dict[str, str], predictions: dict[str
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--refit", action="store_true",
-                        help="fit on the calibration sources only, save the shipped calibration, then evaluate")
+    parser.add_argument(
+        "--refit", action="store_true", help="fit on the calibration sources only, save the shipped calibration, then evaluate"
+    )
     parser.add_argument("--markdown", help="also write the tables to this file")
     parser.add_argument("--all-figures", action="store_true", help="list every figure with its prediction")
     parser.add_argument("--skip-speed", action="store_true")
@@ -696,8 +775,9 @@ def main() -> int:
             timings.append("smoke: the refit calibration is not saved")
         else:
             calibration.save(CALIBRATION_OUT)
-        timings.append(f"refit on calibration sources: {time.process_time() - cpu:.0f} s CPU, "
-                       f"{time.perf_counter() - wall:.0f} s wall")
+        timings.append(
+            f"refit on calibration sources: {time.process_time() - cpu:.0f} s CPU, {time.perf_counter() - wall:.0f} s wall"
+        )
     else:
         calibration = default_calibration()
     wall = time.perf_counter()

@@ -139,7 +139,9 @@ def main() -> None:
     parser.add_argument("--itl-ms", type=float, default=100.0)
     parser.add_argument("--profile", default="h100-8b", help="scheduler mode: the step-cost profile")
     parser.add_argument(
-        "--max-num-seqs", type=int, default=None,
+        "--max-num-seqs",
+        type=int,
+        default=None,
         help="engine's running-batch cap; streams beyond it wait in the queue "
         "(default: 256, vLLM's default, in scheduler mode; 8192 in constant mode)",
     )
@@ -148,7 +150,9 @@ def main() -> None:
     parser.add_argument("--engine-cpu", default="0")
     parser.add_argument("--client-cpus", default="1")
     parser.add_argument(
-        "--engine-priority", choices=("normal", "realtime"), default="normal",
+        "--engine-priority",
+        choices=("normal", "realtime"),
+        default="normal",
         help="realtime runs the engine under SCHED_FIFO (chrt -f 10, needs root): on a shared, "
         "loaded machine this approximates having the core to itself",
     )
@@ -157,8 +161,9 @@ def main() -> None:
     parser.add_argument("--measure-s", type=float, default=5.0)
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--json-out", type=Path)
-    args = parse_args(parser, levels="4,8", workers=1, ttft_ms=5.0, itl_ms=5.0, ramp_s=0.1, settle_s=0.3,
-                      measure_s=0.5, max_tokens=64)
+    args = parse_args(
+        parser, levels="4,8", workers=1, ttft_ms=5.0, itl_ms=5.0, ramp_s=0.1, settle_s=0.3, measure_s=0.5, max_tokens=64
+    )
     levels = [int(level) for level in args.levels.split(",")]
     if args.max_num_seqs is None:
         args.max_num_seqs = 256 if args.mode == "scheduler" else 8192

@@ -38,10 +38,13 @@ def slow_stream(port: int, tokens: int, receive_buffer: int = 4096) -> socket.so
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     sock.connect(("127.0.0.1", port))
-    body = json.dumps({"model": MODEL, "prompt": "tell me a long story", "max_tokens": tokens,
-                       "ignore_eos": True, "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    body = json.dumps(
+        {"model": MODEL, "prompt": "tell me a long story", "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    ).encode()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     return sock
 
 
@@ -52,9 +55,26 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parse_args(parser, clients=1, seconds=2.0)
     port = free_port()
-    argv = [sys.executable, "-m", "vlmserve", "engine", "sim", "--port", str(port), "--model", MODEL,
-            "--ttft-ms", "1", "--itl-ms", "0.01", "--max-model-len", str(args.tokens + 1000),
-            "--num-kv-blocks", str(args.clients * (args.tokens + 1000) // 16 + 64), "--no-timing"]
+    argv = [
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "engine",
+        "sim",
+        "--port",
+        str(port),
+        "--model",
+        MODEL,
+        "--ttft-ms",
+        "1",
+        "--itl-ms",
+        "0.01",
+        "--max-model-len",
+        str(args.tokens + 1000),
+        "--num-kv-blocks",
+        str(args.clients * (args.tokens + 1000) // 16 + 64),
+        "--no-timing",
+    ]
     engine = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", engine, timeout_s=30)
@@ -73,9 +93,18 @@ def main() -> None:
             time.sleep(0.25)
         for sock in sockets:
             sock.close()
-        print(json.dumps({"clients": args.clients, "tokens": args.tokens, "seconds": args.seconds,
-                          "rss_before_mb": round(before / 2**20, 1), "rss_peak_mb": round(peak / 2**20, 1),
-                          "growth_mb": round((peak - before) / 2**20, 1)}))
+        print(
+            json.dumps(
+                {
+                    "clients": args.clients,
+                    "tokens": args.tokens,
+                    "seconds": args.seconds,
+                    "rss_before_mb": round(before / 2**20, 1),
+                    "rss_peak_mb": round(peak / 2**20, 1),
+                    "growth_mb": round((peak - before) / 2**20, 1),
+                }
+            )
+        )
     finally:
         engine.terminate()
         engine.wait(timeout=10)

@@ -44,9 +44,15 @@ def bench_direct(base_url: str) -> float:
 
 
 def bench_in_sweep(base_url: str, directory: Path) -> float:
-    spec = parse_sweep_spec({"name": "overhead", "warmup_requests": 0,
-                             "deployments": [{"name": "sim", "endpoint": base_url, "model": "m"}],
-                             "cells": [{"name": "cell", **CELL}]}, "overhead")
+    spec = parse_sweep_spec(
+        {
+            "name": "overhead",
+            "warmup_requests": 0,
+            "deployments": [{"name": "sim", "endpoint": base_url, "model": "m"}],
+            "cells": [{"name": "cell", **CELL}],
+        },
+        "overhead",
+    )
     run_sweep(spec, directory, restart=True, progress=False)
     return float(SweepManifest.load(directory).cell("sim", "cell")["wall_s"])
 
@@ -79,8 +85,10 @@ def main() -> None:
     started = time.perf_counter()
     markdown = render_markdown(results)
     md_s = time.perf_counter() - started
-    print(f"report of {len(results.cells)} cells: HTML {html_s:.2f} s ({len(page) / 1e6:.1f} MB, plotly.js "
-          f"embedded), Markdown {md_s * 1000:.0f} ms ({len(markdown) / 1e3:.0f} kB)")
+    print(
+        f"report of {len(results.cells)} cells: HTML {html_s:.2f} s ({len(page) / 1e6:.1f} MB, plotly.js "
+        f"embedded), Markdown {md_s * 1000:.0f} ms ({len(markdown) / 1e3:.0f} kB)"
+    )
 
 
 if __name__ == "__main__":

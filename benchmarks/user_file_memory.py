@@ -82,10 +82,19 @@ def write_brackets(path: Path, depth: int) -> None:
 def write_records(path: Path, count: int) -> None:
     """A detailed vLLM result file: seven per-request lists of `count` entries, ten ITL gaps each."""
     with path.open("w") as handle:
-        handle.write('{"duration": 100.0, "completed": %d, "failed": 0, "request_throughput": 1.0, '
-                     '"output_throughput": 1.0, "backend": "openai-chat"' % count)
-        for name, value in (("start_times", "0.5"), ("ttfts", "0.02"), ("latencies", "0.3"), ("input_lens", "100"),
-                            ("output_lens", "11"), ("errors", '""'), ("itls", "[" + ",".join(["0.01"] * 10) + "]")):
+        handle.write(
+            '{"duration": 100.0, "completed": %d, "failed": 0, "request_throughput": 1.0, '
+            '"output_throughput": 1.0, "backend": "openai-chat"' % count
+        )
+        for name, value in (
+            ("start_times", "0.5"),
+            ("ttfts", "0.02"),
+            ("latencies", "0.3"),
+            ("input_lens", "100"),
+            ("output_lens", "11"),
+            ("errors", '""'),
+            ("itls", "[" + ",".join(["0.01"] * 10) + "]"),
+        ):
             handle.write(f', "{name}": [{value}')
             for _ in range(count - 1):  # entry by entry: the writer's own memory stays small
                 handle.write(f",{value}")
@@ -94,13 +103,15 @@ def write_records(path: Path, count: int) -> None:
 
 
 def write_deep_line(path: Path, depth: int) -> None:
-    path.write_bytes(b'{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": '
-                     + b"[" * depth + b"]" * depth + b"}")
+    path.write_bytes(
+        b'{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": ' + b"[" * depth + b"]" * depth + b"}"
+    )
 
 
 def measure(case: str, path: Path, cap_bytes: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", CHILD, case, str(path), str(cap_bytes)],
-                          capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, case, str(path), str(cap_bytes)], capture_output=True, text=True, timeout=1800
+    )
     if done.returncode != 0 or not done.stdout.strip():
         return {"outcome": f"child exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -116,8 +127,9 @@ def main() -> None:
     cap = int(args.cap_gb * (1 << 30))
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        print(f"{'case':<18} {'size':>12} {'file MB':>8} {'RSS after imports MB':>21} {'peak RSS MB':>12} "
-              f"{'seconds':>8}  outcome")
+        print(
+            f"{'case':<18} {'size':>12} {'file MB':>8} {'RSS after imports MB':>21} {'peak RSS MB':>12} {'seconds':>8}  outcome"
+        )
         for case in args.cases.split(","):
             path = folder / f"{case}.json"
             if case == "sharegpt-brackets":
@@ -130,9 +142,12 @@ def main() -> None:
                 write_deep_line(path, args.depth)
                 size = f"{args.depth:,} deep"
             figures = measure(case, path, cap)
-            print(f"{case:<18} {size:>12} {path.stat().st_size / (1 << 20):>8.1f} "
-                  f"{figures.get('before_mb', float('nan')):>21.0f} {figures.get('after_mb', float('nan')):>12.0f} "
-                  f"{figures.get('seconds', float('nan')):>8.2f}  {figures['outcome']}", flush=True)
+            print(
+                f"{case:<18} {size:>12} {path.stat().st_size / (1 << 20):>8.1f} "
+                f"{figures.get('before_mb', float('nan')):>21.0f} {figures.get('after_mb', float('nan')):>12.0f} "
+                f"{figures.get('seconds', float('nan')):>8.2f}  {figures['outcome']}",
+                flush=True,
+            )
             path.unlink()
 
 

@@ -10,8 +10,13 @@ import pytest
 
 from tests.helpers.paths import REPO_ROOT
 
-pytest_plugins = ["tests.hostile_report", "tests.helpers.bench_fixtures", "tests.helpers.gateway_fixtures",
-                  "tests.helpers.redis_server", "tests.helpers.machine_share"]
+pytest_plugins = [
+    "tests.hostile_report",
+    "tests.helpers.bench_fixtures",
+    "tests.helpers.gateway_fixtures",
+    "tests.helpers.redis_server",
+    "tests.helpers.machine_share",
+]
 
 ARTIFACTS_DIR = REPO_ROOT / "artifacts"
 

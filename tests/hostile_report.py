@@ -44,12 +44,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     if marker is None:
         return
     report: pytest.TestReport = outcome.get_result()
-    entry = _results.setdefault(item.nodeid, {
-        "case": marker.args[0] if marker.args else item.name,
-        "test": item.nodeid,
-        "outcome": "passed",
-        "tracebacks": 0,
-    })
+    entry = _results.setdefault(
+        item.nodeid,
+        {"case": marker.args[0] if marker.args else item.name, "test": item.nodeid, "outcome": "passed", "tracebacks": 0},
+    )
     if report.failed:
         entry["outcome"] = "failed" if report.when == "call" else f"error in {report.when}"
     elif report.skipped and report.when != "teardown":
@@ -97,7 +95,9 @@ def render_markdown(entries: list[dict[str, Any]], command: str) -> str:
         lost = entry.get("requests_lost")
         lost_text = "—" if lost is None else f"{lost} of {entry.get('requests_sent', '?')}"
         test_file, _, test_name = entry["test"].partition("::")
-        lines.append(f"| {entry['case']} | {entry['outcome']} | {entry['tracebacks']} | {lost_text} | `{test_file}` `{test_name}` |")
+        lines.append(
+            f"| {entry['case']} | {entry['outcome']} | {entry['tracebacks']} | {lost_text} | `{test_file}` `{test_name}` |"
+        )
     return "\n".join(lines)
 
 

@@ -42,8 +42,11 @@ class AutoscaleRule(BaseModel):
     min_replicas: int = Field(1, ge=1, le=64)
     max_replicas: int = Field(4, ge=1, le=64)
     waiting_per_replica: float = Field(
-        5.0, gt=0, allow_inf_nan=False,
-        description="queued requests per replica the rule aims for (KEDA's threshold on the summed queue)")
+        5.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="queued requests per replica the rule aims for (KEDA's threshold on the summed queue)",
+    )
     polling_interval_s: int = Field(5, ge=1, le=3600, description="seconds between reads of the queue metric")
     scale_up_stabilization_s: int = Field(0, ge=0, le=3600)
     scale_down_stabilization_s: int = Field(300, ge=0, le=3600)
@@ -115,8 +118,10 @@ class Decision:
     def line(self) -> str:
         """The decision as one log line."""
         verb = {"up": "scale up", "down": "scale down", "hold": "hold"}[self.direction]
-        return (f"autoscale: {verb} {self.current} -> {self.target} replica(s): {self.total_waiting:g} waiting "
-                f"(wants {self.raw_desired}); {self.reason}")
+        return (
+            f"autoscale: {verb} {self.current} -> {self.target} replica(s): {self.total_waiting:g} waiting "
+            f"(wants {self.raw_desired}); {self.reason}"
+        )
 
 
 class AutoscaleDecider:
@@ -143,24 +148,47 @@ class AutoscaleDecider:
             added = sum(count for at, count in self._added if at > now - rule.polling_interval_s)
             allowed = max(0, rule.scale_up_step - added)
             if target - current > allowed:
-                return Decision(now, total_waiting, current, raw, current + allowed,
-                                f"at most {rule.scale_up_step} added per {rule.polling_interval_s} s")
+                return Decision(
+                    now,
+                    total_waiting,
+                    current,
+                    raw,
+                    current + allowed,
+                    f"at most {rule.scale_up_step} added per {rule.polling_interval_s} s",
+                )
             reason = "queue above target" if up_cap == raw else f"lowest wish of the last {rule.scale_up_stabilization_s} s"
             return Decision(now, total_waiting, current, raw, target, reason)
         if current > down_floor:
             target = max(rule.min_replicas, down_floor)
             if self._removed and self._removed[-1] > now - rule.scale_down_cooldown_s:
                 wait = self._removed[-1] + rule.scale_down_cooldown_s - now
-                return Decision(now, total_waiting, current, raw, current,
-                                f"cool-down: next removal in {wait:.0f} s")
-            return Decision(now, total_waiting, current, raw, current - 1,
-                            f"highest wish of the last {rule.scale_down_stabilization_s} s is {target}; one at a time")
+                return Decision(now, total_waiting, current, raw, current, f"cool-down: next removal in {wait:.0f} s")
+            return Decision(
+                now,
+                total_waiting,
+                current,
+                raw,
+                current - 1,
+                f"highest wish of the last {rule.scale_down_stabilization_s} s is {target}; one at a time",
+            )
         if raw < current:
-            return Decision(now, total_waiting, current, raw, current,
-                            f"stabilisation: wished for {down_floor} within the last {rule.scale_down_stabilization_s} s")
+            return Decision(
+                now,
+                total_waiting,
+                current,
+                raw,
+                current,
+                f"stabilisation: wished for {down_floor} within the last {rule.scale_down_stabilization_s} s",
+            )
         if raw > current:
-            return Decision(now, total_waiting, current, raw, current,
-                            f"stabilisation: wished for {up_cap} within the last {rule.scale_up_stabilization_s} s")
+            return Decision(
+                now,
+                total_waiting,
+                current,
+                raw,
+                current,
+                f"stabilisation: wished for {up_cap} within the last {rule.scale_up_stabilization_s} s",
+            )
         return Decision(now, total_waiting, current, raw, current, "at target")
 
     def scaled(self, now: float, before: int, after: int) -> None:

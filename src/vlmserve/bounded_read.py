@@ -124,8 +124,11 @@ def json_shape(data: bytes, *, max_depth: int, max_items: int) -> ShapeFinding |
     # strings, so when even they are within the limits nothing can be over them. (Brackets inside
     # strings that hide an unbalanced structure are left to json.loads, which refuses it alike.)
     raw_openers = data.count(b"{") + data.count(b"[")
-    if (raw_openers <= max_depth and raw_openers + data.count(b",") <= max_items
-            and data.count(b"}") + data.count(b"]") == raw_openers):
+    if (
+        raw_openers <= max_depth
+        and raw_openers + data.count(b",") <= max_items
+        and data.count(b"}") + data.count(b"]") == raw_openers
+    ):
         return None
     # Drop the escapes that could hide or fake a quote (C-speed replaces; pairs go left to
     # right, as a JSON parser reads a run of backslashes). Outside strings a backslash is
@@ -188,15 +191,19 @@ def _number_hooks(limits: Limits) -> dict[str, Any]:
 
     def parse_int(text: str) -> int:
         if len(text.lstrip("-")) > limits.max_int_digits:
-            raise Refused(f"has an integer of {len(text.lstrip('-')):,} digits, over the "
-                          f"{limits.max_int_digits}-digit limit for a {limits.kind}")
+            raise Refused(
+                f"has an integer of {len(text.lstrip('-')):,} digits, over the "
+                f"{limits.max_int_digits}-digit limit for a {limits.kind}"
+            )
         return int(text)
 
     def parse_float(text: str) -> float:
         value = float(text)
         if not math.isfinite(value):
-            raise Refused(f"has the number {text[:40]}, which is not finite (over the float range); "
-                          f"a {limits.kind} takes finite numbers only")
+            raise Refused(
+                f"has the number {text[:40]}, which is not finite (over the float range); "
+                f"a {limits.kind} takes finite numbers only"
+            )
         return value
 
     def parse_constant(text: str) -> float:
@@ -271,8 +278,10 @@ def yaml_shape(text: str, limits: Limits) -> None:
             elif isinstance(event, yaml.AliasEvent):
                 total += anchored.get(event.anchor, 1)  # an unknown alias is yaml.safe_load's error
             if total > limits.max_items:
-                raise Refused(f"has over {limits.max_items:,} values with its aliases expanded, the limit "
-                              f"for a {limits.kind}; write the values out or use fewer aliases")
+                raise Refused(
+                    f"has over {limits.max_items:,} values with its aliases expanded, the limit "
+                    f"for a {limits.kind}; write the values out or use fewer aliases"
+                )
     except yaml.YAMLError as err:  # libyaml's scanner stops at 1,000 levels, ahead of the events
         if "nesting depth" in str(err):
             raise too_deep(limits) from None

@@ -19,7 +19,5 @@ if TYPE_CHECKING:
 else:
     from typing_extensions import TypeAliasType
 
-    JSONValue = TypeAliasType(
-        "JSONValue", Union[str, int, float, bool, None, list["JSONValue"], dict[str, "JSONValue"]]
-    )
+    JSONValue = TypeAliasType("JSONValue", Union[str, int, float, bool, None, list["JSONValue"], dict[str, "JSONValue"]])
     JSONObject = TypeAliasType("JSONObject", dict[str, JSONValue])

@@ -39,7 +39,9 @@ _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*+"
 _QUOTED = r'"[^"\\\n]*+(?:\\.[^"\\\n]*+)*+"'
 _PAIR = rf"[ \t]*+[a-zA-Z_][a-zA-Z0-9_]*+[ \t]*+=[ \t]*+{_QUOTED}[ \t]*+"
 _VALUE = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|Inf|inf|NaN|nan)"
-_SAMPLE = re.compile(rf"({_NAME})(?:[ \t]*+\{{((?:{_PAIR},)*+(?:{_PAIR})?+[ \t]*+)\}})?[ \t]++({_VALUE})(?:[ \t]++(-?\d+))?[ \t]*")
+_SAMPLE = re.compile(
+    rf"({_NAME})(?:[ \t]*+\{{((?:{_PAIR},)*+(?:{_PAIR})?+[ \t]*+)\}})?[ \t]++({_VALUE})(?:[ \t]++(-?\d+))?[ \t]*"
+)
 """A sample line as the format has it, checked whole in one match (possessive: no backtracking)."""
 _PLAIN_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
 _PLAIN = re.compile(rf"({_NAME})(?:\{{((?:{_PLAIN_PAIR}(?:,{_PLAIN_PAIR})*,?)?)\}})? ({_VALUE})(?: (-?\d+))?")
@@ -108,7 +110,7 @@ def _families(page: bytes | str, label: str, source: str) -> dict[str, _Family]:
         inner = inner.strip(_BLANKS) if inner else ""
         if label in inner:  # perhaps a label of ours already (or only the word in a value)
             inner = _renamed(inner, label)
-        if not (name == current or (name.startswith(current) and name[len(current):] in _SUFFIXES)):
+        if not (name == current or (name.startswith(current) and name[len(current) :] in _SUFFIXES)):
             current = name  # a sample of no declared family: a family (untyped) of its own
             family = families.setdefault(current, _Family())
         labels = f"{ours},{inner}" if inner else ours
@@ -116,8 +118,7 @@ def _families(page: bytes | str, label: str, source: str) -> dict[str, _Family]:
     return families
 
 
-def merge_pages(pages: Iterable[tuple[str, bytes | str]], label: str,
-                failed: Iterable[tuple[str, str]] = ()) -> str:
+def merge_pages(pages: Iterable[tuple[str, bytes | str]], label: str, failed: Iterable[tuple[str, str]] = ()) -> str:
     """The pages, (source, page) each, as one page whose samples carry `label="<source>"`; each of
     `failed`, (source, why), and each page refused, is left out and named in a `#` line."""
     merged: dict[str, _Family] = {}

@@ -16,8 +16,14 @@ ENGINE_AWARE = "engine-aware"
 IMAGE_AFFINITY = "image-affinity"
 ADAPTER_AFFINITY = "adapter-affinity"
 
-GATEWAY_POLICIES: tuple[str, ...] = (ROUND_ROBIN, LEAST_OUTSTANDING_TOKENS, PREFIX_AFFINITY, ENGINE_AWARE, IMAGE_AFFINITY,
-                                     ADAPTER_AFFINITY)
+GATEWAY_POLICIES: tuple[str, ...] = (
+    ROUND_ROBIN,
+    LEAST_OUTSTANDING_TOKENS,
+    PREFIX_AFFINITY,
+    ENGINE_AWARE,
+    IMAGE_AFFINITY,
+    ADAPTER_AFFINITY,
+)
 """Every policy the gateway offers (`vlmserve gateway --policy`)."""
 
 SIMULATED_POLICIES: tuple[str, ...] = (ROUND_ROBIN, LEAST_OUTSTANDING_TOKENS)

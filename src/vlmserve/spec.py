@@ -74,12 +74,17 @@ class SimEngineOptions(BaseModel):
     ttft_ms: float | None = None
     itl_ms: float | None = None
     cold_start_s: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
-        description="seconds each replica takes to start serving (port bound, connections refused meanwhile, as vLLM)")
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds each replica takes to start serving (port bound, connections refused meanwhile, as vLLM)",
+    )
     extra_args: list[str] = Field(default_factory=list)
     rehearsal_optimum: dict[str, float] | None = Field(
-        None, description="rehearse `vlmserve tune`: steps slow down away from these settings "
-        "(vLLM flag names, e.g. {max_num_seqs: 32}; engines.sim.rehearsal)")
+        None,
+        description="rehearse `vlmserve tune`: steps slow down away from these settings "
+        "(vLLM flag names, e.g. {max_num_seqs: 32}; engines.sim.rehearsal)",
+    )
     rehearsal_penalty: float = Field(2.0, ge=1.0, description="step-time factor per doubling away from rehearsal_optimum")
 
 
@@ -126,13 +131,17 @@ class LoraOptions(BaseModel):
     the pod's paths, which need not exist here."""
 
     lora_modules: dict[str, str] = Field(
-        default_factory=dict, description="adapters to serve, name -> PEFT directory (or embedded:N for the "
-        "embedded model's adapter N); each answers a 1-token generation before a replica is ready")
+        default_factory=dict,
+        description="adapters to serve, name -> PEFT directory (or embedded:N for the "
+        "embedded model's adapter N); each answers a 1-token generation before a replica is ready",
+    )
     max_loras: int | None = Field(None, ge=1, le=MAX_SPEC_ADAPTERS, description="adapters in one batch (vLLM --max-loras)")
-    max_lora_rank: int | None = Field(None, description=f"largest adapter rank, one of {', '.join(map(str, VLLM_LORA_RANKS))} "
-                                      "(vLLM --max-lora-rank)")
-    max_cpu_loras: int | None = Field(None, ge=1, description="adapters kept in host memory, at least max_loras "
-                                      "(vLLM --max-cpu-loras)")
+    max_lora_rank: int | None = Field(
+        None, description=f"largest adapter rank, one of {', '.join(map(str, VLLM_LORA_RANKS))} (vLLM --max-lora-rank)"
+    )
+    max_cpu_loras: int | None = Field(
+        None, ge=1, description="adapters kept in host memory, at least max_loras (vLLM --max-cpu-loras)"
+    )
 
     @field_validator("lora_modules")
     @classmethod
@@ -163,8 +172,10 @@ class LoraOptions(BaseModel):
         if served_name in self.lora_modules:
             raise ValueError(f"adapter name '{served_name}' is the base model's served name; rename the adapter")
         if self.max_cpu_loras is not None and self.max_cpu_loras < (self.max_loras or 1):
-            raise ValueError(f"max_cpu_loras {self.max_cpu_loras} is below max_loras {self.max_loras or 1}; "
-                             "vLLM keeps at least max_loras adapters in host memory")
+            raise ValueError(
+                f"max_cpu_loras {self.max_cpu_loras} is below max_loras {self.max_loras or 1}; "
+                "vLLM keeps at least max_loras adapters in host memory"
+            )
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -189,53 +200,70 @@ class DeploymentSpec(LoraOptions):
     gateway_policy: str = LEAST_OUTSTANDING_TOKENS
     gateway_workers: int = Field(1, ge=1, le=64, description="gateway processes sharing its port (vlmserve gateway --workers)")
     gateway_discover: str | None = Field(
-        None, description="gateway: also route to replicas found at run time beside the spec's own "
-        "(file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]; vlmserve gateway --discover)")
+        None,
+        description="gateway: also route to replicas found at run time beside the spec's own "
+        "(file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]; vlmserve gateway --discover)",
+    )
     gateway_state: str | None = Field(
-        None, description="gateway: share tenants' rate limits and token budgets with other gateways through "
-        "Redis, redis://[:PASSWORD@]HOST[:PORT][/DB] (vlmserve gateway --state); none: per process")
+        None,
+        description="gateway: share tenants' rate limits and token budgets with other gateways through "
+        "Redis, redis://[:PASSWORD@]HOST[:PORT][/DB] (vlmserve gateway --state); none: per process",
+    )
     gateway_state_unavailable: Literal["open", "closed"] = Field(
-        "open", description="gateway: when that Redis does not answer, admit on per-process limits (open) "
-        "or refuse rate-limited requests with 503 (closed) (vlmserve gateway --state-unavailable)")
+        "open",
+        description="gateway: when that Redis does not answer, admit on per-process limits (open) "
+        "or refuse rate-limited requests with 503 (closed) (vlmserve gateway --state-unavailable)",
+    )
     gateway_otlp_traces_endpoint: str | None = Field(
-        None, description="gateway: export OpenTelemetry spans over OTLP/HTTP to this collector URL "
-        "(vlmserve gateway --otlp-traces-endpoint); none: no gateway spans")
+        None,
+        description="gateway: export OpenTelemetry spans over OTLP/HTTP to this collector URL "
+        "(vlmserve gateway --otlp-traces-endpoint); none: no gateway spans",
+    )
     gateway_trace_sample_ratio: float | None = Field(
-        None, ge=0, le=1, description="gateway: share of new traces kept (vlmserve gateway --trace-sample-ratio); "
-        "none: the gateway's default")
+        None,
+        ge=0,
+        le=1,
+        description="gateway: share of new traces kept (vlmserve gateway --trace-sample-ratio); none: the gateway's default",
+    )
     devices: Literal["auto", "cpu", "gpu"] = "auto"
     cpu_threads_per_replica: int | None = Field(None, ge=1)
     kv_cache_space_gb: float | None = Field(None, gt=0)
     engine_args: EngineArgs = Field(default_factory=EngineArgs)
     recipe: bool | Literal["benchmark"] = Field(
-        True, description="lay the model family's vLLM flags under engine_args (docs/recipes.md); "
-        "false: engine_args alone; benchmark: also prefix caching off")
+        True,
+        description="lay the model family's vLLM flags under engine_args (docs/recipes.md); "
+        "false: engine_args alone; benchmark: also prefix caching off",
+    )
     sim: SimEngineOptions = Field(default_factory=SimEngineOptions)
     env: dict[str, str] = Field(default_factory=dict)
     log_dir: str | None = None
     ready_timeout_s: float = Field(600.0, gt=0)
     liveness: LivenessOptions = Field(default_factory=LivenessOptions)
     autoscale: AutoscaleRule | None = Field(
-        None, description="add and remove replicas on the engines' queue (docs/autoscaling.md); the same rule `export k8s` writes for KEDA")
+        None,
+        description="add and remove replicas on the engines' queue (docs/autoscaling.md); the same rule `export k8s` writes for KEDA",
+    )
     # The trust boundary: what the gateway asks of clients, and what media the engines fetch.
     keys_file: str | None = Field(None, description="gateway: YAML file of tenants and API keys")
     audit_log: str | None = Field(None, description="gateway: one JSON line per request is appended here")
     ssl_certfile: str | None = Field(None, description="gateway: TLS certificate (PEM); needs ssl_keyfile")
     ssl_keyfile: str | None = Field(None, description="gateway: TLS private key (PEM); needs ssl_certfile")
     allowed_media_domains: list[str] = Field(
-        default_factory=list,
-        description="hosts image URLs may point at; empty: no remote media, images come inline (data: URLs)",
+        default_factory=list, description="hosts image URLs may point at; empty: no remote media, images come inline (data: URLs)"
     )
     allow_internal_media_addresses: bool = Field(
-        False, description="gateway: let allowed_media_domains resolve to loopback, private or metadata "
-        "addresses (an internal image server, on purpose); off: such a host is refused (400)")
+        False,
+        description="gateway: let allowed_media_domains resolve to loopback, private or metadata "
+        "addresses (an internal image server, on purpose); off: such a host is refused (400)",
+    )
     open: bool = Field(False, description="serve a non-loopback host without keys_file, on purpose")
     # Image preflight at the gateway (None: the gateway's defaults; a tenant may tighten them).
     max_image_bytes: int | None = Field(None, ge=1, description="gateway: refuse a larger image (400)")
     max_image_pixels: int | None = Field(None, ge=1, description="gateway: refuse an image with more pixels (400)")
     max_images_per_request: int | None = Field(None, ge=1, description="gateway: refuse more images per request (400)")
     image_downscale_max_side: int | None = Field(
-        None, ge=16, description="gateway: resize images to at most this longest side (fewer prompt tokens)")
+        None, ge=16, description="gateway: resize images to at most this longest side (fewer prompt tokens)"
+    )
 
     @field_validator("allowed_media_domains")
     @classmethod
@@ -383,9 +411,7 @@ class SLO(BaseModel):
             name, raw = (item.strip() for item in part.split("=", 1))
             request_type, _, key = name.rpartition(":")
             if ":" in name and request_type not in REQUEST_TYPES:
-                raise UserError(
-                    f"--slo: unknown request type '{request_type}' in '{part}'; use {', '.join(REQUEST_TYPES)}"
-                )
+                raise UserError(f"--slo: unknown request type '{request_type}' in '{part}'; use {', '.join(REQUEST_TYPES)}")
             if key in RATE_OBJECTIVES:
                 raise UserError(f"--slo: '{part}': a rate objective is a lower bound; write {key}>={raw}")
             if not _SLO_KEY.match(key):
@@ -408,8 +434,10 @@ class SLO(BaseModel):
         if ":" in name:
             raise UserError(f"--slo: '{part}': rate objectives apply to the whole run, not to one request type")
         if name not in RATE_OBJECTIVES:
-            raise UserError(f"--slo: unknown rate objective '{name}'; use {', '.join(RATE_OBJECTIVES)} "
-                            "(latency objectives are written ttft_p95=500ms)")
+            raise UserError(
+                f"--slo: unknown rate objective '{name}'; use {', '.join(RATE_OBJECTIVES)} "
+                "(latency objectives are written ttft_p95=500ms)"
+            )
         if name in rates:
             raise UserError(f"--slo: '{name}' is given twice; keep one bound")
         try:
@@ -421,8 +449,10 @@ class SLO(BaseModel):
         """Itself, or one line when it has rate objectives `verb` cannot judge (it sees no real answers)."""
         if self.min_rates:
             names = ", ".join(f"{name}>=" for name in self.min_rates)
-            raise UserError(f"--slo {names}: rate objectives judge real answers (vlmserve bench --features); "
-                            f"{verb} takes latency objectives only")
+            raise UserError(
+                f"--slo {names}: rate objectives judge real answers (vlmserve bench --features); "
+                f"{verb} takes latency objectives only"
+            )
         return self
 
     def for_type(self, request_type: str) -> "SLO":
@@ -470,8 +500,11 @@ class LoadSpec(BaseModel):
     vision_budget_mix: dict[int, float] | None = None
     """{max_soft_tokens: weight}: a Gemma-style vision budget per request (mm_processor_kwargs)."""
     mix: dict[str, float] | None = None
-    lora_adapters: list[str] | None = Field(None, max_length=MAX_BENCH_ADAPTERS, description="LoRA adapters each "
-                                            "conversation is sent to (its model), drawn by lora_popularity")
+    lora_adapters: list[str] | None = Field(
+        None,
+        max_length=MAX_BENCH_ADAPTERS,
+        description="LoRA adapters each conversation is sent to (its model), drawn by lora_popularity",
+    )
     lora_popularity: Literal["uniform", "zipf"] = "uniform"
     lora_skew: float = Field(1.0, gt=0, le=10, description="Zipf exponent of adapter popularity (lora_popularity zipf)")
     lora_base_share: float = Field(0.0, ge=0, le=1, description="share of conversations sent to the base model")
@@ -508,7 +541,9 @@ class LoadSpec(BaseModel):
         None, description="stop an open loop early once the server is past saturation; None: the verb's default"
     )
     load_shape: str | None = Field(
-        None, description="an open loop whose rate follows a shape (bench.load_shapes); rate is then its peak, duration_s its length")
+        None,
+        description="an open loop whose rate follows a shape (bench.load_shapes); rate is then its peak, duration_s its length",
+    )
     """None means the verb decides: off for `bench`, on for `sweep` and `slo-search` (bench.saturation)."""
 
     @model_validator(mode="after")
@@ -524,10 +559,13 @@ class LoadSpec(BaseModel):
         if self.shared_prefix_len and self.dataset != "random":
             raise ValueError("shared_prefix_len applies to the random dataset (it writes its own prompts)")
         if self.features and self.api != "chat":
-            raise ValueError(f"features {','.join(self.features)} need api chat (tools, response_format and "
-                             "chat_template_kwargs are chat-completions fields)")
-        if self.lora_adapters is not None and (len(set(self.lora_adapters)) != len(self.lora_adapters)
-                                                or not all(name.strip() for name in self.lora_adapters)):
+            raise ValueError(
+                f"features {','.join(self.features)} need api chat (tools, response_format and "
+                "chat_template_kwargs are chat-completions fields)"
+            )
+        if self.lora_adapters is not None and (
+            len(set(self.lora_adapters)) != len(self.lora_adapters) or not all(name.strip() for name in self.lora_adapters)
+        ):
             raise ValueError("lora_adapters: name each adapter once, none empty")
         if self.shared_prefix_len >= self.input_len:
             raise ValueError(

@@ -36,11 +36,17 @@ def lora_spec() -> DeploymentSpec:
     """Two replicas, one core each, behind no supervisor gateway (the tests start their own, with keys), with
     runtime adapter loading on as `up` turns it on behind its gateway."""
     base = demo_spec(name="test-lora", replicas=REPLICAS, max_model_len=1024).model_dump()
-    return DeploymentSpec.model_validate({
-        **base, "gateway": False, "cpu_threads_per_replica": 1, "env": {RUNTIME_LORA_ENV: "1"},
-        "lora_modules": {adapter_name(index): f"embedded:{index}" for index in range(ADAPTERS)},
-        "max_loras": 2, "max_cpu_loras": ADAPTERS + 2,
-    })
+    return DeploymentSpec.model_validate(
+        {
+            **base,
+            "gateway": False,
+            "cpu_threads_per_replica": 1,
+            "env": {RUNTIME_LORA_ENV: "1"},
+            "lora_modules": {adapter_name(index): f"embedded:{index}" for index in range(ADAPTERS)},
+            "max_loras": 2,
+            "max_cpu_loras": ADAPTERS + 2,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +54,11 @@ def lora_replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[li
     """Two real replicas serving the embedded model and its eight adapters, started (and checked) by the supervisor:
     (their URLs, what each serves, the model directory)."""
     with Supervisor(lora_spec(), state_dir=tmp_path_factory.mktemp("lora")) as supervisor:
-        yield ([replica.plan.url for replica in supervisor.replicas], [r.served for r in supervisor.replicas],
-               supervisor.model_path)
+        yield (
+            [replica.plan.url for replica in supervisor.replicas],
+            [r.served for r in supervisor.replicas],
+            supervisor.model_path,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +68,18 @@ def lora_replica(lora_replicas: tuple[list[str], list[typing.Any], str]) -> tupl
 
 
 def answer(base_url: str, model: str, content: typing.Any = "Describe the picture, please.") -> str:
-    reply = httpx.post(f"{base_url}/v1/chat/completions", timeout=120, trust_env=False, json={
-        "model": model, "messages": [{"role": "user", "content": content} if isinstance(content, str) else content],
-        "max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
+    reply = httpx.post(
+        f"{base_url}/v1/chat/completions",
+        timeout=120,
+        trust_env=False,
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": content} if isinstance(content, str) else content],
+            "max_tokens": 8,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        },
+    )
     assert reply.status_code == 200, reply.text
     return reply.json()["choices"][0]["message"]["content"]
 
@@ -90,7 +108,6 @@ def test_vlmserves_lora_ranks_are_the_installed_vllms() -> None:
         assert flags[option[2:].replace("-", "_")].name == option
 
 
-
 KEYS = """tenants:
   - name: clinic
     keys: [sk-clinic]
@@ -102,10 +119,13 @@ KEYS = """tenants:
 
 
 @pytest.mark.engine
-@pytest.mark.hostile("gateway on the real engine: a key limited to adapter A gets 403 for adapter B and the base model, "
-                     "404 naming its own models for an unknown one")
+@pytest.mark.hostile(
+    "gateway on the real engine: a key limited to adapter A gets 403 for adapter B and the base model, "
+    "404 naming its own models for an unknown one"
+)
 async def test_gateway_limits_a_key_to_its_adapter_and_answers_as_the_replica(
-        lora_replicas: tuple[list[str], list[typing.Any], str], tmp_path: Path) -> None:
+    lora_replicas: tuple[list[str], list[typing.Any], str], tmp_path: Path
+) -> None:
     urls = lora_replicas[0]
     base_url = urls[0]
     names = [adapter_name(index) for index in range(ADAPTERS)]
@@ -118,8 +138,10 @@ async def test_gateway_limits_a_key_to_its_adapter_and_answers_as_the_replica(
     def body(model: str) -> dict[str, typing.Any]:
         return chat_body("Describe the picture, please.", stream=False, model=model, temperature=0.0)
 
-    async with running_gateway(urls, keys_file=keys, audit_log=audit, policy="adapter-affinity") as gateway, \
-            aiohttp.ClientSession() as session:
+    async with (
+        running_gateway(urls, keys_file=keys, audit_log=audit, policy="adapter-affinity") as gateway,
+        aiohttp.ClientSession() as session,
+    ):
         for model in names:  # at temperature 0, through the gateway = the replica's own answer
             through = await post_chat(session, gateway.base_url, body(model), ops)
             assert through.status == 200 and through.body["choices"][0]["message"]["content"] == direct[model], model
@@ -145,14 +167,37 @@ async def test_gateway_limits_a_key_to_its_adapter_and_answers_as_the_replica(
 
 @pytest.mark.engine
 def test_bench_spreads_a_zipf_mix_over_the_adapters_and_reports_each(
-        lora_replica: tuple[str, typing.Any], cli: typing.Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        artifacts_dir: Path) -> None:
+    lora_replica: tuple[str, typing.Any], cli: typing.Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, artifacts_dir: Path
+) -> None:
     base_url, _ = lora_replica
     monkeypatch.setenv("VLMSERVE_HOME", str(tmp_path / "home"))  # the run is stored there, for `vlmserve report`
     out = tmp_path / "lora.json"
-    done = cli("bench", "--base-url", base_url, "--model", "embedded", "--no-progress", "--label", "lora-zipf",
-               "--lora-adapters", f"embedded:{ADAPTERS}", "--lora-popularity", "zipf", "--lora-skew", "1.2",
-               "--concurrency", 4, "--num-requests", 48, "--input-len", 32, "--output-len", 8, "--json-out", out)
+    done = cli(
+        "bench",
+        "--base-url",
+        base_url,
+        "--model",
+        "embedded",
+        "--no-progress",
+        "--label",
+        "lora-zipf",
+        "--lora-adapters",
+        f"embedded:{ADAPTERS}",
+        "--lora-popularity",
+        "zipf",
+        "--lora-skew",
+        "1.2",
+        "--concurrency",
+        4,
+        "--num-requests",
+        48,
+        "--input-len",
+        32,
+        "--output-len",
+        8,
+        "--json-out",
+        out,
+    )
     assert done.code == 0, done.err
     summary = json.loads(out.read_text())
     by_adapter = summary["by_adapter"]
@@ -167,11 +212,16 @@ def test_bench_spreads_a_zipf_mix_over_the_adapters_and_reports_each(
         pytest.skip("chromium not installed: the HTML report's table is not checked")
     page = tmp_path / "report.html"
     assert cli("report", summary["meta"]["run_id"], "--html", page).code == 0
-    visit = visit_page(page, ready_js="document.readyState === 'complete'", checks_js={
-        "rows": "[...document.querySelectorAll('tr')].filter(r => r.textContent.includes('tiny-lora-')).length",
-        "title": "[...document.querySelectorAll('table caption, h2, h3, th')].map(e => e.textContent).join('|')",
-        "top": f"[...document.querySelectorAll('tr')].some(r => r.textContent.includes('{top}'))",
-    }, screenshot=artifacts_dir / "report-lora-adapters.png")
+    visit = visit_page(
+        page,
+        ready_js="document.readyState === 'complete'",
+        checks_js={
+            "rows": "[...document.querySelectorAll('tr')].filter(r => r.textContent.includes('tiny-lora-')).length",
+            "title": "[...document.querySelectorAll('table caption, h2, h3, th')].map(e => e.textContent).join('|')",
+            "top": f"[...document.querySelectorAll('tr')].some(r => r.textContent.includes('{top}'))",
+        },
+        screenshot=artifacts_dir / "report-lora-adapters.png",
+    )
     assert visit.console_errors == [], visit.console_errors
     assert visit.checks["rows"] == len(by_adapter) and visit.checks["top"] is True
     assert "first-use penalty ms" in visit.checks["title"]
@@ -179,34 +229,65 @@ def test_bench_spreads_a_zipf_mix_over_the_adapters_and_reports_each(
 
 @pytest.mark.engine
 async def test_an_adapter_loaded_through_the_gateway_during_a_bench_fails_no_request_and_answers_everywhere(
-        lora_replicas: tuple[list[str], list[typing.Any], str], tmp_path: Path) -> None:
+    lora_replicas: tuple[list[str], list[typing.Any], str], tmp_path: Path
+) -> None:
     urls, _, model_path = lora_replicas
     new_name, new_path = adapter_name(ADAPTERS + 1), ensure_adapter(ADAPTERS + 1)
     keys, out = tmp_path / "keys.yaml", tmp_path / "bench.json"
     keys.write_text("tenants:\n  - name: ops\n    keys: [sk-ops]\n    admin: true\n")
     admin = {"Authorization": "Bearer sk-ops"}
-    async with running_gateway(urls, keys_file=keys, policy="adapter-affinity") as gateway, \
-            aiohttp.ClientSession() as session:
+    async with running_gateway(urls, keys_file=keys, policy="adapter-affinity") as gateway, aiohttp.ClientSession() as session:
         bench = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "vlmserve", "bench", "--base-url", gateway.base_url, "--model", "embedded",
-            "--api-key", "sk-ops", "--lora-adapters", f"embedded:{ADAPTERS}", "--lora-popularity", "zipf",
-            "--concurrency", "4", "--num-requests", "40", "--input-len", "32", "--output-len", "16",
-            "--tokenizer", model_path, "--no-store", "--no-progress", "--json-out", str(out),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "vlmserve",
+            "bench",
+            "--base-url",
+            gateway.base_url,
+            "--model",
+            "embedded",
+            "--api-key",
+            "sk-ops",
+            "--lora-adapters",
+            f"embedded:{ADAPTERS}",
+            "--lora-popularity",
+            "zipf",
+            "--concurrency",
+            "4",
+            "--num-requests",
+            "40",
+            "--input-len",
+            "32",
+            "--output-len",
+            "16",
+            "--tokenizer",
+            model_path,
+            "--no-store",
+            "--no-progress",
+            "--json-out",
+            str(out),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         deadline = asyncio.get_running_loop().time() + 120
         while gateway.gateway.requests_in_progress < 2 and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         in_flight = gateway.gateway.requests_in_progress
-        status, loaded = await admin_post(session, f"{gateway.base_url}/admin/lora/load",
-                                          {"lora_name": new_name, "lora_path": str(new_path)}, admin)
+        status, loaded = await admin_post(
+            session, f"{gateway.base_url}/admin/lora/load", {"lora_name": new_name, "lora_path": str(new_path)}, admin
+        )
         assert status == 200 and sorted(loaded["replicas"].values()) == ["ok"] * REPLICAS, loaded
         assert in_flight >= 2  # the bench was under way when the adapter was loaded
         _, err = await bench.communicate()
         assert bench.returncode == 0, err.decode()[-2000:]
         summary = json.loads(out.read_text())
         assert summary["requests"]["failed"] == 0 and summary["requests"]["completed"] == 40
-        through = await post_chat(session, gateway.base_url, chat_body("Describe the picture, please.", stream=False,
-                                                                       model=new_name, temperature=0.0), admin)
+        through = await post_chat(
+            session,
+            gateway.base_url,
+            chat_body("Describe the picture, please.", stream=False, model=new_name, temperature=0.0),
+            admin,
+        )
         assert through.status == 200
         new_answer = through.body["choices"][0]["message"]["content"]
         direct = await asyncio.gather(*(asyncio.to_thread(answer, url, new_name) for url in urls))

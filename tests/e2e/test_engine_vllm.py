@@ -59,7 +59,9 @@ def test_gpu_replicas_get_tensor_parallel_groups() -> None:
     with pytest.raises(UserError) as caught:
         vllm_engine.gpu_groups(2, 2, available=2)
     assert "need 4 GPUs but 2 are visible" in caught.value.message
-    spec = cpu_spec(model="google/gemma-4-31B-it", replicas=1, engine_args={"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9})
+    spec = cpu_spec(
+        model="google/gemma-4-31B-it", replicas=1, engine_args={"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9}
+    )
     argv = vllm_engine.engine_argv(spec, spec.model, 9001, "gpu")
     assert "--tensor-parallel-size" in argv and argv[argv.index("--tensor-parallel-size") + 1] == "2"
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.9"
@@ -73,8 +75,11 @@ def test_device_detection_without_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert vllm_engine.detect_device_kind("gpu") == "gpu"
 
 
-def test_print_plan_cli(tmp_path, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
-                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_print_plan_cli(
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Through `main` in this process: the plan checks the flags against vLLM's own parser, and a
     second process would import vLLM again (6 s of a suite run) to prove nothing more; `vlmserve up`
     as a process is run by tests/e2e/test_supervisor.py."""
@@ -143,7 +148,9 @@ def test_served_configuration_is_verified(embedded_engine) -> None:  # type: ign
         assert served.max_model_len == embedded_engine.max_model_len
         assert served.engine_version
         assert served.cache_config.get("block_size")
-        asked_right = ExpectedConfig(embedded_engine.model, root=embedded_engine.model_path, max_model_len=embedded_engine.max_model_len)
+        asked_right = ExpectedConfig(
+            embedded_engine.model, root=embedded_engine.model_path, max_model_len=embedded_engine.max_model_len
+        )
         assert config_mismatches(served, asked_right) == []
         stale = ExpectedConfig(embedded_engine.model, root="/other/model", max_model_len=4096,
                                cache_config={"enable_prefix_caching": str(not served.cache_config.get("enable_prefix_caching") == "True")})  # fmt: skip
@@ -193,8 +200,10 @@ def test_real_engine_fetches_no_media_from_unlisted_hosts(embedded_engine) -> No
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/x.png"
         with httpx.Client(base_url=embedded_engine.base_url, timeout=120, trust_env=False) as client:
-            answer = client.post("/v1/chat/completions", json={
-                "model": embedded_engine.model, "messages": [image_message("What is it?", url)], "max_tokens": 4})
+            answer = client.post(
+                "/v1/chat/completions",
+                json={"model": embedded_engine.model, "messages": [image_message("What is it?", url)], "max_tokens": 4},
+            )
     finally:
         server.shutdown()
     assert answer.status_code == 400, answer.text

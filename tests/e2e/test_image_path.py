@@ -23,19 +23,33 @@ def photo_url(width: int, height: int) -> str:
 
 
 def image_question(model: str, url: str) -> dict[str, Any]:
-    return {"model": model, "max_tokens": 2, "stream": False, "temperature": 0,
-            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                      {"type": "text", "text": "What is in this picture?"}]}]}
+    return {
+        "model": model,
+        "max_tokens": 2,
+        "stream": False,
+        "temperature": 0,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": "What is in this picture?"},
+                ],
+            }
+        ],
+    }
 
 
 @pytest.mark.engine
 async def test_over_max_pixels_is_refused_and_downscaling_lowers_the_engines_prompt_tokens(
-        embedded_engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    embedded_engine, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
     body = image_question(embedded_engine.model, photo_url(640, 480))
     audit = tmp_path / "audit.jsonl"
     async with aiohttp.ClientSession() as session:
-        async with running_gateway([embedded_engine.base_url], max_image_pixels=100_000,
-                                   model_config_dir=Path(embedded_engine.model_path)) as strict:
+        async with running_gateway(
+            [embedded_engine.base_url], max_image_pixels=100_000, model_config_dir=Path(embedded_engine.model_path)
+        ) as strict:
             refused = await post_chat(session, strict.base_url, body)
         assert refused.status == 400, refused.body
         message = refused.body["error"]["message"]
@@ -43,8 +57,13 @@ async def test_over_max_pixels_is_refused_and_downscaling_lowers_the_engines_pro
 
         async with running_gateway([embedded_engine.base_url], model_config_dir=Path(embedded_engine.model_path)) as plain:
             full = await post_chat(session, plain.base_url, body)
-        async with running_gateway([embedded_engine.base_url], max_image_pixels=307_200, image_downscale_max_side=64,
-                                   model_config_dir=Path(embedded_engine.model_path), audit_log=audit) as downscaling:
+        async with running_gateway(
+            [embedded_engine.base_url],
+            max_image_pixels=307_200,
+            image_downscale_max_side=64,
+            model_config_dir=Path(embedded_engine.model_path),
+            audit_log=audit,
+        ) as downscaling:
             small = await post_chat(session, downscaling.base_url, body)
     assert full.status == 200 and small.status == 200, (full.body, small.body)
     full_tokens, small_tokens = full.body["usage"]["prompt_tokens"], small.body["usage"]["prompt_tokens"]

@@ -26,18 +26,49 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 def test_ray_started_engine_answers_chat_lines_once(tmp_path, vlmserve_cmd) -> None:
     model = str(ensure_tiny_model())
-    lines = [json.dumps({"custom_id": f"r{index}", "method": "POST", "url": "/v1/chat/completions",
-                         "body": {"model": "embedded", "max_tokens": 6, "temperature": 0,
-                                  "messages": [{"role": "user", "content": f"Summarise report {index}."}]}})
-             for index in range(20)]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"r{index}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "embedded",
+                    "max_tokens": 6,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": f"Summarise report {index}."}],
+                },
+            }
+        )
+        for index in range(20)
+    ]
     lines.insert(3, "{not json")
-    lines.insert(7, json.dumps({"custom_id": "plain", "method": "POST", "url": "/v1/completions",
-                                "body": {"model": "embedded", "prompt": "hi"}}))
+    lines.insert(
+        7,
+        json.dumps(
+            {"custom_id": "plain", "method": "POST", "url": "/v1/completions", "body": {"model": "embedded", "prompt": "hi"}}
+        ),
+    )
     input_path, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     input_path.write_text("\n".join(lines) + "\n")
-    argv = [*vlmserve_cmd, "batch", str(input_path), "--output", str(output), "--no-progress", "--runner", "ray",
-            "--ray-engine", model, "--ray-workers", "1", "--concurrency", "8",
-            "--ray-engine-kwargs", json.dumps({"max_model_len": 2048, "enforce_eager": True})]
+    argv = [
+        *vlmserve_cmd,
+        "batch",
+        str(input_path),
+        "--output",
+        str(output),
+        "--no-progress",
+        "--runner",
+        "ray",
+        "--ray-engine",
+        model,
+        "--ray-workers",
+        "1",
+        "--concurrency",
+        "8",
+        "--ray-engine-kwargs",
+        json.dumps({"max_model_len": 2048, "enforce_eager": True}),
+    ]
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
     env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=420, env=env)

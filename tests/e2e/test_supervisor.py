@@ -45,9 +45,7 @@ def cli_env(home: Path) -> dict[str, str]:
 
 
 def run_up(vlmserve_cmd: list[str], home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*vlmserve_cmd, "up", *args], capture_output=True, text=True, timeout=timeout, env=cli_env(home)
-    )
+    return subprocess.run([*vlmserve_cmd, "up", *args], capture_output=True, text=True, timeout=timeout, env=cli_env(home))
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -88,8 +86,9 @@ def test_not_enough_memory(vlmserve_cmd: list[str], home: Path) -> None:
     assert_one_line_error(done, "not enough free memory: 2 replica(s) need about", "GB is available")
 
 
-def test_malformed_spec_file(vlmserve_cmd: list[str], home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_malformed_spec_file(
+    vlmserve_cmd: list[str], home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = tmp_path / "deploy.yaml"
     spec.write_text("model: embedded\nreplicas: two\n")
     done = run_up(vlmserve_cmd, home, "-f", str(spec))
@@ -157,7 +156,9 @@ def wait_for(condition, timeout_s: float, what: str, proc: subprocess.Popen[str]
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"`vlmserve up` exited ({proc.returncode}) while waiting for {what}: {proc.stdout.read() if proc.stdout else ''}")
+            raise AssertionError(
+                f"`vlmserve up` exited ({proc.returncode}) while waiting for {what}: {proc.stdout.read() if proc.stdout else ''}"
+            )
         time.sleep(0.1)  # the conditions read a state file or ask a local port: cheap; a
         # longer pause only adds its half on average to every wait (dozens of them in a suite run)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
@@ -202,9 +203,7 @@ def up_process(vlmserve_cmd: list[str], home: Path) -> Iterator[list[subprocess.
             proc.wait(timeout=30)
 
 
-def spawn_up(
-    vlmserve_cmd: list[str], home: Path, started: list[subprocess.Popen[str]], *args: str
-) -> subprocess.Popen[str]:
+def spawn_up(vlmserve_cmd: list[str], home: Path, started: list[subprocess.Popen[str]], *args: str) -> subprocess.Popen[str]:
     """`vlmserve up ...` in the background (its output piped), remembered for clean-up."""
     proc = subprocess.Popen(
         [*vlmserve_cmd, "up", *args], env=cli_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

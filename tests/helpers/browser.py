@@ -24,9 +24,17 @@ from typing import Any
 import aiohttp
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--remote-debugging-address=127.0.0.1",
+    "--remote-debugging-port=0",
 ]
 
 
@@ -98,8 +106,9 @@ def _console_errors(events: list[dict[str, Any]]) -> list[str]:
     return errors
 
 
-async def _visit(ws_url: str, page_url: str, ready_js: str, checks_js: dict[str, str], screenshot: Path | None,
-                 timeout_s: float) -> PageVisit:
+async def _visit(
+    ws_url: str, page_url: str, ready_js: str, checks_js: dict[str, str], screenshot: Path | None, timeout_s: float
+) -> PageVisit:
     visit = PageVisit()
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url, max_msg_size=0) as socket:
         tools = _DevTools(socket)
@@ -108,8 +117,11 @@ async def _visit(ws_url: str, page_url: str, ready_js: str, checks_js: dict[str,
         session = attached["sessionId"]
         for domain in ("Page.enable", "Runtime.enable", "Log.enable"):
             await tools.send(domain, session=session)
-        await tools.send("Emulation.setDeviceMetricsOverride",
-                         {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False}, session)
+        await tools.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False},
+            session,
+        )
         await tools.send("Page.navigate", {"url": page_url}, session)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -122,10 +134,15 @@ async def _visit(ws_url: str, page_url: str, ready_js: str, checks_js: dict[str,
         if screenshot is not None:
             metrics = await tools.send("Page.getLayoutMetrics", session=session)
             height = int(metrics.get("cssContentSize", metrics.get("contentSize", {})).get("height", 1000))
-            shot = await tools.send("Page.captureScreenshot",
-                                    {"format": "png", "captureBeyondViewport": True,
-                                     "clip": {"x": 0, "y": 0, "width": 1400, "height": min(height, 12000), "scale": 1}},
-                                    session)
+            shot = await tools.send(
+                "Page.captureScreenshot",
+                {
+                    "format": "png",
+                    "captureBeyondViewport": True,
+                    "clip": {"x": 0, "y": 0, "width": 1400, "height": min(height, 12000), "scale": 1},
+                },
+                session,
+            )
             screenshot.write_bytes(base64.b64decode(shot["data"]))
             visit.screenshot = screenshot
         visit.console_errors = _console_errors(tools.events)
@@ -133,15 +150,20 @@ async def _visit(ws_url: str, page_url: str, ready_js: str, checks_js: dict[str,
     return visit
 
 
-def visit_page(path: Path, *, ready_js: str, checks_js: dict[str, str], screenshot: Path | None = None,
-               timeout_s: float = 60.0) -> PageVisit:
+def visit_page(
+    path: Path, *, ready_js: str, checks_js: dict[str, str], screenshot: Path | None = None, timeout_s: float = 60.0
+) -> PageVisit:
     """Open file `path` in headless Chromium, wait for `ready_js` to be truthy, run the checks, screenshot."""
     chromium = find_chromium()
     assert chromium, "chromium is not installed"
     profile = tempfile.mkdtemp(prefix="vlmserve-chromium-")
-    process = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         ws_url = None
         start = time.monotonic()
@@ -171,23 +193,36 @@ def visit_page(path: Path, *, ready_js: str, checks_js: dict[str, str], screensh
 CHART_IDS = ("chart-throughput", "chart-ttft", "chart-tpot", "chart-pareto")
 
 
-def check_report_in_browser(report: Path, screenshot: Path, chart_ids: tuple[str, ...] = CHART_IDS,
-                            title_mark: str | None = None) -> dict[str, Any]:
+def check_report_in_browser(
+    report: Path, screenshot: Path, chart_ids: tuple[str, ...] = CHART_IDS, title_mark: str | None = None
+) -> dict[str, Any]:
     """Open a vlmserve HTML page as a user would: no console errors, every chart drawn, nothing fetched.
 
     Each of `chart_ids` must hold drawn traces; with `title_mark`, each chart's drawn title must
     contain it (the simulated mark). Returns the checks' values (traces per chart, titles).
     """
-    checks = {chart: (f"(() => {{ const d = document.getElementById('{chart}'); if (!d) return -1;"
-                      " return d.querySelectorAll('svg.main-svg .scatterlayer .trace').length; })()")
-              for chart in chart_ids}
-    titles = {f"title:{chart}": (f"(() => {{ const t = document.querySelector('#{chart} .gtitle');"
-                                 " return t ? t.textContent : null; })()") for chart in chart_ids}
+    checks = {
+        chart: (
+            f"(() => {{ const d = document.getElementById('{chart}'); if (!d) return -1;"
+            " return d.querySelectorAll('svg.main-svg .scatterlayer .trace').length; })()"
+        )
+        for chart in chart_ids
+    }
+    titles = {
+        f"title:{chart}": (
+            f"(() => {{ const t = document.querySelector('#{chart} .gtitle'); return t ? t.textContent : null; }})()"
+        )
+        for chart in chart_ids
+    }
     checks.update(titles)
-    checks["external"] = ("Array.from(document.querySelectorAll('script[src],link[href]'))"
-                          ".map(e => e.src || e.href).filter(u => !u.startsWith('file:'))")
-    ready_js = (f"Array.from(document.querySelectorAll('.js-plotly-plot')).length >= {len(chart_ids)} && "
-                "Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.querySelector('svg.main-svg'))")
+    checks["external"] = (
+        "Array.from(document.querySelectorAll('script[src],link[href]'))"
+        ".map(e => e.src || e.href).filter(u => !u.startsWith('file:'))"
+    )
+    ready_js = (
+        f"Array.from(document.querySelectorAll('.js-plotly-plot')).length >= {len(chart_ids)} && "
+        "Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.querySelector('svg.main-svg'))"
+    )
     visit = visit_page(report, ready_js=ready_js, checks_js=checks, screenshot=screenshot)
     assert visit.console_errors == [], visit.console_errors
     for chart in chart_ids:

@@ -52,17 +52,25 @@ def _walk_past_attempt() -> tuple[Step, ...]:
 
 
 BUDGET_CASES = (
-    BudgetCase("a cost within the budget is charged whole and settled to its use", 1000, (
-        Admit(300, True, 700), Admit(800, False, 700), Settle(300, 100, 900), Admit(800, True, 100),
-    )),
-    BudgetCase("a cost over the whole budget waits for a full bucket and is charged whole", 1000, (
-        Admit(2135, True, -1135), Admit(1, False, -1135), Settle(2135, 2135, -1135),
-    )),
-    BudgetCase("the refund is never more than the charge: use beyond it is a debt", 1000, (
-        Admit(500, True, 500), Settle(500, 2500, -1500), Admit(10, False, -1500),
-    )),
-    BudgetCase("a refund never fills the bucket past its capacity", 1000, (
-        Admit(100, True, 900), Settle(100, 0, 1000), Settle(0, 0, 1000),
-    )),
+    BudgetCase(
+        "a cost within the budget is charged whole and settled to its use",
+        1000,
+        (Admit(300, True, 700), Admit(800, False, 700), Settle(300, 100, 900), Admit(800, True, 100)),
+    ),
+    BudgetCase(
+        "a cost over the whole budget waits for a full bucket and is charged whole",
+        1000,
+        (Admit(2135, True, -1135), Admit(1, False, -1135), Settle(2135, 2135, -1135)),
+    ),
+    BudgetCase(
+        "the refund is never more than the charge: use beyond it is a debt",
+        1000,
+        (Admit(500, True, 500), Settle(500, 2500, -1500), Admit(10, False, -1500)),
+    ),
+    BudgetCase(
+        "a refund never fills the bucket past its capacity",
+        1000,
+        (Admit(100, True, 900), Settle(100, 0, 1000), Settle(0, 0, 1000)),
+    ),
     BudgetCase("max_tokens far over the budget cannot be walked past by refunds", 1000, _walk_past_attempt()),
 )

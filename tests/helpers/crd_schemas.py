@@ -34,10 +34,13 @@ _FILES = {
 EPP_CONFIG_FILE = "llm-d.ai_v1alpha1_endpointpickerconfig.json"
 HELM_VALUES_FILE = "production-stack_vllm-stack-0.1.12_values.schema.json"
 _METADATA = {  # a CRD's schema says only `metadata: {type: object}`; the API server checks the name
-    "type": "object", "required": ["name"],
-    "properties": {"name": {"type": "string", "maxLength": 253, "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
-                   "namespace": {"type": "string"},
-                   "labels": {"type": "object", "additionalProperties": {"type": "string"}}},
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 253, "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
 }
 
 
@@ -49,8 +52,7 @@ def _strict(node: Any) -> Any:
         node = {key: _strict(value) for key, value in node.items()}
         if isinstance(node.get("pattern"), str) and node["pattern"].startswith("^(?i)"):
             node["pattern"] = "(?i)^" + node["pattern"].removeprefix("^(?i)")
-        if ("properties" in node and "additionalProperties" not in node
-                and not node.get("x-kubernetes-preserve-unknown-fields")):
+        if "properties" in node and "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
             node["additionalProperties"] = False
     elif isinstance(node, list):
         node = [_strict(item) for item in node]

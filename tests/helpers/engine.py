@@ -81,8 +81,12 @@ class EmbeddedEngine:
 
 @contextmanager
 def start_embedded_engine(
-    workdir: Path, *, max_model_len: int = EMBEDDED_MAX_MODEL_LEN, extra_args: tuple[str, ...] = (),
-    tool_parser: str | None = None, trace_sink: TraceSink | None = None,
+    workdir: Path,
+    *,
+    max_model_len: int = EMBEDDED_MAX_MODEL_LEN,
+    extra_args: tuple[str, ...] = (),
+    tool_parser: str | None = None,
+    trace_sink: TraceSink | None = None,
 ) -> Iterator[EmbeddedEngine]:
     """Start the embedded model on free ports; stop it (whole process tree) on exit.
 

@@ -25,15 +25,28 @@ import yaml
 TOKEN = "test-token-for-the-fake-api"
 
 
-def endpoint_slice(service: str, namespace: str, addresses: list[tuple[str, bool]], port: int,
-                   port_name: str = "http", name_suffix: str = "abcde") -> dict:
+def endpoint_slice(
+    service: str,
+    namespace: str,
+    addresses: list[tuple[str, bool]],
+    port: int,
+    port_name: str = "http",
+    name_suffix: str = "abcde",
+) -> dict:
     """One EndpointSlice of `service`: (address, ready) pairs on one named port."""
     return {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-        "metadata": {"name": f"{service}-{name_suffix}", "namespace": namespace,
-                     "labels": {"kubernetes.io/service-name": service}},
-        "endpoints": [{"addresses": [address], "conditions": {"ready": ready, "serving": ready, "terminating": False}}
-                      for address, ready in addresses],
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "addressType": "IPv4",
+        "metadata": {
+            "name": f"{service}-{name_suffix}",
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "endpoints": [
+            {"addresses": [address], "conditions": {"ready": ready, "serving": ready, "terminating": False}}
+            for address, ready in addresses
+        ],
         "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
     }
 
@@ -52,12 +65,18 @@ class FakeApi:
         return f"http://127.0.0.1:{self.port}"
 
     def write_kubeconfig(self, path: Path) -> Path:
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": TOKEN}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "tester", "user": {"token": TOKEN}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tester"}}],
+                }
+            )
+        )
         return path
 
 
@@ -79,8 +98,16 @@ def _handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
             parts = urlsplit(self.path)
             segments = parts.path.strip("/").split("/")
             if api.fail_with is not None:
-                self._answer(api.fail_with, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                             "message": "injected failure", "code": api.fail_with})
+                self._answer(
+                    api.fail_with,
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "message": "injected failure",
+                        "code": api.fail_with,
+                    },
+                )
                 return
             if segments[:3] != ["apis", "discovery.k8s.io", "v1"] or len(segments) != 6 or segments[5] != "endpointslices":
                 self._answer(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404})
@@ -89,8 +116,15 @@ def _handler(api: FakeApi) -> type[BaseHTTPRequestHandler]:
             selector = parse_qs(parts.query).get("labelSelector", [""])[0]
             service = selector.removeprefix("kubernetes.io/service-name=")
             items = api.slices.get((namespace, service), [])
-            self._answer(200, {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
-                               "metadata": {"resourceVersion": "1"}, "items": items})
+            self._answer(
+                200,
+                {
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSliceList",
+                    "metadata": {"resourceVersion": "1"},
+                    "items": items,
+                },
+            )
 
     return Handler
 

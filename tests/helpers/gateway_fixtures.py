@@ -39,8 +39,7 @@ def varied_sim_engines(log_dir: Path, option_sets: list[dict[str, Any]]) -> Iter
             port = free_port()
             log_path = log_dir / f"sim-{port}.log"
             with log_path.open("wb") as log:
-                process = subprocess.Popen(sim_engine_argv(port, model=MODEL, **options), stdout=log,
-                                           stderr=subprocess.STDOUT)
+                process = subprocess.Popen(sim_engine_argv(port, model=MODEL, **options), stdout=log, stderr=subprocess.STDOUT)
             handles.append(SimHandle(process, port, log_path))
         for handle in handles:
             wait_ready(handle, timeout_s=60)
@@ -83,23 +82,35 @@ class StreamResult:
 
 
 def chat_body(content: str, max_tokens: int = 8, stream: bool = True, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": MODEL, "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
-                            "messages": [{"role": "user", "content": content}]}
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        "messages": [{"role": "user", "content": content}],
+    }
     if stream:
         body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     body.update(extra)
     return body
 
 
-async def post_chat(session: aiohttp.ClientSession, base_url: str, body: dict[str, Any] | bytes,
-                    headers: dict[str, str] | None = None, path: str = "/v1/chat/completions",
-                    first_token: asyncio.Event | None = None) -> StreamResult:
+async def post_chat(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    body: dict[str, Any] | bytes,
+    headers: dict[str, str] | None = None,
+    path: str = "/v1/chat/completions",
+    first_token: asyncio.Event | None = None,
+) -> StreamResult:
     """POST and read the whole answer, SSE or JSON, recording TTFT (first content chunk) and E2E.
     `first_token` is set when the first content chunk arrives: a test that must act while the
     stream is under way waits on it rather than on a guess of how long the start takes."""
     started = time.perf_counter()
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with session.post(base_url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}) as response:
+    async with session.post(
+        base_url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    ) as response:
         result = StreamResult(status=response.status, headers=dict(response.headers))
         if response.headers.get("Content-Type", "").startswith("text/event-stream"):
             buffer = b""

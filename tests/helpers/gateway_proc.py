@@ -32,16 +32,21 @@ class GatewayProcess:
 
 
 @contextmanager
-def start_gateway(replica_urls: list[str], log_dir: Path, *flags: str,
-                  ready_timeout_s: float = 30.0) -> Iterator[GatewayProcess]:
+def start_gateway(replica_urls: list[str], log_dir: Path, *flags: str, ready_timeout_s: float = 30.0) -> Iterator[GatewayProcess]:
     """Run the gateway until the block ends; flags are extra CLI flags (e.g. '--max-in-flight', '2')."""
     with start_gateways(replica_urls, log_dir, [flags], ready_timeout_s=ready_timeout_s) as (gateway,):
         yield gateway
 
 
 @contextmanager
-def start_gateways(replica_urls: list[str], log_dir: Path, flag_sets: Sequence[Sequence[str]], *,
-                   env: dict[str, str] | None = None, ready_timeout_s: float = 60.0) -> Iterator[list[GatewayProcess]]:
+def start_gateways(
+    replica_urls: list[str],
+    log_dir: Path,
+    flag_sets: Sequence[Sequence[str]],
+    *,
+    env: dict[str, str] | None = None,
+    ready_timeout_s: float = 60.0,
+) -> Iterator[list[GatewayProcess]]:
     """One gateway per flag set, all started before waiting (each start costs seconds of imports);
     `env` is added to every gateway's environment."""
     gateways: list[GatewayProcess] = []
@@ -53,8 +58,9 @@ def start_gateways(replica_urls: list[str], log_dir: Path, flag_sets: Sequence[S
                 argv += ["--replica", url]
             log_path = log_dir / f"gateway-{port}.log"
             with log_path.open("wb") as log:
-                process = subprocess.Popen([*argv, *flags], stdout=log, stderr=subprocess.STDOUT,
-                                           env={**os.environ, **(env or {})})
+                process = subprocess.Popen(
+                    [*argv, *flags], stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+                )
             gateways.append(GatewayProcess(process, port, log_path))
         for gateway in gateways:
             wait_http_ok(f"{gateway.base_url}/health", gateway.process, gateway.log_path, "gateway", ready_timeout_s)
@@ -76,6 +82,8 @@ def wait_listening_line(gateway: GatewayProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while LISTENING_LINE not in gateway.log_path.read_text(errors="replace"):
         if gateway.process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"gateway answered /health but never printed {LISTENING_LINE!r}: "
-                               f"{gateway.log_path.read_text(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"gateway answered /health but never printed {LISTENING_LINE!r}: "
+                f"{gateway.log_path.read_text(errors='replace')[-2000:]}"
+            )
         time.sleep(0.05)

@@ -67,59 +67,103 @@ class ResponseCase:
 
 CASES: tuple[ResponseCase, ...] = (
     # chunk sizes: plain hex only (RFC 9112 7.1: chunk-size = 1*HEXDIG), within 64 bits
-    ResponseCase("chunk size `0x1a`", chunked_response(chunk(PADDED_EVENT, b"0x1a"), chunk(DONE)),
-                 "Invalid character in chunk size"),
-    ResponseCase("chunk size `+1a`", chunked_response(chunk(PADDED_EVENT, b"+1a"), chunk(DONE)),
-                 "Invalid character in chunk size"),
-    ResponseCase("chunk size `1_a`", chunked_response(chunk(PADDED_EVENT, b"1_a"), chunk(DONE)),
-                 "Invalid character in chunk size"),
-    ResponseCase("chunk size of 20 hex digits (overflows 64 bits)",
-                 chunked_response(chunk(EVENT, b"1" + b"0" * 19), chunk(DONE)), "Chunk size overflow"),
-    ResponseCase("chunk size with leading zeros (18 digits, no overflow)",
-                 chunked_response(chunk(EVENT, b"0" * 16 + b"%02x" % len(EVENT)), chunk(DONE)), None),
-    ResponseCase("chunk extension (`;name=value` and `;name`)",
-                 chunked_response(chunk(EVENT, b"%x;foo=bar" % len(EVENT)), chunk(DONE, b"%x;baz" % len(DONE))), None),
-    ResponseCase("chunk data not followed by CRLF",
-                 chunked_response(b"%x\r\n%sXX\r\n" % (len(EVENT), EVENT), chunk(DONE)), "after chunk data"),
+    ResponseCase(
+        "chunk size `0x1a`", chunked_response(chunk(PADDED_EVENT, b"0x1a"), chunk(DONE)), "Invalid character in chunk size"
+    ),
+    ResponseCase(
+        "chunk size `+1a`", chunked_response(chunk(PADDED_EVENT, b"+1a"), chunk(DONE)), "Invalid character in chunk size"
+    ),
+    ResponseCase(
+        "chunk size `1_a`", chunked_response(chunk(PADDED_EVENT, b"1_a"), chunk(DONE)), "Invalid character in chunk size"
+    ),
+    ResponseCase(
+        "chunk size of 20 hex digits (overflows 64 bits)",
+        chunked_response(chunk(EVENT, b"1" + b"0" * 19), chunk(DONE)),
+        "Chunk size overflow",
+    ),
+    ResponseCase(
+        "chunk size with leading zeros (18 digits, no overflow)",
+        chunked_response(chunk(EVENT, b"0" * 16 + b"%02x" % len(EVENT)), chunk(DONE)),
+        None,
+    ),
+    ResponseCase(
+        "chunk extension (`;name=value` and `;name`)",
+        chunked_response(chunk(EVENT, b"%x;foo=bar" % len(EVENT)), chunk(DONE, b"%x;baz" % len(DONE))),
+        None,
+    ),
+    ResponseCase(
+        "chunk data not followed by CRLF",
+        chunked_response(b"%x\r\n%sXX\r\n" % (len(EVENT), EVENT), chunk(DONE)),
+        "after chunk data",
+    ),
     # header lines
-    ResponseCase("header line without a colon", length_response(head=STATUS + SSE_TYPE + b"X-Broken header\r\n"),
-                 "Invalid header token"),
-    ResponseCase("obs-fold (a header continued on the next line)",
-                 length_response(head=STATUS + SSE_TYPE + b"X-Folded: a\r\n b\r\n"),
-                 "Unexpected whitespace after header value"),
-    ResponseCase("bare LF ending a header line", length_response(head=STATUS + SSE_TYPE + b"X-Bare: lf\n"),
-                 "Missing expected CR after header value"),
-    ResponseCase("bare LF ending the status line", length_response(head=b"HTTP/1.1 200 OK\n" + SSE_TYPE),
-                 "Missing expected CR after response line"),
-    ResponseCase("NUL in a header value", length_response(head=STATUS + SSE_TYPE + b"X-Nul: a\x00b\r\n"),
-                 "Invalid header value char"),
-    ResponseCase("a repeated singleton header (Content-Type twice)", length_response(head=STATUS + SSE_TYPE + SSE_TYPE),
-                 "header 'content-type' sent more than once"),
-    ResponseCase("a repeated list header is joined, not overwritten",
-                 length_response(head=STATUS + SSE_TYPE + b"X-Note: a\r\nX-Note: b\r\n"), None,
-                 headers={"x-note": "a, b"}),
+    ResponseCase(
+        "header line without a colon", length_response(head=STATUS + SSE_TYPE + b"X-Broken header\r\n"), "Invalid header token"
+    ),
+    ResponseCase(
+        "obs-fold (a header continued on the next line)",
+        length_response(head=STATUS + SSE_TYPE + b"X-Folded: a\r\n b\r\n"),
+        "Unexpected whitespace after header value",
+    ),
+    ResponseCase(
+        "bare LF ending a header line",
+        length_response(head=STATUS + SSE_TYPE + b"X-Bare: lf\n"),
+        "Missing expected CR after header value",
+    ),
+    ResponseCase(
+        "bare LF ending the status line",
+        length_response(head=b"HTTP/1.1 200 OK\n" + SSE_TYPE),
+        "Missing expected CR after response line",
+    ),
+    ResponseCase(
+        "NUL in a header value", length_response(head=STATUS + SSE_TYPE + b"X-Nul: a\x00b\r\n"), "Invalid header value char"
+    ),
+    ResponseCase(
+        "a repeated singleton header (Content-Type twice)",
+        length_response(head=STATUS + SSE_TYPE + SSE_TYPE),
+        "header 'content-type' sent more than once",
+    ),
+    ResponseCase(
+        "a repeated list header is joined, not overwritten",
+        length_response(head=STATUS + SSE_TYPE + b"X-Note: a\r\nX-Note: b\r\n"),
+        None,
+        headers={"x-note": "a, b"},
+    ),
     # framing: exactly one way to find the body's end
-    ResponseCase("duplicate Content-Length",
-                 STATUS + SSE_TYPE + b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(BODY), len(BODY)) + BODY,
-                 "Duplicate Content-Length"),
-    ResponseCase("Content-Length with Transfer-Encoding (CL+TE)",
-                 chunked_response(chunk(EVENT), chunk(DONE),
-                                  head=STATUS + SSE_TYPE + b"Content-Length: %d\r\n" % len(BODY) + CHUNKED),
-                 "Transfer-Encoding can't be present with Content-Length"),
-    ResponseCase("`Transfer-Encoding: chunked, identity`",
-                 chunked_response(chunk(EVENT), chunk(DONE),
-                                  head=STATUS + SSE_TYPE + b"Transfer-Encoding: chunked, identity\r\n"),
-                 "Transfer-Encoding 'chunked, identity' is not supported"),
-    ResponseCase("Content-Length `+%d`" % len(BODY),
-                 STATUS + SSE_TYPE + b"Content-Length: +%d\r\n\r\n" % len(BODY) + BODY,
-                 "Invalid character in Content-Length"),
-    ResponseCase("bytes after the response (a second, smuggled response)",
-                 GOOD + length_response(b'{"smuggled":true}', head=STATUS), "bytes after the end of the response"),
-    ResponseCase("100 Continue before the answer (nothing sent Expect)", b"HTTP/1.1 100 Continue\r\n\r\n" + GOOD,
-                 "unexpected informational response 100"),
+    ResponseCase(
+        "duplicate Content-Length",
+        STATUS + SSE_TYPE + b"Content-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(BODY), len(BODY)) + BODY,
+        "Duplicate Content-Length",
+    ),
+    ResponseCase(
+        "Content-Length with Transfer-Encoding (CL+TE)",
+        chunked_response(chunk(EVENT), chunk(DONE), head=STATUS + SSE_TYPE + b"Content-Length: %d\r\n" % len(BODY) + CHUNKED),
+        "Transfer-Encoding can't be present with Content-Length",
+    ),
+    ResponseCase(
+        "`Transfer-Encoding: chunked, identity`",
+        chunked_response(chunk(EVENT), chunk(DONE), head=STATUS + SSE_TYPE + b"Transfer-Encoding: chunked, identity\r\n"),
+        "Transfer-Encoding 'chunked, identity' is not supported",
+    ),
+    ResponseCase(
+        "Content-Length `+%d`" % len(BODY),
+        STATUS + SSE_TYPE + b"Content-Length: +%d\r\n\r\n" % len(BODY) + BODY,
+        "Invalid character in Content-Length",
+    ),
+    ResponseCase(
+        "bytes after the response (a second, smuggled response)",
+        GOOD + length_response(b'{"smuggled":true}', head=STATUS),
+        "bytes after the end of the response",
+    ),
+    ResponseCase(
+        "100 Continue before the answer (nothing sent Expect)",
+        b"HTTP/1.1 100 Continue\r\n\r\n" + GOOD,
+        "unexpected informational response 100",
+    ),
     ResponseCase("not HTTP at all", b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "Expected HTTP/"),
-    ResponseCase("HTTP/2.0 in the status line", b"HTTP/2.0 200 OK\r\n" + SSE_TYPE + b"Content-Length: 0\r\n\r\n",
-                 "HTTP/2.0 response"),
+    ResponseCase(
+        "HTTP/2.0 in the status line", b"HTTP/2.0 200 OK\r\n" + SSE_TYPE + b"Content-Length: 0\r\n\r\n", "HTTP/2.0 response"
+    ),
 )
 
 

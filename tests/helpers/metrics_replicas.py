@@ -12,10 +12,14 @@ Metrics = Callable[[asyncio.StreamWriter], Awaitable[None]]
 
 def page(queries: int) -> Metrics:
     """A vLLM-like page with this many prefix-cache queries."""
+
     async def answer(writer: asyncio.StreamWriter) -> None:
-        text = (f"# TYPE vllm:prefix_cache_queries_total counter\n"
-                f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {queries}\n').encode()
+        text = (
+            f"# TYPE vllm:prefix_cache_queries_total counter\n"
+            f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {queries}\n'
+        ).encode()
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text))
+
     return answer
 
 
@@ -43,8 +47,9 @@ async def replica(metrics: Metrics) -> AsyncIterator[str]:
                 if path == b"/metrics":
                     await metrics(writer)
                 else:
-                    writer.write(b"HTTP/1.1 %s\r\nContent-Length: 2\r\n\r\n{}" % (
-                        b"200 OK" if path == b"/health" else b"404 Not Found"))
+                    writer.write(
+                        b"HTTP/1.1 %s\r\nContent-Length: 2\r\n\r\n{}" % (b"200 OK" if path == b"/health" else b"404 Not Found")
+                    )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

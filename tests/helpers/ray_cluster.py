@@ -75,16 +75,32 @@ def start_ray_head(workdir: Path, *, num_cpus: int = 2, ready_timeout_s: float =
     token_path = workdir / f"ray-token-{port}"
     token_path.write_text(secrets.token_hex(32))
     client_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_USAGE_STATS_ENABLED": "0", **client_env}
-    argv = [_ray_cli(), "start", "--head", "--block", "--port", str(port), "--num-cpus", str(num_cpus),
-            "--include-dashboard=false", "--temp-dir", str(temp_dir), "--disable-usage-stats"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **client_env,
+    }
+    argv = [
+        _ray_cli(),
+        "start",
+        "--head",
+        "--block",
+        "--port",
+        str(port),
+        "--num-cpus",
+        str(num_cpus),
+        "--include-dashboard=false",
+        "--temp-dir",
+        str(temp_dir),
+        "--disable-usage-stats",
+    ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         _wait_ready(process, port, log_path, ready_timeout_s)
-        yield RayHead(address=f"127.0.0.1:{port}", temp_dir=temp_dir, log_path=log_path, pid=process.pid,
-                      client_env=client_env)
+        yield RayHead(address=f"127.0.0.1:{port}", temp_dir=temp_dir, log_path=log_path, pid=process.pid, client_env=client_env)
     finally:
         _stop(process, temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -46,9 +46,25 @@ class RedisServer:
         return self.directory / f"redis-{self.port}.log"
 
     def start(self, timeout_s: float = 10.0) -> None:
-        argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-                "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", str(self.log_path),
-                "--protected-mode", "no"]
+        argv = [
+            REDIS_SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.log_path),
+            "--protected-mode",
+            "no",
+        ]
         if self.password:
             argv += ["--requirepass", self.password]
         self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -67,8 +83,7 @@ class RedisServer:
     def client(self) -> Any:
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=2,
-                           decode_responses=True)
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=2, decode_responses=True)
 
     def kill(self) -> None:
         """SIGKILL: connections drop mid-call, nothing is flushed."""

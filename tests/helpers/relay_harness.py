@@ -47,8 +47,12 @@ def frame(data: bytes) -> bytes:
 
 
 def token(text: str, usage: dict | None = None) -> bytes:
-    payload: dict = {"id": "x", "object": "chat.completion.chunk", "model": MODEL,
-                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    payload: dict = {
+        "id": "x",
+        "object": "chat.completion.chunk",
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
     if usage is not None:
         payload["usage"] = usage
     return event(payload)
@@ -92,8 +96,12 @@ class ScriptedReplica:
                 if length:
                     await reader.readexactly(length)
                 if method == "GET":
-                    body = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]} if path == "/v1/models" else {}).encode()
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                    body = json.dumps(
+                        {"object": "list", "data": [{"id": MODEL, "object": "model"}]} if path == "/v1/models" else {}
+                    ).encode()
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                    )
                     await writer.drain()
                     continue
                 self.posts += 1
@@ -185,7 +193,7 @@ class ClientSide(asyncio.Protocol):
         length = int(headers.get("content-length", "0"))
         if len(self.buffer) < end + 4 + length:
             return
-        body = self.buffer[end + 4:end + 4 + length]
+        body = self.buffer[end + 4 : end + 4 + length]
         request = Request(method, target, target.partition("?")[0], headers, body, version == "HTTP/1.0", self)
         self.task = asyncio.ensure_future(self._serve(request))
 
@@ -276,8 +284,14 @@ class ForwardingHarness:
     async def handle(self, request: Request) -> Answer:
         log = RequestLog(request_id=f"r{len(self.logs)}", path=request.path, stream=True, received_mono=time.monotonic())
         self.logs.append(log)
-        routed = RoutedRequest(request_id=log.request_id, model=None, stream=True, prompt_tokens=8,
-                               expected_output_tokens=16, counts_events=self.counts_events)
+        routed = RoutedRequest(
+            request_id=log.request_id,
+            model=None,
+            stream=True,
+            prompt_tokens=8,
+            expected_output_tokens=16,
+            counts_events=self.counts_events,
+        )
         return await self.forwarder.forward(request, request.body, routed, log)
 
     def in_flight(self) -> int:
@@ -285,9 +299,17 @@ class ForwardingHarness:
 
 
 @asynccontextmanager
-async def forwarding(urls: list[str], *, high_water: int | None = None, send_buffer: int | None = None, max_attempts: int = 3,
-                     idle_chunk_timeout_s: float = 30.0, first_token_timeout_s: float = 30.0,
-                     counts_events: bool = False, watchdog_tick_s: float = 0.05) -> AsyncIterator[ForwardingHarness]:
+async def forwarding(
+    urls: list[str],
+    *,
+    high_water: int | None = None,
+    send_buffer: int | None = None,
+    max_attempts: int = 3,
+    idle_chunk_timeout_s: float = 30.0,
+    first_token_timeout_s: float = 30.0,
+    counts_events: bool = False,
+    watchdog_tick_s: float = 0.05,
+) -> AsyncIterator[ForwardingHarness]:
     pool = ReplicaPool(urls)
     for replica in pool.replicas:
         replica.healthy = True  # no probes here: the scripted replicas are taken to be up
@@ -295,9 +317,16 @@ async def forwarding(urls: list[str], *, high_water: int | None = None, send_buf
     watchdog = Watchdog(tick_s=watchdog_tick_s)
     watchdog.start()
     policy = RecordingPolicy()
-    forwarder = Forwarder(pool, policy, upstream, watchdog, max_attempts=max_attempts,
-                          retry_budget=RetryBudget(1.0, 100.0), idle_chunk_timeout_s=idle_chunk_timeout_s,
-                          first_token_timeout_s=first_token_timeout_s)
+    forwarder = Forwarder(
+        pool,
+        policy,
+        upstream,
+        watchdog,
+        max_attempts=max_attempts,
+        retry_budget=RetryBudget(1.0, 100.0),
+        idle_chunk_timeout_s=idle_chunk_timeout_s,
+        first_token_timeout_s=first_token_timeout_s,
+    )
     harness = ForwardingHarness(forwarder, policy, pool, upstream, counts_events=counts_events)
 
     def client() -> ClientSide:
@@ -319,8 +348,11 @@ async def forwarding(urls: list[str], *, high_water: int | None = None, send_buf
 
 def chat_request(http10: bool = False, body: bytes = b'{"stream": true}') -> bytes:
     version = b"HTTP/1.0" if http10 else b"HTTP/1.1"
-    return (b"POST /v1/chat/completions %s\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-            % (version, len(body), body))
+    return b"POST /v1/chat/completions %s\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        version,
+        len(body),
+        body,
+    )
 
 
 @dataclass
@@ -363,9 +395,16 @@ class ClientView:
         return errors[0] if errors else None
 
 
-async def read_answer(port: int, *, http10: bool = False, request: bytes | None = None, timeout_s: float = 10.0,
-                      read_delays: Callable[[], float] | None = None, receive_buffer: int | None = None,
-                      on_first: Callable[[bytes], None] | None = None) -> ClientView:
+async def read_answer(
+    port: int,
+    *,
+    http10: bool = False,
+    request: bytes | None = None,
+    timeout_s: float = 10.0,
+    read_delays: Callable[[], float] | None = None,
+    receive_buffer: int | None = None,
+    on_first: Callable[[bytes], None] | None = None,
+) -> ClientView:
     """Send one request on a fresh connection and read the answer to its end (or the close).
     `read_delays` gives a pause before each read: a client that reads slowly."""
     sock = socket.socket()

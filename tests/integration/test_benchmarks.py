@@ -48,23 +48,30 @@ SMOKES_AT_ONCE = 2  # the CI machine's cores
 
 
 def _run_smoke(script: Path, workdir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-           "VLMSERVE_HOME": str(workdir / "home")}
-    return subprocess.run([sys.executable, str(script), "--smoke", *extra], cwd=workdir, env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+        "VLMSERVE_HOME": str(workdir / "home"),
+    }
+    return subprocess.run(
+        [sys.executable, str(script), "--smoke", *extra], cwd=workdir, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
-def smoke_runs(request: pytest.FixtureRequest,
-               tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str] | BaseException]:
+def smoke_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, subprocess.CompletedProcess[str] | BaseException]:
     """The `--smoke` run of every script this session selected (so `-k gateway_overhead` runs one),
     SMOKES_AT_ONCE at a time; a script name maps to its finished process, or to the exception
     that stopped it (a timeout), which its own test then reports."""
-    selected = [item.callspec.params["script"] for item in request.session.items
-                if getattr(item, "originalname", None) == "test_benchmark_smoke"]
+    selected = [
+        item.callspec.params["script"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_benchmark_smoke"
+    ]
     with ThreadPoolExecutor(max_workers=SMOKES_AT_ONCE) as pool:
-        futures = {script.name: pool.submit(_run_smoke, script, tmp_path_factory.mktemp(script.stem))
-                   for script in selected}
+        futures = {script.name: pool.submit(_run_smoke, script, tmp_path_factory.mktemp(script.stem)) for script in selected}
     return {name: future.exception() or future.result() for name, future in futures.items()}
 
 
@@ -85,8 +92,9 @@ def test_gateway_overhead_counts_system_calls_per_proxy(tmp_path: Path, monkeypa
     if problem is not None:
         pytest.skip(problem)
     out = tmp_path / "overhead.json"
-    done = _run_smoke(REPO_ROOT / "benchmarks" / "gateway_overhead.py", tmp_path, "--syscalls", "--only", "vlmserve",
-                      "--json-out", str(out))
+    done = _run_smoke(
+        REPO_ROOT / "benchmarks" / "gateway_overhead.py", tmp_path, "--syscalls", "--only", "vlmserve", "--json-out", str(out)
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "system calls per request" in done.stdout
     counts = json.loads(out.read_text())["syscalls_per_request"]["vlmserve"]

@@ -18,7 +18,8 @@ from tests.hostile_report import TABLE_END, TABLE_START, render_markdown, replac
 def test_counts_tracebacks_in_logs_and_requests_lost(tmp_path: Path) -> None:
     case_dir = tmp_path / "cases"
     case_dir.mkdir()
-    (case_dir / "test_cases.py").write_text(textwrap.dedent('''
+    (case_dir / "test_cases.py").write_text(
+        textwrap.dedent("""
         import logging
         import pytest
 
@@ -41,12 +42,29 @@ def test_counts_tracebacks_in_logs_and_requests_lost(tmp_path: Path) -> None:
 
         def test_not_hostile():
             pass
-    '''))
+    """)
+    )
     results = tmp_path / "results.json"
     env = {**os.environ, "VLMSERVE_HOSTILE_REPORT": str(results), "PYTHONPATH": str(REPO_ROOT)}
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.hostile_report", "-p", "no:cacheprovider",
-                    "-m", "hostile", str(case_dir / "test_cases.py")],
-                   cwd=tmp_path, env=env, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.hostile_report",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "hostile",
+            str(case_dir / "test_cases.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
     entries = {e["case"]: e for e in json.loads(results.read_text())}
     assert set(entries) == {"a case that logs a traceback to a file", "a case that logs an exception", "a case that fails"}
     assert entries["a case that logs a traceback to a file"]["tracebacks"] == 1

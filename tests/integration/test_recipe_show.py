@@ -18,13 +18,15 @@ from vlmserve.vllm_flags import vllm_package_dir
 
 def _show(vlmserve_cmd: list[str], *args: object) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([*vlmserve_cmd, "recipe", "show", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [*vlmserve_cmd, "recipe", "show", *map(str, args)], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.mark.skipif(vllm_package_dir() is None, reason="vLLM is not installed")
-def test_gemma4_recipe_needs_nothing_dropped_and_user_flags_are_checked(vlmserve_cmd: list[str], tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_gemma4_recipe_needs_nothing_dropped_and_user_flags_are_checked(
+    vlmserve_cmd: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     directory = model_dir(tmp_path, "gemma-4-31b-it", GEMMA4_31B_IT)
     done = _show(vlmserve_cmd, directory, "--flag", "tool_call_parser=hermes")
     assert done.returncode == 0, done.stderr

@@ -66,9 +66,7 @@ def gateway_requests_finished(endpoint: str) -> float:
     """Requests the gateway has finished so far, from its own /metrics."""
     reply = httpx.get(f"{endpoint}/metrics", timeout=10, trust_env=False)
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in reply.text.splitlines()
-        if line.startswith("vlmserve_gateway_requests_total{")
+        float(line.rsplit(" ", 1)[1]) for line in reply.text.splitlines() if line.startswith("vlmserve_gateway_requests_total{")
     )
 
 
@@ -228,7 +226,10 @@ def test_default_detection_time_is_documented() -> None:
 @pytest.mark.slow
 @pytest.mark.hostile("one replica stops answering (SIGSTOP) under a 500-request bench: restarted, every request ends")
 def test_hung_replica_is_restarted_and_every_request_ends(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]],  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    tmp_path: Path,
+    up_process: list[subprocess.Popen[str]],  # noqa: F811
     record_property: Callable[[str, object], None],
 ) -> None:
     name = "hung"
@@ -253,8 +254,9 @@ def test_hung_replica_is_restarted_and_every_request_ends(
 
         def killed() -> dict | None:  # type: ignore[type-arg]
             now = read_state(home, name)
-            return now if now and now["replicas"][1]["restarts"] >= 1 or (
-                now and now["replicas"][1]["state"] != "ready") else None
+            return (
+                now if now and now["replicas"][1]["restarts"] >= 1 or (now and now["replicas"][1]["state"] != "ready") else None
+            )
 
         wait_for(killed, 120, "the hung replica to be killed", proc)
         took_s = time.monotonic() - stopped_at
@@ -262,8 +264,10 @@ def test_hung_replica_is_restarted_and_every_request_ends(
 
         detection_s = LivenessOptions(**liveness).detection_s  # 3.5 s
         state = wait_for(
-            lambda: (s := all_ready(home, name, 2)) and s["replicas"][1]["restarts"] == 1 and s, 120,
-            "the hung replica to be ready again", proc,
+            lambda: (s := all_ready(home, name, 2)) and s["replicas"][1]["restarts"] == 1 and s,
+            120,
+            "the hung replica to be ready again",
+            proc,
         )
         # the documented bound, plus the monitor's 0.5 s poll and scheduling on a shared machine
         assert took_s <= detection_s + 5.0, f"hung replica killed after {took_s:.1f} s (bound {detection_s} s)"
@@ -295,7 +299,9 @@ def test_hung_replica_is_restarted_and_every_request_ends(
 @needs_sim
 @pytest.mark.hostile("the supervisor is SIGKILLed: a second up with the same name refuses; status and down see the orphans")
 def test_orphans_of_a_killed_supervisor_block_a_second_up(
-    vlmserve_cmd: list[str], home: Path, up_process: list[subprocess.Popen[str]]  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    up_process: list[subprocess.Popen[str]],  # noqa: F811
 ) -> None:
     name = "orphans"
     proc = spawn_up(vlmserve_cmd, home, up_process, "--name", name, "--engine", "sim", "--model", "m",
@@ -338,7 +344,10 @@ def test_orphans_of_a_killed_supervisor_block_a_second_up(
 @needs_sim
 @pytest.mark.hostile("up on 0.0.0.0 without keys refuses; open: true serves and says it is open")
 def test_non_loopback_without_keys_needs_open(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]]  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    tmp_path: Path,
+    up_process: list[subprocess.Popen[str]],  # noqa: F811
 ) -> None:
     port = free_ports(2)
     refused = spawn_up(vlmserve_cmd, home, up_process, "--name", "exposed", "--engine", "sim", "--host", "0.0.0.0",
@@ -363,7 +372,10 @@ def test_non_loopback_without_keys_needs_open(
 @needs_sim
 @pytest.mark.hostile("a spec with keys_file and TLS: HTTPS only, 401 without a key, audit_log records requests")
 def test_keys_file_and_tls_in_the_spec_make_the_gateway_ask_for_keys_over_https(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]]  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    tmp_path: Path,
+    up_process: list[subprocess.Popen[str]],  # noqa: F811
 ) -> None:
     deploy = tmp_path / "deploy"
     write_spec(deploy / "keys.yaml", tenants=[{"name": "clinic", "keys": ["sk-clinic-1"]}])

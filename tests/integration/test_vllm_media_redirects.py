@@ -71,7 +71,8 @@ def _fetch(url: str) -> object:
 
 @pytest.mark.hostile("SSRF at the engine: real vLLM media fetcher and a listed host redirecting to an internal path")
 def test_vllm_with_vlmserves_env_does_not_follow_a_media_redirect(
-        redirecting_host: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    redirecting_host: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     base, served = redirecting_host
     monkeypatch.setenv("VLLM_MEDIA_FETCH_MAX_RETRIES", "1")
     monkeypatch.setenv("VLLM_MEDIA_URL_ALLOW_REDIRECTS", "1")  # vLLM's default: the control

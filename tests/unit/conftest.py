@@ -28,8 +28,12 @@ def _refuse(what: str) -> Any:
 
 @contextmanager
 def _no_subprocesses() -> Iterator[None]:
-    saved = (subprocess.Popen.__init__, asyncio.create_subprocess_exec, asyncio.create_subprocess_shell,
-             multiprocessing.process.BaseProcess.start)
+    saved = (
+        subprocess.Popen.__init__,
+        asyncio.create_subprocess_exec,
+        asyncio.create_subprocess_shell,
+        multiprocessing.process.BaseProcess.start,
+    )
     subprocess.Popen.__init__ = _refuse("subprocess.Popen")  # type: ignore[method-assign]
     asyncio.create_subprocess_exec = _refuse("asyncio.create_subprocess_exec")
     asyncio.create_subprocess_shell = _refuse("asyncio.create_subprocess_shell")
@@ -37,8 +41,12 @@ def _no_subprocesses() -> Iterator[None]:
     try:
         yield
     finally:
-        (subprocess.Popen.__init__, asyncio.create_subprocess_exec, asyncio.create_subprocess_shell,
-         multiprocessing.process.BaseProcess.start) = saved  # type: ignore[method-assign]
+        (
+            subprocess.Popen.__init__,
+            asyncio.create_subprocess_exec,
+            asyncio.create_subprocess_shell,
+            multiprocessing.process.BaseProcess.start,
+        ) = saved  # type: ignore[method-assign]
 
 
 @pytest.hookimpl(hookwrapper=True)

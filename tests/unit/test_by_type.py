@@ -12,18 +12,39 @@ from vlmserve.results.summary import FIGURES, figure
 from vlmserve.spec import SLO
 
 
-def record(index: int, request_type: str = "text", *, ttft: float = 0.5, upload: float | None = 0.05,
-           engine: tuple[float, float, float] | None = (0.4, 0.1, 0.2), repeat: bool | None = None,
-           ok: bool = True, size: int = 1000) -> RequestRecord:
+def record(
+    index: int,
+    request_type: str = "text",
+    *,
+    ttft: float = 0.5,
+    upload: float | None = 0.05,
+    engine: tuple[float, float, float] | None = (0.4, 0.1, 0.2),
+    repeat: bool | None = None,
+    ok: bool = True,
+    size: int = 1000,
+) -> RequestRecord:
     """One answered request sent at `index` s: TTFT `ttft`, two tokens, engine (ttft, queue, prefill)."""
     sent = float(index)
     engine_ttft, queue, prefill = engine if engine is not None else (None, None, None)
     return RequestRecord(
-        f"r{index}", sent, sent, first_token_at_s=sent + ttft, finished_at_s=sent + ttft + 0.1,
-        chunk_times_s=[sent + ttft, sent + ttft + 0.1], chunk_tokens=[1, 1], output_tokens=2, ok=ok,
-        error_kind=None if ok else "http_500", request_type=request_type, image_repeat=repeat,
-        image_count=1 if request_type == "image" else 0, upload_s=upload, request_bytes=size,
-        engine_ttft_s=engine_ttft, engine_queue_s=queue, engine_prefill_s=prefill,
+        f"r{index}",
+        sent,
+        sent,
+        first_token_at_s=sent + ttft,
+        finished_at_s=sent + ttft + 0.1,
+        chunk_times_s=[sent + ttft, sent + ttft + 0.1],
+        chunk_tokens=[1, 1],
+        output_tokens=2,
+        ok=ok,
+        error_kind=None if ok else "http_500",
+        request_type=request_type,
+        image_repeat=repeat,
+        image_count=1 if request_type == "image" else 0,
+        upload_s=upload,
+        request_bytes=size,
+        engine_ttft_s=engine_ttft,
+        engine_queue_s=queue,
+        engine_prefill_s=prefill,
     )
 
 
@@ -40,8 +61,13 @@ def test_one_request_s_parts_add_up_to_its_client_ttft() -> None:
 
 
 def test_means_cover_only_requests_with_every_part_so_they_add_up() -> None:
-    records = [record(0, ttft=0.5, engine=(0.4, 0.1, 0.2)), record(1, ttft=0.9, engine=(0.8, 0.3, 0.4)),
-               record(2, ttft=5.0, engine=None), record(3, upload=None), record(4, ok=False)]
+    records = [
+        record(0, ttft=0.5, engine=(0.4, 0.1, 0.2)),
+        record(1, ttft=0.9, engine=(0.8, 0.3, 0.4)),
+        record(2, ttft=5.0, engine=None),
+        record(3, upload=None),
+        record(4, ok=False),
+    ]
     block = ttft_breakdown(records)
     assert block is not None and block["source"] == "engine spans"
     assert block["requests"] == 2 and block["without_engine_timings"] == 1
@@ -66,8 +92,7 @@ def test_without_engine_timings_only_upload_and_the_rest_are_given() -> None:
 
 def mixed_run() -> list[RequestRecord]:
     texts = [record(index, "text", ttft=0.2, size=500, engine=(0.15, 0.05, 0.05)) for index in range(4)]
-    images = [record(10 + index, "image", ttft=0.8, size=50_000, repeat=index >= 2, engine=(0.7, 0.1, 0.5))
-              for index in range(4)]
+    images = [record(10 + index, "image", ttft=0.8, size=50_000, repeat=index >= 2, engine=(0.7, 0.1, 0.5)) for index in range(4)]
     return texts + images + [record(20, "image", ok=False, repeat=False, size=50_000)]
 
 
@@ -140,22 +165,33 @@ def test_slo_parses_per_type_objectives_beside_plain_ones() -> None:
     assert SLO.parse("ttft_p95=500ms").by_type == {}  # the plain form is unchanged
 
 
-@pytest.mark.parametrize("text, message", [
-    ("vid:ttft_p95=1s", "--slo: unknown request type 'vid' in 'vid:ttft_p95=1s'; use text, image, multi-image, video, audio"),
-    (":ttft_p95=1s", "--slo: unknown request type '' in ':ttft_p95=1s'; use text, image, multi-image, video, audio"),
-    ("image:text:ttft_p95=1s",
-     "--slo: unknown request type 'image:text' in 'image:text:ttft_p95=1s'; use text, image, multi-image, video, audio"),
-    ("image:ttft=1s", "--slo: unknown objective 'ttft'; use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>=DURATION, "
-                      "or a rate objective schema_valid / tool_call_valid>=FRACTION (e.g. schema_valid>=0.99 or >=99%)"),
-    ("image:ttft_p95", "--slo: 'image:ttft_p95' has no '='; write it like ttft_p95=500ms,image:ttft_p95=800ms"),
-    ("image:ttft_p95=fast", "--slo: 'fast' is not a duration; write it like 500ms or 5s"),
-    ("image:ttft_p95=-5ms", "--slo: '-5ms' is not a duration; write it like 500ms or 5s"),
-    ("image:ttft_p95=10 minutes", "--slo: '10 minutes' is not a duration; write it like 500ms or 5s"),
-    ("image:ttft_p95=0ms", "--slo: 'image:ttft_p95' must be positive"),
-    ("image:ttft_p95=1s,image:ttft_p95=2s", "--slo: 'image:ttft_p95' is given twice; keep one bound"),
-    ("ttft_p95=1s,ttft_p95=2s", "--slo: 'ttft_p95' is given twice; keep one bound"),
-    ("Image:ttft_p95=1s", "--slo: unknown request type 'Image' in 'Image:ttft_p95=1s'; use text, image, multi-image, video, audio"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("vid:ttft_p95=1s", "--slo: unknown request type 'vid' in 'vid:ttft_p95=1s'; use text, image, multi-image, video, audio"),
+        (":ttft_p95=1s", "--slo: unknown request type '' in ':ttft_p95=1s'; use text, image, multi-image, video, audio"),
+        (
+            "image:text:ttft_p95=1s",
+            "--slo: unknown request type 'image:text' in 'image:text:ttft_p95=1s'; use text, image, multi-image, video, audio",
+        ),
+        (
+            "image:ttft=1s",
+            "--slo: unknown objective 'ttft'; use <ttft|tpot|itl|e2e>_<p50|p90|p95|p99|p999|mean>=DURATION, "
+            "or a rate objective schema_valid / tool_call_valid>=FRACTION (e.g. schema_valid>=0.99 or >=99%)",
+        ),
+        ("image:ttft_p95", "--slo: 'image:ttft_p95' has no '='; write it like ttft_p95=500ms,image:ttft_p95=800ms"),
+        ("image:ttft_p95=fast", "--slo: 'fast' is not a duration; write it like 500ms or 5s"),
+        ("image:ttft_p95=-5ms", "--slo: '-5ms' is not a duration; write it like 500ms or 5s"),
+        ("image:ttft_p95=10 minutes", "--slo: '10 minutes' is not a duration; write it like 500ms or 5s"),
+        ("image:ttft_p95=0ms", "--slo: 'image:ttft_p95' must be positive"),
+        ("image:ttft_p95=1s,image:ttft_p95=2s", "--slo: 'image:ttft_p95' is given twice; keep one bound"),
+        ("ttft_p95=1s,ttft_p95=2s", "--slo: 'ttft_p95' is given twice; keep one bound"),
+        (
+            "Image:ttft_p95=1s",
+            "--slo: unknown request type 'Image' in 'Image:ttft_p95=1s'; use text, image, multi-image, video, audio",
+        ),
+    ],
+)
 def test_hostile_slo_text_gets_one_line_naming_the_problem(text: str, message: str) -> None:
     with pytest.raises(UserError) as caught:
         SLO.parse(text)

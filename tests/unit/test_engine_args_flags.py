@@ -37,8 +37,7 @@ def test_tool_and_reasoning_flags_reach_the_command_line() -> None:
 def test_a_misspelt_flag_is_refused_with_a_suggestion() -> None:
     message = _error(tool_call_parsr="hermes")
     assert message == (
-        "deploy.yaml: field 'engine_args.tool_call_parsr': not a flag of the installed vLLM; "
-        "did you mean 'tool_call_parser'?"
+        "deploy.yaml: field 'engine_args.tool_call_parsr': not a flag of the installed vLLM; did you mean 'tool_call_parser'?"
     )
     assert "did you mean 'max_num_seqs'" in _error(max_num_seq=4)
 

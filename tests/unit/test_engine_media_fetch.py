@@ -67,8 +67,9 @@ def test_the_specs_internal_media_opt_in_reaches_the_gateway_command() -> None:
     from vlmserve.deploy.front_door import gateway_argv
 
     assert "--allow-internal-media-addresses" not in gateway_argv(_spec(), ["http://127.0.0.1:8001"])
-    argv = gateway_argv(_spec(allowed_media_domains=["images.internal"], allow_internal_media_addresses=True),
-                        ["http://127.0.0.1:8001"])
+    argv = gateway_argv(
+        _spec(allowed_media_domains=["images.internal"], allow_internal_media_addresses=True), ["http://127.0.0.1:8001"]
+    )
     assert "--allow-internal-media-addresses" in argv
     # the gateway's own parser takes the flag (no replica given: refused after parsing, before serving)
     result = CliRunner().invoke(build_app(), ["gateway", "--allow-internal-media-addresses"])

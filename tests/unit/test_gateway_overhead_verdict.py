@@ -25,26 +25,39 @@ def test_the_median_interval_is_the_order_statistics_that_cover_it_with_95_perce
     for count in range(6, 40):
         median, low, high = overhead.median_interval([float(v) for v in range(1, count + 1)])
         k = int(low)  # the order statistic's rank
-        coverage = 1 - 2 * sum(math.comb(count, i) for i in range(k)) / 2 ** count
+        coverage = 1 - 2 * sum(math.comb(count, i) for i in range(k)) / 2**count
         assert coverage >= 0.95 and high == count + 1 - k
-        assert 1 - 2 * sum(math.comb(count, i) for i in range(k + 1)) / 2 ** count < 0.95  # and no tighter
+        assert 1 - 2 * sum(math.comb(count, i) for i in range(k + 1)) / 2**count < 0.95  # and no tighter
     assert overhead.median_interval([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)  # too few rounds: the full range
 
 
 def _trial(overhead: ModuleType, route: str, ttft_ms: float, cpu_per_chunk: float) -> object:
-    return overhead.Trial(route=route, ttft_ms=[ttft_ms] * 100, ok=100, failed=0, output_tokens=3200, wall_s=1.0,
-                          loadgen_cpu=0.1, proxy_cpu=0.1, proxy_cpu_us_per_chunk=cpu_per_chunk, proxy_kernel_share=0.4)
+    return overhead.Trial(
+        route=route,
+        ttft_ms=[ttft_ms] * 100,
+        ok=100,
+        failed=0,
+        output_tokens=3200,
+        wall_s=1.0,
+        loadgen_cpu=0.1,
+        proxy_cpu=0.1,
+        proxy_cpu_us_per_chunk=cpu_per_chunk,
+        proxy_kernel_share=0.4,
+    )
 
 
-def test_the_verdict_says_below_above_or_not_distinguishable(overhead: ModuleType,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_verdict_says_below_above_or_not_distinguishable(overhead: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     rounds = []
     for index in range(10):
         noise = (index % 3 - 1) * 0.01
-        rounds.append([_trial(overhead, "direct", 21.0, 0.0),
-                       _trial(overhead, "vllm-router", 21.3, 33.0),
-                       _trial(overhead, "vlmserve", 21.1 + noise, 33.0 * (0.90 + noise)),  # clearly below
-                       _trial(overhead, "other", 21.3 + 5 * noise, 33.0 * (1.0 + 2 * noise))])  # around parity
+        rounds.append(
+            [
+                _trial(overhead, "direct", 21.0, 0.0),
+                _trial(overhead, "vllm-router", 21.3, 33.0),
+                _trial(overhead, "vlmserve", 21.1 + noise, 33.0 * (0.90 + noise)),  # clearly below
+                _trial(overhead, "other", 21.3 + 5 * noise, 33.0 * (1.0 + 2 * noise)),
+            ]
+        )  # around parity
     verdicts = overhead.against(rounds, ["direct", "vlmserve", "other", "vllm-router"])
     assert set(verdicts) == {"vlmserve", "other"}
     median, low, high = verdicts["vlmserve"]["cpu_per_chunk_over"]
@@ -81,8 +94,7 @@ def test_perf_counts_are_read_per_system_call(overhead: ModuleType) -> None:
     assert overhead.parse_syscall_counts("Error: No permissions to read /sys/kernel/tracing/events\n") == {}
 
 
-def test_syscalls_without_perf_is_one_clear_line(overhead: ModuleType, monkeypatch: pytest.MonkeyPatch,
-                                                tmp_path: Path) -> None:
+def test_syscalls_without_perf_is_one_clear_line(overhead: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(overhead.shutil, "which", lambda name: None)
     assert overhead.syscall_tracing_problem() == "--syscalls needs `perf` (Debian: apt-get install linux-perf)"
     monkeypatch.setattr(overhead.shutil, "which", lambda name: "/usr/bin/perf")
@@ -93,14 +105,20 @@ def test_syscalls_without_perf_is_one_clear_line(overhead: ModuleType, monkeypat
 def _json_run(overhead: ModuleType, path: Path, ttft_offset: float, **settings: str) -> Path:
     """A --json-out file of five rounds, as main() writes it (settings as str, each TTFT kept)."""
     args = {key: "1" for key in overhead.POOLED_SETTINGS} | {"rounds": "5"} | settings
-    rounds = [[{**vars(_trial(overhead, name, ttft, 33.0))} for name, ttft in
-               (("direct", 21.0), ("vllm-router", 21.3), ("vlmserve", 21.3 + ttft_offset))] for _ in range(5)]
+    rounds = [
+        [
+            {**vars(_trial(overhead, name, ttft, 33.0))}
+            for name, ttft in (("direct", 21.0), ("vllm-router", 21.3), ("vlmserve", 21.3 + ttft_offset))
+        ]
+        for _ in range(5)
+    ]
     path.write_text(json.dumps({"args": args, "rounds": rounds}))
     return path
 
 
-def test_pooled_runs_are_paired_round_by_round_as_one_run(overhead: ModuleType, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_pooled_runs_are_paired_round_by_round_as_one_run(
+    overhead: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     first = _json_run(overhead, tmp_path / "a.json", -0.10)
     second = _json_run(overhead, tmp_path / "b.json", +0.05)
     args, rounds = overhead.load_rounds([first, second])
@@ -112,15 +130,20 @@ def test_pooled_runs_are_paired_round_by_round_as_one_run(overhead: ModuleType, 
     pooled = tmp_path / "pooled.json"
     overhead.write_results(pooled, args, overhead.report(rounds, args), {"pooled_from": [str(first), str(second)]})
     assert json.loads(pooled.read_text())["against_vllm_router"]["vlmserve"]["ttft_p50_ms_minus"] == [median, low, high]
-    with pytest.raises(SystemExit, match=r"pooled\.json: it is a pooled summary with no rounds; pool the files it came "
-                                         r"from: .*a\.json .*b\.json"):
+    with pytest.raises(
+        SystemExit,
+        match=r"pooled\.json: it is a pooled summary with no rounds; pool the files it came "
+        r"from: .*a\.json .*b\.json",
+    ):
         overhead.load_rounds([pooled, first])  # its rounds would count twice
 
 
 def test_pooling_refuses_runs_it_cannot_pair_with_one_line(overhead: ModuleType, tmp_path: Path) -> None:
     first = _json_run(overhead, tmp_path / "a.json", 0.0)
     other_load = _json_run(overhead, tmp_path / "b.json", 0.0, streams="256")
-    with pytest.raises(SystemExit, match=r"b\.json: --streams is 256, not 1 as in .*a\.json: only runs of the same settings pool"):
+    with pytest.raises(
+        SystemExit, match=r"b\.json: --streams is 256, not 1 as in .*a\.json: only runs of the same settings pool"
+    ):
         overhead.load_rounds([first, other_load])
     old = tmp_path / "old.json"
     data = json.loads(first.read_text())

@@ -17,8 +17,23 @@ PACKAGE_ROOT = Path(vlmserve.__file__).parent
 
 # Bottom to top. A name is a top-level module (without .py) or a sub-package of src/vlmserve.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundation", {"__init__", "errors", "paths", "vllm_flags", "vllm_names", "async_tasks", "routing", "quiet_gc",
-                    "bounded_read", "http1", "json_types", "prometheus_text"}),
+    (
+        "foundation",
+        {
+            "__init__",
+            "errors",
+            "paths",
+            "vllm_flags",
+            "vllm_names",
+            "async_tasks",
+            "routing",
+            "quiet_gc",
+            "bounded_read",
+            "http1",
+            "json_types",
+            "prometheus_text",
+        },
+    ),
     ("vision", {"vision"}),
     ("media", {"media"}),
     ("discovery", {"discovery"}),
@@ -105,7 +120,7 @@ def test_no_cycle_between_packages() -> None:
         trail.append(unit)
         for target in sorted(graph.get(unit, ())):
             if state.get(target) == 1:
-                cycles.append(" -> ".join(trail[trail.index(target):] + [target]))
+                cycles.append(" -> ".join(trail[trail.index(target) :] + [target]))
             elif target not in state:
                 visit(target)
         trail.pop()

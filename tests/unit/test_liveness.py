@@ -71,7 +71,9 @@ def engine() -> Iterator[tuple[Engine, str]]:
         server.server_close()
 
 
-def watch(url: str, verdicts: list[str], options: LivenessOptions, role: str = "replica") -> tuple[LivenessWatch, threading.Event]:
+def watch(
+    url: str, verdicts: list[str], options: LivenessOptions, role: str = "replica"
+) -> tuple[LivenessWatch, threading.Event]:
     stopping = threading.Event()
     process = object()
     subject = Subject(url=url, model="m", process=process, role=role)  # type: ignore[arg-type]
@@ -121,8 +123,10 @@ def first_verdict(url: str, options: LivenessOptions, role: str = "replica") -> 
     return verdicts
 
 
-@pytest.mark.hostile("the gateway stops answering /health (SIGSTOP, a wedged event loop): judged hung on "
-                     "/health alone, with no generation sent through it")
+@pytest.mark.hostile(
+    "the gateway stops answering /health (SIGSTOP, a wedged event loop): judged hung on "
+    "/health alone, with no generation sent through it"
+)
 def test_a_silent_gateway_is_judged_on_health_alone(engine: tuple[Engine, str]) -> None:
     state, url = engine
     state.health_delay_s = None
@@ -152,8 +156,7 @@ def test_a_healthy_api_over_a_stalled_engine_is_judged(engine: tuple[Engine, str
     state.metrics_text = BUSY_AND_STILL  # /health answers at once; the counters never move
     state.generation_delay_s = None
     verdicts = first_verdict(url, STALL)
-    assert verdicts and verdicts[0].startswith(
-        "stalled: 3 waiting and 1 running, no prompt or generation token in "), verdicts
+    assert verdicts and verdicts[0].startswith("stalled: 3 waiting and 1 running, no prompt or generation token in "), verdicts
     assert verdicts[0].endswith("s while /health answers; no 1-token answer in 0.5 s"), verdicts
 
 

@@ -23,8 +23,7 @@ def fake_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "user"
 
 
-def test_data_root_override_then_xdg_then_default(fake_home: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_root_override_then_xdg_then_default(fake_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert paths.home_dir() == fake_home / ".local" / "share" / "vlmserve"
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert paths.home_dir() == tmp_path / "xdg" / "vlmserve"
@@ -34,8 +33,7 @@ def test_data_root_override_then_xdg_then_default(fake_home: Path, tmp_path: Pat
     assert paths.home_dir() == tmp_path / "xdg" / "vlmserve"
 
 
-def test_cache_root_override_then_xdg_then_default(fake_home: Path, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_root_override_then_xdg_then_default(fake_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert paths.cache_dir() == fake_home / ".cache" / "vlmserve"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     assert paths.cache_dir() == tmp_path / "xdg-cache" / "vlmserve"
@@ -44,8 +42,7 @@ def test_cache_root_override_then_xdg_then_default(fake_home: Path, tmp_path: Pa
     assert tiny_model_path() == fake_home / "cache" / TINY_MODEL_DIRNAME
 
 
-def test_every_writer_agrees_on_the_data_root(fake_home: Path, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_writer_agrees_on_the_data_root(fake_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The run store and the deployment state used to disagree about XDG_DATA_HOME; no more."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     root = tmp_path / "xdg" / "vlmserve"

@@ -55,9 +55,22 @@ def test_the_blocks_read_typed() -> None:
 
 
 @pytest.mark.hostile("a summary file with a misspelled key in any block is refused, never kept as a silent extra")
-@pytest.mark.parametrize("where", [(), ("meta",), ("client",), ("client", "cpu"), ("server",),
-                                   ("server", "engine_breakdown"), ("prefix_cache",), ("repeats",),
-                                   ("repeats", "runs", 0), ("ttft_ms",), ("goodput", "checks", "ttft_p95")])
+@pytest.mark.parametrize(
+    "where",
+    [
+        (),
+        ("meta",),
+        ("client",),
+        ("client", "cpu"),
+        ("server",),
+        ("server", "engine_breakdown"),
+        ("prefix_cache",),
+        ("repeats",),
+        ("repeats", "runs", 0),
+        ("ttft_ms",),
+        ("goodput", "checks", "ttft_p95"),
+    ],
+)
 def test_a_misspelled_key_fails_instead_of_becoming_a_silent_extra(where: tuple[str | int, ...]) -> None:
     data = json.loads((RESULTS / "summary-0.1-bench.json").read_text())
     block = data
@@ -86,8 +99,9 @@ def test_a_stored_run_that_does_not_read_is_one_line(tmp_path: Path, monkeypatch
     summary = summarize(saturating_records(2, requests=4), None)
     run_id = store.save_run(RunResult(records=[], summary=summary))
     with store._connect() as connection:
-        connection.execute("UPDATE runs SET summary = ? WHERE run_id = ?",
-                           [json.dumps({**summary.to_dict(), "futur_block": {}}), run_id])
+        connection.execute(
+            "UPDATE runs SET summary = ? WHERE run_id = ?", [json.dumps({**summary.to_dict(), "futur_block": {}}), run_id]
+        )
     with pytest.raises(UserError, match=r"does not read as a run summary \(futur_block: Extra inputs"):
         store.load_run(run_id)
 
@@ -98,8 +112,7 @@ def test_summarize_returns_the_typed_summary_with_the_documented_keys() -> None:
     document = summary.to_dict()
     assert list(document)[:4] == ["requests", "duration_s", "throughput", "ttft_ms"]
     added_since = {"by_type"}  # per request type, added after 0.1
-    assert set(json.loads(FIXTURE.read_text())) - {"meta", "warnings", "server", "prefix_cache"} == (
-        set(document) - added_since)
+    assert set(json.loads(FIXTURE.read_text())) - {"meta", "warnings", "server", "prefix_cache"} == (set(document) - added_since)
 
 
 def test_producers_blocks_are_written_even_when_filled_in_place() -> None:
@@ -122,16 +135,22 @@ def test_every_figure_reads_a_number_or_none() -> None:
 
 def _summary_reads(tree: ast.AST) -> list[int]:
     """Lines that index or .get() something named *summary: the untyped reads the model replaced."""
+
     def named_summary(node: ast.AST) -> bool:
         return (isinstance(node, ast.Name) and node.id.endswith("summary")) or (
-            isinstance(node, ast.Attribute) and node.attr.endswith("summary"))
+            isinstance(node, ast.Attribute) and node.attr.endswith("summary")
+        )
 
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Subscript) and named_summary(node.value):
             lines.append(node.lineno)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "setdefault")
-                and named_summary(node.func.value)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "setdefault")
+            and named_summary(node.func.value)
+        ):
             lines.append(node.lineno)
     return lines
 
@@ -170,7 +189,28 @@ def test_every_block_of_the_summary_forbids_unknown_keys() -> None:
         for info in model.model_fields.values():
             pending += models_in(info.annotation)
     names = {model.__name__ for model in seen}
-    assert {"RunMeta", "ClientBlock", "ClientCpu", "ServerBlock", "EngineBreakdown", "PrefixCacheBlock",
-            "RepeatsBlock", "RepeatRow", "ConfidenceInterval", "SimulationBlock", "SimulatedFrontend",
-            "ScalingBlock", "ScalingWindow", "ScaleUp", "ScaleDown", "EngineTraces", "Distribution", "Goodput",
-            "SloCheck", "TypeSummary", "TtftBreakdown", "FeatureSummary", "AdapterSummary"} <= names
+    assert {
+        "RunMeta",
+        "ClientBlock",
+        "ClientCpu",
+        "ServerBlock",
+        "EngineBreakdown",
+        "PrefixCacheBlock",
+        "RepeatsBlock",
+        "RepeatRow",
+        "ConfidenceInterval",
+        "SimulationBlock",
+        "SimulatedFrontend",
+        "ScalingBlock",
+        "ScalingWindow",
+        "ScaleUp",
+        "ScaleDown",
+        "EngineTraces",
+        "Distribution",
+        "Goodput",
+        "SloCheck",
+        "TypeSummary",
+        "TtftBreakdown",
+        "FeatureSummary",
+        "AdapterSummary",
+    } <= names

@@ -22,8 +22,10 @@ def deep_yaml(top_key: str, depth: int = 5000) -> str:
 
 
 DEEP_MESSAGE = f"nests deeper than {CONFIG_FILE.max_depth} levels (the limit for a config file)"
-BOMB_MESSAGE = (f"has over {CONFIG_FILE.max_items:,} values with its aliases expanded, the limit for a config file; "
-                "write the values out or use fewer aliases")
+BOMB_MESSAGE = (
+    f"has over {CONFIG_FILE.max_items:,} values with its aliases expanded, the limit for a config file; "
+    "write the values out or use fewer aliases"
+)
 
 
 @pytest.mark.hostile("up --model DIR: a config.json of 100,000 nested brackets is one line naming the depth limit")
@@ -33,8 +35,9 @@ def test_deep_config_json(cli, tmp_path: Path) -> None:
     (model / "config.json").write_text('{"model_type": ' + "[" * 100_000 + "]" * 100_000 + "}")
     done = cli("up", "--model", model, "--print-plan")
     assert done.code == 2 and "Traceback" not in done.err
-    assert done.error_line == (f"error: {model / 'config.json'}: {DEEP_MESSAGE}; a config.json is a flat JSON "
-                               "object of a few kB, fix the file")
+    assert done.error_line == (
+        f"error: {model / 'config.json'}: {DEEP_MESSAGE}; a config.json is a flat JSON object of a few kB, fix the file"
+    )
 
 
 @pytest.mark.hostile("up --model DIR: a config.json over 16 MiB is refused by its size before it is read")
@@ -45,8 +48,10 @@ def test_oversized_config_json(cli, tmp_path: Path) -> None:
         handle.truncate(CONFIG_FILE.max_bytes + 1)  # sparse: the size alone refuses it
     done = cli("up", "--model", model, "--print-plan")
     assert done.code == 2
-    assert done.error_line.startswith(f"error: {model / 'config.json'}: is {CONFIG_FILE.max_bytes + 1:,} bytes, over "
-                                      f"the {CONFIG_FILE.max_bytes:,}-byte limit for a config file")
+    assert done.error_line.startswith(
+        f"error: {model / 'config.json'}: is {CONFIG_FILE.max_bytes + 1:,} bytes, over "
+        f"the {CONFIG_FILE.max_bytes:,}-byte limit for a config file"
+    )
 
 
 @pytest.mark.hostile("up -f SPEC: a spec nested 5,000 deep, and a billion-laughs alias bomb: one line each")

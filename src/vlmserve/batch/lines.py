@@ -43,8 +43,7 @@ class MalformedLine:
 def parse_line(raw: bytes | None, line_no: int) -> BatchRequest | MalformedLine | None:
     """Parse one input line (None: a line over the byte limit); None for a blank line (skipped, not an error)."""
     if raw is None:
-        return MalformedLine(line_no, None, f"line {line_no}: {too_long(BATCH_LINE)}; "
-                                            "send large images by URL")
+        return MalformedLine(line_no, None, f"line {line_no}: {too_long(BATCH_LINE)}; send large images by URL")
     if not raw.strip():
         return None
     try:
@@ -61,8 +60,12 @@ def parse_line(raw: bytes | None, line_no: int) -> BatchRequest | MalformedLine 
     try:
         custom_id.encode("utf-8")
     except UnicodeEncodeError:
-        return MalformedLine(line_no, None, f"line {line_no}: 'custom_id' is not valid Unicode (it holds a lone "
-                                            "surrogate escape such as \\ud800); use plain text ids")
+        return MalformedLine(
+            line_no,
+            None,
+            f"line {line_no}: 'custom_id' is not valid Unicode (it holds a lone "
+            "surrogate escape such as \\ud800); use plain text ids",
+        )
     problem = _request_problem(data)
     if problem:
         return MalformedLine(line_no, custom_id, f"line {line_no}: {problem}")

@@ -52,16 +52,18 @@ def output_lock(output_path: Path) -> Iterator[None]:
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
-        raise UserError(f"--output: cannot create the lock file {lock_path} ({err.strerror}); "
-                        "pick an --output in a writable folder") from None
+        raise UserError(
+            f"--output: cannot create the lock file {lock_path} ({err.strerror}); pick an --output in a writable folder"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _holder_pid(fd)
             who = f"another batch run (pid {holder})" if holder else "another batch run"
-            raise UserError(f"{output_path} is being written by {who}; wait for it to finish "
-                            "(or stop it), or pick another --output") from None
+            raise UserError(
+                f"{output_path} is being written by {who}; wait for it to finish (or stop it), or pick another --output"
+            ) from None
         _write_pid(fd)
         yield
     finally:

@@ -50,9 +50,14 @@ def _encode(record: dict[str, object]) -> bytes:
 
 def response_line(custom_id: str, status_code: int, request_id: str | None, body: object) -> bytes:
     """An answered request (any HTTP status the server gave, after retries)."""
-    return _encode({"id": _result_id(), "custom_id": custom_id,
-                    "response": {"status_code": status_code, "request_id": request_id, "body": body},
-                    "error": None})
+    return _encode(
+        {
+            "id": _result_id(),
+            "custom_id": custom_id,
+            "response": {"status_code": status_code, "request_id": request_id, "body": body},
+            "error": None,
+        }
+    )
 
 
 def error_line(custom_id: str | None, code: str, message: str, line_no: int | None = None) -> bytes:
@@ -133,9 +138,14 @@ class BatchOutcome:
     @classmethod
     def resuming(cls, scan: InputScan, prior: PriorResults) -> BatchOutcome:
         """The outcome before this run sends anything: the whole job as earlier runs left it."""
-        return cls(entries=scan.entries, answered_before=scan.already_done, succeeded=prior.succeeded,
-                   failed_by_cause=Counter(prior.failed_by_cause), prompt_tokens=prior.prompt_tokens,
-                   completion_tokens=prior.completion_tokens)
+        return cls(
+            entries=scan.entries,
+            answered_before=scan.already_done,
+            succeeded=prior.succeeded,
+            failed_by_cause=Counter(prior.failed_by_cause),
+            prompt_tokens=prior.prompt_tokens,
+            completion_tokens=prior.completion_tokens,
+        )
 
     @property
     def failed(self) -> int:

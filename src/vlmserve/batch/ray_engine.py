@@ -41,11 +41,18 @@ def engine_row(row: dict[str, Any]) -> dict[str, Any]:
     Every row carries the same sampling keys, so a block of rows has one schema."""
     body = json.loads(row["body"])
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
-    sampling = {"max_tokens": int(max_tokens), "temperature": float(body.get("temperature", 1.0)),
-                "top_p": float(body.get("top_p", 1.0))}
+    sampling = {
+        "max_tokens": int(max_tokens),
+        "temperature": float(body.get("temperature", 1.0)),
+        "top_p": float(body.get("top_p", 1.0)),
+    }
     # the line's model goes under another name: a `model` column names a LoRA adapter to Ray's engine stage
-    return {"custom_id": row["custom_id"], "request_model": str(body.get("model") or ""), "messages": body["messages"],
-            "sampling_params": sampling}
+    return {
+        "custom_id": row["custom_id"],
+        "request_model": str(body.get("model") or ""),
+        "messages": body["messages"],
+        "sampling_params": sampling,
+    }
 
 
 def result_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -58,15 +65,30 @@ def result_row(row: dict[str, Any]) -> dict[str, Any]:
         prompt, completion = int(row.get("num_input_tokens") or 0), int(row.get("num_generated_tokens") or 0)
         max_tokens = int((row.get("sampling_params") or {}).get("max_tokens") or 0)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        body = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": row.get("request_model"),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": row.get("generated_text") or ""},
-                             "finish_reason": "length" if max_tokens and completion >= max_tokens else "stop"}],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                          "total_tokens": prompt + completion}}
+        body = {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": row.get("request_model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": row.get("generated_text") or ""},
+                    "finish_reason": "length" if max_tokens and completion >= max_tokens else "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }
         result = Result.answered(custom_id, 200, request_id, body)
-    return {"custom_id": custom_id, "line": result.line, "cause": result.cause or "",
-            "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens, "retries": 0,
-            "no_answer": ""}
+    return {
+        "custom_id": custom_id,
+        "line": result.line,
+        "cause": result.cause or "",
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "retries": 0,
+        "no_answer": "",
+    }
 
 
 def engine_processor(ray: ModuleType, model: str, workers: int, engine_kwargs: JSONObject, batch_size: int) -> Any:
@@ -77,9 +99,14 @@ def engine_processor(ray: ModuleType, model: str, workers: int, engine_kwargs: J
     on_gpu = float(ray.cluster_resources().get("GPU", 0)) > 0
     kwargs: JSONObject = {} if on_gpu else {"gpu_memory_utilization": 0.05}
     config = vLLMEngineProcessorConfig(
-        model_source=model, engine_kwargs={**kwargs, **engine_kwargs}, concurrency=workers, batch_size=batch_size,
-        log_engine_metrics=False, should_continue_on_error=True,
-        **({} if on_gpu else {"placement_group_config": {"bundles": [{"CPU": 1}]}}))
+        model_source=model,
+        engine_kwargs={**kwargs, **engine_kwargs},
+        concurrency=workers,
+        batch_size=batch_size,
+        log_engine_metrics=False,
+        should_continue_on_error=True,
+        **({} if on_gpu else {"placement_group_config": {"bundles": [{"CPU": 1}]}}),
+    )
     processor = build_processor(config, preprocess=engine_row)
 
     def run(dataset: Any) -> Any:

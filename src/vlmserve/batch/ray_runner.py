@@ -90,8 +90,9 @@ def host_port(address: str) -> tuple[str, int] | None:
     rest = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = rest.rstrip("/").rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"--ray-address '{address}': give HOST:PORT of the Ray head (e.g. 127.0.0.1:6379), "
-                        "ray://HOST:PORT, auto or local")
+        raise UserError(
+            f"--ray-address '{address}': give HOST:PORT of the Ray head (e.g. 127.0.0.1:6379), ray://HOST:PORT, auto or local"
+        )
     return host.strip("[]"), int(port)
 
 
@@ -111,8 +112,10 @@ def _connect(ray: ModuleType, address: str, workers: int, cpus_per_worker: float
         try:
             socket.create_connection(target, timeout=5).close()
         except OSError as err:
-            raise UserError(f"cannot reach the Ray cluster at {address} ({err.strerror or type(err).__name__}); "
-                            "start it (ray start --head) or fix --ray-address / RAY_ADDRESS (nothing was sent)") from None
+            raise UserError(
+                f"cannot reach the Ray cluster at {address} ({err.strerror or type(err).__name__}); "
+                "start it (ray start --head) or fix --ray-address / RAY_ADDRESS (nothing was sent)"
+            ) from None
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")  # Ray's C++ warnings would bury the summary
     kwargs: dict[str, object] = {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": True}
     if address == "local":
@@ -126,8 +129,10 @@ def _connect(ray: ModuleType, address: str, workers: int, cpus_per_worker: float
     needed = workers * cpus_per_worker
     cpus = float(ray.cluster_resources().get("CPU", 0))
     if cpus < needed:
-        raise UserError(f"the Ray cluster at {address} has {cpus:g} CPUs; --ray-workers {workers} needs {needed:g} "
-                        f"({cpus_per_worker:g} per worker); lower --ray-workers")
+        raise UserError(
+            f"the Ray cluster at {address} has {cpus:g} CPUs; --ray-workers {workers} needs {needed:g} "
+            f"({cpus_per_worker:g} per worker); lower --ray-workers"
+        )
 
 
 @contextmanager
@@ -148,8 +153,10 @@ def _quiet_stderr() -> Iterator[int]:
 def _auth_hint() -> str:
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
         return ""
-    return ("; if the cluster uses token authentication (Ray's default), set RAY_AUTH_MODE=token and "
-            "RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN)")
+    return (
+        "; if the cluster uses token authentication (Ray's default), set RAY_AUTH_MODE=token and "
+        "RAY_AUTH_TOKEN_PATH (or RAY_AUTH_TOKEN)"
+    )
 
 
 def _join_within_timeout(ray: ModuleType, address: str, kwargs: dict[str, object], stderr_fd: int) -> None:
@@ -172,14 +179,18 @@ def _join_within_timeout(ray: ModuleType, address: str, kwargs: dict[str, object
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        message = (f"error: {address} did not answer as a Ray cluster within {timeout_s:g} s; give the Ray head's "
-                   f"GCS address (ray start --head prints it) in --ray-address{_auth_hint()} (nothing was sent)\n")
+        message = (
+            f"error: {address} did not answer as a Ray cluster within {timeout_s:g} s; give the Ray head's "
+            f"GCS address (ray start --head prints it) in --ray-address{_auth_hint()} (nothing was sent)\n"
+        )
         os.write(stderr_fd, message.encode())
         os._exit(2)
     if failure:
         first = str(failure[0]).strip().splitlines()
-        raise UserError(f"cannot join the Ray cluster at {address}: {first[0] if first else type(failure[0]).__name__}"
-                        f"{_auth_hint()} (nothing was sent)")
+        raise UserError(
+            f"cannot join the Ray cluster at {address}: {first[0] if first else type(failure[0]).__name__}"
+            f"{_auth_hint()} (nothing was sent)"
+        )
 
 
 @contextmanager
@@ -219,19 +230,30 @@ class _Stop:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self.console.print("[yellow]stopping: writing the results arriving now; results Ray still holds are "
-                           "dropped and sent again on rerun (press Ctrl-C again to stop at once)[/]")
+        self.console.print(
+            "[yellow]stopping: writing the results arriving now; results Ray still holds are "
+            "dropped and sent again on rerun (press Ctrl-C again to stop at once)[/]"
+        )
 
 
 def _requests_to_send(options: BatchOptions, prior: PriorResults, only_url: str | None) -> int:
     """Sendable lines with no result yet: when there are none, Ray is not started at all."""
-    return sum(1 for _, entry in iter_input(options.input_path)
-               if not isinstance(entry, MalformedLine) and entry_key(entry) not in prior.done
-               and (only_url is None or entry.url == only_url))
+    return sum(
+        1
+        for _, entry in iter_input(options.input_path)
+        if not isinstance(entry, MalformedLine)
+        and entry_key(entry) not in prior.done
+        and (only_url is None or entry.url == only_url)
+    )
 
 
-def _feed(options: BatchOptions, prior: PriorResults, file: ResultFile, put: Callable[[list[dict[str, str]]], ObjectRef] | None,
-          only_url: str | None = None) -> list[ObjectRef]:
+def _feed(
+    options: BatchOptions,
+    prior: PriorResults,
+    file: ResultFile,
+    put: Callable[[list[dict[str, str]]], ObjectRef] | None,
+    only_url: str | None = None,
+) -> list[ObjectRef]:
     """Write the malformed lines not yet answered (and, with `only_url`, an error record for each
     line of another url), and `put` the lines still to send into the object store in chunks of
     CHUNK_ROWS rows (their references are returned)."""
@@ -283,8 +305,14 @@ class _Collector:
     def take(self, batch: Mapping[str, Sequence[object]]) -> str | None:
         """Write one batch of results; a reason to stop the job, or None."""
         for custom_id, line, cause, prompt, completion, retries, no_answer in zip(
-                batch["custom_id"], batch["line"], batch["cause"], batch["prompt_tokens"], batch["completion_tokens"],
-                batch["retries"], batch["no_answer"]):
+            batch["custom_id"],
+            batch["line"],
+            batch["cause"],
+            batch["prompt_tokens"],
+            batch["completion_tokens"],
+            batch["retries"],
+            batch["no_answer"],
+        ):
             key = id_key(str(custom_id))
             if key in self.written:
                 self.duplicates += 1
@@ -305,8 +333,15 @@ class _Collector:
         return None
 
 
-def _stream(ray: ModuleType, refs: list[ObjectRef], options: BatchOptions, ray_options: RayOptions,
-            collector: _Collector, stop: _Stop, on_batch: Callable[[], None]) -> None:
+def _stream(
+    ray: ModuleType,
+    refs: list[ObjectRef],
+    options: BatchOptions,
+    ray_options: RayOptions,
+    collector: _Collector,
+    stop: _Stop,
+    on_batch: Callable[[], None],
+) -> None:
     per_actor = per_actor_concurrency(options.concurrency, ray_options.workers)
     dataset = ray.data.from_arrow_refs(refs)
     if ray_options.engine is not None:
@@ -314,19 +349,28 @@ def _stream(ray: ModuleType, refs: list[ObjectRef], options: BatchOptions, ray_o
         _consume(processor(dataset), collector, stop, on_batch)
         return
     dataset = dataset.map_batches(
-        RaySender, batch_size=per_actor, batch_format="numpy", num_cpus=ACTOR_CPUS,
+        RaySender,
+        batch_size=per_actor,
+        batch_format="numpy",
+        num_cpus=ACTOR_CPUS,
         compute=ray.data.ActorPoolStrategy(size=ray_options.workers),
-        fn_constructor_kwargs={"root": api_root(options.base_url), "headers": request_headers(options),
-                               "concurrency": per_actor, "request_timeout_s": options.request_timeout_s,
-                               "retry": options.retry})
+        fn_constructor_kwargs={
+            "root": api_root(options.base_url),
+            "headers": request_headers(options),
+            "concurrency": per_actor,
+            "request_timeout_s": options.request_timeout_s,
+            "retry": options.retry,
+        },
+    )
     _consume(dataset, collector, stop, on_batch)
 
 
 class _Batches(Protocol):
     """What `_consume` reads from a Ray dataset: its batches, one column array per field."""
 
-    def iter_batches(self, *, batch_size: int | None, batch_format: str,
-                     prefetch_batches: int) -> Iterator[Mapping[str, Sequence[object]]]: ...
+    def iter_batches(
+        self, *, batch_size: int | None, batch_format: str, prefetch_batches: int
+    ) -> Iterator[Mapping[str, Sequence[object]]]: ...
 
 
 ObjectRef = object
@@ -360,8 +404,11 @@ def run_ray_job(options: BatchOptions, ray_options: RayOptions, console: Console
         started = time.monotonic()
         cpus_per_worker = ENGINE_CPUS if only_url is not None else ACTOR_CPUS
         with ExitStack() as stack:
-            ray = stack.enter_context(_ray_session(address, ray_options.workers, cpus_per_worker)) \
-                if _requests_to_send(options, prior, only_url) else None
+            ray = (
+                stack.enter_context(_ray_session(address, ray_options.workers, cpus_per_worker))
+                if _requests_to_send(options, prior, only_url)
+                else None
+            )
             file = ResultFile(options.output_path, outcome)
             stack.callback(file.close)
             stop = stack.enter_context(_Stop(console))
@@ -370,15 +417,18 @@ def run_ray_job(options: BatchOptions, ray_options: RayOptions, console: Console
 
             def on_batch() -> None:
                 elapsed = max(time.monotonic() - started, 1e-6)
-                progress.update(task_id, completed=outcome.answered_now,
-                                tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}", failed=outcome.failed)
+                progress.update(
+                    task_id,
+                    completed=outcome.answered_now,
+                    tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}",
+                    failed=outcome.failed,
+                )
 
             refs = _feed(options, prior, file, None if ray is None else _putter(ray), only_url)
             on_batch()
             if refs and ray is not None and not file.failed:  # refs exist only when a session puts them
                 try:
-                    _stream(ray, refs, options, ray_options, _Collector(options, ray_options, outcome, file),
-                            stop, on_batch)
+                    _stream(ray, refs, options, ray_options, _Collector(options, ray_options, outcome, file), stop, on_batch)
                 except KeyboardInterrupt:
                     outcome.stop_reason, outcome.interrupted = "interrupted", True
         if outcome.write_error:

@@ -35,8 +35,9 @@ def request_row(custom_id: str, url: str, body: dict[str, Any]) -> dict[str, str
 class RaySender:
     """One Ray actor: an HTTP session to the endpoint, `concurrency` requests in flight at most."""
 
-    def __init__(self, root: str, headers: dict[str, str], concurrency: int, request_timeout_s: float,
-                 retry: RetryPolicy) -> None:
+    def __init__(
+        self, root: str, headers: dict[str, str], concurrency: int, request_timeout_s: float, retry: RetryPolicy
+    ) -> None:
         self.root = root
         self.headers = headers
         self.concurrency = concurrency
@@ -51,7 +52,8 @@ class RaySender:
             self.slots = asyncio.Semaphore(self.concurrency)
             self.session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
-                connector=aiohttp.TCPConnector(limit=self.concurrency))
+                connector=aiohttp.TCPConnector(limit=self.concurrency),
+            )
         return self.session
 
     async def _send_one(self, session: aiohttp.ClientSession, custom_id: str, url: str, body: str) -> dict[str, Any]:
@@ -60,15 +62,32 @@ class RaySender:
             try:
                 answer = await send_with_retries(session, self.root + url, json.loads(body), self.headers, self.retry)
             except NoAnswer as err:
-                return {"custom_id": custom_id, "line": b"", "cause": "", "prompt_tokens": 0, "completion_tokens": 0,
-                        "retries": self.retry.max_retries, "no_answer": str(err) or "no answer"}
+                return {
+                    "custom_id": custom_id,
+                    "line": b"",
+                    "cause": "",
+                    "prompt_tokens": 0,
+                    "completion_tokens": 0,
+                    "retries": self.retry.max_retries,
+                    "no_answer": str(err) or "no answer",
+                }
         result = Result.answered(custom_id, answer.status_code, answer.request_id, answer.body)
-        return {"custom_id": custom_id, "line": result.line, "cause": result.cause or "",
-                "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                "retries": answer.retries, "no_answer": ""}
+        return {
+            "custom_id": custom_id,
+            "line": result.line,
+            "cause": result.cause or "",
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "retries": answer.retries,
+            "no_answer": "",
+        }
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         session = self._ensure_session()
-        rows = await asyncio.gather(*(self._send_one(session, str(custom_id), str(url), str(body))
-                                      for custom_id, url, body in zip(batch["custom_id"], batch["url"], batch["body"])))
+        rows = await asyncio.gather(
+            *(
+                self._send_one(session, str(custom_id), str(url), str(body))
+                for custom_id, url, body in zip(batch["custom_id"], batch["url"], batch["body"])
+            )
+        )
         return {column: [row[column] for row in rows] for column in RESULT_COLUMNS}

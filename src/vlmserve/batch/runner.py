@@ -92,8 +92,10 @@ class _Job:
     def on_signal(self) -> None:
         if not self.stopping:
             self.stop("interrupted")
-            self.console.print(f"[yellow]stopping: letting {len(self.in_flight)} requests in flight finish "
-                               "(press Ctrl-C again to abandon them)[/]")
+            self.console.print(
+                f"[yellow]stopping: letting {len(self.in_flight)} requests in flight finish "
+                "(press Ctrl-C again to abandon them)[/]"
+            )
             return
         for task in list(self.in_flight):
             task.cancel()
@@ -116,9 +118,9 @@ class _Job:
         if self.progress is not None and self.task_id is not None:
             outcome = self.outcome
             elapsed = max(time.monotonic() - self.started, 1e-6)
-            self.progress.update(self.task_id, advance=1,
-                                 tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}",
-                                 failed=outcome.failed)
+            self.progress.update(
+                self.task_id, advance=1, tok_s=f"{outcome.run_completion_tokens / elapsed:,.0f}", failed=outcome.failed
+            )
 
     def _write_failed(self) -> None:
         if self.stopping and self.outcome.stop_reason == self.outcome.write_error:
@@ -134,13 +136,11 @@ class _Job:
     # --- work ---
     async def _send(self, session: aiohttp.ClientSession, request: BatchRequest) -> None:
         try:
-            answer = await send_with_retries(session, self.root + request.url, request.body, self.headers,
-                                             self.options.retry)
+            answer = await send_with_retries(session, self.root + request.url, request.body, self.headers, self.options.retry)
         except NoAnswer as err:
             self.outcome.no_answer += 1
             self.no_answer_streak += 1
-            if self.no_answer_streak >= NO_ANSWER_STREAK_LIMIT_FACTOR * self.options.concurrency \
-                    and not self.stopping:
+            if self.no_answer_streak >= NO_ANSWER_STREAK_LIMIT_FACTOR * self.options.concurrency and not self.stopping:
                 self.stop(f"the endpoint stopped answering ({err})")
             return
         finally:
@@ -204,8 +204,9 @@ async def preflight(options: BatchOptions) -> None:
             async with session.get(url, headers=request_headers(options)) as response:
                 status = response.status
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-        raise UserError(f"cannot reach {options.base_url} ({type(err).__name__}); start the server or fix "
-                        "--base-url (nothing was sent)") from None
+        raise UserError(
+            f"cannot reach {options.base_url} ({type(err).__name__}); start the server or fix --base-url (nothing was sent)"
+        ) from None
     if status in (401, 403):
         raise UserError(f"{options.base_url} refused the API key (HTTP {status}); pass a valid --api-key")
 
@@ -221,10 +222,17 @@ def check_paths(options: BatchOptions) -> None:
 
 def progress_bar(console: Console, enabled: bool) -> Progress:
     """Lines done, completion tokens/s, failures, time left (one look for both runners)."""
-    return Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[tok_s]} tok/s · {task.fields[failed]} failed"),
-                    TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                    console=console, disable=not enabled)
+    return Progress(
+        TextColumn("batch"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tok_s]} tok/s · {task.fields[failed]} failed"),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not enabled,
+    )
 
 
 @contextmanager
@@ -239,8 +247,7 @@ def prepared_job(options: BatchOptions, console: Console) -> Iterator[tuple[Prio
         prior = scan_output(options.output_path)
         scan = scan_input(options.input_path, prior.done)
         if scan.already_done:
-            console.print(f"resuming: {scan.already_done} of {scan.entries} lines already answered in "
-                          f"{options.output_path}")
+            console.print(f"resuming: {scan.already_done} of {scan.entries} lines already answered in {options.output_path}")
         yield prior, scan, BatchOutcome.resuming(scan, prior)
 
 

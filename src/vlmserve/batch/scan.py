@@ -115,8 +115,10 @@ def _refuse_duplicates(path: Path, suspect_keys: set[int]) -> None:
         return  # only a hash collision between different ids
     first_id, lines = next(iter(duplicates.items()))
     more = f" ({len(duplicates) - 1} more ids repeat too)" if len(duplicates) > 1 else ""
-    raise UserError(f"{path}: custom_id '{printable(first_id)}' appears on lines {', '.join(map(str, lines[:5]))}{more}; "
-                    "custom_ids must be unique — fix the file (nothing was sent)")
+    raise UserError(
+        f"{path}: custom_id '{printable(first_id)}' appears on lines {', '.join(map(str, lines[:5]))}{more}; "
+        "custom_ids must be unique — fix the file (nothing was sent)"
+    )
 
 
 @dataclass
@@ -192,8 +194,12 @@ def _result_record(raw: bytes, path: Path, line_no: int) -> dict:
         record = loads_json(raw, BATCH_RESULT_LINE)
     except ValueError:  # not JSON, or over the bounds (Refused)
         record = None
-    if not isinstance(record, dict) or "custom_id" not in record or not (
-            isinstance(record["custom_id"], str) or (record.get("error") or {}).get("code") == MALFORMED):
-        raise UserError(f"{path}: line {line_no} is not a batch result line; --output must be this job's "
-                        "output file (or a new path)")
+    if (
+        not isinstance(record, dict)
+        or "custom_id" not in record
+        or not (isinstance(record["custom_id"], str) or (record.get("error") or {}).get("code") == MALFORMED)
+    ):
+        raise UserError(
+            f"{path}: line {line_no} is not a batch result line; --output must be this job's output file (or a new path)"
+        )
     return record

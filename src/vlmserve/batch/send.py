@@ -34,7 +34,7 @@ class RetryPolicy:
 
     def backoff_s(self, attempt: int) -> float:
         """Exponential back-off with jitter, so many workers do not retry in lockstep."""
-        return min(self.max_delay_s, self.base_delay_s * 2 ** attempt) * random.uniform(0.5, 1.0)
+        return min(self.max_delay_s, self.base_delay_s * 2**attempt) * random.uniform(0.5, 1.0)
 
 
 def retry_after_s(value: str | None) -> float | None:
@@ -67,8 +67,9 @@ def _decode(payload: bytes) -> JSONValue:
         return {"error": {"message": payload.decode(errors="replace")[:2000], "type": "non_json_response"}}
 
 
-async def send_with_retries(session: aiohttp.ClientSession, url: str, body: JSONObject,
-                            headers: dict[str, str], policy: RetryPolicy) -> Answer:
+async def send_with_retries(
+    session: aiohttp.ClientSession, url: str, body: JSONObject, headers: dict[str, str], policy: RetryPolicy
+) -> Answer:
     """POST until a final answer; 429/5xx and connection errors are retried."""
     last_error = ""
     for attempt in range(policy.max_retries + 1):

@@ -89,9 +89,25 @@ class _ToolCall:
 class _StreamState:
     """What one SSE stream has told us so far."""
 
-    __slots__ = ("first", "times", "tokens", "parts", "usage", "last_completion", "tool_ids", "reasoning_chunks",
-                 "reasoning_tokens", "per_chunk", "done", "error", "offset", "first_reasoning", "first_answer",
-                 "finish_reason", "tool_parts")
+    __slots__ = (
+        "first",
+        "times",
+        "tokens",
+        "parts",
+        "usage",
+        "last_completion",
+        "tool_ids",
+        "reasoning_chunks",
+        "reasoning_tokens",
+        "per_chunk",
+        "done",
+        "error",
+        "offset",
+        "first_reasoning",
+        "first_answer",
+        "finish_reason",
+        "tool_parts",
+    )
 
     def __init__(self, keep_text: bool, offset: float = 0.0) -> None:
         self.offset = offset

@@ -17,14 +17,7 @@ from vlmserve.bench.console_scaling import print_scaling
 from vlmserve.bench.console_types import print_types
 from vlmserve.results.blocks import ClientBlock, PrefixCacheBlock, RepeatsBlock, ServerBlock
 from vlmserve.results.records import RequestRecord
-from vlmserve.results.summary import (
-    DISTRIBUTION_STATS,
-    LATENCY_METRICS,
-    GroupSummary,
-    RunSummary,
-    SloCheck,
-    TokenCounts,
-)
+from vlmserve.results.summary import DISTRIBUTION_STATS, LATENCY_METRICS, GroupSummary, RunSummary, SloCheck, TokenCounts
 
 
 class LiveProgress:
@@ -57,8 +50,7 @@ class LiveProgress:
             self.live.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None) -> None:
         if self.live is not None:
             self.live.__exit__(exc_type, exc, traceback)
 
@@ -115,9 +107,12 @@ def slo_verdict(key: str, check: SloCheck) -> str:
 
 
 _INTERVAL_LABELS = {
-    "throughput.requests_per_s": ("req/s", ""), "throughput.output_tokens_per_s": ("output tok/s", ""),
-    "ttft_ms.p50": ("TTFT p50", " ms"), "ttft_ms.p95": ("TTFT p95", " ms"),
-    "tpot_ms.p50": ("TPOT p50", " ms"), "tpot_ms.p95": ("TPOT p95", " ms"),
+    "throughput.requests_per_s": ("req/s", ""),
+    "throughput.output_tokens_per_s": ("output tok/s", ""),
+    "ttft_ms.p50": ("TTFT p50", " ms"),
+    "ttft_ms.p95": ("TTFT p95", " ms"),
+    "tpot_ms.p50": ("TPOT p50", " ms"),
+    "tpot_ms.p95": ("TPOT p95", " ms"),
 }
 
 
@@ -126,8 +121,11 @@ def repeats_line(repeats: RepeatsBlock | None) -> str:
     if repeats is None or repeats.single_run:
         return "single run: no confidence interval (--repeat N runs the load N times and gives one)"
     intervals = repeats.intervals or {}
-    parts = [f"{label} {intervals[path].mean:,.2f} ± {_fmt(intervals[path].half_width, 2)}{unit}"
-             for path, (label, unit) in _INTERVAL_LABELS.items() if path in intervals]
+    parts = [
+        f"{label} {intervals[path].mean:,.2f} ± {_fmt(intervals[path].half_width, 2)}{unit}"
+        for path, (label, unit) in _INTERVAL_LABELS.items()
+        if path in intervals
+    ]
     return f"mean and 95% CI over {repeats.count} repeats (student t): " + ", ".join(parts)
 
 
@@ -221,8 +219,9 @@ def _print_client(console: Console, client: ClientBlock) -> None:
         f"busiest {_fmt(busiest * 100 if busiest is not None else None, 0)}% CPU"
     )
     if client.limited:
-        console.print(f"[bold red]CLIENT-LIMITED: {'; '.join(client.limited_reasons)} — these figures measure the "
-                      "client, not the server[/]")
+        console.print(
+            f"[bold red]CLIENT-LIMITED: {'; '.join(client.limited_reasons)} — these figures measure the client, not the server[/]"
+        )
 
 
 def _print_server(console: Console, server: ServerBlock | None, cache: PrefixCacheBlock | None) -> None:
@@ -249,7 +248,12 @@ def _per_turn_table(per_turn: dict[str, GroupSummary]) -> Table:
         table.add_column(column, justify="right")
     for turn, block in per_turn.items():
         table.add_row(
-            turn, str(block.requests), str(block.failed), _fmt(block.ttft_ms.p50),
-            _fmt(block.ttft_ms.p99), _fmt(block.e2e_ms.p50), _fmt(block.mean_prompt_tokens, 0),
+            turn,
+            str(block.requests),
+            str(block.failed),
+            _fmt(block.ttft_ms.p50),
+            _fmt(block.ttft_ms.p99),
+            _fmt(block.e2e_ms.p50),
+            _fmt(block.mean_prompt_tokens, 0),
         )
     return table

@@ -34,13 +34,17 @@ def rate_lines(features: FeatureSummary) -> list[str]:
     """One line per judged feature: the rate, its counts, and the most frequent reasons for invalid answers."""
     lines: list[str] = []
     if features.structured_requests:
-        lines.append(f"schema-valid rate: {_pct(features.schema_valid_rate)} "
-                     f"({features.schema_valid} of {features.structured_requests} structured answers)")
+        lines.append(
+            f"schema-valid rate: {_pct(features.schema_valid_rate)} "
+            f"({features.schema_valid} of {features.structured_requests} structured answers)"
+        )
     if features.tool_requests:
         choices = "/".join(features.tool_choices) or "-"
-        lines.append(f"valid tool-call rate: {_pct(features.tool_call_valid_rate)} ({features.tool_calls_valid} of "
-                     f"{features.tool_calls_judged} judged; tool_choice {choices}; "
-                     f"{features.answered_without_tool_call} answered without a call)")
+        lines.append(
+            f"valid tool-call rate: {_pct(features.tool_call_valid_rate)} ({features.tool_calls_valid} of "
+            f"{features.tool_calls_judged} judged; tool_choice {choices}; "
+            f"{features.answered_without_tool_call} answered without a call)"
+        )
     if features.invalid_reasons:
         lines.append("invalid answers: " + ", ".join(f"{count} {kind}" for kind, count in features.invalid_reasons.items()))
     return lines
@@ -48,8 +52,9 @@ def rate_lines(features: FeatureSummary) -> list[str]:
 
 def reasoning_table(features: FeatureSummary) -> Table:
     """Reasoning and answer tokens, time to first reasoning and first answer token, as rows."""
-    table = Table(title=f"thinking ({features.requests_with_reasoning} of {features.thinking_requests} requests reasoned)",
-                  show_edge=False)
+    table = Table(
+        title=f"thinking ({features.requests_with_reasoning} of {features.thinking_requests} requests reasoned)", show_edge=False
+    )
     table.add_column("figure")
     table.add_column("n", justify="right")
     for stat in _STATS:

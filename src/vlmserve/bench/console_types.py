@@ -51,8 +51,17 @@ def type_table(summary: RunSummary) -> Table:
         table.add_column(column, justify="left" if column in ("type", "SLO") else "right")
     for name, block in _rows(summary):
         size = None if block.request_bytes_mean is None else block.request_bytes_mean / 1024
-        table.add_row(name, str(block.requests), str(block.failed), _ms(size), _ms(block.ttft_ms.p50),
-                      _ms(block.ttft_ms.p95), _ms(block.tpot_ms.p50, 2), _ms(block.e2e_ms.p95), _slo_cell(block))
+        table.add_row(
+            name,
+            str(block.requests),
+            str(block.failed),
+            _ms(size),
+            _ms(block.ttft_ms.p50),
+            _ms(block.ttft_ms.p95),
+            _ms(block.tpot_ms.p50, 2),
+            _ms(block.e2e_ms.p95),
+            _slo_cell(block),
+        )
     return table
 
 
@@ -70,8 +79,18 @@ def breakdown_table(summary: RunSummary) -> Table:
         accounted = "-" if parts.accounted is None else f"{parts.accounted * 100:.0f}%"
         covers = f"{parts.requests} req" + ("" if engine else " (client only)")
         frontend = parts.frontend_ms if engine else parts.after_upload_ms
-        table.add_row(name, _ms(parts.client_ttft_ms), _ms(parts.upload_ms, 2), _ms(frontend), _ms(parts.http_ms),
-                      _ms(parts.engine_frontend_ms), _ms(parts.queue_ms), _ms(parts.prefill_ms), accounted, covers)
+        table.add_row(
+            name,
+            _ms(parts.client_ttft_ms),
+            _ms(parts.upload_ms, 2),
+            _ms(frontend),
+            _ms(parts.http_ms),
+            _ms(parts.engine_frontend_ms),
+            _ms(parts.queue_ms),
+            _ms(parts.prefill_ms),
+            accounted,
+            covers,
+        )
     return table
 
 
@@ -104,5 +123,7 @@ def print_types(console: Console, summary: RunSummary) -> None:
     console.print(type_table(summary))
     console.print(breakdown_table(summary))
     if not any(block.breakdown is not None and block.breakdown.source == "engine spans" for _, block in _rows(summary)):
-        console.print("breakdown: client side only; --engine-traces HOST:PORT (engine started with "
-                      "--otlp-traces-endpoint http://HOST:PORT/v1/traces) splits the rest into frontend, queue and prefill")
+        console.print(
+            "breakdown: client side only; --engine-traces HOST:PORT (engine started with "
+            "--otlp-traces-endpoint http://HOST:PORT/v1/traces) splits the rest into frontend, queue and prefill"
+        )

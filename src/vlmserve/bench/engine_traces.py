@@ -123,13 +123,19 @@ def decode_all_spans(payload: bytes) -> list[ReceivedSpan]:
         service = next((_value(item.value) for item in resource_spans.resource.attributes if item.key == "service.name"), None)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                spans.append(ReceivedSpan(
-                    trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                    parent_span_id=span.parent_span_id.hex() or None, name=span.name, kind=int(span.kind),
-                    service=None if service is None else str(service),
-                    attributes={item.key: _value(item.value) for item in span.attributes},
-                    events=tuple(event.name for event in span.events), status=int(span.status.code),
-                ))
+                spans.append(
+                    ReceivedSpan(
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_span_id=span.parent_span_id.hex() or None,
+                        name=span.name,
+                        kind=int(span.kind),
+                        service=None if service is None else str(service),
+                        attributes={item.key: _value(item.value) for item in span.attributes},
+                        events=tuple(event.name for event in span.events),
+                        status=int(span.status.code),
+                    )
+                )
     return spans
 
 
@@ -145,14 +151,16 @@ def decode_spans(payload: bytes) -> list[EngineSpan]:
                 attributes = {item.key: _value(item.value) for item in span.attributes}
                 prompt_tokens = attributes.get(PROMPT_TOKENS)
                 request_id = attributes.get(REQUEST_ID)
-                spans.append(EngineSpan(
-                    trace_id=span.trace_id.hex(),
-                    request_id=None if request_id is None else str(request_id),
-                    ttft_s=_float(attributes.get(TTFT)),
-                    queue_s=_float(attributes.get(QUEUE)),
-                    prefill_s=_float(attributes.get(PREFILL)),
-                    prompt_tokens=int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
-                ))
+                spans.append(
+                    EngineSpan(
+                        trace_id=span.trace_id.hex(),
+                        request_id=None if request_id is None else str(request_id),
+                        ttft_s=_float(attributes.get(TTFT)),
+                        queue_s=_float(attributes.get(QUEUE)),
+                        prefill_s=_float(attributes.get(PREFILL)),
+                        prompt_tokens=int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
+                    )
+                )
     return spans
 
 

@@ -79,12 +79,17 @@ class _SinkListener:
 class ConnectionPool:
     """Keep-alive connections to one endpoint (a URL), with the headers every request carries."""
 
-    def __init__(self, url: str, headers: dict[str, str] | None = None,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(self, url: str, headers: dict[str, str] | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self.url = url
         self.client = ClientPool(connect_timeout_s)
-        self.headers = header_lines([("Content-Type", "application/json"), ("Accept", "text/event-stream"),
-                                     ("Accept-Encoding", "identity"), *(headers or {}).items()])
+        self.headers = header_lines(
+            [
+                ("Content-Type", "application/json"),
+                ("Accept", "text/event-stream"),
+                ("Accept-Encoding", "identity"),
+                *(headers or {}).items(),
+            ]
+        )
 
     def close(self) -> None:
         self.client.close()

@@ -78,8 +78,10 @@ def ctrl_c_stops_load(interrupt: Interrupt, console: Console, grace_s: float) ->
 
     def on_ctrl_c() -> None:
         if interrupt.escalate() == STOP_SENDING:
-            console.print(f"[yellow]Ctrl-C: no new requests; those in flight get up to {grace_s:g} s "
-                          "(Ctrl-C again to stop now). Every record is kept.[/yellow]")
+            console.print(
+                f"[yellow]Ctrl-C: no new requests; those in flight get up to {grace_s:g} s "
+                "(Ctrl-C again to stop now). Every record is kept.[/yellow]"
+            )
         else:
             console.print("[yellow]Ctrl-C again: cancelling the requests in flight.[/yellow]")
 

@@ -227,7 +227,12 @@ async def drive(plan: WorkerPlan, sink: RecordSink, start_perf: float, interrupt
                     record.trace_id, extra = new_traceparent()
                 try:
                     text = await stream_request(
-                        pool, body, record, clock_offset=plan.clock_offset, timeout_s=plan.timeout_s, keep_text=keep,
+                        pool,
+                        body,
+                        record,
+                        clock_offset=plan.clock_offset,
+                        timeout_s=plan.timeout_s,
+                        keep_text=keep,
                         extra_headers=extra,
                     )
                 except asyncio.CancelledError:
@@ -382,8 +387,7 @@ def _worker_process(plan: WorkerPlan, results: _Outbox, go: _StartSignal, start_
         results.put(("error", plan.index, traceback.format_exc(limit=4)))
 
 
-async def _worker_main(plan: WorkerPlan, results: _Outbox, go: _StartSignal, start_at: _Shared,
-                       stop_level: _Shared) -> None:
+async def _worker_main(plan: WorkerPlan, results: _Outbox, go: _StartSignal, start_at: _Shared, stop_level: _Shared) -> None:
     batch: list[tuple[RequestRecord, str | None]] = []
     interrupt = Interrupt()
 
@@ -504,8 +508,12 @@ class _WorkerPool:
         stop_level = context.Value("i", 0)
         interrupt.listen(lambda level: setattr(stop_level, "value", level))
         self.processes = [
-            context.Process(target=_worker_process, args=(plan, self.results, self.go, self.start_at, stop_level),
-                            daemon=True, name=f"vlmserve-bench-w{plan.index}")
+            context.Process(
+                target=_worker_process,
+                args=(plan, self.results, self.go, self.start_at, stop_level),
+                daemon=True,
+                name=f"vlmserve-bench-w{plan.index}",
+            )
             for plan in plans
         ]
         with _main_module_hidden():
@@ -595,9 +603,7 @@ class _WorkerPool:
                 process.join(timeout=5)
 
 
-def workers_needed(
-    concurrency: int | None, rate: float | None, output_len: int = 64, cpu_count: int | None = None
-) -> int:
+def workers_needed(concurrency: int | None, rate: float | None, output_len: int = 64, cpu_count: int | None = None) -> int:
     """Worker processes a load needs, at most one per core.
 
     What costs a worker CPU is the stream of chunks it parses, so an open loop is sized by its

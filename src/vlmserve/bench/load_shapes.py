@@ -59,7 +59,7 @@ class Segment:
         if abs(slope) < 1e-12:
             return self.start_s + count / self.rate_start
         # rate_start * x + slope/2 * x^2 = count, the root in [0, length]
-        root = (-self.rate_start + math.sqrt(max(0.0, self.rate_start ** 2 + 2 * slope * count))) / slope
+        root = (-self.rate_start + math.sqrt(max(0.0, self.rate_start**2 + 2 * slope * count))) / slope
         return self.start_s + root
 
 
@@ -128,11 +128,15 @@ def parse_load_shape(text: str) -> LoadShape:
         raise UserError(f"--load-shape {text!r}: {err}") from None
     shape = LoadShape(text, tuple(segments))
     if shape.duration_s > MAX_DURATION_S:
-        raise UserError(f"--load-shape {text!r}: lasts {shape.duration_s:g} s, over the {MAX_DURATION_S:g} s a run may take; "
-                        "squeeze a trace with trace:PATH@SECONDS")
+        raise UserError(
+            f"--load-shape {text!r}: lasts {shape.duration_s:g} s, over the {MAX_DURATION_S:g} s a run may take; "
+            "squeeze a trace with trace:PATH@SECONDS"
+        )
     if shape.expected_requests > MAX_REQUESTS:
-        raise UserError(f"--load-shape {text!r}: sends about {shape.expected_requests:,.0f} requests, over the "
-                        f"{MAX_REQUESTS:,} a run may send; lower the rates or squeeze the shape")
+        raise UserError(
+            f"--load-shape {text!r}: sends about {shape.expected_requests:,.0f} requests, over the "
+            f"{MAX_REQUESTS:,} a run may send; lower the rates or squeeze the shape"
+        )
     if shape.expected_requests < 1:
         raise UserError(f"--load-shape {text!r}: sends no request (every rate is 0)")
     return shape
@@ -143,9 +147,16 @@ def _number(text: str, what: str, *, positive: bool = False) -> float:
         value = float(text)
     except ValueError:
         raise ValueError(f"{what} {text.strip()!r} is not a number") from None
-    if not math.isfinite(value) or value < 0 or (positive and value == 0) or value > (MAX_RATE if "rate" in what else MAX_DURATION_S):
-        raise ValueError(f"{what} {text.strip()!r} must be a finite number {'above' if positive else 'of at least'} 0"
-                         f"{' and at most ' + format(MAX_RATE, 'g') if 'rate' in what else ''}")
+    if (
+        not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+        or value > (MAX_RATE if "rate" in what else MAX_DURATION_S)
+    ):
+        raise ValueError(
+            f"{what} {text.strip()!r} must be a finite number {'above' if positive else 'of at least'} 0"
+            f"{' and at most ' + format(MAX_RATE, 'g') if 'rate' in what else ''}"
+        )
     return value
 
 
@@ -238,7 +249,9 @@ def _trace(rest: str) -> list[Segment]:
             raise ValueError(f"{path} line {number}: the first time must be 0")
         points.append((at_s, rate))
         if len(points) > MAX_TRACE_POINTS:
-            raise ValueError(f"{path}: more than {MAX_TRACE_POINTS:,} TIME,RATE lines; aggregate the trace (a point a minute is plenty)")
+            raise ValueError(
+                f"{path}: more than {MAX_TRACE_POINTS:,} TIME,RATE lines; aggregate the trace (a point a minute is plenty)"
+            )
     if len(points) < 2:
         raise ValueError(f"{path}: give at least two TIME,RATE lines (the last one marks the end)")
     scale = squeeze / points[-1][0] if squeeze else 1.0

@@ -76,17 +76,24 @@ def save_results(result: RunResult, *, store_run: bool, json_out: Path | None, r
     def note_failure() -> None:
         if len(warnings.messages) > already:
             result.meta.post_run_failed = True
+
     if store_run:
-        warnings.attempt(f"saving the run in the history ({store.database_path()})", lambda: store.save_run(result),
-                         None, "it is missing from `vlmserve runs`")
+        warnings.attempt(
+            f"saving the run in the history ({store.database_path()})",
+            lambda: store.save_run(result),
+            None,
+            "it is missing from `vlmserve runs`",
+        )
     if records_out is not None:
-        warnings.attempt(f"writing {records_out}",
-                         lambda: store.write_records_parquet(result.records, records_out, meta=result.meta),
-                         None, "the records are not in that file")
+        warnings.attempt(
+            f"writing {records_out}",
+            lambda: store.write_records_parquet(result.records, records_out, meta=result.meta),
+            None,
+            "the records are not in that file",
+        )
     note_failure()
     if json_out is not None:
-        warnings.attempt(f"writing {json_out}", lambda: result.write_json(json_out), None,
-                         "the summary is not in that file")
+        warnings.attempt(f"writing {json_out}", lambda: result.write_json(json_out), None, "the summary is not in that file")
     note_failure()
     return warnings.messages[already:]
 

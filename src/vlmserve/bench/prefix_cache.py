@@ -53,10 +53,7 @@ def prefix_cache_block(load: LoadSpec, server: ServerBlock, requests_sent: int) 
         else:
             verdict = "as intended"
     return PrefixCacheBlock(
-        workload=intended_reuse(load),
-        measured_hit_rate=measured,
-        expected_hit_rate=expected,
-        verdict=verdict,
+        workload=intended_reuse(load), measured_hit_rate=measured, expected_hit_rate=expected, verdict=verdict
     )
 
 

@@ -55,9 +55,31 @@ INTERVAL_METRICS: tuple[str, ...] = (
 """Figures (results.summary.FIGURES) that get an interval (the headline figures `compare` judges)."""
 
 _T_975: dict[int, float] = {
-    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-    11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-    20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980,
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    11: 2.201,
+    12: 2.179,
+    13: 2.160,
+    14: 2.145,
+    15: 2.131,
+    16: 2.120,
+    17: 2.110,
+    18: 2.101,
+    19: 2.093,
+    20: 2.086,
+    25: 2.060,
+    30: 2.042,
+    40: 2.021,
+    60: 2.000,
+    120: 1.980,
 }
 """Two-sided 95 % quantiles of Student's t by degrees of freedom (standard tables)."""
 
@@ -150,23 +172,27 @@ def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunRes
     summary = metrics.summarize(records, slo, duration_s=window)
     first, last = results[0].summary, results[-1].summary
     clients = [result.summary.client for result in results]
-    summary.client = clients[0].model_copy(update={
-        "limited": any(block.limited for block in clients),
-        "limited_reasons": [f"repeat {index + 1}: {reason}" for index, block in enumerate(clients)
-                            for reason in block.limited_reasons],
-    })
+    summary.client = clients[0].model_copy(
+        update={
+            "limited": any(block.limited for block in clients),
+            "limited_reasons": [
+                f"repeat {index + 1}: {reason}" for index, block in enumerate(clients) for reason in block.limited_reasons
+            ],
+        }
+    )
     summary.server = last.server  # the last repeat's counters: caches at their warmest
     summary.prefix_cache = last.prefix_cache
-    summary.warnings = [f"repeat {index + 1}: {warning}" for index, result in enumerate(results)
-                           for warning in result.warnings]
+    summary.warnings = [f"repeat {index + 1}: {warning}" for index, result in enumerate(results) for warning in result.warnings]
     metas = [result.meta for result in results]
-    summary.meta = first.meta.model_copy(update={
-        "load_spec": load.model_dump(mode="json"),
-        "interrupted": any(meta.interrupted for meta in metas),
-        "post_run_failed": any(meta.post_run_failed for meta in metas),
-        "client_limited": summary.client.limited,
-        "stopped": next((meta.stopped for meta in metas if meta.stopped), None),
-    })
+    summary.meta = first.meta.model_copy(
+        update={
+            "load_spec": load.model_dump(mode="json"),
+            "interrupted": any(meta.interrupted for meta in metas),
+            "post_run_failed": any(meta.post_run_failed for meta in metas),
+            "client_limited": summary.client.limited,
+            "stopped": next((meta.stopped for meta in metas if meta.stopped), None),
+        }
+    )
     rows = [_repeat_row(index, seeds[index], result) for index, result in enumerate(results)]
     intervals: dict[str, ConfidenceInterval] = {}
     for path in INTERVAL_METRICS:
@@ -186,9 +212,15 @@ def combine(results: list[RunResult], load: LoadSpec, slo: SLO | None) -> RunRes
     return RunResult(records=records, summary=summary)
 
 
-async def run_repeated(load: LoadSpec, target: Target, *, console: Console | None = None, slo: SLO | None = None,
-                       settled: Callable[[list[RunResult]], bool] | None = None,
-                       **run_options: Unpack[RunOptions]) -> RunResult:
+async def run_repeated(
+    load: LoadSpec,
+    target: Target,
+    *,
+    console: Console | None = None,
+    slo: SLO | None = None,
+    settled: Callable[[list[RunResult]], bool] | None = None,
+    **run_options: Unpack[RunOptions],
+) -> RunResult:
     """Run `load` `load.repeat` times (fresh seeds) and combine; Ctrl-C keeps what ran.
 
     `settled(results so far)` may end the repeats early (the SLO search stops once a majority

@@ -29,15 +29,7 @@ from vlmserve.bench.features.assign import assign_features
 from vlmserve.bench.features.check import check_answers
 from vlmserve.bench.features.request import FIXED_ANSWER_FEATURES
 from vlmserve.bench.interrupt import GRACE_S, Interrupt, ctrl_c_stops_load
-from vlmserve.bench.load import (
-    LoadOutcome,
-    WorkerPlan,
-    WorkItem,
-    arrival_offsets,
-    build_item_bodies,
-    run_workers,
-    workers_needed,
-)
+from vlmserve.bench.load import LoadOutcome, WorkerPlan, WorkItem, arrival_offsets, build_item_bodies, run_workers, workers_needed
 from vlmserve.bench.load_shapes import parse_load_shape
 from vlmserve.bench.post_run import PostRunWarnings
 from vlmserve.bench.prefix_cache import prefix_cache_block, prefix_cache_warnings
@@ -92,8 +84,11 @@ def _trim_to_requests(conversations: list[Conversation], requests: int) -> list[
             break
         if len(conversation.turns) > remaining:
             conversation = Conversation(
-                conversation.conversation_id, conversation.workload, conversation.turns[:remaining],
-                conversation.system, conversation.arrival_s,
+                conversation.conversation_id,
+                conversation.workload,
+                conversation.turns[:remaining],
+                conversation.system,
+                conversation.arrival_s,
             )
         trimmed.append(conversation)
         remaining -= len(conversation.turns)
@@ -101,8 +96,7 @@ def _trim_to_requests(conversations: list[Conversation], requests: int) -> list[
 
 
 def _plans(
-    load: LoadSpec, target: Target, options: RequestOptions, conversations: list[Conversation], workers: int, *,
-    keep_text: bool,
+    load: LoadSpec, target: Target, options: RequestOptions, conversations: list[Conversation], workers: int, *, keep_text: bool
 ) -> list[WorkerPlan]:
     """Split the load over `workers`: users and budgets for a closed loop, send offsets for an open one."""
     url = f"{target.base_url}{options.path}"
@@ -122,8 +116,10 @@ def _plans(
             offsets = arrival_offsets(load.arrival, load.rate, load.burstiness, rng, count=total, duration_s=load.duration_s)
         if len(offsets) > len(items):  # send the prepared ones again: as fresh variants, or as is from a pool
             base = items
-            items = [WorkItem(base[i % len(base)].conversation, base[i % len(base)].bodies, variant=i // len(base))
-                     for i in range(len(offsets))]
+            items = [
+                WorkItem(base[i % len(base)].conversation, base[i % len(base)].bodies, variant=i // len(base))
+                for i in range(len(offsets))
+            ]
         turns_seen = 0
         for item, offset in zip(items, offsets):
             item.offset_s = offset
@@ -137,9 +133,16 @@ def _plans(
         if closed and not share and items:  # a prompt pool smaller than the workers: users still need prompts
             share = [items[index % len(items)]]
         plan = WorkerPlan(
-            index=index, url=url, headers=target.headers, options=options, items=share,
+            index=index,
+            url=url,
+            headers=target.headers,
+            options=options,
+            items=share,
             duration_s=load.duration_s if load.num_requests is None else None,
-            multi_turn=load.multi_turn, timeout_s=load.request_timeout_s, keep_text=keep_text, clock_offset=clock_offset,
+            multi_turn=load.multi_turn,
+            timeout_s=load.request_timeout_s,
+            keep_text=keep_text,
+            clock_offset=clock_offset,
             fresh_seed=None if load.prompt_pool_size else load.seed,
         )
         if closed:
@@ -175,8 +178,11 @@ def _tokenizer_check(records: list[RequestRecord], texts: dict[str, str], counte
         return
     # the kept text is the answer's content: only when it is the whole output can it check usage
     # (reasoning and tool-call tokens are billed in usage but are not in it; an empty text has nothing to count)
-    candidates = [record for record in records if record.ok and texts.get(record.request_id)
-                  and not record.reasoning_tokens and not record.tool_calls]
+    candidates = [
+        record
+        for record in records
+        if record.ok and texts.get(record.request_id) and not record.reasoning_tokens and not record.tool_calls
+    ]
     if len(candidates) > TOKENIZER_CHECK_MAX:
         candidates = random.Random(seed).sample(candidates, TOKENIZER_CHECK_MAX)
     counts = [counter.count_text(texts[record.request_id]) for record in candidates]
@@ -252,34 +258,50 @@ async def run_load(
     await _check_records(records, driven.outcome.texts, prepared.counter, load.seed, warnings)
     summary = metrics.summarize(records, slo)
     summary.client = metrics.judge_client(
-        summary.client.model_copy(update={"cpu": driven.cpu, "workers": len(prepared.plans),
-                                          "in_process": prepared.in_process}),
-        client_limits, open_loop=load.concurrency is None)
+        summary.client.model_copy(update={"cpu": driven.cpu, "workers": len(prepared.plans), "in_process": prepared.in_process}),
+        client_limits,
+        open_loop=load.concurrency is None,
+    )
     summary.server = server
     summary.prefix_cache = prefix_cache_block(load, server, len(records))
     summary.warnings = warnings.messages + prefix_cache_warnings(summary.prefix_cache)
     summary.meta = RunMeta(
-        run_id=store.new_run_id(started_at), label=label, target=target.base_url, model=target.model,
-        server_version=prepared.facts.server_version, load_spec=load.model_dump(mode="json"), deployment=deployment,
-        started_at=started_at.isoformat(), simulated=prepared.facts.simulated,
-        post_run_failed=bool(warnings.messages), token_counter=prepared.counter.source,
-        prompt_lengths_exact=prepared.counter.exact, per_chunk_usage=prepared.facts.per_chunk_usage,
-        notices=prepared.notices, slo=slo.bounds_s if slo else None,
+        run_id=store.new_run_id(started_at),
+        label=label,
+        target=target.base_url,
+        model=target.model,
+        server_version=prepared.facts.server_version,
+        load_spec=load.model_dump(mode="json"),
+        deployment=deployment,
+        started_at=started_at.isoformat(),
+        simulated=prepared.facts.simulated,
+        post_run_failed=bool(warnings.messages),
+        token_counter=prepared.counter.source,
+        prompt_lengths_exact=prepared.counter.exact,
+        per_chunk_usage=prepared.facts.per_chunk_usage,
+        notices=prepared.notices,
+        slo=slo.bounds_s if slo else None,
         slo_by_type=slo.by_type if slo and slo.by_type else None,
         slo_rates=slo.min_rates if slo and slo.min_rates else None,
-        client_limited=summary.client_limited, interrupted=driven.outcome.interrupted and not driven.stopped,
-        stopped=OVERSATURATED if driven.stopped else None, stopped_reason=driven.stopped[0] if driven.stopped else None,
-        host_cpus=os.cpu_count(), engine_traces=traces,
+        client_limited=summary.client_limited,
+        interrupted=driven.outcome.interrupted and not driven.stopped,
+        stopped=OVERSATURATED if driven.stopped else None,
+        stopped_reason=driven.stopped[0] if driven.stopped else None,
+        host_cpus=os.cpu_count(),
+        engine_traces=traces,
     )
     return RunResult(records=records, summary=summary)
 
 
-async def _prepare(load: LoadSpec, target: Target, console: Console, progress: bool, *,
-                   trace_requests: bool) -> _Prepared:
+async def _prepare(load: LoadSpec, target: Target, console: Console, progress: bool, *, trace_requests: bool) -> _Prepared:
     """Check the target and build every request and the worker plans before the clock starts."""
     options = RequestOptions(
-        api=load.api, model=target.model, ignore_eos=load.ignore_eos, extra_body=dict(load.extra_body or {}),
-        mm_processor_kwargs=load.mm_processor_kwargs, per_chunk_usage=load.per_chunk_usage,
+        api=load.api,
+        model=target.model,
+        ignore_eos=load.ignore_eos,
+        extra_body=dict(load.extra_body or {}),
+        mm_processor_kwargs=load.mm_processor_kwargs,
+        per_chunk_usage=load.per_chunk_usage,
     )
     check_local_inputs(load)  # a missing file is the user's to fix first, whatever the server says
     facts = await asyncio.to_thread(check_target, target, options)
@@ -294,8 +316,10 @@ async def _prepare(load: LoadSpec, target: Target, console: Console, progress: b
     assign_features(conversations, list(load.features), load.tool_choice, load.seed)
     assign_adapters(conversations, load)
     if FIXED_ANSWER_FEATURES.intersection(load.features) and options.ignore_eos:
-        context.notices.append("--features tools/structured: those requests are sent without ignore_eos "
-                               "(an answer ends when its JSON is complete), so their output lengths vary")
+        context.notices.append(
+            "--features tools/structured: those requests are sent without ignore_eos "
+            "(an answer ends when its JSON is complete), so their output lengths vary"
+        )
     for notice in context.notices:
         console.print(notice)
 
@@ -306,8 +330,7 @@ async def _prepare(load: LoadSpec, target: Target, console: Console, progress: b
     return _Prepared(options, facts, counter, context.notices, plans, in_process=len(plans) == 1 and load.workers is None)
 
 
-async def _drive(load: LoadSpec, prepared: _Prepared, console: Console, progress: bool,
-                 stop_on_ctrl_c: bool) -> _Driven:
+async def _drive(load: LoadSpec, prepared: _Prepared, console: Console, progress: bool, stop_on_ctrl_c: bool) -> _Driven:
     """Run the workers under the progress display, the Ctrl-C guard and the over-saturation stop."""
     cpu = ClientCpuMonitor()
     total = load.num_requests + load.warmup if load.num_requests is not None else None
@@ -333,8 +356,9 @@ async def _drive(load: LoadSpec, prepared: _Prepared, console: Console, progress
         with LiveProgress(console, total, load.duration_s, enabled=progress) as live, stop_guard:
             sink = live.add if detector is None else _both(live.add, detector.observe)
             try:
-                outcome = await run_workers(prepared.plans, sink, in_process=prepared.in_process, on_started=started,
-                                            interrupt=interrupt)
+                outcome = await run_workers(
+                    prepared.plans, sink, in_process=prepared.in_process, on_started=started, interrupt=interrupt
+                )
             finally:
                 if watcher is not None:
                     watcher.cancel()
@@ -346,29 +370,36 @@ async def _drive(load: LoadSpec, prepared: _Prepared, console: Console, progress
 
 async def _last_scrape(scraper: ServerScraper, warnings: PostRunWarnings) -> ServerBlock:
     """The server block from the scrape after the load (a failed scrape: unavailable, with a warning)."""
-    server = await warnings.attempt_async("the last /metrics scrape", scraper.stop,
-                                          ServerBlock(available=False, metrics_url=scraper.url),
-                                          "the server's counters are missing")
+    server = await warnings.attempt_async(
+        "the last /metrics scrape",
+        scraper.stop,
+        ServerBlock(available=False, metrics_url=scraper.url),
+        "the server's counters are missing",
+    )
     if scraper.before is not None and scraper.after is None:
         warnings.add(f"{scraper.url} did not answer after the load; the server's counters are missing")
     return server
 
 
-async def _check_records(records: list[RequestRecord], texts: dict[str, str], counter: TokenCounter, seed: int,
-                         warnings: PostRunWarnings) -> None:
+async def _check_records(
+    records: list[RequestRecord], texts: dict[str, str], counter: TokenCounter, seed: int, warnings: PostRunWarnings
+) -> None:
     """Before the figures: re-count answers with the tokenizer and judge the feature answers (their rates count these)."""
     await warnings.attempt_async(
         "re-counting the answers with the tokenizer",
         lambda: asyncio.to_thread(_tokenizer_check, records, texts, counter, seed),
-        None, "usage is not cross-checked against the tokenizer",
+        None,
+        "usage is not cross-checked against the tokenizer",
     )
-    warnings.attempt("checking the feature answers", lambda: check_answers(records), None,
-                     "answers are not judged; the valid rates are missing")
+    warnings.attempt(
+        "checking the feature answers",
+        lambda: check_answers(records),
+        None,
+        "answers are not judged; the valid rates are missing",
+    )
 
 
-async def _collect_engine_spans(
-    receiver: TraceReceiver, records: list[RequestRecord], warnings: PostRunWarnings
-) -> EngineTraces:
+async def _collect_engine_spans(receiver: TraceReceiver, records: list[RequestRecord], warnings: PostRunWarnings) -> EngineTraces:
     """Wait briefly for the engine's spans, copy their timings into the records, stop the receiver.
 
     Requests without a span are named in one warning, with the likely causes: an engine not
@@ -376,8 +407,12 @@ async def _collect_engine_spans(
     """
     wanted = [record.trace_id for record in records if record.ok and record.trace_id and not record.warmup]
     try:
-        await warnings.attempt_async("waiting for the engine's trace spans",
-                                     lambda: receiver.wait_for(wanted, SPAN_WAIT_S), 0, "some engine timings are missing")
+        await warnings.attempt_async(
+            "waiting for the engine's trace spans",
+            lambda: receiver.wait_for(wanted, SPAN_WAIT_S),
+            0,
+            "some engine timings are missing",
+        )
     finally:
         await receiver.stop()
     matched = attach_engine_timings(records, receiver.spans)
@@ -389,12 +424,19 @@ async def _collect_engine_spans(
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf, and reach it directly or through a proxy that "
             "forwards the traceparent header; the per-request engine breakdown covers only the others"
         )
-    return EngineTraces(url=receiver.url, spans_received=len(receiver.spans), records_matched=matched,
-                        measured_with_span=counted, measured_answered=len(wanted), exports=receiver.exports)
+    return EngineTraces(
+        url=receiver.url,
+        spans_received=len(receiver.spans),
+        records_matched=matched,
+        measured_with_span=counted,
+        measured_answered=len(wanted),
+        exports=receiver.exports,
+    )
 
 
-def _both(first: Callable[[RequestRecord, str | None], None],
-          second: Callable[[RequestRecord], None]) -> Callable[[RequestRecord, str | None], None]:
+def _both(
+    first: Callable[[RequestRecord, str | None], None], second: Callable[[RequestRecord], None]
+) -> Callable[[RequestRecord, str | None], None]:
     """One record sink feeding the progress display and the over-saturation detector."""
 
     def sink(record: RequestRecord, text: str | None) -> None:

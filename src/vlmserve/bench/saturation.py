@@ -97,7 +97,7 @@ class OversaturationDetector:
         rule = self.rule
         if len(self._windows) < rule.growing_windows + 1:
             return None
-        streak = self._windows[-(rule.growing_windows + 1):]
+        streak = self._windows[-(rule.growing_windows + 1) :]
         first, last = streak[0], streak[-1]
         if not all(later.backlog > earlier.backlog for earlier, later in zip(streak, streak[1:])):
             return None
@@ -110,8 +110,10 @@ class OversaturationDetector:
         else:
             ttft = "no first token in the last window"
         span = rule.window_s * rule.growing_windows
-        return (f"requests waiting grew {first.backlog} → {last.backlog} and {ttft} over the last {span:g} s: "
-                "the server is past saturation")
+        return (
+            f"requests waiting grew {first.backlog} → {last.backlog} and {ttft} over the last {span:g} s: "
+            "the server is past saturation"
+        )
 
 
 async def watch(detector: OversaturationDetector, interrupt: Interrupt, on_stop: Callable[[str], None]) -> None:

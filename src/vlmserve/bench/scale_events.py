@@ -59,8 +59,13 @@ def _changes(timeline: Sequence[tuple[float, float]]) -> list[Change]:
     return changes
 
 
-def scaling_block(records: Sequence[RequestRecord], timeline: Sequence[tuple[float, float]] | None,
-                  slo: SLO | None, window_s: float, load_shape: str | None) -> ScalingBlock:
+def scaling_block(
+    records: Sequence[RequestRecord],
+    timeline: Sequence[tuple[float, float]] | None,
+    slo: SLO | None,
+    window_s: float,
+    load_shape: str | None,
+) -> ScalingBlock:
     """The `scaling` block (module docstring); `timeline` is (wall time, replicas), absent for a
     target that is not a vlmserve gateway (then only the windows are reported)."""
     measured = sorted((r for r in records if not r.warmup), key=lambda r: r.sent_at_s)
@@ -72,17 +77,25 @@ def scaling_block(records: Sequence[RequestRecord], timeline: Sequence[tuple[flo
     changes = _changes(rel_timeline)
     falls = [change for change in changes if change[3] < change[2]]
     groups = _rise_groups([change for change in changes if change[3] > change[2]])
-    scale_ups = [_scale_up(measured, start, windows, slo, group,
-                           groups[number + 1][0][0] if number + 1 < len(groups) else math.inf, falls)
-                 for number, group in enumerate(groups)]
-    return ScalingBlock(load_shape=load_shape, window_s=window_s, slo=slo.bounds_s if slo else None,
-                        replicas_timeline=[(round(at, 3), count) for at, count in rel_timeline] or None,
-                        windows=windows, scale_ups=scale_ups, scale_downs=_scale_downs(measured, start, falls),
-                        failed_total=sum(not r.ok for r in measured))
+    scale_ups = [
+        _scale_up(measured, start, windows, slo, group, groups[number + 1][0][0] if number + 1 < len(groups) else math.inf, falls)
+        for number, group in enumerate(groups)
+    ]
+    return ScalingBlock(
+        load_shape=load_shape,
+        window_s=window_s,
+        slo=slo.bounds_s if slo else None,
+        replicas_timeline=[(round(at, 3), count) for at, count in rel_timeline] or None,
+        windows=windows,
+        scale_ups=scale_ups,
+        scale_downs=_scale_downs(measured, start, falls),
+        failed_total=sum(not r.ok for r in measured),
+    )
 
 
-def _windows(measured: Sequence[RequestRecord], start: float, rel_timeline: Sequence[tuple[float, float]],
-             slo: SLO | None, window_s: float) -> list[ScalingWindow]:
+def _windows(
+    measured: Sequence[RequestRecord], start: float, rel_timeline: Sequence[tuple[float, float]], slo: SLO | None, window_s: float
+) -> list[ScalingWindow]:
     """The run cut into `window_s` windows by send time (at least one)."""
     end = max((r.finished_at_s or r.sent_at_s) for r in measured) - start
     windows: list[ScalingWindow] = []
@@ -93,9 +106,16 @@ def _windows(measured: Sequence[RequestRecord], start: float, rel_timeline: Sequ
         before = _count_at(rel_timeline, low)
         replicas = max(sampled) if sampled else before
         good = sum(_good(r, slo) for r in inside)
-        windows.append(ScalingWindow(start_s=round(low, 3), requests=len(inside), met=good,
-                                     failed=sum(not r.ok for r in inside),
-                                     attainment=round(good / len(inside), 4) if inside else None, replicas=replicas))
+        windows.append(
+            ScalingWindow(
+                start_s=round(low, 3),
+                requests=len(inside),
+                met=good,
+                failed=sum(not r.ok for r in inside),
+                attainment=round(good / len(inside), 4) if inside else None,
+                replicas=replicas,
+            )
+        )
     return windows
 
 
@@ -110,8 +130,15 @@ def _rise_groups(rises: Sequence[Change]) -> list[list[Change]]:
     return groups
 
 
-def _scale_up(measured: Sequence[RequestRecord], start: float, windows: Sequence[ScalingWindow], slo: SLO | None,
-              group: Sequence[Change], next_group_at: float, falls: Sequence[Change]) -> ScaleUp:
+def _scale_up(
+    measured: Sequence[RequestRecord],
+    start: float,
+    windows: Sequence[ScalingWindow],
+    slo: SLO | None,
+    group: Sequence[Change],
+    next_group_at: float,
+    falls: Sequence[Change],
+) -> ScaleUp:
     """One scale-up: from the misses leading into it to the last replica joining, and what followed
     until the next event (the next group's rise, or a fall)."""
     first_seen, joined = group[0][1], group[-1][1]
@@ -128,11 +155,16 @@ def _scale_up(measured: Sequence[RequestRecord], start: float, windows: Sequence
     during = [r for r in measured if began <= r.sent_at_s - start < joined]
     later = [r for r in measured if joined <= r.sent_at_s - start < until]
     return ScaleUp(
-        began_s=round(began, 3), first_joined_s=round(first_seen, 3), last_joined_s=round(joined, 3),
-        replicas_before=group[0][2], replicas_after=group[-1][3],
-        requests_during=len(during), missed_during=sum(not _good(r, slo) for r in during),
+        began_s=round(began, 3),
+        first_joined_s=round(first_seen, 3),
+        last_joined_s=round(joined, 3),
+        replicas_before=group[0][2],
+        replicas_after=group[-1][3],
+        requests_during=len(during),
+        missed_during=sum(not _good(r, slo) for r in during),
         failed_during=sum(not r.ok for r in during),
-        requests_after=len(later), missed_after=sum(not _good(r, slo) for r in later),
+        requests_after=len(later),
+        missed_after=sum(not _good(r, slo) for r in later),
         failed_after=sum(not r.ok for r in later),
         after_until_s=None if math.isinf(until) else round(until, 3),
     )
@@ -142,10 +174,20 @@ def _scale_downs(measured: Sequence[RequestRecord], start: float, falls: Sequenc
     """Each fall of the count, with the requests in flight around it and the failures among them."""
     scale_downs: list[ScaleDown] = []
     for sample_before, seen, before, after in falls:
-        around = [r for r in measured if r.sent_at_s - start <= seen
-                  and ((r.finished_at_s or math.inf) - start >= sample_before or not r.ok)]
-        scale_downs.append(ScaleDown(seen_s=round(seen, 3), replicas_before=before, replicas_after=after,
-                                     requests_in_flight=len(around), failed=sum(not r.ok for r in around)))
+        around = [
+            r
+            for r in measured
+            if r.sent_at_s - start <= seen and ((r.finished_at_s or math.inf) - start >= sample_before or not r.ok)
+        ]
+        scale_downs.append(
+            ScaleDown(
+                seen_s=round(seen, 3),
+                replicas_before=before,
+                replicas_after=after,
+                requests_in_flight=len(around),
+                failed=sum(not r.ok for r in around),
+            )
+        )
     return scale_downs
 
 

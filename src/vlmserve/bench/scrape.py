@@ -160,8 +160,9 @@ class ServerScraper:
         if engines is not None:
             return {**values, **engines}
         if self.before is None:  # the first scrape: say why once and stop asking
-            self.engines_unknown = ADMIN_KEY_NEEDED if status == 403 else \
-                f"{self.engines_url} answered {f'HTTP {status}' if status else 'nothing'}"
+            self.engines_unknown = (
+                ADMIN_KEY_NEEDED if status == 403 else f"{self.engines_url} answered {f'HTTP {status}' if status else 'nothing'}"
+            )
         return values
 
     async def start(self) -> None:
@@ -207,8 +208,11 @@ class ServerScraper:
         if self.before is None or self.after is None:
             return ServerBlock(available=False, metrics_url=self.url)
         read = self.read
-        if self.engines_url is not None and self.engines_unknown is None and not any(
-                name.startswith(vllm.PREFIX) for name in self.after):
+        if (
+            self.engines_url is not None
+            and self.engines_unknown is None
+            and not any(name.startswith(vllm.PREFIX) for name in self.after)
+        ):
             self.engines_unknown = f"{self.engines_url} did not answer after the load"
         self._observe(self.after)
         deltas: dict[str, float | None] = {}

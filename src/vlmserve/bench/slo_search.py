@@ -121,9 +121,16 @@ class ProbePoint:
             "stopped": summary.meta.stopped,
             "requests_per_s": summary.throughput.requests_per_s,
             "slo_measured_ms": {key: check.measured_ms for key, check in checks.items()},
-            "repeats": [{"repeat": row.repeat, "seed": row.seed, "slo_met": row.slo_met, "stopped": row.stopped,
-                         "slo_checks": row.slo_checks}
-                        for row in (summary.repeats.runs if summary.repeats is not None else [])],
+            "repeats": [
+                {
+                    "repeat": row.repeat,
+                    "seed": row.seed,
+                    "slo_met": row.slo_met,
+                    "stopped": row.stopped,
+                    "slo_checks": row.slo_checks,
+                }
+                for row in (summary.repeats.runs if summary.repeats is not None else [])
+            ],
         }
 
 
@@ -161,13 +168,19 @@ class SearchOutcome:
         held, missed = self.held, self.missed
         if held is None:
             assert missed is not None
-            return (f"the SLOs ({slo_text}) are missed even at {self.space.knob} {missed.level:g} {unit} "
-                    f"(run {missed.run_id}); lower the range's low end")
+            return (
+                f"the SLOs ({slo_text}) are missed even at {self.space.knob} {missed.level:g} {unit} "
+                f"(run {missed.run_id}); lower the range's low end"
+            )
         if missed is None:
-            return (f"the SLOs ({slo_text}) hold up to {self.space.knob} {held.level:g} {unit}, the top of the range "
-                    f"(run {held.run_id}); raise the range's high end")
-        return (f"highest {self.space.knob} meeting {slo_text}: {held.level:g} {unit} "
-                f"(held at {held.level:g}, run {held.run_id}; missed at {missed.level:g}, run {missed.run_id})")
+            return (
+                f"the SLOs ({slo_text}) hold up to {self.space.knob} {held.level:g} {unit}, the top of the range "
+                f"(run {held.run_id}); raise the range's high end"
+            )
+        return (
+            f"highest {self.space.knob} meeting {slo_text}: {held.level:g} {unit} "
+            f"(held at {held.level:g}, run {held.run_id}; missed at {missed.level:g}, run {missed.run_id})"
+        )
 
     def to_json(self) -> dict[str, object]:
         held, missed = self.held, self.missed
@@ -178,8 +191,10 @@ class SearchOutcome:
             "slo": {key: value * 1000 for key, value in self.slo.bounds_s.items()},
             "status": self.status,
             "boundary": {
-                "held": held.level if held else None, "held_run_id": held.run_id if held else None,
-                "missed": missed.level if missed else None, "missed_run_id": missed.run_id if missed else None,
+                "held": held.level if held else None,
+                "held_run_id": held.run_id if held else None,
+                "missed": missed.level if missed else None,
+                "missed_run_id": missed.run_id if missed else None,
             },
             "answer": self.sentence(),
             "probes": [probe.row() for probe in self.probes],
@@ -198,9 +213,11 @@ def repeat_met(result: RunResult) -> bool:
 
 def majority_settled(repeats: int) -> Callable[[list[RunResult]], bool]:
     """True once more than half of `repeats` met, or more than half missed."""
+
     def settled(results: list[RunResult]) -> bool:
         met = sum(1 for result in results if repeat_met(result))
         return met * 2 > repeats or (len(results) - met) * 2 >= repeats
+
     return settled
 
 
@@ -222,8 +239,9 @@ def require_objectives(slo: SLO) -> None:
         raise UserError("give --slo, e.g. --slo ttft_p95=500ms,tpot_p95=50ms: the search needs objectives")
 
 
-async def search(template: LoadSpec, slo: SLO, space: SearchSpace, run_point: RunPoint,
-                 console: Console | None = None) -> SearchOutcome:
+async def search(
+    template: LoadSpec, slo: SLO, space: SearchSpace, run_point: RunPoint, console: Console | None = None
+) -> SearchOutcome:
     """Probe the ends of the range, then bisect; returns every probe and the boundary."""
     require_objectives(slo)
     console = console or Console(stderr=True)
@@ -237,8 +255,7 @@ async def search(template: LoadSpec, slo: SLO, space: SearchSpace, run_point: Ru
         met = sum(1 for row in runs if row.slo_met)
         point = ProbePoint(level, result, met, max(len(runs), 1))
         outcome.probes.append(point)
-        console.print(f"  {'held' if point.held else 'missed'}: {met} of {point.ran} repeat(s) met the SLOs"
-                      f" (run {point.run_id})")
+        console.print(f"  {'held' if point.held else 'missed'}: {met} of {point.ran} repeat(s) met the SLOs (run {point.run_id})")
         return point
 
     if not (await probe(space.low)).held:
@@ -249,8 +266,10 @@ async def search(template: LoadSpec, slo: SLO, space: SearchSpace, run_point: Ru
         held, missed = outcome.held, outcome.missed
         assert held is not None and missed is not None
         if held.level >= missed.level:  # latency did not grow with load: say so, stop here
-            console.print(f"[yellow]{space.knob} {held.level:g} held but {missed.level:g} missed below it: "
-                          "the server is not monotone in this range; the boundary is uncertain[/]")
+            console.print(
+                f"[yellow]{space.knob} {held.level:g} held but {missed.level:g} missed below it: "
+                "the server is not monotone in this range; the boundary is uncertain[/]"
+            )
             break
         if space.fine_enough(held.level, missed.level):
             break

@@ -104,9 +104,7 @@ def _probe(client: httpx.Client, target: Target, options: RequestOptions) -> boo
     last_error = ""
     for per_chunk in (options.per_chunk_usage, False) if options.per_chunk_usage else (False,):
         probe_options = RequestOptions(**{**options.__dict__, "per_chunk_usage": per_chunk, "ignore_eos": False})
-        body = build_body(
-            probe_options, 1, messages=[{"role": "user", "content": "hi"}], prompt="hi"
-        )
+        body = build_body(probe_options, 1, messages=[{"role": "user", "content": "hi"}], prompt="hi")
         for _attempt in range(PROBE_ATTEMPTS):  # a server error may be transient (or injected)
             try:
                 response = client.post(url, json=body)

@@ -68,16 +68,13 @@ class LocalTokenizerCounter:
         except Exception as err:  # transformers raises many types for a bad path
             first = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise UserError(
-                f"--tokenizer {name_or_path}: cannot load a tokenizer from it ({first[:160]}); "
-                "give a local model directory"
+                f"--tokenizer {name_or_path}: cannot load a tokenizer from it ({first[:160]}); give a local model directory"
             ) from None
         self.source = f"tokenizer {name_or_path}"
 
     def count_prompt(self, api: str, text: str, messages: Messages | None) -> int:
         if api == "chat" and messages is not None and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                _text_only(messages), tokenize=True, add_generation_prompt=True
-            )
+            ids = self.tokenizer.apply_chat_template(_text_only(messages), tokenize=True, add_generation_prompt=True)
             if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
                 ids = ids["input_ids"]
             return len(ids)
@@ -103,8 +100,9 @@ class ServerTokenCounter:
         try:
             response = self.client.post(self.url, json={"model": self.model, **body})
         except httpx.HTTPError as err:
-            raise UserError(f"cannot reach {self.url} ({type(err).__name__}); is the server still running? "
-                            "or pass --tokenizer PATH") from None
+            raise UserError(
+                f"cannot reach {self.url} ({type(err).__name__}); is the server still running? or pass --tokenizer PATH"
+            ) from None
         if response.status_code != 200:
             raise UserError(f"{self.url} answered HTTP {response.status_code}; pass --tokenizer PATH instead")
         try:
@@ -137,7 +135,9 @@ def _locally_available(name_or_path: str) -> bool:
     """A directory, or a model name already in the Hugging Face cache (nothing is downloaded)."""
     if Path(name_or_path).expanduser().is_dir():
         return True
-    cache = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub")
+    cache = Path(
+        os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+    )
     return (cache / f"models--{name_or_path.replace('/', '--')}").is_dir()
 
 
@@ -147,17 +147,16 @@ def _text_only(messages: Messages) -> Messages:
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            text = " ".join(str(part.get("text", "")) for part in content
-                            if isinstance(part, dict) and part.get("type") == "text")
+            text = " ".join(
+                str(part.get("text", "")) for part in content if isinstance(part, dict) and part.get("type") == "text"
+            )
             cleaned.append({**message, "content": text})
         else:
             cleaned.append(message)
     return cleaned
 
 
-def choose_counter(
-    tokenizer: str | None, base_url: str, model: str, headers: dict[str, str] | None = None
-) -> TokenCounter:
+def choose_counter(tokenizer: str | None, base_url: str, model: str, headers: dict[str, str] | None = None) -> TokenCounter:
     """--tokenizer when given, else the server's /tokenize, else words (approximate)."""
     if tokenizer:
         return LocalTokenizerCounter(tokenizer)

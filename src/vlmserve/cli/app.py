@@ -67,6 +67,7 @@ VERB_COMMANDS: dict[str, str] = {
     "vllm-bench": "vlmserve.cli.vllm_bench",
 }
 
+
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"vlmserve {__version__}")

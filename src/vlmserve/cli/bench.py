@@ -68,9 +68,12 @@ def _image_mixes(args: dict[str, Any]) -> dict[str, Any]:
 
 def _check_lora(args: dict[str, Any]) -> None:
     """The many-adapter flags shape --lora-adapters traffic (bench.adapters): one line for each misuse."""
-    if args.get("lora_adapters") is None and any(args.get(flag) is not None
-                                                 for flag in ("lora_popularity", "lora_skew", "lora_base_share")):
-        raise UserError("--lora-popularity, --lora-skew and --lora-base-share shape --lora-adapters traffic; give --lora-adapters")
+    if args.get("lora_adapters") is None and any(
+        args.get(flag) is not None for flag in ("lora_popularity", "lora_skew", "lora_base_share")
+    ):
+        raise UserError(
+            "--lora-popularity, --lora-skew and --lora-base-share shape --lora-adapters traffic; give --lora-adapters"
+        )
     if args.get("lora_skew") is not None and args.get("lora_popularity") != "zipf":
         raise UserError("--lora-skew is the Zipf exponent; use it with --lora-popularity zipf")
 
@@ -78,8 +81,10 @@ def _check_lora(args: dict[str, Any]) -> None:
 def _contradictions(args: dict[str, Any]) -> None:
     """Flags that cannot go together: one line naming both."""
     if args["concurrency"] is not None and args["rate"] is not None:
-        raise UserError("--concurrency and --rate contradict: give --concurrency N (closed loop) or --rate R (open loop); "
-                        "vLLM's --max-concurrency with a finite --request-rate (a capped open loop) is not run here")
+        raise UserError(
+            "--concurrency and --rate contradict: give --concurrency N (closed loop) or --rate R (open loop); "
+            "vLLM's --max-concurrency with a finite --request-rate (a capped open loop) is not run here"
+        )
     if args["concurrency"] is None and args["rate"] is None and args["dataset"] != "trace":
         raise UserError("give --concurrency N (closed loop) or --rate R (open loop)")
     if args["num_requests"] is not None and args["duration"] is not None:
@@ -101,7 +106,9 @@ def _contradictions(args: dict[str, Any]) -> None:
     if args["multi_turn"] != "first" and args["dataset"] not in ("sharegpt", "mixed"):
         raise UserError("--multi-turn applies to --dataset sharegpt")
     if args.get("features") and args["api"] != "chat":
-        raise UserError("--features needs --api chat: tools, response_format and chat_template_kwargs are chat-completions fields")
+        raise UserError(
+            "--features needs --api chat: tools, response_format and chat_template_kwargs are chat-completions fields"
+        )
 
 
 RATE_FEATURE = {"schema_valid": "structured", "tool_call_valid": "tools"}
@@ -112,7 +119,9 @@ def check_rate_objectives(objectives: SLO, load: LoadSpec) -> None:
     """A rate objective without its feature would never be judged: one line saying what to add."""
     for name in objectives.min_rates:
         if RATE_FEATURE[name] not in load.features:
-            raise UserError(f"--slo {name}>=...: judges --features {RATE_FEATURE[name]} answers; add {RATE_FEATURE[name]} to --features")
+            raise UserError(
+                f"--slo {name}>=...: judges --features {RATE_FEATURE[name]} answers; add {RATE_FEATURE[name]} to --features"
+            )
 
 
 def _with_load_shape(args: dict[str, Any]) -> dict[str, Any]:
@@ -121,8 +130,16 @@ def _with_load_shape(args: dict[str, Any]) -> dict[str, Any]:
         return args
     from vlmserve.bench.load_shapes import parse_load_shape
 
-    given = [flag for name, flag in (("rate", "--rate"), ("concurrency", "--concurrency"), ("duration", "--duration"),
-                                      ("num_requests", "--num-requests")) if args.get(name) is not None]
+    given = [
+        flag
+        for name, flag in (
+            ("rate", "--rate"),
+            ("concurrency", "--concurrency"),
+            ("duration", "--duration"),
+            ("num_requests", "--num-requests"),
+        )
+        if args.get(name) is not None
+    ]
     if given:
         raise UserError(f"--load-shape sets the rate and the duration itself; drop {', '.join(given)}")
     shape = parse_load_shape(args["load_shape"])
@@ -236,9 +253,19 @@ def _run_bench(args: dict[str, Any], load: LoadSpec, objectives: SLO, console: C
     target = Target(args["base_url"], args["model"], args["api_key"])
     limits = metrics.ClientLimits(send_lag_p99_s=args["max_send_lag_ms"] / 1000.0)
     return asyncio.run(
-        run_repeated(load, target, slo=objectives, progress=args["progress"], label=args["label"], deployment=deployment,
-                     console=console, client_limits=limits, stop_on_ctrl_c=True,
-                     server_metrics_interval_s=args["server_metrics_interval"], engine_traces=args["engine_traces"])
+        run_repeated(
+            load,
+            target,
+            slo=objectives,
+            progress=args["progress"],
+            label=args["label"],
+            deployment=deployment,
+            console=console,
+            client_limits=limits,
+            stop_on_ctrl_c=True,
+            server_metrics_interval_s=args["server_metrics_interval"],
+            engine_traces=args["engine_traces"],
+        )
     )
 
 
@@ -251,8 +278,12 @@ def _write_bench_outputs(result: Any, args: dict[str, Any], load: LoadSpec, obje
         from vlmserve.bench.scale_events import attach_scaling
 
         attach_scaling(result, objectives, args["scale_window"])
-    save_results(result, store_run=args["store_run"], json_out=json_out if result_format == "vlmserve" else None,
-                 records_out=args["records_out"])
+    save_results(
+        result,
+        store_run=args["store_run"],
+        json_out=json_out if result_format == "vlmserve" else None,
+        records_out=args["records_out"],
+    )
     if args["html_out"] is not None and result.summary.scaling is not None:
         from vlmserve.report.scaling_html import write_scaling_html
 
@@ -261,8 +292,9 @@ def _write_bench_outputs(result: Any, args: dict[str, Any], load: LoadSpec, obje
         from vlmserve.interop.vllm_bench import write_vllm_result
 
         before = len(result.warnings)
-        PostRunWarnings(result.warnings).attempt(f"writing {json_out}", lambda: write_vllm_result(result, json_out),
-                                                 None, "the vLLM-format result is not in that file")
+        PostRunWarnings(result.warnings).attempt(
+            f"writing {json_out}", lambda: write_vllm_result(result, json_out), None, "the vLLM-format result is not in that file"
+        )
         if len(result.warnings) > before:
             result.meta.post_run_failed = True
 
@@ -270,11 +302,35 @@ def _write_bench_outputs(result: Any, args: dict[str, Any], load: LoadSpec, obje
 runs_app = typer.Typer(help="The run history: every bench (and sweep) run, stored in DuckDB.", no_args_is_help=True)
 
 
-RUNS_LIST_COLUMNS = ("run id", "started (UTC)", "label", "model", "ok", "failed", "req/s", "out tok/s", "TTFT p50",
-                     "TTFT p99", "TPOT p50", "flags")
+RUNS_LIST_COLUMNS = (
+    "run id",
+    "started (UTC)",
+    "label",
+    "model",
+    "ok",
+    "failed",
+    "req/s",
+    "out tok/s",
+    "TTFT p50",
+    "TTFT p99",
+    "TPOT p50",
+    "flags",
+)
 """`runs list`'s columns in display order."""
-RUNS_LIST_KEPT_FIRST = ("run id", "label", "ok", "req/s", "TTFT p50", "flags", "failed", "TTFT p99", "TPOT p50",
-                        "out tok/s", "model", "started (UTC)")
+RUNS_LIST_KEPT_FIRST = (
+    "run id",
+    "label",
+    "ok",
+    "req/s",
+    "TTFT p50",
+    "flags",
+    "failed",
+    "TTFT p99",
+    "TPOT p50",
+    "out tok/s",
+    "model",
+    "started (UTC)",
+)
 """Which columns a narrow terminal keeps first (the run id already holds the start time)."""
 
 
@@ -309,18 +365,38 @@ def runs_list(
     console.print(table)
     left_out = [column for column in RUNS_LIST_COLUMNS if column not in shown]
     if left_out:
-        console.print(f"({', '.join(left_out)} left out at {console.width} columns: --wide shows every column, "
-                      "--json every field)", soft_wrap=True)
+        console.print(
+            f"({', '.join(left_out)} left out at {console.width} columns: --wide shows every column, --json every field)",
+            soft_wrap=True,
+        )
 
 
 def _runs_list_cells(row: dict[str, Any]) -> list[str]:
-    flags = ",".join(flag for flag, on in (("simulated", row["simulated"]), ("client-limited", row["client_limited"]),
-                                           ("interrupted", row["interrupted"])) if on)
+    flags = ",".join(
+        flag
+        for flag, on in (
+            ("simulated", row["simulated"]),
+            ("client-limited", row["client_limited"]),
+            ("interrupted", row["interrupted"]),
+        )
+        if on
+    )
     if row.get("tool"):
         flags = ",".join(part for part in (flags, f"from {row['tool']}") if part)
-    return [row["run_id"], str(row["started_at"])[:19], row["label"] or "", row["model"] or "", str(row["completed"]),
-            str(row["failed"]), _num(row["requests_per_s"]), _num(row["output_tokens_per_s"]), _num(row["ttft_p50_ms"]),
-            _num(row["ttft_p99_ms"]), _num(row["tpot_p50_ms"]), flags]
+    return [
+        row["run_id"],
+        str(row["started_at"])[:19],
+        row["label"] or "",
+        row["model"] or "",
+        str(row["completed"]),
+        str(row["failed"]),
+        _num(row["requests_per_s"]),
+        _num(row["output_tokens_per_s"]),
+        _num(row["ttft_p50_ms"]),
+        _num(row["ttft_p99_ms"]),
+        _num(row["tpot_p50_ms"]),
+        flags,
+    ]
 
 
 def _column_width(cells: list[dict[str, str]], column: str) -> int:
@@ -360,12 +436,21 @@ def runs_show(
 
 @runs_app.command("import")
 def runs_import(
-    path: Path = typer.Argument(..., metavar="FILE", help="A result file of vlmserve (--json-out), vllm bench serve, "
-                                "AIPerf (profile_export_aiperf.json), guidellm (benchmarks JSON) or inference-perf."),
-    label: Optional[str] = typer.Option(None, "--label", help="The run's name in the history (default: the file's "
-                                        "own label, else the tool and file name)."),
-    simulated: bool = typer.Option(False, "--simulated", help="Mark the run simulated: it ran against a sim engine "
-                                   "(vlmserve's own files say so themselves; other tools' files cannot)."),
+    path: Path = typer.Argument(
+        ...,
+        metavar="FILE",
+        help="A result file of vlmserve (--json-out), vllm bench serve, "
+        "AIPerf (profile_export_aiperf.json), guidellm (benchmarks JSON) or inference-perf.",
+    ),
+    label: Optional[str] = typer.Option(
+        None, "--label", help="The run's name in the history (default: the file's own label, else the tool and file name)."
+    ),
+    simulated: bool = typer.Option(
+        False,
+        "--simulated",
+        help="Mark the run simulated: it ran against a sim engine "
+        "(vlmserve's own files say so themselves; other tools' files cannot).",
+    ),
 ) -> None:
     """Store another tool's result file in the history, beside vlmserve's runs (for report and compare)."""
     from vlmserve.interop.importer import import_result_file
@@ -373,8 +458,10 @@ def runs_import(
     for run_id, result in import_result_file(path, label, simulated=simulated):
         records = f"{len(result.records)} request records" if result.records else "no per-request records (figures only)"
         flags = ", simulated" if result.simulated else ""
-        typer.echo(f"imported {path} as run {run_id} '{result.meta.label}' "
-                   f"(from {result.meta.tool}; model {result.meta.model or 'unknown'}; {records}{flags})")
+        typer.echo(
+            f"imported {path} as run {run_id} '{result.meta.label}' "
+            f"(from {result.meta.tool}; model {result.meta.model or 'unknown'}; {records}{flags})"
+        )
         for line in result.warnings:
             typer.echo(f"warning: {line}", err=True)
 

@@ -30,18 +30,26 @@ def _checks() -> OptionGroup:
     def option(name: str, help: str, **kwargs: Any) -> ModelOption:
         return model_option(ConsistencyOptions, name, help=help, **kwargs)
 
-    return OptionGroup("checks", {
-        "num_requests": option("num_requests", "Checked text requests (distinct prompts)."),
-        "num_image_requests": option("num_image_requests", "Checked image requests: one question, each with its own synthetic image (0: none)."),
-        "concurrency": option("concurrency", "Requests in flight during the loaded run (checked ones among filler load)."),
-        "output_len": option("output_len", "max_tokens of each checked request (fillers ask for twice as many)."),
-        "filler_per_request": option("filler_per_request", "Filler requests queued after each checked one in the loaded run."),
-        "image_size": option("image_size", "Synthetic image size WxH.", annotation=str, parse=_parse_size,
-                             text=image_size_text),
-        "min_identical": option("min_identical", "Fail (exit 1) when fewer than this fraction of answers are identical."),
-        "seed": option("seed", "Seed for prompts and images (same seed, same requests)."),
-        "timeout": option("timeout_s", "Seconds one request may take."),
-    })
+    return OptionGroup(
+        "checks",
+        {
+            "num_requests": option("num_requests", "Checked text requests (distinct prompts)."),
+            "num_image_requests": option(
+                "num_image_requests", "Checked image requests: one question, each with its own synthetic image (0: none)."
+            ),
+            "concurrency": option("concurrency", "Requests in flight during the loaded run (checked ones among filler load)."),
+            "output_len": option("output_len", "max_tokens of each checked request (fillers ask for twice as many)."),
+            "filler_per_request": option(
+                "filler_per_request", "Filler requests queued after each checked one in the loaded run."
+            ),
+            "image_size": option(
+                "image_size", "Synthetic image size WxH.", annotation=str, parse=_parse_size, text=image_size_text
+            ),
+            "min_identical": option("min_identical", "Fail (exit 1) when fewer than this fraction of answers are identical."),
+            "seed": option("seed", "Seed for prompts and images (same seed, same requests)."),
+            "timeout": option("timeout_s", "Seconds one request may take."),
+        },
+    )
 
 
 CHECKS = _checks()
@@ -49,10 +57,18 @@ CHECKS = _checks()
 
 @with_groups(CHECKS)
 def consistency(
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000 (or --deployment)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."),
-    deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML: started once per --prefix-caching variant, checked, torn down."),
-    prefix_caching: str = typer.Option("both", "--prefix-caching", help="With --deployment: on, off or both (one deployment each)."),
+    base_url: Optional[str] = typer.Option(
+        None, "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000 (or --deployment)."
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."
+    ),
+    deployment_file: Optional[Path] = typer.Option(
+        None, "--deployment", help="Deployment spec YAML: started once per --prefix-caching variant, checked, torn down."
+    ),
+    prefix_caching: str = typer.Option(
+        "both", "--prefix-caching", help="With --deployment: on, off or both (one deployment each)."
+    ),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="VLMSERVE_API_KEY", help="Bearer token for the endpoint."),
     checks: dict[str, Any] = GROUP,
     json_out: Optional[Path] = typer.Option(None, "--result-file", "--json-out", help="Write the JSON result here."),

@@ -10,9 +10,7 @@ from vlmserve.cli.engine_options import SIM_ENGINE
 from vlmserve.cli.model_options import GROUP, with_groups
 
 engine_app = typer.Typer(
-    name="engine",
-    help="Inference engines vlmserve can run itself (the simulated engine).",
-    no_args_is_help=True,
+    name="engine", help="Inference engines vlmserve can run itself (the simulated engine).", no_args_is_help=True
 )
 
 

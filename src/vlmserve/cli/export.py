@@ -17,8 +17,10 @@ if TYPE_CHECKING:
     from vlmserve.observe.alerts import AlertSettings
     from vlmserve.spec import DeploymentSpec
 
-DROP_HELP = ("Export a spec with keys_file, TLS or audit_log although the platform has no vlmserve gateway to "
-             "carry them (each is named in a warning); without it such a spec is refused.")
+DROP_HELP = (
+    "Export a spec with keys_file, TLS or audit_log although the platform has no vlmserve gateway to "
+    "carry them (each is named in a warning); without it such a spec is refused."
+)
 
 export_app = typer.Typer(help="Export a deployment to other platforms.", no_args_is_help=True)
 
@@ -30,30 +32,114 @@ def _parse_label(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-K8S = OptionGroup("flags", {
-    # every `vlmserve export k8s` flag once, in its --help order
-    "spec_file": Flag(typer.Option(..., "-f", "--file", help="Deployment spec (deploy.yaml)."), Path),
-    "out": Flag(typer.Option(..., "--out", help="Folder to write the manifests into."), Path),
-    "namespace": Flag(typer.Option("default", "--namespace", help="Namespace of every object."), str),
-    "vllm_image": Flag(typer.Option("vllm/vllm-openai:latest", "--vllm-image", help="Engine image (pin a tag)."), str),
-    "vlmserve_image": Flag(typer.Option(None, "--vlmserve-image", help="Image with vlmserve installed (gateway, sim engine); default: vlmserve:<version>, what the repository's Dockerfile builds."), Optional[str]),
-    "model_pvc": Flag(typer.Option(None, "--model-pvc", help="PersistentVolumeClaim holding a local weights folder."), Optional[str]),
-    "hf_token_secret": Flag(typer.Option(None, "--hf-token-secret", help="Secret with key 'token' for gated Hugging Face models."), Optional[str]),
-    "max_replicas": Flag(typer.Option(None, "--max-replicas", min=1, help="KEDA upper bound (default: the spec's autoscale rule, else 4x replicas)."), Optional[int]),
-    "waiting_per_replica": Flag(typer.Option(None, "--waiting-per-replica", min=0.001, help="Queued requests per replica before KEDA adds one (default: the spec's autoscale rule, else 5)."), Optional[float]),
-    "prometheus_url": Flag(typer.Option("http://prometheus-operated.monitoring.svc:9090", "--prometheus-url", help="Prometheus that KEDA queries."), str),
-    "monitoring_label": Flag(typer.Option([], "--monitoring-label", help="KEY=VALUE label your Prometheus Operator selects on (e.g. release=kube-prometheus-stack); repeatable."), list[str]),
-    "ttft_slo": Flag(typer.Option("500ms", "--ttft-slo", help="p95 TTFT objective in the PrometheusRule."), str),
-    "discovery": Flag(typer.Option("dns", "--discovery", help="How the gateways find the engine pods: dns (the headless Service's records) or k8s (its EndpointSlices; adds a ServiceAccount, Role and RoleBinding)."), str),
-    "redis_image": Flag(typer.Option("redis:7-alpine", "--redis-image", help="Image of the Redis the gateways share."), str),
-    "embed_secrets": Flag(typer.Option(False, "--embed-secrets", help="Write the keys file, TLS pair and a Redis password into Secret manifests (key material in --out); default: print the kubectl commands that create them from the files."), bool),
-    "audit_pvc": Flag(typer.Option(None, "--audit-pvc", help="ReadWriteMany PersistentVolumeClaim for the gateways' audit logs (default: an emptyDir, lost when a pod restarts)."), Optional[str]),
-    "monitoring_namespace": Flag(typer.Option("monitoring", "--monitoring-namespace", help="Namespace whose pods (Prometheus) may reach the engines' port for /metrics; '' lets only the gateways in."), str),
-    "router": Flag(typer.Option("vlmserve", "--router", help="What routes requests to the engines: vlmserve (its gateway, Redis and NetworkPolicies) or llm-d (an InferencePool, its endpoint picker and an HTTPRoute from your Gateway; no vlmserve gateway)."), str),
-    "epp_image": Flag(typer.Option(None, "--epp-image", help="--router llm-d: endpoint-picker image (default: the one KServe v0.20 pins)."), Optional[str]),
-    "gateway_name": Flag(typer.Option(None, "--gateway-name", help="--router llm-d: the Gateway (same namespace) the HTTPRoute attaches to (default: inference-gateway)."), Optional[str]),
-    "drop_gateway_settings": Flag(typer.Option(False, DROP_FLAG, help=DROP_HELP), bool),
-})
+K8S = OptionGroup(
+    "flags",
+    {
+        # every `vlmserve export k8s` flag once, in its --help order
+        "spec_file": Flag(typer.Option(..., "-f", "--file", help="Deployment spec (deploy.yaml)."), Path),
+        "out": Flag(typer.Option(..., "--out", help="Folder to write the manifests into."), Path),
+        "namespace": Flag(typer.Option("default", "--namespace", help="Namespace of every object."), str),
+        "vllm_image": Flag(typer.Option("vllm/vllm-openai:latest", "--vllm-image", help="Engine image (pin a tag)."), str),
+        "vlmserve_image": Flag(
+            typer.Option(
+                None,
+                "--vlmserve-image",
+                help="Image with vlmserve installed (gateway, sim engine); default: vlmserve:<version>, what the repository's Dockerfile builds.",
+            ),
+            Optional[str],
+        ),
+        "model_pvc": Flag(
+            typer.Option(None, "--model-pvc", help="PersistentVolumeClaim holding a local weights folder."), Optional[str]
+        ),
+        "hf_token_secret": Flag(
+            typer.Option(None, "--hf-token-secret", help="Secret with key 'token' for gated Hugging Face models."), Optional[str]
+        ),
+        "max_replicas": Flag(
+            typer.Option(
+                None, "--max-replicas", min=1, help="KEDA upper bound (default: the spec's autoscale rule, else 4x replicas)."
+            ),
+            Optional[int],
+        ),
+        "waiting_per_replica": Flag(
+            typer.Option(
+                None,
+                "--waiting-per-replica",
+                min=0.001,
+                help="Queued requests per replica before KEDA adds one (default: the spec's autoscale rule, else 5).",
+            ),
+            Optional[float],
+        ),
+        "prometheus_url": Flag(
+            typer.Option(
+                "http://prometheus-operated.monitoring.svc:9090", "--prometheus-url", help="Prometheus that KEDA queries."
+            ),
+            str,
+        ),
+        "monitoring_label": Flag(
+            typer.Option(
+                [],
+                "--monitoring-label",
+                help="KEY=VALUE label your Prometheus Operator selects on (e.g. release=kube-prometheus-stack); repeatable.",
+            ),
+            list[str],
+        ),
+        "ttft_slo": Flag(typer.Option("500ms", "--ttft-slo", help="p95 TTFT objective in the PrometheusRule."), str),
+        "discovery": Flag(
+            typer.Option(
+                "dns",
+                "--discovery",
+                help="How the gateways find the engine pods: dns (the headless Service's records) or k8s (its EndpointSlices; adds a ServiceAccount, Role and RoleBinding).",
+            ),
+            str,
+        ),
+        "redis_image": Flag(typer.Option("redis:7-alpine", "--redis-image", help="Image of the Redis the gateways share."), str),
+        "embed_secrets": Flag(
+            typer.Option(
+                False,
+                "--embed-secrets",
+                help="Write the keys file, TLS pair and a Redis password into Secret manifests (key material in --out); default: print the kubectl commands that create them from the files.",
+            ),
+            bool,
+        ),
+        "audit_pvc": Flag(
+            typer.Option(
+                None,
+                "--audit-pvc",
+                help="ReadWriteMany PersistentVolumeClaim for the gateways' audit logs (default: an emptyDir, lost when a pod restarts).",
+            ),
+            Optional[str],
+        ),
+        "monitoring_namespace": Flag(
+            typer.Option(
+                "monitoring",
+                "--monitoring-namespace",
+                help="Namespace whose pods (Prometheus) may reach the engines' port for /metrics; '' lets only the gateways in.",
+            ),
+            str,
+        ),
+        "router": Flag(
+            typer.Option(
+                "vlmserve",
+                "--router",
+                help="What routes requests to the engines: vlmserve (its gateway, Redis and NetworkPolicies) or llm-d (an InferencePool, its endpoint picker and an HTTPRoute from your Gateway; no vlmserve gateway).",
+            ),
+            str,
+        ),
+        "epp_image": Flag(
+            typer.Option(None, "--epp-image", help="--router llm-d: endpoint-picker image (default: the one KServe v0.20 pins)."),
+            Optional[str],
+        ),
+        "gateway_name": Flag(
+            typer.Option(
+                None,
+                "--gateway-name",
+                help="--router llm-d: the Gateway (same namespace) the HTTPRoute attaches to (default: inference-gateway).",
+            ),
+            Optional[str],
+        ),
+        "drop_gateway_settings": Flag(typer.Option(False, DROP_FLAG, help=DROP_HELP), bool),
+    },
+)
 
 
 @export_app.command("k8s")
@@ -68,12 +154,19 @@ def k8s(flags: dict[str, Any] = GROUP) -> None:
         slo_s = parse_duration_s(flags["ttft_slo"])
     except ValueError as err:
         raise UserError(f"--ttft-slo: {err}") from None
-    llmd_flags = {"--epp-image": flags["epp_image"], "--gateway-name": flags["gateway_name"],
-                  DROP_FLAG: flags["drop_gateway_settings"]}
-    gateway_flags = {"--embed-secrets": flags["embed_secrets"], "--audit-pvc": flags["audit_pvc"],
-                     "--discovery": flags["discovery"] != "dns"}
-    export = _routed_export(spec, _k8s_options(flags), AlertSettings(ttft_slo_s=slo_s), flags["router"], llmd_flags,
-                            gateway_flags)
+    llmd_flags = {
+        "--epp-image": flags["epp_image"],
+        "--gateway-name": flags["gateway_name"],
+        DROP_FLAG: flags["drop_gateway_settings"],
+    }
+    gateway_flags = {
+        "--embed-secrets": flags["embed_secrets"],
+        "--audit-pvc": flags["audit_pvc"],
+        "--discovery": flags["discovery"] != "dns",
+    }
+    export = _routed_export(
+        spec, _k8s_options(flags), AlertSettings(ttft_slo_s=slo_s), flags["router"], llmd_flags, gateway_flags
+    )
     _write_export(export, flags["out"])
 
 
@@ -82,15 +175,35 @@ def _k8s_options(flags: dict[str, Any]) -> "K8sOptions":
     from vlmserve.export.k8s import K8sOptions
 
     image = {"vlmserve_image": flags["vlmserve_image"]} if flags["vlmserve_image"] else {}
-    same = ("namespace", "vllm_image", "model_pvc", "hf_token_secret", "max_replicas", "waiting_per_replica",
-            "prometheus_url", "discovery", "redis_image", "embed_secrets", "audit_pvc")
-    return K8sOptions(**{name: flags[name] for name in same}, **image,
-                      monitoring_labels=tuple(_parse_label(text) for text in flags["monitoring_label"]),
-                      monitoring_namespace=flags["monitoring_namespace"] or None)
+    same = (
+        "namespace",
+        "vllm_image",
+        "model_pvc",
+        "hf_token_secret",
+        "max_replicas",
+        "waiting_per_replica",
+        "prometheus_url",
+        "discovery",
+        "redis_image",
+        "embed_secrets",
+        "audit_pvc",
+    )
+    return K8sOptions(
+        **{name: flags[name] for name in same},
+        **image,
+        monitoring_labels=tuple(_parse_label(text) for text in flags["monitoring_label"]),
+        monitoring_namespace=flags["monitoring_namespace"] or None,
+    )
 
 
-def _routed_export(spec: "DeploymentSpec", options: "K8sOptions", alerts: "AlertSettings", router: str,
-                   llmd_flags: dict[str, object], gateway_flags: dict[str, object]) -> "K8sExport":
+def _routed_export(
+    spec: "DeploymentSpec",
+    options: "K8sOptions",
+    alerts: "AlertSettings",
+    router: str,
+    llmd_flags: dict[str, object],
+    gateway_flags: dict[str, object],
+) -> "K8sExport":
     """The manifests for the chosen router, after refusing flags that only the other router reads."""
     from vlmserve.export.k8s import export_manifests
     from vlmserve.export.llmd import ROUTERS, LlmdOptions, export_llmd
@@ -105,8 +218,11 @@ def _routed_export(spec: "DeploymentSpec", options: "K8sOptions", alerts: "Alert
         raise UserError(f"{', '.join(gateway_only)} only apply with --router vlmserve (they configure its gateway)")
     if router == "vlmserve":
         return export_manifests(spec, options, alerts)
-    given = {field: str(llmd_flags[flag]) for field, flag in (("epp_image", "--epp-image"),
-                                                             ("gateway_name", "--gateway-name")) if llmd_flags[flag]}
+    given = {
+        field: str(llmd_flags[flag])
+        for field, flag in (("epp_image", "--epp-image"), ("gateway_name", "--gateway-name"))
+        if llmd_flags[flag]
+    }
     llmd = LlmdOptions(**given, drop_gateway_settings=bool(llmd_flags[DROP_FLAG]))
     return export_llmd(spec, options, llmd)
 
@@ -125,15 +241,18 @@ def _write_export(export: "K8sExport", out: Path) -> None:
     for name, manifest in manifests.items():
         _write(out / name, export.comments.get(name, "") + to_yaml(manifest), private=manifest["kind"] == "Secret")
         typer.echo(f"wrote {out / name}")
-    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                     "resources": list(manifests)}
+    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(manifests)}
     header = next(iter(export.comments.values()), "")
     (out / "kustomization.yaml").write_text(header + to_yaml(kustomization))
     typer.echo(f"wrote {out / 'kustomization.yaml'}")
     if export.secret_commands:
         script = out / SECRETS_SCRIPT
-        _write(script, "#!/bin/sh\n# Create the Secrets the manifests mount; the files are read where they are.\n"
-                       "set -eu\n" + "".join(f"{line}\n" for line in export.secret_commands), private=True)
+        _write(
+            script,
+            "#!/bin/sh\n# Create the Secrets the manifests mount; the files are read where they are.\n"
+            "set -eu\n" + "".join(f"{line}\n" for line in export.secret_commands),
+            private=True,
+        )
         typer.echo(f"wrote {script}; first create the Secrets (no key material is in {out}):")
         for line in export.secret_commands:
             typer.echo(f"  {line}")
@@ -143,17 +262,28 @@ def _write_export(export: "K8sExport", out: Path) -> None:
 SECRETS_SCRIPT = "create-secrets.sh"
 
 
-def _platform_options(spec_file: Path, vllm_image: str, namespace: str, model_pvc: Optional[str],
-                      hf_token_secret: Optional[str], max_replicas: Optional[int],
-                      waiting_per_replica: Optional[float]) -> tuple[Any, Any]:
+def _platform_options(
+    spec_file: Path,
+    vllm_image: str,
+    namespace: str,
+    model_pvc: Optional[str],
+    hf_token_secret: Optional[str],
+    max_replicas: Optional[int],
+    waiting_per_replica: Optional[float],
+) -> tuple[Any, Any]:
     """(spec, K8sOptions) for a platform target: the flags it shares with `export k8s`."""
     from vlmserve.export.k8s import K8sOptions
     from vlmserve.spec import load_deployment_spec
 
     spec = load_deployment_spec(spec_file)
-    return spec, K8sOptions(namespace=namespace, vllm_image=vllm_image, model_pvc=model_pvc,
-                            hf_token_secret=hf_token_secret, max_replicas=max_replicas,
-                            waiting_per_replica=waiting_per_replica)
+    return spec, K8sOptions(
+        namespace=namespace,
+        vllm_image=vllm_image,
+        model_pvc=model_pvc,
+        hf_token_secret=hf_token_secret,
+        max_replicas=max_replicas,
+        waiting_per_replica=waiting_per_replica,
+    )
 
 
 def _write_document(out: Path, header: str, document: dict, notes: list[str]) -> None:
@@ -174,10 +304,15 @@ _SPEC = typer.Option(..., "-f", "--file", help="Deployment spec (deploy.yaml).")
 _VLLM_IMAGE = typer.Option("vllm/vllm-openai:latest", "--vllm-image", help="Engine image (pin a tag).")
 _MODEL_PVC = typer.Option(None, "--model-pvc", help="PersistentVolumeClaim holding a local weights folder.")
 _HF_SECRET = typer.Option(None, "--hf-token-secret", help="Secret with key 'token' for gated Hugging Face models.")
-_MAX_REPLICAS = typer.Option(None, "--max-replicas", min=1,
-                             help="Autoscaling upper bound (default: the spec's autoscale rule, else 4x replicas).")
-_WAITING = typer.Option(None, "--waiting-per-replica", min=0.001,
-                        help="Queued requests per replica before one is added (default: the spec's autoscale rule, else 5).")
+_MAX_REPLICAS = typer.Option(
+    None, "--max-replicas", min=1, help="Autoscaling upper bound (default: the spec's autoscale rule, else 4x replicas)."
+)
+_WAITING = typer.Option(
+    None,
+    "--waiting-per-replica",
+    min=0.001,
+    help="Queued requests per replica before one is added (default: the spec's autoscale rule, else 5).",
+)
 
 
 @export_app.command("production-stack")
@@ -194,8 +329,9 @@ def production_stack(
     """Write Helm values for vllm-project/production-stack's vllm-stack chart (engine, replicas, KEDA, router)."""
     from vlmserve.export.production_stack import export_production_stack
 
-    spec, options = _platform_options(spec_file, vllm_image, "default", model_pvc, hf_token_secret, max_replicas,
-                                      waiting_per_replica)
+    spec, options = _platform_options(
+        spec_file, vllm_image, "default", model_pvc, hf_token_secret, max_replicas, waiting_per_replica
+    )
     found = export_production_stack(spec, options, drop_gateway_settings=drop_gateway_settings)
     _write_document(out, found.header, found.values, found.notes)
 
@@ -215,8 +351,9 @@ def kserve(
     """Write a KServe LLMInferenceService (serving.kserve.io/v1alpha2): model, vLLM flags, scaling, llm-d scheduler."""
     from vlmserve.export.kserve import export_kserve
 
-    spec, options = _platform_options(spec_file, vllm_image, namespace, model_pvc, hf_token_secret, max_replicas,
-                                      waiting_per_replica)
+    spec, options = _platform_options(
+        spec_file, vllm_image, namespace, model_pvc, hf_token_secret, max_replicas, waiting_per_replica
+    )
     found = export_kserve(spec, options, drop_gateway_settings=drop_gateway_settings)
     _write_document(out, found.header, found.resource, found.notes)
 

@@ -40,8 +40,10 @@ def listening_line(config: GatewayConfig, bound_port: int, workers: int) -> str:
     shared = f", limits shared through {parse_state_url(config.state).redacted}" if config.state else ""
     discovering = f", discovering {config.discover}" if config.discover else ""
     several = f", {workers} workers" if workers > 1 else ""
-    return (f"{scheme}://{config.host}:{bound_port} ({config.policy}, {len(config.replicas)} static replica(s)"
-            f"{discovering}{several}{shared})")
+    return (
+        f"{scheme}://{config.host}:{bound_port} ({config.policy}, {len(config.replicas)} static replica(s)"
+        f"{discovering}{several}{shared})"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -10,9 +10,7 @@ model_app = typer.Typer(help="The embedded tiny VLM: make it, find it.", no_args
 
 
 @model_app.command("make-tiny")
-def make_tiny(
-    out: Path = typer.Option(..., "--out", help="Directory to write the model into (must be new or empty)."),
-) -> None:
+def make_tiny(out: Path = typer.Option(..., "--out", help="Directory to write the model into (must be new or empty).")) -> None:
     """Write the embedded tiny Idefics3 VLM (random weights, real tokenizer and processor) to DIR."""
     from vlmserve.engines.embedded import make_tiny_model
 
@@ -29,9 +27,7 @@ def path() -> None:
 
 
 @model_app.command("adapters")
-def adapters(
-    count: int = typer.Option(8, "--count", min=1, max=64, help="How many adapters (1-64)."),
-) -> None:
+def adapters(count: int = typer.Option(8, "--count", min=1, max=64, help="How many adapters (1-64).")) -> None:
     """Print NAME=DIR of the embedded model's first COUNT LoRA adapters, making them first if needed."""
     from vlmserve.engines.embedded_adapters import ensure_adapters
 

@@ -41,9 +41,12 @@ FLAG_NAMES: dict[str, str] = {
 """Flags whose name is not their field's (each with `--` and dashes)."""
 
 VLLM_ALIASES: dict[str, str] = {
-    "LoadSpec.dataset": "--dataset-name", "LoadSpec.num_requests": "--num-prompts",
-    "LoadSpec.input_len": "--random-input-len", "LoadSpec.output_len": "--random-output-len",
-    "LoadSpec.concurrency": "--max-concurrency", "LoadSpec.rate": "--request-rate",
+    "LoadSpec.dataset": "--dataset-name",
+    "LoadSpec.num_requests": "--num-prompts",
+    "LoadSpec.input_len": "--random-input-len",
+    "LoadSpec.output_len": "--random-output-len",
+    "LoadSpec.concurrency": "--max-concurrency",
+    "LoadSpec.rate": "--request-rate",
 }
 """A field's flag -> the `vllm bench serve` flag accepted as its alias, so existing vLLM command lines run.
 
@@ -184,10 +187,21 @@ def _choice_check(flag: str, choices: tuple[Any, ...]) -> Callable[[Any], Any]:
     return check
 
 
-def model_option(model: type, name: str, *short: str, help: str | None = None, pair: bool = False,
-                 given_only: bool = False, default: Any = ..., annotation: Any = None,
-                 parse: Callable[[Any], Any] | None = None, text: Callable[[Any], Any] | None = None,
-                 because: str | None = None, vllm_alias: bool = True, **typer_kwargs: Any) -> ModelOption:
+def model_option(
+    model: type,
+    name: str,
+    *short: str,
+    help: str | None = None,
+    pair: bool = False,
+    given_only: bool = False,
+    default: Any = ...,
+    annotation: Any = None,
+    parse: Callable[[Any], Any] | None = None,
+    text: Callable[[Any], Any] | None = None,
+    because: str | None = None,
+    vllm_alias: bool = True,
+    **typer_kwargs: Any,
+) -> ModelOption:
     """The option for `model.name`, registered.
 
     The name comes from `flag_name`; `pair` gives a bool its `--no-` form too (`--ignore-eos/--no-ignore-eos`;
@@ -215,8 +229,7 @@ def model_option(model: type, name: str, *short: str, help: str | None = None, p
         typer_kwargs["callback"] = _choice_check(primary, choices)
     info = typer.Option(cli_default, *names, help=help or _sentence(field_description(model, name)), **typer_kwargs)
     kind = annotation if annotation is not None else cli_type(field_type(model, name))
-    option = ModelOption(model, name, primary, info, kind | None if given_only else kind, choices, parse, given_only,
-                         because)
+    option = ModelOption(model, name, primary, info, kind | None if given_only else kind, choices, parse, given_only, because)
     REGISTRY[id(info)] = option
     return option
 
@@ -239,9 +252,14 @@ class OptionGroup:
     def fields(self, values: dict[str, Any], model: type | None = None) -> dict[str, Any]:
         """The given flag values as field values (of `model`'s fields only, when given; given-only
         flags left out when not given)."""
-        return {option.field: option.value(values[name]) for name, option in self.options.items()
-                if isinstance(option, ModelOption) and name in values and model in (None, option.model)
-                and not (option.given_only and values[name] is None)}
+        return {
+            option.field: option.value(values[name])
+            for name, option in self.options.items()
+            if isinstance(option, ModelOption)
+            and name in values
+            and model in (None, option.model)
+            and not (option.given_only and values[name] is None)
+        }
 
     def defaults(self) -> dict[str, Any]:
         """Every option's default by name (required ones left out): a verb that fills part of the group."""
@@ -266,9 +284,10 @@ def with_groups(*groups: OptionGroup) -> Callable[[F], F]:
             if parameter.name not in by_name:
                 parameters.append(parameter.replace(annotation=hints.get(parameter.name, parameter.annotation)))
                 continue
-            parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option.info,
-                                             annotation=option.annotation)
-                           for name, option in by_name[parameter.name].options.items()]
+            parameters += [
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option.info, annotation=option.annotation)
+                for name, option in by_name[parameter.name].options.items()
+            ]
 
         def run(**given: Any) -> Any:
             for group in groups:
@@ -276,7 +295,8 @@ def with_groups(*groups: OptionGroup) -> Callable[[F], F]:
             return command(**given)
 
         run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) for parameter in parameters])
+            [parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY) for parameter in parameters]
+        )
         run.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
         for attribute in ("__name__", "__qualname__", "__doc__", "__module__"):
             setattr(run, attribute, getattr(command, attribute))
@@ -302,8 +322,7 @@ def mismatches(command: Callable[..., Any]) -> list[str]:
     for name in hand_made:
         owners = [model.__name__ for model in models if name in field_names(model)]
         if owners:
-            problems.append(f"--{name.replace('_', '-')}: declared by hand, but it is {owners[0]}.{name}; "
-                            "use model_option")
+            problems.append(f"--{name.replace('_', '-')}: declared by hand, but it is {owners[0]}.{name}; use model_option")
     return problems
 
 

@@ -28,9 +28,7 @@ def parse_json_object_flag(flag: str, text: str | None) -> dict[str, Any] | None
     except UnicodeDecodeError:
         raise UserError(f"{flag}: {candidate} is not UTF-8 text; give a JSON file") from None
     except json.JSONDecodeError as err:
-        raise UserError(
-            f"{flag}: not valid JSON ({err.msg} at character {err.pos}); write it like '{{\"key\": 1}}'"
-        ) from None
+        raise UserError(f"{flag}: not valid JSON ({err.msg} at character {err.pos}); write it like '{{\"key\": 1}}'") from None
     if not isinstance(value, dict):
         raise UserError(f"{flag}: give a JSON object, like '{{\"key\": 1}}'")
     return value

@@ -60,10 +60,12 @@ def _load(name: str, **kwargs: Any) -> ModelOption:
     return model_option(LoadSpec, name, vllm_alias=False, **kwargs)
 
 
-_INPUT_LEN = model_option(LoadSpec, "input_len", default=1024, because=_PLANNED, vllm_alias=False, min=1,
-                          help="Prompt tokens (random/images).")
-_OUTPUT_LEN = model_option(LoadSpec, "output_len", default=128, because=_PLANNED, vllm_alias=False, min=1,
-                           help="Output tokens (random/images).")
+_INPUT_LEN = model_option(
+    LoadSpec, "input_len", default=1024, because=_PLANNED, vllm_alias=False, min=1, help="Prompt tokens (random/images)."
+)
+_OUTPUT_LEN = model_option(
+    LoadSpec, "output_len", default=128, because=_PLANNED, vllm_alias=False, min=1, help="Output tokens (random/images)."
+)
 _DATASET = model_option(LoadSpec, "dataset", vllm_alias=False, help="random | sharegpt | images.")
 
 
@@ -92,49 +94,138 @@ def _setup(model: str, gpu: str, calibration_path: Optional[str], **options: Any
     return PlanSetup.from_names(model, gpu, calibration=load_calibration(calibration_path), **options)
 
 
-PLAN = OptionGroup("flags", {
-    # every `vlmserve plan` flag once, in its --help order
-    "model": Flag(typer.Option(None, "--model", help="Preset name (see `plan models`) or a config.json path."), Optional[str]),
-    "gpu": Flag(typer.Option("h100", "--gpu", help="GPU type (see `plan gpus`)."), str),
-    "tp": Flag(typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs per replica."), int),
-    "ep": Flag(typer.Option(None, "--ep", min=1, help="MoE: expert-parallel GPUs per replica (vLLM --enable-expert-parallel with data parallel = ep ÷ tp; default: experts split by TP)."), Optional[int]),
-    "replicas": Flag(typer.Option(1, "--replicas", min=1, help="Independent replicas behind the router."), int),
-    "input_len": _INPUT_LEN,
-    "output_len": _OUTPUT_LEN,
-    "concurrency": _load("concurrency", min=1, help="Closed loop: concurrent clients in all."),
-    "rate": _load("rate", min=0.0, help="Open loop: requests/s offered in all."),
-    "num_requests": _load("num_requests", default=500, because=_PLANNED, min=1, help="Requests to simulate."),
-    "dataset": _DATASET,
-    "dataset_path": _load("dataset_path", help="ShareGPT file (default: built-in length distribution)."),
-    "images_per_request": _load("images_per_request", min=0, help="images dataset: images per request."),
-    "image_size": _load("image_size", default=_PLANNED_IMAGE, because=_PLANNED, annotation=str, parse=parse_image_size, help="images dataset: image size WxH (tokens by the model's own rule)."),
-    "image_repeat_rate": _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image (hits the multimodal cache)."),
-    "api_server_count": Flag(typer.Option(1, "--api-server-count", help="vLLM's --api-server-count: frontend processes preprocessing images, per replica."), int),
-    "mm_preprocess_ms_per_image": Flag(typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image not in the cache (a prior; see docs/plan.md)."), float),
-    "mm_preprocess_ms_per_megapixel": Flag(typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."), float),
-    "arrival": _load("arrival", help="Open loop arrivals: poisson | constant | gamma."),
-    "max_num_seqs": Flag(typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."), Optional[int]),
-    "max_num_batched_tokens": Flag(typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."), Optional[int]),
-    "max_model_len": Flag(typer.Option(None, "--max-model-len", min=16, help="vLLM --max-model-len."), Optional[int]),
-    "max_num_encoder_input_tokens": Flag(typer.Option(None, "--max-num-encoder-input-tokens", help="vLLM --max-num-encoder-input-tokens: image tokens encoded per step (default: --max-num-batched-tokens)."), Optional[int]),
-    "encoder_cache_size": Flag(typer.Option(None, "--encoder-cache-size", help="vLLM --encoder-cache-size: image tokens the encoder cache holds (default: --max-num-batched-tokens)."), Optional[int]),
-    "gpu_memory_utilization": Flag(typer.Option(DEFAULT_GPU_MEMORY_UTILIZATION, "--gpu-memory-utilization", help="vLLM --gpu-memory-utilization (default: vLLM's)."), float),
-    "weight_dtype": Flag(typer.Option(None, "--weight-dtype", help="bf16 | fp8 | mxfp4 (default: the checkpoint's)."), Optional[str]),
-    "kv_dtype": Flag(typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16 | fp8."), str),
-    "routing": Flag(typer.Option(LEAST_OUTSTANDING_TOKENS, "--routing", help=" | ".join(SIMULATED_POLICIES) + "."), str),
-    "async_scheduling": Flag(typer.Option(False, "--async-scheduling", help="Model vLLM --async-scheduling."), bool),
-    "staggered": Flag(typer.Option(False, "--steady-state", help="Closed loop: stagger client starts (no synchronized first wave)."), bool),
-    "calibration": Flag(typer.Option(None, "--calibration", help="Calibration JSON from `plan calibrate`."), Optional[str]),
-    "slo": Flag(typer.Option(None, "--slo", help="e.g. ttft_p95=500ms,tpot_p95=50ms (goodput)."), Optional[str]),
-    "price": Flag(typer.Option(None, "--price", min=0.0, help="Dollars per GPU-hour, for cost per million tokens."), Optional[float]),
-    "seed": _load("seed", help="Random seed for lengths and arrivals."),
-    "json_out": Flag(typer.Option(None, "--json-out", help="Write the summary JSON (bench format) here."), Optional[Path]),
-    "save": Flag(typer.Option(False, "--save", help="Store the simulated run in the run history (report/compare)."), bool),
-    "cost_model": Flag(typer.Option(DEFAULT_COST_MODEL, "--cost-model", help=" | ".join(COST_MODELS) + ": price steps from measured vLLM kernel tables (kernels), the calibrated roofline, or kernels where the tables cover the GPU (auto)."), str),
-    "vllm_version": Flag(typer.Option(None, "--vllm-version", help="The deployment's vLLM version: kernel tables closest to it are used (default: the newest)."), Optional[str]),
-    "explain": Flag(typer.Option(False, "--explain", help="Print where each op's cost comes from, and roofline napkin math."), bool),
-    "compare": Flag(typer.Option(None, "--compare", help="A measured bench JSON to set the prediction against."), Optional[Path]),
-})
+PLAN = OptionGroup(
+    "flags",
+    {
+        # every `vlmserve plan` flag once, in its --help order
+        "model": Flag(
+            typer.Option(None, "--model", help="Preset name (see `plan models`) or a config.json path."), Optional[str]
+        ),
+        "gpu": Flag(typer.Option("h100", "--gpu", help="GPU type (see `plan gpus`)."), str),
+        "tp": Flag(typer.Option(1, "--tp", min=1, help="Tensor-parallel GPUs per replica."), int),
+        "ep": Flag(
+            typer.Option(
+                None,
+                "--ep",
+                min=1,
+                help="MoE: expert-parallel GPUs per replica (vLLM --enable-expert-parallel with data parallel = ep ÷ tp; default: experts split by TP).",
+            ),
+            Optional[int],
+        ),
+        "replicas": Flag(typer.Option(1, "--replicas", min=1, help="Independent replicas behind the router."), int),
+        "input_len": _INPUT_LEN,
+        "output_len": _OUTPUT_LEN,
+        "concurrency": _load("concurrency", min=1, help="Closed loop: concurrent clients in all."),
+        "rate": _load("rate", min=0.0, help="Open loop: requests/s offered in all."),
+        "num_requests": _load("num_requests", default=500, because=_PLANNED, min=1, help="Requests to simulate."),
+        "dataset": _DATASET,
+        "dataset_path": _load("dataset_path", help="ShareGPT file (default: built-in length distribution)."),
+        "images_per_request": _load("images_per_request", min=0, help="images dataset: images per request."),
+        "image_size": _load(
+            "image_size",
+            default=_PLANNED_IMAGE,
+            because=_PLANNED,
+            annotation=str,
+            parse=parse_image_size,
+            help="images dataset: image size WxH (tokens by the model's own rule).",
+        ),
+        "image_repeat_rate": _load(
+            "image_repeat_rate", help="images dataset: share of requests resending an earlier image (hits the multimodal cache)."
+        ),
+        "api_server_count": Flag(
+            typer.Option(
+                1, "--api-server-count", help="vLLM's --api-server-count: frontend processes preprocessing images, per replica."
+            ),
+            int,
+        ),
+        "mm_preprocess_ms_per_image": Flag(
+            typer.Option(
+                FRONTEND_PER_IMAGE_MS,
+                "--mm-preprocess-ms-per-image",
+                help="Frontend ms per image not in the cache (a prior; see docs/plan.md).",
+            ),
+            float,
+        ),
+        "mm_preprocess_ms_per_megapixel": Flag(
+            typer.Option(
+                FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."
+            ),
+            float,
+        ),
+        "arrival": _load("arrival", help="Open loop arrivals: poisson | constant | gamma."),
+        "max_num_seqs": Flag(
+            typer.Option(None, "--max-num-seqs", min=1, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."), Optional[int]
+        ),
+        "max_num_batched_tokens": Flag(
+            typer.Option(None, "--max-num-batched-tokens", min=1, help="vLLM --max-num-batched-tokens."), Optional[int]
+        ),
+        "max_model_len": Flag(typer.Option(None, "--max-model-len", min=16, help="vLLM --max-model-len."), Optional[int]),
+        "max_num_encoder_input_tokens": Flag(
+            typer.Option(
+                None,
+                "--max-num-encoder-input-tokens",
+                help="vLLM --max-num-encoder-input-tokens: image tokens encoded per step (default: --max-num-batched-tokens).",
+            ),
+            Optional[int],
+        ),
+        "encoder_cache_size": Flag(
+            typer.Option(
+                None,
+                "--encoder-cache-size",
+                help="vLLM --encoder-cache-size: image tokens the encoder cache holds (default: --max-num-batched-tokens).",
+            ),
+            Optional[int],
+        ),
+        "gpu_memory_utilization": Flag(
+            typer.Option(
+                DEFAULT_GPU_MEMORY_UTILIZATION,
+                "--gpu-memory-utilization",
+                help="vLLM --gpu-memory-utilization (default: vLLM's).",
+            ),
+            float,
+        ),
+        "weight_dtype": Flag(
+            typer.Option(None, "--weight-dtype", help="bf16 | fp8 | mxfp4 (default: the checkpoint's)."), Optional[str]
+        ),
+        "kv_dtype": Flag(typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16 | fp8."), str),
+        "routing": Flag(typer.Option(LEAST_OUTSTANDING_TOKENS, "--routing", help=" | ".join(SIMULATED_POLICIES) + "."), str),
+        "async_scheduling": Flag(typer.Option(False, "--async-scheduling", help="Model vLLM --async-scheduling."), bool),
+        "staggered": Flag(
+            typer.Option(False, "--steady-state", help="Closed loop: stagger client starts (no synchronized first wave)."), bool
+        ),
+        "calibration": Flag(typer.Option(None, "--calibration", help="Calibration JSON from `plan calibrate`."), Optional[str]),
+        "slo": Flag(typer.Option(None, "--slo", help="e.g. ttft_p95=500ms,tpot_p95=50ms (goodput)."), Optional[str]),
+        "price": Flag(
+            typer.Option(None, "--price", min=0.0, help="Dollars per GPU-hour, for cost per million tokens."), Optional[float]
+        ),
+        "seed": _load("seed", help="Random seed for lengths and arrivals."),
+        "json_out": Flag(typer.Option(None, "--json-out", help="Write the summary JSON (bench format) here."), Optional[Path]),
+        "save": Flag(typer.Option(False, "--save", help="Store the simulated run in the run history (report/compare)."), bool),
+        "cost_model": Flag(
+            typer.Option(
+                DEFAULT_COST_MODEL,
+                "--cost-model",
+                help=" | ".join(COST_MODELS)
+                + ": price steps from measured vLLM kernel tables (kernels), the calibrated roofline, or kernels where the tables cover the GPU (auto).",
+            ),
+            str,
+        ),
+        "vllm_version": Flag(
+            typer.Option(
+                None,
+                "--vllm-version",
+                help="The deployment's vLLM version: kernel tables closest to it are used (default: the newest).",
+            ),
+            Optional[str],
+        ),
+        "explain": Flag(
+            typer.Option(False, "--explain", help="Print where each op's cost comes from, and roofline napkin math."), bool
+        ),
+        "compare": Flag(
+            typer.Option(None, "--compare", help="A measured bench JSON to set the prediction against."), Optional[Path]
+        ),
+    },
+)
 
 
 @plan_app.callback()
@@ -151,26 +242,64 @@ def plan(ctx: typer.Context, flags: dict[str, Any] = GROUP) -> None:
     load = _load_spec(**PLAN.fields(flags, LoadSpec))
     setup = _plan_setup(flags)
     slo_spec = SLO.parse(flags["slo"]).refuse_rates("vlmserve plan") if flags["slo"] else None
-    output = simulate_run(setup, load, slo=slo_spec, staggered=flags["staggered"],
-                          encoder_cache_size=flags["encoder_cache_size"],
-                          max_num_encoder_input_tokens=flags["max_num_encoder_input_tokens"])
-    _report_plan(output, setup, load, price=flags["price"], compare=flags["compare"], explain=flags["explain"],
-                 json_out=flags["json_out"], save=flags["save"])
+    output = simulate_run(
+        setup,
+        load,
+        slo=slo_spec,
+        staggered=flags["staggered"],
+        encoder_cache_size=flags["encoder_cache_size"],
+        max_num_encoder_input_tokens=flags["max_num_encoder_input_tokens"],
+    )
+    _report_plan(
+        output,
+        setup,
+        load,
+        price=flags["price"],
+        compare=flags["compare"],
+        explain=flags["explain"],
+        json_out=flags["json_out"],
+        save=flags["save"],
+    )
 
 
 def _plan_setup(flags: dict[str, Any]) -> PlanSetup:
     """The deployment `vlmserve plan`'s flags describe."""
-    engine = {name: flags[name] for name in ("tp", "ep", "replicas", "max_num_seqs", "max_num_batched_tokens",
-                                             "max_model_len", "gpu_memory_utilization", "weight_dtype", "kv_dtype",
-                                             "routing", "async_scheduling", "vllm_version")}
-    frontend = FrontendConfig(flags["api_server_count"], flags["mm_preprocess_ms_per_image"],
-                              flags["mm_preprocess_ms_per_megapixel"])
-    return _setup(flags["model"], flags["gpu"], flags["calibration"], **engine, frontend=frontend,
-                  cost_model_kind=flags["cost_model"])
+    engine = {
+        name: flags[name]
+        for name in (
+            "tp",
+            "ep",
+            "replicas",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "gpu_memory_utilization",
+            "weight_dtype",
+            "kv_dtype",
+            "routing",
+            "async_scheduling",
+            "vllm_version",
+        )
+    }
+    frontend = FrontendConfig(
+        flags["api_server_count"], flags["mm_preprocess_ms_per_image"], flags["mm_preprocess_ms_per_megapixel"]
+    )
+    return _setup(
+        flags["model"], flags["gpu"], flags["calibration"], **engine, frontend=frontend, cost_model_kind=flags["cost_model"]
+    )
 
 
-def _report_plan(output: SimulationOutput, setup: PlanSetup, load: LoadSpec, *, price: float | None, compare: Path | None,
-                 explain: bool, json_out: Path | None, save: bool) -> None:
+def _report_plan(
+    output: SimulationOutput,
+    setup: PlanSetup,
+    load: LoadSpec,
+    *,
+    price: float | None,
+    compare: Path | None,
+    explain: bool,
+    json_out: Path | None,
+    save: bool,
+) -> None:
     """The simulated run printed (with findings, the explanation and a comparison where asked), written, stored."""
     from vlmserve.plan.explain import frontend_findings
 
@@ -238,9 +367,7 @@ def _read_measured(path: Path) -> RunSummary:
         raise UserError(describe_validation_error(err, f"--compare {path}")) from None
 
 
-def _print_explain(
-    console: Console, setup: PlanSetup, load: LoadSpec, summary: RunSummary, measured: RunSummary | None
-) -> None:
+def _print_explain(console: Console, setup: PlanSetup, load: LoadSpec, summary: RunSummary, measured: RunSummary | None) -> None:
     from vlmserve.plan.explain import measured_efficiency, napkin
 
     prompt = summary.tokens.actual_prompt_mean or load.input_len
@@ -258,13 +385,20 @@ def _print_explain(
         ("KV bytes per token", kinds or "none"),
         (f"KV cache capacity at {context}-token context", f"{facts['kv_tokens_capacity']:,} tokens"),
         ("bytes streamed per decode token, batch 1", f"{facts['decode_bytes_per_token_batch1'] / 1e9:.2f} GB"),
-        (f"bytes per decode step, batch {batch} (calibrated routing spread)", f"{facts['decode_bytes_per_step_at_batch'] / 1e9:.2f} GB"),
-        ("bandwidth-bound tok/s, batch 1 (peak / calibrated)",
-         f"{facts['bandwidth_bound_tok_s_batch1_peak']:.0f} / {facts['bandwidth_bound_tok_s_batch1_calibrated']:.0f}"),
+        (
+            f"bytes per decode step, batch {batch} (calibrated routing spread)",
+            f"{facts['decode_bytes_per_step_at_batch'] / 1e9:.2f} GB",
+        ),
+        (
+            "bandwidth-bound tok/s, batch 1 (peak / calibrated)",
+            f"{facts['bandwidth_bound_tok_s_batch1_peak']:.0f} / {facts['bandwidth_bound_tok_s_batch1_calibrated']:.0f}",
+        ),
         (f"bandwidth-bound tok/s, batch {batch} (peak)", f"{facts['bandwidth_bound_tok_s_at_batch_peak']:.0f}"),
         ("prefill FLOPs per token", f"{facts['prefill_flops_per_token'] / 1e9:.1f} GFLOP"),
-        ("compute-bound prefill tok/s (peak / calibrated)",
-         f"{facts['compute_bound_prefill_tok_s_peak']:.0f} / {facts['compute_bound_prefill_tok_s_calibrated']:.0f}"),
+        (
+            "compute-bound prefill tok/s (peak / calibrated)",
+            f"{facts['compute_bound_prefill_tok_s_peak']:.0f} / {facts['compute_bound_prefill_tok_s_calibrated']:.0f}",
+        ),
         ("efficiency used (bandwidth, compute)", f"{facts['efficiency']['bandwidth']:.2f}, {facts['efficiency']['compute']:.2f}"),
     ]
     for name, value in rows:
@@ -301,34 +435,55 @@ def _print_comparison(console: Console, predicted: RunSummary, measured: RunSumm
     console.print(table)
 
 
-SEARCH = OptionGroup("flags", {
-    # every `vlmserve plan search` flag once, in its --help order
-    "model": Flag(typer.Option(..., "--model", help="Preset name or config.json path."), str),
-    "slo": Flag(typer.Option(..., "--slo", help="Objectives to meet, e.g. ttft_p95=500ms,tpot_p95=50ms."), str),
-    "gpus": Flag(typer.Option("h100,h200,l40s", "--gpus", help="Comma-separated GPU types to consider."), str),
-    "price": Flag(typer.Option(None, "--price", help="Dollars per GPU-hour, e.g. h100=3.0,h200=4.0,l40s=1.1."), Optional[str]),
-    "rate": _load("rate", min=0.0, help="Target load: requests/s offered (open loop)."),
-    "concurrency": _load("concurrency", min=1, help="Target load: concurrent clients."),
-    "input_len": _INPUT_LEN,
-    "output_len": _OUTPUT_LEN,
-    "dataset": _DATASET,
-    "image_size": _load("image_size", default=_PLANNED_IMAGE, because=_PLANNED, annotation=str, parse=parse_image_size, help="images dataset: image size WxH."),
-    "image_repeat_rate": _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image."),
-    "api_server_counts": Flag(typer.Option("1", "--api-server-counts", help="vLLM --api-server-count values to try, e.g. 1,2,4."), str),
-    "mm_preprocess_ms_per_image": Flag(typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image (a prior)."), float),
-    "mm_preprocess_ms_per_megapixel": Flag(typer.Option(FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."), float),
-    "num_requests": _load("num_requests", default=300, because=_PLANNED, min=1, help="Requests simulated per configuration."),
-    "tps": Flag(typer.Option("1,2,4,8", "--tps", help="TP sizes to try."), str),
-    "replicas": Flag(typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."), str),
-    "max_num_seqs": Flag(typer.Option("64,128,256", "--max-num-seqs", help="max-num-seqs values to try."), str),
-    "max_gpus": Flag(typer.Option(8, "--max-gpus", min=1, help="Most GPUs a deployment may use."), int),
-    "weight_dtype": Flag(typer.Option(None, "--weight-dtype"), Optional[str]),
-    "kv_dtype": Flag(typer.Option("bf16", "--kv-dtype"), str),
-    "calibration": Flag(typer.Option(None, "--calibration", help="Calibration JSON."), Optional[str]),
-    "no_prune": Flag(typer.Option(False, "--no-prune", help="Simulate every candidate (no early stop on replicas)."), bool),
-    "top": Flag(typer.Option(8, "--top", min=1, help="Runners-up to show."), int),
-    "json_out": Flag(typer.Option(None, "--json-out", help="Write all candidates as JSON."), Optional[Path]),
-})
+SEARCH = OptionGroup(
+    "flags",
+    {
+        # every `vlmserve plan search` flag once, in its --help order
+        "model": Flag(typer.Option(..., "--model", help="Preset name or config.json path."), str),
+        "slo": Flag(typer.Option(..., "--slo", help="Objectives to meet, e.g. ttft_p95=500ms,tpot_p95=50ms."), str),
+        "gpus": Flag(typer.Option("h100,h200,l40s", "--gpus", help="Comma-separated GPU types to consider."), str),
+        "price": Flag(
+            typer.Option(None, "--price", help="Dollars per GPU-hour, e.g. h100=3.0,h200=4.0,l40s=1.1."), Optional[str]
+        ),
+        "rate": _load("rate", min=0.0, help="Target load: requests/s offered (open loop)."),
+        "concurrency": _load("concurrency", min=1, help="Target load: concurrent clients."),
+        "input_len": _INPUT_LEN,
+        "output_len": _OUTPUT_LEN,
+        "dataset": _DATASET,
+        "image_size": _load(
+            "image_size",
+            default=_PLANNED_IMAGE,
+            because=_PLANNED,
+            annotation=str,
+            parse=parse_image_size,
+            help="images dataset: image size WxH.",
+        ),
+        "image_repeat_rate": _load("image_repeat_rate", help="images dataset: share of requests resending an earlier image."),
+        "api_server_counts": Flag(
+            typer.Option("1", "--api-server-counts", help="vLLM --api-server-count values to try, e.g. 1,2,4."), str
+        ),
+        "mm_preprocess_ms_per_image": Flag(
+            typer.Option(FRONTEND_PER_IMAGE_MS, "--mm-preprocess-ms-per-image", help="Frontend ms per image (a prior)."), float
+        ),
+        "mm_preprocess_ms_per_megapixel": Flag(
+            typer.Option(
+                FRONTEND_PER_MEGAPIXEL_MS, "--mm-preprocess-ms-per-megapixel", help="Frontend ms per megapixel (a prior)."
+            ),
+            float,
+        ),
+        "num_requests": _load("num_requests", default=300, because=_PLANNED, min=1, help="Requests simulated per configuration."),
+        "tps": Flag(typer.Option("1,2,4,8", "--tps", help="TP sizes to try."), str),
+        "replicas": Flag(typer.Option("1,2,3,4,6,8", "--replicas", help="Replica counts to try."), str),
+        "max_num_seqs": Flag(typer.Option("64,128,256", "--max-num-seqs", help="max-num-seqs values to try."), str),
+        "max_gpus": Flag(typer.Option(8, "--max-gpus", min=1, help="Most GPUs a deployment may use."), int),
+        "weight_dtype": Flag(typer.Option(None, "--weight-dtype"), Optional[str]),
+        "kv_dtype": Flag(typer.Option("bf16", "--kv-dtype"), str),
+        "calibration": Flag(typer.Option(None, "--calibration", help="Calibration JSON."), Optional[str]),
+        "no_prune": Flag(typer.Option(False, "--no-prune", help="Simulate every candidate (no early stop on replicas)."), bool),
+        "top": Flag(typer.Option(8, "--top", min=1, help="Runners-up to show."), int),
+        "json_out": Flag(typer.Option(None, "--json-out", help="Write all candidates as JSON."), Optional[Path]),
+    },
+)
 
 
 @plan_app.command("search")
@@ -351,11 +506,20 @@ def search(flags: dict[str, Any] = GROUP) -> None:
     total = len(space.gpus) * len(space.tps) * len(space.replicas) * len(space.max_num_seqs) * len(space.api_server_counts)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("simulating configurations", total=total)
-        outcome = run_search(space, load, slo_spec, prices=prices, calibration=load_calibration(flags["calibration"]),
-                             prune=not flags["no_prune"], progress=lambda _c: progress.advance(task))
+        outcome = run_search(
+            space,
+            load,
+            slo_spec,
+            prices=prices,
+            calibration=load_calibration(flags["calibration"]),
+            prune=not flags["no_prune"],
+            progress=lambda _c: progress.advance(task),
+        )
     elapsed = time.perf_counter() - started
     console.print(SIMULATED_NOTE)
-    console.print(f"{outcome.evaluated} configurations ({outcome.simulated} simulated) in {elapsed:.1f} s; ranked by {outcome.ranked_by}")
+    console.print(
+        f"{outcome.evaluated} configurations ({outcome.simulated} simulated) in {elapsed:.1f} s; ranked by {outcome.ranked_by}"
+    )
     _print_candidates(console, outcome, flags["top"])
     if flags["json_out"]:
         flags["json_out"].write_text(json.dumps([_candidate_json(c) for c in outcome.candidates], indent=2) + "\n")
@@ -369,15 +533,20 @@ def _search_space(flags: dict[str, Any]) -> SearchSpace:
     from vlmserve.plan.search import SearchSpace
 
     server_counts = _ints(flags["api_server_counts"], "--api-server-counts")
-    frontend = FrontendConfig(max(server_counts), flags["mm_preprocess_ms_per_image"],
-                              flags["mm_preprocess_ms_per_megapixel"])
+    frontend = FrontendConfig(max(server_counts), flags["mm_preprocess_ms_per_image"], flags["mm_preprocess_ms_per_megapixel"])
     for problem in frontend.validate():  # once, here: inside the search a bad value would read as "does not fit"
         raise UserError(problem.replace("--api-server-count ", "--api-server-counts ", 1))
     return SearchSpace(
-        model=flags["model"], gpus=_names(flags["gpus"], "--gpus"), tps=_ints(flags["tps"], "--tps"),
-        replicas=_ints(flags["replicas"], "--replicas"), max_num_seqs=_ints(flags["max_num_seqs"], "--max-num-seqs"),
-        max_gpus=flags["max_gpus"], weight_dtype=flags["weight_dtype"], kv_dtype=flags["kv_dtype"],
-        api_server_counts=server_counts, frontend=frontend,
+        model=flags["model"],
+        gpus=_names(flags["gpus"], "--gpus"),
+        tps=_ints(flags["tps"], "--tps"),
+        replicas=_ints(flags["replicas"], "--replicas"),
+        max_num_seqs=_ints(flags["max_num_seqs"], "--max-num-seqs"),
+        max_gpus=flags["max_gpus"],
+        weight_dtype=flags["weight_dtype"],
+        kv_dtype=flags["kv_dtype"],
+        api_server_counts=server_counts,
+        frontend=frontend,
     )
 
 
@@ -393,11 +562,14 @@ def _print_candidates(console: Console, outcome: SearchOutcome, top: int) -> Non
         summary = candidate.summary
         mark = "best" if candidate is outcome.best else ""
         table.add_row(
-            mark, candidate.label, str(candidate.num_gpus),
+            mark,
+            candidate.label,
+            str(candidate.num_gpus),
             "-" if candidate.cost_per_hour is None else f"{candidate.cost_per_hour:.2f}",
             "-" if candidate.cost_per_million_output_tokens is None else f"{candidate.cost_per_million_output_tokens:.3f}",
             f"{summary.throughput.requests_per_s:.1f}" if summary is not None else "-",
-            _ms(summary, "ttft_ms"), _ms(summary, "tpot_ms"),
+            _ms(summary, "ttft_ms"),
+            _ms(summary, "tpot_ms"),
             "meets the SLO" if candidate is outcome.best else f"{candidate.status}: {candidate.reason}",
         )
     console.print(table)
@@ -413,11 +585,18 @@ def _ms(summary: RunSummary | None, key: str) -> str:
 def _candidate_json(candidate: Candidate) -> dict[str, object]:
     figures = candidate.summary.to_dict() if candidate.summary is not None else {}
     return {
-        "gpu": candidate.gpu, "tp": candidate.tp, "replicas": candidate.replicas,
-        "max_num_seqs": candidate.max_num_seqs, "api_server_count": candidate.api_server_count,
+        "gpu": candidate.gpu,
+        "tp": candidate.tp,
+        "replicas": candidate.replicas,
+        "max_num_seqs": candidate.max_num_seqs,
+        "api_server_count": candidate.api_server_count,
         "num_gpus": candidate.num_gpus,
-        "cost_per_hour": candidate.cost_per_hour, "status": candidate.status, "reason": candidate.reason,
-        "throughput": figures.get("throughput"), "ttft_ms": figures.get("ttft_ms"), "tpot_ms": figures.get("tpot_ms"),
+        "cost_per_hour": candidate.cost_per_hour,
+        "status": candidate.status,
+        "reason": candidate.reason,
+        "throughput": figures.get("throughput"),
+        "ttft_ms": figures.get("ttft_ms"),
+        "tpot_ms": figures.get("tpot_ms"),
     }
 
 
@@ -453,8 +632,12 @@ def calibrate(
 
     console = _console()
     result, scenarios = calibrate_runs(
-        [str(path) for path in runs], gpu=gpu, model=model, start=load_calibration(start),
-        parameters=_names(parameters, "--fit"), progress=lambda line: console.print(f"  {line}"),
+        [str(path) for path in runs],
+        gpu=gpu,
+        model=model,
+        start=load_calibration(start),
+        parameters=_names(parameters, "--fit"),
+        progress=lambda line: console.print(f"  {line}"),
     )
     result.calibration.save(output)
     table = Table(title="fit error per metric (planner vs measured)", show_edge=False)
@@ -479,8 +662,14 @@ def models() -> None:
     for name in preset_names():
         cost = load_model(name)
         kv = ", ".join(f"{kind} {value / 1024:.0f}" for kind, value in cost.kv_bytes_per_token_by_kind().items())
-        table.add_row(name, ", ".join(preset_index()[name].get("aliases", [])), f"{cost.total_params / 1e9:.1f}B",
-                      f"{cost.active_params_per_token / 1e9:.1f}B", kv, "yes" if cost.vision else "")
+        table.add_row(
+            name,
+            ", ".join(preset_index()[name].get("aliases", [])),
+            f"{cost.total_params / 1e9:.1f}B",
+            f"{cost.active_params_per_token / 1e9:.1f}B",
+            kv,
+            "yes" if cost.vision else "",
+        )
     _console().print(table)
 
 
@@ -494,8 +683,15 @@ def gpus() -> None:
         table.add_column(column)
     for key, gpu in sorted(catalog().items()):
         assumed = "*" if key in ASSUMED_FIGURES else ""
-        table.add_row(key, gpu.name, f"{gpu.memory_gb:g}", f"{gpu.memory_bandwidth_tb_s:g}", f"{gpu.bf16_tflops:g}{assumed}",
-                      "-" if gpu.fp8_tflops is None else f"{gpu.fp8_tflops:g}{assumed}", f"{gpu.interconnect_gb_s:g}")
+        table.add_row(
+            key,
+            gpu.name,
+            f"{gpu.memory_gb:g}",
+            f"{gpu.memory_bandwidth_tb_s:g}",
+            f"{gpu.bf16_tflops:g}{assumed}",
+            "-" if gpu.fp8_tflops is None else f"{gpu.fp8_tflops:g}{assumed}",
+            f"{gpu.interconnect_gb_s:g}",
+        )
     console = _console()
     console.print(table)
     for key, figures in ASSUMED_FIGURES.items():

@@ -36,18 +36,42 @@ def _sparkline(timeline: list[list[float]], duration_s: float, peak: int, bucket
 
 
 def day(
-    load_shape: str = typer.Option(..., "--load-shape", help="The day's traffic: trace:FILE[@SECONDS] (TIME,RATE lines), or steps/ramp/burst as `bench --load-shape`."),
-    file: Optional[Path] = typer.Option(None, "-f", "--file", help="Deployment spec: its autoscale: rule and sim timings are the defaults."),
-    autoscale: Optional[str] = typer.Option(None, "--autoscale", metavar="MIN:MAX", help="Replica bounds of the rule (other settings from the spec's autoscale:)."),
-    cold_start_s: Optional[float] = typer.Option(None, "--cold-start-s", help="Seconds from a scale-up decision to the new replica serving (default: the spec's sim cold start, else 60)."),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", min=1, help="Requests one replica runs at once (default: the spec's, else 8)."),
-    ttft_ms: Optional[float] = typer.Option(None, "--ttft-ms", help="Time to first token of a request that finds a free slot (default: the spec's sim ttft_ms, else 50)."),
-    itl_ms: Optional[float] = typer.Option(None, "--itl-ms", help="Then one token every this many ms (default: the spec's sim itl_ms, else 10)."),
+    load_shape: str = typer.Option(
+        ...,
+        "--load-shape",
+        help="The day's traffic: trace:FILE[@SECONDS] (TIME,RATE lines), or steps/ramp/burst as `bench --load-shape`.",
+    ),
+    file: Optional[Path] = typer.Option(
+        None, "-f", "--file", help="Deployment spec: its autoscale: rule and sim timings are the defaults."
+    ),
+    autoscale: Optional[str] = typer.Option(
+        None, "--autoscale", metavar="MIN:MAX", help="Replica bounds of the rule (other settings from the spec's autoscale:)."
+    ),
+    cold_start_s: Optional[float] = typer.Option(
+        None,
+        "--cold-start-s",
+        help="Seconds from a scale-up decision to the new replica serving (default: the spec's sim cold start, else 60).",
+    ),
+    max_num_seqs: Optional[int] = typer.Option(
+        None, "--max-num-seqs", min=1, help="Requests one replica runs at once (default: the spec's, else 8)."
+    ),
+    ttft_ms: Optional[float] = typer.Option(
+        None,
+        "--ttft-ms",
+        help="Time to first token of a request that finds a free slot (default: the spec's sim ttft_ms, else 50).",
+    ),
+    itl_ms: Optional[float] = typer.Option(
+        None, "--itl-ms", help="Then one token every this many ms (default: the spec's sim itl_ms, else 10)."
+    ),
     output_len: int = typer.Option(64, "--output-len", min=1, help="Output tokens per request."),
-    slo: str = typer.Option("ttft_p95=1s", "--slo", help="The TTFT objective each request is held to (its bound; the percentile is not used)."),
+    slo: str = typer.Option(
+        "ttft_p95=1s", "--slo", help="The TTFT objective each request is held to (its bound; the percentile is not used)."
+    ),
     price: Optional[float] = typer.Option(None, "--price", min=0.0, help="Dollars per replica-hour, for cost per day."),
     seed: int = typer.Option(0, "--seed", help="Random seed for arrivals."),
-    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the plan (every strategy, replicas over time) as JSON."),
+    json_out: Optional[Path] = typer.Option(
+        None, "--json-out", help="Write the plan (every strategy, replicas over time) as JSON."
+    ),
 ) -> None:
     """Simulate the autoscaling rule, cold starts included, over a traffic shape; compare with fixed replicas at peak and mean."""
     from vlmserve.autoscale import AutoscaleRule
@@ -76,8 +100,14 @@ def day(
         console.print(f"wrote {json_out}")
 
 
-def _replica_model(spec: DeploymentSpec, cold_start_s: float | None, max_num_seqs: int | None, ttft_ms: float | None,
-                   itl_ms: float | None, output_len: int) -> tuple[float, ReplicaModel]:
+def _replica_model(
+    spec: DeploymentSpec,
+    cold_start_s: float | None,
+    max_num_seqs: int | None,
+    ttft_ms: float | None,
+    itl_ms: float | None,
+    output_len: int,
+) -> tuple[float, ReplicaModel]:
     """(cold start s, one replica's service): each flag given, else the spec's sim timings, else the defaults."""
     import math
 
@@ -91,7 +121,8 @@ def _replica_model(spec: DeploymentSpec, cold_start_s: float | None, max_num_seq
         slots=max_num_seqs or spec.engine_args.max_num_seqs or 8,
         ttft_s=(ttft_ms if ttft_ms is not None else spec.sim.ttft_ms if spec.sim.ttft_ms is not None else 50.0) / 1000,
         itl_s=(itl_ms if itl_ms is not None else spec.sim.itl_ms if spec.sim.itl_ms is not None else 10.0) / 1000,
-        output_len=output_len)
+        output_len=output_len,
+    )
     if replica.service_s <= 0:
         raise UserError("--ttft-ms and --itl-ms are both 0: a replica would serve without limit; give a time")
     return cold, replica
@@ -100,18 +131,26 @@ def _replica_model(spec: DeploymentSpec, cold_start_s: float | None, max_num_seq
 def _print_day(plan: DayPlan, shape: LoadShape, rule: AutoscaleRule, cold: float, replica: ReplicaModel) -> Console:
     """The simulated day: the rule and one replica's capacity, then a row per strategy (the console, to say more)."""
     console = Console(highlight=False, width=max(140, Console().width))
-    console.print(f"[yellow]planner output (SIMULATED, not measured)[/]: {shape.text} over {shape.duration_s:g} s, "
-                  f"rule {rule.min_replicas}..{rule.max_replicas} replicas at {rule.waiting_per_replica:g} waiting each, "
-                  f"cold start {cold:g} s; a replica serves {replica.capacity_rps:.2f} req/s at most "
-                  f"({replica.slots} at once, {replica.service_s * 1000:.0f} ms each)")
+    console.print(
+        f"[yellow]planner output (SIMULATED, not measured)[/]: {shape.text} over {shape.duration_s:g} s, "
+        f"rule {rule.min_replicas}..{rule.max_replicas} replicas at {rule.waiting_per_replica:g} waiting each, "
+        f"cold start {cold:g} s; a replica serves {replica.capacity_rps:.2f} req/s at most "
+        f"({replica.slots} at once, {replica.service_s * 1000:.0f} ms each)"
+    )
     table = Table(title_justify="left")
     for column in ("strategy", "requests", "met SLO", "replica-hours", "cost per day", "peak", "replicas over time"):
         table.add_column(column, justify="left" if column in ("strategy", "replicas over time") else "right")
     peak = max(result.peak_replicas for result in (plan.autoscaled, plan.fixed_peak, plan.fixed_mean))
     for result in (plan.autoscaled, plan.fixed_peak, plan.fixed_mean):
         row = result.as_dict()
-        table.add_row(result.strategy, str(result.requests), f"{result.attainment:.1%}", f"{row['replica_hours']:.2f}",
-                      "-" if result.cost_per_day is None else f"${result.cost_per_day:,.2f}", str(result.peak_replicas),
-                      _sparkline(row["timeline"], shape.duration_s, peak))
+        table.add_row(
+            result.strategy,
+            str(result.requests),
+            f"{result.attainment:.1%}",
+            f"{row['replica_hours']:.2f}",
+            "-" if result.cost_per_day is None else f"${result.cost_per_day:,.2f}",
+            str(result.peak_replicas),
+            _sparkline(row["timeline"], shape.duration_s, peak),
+        )
     console.print(table)
     return console

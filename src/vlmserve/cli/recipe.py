@@ -15,8 +15,7 @@ from vlmserve.errors import UserError
 
 console = consoles.console(highlight=False)
 
-recipe_app = typer.Typer(help="Model recipes: the vLLM flags each VLM family needs (docs/recipes.md).",
-                         no_args_is_help=True)
+recipe_app = typer.Typer(help="Model recipes: the vLLM flags each VLM family needs (docs/recipes.md).", no_args_is_help=True)
 
 _KEY = re.compile(r"[a-z][a-z0-9_]*")
 FLAG_HELP = "write it like reasoning_parser=qwen3, enable_auto_tool_choice or limit_mm_per_prompt='{\"image\":2}'"
@@ -64,7 +63,8 @@ def show(
     model: str = typer.Argument(..., help="Model directory (config.json is enough), cached hub id, or 'embedded'."),
     benchmark: bool = typer.Option(False, "--benchmark", help="Add the benchmark changes (prefix caching off)."),
     flag: Optional[list[str]] = typer.Option(
-        None, "--flag", help="Your own vLLM flag, KEY=VALUE (repeatable); it replaces the recipe's."),
+        None, "--flag", help="Your own vLLM flag, KEY=VALUE (repeatable); it replaces the recipe's."
+    ),
 ) -> None:
     """Print the vLLM flags the model's recipe and your --flag values make, each marked recipe or user."""
     from vlmserve.recipes.apply import choose_recipe, resolve_for
@@ -90,8 +90,9 @@ def show(
         console.print(table)
     else:
         console.print("no flags: vLLM's defaults apply")
-    console.print("command line (`vlmserve up` adds --host, --port, --served-model-name, --allowed-media-domains):",
-                  soft_wrap=True)
+    console.print(
+        "command line (`vlmserve up` adds --host, --port, --served-model-name, --allowed-media-domains):", soft_wrap=True
+    )
     console.print(shlex.join(["vllm", "serve", model, *resolution.argv()]), soft_wrap=True)
 
 

@@ -11,8 +11,7 @@ from vlmserve.report.compare import DEFAULT_MIN_EFFECT, DEFAULT_THRESHOLD
 
 
 def report_command(
-    source: str = typer.Argument(..., metavar="RUN_OR_SWEEP",
-                                 help="A stored run id, a sweep directory, or a sweep name."),
+    source: str = typer.Argument(..., metavar="RUN_OR_SWEEP", help="A stored run id, a sweep directory, or a sweep name."),
     html: Path | None = typer.Option(None, "--html", help="Write the self-contained HTML report to this file."),
     md: Path | None = typer.Option(None, "--md", help="Write the Markdown summary to this file."),
     cells: bool = typer.Option(False, "--cells", help="Also print every cell's numbers."),
@@ -34,15 +33,17 @@ def report_command(
 def compare_command(
     baseline: str = typer.Argument(..., help="Baseline run id or sweep."),
     candidate: str = typer.Argument(..., help="Candidate run id or sweep."),
-    threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold",
-                                    help="Single runs: a change worse than this fraction is a regression."),
-    min_effect: float = typer.Option(DEFAULT_MIN_EFFECT, "--min-effect",
-                                     help="Repeated runs (--repeat N on both): a change counts when the 95% intervals "
-                                          "are apart and the means differ by at least this fraction."),
-    fail_on_regression: bool = typer.Option(False, "--fail-on-regression",
-                                            help="Exit 1 when any regression is found (for CI)."),
-    html: Path | None = typer.Option(None, "--html",
-                                     help="Also write the comparison as a self-contained HTML page with plots."),
+    threshold: float = typer.Option(
+        DEFAULT_THRESHOLD, "--threshold", help="Single runs: a change worse than this fraction is a regression."
+    ),
+    min_effect: float = typer.Option(
+        DEFAULT_MIN_EFFECT,
+        "--min-effect",
+        help="Repeated runs (--repeat N on both): a change counts when the 95% intervals "
+        "are apart and the means differ by at least this fraction.",
+    ),
+    fail_on_regression: bool = typer.Option(False, "--fail-on-regression", help="Exit 1 when any regression is found (for CI)."),
+    html: Path | None = typer.Option(None, "--html", help="Also write the comparison as a self-contained HTML page with plots."),
 ) -> None:
     """The same cells side by side: ratios ("TTFT p50 5.6× lower") and regressions beyond the noise threshold."""
     from vlmserve.report.compare import compare, print_comparison

@@ -37,9 +37,27 @@ if TYPE_CHECKING:  # imported where used, so the CLI starts without them
     from vlmserve.sweep.runner import ReadyDeployment
 
 
-_LOAD = BENCH.only("api", "dataset", "dataset_path", "input_len", "output_len", "arrival", "num_requests", "duration",
-                   "warmup", "image_size", "images_per_request", "tokenizer", "seed", "prompt_pool_size",
-                   "shared_prefix_len", "timeout", "api_key", "stop_when_oversaturated", name="load")
+_LOAD = BENCH.only(
+    "api",
+    "dataset",
+    "dataset_path",
+    "input_len",
+    "output_len",
+    "arrival",
+    "num_requests",
+    "duration",
+    "warmup",
+    "image_size",
+    "images_per_request",
+    "tokenizer",
+    "seed",
+    "prompt_pool_size",
+    "shared_prefix_len",
+    "timeout",
+    "api_key",
+    "stop_when_oversaturated",
+    name="load",
+)
 """The bench's load flags slo-search takes (the level searched comes from its range)."""
 _SHOWN = BENCH.only("progress", name="shown")
 
@@ -47,17 +65,29 @@ _SHOWN = BENCH.only("progress", name="shown")
 @with_groups(_LOAD, _SHOWN)
 def slo_search_command(
     slo: str = typer.Option(..., "--slo", help="Objectives that must hold, e.g. ttft_p95=500ms,tpot_p95=50ms."),
-    rate_range: Optional[str] = typer.Option(None, "--rate-range", help="Open loop: search request rates LOW:HIGH (req/s), e.g. 0.5:64."),
-    concurrency_range: Optional[str] = typer.Option(None, "--concurrency-range", help="Closed loop: search users LOW:HIGH, e.g. 1:256."),
-    precision: float = typer.Option(DEFAULT_PRECISION, "--precision", help="Stop when the highest held and lowest missed levels are within this fraction."),
+    rate_range: Optional[str] = typer.Option(
+        None, "--rate-range", help="Open loop: search request rates LOW:HIGH (req/s), e.g. 0.5:64."
+    ),
+    concurrency_range: Optional[str] = typer.Option(
+        None, "--concurrency-range", help="Closed loop: search users LOW:HIGH, e.g. 1:256."
+    ),
+    precision: float = typer.Option(
+        DEFAULT_PRECISION, "--precision", help="Stop when the highest held and lowest missed levels are within this fraction."
+    ),
     max_probes: int = typer.Option(DEFAULT_MAX_PROBES, "--max-probes", help="Most load levels tried (both ends included)."),
     repeat: int = SEARCH_REPEAT.info,
     base_url: Optional[str] = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint to search (or --deployment)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."),
-    deployment_file: Optional[Path] = typer.Option(None, "--deployment", help="Deployment spec YAML: started once (as sweep does), searched, torn down."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Model name as listed in /v1/models (default with --deployment: its served name)."
+    ),
+    deployment_file: Optional[Path] = typer.Option(
+        None, "--deployment", help="Deployment spec YAML: started once (as sweep does), searched, torn down."
+    ),
     load: dict[str, Any] = GROUP,
     label: Optional[str] = typer.Option(None, "--label", help="Label prefix of the stored probe runs (default slo-search)."),
-    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Write the search (boundary, every probe, run ids) as JSON here."),
+    json_out: Optional[Path] = typer.Option(
+        None, "--json-out", help="Write the search (boundary, every probe, run ids) as JSON here."
+    ),
     shown: dict[str, Any] = GROUP,
 ) -> None:
     """Find the highest request rate (--rate-range) or concurrency (--concurrency-range) at which the SLOs hold.
@@ -80,11 +110,21 @@ def slo_search_command(
     space = SearchSpace(knob, low, high, precision, max_probes)
     objectives = SLO.parse(slo).refuse_rates("vlmserve slo-search")
     if objectives.by_type:
-        raise UserError("--slo: slo-search judges run-wide objectives only; drop the TYPE: ones "
-                        "(vlmserve bench reports them per request type)")
+        raise UserError(
+            "--slo: slo-search judges run-wide objectives only; drop the TYPE: ones "
+            "(vlmserve bench reports them per request type)"
+        )
     require_objectives(objectives)  # before a deployment is started for nothing
-    template = build_load_spec(option_defaults({**load, "repeat": repeat, "rate": low if knob == "rate" else None,
-                                                "concurrency": int(low) if knob == "concurrency" else None}))
+    template = build_load_spec(
+        option_defaults(
+            {
+                **load,
+                "repeat": repeat,
+                "rate": low if knob == "rate" else None,
+                "concurrency": int(low) if knob == "concurrency" else None,
+            }
+        )
+    )
     console = consoles.console(stderr=True)
     with _endpoint(base_url, model, deployment_file, console) as (url, served_model, deployment):
         from vlmserve.bench.target import Target
@@ -98,15 +138,24 @@ def slo_search_command(
         typer.echo(f"search written to {json_out}")
 
 
-def _stored_runs(target: Target, slo: SLO, label: str, deployment: JSONObject | None, console: Console,
-                 progress: bool) -> RunPoint:
+def _stored_runs(
+    target: Target, slo: SLO, label: str, deployment: JSONObject | None, console: Console, progress: bool
+) -> RunPoint:
     """The probe runner: every repeat of one level, combined and saved in the history."""
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.results import store
 
     async def run_point(load: LoadSpec, settled: Callable[[list[RunResult]], bool]) -> RunResult:
-        result = await run_repeated(load, target, slo=slo, settled=settled, console=console, progress=progress,
-                                    label=f"{label} {load.name}", deployment=deployment)
+        result = await run_repeated(
+            load,
+            target,
+            slo=slo,
+            settled=settled,
+            console=console,
+            progress=progress,
+            label=f"{label} {load.name}",
+            deployment=deployment,
+        )
         store.save_run(result)
         return result
 
@@ -141,8 +190,7 @@ class _endpoint:
             raise
         return ready.base_url, entry.served_model(), spec.model_dump(mode="json")
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None) -> None:
         if self._context is not None:
             self._context.__exit__(kind, error, traceback)
 
@@ -157,8 +205,15 @@ def print_outcome(outcome: SearchOutcome, console: Console) -> None:
         summary = probe.result.summary  # the figures ProbePoint.row() writes to --json-out
         checks = summary.goodput.checks if summary.goodput is not None else {}
         measured = [_ms(checks[key].measured_ms if key in checks else None) for key in outcome.slo.bounds_s]
-        table.add_row(f"{probe.level:g}", "held" if probe.held else "missed", f"{probe.met}/{probe.ran}", *measured,
-                      _num(summary.throughput.requests_per_s), summary.meta.stopped or "", probe.run_id or "")
+        table.add_row(
+            f"{probe.level:g}",
+            "held" if probe.held else "missed",
+            f"{probe.met}/{probe.ran}",
+            *measured,
+            _num(summary.throughput.requests_per_s),
+            summary.meta.stopped or "",
+            probe.run_id or "",
+        )
     console.print(table)
     console.print(outcome.sentence())
 
@@ -177,5 +232,5 @@ def _wide_console() -> Console:
 
 def register(app: typer.Typer) -> None:
     app.command("slo-search", help="Find the highest rate or concurrency at which the SLOs hold (bisection with repeats).")(
-        slo_search_command)
-
+        slo_search_command
+    )

@@ -12,21 +12,28 @@ from vlmserve.cli import consoles
 
 def sweep_command(
     spec_file: Path = typer.Argument(..., help="Sweep spec YAML (see examples/sweep-*.yaml)."),
-    out: Path | None = typer.Option(None, "--out", "-o",
-                                    help="Sweep directory (default $VLMSERVE_HOME/sweeps/<name>); rerun to resume."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Sweep directory (default $VLMSERVE_HOME/sweeps/<name>); rerun to resume."
+    ),
     restart: bool = typer.Option(False, "--restart", help="Forget finished cells in --out and start over."),
     html: Path | None = typer.Option(None, "--html", help="Write the HTML report here (default <out>/report.html)."),
     md: Path | None = typer.Option(None, "--md", help="Also write the Markdown summary here."),
-    scale_requests: float = typer.Option(1.0, "--scale-requests", min=0.001,
-                                         help="Multiply every cell's num_requests and duration_s (smoke runs)."),
-    scale_users: float = typer.Option(1.0, "--scale-users", min=0.001,
-                                      help="Multiply every cell's concurrency and rate (smoke runs)."),
+    scale_requests: float = typer.Option(
+        1.0, "--scale-requests", min=0.001, help="Multiply every cell's num_requests and duration_s (smoke runs)."
+    ),
+    scale_users: float = typer.Option(
+        1.0, "--scale-users", min=0.001, help="Multiply every cell's concurrency and rate (smoke runs)."
+    ),
     max_output_len: int | None = typer.Option(None, "--max-output-len", min=1, help="Cap every cell's output_len."),
     requests_per_user: int | None = typer.Option(
-        None, "--requests-per-user", min=1,
-        help="Replace every cell's count or duration by N requests per user (quick smoke runs)."),
-    cells: str | None = typer.Option(None, "--cells",
-                                     help="Run only these cells: comma-separated names or shell patterns (in512-*)."),
+        None,
+        "--requests-per-user",
+        min=1,
+        help="Replace every cell's count or duration by N requests per user (quick smoke runs).",
+    ),
+    cells: str | None = typer.Option(
+        None, "--cells", help="Run only these cells: comma-separated names or shell patterns (in512-*)."
+    ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the live progress display."),
 ) -> None:
     """Start each deployment fresh, verify and warm it, run every load cell, tear it down; then report.
@@ -46,8 +53,13 @@ def sweep_command(
     directory = out or default_sweep_dir(spec.name)
     console = consoles.console(stderr=True)
     patterns = tuple(part.strip() for part in (cells or "").split(",") if part.strip())
-    overrides = SweepOverrides(request_scale=scale_requests, user_scale=scale_users, max_output_len=max_output_len,
-                               cell_patterns=patterns, requests_per_user=requests_per_user)
+    overrides = SweepOverrides(
+        request_scale=scale_requests,
+        user_scale=scale_users,
+        max_output_len=max_output_len,
+        cell_patterns=patterns,
+        requests_per_user=requests_per_user,
+    )
     run_sweep(spec, directory, overrides=overrides, restart=restart, progress=progress, console=console)
     results = results_from_sweep_dir(directory)
     print_report(results, consoles.console())
@@ -68,6 +80,3 @@ def _terminate_like_ctrl_c(signum: int, frame: object) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("sweep")(sweep_command)
-
-
-

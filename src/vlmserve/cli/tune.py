@@ -23,24 +23,56 @@ if TYPE_CHECKING:
     from vlmserve.tune.run import TuneOutcome
 
 
-_LOAD = BENCH.only("api", "dataset", "dataset_path", "input_len", "output_len", "arrival", "num_requests", "duration",
-                   "image_size", "images_per_request", "image_format", "image_repeat_rate", "seed", "tokenizer",
-                   "timeout", name="load")
+_LOAD = BENCH.only(
+    "api",
+    "dataset",
+    "dataset_path",
+    "input_len",
+    "output_len",
+    "arrival",
+    "num_requests",
+    "duration",
+    "image_size",
+    "images_per_request",
+    "image_format",
+    "image_repeat_rate",
+    "seed",
+    "tokenizer",
+    "timeout",
+    name="load",
+)
 """The bench's load flags tune takes (the rate comes from --rate-range)."""
 
 
 @with_groups(_LOAD)
 def tune_command(
     spec_file: Path = typer.Argument(..., help="Deployment spec YAML: the baseline, and the base of every candidate."),
-    flag: list[str] = typer.Option([], "--flag", help="A vLLM flag and its values, NAME=V1,V2,... (repeatable), e.g. max-num-seqs=16,32,64."),
+    flag: list[str] = typer.Option(
+        [], "--flag", help="A vLLM flag and its values, NAME=V1,V2,... (repeatable), e.g. max-num-seqs=16,32,64."
+    ),
     slo: str = typer.Option(..., "--slo", help="Objectives goodput must meet, e.g. ttft_p95=500ms,tpot_p95=50ms."),
-    rate_range: str = typer.Option(..., "--rate-range", help="Request rates searched per candidate, LOW:HIGH (req/s), e.g. 0.5:32."),
-    precision: float = typer.Option(DEFAULT_PRECISION, "--precision", help="Each candidate's search stops when held and missed rates are within this fraction."),
+    rate_range: str = typer.Option(
+        ..., "--rate-range", help="Request rates searched per candidate, LOW:HIGH (req/s), e.g. 0.5:32."
+    ),
+    precision: float = typer.Option(
+        DEFAULT_PRECISION,
+        "--precision",
+        help="Each candidate's search stops when held and missed rates are within this fraction.",
+    ),
     max_probes: int = typer.Option(DEFAULT_MAX_PROBES, "--max-probes", help="Most load levels tried per candidate."),
     repeat: int = SEARCH_REPEAT.info,
-    max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1, help="Most candidates measured (failed ones count), over every resumed run; default a third of the space."),
-    max_time: Optional[str] = typer.Option(None, "--max-time", help="Start no new candidate after this long (30m, 2h); the one running finishes."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Tune directory (default $VLMSERVE_HOME/tunes/<spec name>); rerun to resume."),
+    max_candidates: Optional[int] = typer.Option(
+        None,
+        "--max-candidates",
+        min=1,
+        help="Most candidates measured (failed ones count), over every resumed run; default a third of the space.",
+    ),
+    max_time: Optional[str] = typer.Option(
+        None, "--max-time", help="Start no new candidate after this long (30m, 2h); the one running finishes."
+    ),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Tune directory (default $VLMSERVE_HOME/tunes/<spec name>); rerun to resume."
+    ),
     restart: bool = typer.Option(False, "--restart", help="Forget the candidates finished in --out and start over."),
     plan: bool = typer.Option(True, "--plan/--no-plan", help="Rank candidates with the planner first (sim engine specs)."),
     tune_seed: int = typer.Option(0, "--tune-seed", help="Seed of Optuna's sampler."),
@@ -146,4 +178,5 @@ def _terminate_like_ctrl_c(signum: int, frame: object) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("tune", help="Search vLLM flags for the highest goodput at an SLO: plan, measure, recommend a spec.")(
-        tune_command)
+        tune_command
+    )

@@ -65,8 +65,9 @@ def with_autoscale_bounds(spec, text: str):  # (DeploymentSpec, str) -> Deployme
 
     try:
         low, high = parse_min_max(text)
-        rule = AutoscaleRule.model_validate({**(spec.autoscale.model_dump() if spec.autoscale else {}),
-                                             "min_replicas": low, "max_replicas": high})
+        rule = AutoscaleRule.model_validate(
+            {**(spec.autoscale.model_dump() if spec.autoscale else {}), "min_replicas": low, "max_replicas": high}
+        )
     except ValueError as err:  # pydantic's ValidationError is a ValueError
         detail = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
         raise UserError(f"--autoscale {text}: {detail}") from None
@@ -114,8 +115,10 @@ def run_until_signalled(spec) -> None:  # spec: DeploymentSpec
     try:
         supervisor.start()
         console.print(status_table([supervisor.status()]))
-        console.print(f"[bold green]serving[/bold green] {supervisor.served_model_name} at {supervisor.endpoint} "
-                      f"({door_description(spec, open_door=supervisor.is_open)}) — Ctrl-C stops everything")
+        console.print(
+            f"[bold green]serving[/bold green] {supervisor.served_model_name} at {supervisor.endpoint} "
+            f"({door_description(spec, open_door=supervisor.is_open)}) — Ctrl-C stops everything"
+        )
         while not supervisor.stopping:
             supervisor.wait(1.0)
     except KeyboardInterrupt:
@@ -164,7 +167,9 @@ def _print_plan(spec) -> None:  # spec: DeploymentSpec
 
             members = f"file:{deployment_dir(spec.name) / MEMBERS_FILE}"
             argv = gateway_argv(spec.model_copy(update={"gateway_discover": members}), []) + [
-                "--discover-interval", f"{DISCOVER_INTERVAL_S:g}"]
+                "--discover-interval",
+                f"{DISCOVER_INTERVAL_S:g}",
+            ]
         console.print(f"[bold]gateway[/bold] port {spec.port}")
         env_text = "".join(f"{key}={shlex.quote(value)} " for key, value in shown_gateway_env(spec).items())
         console.print(f"  {env_text}{shlex.join(argv)}", soft_wrap=True)
@@ -204,8 +209,15 @@ def describe_cold_start(phases: dict[str, float] | None) -> str:
     """'49 s (weights 43, engine 2, listening 2)': the last start, then its phases from the engine's log."""
     if not phases or "start_to_ready_s" not in phases:
         return ""
-    parts = [f"{name} {phases[key]:.0f}" for name, key in (("weights", "start_to_weights_s"), ("engine", "weights_to_engine_s"),
-                                                            ("listening", "engine_to_listening_s")) if key in phases]
+    parts = [
+        f"{name} {phases[key]:.0f}"
+        for name, key in (
+            ("weights", "start_to_weights_s"),
+            ("engine", "weights_to_engine_s"),
+            ("listening", "engine_to_listening_s"),
+        )
+        if key in phases
+    ]
     return f"{phases['start_to_ready_s']:.0f} s" + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -221,8 +233,7 @@ def status_table(states: "list[DeploymentState]") -> Group:
         else:
             where = f"at {state.endpoint or '-'}"
         table = Table(
-            title=f"deployment [bold]{state.name}[/bold]: {state.served_model_name or state.model} {where}",
-            title_justify="left",
+            title=f"deployment [bold]{state.name}[/bold]: {state.served_model_name or state.model} {where}", title_justify="left"
         )
         for column in ("process", "port", "pid", "state", "restarts", "uptime", "devices", "cold start", "last restart"):
             table.add_column(column, justify="right" if column in ("port", "pid", "restarts") else "left")
@@ -242,9 +253,13 @@ def status_table(states: "list[DeploymentState]") -> Group:
         if state.autoscale:
             last = state.autoscale.get("last_decision") or {}
             rule = state.autoscale.get("rule") or {}
-            tables.append(Text(f"autoscale {rule.get('min_replicas')}..{rule.get('max_replicas')} on "
-                               f"{state.autoscale.get('metric')}: {last.get('waiting', 0):g} waiting, "
-                               f"wants {last.get('wants', '-')}, {last.get('reason', 'no reading yet')}"))
+            tables.append(
+                Text(
+                    f"autoscale {rule.get('min_replicas')}..{rule.get('max_replicas')} on "
+                    f"{state.autoscale.get('metric')}: {last.get('waiting', 0):g} waiting, "
+                    f"wants {last.get('wants', '-')}, {last.get('reason', 'no reading yet')}"
+                )
+            )
         if state.alarm:  # above the table: the rows below are what was last saved, not what runs
             tables.append(Text(f"deployment {state.name}: {state.alarm}", style="bold red"))
         tables.append(table)
@@ -264,8 +279,9 @@ def down(
 def demo(
     model: str = typer.Option("embedded", help="Model to demo (default: the embedded tiny VLM)."),
     max_tokens: int = typer.Option(32, help="Tokens to generate per answer."),
-    report: bool = typer.Option(True, "--report/--no-report",
-                                help="Two replicas behind the gateway, a short sweep and an HTML report (default)."),
+    report: bool = typer.Option(
+        True, "--report/--no-report", help="Two replicas behind the gateway, a short sweep and an HTML report (default)."
+    ),
 ) -> None:
     """Make the embedded VLM, start it, send a text and an image request, sweep briefly, write the report, stop."""
     from vlmserve.demo.run import run_demo

@@ -30,21 +30,24 @@ def _given(args: list[str], flag: str) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in args)
 
 
-def _target(deployment: str, base_url: str | None, model: str | None,
-            tokenizer: str | None) -> tuple[str, str, str, bool]:
+def _target(deployment: str, base_url: str | None, model: str | None, tokenizer: str | None) -> tuple[str, str, str, bool]:
     """(base URL, model, tokenizer, simulated): given flags first, the rest from the deployment's state."""
     if base_url is not None:
         if model is None or tokenizer is None:
-            raise UserError("--base-url needs --model and --tokenizer (a local directory: "
-                            "vLLM would otherwise fetch the tokenizer from a model hub)")
+            raise UserError(
+                "--base-url needs --model and --tokenizer (a local directory: "
+                "vLLM would otherwise fetch the tokenizer from a model hub)"
+            )
         return base_url, model, tokenizer, False
     from vlmserve.deploy.state import read_state, state_path
     from vlmserve.paths import home_dir
 
     state = read_state(state_path(deployment))
     if state is None:
-        raise UserError(f"no deployment named '{deployment}' under {home_dir()}; start one with `vlmserve up` "
-                        "or pass --base-url, --model and --tokenizer")
+        raise UserError(
+            f"no deployment named '{deployment}' under {home_dir()}; start one with `vlmserve up` "
+            "or pass --base-url, --model and --tokenizer"
+        )
     if not state.supervisor_alive() or not state.endpoint:
         raise UserError(f"deployment '{deployment}' is not running; start it with `vlmserve up`")
     local = tokenizer or state.model_path
@@ -55,17 +58,23 @@ def _target(deployment: str, base_url: str | None, model: str | None,
 
 def vllm_bench(
     ctx: typer.Context,
-    deployment: str = typer.Option("default", "--deployment", help="The deployment to load (its endpoint, "
-                                   "served model name and local tokenizer)."),
-    base_url: Optional[str] = typer.Option(None, "--base-url", help="An endpoint instead of a deployment "
-                                           "(then --model and --tokenizer are needed)."),
+    deployment: str = typer.Option(
+        "default", "--deployment", help="The deployment to load (its endpoint, served model name and local tokenizer)."
+    ),
+    base_url: Optional[str] = typer.Option(
+        None, "--base-url", help="An endpoint instead of a deployment (then --model and --tokenizer are needed)."
+    ),
     model: Optional[str] = typer.Option(None, "--model", help="The served model name (default: the deployment's)."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="A local tokenizer directory "
-                                            "(default: the deployment's model directory)."),
+    tokenizer: Optional[str] = typer.Option(
+        None, "--tokenizer", help="A local tokenizer directory (default: the deployment's model directory)."
+    ),
     label: Optional[str] = typer.Option(None, "--label", help="The run's name in the history."),
     store: bool = typer.Option(True, "--store/--no-store", help="Store the result in the run history."),
-    simulated: bool = typer.Option(False, "--simulated", help="Mark the run simulated (the endpoint is a sim "
-                                   "engine; a deployment's own state says so itself)."),
+    simulated: bool = typer.Option(
+        False,
+        "--simulated",
+        help="Mark the run simulated (the endpoint is a sim engine; a deployment's own state says so itself).",
+    ),
 ) -> None:
     """Run vLLM's `vllm bench serve` against a deployment, then store its result for report and compare.
 
@@ -82,13 +91,34 @@ def vllm_bench(
     for flag in ("--result-dir", "--result-filename"):
         if _given(passed, flag):
             raise UserError(f"{flag}: vlmserve keeps the result itself (in the run history, or printed with --no-store)")
-    load = [item for flag, value in zip(DEFAULT_LOAD[::2], DEFAULT_LOAD[1::2], strict=True)
-            if not _given(passed, flag) for item in (flag, value)]
+    load = [
+        item
+        for flag, value in zip(DEFAULT_LOAD[::2], DEFAULT_LOAD[1::2], strict=True)
+        if not _given(passed, flag)
+        for item in (flag, value)
+    ]
     with tempfile.TemporaryDirectory(prefix="vlmserve-vllm-bench-") as scratch:
         result = Path(scratch) / "vllm-bench-serve.json"
         argv = vllm_bench_main.command(
-            "bench", "serve", "--backend", "openai", "--base-url", url, "--model", served, "--tokenizer", local_tokenizer,
-            *load, "--save-result", "--save-detailed", "--result-dir", scratch, "--result-filename", result.name, *passed)
+            "bench",
+            "serve",
+            "--backend",
+            "openai",
+            "--base-url",
+            url,
+            "--model",
+            served,
+            "--tokenizer",
+            local_tokenizer,
+            *load,
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            scratch,
+            "--result-filename",
+            result.name,
+            *passed,
+        )
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # never a hub: the tokenizer is local
         typer.echo(f"running vllm bench serve against {url} (model {served}, tokenizer {local_tokenizer})", err=True)
         code = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, check=False).returncode
@@ -107,8 +137,10 @@ def _store(result: Path, label: str | None, simulated: bool) -> None:
 
     for run_id, run in import_result_file(result, label, simulated=simulated):
         flags = ", simulated" if run.simulated else ""
-        typer.echo(f"stored vllm bench serve's result as run {run_id} '{run.meta.label}' "
-                   f"({len(run.records)} request records{flags}); see `vlmserve report {run_id}`")
+        typer.echo(
+            f"stored vllm bench serve's result as run {run_id} '{run.meta.label}' "
+            f"({len(run.records)} request records{flags}); see `vlmserve report {run_id}`"
+        )
         for line in run.warnings:
             typer.echo(f"warning: {line}", err=True)
 

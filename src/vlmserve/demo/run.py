@@ -110,7 +110,9 @@ def run_demo(console: Console, model: str = EMBEDDED_MODEL, max_tokens: int = 32
     spec = demo_spec(model, replicas=2 if report else 1)
     started = time.perf_counter()
     report_path = None
-    console.print(f"[bold]vlmserve demo[/bold]: model [cyan]{model}[/cyan], {spec.replicas} replica(s) (vLLM), port {spec.port if report else spec.replica_ports()[0]}")
+    console.print(
+        f"[bold]vlmserve demo[/bold]: model [cyan]{model}[/cyan], {spec.replicas} replica(s) (vLLM), port {spec.port if report else spec.replica_ports()[0]}"
+    )
     with Supervisor(spec, on_event=lambda line: console.print(f"  {line}")) as supervisor:
         ready_s = time.perf_counter() - started
         url = supervisor.endpoint
@@ -128,8 +130,10 @@ def run_demo(console: Console, model: str = EMBEDDED_MODEL, max_tokens: int = 32
     if not report:
         console.print(answers_table(answers))
     if model == EMBEDDED_MODEL:
-        console.print("[dim]The embedded model has random weights: its words are gibberish by design; "
-                      "timings, token counts and the image path are real.[/dim]")
+        console.print(
+            "[dim]The embedded model has random weights: its words are gibberish by design; "
+            "timings, token counts and the image path are real.[/dim]"
+        )
     engine = f"vLLM {served.engine_version}" if served and served.engine_version else "vLLM"
     console.print(
         f"{engine}, max_model_len {served.max_model_len if served else '?'}; ready after {ready_s:.0f} s; "

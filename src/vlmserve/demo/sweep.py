@@ -26,20 +26,51 @@ DEMO_REQUESTS_PER_CELL = 8
 def demo_sweep_spec(endpoint: str, model: str, deployment: DeploymentSpec, tokenizer: str | None = None) -> SweepSpec:
     """The cells of examples/sweep-embedded-short.yaml, against an already running endpoint."""
     cells = [
-        CellEntry(name=f"text-c{users}", load=LoadSpec(dataset="random", input_len=32, output_len=16, tokenizer=tokenizer,
-                                                      concurrency=users, num_requests=DEMO_REQUESTS_PER_CELL))
+        CellEntry(
+            name=f"text-c{users}",
+            load=LoadSpec(
+                dataset="random",
+                input_len=32,
+                output_len=16,
+                tokenizer=tokenizer,
+                concurrency=users,
+                num_requests=DEMO_REQUESTS_PER_CELL,
+            ),
+        )
         for users in DEMO_TEXT_USERS
     ]
-    cells.append(CellEntry(name="images-c2", load=LoadSpec(dataset="images", input_len=16, output_len=16,
-                                                           tokenizer=tokenizer, image_size=(64, 64), concurrency=2,
-                                                           num_requests=6)))
+    cells.append(
+        CellEntry(
+            name="images-c2",
+            load=LoadSpec(
+                dataset="images",
+                input_len=16,
+                output_len=16,
+                tokenizer=tokenizer,
+                image_size=(64, 64),
+                concurrency=2,
+                num_requests=6,
+            ),
+        )
+    )
     entry = DeploymentEntry(name=deployment.name, endpoint=endpoint, model=model, spec=deployment)
-    return SweepSpec(name="demo", description="vlmserve demo: the embedded tiny VLM under light load.",
-                     deployments=[entry], cells=cells, warmup_requests=2)
+    return SweepSpec(
+        name="demo",
+        description="vlmserve demo: the embedded tiny VLM under light load.",
+        deployments=[entry],
+        cells=cells,
+        warmup_requests=2,
+    )
 
 
-def sweep_running_deployment(endpoint: str, model: str, deployment: DeploymentSpec, console: Console,
-                             out_dir: Path | None = None, tokenizer: str | None = None) -> Path:
+def sweep_running_deployment(
+    endpoint: str,
+    model: str,
+    deployment: DeploymentSpec,
+    console: Console,
+    out_dir: Path | None = None,
+    tokenizer: str | None = None,
+) -> Path:
     """Run the demo sweep against `endpoint`, write report.html, and return its path.
 
     `tokenizer` (the model's directory) gives exact prompt lengths; the gateway has no /tokenize.

@@ -89,24 +89,39 @@ class Autoscaler:
         self._last_logged: tuple[int, int, str] | None = None
         self._last_held: str | None = None
         self.registry = CollectorRegistry()
-        self.decisions = Counter("vlmserve_autoscale_decisions", "Autoscale decisions, by direction (up, down, hold)",
-                                 ["direction"], registry=self.registry)
-        self.scale_events = Counter("vlmserve_autoscale_events", "Scale events carried out, by kind (in_rotation, "
-                                    "start_failed, stopped)", ["event"], registry=self.registry)
-        self.replica_gauge = Gauge("vlmserve_autoscale_replicas", "Replicas by state (ready, starting, draining, standby)",
-                                   ["state"], registry=self.registry)
-        self.desired_gauge = Gauge("vlmserve_autoscale_desired_replicas", "The count the rule wants now",
-                                   registry=self.registry)
-        self.waiting_gauge = Gauge("vlmserve_autoscale_waiting_requests",
-                                   f"The rule's metric ({rule.metric}) summed over the serving replicas",
-                                   registry=self.registry)
+        self.decisions = Counter(
+            "vlmserve_autoscale_decisions",
+            "Autoscale decisions, by direction (up, down, hold)",
+            ["direction"],
+            registry=self.registry,
+        )
+        self.scale_events = Counter(
+            "vlmserve_autoscale_events",
+            "Scale events carried out, by kind (in_rotation, start_failed, stopped)",
+            ["event"],
+            registry=self.registry,
+        )
+        self.replica_gauge = Gauge(
+            "vlmserve_autoscale_replicas",
+            "Replicas by state (ready, starting, draining, standby)",
+            ["state"],
+            registry=self.registry,
+        )
+        self.desired_gauge = Gauge("vlmserve_autoscale_desired_replicas", "The count the rule wants now", registry=self.registry)
+        self.waiting_gauge = Gauge(
+            "vlmserve_autoscale_waiting_requests",
+            f"The rule's metric ({rule.metric}) summed over the serving replicas",
+            registry=self.registry,
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        self.say(f"autoscale: {self.rule.min_replicas}..{self.rule.max_replicas} replicas on {self.rule.metric}, "
-                 f"{self.rule.waiting_per_replica:g} waiting per replica, read every {self.rule.polling_interval_s} s, "
-                 f"scale-down after {self.rule.scale_down_stabilization_s} s, one removal per {self.rule.scale_down_cooldown_s} s")
+        self.say(
+            f"autoscale: {self.rule.min_replicas}..{self.rule.max_replicas} replicas on {self.rule.metric}, "
+            f"{self.rule.waiting_per_replica:g} waiting per replica, read every {self.rule.polling_interval_s} s, "
+            f"scale-down after {self.rule.scale_down_stabilization_s} s, one removal per {self.rule.scale_down_cooldown_s} s"
+        )
         self._thread = threading.Thread(target=self._loop, name="vlmserve-autoscale", daemon=True)
         self._thread.start()
 
@@ -175,10 +190,8 @@ class Autoscaler:
         self._write_metrics()
         return decision
 
-    def _spawn(self, work: Callable[[ManagedProcess, float], None], member: ManagedProcess, decided_at: float,
-               name: str) -> None:
-        thread = threading.Thread(target=lambda: self._guard.run(name, lambda: work(member, decided_at)),
-                                  name=name, daemon=True)
+    def _spawn(self, work: Callable[[ManagedProcess, float], None], member: ManagedProcess, decided_at: float, name: str) -> None:
+        thread = threading.Thread(target=lambda: self._guard.run(name, lambda: work(member, decided_at)), name=name, daemon=True)
         self._workers = [t for t in self._workers if t.is_alive()] + [thread]
         thread.start()
 
@@ -196,8 +209,7 @@ class Autoscaler:
         if gateway is None:
             return None
         try:
-            reply = httpx.get(f"{gateway.plan.url}/metrics", timeout=SCRAPE_TIMEOUT_S, trust_env=False,
-                              verify=False)  # noqa: S501 - our own gateway, maybe with a self-signed certificate
+            reply = httpx.get(f"{gateway.plan.url}/metrics", timeout=SCRAPE_TIMEOUT_S, trust_env=False, verify=False)  # noqa: S501 - our own gateway, maybe with a self-signed certificate
         except httpx.HTTPError:
             return None
         return gateway_replicas(reply.text) if reply.status_code == 200 else None
@@ -235,22 +247,32 @@ class Autoscaler:
             if view is not None and view.get(name):
                 break
             if time.monotonic() > deadline:
-                self.say(f"autoscale: the gateway does not route to {label} {ADMIT_TIMEOUT_S:.0f} s after it joined "
-                         "its members; leaving it listed")
+                self.say(
+                    f"autoscale: the gateway does not route to {label} {ADMIT_TIMEOUT_S:.0f} s after it joined "
+                    "its members; leaving it listed"
+                )
                 break
             time.sleep(DISCOVER_INTERVAL_S / 2)
         in_rotation = time.time()
         started = member.started_at or decided_at
-        phases = {"decided_to_start_s": round(started - decided_at, 3),
-                  **(member.cold_start or {"start_to_ready_s": round(ready_at - started, 3)}),
-                  "warm_s": round(warm_s, 3), "admit_s": round(in_rotation - warmed_at, 3),
-                  "decision_to_rotation_s": round(in_rotation - decided_at, 3)}
+        phases = {
+            "decided_to_start_s": round(started - decided_at, 3),
+            **(member.cold_start or {"start_to_ready_s": round(ready_at - started, 3)}),
+            "warm_s": round(warm_s, 3),
+            "admit_s": round(in_rotation - warmed_at, 3),
+            "decision_to_rotation_s": round(in_rotation - decided_at, 3),
+        }
         self.scale_events.labels("in_rotation").inc()
-        engine = "".join(f", {name.removesuffix('_s').replace('_', ' ')} {phases[name]:.1f} s" for name in
-                         ("start_to_weights_s", "weights_to_engine_s", "engine_to_listening_s") if name in phases)
-        self.say(f"autoscale: {label} in rotation {phases['decision_to_rotation_s']:.1f} s after the decision "
-                 f"(ready after {phases['start_to_ready_s']:.1f} s{engine}; warmed in {warm_s:.2f} s, "
-                 f"routed to {phases['admit_s']:.2f} s later)")
+        engine = "".join(
+            f", {name.removesuffix('_s').replace('_', ' ')} {phases[name]:.1f} s"
+            for name in ("start_to_weights_s", "weights_to_engine_s", "engine_to_listening_s")
+            if name in phases
+        )
+        self.say(
+            f"autoscale: {label} in rotation {phases['decision_to_rotation_s']:.1f} s after the decision "
+            f"(ready after {phases['start_to_ready_s']:.1f} s{engine}; warmed in {warm_s:.2f} s, "
+            f"routed to {phases['admit_s']:.2f} s later)"
+        )
         self._record("in_rotation", member, decided_at, phases)
         self._write_metrics()
 
@@ -260,8 +282,11 @@ class Autoscaler:
         began = time.monotonic()
         if expected is None:
             return 0.0
-        body = {"model": expected.served_model_name, "max_tokens": WARM_MAX_TOKENS,
-                "messages": [{"role": "user", "content": "Warm-up: say hello."}]}
+        body = {
+            "model": expected.served_model_name,
+            "max_tokens": WARM_MAX_TOKENS,
+            "messages": [{"role": "user", "content": "Warm-up: say hello."}],
+        }
         for _ in range(WARM_REQUESTS):
             try:
                 httpx.post(f"{member.plan.url}/v1/chat/completions", json=body, timeout=120, trust_env=False)
@@ -295,8 +320,10 @@ class Autoscaler:
         self.supervisor.stop_replica(member)
         phases = {"drain_s": round(drained_at - left_at, 3), "decision_to_stopped_s": round(time.time() - decided_at, 3)}
         self.scale_events.labels("stopped").inc()
-        self.say(f"autoscale: {label} drained in {phases['drain_s']:.1f} s and stopped "
-                 f"(out of the rotation first, stopped after its last request)")
+        self.say(
+            f"autoscale: {label} drained in {phases['drain_s']:.1f} s and stopped "
+            f"(out of the rotation first, stopped after its last request)"
+        )
         self._record("stopped", member, decided_at, phases)
         self._write_metrics()
 
@@ -308,8 +335,16 @@ class Autoscaler:
 
     def _record(self, event: str, member: ManagedProcess, decided_at: float, phases: dict[str, float]) -> None:
         with self._lock:
-            self.events.append({"event": event, "replica": member.plan.index, "url": member.plan.url,
-                                "decided_at": decided_at, "at": time.time(), **phases})
+            self.events.append(
+                {
+                    "event": event,
+                    "replica": member.plan.index,
+                    "url": member.plan.url,
+                    "decided_at": decided_at,
+                    "at": time.time(),
+                    **phases,
+                }
+            )
 
     def _write_metrics(self) -> None:
         groups = self._by_state()
@@ -328,8 +363,15 @@ class Autoscaler:
         return {
             "rule": self.rule.model_dump(),
             "metric": self.rule.metric,
-            "last_decision": None if last is None else {
-                "at": last.at, "waiting": last.total_waiting, "current": last.current, "wants": last.raw_desired,
-                "target": last.target, "reason": last.reason},
+            "last_decision": None
+            if last is None
+            else {
+                "at": last.at,
+                "waiting": last.total_waiting,
+                "current": last.current,
+                "wants": last.raw_desired,
+                "target": last.target,
+                "reason": last.reason,
+            },
             "events": events,
         }

@@ -46,6 +46,8 @@ def stop_deployment(name: str, timeout_s: float, say: Callable[[str], None]) -> 
     try:
         write_state(path, state)
     except OSError as problem:  # a full disk: the processes are stopped all the same; say what is stale
-        say(f"could not mark '{name}' stopped in {path} ({problem}); `status` shows its members as "
-            "stopped (supervisor gone) all the same")
+        say(
+            f"could not mark '{name}' stopped in {path} ({problem}); `status` shows its members as "
+            "stopped (supervisor gone) all the same"
+        )
     say(f"'{name}' stopped ({len(leftovers)} leftover process group(s) cleaned up)")

@@ -52,8 +52,7 @@ def check_gateway_files(spec: DeploymentSpec) -> None:
         value = getattr(spec, name)
         if value and not Path(value).expanduser().is_file():
             raise UserError(
-                f"{name} {value} does not exist; create it or fix the path "
-                "(relative paths are read next to the spec file)"
+                f"{name} {value} does not exist; create it or fix the path (relative paths are read next to the spec file)"
             )
     if spec.gateway_discover:
         parse_source(spec.gateway_discover)  # a malformed source stops `up` before any engine starts
@@ -75,16 +74,29 @@ def gateway_config(spec: DeploymentSpec, replica_urls: list[str], model_dir: str
     by the model's own processor configuration."""
     files: dict[str, Any] = {name: Path(value).expanduser() for name in GATEWAY_FILE_FLAGS if (value := getattr(spec, name))}
     media: dict[str, Any] = {name: value for name in MEDIA_POLICY_FLAGS if (value := getattr(spec, name)) is not None}
-    shared: dict[str, Any] = {"state": spec.gateway_state, "state_unavailable": spec.gateway_state_unavailable} if spec.gateway_state else {}
-    tracing: dict[str, Any] = {"otlp_traces_endpoint": spec.gateway_otlp_traces_endpoint} if spec.gateway_otlp_traces_endpoint else {}
+    shared: dict[str, Any] = (
+        {"state": spec.gateway_state, "state_unavailable": spec.gateway_state_unavailable} if spec.gateway_state else {}
+    )
+    tracing: dict[str, Any] = (
+        {"otlp_traces_endpoint": spec.gateway_otlp_traces_endpoint} if spec.gateway_otlp_traces_endpoint else {}
+    )
     if tracing and spec.gateway_trace_sample_ratio is not None:
         tracing["trace_sample_ratio"] = spec.gateway_trace_sample_ratio
     local_model = model_dir is not None and (Path(model_dir) / "config.json").is_file()
     return GatewayConfig(
-        replicas=list(replica_urls), host=spec.host, port=spec.port, policy=spec.gateway_policy,
+        replicas=list(replica_urls),
+        host=spec.host,
+        port=spec.port,
+        policy=spec.gateway_policy,
         allowed_media_domains=list(spec.allowed_media_domains),
-        allow_internal_media_addresses=spec.allow_internal_media_addresses, discover=spec.gateway_discover or None,
-        model_config_dir=Path(model_dir) if local_model and model_dir else None, **files, **media, **shared, **tracing)
+        allow_internal_media_addresses=spec.allow_internal_media_addresses,
+        discover=spec.gateway_discover or None,
+        model_config_dir=Path(model_dir) if local_model and model_dir else None,
+        **files,
+        **media,
+        **shared,
+        **tracing,
+    )
 
 
 def gateway_argv(spec: DeploymentSpec, replica_urls: list[str], model_dir: str | None = None) -> list[str]:

@@ -27,15 +27,19 @@ def check_autoscale(spec: DeploymentSpec) -> None:
     if spec.autoscale is None:
         return
     if not spec.gateway:
-        raise UserError("autoscale needs the gateway (it routes to the replicas that come and go); "
-                        "drop --no-gateway or the autoscale setting")
+        raise UserError(
+            "autoscale needs the gateway (it routes to the replicas that come and go); drop --no-gateway or the autoscale setting"
+        )
     if spec.gateway_discover:
-        raise UserError("autoscale and gateway_discover both set the gateway's replicas; give one "
-                        "(autoscale writes its own members file)")
+        raise UserError(
+            "autoscale and gateway_discover both set the gateway's replicas; give one (autoscale writes its own members file)"
+        )
     ports = spec.model_copy(update={"replicas": spec.autoscale.max_replicas}).replica_ports()
     if ports[-1] > 65535:
-        raise UserError(f"autoscale max_replicas {spec.autoscale.max_replicas} needs ports up to {ports[-1]}; "
-                        "lower the port or replica_base_port")
+        raise UserError(
+            f"autoscale max_replicas {spec.autoscale.max_replicas} needs ports up to {ports[-1]}; "
+            "lower the port or replica_base_port"
+        )
 
 
 def write_members_file(path: Path, urls: list[str]) -> None:

@@ -38,8 +38,13 @@ def replica_plans(launcher: EngineLauncher, log_dir: Path) -> tuple[list[Process
     return plans, list(launches[0].notes) if launches else []
 
 
-def gateway_plan(spec: DeploymentSpec, replica_urls: list[str], log_dir: Path, model_dir: str | None = None,
-                 discover_interval_s: float | None = None) -> ProcessPlan:
+def gateway_plan(
+    spec: DeploymentSpec,
+    replica_urls: list[str],
+    log_dir: Path,
+    model_dir: str | None = None,
+    discover_interval_s: float | None = None,
+) -> ProcessPlan:
     """The gateway in front of the replicas at `replica_urls` (serving the model at `model_dir`);
     `discover_interval_s`: how often it rereads spec.gateway_discover (None: its default)."""
     argv = gateway_argv(spec, replica_urls, model_dir)

@@ -43,9 +43,7 @@ def check_ports(host: str, ports: list[int]) -> None:
         if not processes.port_is_free(host, port):
             owners = processes.port_listeners(port)
             who = f" by {processes.describe_pid(owners[0])}" if owners else ""
-            raise UserError(
-                f"port {port} on {host} is already in use{who}; stop that process or choose another --port"
-            )
+            raise UserError(f"port {port} on {host} is already in use{who}; stop that process or choose another --port")
 
 
 def check_free_memory(needed_gb: float, replicas: int) -> None:

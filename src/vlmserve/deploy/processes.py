@@ -38,12 +38,7 @@ def start_process_group(argv: list[str], env: dict[str, str], log_path: Path, he
             pass
     try:
         return subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
     finally:
         log_file.close()  # the child holds its own descriptor
@@ -173,8 +168,9 @@ QUIET_PORT_RANGE = (20000, 32000)
 connections, so a port found free here stays free while an engine takes ~20 s to bind it."""
 
 
-def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200,
-                    port_range: tuple[int, int] = QUIET_PORT_RANGE) -> int:
+def free_port_block(
+    count: int, host: str = "127.0.0.1", attempts: int = 200, port_range: tuple[int, int] = QUIET_PORT_RANGE
+) -> int:
     """First port of `count` consecutive free ports (for a gateway + its replicas), in `port_range`.
 
     Ports from bind(0) come from the ephemeral range, where any client connection on the

@@ -71,9 +71,7 @@ def tiny_png_data_url(width: int = 64, height: int = 64, seed: int = 0) -> str:
     for x in range(width):
         for y in range(height):
             pixels[x, y] = ((x * 4 + seed * 37) % 256, (y * 4) % 256, ((x + y) * 2) % 256)
-    ImageDraw.Draw(image).rectangle(
-        (width // 4, height // 4, width * 3 // 4, height * 3 // 4), fill=((seed * 71) % 256, 200, 40)
-    )
+    ImageDraw.Draw(image).rectangle((width // 4, height // 4, width * 3 // 4, height * 3 // 4), fill=((seed * 71) % 256, 200, 40))
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
@@ -81,18 +79,11 @@ def tiny_png_data_url(width: int = 64, height: int = 64, seed: int = 0) -> str:
 
 def image_message(text: str, data_url: str) -> JSONObject:
     """An OpenAI chat message with one image and a text part."""
-    return {
-        "role": "user",
-        "content": [{"type": "image_url", "image_url": {"url": data_url}}, {"type": "text", "text": text}],
-    }
+    return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url}}, {"type": "text", "text": text}]}
 
 
 def wait_until_ready(
-    base_url: str,
-    expected: ExpectedConfig,
-    *,
-    timeout_s: float,
-    keep_waiting: Callable[[], bool],
+    base_url: str, expected: ExpectedConfig, *, timeout_s: float, keep_waiting: Callable[[], bool]
 ) -> ServedConfig:
     """Poll until the replica passes every readiness check, then return what it serves.
 
@@ -127,19 +118,12 @@ def check_ready(client: httpx.Client, expected: ExpectedConfig) -> ServedConfig:
         _one_token(client, adapter, [{"role": "user", "content": "Hello"}], f"text with adapter '{adapter}'")
     if expected.expects_images is not False:
         message = image_message("What is in this image?", tiny_png_data_url())
-        _one_token(
-            client, expected.served_model_name, [message], "image", text_only_ok=expected.expects_images is None
-        )
+        _one_token(client, expected.served_model_name, [message], "image", text_only_ok=expected.expects_images is None)
     return served
 
 
-def _one_token(
-    client: httpx.Client, model: str, messages: list[JSONObject], what: str, text_only_ok: bool = False
-) -> None:
-    reply = client.post(
-        "/v1/chat/completions",
-        json={"model": model, "messages": messages, "max_tokens": 1, "temperature": 0.0},
-    )
+def _one_token(client: httpx.Client, model: str, messages: list[JSONObject], what: str, text_only_ok: bool = False) -> None:
+    reply = client.post("/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 1, "temperature": 0.0})
     if reply.status_code == 400 and text_only_ok:
         return  # a text-only model refuses images; that is its configuration, not a fault
     if reply.status_code != 200:
@@ -162,8 +146,12 @@ def read_served_config(client: httpx.Client, served_model_name: str, adapters: t
     missing = sorted(set(adapters) - {str(item.get("id")) for item in entries})
     if missing:
         raise StaleReplica(f"it does not list adapter(s) {', '.join(missing)} in /v1/models")
-    served = ServedConfig(model_id=entry["id"], root=entry.get("root"), max_model_len=entry.get("max_model_len"),
-                          adapters=tuple(sorted(str(item.get("id")) for item in entries if item.get("parent"))))
+    served = ServedConfig(
+        model_id=entry["id"],
+        root=entry.get("root"),
+        max_model_len=entry.get("max_model_len"),
+        adapters=tuple(sorted(str(item.get("id")) for item in entries if item.get("parent"))),
+    )
     version = client.get("/version", timeout=10)
     if version.status_code == 200:
         served.engine_version = version.json().get("version")

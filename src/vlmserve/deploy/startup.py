@@ -14,13 +14,7 @@ from collections.abc import Callable
 
 from vlmserve.deploy import processes
 from vlmserve.deploy.members import ManagedProcess
-from vlmserve.deploy.readiness import (
-    ReadinessAborted,
-    ServedConfig,
-    StaleReplica,
-    config_mismatches,
-    wait_until_ready,
-)
+from vlmserve.deploy.readiness import ReadinessAborted, ServedConfig, StaleReplica, config_mismatches, wait_until_ready
 from vlmserve.errors import UserError
 
 HEALTH_POLL_S = 0.2
@@ -95,8 +89,7 @@ def verify_owner(member: ManagedProcess) -> None:
     strangers = [pid for pid in listeners if pid not in ours]
     if strangers and not ours.intersection(listeners):
         raise StaleReplica(
-            f"port {member.plan.port} is answered by {processes.describe_pid(strangers[0])}, "
-            "not by the engine vlmserve started"
+            f"port {member.plan.port} is answered by {processes.describe_pid(strangers[0])}, not by the engine vlmserve started"
         )
 
 
@@ -105,14 +98,9 @@ def start_failure_message(member: ManagedProcess) -> str:
     assert member.process is not None
     code = member.process.poll()
     tail = processes.log_tail(member.plan.log_path, lines=12)
-    telling = next(
-        (line for line in reversed(tail) if "Error" in line or "error:" in line.lower()), tail[-1] if tail else ""
-    )
+    telling = next((line for line in reversed(tail) if "Error" in line or "error:" in line.lower()), tail[-1] if tail else "")
     what = f"{member.plan.label} engine" if member.plan.role == "replica" else member.plan.label
-    summary = (
-        f"{what} exited with code {code} during start-up: {telling.strip()[:300]} "
-        f"(full log: {member.plan.log_path})"
-    )
+    summary = f"{what} exited with code {code} during start-up: {telling.strip()[:300]} (full log: {member.plan.log_path})"
     if tail:
         summary += "\n  last lines of the log:\n" + "\n".join(f"    {line[:300]}" for line in tail)
     return summary

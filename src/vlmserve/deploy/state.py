@@ -121,8 +121,10 @@ class DeploymentState(BaseModel):
             return False
         try:
             process = psutil.Process(int(self.supervisor_pid))
-            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE and (
-                abs(process.create_time() - float(self.supervisor_started_at or 0)) < 2.0
+            return (
+                process.is_running()
+                and process.status() != psutil.STATUS_ZOMBIE
+                and (abs(process.create_time() - float(self.supervisor_started_at or 0)) < 2.0)
             )
         except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
             return False
@@ -180,7 +182,7 @@ def write_state(path: Path, state: DeploymentState) -> None:
         try:
             view = memoryview(text)
             while view:
-                view = view[os.write(descriptor, view):]
+                view = view[os.write(descriptor, view) :]
             os.fsync(descriptor)
         finally:
             os.close(descriptor)

@@ -78,9 +78,7 @@ if TYPE_CHECKING:
 class Supervisor:
     """Runs one deployment; `with Supervisor(spec) as sup:` starts it and stops it on exit."""
 
-    def __init__(
-        self, spec: DeploymentSpec, *, on_event: EventSink | None = None, state_dir: Path | None = None
-    ) -> None:
+    def __init__(self, spec: DeploymentSpec, *, on_event: EventSink | None = None, state_dir: Path | None = None) -> None:
         """state_dir: where state.json, supervisor.log and logs/ go (default
         $VLMSERVE_HOME/deployments/<name>; tests pass a temporary directory)."""
         self.spec = spec
@@ -302,8 +300,11 @@ class Supervisor:
         (not standby, starting or draining), less the indices `held_back` (ready, not warmed yet).
         Returns the URLs written."""
         with self._lock:
-            urls = [m.plan.url for m in self.replicas
-                    if m.state in ("ready", "restarting", "failed") and m.plan.index not in held_back]
+            urls = [
+                m.plan.url
+                for m in self.replicas
+                if m.state in ("ready", "restarting", "failed") and m.plan.index not in held_back
+            ]
         write_members_file(self.members_file, urls)
         return urls
 
@@ -334,16 +335,15 @@ class Supervisor:
         """Wait until the launched member is ready and verified; UserError if not."""
         plan, process = member.plan, member.process
         assert process is not None
-        served = await_ready(
-            member, self.spec.ready_timeout_s, lambda: self._keep_waiting(process), self._stopping.is_set
-        )
+        served = await_ready(member, self.spec.ready_timeout_s, lambda: self._keep_waiting(process), self._stopping.is_set)
         with self._lock:
             member.served = served
             member.state = "ready"
             member.ready_at = time.time()
             if plan.role == "replica":
-                member.cold_start = cold_start_phases(plan.log_path, member.log_offset,
-                                                      member.started_at or member.ready_at, member.ready_at)
+                member.cold_start = cold_start_phases(
+                    plan.log_path, member.log_offset, member.started_at or member.ready_at, member.ready_at
+                )
             self._write_state()
         took = member.ready_at - (member.started_at or member.ready_at)
         detail = f", max_model_len {served.max_model_len}, engine {served.engine_version}" if served else ""
@@ -467,8 +467,10 @@ class Supervisor:
         except OSError as problem:
             if self._event_log_problem is None:
                 self._event_log_problem = str(problem)
-                self._console(f"{stamp} cannot append to {self.state_dir / 'supervisor.log'} ({problem}); "
-                              "events go to this console only until it can")
+                self._console(
+                    f"{stamp} cannot append to {self.state_dir / 'supervisor.log'} ({problem}); "
+                    "events go to this console only until it can"
+                )
         else:
             self._event_log_problem = None
         self._console(line)

@@ -39,8 +39,9 @@ def _client_configuration() -> Any:
             config.load_kube_config(client_configuration=configuration, persist_config=False)
     except (ConfigException, OSError, TypeError, ValueError) as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserError(f"--discover k8s: no Kubernetes credentials ({first_line}); run in a pod with a "
-                        "service account, or set KUBECONFIG") from None
+        raise UserError(
+            f"--discover k8s: no Kubernetes credentials ({first_line}); run in a pod with a service account, or set KUBECONFIG"
+        ) from None
     return configuration
 
 
@@ -119,22 +120,25 @@ class EndpointSliceSource:
 
         try:
             answer = self._api.list_namespaced_endpoint_slice(
-                self.namespace, label_selector=f"{SERVICE_NAME_LABEL}={self.service}",
-                _request_timeout=LIST_TIMEOUT_S)
+                self.namespace, label_selector=f"{SERVICE_NAME_LABEL}={self.service}", _request_timeout=LIST_TIMEOUT_S
+            )
         except ApiException as err:
-            raise DiscoveryError("api_error", f"listing EndpointSlices of {self.namespace}/{self.service} "
-                                 f"failed: HTTP {err.status} {err.reason}") from None
+            raise DiscoveryError(
+                "api_error", f"listing EndpointSlices of {self.namespace}/{self.service} failed: HTTP {err.status} {err.reason}"
+            ) from None
         except Exception as err:  # urllib3 connection errors, a malformed answer
-            raise DiscoveryError("api_error", f"listing EndpointSlices of {self.namespace}/{self.service} "
-                                 f"failed: {type(err).__name__}") from None
+            raise DiscoveryError(
+                "api_error", f"listing EndpointSlices of {self.namespace}/{self.service} failed: {type(err).__name__}"
+            ) from None
         return list(answer.items or [])
 
     async def read(self) -> list[str] | None:
         self.prepare()
         slices = await asyncio.to_thread(self._list)
         if not slices:
-            raise DiscoveryError("unresolved", f"Service {self.namespace}/{self.service} has no EndpointSlices "
-                                 "(does it exist, with a selector?)")
+            raise DiscoveryError(
+                "unresolved", f"Service {self.namespace}/{self.service} has no EndpointSlices (does it exist, with a selector?)"
+            )
         return urls_from_slices(slices, self.port_name)
 
     def close(self) -> None:

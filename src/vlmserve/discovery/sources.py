@@ -37,7 +37,9 @@ from vlmserve.errors import UserError
 log = logging.getLogger("vlmserve.gateway")
 
 SOURCE_FORMS = "file:PATH, dns:NAME:PORT or k8s:NAMESPACE/SERVICE[:PORTNAME]"
-_HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
 _K8S_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # DNS-1123 label (namespaces, services, port names)
 
 
@@ -193,8 +195,9 @@ def parse_source(text: str) -> ReplicaSource:
     namespace, slash, service_part = rest.partition("/")
     service, colon, port_name = service_part.partition(":")
     if not slash or not _K8S_NAME.match(namespace) or not _K8S_NAME.match(service) or (colon and not _K8S_NAME.match(port_name)):
-        raise UserError(f"{bad}: write k8s:NAMESPACE/SERVICE[:PORTNAME] with Kubernetes names "
-                        "(lower-case letters, digits and '-')")
+        raise UserError(
+            f"{bad}: write k8s:NAMESPACE/SERVICE[:PORTNAME] with Kubernetes names (lower-case letters, digits and '-')"
+        )
     from vlmserve.discovery.k8s import EndpointSliceSource  # the kubernetes client loads only when used
 
     return EndpointSliceSource(namespace, service, port_name or None)
@@ -207,8 +210,13 @@ class DiscoveryWatcher:
     logged once per distinct problem (and once more when the source recovers).
     """
 
-    def __init__(self, source: ReplicaSource, interval_s: float, apply: Callable[[Sequence[str]], None],
-                 on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        source: ReplicaSource,
+        interval_s: float,
+        apply: Callable[[Sequence[str]], None],
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
         self.source = source
         self.interval_s = interval_s
         self.apply = apply

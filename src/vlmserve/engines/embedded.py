@@ -203,15 +203,10 @@ def _build_processor() -> Idefics3Processor:
         clean_up_tokenization_spaces=False,
     )
     image_processor = Idefics3ImageProcessorPil(
-        size={"longest_edge": IMAGE_LONGEST_EDGE},
-        max_image_size={"longest_edge": IMAGE_SIZE},
-        do_image_splitting=True,
+        size={"longest_edge": IMAGE_LONGEST_EDGE}, max_image_size={"longest_edge": IMAGE_SIZE}, do_image_splitting=True
     )
     return Idefics3Processor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        image_seq_len=IMAGE_SEQ_LEN,
-        chat_template=CHAT_TEMPLATE,
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN, chat_template=CHAT_TEMPLATE
     )
 
 
@@ -292,11 +287,7 @@ def _training_text(lines: int = 4000) -> Iterator[str]:
 
 def _digest_files(model_dir: Path) -> dict[str, str]:
     """sha256 of every written file, so two builds can be compared for determinism."""
-    return {
-        path.name: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(model_dir.iterdir())
-        if path.is_file()
-    }
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in sorted(model_dir.iterdir()) if path.is_file()}
 
 
 @contextmanager
@@ -308,4 +299,3 @@ def _file_lock(lock_path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-

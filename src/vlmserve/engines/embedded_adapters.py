@@ -92,8 +92,9 @@ def resolve_adapter_path(value: str) -> Path:
 
 def make_adapter(index: int, out_dir: Path) -> Path:
     """Write adapter `index` to `out_dir` atomically (staged in a sibling directory, then renamed)."""
-    return embedded.write_directory_atomically(Path(out_dir).expanduser().resolve(),
-                                               lambda staging: _write_adapter(index, staging))
+    return embedded.write_directory_atomically(
+        Path(out_dir).expanduser().resolve(), lambda staging: _write_adapter(index, staging)
+    )
 
 
 def adapter_tensors(index: int) -> dict[str, "object"]:
@@ -119,8 +120,13 @@ def _projection_shapes() -> dict[str, tuple[int, int]]:
     kv = embedded.TEXT_KV_HEADS * head_dim
     hidden, inner = embedded.TEXT_HIDDEN, embedded.TEXT_INTERMEDIATE
     return {
-        "q_proj": (hidden, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, hidden),
-        "gate_proj": (inner, hidden), "up_proj": (inner, hidden), "down_proj": (hidden, inner),
+        "q_proj": (hidden, hidden),
+        "k_proj": (kv, hidden),
+        "v_proj": (kv, hidden),
+        "o_proj": (hidden, hidden),
+        "gate_proj": (inner, hidden),
+        "up_proj": (inner, hidden),
+        "down_proj": (hidden, inner),
     }
 
 
@@ -128,8 +134,7 @@ def _write_adapter(index: int, adapter_dir: Path) -> None:
     """The weights first, the config last (is_complete reads both)."""
     from safetensors.torch import save_file
 
-    save_file(adapter_tensors(index), str(adapter_dir / "adapter_model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(adapter_tensors(index), str(adapter_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -140,7 +145,12 @@ def _write_adapter(index: int, adapter_dir: Path) -> None:
         "bias": "none",
         "target_modules": list(TARGET_MODULES),
         "inference_mode": True,
-        "vlmserve": {"made_by": "vlmserve", "version": ADAPTER_VERSION, "index": index,
-                     "seed": ADAPTER_SEED_BASE + index, "note": "random weights, large on purpose"},
+        "vlmserve": {
+            "made_by": "vlmserve",
+            "version": ADAPTER_VERSION,
+            "index": index,
+            "seed": ADAPTER_SEED_BASE + index,
+            "note": "random weights, large on purpose",
+        },
     }
     (adapter_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -110,11 +110,7 @@ def served_model_name(spec: DeploymentSpec) -> str:
 
 
 def make_launcher(
-    spec: DeploymentSpec,
-    *,
-    model_path: str | None = None,
-    device_kind: str | None = None,
-    on_event: EventSink | None = None,
+    spec: DeploymentSpec, *, model_path: str | None = None, device_kind: str | None = None, on_event: EventSink | None = None
 ) -> EngineLauncher:
     """The launcher for `spec.engine`: the one place that picks an engine kind.
 
@@ -128,6 +124,5 @@ def make_launcher(
     from vlmserve.recipes.apply import spec_with_recipe
 
     if model_path is not None and device_kind is not None:  # the model's recipe, as `up` would apply it
-        return VllmLauncher(spec_with_recipe(spec, model_path, on_event, elsewhere=True),
-                            model_path, device_kind)  # type: ignore[arg-type]
+        return VllmLauncher(spec_with_recipe(spec, model_path, on_event, elsewhere=True), model_path, device_kind)  # type: ignore[arg-type]
     return VllmLauncher.on_this_machine(spec, on_event=on_event)

@@ -80,8 +80,11 @@ def lora_argv(lora: LoraOptions) -> list[str]:
     argv = ["--enable-lora"]
     if lora.lora_modules:
         argv += ["--lora-modules", *(f"{name}={path}" for name, path in lora.lora_modules.items())]
-    for flag, value in (("--max-loras", lora.max_loras), ("--max-lora-rank", lora.max_lora_rank),
-                        ("--max-cpu-loras", lora.max_cpu_loras)):
+    for flag, value in (
+        ("--max-loras", lora.max_loras),
+        ("--max-lora-rank", lora.max_lora_rank),
+        ("--max-cpu-loras", lora.max_cpu_loras),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     return argv

@@ -142,9 +142,7 @@ def cpu_kv_cache_gb(spec: DeploymentSpec) -> int:
     return max(1, math.ceil(spec.kv_cache_space_gb))
 
 
-def engine_argv(
-    spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind, host: str | None = None
-) -> list[str]:
+def engine_argv(spec: DeploymentSpec, model_path: str, port: int, device_kind: DeviceKind, host: str | None = None) -> list[str]:
     """argv for one replica: this interpreter running vLLM's API server module, then its flags.
 
     host: where it listens; default `spec.replica_host` (loopback behind the gateway)."""
@@ -269,12 +267,7 @@ def _json(value: object) -> str:
 def plan_launches(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind) -> list[EngineLaunch]:
     """One EngineLaunch per replica, with its port and its own devices."""
     ports = spec.replica_ports()
-    common_env = {
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "PYTHONUNBUFFERED": "1",
-        **MEDIA_REDIRECTS_ENV,
-    }
+    common_env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1", **MEDIA_REDIRECTS_ENV}
     if spec.model == EMBEDDED_MODEL or Path(model_path).is_dir():
         # A local model needs no hub; don't let a missing network slow the start down.
         common_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
@@ -293,8 +286,10 @@ def plan_launches(spec: DeploymentSpec, model_path: str, device_kind: DeviceKind
         kv_gb = str(cpu_kv_cache_gb(spec))
         device_env = [{"VLLM_CPU_OMP_THREADS_BIND": group, "VLLM_CPU_KVCACHE_SPACE": kv_gb} for group in groups]
         if spec.engine_args.gpu_memory_utilization is not None:
-            notes.append("gpu_memory_utilization is not passed on CPU (it would reserve host memory); "
-                         "the KV cache is sized by kv_cache_space_gb")
+            notes.append(
+                "gpu_memory_utilization is not passed on CPU (it would reserve host memory); "
+                "the KV cache is sized by kv_cache_space_gb"
+            )
         if spec.replicas * (spec.cpu_threads_per_replica or 1) > len(cpus):
             notes.append(f"{spec.replicas} replicas share {len(cpus)} CPU core(s); expect them to be slow")
     launches = []

@@ -88,8 +88,11 @@ class K8sOptions:
 
 
 def _labels(spec: DeploymentSpec, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name,
-            "app.kubernetes.io/component": component}
+    return {
+        "app.kubernetes.io/name": "vlmserve",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+    }
 
 
 def _meta(name: str, options: K8sOptions, labels: Mapping[str, str]) -> JSONObject:
@@ -117,24 +120,31 @@ def _model_location(spec: DeploymentSpec, options: K8sOptions) -> tuple[str, lis
     if spec.engine == "sim":
         return spec.model, [], []
     if spec.model == EMBEDDED_MODEL:
-        raise UserError("model 'embedded' is the tiny test model that exists only on this machine; "
-                        "set model: to a Hugging Face id or a weights folder (with --model-pvc)")
+        raise UserError(
+            "model 'embedded' is the tiny test model that exists only on this machine; "
+            "set model: to a Hugging Face id or a weights folder (with --model-pvc)"
+        )
     if _is_local_path(spec.model):
         if not options.model_pvc:
-            raise UserError(f"model '{spec.model}' is a local folder; copy it to a PersistentVolumeClaim "
-                            "and pass --model-pvc NAME (it is mounted at /models/<folder name>)")
+            raise UserError(
+                f"model '{spec.model}' is a local folder; copy it to a PersistentVolumeClaim "
+                "and pass --model-pvc NAME (it is mounted at /models/<folder name>)"
+            )
         in_pod = str(PurePosixPath(MODEL_MOUNT) / Path(spec.model).expanduser().name)
-        return (in_pod,
-                [{"name": "models", "persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}],
-                [{"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True}])
-    return (spec.model, [{"name": "hf-cache", "emptyDir": {}}],
-            [{"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}])
+        return (
+            in_pod,
+            [{"name": "models", "persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}],
+            [{"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True}],
+        )
+    return (spec.model, [{"name": "hf-cache", "emptyDir": {}}], [{"name": "hf-cache", "mountPath": "/root/.cache/huggingface"}])
 
 
 def startup_budget(ready_timeout_s: float) -> dict[str, int]:
     """A startup probe's period and failure count covering the spec's model-load time (ready_timeout_s)."""
-    return {"periodSeconds": STARTUP_PROBE_PERIOD_S,
-            "failureThreshold": max(1, math.ceil(ready_timeout_s / STARTUP_PROBE_PERIOD_S))}
+    return {
+        "periodSeconds": STARTUP_PROBE_PERIOD_S,
+        "failureThreshold": max(1, math.ceil(ready_timeout_s / STARTUP_PROBE_PERIOD_S)),
+    }
 
 
 def _probes(ready_timeout_s: float) -> JSONObject:
@@ -159,29 +169,35 @@ def _gateway_probes(port: str = "http", scheme: str = "HTTP") -> JSONObject:
     gateway restarted for it would only lose its state and connections."""
     get = {"port": port, "scheme": scheme}
     return {
-        "readinessProbe": {"httpGet": {"path": "/health", **get}, "periodSeconds": 5, "timeoutSeconds": 5,
-                           "failureThreshold": 2},
-        "livenessProbe": {"httpGet": {"path": "/metrics", **get}, "initialDelaySeconds": 10,
-                          "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
+        "readinessProbe": {"httpGet": {"path": "/health", **get}, "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {
+            "httpGet": {"path": "/metrics", **get},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
     }
 
 
 def _env(spec: DeploymentSpec, options: K8sOptions) -> list[JSONValue]:
     env: list[JSONValue] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     if options.hf_token_secret:
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": options.hf_token_secret,
-                                                                       "key": "token"}}})
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": options.hf_token_secret, "key": "token"}}})
     return env
 
 
-def engine_container_command(spec: DeploymentSpec, model: str,
-                             notes: list[str] | None = None) -> tuple[list[str], list[str]]:
+def engine_container_command(spec: DeploymentSpec, model: str, notes: list[str] | None = None) -> tuple[list[str], list[str]]:
     """(command, args) of the engine container: the flags `vlmserve up` passes, from the same
     EngineLauncher, listening on the pod's network; the image's program replaces this machine's
     (`vllm serve`, which takes `--model` as well as the positional model). `notes` collects what
     the recipe did, and a warning naming what it skipped when this machine cannot read config.json."""
-    launcher = make_launcher(spec, model_path=model, device_kind="cpu" if spec.devices == "cpu" else "gpu",
-                             on_event=None if notes is None else lambda line: notes.append(_recipe_note(line)))
+    launcher = make_launcher(
+        spec,
+        model_path=model,
+        device_kind="cpu" if spec.devices == "cpu" else "gpu",
+        on_event=None if notes is None else lambda line: notes.append(_recipe_note(line)),
+    )
     args = launcher.arguments(host="0.0.0.0", port=CONTAINER_PORT, index=0)
     command = ["vlmserve"] if spec.engine == "sim" else list(VLLM_SERVE)
     return command, args
@@ -211,14 +227,20 @@ def engine_resources(spec: DeploymentSpec) -> JSONObject:
     return resources
 
 
-def _engine_container(spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[JSONValue],
-                      notes: list[str] | None = None) -> JSONObject:
+def _engine_container(
+    spec: DeploymentSpec, options: K8sOptions, model: str, mounts: list[JSONValue], notes: list[str] | None = None
+) -> JSONObject:
     command, args = engine_container_command(spec, model, notes)
     image = options.vlmserve_image if spec.engine == "sim" else options.vllm_image
     return {
-        "name": "engine", "image": image, "command": [*command], "args": [*args],
+        "name": "engine",
+        "image": image,
+        "command": [*command],
+        "args": [*args],
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
-        "env": _env(spec, options), "resources": engine_resources(spec), **_probes(spec.ready_timeout_s),
+        "env": _env(spec, options),
+        "resources": engine_resources(spec),
+        **_probes(spec.ready_timeout_s),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, *mounts],  # noqa: S108 - the pod's shared memory
     }
 
@@ -235,21 +257,37 @@ def engine_deployment(spec: DeploymentSpec, options: K8sOptions, notes: list[str
     if spec.engine == "vllm" and spec.devices != "cpu":
         pod_spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(engine_name(spec), options, labels),
-        "spec": {"replicas": spec.replicas, "selector": {"matchLabels": {**labels}},
-                 "template": {"metadata": {"labels": {**labels}}, "spec": pod_spec}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(engine_name(spec), options, labels),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": {**labels}},
+            "template": {"metadata": {"labels": {**labels}}, "spec": pod_spec},
+        },
     }
 
 
-def _service(name: str, spec: DeploymentSpec, options: K8sOptions, component: str, job: str,
-             port: int, headless: bool = False, port_name: str = "http") -> JSONObject:
+def _service(
+    name: str,
+    spec: DeploymentSpec,
+    options: K8sOptions,
+    component: str,
+    job: str,
+    port: int,
+    headless: bool = False,
+    port_name: str = "http",
+) -> JSONObject:
     selector = _labels(spec, component)
-    service_spec: JSONObject = {"selector": {**selector}, "ports": [
-        {"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}]}
+    service_spec: JSONObject = {
+        "selector": {**selector},
+        "ports": [{"name": port_name, "port": port, "targetPort": port_name, "protocol": "TCP"}],
+    }
     if headless:
         service_spec["clusterIP"] = "None"
     return {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": _meta(name, options, {**selector, JOB_LABEL: job}),
         "spec": service_spec,
     }
@@ -281,10 +319,24 @@ def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     security = gateway_security(spec, options)
     port_name = gateway_port_name(spec)
     container: JSONObject = {
-        "name": "gateway", "image": options.vlmserve_image, "command": ["vlmserve"],
-        "args": ["gateway", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
-                 "--discover", discover_source(spec, options), "--policy", spec.gateway_policy,
-                 STATE_UNAVAILABLE_FLAG, STATE_UNAVAILABLE, *security.args, *media_policy_argv(spec)],
+        "name": "gateway",
+        "image": options.vlmserve_image,
+        "command": ["vlmserve"],
+        "args": [
+            "gateway",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(CONTAINER_PORT),
+            "--discover",
+            discover_source(spec, options),
+            "--policy",
+            spec.gateway_policy,
+            STATE_UNAVAILABLE_FLAG,
+            STATE_UNAVAILABLE,
+            *security.args,
+            *media_policy_argv(spec),
+        ],
         # the password first: Kubernetes expands $(REDIS_PASSWORD) only from variables defined before
         "env": [*security.env, {"name": STATE_ENV, "value": redis_url(spec, options)}],
         "ports": [{"name": port_name, "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
@@ -297,20 +349,34 @@ def gateway_deployment(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     pod_spec: JSONObject = {
         "containers": [container],
         # fsGroup: the audit volume is writable, and the Secret files readable, by the image's user
-        "securityContext": {"runAsNonRoot": True, "runAsUser": GATEWAY_UID, "runAsGroup": GATEWAY_UID,
-                            "fsGroup": GATEWAY_UID},
-        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": {**labels}},
-                                               "topologyKey": "kubernetes.io/hostname"}}]}},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": GATEWAY_UID, "runAsGroup": GATEWAY_UID, "fsGroup": GATEWAY_UID},
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {**labels}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        },
     }
     if security.volumes:
         pod_spec["volumes"] = security.volumes
     if options.discovery == "k8s":
         pod_spec["serviceAccountName"] = gateway_name(spec)
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(gateway_name(spec), options, labels),
-        "spec": {"replicas": GATEWAY_REPLICAS, "selector": {"matchLabels": {**labels}},
-                 "template": {"metadata": {"labels": {**labels}}, "spec": pod_spec}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(gateway_name(spec), options, labels),
+        "spec": {
+            "replicas": GATEWAY_REPLICAS,
+            "selector": {"matchLabels": {**labels}},
+            "template": {"metadata": {"labels": {**labels}}, "spec": pod_spec},
+        },
     }
 
 
@@ -319,15 +385,16 @@ def gateway_rbac(spec: DeploymentSpec, options: K8sOptions) -> dict[str, JSONObj
     labels = _labels(spec, "gateway")
     name = gateway_name(spec)
     return {
-        "gateway-serviceaccount.yaml": {"apiVersion": "v1", "kind": "ServiceAccount",
-                                        "metadata": _meta(name, options, labels)},
+        "gateway-serviceaccount.yaml": {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, options, labels)},
         "gateway-role.yaml": {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, options, labels),
-            "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                       "verbs": ["get", "list", "watch"]}],
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(name, options, labels),
+            "rules": [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}],
         },
         "gateway-rolebinding.yaml": {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
             "metadata": _meta(name, options, labels),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": options.namespace}],
@@ -340,7 +407,8 @@ def redis_deployment(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     labels = _labels(spec, "redis")
     ping: JSONObject = {"exec": {"command": ["redis-cli", "ping"]}}  # authenticated through REDISCLI_AUTH
     container: JSONObject = {
-        "name": "redis", "image": options.redis_image,
+        "name": "redis",
+        "image": options.redis_image,
         # the password is expanded from the Secret by Kubernetes; it is visible only inside this container
         "command": ["redis-server"],
         "args": ["--requirepass", f"$({REDIS_PASSWORD_ENV})", "--save", "", "--appendonly", "no"],
@@ -351,24 +419,32 @@ def redis_deployment(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
         "livenessProbe": {**ping, "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 6},
     }
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(redis_name(spec), options, labels),
-        "spec": {"replicas": 1, "selector": {"matchLabels": {**labels}},
-                 "template": {"metadata": {"labels": {**labels}}, "spec": {"containers": [container]}}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(redis_name(spec), options, labels),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {**labels}},
+            "template": {"metadata": {"labels": {**labels}}, "spec": {"containers": [container]}},
+        },
     }
 
 
 def redis_service(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     labels = _labels(spec, "redis")
     return {
-        "apiVersion": "v1", "kind": "Service", "metadata": _meta(redis_name(spec), options, labels),
-        "spec": {"selector": {**labels},
-                 "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis", "protocol": "TCP"}]},
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(redis_name(spec), options, labels),
+        "spec": {
+            "selector": {**labels},
+            "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis", "protocol": "TCP"}],
+        },
     }
 
 
 def gateway_service(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
-    return _service(gateway_name(spec), spec, options, "gateway", GATEWAY_JOB, spec.port,
-                    port_name=gateway_port_name(spec))
+    return _service(gateway_name(spec), spec, options, "gateway", GATEWAY_JOB, spec.port, port_name=gateway_port_name(spec))
 
 
 def autoscale_rule(spec: DeploymentSpec, options: K8sOptions) -> AutoscaleRule:
@@ -389,11 +465,16 @@ def autoscale_rule(spec: DeploymentSpec, options: K8sOptions) -> AutoscaleRule:
 def hpa_behavior(rule: AutoscaleRule) -> JSONObject:
     """The HorizontalPodAutoscaler behaviour carrying the rule's stabilization windows, step and cool-down."""
     return {
-        "scaleUp": {"stabilizationWindowSeconds": rule.scale_up_stabilization_s, "selectPolicy": "Max",
-                    "policies": [{"type": "Pods", "value": rule.scale_up_step,
-                                  "periodSeconds": rule.polling_interval_s}]},
-        "scaleDown": {"stabilizationWindowSeconds": rule.scale_down_stabilization_s, "selectPolicy": "Max",
-                      "policies": [{"type": "Pods", "value": 1, "periodSeconds": rule.scale_down_cooldown_s}]},
+        "scaleUp": {
+            "stabilizationWindowSeconds": rule.scale_up_stabilization_s,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": rule.scale_up_step, "periodSeconds": rule.polling_interval_s}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": rule.scale_down_stabilization_s,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": rule.scale_down_cooldown_s}],
+        },
     }
 
 
@@ -406,8 +487,13 @@ def keda_scaled_object_spec(rule: AutoscaleRule, query: str, prometheus_url: str
         "pollingInterval": rule.polling_interval_s,
         "cooldownPeriod": rule.scale_down_cooldown_s,  # KEDA's own cool-down only gates scaling to zero
         "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(rule)}},
-        "triggers": [{"type": "prometheus", "metricType": "AverageValue", "metadata": {
-            "serverAddress": prometheus_url, "query": query, "threshold": f"{rule.waiting_per_replica:g}"}}],
+        "triggers": [
+            {
+                "type": "prometheus",
+                "metricType": "AverageValue",
+                "metadata": {"serverAddress": prometheus_url, "query": query, "threshold": f"{rule.waiting_per_replica:g}"},
+            }
+        ],
     }
 
 
@@ -429,15 +515,18 @@ def rule_from_keda(scaled_spec: JSONObject) -> AutoscaleRule:
     """The AutoscaleRule a ScaledObject's spec carries (the inverse of keda_scaled_object_spec)."""
     behavior = _at(scaled_spec, "advanced", "horizontalPodAutoscalerConfig", "behavior")
     threshold = _at(scaled_spec, "triggers", 0, "metadata", "threshold")
-    return AutoscaleRule.model_validate({
-        "min_replicas": scaled_spec.get("minReplicaCount"), "max_replicas": scaled_spec.get("maxReplicaCount"),
-        "waiting_per_replica": float(threshold) if isinstance(threshold, (str, int, float)) else threshold,
-        "polling_interval_s": scaled_spec.get("pollingInterval"),
-        "scale_up_stabilization_s": _at(behavior, "scaleUp", "stabilizationWindowSeconds"),
-        "scale_down_stabilization_s": _at(behavior, "scaleDown", "stabilizationWindowSeconds"),
-        "scale_down_cooldown_s": _at(behavior, "scaleDown", "policies", 0, "periodSeconds"),
-        "scale_up_step": _at(behavior, "scaleUp", "policies", 0, "value"),
-    })
+    return AutoscaleRule.model_validate(
+        {
+            "min_replicas": scaled_spec.get("minReplicaCount"),
+            "max_replicas": scaled_spec.get("maxReplicaCount"),
+            "waiting_per_replica": float(threshold) if isinstance(threshold, (str, int, float)) else threshold,
+            "polling_interval_s": scaled_spec.get("pollingInterval"),
+            "scale_up_stabilization_s": _at(behavior, "scaleUp", "stabilizationWindowSeconds"),
+            "scale_down_stabilization_s": _at(behavior, "scaleDown", "stabilizationWindowSeconds"),
+            "scale_down_cooldown_s": _at(behavior, "scaleDown", "policies", 0, "periodSeconds"),
+            "scale_up_step": _at(behavior, "scaleUp", "policies", 0, "value"),
+        }
+    )
 
 
 def scaled_object(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
@@ -445,27 +534,27 @@ def scaled_object(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     rule = autoscale_rule(spec, options)
     query = f'sum({rule.metric}{{namespace="{options.namespace}",service="{engine_name(spec)}"}})'
     return {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
         "metadata": _meta(engine_name(spec), options, _labels(spec, "engine")),
         "spec": keda_scaled_object_spec(rule, query, options.prometheus_url, engine_name(spec)),
     }
 
 
 def _monitoring_meta(name: str, spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
-    labels = {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name,
-              **dict(options.monitoring_labels)}
+    labels = {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name, **dict(options.monitoring_labels)}
     return _meta(name, options, labels)
 
 
 def service_monitor(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     """Prometheus Operator scrapes the engine and gateway Services; job = their vlmserve.io/job label."""
     return {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
         "metadata": _monitoring_meta(spec.name, spec, options),
         "spec": {
             "jobLabel": JOB_LABEL,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": "vlmserve",
-                                         "app.kubernetes.io/instance": spec.name}},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name}},
             "namespaceSelector": {"matchNames": [options.namespace]},
             "endpoints": _scrape_endpoints(spec),
         },
@@ -478,18 +567,28 @@ def _scrape_endpoints(spec: DeploymentSpec) -> list[JSONValue]:
     The TLS scrape encrypts but does not verify the gateway's certificate (its CA is the operator's);
     set tlsConfig.ca in the ServiceMonitor to verify it."""
     # the label the dashboards and alerts split deployments by, as prometheus.yml sets it
-    relabel: list[JSONValue] = [{"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
-                "targetLabel": DEPLOYMENT_LABEL}]
+    relabel: list[JSONValue] = [
+        {"sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"], "targetLabel": DEPLOYMENT_LABEL}
+    ]
     endpoints: list[JSONValue] = [{"port": "http", "path": "/metrics", "interval": "15s", "relabelings": relabel}]
     if gateway_port_name(spec) == "https":
-        endpoints.append({"port": "https", "scheme": "https", "path": "/metrics", "interval": "15s",
-                          "tlsConfig": {"insecureSkipVerify": True}, "relabelings": relabel})
+        endpoints.append(
+            {
+                "port": "https",
+                "scheme": "https",
+                "path": "/metrics",
+                "interval": "15s",
+                "tlsConfig": {"insecureSkipVerify": True},
+                "relabelings": relabel,
+            }
+        )
     return endpoints
 
 
 def prometheus_rule(spec: DeploymentSpec, options: K8sOptions, settings: AlertSettings) -> JSONObject:
     return {
-        "apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
         "metadata": _monitoring_meta(spec.name, spec, options),
         "spec": alert_rules(settings),
     }
@@ -531,8 +630,12 @@ def render_manifests(spec: DeploymentSpec, options: K8sOptions, settings: AlertS
 def check_options(options: K8sOptions) -> None:
     """Names that land in manifests: one line for one that Kubernetes would refuse at apply time."""
     check_dns_label("--namespace", options.namespace)
-    for flag, value in (("--monitoring-namespace", options.monitoring_namespace), ("--audit-pvc", options.audit_pvc),
-                        ("--model-pvc", options.model_pvc), ("--hf-token-secret", options.hf_token_secret)):
+    for flag, value in (
+        ("--monitoring-namespace", options.monitoring_namespace),
+        ("--audit-pvc", options.audit_pvc),
+        ("--model-pvc", options.model_pvc),
+        ("--hf-token-secret", options.hf_token_secret),
+    ):
         if value:
             check_dns_label(flag, value)
 
@@ -544,10 +647,8 @@ def network_policies(spec: DeploymentSpec, options: K8sOptions) -> dict[str, JSO
         return {}
     gateway_pods = _labels(spec, "gateway")
     return {
-        "engine-networkpolicy.yaml": engine_network_policy(spec, options, _labels(spec, "engine"), gateway_pods,
-                                                           CONTAINER_PORT),
-        "redis-networkpolicy.yaml": redis_network_policy(spec, options, _labels(spec, "redis"), gateway_pods,
-                                                         REDIS_PORT),
+        "engine-networkpolicy.yaml": engine_network_policy(spec, options, _labels(spec, "engine"), gateway_pods, CONTAINER_PORT),
+        "redis-networkpolicy.yaml": redis_network_policy(spec, options, _labels(spec, "redis"), gateway_pods, REDIS_PORT),
     }
 
 

@@ -79,8 +79,10 @@ class GatewaySecurity:
 def check_dns_label(flag: str, value: str) -> str:
     """A namespace or object name as Kubernetes accepts it (RFC 1123 label), else one line."""
     if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
-        raise UserError(f"{flag} {value!r} is not a Kubernetes name: use lower-case letters, digits and '-' "
-                        "(at most 63, starting and ending with a letter or digit)")
+        raise UserError(
+            f"{flag} {value!r} is not a Kubernetes name: use lower-case letters, digits and '-' "
+            "(at most 63, starting and ending with a letter or digit)"
+        )
     return value
 
 
@@ -91,13 +93,16 @@ def check_trust_settings(spec: DeploymentSpec) -> None:
     surface as gateway pods crash-looping in the cluster."""
     given = [name for name in _GATEWAY_ONLY if getattr(spec, name)]
     if given and not spec.gateway:
-        raise UserError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} the gateway, which is off "
-                        "(gateway: false); set gateway: true to export them")
+        raise UserError(
+            f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} the gateway, which is off "
+            "(gateway: false); set gateway: true to export them"
+        )
     for name in _FILE_SETTINGS:
         value = getattr(spec, name)
         if value and not Path(value).expanduser().is_file():
-            raise UserError(f"{name} {value} does not exist; create it or fix the path "
-                            "(relative paths are read next to the spec file)")
+            raise UserError(
+                f"{name} {value} does not exist; create it or fix the path (relative paths are read next to the spec file)"
+            )
     if spec.keys_file:
         try:
             load_keys_file(Path(spec.keys_file).expanduser())
@@ -116,20 +121,18 @@ def gateway_security(spec: DeploymentSpec, options: K8sOptions) -> GatewaySecuri
     found = GatewaySecurity()
     flags = GATEWAY_FILE_FLAGS
     if spec.keys_file:
-        found.volumes.append({"name": "gateway-keys", "secret": {"secretName": keys_secret_name(spec),
-                                                                 "defaultMode": 0o440}})
+        found.volumes.append({"name": "gateway-keys", "secret": {"secretName": keys_secret_name(spec), "defaultMode": 0o440}})
         found.mounts.append({"name": "gateway-keys", "mountPath": KEYS_MOUNT, "readOnly": True})
         found.args += [flags["keys_file"], f"{KEYS_MOUNT}/{KEYS_SECRET_KEY}"]
     if spec.ssl_certfile:
         found.tls = True
-        found.volumes.append({"name": "gateway-tls", "secret": {"secretName": tls_secret_name(spec),
-                                                                "defaultMode": 0o440}})
+        found.volumes.append({"name": "gateway-tls", "secret": {"secretName": tls_secret_name(spec), "defaultMode": 0o440}})
         found.mounts.append({"name": "gateway-tls", "mountPath": TLS_MOUNT, "readOnly": True})
-        found.args += [flags["ssl_certfile"], f"{TLS_MOUNT}/{TLS_CERT_KEY}",
-                       flags["ssl_keyfile"], f"{TLS_MOUNT}/{TLS_KEY_KEY}"]
+        found.args += [flags["ssl_certfile"], f"{TLS_MOUNT}/{TLS_CERT_KEY}", flags["ssl_keyfile"], f"{TLS_MOUNT}/{TLS_KEY_KEY}"]
     if spec.audit_log:
-        source: JSONObject = ({"persistentVolumeClaim": {"claimName": options.audit_pvc}}
-                                  if options.audit_pvc else {"emptyDir": {}})
+        source: JSONObject = (
+            {"persistentVolumeClaim": {"claimName": options.audit_pvc}} if options.audit_pvc else {"emptyDir": {}}
+        )
         found.volumes.append({"name": "audit", **source})
         found.mounts.append({"name": "audit", "mountPath": AUDIT_MOUNT})
         found.env.append({"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
@@ -152,21 +155,31 @@ def trust_warnings(spec: DeploymentSpec, options: K8sOptions) -> list[str]:
     """What the export carries but cannot make safe: said once, on stderr."""
     warnings = []
     if spec.audit_log and not options.audit_pvc:
-        warnings.append("warning: audit_log goes to an emptyDir in each gateway pod and is lost when the pod "
-                        "restarts or moves; pass --audit-pvc NAME (a ReadWriteMany claim) to keep it")
+        warnings.append(
+            "warning: audit_log goes to an emptyDir in each gateway pod and is lost when the pod "
+            "restarts or moves; pass --audit-pvc NAME (a ReadWriteMany claim) to keep it"
+        )
     if not spec.gateway:
-        warnings.append("warning: gateway: false: the engine pods are the way in, open to every pod in the "
-                        "cluster with no keys and no NetworkPolicy; set gateway: true for a guarded service")
+        warnings.append(
+            "warning: gateway: false: the engine pods are the way in, open to every pod in the "
+            "cluster with no keys and no NetworkPolicy; set gateway: true for a guarded service"
+        )
     elif not spec.keys_file:
-        warnings.append("warning: the spec has no keys_file: the gateway admits every client that reaches "
-                        "its Service; set keys_file to ask for API keys")
+        warnings.append(
+            "warning: the spec has no keys_file: the gateway admits every client that reaches "
+            "its Service; set keys_file to ask for API keys"
+        )
     return warnings
 
 
 def _secret(spec: DeploymentSpec, options: K8sOptions, name: str, body: JSONObject) -> JSONObject:
     labels: JSONObject = {"app.kubernetes.io/name": "vlmserve", "app.kubernetes.io/instance": spec.name}
-    return {"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": name, "namespace": options.namespace, "labels": labels}, **body}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": options.namespace, "labels": labels},
+        **body,
+    }
 
 
 def embedded_secrets(spec: DeploymentSpec, options: K8sOptions) -> dict[str, JSONObject]:
@@ -174,17 +187,22 @@ def embedded_secrets(spec: DeploymentSpec, options: K8sOptions) -> dict[str, JSO
     manifests: dict[str, JSONObject] = {}
     if spec.gateway:
         password = secrets.token_hex(REDIS_PASSWORD_BYTES)
-        manifests["redis-secret.yaml"] = _secret(spec, options, redis_secret_name(spec), {
-            "type": "Opaque", "stringData": {REDIS_PASSWORD_KEY: password}})
+        manifests["redis-secret.yaml"] = _secret(
+            spec, options, redis_secret_name(spec), {"type": "Opaque", "stringData": {REDIS_PASSWORD_KEY: password}}
+        )
     if spec.keys_file:
         text = Path(spec.keys_file).expanduser().read_text(encoding="utf-8")
-        manifests["gateway-keys-secret.yaml"] = _secret(spec, options, keys_secret_name(spec), {
-            "type": "Opaque", "stringData": {KEYS_SECRET_KEY: text}})
+        manifests["gateway-keys-secret.yaml"] = _secret(
+            spec, options, keys_secret_name(spec), {"type": "Opaque", "stringData": {KEYS_SECRET_KEY: text}}
+        )
     if spec.ssl_certfile and spec.ssl_keyfile:
-        data: JSONObject = {key: base64.b64encode(Path(path).expanduser().read_bytes()).decode("ascii")
-                for key, path in ((TLS_CERT_KEY, spec.ssl_certfile), (TLS_KEY_KEY, spec.ssl_keyfile))}
-        manifests["gateway-tls-secret.yaml"] = _secret(spec, options, tls_secret_name(spec), {
-            "type": "kubernetes.io/tls", "data": data})
+        data: JSONObject = {
+            key: base64.b64encode(Path(path).expanduser().read_bytes()).decode("ascii")
+            for key, path in ((TLS_CERT_KEY, spec.ssl_certfile), (TLS_KEY_KEY, spec.ssl_keyfile))
+        }
+        manifests["gateway-tls-secret.yaml"] = _secret(
+            spec, options, tls_secret_name(spec), {"type": "kubernetes.io/tls", "data": data}
+        )
     return manifests
 
 
@@ -194,44 +212,59 @@ def secret_commands(spec: DeploymentSpec, options: K8sOptions) -> list[str]:
     ns = shlex.quote(options.namespace)
     commands = []
     if spec.gateway:
-        commands.append(f"kubectl create secret generic {redis_secret_name(spec)} --namespace {ns} "
-                        f'--from-literal={REDIS_PASSWORD_KEY}="$(openssl rand -hex {REDIS_PASSWORD_BYTES})"')
+        commands.append(
+            f"kubectl create secret generic {redis_secret_name(spec)} --namespace {ns} "
+            f'--from-literal={REDIS_PASSWORD_KEY}="$(openssl rand -hex {REDIS_PASSWORD_BYTES})"'
+        )
     if spec.keys_file:
         path = shlex.quote(str(Path(spec.keys_file).expanduser().resolve()))
-        commands.append(f"kubectl create secret generic {keys_secret_name(spec)} --namespace {ns} "
-                        f"--from-file={KEYS_SECRET_KEY}={path}")
+        commands.append(
+            f"kubectl create secret generic {keys_secret_name(spec)} --namespace {ns} --from-file={KEYS_SECRET_KEY}={path}"
+        )
     if spec.ssl_certfile and spec.ssl_keyfile:
         cert = shlex.quote(str(Path(spec.ssl_certfile).expanduser().resolve()))
         key = shlex.quote(str(Path(spec.ssl_keyfile).expanduser().resolve()))
-        commands.append(f"kubectl create secret tls {tls_secret_name(spec)} --namespace {ns} "
-                        f"--cert={cert} --key={key}")
+        commands.append(f"kubectl create secret tls {tls_secret_name(spec)} --namespace {ns} --cert={cert} --key={key}")
     return commands
 
 
-def _policy(spec: DeploymentSpec, options: K8sOptions, name: str, pods: Mapping[str, str],
-            ingress: list[JSONValue]) -> JSONObject:
+def _policy(
+    spec: DeploymentSpec, options: K8sOptions, name: str, pods: Mapping[str, str], ingress: list[JSONValue]
+) -> JSONObject:
     return {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
         "metadata": {"name": name, "namespace": options.namespace, "labels": {**pods}},
         "spec": {"podSelector": {"matchLabels": {**pods}}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 
-def engine_network_policy(spec: DeploymentSpec, options: K8sOptions, engine_pods: Mapping[str, str],
-                          gateway_pods: Mapping[str, str], engine_port: int) -> JSONObject:
+def engine_network_policy(
+    spec: DeploymentSpec, options: K8sOptions, engine_pods: Mapping[str, str], gateway_pods: Mapping[str, str], engine_port: int
+) -> JSONObject:
     """Only the gateway pods reach the engines, so no client goes around its keys, limits and audit;
     the one exception is Prometheus's namespace, for /metrics (a NetworkPolicy cannot pick a path:
     that namespace may reach the engine's port, which is why it is a flag, and may be turned off)."""
     port: list[JSONValue] = [{"protocol": "TCP", "port": engine_port}]
     ingress: list[JSONValue] = [{"from": [{"podSelector": {"matchLabels": {**gateway_pods}}}], "ports": port}]
     if options.monitoring_namespace:
-        ingress.append({"from": [{"namespaceSelector": {"matchLabels": {
-            NAMESPACE_NAME_LABEL: options.monitoring_namespace}}}], "ports": port})
+        ingress.append(
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: options.monitoring_namespace}}}],
+                "ports": port,
+            }
+        )
     return _policy(spec, options, f"{spec.name}-engine", engine_pods, ingress)
 
 
-def redis_network_policy(spec: DeploymentSpec, options: K8sOptions, redis_pods: Mapping[str, str],
-                         gateway_pods: Mapping[str, str], redis_port: int) -> JSONObject:
+def redis_network_policy(
+    spec: DeploymentSpec, options: K8sOptions, redis_pods: Mapping[str, str], gateway_pods: Mapping[str, str], redis_port: int
+) -> JSONObject:
     """Only the gateway pods reach Redis (its password is the second lock)."""
-    return _policy(spec, options, f"{spec.name}-redis", redis_pods, [{
-        "from": [{"podSelector": {"matchLabels": {**gateway_pods}}}], "ports": [{"protocol": "TCP", "port": redis_port}]}])
+    return _policy(
+        spec,
+        options,
+        f"{spec.name}-redis",
+        redis_pods,
+        [{"from": [{"podSelector": {"matchLabels": {**gateway_pods}}}], "ports": [{"protocol": "TCP", "port": redis_port}]}],
+    )

@@ -56,19 +56,22 @@ def model_uri(spec: DeploymentSpec, options: K8sOptions) -> str:
     if not _is_local_path(spec.model):
         return f"hf://{spec.model}"
     if not options.model_pvc:
-        raise UserError(f"model '{spec.model}' is a local folder; copy it to a PersistentVolumeClaim "
-                        "and pass --model-pvc NAME (KServe reads it as pvc://NAME/<folder name>)")
+        raise UserError(
+            f"model '{spec.model}' is a local folder; copy it to a PersistentVolumeClaim "
+            "and pass --model-pvc NAME (KServe reads it as pvc://NAME/<folder name>)"
+        )
     return f"pvc://{options.model_pvc}/{Path(spec.model).expanduser().name}"
 
 
 def scaling(spec: DeploymentSpec, options: K8sOptions, notes: list[str]) -> JSONObject:
     """The rule's bounds and HPA behaviour, for WVA's HPA actuator."""
     rule = autoscale_rule(spec, options)
-    notes.append(f"warning: kserve: the autoscaling trigger ({rule.waiting_per_replica:g} waiting requests per "
-                 f"replica, read every {rule.polling_interval_s}s) is not carried: {KSERVE}'s autoscaler "
-                 "(WVA) scales on its own saturation model; the bounds and scaling behaviour are carried")
-    return {"minReplicas": rule.min_replicas, "maxReplicas": rule.max_replicas,
-            "wva": {"hpa": {"behavior": hpa_behavior(rule)}}}
+    notes.append(
+        f"warning: kserve: the autoscaling trigger ({rule.waiting_per_replica:g} waiting requests per "
+        f"replica, read every {rule.polling_interval_s}s) is not carried: {KSERVE}'s autoscaler "
+        "(WVA) scales on its own saturation model; the bounds and scaling behaviour are carried"
+    )
+    return {"minReplicas": rule.min_replicas, "maxReplicas": rule.max_replicas, "wva": {"hpa": {"behavior": hpa_behavior(rule)}}}
 
 
 def export_kserve(spec: DeploymentSpec, options: K8sOptions, *, drop_gateway_settings: bool) -> ResourceExport:
@@ -77,11 +80,14 @@ def export_kserve(spec: DeploymentSpec, options: K8sOptions, *, drop_gateway_set
     engine = platform_engine(spec, KSERVE_MODEL_DIR, "kserve", drop_gateway_settings=drop_gateway_settings)
     uri = model_uri(spec, options)
     engine.notes += policy_note(spec.gateway_policy, "kserve")
-    container: JSONObject = {"name": MAIN_CONTAINER, "image": options.vllm_image,
-                             "args": [*without_flags(engine.args, TEMPLATE_FLAGS)],
-                             "resources": engine_resources(engine.spec),
-                             # KServe merges this into its template's probe (by container name): only the budget
-                             "startupProbe": {**startup_budget(spec.ready_timeout_s)}}
+    container: JSONObject = {
+        "name": MAIN_CONTAINER,
+        "image": options.vllm_image,
+        "args": [*without_flags(engine.args, TEMPLATE_FLAGS)],
+        "resources": engine_resources(engine.spec),
+        # KServe merges this into its template's probe (by container name): only the budget
+        "startupProbe": {**startup_budget(spec.ready_timeout_s)},
+    }
     env: list[JSONValue] = [{"name": key, "value": value} for key, value in sorted(spec.env.items())]
     if options.hf_token_secret:
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": options.hf_token_secret, "key": "token"}}})
@@ -90,15 +96,20 @@ def export_kserve(spec: DeploymentSpec, options: K8sOptions, *, drop_gateway_set
     body: JSONObject = {
         "model": {"uri": uri, "name": served_model_name(engine.spec)},
         "scaling": scaling(spec, options, engine.notes),  # KServe takes replicas or scaling, not both
-        "router": {"route": {}, "gateway": {},
-                   "scheduler": {"config": {"inline": endpoint_picker_config(spec.gateway_policy)}}},
+        "router": {"route": {}, "gateway": {}, "scheduler": {"config": {"inline": endpoint_picker_config(spec.gateway_policy)}}},
         "template": {"containers": [container]},
     }
     tp = spec.engine_args.tensor_parallel_size
     if tp > 1:
         body["parallelism"] = {"tensor": tp}
-    resource: JSONObject = {"apiVersion": LLMISVC_API, "kind": "LLMInferenceService",
-                "metadata": _meta(spec.name, options, _labels(spec, "engine")), "spec": body}
-    header = comment_block(f"vlmserve export kserve: {spec.name}, an LLMInferenceService for {KSERVE}; "
-                           "apply with: kubectl apply -f <this file>", engine.left_behind)
+    resource: JSONObject = {
+        "apiVersion": LLMISVC_API,
+        "kind": "LLMInferenceService",
+        "metadata": _meta(spec.name, options, _labels(spec, "engine")),
+        "spec": body,
+    }
+    header = comment_block(
+        f"vlmserve export kserve: {spec.name}, an LLMInferenceService for {KSERVE}; apply with: kubectl apply -f <this file>",
+        engine.left_behind,
+    )
     return ResourceExport(resource=resource, header=header, notes=engine.notes)

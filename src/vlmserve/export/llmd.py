@@ -93,13 +93,19 @@ _LOAD = (("queue-scorer", 2), ("kv-cache-utilization-scorer", 2))
 POLICY_SCORERS: dict[str, Scorers] = {
     routing.ROUND_ROBIN: Scorers((), "random-picker", False, "the EPP picks at random (no round-robin picker)"),
     routing.LEAST_OUTSTANDING_TOKENS: Scorers(
-        _LOAD, "max-score-picker", False,
-        "the EPP scores the engines' reported queue and KV-cache use, not the tokens vlmserve charges at dispatch"),
+        _LOAD,
+        "max-score-picker",
+        False,
+        "the EPP scores the engines' reported queue and KV-cache use, not the tokens vlmserve charges at dispatch",
+    ),
     routing.ENGINE_AWARE: Scorers(_LOAD, "max-score-picker", True),
     routing.PREFIX_AFFINITY: Scorers((("prefix-cache-scorer", 3), *_LOAD), "max-score-picker", True),
     routing.IMAGE_AFFINITY: Scorers(
-        (("prefix-cache-scorer", 3), *_LOAD), "max-score-picker", False,
-        "the EPP's prefix-cache scorer hashes the prompt, not the images' content digests"),
+        (("prefix-cache-scorer", 3), *_LOAD),
+        "max-score-picker",
+        False,
+        "the EPP's prefix-cache scorer hashes the prompt, not the images' content digests",
+    ),
     routing.ADAPTER_AFFINITY: Scorers((("lora-affinity-scorer", 3), *_LOAD), "max-score-picker", True),
 }
 """vlmserve's gateway policies as EPP scorers (plugin types registered by the EPP; weights as the
@@ -109,8 +115,7 @@ llm-d chart's defaults: prefix 3, queue 2, KV cache 2)."""
 def policy_scorers(policy: str) -> Scorers:
     policy = routing.POLICY_ALIASES.get(policy, policy)
     if policy not in POLICY_SCORERS:
-        raise UserError(f"gateway_policy {policy!r} has no endpoint-picker equivalent; "
-                        f"choose one of {', '.join(POLICY_SCORERS)}")
+        raise UserError(f"gateway_policy {policy!r} has no endpoint-picker equivalent; choose one of {', '.join(POLICY_SCORERS)}")
     return POLICY_SCORERS[policy]
 
 
@@ -119,8 +124,10 @@ def policy_note(policy: str, platform: str) -> list[str]:
     chosen = policy_scorers(policy)
     if chosen.exact:
         return []
-    return [f"warning: {platform}: gateway_policy {policy} becomes "
-            f"{', '.join(name for name, _ in chosen.scorers) or chosen.picker}: {chosen.differs}"]
+    return [
+        f"warning: {platform}: gateway_policy {policy} becomes "
+        f"{', '.join(name for name, _ in chosen.scorers) or chosen.picker}: {chosen.differs}"
+    ]
 
 
 def endpoint_picker_config(policy: str) -> JSONObject:
@@ -130,8 +137,12 @@ def endpoint_picker_config(policy: str) -> JSONObject:
     weights: list[JSONValue] = [{"pluginRef": name, "weight": weight} for name, weight in chosen.scorers]
     plugins: list[JSONValue] = [{"type": "single-profile-handler"}, *scorers, {"type": chosen.picker}]
     profile: list[JSONValue] = [*weights, {"pluginRef": chosen.picker}]
-    return {"apiVersion": EPP_CONFIG_API, "kind": EPP_CONFIG_KIND, "plugins": plugins,
-            "schedulingProfiles": [{"name": "default", "plugins": profile}]}
+    return {
+        "apiVersion": EPP_CONFIG_API,
+        "kind": EPP_CONFIG_KIND,
+        "plugins": plugins,
+        "schedulingProfiles": [{"name": "default", "plugins": profile}],
+    }
 
 
 def pool_name(spec: DeploymentSpec) -> str:
@@ -145,13 +156,18 @@ def epp_name(spec: DeploymentSpec) -> str:
 def inference_pool(spec: DeploymentSpec, options: K8sOptions) -> JSONObject:
     """The engine pods (by the engine Deployment's pod labels) and the EPP that picks among them."""
     return {
-        "apiVersion": INFERENCE_POOL_API, "kind": "InferencePool",
+        "apiVersion": INFERENCE_POOL_API,
+        "kind": "InferencePool",
         "metadata": _meta(pool_name(spec), options, _labels(spec, "engine")),
         "spec": {
             "selector": {"matchLabels": {**_labels(spec, "engine")}},
             "targetPorts": [{"number": CONTAINER_PORT}],
-            "endpointPickerRef": {"name": epp_name(spec), "kind": "Service", "port": {"number": EPP_GRPC_PORT},
-                                  "failureMode": EPP_FAILURE_MODE},
+            "endpointPickerRef": {
+                "name": epp_name(spec),
+                "kind": "Service",
+                "port": {"number": EPP_GRPC_PORT},
+                "failureMode": EPP_FAILURE_MODE,
+            },
         },
     }
 
@@ -164,7 +180,9 @@ def epp_objects(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) ->
         "epp-role.yaml": _epp_role(name, options, labels),
         "epp-rolebinding.yaml": _epp_role_binding(name, options, labels),
         "epp-configmap.yaml": {
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, options, labels),
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _meta(name, options, labels),
             "data": {EPP_CONFIG_FILE: to_yaml(endpoint_picker_config(spec.gateway_policy))},
         },
         "epp-deployment.yaml": _epp_deployment(name, options, labels, _epp_container(spec, options, llmd)),
@@ -175,17 +193,34 @@ def epp_objects(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) ->
 def _epp_container(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> JSONObject:
     """The EPP container: watches the pool, reads its configuration from the mounted ConfigMap."""
     return {
-        "name": "epp", "image": llmd.epp_image,
-        "args": ["--pool-name", pool_name(spec), "--pool-namespace", options.namespace,
-                 "--pool-group", INFERENCE_GROUP, "--config-file", f"{EPP_CONFIG_MOUNT}/{EPP_CONFIG_FILE}",
-                 "--zap-encoder", "json"],
-        "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
-                  {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
-                  {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"}],
-        "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-        "livenessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"},
-                          "initialDelaySeconds": 5, "periodSeconds": 10},
+        "name": "epp",
+        "image": llmd.epp_image,
+        "args": [
+            "--pool-name",
+            pool_name(spec),
+            "--pool-namespace",
+            options.namespace,
+            "--pool-group",
+            INFERENCE_GROUP,
+            "--config-file",
+            f"{EPP_CONFIG_MOUNT}/{EPP_CONFIG_FILE}",
+            "--zap-encoder",
+            "json",
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": [
+            {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "livenessProbe": {
+            "grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"},
+            "initialDelaySeconds": 5,
+            "periodSeconds": 10,
+        },
         "readinessProbe": {"grpc": {"port": EPP_HEALTH_PORT, "service": "inference-extension"}, "periodSeconds": 2},
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
@@ -197,18 +232,27 @@ def _epp_role(name: str, options: K8sOptions, labels: dict[str, str]) -> JSONObj
     """Read access to pods and the extension's objects in the namespace: what the EPP watches."""
     read: list[JSONValue] = ["get", "list", "watch"]
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": _meta(name, options, labels),
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": read},
-                  {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": read},
-                  {"apiGroups": ["inference.networking.x-k8s.io"],
-                   "resources": ["inferenceobjectives", "inferencemodelrewrites"], "verbs": read}],
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(name, options, labels),
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+            {"apiGroups": [INFERENCE_GROUP], "resources": ["inferencepools"], "verbs": read},
+            {
+                "apiGroups": ["inference.networking.x-k8s.io"],
+                "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+                "verbs": read,
+            },
+        ],
     }
 
 
 def _epp_role_binding(name: str, options: K8sOptions, labels: dict[str, str]) -> JSONObject:
     """The Role bound to the EPP's ServiceAccount."""
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": _meta(name, options, labels),
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(name, options, labels),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": options.namespace}],
     }
@@ -217,35 +261,58 @@ def _epp_role_binding(name: str, options: K8sOptions, labels: dict[str, str]) ->
 def _epp_deployment(name: str, options: K8sOptions, labels: dict[str, str], container: JSONObject) -> JSONObject:
     """One EPP pod: its prefix-cache view is in memory, and Recreate never runs two at once."""
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, options, labels),
-        "spec": {"replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": {**labels}},
-                 "template": {"metadata": {"labels": {**labels}}, "spec": {
-                     "serviceAccountName": name, "terminationGracePeriodSeconds": 130,
-                     "containers": [container],
-                     "volumes": [{"name": "epp-config", "configMap": {"name": name}}]}}},
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(name, options, labels),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {**labels}},
+            "template": {
+                "metadata": {"labels": {**labels}},
+                "spec": {
+                    "serviceAccountName": name,
+                    "terminationGracePeriodSeconds": 130,
+                    "containers": [container],
+                    "volumes": [{"name": "epp-config", "configMap": {"name": name}}],
+                },
+            },
+        },
     }
 
 
 def _epp_service(name: str, options: K8sOptions, labels: dict[str, str]) -> JSONObject:
     """The EPP's ext-proc port (the InferencePool points here) and its metrics port."""
     return {
-        "apiVersion": "v1", "kind": "Service", "metadata": _meta(name, options, labels),
-        "spec": {"selector": {**labels}, "type": "ClusterIP", "ports": [
-            {"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
-            {"name": "http-metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]},
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, options, labels),
+        "spec": {
+            "selector": {**labels},
+            "type": "ClusterIP",
+            "ports": [
+                {"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+                {"name": "http-metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
     }
 
 
 def http_route(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) -> JSONObject:
     """Every path on the operator's Gateway to the pool (the EPP picks the pod)."""
     return {
-        "apiVersion": HTTP_ROUTE_API, "kind": "HTTPRoute",
+        "apiVersion": HTTP_ROUTE_API,
+        "kind": "HTTPRoute",
         "metadata": _meta(spec.name, options, _labels(spec, "route")),
         "spec": {
             "parentRefs": [{"group": GATEWAY_GROUP, "kind": "Gateway", "name": llmd.gateway_name}],
-            "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                       "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": pool_name(spec)}],
-                       "timeouts": {"request": ROUTE_TIMEOUT}}],
+            "rules": [
+                {
+                    "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                    "backendRefs": [{"group": INFERENCE_GROUP, "kind": "InferencePool", "name": pool_name(spec)}],
+                    "timeouts": {"request": ROUTE_TIMEOUT},
+                }
+            ],
         },
     }
 
@@ -268,8 +335,10 @@ def export_llmd(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) ->
     check_dns_label("--gateway-name", llmd.gateway_name)
     found = K8sExport(notes=check_platform_spec(spec, "llm-d", llmd.drop_gateway_settings))
     found.notes += policy_note(spec.gateway_policy, "llm-d")
-    found.notes.append("warning: llm-d: the engine pods take connections from any pod in the cluster (the "
-                       "Gateway's proxy pods are your implementation's); add a NetworkPolicy for them")
+    found.notes.append(
+        "warning: llm-d: the engine pods take connections from any pod in the cluster (the "
+        "Gateway's proxy pods are your implementation's); add a NetworkPolicy for them"
+    )
     found.manifests["engine-deployment.yaml"] = _engine(spec, options, found.notes)
     found.manifests["engine-service.yaml"] = engine_service(spec, options)
     found.manifests["inferencepool.yaml"] = inference_pool(spec, options)
@@ -277,7 +346,9 @@ def export_llmd(spec: DeploymentSpec, options: K8sOptions, llmd: LlmdOptions) ->
     found.manifests["httproute.yaml"] = http_route(spec, options, llmd)
     found.manifests["engine-scaledobject.yaml"] = scaled_object(spec, options)
     found.manifests["servicemonitor.yaml"] = service_monitor(gateway_off(spec), options)
-    header = comment_block(f"vlmserve export k8s --router llm-d: {spec.name} ({engine_name(spec)} behind "
-                           f"InferencePool {pool_name(spec)})", left_behind(spec))
+    header = comment_block(
+        f"vlmserve export k8s --router llm-d: {spec.name} ({engine_name(spec)} behind InferencePool {pool_name(spec)})",
+        left_behind(spec),
+    )
     found.comments = {"inferencepool.yaml": header, "httproute.yaml": header}
     return found

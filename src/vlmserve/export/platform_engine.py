@@ -93,15 +93,18 @@ def check_platform_spec(spec: DeploymentSpec, platform: str, drop_gateway_settin
     with --drop-gateway-settings, a warning per setting instead. Returns the warnings."""
     given = [name for name in TRUST_SETTINGS if getattr(spec, name)]
     if given and not drop_gateway_settings:
-        raise UserError(f"{platform} has no vlmserve gateway to carry {', '.join(given)}; configure "
-                        f"{'them' if len(given) > 1 else 'it'} on the platform's own gateway and pass {DROP_FLAG}, "
-                        "or export with `vlmserve export k8s` (router vlmserve)")
-    warnings = [f"warning: {platform}: {name} is not carried (no vlmserve gateway); the platform's gateway "
-                "must do that job" for name in given]
+        raise UserError(
+            f"{platform} has no vlmserve gateway to carry {', '.join(given)}; configure "
+            f"{'them' if len(given) > 1 else 'it'} on the platform's own gateway and pass {DROP_FLAG}, "
+            "or export with `vlmserve export k8s` (router vlmserve)"
+        )
+    warnings = [
+        f"warning: {platform}: {name} is not carried (no vlmserve gateway); the platform's gateway must do that job"
+        for name in given
+    ]
     checks = [name for name in _GATEWAY_IMAGE_CHECKS if getattr(spec, name) is not None]
     if checks:
-        warnings.append(f"warning: {platform}: {', '.join(checks)} not enforced: nothing checks images "
-                        "before the engine there")
+        warnings.append(f"warning: {platform}: {', '.join(checks)} not enforced: nothing checks images before the engine there")
     if spec.gateway_state:
         warnings.append(f"warning: {platform}: gateway_state (shared rate limits) is not carried")
     return warnings
@@ -110,25 +113,26 @@ def check_platform_spec(spec: DeploymentSpec, platform: str, drop_gateway_settin
 def gateway_off(spec: DeploymentSpec) -> DeploymentSpec:
     """The spec as a platform runs it: no vlmserve gateway, so the replicas are the door and must
     not trust per-request processor kwargs (the engine flags follow `gateway: false`)."""
-    return spec.model_copy(update={"gateway": False, "keys_file": None, "ssl_certfile": None,
-                                   "ssl_keyfile": None, "audit_log": None})
+    return spec.model_copy(
+        update={"gateway": False, "keys_file": None, "ssl_certfile": None, "ssl_keyfile": None, "audit_log": None}
+    )
 
 
 def left_behind(spec: DeploymentSpec) -> list[str]:
     """The comment block's lines: what vlmserve's gateway did, and the spec's settings not carried."""
-    return [*ALWAYS_LEFT_BEHIND, *(f"{name} from the spec (not carried)" for name in TRUST_SETTINGS
-                                   if getattr(spec, name))]
+    return [*ALWAYS_LEFT_BEHIND, *(f"{name} from the spec (not carried)" for name in TRUST_SETTINGS if getattr(spec, name))]
 
 
-def platform_engine(spec: DeploymentSpec, model_in_pod: str, platform: str, *,
-                    drop_gateway_settings: bool) -> PlatformEngine:
+def platform_engine(spec: DeploymentSpec, model_in_pod: str, platform: str, *, drop_gateway_settings: bool) -> PlatformEngine:
     """The vLLM flags (recipe applied, as `up` would pass them) for a platform whose pod template
     sets the model, host and port itself, and what to say about what stays behind."""
     from vlmserve.export.k8s import engine_container_command
 
     if spec.engine != "vllm":
-        raise UserError(f"{platform} runs vLLM images; engine: {spec.engine} (vlmserve's simulator) is not one: "
-                        "export it with `vlmserve export k8s`")
+        raise UserError(
+            f"{platform} runs vLLM images; engine: {spec.engine} (vlmserve's simulator) is not one: "
+            "export it with `vlmserve export k8s`"
+        )
     notes = check_platform_spec(spec, platform, drop_gateway_settings)
     bare = gateway_off(spec)
     _, args = engine_container_command(bare, model_in_pod, notes)

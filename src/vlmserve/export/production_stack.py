@@ -44,8 +44,10 @@ ROUTING_LOGIC: dict[str, tuple[str, str]] = {
     routing.IMAGE_AFFINITY: ("prefixaware", "the router matches the prompt's prefix, not the images' digests"),
     routing.LEAST_OUTSTANDING_TOKENS: ("roundrobin", "the chart's router has no load-aware policy without LMCache"),
     routing.ENGINE_AWARE: ("roundrobin", "the chart's router has no load-aware policy without LMCache"),
-    routing.ADAPTER_AFFINITY: ("roundrobin", "the router sends each adapter's name to the engines serving it, "
-                                             "with no affinity among them"),
+    routing.ADAPTER_AFFINITY: (
+        "roundrobin",
+        "the router sends each adapter's name to the engines serving it, with no affinity among them",
+    ),
 }
 """vlmserve's gateway policies as the chart's `routerSpec.routingLogic` (and how each differs)."""
 
@@ -84,8 +86,9 @@ def vllm_config(args: list[str]) -> JSONObject:
         value = flag_value(args, flag)
         if value is not None:
             config[key] = kind(value)
-    config["enablePrefixCaching"] = (_PREFIX_CACHING[1] not in args) if any(f in args for f in _PREFIX_CACHING) \
-        else VLLM_DEFAULT_PREFIX_CACHING
+    config["enablePrefixCaching"] = (
+        (_PREFIX_CACHING[1] not in args) if any(f in args for f in _PREFIX_CACHING) else VLLM_DEFAULT_PREFIX_CACHING
+    )
     extra = [item for item in without_flags(args, tuple(_VLLM_CONFIG)) if item not in _PREFIX_CACHING]
     if extra:
         config["extraArgs"] = [*extra]
@@ -96,12 +99,19 @@ def keda_values(spec: DeploymentSpec, options: K8sOptions, notes: list[str]) -> 
     """The autoscaling rule in the chart's per-model KEDA keys (bounds, polling, HPA behaviour)."""
     rule = autoscale_rule(spec, options)
     if rule.waiting_per_replica != CHART_TRIGGER_THRESHOLD:
-        notes.append(f"warning: production-stack: the autoscaling threshold {rule.waiting_per_replica:g} waiting "
-                     f"requests per replica is not carried: {CHART} scales at {CHART_TRIGGER_THRESHOLD:g} (its "
-                     "values schema and template disagree on keda.triggers)")
-    return {"enabled": True, "minReplicaCount": rule.min_replicas, "maxReplicaCount": rule.max_replicas,
-            "pollingInterval": rule.polling_interval_s, "cooldownPeriod": rule.scale_down_cooldown_s,
-            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(rule)}}}
+        notes.append(
+            f"warning: production-stack: the autoscaling threshold {rule.waiting_per_replica:g} waiting "
+            f"requests per replica is not carried: {CHART} scales at {CHART_TRIGGER_THRESHOLD:g} (its "
+            "values schema and template disagree on keda.triggers)"
+        )
+    return {
+        "enabled": True,
+        "minReplicaCount": rule.min_replicas,
+        "maxReplicaCount": rule.max_replicas,
+        "pollingInterval": rule.polling_interval_s,
+        "cooldownPeriod": rule.scale_down_cooldown_s,
+        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": hpa_behavior(rule)}},
+    }
 
 
 def model_spec(spec: DeploymentSpec, options: K8sOptions, args: list[str], notes: list[str]) -> JSONObject:
@@ -110,9 +120,13 @@ def model_spec(spec: DeploymentSpec, options: K8sOptions, args: list[str], notes
     repository, tag = image_parts(options.vllm_image)
     requests = engine_requests(spec)
     entry: JSONObject = {
-        "name": spec.name, "repository": repository, "tag": tag, "modelURL": model,
+        "name": spec.name,
+        "repository": repository,
+        "tag": tag,
+        "modelURL": model,
         "replicaCount": spec.replicas,
-        "requestCPU": int(requests["cpu"]), "requestMemory": requests["memory"],
+        "requestCPU": int(requests["cpu"]),
+        "requestMemory": requests["memory"],
         "requestGPU": 0 if spec.devices == "cpu" else spec.engine_args.tensor_parallel_size,
         "shmSize": options.shm_size,
         "vllmConfig": vllm_config(args),
@@ -134,19 +148,23 @@ def export_production_stack(spec: DeploymentSpec, options: K8sOptions, *, drop_g
     engine = platform_engine(spec, model, "production-stack", drop_gateway_settings=drop_gateway_settings)
     policy = routing.POLICY_ALIASES.get(spec.gateway_policy, spec.gateway_policy)
     if policy not in ROUTING_LOGIC:
-        raise UserError(f"gateway_policy {policy!r} has no production-stack router equivalent; "
-                        f"choose one of {', '.join(ROUTING_LOGIC)}")
+        raise UserError(
+            f"gateway_policy {policy!r} has no production-stack router equivalent; choose one of {', '.join(ROUTING_LOGIC)}"
+        )
     logic, differs = ROUTING_LOGIC[policy]
     if differs:
         engine.notes.append(f"warning: production-stack: gateway_policy {policy} becomes routingLogic {logic}: {differs}")
     values: JSONObject = {
         # the model-load budget (the chart's probe is one for all models; Helm keeps its other keys)
-        "servingEngineSpec": {"startupProbe": {**startup_budget(spec.ready_timeout_s)},
-                              "modelSpec": [model_spec(engine.spec, options, engine.args, engine.notes)]},
+        "servingEngineSpec": {
+            "startupProbe": {**startup_budget(spec.ready_timeout_s)},
+            "modelSpec": [model_spec(engine.spec, options, engine.args, engine.notes)],
+        },
         "routerSpec": {"routingLogic": logic},
     }
-    header = comment_block(f"vlmserve export production-stack: {spec.name}, Helm values for {CHART}; "
-                           f"install with: helm install {spec.name} vllm/vllm-stack -f <this file>",
-                           engine.left_behind)
+    header = comment_block(
+        f"vlmserve export production-stack: {spec.name}, Helm values for {CHART}; "
+        f"install with: helm install {spec.name} vllm/vllm-stack -f <this file>",
+        engine.left_behind,
+    )
     return ValuesExport(values=values, header=header, notes=engine.notes)
-

@@ -39,14 +39,16 @@ def _request_fields(path: str, body: bytes) -> dict[str, str]:
         payload = None
     name = payload.get("lora_name") if isinstance(payload, dict) else None
     if not isinstance(name, str) or not ADAPTER_NAME.fullmatch(name):
-        raise AdmissionRejected(400, "give a JSON object with 'lora_name': 1 to 64 letters, digits, '-', '_' or '.'",
-                                "invalid_lora_name")
+        raise AdmissionRejected(
+            400, "give a JSON object with 'lora_name': 1 to 64 letters, digits, '-', '_' or '.'", "invalid_lora_name"
+        )
     if path.endswith("/unload"):
         return {"lora_name": name}
     source = payload.get("lora_path")
     if not isinstance(source, str) or not source.startswith("/") or len(source) > 4096:
-        raise AdmissionRejected(400, "give 'lora_path': the adapter's absolute directory on the replicas' machines",
-                                "invalid_lora_path")
+        raise AdmissionRejected(
+            400, "give 'lora_path': the adapter's absolute directory on the replicas' machines", "invalid_lora_path"
+        )
     return {"lora_name": name, "lora_path": source}
 
 
@@ -55,21 +57,26 @@ async def handle_adapter_admin(gateway: Gateway, request: Request) -> Response:
     before any replica is the Refusal Gateway.dispatch answers)."""
     tenant = gateway.admission.tenant_for(request.headers)
     if not tenant.admin:
-        raise AdmissionRejected(403, "loading and unloading adapters needs an admin key (a keys-file tenant with "
-                                "admin: true)", "admin_required")
+        raise AdmissionRejected(
+            403, "loading and unloading adapters needs an admin key (a keys-file tenant with admin: true)", "admin_required"
+        )
     fields = _request_fields(request.path, request.body)
     busy = gateway.adapters.in_flight.get(fields["lora_name"], 0)
     if request.path.endswith("/unload") and busy:
-        raise AdmissionRejected(409, f"adapter {fields['lora_name']!r} has {busy} request(s) in flight here: "
-                                "unloading would cut them; retry when they are done", "adapter_in_use")
-    outcomes = await asyncio.gather(*(_apply(gateway, replica, request.path, fields)
-                                      for replica in gateway.pool.replicas))
+        raise AdmissionRejected(
+            409,
+            f"adapter {fields['lora_name']!r} has {busy} request(s) in flight here: "
+            "unloading would cut them; retry when they are done",
+            "adapter_in_use",
+        )
+    outcomes = await asyncio.gather(*(_apply(gateway, replica, request.path, fields) for replica in gateway.pool.replicas))
     results = {replica.name: outcome for replica, outcome in zip(gateway.pool.replicas, outcomes)}
     failed = {name: outcome for name, outcome in results.items() if outcome != "ok"}
     if failed:
         detail = "; ".join(f"{name}: {outcome}" for name, outcome in failed.items())
-        return error_response(502, f"{request.path} failed on {len(failed)} of {len(results)} replica(s): {detail}",
-                              "adapter_update_failed")
+        return error_response(
+            502, f"{request.path} failed on {len(failed)} of {len(results)} replica(s): {detail}", "adapter_update_failed"
+        )
     return Response.json({"lora_name": fields["lora_name"], "replicas": results})
 
 
@@ -77,8 +84,14 @@ async def _apply(gateway: Gateway, replica: Any, path: str, fields: dict[str, st
     """One replica's outcome: 'ok', or why not (its own error message, shortened)."""
     assert gateway.upstream is not None
     try:
-        answer, body = await fetch_whole(gateway.upstream, "POST", replica.url + ENGINE_PATHS[path],
-                                         gateway.admin_headers, json.dumps(fields).encode(), REPLICA_TIMEOUT_S)
+        answer, body = await fetch_whole(
+            gateway.upstream,
+            "POST",
+            replica.url + ENGINE_PATHS[path],
+            gateway.admin_headers,
+            json.dumps(fields).encode(),
+            REPLICA_TIMEOUT_S,
+        )
         await gateway.pool._refresh_models(replica)  # routable (or gone) when the answer arrives
     except (OSError, TimeoutError) as err:
         return f"{type(err).__name__}"

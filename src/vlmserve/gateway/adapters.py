@@ -31,12 +31,19 @@ class AdapterCatalog:
         self._lists: tuple[int, ...] = ()  # identities of the lists the sets were built from
         self._labels: dict[str, str] = {}
         self.in_flight: dict[str, int] = {}  # admitted requests per adapter not yet finished (adapter_admin.py)
-        self.requests = Counter("vlmserve_gateway_adapter_requests", "Requests for a LoRA adapter by final "
-                                "status (adapter: its name, or other past the label bound)", ["adapter", "status"],
-                                registry=registry)
-        self.ttft = Histogram("vlmserve_gateway_adapter_time_to_first_token_seconds", "Request received to first "
-                              "byte sent, for requests naming a LoRA adapter", ["adapter"], buckets=LATENCY_BUCKETS_S,
-                              registry=registry)
+        self.requests = Counter(
+            "vlmserve_gateway_adapter_requests",
+            "Requests for a LoRA adapter by final status (adapter: its name, or other past the label bound)",
+            ["adapter", "status"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "vlmserve_gateway_adapter_time_to_first_token_seconds",
+            "Request received to first byte sent, for requests naming a LoRA adapter",
+            ["adapter"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
 
     def refresh(self) -> None:
         lists = tuple(id(replica.models) for replica in self.pool.replicas if replica.healthy)
@@ -73,8 +80,12 @@ class AdapterCatalog:
         known = (model in self.adapters or model in self.bases) if restricted else self.pool.lists_model(model or "")
         if model is not None and not known:
             mine = sorted(self.visible(tenant, self.pool.known_models()))
-            raise AdmissionRejected(404, f"model {model!r} is not served here: choose one of "
-                                    f"{', '.join(mine) or 'nothing (this key may use no served model)'}", "model_not_found")
+            raise AdmissionRejected(
+                404,
+                f"model {model!r} is not served here: choose one of "
+                f"{', '.join(mine) or 'nothing (this key may use no served model)'}",
+                "model_not_found",
+            )
         if model is None and not tenant.base_model:
             raise self._forbidden(tenant, "the base model (a request without 'model')")
         if model is not None and not self.allowed(tenant, model):
@@ -94,8 +105,11 @@ class AdapterCatalog:
 
     def _forbidden(self, tenant: Tenant, what: str) -> AdmissionRejected:
         names = sorted(self.visible(tenant, self.pool.known_models()))
-        return AdmissionRejected(403, f"tenant {tenant.name!r} may not use {what}: it may use "
-                                 f"{', '.join(names) or 'no served model'}", "model_not_allowed")
+        return AdmissionRejected(
+            403,
+            f"tenant {tenant.name!r} may not use {what}: it may use {', '.join(names) or 'no served model'}",
+            "model_not_allowed",
+        )
 
     def label(self, adapter: str) -> str:
         """The adapter's metric label: its name while under MAX_ADAPTER_LABELS names, else `other`."""

@@ -68,8 +68,9 @@ class TenantSpec(BaseModel):
     max_image_bytes: int | None = Field(None, ge=1, description="stricter than the gateway's --max-image-bytes")
     max_image_pixels: int | None = Field(None, ge=1, description="stricter than the gateway's --max-image-pixels")
     max_images_per_request: int | None = Field(None, ge=1, description="stricter than --max-images-per-request")
-    adapters: list[str] | None = Field(None, max_length=MAX_SPEC_ADAPTERS, description="LoRA adapters it may use; "
-                                       "none listed: any (gateway/adapters.py)")
+    adapters: list[str] | None = Field(
+        None, max_length=MAX_SPEC_ADAPTERS, description="LoRA adapters it may use; none listed: any (gateway/adapters.py)"
+    )
     base_model: bool = Field(True, description="it may use the base model (false: its adapters only)")
     admin: bool = Field(False, description="it may load and unload LoRA adapters on every replica (adapter_admin.py)")
 
@@ -77,8 +78,10 @@ class TenantSpec(BaseModel):
     def _adapter_names(self) -> TenantSpec:
         for name in self.adapters or []:
             if not ADAPTER_NAME.fullmatch(name):
-                raise ValueError(f"tenant {self.name!r}: adapter name {name[:80]!r} is not allowed; "
-                                 "use up to 64 letters, digits, '-', '_' or '.'")
+                raise ValueError(
+                    f"tenant {self.name!r}: adapter name {name[:80]!r} is not allowed; "
+                    "use up to 64 letters, digits, '-', '_' or '.'"
+                )
         return self
 
     @model_validator(mode="after")
@@ -87,8 +90,7 @@ class TenantSpec(BaseModel):
         for key, (low, high) in LIMIT_BOUNDS.items():
             value = getattr(self, key)
             if value is not None and not low <= value <= high:  # NaN fails both comparisons
-                raise ValueError(f"tenant {self.name!r}: {key} is {value!r}; it must be a finite number "
-                                 f"from {low:g} to {high:g}")
+                raise ValueError(f"tenant {self.name!r}: {key} is {value!r}; it must be a finite number from {low:g} to {high:g}")
         return self
 
 
@@ -115,7 +117,9 @@ def load_keys_file(path: str | Path) -> list[TenantSpec]:
         names.add(tenant.name)
         for key in tenant.keys:
             if key in seen:
-                raise UserError(f"{path}: a key is listed for both {seen[key]!r} and {tenant.name!r}; give each tenant its own keys")
+                raise UserError(
+                    f"{path}: a key is listed for both {seen[key]!r} and {tenant.name!r}; give each tenant its own keys"
+                )
             seen[key] = tenant.name
     return tenants
 
@@ -167,10 +171,16 @@ class Tenant:
             request_bucket = TokenBucket(spec.requests_per_s, spec.burst_requests or max(1.0, spec.requests_per_s))
         if spec.tokens_per_min:
             token_bucket = TokenBucket(spec.tokens_per_min / 60.0, spec.tokens_per_min)
-        return cls(name=spec.name, priority=spec.priority, request_bucket=request_bucket, token_bucket=token_bucket,
-                   image_limits=(spec.max_image_bytes, spec.max_image_pixels, spec.max_images_per_request),
-                   adapters=None if spec.adapters is None else frozenset(spec.adapters), base_model=spec.base_model,
-                   admin=spec.admin)
+        return cls(
+            name=spec.name,
+            priority=spec.priority,
+            request_bucket=request_bucket,
+            token_bucket=token_bucket,
+            image_limits=(spec.max_image_bytes, spec.max_image_pixels, spec.max_images_per_request),
+            adapters=None if spec.adapters is None else frozenset(spec.adapters),
+            base_model=spec.base_model,
+            admin=spec.admin,
+        )
 
     @property
     def rate_limited(self) -> bool:
@@ -182,8 +192,10 @@ class Tenant:
         """The same limits as the local buckets, for the shared (Redis) ones."""
         requests, tokens = self.request_bucket, self.token_bucket
         return BucketLimits(
-            requests_per_s=requests.rate_per_s if requests else 0.0, request_capacity=requests.capacity if requests else 0.0,
-            tokens_per_s=tokens.rate_per_s if tokens else 0.0, token_capacity=tokens.capacity if tokens else 0.0,
+            requests_per_s=requests.rate_per_s if requests else 0.0,
+            request_capacity=requests.capacity if requests else 0.0,
+            tokens_per_s=tokens.rate_per_s if tokens else 0.0,
+            token_capacity=tokens.capacity if tokens else 0.0,
         )
 
 
@@ -204,8 +216,11 @@ def check_output_limits(payload: Mapping[str, object]) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_TOKENS:
             shown = repr(value) if not isinstance(value, int) or value.bit_length() < 64 else "a number that large"
-            raise AdmissionRejected(400, f"'{key}' must be a whole number from 1 to {MAX_OUTPUT_TOKENS}, got {shown[:40]}",
-                                    "invalid_max_tokens" if key != "n" else "invalid_n")
+            raise AdmissionRejected(
+                400,
+                f"'{key}' must be a whole number from 1 to {MAX_OUTPUT_TOKENS}, got {shown[:40]}",
+                "invalid_max_tokens" if key != "n" else "invalid_n",
+            )
 
 
 def context_tokens(model_entry: Mapping[str, object] | None) -> int | None:
@@ -329,15 +344,19 @@ class Admission:
             try:
                 wait = await self.shared.admit(tenant.name, tenant.limits, estimated_tokens)
             except StateUnavailable as unavailable:
-                raise AdmissionRejected(503, str(unavailable), "state_unavailable", retry_after_s=1.0,
-                                        reason="state_unavailable") from None
+                raise AdmissionRejected(
+                    503, str(unavailable), "state_unavailable", retry_after_s=1.0, reason="state_unavailable"
+                ) from None
             if wait is not None:
                 if wait > 0:
                     raise self._rate_limited(tenant, wait)
                 return Charge("shared", charged)
         now = time.monotonic()
-        takes = [(bucket, amount) for bucket, amount in ((tenant.request_bucket, 1), (tenant.token_bucket, estimated_tokens))
-                 if bucket is not None]
+        takes = [
+            (bucket, amount)
+            for bucket, amount in ((tenant.request_bucket, 1), (tenant.token_bucket, estimated_tokens))
+            if bucket is not None
+        ]
         wait = max((bucket.wait_s(amount, now) for bucket, amount in takes), default=0.0)
         if wait > 0:  # both buckets, or neither
             raise self._rate_limited(tenant, wait)
@@ -385,8 +404,11 @@ class Admission:
         queue = self._queues[priority]
         if len(queue) >= self.queue_limits[priority]:
             raise AdmissionRejected(
-                429, f"gateway is at capacity and the {priority} queue is full: retry later", "queue_full",
-                retry_after_s=1.0, reason="queue_full",
+                429,
+                f"gateway is at capacity and the {priority} queue is full: retry later",
+                "queue_full",
+                retry_after_s=1.0,
+                reason="queue_full",
             )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue.append(waiter)
@@ -396,8 +418,11 @@ class Admission:
             if not self._forget(queue, waiter) and waiter.done():
                 return  # the slot arrived at the same moment as the timeout: use it
             raise AdmissionRejected(
-                429, f"waited {self.queue_timeout_s:.0f} s in the {priority} queue: the gateway is overloaded, retry later",
-                "queue_timeout", retry_after_s=1.0, reason="queue_timeout",
+                429,
+                f"waited {self.queue_timeout_s:.0f} s in the {priority} queue: the gateway is overloaded, retry later",
+                "queue_timeout",
+                retry_after_s=1.0,
+                reason="queue_timeout",
             ) from None
         except asyncio.CancelledError:
             if not self._forget(queue, waiter) and waiter.done():

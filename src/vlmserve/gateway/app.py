@@ -96,11 +96,17 @@ class Gateway:
         tenants = load_keys_file(config.keys_file) if config.keys_file else None
         self.metrics = GatewayMetrics(self._snapshot)
         # Only the settings here: the connection is made in start(), inside the serving process.
-        self.shared_state = SharedState(
-            config.state, unavailable=config.state_unavailable, timeout_s=config.state_timeout_s,
-            on_error=lambda kind: self.metrics.state_errors.labels(kind).inc(),
-            on_fallback=lambda mode: self.metrics.state_fallbacks.labels(mode).inc(),
-        ) if config.state else None
+        self.shared_state = (
+            SharedState(
+                config.state,
+                unavailable=config.state_unavailable,
+                timeout_s=config.state_timeout_s,
+                on_error=lambda kind: self.metrics.state_errors.labels(kind).inc(),
+                on_fallback=lambda mode: self.metrics.state_fallbacks.labels(mode).inc(),
+            )
+            if config.state
+            else None
+        )
         self.admission = Admission(
             tenants,
             max_in_flight=config.max_in_flight,
@@ -110,15 +116,22 @@ class Gateway:
         )
         self.policy: RoutingPolicy = build_policy(config)
         self.estimator = TokenEstimator(config.chars_per_token, config.image_token_estimate, config.default_max_tokens)
-        image_estimator = (estimator_for_model_dir(config.model_config_dir) if config.model_config_dir
-                           else fallback_estimator(config.image_token_estimate))
+        image_estimator = (
+            estimator_for_model_dir(config.model_config_dir)
+            if config.model_config_dir
+            else fallback_estimator(config.image_token_estimate)
+        )
         log.info("image token estimate: %s", image_estimator.describe())
         self.image_limits = ImageLimits(config.max_image_bytes, config.max_image_pixels, config.max_images_per_request)
-        self.preflight = ImagePreflight(self.image_limits, image_estimator,
-                                        downscale_max_side=config.image_downscale_max_side,
-                                        client_processor_kwargs=tuple(config.client_mm_processor_kwargs),
-                                        pool=ImageWorkerPool(config.image_workers, config.image_work_budget_s)
-                                        if config.image_downscale_max_side is not None else None)
+        self.preflight = ImagePreflight(
+            self.image_limits,
+            image_estimator,
+            downscale_max_side=config.image_downscale_max_side,
+            client_processor_kwargs=tuple(config.client_mm_processor_kwargs),
+            pool=ImageWorkerPool(config.image_workers, config.image_work_budget_s)
+            if config.image_downscale_max_side is not None
+            else None,
+        )
         self.media_session: aiohttp.ClientSession | None = None
         self.audit = AuditLog(config.audit_log, log_content=config.log_content)
         self.allowed_media_hosts = allowed_host_set(config.allowed_media_domains)
@@ -142,9 +155,12 @@ class Gateway:
         self.adapters = AdapterCatalog(self.pool, self.metrics.registry)
         self.discovery: DiscoveryWatcher | None = None
         if config.discover:
-            self.discovery = DiscoveryWatcher(parse_source(config.discover), config.discover_interval_s,
-                                              self._apply_discovered,
-                                              lambda reason: self.metrics.discovery_errors.labels(reason).inc())
+            self.discovery = DiscoveryWatcher(
+                parse_source(config.discover),
+                config.discover_interval_s,
+                self._apply_discovered,
+                lambda reason: self.metrics.discovery_errors.labels(reason).inc(),
+            )
         self.client_stats = ClientStats()  # filled by the HTTP server (http1/server.py)
         self.watchdog = Watchdog()
         self.tracing = gateway_tracing(config.otlp_traces_endpoint, config.trace_sample_ratio)  # None: off
@@ -164,8 +180,11 @@ class Gateway:
             await self.shared_state.start()  # a refused password: a one-line error now; unreachable: fallback
         if self.allowed_media_hosts:  # remote media is fetched here, never by an engine
             # connect only to the addresses the policy checked (no re-resolution in between)
-            connector = (aiohttp.TCPConnector(resolver=CheckedResolver(self.media_addresses), use_dns_cache=False)
-                         if not self.media_addresses.allow_internal else None)
+            connector = (
+                aiohttp.TCPConnector(resolver=CheckedResolver(self.media_addresses), use_dns_cache=False)
+                if not self.media_addresses.allow_internal
+                else None
+            )
             self.media_session = aiohttp.ClientSession(auto_decompress=True, connector=connector)
             self.preflight.fetcher = RemoteFetcher(self.media_session, self.config.media_fetch_timeout_s)
         self.upstream = ClientPool(self.config.connect_timeout_s)
@@ -173,7 +192,10 @@ class Gateway:
             self.preflight.pool.start()
         load_image_readers()  # before the first client: never ~0.1 s of imports on the loop at the first image
         self.forwarder = Forwarder(
-            self.pool, self.policy, self.upstream, self.watchdog,
+            self.pool,
+            self.policy,
+            self.upstream,
+            self.watchdog,
             max_attempts=self.config.max_attempts,
             retry_budget=RetryBudget(self.config.retry_budget_ratio, self.config.retry_budget_min_per_s),
             idle_chunk_timeout_s=self.config.idle_chunk_timeout_s,
@@ -188,7 +210,9 @@ class Gateway:
             self.discovery.start()
         self.watchdog.start()
         healthy = sum(r.healthy for r in self.pool.replicas)
-        log.info("gateway routing to %d replica(s) (%d healthy) with policy %s", len(self.pool.replicas), healthy, self.policy.name)
+        log.info(
+            "gateway routing to %d replica(s) (%d healthy) with policy %s", len(self.pool.replicas), healthy, self.policy.name
+        )
 
     async def drain(self, timeout_s: float) -> None:
         """Refuse new requests (503, /health 503) and wait for those in progress to finish."""
@@ -308,7 +332,9 @@ class Gateway:
             # the gateway's own id, never the client's (request_info.client_request_id says why); not
             # os.urandom: a system call per request; the module's generator is reseeded in forked workers
             request_id="%032x" % random.getrandbits(128),
-            path=route.path, received_at=time.time(), received_mono=time.monotonic(),
+            path=route.path,
+            received_at=time.time(),
+            received_mono=time.monotonic(),
         )
         if self.tracing is not None:
             request_log.trace = self.tracing.begin(request.method, route.path, request.headers)
@@ -333,8 +359,9 @@ class Gateway:
         except Exception as err:  # a bug must cost one request, never the gateway
             log.exception("request %s failed inside the gateway", request_log.request_id)
             request_log.status, request_log.error = "500", f"{type(err).__name__}: {err}"
-            return error_response(500, "internal gateway error; see the gateway log", "internal_error",
-                                  request_id=request_log.request_id)
+            return error_response(
+                500, "internal gateway error; see the gateway log", "internal_error", request_id=request_log.request_id
+            )
         finally:
             self.requests_in_progress -= 1
             self._release(held, request_log)
@@ -365,9 +392,12 @@ class Gateway:
         if route.generates:
             check_output_limits(payload)
         routed = held.routed = describe_request(
-            payload, request_id=request_log.request_id, estimator=self.estimator,
+            payload,
+            request_id=request_log.request_id,
+            estimator=self.estimator,
             prefix_block_chars=self.config.prefix_block_chars if self.policy.uses_prefix_hashes else None,
-            generates=route.generates, streams=route.streams,
+            generates=route.generates,
+            streams=route.streams,
             image_digests=images.digests or None,
             image_tokens=images.image_tokens if images.images else None,
         )
@@ -379,8 +409,9 @@ class Gateway:
         routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
         if tenant.rate_limited:
             context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None
-            held.charged = await self.admission.check_rate(tenant, admissible_tokens(
-                routed.prompt_tokens, routed.expected_output_tokens, choices_of(payload), context))
+            held.charged = await self.admission.check_rate(
+                tenant, admissible_tokens(routed.prompt_tokens, routed.expected_output_tokens, choices_of(payload), context)
+            )
         if not self.admission.try_acquire_slot():
             if request_log.trace is not None:
                 request_log.trace.queued(routed.priority)
@@ -397,9 +428,13 @@ class Gateway:
         if held.slot:
             self.admission.release_slot()
             if held.tenant is not None and held.charged is not None and held.routed is not None:
-                self.admission.settle_tokens(held.tenant, held.charged, settled_tokens(
-                    request_log.status, request_log.prompt_tokens, request_log.completion_tokens,
-                    held.routed.prompt_tokens))
+                self.admission.settle_tokens(
+                    held.tenant,
+                    held.charged,
+                    settled_tokens(
+                        request_log.status, request_log.prompt_tokens, request_log.completion_tokens, held.routed.prompt_tokens
+                    ),
+                )
 
     async def _check_media(self, body: bytes, payload: dict[str, Any], tenant: Tenant, route: Route) -> PreflightResult:
         """The media policy (allowed hosts, their addresses) and the image preflight; a refusal is a 400."""
@@ -421,8 +456,9 @@ class Gateway:
         """The image preflight, counted in the gateway's metrics; a refusal becomes a 400."""
         started = time.perf_counter()
         try:
-            result = await self.preflight.run(payload, self.image_limits.tightened(*tenant.image_limits),
-                                              takes_processor_kwargs=route.generates)
+            result = await self.preflight.run(
+                payload, self.image_limits.tightened(*tenant.image_limits), takes_processor_kwargs=route.generates
+            )
         except ImageRefused as refused:
             raise self._image_refused(refused) from None
         if result.images:
@@ -444,7 +480,13 @@ class Gateway:
         try:
             payload = json.loads(body)
         except ValueError as err:
-            raise AdmissionRejected(400, f"request body is not valid JSON ({err.msg} at char {err.pos})" if isinstance(err, json.JSONDecodeError) else "request body is not valid JSON", "invalid_json") from None
+            raise AdmissionRejected(
+                400,
+                f"request body is not valid JSON ({err.msg} at char {err.pos})"
+                if isinstance(err, json.JSONDecodeError)
+                else "request body is not valid JSON",
+                "invalid_json",
+            ) from None
         if not isinstance(payload, dict):
             raise AdmissionRejected(400, "request body must be a JSON object", "invalid_json")
         return payload
@@ -454,17 +496,26 @@ class Gateway:
         self.metrics.count_request(request_log.status, request_log.tenant, request_log.replica)
         if request_log.first_byte_mono is not None and request_log.status == "200":
             received = request_log.received_mono
-            self.metrics.observe_latency(request_log.replica, route.path,
-                                         request_log.first_byte_mono - received if route.generates else None,
-                                         request_log.finished_mono - received)
+            self.metrics.observe_latency(
+                request_log.replica,
+                route.path,
+                request_log.first_byte_mono - received if route.generates else None,
+                request_log.finished_mono - received,
+            )
         if request_log.adapter is not None:
-            self.adapters.observe(request_log.adapter, request_log.status, None if request_log.first_byte_mono is None
-                                  else request_log.first_byte_mono - request_log.received_mono)
+            self.adapters.observe(
+                request_log.adapter,
+                request_log.status,
+                None if request_log.first_byte_mono is None else request_log.first_byte_mono - request_log.received_mono,
+            )
         if request_log.trace is not None:
             request_log.trace.finish(request_log)
         if self.audit.enabled:
-            content = None if payload is None else next(
-                (payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
+            content = (
+                None
+                if payload is None
+                else next((payload[key] for key in ("messages", "prompt", "input") if key in payload), None)
+            )
             self.audit.write(request_log.to_record(), content)
 
     async def handle_engine_info(self, request: Request) -> Response:
@@ -479,8 +530,9 @@ class Gateway:
         replica: Replica = self._engine_info_rotation.choose(None, candidates)  # type: ignore[arg-type]
         assert self.upstream is not None
         try:
-            answer, body = await fetch_whole(self.upstream, "GET", replica.url + route.path, self.replica_headers, b"",
-                                             self.pool.probe_timeout_s)
+            answer, body = await fetch_whole(
+                self.upstream, "GET", replica.url + route.path, self.replica_headers, b"", self.pool.probe_timeout_s
+            )
         except (OSError, TimeoutError) as err:
             self.pool.record_failure(replica)
             return error_response(502, f"replica {replica.name} failed: {type(err).__name__}", "upstream_error")

@@ -69,10 +69,17 @@ def _check_range(name: str, value: float, low: float, high: float | None, above:
     if math.isfinite(value) and (value > low if above else value >= low) and (high is None or value <= high):
         return
     unit = " seconds" if name.endswith("_s") else ""
-    rule = ("a positive number of seconds" if above and high is None
-            else f"more than {low} and at most {high}{unit}" if above
-            else f"between {low} and {high}{unit}" if high is not None
-            else f"0 or more{unit}" if low == 0 else f"at least {low}{unit}")
+    rule = (
+        "a positive number of seconds"
+        if above and high is None
+        else f"more than {low} and at most {high}{unit}"
+        if above
+        else f"between {low} and {high}{unit}"
+        if high is not None
+        else f"0 or more{unit}"
+        if low == 0
+        else f"at least {low}{unit}"
+    )
     raise UserError(f"{_flag(name)} must be {rule}{note}, got {value}")
 
 
@@ -180,8 +187,9 @@ class GatewayConfig:
     def validate(self) -> None:
         """Reject settings that cannot work, with a message that says what to change."""
         if not self.replicas and not self.discover:
-            raise UserError("no replicas given: pass --replica URL at least once (e.g. --replica http://127.0.0.1:8001) "
-                            "or --discover SOURCE")
+            raise UserError(
+                "no replicas given: pass --replica URL at least once (e.g. --replica http://127.0.0.1:8001) or --discover SOURCE"
+            )
         if self.discover is not None:
             parse_source(self.discover)  # a UserError naming the problem
         check_listen_port(self.port)
@@ -201,7 +209,9 @@ class GatewayConfig:
             if "range" in item.metadata and value is not None:
                 _check_range(item.name, value, *item.metadata["range"])
         if self.model_config_dir is not None and not (Path(self.model_config_dir) / "config.json").is_file():
-            raise UserError(f"--model-config-dir {self.model_config_dir}: no config.json there; give the served model's directory")
+            raise UserError(
+                f"--model-config-dir {self.model_config_dir}: no config.json there; give the served model's directory"
+            )
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise UserError("HTTPS needs both --ssl-certfile and --ssl-keyfile: pass both, or neither for plain HTTP")
 

@@ -58,8 +58,15 @@ def parse_engine_load(text: str, scraped_at: float) -> EngineLoad:
             lora_line, lora_time = line, _sample_value(line)
     kv_usage = max(kv_values) if kv_values else 0.0
     labels = dict(_LABEL.findall(lora_line.split("}", 1)[0])) if lora_line else {}
-    adapters = frozenset(name for key in ("running_lora_adapters", "waiting_lora_adapters")
-                         for name in labels.get(key, "").split(",") if name)
+    adapters = frozenset(
+        name for key in ("running_lora_adapters", "waiting_lora_adapters") for name in labels.get(key, "").split(",") if name
+    )
     max_lora = labels.get("max_lora", "")
-    return EngineLoad(waiting=waiting, running=running, kv_usage=kv_usage, scraped_at=scraped_at, adapters=adapters,
-                      max_loras=int(max_lora) if max_lora.isdigit() else None)
+    return EngineLoad(
+        waiting=waiting,
+        running=running,
+        kv_usage=kv_usage,
+        scraped_at=scraped_at,
+        adapters=adapters,
+        max_loras=int(max_lora) if max_lora.isdigit() else None,
+    )

@@ -21,8 +21,9 @@ PATH = prometheus_text.GATEWAY_PATH
 async def handle_engine_metrics(gateway: Gateway, request: Request) -> Response:
     """Authenticate, read the routable replicas' pages together, answer them merged."""
     if not gateway.admission.open and not gateway.admission.tenant_for(request.headers).admin:  # dispatch answers
-        raise AdmissionRejected(403, "the engines' metrics need an admin key (a keys-file tenant with admin: true)",
-                                "admin_required")
+        raise AdmissionRejected(
+            403, "the engines' metrics need an admin key (a keys-file tenant with admin: true)", "admin_required"
+        )
     replicas = gateway.pool.candidates(None)
     probes = await asyncio.gather(*(gateway.pool._probe_status(replica, "/metrics") for replica in replicas))
     pages = [(replica.url, body) for replica, (body, _) in zip(replicas, probes) if body is not None]

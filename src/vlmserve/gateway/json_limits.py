@@ -31,11 +31,15 @@ def check_json_shape(body: bytes, *, max_depth: int, max_items: int) -> None:
         return
     if finding.kind == "too_deep":
         raise JsonShapeRefused(
-            400, f"request body nests JSON deeper than {max_depth} levels: flatten it or ask the operator "
-            "to raise --max-json-depth", "json_too_deep")
+            400,
+            f"request body nests JSON deeper than {max_depth} levels: flatten it or ask the operator to raise --max-json-depth",
+            "json_too_deep",
+        )
     if finding.kind == "too_many":
         raise JsonShapeRefused(
-            400, f"request body has about {finding.values} JSON values, over the {max_items} limit: split the request "
-            "(fewer messages or inputs) or ask the operator to raise --max-json-items", "too_many_json_items")
-    raise JsonShapeRefused(400, "request body is not valid JSON (unbalanced brackets): check how it is built",
-                           "invalid_json")
+            400,
+            f"request body has about {finding.values} JSON values, over the {max_items} limit: split the request "
+            "(fewer messages or inputs) or ask the operator to raise --max-json-items",
+            "too_many_json_items",
+        )
+    raise JsonShapeRefused(400, "request body is not valid JSON (unbalanced brackets): check how it is built", "invalid_json")

@@ -23,19 +23,17 @@ ERROR_TYPES = {
 
 
 def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> dict:
-    return {
-        "error": {
-            "message": message,
-            "type": ERROR_TYPES.get(status, "api_error"),
-            "param": param,
-            "code": code,
-        }
-    }
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "api_error"), "param": param, "code": code}}
 
 
 def error_response(
-    status: int, message: str, code: str | None = None, *, retry_after_s: float | None = None,
-    request_id: str | None = None, client_request_id: str | None = None,
+    status: int,
+    message: str,
+    code: str | None = None,
+    *,
+    retry_after_s: float | None = None,
+    request_id: str | None = None,
+    client_request_id: str | None = None,
 ) -> Response:
     headers: dict[str, str] = {}
     if retry_after_s is not None:
@@ -51,8 +49,7 @@ class Refusal(Exception):
     """A request the gateway answers with an error of its own (`answer`); `reason` labels the
     shed-requests metric (the code unless given)."""
 
-    def __init__(self, status: int, message: str, code: str, retry_after_s: float | None = None,
-                 reason: str = "") -> None:
+    def __init__(self, status: int, message: str, code: str, retry_after_s: float | None = None, reason: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -61,8 +58,14 @@ class Refusal(Exception):
         self.reason = reason or code
 
     def answer(self, request_id: str | None = None, client_request_id: str | None = None) -> Response:
-        return error_response(self.status, self.message, self.code, retry_after_s=self.retry_after_s,
-                              request_id=request_id, client_request_id=client_request_id)
+        return error_response(
+            self.status,
+            self.message,
+            self.code,
+            retry_after_s=self.retry_after_s,
+            request_id=request_id,
+            client_request_id=client_request_id,
+        )
 
 
 def sse_error_event(status: int, message: str, code: str | None = None) -> bytes:

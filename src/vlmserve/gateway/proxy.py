@@ -93,16 +93,36 @@ class RequestLog:
 
     def to_record(self) -> dict[str, Any]:
         """The audit log's line: the fields in _RECORD_FIELDS, the retries, and times as ms after receipt."""
+
         def ms(mono: float | None) -> float | None:
             return None if mono is None else round((mono - self.received_mono) * 1000, 3)
 
-        return {"id": self.request_id, **{name: getattr(self, name) for name in _RECORD_FIELDS},
-                "retries": self.retries, "ttft_ms": ms(self.first_byte_mono), "e2e_ms": ms(self.finished_mono),
-                **({"images": self.images} if self.images else {})}
+        return {
+            "id": self.request_id,
+            **{name: getattr(self, name) for name in _RECORD_FIELDS},
+            "retries": self.retries,
+            "ttft_ms": ms(self.first_byte_mono),
+            "e2e_ms": ms(self.finished_mono),
+            **({"images": self.images} if self.images else {}),
+        }
 
 
-_RECORD_FIELDS = ("client_request_id", "tenant", "model", "adapter", "path", "stream", "priority", "replica", "status",
-                  "attempts", "received_at", "prompt_tokens", "completion_tokens", "error")
+_RECORD_FIELDS = (
+    "client_request_id",
+    "tenant",
+    "model",
+    "adapter",
+    "path",
+    "stream",
+    "priority",
+    "replica",
+    "status",
+    "attempts",
+    "received_at",
+    "prompt_tokens",
+    "completion_tokens",
+    "error",
+)
 
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -129,8 +149,7 @@ FAULT_NOBODY = "nobody"  # the replica was busy (429): nothing is charged
 class _RetryableFailure(Exception):
     """An attempt failed before anything reached the client."""
 
-    def __init__(self, reason: str, message: str, response: Response | None = None,
-                 fault: str = FAULT_REPLICA) -> None:
+    def __init__(self, reason: str, message: str, response: Response | None = None, fault: str = FAULT_REPLICA) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
@@ -153,8 +172,9 @@ def _usage_from_sse_tail(tail: bytes) -> dict | None:
 
 def _whole_answer(upstream: ClientResponse, payload: bytes, log: RequestLog) -> Response:
     """A replica's answer read whole, passed on with its status and content type and the ids."""
-    return Response(upstream.status, payload, {"Content-Type": upstream.headers.get("content-type", "application/json"),
-                                               **log.id_headers()})
+    return Response(
+        upstream.status, payload, {"Content-Type": upstream.headers.get("content-type", "application/json"), **log.id_headers()}
+    )
 
 
 @dataclass(eq=False)
@@ -176,8 +196,9 @@ class Forwarder:
     def __post_init__(self, upstream_auth: str | None) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         # the header lines every upstream request carries, encoded once
-        self._fixed_headers = header_lines([("Content-Type", "application/json"),
-                                            *([("Authorization", f"Bearer {upstream_auth}")] if upstream_auth else [])])
+        self._fixed_headers = header_lines(
+            [("Content-Type", "application/json"), *([("Authorization", f"Bearer {upstream_auth}")] if upstream_auth else [])]
+        )
 
     def _upstream_headers(self, request_id: str, client_headers: Mapping[str, str]) -> bytes:
         trace = trace_context(client_headers)
@@ -222,20 +243,29 @@ class Forwarder:
         if last_failure is None:
             log.status, log.error = "503", "no healthy replica"
             what = f"model {routed.model!r}" if routed.model else "this request"
-            return error_response(503, f"no healthy replica can serve {what}: check the replicas' health (GET /health)",
-                                  "no_healthy_replica", retry_after_s=1, request_id=log.request_id,
-                                  client_request_id=log.client_request_id)
+            return error_response(
+                503,
+                f"no healthy replica can serve {what}: check the replicas' health (GET /health)",
+                "no_healthy_replica",
+                retry_after_s=1,
+                request_id=log.request_id,
+                client_request_id=log.client_request_id,
+            )
         log.error = last_failure.message
         if last_failure.response is not None:
             log.status = str(last_failure.response.status)
             return last_failure.response
         status = 504 if last_failure.reason == "first_token_timeout" else 502
         log.status = str(status)
-        return error_response(status, f"request failed on {len(log.attempts)} replica(s): {last_failure.message}",
-                              last_failure.reason, request_id=log.request_id, client_request_id=log.client_request_id)
+        return error_response(
+            status,
+            f"request failed on {len(log.attempts)} replica(s): {last_failure.message}",
+            last_failure.reason,
+            request_id=log.request_id,
+            client_request_id=log.client_request_id,
+        )
 
-    async def _attempt(self, request: Request, body: bytes, routed: RoutedRequest, replica: Replica,
-                       log: RequestLog) -> Answer:
+    async def _attempt(self, request: Request, body: bytes, routed: RoutedRequest, replica: Replica, log: RequestLog) -> Answer:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()  # held: asking per request costs a getpid() each time
@@ -274,18 +304,21 @@ class Forwarder:
             # token, which then leaves with the client's head from the replica's data_received.
             # Until it does nothing is sent, so what fails before it is retried as below.
             stream = Stream(request, 200, self._stream_headers(upstream, log))
-            relay = StreamRelay(upstream, stream, exchange,
-                                lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens),
-                                on_start=lambda: self._started(replica, exchange),
-                                count_events=routed.counts_events)
+            relay = StreamRelay(
+                upstream,
+                stream,
+                exchange,
+                lambda prompt_tokens: self._first_token(routed, replica, prompt_tokens),
+                on_start=lambda: self._started(replica, exchange),
+                count_events=routed.counts_events,
+            )
             outcome = await self._stream(relay, replica, routed, log)
             return stream
         except asyncio.CancelledError:
             if exchange.expired and exchange.phase == FIRST_TOKEN and task.uncancel() == 0:
                 self.pool.record_failure(replica)
                 raise _RetryableFailure(
-                    "first_token_timeout",
-                    f"replica {replica.name} sent nothing within {self.first_token_timeout_s:g} s",
+                    "first_token_timeout", f"replica {replica.name} sent nothing within {self.first_token_timeout_s:g} s"
                 ) from None
             outcome = Outcome.ABANDONED
             log.status = "abandoned"
@@ -327,8 +360,7 @@ class Forwarder:
             **log.id_headers(),
         }
 
-    def _raise_if_retryable(self, upstream: ClientResponse, payload: bytes, replica: Replica,
-                            log: RequestLog) -> None:
+    def _raise_if_retryable(self, upstream: ClientResponse, payload: bytes, replica: Replica, log: RequestLog) -> None:
         """A replica answered 5xx or 429 before streaming anything: another replica may do better."""
         if upstream.status in RETRYABLE_STATUS:
             raise _RetryableFailure(
@@ -344,8 +376,9 @@ class Forwarder:
         log.first_byte_mono = log.finished_mono = time.monotonic()
         return _whole_answer(upstream, payload, log)
 
-    def _unary_response(self, upstream: ClientResponse, payload: bytes, replica: Replica,
-                        routed: RoutedRequest, log: RequestLog) -> Response:
+    def _unary_response(
+        self, upstream: ClientResponse, payload: bytes, replica: Replica, routed: RoutedRequest, log: RequestLog
+    ) -> Response:
         replica.record_success()
         self.policy.on_first_token(routed, replica)
         log.first_byte_mono = time.monotonic()
@@ -378,7 +411,8 @@ class Forwarder:
                 log.first_byte_mono = relay.first_sent_mono or time.monotonic()
             if end is RelayEnd.NOTHING_SENT:  # the replica failed before its first payload: retried
                 raise relay.unsent or _RetryableFailure(
-                    "closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything")
+                    "closed_before_first_byte", f"replica {replica.name} closed the stream before sending anything"
+                )
             if end is RelayEnd.CLIENT_GONE:
                 log.status = "abandoned"
                 return Outcome.ABANDONED

@@ -69,7 +69,9 @@ end
 # along; 0: none; negative: a debt), MAX_TTL_MS (last, as ttl_ms reads it).
 # A rate of 0 means "no such limit" (its key is not touched).
 # Returns {admitted 0/1, wait in microseconds, keys replaced}.
-ADMIT_SCRIPT = _REFILL + """
+ADMIT_SCRIPT = (
+    _REFILL
+    + """
 local now = now_us()
 local req_rate, req_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tok_rate, tok_cap = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -108,10 +110,13 @@ if tok_rate > 0 then
 end
 return {1, 0, replaced}
 """
+)
 
 # KEYS: token bucket. ARGV: tok_rate, tok_capacity, tokens to give back (negative: a debt), MAX_TTL_MS.
 # Returns {tokens now (rounded), keys replaced}.
-SETTLE_SCRIPT = _REFILL + """
+SETTLE_SCRIPT = (
+    _REFILL
+    + """
 local now = now_us()
 local rate, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tokens, replaced = load(KEYS[1], rate, cap, now)
@@ -119,6 +124,7 @@ tokens = math.min(cap, tokens + tonumber(ARGV[3]))
 store(KEYS[1], tokens, now, ttl_ms(cap, tokens, rate))
 return {math.floor(tokens), replaced}
 """
+)
 
 
 @dataclass(frozen=True)
@@ -161,8 +167,15 @@ class RedisBuckets:
         admitted or not: one round trip instead of two."""
         admitted, wait_us, replaced = await self._admit(
             keys=list(bucket_keys(tenant, self.prefix)),
-            args=[_num(limits.requests_per_s), _num(limits.request_capacity), _num(limits.tokens_per_s),
-                  _num(limits.token_capacity), _num(max(0.0, _finite(tokens))), _num(refund), str(MAX_TTL_MS)],
+            args=[
+                _num(limits.requests_per_s),
+                _num(limits.request_capacity),
+                _num(limits.tokens_per_s),
+                _num(limits.token_capacity),
+                _num(max(0.0, _finite(tokens))),
+                _num(refund),
+                str(MAX_TTL_MS),
+            ],
         )
         return AdmitResult(bool(int(admitted)), int(wait_us) / 1e6, int(replaced))
 

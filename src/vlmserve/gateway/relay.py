@@ -138,13 +138,42 @@ class StreamRelay:
     the client's connection calls `pause` and `client_lost` (http1.messages.StreamListener). Each
     is the current state's handler (`_enter` binds them)."""
 
-    __slots__ = ("payload", "end", "lost", "client_lost", "pause", "state", "stream", "write", "exchange",
-                 "events", "held", "usage_block", "first_token_pending", "written", "on_first_token", "on_start",
-                 "upstream", "connection", "ended", "error", "unsent", "waiter", "first_sent_mono", "open_event")
+    __slots__ = (
+        "payload",
+        "end",
+        "lost",
+        "client_lost",
+        "pause",
+        "state",
+        "stream",
+        "write",
+        "exchange",
+        "events",
+        "held",
+        "usage_block",
+        "first_token_pending",
+        "written",
+        "on_first_token",
+        "on_start",
+        "upstream",
+        "connection",
+        "ended",
+        "error",
+        "unsent",
+        "waiter",
+        "first_sent_mono",
+        "open_event",
+    )
 
-    def __init__(self, upstream: ClientResponse, stream: Stream, exchange: Exchange,
-                 on_first_token: Callable[[int | None], None], on_start: Callable[[], None] | None = None,
-                 count_events: bool = False) -> None:
+    def __init__(
+        self,
+        upstream: ClientResponse,
+        stream: Stream,
+        exchange: Exchange,
+        on_first_token: Callable[[int | None], None],
+        on_start: Callable[[], None] | None = None,
+        count_events: bool = False,
+    ) -> None:
         self.upstream = upstream
         self.connection: ClientConnection = upstream.connection
         self.stream = stream
@@ -169,8 +198,7 @@ class StreamRelay:
     def _enter(self, state: RelayState) -> None:
         self.state = state
         names = _HANDLERS[state]
-        self.payload, self.end, self.lost, self.client_lost, self.pause = (
-            getattr(self, name) for name in names)
+        self.payload, self.end, self.lost, self.client_lost, self.pause = (getattr(self, name) for name in names)
 
     async def run(self) -> RelayEnd:
         """Arm (the client's head is rendered now), take the replica's payload as it comes, and

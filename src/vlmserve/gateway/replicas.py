@@ -53,8 +53,9 @@ MODELS_REFRESH_S = 10.0
 RECENT_SUCCESS_S = 10.0
 
 
-async def fetch_whole(client: ClientPool, method: str, url: str, headers: bytes, body: bytes,
-                      timeout_s: float) -> tuple[ClientResponse, bytes]:
+async def fetch_whole(
+    client: ClientPool, method: str, url: str, headers: bytes, body: bytes, timeout_s: float
+) -> tuple[ClientResponse, bytes]:
     """One request to a replica and its answer read whole, within `timeout_s` (connecting included) and
     MAX_PAGE_BYTES (its /metrics page is the largest it sends); the connection goes back to the pool.
     Raises TimeoutError, or OSError (the client's ClientError included: a reset, a close, not HTTP,
@@ -169,8 +170,9 @@ class ReplicaPool:
         self._one_off: set[asyncio.Task] = set()
 
     def _new_replica(self, url: str, discovered: bool = False) -> Replica:
-        replica = Replica(index=self._next_index, url=url.rstrip("/"), breaker=CircuitBreaker(*self._breaker_settings),
-                          discovered=discovered)
+        replica = Replica(
+            index=self._next_index, url=url.rstrip("/"), breaker=CircuitBreaker(*self._breaker_settings), discovered=discovered
+        )
         self._next_index += 1
         return replica
 
@@ -331,8 +333,9 @@ class ReplicaPool:
         why: 'ok', or 'refused' (nothing listens), 'timeout', 'over N bytes' or 'error'."""
         assert self._client is not None
         try:
-            response, body = await fetch_whole(self._client, "GET", replica.url + path, self._probe_headers,
-                                               b"", self.probe_timeout_s)
+            response, body = await fetch_whole(
+                self._client, "GET", replica.url + path, self._probe_headers, b"", self.probe_timeout_s
+            )
         except TimeoutError:
             return None, "timeout"
         except ConnectionRefusedError:
@@ -356,8 +359,7 @@ class ReplicaPool:
         replica.health_failures += 1
         # A fresh replica that never answered is simply down; a known one gets one grace check.
         if replica.healthy and replica.health_failures >= HEALTH_FAILURES_TO_MARK_DOWN:
-            log.warning("replica %s failed %d health checks (%s); no longer routed to", replica.url,
-                        replica.health_failures, why)
+            log.warning("replica %s failed %d health checks (%s); no longer routed to", replica.url, replica.health_failures, why)
             replica.healthy = False
 
     async def _refresh_models(self, replica: Replica) -> None:

@@ -39,8 +39,12 @@ def client_request_id(headers: Mapping[str, str]) -> str | None:
     if not value:
         return None
     if not _CLIENT_REQUEST_ID.fullmatch(value):
-        raise BadRequestHeader(400, f"X-Request-ID must be 1 to {MAX_CLIENT_REQUEST_ID_CHARS} printable ASCII characters "
-                               "without spaces (a UUID, say): drop it or send a shorter one", "invalid_request_id")
+        raise BadRequestHeader(
+            400,
+            f"X-Request-ID must be 1 to {MAX_CLIENT_REQUEST_ID_CHARS} printable ASCII characters "
+            "without spaces (a UUID, say): drop it or send a shorter one",
+            "invalid_request_id",
+        )
     return value
 
 

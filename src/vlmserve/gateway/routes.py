@@ -43,32 +43,35 @@ class Route:
 _GET, _POST = "GET", "POST"
 _WORK = RouteKind.ENGINE_WORK
 
-ROUTES: dict[str, Route] = {route.path: route for route in (
-    Route("/health", _GET, RouteKind.GATEWAY),
-    Route("/metrics", _GET, RouteKind.GATEWAY),
-    Route("/v1/models", _GET, RouteKind.MODELS),
-    Route("/version", _GET, RouteKind.ENGINE_INFO),
-    # Generation.
-    Route("/v1/chat/completions", _POST, _WORK, generates=True, streams=True),
-    Route("/v1/completions", _POST, _WORK, generates=True, streams=True),
-    Route("/v1/responses", _POST, _WORK, generates=True, streams=True),
-    # Pooling models (vLLM serves these for embedding, classification and reranking models).
-    Route("/v1/embeddings", _POST, _WORK),
-    Route("/pooling", _POST, _WORK),
-    Route("/classify", _POST, _WORK),
-    Route("/score", _POST, _WORK),
-    Route("/v1/score", _POST, _WORK),
-    Route("/rerank", _POST, _WORK),
-    Route("/v1/rerank", _POST, _WORK),
-    Route("/v2/rerank", _POST, _WORK),
-    # Tokenizer helpers: /tokenize renders chat messages, media included, so it is engine work too.
-    Route("/tokenize", _POST, _WORK),
-    Route("/detokenize", _POST, _WORK),
-    # Runtime LoRA adapters, on every replica (the engines' own /v1/load_lora_adapter stays unreachable).
-    Route("/admin/lora/load", _POST, RouteKind.ADMIN),
-    Route("/admin/lora/unload", _POST, RouteKind.ADMIN),
-    Route("/admin/engine-metrics", _GET, RouteKind.ADMIN),  # the replicas' /metrics, merged (engine_metrics_admin.py)
-)}
+ROUTES: dict[str, Route] = {
+    route.path: route
+    for route in (
+        Route("/health", _GET, RouteKind.GATEWAY),
+        Route("/metrics", _GET, RouteKind.GATEWAY),
+        Route("/v1/models", _GET, RouteKind.MODELS),
+        Route("/version", _GET, RouteKind.ENGINE_INFO),
+        # Generation.
+        Route("/v1/chat/completions", _POST, _WORK, generates=True, streams=True),
+        Route("/v1/completions", _POST, _WORK, generates=True, streams=True),
+        Route("/v1/responses", _POST, _WORK, generates=True, streams=True),
+        # Pooling models (vLLM serves these for embedding, classification and reranking models).
+        Route("/v1/embeddings", _POST, _WORK),
+        Route("/pooling", _POST, _WORK),
+        Route("/classify", _POST, _WORK),
+        Route("/score", _POST, _WORK),
+        Route("/v1/score", _POST, _WORK),
+        Route("/rerank", _POST, _WORK),
+        Route("/v1/rerank", _POST, _WORK),
+        Route("/v2/rerank", _POST, _WORK),
+        # Tokenizer helpers: /tokenize renders chat messages, media included, so it is engine work too.
+        Route("/tokenize", _POST, _WORK),
+        Route("/detokenize", _POST, _WORK),
+        # Runtime LoRA adapters, on every replica (the engines' own /v1/load_lora_adapter stays unreachable).
+        Route("/admin/lora/load", _POST, RouteKind.ADMIN),
+        Route("/admin/lora/unload", _POST, RouteKind.ADMIN),
+        Route("/admin/engine-metrics", _GET, RouteKind.ADMIN),  # the replicas' /metrics, merged (engine_metrics_admin.py)
+    )
+}
 """Every public path. Not forwarded on purpose: GET/DELETE /v1/responses/{id} (state lives in
 one replica), /v1/audio/* (multipart bodies the gateway does not inspect), and every engine
 internal."""
@@ -92,13 +95,21 @@ def target_path(raw_target: str) -> str:
         slash = rest.find("/")
         target = rest[slash:] if slash >= 0 else "/"
     path = target.split("?", 1)[0]
-    problem = ("a backslash or '#'" if "\\" in path or "#" in path
-               else "an encoded '.', '/' or '\\'" if _ENCODED_SEPARATOR.search(path)
-               else "an empty segment ('//')" if "//" in path
-               else "a '.' or '..' segment" if any(segment in (".", "..") for segment in path.split("/")) else None)
+    problem = (
+        "a backslash or '#'"
+        if "\\" in path or "#" in path
+        else "an encoded '.', '/' or '\\'"
+        if _ENCODED_SEPARATOR.search(path)
+        else "an empty segment ('//')"
+        if "//" in path
+        else "a '.' or '..' segment"
+        if any(segment in (".", "..") for segment in path.split("/"))
+        else None
+    )
     if problem is not None:
-        raise RouteRefused(400, f"path {path[:80]!r} contains {problem}: send the plain path, e.g. /v1/chat/completions",
-                           "invalid_path")
+        raise RouteRefused(
+            400, f"path {path[:80]!r} contains {problem}: send the plain path, e.g. /v1/chat/completions", "invalid_path"
+        )
     return path
 
 

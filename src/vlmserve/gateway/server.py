@@ -68,14 +68,24 @@ async def start_gateway(config: GatewayConfig, reuse_port: bool = False) -> Runn
     ssl_context = server_ssl_context(config.ssl_certfile, config.ssl_keyfile)
     gateway = Gateway(config)
     await gateway.start()
-    limits = ServerLimits(max_body_bytes=config.max_body_bytes, header_timeout_s=config.header_timeout_s,
-                          keepalive_timeout_s=config.keepalive_timeout_s, max_connections=config.max_connections,
-                          body_hint="send smaller images or raise --max-body-bytes")
+    limits = ServerLimits(
+        max_body_bytes=config.max_body_bytes,
+        header_timeout_s=config.header_timeout_s,
+        keepalive_timeout_s=config.keepalive_timeout_s,
+        max_connections=config.max_connections,
+        body_hint="send smaller images or raise --max-body-bytes",
+    )
     http = HttpServer(gateway.dispatch, limits, error_response, gateway.client_stats)
     try:
         listener = await asyncio.get_running_loop().create_server(
-            http, config.host, config.port, ssl=ssl_context, backlog=4096, reuse_port=reuse_port or None,
-            ssl_handshake_timeout=config.header_timeout_s if ssl_context is not None else None)
+            http,
+            config.host,
+            config.port,
+            ssl=ssl_context,
+            backlog=4096,
+            reuse_port=reuse_port or None,
+            ssl_handshake_timeout=config.header_timeout_s if ssl_context is not None else None,
+        )
     except OSError as err:
         http.close_all()
         await gateway.stop()
@@ -98,12 +108,15 @@ def ensure_file_descriptors(max_connections: int) -> None:
         except (ValueError, OSError):
             pass
     if soft != resource.RLIM_INFINITY and soft < want:
-        log.warning("open-file limit %d is below the %d that --max-connections %d needs: raise `ulimit -n` "
-                    "or lower --max-connections", soft, want, max_connections)
+        log.warning(
+            "open-file limit %d is below the %d that --max-connections %d needs: raise `ulimit -n` or lower --max-connections",
+            soft,
+            want,
+            max_connections,
+        )
 
 
-def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None = None,
-                  reuse_port: bool = False) -> None:
+def serve_forever(config: GatewayConfig, on_ready: Callable[[int], None] | None = None, reuse_port: bool = False) -> None:
     """Run until SIGINT/SIGTERM, then drain and exit (the `vlmserve gateway` command, or one worker of it)."""
 
     async def main() -> None:

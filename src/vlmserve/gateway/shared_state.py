@@ -69,11 +69,19 @@ def parse_state_url(url: str) -> StateURL:
     except ValueError as err:
         raise UserError(f"--state {shown!r} is not a valid URL ({err}): {hint}") from None
     db = parts.path.strip("/")
-    problem = ("the scheme must be redis:// or rediss://" if parts.scheme not in STATE_SCHEMES
-               else "it names no host" if not parts.hostname
-               else "port 0 is not a Redis port" if port == 0
-               else "the database after the host must be a number like /0" if db and not db.isdigit()
-               else "no query or fragment is read" if parts.query or parts.fragment else None)
+    problem = (
+        "the scheme must be redis:// or rediss://"
+        if parts.scheme not in STATE_SCHEMES
+        else "it names no host"
+        if not parts.hostname
+        else "port 0 is not a Redis port"
+        if port == 0
+        else "the database after the host must be a number like /0"
+        if db and not db.isdigit()
+        else "no query or fragment is read"
+        if parts.query or parts.fragment
+        else None
+    )
     if problem is not None:
         raise UserError(f"--state {shown!r}: {problem}; {hint}")
     return StateURL(url.strip(), shown)
@@ -84,11 +92,15 @@ def check_state_settings(url: str | None, unavailable: str, timeout_s: float) ->
     if url is not None:
         parse_state_url(url)
     if unavailable not in UNAVAILABLE_MODES:
-        raise UserError(f"--state-unavailable {unavailable!r}: choose open (admit on per-process limits) "
-                        "or closed (refuse with 503) for when Redis is unreachable")
+        raise UserError(
+            f"--state-unavailable {unavailable!r}: choose open (admit on per-process limits) "
+            "or closed (refuse with 503) for when Redis is unreachable"
+        )
     if not 0 < timeout_s <= MAX_TIMEOUT_S:
-        raise UserError(f"--state-timeout must be more than 0 and at most {MAX_TIMEOUT_S:.0f} seconds "
-                        f"(a Redis call this slow is an outage; the default is {DEFAULT_TIMEOUT_S})")
+        raise UserError(
+            f"--state-timeout must be more than 0 and at most {MAX_TIMEOUT_S:.0f} seconds "
+            f"(a Redis call this slow is an outage; the default is {DEFAULT_TIMEOUT_S})"
+        )
 
 
 def _shown(url: str) -> str:
@@ -131,10 +143,17 @@ def error_kind(err: BaseException) -> str:
 class SharedState:
     """The Redis side of admission for one gateway process, with its availability and fallback."""
 
-    def __init__(self, url: str, *, unavailable: str = "open", timeout_s: float = DEFAULT_TIMEOUT_S,
-                 probe_interval_s: float = PROBE_INTERVAL_S, settle_interval_s: float = SETTLE_INTERVAL_S,
-                 on_error: Callable[[str], None] = lambda kind: None,
-                 on_fallback: Callable[[str], None] = lambda mode: None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        unavailable: str = "open",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        probe_interval_s: float = PROBE_INTERVAL_S,
+        settle_interval_s: float = SETTLE_INTERVAL_S,
+        on_error: Callable[[str], None] = lambda kind: None,
+        on_fallback: Callable[[str], None] = lambda mode: None,
+    ) -> None:
         check_state_settings(url, unavailable, timeout_s)
         self.url = parse_state_url(url)
         self.unavailable_mode = unavailable
@@ -161,8 +180,12 @@ class SharedState:
         from redis.backoff import NoBackoff
 
         self._client = Redis.from_url(
-            self.url.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s,
-            retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
+            self.url.url,
+            socket_timeout=self.timeout_s,
+            socket_connect_timeout=self.timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
         )
         self._buckets = RedisBuckets(self._client)
         self._flusher = asyncio.get_running_loop().create_task(self._flush_refunds_every_interval())
@@ -170,12 +193,18 @@ class SharedState:
             await self._call(self._check_writable())
         except (redis_errors.AuthenticationError, redis_errors.NoPermissionError) as err:
             await self.close()
-            raise UserError(f"--state {self.url.redacted}: Redis refused the credentials ({_one_line(err)}); "
-                            "put the right password in the URL (redis://:PASSWORD@HOST:PORT/DB)") from None
+            raise UserError(
+                f"--state {self.url.redacted}: Redis refused the credentials ({_one_line(err)}); "
+                "put the right password in the URL (redis://:PASSWORD@HOST:PORT/DB)"
+            ) from None
         except redis_failures() as err:
             self._mark_unavailable(err)
-            log.warning("shared state %s is unreachable at start (%s): admitting %s until it answers",
-                        self.url.redacted, _one_line(err), self._fallback_words())
+            log.warning(
+                "shared state %s is unreachable at start (%s): admitting %s until it answers",
+                self.url.redacted,
+                _one_line(err),
+                self._fallback_words(),
+            )
             return
         self.available = True
         log.info("admission state shared through %s (if unreachable: %s)", self.url.redacted, self._fallback_words())
@@ -212,7 +241,8 @@ class SharedState:
         if self.unavailable_mode == "closed":
             raise StateUnavailable(
                 f"the gateway's shared rate-limit state ({self.url.redacted}) is unreachable and the gateway "
-                "refuses requests it cannot count (--state-unavailable closed): retry shortly")
+                "refuses requests it cannot count (--state-unavailable closed): retry shortly"
+            )
         return None
 
     def settle(self, tenant: str, limits: BucketLimits, refund: float) -> None:
@@ -247,8 +277,12 @@ class SharedState:
 
     def describe(self) -> dict[str, Any]:
         """For /health: where the state is, whether it answers, and what happens when it does not."""
-        return {"backend": self.url.redacted, "available": self.available, "when_unavailable": self.unavailable_mode,
-                **({"last_error": self._last_error} if not self.available and self._last_error else {})}
+        return {
+            "backend": self.url.redacted,
+            "available": self.available,
+            "when_unavailable": self.unavailable_mode,
+            **({"last_error": self._last_error} if not self.available and self._last_error else {}),
+        }
 
     # ---- availability --------------------------------------------------------------------------
 
@@ -263,8 +297,12 @@ class SharedState:
         self._on_error(kind)
         self._last_error = f"{kind}: {_one_line(err)}"
         if self.available:
-            log.warning("shared state %s failed (%s): admitting %s until it answers again",
-                        self.url.redacted, self._last_error, self._fallback_words())
+            log.warning(
+                "shared state %s failed (%s): admitting %s until it answers again",
+                self.url.redacted,
+                self._last_error,
+                self._fallback_words(),
+            )
         self.available = False
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._probe_until_back())
@@ -289,12 +327,18 @@ class SharedState:
     def _count_replaced(self, replaced: int, tenant: str) -> None:
         if replaced:
             self._on_error("wrong_type")
-            log.warning("shared state: a key of tenant %r under %s was not a bucket (another program wrote it?); "
-                        "replaced it", tenant, self.url.redacted)
+            log.warning(
+                "shared state: a key of tenant %r under %s was not a bucket (another program wrote it?); replaced it",
+                tenant,
+                self.url.redacted,
+            )
 
     def _fallback_words(self) -> str:
-        return ("on per-process limits (--state-unavailable open)" if self.unavailable_mode == "open"
-                else "nothing with a limit: 503 (--state-unavailable closed)")
+        return (
+            "on per-process limits (--state-unavailable open)"
+            if self.unavailable_mode == "open"
+            else "nothing with a limit: 503 (--state-unavailable closed)"
+        )
 
 
 def _one_line(err: BaseException) -> str:

@@ -96,8 +96,9 @@ class WorkerSupervisor:
         self.stopping = False
 
     def _start(self, slot: int) -> SpawnProcess:
-        process = self.context.Process(target=_worker_main, args=(self.config, self.ready), name=f"vlmserve-gateway-{slot}",
-                                       daemon=False)
+        process = self.context.Process(
+            target=_worker_main, args=(self.config, self.ready), name=f"vlmserve-gateway-{slot}", daemon=False
+        )
         process.start()
         return process
 
@@ -160,8 +161,13 @@ class WorkerSupervisor:
                         self.deaths[slot] = 0  # it had been up a while: restart quickly again
                     self.deaths[slot] += 1
                     pause = min(RESTART_PAUSE_S[1], RESTART_PAUSE_S[0] * 2 ** (self.deaths[slot] - 1))
-                    log.warning("gateway worker %d (pid %s) exited with code %s; restarting it in %.1f s",
-                                slot, process.pid, process.exitcode, pause)
+                    log.warning(
+                        "gateway worker %d (pid %s) exited with code %s; restarting it in %.1f s",
+                        slot,
+                        process.pid,
+                        process.exitcode,
+                        pause,
+                    )
                     self._forget_metrics(process.pid)
                     restart_at[slot] = now + pause
                 elif now >= restart_at[slot]:

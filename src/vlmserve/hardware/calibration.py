@@ -77,12 +77,7 @@ class Calibration:
         return self.default.with_values(**self.per_gpu.get(gpu_key, {}))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "default": asdict(self.default),
-            "per_gpu": self.per_gpu,
-            "fit_error": self.fit_error,
-        }
+        return {"source": self.source, "default": asdict(self.default), "per_gpu": self.per_gpu, "fit_error": self.fit_error}
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -95,15 +90,13 @@ class Calibration:
         per_gpu_raw = data.get("per_gpu", {})
         if not isinstance(per_gpu_raw, dict):
             raise UserError(f"{source}: 'per_gpu' must map a GPU name to coefficients")
-        per_gpu = {str(key).lower(): _coefficients(value, f"{source}: per_gpu.{key}")
-                   for key, value in per_gpu_raw.items()}
+        per_gpu = {str(key).lower(): _coefficients(value, f"{source}: per_gpu.{key}") for key, value in per_gpu_raw.items()}
         return cls(Efficiency(**default), per_gpu, str(data.get("source", source)), dict(data.get("fit_error", {})))
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
         data = read_json_file(path, "calibration file", "create one with `vlmserve plan calibrate`")
         return cls.from_dict(data, str(path))
-
 
 
 def _coefficients(raw: Any, where: str) -> dict[str, float]:

@@ -70,8 +70,9 @@ def frontend_step_s(efficiency: Efficiency, step: StepContents, api_servers: int
     """
     if efficiency.frontend_token_s <= 0 and efficiency.frontend_request_s <= 0:
         return 0.0
-    work = (efficiency.frontend_token_s * (step.prefill_seqs + step.decode_seqs)
-            + efficiency.frontend_request_s * step.prefill_seqs)
+    work = (
+        efficiency.frontend_token_s * (step.prefill_seqs + step.decode_seqs) + efficiency.frontend_request_s * step.prefill_seqs
+    )
     return work / max(api_servers, 1)
 
 
@@ -97,9 +98,7 @@ class RooflineStepCost:
         self._kv_bytes_per_token = self.model.kv_bytes_per_token(self.kv_dtype)
         expert_flops = self.model.routed_expert_flops_per_token()
         # Expert FLOPs count as if they ran at the dense rate times moe_efficiency.
-        self._linear_flops = (
-            self.model.linear_flops_per_token() - expert_flops + expert_flops / max(eff.moe_efficiency, 1e-6)
-        )
+        self._linear_flops = self.model.linear_flops_per_token() - expert_flops + expert_flops / max(eff.moe_efficiency, 1e-6)
         self._lm_head_flops = self.model.lm_head_flops_per_sampled_token()
         vision = self.model.vision
         self._vision_flops = vision.flops_per_image_token if vision else 0.0
@@ -151,8 +150,7 @@ class RooflineStepCost:
             per_call = allreduce_time_s(message, self.tp, self.gpu, eff.interconnect, eff.allreduce_latency_s)
             communication = 2 * model.num_layers * per_call
         return StepBreakdown(
-            flops / self._flops_per_s, memory_bytes / self._bytes_per_s, communication, overhead, self.async_scheduling,
-            frontend,
+            flops / self._flops_per_s, memory_bytes / self._bytes_per_s, communication, overhead, self.async_scheduling, frontend
         )
 
     def step_time_s(self, step: StepContents) -> float:

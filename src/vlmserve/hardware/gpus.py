@@ -32,7 +32,7 @@ GIB = float(2**30)
 ASSUMED_FIGURES: dict[str, dict[str, float]] = {
     # GB10: only "1 PFLOP FP4 with sparsity" is published. Halving for dense and again per
     # precision step gives FP4 500, FP8 250 and BF16 125 dense TFLOP/s (the Blackwell ratios).
-    "gb10": {"bf16_dense_tflops": 125.0, "fp8_dense_tflops": 250.0, "fp4_dense_tflops": 500.0},
+    "gb10": {"bf16_dense_tflops": 125.0, "fp8_dense_tflops": 250.0, "fp4_dense_tflops": 500.0}
 }
 
 WEIGHT_ONLY_COMPUTE_EFFICIENCY = 0.85
@@ -116,14 +116,22 @@ class GPU:
         if dtype == "fp8":
             if self.fp8_tflops:
                 return ComputePath("w8a8-fp8", self.fp8_tflops * 1e12, "FP8 W8A8 on FP8 tensor cores")
-            return ComputePath("weight-only", weight_only, f"{self.name} has no FP8 tensor cores: FP8 weights dequantized into BF16 GEMMs (Marlin)")
+            return ComputePath(
+                "weight-only",
+                weight_only,
+                f"{self.name} has no FP8 tensor cores: FP8 weights dequantized into BF16 GEMMs (Marlin)",
+            )
         if dtype == "nvfp4":
             if self.fp4_tflops:
                 return ComputePath("w4a4-nvfp4", self.fp4_tflops * 1e12, "NVFP4 W4A4 on Blackwell FP4 tensor cores")
-            return ComputePath("weight-only", weight_only, f"{self.name} has no FP4 tensor cores: NVFP4 weights run weight-only (Marlin W4A16)")
+            return ComputePath(
+                "weight-only", weight_only, f"{self.name} has no FP4 tensor cores: NVFP4 weights run weight-only (Marlin W4A16)"
+            )
         if dtype == "mxfp4":
             return ComputePath("weight-only", bf16, "MXFP4 experts dequantized in the MoE kernel into BF16 math (as calibrated)")
-        return ComputePath("weight-only", weight_only, f"{dtype} AWQ/GPTQ weights run weight-only (Marlin W{4 if dtype == 'int4' else 8}A16)")
+        return ComputePath(
+            "weight-only", weight_only, f"{dtype} AWQ/GPTQ weights run weight-only (Marlin W{4 if dtype == 'int4' else 8}A16)"
+        )
 
     def peak_flops(self, weight_dtype: str) -> float:
         """Dense FLOP/s for matmuls on weights of this format (`compute_path`)."""

@@ -271,8 +271,14 @@ class ModelCost:
         untied_head = 0 if self.tied_embeddings else self.lm_head_params
         vision = self.vision.params if self.vision else 0
         return (
-            self.attention_params + self.dense_mlp_params + self.all_expert_params + self.router_params
-            + self.embedding_params + untied_head + self.lookup_only_params + vision
+            self.attention_params
+            + self.dense_mlp_params
+            + self.all_expert_params
+            + self.router_params
+            + self.embedding_params
+            + untied_head
+            + self.lookup_only_params
+            + vision
         )
 
     @property
@@ -379,17 +385,14 @@ class ModelCost:
     def kv_bytes_for_context(self, context_tokens: float, kv_dtype: str = "bf16") -> float:
         """KV (and linear-attention state) bytes one sequence holds, and attention reads, at this context."""
         size = KV_BYTES[normalize_kv_dtype(kv_dtype)]
-        per_token = sum(
-            group.kv_elements_per_token() * size * group.context_seen(context_tokens) for group in self.attention
-        )
+        per_token = sum(group.kv_elements_per_token() * size * group.context_seen(context_tokens) for group in self.attention)
         return per_token + (self.state_bytes_per_sequence() if context_tokens > 0 else 0.0)
 
     def kv_bytes_for_context_per_gpu(self, context_tokens: float, kv_dtype: str = "bf16", tp: int = 1) -> float:
         """What one of `tp` GPUs holds for one sequence: KV heads split (never below one), MLA latent whole."""
         size = KV_BYTES[normalize_kv_dtype(kv_dtype)]
         per_token = sum(
-            group.kv_elements_per_token_per_gpu(tp) * size * group.context_seen(context_tokens)
-            for group in self.attention
+            group.kv_elements_per_token_per_gpu(tp) * size * group.context_seen(context_tokens) for group in self.attention
         )
         state = self.state_bytes_per_sequence(tp) if context_tokens > 0 else 0.0
         return per_token + state
@@ -461,9 +464,7 @@ class _Fields:
 
     def _as_int(self, name: str, value: JSONValue) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or int(value) != value:
-            raise UserError(
-                f"{self.source}: config.json field '{self.prefix}{name}' is {value!r}; it must be a whole number ≥ 0"
-            )
+            raise UserError(f"{self.source}: config.json field '{self.prefix}{name}' is {value!r}; it must be a whole number ≥ 0")
         return int(value)
 
 
@@ -591,11 +592,14 @@ def _attention_groups(text: JSONObject, fields: _Fields, hidden: int, num_layers
             groups.append(AttentionLayers("mla", count, q_heads, 1, 0, None, owns_kv, mla=mla))
         elif kind == "linear":
             assert linear is not None
-            groups.append(AttentionLayers("linear", count, linear.value_heads, 0, linear.value_head_dim, None, owns_kv, linear=linear))
+            groups.append(
+                AttentionLayers("linear", count, linear.value_heads, 0, linear.value_head_dim, None, owns_kv, linear=linear)
+            )
         else:
             groups.append(
-                AttentionLayers("full", count, q_heads, global_kv_heads, global_head_dim, None, owns_kv, k_eq_v,
-                                output_gate=output_gate)
+                AttentionLayers(
+                    "full", count, q_heads, global_kv_heads, global_head_dim, None, owns_kv, k_eq_v, output_gate=output_gate
+                )
             )
     return tuple(groups)
 
@@ -747,7 +751,5 @@ def load_model(spec: str) -> ModelCost:
         return parse_config(config, name=str(named or path.parent.name or path.stem), source=str(path))
     canonical = resolve_preset(spec)
     if canonical is None:
-        raise UserError(
-            f"unknown model '{spec}'; give a path to a config.json or one of: {', '.join(preset_names())}"
-        )
+        raise UserError(f"unknown model '{spec}'; give a path to a config.json or one of: {', '.join(preset_names())}")
     return parse_config(preset_config(canonical), name=canonical, source=f"preset {canonical}")

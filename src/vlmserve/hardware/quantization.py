@@ -79,14 +79,17 @@ def _compressed_tensors(quant: JSONObject, source: str) -> QuantScheme:
         return QuantScheme("fp8", "compressed-tensors")
     if kind == "int" and bits in (4, 8):
         activations = None
-        for group in (groups.values() if isinstance(groups, dict) else []):
+        for group in groups.values() if isinstance(groups, dict) else []:
             if isinstance(group, dict):
                 activations = group.get("input_activations")
                 break
         if bits == 8 and activations:
             raise _refuse(source, "compressed-tensors int8 W8A8 (integer activations) is not priced")
         return _int_scheme(bits, "compressed-tensors", source, weights.get("group_size"), not weights.get("symmetric", True))
-    raise _refuse(source, f"compressed-tensors weights of {bits!r} bits, type {kind or 'unset'!r} (format {fmt or 'unset'!r}) are not understood")
+    raise _refuse(
+        source,
+        f"compressed-tensors weights of {bits!r} bits, type {kind or 'unset'!r} (format {fmt or 'unset'!r}) are not understood",
+    )
 
 
 def _modelopt(quant: JSONObject, source: str) -> QuantScheme:
@@ -113,10 +116,13 @@ def parse_quantization(quant: JSONValue, source: str) -> QuantScheme | None:
         return QuantScheme("mxfp4", method, 32, attention_quantized=False)
     if method in ("awq", "awq_marlin", "gptq", "gptq_marlin"):
         zero_point = bool(quant.get("zero_point", True)) if method.startswith("awq") else not bool(quant.get("sym", True))
-        return _int_scheme(quant.get("bits", quant.get("w_bit")), method, source,
-                           quant.get("group_size", quant.get("q_group_size")), zero_point)
+        return _int_scheme(
+            quant.get("bits", quant.get("w_bit")), method, source, quant.get("group_size", quant.get("q_group_size")), zero_point
+        )
     if method == "compressed-tensors":
         return _compressed_tensors(quant, source)
     if method == "modelopt":
         return _modelopt(quant, source)
-    raise _refuse(source, f"quantization_config.quant_method '{method or 'unset'}' is not understood (known: {', '.join(KNOWN_METHODS)})")
+    raise _refuse(
+        source, f"quantization_config.quant_method '{method or 'unset'}' is not understood (known: {', '.join(KNOWN_METHODS)})"
+    )

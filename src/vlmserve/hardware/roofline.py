@@ -14,11 +14,11 @@ from vlmserve.sched.parametric_cost import DEFAULT_PROFILE, get_profile
 from vlmserve.sched.step_cost import StepCostModel
 
 
-def roofline_setup(model: str, gpu: str, tp: int = 1, *, max_num_seqs: int | None = None,
-                   max_num_batched_tokens: int | None = None) -> PlanSetup:
+def roofline_setup(
+    model: str, gpu: str, tp: int = 1, *, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None
+) -> PlanSetup:
     """The planner's view of one sim replica (UserError if the model or GPU is unknown or it does not fit)."""
-    setup = PlanSetup.from_names(model, gpu, tp=tp, max_num_seqs=max_num_seqs,
-                                 max_num_batched_tokens=max_num_batched_tokens)
+    setup = PlanSetup.from_names(model, gpu, tp=tp, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     setup.memory()
     return setup
 

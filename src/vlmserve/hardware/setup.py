@@ -82,8 +82,9 @@ class PlanSetup:
     routing: str = LEAST_OUTSTANDING_TOKENS
     async_scheduling: bool = False
     """vLLM's --async-scheduling: the CPU work of a step overlaps the GPU's previous step."""
-    frontend: FrontendConfig = field(default_factory=lambda: FrontendConfig(
-        per_image_ms=FRONTEND_PER_IMAGE_MS, per_megapixel_ms=FRONTEND_PER_MEGAPIXEL_MS))
+    frontend: FrontendConfig = field(
+        default_factory=lambda: FrontendConfig(per_image_ms=FRONTEND_PER_IMAGE_MS, per_megapixel_ms=FRONTEND_PER_MEGAPIXEL_MS)
+    )
     """vLLM's API servers preprocessing images (sched.frontend); the costs are priors, see below."""
     cost_model_kind: str = DEFAULT_COST_MODEL
     """auto | kernels | roofline (`--cost-model`)."""
@@ -91,7 +92,9 @@ class PlanSetup:
     """The deployment's vLLM version: the kernel tables closest to it are used (None → the newest)."""
     vision_shape: VisionShape | None = None
     """The ViT's widths, depth and heads from the vision config (measured kernels price the encoder from them)."""
-    _cost: tuple[tuple[Any, ...], RooflineStepCost | MeasuredStepCost] | None = field(default=None, init=False, repr=False, compare=False)
+    _cost: tuple[tuple[Any, ...], RooflineStepCost | MeasuredStepCost] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
     """The cost model built last, with the inputs it was built from (one instance per setup, so its
     per-shape caches and its record of extrapolations outlive one simulation for `--explain`)."""
 
@@ -190,7 +193,12 @@ class PlanSetup:
                 f"a request of {longest_request} tokens exceeds --max-model-len {max_model_len}; raise it or shorten the workload"
             )
         if capacity < longest_request:
-            missing_gb = (longest_request - capacity) * self.model.kv_bytes_for_context(longest_request, self.kv_dtype) / longest_request / 1e9
+            missing_gb = (
+                (longest_request - capacity)
+                * self.model.kv_bytes_for_context(longest_request, self.kv_dtype)
+                / longest_request
+                / 1e9
+            )
             raise UserError(
                 f"{self.model.name} on {self.tp}× {self.gpu.name}: the KV cache left after weights holds {capacity} tokens, "
                 f"less than one {longest_request}-token request ({missing_gb:.2f} GB missing); raise --tp or use a larger GPU"
@@ -209,9 +217,20 @@ class PlanSetup:
     def cost_model(self) -> RooflineStepCost | MeasuredStepCost:
         """The step cost model `--cost-model` picks (see the module docstring)."""
         assert self.weight_dtype is not None
-        inputs = (self.model, self.gpu, self.tp, self.ep, self.weight_dtype, self.kv_dtype, self.efficiency,
-                  self.async_scheduling, self.cost_model_kind, self.vllm_version, self.vision_shape,
-                  self.frontend.api_server_count)
+        inputs = (
+            self.model,
+            self.gpu,
+            self.tp,
+            self.ep,
+            self.weight_dtype,
+            self.kv_dtype,
+            self.efficiency,
+            self.async_scheduling,
+            self.cost_model_kind,
+            self.vllm_version,
+            self.vision_shape,
+            self.frontend.api_server_count,
+        )
         if self._cost is not None and self._cost[0] == inputs:
             return self._cost[1]
         cost: RooflineStepCost | MeasuredStepCost
@@ -219,8 +238,16 @@ class PlanSetup:
             from vlmserve.hardware.kernels.step_cost import MeasuredStepCost  # pyarrow: only when the tables are used
 
             cost = MeasuredStepCost(
-                self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency,
-                self.async_scheduling, vllm_version=self.vllm_version, vision=self.vision_shape, ep=self.ep,
+                self.model,
+                self.gpu,
+                self.tp,
+                self.weight_dtype,
+                self.kv_dtype,
+                self.efficiency,
+                self.async_scheduling,
+                vllm_version=self.vllm_version,
+                vision=self.vision_shape,
+                ep=self.ep,
                 api_servers=self.frontend.api_server_count,
             )
         else:
@@ -232,7 +259,13 @@ class PlanSetup:
         """The calibrated roofline, whatever `--cost-model` says (napkin math, comparisons)."""
         assert self.weight_dtype is not None
         return RooflineStepCost(
-            self.model, self.gpu, self.tp, self.weight_dtype, self.kv_dtype, self.efficiency, self.async_scheduling,
+            self.model,
+            self.gpu,
+            self.tp,
+            self.weight_dtype,
+            self.kv_dtype,
+            self.efficiency,
+            self.async_scheduling,
             api_servers=self.frontend.api_server_count,
         )
 

@@ -211,8 +211,14 @@ class ClientConnection(asyncio.Protocol):
     def reusable(self) -> bool:
         """The response was read to its end, keep-alive holds, and nothing went wrong since."""
         head = self.reader.head
-        return (self.reader.complete and head is not None and head.keep_alive and self.error is None
-                and not self.closed and not self.reading_paused)
+        return (
+            self.reader.complete
+            and head is not None
+            and head.keep_alive
+            and self.error is None
+            and not self.closed
+            and not self.reading_paused
+        )
 
     def close(self) -> None:
         self.listener = None
@@ -378,8 +384,7 @@ class ClientPool:
                 self._targets[url] = target
         return target
 
-    def send(self, method: str, url: str, headers: bytes, body: bytes,
-             listener: BodyListener | None = None) -> SentRequest:
+    def send(self, method: str, url: str, headers: bytes, body: bytes, listener: BodyListener | None = None) -> SentRequest:
         """Write one request now when an idle pooled connection to its server is at hand (else at
         `SentRequest.response`), so that it leaves before the caller's bookkeeping. Raises nothing:
         a failure is raised by `response`, where the caller handles every failure of the attempt.
@@ -425,8 +430,7 @@ class ClientPool:
             context = self._ssl_context
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: ClientConnection(key), host, port, ssl=context),
-                self.connect_timeout_s,
+                loop.create_connection(lambda: ClientConnection(key), host, port, ssl=context), self.connect_timeout_s
             )
         except asyncio.TimeoutError:
             raise ClientError(f"connect to {host}:{port} timed out after {self.connect_timeout_s:g} s") from None

@@ -9,10 +9,22 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
-SINGLETON_HEADERS = frozenset((
-    "host", "content-length", "transfer-encoding", "content-type", "authorization", "x-api-key",
-    "x-request-id", "x-session-id", "x-priority", "expect", "connection", "upgrade",
-))
+SINGLETON_HEADERS = frozenset(
+    (
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "content-type",
+        "authorization",
+        "x-api-key",
+        "x-request-id",
+        "x-session-id",
+        "x-priority",
+        "expect",
+        "connection",
+        "upgrade",
+    )
+)
 """Headers whose repetition has no agreed meaning: sent twice they are refused, never joined or
 overwritten (a proxy that kept the first and one that kept the last would disagree)."""
 
@@ -83,12 +95,12 @@ class _Date:
         return cls.value
 
 
-_STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode("ascii"))
-                 for status in HTTPStatus}
+_STATUS_LINES = {status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode("ascii")) for status in HTTPStatus}
 
 
-def response_head(status: int, headers: Iterable[tuple[str, str]], *, chunked: bool = False,
-                  length: int | None = None, close: bool = False) -> bytes:
+def response_head(
+    status: int, headers: Iterable[tuple[str, str]], *, chunked: bool = False, length: int | None = None, close: bool = False
+) -> bytes:
     """Status line and headers of a response, ready to write."""
     parts = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status, header_lines(headers)]
     if chunked:

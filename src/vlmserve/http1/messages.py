@@ -34,8 +34,9 @@ class Request:
 
     __slots__ = ("method", "target", "path", "headers", "body", "http10", "connection", "route")
 
-    def __init__(self, method: str, target: str, path: str, headers: Headers, body: bytes, http10: bool,
-                 connection: ClientConnection) -> None:
+    def __init__(
+        self, method: str, target: str, path: str, headers: Headers, body: bytes, http10: bool, connection: ClientConnection
+    ) -> None:
         self.method = method
         self.target = target  # the raw request target, as the client sent it
         self.path = path  # the checked path, or "" where the target was refused

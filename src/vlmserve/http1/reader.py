@@ -51,8 +51,19 @@ class ResponseSink(Protocol):
 class ResponseReader:
     """llhttp's response parser, fed one response at a time, reporting to a sink."""
 
-    __slots__ = ("sink", "max_head_bytes", "_parser", "_headers", "head", "head_size", "head_fed", "complete",
-                 "error", "on_body", "__weakref__")
+    __slots__ = (
+        "sink",
+        "max_head_bytes",
+        "_parser",
+        "_headers",
+        "head",
+        "head_size",
+        "head_fed",
+        "complete",
+        "error",
+        "on_body",
+        "__weakref__",
+    )
 
     def __init__(self, sink: ResponseSink, max_head_bytes: int = MAX_RESPONSE_HEAD_BYTES) -> None:
         self.sink = sink
@@ -157,8 +168,14 @@ class ResponseReader:
             self.error = str(err)
             raise
         length = dict.get(headers, "content-length")
-        self.head = ResponseHead(status, headers, chunked, None if chunked or length is None else int(length),
-                                 parser.should_keep_alive(), version == "1.0")
+        self.head = ResponseHead(
+            status,
+            headers,
+            chunked,
+            None if chunked or length is None else int(length),
+            parser.should_keep_alive(),
+            version == "1.0",
+        )
         self.sink.on_response_head(self.head)
 
     def on_message_complete(self) -> None:

@@ -106,8 +106,9 @@ class Refused(Exception):
 class HttpServer:
     """What every connection shares: the handler, the limits, the deadline ticker."""
 
-    def __init__(self, handler: Handler, limits: ServerLimits, render_error: ErrorRenderer,
-                 stats: ClientStats | None = None) -> None:
+    def __init__(
+        self, handler: Handler, limits: ServerLimits, render_error: ErrorRenderer, stats: ClientStats | None = None
+    ) -> None:
         self.handler = handler
         self.limits = limits
         self.render_error = render_error
@@ -163,11 +164,39 @@ class HttpServer:
 class HttpConnection(asyncio.Protocol):
     """One client connection: llhttp's callbacks build requests, `_serve` answers them in turn."""
 
-    __slots__ = ("server", "transport", "parser", "queue", "queued_bytes", "task", "ready", "serving",
-                 "deadline", "awaiting_head", "reading_paused", "writing_paused", "drain_waiter", "listener",
-                 "lingering", "stop_reading", "half_closed", "_method", "_url", "_headers", "_head_size",
-                 "_head_fed", "_completed_in_read", "_in_head", "_in_body", "_body", "_body_size", "_body_overhead", "_continue_due",
-                 "_refused", "__weakref__")
+    __slots__ = (
+        "server",
+        "transport",
+        "parser",
+        "queue",
+        "queued_bytes",
+        "task",
+        "ready",
+        "serving",
+        "deadline",
+        "awaiting_head",
+        "reading_paused",
+        "writing_paused",
+        "drain_waiter",
+        "listener",
+        "lingering",
+        "stop_reading",
+        "half_closed",
+        "_method",
+        "_url",
+        "_headers",
+        "_head_size",
+        "_head_fed",
+        "_completed_in_read",
+        "_in_head",
+        "_in_body",
+        "_body",
+        "_body_size",
+        "_body_overhead",
+        "_continue_due",
+        "_refused",
+        "__weakref__",
+    )
 
     def __init__(self, server: HttpServer) -> None:
         self.server = server
@@ -253,11 +282,19 @@ class HttpConnection(asyncio.Protocol):
             if in_body and not self._completed_in_read:  # the whole read was this body's
                 self._body_overhead += len(data) - (self._body_size - body_before)
                 if self._body_overhead > limits.max_head_bytes + self._body_size:
-                    self._refuse(Refused(400, "chunked body with more bytes of chunk framing, extensions or "
-                                              "trailers than of data", "malformed_request"))
+                    self._refuse(
+                        Refused(
+                            400,
+                            "chunked body with more bytes of chunk framing, extensions or trailers than of data",
+                            "malformed_request",
+                        )
+                    )
                     return
-        if ((self.queued_bytes > MAX_QUEUED_BYTES or len(self.queue) > MAX_QUEUED_REQUESTS)
-                and not self.reading_paused and self.transport is not None):
+        if (
+            (self.queued_bytes > MAX_QUEUED_BYTES or len(self.queue) > MAX_QUEUED_REQUESTS)
+            and not self.reading_paused
+            and self.transport is not None
+        ):
             self.transport.pause_reading()
             self.reading_paused = True
 
@@ -344,8 +381,11 @@ class HttpConnection(asyncio.Protocol):
             self._headers.add(name, value)
         except FramingError as err:
             too_many = "header fields" in str(err)  # 431 and its code, as for a head over the byte limit
-            self._fail(Refused(431, str(err), "request_header_fields_too_large") if too_many
-                       else Refused(400, str(err), "malformed_request"))
+            self._fail(
+                Refused(431, str(err), "request_header_fields_too_large")
+                if too_many
+                else Refused(400, str(err), "malformed_request")
+            )
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -371,8 +411,9 @@ class HttpConnection(asyncio.Protocol):
             # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing (an HTTP/1.0
             # hop before this one would not have read it as chunked); llhttp takes it, and with
             # Connection: keep-alive, reads on after it. Refused, as nginx does.
-            self._fail(Refused(400, "Transfer-Encoding in an HTTP/1.0 request: send HTTP/1.1, or a Content-Length",
-                               "malformed_request"))
+            self._fail(
+                Refused(400, "Transfer-Encoding in an HTTP/1.0 request: send HTTP/1.1, or a Content-Length", "malformed_request")
+            )
         length = dict.get(headers, "content-length")
         if length is not None and int(length) > limits.max_body_bytes:
             self._fail(self._body_too_large(int(length)))
@@ -402,8 +443,9 @@ class HttpConnection(asyncio.Protocol):
         self._body = []
         self._in_body = self._continue_due = False  # a body sent without waiting for its 100 needs none
         self._completed_in_read = True
-        request = Request(self._method, self._url.decode("latin-1"), "", self._headers, body,
-                          parser.get_http_version() == "1.0", self)
+        request = Request(
+            self._method, self._url.decode("latin-1"), "", self._headers, body, parser.get_http_version() == "1.0", self
+        )
         if not keep_alive:
             self.stop_reading = True  # nothing after this request is processed
             # llhttp goes on parsing the rest of this read: its next callbacks see stop_reading
@@ -468,8 +510,7 @@ class HttpConnection(asyncio.Protocol):
         elif isinstance(answer, Response):
             transport.write(self._render(answer, request, close=last))
         else:  # a bug in the handler: this connection closes, the server goes on
-            log.error("request %s %s: the handler answered %r", request.method, request.target[:80],
-                      type(answer).__name__)
+            log.error("request %s %s: the handler answered %r", request.method, request.target[:80], type(answer).__name__)
             self.close()
             return False
         if last:
@@ -520,8 +561,13 @@ class HttpConnection(asyncio.Protocol):
     def _resume_if_room(self) -> None:
         # the count too, not only the bytes: else every answer resumed reading, and each read queued
         # thousands more bodiless requests
-        if (self.reading_paused and self.transport is not None and self.queued_bytes <= MAX_QUEUED_BYTES
-                and len(self.queue) <= MAX_QUEUED_REQUESTS and not self.writing_paused):
+        if (
+            self.reading_paused
+            and self.transport is not None
+            and self.queued_bytes <= MAX_QUEUED_BYTES
+            and len(self.queue) <= MAX_QUEUED_REQUESTS
+            and not self.writing_paused
+        ):
             self.reading_paused = False
             self.transport.resume_reading()
 

@@ -33,9 +33,13 @@ def server_ssl_context(certfile: Path | None, keyfile: Path | None) -> ssl.SSLCo
     except ssl.SSLError as err:
         reason = err.reason or (err.args[1] if len(err.args) > 1 else str(err))
         if reason == "KEY_VALUES_MISMATCH":
-            raise UserError(f"--ssl-keyfile {keyfile} is not the key of --ssl-certfile {certfile}: pass the matching pair") from None
-        raise UserError(f"--ssl-certfile {certfile} with --ssl-keyfile {keyfile} cannot be loaded ({reason}): "
-                        "give a PEM certificate (chain) and its unencrypted PEM key") from None
+            raise UserError(
+                f"--ssl-keyfile {keyfile} is not the key of --ssl-certfile {certfile}: pass the matching pair"
+            ) from None
+        raise UserError(
+            f"--ssl-certfile {certfile} with --ssl-keyfile {keyfile} cannot be loaded ({reason}): "
+            "give a PEM certificate (chain) and its unencrypted PEM key"
+        ) from None
     except OSError as err:
         raise UserError(f"cannot read TLS certificate {certfile} or key {keyfile}: {err.strerror}") from None
     return context
@@ -43,6 +47,8 @@ def server_ssl_context(certfile: Path | None, keyfile: Path | None) -> ssl.SSLCo
 
 def _encrypted_key(keyfile: Path):  # noqa: ANN202 (returns a nested callback)
     """Called by OpenSSL only for an encrypted key (instead of prompting on the terminal)."""
+
     def refuse() -> bytes:
         raise UserError(f"--ssl-keyfile {keyfile} is encrypted: give an unencrypted key (openssl pkey -in KEY -out PLAIN)")
+
     return refuse

@@ -51,10 +51,8 @@ def _distribution(entry: JSONObject, name: str) -> dict[str, float | None]:
     if unit not in _TO_MS:
         raise UserError(f"AIPerf metric {name} is in '{unit}', not a time unit; is this a profile_export_aiperf.json?")
     scale = _TO_MS[unit]
-    keys = {"mean": "avg", "std": "std", "min": "min", "max": "max",
-            **{key: f"p{PERCENTILES[key]:g}" for key in PERCENTILES}}
-    return {ours: value * scale if (value := number(entry.get(theirs))) is not None else None
-            for ours, theirs in keys.items()}
+    keys = {"mean": "avg", "std": "std", "min": "min", "max": "max", **{key: f"p{PERCENTILES[key]:g}" for key in PERCENTILES}}
+    return {ours: value * scale if (value := number(entry.get(theirs))) is not None else None for ours, theirs in keys.items()}
 
 
 def _first_model(config: JSONObject, endpoint: JSONObject) -> str | None:
@@ -75,10 +73,13 @@ def _load(config: JSONObject, endpoint: JSONObject) -> JSONObject:
     datasets = objects(config, "datasets")
     prompts = mapping(datasets[0], "prompts") if datasets else {}
     lengths = {ours: mapping(prompts, theirs).get("mean") for ours, theirs in (("input_len", "isl"), ("output_len", "osl"))}
-    load = {"concurrency": profiling.get("concurrency", loadgen.get("concurrency")),
-            "rate": profiling.get("request_rate", profiling.get("rate", loadgen.get("request_rate"))),
-            "api": endpoint.get("type"), "dataset": datasets[0].get("type") if datasets else None,
-            **{key: round(value) for key, value in lengths.items() if isinstance(value, (int, float))}}
+    load = {
+        "concurrency": profiling.get("concurrency", loadgen.get("concurrency")),
+        "rate": profiling.get("request_rate", profiling.get("rate", loadgen.get("request_rate"))),
+        "api": endpoint.get("type"),
+        "dataset": datasets[0].get("type") if datasets else None,
+        **{key: round(value) for key, value in lengths.items() if isinstance(value, (int, float))},
+    }
     return {key: value for key, value in load.items() if value is not None}
 
 
@@ -89,11 +90,16 @@ def import_warnings(data: JSONObject) -> list[str]:
     endpoint = mapping(config, "endpoint")
     if not endpoint.get("use_server_token_count"):
         client, server = _value(data, "total_osl"), _value(data, "total_usage_completion_tokens")
-        counts = (f" ({client:.0f} output tokens by AIPerf's count, {server:.0f} by the server's usage)"
-                  if client is not None and server is not None else "")
-        warnings.append("AIPerf counted tokens by re-tokenising the text with its own tokenizer, not the server's "
-                        f"count{counts}: output tokens/s and TPOT follow that count "
-                        "(run AIPerf with --use-server-token-count for the server's)")
+        counts = (
+            f" ({client:.0f} output tokens by AIPerf's count, {server:.0f} by the server's usage)"
+            if client is not None and server is not None
+            else ""
+        )
+        warnings.append(
+            "AIPerf counted tokens by re-tokenising the text with its own tokenizer, not the server's "
+            f"count{counts}: output tokens/s and TPOT follow that count "
+            "(run AIPerf with --use-server-token-count for the server's)"
+        )
     completed = _value(data, "request_count") or 0.0
     failed = _value(data, "error_request_count") or 0.0
     more = ["the run was cancelled"] if data.get("was_cancelled") is True else []
@@ -111,8 +117,10 @@ def from_aiperf(data: JSONObject) -> RunResult:
     document: dict[str, object] = {
         "requests": {"total": int(count + failed), "completed": int(count), "failed": int(failed)},
         "duration_s": duration,
-        "throughput": {"requests_per_s": _value(data, "request_throughput"),
-                       "output_tokens_per_s": _value(data, "output_token_throughput")},
+        "throughput": {
+            "requests_per_s": _value(data, "request_throughput"),
+            "output_tokens_per_s": _value(data, "output_token_throughput"),
+        },
         "tokens": {"prompt_total": _whole(_value(data, "total_isl")), "output_total": _whole(_value(data, "total_osl"))},
     }
     for name, block in METRIC_BLOCKS.items():

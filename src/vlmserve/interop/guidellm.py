@@ -31,8 +31,12 @@ METRIC_BLOCKS: dict[str, tuple[str, float]] = {
 
 
 def looks_like_guidellm(data: JSONValue) -> bool:
-    return (isinstance(data, dict) and isinstance(data.get("benchmarks"), list)
-            and isinstance(data.get("metadata"), dict) and "guidellm_version" in mapping(data, "metadata"))
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("benchmarks"), list)
+        and isinstance(data.get("metadata"), dict)
+        and "guidellm_version" in mapping(data, "metadata")
+    )
 
 
 def _successful(metrics: JSONObject, name: str) -> JSONObject:
@@ -43,8 +47,13 @@ def _successful(metrics: JSONObject, name: str) -> JSONObject:
 
 def _distribution(block: JSONObject, scale: float) -> dict[str, float | None]:
     percentiles = mapping(block, "percentiles")
-    values: JSONObject = {"mean": block.get("mean"), "std": block.get("std_dev"), "min": block.get("min"),
-                              "max": block.get("max"), **{key: percentiles.get(key) for key in PERCENTILES}}
+    values: JSONObject = {
+        "mean": block.get("mean"),
+        "std": block.get("std_dev"),
+        "min": block.get("min"),
+        "max": block.get("max"),
+        **{key: percentiles.get(key) for key in PERCENTILES},
+    }
     values["p50"] = percentiles.get("p50", block.get("median"))
     return {key: None if (figure := number(value)) is None else figure * scale for key, value in values.items()}
 
@@ -87,11 +96,15 @@ def _one(benchmark: JSONObject, version: str | None, source: JSONObject) -> RunR
     document: dict[str, object] = {
         "requests": {"total": completed + failed, "completed": completed, "failed": failed},
         "duration_s": number(benchmark.get("duration")),
-        "throughput": {"requests_per_s": number(_successful(metrics, "requests_per_second").get("mean")),
-                       "output_tokens_per_s": number(_successful(metrics, "output_tokens_per_second").get("mean")),
-                       "total_tokens_per_s": number(_successful(metrics, "tokens_per_second").get("mean"))},
-        "tokens": {"prompt_total": None if prompt_tokens is None else round(prompt_tokens),
-                   "output_total": None if output_tokens is None else round(output_tokens)},
+        "throughput": {
+            "requests_per_s": number(_successful(metrics, "requests_per_second").get("mean")),
+            "output_tokens_per_s": number(_successful(metrics, "output_tokens_per_second").get("mean")),
+            "total_tokens_per_s": number(_successful(metrics, "tokens_per_second").get("mean")),
+        },
+        "tokens": {
+            "prompt_total": None if prompt_tokens is None else round(prompt_tokens),
+            "output_total": None if output_tokens is None else round(output_tokens),
+        },
     }
     for name, (block, scale) in METRIC_BLOCKS.items():
         figures = _successful(metrics, name)
@@ -117,8 +130,7 @@ def from_guidellm(data: JSONObject) -> list[RunResult]:
     """Every benchmark of the file as a run, in the file's order."""
     benchmarks = objects(data, "benchmarks")
     if not benchmarks:
-        raise UserError("this guidellm file holds no benchmark (the run stopped before its first one ended); "
-                        "re-run guidellm")
+        raise UserError("this guidellm file holds no benchmark (the run stopped before its first one ended); re-run guidellm")
     version = mapping(data, "metadata").get("guidellm_version")
     return [_one(benchmark, None if version is None else str(version), _data_source(data)) for benchmark in benchmarks]
 

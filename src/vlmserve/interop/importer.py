@@ -33,9 +33,11 @@ FORMATS: tuple[tuple[str, Callable[[JSONValue], bool], Reader], ...] = (
 """(tool, recogniser, reader) for every format `runs import` reads; a reader gets the file's path
 too (inference-perf reads the config.yaml beside its report)."""
 
-EXPECTED = ("a result file of vlmserve (bench --json-out), vllm bench serve (--save-result), AIPerf "
-            "(profile_export_aiperf.json), guidellm (benchmarks JSON) or inference-perf "
-            "(summary_lifecycle_metrics.json)")
+EXPECTED = (
+    "a result file of vlmserve (bench --json-out), vllm bench serve (--save-result), AIPerf "
+    "(profile_export_aiperf.json), guidellm (benchmarks JSON) or inference-perf "
+    "(summary_lifecycle_metrics.json)"
+)
 
 GENERIC_NAMES = frozenset({"profile_export_aiperf", "benchmarks", "summary_lifecycle_metrics", "result", "results"})
 """File names a tool always writes: the default label adds the folder, so two runs' labels differ."""
@@ -51,8 +53,10 @@ def read_result_runs(path: Path, label: str | None = None) -> list[RunResult]:
     except (OSError, UnicodeDecodeError) as err:
         raise UserError(f"{path}: cannot read it ({type(err).__name__}); give {EXPECTED}") from None
     except Refused as err:
-        raise UserError(f"{path}: {err}; give {EXPECTED} within that bound (a detailed file of a "
-                        "very long run: save it without --save-detailed)") from None
+        raise UserError(
+            f"{path}: {err}; give {EXPECTED} within that bound (a detailed file of a "
+            "very long run: save it without --save-detailed)"
+        ) from None
     except json.JSONDecodeError as err:
         raise UserError(f"{path} is not JSON (line {err.lineno}: {err.msg}); give {EXPECTED}") from None
     for tool, recognises, reader in FORMATS:
@@ -62,9 +66,11 @@ def read_result_runs(path: Path, label: str | None = None) -> list[RunResult]:
             except UserError as err:
                 raise UserError(f"{path}: {err.message}") from None
             except (TypeError, ValueError, KeyError, AttributeError, IndexError) as err:
-                raise UserError(f"{path} looks like {tool} output but a field is malformed "
-                                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                                f"re-create it with {tool}") from None
+                raise UserError(
+                    f"{path} looks like {tool} output but a field is malformed "
+                    f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                    f"re-create it with {tool}"
+                ) from None
             results = read if isinstance(read, list) else [read]
             for result in results:
                 _describe(result, path, tool, label, several=len(results) > 1)
@@ -111,8 +117,7 @@ def _make_printable(meta: RunMeta) -> None:
             setattr(meta, key, printable(str(value)))
 
 
-def import_result_file(path: Path, label: str | None = None, *,
-                       simulated: bool = False) -> list[tuple[str, RunResult]]:
+def import_result_file(path: Path, label: str | None = None, *, simulated: bool = False) -> list[tuple[str, RunResult]]:
     """Read and store every run of the file; returns (run id, result) for each.
 
     `simulated` marks runs the user knows ran against a sim engine (`--simulated`): only

@@ -36,15 +36,22 @@ CONFIG_NAME = "config.yaml"
 """The run's configuration inference-perf writes beside its reports."""
 
 
-
 def looks_like_inference_perf(data: JSONValue) -> bool:
-    return (isinstance(data, dict) and isinstance(data.get("successes"), dict) and "failures" in data
-            and "benchmark_time_seconds" in data)
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("successes"), dict)
+        and "failures" in data
+        and "benchmark_time_seconds" in data
+    )
 
 
 def _distribution(block: JSONObject) -> dict[str, float | None]:
-    values = {"mean": block.get("mean"), "min": block.get("min"), "max": block.get("max"),
-              **{key: block.get(f"p{PERCENTILES[key]:g}") for key in PERCENTILES}}
+    values = {
+        "mean": block.get("mean"),
+        "min": block.get("min"),
+        "max": block.get("max"),
+        **{key: block.get(f"p{PERCENTILES[key]:g}") for key in PERCENTILES},
+    }
     values["p50"] = block.get("median", values.get("p50"))
     seconds = {key: number(value) for key, value in values.items()}
     return {key: None if value is None else value * 1000.0 for key, value in seconds.items()}
@@ -74,11 +81,16 @@ def _load(config: JSONObject, data: JSONObject) -> JSONObject:
         rate = stages[0].get("rate")
     api_type = api.get("type")
     data_config = mapping(config, "data")
-    lengths = {ours: number(mapping(data_config, theirs).get("mean"))
-               for ours, theirs in (("input_len", "input_distribution"), ("output_len", "output_distribution"))}
-    load = {"rate": number(rate), "api": {"completion": "completions", "chat": "chat"}.get(str(api_type)),
-            **{key: round(value) for key, value in lengths.items() if value is not None},
-            "dataset": data_config.get("type")}
+    lengths = {
+        ours: number(mapping(data_config, theirs).get("mean"))
+        for ours, theirs in (("input_len", "input_distribution"), ("output_len", "output_distribution"))
+    }
+    load = {
+        "rate": number(rate),
+        "api": {"completion": "completions", "chat": "chat"}.get(str(api_type)),
+        **{key: round(value) for key, value in lengths.items() if value is not None},
+        "dataset": data_config.get("type"),
+    }
     return {key: value for key, value in load.items() if value is not None}
 
 
@@ -89,10 +101,15 @@ def _token_warning(successes: JSONObject) -> list[str]:
     lengths = mapping(successes, "output_len")
     served = mapping(successes, "output_tokens")
     client, server = number(lengths.get("mean")), number(served.get("mean"))
-    counts = (f" ({client:.1f} output tokens per request by its count, {server:.1f} by the server's)"
-              if client is not None and server is not None else "")
-    return [f"inference-perf's token counts disagree with the server's on {mismatches:.0f} requests{counts}: "
-            "its output tokens/s and TPOT follow its own re-tokenisation"]
+    counts = (
+        f" ({client:.1f} output tokens per request by its count, {server:.1f} by the server's)"
+        if client is not None and server is not None
+        else ""
+    )
+    return [
+        f"inference-perf's token counts disagree with the server's on {mismatches:.0f} requests{counts}: "
+        "its output tokens/s and TPOT follow its own re-tokenisation"
+    ]
 
 
 def from_inference_perf(data: JSONObject, path: Path | None = None) -> RunResult:
@@ -107,10 +124,12 @@ def from_inference_perf(data: JSONObject, path: Path | None = None) -> RunResult
     document: dict[str, object] = {
         "requests": {"total": completed + failed, "completed": completed, "failed": failed},
         "duration_s": number(data.get("benchmark_time_seconds")),
-        "throughput": {"requests_per_s": number(throughput.get("requests_per_sec")),
-                       "output_tokens_per_s": number(throughput.get("output_tokens_per_sec")),
-                       "input_tokens_per_s": number(throughput.get("input_tokens_per_sec")),
-                       "total_tokens_per_s": number(throughput.get("total_tokens_per_sec"))},
+        "throughput": {
+            "requests_per_s": number(throughput.get("requests_per_sec")),
+            "output_tokens_per_s": number(throughput.get("output_tokens_per_sec")),
+            "input_tokens_per_s": number(throughput.get("input_tokens_per_sec")),
+            "total_tokens_per_s": number(throughput.get("total_tokens_per_sec")),
+        },
         "tokens": {"prompt_total": _whole(prompt.get("total")), "output_total": _whole(output.get("total"))},
     }
     for name, block in METRIC_BLOCKS.items():

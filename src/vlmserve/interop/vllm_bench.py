@@ -105,8 +105,12 @@ def to_vllm_result(result: RunResult) -> dict[str, object]:
 
 def _peak_tokens_per_s(records: list[RequestRecord]) -> float:
     """The most output tokens that arrived within one whole second of the run (vLLM's max_output_tokens_per_s)."""
-    arrivals = [(moment, tokens) for record in records if record.ok
-                for moment, tokens in zip(record.chunk_times_s, record.chunk_tokens or [1] * len(record.chunk_times_s))]
+    arrivals = [
+        (moment, tokens)
+        for record in records
+        if record.ok
+        for moment, tokens in zip(record.chunk_times_s, record.chunk_tokens or [1] * len(record.chunk_times_s))
+    ]
     if not arrivals:
         return 0.0
     origin = min(record.sent_at_s for record in records)
@@ -116,8 +120,10 @@ def _peak_tokens_per_s(records: list[RequestRecord]) -> float:
 
 def _peak_in_flight(records: list[RequestRecord]) -> int:
     """The most requests sent and not yet finished at one moment."""
-    events = sorted([(record.sent_at_s, 1) for record in records]
-                    + [(record.finished_at_s or record.sent_at_s, -1) for record in records], key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(record.sent_at_s, 1) for record in records] + [(record.finished_at_s or record.sent_at_s, -1) for record in records],
+        key=lambda e: (e[0], e[1]),
+    )
     peak = current = 0
     for _, change in events:
         current += change
@@ -143,8 +149,10 @@ def _records(data: dict[str, Any]) -> list[RequestRecord]:
         return []
     count = len(data["start_times"])
     if any(len(data[name]) != count for name in lists):
-        raise UserError("the per-request lists of this vllm bench serve file differ in length; "
-                        "the file is damaged: re-run vllm bench serve with --save-result --save-detailed")
+        raise UserError(
+            "the per-request lists of this vllm bench serve file differ in length; "
+            "the file is damaged: re-run vllm bench serve with --save-result --save-detailed"
+        )
     records: list[RequestRecord] = []
     for index in range(count):
         sent = float(data["start_times"][index])
@@ -155,13 +163,22 @@ def _records(data: dict[str, Any]) -> list[RequestRecord]:
         first = sent + float(data["ttfts"][index]) if ok else None
         chunk_times = [first, *(first + float(total) for total in np.cumsum(gaps))] if first is not None else []
         chunk_tokens = _spread(output_tokens, len(chunk_times))
-        records.append(RequestRecord(
-            request_id=f"vllm-{index}", scheduled_at_s=sent, sent_at_s=sent, first_token_at_s=first,
-            finished_at_s=sent + float(data["latencies"][index]) if ok else None,
-            chunk_times_s=chunk_times, chunk_tokens=chunk_tokens,
-            prompt_tokens=int(data["input_lens"][index] or 0), output_tokens=output_tokens if ok else None,
-            ok=ok, error_kind=None if ok else "error", error_message=printable(str(error), 500) or None,
-        ))
+        records.append(
+            RequestRecord(
+                request_id=f"vllm-{index}",
+                scheduled_at_s=sent,
+                sent_at_s=sent,
+                first_token_at_s=first,
+                finished_at_s=sent + float(data["latencies"][index]) if ok else None,
+                chunk_times_s=chunk_times,
+                chunk_tokens=chunk_tokens,
+                prompt_tokens=int(data["input_lens"][index] or 0),
+                output_tokens=output_tokens if ok else None,
+                ok=ok,
+                error_kind=None if ok else "error",
+                error_message=printable(str(error), 500) or None,
+            )
+        )
     return records
 
 
@@ -176,17 +193,25 @@ def _spread(tokens: int, chunks: int) -> list[int]:
 def _aggregate_summary(data: dict[str, Any]) -> RunSummary:
     """vLLM's own figures as a vlmserve summary (a file saved without --save-detailed)."""
     document: dict[str, object] = {
-        "requests": {"total": (data.get("completed") or 0) + (data.get("failed") or 0),
-                     "completed": data.get("completed"), "failed": data.get("failed") or 0},
+        "requests": {
+            "total": (data.get("completed") or 0) + (data.get("failed") or 0),
+            "completed": data.get("completed"),
+            "failed": data.get("failed") or 0,
+        },
         "duration_s": data.get("duration"),
-        "throughput": {"requests_per_s": data.get("request_throughput"),
-                       "output_tokens_per_s": data.get("output_throughput"),
-                       "total_tokens_per_s": data.get("total_token_throughput")},
+        "throughput": {
+            "requests_per_s": data.get("request_throughput"),
+            "output_tokens_per_s": data.get("output_throughput"),
+            "total_tokens_per_s": data.get("total_token_throughput"),
+        },
         "tokens": {"prompt_total": data.get("total_input_tokens"), "output_total": data.get("total_output_tokens")},
     }
     for name, block in METRIC_BLOCKS.items():
-        figures: dict[str, object] = {"mean": data.get(f"mean_{name}_ms"), "p50": data.get(f"median_{name}_ms"),
-                                   "std": data.get(f"std_{name}_ms")}
+        figures: dict[str, object] = {
+            "mean": data.get(f"mean_{name}_ms"),
+            "p50": data.get(f"median_{name}_ms"),
+            "std": data.get(f"std_{name}_ms"),
+        }
         for key in PERCENTILES:
             value = data.get(f"p{_percentile_word(key)}_{name}_ms")
             if value is not None:
@@ -224,14 +249,18 @@ def from_vllm_result(data: dict[str, Any]) -> RunResult:
         "output_len": round(lengths.output_total / completed) if completed else None,
         "api": "chat" if str(data.get("backend", "")).endswith("chat") else "completions",
     }
-    summary.meta = RunMeta.model_validate({
-        "label": data.get("label") or None,
-        "model": data.get("model_id"),
-        "started_at": _started_at(data),
-        "load_spec": {key: value for key, value in load.items() if value is not None},
-        "tool": TOOL,
-        "simulated": False,
-    })
-    summary.warnings = [*(summary.warnings or []),
-                        *broken_run_warning("this vllm bench serve file", int(completed), int(data.get("failed") or 0))]
+    summary.meta = RunMeta.model_validate(
+        {
+            "label": data.get("label") or None,
+            "model": data.get("model_id"),
+            "started_at": _started_at(data),
+            "load_spec": {key: value for key, value in load.items() if value is not None},
+            "tool": TOOL,
+            "simulated": False,
+        }
+    )
+    summary.warnings = [
+        *(summary.warnings or []),
+        *broken_run_warning("this vllm bench serve file", int(completed), int(data.get("failed") or 0)),
+    ]
     return RunResult(records=records, summary=summary)

@@ -28,5 +28,6 @@ def from_vlmserve_summary(data: JSONObject) -> RunResult:
     summary = RunSummary.model_validate(data)
     kept = summary.meta.model_dump(exclude_unset=True, exclude={"run_id"})  # the store gives it a fresh id
     summary.meta = RunMeta.model_validate(
-        {**kept, "original_run_id": summary.meta.run_id, "tool": TOOL, "simulated": summary.meta.simulated})
+        {**kept, "original_run_id": summary.meta.run_id, "tool": TOOL, "simulated": summary.meta.simulated}
+    )
     return RunResult(records=[], summary=summary)

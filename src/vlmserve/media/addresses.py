@@ -42,12 +42,15 @@ CACHE_TTL_S = 30.0
 """How long a resolution (or its failure) is reused; getaddrinfo does not report the record's TTL."""
 CACHE_MAX_HOSTS = 256
 
-CLOUD_METADATA = frozenset(ipaddress.ip_address(a) for a in (
-    "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle
-    "169.254.170.2",  # AWS ECS task metadata
-    "100.100.100.200",  # Alibaba Cloud
-    "fd00:ec2::254",  # AWS IPv6
-))
+CLOUD_METADATA = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle
+        "169.254.170.2",  # AWS ECS task metadata
+        "100.100.100.200",  # Alibaba Cloud
+        "fd00:ec2::254",  # AWS IPv6
+    )
+)
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -77,9 +80,14 @@ def internal_reason(address: Address) -> str | None:
     target = _embedded_ipv4(address)  # the address a connection to `address` ends up at
     if target in CLOUD_METADATA:
         return "a cloud metadata address"
-    for reason, test in (("a loopback", target.is_loopback), ("an unspecified", target.is_unspecified),
-                         ("a link-local", target.is_link_local), ("a multicast", target.is_multicast),
-                         ("a private", target.is_private), ("a reserved", target.is_reserved)):
+    for reason, test in (
+        ("a loopback", target.is_loopback),
+        ("an unspecified", target.is_unspecified),
+        ("a link-local", target.is_link_local),
+        ("a multicast", target.is_multicast),
+        ("a private", target.is_private),
+        ("a reserved", target.is_reserved),
+    ):
         if test:
             return f"{reason} address"
     if not target.is_global:
@@ -98,8 +106,15 @@ def literal_address(host: str) -> Address | None:
 class MediaAddressPolicy:
     """Resolves media hosts off the event loop and refuses internal addresses; one per gateway."""
 
-    def __init__(self, allow_internal: bool = False, *, timeout_s: float = RESOLVE_TIMEOUT_S,
-                 ttl_s: float = CACHE_TTL_S, max_hosts: int = CACHE_MAX_HOSTS, lookup: Lookup = system_lookup) -> None:
+    def __init__(
+        self,
+        allow_internal: bool = False,
+        *,
+        timeout_s: float = RESOLVE_TIMEOUT_S,
+        ttl_s: float = CACHE_TTL_S,
+        max_hosts: int = CACHE_MAX_HOSTS,
+        lookup: Lookup = system_lookup,
+    ) -> None:
         self.allow_internal = allow_internal
         self.timeout_s = timeout_s
         self.ttl_s = ttl_s
@@ -130,9 +145,11 @@ class MediaAddressPolicy:
                 reason = internal_reason(address)
                 if reason is not None:
                     shown = "is" if literal is not None else f"resolves to {address}, which is"
-                    raise MediaRefused(f"{kind} URL host {host!r} {shown} {reason}; media is never fetched from "
-                                       f"internal addresses: send the {kind} inline as a data: URL (an operator "
-                                       f"serving media from an internal host on purpose passes {ALLOW_INTERNAL_FLAG})")
+                    raise MediaRefused(
+                        f"{kind} URL host {host!r} {shown} {reason}; media is never fetched from "
+                        f"internal addresses: send the {kind} inline as a data: URL (an operator "
+                        f"serving media from an internal host on purpose passes {ALLOW_INTERNAL_FLAG})"
+                    )
         return found
 
     async def _resolve(self, host: str) -> tuple[Address, ...] | str:
@@ -154,8 +171,9 @@ class MediaAddressPolicy:
     async def _lookup(self, host: str) -> tuple[Address, ...] | str:
         try:
             infos = await asyncio.get_running_loop().run_in_executor(None, self.lookup, host)
-            found: tuple[Address, ...] | str = tuple(dict.fromkeys(
-                ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos))
+            found: tuple[Address, ...] | str = tuple(
+                dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos)
+            )
             if not found:
                 found = "does not resolve (no addresses)"
         except (OSError, UnicodeError, ValueError) as err:
@@ -175,17 +193,23 @@ class CheckedResolver(AbstractResolver):
     def __init__(self, policy: MediaAddressPolicy) -> None:
         self.policy = policy
 
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         try:
             found = await self.policy.addresses(host)
         except MediaRefused as refused:
             raise OSError(refused.message) from None  # aiohttp reports it as a connection error
-        results = [ResolveResult(hostname=host, host=str(address), port=port,
-                                 family=socket.AF_INET6 if address.version == 6 else socket.AF_INET,
-                                 proto=0, flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV)
-                   for address in found
-                   if family == socket.AF_UNSPEC or family == (socket.AF_INET6 if address.version == 6 else socket.AF_INET)]
+        results = [
+            ResolveResult(
+                hostname=host,
+                host=str(address),
+                port=port,
+                family=socket.AF_INET6 if address.version == 6 else socket.AF_INET,
+                proto=0,
+                flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+            )
+            for address in found
+            if family == socket.AF_UNSPEC or family == (socket.AF_INET6 if address.version == 6 else socket.AF_INET)
+        ]
         if not results:
             raise OSError(f"{host} has no address of the requested family")
         return results

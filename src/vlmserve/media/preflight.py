@@ -57,8 +57,9 @@ class ImageLimits:
     max_image_pixels: int
     max_images_per_request: int
 
-    def tightened(self, max_image_bytes: int | None, max_image_pixels: int | None,
-                  max_images_per_request: int | None) -> ImageLimits:
+    def tightened(
+        self, max_image_bytes: int | None, max_image_pixels: int | None, max_images_per_request: int | None
+    ) -> ImageLimits:
         """A tenant's limits can only be stricter than the deployment's."""
         return ImageLimits(
             min(self.max_image_bytes, max_image_bytes or self.max_image_bytes),
@@ -71,8 +72,7 @@ class ImageRefused(Exception):
     """An image the preflight refuses; carries the OpenAI-format error's code (and a status: 400,
     or 503 with Retry-After when the image workers are too busy to take it)."""
 
-    def __init__(self, message: str, code: str = "invalid_image", status: int = 400,
-                 retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, code: str = "invalid_image", status: int = 400, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -97,10 +97,16 @@ class ImageSeen:
     tokens: int = 0  # estimated prompt tokens, as forwarded
 
     def audit(self) -> dict[str, object]:
-        return {"digest": self.digest, "format": self.format, "source": self.source,
-                "size": f"{self.width}x{self.height}", "bytes": self.bytes,
-                "sent_size": f"{self.sent_width}x{self.sent_height}", "sent_bytes": self.sent_bytes,
-                "tokens_estimate": self.tokens}
+        return {
+            "digest": self.digest,
+            "format": self.format,
+            "source": self.source,
+            "size": f"{self.width}x{self.height}",
+            "bytes": self.bytes,
+            "sent_size": f"{self.sent_width}x{self.sent_height}",
+            "sent_bytes": self.sent_bytes,
+            "tokens_estimate": self.tokens,
+        }
 
 
 @dataclass
@@ -135,9 +141,11 @@ class RemoteFetcher:
             async with asyncio.timeout(self.timeout_s):
                 async with self.session.get(url, allow_redirects=False) as response:
                     if response.status != 200:
-                        raise ImageRefused(f"image {index}: {shown} answered HTTP {response.status}"
-                                           f"{' (a redirect: link the final URL)' if 300 <= response.status < 400 else ''}",
-                                           "media_fetch_failed")
+                        raise ImageRefused(
+                            f"image {index}: {shown} answered HTTP {response.status}"
+                            f"{' (a redirect: link the final URL)' if 300 <= response.status < 400 else ''}",
+                            "media_fetch_failed",
+                        )
                     if response.content_length is not None and response.content_length > max_bytes:
                         raise _too_many_bytes(index, response.content_length, max_bytes)
                     data = bytearray()
@@ -147,25 +155,39 @@ class RemoteFetcher:
                             raise _too_many_bytes(index, len(data), max_bytes, at_least=True)
                     return bytes(data)
         except TimeoutError:
-            raise ImageRefused(f"image {index}: {shown} did not answer within {self.timeout_s:g} s "
-                               "(--media-fetch-timeout): send the image inline as a data: URL", "media_fetch_failed") from None
+            raise ImageRefused(
+                f"image {index}: {shown} did not answer within {self.timeout_s:g} s "
+                "(--media-fetch-timeout): send the image inline as a data: URL",
+                "media_fetch_failed",
+            ) from None
         except aiohttp.ClientError as err:
-            raise ImageRefused(f"image {index}: fetching {shown} failed ({type(err).__name__}): send the image inline",
-                               "media_fetch_failed") from None
+            raise ImageRefused(
+                f"image {index}: fetching {shown} failed ({type(err).__name__}): send the image inline", "media_fetch_failed"
+            ) from None
 
 
 def _too_many_bytes(index: int, size: int, limit: int, at_least: bool = False) -> ImageRefused:
     more = "more than " if at_least else ""
-    return ImageRefused(f"image {index} is {more}{size} bytes, over the {limit}-byte limit (--max-image-bytes): "
-                        "send a smaller or more compressed image", "image_too_large")
+    return ImageRefused(
+        f"image {index} is {more}{size} bytes, over the {limit}-byte limit (--max-image-bytes): "
+        "send a smaller or more compressed image",
+        "image_too_large",
+    )
 
 
 class ImagePreflight:
     """Runs the checks above over one parsed request body, rewriting it in place where needed."""
 
-    def __init__(self, limits: ImageLimits, estimator: ImageTokenEstimator, *,
-                 downscale_max_side: int | None = None, fetcher: RemoteFetcher | None = None,
-                 client_processor_kwargs: tuple[str, ...] = (), pool: ImageWorkerPool | None = None) -> None:
+    def __init__(
+        self,
+        limits: ImageLimits,
+        estimator: ImageTokenEstimator,
+        *,
+        downscale_max_side: int | None = None,
+        fetcher: RemoteFetcher | None = None,
+        client_processor_kwargs: tuple[str, ...] = (),
+        pool: ImageWorkerPool | None = None,
+    ) -> None:
         self.client_processor_kwargs = client_processor_kwargs
         self.limits = limits
         self.estimator = estimator
@@ -173,16 +195,20 @@ class ImagePreflight:
         self.fetcher = fetcher
         self.pool = pool if pool is not None or downscale_max_side is None else ImageWorkerPool()
 
-    async def run(self, payload: JSONObject, limits: ImageLimits | None = None, *,
-                  takes_processor_kwargs: bool = True) -> PreflightResult:
+    async def run(
+        self, payload: JSONObject, limits: ImageLimits | None = None, *, takes_processor_kwargs: bool = True
+    ) -> PreflightResult:
         """Check every media part of `payload`; ImageRefused for the first that breaks a rule."""
         limits = limits or self.limits
         self.check_client_kwargs(payload)
         result = PreflightResult()
         slots = list(media_slots(payload))
         if len(slots) > limits.max_images_per_request:
-            raise ImageRefused(f"request has {len(slots)} images or other media parts, over the limit of "
-                               f"{limits.max_images_per_request} per request (--max-images-per-request)", "too_many_images")
+            raise ImageRefused(
+                f"request has {len(slots)} images or other media parts, over the limit of "
+                f"{limits.max_images_per_request} per request (--max-images-per-request)",
+                "too_many_images",
+            )
         kwargs: JSONObject = {}
         budget: list[WorkBudget] = []  # the request's image-work budget, made by its first resize
         for index, (kind, holder, key) in enumerate(slots, start=1):
@@ -225,17 +251,22 @@ class ImagePreflight:
             refused = sorted(set(given) - set(self.client_processor_kwargs))
             if refused:
                 allowed = ", ".join(self.client_processor_kwargs) or "none"
-                raise ImageRefused(f"mm_processor_kwargs key {refused[0]!r} is not allowed through this gateway (allowed: "
-                                   f"{allowed}; --client-mm-processor-kwargs)", "mm_processor_kwargs_not_allowed")
+                raise ImageRefused(
+                    f"mm_processor_kwargs key {refused[0]!r} is not allowed through this gateway (allowed: "
+                    f"{allowed}; --client-mm-processor-kwargs)",
+                    "mm_processor_kwargs_not_allowed",
+                )
         if payload.get("media_io_kwargs") is not None:
-            raise ImageRefused("media_io_kwargs are set by the operator, not per request: drop the field",
-                               "mm_processor_kwargs_not_allowed")
+            raise ImageRefused(
+                "media_io_kwargs are set by the operator, not per request: drop the field", "mm_processor_kwargs_not_allowed"
+            )
 
     async def _image_bytes(self, url: str, limits: ImageLimits, index: int) -> tuple[bytes, str]:
         if url[:5].lower() != "data:":
             if self.fetcher is None:
-                raise ImageRefused(f"image {index}: remote URLs are not fetched by this gateway: send the image inline",
-                                   "media_url_not_allowed")
+                raise ImageRefused(
+                    f"image {index}: remote URLs are not fetched by this gateway: send the image inline", "media_url_not_allowed"
+                )
             return await self.fetcher.fetch(url, limits.max_image_bytes, index), "fetched"
         try:
             _, payload = split_data_url(url)
@@ -251,23 +282,39 @@ class ImagePreflight:
             raise _too_many_bytes(index, len(data), limits.max_image_bytes)
         return data, "inline"
 
-    async def _inspect(self, data: bytes, source: str, limits: ImageLimits, index: int,
-                       budget: list[WorkBudget]) -> tuple[ImageSeen, str | None, JSONObject]:
+    async def _inspect(
+        self, data: bytes, source: str, limits: ImageLimits, index: int, budget: list[WorkBudget]
+    ) -> tuple[ImageSeen, str | None, JSONObject]:
         """(what the image is, its new URL if it changed, processor kwargs to add)."""
         try:
             header = probe_image(data, ACCEPTED_FORMATS)
         except ImageTooLarge as err:
-            raise ImageRefused(f"image {index}: {err}, over the {limits.max_image_pixels}-pixel limit "
-                               "(--max-image-pixels)", "image_too_large") from None
+            raise ImageRefused(
+                f"image {index}: {err}, over the {limits.max_image_pixels}-pixel limit (--max-image-pixels)", "image_too_large"
+            ) from None
         except ImageUnreadable as err:
-            raise ImageRefused(f"image {index}: {err}; formats other than PNG, JPEG, WebP, GIF and BMP (ICO, "
-                               "TIFF and other containers) are refused unread: send a PNG, JPEG, WebP or GIF") from None
+            raise ImageRefused(
+                f"image {index}: {err}; formats other than PNG, JPEG, WebP, GIF and BMP (ICO, "
+                "TIFF and other containers) are refused unread: send a PNG, JPEG, WebP or GIF"
+            ) from None
         if header.pixels > limits.max_image_pixels:
-            raise ImageRefused(f"image {index} is {header.width}x{header.height} = {header.pixels} pixels, over the "
-                               f"{limits.max_image_pixels}-pixel limit (--max-image-pixels): send a smaller image",
-                               "image_too_large")
-        seen = ImageSeen(index, content_digest(data), header.format, header.width, header.height, len(data), source,
-                         header.width, header.height, len(data))
+            raise ImageRefused(
+                f"image {index} is {header.width}x{header.height} = {header.pixels} pixels, over the "
+                f"{limits.max_image_pixels}-pixel limit (--max-image-pixels): send a smaller image",
+                "image_too_large",
+            )
+        seen = ImageSeen(
+            index,
+            content_digest(data),
+            header.format,
+            header.width,
+            header.height,
+            len(data),
+            source,
+            header.width,
+            header.height,
+            len(data),
+        )
         new_url: str | None = None
         kwargs: JSONObject = {}
         if self.downscale_max_side is not None:
@@ -278,12 +325,16 @@ class ImagePreflight:
                 if not budget:
                     budget.append(self.pool.budget())
                 try:
-                    new_url, sent_bytes = await self.pool.run(resized_data_url, (data, header.format, plan.width, plan.height),
-                                                              budget[0], f"image {index}")
+                    new_url, sent_bytes = await self.pool.run(
+                        resized_data_url, (data, header.format, plan.width, plan.height), budget[0], f"image {index}"
+                    )
                 except ImageWorkRefused as refused:
                     raise ImageRefused(refused.message, refused.code, refused.status, refused.retry_after_s) from None
                 seen.sent_width, seen.sent_height, seen.sent_bytes = plan.width, plan.height, sent_bytes
         if source == "fetched" and new_url is None:
-            new_url = data_url(data, header.format) if len(data) < _THREAD_BYTES else \
-                await asyncio.to_thread(data_url, data, header.format)
+            new_url = (
+                data_url(data, header.format)
+                if len(data) < _THREAD_BYTES
+                else await asyncio.to_thread(data_url, data, header.format)
+            )
         return seen, new_url, kwargs

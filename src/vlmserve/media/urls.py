@@ -90,8 +90,10 @@ def check_media_url(field: str, url: str, allowed_hosts: frozenset[str]) -> str 
         return None
     kind = _kind(field)
     if scheme not in ("http", "https"):
-        raise MediaRefused(f"{kind} URL scheme {scheme or 'missing'!r} is not allowed: send the {kind} inline as a "
-                           f"data: URL, or as an http(s) URL on a host listed in {FLAG}")
+        raise MediaRefused(
+            f"{kind} URL scheme {scheme or 'missing'!r} is not allowed: send the {kind} inline as a "
+            f"data: URL, or as an http(s) URL on a host listed in {FLAG}"
+        )
     if _UNSAFE_CHAR.search(url):
         raise MediaRefused(f"{kind} URL contains a backslash, space or control character: percent-encode it")
     try:
@@ -103,8 +105,10 @@ def check_media_url(field: str, url: str, allowed_hosts: frozenset[str]) -> str 
     if "@" in parts.netloc or not _HOSTNAME.fullmatch(host):
         raise MediaRefused(f"{kind} URL {url[:80]!r} has user-info or an unusual host: send a plain http(s) URL or a data: URL")
     if host not in allowed_hosts:
-        raise MediaRefused(f"{kind} URL host {host!r} is not allowed: send the {kind} inline as a data: URL, "
-                           f"or ask the operator to add the host to {FLAG}")
+        raise MediaRefused(
+            f"{kind} URL host {host!r} is not allowed: send the {kind} inline as a data: URL, "
+            f"or ask the operator to add the host to {FLAG}"
+        )
     return host
 
 

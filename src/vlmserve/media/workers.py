@@ -46,8 +46,9 @@ DEFAULT_BUDGET_S = 5.0
 class ImageWorkRefused(Exception):
     """Image work the pool would not or could not do; carries the HTTP status and OpenAI error code."""
 
-    def __init__(self, message: str, status: int = 400, code: str = "image_work_over_budget",
-                 retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, code: str = "image_work_over_budget", retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -111,8 +112,7 @@ class _Worker:
 
     def __init__(self, context: SpawnContext) -> None:
         self.conn, child = context.Pipe()
-        self.process: SpawnProcess = context.Process(target=_serve, args=(child,), daemon=True,
-                                                     name="vlmserve-image-worker")
+        self.process: SpawnProcess = context.Process(target=_serve, args=(child,), daemon=True, name="vlmserve-image-worker")
         self.process.start()
         child.close()
         self.ready = False
@@ -205,16 +205,22 @@ class ImageWorkerPool:
                 budget.remaining_s = 0.0
                 raise self._over_budget(what) from None
             except _WorkerNotStarted:
-                raise ImageWorkRefused(f"{what}: no image worker process could be started within {START_TIMEOUT_S:g} s: "
-                                       "retry shortly", status=503, code="image_workers_busy", retry_after_s=1) from None
+                raise ImageWorkRefused(
+                    f"{what}: no image worker process could be started within {START_TIMEOUT_S:g} s: retry shortly",
+                    status=503,
+                    code="image_workers_busy",
+                    retry_after_s=1,
+                ) from None
             except (EOFError, OSError):  # the worker died under the task (a decoder crashed, or the kernel's OOM killer)
-                raise ImageWorkRefused(f"{what}: its image worker process ended while decoding it: send a valid, "
-                                       "smaller image", code="invalid_image") from None
+                raise ImageWorkRefused(
+                    f"{what}: its image worker process ended while decoding it: send a valid, smaller image", code="invalid_image"
+                ) from None
             except _WorkerFailed as failed:
                 self._idle.append(worker)
                 worker = None
-                raise ImageWorkRefused(f"{what} could not be decoded ({failed}): send a valid image",
-                                       code="invalid_image") from None
+                raise ImageWorkRefused(
+                    f"{what} could not be decoded ({failed}): send a valid image", code="invalid_image"
+                ) from None
             budget.remaining_s -= took_s
             self._idle.append(worker)
             worker = None
@@ -229,16 +235,22 @@ class ImageWorkerPool:
             self._release()
 
     def _over_budget(self, what: str) -> ImageWorkRefused:
-        return ImageWorkRefused(f"{what}: resizing this request's images took over its {self.budget_s:g} s CPU budget "
-                                "(--image-work-budget): send smaller images, or images at most the downscale size")
+        return ImageWorkRefused(
+            f"{what}: resizing this request's images took over its {self.budget_s:g} s CPU budget "
+            "(--image-work-budget): send smaller images, or images at most the downscale size"
+        )
 
     async def _acquire(self, what: str) -> None:
         if self._busy < self.workers and not self._waiting:
             self._busy += 1
             return
         if len(self._waiting) >= self.queue_limit:
-            raise ImageWorkRefused(f"{what}: the gateway's image workers are busy ({self.queue_limit} requests waiting): "
-                                   "retry shortly", status=503, code="image_workers_busy", retry_after_s=1)
+            raise ImageWorkRefused(
+                f"{what}: the gateway's image workers are busy ({self.queue_limit} requests waiting): retry shortly",
+                status=503,
+                code="image_workers_busy",
+                retry_after_s=1,
+            )
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         try:
@@ -248,8 +260,12 @@ class ImageWorkerPool:
             if waiter.done() and not waiter.cancelled():
                 self._release()  # the slot was handed over just as this request left: pass it on
             if isinstance(err, TimeoutError):
-                raise ImageWorkRefused(f"{what}: no image worker was free within {self.budget_s:g} s: retry shortly",
-                                       status=503, code="image_workers_busy", retry_after_s=1) from None
+                raise ImageWorkRefused(
+                    f"{what}: no image worker was free within {self.budget_s:g} s: retry shortly",
+                    status=503,
+                    code="image_workers_busy",
+                    retry_after_s=1,
+                ) from None
             raise
         finally:
             if waiter in self._waiting:

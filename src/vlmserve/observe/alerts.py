@@ -58,47 +58,99 @@ def _engine_load_alerts(settings: AlertSettings) -> list[Alert]:
     per_replica = f"{q.DEPLOYMENT_LABEL}, instance"
     ttft_p95 = q.quantile(0.95, q.vllm_sel(q.VLLM_TTFT + "_bucket"), per_replica)
     return [
-        Alert("VlmserveTTFTAboveSLO", ttft_p95, ">", settings.ttft_slo_s, "5m", "warning",
-              "p95 time to first token above the SLO on {{ $labels.instance }}",
-              f"p95 TTFT is {{{{ $value | humanizeDuration }}}} against an SLO of {settings.ttft_slo_s:g}s. "
-              "Add replicas, lower max_num_batched_tokens, or shed batch traffic."),
-        Alert("VlmserveQueueBacklog", q.gauge_by(q.vllm_sel(q.VLLM_WAITING), per_replica), ">",
-              settings.queue_backlog, "5m", "warning",
-              "Requests piling up in the engine queue on {{ $labels.instance }}",
-              "{{ $value }} requests waiting. The replica is saturated; scale out or admit less."),
-        Alert("VlmserveKVCacheNearFull", q.gauge_by(q.vllm_sel(q.VLLM_KV_USAGE), per_replica, "max"), ">",
-              settings.kv_cache_full, "10m", "warning",
-              "KV cache nearly full on {{ $labels.instance }}",
-              "KV-cache usage {{ $value | humanizePercentage }}; expect preemptions and rising latency."),
-        Alert("VlmservePreemptions", q.rate_by(q.vllm_sel(q.VLLM_PREEMPTIONS), per_replica), ">",
-              settings.preemptions_per_s, "10m", "warning",
-              "Engine preempting requests on {{ $labels.instance }}",
-              "{{ $value }} preemptions/s: KV cache too small for the load; raise gpu_memory_utilization "
-              "or lower max_num_seqs."),
+        Alert(
+            "VlmserveTTFTAboveSLO",
+            ttft_p95,
+            ">",
+            settings.ttft_slo_s,
+            "5m",
+            "warning",
+            "p95 time to first token above the SLO on {{ $labels.instance }}",
+            f"p95 TTFT is {{{{ $value | humanizeDuration }}}} against an SLO of {settings.ttft_slo_s:g}s. "
+            "Add replicas, lower max_num_batched_tokens, or shed batch traffic.",
+        ),
+        Alert(
+            "VlmserveQueueBacklog",
+            q.gauge_by(q.vllm_sel(q.VLLM_WAITING), per_replica),
+            ">",
+            settings.queue_backlog,
+            "5m",
+            "warning",
+            "Requests piling up in the engine queue on {{ $labels.instance }}",
+            "{{ $value }} requests waiting. The replica is saturated; scale out or admit less.",
+        ),
+        Alert(
+            "VlmserveKVCacheNearFull",
+            q.gauge_by(q.vllm_sel(q.VLLM_KV_USAGE), per_replica, "max"),
+            ">",
+            settings.kv_cache_full,
+            "10m",
+            "warning",
+            "KV cache nearly full on {{ $labels.instance }}",
+            "KV-cache usage {{ $value | humanizePercentage }}; expect preemptions and rising latency.",
+        ),
+        Alert(
+            "VlmservePreemptions",
+            q.rate_by(q.vllm_sel(q.VLLM_PREEMPTIONS), per_replica),
+            ">",
+            settings.preemptions_per_s,
+            "10m",
+            "warning",
+            "Engine preempting requests on {{ $labels.instance }}",
+            "{{ $value }} preemptions/s: KV cache too small for the load; raise gpu_memory_utilization or lower max_num_seqs.",
+        ),
     ]
 
 
 def _down_alerts() -> list[Alert]:
     """An engine replica or the gateway that Prometheus cannot scrape."""
     return [
-        Alert("VlmserveReplicaDown", q.Query(q.sel("up", f'job="{q.ENGINE_JOB}"'), ""), "<", 1, "1m", "critical",
-              "Engine replica {{ $labels.instance }} is down",
-              "Prometheus cannot scrape the replica; the gateway routes around it meanwhile."),
-        Alert("VlmserveGatewayDown", q.Query(q.sel("up", f'job="{q.GATEWAY_JOB}"'), ""), "<", 1, "1m", "critical",
-              "The vlmserve gateway {{ $labels.instance }} is down",
-              "Prometheus cannot scrape the gateway; clients get connection errors."),
+        Alert(
+            "VlmserveReplicaDown",
+            q.Query(q.sel("up", f'job="{q.ENGINE_JOB}"'), ""),
+            "<",
+            1,
+            "1m",
+            "critical",
+            "Engine replica {{ $labels.instance }} is down",
+            "Prometheus cannot scrape the replica; the gateway routes around it meanwhile.",
+        ),
+        Alert(
+            "VlmserveGatewayDown",
+            q.Query(q.sel("up", f'job="{q.GATEWAY_JOB}"'), ""),
+            "<",
+            1,
+            "1m",
+            "critical",
+            "The vlmserve gateway {{ $labels.instance }} is down",
+            "Prometheus cannot scrape the gateway; clients get connection errors.",
+        ),
     ]
 
 
 def _gateway_traffic_alerts(settings: AlertSettings) -> list[Alert]:
     """Requests the gateway fails or sheds."""
     return [
-        Alert("VlmserveHighErrorRate", q.GATEWAY_ERROR_RATIO, ">", settings.error_ratio, "5m", "critical",
-              f"More than {settings.error_ratio:.0%} of gateway requests fail",
-              "{{ $value | humanizePercentage }} of requests failed: answered 5xx, or the stream broke after it began."),
-        Alert("VlmserveGatewayShedding", q.GATEWAY_SHED_RATE, ">", 0, "5m", "warning",
-              "The gateway is shedding requests",
-              "{{ $value }} requests/s refused by admission control: the deployment is at capacity."),
+        Alert(
+            "VlmserveHighErrorRate",
+            q.GATEWAY_ERROR_RATIO,
+            ">",
+            settings.error_ratio,
+            "5m",
+            "critical",
+            f"More than {settings.error_ratio:.0%} of gateway requests fail",
+            "{{ $value | humanizePercentage }} of requests failed: answered 5xx, or the stream broke after it began.",
+        ),
+        Alert(
+            "VlmserveGatewayShedding",
+            q.GATEWAY_SHED_RATE,
+            ">",
+            0,
+            "5m",
+            "warning",
+            "The gateway is shedding requests",
+            "{{ $value }} requests/s refused by admission control: the deployment is at capacity.",
+        ),
     ]
 
 
@@ -106,11 +158,13 @@ def alert_rules(settings: AlertSettings) -> dict:
     """The Prometheus rule file (a dict to dump as YAML; also the PrometheusRule spec)."""
     rules = []
     for alert in build_alerts(settings):
-        rules.append({
-            "alert": alert.name,
-            "expr": alert.expr(settings.window),
-            "for": settings.for_override or alert.for_,
-            "labels": {"severity": alert.severity, **settings.extra_labels},
-            "annotations": {"summary": alert.summary, "description": alert.description},
-        })
+        rules.append(
+            {
+                "alert": alert.name,
+                "expr": alert.expr(settings.window),
+                "for": settings.for_override or alert.for_,
+                "labels": {"severity": alert.severity, **settings.extra_labels},
+                "annotations": {"summary": alert.summary, "description": alert.description},
+            }
+        )
     return {"groups": [{"name": "vlmserve", "rules": rules}]}

@@ -40,37 +40,62 @@ def _panel_json(panel: Panel, panel_id: int) -> dict[str, object]:
         "datasource": _DATASOURCE,
         "gridPos": {"h": _PANEL_HEIGHT, "w": _PANEL_WIDTH, "x": column * _PANEL_WIDTH, "y": row * _PANEL_HEIGHT},
         "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
-        "options": {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
-                    "tooltip": {"mode": "multi"}},
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi"},
+        },
         "targets": [
-            {"refId": chr(ord("A") + index), "datasource": _DATASOURCE,
-             "expr": query.render(GRAFANA_RATE_WINDOW, DASHBOARD_FILTERS), "legendFormat": query.legend}
+            {
+                "refId": chr(ord("A") + index),
+                "datasource": _DATASOURCE,
+                "expr": query.render(GRAFANA_RATE_WINDOW, DASHBOARD_FILTERS),
+                "legendFormat": query.legend,
+            }
             for index, query in enumerate(panel.queries)
         ],
     }
 
 
 def _query_variable(name: str, label: str, query: str, **options: object) -> dict[str, object]:
-    return {"name": name, "label": label, "type": "query", "datasource": _DATASOURCE, "query": query,
-            "definition": query, "refresh": 2, "sort": 1, "current": {}, "hide": 0, **options}
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": _DATASOURCE,
+        "query": query,
+        "definition": query,
+        "refresh": 2,
+        "sort": 1,
+        "current": {},
+        "hide": 0,
+        **options,
+    }
 
 
 def _variables(panels: tuple[Panel, ...], job: str) -> list[dict[str, object]]:
     """The datasource, then a variable per label the panels' queries can be narrowed by."""
     used = set().union(*(scoped_labels(query.expr) for panel in panels for query in panel.queries))
-    variables: list[dict[str, object]] = [{
-        "name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
-        "current": {}, "hide": 0,
-    }]
+    variables: list[dict[str, object]] = [
+        {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus", "current": {}, "hide": 0}
+    ]
     if DEPLOYMENT_LABEL in used:
         # one deployment at a time: "All" would add two deployments' requests into one curve
-        variables.append(_query_variable(
-            "deployment", "Deployment", f'label_values(up{{job="{job}"}}, {DEPLOYMENT_LABEL})',
-            multi=False, includeAll=False))
+        variables.append(
+            _query_variable(
+                "deployment", "Deployment", f'label_values(up{{job="{job}"}}, {DEPLOYMENT_LABEL})', multi=False, includeAll=False
+            )
+        )
     if MODEL_LABEL in used:
-        variables.append(_query_variable(
-            "model", "Model", f'label_values({VLLM_RUNNING}{{{DEPLOYMENT_LABEL}=~"$deployment"}}, {MODEL_LABEL})',
-            multi=True, includeAll=True, allValue=".*"))
+        variables.append(
+            _query_variable(
+                "model",
+                "Model",
+                f'label_values({VLLM_RUNNING}{{{DEPLOYMENT_LABEL}=~"$deployment"}}, {MODEL_LABEL})',
+                multi=True,
+                includeAll=True,
+                allValue=".*",
+            )
+        )
     return variables
 
 

@@ -19,6 +19,7 @@ PROMETHEUS_FILE = "prometheus.yml"
 ENGINE_DASHBOARD_FILE = "grafana-engines.json"
 GATEWAY_DASHBOARD_FILE = "grafana-gateway.json"
 
+
 class _NoAliasDumper(yaml.SafeDumper):
     """Readers of generated config expect plain YAML, not &id001 anchors for repeated dicts."""
 
@@ -41,8 +42,7 @@ def check_prometheus_duration(flag: str, value: str) -> str:
     return value
 
 
-def write_pack(out_dir: Path, spec: DeploymentSpec, settings: AlertSettings,
-               scrape_interval: str = "15s") -> list[Path]:
+def write_pack(out_dir: Path, spec: DeploymentSpec, settings: AlertSettings, scrape_interval: str = "15s") -> list[Path]:
     """Write every file of the pack; returns the paths written."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -52,8 +52,7 @@ def write_pack(out_dir: Path, spec: DeploymentSpec, settings: AlertSettings,
         ENGINE_DASHBOARD_FILE: json.dumps(engine_dashboard(), indent=2) + "\n",
         GATEWAY_DASHBOARD_FILE: json.dumps(gateway_dashboard(), indent=2) + "\n",
         ALERTS_FILE: to_yaml(alert_rules(settings)),
-        PROMETHEUS_FILE: to_yaml(
-            prometheus_config_for(spec, scrape_interval=scrape_interval, rule_files=[ALERTS_FILE])),
+        PROMETHEUS_FILE: to_yaml(prometheus_config_for(spec, scrape_interval=scrape_interval, rule_files=[ALERTS_FILE])),
     }
     written = []
     for name, text in files.items():

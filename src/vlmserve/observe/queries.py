@@ -157,34 +157,62 @@ def _latency_panel(key: str, title: str, buckets: str) -> Panel:
 
 
 ENGINE_PANELS: tuple[Panel, ...] = (
-    Panel("engine_requests", "Finished requests per second (by replica, reason)", "reqps",
-          (rate_by(vllm_sel(VLLM_REQUEST_SUCCESS), "instance, finished_reason"),)),
-    Panel("engine_queue", "Running and waiting requests", "short",
-          (Query(f"sum by (instance) ({vllm_sel(VLLM_RUNNING)})", "running {{instance}}"),
-           Query(f"sum by (instance) ({vllm_sel(VLLM_WAITING)})", "waiting {{instance}}"))),
+    Panel(
+        "engine_requests",
+        "Finished requests per second (by replica, reason)",
+        "reqps",
+        (rate_by(vllm_sel(VLLM_REQUEST_SUCCESS), "instance, finished_reason"),),
+    ),
+    Panel(
+        "engine_queue",
+        "Running and waiting requests",
+        "short",
+        (
+            Query(f"sum by (instance) ({vllm_sel(VLLM_RUNNING)})", "running {{instance}}"),
+            Query(f"sum by (instance) ({vllm_sel(VLLM_WAITING)})", "waiting {{instance}}"),
+        ),
+    ),
     _latency_panel("engine_ttft", "Time to first token", vllm_sel(VLLM_TTFT + "_bucket")),
     _latency_panel("engine_itl", "Inter-token latency", vllm_sel(VLLM_ITL + "_bucket")),
     _latency_panel("engine_e2e", "End-to-end request latency", vllm_sel(VLLM_E2E + "_bucket")),
-    Panel("engine_queue_time", "Time waiting in the engine queue (p95)", "s",
-          (quantile(0.95, vllm_sel(VLLM_QUEUE_TIME + "_bucket"), "instance"),)),
-    Panel("engine_throughput", "Tokens per second", "short",
-          (Query(f"sum by (instance) (rate({vllm_sel(VLLM_PROMPT_TOKENS)}[{{window}}]))", "prompt {{instance}}"),
-           Query(f"sum by (instance) (rate({vllm_sel(VLLM_GENERATION_TOKENS)}[{{window}}]))", "generated {{instance}}"))),
-    Panel("engine_kv_cache", "KV-cache usage", "percentunit",
-          (gauge_by(vllm_sel(VLLM_KV_USAGE), "instance", "max"),)),
-    Panel("engine_prefix_cache", "Prefix-cache hit rate", "percentunit",
-          (Query(f"sum by (instance) (rate({vllm_sel(VLLM_PREFIX_HITS)}[{{window}}])) / "
-                 f"clamp_min(sum by (instance) (rate({vllm_sel(VLLM_PREFIX_QUERIES)}[{{window}}])), 1e-9)",
-                 "{{instance}}"),),
-          "Share of prompt tokens found in the prefix cache (0 when nothing was queried)."),
-    Panel("engine_preemptions", "Preemptions per second", "short",
-          (rate_by(vllm_sel(VLLM_PREEMPTIONS), "instance"),)),
-    Panel("engine_errors", "Aborted requests per second", "reqps",
-          (rate_by(vllm_sel(VLLM_REQUEST_SUCCESS), "instance",
-                   vllm_sel(VLLM_REQUEST_SUCCESS, 'finished_reason="abort"')),),
-          "Requests the engine finished with reason 'abort' (client gone, errors)."),
-    Panel("engine_up", "Replicas up", "short",
-          (Query(sel("up", f'job="{ENGINE_JOB}"'), "{{instance}}"),)),
+    Panel(
+        "engine_queue_time",
+        "Time waiting in the engine queue (p95)",
+        "s",
+        (quantile(0.95, vllm_sel(VLLM_QUEUE_TIME + "_bucket"), "instance"),),
+    ),
+    Panel(
+        "engine_throughput",
+        "Tokens per second",
+        "short",
+        (
+            Query(f"sum by (instance) (rate({vllm_sel(VLLM_PROMPT_TOKENS)}[{{window}}]))", "prompt {{instance}}"),
+            Query(f"sum by (instance) (rate({vllm_sel(VLLM_GENERATION_TOKENS)}[{{window}}]))", "generated {{instance}}"),
+        ),
+    ),
+    Panel("engine_kv_cache", "KV-cache usage", "percentunit", (gauge_by(vllm_sel(VLLM_KV_USAGE), "instance", "max"),)),
+    Panel(
+        "engine_prefix_cache",
+        "Prefix-cache hit rate",
+        "percentunit",
+        (
+            Query(
+                f"sum by (instance) (rate({vllm_sel(VLLM_PREFIX_HITS)}[{{window}}])) / "
+                f"clamp_min(sum by (instance) (rate({vllm_sel(VLLM_PREFIX_QUERIES)}[{{window}}])), 1e-9)",
+                "{{instance}}",
+            ),
+        ),
+        "Share of prompt tokens found in the prefix cache (0 when nothing was queried).",
+    ),
+    Panel("engine_preemptions", "Preemptions per second", "short", (rate_by(vllm_sel(VLLM_PREEMPTIONS), "instance"),)),
+    Panel(
+        "engine_errors",
+        "Aborted requests per second",
+        "reqps",
+        (rate_by(vllm_sel(VLLM_REQUEST_SUCCESS), "instance", vllm_sel(VLLM_REQUEST_SUCCESS, 'finished_reason="abort"')),),
+        "Requests the engine finished with reason 'abort' (client gone, errors).",
+    ),
+    Panel("engine_up", "Replicas up", "short", (Query(sel("up", f'job="{ENGINE_JOB}"'), "{{instance}}"),)),
 )
 
 _GW_FAILED_SHARE = rate_by(sel(GW_REQUESTS), DEPLOYMENT_LABEL, sel(GW_REQUESTS, f'status=~"{GW_SERVER_FAILED}"'))
@@ -197,26 +225,45 @@ GATEWAY_SHED_RATE = Query(rate_by(sel(GW_REQUESTS), DEPLOYMENT_LABEL, sel(GW_SHE
 """Requests/s refused by admission control, per deployment; 0 while the gateway serves and sheds nothing."""
 
 GATEWAY_PANELS: tuple[Panel, ...] = (
-    Panel("gateway_requests", "Requests per second (by status)", "reqps",
-          (rate_by(sel(GW_REQUESTS), "status"),)),
-    Panel("gateway_requests_replica", "Requests per second (by replica)", "reqps",
-          (rate_by(sel(GW_REQUESTS), "replica"),)),
-    Panel("gateway_requests_tenant", "Requests per second (by tenant, status)", "reqps",
-          (rate_by(sel(GW_REQUESTS), "tenant, status"),)),
+    Panel("gateway_requests", "Requests per second (by status)", "reqps", (rate_by(sel(GW_REQUESTS), "status"),)),
+    Panel("gateway_requests_replica", "Requests per second (by replica)", "reqps", (rate_by(sel(GW_REQUESTS), "replica"),)),
+    Panel(
+        "gateway_requests_tenant",
+        "Requests per second (by tenant, status)",
+        "reqps",
+        (rate_by(sel(GW_REQUESTS), "tenant, status"),),
+    ),
     _latency_panel("gateway_ttft", "Time to first byte at the gateway", sel(GW_TTFT + "_bucket")),
     _latency_panel("gateway_e2e", "Request duration at the gateway", sel(GW_E2E + "_bucket")),
-    Panel("gateway_load", "In flight per replica and queued per priority", "short",
-          (Query(f"sum by (replica) ({sel(GW_IN_FLIGHT)})", "in flight {{replica}}"),
-           Query(f"sum by (priority) ({sel(GW_QUEUED)})", "queued {{priority}}"))),
-    Panel("gateway_outstanding_tokens", "Outstanding tokens per replica", "short",
-          (gauge_by(sel(GW_OUTSTANDING_TOKENS), "replica"),)),
+    Panel(
+        "gateway_load",
+        "In flight per replica and queued per priority",
+        "short",
+        (
+            Query(f"sum by (replica) ({sel(GW_IN_FLIGHT)})", "in flight {{replica}}"),
+            Query(f"sum by (priority) ({sel(GW_QUEUED)})", "queued {{priority}}"),
+        ),
+    ),
+    Panel(
+        "gateway_outstanding_tokens",
+        "Outstanding tokens per replica",
+        "short",
+        (gauge_by(sel(GW_OUTSTANDING_TOKENS), "replica"),),
+    ),
     Panel("gateway_errors", "Failed share (5xx or broken mid-stream)", "percentunit", (GATEWAY_ERROR_RATIO,)),
-    Panel("gateway_shed", "Requests shed by admission control", "reqps",
-          (GATEWAY_SHED_RATE, rate_by(sel(GW_SHED), "tenant, reason"))),
-    Panel("gateway_retries", "Retries on another replica", "reqps",
-          (Query(f"sum(rate({sel(GW_RETRIES)}[{{window}}])) or vector(0)", "retries/s"),)),
-    Panel("gateway_replicas", "Replicas healthy (gateway view)", "short",
-          (gauge_by(sel(GW_REPLICA_HEALTHY), "replica", "max"),)),
+    Panel(
+        "gateway_shed",
+        "Requests shed by admission control",
+        "reqps",
+        (GATEWAY_SHED_RATE, rate_by(sel(GW_SHED), "tenant, reason")),
+    ),
+    Panel(
+        "gateway_retries",
+        "Retries on another replica",
+        "reqps",
+        (Query(f"sum(rate({sel(GW_RETRIES)}[{{window}}])) or vector(0)", "retries/s"),),
+    ),
+    Panel("gateway_replicas", "Replicas healthy (gateway view)", "short", (gauge_by(sel(GW_REPLICA_HEALTHY), "replica", "max"),)),
 )
 
 

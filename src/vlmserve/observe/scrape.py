@@ -31,10 +31,16 @@ def prometheus_config(
     labels = {DEPLOYMENT_LABEL: deployment}
     scrape_configs = []
     if gateway_targets:
-        scrape_configs.append({"job_name": GATEWAY_JOB, "metrics_path": "/metrics",
-                               "static_configs": [{"targets": gateway_targets, "labels": labels}]})
-    scrape_configs.append({"job_name": ENGINE_JOB, "metrics_path": "/metrics",
-                           "static_configs": [{"targets": engine_targets, "labels": labels}]})
+        scrape_configs.append(
+            {
+                "job_name": GATEWAY_JOB,
+                "metrics_path": "/metrics",
+                "static_configs": [{"targets": gateway_targets, "labels": labels}],
+            }
+        )
+    scrape_configs.append(
+        {"job_name": ENGINE_JOB, "metrics_path": "/metrics", "static_configs": [{"targets": engine_targets, "labels": labels}]}
+    )
     config: dict[str, object] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": scrape_configs,
@@ -44,8 +50,8 @@ def prometheus_config(
     return config
 
 
-def prometheus_config_for(spec: DeploymentSpec, *, scrape_interval: str = "15s",
-                          rule_files: list[str] | None = None) -> dict[str, object]:
+def prometheus_config_for(
+    spec: DeploymentSpec, *, scrape_interval: str = "15s", rule_files: list[str] | None = None
+) -> dict[str, object]:
     gateway, engines = scrape_targets(spec)
-    return prometheus_config(gateway, engines, deployment=spec.name, scrape_interval=scrape_interval,
-                             rule_files=rule_files)
+    return prometheus_config(gateway, engines, deployment=spec.name, scrape_interval=scrape_interval, rule_files=rule_files)

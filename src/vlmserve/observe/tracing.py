@@ -78,15 +78,21 @@ def check_tracing_settings(endpoint: str | None, ratio: float) -> None:
     except ValueError as err:
         raise UserError(f"{OTLP_TRACES_ENDPOINT_FLAG} {endpoint!r}: {err}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in endpoint):
-        raise UserError(f"{OTLP_TRACES_ENDPOINT_FLAG} {endpoint!r} is not an OTLP/HTTP URL: the gateway exports "
-                        f"OTLP/HTTP protobuf; write it like http://127.0.0.1:4318{OTLP_TRACES_PATH}")
+        raise UserError(
+            f"{OTLP_TRACES_ENDPOINT_FLAG} {endpoint!r} is not an OTLP/HTTP URL: the gateway exports "
+            f"OTLP/HTTP protobuf; write it like http://127.0.0.1:4318{OTLP_TRACES_PATH}"
+        )
     if port == 0 or parts.query or parts.fragment:
-        raise UserError(f"{OTLP_TRACES_ENDPOINT_FLAG} {endpoint!r}: give a collector's URL with a port from 1 to "
-                        f"65535 and no query, like http://127.0.0.1:4318{OTLP_TRACES_PATH}")
+        raise UserError(
+            f"{OTLP_TRACES_ENDPOINT_FLAG} {endpoint!r}: give a collector's URL with a port from 1 to "
+            f"65535 and no query, like http://127.0.0.1:4318{OTLP_TRACES_PATH}"
+        )
     missing = [name for name in _REQUIRED_MODULES if not _importable(name)]
     if missing:
-        raise UserError(f"{OTLP_TRACES_ENDPOINT_FLAG} needs the OpenTelemetry SDK and its OTLP/HTTP exporter "
-                        f"({', '.join(missing)} not installed): pip install 'vlmserve[tracing]'")
+        raise UserError(
+            f"{OTLP_TRACES_ENDPOINT_FLAG} needs the OpenTelemetry SDK and its OTLP/HTTP exporter "
+            f"({', '.join(missing)} not installed): pip install 'vlmserve[tracing]'"
+        )
 
 
 def _importable(module: str) -> bool:
@@ -142,7 +148,8 @@ class GatewayTracing:
         self.endpoint = endpoint
         self.provider = TracerProvider(
             sampler=ParentBasedTraceIdRatio(ratio),
-            resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME}))
+            resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME}),
+        )
         self.provider.add_span_processor(BatchSpanProcessor(exporter))  # exports on its own thread
         self.tracer = self.provider.get_tracer("vlmserve.gateway")
         self.propagator = TraceContextTextMapPropagator()
@@ -154,8 +161,12 @@ class GatewayTracing:
         and its admission span start now."""
         carrier = {name: value for name in ("traceparent", "tracestate") if (value := headers.get(name))}
         parent = self.propagator.extract(carrier) if carrier else None  # malformed: empty, a new trace
-        server = self.tracer.start_span(f"{method} {path}", context=parent, kind=self.server_kind,
-                                        attributes={"http.request.method": method, "url.path": path})
+        server = self.tracer.start_span(
+            f"{method} {path}",
+            context=parent,
+            kind=self.server_kind,
+            attributes={"http.request.method": method, "url.path": path},
+        )
         return RequestTrace(self, server)
 
     async def close(self) -> None:
@@ -201,8 +212,9 @@ class RequestTrace:
         """No slot was free: the request waits in its priority's admission queue."""
         tracing, admission = self.tracing, self.admission
         assert admission is not None, "queued after admission ended"
-        self.queue = tracing.tracer.start_span(QUEUE_SPAN, context=tracing.in_context(admission),
-                                               attributes={"vlmserve.priority": priority})
+        self.queue = tracing.tracer.start_span(
+            QUEUE_SPAN, context=tracing.in_context(admission), attributes={"vlmserve.priority": priority}
+        )
 
     def admitted(self, tenant: str, priority: str) -> None:
         """The request holds a slot: admission (and its wait in the queue, if any) ends."""
@@ -210,9 +222,14 @@ class RequestTrace:
             self.queue.end()
         admission = self.admission
         assert admission is not None, "admitted twice"
-        admission.set_attributes({"vlmserve.tenant": tenant, "vlmserve.priority": priority,
-                                  "vlmserve.admission.queued": self.queue is not None,
-                                  "vlmserve.admission.outcome": "admitted"})
+        admission.set_attributes(
+            {
+                "vlmserve.tenant": tenant,
+                "vlmserve.priority": priority,
+                "vlmserve.admission.queued": self.queue is not None,
+                "vlmserve.admission.outcome": "admitted",
+            }
+        )
         admission.end()
         self.admission = None
 
@@ -221,8 +238,11 @@ class RequestTrace:
         the gateway forwards to the engine: this attempt's, so the engine's span is its child."""
         tracing = self.tracing
         self.attempt = attempt = tracing.tracer.start_span(
-            ATTEMPT_SPAN, context=tracing.in_context(self.server), kind=tracing.client_kind,
-            attributes={"vlmserve.replica": replica, "vlmserve.attempt": number})
+            ATTEMPT_SPAN,
+            context=tracing.in_context(self.server),
+            kind=tracing.client_kind,
+            attributes={"vlmserve.replica": replica, "vlmserve.attempt": number},
+        )
         carrier: dict[str, str] = {}
         tracing.propagator.inject(carrier, context=tracing.in_context(attempt))
         return carrier
@@ -270,9 +290,13 @@ class RequestTrace:
             self.admission = None
         server = self.server
         attributes: SpanAttributes = {
-            "vlmserve.request_id": request.request_id, "vlmserve.tenant": request.tenant,
-            "vlmserve.stream": request.stream, "vlmserve.priority": request.priority,
-            "vlmserve.replica": request.replica, "vlmserve.retries": request.retries, "vlmserve.outcome": status,
+            "vlmserve.request_id": request.request_id,
+            "vlmserve.tenant": request.tenant,
+            "vlmserve.stream": request.stream,
+            "vlmserve.priority": request.priority,
+            "vlmserve.replica": request.replica,
+            "vlmserve.retries": request.retries,
+            "vlmserve.outcome": status,
         }
         if request.model is not None:
             attributes["gen_ai.request.model"] = request.model

@@ -214,7 +214,9 @@ def fit(
         if reflected_score < scores[0]:
             expanded = [c + 2.0 * (c - w) for c, w in zip(centroid, worst)]
             expanded_score = score(expanded)
-            simplex[-1], scores[-1] = (expanded, expanded_score) if expanded_score < reflected_score else (reflected, reflected_score)
+            simplex[-1], scores[-1] = (
+                (expanded, expanded_score) if expanded_score < reflected_score else (reflected, reflected_score)
+            )
         elif reflected_score < scores[-2]:
             simplex[-1], scores[-1] = reflected, reflected_score
         else:
@@ -236,12 +238,7 @@ def fit(
 
 
 def scenario_from_bench_json(
-    path: str | Path,
-    *,
-    gpu: str,
-    model: str | None = None,
-    tp: int | None = None,
-    replicas: int | None = None,
+    path: str | Path, *, gpu: str, model: str | None = None, tp: int | None = None, replicas: int | None = None
 ) -> Scenario:
     """A measured bench result (the --json-out document) as a calibration scenario."""
     file_path = Path(path)
@@ -266,13 +263,14 @@ def scenario_from_bench_json(
     measured = {metric: value for metric in METRICS if (value := metric_value(summary, metric)) is not None}
     tp_value = tp or _whole(file_path, "engine_args.tensor_parallel_size", engine_args.get("tensor_parallel_size")) or 1
     replicas_value = replicas or _whole(file_path, "replicas", deployment.get("replicas")) or 1
-    limits = {key: value for key in ("max_num_seqs", "max_num_batched_tokens")
-              if (value := _whole(file_path, f"engine_args.{key}", engine_args.get(key)))}
+    limits = {
+        key: value
+        for key in ("max_num_seqs", "max_num_batched_tokens")
+        if (value := _whole(file_path, f"engine_args.{key}", engine_args.get(key)))
+    }
 
     def build(calibration: Calibration) -> PlanSetup:
-        return PlanSetup.from_names(
-            str(model_name), gpu, tp=tp_value, replicas=replicas_value, calibration=calibration, **limits
-        )
+        return PlanSetup.from_names(str(model_name), gpu, tp=tp_value, replicas=replicas_value, calibration=calibration, **limits)
 
     build(Calibration())  # fail now, in one line, if the model or GPU is unknown or does not fit
     return Scenario(file_path.stem, build, load, measured)

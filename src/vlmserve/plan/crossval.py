@@ -59,8 +59,7 @@ class StagedFitter:
             if key not in self._memo:
                 if self.progress:
                     self.progress(f"stage '{stage.title}' on {', '.join(rows)}")
-                result = fit([by_id[row] for row in rows], calibration, stage.parameters,
-                             max_evaluations=self.max_evaluations)
+                result = fit([by_id[row] for row in rows], calibration, stage.parameters, max_evaluations=self.max_evaluations)
                 self.simulations += result.evaluations * len(rows)
                 self._memo[key] = result.calibration
             calibration = self._memo[key]
@@ -85,10 +84,7 @@ class CrossValidation:
 
 
 def cross_validate(
-    scenarios: Sequence[Scenario],
-    groups: dict[str, str],
-    fitter: StagedFitter,
-    start: Calibration,
+    scenarios: Sequence[Scenario], groups: dict[str, str], fitter: StagedFitter, start: Calibration
 ) -> CrossValidation:
     """Leave one group out: refit without it, predict it; every prediction is out-of-sample.
 

@@ -92,11 +92,19 @@ class DayResult:
         return self.met_slo / self.requests if self.requests else 1.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"strategy": self.strategy, "requests": self.requests, "met_slo": self.met_slo,
-                "attainment": round(self.attainment, 5), "replica_hours": round(self.replica_seconds / 3600, 3),
-                "cost": self.cost, "cost_per_day": self.cost_per_day, "peak_replicas": self.peak_replicas,
-                "scale_ups": self.scale_ups, "scale_downs": self.scale_downs,
-                "timeline": [[round(at, 1), count] for at, count in self.timeline]}
+        return {
+            "strategy": self.strategy,
+            "requests": self.requests,
+            "met_slo": self.met_slo,
+            "attainment": round(self.attainment, 5),
+            "replica_hours": round(self.replica_seconds / 3600, 3),
+            "cost": self.cost,
+            "cost_per_day": self.cost_per_day,
+            "peak_replicas": self.peak_replicas,
+            "scale_ups": self.scale_ups,
+            "scale_downs": self.scale_downs,
+            "timeline": [[round(at, 1), count] for at, count in self.timeline],
+        }
 
 
 @dataclass
@@ -114,12 +122,22 @@ class DayPlan:
     fixed_mean: DayResult
 
     def as_dict(self) -> dict[str, Any]:
-        return {"simulated": True, "shape": self.shape, "duration_s": self.duration_s, "cold_start_s": self.cold_start_s,
-                "rule": self.rule.model_dump(), "replica": {"slots": self.replica.slots, "ttft_s": self.replica.ttft_s,
-                                                            "itl_s": self.replica.itl_s, "output_len": self.replica.output_len,
-                                                            "capacity_rps": round(self.replica.capacity_rps, 3)},
-                "slo_ttft_s": self.slo_ttft_s,
-                "strategies": [result.as_dict() for result in (self.autoscaled, self.fixed_peak, self.fixed_mean)]}
+        return {
+            "simulated": True,
+            "shape": self.shape,
+            "duration_s": self.duration_s,
+            "cold_start_s": self.cold_start_s,
+            "rule": self.rule.model_dump(),
+            "replica": {
+                "slots": self.replica.slots,
+                "ttft_s": self.replica.ttft_s,
+                "itl_s": self.replica.itl_s,
+                "output_len": self.replica.output_len,
+                "capacity_rps": round(self.replica.capacity_rps, 3),
+            },
+            "slo_ttft_s": self.slo_ttft_s,
+            "strategies": [result.as_dict() for result in (self.autoscaled, self.fixed_peak, self.fixed_mean)],
+        }
 
 
 def _thin(timeline: list[tuple[float, int]]) -> list[tuple[float, int]]:
@@ -131,14 +149,22 @@ def _thin(timeline: list[tuple[float, int]]) -> list[tuple[float, int]]:
     return [changes[int(i * step)] for i in range(TIMELINE_POINTS)] + [timeline[-1]]
 
 
-def simulate(shape: LoadShape, replica: ReplicaModel, slo_ttft_s: float, *, rule: AutoscaleRule | None,
-             fixed: int | None = None, cold_start_s: float = 0.0, price_per_replica_hour: float | None = None,
-             seed: int = 0, strategy: str = "autoscaled") -> DayResult:
+def simulate(
+    shape: LoadShape,
+    replica: ReplicaModel,
+    slo_ttft_s: float,
+    *,
+    rule: AutoscaleRule | None,
+    fixed: int | None = None,
+    cold_start_s: float = 0.0,
+    price_per_replica_hour: float | None = None,
+    seed: int = 0,
+    strategy: str = "autoscaled",
+) -> DayResult:
     """One strategy over the shape: the rule (`rule`) or `fixed` replicas all along."""
     arrivals = shape.arrival_offsets("poisson", 1.0, random.Random(seed))
     end = shape.duration_s
-    day = _DaySimulation(replica, slo_ttft_s, rule, rule.min_replicas if rule is not None else (fixed or 1),
-                         cold_start_s)
+    day = _DaySimulation(replica, slo_ttft_s, rule, rule.min_replicas if rule is not None else (fixed or 1), cold_start_s)
     now = end
     next_arrival = 0
     while next_arrival < len(arrivals) or day.events:
@@ -157,18 +183,26 @@ def simulate(shape: LoadShape, replica: ReplicaModel, slo_ttft_s: float, *, rule
     finish = max(end, now) if arrivals else end
     replica_seconds = sum((r.stopped_at if r.stopped_at is not None else finish) - r.started_at for r in day.replicas)
     cost = None if price_per_replica_hour is None else replica_seconds / 3600 * price_per_replica_hour
-    return DayResult(strategy=strategy, requests=len(arrivals), met_slo=day.met, replica_seconds=replica_seconds,
-                     cost=None if cost is None else round(cost, 4),
-                     cost_per_day=None if cost is None else round(cost * DAY_S / end, 4),
-                     peak_replicas=max(count for _, count in day.timeline), timeline=_thin(day.timeline),
-                     scale_ups=day.scale_ups, scale_downs=day.scale_downs)
+    return DayResult(
+        strategy=strategy,
+        requests=len(arrivals),
+        met_slo=day.met,
+        replica_seconds=replica_seconds,
+        cost=None if cost is None else round(cost, 4),
+        cost_per_day=None if cost is None else round(cost * DAY_S / end, 4),
+        peak_replicas=max(count for _, count in day.timeline),
+        timeline=_thin(day.timeline),
+        scale_ups=day.scale_ups,
+        scale_downs=day.scale_downs,
+    )
 
 
 class _DaySimulation:
     """The replicas, the event heap and the counts of one simulated day (`simulate` drives it)."""
 
-    def __init__(self, replica: ReplicaModel, slo_ttft_s: float, rule: AutoscaleRule | None, first: int,
-                 cold_start_s: float) -> None:
+    def __init__(
+        self, replica: ReplicaModel, slo_ttft_s: float, rule: AutoscaleRule | None, first: int, cold_start_s: float
+    ) -> None:
         self.replica = replica
         self.slo_ttft_s = slo_ttft_s
         self.rule = rule
@@ -256,17 +290,32 @@ class _DaySimulation:
             self.push(now + self.rule.polling_interval_s, "poll", -1)
 
 
-def plan_day(shape: LoadShape, rule: AutoscaleRule, replica: ReplicaModel, slo_ttft_s: float, cold_start_s: float,
-             price_per_replica_hour: float | None = None, seed: int = 0) -> DayPlan:
+def plan_day(
+    shape: LoadShape,
+    rule: AutoscaleRule,
+    replica: ReplicaModel,
+    slo_ttft_s: float,
+    cold_start_s: float,
+    price_per_replica_hour: float | None = None,
+    seed: int = 0,
+) -> DayPlan:
     """The rule over the shape, and fixed provisioning for its peak and for its mean rate."""
     mean_rate = shape.expected_requests / shape.duration_s
     at_peak = max(1, math.ceil(shape.peak_rate / replica.capacity_rps))
     at_mean = max(1, math.ceil(mean_rate / replica.capacity_rps))
     common: dict[str, Any] = {"price_per_replica_hour": price_per_replica_hour, "seed": seed}
     return DayPlan(
-        shape=shape.text, duration_s=shape.duration_s, cold_start_s=cold_start_s, rule=rule, replica=replica,
+        shape=shape.text,
+        duration_s=shape.duration_s,
+        cold_start_s=cold_start_s,
+        rule=rule,
+        replica=replica,
         slo_ttft_s=slo_ttft_s,
         autoscaled=simulate(shape, replica, slo_ttft_s, rule=rule, cold_start_s=cold_start_s, strategy="autoscaled", **common),
-        fixed_peak=simulate(shape, replica, slo_ttft_s, rule=None, fixed=at_peak, strategy=f"fixed at peak ({at_peak})", **common),
-        fixed_mean=simulate(shape, replica, slo_ttft_s, rule=None, fixed=at_mean, strategy=f"fixed at mean ({at_mean})", **common),
+        fixed_peak=simulate(
+            shape, replica, slo_ttft_s, rule=None, fixed=at_peak, strategy=f"fixed at peak ({at_peak})", **common
+        ),
+        fixed_mean=simulate(
+            shape, replica, slo_ttft_s, rule=None, fixed=at_mean, strategy=f"fixed at mean ({at_mean})", **common
+        ),
     )

@@ -109,18 +109,26 @@ def frontend_findings(setup: PlanSetup, load: LoadSpec, summary: RunSummary) -> 
     if block is None:
         return []
     utilization, waited, queued = block.utilization, block.mean_frontend_s, block.mean_engine_queue_s
-    lines = [f"frontend (simulated): API servers {utilization:.0%} busy, image requests spend {waited * 1000:.0f} ms there "
-             f"and {queued * 1000:.0f} ms in the engine's queue; multimodal cache hit rate {block.mm_cache_hit_rate:.2f}"]
+    lines = [
+        f"frontend (simulated): API servers {utilization:.0%} busy, image requests spend {waited * 1000:.0f} ms there "
+        f"and {queued * 1000:.0f} ms in the engine's queue; multimodal cache hit rate {block.mm_cache_hit_rate:.2f}"
+    ]
     if not frontend_is_limit(block):
         return lines
     from vlmserve.plan.simulate import simulate_run
 
     base = summary.figure("ttft_ms.p50")
-    more = dataclasses.replace(setup, frontend=dataclasses.replace(setup.frontend, api_server_count=setup.frontend.api_server_count + 1))
-    smaller = load.model_copy(update={
-        "image_size": (max(1, load.image_size[0] // 2), max(1, load.image_size[1] // 2)),
-        "image_size_mix": [(max(1, w // 2), max(1, h // 2), weight) for w, h, weight in load.image_size_mix]
-        if load.image_size_mix else None})
+    more = dataclasses.replace(
+        setup, frontend=dataclasses.replace(setup.frontend, api_server_count=setup.frontend.api_server_count + 1)
+    )
+    smaller = load.model_copy(
+        update={
+            "image_size": (max(1, load.image_size[0] // 2), max(1, load.image_size[1] // 2)),
+            "image_size_mix": [(max(1, w // 2), max(1, h // 2), weight) for w, h, weight in load.image_size_mix]
+            if load.image_size_mix
+            else None,
+        }
+    )
     with_servers = simulate_run(more, load, record_token_times=False).result.summary.figure("ttft_ms.p50")
     with_smaller = simulate_run(setup, smaller, record_token_times=False).result.summary.figure("ttft_ms.p50")
     lines += [

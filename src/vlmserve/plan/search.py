@@ -47,8 +47,9 @@ class SearchSpace:
     max_num_batched_tokens: int | None = None
     api_server_counts: list[int] = field(default_factory=lambda: [1])
     """vLLM --api-server-count values to try: CPU processes, free in GPU cost; fewer win at equal cost."""
-    frontend: FrontendConfig = field(default_factory=lambda: FrontendConfig(
-        per_image_ms=FRONTEND_PER_IMAGE_MS, per_megapixel_ms=FRONTEND_PER_MEGAPIXEL_MS))
+    frontend: FrontendConfig = field(
+        default_factory=lambda: FrontendConfig(per_image_ms=FRONTEND_PER_IMAGE_MS, per_megapixel_ms=FRONTEND_PER_MEGAPIXEL_MS)
+    )
     """Preprocessing costs and cache of every candidate (its api_server_count is the candidate's)."""
 
 
@@ -142,9 +143,7 @@ def _judge(candidate: Candidate, result: RunResult, slo: SLO, load: LoadSpec) ->
     if growth is not None:
         first, last = growth
         if last > QUEUE_GROWTH_FACTOR * first and last - first > QUEUE_GROWTH_MIN_S:
-            reasons.append(
-                f"overloaded at {load.rate:g} req/s: the queue grows (TTFT {first:.2f} s early, {last:.2f} s late)"
-            )
+            reasons.append(f"overloaded at {load.rate:g} req/s: the queue grows (TTFT {first:.2f} s early, {last:.2f} s late)")
     frontend = summary.simulation.frontend if summary.simulation is not None else None
     if reasons and frontend is not None and frontend_is_limit(frontend):
         reasons.append(f"frontend-bound (API servers {frontend.utilization:.0%} busy): try more --api-server-counts")
@@ -167,8 +166,15 @@ def enumerate_candidates(space: SearchSpace, prices: dict[str, float]) -> list[C
                         num_gpus = tp * replicas
                         price = prices.get(gpu.key)
                         candidates.append(
-                            Candidate(gpu.key, tp, replicas, max_num_seqs, num_gpus,
-                                      None if price is None else price * num_gpus, api_server_count=servers)
+                            Candidate(
+                                gpu.key,
+                                tp,
+                                replicas,
+                                max_num_seqs,
+                                num_gpus,
+                                None if price is None else price * num_gpus,
+                                api_server_count=servers,
+                            )
                         )
     return candidates
 
@@ -199,9 +205,15 @@ def run_search(
         else:
             try:
                 setup = PlanSetup(
-                    model=model, gpu=get_gpu(candidate.gpu), tp=candidate.tp, replicas=candidate.replicas,
-                    weight_dtype=space.weight_dtype, kv_dtype=space.kv_dtype, calibration=calibration,
-                    max_num_seqs=candidate.max_num_seqs, max_num_batched_tokens=space.max_num_batched_tokens,
+                    model=model,
+                    gpu=get_gpu(candidate.gpu),
+                    tp=candidate.tp,
+                    replicas=candidate.replicas,
+                    weight_dtype=space.weight_dtype,
+                    kv_dtype=space.kv_dtype,
+                    calibration=calibration,
+                    max_num_seqs=candidate.max_num_seqs,
+                    max_num_batched_tokens=space.max_num_batched_tokens,
                     frontend=replace(space.frontend, api_server_count=candidate.api_server_count),
                 )
                 setup.memory()

@@ -86,8 +86,11 @@ def simulate_run(
     requests = planned_requests(load, count, vision.tokens_for if vision else lambda _w, _h: 0)
     longest = max(request.prompt_tokens + request.output_tokens for request in requests)
     typical = int(sum(request.prompt_tokens + request.output_tokens / 2 for request in requests) / len(requests))
-    config = replace(setup.scheduler_config(typical, longest), encoder_cache_size=encoder_cache_size,
-                     max_num_encoder_input_tokens=max_num_encoder_input_tokens)  # vLLM's encoder budget
+    config = replace(
+        setup.scheduler_config(typical, longest),
+        encoder_cache_size=encoder_cache_size,
+        max_num_encoder_input_tokens=max_num_encoder_input_tokens,
+    )  # vLLM's encoder budget
     cost = setup.cost_model()
     overhead_s = setup.efficiency.request_overhead_s
     try:
@@ -114,8 +117,9 @@ def simulate_run(
             return None if index is None else send(finished_s, index)
     else:
         sends = [send(request.arrival_s, request.index) for request in requests]
-    timings, stats = run_virtual_clock(cores, sends, routing=setup.routing, next_send=next_send,
-                                       record_token_times=record_token_times, frontend=setup.frontend)
+    timings, stats = run_virtual_clock(
+        cores, sends, routing=setup.routing, next_send=next_send, record_token_times=record_token_times, frontend=setup.frontend
+    )
 
     epoch = time.time()
     records = [_record(timings[str(request.index)], request, epoch, load) for request in requests]
@@ -178,8 +182,9 @@ def _meta(setup: PlanSetup, load: LoadSpec, label: str | None, config: Scheduler
     )
 
 
-def _frontend_block(setup: PlanSetup, timings: dict[str, RequestTiming], stats: list[SimulationStats],
-                    load: LoadSpec) -> SimulatedFrontend | None:
+def _frontend_block(
+    setup: PlanSetup, timings: dict[str, RequestTiming], stats: list[SimulationStats], load: LoadSpec
+) -> SimulatedFrontend | None:
     """The frontend (image preprocessing) as simulated: how busy its API servers were, how long
     requests waited there against the engine's own queue, and the multimodal cache hit rate."""
     queries = sum(item.mm_cache_queries for item in stats)

@@ -63,7 +63,9 @@ def _sharegpt_log_means() -> tuple[float, float]:
     return float(mu_in), float(mu_out)
 
 
-def _sharegpt_filtered(normal_in: np.ndarray, normal_out: np.ndarray, mu_in: float, mu_out: float) -> tuple[np.ndarray, np.ndarray]:
+def _sharegpt_filtered(
+    normal_in: np.ndarray, normal_out: np.ndarray, mu_in: float, mu_out: float
+) -> tuple[np.ndarray, np.ndarray]:
     prompt = np.maximum(np.exp(mu_in + 1.0 * normal_in).astype(np.int64), 4)
     output = np.maximum(np.exp(mu_out + 0.9 * normal_out).astype(np.int64), 4)
     keep = (prompt <= SHAREGPT_MAX_PROMPT) & (prompt + output <= SHAREGPT_MAX_TOTAL)
@@ -132,8 +134,17 @@ def planned_requests(load: LoadSpec, count: int, image_tokens_for: Callable[[int
     for index, (prompt, output) in enumerate(pairs):
         items = images[index]
         image_tokens = sum(image_tokens_for(width, height) for _, (width, height) in items)
-        planned.append(PlannedRequest(index, prompt + image_tokens, output, arrivals[index], len(items), image_tokens,
-                                      tuple((image_id, width * height) for image_id, (width, height) in items)))
+        planned.append(
+            PlannedRequest(
+                index,
+                prompt + image_tokens,
+                output,
+                arrivals[index],
+                len(items),
+                image_tokens,
+                tuple((image_id, width * height) for image_id, (width, height) in items),
+            )
+        )
     return planned
 
 

@@ -38,8 +38,7 @@ def choose_recipe(model: str, model_path: str | None = None) -> ChosenRecipe:
     recipe = find_recipe(found.config)
     model_type = found.config.get("model_type", "(none)")
     if recipe is None:
-        basis = (f"unknown family: model_type {model_type!r} in {found.where} has no recipe "
-                 f"(known: {', '.join(known_families())})")
+        basis = f"unknown family: model_type {model_type!r} in {found.where} has no recipe (known: {', '.join(known_families())})"
     else:
         basis = f"{recipe.family} (model_type {model_type!r} in {found.where})"
     local = Path(found.where)
@@ -58,16 +57,24 @@ def tool_chat_template(chosen: ChosenRecipe, engine_model_dir: str | None = None
     return str(Path(engine_model_dir or chosen.model_dir) / name)
 
 
-def resolve_for(chosen: ChosenRecipe, args: EngineArgs, *, benchmark: bool,
-                check: FlagCheck = installed_vllm_check, engine_model_dir: str | None = None) -> Resolution:
+def resolve_for(
+    chosen: ChosenRecipe,
+    args: EngineArgs,
+    *,
+    benchmark: bool,
+    check: FlagCheck = installed_vllm_check,
+    engine_model_dir: str | None = None,
+) -> Resolution:
     """The chosen recipe under `args`."""
-    table = recipe_flag_table(chosen.recipe, chosen.facts, benchmark=benchmark,
-                              chat_template=tool_chat_template(chosen, engine_model_dir))
+    table = recipe_flag_table(
+        chosen.recipe, chosen.facts, benchmark=benchmark, chat_template=tool_chat_template(chosen, engine_model_dir)
+    )
     return resolve(args, table, family=chosen.recipe.family if chosen.recipe else None, check=check)
 
 
-def spec_with_recipe(spec: DeploymentSpec, model_path: str, on_event: Callable[[str], None] | None = None,
-                     *, elsewhere: bool = False) -> DeploymentSpec:
+def spec_with_recipe(
+    spec: DeploymentSpec, model_path: str, on_event: Callable[[str], None] | None = None, *, elsewhere: bool = False
+) -> DeploymentSpec:
     """`spec` with its model's recipe laid under its engine_args (unchanged with `recipe: false`).
 
     elsewhere: the engine runs on another machine (a Kubernetes export) and `model_path` is its view
@@ -81,8 +88,9 @@ def spec_with_recipe(spec: DeploymentSpec, model_path: str, on_event: Callable[[
         if not elsewhere:
             raise
         chosen = ChosenRecipe(None, ModelFacts({}, spec.model), f"unknown family: {err.message}", None)
-    resolution = resolve_for(chosen, spec.engine_args, benchmark=spec.recipe == "benchmark",
-                             engine_model_dir=model_path if elsewhere else None)
+    resolution = resolve_for(
+        chosen, spec.engine_args, benchmark=spec.recipe == "benchmark", engine_model_dir=model_path if elsewhere else None
+    )
     if on_event is not None:
         for warning in resolution.warnings:
             on_event(f"warning: {warning}")
@@ -90,6 +98,8 @@ def spec_with_recipe(spec: DeploymentSpec, model_path: str, on_event: Callable[[
         if chosen.recipe is None:
             on_event(f"recipe: none ({chosen.basis}); vLLM's defaults apply")
         elif chosen.recipe is not EMBEDDED_RECIPE:
-            on_event(f"recipe {chosen.recipe.family}: {applied or '(nothing beyond your flags)'} "
-                     "(`vlmserve recipe show` explains each; --no-recipe turns it off)")
+            on_event(
+                f"recipe {chosen.recipe.family}: {applied or '(nothing beyond your flags)'} "
+                "(`vlmserve recipe show` explains each; --no-recipe turns it off)"
+            )
     return spec.model_copy(update={"engine_args": resolution.engine_args})

@@ -35,8 +35,10 @@ EMBEDDED_IMAGES_PER_PROMPT = 16
 request the gateway passes is never refused by the engine behind it."""
 
 BENCHMARK_FLAGS: dict[str, tuple[JSONValue, str]] = {
-    "enable_prefix_caching": (False, "benchmark: repeated prompt prefixes must not be served from cache "
-                                     "(it flatters TTFT); vLLM's benchmarking guidance"),
+    "enable_prefix_caching": (
+        False,
+        "benchmark: repeated prompt prefixes must not be served from cache (it flatters TTFT); vLLM's benchmarking guidance",
+    )
 }
 """What a benchmark deployment changes on top of every recipe."""
 
@@ -109,10 +111,11 @@ def _qwen3_vl(facts: ModelFacts) -> FlagTable:
     if facts.is_thinking_variant:
         flags["reasoning_parser"] = ("qwen3", "Qwen3-VL recipe: a Thinking checkpoint's <think> block")
     if facts.has_vision:
-        flags["limit_mm_per_prompt"] = ({"image": IMAGES_PER_PROMPT, "video": 0},
-                                        "Qwen3-VL recipe: image-only work, video 0 (less memory profiled)")
-        flags["mm_processor_kwargs"] = ({"max_pixels": QWEN3_VL_MAX_PIXELS},
-                                        "vision budget: at most 1280 tokens per image")
+        flags["limit_mm_per_prompt"] = (
+            {"image": IMAGES_PER_PROMPT, "video": 0},
+            "Qwen3-VL recipe: image-only work, video 0 (less memory profiled)",
+        )
+        flags["mm_processor_kwargs"] = ({"max_pixels": QWEN3_VL_MAX_PIXELS}, "vision budget: at most 1280 tokens per image")
     return flags
 
 
@@ -122,10 +125,14 @@ def _qwen2_5_vl(facts: ModelFacts) -> FlagTable:
         "enable_auto_tool_choice": (True, "Qwen2.5-VL recipe: the model decides when to call a tool"),
     }
     if facts.has_vision:
-        flags["limit_mm_per_prompt"] = ({"image": IMAGES_PER_PROMPT, "video": 0},
-                                        "Qwen2.5-VL recipe: image-only work, video 0 (less memory profiled)")
-        flags["mm_processor_kwargs"] = ({"max_pixels": QWEN2_5_VL_MAX_PIXELS},
-                                        "vision budget: at most 1280 tokens per image (the processor's default)")
+        flags["limit_mm_per_prompt"] = (
+            {"image": IMAGES_PER_PROMPT, "video": 0},
+            "Qwen2.5-VL recipe: image-only work, video 0 (less memory profiled)",
+        )
+        flags["mm_processor_kwargs"] = (
+            {"max_pixels": QWEN2_5_VL_MAX_PIXELS},
+            "vision budget: at most 1280 tokens per image (the processor's default)",
+        )
     return flags
 
 
@@ -143,8 +150,10 @@ def _embedded(facts: ModelFacts) -> FlagTable:
     # and named or required tool_choice without a loaded parser. The parser costs a few ms of frontend
     # time per chat request; the OpenAI SDK's tool examples working on the default model is worth it.
     return {
-        "limit_mm_per_prompt": ({"image": EMBEDDED_IMAGES_PER_PROMPT},
-                                "embedded model: as many images as the gateway allows by default"),
+        "limit_mm_per_prompt": (
+            {"image": EMBEDDED_IMAGES_PER_PROMPT},
+            "embedded model: as many images as the gateway allows by default",
+        ),
         "tool_call_parser": ("hermes", "embedded model: <tool_call> JSON, so tool requests are accepted"),
         "enable_auto_tool_choice": (True, "embedded model: tool_choice auto, the OpenAI SDK's default"),
     }
@@ -152,35 +161,53 @@ def _embedded(facts: ModelFacts) -> FlagTable:
 
 RECIPES: tuple[Recipe, ...] = (
     Recipe(
-        "gemma4", ("gemma4", "gemma4_text"),
+        "gemma4",
+        ("gemma4", "gemma4_text"),
         ("Gemma4ForConditionalGeneration", "Gemma4UnifiedForConditionalGeneration", "Gemma4ForCausalLM"),
-        _gemma4, source="vLLM recipes: Gemma 4 (docs.vllm.ai/projects/recipes)",
+        _gemma4,
+        source="vLLM recipes: Gemma 4 (docs.vllm.ai/projects/recipes)",
         tool_chat_template="tool_chat_template_gemma4.jinja",
     ),
     Recipe(
-        "qwen3_vl", ("qwen3_vl", "qwen3_vl_moe"),
+        "qwen3_vl",
+        ("qwen3_vl", "qwen3_vl_moe"),
         ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"),
-        _qwen3_vl, source="vLLM recipes: Qwen3-VL; Qwen's function-calling guide (hermes)",
+        _qwen3_vl,
+        source="vLLM recipes: Qwen3-VL; Qwen's function-calling guide (hermes)",
     ),
     Recipe(
-        "qwen2_5_vl", ("qwen2_5_vl",), ("Qwen2_5_VLForConditionalGeneration",),
-        _qwen2_5_vl, source="vLLM recipes: Qwen2.5-VL; Qwen's function-calling guide (hermes)",
+        "qwen2_5_vl",
+        ("qwen2_5_vl",),
+        ("Qwen2_5_VLForConditionalGeneration",),
+        _qwen2_5_vl,
+        source="vLLM recipes: Qwen2.5-VL; Qwen's function-calling guide (hermes)",
     ),
     Recipe(
-        "idefics3", ("idefics3", "smolvlm"),
+        "idefics3",
+        ("idefics3", "smolvlm"),
         ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
-        _images_only("Idefics3/SmolVLM"), source="vLLM's multimodal docs (limit_mm_per_prompt); no tool format",
+        _images_only("Idefics3/SmolVLM"),
+        source="vLLM's multimodal docs (limit_mm_per_prompt); no tool format",
     ),
     Recipe(
-        "llava", ("llava", "llava_next", "llava_onevision", "llava_next_video"),
-        ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-         "LlavaOnevisionForConditionalGeneration", "LlavaNextVideoForConditionalGeneration"),
-        _images_only("LLaVA"), source="vLLM's multimodal docs (limit_mm_per_prompt); no tool format",
+        "llava",
+        ("llava", "llava_next", "llava_onevision", "llava_next_video"),
+        (
+            "LlavaForConditionalGeneration",
+            "LlavaNextForConditionalGeneration",
+            "LlavaOnevisionForConditionalGeneration",
+            "LlavaNextVideoForConditionalGeneration",
+        ),
+        _images_only("LLaVA"),
+        source="vLLM's multimodal docs (limit_mm_per_prompt); no tool format",
     ),
 )
 
 EMBEDDED_RECIPE = Recipe(
-    EMBEDDED_FAMILY, (), (), _embedded,
+    EMBEDDED_FAMILY,
+    (),
+    (),
+    _embedded,
     source="vlmserve.engines.embedded (a tiny Idefics3; eager mode stays vlmserve's own default)",
 )
 

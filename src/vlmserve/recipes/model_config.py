@@ -42,8 +42,7 @@ def read_config_file(path: Path) -> JSONObject:
     except Refused as err:
         raise UserError(f"{path}: {err}; a config.json is a flat JSON object of a few kB, fix the file") from None
     except OSError as err:
-        raise UserError(f"{path}: cannot read it ({err.strerror or type(err).__name__}); "
-                        "check the file's permissions") from None
+        raise UserError(f"{path}: cannot read it ({err.strerror or type(err).__name__}); check the file's permissions") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text; config.json is a JSON file") from None
     except json.JSONDecodeError as err:
@@ -69,9 +68,12 @@ def find_model_config(model: str) -> FoundConfig:
     if cached is None:
         fetched, where = _hub_fetch_config(model)
         if fetched is None:
-            return FoundConfig(None, f"{model}: no local directory, and its config.json is not in the Hugging Face "
-                                     f"cache ({where}; fetch it with `hf download {model} config.json` "
-                                     "or give the directory)")
+            return FoundConfig(
+                None,
+                f"{model}: no local directory, and its config.json is not in the Hugging Face "
+                f"cache ({where}; fetch it with `hf download {model} config.json` "
+                "or give the directory)",
+            )
         return FoundConfig(fetched, where)
     return FoundConfig(read_config_file(cached), str(cached))
 

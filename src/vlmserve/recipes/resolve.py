@@ -87,13 +87,16 @@ def installed_vllm_check(key: str, value: JSONValue) -> str | None:
     return None
 
 
-def recipe_flag_table(recipe: Recipe | None, facts: ModelFacts, *, benchmark: bool,
-                      chat_template: str | None = None) -> FlagTable:
+def recipe_flag_table(
+    recipe: Recipe | None, facts: ModelFacts, *, benchmark: bool, chat_template: str | None = None
+) -> FlagTable:
     """The recipe's flags for this model, with the benchmark changes laid on top when asked."""
     table: FlagTable = dict(recipe.flags(facts)) if recipe is not None else {}
     if chat_template is not None:
-        table["chat_template"] = (chat_template, f"{recipe.family if recipe else 'recipe'}: tool chat template "
-                                                 "found in the model directory")
+        table["chat_template"] = (
+            chat_template,
+            f"{recipe.family if recipe else 'recipe'}: tool chat template found in the model directory",
+        )
     if benchmark:
         table.update(BENCHMARK_FLAGS)
     return table
@@ -137,15 +140,17 @@ def user_flags(args: EngineArgs) -> list[ResolvedFlag]:
 def user_flag_keys(args: EngineArgs) -> set[str]:
     """Every flag name the user gives, however given (the recipe steps aside for each); nothing is
     rendered, so vLLM's parser is not needed to tell."""
-    keys = {name for name in EngineArgs.model_fields
-            if name != "extra_args" and name in args.model_fields_set and getattr(args, name) is not None}
+    keys = {
+        name
+        for name in EngineArgs.model_fields
+        if name != "extra_args" and name in args.model_fields_set and getattr(args, name) is not None
+    }
     keys |= set(args.vllm_flags())
     keys |= {name for name, _ in _extra_arg_groups(list(args.extra_args))}
     return keys
 
 
-def resolve(args: EngineArgs, table: FlagTable, *, family: str | None,
-            check: FlagCheck = installed_vllm_check) -> Resolution:
+def resolve(args: EngineArgs, table: FlagTable, *, family: str | None, check: FlagCheck = installed_vllm_check) -> Resolution:
     """The recipe's `table` under the user's `args`: user flags win; flags vLLM lacks are dropped."""
     given = user_flag_keys(args)
     warnings: list[str] = []
@@ -165,9 +170,15 @@ def resolve(args: EngineArgs, table: FlagTable, *, family: str | None,
     recipe_flags = [ResolvedFlag(key, value, "recipe", why, render(key, value)) for key, (value, why) in kept.items()]
     replaced = {key for key in table if key in given}
     users = [
-        flag if flag.key not in replaced
-        else ResolvedFlag(flag.key, flag.value, "user", f"{flag.why}; replaces the recipe's "
-                          f"{' '.join(render(flag.key, table[flag.key][0]))}", flag.argv)
+        flag
+        if flag.key not in replaced
+        else ResolvedFlag(
+            flag.key,
+            flag.value,
+            "user",
+            f"{flag.why}; replaces the recipe's {' '.join(render(flag.key, table[flag.key][0]))}",
+            flag.argv,
+        )
         for flag in user_flags(args)
     ]
     return Resolution(family, tuple(recipe_flags + users), tuple(warnings), laid_under(args, kept))

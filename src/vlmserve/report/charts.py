@@ -38,8 +38,7 @@ def _x_title(results: SweepResults) -> str:
     return "concurrent users" if names == {"concurrency"} else "load (users or req/s)"
 
 
-def _layout(figure: go.Figure, title: str, x_title: str, y_title: str,
-            log_levels: list[float] | None = None) -> go.Figure:
+def _layout(figure: go.Figure, title: str, x_title: str, y_title: str, log_levels: list[float] | None = None) -> go.Figure:
     figure.update_layout(
         title=title,
         xaxis_title=x_title,
@@ -73,13 +72,17 @@ def throughput_chart(results: SweepResults) -> go.Figure:
     """Output tokens/s against load: where the curve flattens, more users only add queueing."""
     figure = go.Figure()
     for index, (label, cells) in enumerate(_series(results)):
-        figure.add_trace(go.Scatter(
-            x=[cell.load_level for cell in cells],
-            y=[cell.metric("throughput.output_tokens_per_s") for cell in cells],
-            mode="lines+markers", name=label, text=_hover(cells),
-            marker={"symbol": _markers(cells), "size": 9, "color": _PALETTE[index % len(_PALETTE)]},
-            line={"color": _PALETTE[index % len(_PALETTE)]},
-        ))
+        figure.add_trace(
+            go.Scatter(
+                x=[cell.load_level for cell in cells],
+                y=[cell.metric("throughput.output_tokens_per_s") for cell in cells],
+                mode="lines+markers",
+                name=label,
+                text=_hover(cells),
+                marker={"symbol": _markers(cells), "size": 9, "color": _PALETTE[index % len(_PALETTE)]},
+                line={"color": _PALETTE[index % len(_PALETTE)]},
+            )
+        )
     return _layout(figure, "Throughput vs load", _x_title(results), "output tokens/s", _wide_load_range(results))
 
 
@@ -89,19 +92,30 @@ def ttft_chart(results: SweepResults) -> go.Figure:
     for index, (label, cells) in enumerate(_series(results)):
         color = _PALETTE[index % len(_PALETTE)]
         for percentile, dash in _PERCENTILE_DASH.items():
-            figure.add_trace(go.Scatter(
-                x=[cell.load_level for cell in cells],
-                y=[cell.metric(f"ttft_ms.{percentile}") for cell in cells],
-                mode="lines+markers", name=f"{label} {percentile}", legendgroup=label, text=_hover(cells),
-                marker={"symbol": _markers(cells), "size": 7, "color": color},
-                line={"color": color, "dash": dash},
-            ))
+            figure.add_trace(
+                go.Scatter(
+                    x=[cell.load_level for cell in cells],
+                    y=[cell.metric(f"ttft_ms.{percentile}") for cell in cells],
+                    mode="lines+markers",
+                    name=f"{label} {percentile}",
+                    legendgroup=label,
+                    text=_hover(cells),
+                    marker={"symbol": _markers(cells), "size": 7, "color": color},
+                    line={"color": color, "dash": dash},
+                )
+            )
     for key, bound_s in results.slo.bounds_s.items():
         if key.startswith("ttft_"):
-            figure.add_hline(y=bound_s * 1000.0, line_dash="dashdot", line_color="#555",
-                             annotation_text=f"SLO {key}", annotation_position="top left")
-    return _layout(figure, "TTFT p50 / p95 / p99 vs load", _x_title(results), "time to first token (ms)",
-                   _wide_load_range(results))
+            figure.add_hline(
+                y=bound_s * 1000.0,
+                line_dash="dashdot",
+                line_color="#555",
+                annotation_text=f"SLO {key}",
+                annotation_position="top left",
+            )
+    return _layout(
+        figure, "TTFT p50 / p95 / p99 vs load", _x_title(results), "time to first token (ms)", _wide_load_range(results)
+    )
 
 
 def tpot_chart(results: SweepResults) -> go.Figure:
@@ -110,15 +124,19 @@ def tpot_chart(results: SweepResults) -> go.Figure:
     for index, (label, cells) in enumerate(_series(results)):
         color = _PALETTE[index % len(_PALETTE)]
         for percentile in ("p50", "p95"):
-            figure.add_trace(go.Scatter(
-                x=[cell.load_level for cell in cells],
-                y=[cell.metric(f"tpot_ms.{percentile}") for cell in cells],
-                mode="lines+markers", name=f"{label} {percentile}", legendgroup=label, text=_hover(cells),
-                marker={"symbol": _markers(cells), "size": 7, "color": color},
-                line={"color": color, "dash": _PERCENTILE_DASH[percentile]},
-            ))
-    return _layout(figure, "TPOT vs load", _x_title(results), "time per output token (ms)",
-                   _wide_load_range(results))
+            figure.add_trace(
+                go.Scatter(
+                    x=[cell.load_level for cell in cells],
+                    y=[cell.metric(f"tpot_ms.{percentile}") for cell in cells],
+                    mode="lines+markers",
+                    name=f"{label} {percentile}",
+                    legendgroup=label,
+                    text=_hover(cells),
+                    marker={"symbol": _markers(cells), "size": 7, "color": color},
+                    line={"color": color, "dash": _PERCENTILE_DASH[percentile]},
+                )
+            )
+    return _layout(figure, "TPOT vs load", _x_title(results), "time per output token (ms)", _wide_load_range(results))
 
 
 def pareto_points(results: SweepResults) -> list[tuple[float, float, CellOutcome]]:
@@ -153,21 +171,36 @@ def pareto_chart(results: SweepResults) -> go.Figure:
         mine = [point for point in points if point[2].deployment == info.name]
         if not mine:
             continue
-        figure.add_trace(go.Scatter(
-            x=[point[0] for point in mine], y=[point[1] for point in mine], mode="markers", name=info.name,
-            text=[f"{point[2].cell} ({_load_words(point[2])})" for point in mine],
-            marker={"size": 10, "color": _PALETTE[index % len(_PALETTE)],
-                    "symbol": ["x" if point[2].client_limited else "circle" for point in mine]},
-        ))
+        figure.add_trace(
+            go.Scatter(
+                x=[point[0] for point in mine],
+                y=[point[1] for point in mine],
+                mode="markers",
+                name=info.name,
+                text=[f"{point[2].cell} ({_load_words(point[2])})" for point in mine],
+                marker={
+                    "size": 10,
+                    "color": _PALETTE[index % len(_PALETTE)],
+                    "symbol": ["x" if point[2].client_limited else "circle" for point in mine],
+                },
+            )
+        )
     front = pareto_front(points)
     if front:
-        figure.add_trace(go.Scatter(
-            x=[point[0] for point in front], y=[point[1] for point in front], mode="lines+markers",
-            name="Pareto front", line={"color": "#333", "dash": "dash"}, hoverinfo="skip",
-            marker={"size": 16, "symbol": "circle-open", "color": "#333"},
-        ))
-    figure = _layout(figure, "Latency–throughput Pareto front", "tokens/s per user (1000 / TPOT p50 ms)",
-                     "output tokens/s per device")
+        figure.add_trace(
+            go.Scatter(
+                x=[point[0] for point in front],
+                y=[point[1] for point in front],
+                mode="lines+markers",
+                name="Pareto front",
+                line={"color": "#333", "dash": "dash"},
+                hoverinfo="skip",
+                marker={"size": 16, "symbol": "circle-open", "color": "#333"},
+            )
+        )
+    figure = _layout(
+        figure, "Latency–throughput Pareto front", "tokens/s per user (1000 / TPOT p50 ms)", "output tokens/s per device"
+    )
     speeds = [point[0] for point in points if point[0] > 0]
     if speeds and max(speeds) / min(speeds) >= 30:  # bursty streams (TPOT near 0) would squash the rest
         figure.update_xaxes(type="log")

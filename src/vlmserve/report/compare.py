@@ -68,8 +68,7 @@ class MetricChange:
     @property
     def intervals_overlap(self) -> bool:
         assert self.baseline_interval is not None and self.candidate_interval is not None
-        return (self.baseline_interval[0] <= self.candidate_interval[1]
-                and self.candidate_interval[0] <= self.baseline_interval[1])
+        return self.baseline_interval[0] <= self.candidate_interval[1] and self.candidate_interval[0] <= self.baseline_interval[1]
 
     def significant(self, min_effect: float) -> bool:
         """Repeated runs: intervals apart (statistically significant) and the means at least `min_effect` apart.
@@ -147,10 +146,11 @@ class CellComparison:
     def judged_by(self, threshold: float, min_effect: float) -> str:
         """How this cell's changes are judged, in words."""
         if any(change.by_intervals for change in self.changes):
-            return (f"judged by 95% confidence intervals ({self.repeats[0]} vs {self.repeats[1]} repeats), "
-                    f"min effect {min_effect:.0%}")
-        return (f"single runs: judged by the {threshold:.0%} noise threshold "
-                "(--repeat N on both gives confidence intervals)")
+            return (
+                f"judged by 95% confidence intervals ({self.repeats[0]} vs {self.repeats[1]} repeats), "
+                f"min effect {min_effect:.0%}"
+            )
+        return f"single runs: judged by the {threshold:.0%} noise threshold (--repeat N on both gives confidence intervals)"
 
 
 @dataclass
@@ -168,10 +168,15 @@ class Comparison:
         for cell in self.cells:
             for change in cell.changes:
                 if change.is_regression(self.threshold, self.min_effect):
-                    basis = (f"95% intervals apart, at least {self.min_effect:.0%}" if change.by_intervals
-                             else f"single runs, threshold {self.threshold:.0%}")
-                    found.append(f"{cell.name}: {change.metric.label} {change.phrase()} "
-                                 f"({fmt(change.baseline, 2)} → {fmt(change.candidate, 2)}; {basis})")
+                    basis = (
+                        f"95% intervals apart, at least {self.min_effect:.0%}"
+                        if change.by_intervals
+                        else f"single runs, threshold {self.threshold:.0%}"
+                    )
+                    found.append(
+                        f"{cell.name}: {change.metric.label} {change.phrase()} "
+                        f"({fmt(change.baseline, 2)} → {fmt(change.candidate, 2)}; {basis})"
+                    )
             base_failed, cand_failed = cell.failed_fraction
             if cand_failed - base_failed > FAILED_FRACTION_TOLERANCE:
                 found.append(f"{cell.name}: failed requests {base_failed:.1%} → {cand_failed:.1%}")
@@ -198,8 +203,18 @@ class Comparison:
         return lines
 
 
-_LOAD_KEYS_IGNORED = {"name", "seed", "workers", "tokenizer", "request_timeout_s", "num_requests", "duration_s",
-                      "warmup", "repeat", "stop_when_oversaturated"}
+_LOAD_KEYS_IGNORED = {
+    "name",
+    "seed",
+    "workers",
+    "tokenizer",
+    "request_timeout_s",
+    "num_requests",
+    "duration_s",
+    "warmup",
+    "repeat",
+    "stop_when_oversaturated",
+}
 
 
 _LOAD_KEYS_NAMED = ("api", "dataset", "input_len", "output_len", "concurrency", "rate")
@@ -228,8 +243,11 @@ def load_differences(baseline: dict, candidate: dict) -> list[str]:
     if crossed:
         found.append(f"{base_loop} → {cand_loop}")
     keys = sorted((set(baseline) | set(candidate)) - _LOAD_KEYS_IGNORED - ({"concurrency", "rate"} if crossed else set()))
-    return found + [f"{key} {baseline[key]} → {candidate[key]}" for key in keys
-                    if baseline.get(key) is not None and candidate.get(key) is not None and baseline[key] != candidate[key]]
+    return found + [
+        f"{key} {baseline[key]} → {candidate[key]}"
+        for key in keys
+        if baseline.get(key) is not None and candidate.get(key) is not None and baseline[key] != candidate[key]
+    ]
 
 
 def load_unknown(baseline: dict, candidate: dict) -> list[str]:
@@ -239,8 +257,11 @@ def load_unknown(baseline: dict, candidate: dict) -> list[str]:
     skip = {"concurrency", "rate"} if base_loop and cand_loop else set()
     keys = sorted((set(baseline) | set(candidate)) - _LOAD_KEYS_IGNORED - skip)
     one_sided = [key for key in keys if (baseline.get(key) is None) != (candidate.get(key) is None)]
-    named = [f"{key} (unknown in {'baseline' if baseline.get(key) is None else 'candidate'})"
-             for key in one_sided if key in _LOAD_KEYS_NAMED]
+    named = [
+        f"{key} (unknown in {'baseline' if baseline.get(key) is None else 'candidate'})"
+        for key in one_sided
+        if key in _LOAD_KEYS_NAMED
+    ]
     others = len(one_sided) - len(named)
     return named + ([f"{others} other load setting(s) recorded on one side only"] if others else [])
 
@@ -275,8 +296,11 @@ def match_cells(baseline: SweepResults, candidate: SweepResults) -> tuple[list[t
     if len(base_ok) == 1 and len(cand_ok) == 1 and len(baseline.cells) == 1 and len(candidate.cells) == 1:
         return [(cand_ok[0].cell, base_ok[0], cand_ok[0])], []
     by_full = {(cell.deployment, cell.cell): cell for cell in base_ok}
-    pairs = [(f"{cell.deployment}/{cell.cell}", by_full[(cell.deployment, cell.cell)], cell)
-             for cell in cand_ok if (cell.deployment, cell.cell) in by_full]
+    pairs = [
+        (f"{cell.deployment}/{cell.cell}", by_full[(cell.deployment, cell.cell)], cell)
+        for cell in cand_ok
+        if (cell.deployment, cell.cell) in by_full
+    ]
     if not pairs:
         by_name: dict[str, CellOutcome] = {}
         for cell in base_ok:
@@ -287,8 +311,9 @@ def match_cells(baseline: SweepResults, candidate: SweepResults) -> tuple[list[t
     return pairs, unmatched
 
 
-def compare(baseline: SweepResults, candidate: SweepResults, threshold: float = DEFAULT_THRESHOLD,
-            min_effect: float = DEFAULT_MIN_EFFECT) -> Comparison:
+def compare(
+    baseline: SweepResults, candidate: SweepResults, threshold: float = DEFAULT_THRESHOLD, min_effect: float = DEFAULT_MIN_EFFECT
+) -> Comparison:
     """Compare every matching cell; raise a clear error when nothing matches."""
     if threshold < 0:
         raise UserError("--threshold must be zero or positive, e.g. 0.1 for 10%")
@@ -309,9 +334,18 @@ def compare(baseline: SweepResults, candidate: SweepResults, threshold: float = 
                 changes.append(MetricChange(name, metric, before, after, before_interval, after_interval))
             elif (before is None) != (after is None):
                 unknown.append(f"{metric.label} (unknown in {'baseline' if before is None else 'candidate'})")
-        cells.append(CellComparison(name, level_label(cand), changes, (_failed_fraction(base), _failed_fraction(cand)),
-                                    load_differences(base.load, cand.load), (_repeats(base), _repeats(cand)),
-                                    unknown, load_unknown(base.load, cand.load)))
+        cells.append(
+            CellComparison(
+                name,
+                level_label(cand),
+                changes,
+                (_failed_fraction(base), _failed_fraction(cand)),
+                load_differences(base.load, cand.load),
+                (_repeats(base), _repeats(cand)),
+                unknown,
+                load_unknown(base.load, cand.load),
+            )
+        )
     return Comparison(baseline, candidate, threshold, cells, unmatched, min_effect)
 
 
@@ -332,13 +366,19 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         for change in cell.changes:
             verdict = change.verdict(comparison.threshold, comparison.min_effect)
             shown = {"regressed": "[red]REGRESSION[/]", "improved": "[green]better[/]"}.get(verdict, verdict)
-            table.add_row(change.metric.label, _with_interval(change.baseline, change.baseline_interval),
-                          _with_interval(change.candidate, change.candidate_interval), change.phrase(), shown)
+            table.add_row(
+                change.metric.label,
+                _with_interval(change.baseline, change.baseline_interval),
+                _with_interval(change.candidate, change.candidate_interval),
+                change.phrase(),
+                shown,
+            )
         console.print(table)
         console.print(f"  {cell.judged_by(comparison.threshold, comparison.min_effect)}")
         if cell.load_differences:
-            console.print(f"[yellow]  ⚠ the loads differ ({'; '.join(cell.load_differences)}): "
-                          "these ratios compare different workloads[/]")
+            console.print(
+                f"[yellow]  ⚠ the loads differ ({'; '.join(cell.load_differences)}): these ratios compare different workloads[/]"
+            )
         if cell.unknown or cell.load_unknown:
             console.print(f"  not compared, unknown on one side: {', '.join(cell.unknown + cell.load_unknown)}")
     for line in comparison.headlines():

@@ -46,20 +46,28 @@ def _cell_table_html(comparison: Comparison) -> str:
         rows = []
         for change in cell.changes:
             regression = change.is_regression(comparison.threshold, comparison.min_effect)
-            rows.append(f'<tr class="{"failed" if regression else ""}"><td>{html.escape(change.metric.label)}</td>'
-                        f"<td>{fmt(change.baseline, 2)}</td><td>{fmt(change.candidate, 2)}</td>"
-                        f"<td>{html.escape(change.phrase())}</td><td>{'regression' if regression else ''}</td></tr>")
+            rows.append(
+                f'<tr class="{"failed" if regression else ""}"><td>{html.escape(change.metric.label)}</td>'
+                f"<td>{fmt(change.baseline, 2)}</td><td>{fmt(change.candidate, 2)}</td>"
+                f"<td>{html.escape(change.phrase())}</td><td>{'regression' if regression else ''}</td></tr>"
+            )
         warning = ""
         if cell.load_differences:
-            warning = (f'<p class="note">the loads differ ({html.escape("; ".join(cell.load_differences))}): '
-                       "these ratios compare different workloads</p>")
+            warning = (
+                f'<p class="note">the loads differ ({html.escape("; ".join(cell.load_differences))}): '
+                "these ratios compare different workloads</p>"
+            )
         if cell.unknown or cell.load_unknown:
-            warning += (f'<p class="note">not compared, unknown on one side: '
-                        f'{html.escape(", ".join(cell.unknown + cell.load_unknown))}</p>')
-        parts.append(f"<h3>{html.escape(cell.name)} ({html.escape(cell.level)})</h3>{warning}<div class=\"scroll\">"
-                     "<table><thead><tr><th>metric</th><th>baseline</th><th>candidate</th>"
-                     "<th>candidate vs baseline</th><th>verdict</th></tr></thead>"
-                     f"<tbody>{''.join(rows)}</tbody></table></div>")
+            warning += (
+                f'<p class="note">not compared, unknown on one side: '
+                f"{html.escape(', '.join(cell.unknown + cell.load_unknown))}</p>"
+            )
+        parts.append(
+            f'<h3>{html.escape(cell.name)} ({html.escape(cell.level)})</h3>{warning}<div class="scroll">'
+            "<table><thead><tr><th>metric</th><th>baseline</th><th>candidate</th>"
+            "<th>candidate vs baseline</th><th>verdict</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>"
+        )
     return "".join(parts)
 
 
@@ -74,10 +82,17 @@ def _ok_cells(results: SweepResults) -> list[CellOutcome]:
 
 def _plots_html(comparison: Comparison, records_for: RecordsLoader) -> str:
     simulated = comparison.baseline.simulated() or comparison.candidate.simulated()
-    charts = [chart_html("chart-compare-latency-throughput", latency_vs_throughput_figure(
-        "Latency vs achieved throughput: baseline and candidate",
-        [("baseline", _ok_cells(comparison.baseline)), ("candidate", _ok_cells(comparison.candidate))]),
-        simulated, wide=True)]
+    charts = [
+        chart_html(
+            "chart-compare-latency-throughput",
+            latency_vs_throughput_figure(
+                "Latency vs achieved throughput: baseline and candidate",
+                [("baseline", _ok_cells(comparison.baseline)), ("candidate", _ok_cells(comparison.candidate))],
+            ),
+            simulated,
+            wide=True,
+        )
+    ]
     missing: list[str] = []
     for index, (name, base, cand) in enumerate(_matched_pairs(comparison)):
         series = [(side, records_for(cell)) for side, cell in zip(SIDES, (base, cand))]  # a side keeps its colour
@@ -85,12 +100,25 @@ def _plots_html(comparison: Comparison, records_for: RecordsLoader) -> str:
             missing.append(name)
         if not any(records for _, records in series):
             continue
-        charts.append(chart_html(f"chart-compare-cdf-{index}", latency_cdf_figure(f"Latency CDFs: {name}", series),
-                                 simulated, wide=True))
-        charts.append(chart_html(f"chart-compare-timeline-{index}",
-                                 timeline_figure(f"Over time within each run: {name}", series), simulated, wide=True))
-    note = (f'<p class="note">per-request records not stored for one side of {html.escape(", ".join(missing))}: '
-            "its CDF and timeline show only the other side</p>") if missing else ""
+        charts.append(
+            chart_html(f"chart-compare-cdf-{index}", latency_cdf_figure(f"Latency CDFs: {name}", series), simulated, wide=True)
+        )
+        charts.append(
+            chart_html(
+                f"chart-compare-timeline-{index}",
+                timeline_figure(f"Over time within each run: {name}", series),
+                simulated,
+                wide=True,
+            )
+        )
+    note = (
+        (
+            f'<p class="note">per-request records not stored for one side of {html.escape(", ".join(missing))}: '
+            "its CDF and timeline show only the other side</p>"
+        )
+        if missing
+        else ""
+    )
     return f'<h2>Plots</h2>{note}<div class="charts">{"".join(charts)}</div>'
 
 
@@ -98,8 +126,11 @@ def render_compare_html(comparison: Comparison, records_for: RecordsLoader = sto
     """The whole comparison page as a string."""
     base, cand = comparison.baseline, comparison.candidate
     headlines = "".join(f"<li>{html.escape(line)}</li>" for line in comparison.headlines())
-    unmatched = (f'<p class="note">not compared (only on one side): {html.escape(", ".join(comparison.unmatched))}</p>'
-                 if comparison.unmatched else "")
+    unmatched = (
+        f'<p class="note">not compared (only on one side): {html.escape(", ".join(comparison.unmatched))}</p>'
+        if comparison.unmatched
+        else ""
+    )
     body = f"""<h1>vlmserve compare</h1>
 <p class="sub">baseline <b>{html.escape(base.source)}</b> ({html.escape(base.name)}) vs candidate
 <b>{html.escape(cand.source)}</b> ({html.escape(cand.name)})</p>

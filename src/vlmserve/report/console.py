@@ -11,10 +11,30 @@ from vlmserve.sweep.rank import cheapest, rank_deployments
 from vlmserve.sweep.results import SIMULATED_NOTE, SweepResults
 
 _ROW_STYLE = {"failed": "red", "limited": "yellow", "best": "green", "": ""}
-HEADLINE_COLUMNS = ["rank", "deployment", "devices", "cells ok", "best point", "goodput/dev", "tok/s/dev",
-                    "TTFT p95 ms", "TPOT p50 ms", "$ / 1M out tok"]
-CELL_COLUMNS = ["deployment", "cell", "load", "status", "req/s", "out tok/s", "TTFT p50", "TTFT p95", "TPOT p50",
-                "run id / reason"]
+HEADLINE_COLUMNS = [
+    "rank",
+    "deployment",
+    "devices",
+    "cells ok",
+    "best point",
+    "goodput/dev",
+    "tok/s/dev",
+    "TTFT p95 ms",
+    "TPOT p50 ms",
+    "$ / 1M out tok",
+]
+CELL_COLUMNS = [
+    "deployment",
+    "cell",
+    "load",
+    "status",
+    "req/s",
+    "out tok/s",
+    "TTFT p50",
+    "TTFT p95",
+    "TPOT p50",
+    "run id / reason",
+]
 
 
 def rich_table(table: Table) -> RichTable:
@@ -40,7 +60,8 @@ def print_report(results: SweepResults, console: Console, *, cells: bool = False
         console.print(f"• {sentence}")
     cheap = cheapest(choices)
     if cheap is not None:
-        console.print(f"• cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} "
-                      "per million output tokens")
+        console.print(
+            f"• cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} per million output tokens"
+        )
     if cells:
         console.print(rich_table(cell_table(results).select(CELL_COLUMNS)))

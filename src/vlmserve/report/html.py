@@ -67,8 +67,10 @@ def _table_html(table: Table, reason_column: str | None = None) -> str:
             for index, value in enumerate(row)
         )
         body.append(f'<tr class="{flag}">{cells}</tr>')
-    return (f"<h2>{html.escape(table.title)}</h2><div class=\"scroll\"><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table></div>")
+    return (
+        f'<h2>{html.escape(table.title)}</h2><div class="scroll"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def _compact_spec(spec: JSONObject) -> JSONObject:
@@ -85,16 +87,20 @@ def _deployments_html(results: SweepResults) -> str:
         version = info.server_version or "not reported"
         status = info.status + (f": {info.reason}" if info.reason else "")
         where = f" · served at {html.escape(info.endpoint)}" if info.endpoint else ""
-        header = (f"<h3>{html.escape(info.name)}</h3><p>{html.escape(info.kind)} · {info.devices:g} device(s) · "
-                  f"model {html.escape(str(info.model))} · server version {html.escape(version)}{where} · "
-                  f"status {html.escape(status)}</p>")
+        header = (
+            f"<h3>{html.escape(info.name)}</h3><p>{html.escape(info.kind)} · {info.devices:g} device(s) · "
+            f"model {html.escape(str(info.model))} · server version {html.escape(version)}{where} · "
+            f"status {html.escape(status)}</p>"
+        )
         if info.spec is None:
             parts.append(header)
             continue
         compact = json.dumps(_compact_spec(info.spec), indent=2, sort_keys=True)
         full = json.dumps(info.spec, indent=2, sort_keys=True)
-        parts.append(header + f"<pre>{html.escape(compact)}</pre>"
-                     f"<details><summary>full spec</summary><pre>{html.escape(full)}</pre></details>")
+        parts.append(
+            header + f"<pre>{html.escape(compact)}</pre>"
+            f"<details><summary>full spec</summary><pre>{html.escape(full)}</pre></details>"
+        )
     return "".join(parts)
 
 
@@ -103,11 +109,13 @@ def _features_html(results: SweepResults) -> str:
     table = features_table(results)
     if table is None:
         return ""
-    return (_table_html(table, reason_column="invalid answers")
-            + '<p class="legend">Schema-valid: answers that parse as JSON and validate against the response schema '
-            "asked for; valid tool calls: every call names an offered tool and its arguments validate (both checked "
-            "with jsonschema, over completed requests). First reasoning / first answer: from the send to the first "
-            "reasoning token and to the first content or tool-call token. A row marked red missed a rate SLO.</p>")
+    return (
+        _table_html(table, reason_column="invalid answers")
+        + '<p class="legend">Schema-valid: answers that parse as JSON and validate against the response schema '
+        "asked for; valid tool calls: every call names an offered tool and its arguments validate (both checked "
+        "with jsonschema, over completed requests). First reasoning / first answer: from the send to the first "
+        "reasoning token and to the first content or tool-call token. A row marked red missed a rate SLO.</p>"
+    )
 
 
 def _adapters_html(results: SweepResults) -> str:
@@ -115,9 +123,11 @@ def _adapters_html(results: SweepResults) -> str:
     table = adapters_table(results)
     if table is None:
         return ""
-    return (_table_html(table) + '<p class="legend">First-use penalty: the TTFT of the adapter\'s first request in '
-            "the run (warm-up included) less the p50 TTFT of its later requests: what loading it, or waiting for a "
-            "free adapter slot, cost that request. One request each: compare adapters, not single values.</p>")
+    return (
+        _table_html(table) + '<p class="legend">First-use penalty: the TTFT of the adapter\'s first request in '
+        "the run (warm-up included) less the p50 TTFT of its later requests: what loading it, or waiting for a "
+        "free adapter slot, cost that request. One request each: compare adapters, not single values.</p>"
+    )
 
 
 def _simulated_note(results: SweepResults) -> str:
@@ -142,8 +152,9 @@ def chart_html(element_id: str, figure: go.Figure, simulated: bool, wide: bool =
     if simulated:
         mark_simulated(figure)
     classes = "chart wide" if wide else "chart"
-    body = figure.to_html(full_html=False, include_plotlyjs=False, div_id=element_id,
-                          config={"displaylogo": False, "responsive": True})
+    body = figure.to_html(
+        full_html=False, include_plotlyjs=False, div_id=element_id, config={"displaylogo": False, "responsive": True}
+    )
     return f'<div class="{classes}">{body}</div>'
 
 
@@ -151,16 +162,22 @@ def shape_sections_html(results: SweepResults, records_for: RecordsLoader) -> st
     """Per workload shape: latency vs achieved throughput, latency CDFs, the runs' timelines."""
     simulated = results.simulated()
     sections: dict[str, list[str]] = {}
-    for charts in (latency_vs_throughput_charts(results), latency_cdf_charts(results, records_for),
-                   timeline_charts(results, records_for), breakdown_charts(results)):
+    for charts in (
+        latency_vs_throughput_charts(results),
+        latency_cdf_charts(results, records_for),
+        timeline_charts(results, records_for),
+        breakdown_charts(results),
+    ):
         for label, element_id, figure in charts:
             sections.setdefault(label, []).append(chart_html(element_id, figure, simulated, wide=True))
     if not sections:
         return ""
-    parts = ["<h2>Per workload shape</h2>",
-             '<p class="legend">Latency against the throughput the server achieved; CDFs and timelines come from '
-             "the per-request records (left out for runs whose records are not stored). Where TTFT goes: the mean "
-             "upload, frontend, queue and prefill of each request type (docs/metrics.md).</p>"]
+    parts = [
+        "<h2>Per workload shape</h2>",
+        '<p class="legend">Latency against the throughput the server achieved; CDFs and timelines come from '
+        "the per-request records (left out for runs whose records are not stored). Where TTFT goes: the mean "
+        "upload, frontend, queue and prefill of each request type (docs/metrics.md).</p>",
+    ]
     for label, divs in sections.items():
         parts.append(f'<h3>{html.escape(label)}</h3><div class="charts">{"".join(divs)}</div>')
     return "".join(parts)
@@ -175,9 +192,11 @@ def render_html(results: SweepResults, records_for: RecordsLoader = stored_recor
     cheap = cheapest(choices)
     findings = [html.escape(sentence) for sentence in knees]
     if cheap is not None:
-        findings.append(html.escape(
-            f"cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} "
-            "per million output tokens"))
+        findings.append(
+            html.escape(
+                f"cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} per million output tokens"
+            )
+        )
     if results.slo.bounds_s:
         slo_text = ", ".join(f"{key} ≤ {value * 1000:g} ms" for key, value in sorted(results.slo.bounds_s.items()))
     else:
@@ -185,16 +204,18 @@ def render_html(results: SweepResults, records_for: RecordsLoader = stored_recor
     simulated = results.simulated()
     chart_divs = "".join(chart_html(element_id, figure, simulated) for element_id, figure in all_charts(results))
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return page_html(f"vlmserve report: {results.name}", f"""<h1>vlmserve report: {html.escape(results.name)}</h1>
-<p class="sub">{html.escape(results.description or '')} source {html.escape(results.source)} · generated {generated}
+    return page_html(
+        f"vlmserve report: {results.name}",
+        f"""<h1>vlmserve report: {html.escape(results.name)}</h1>
+<p class="sub">{html.escape(results.description or "")} source {html.escape(results.source)} · generated {generated}
  · vlmserve {__version__}</p>
 <p class="{outcome_class}">{html.escape(results.outcome_line())}</p>
-{''.join(f'<p class="note"><b>{html.escape(note)}</b></p>' for note in results.all_notes())}
+{"".join(f'<p class="note"><b>{html.escape(note)}</b></p>' for note in results.all_notes())}
 {_simulated_note(results)}
 <p>SLOs: {html.escape(slo_text)}</p>
 {_table_html(headline_table(results, choices))}
 <h2>Findings</h2>
-<ul>{''.join(f'<li>{item}</li>' for item in findings) or f'<li>{html.escape(no_knee_reason(results))}</li>'}</ul>
+<ul>{"".join(f"<li>{item}</li>" for item in findings) or f"<li>{html.escape(no_knee_reason(results))}</li>"}</ul>
 <h2>Load charts</h2>
 <p class="legend">Circles are measured points; crosses mark client-limited cells (the load generator set the pace).</p>
 <div class="charts">{chart_divs}</div>
@@ -205,7 +226,8 @@ def render_html(results: SweepResults, records_for: RecordsLoader = stored_recor
 <p class="legend"><span style="background:#fdecea">failed</span><span style="background:#fff8e1">client-limited</span>
 <span style="background:#e8f5e9">best deployment</span></p>
 {_deployments_html(results)}
-""")
+""",
+    )
 
 
 def write_html(results: SweepResults, path: Path, records_for: RecordsLoader = stored_records) -> Path:

@@ -32,15 +32,15 @@ def render_markdown(results: SweepResults) -> str:
     if results.simulated():
         parts += [f"_{SIMULATED_NOTE}_", ""]
     if results.slo.bounds_s:
-        parts.append("SLOs: " + ", ".join(f"{key} ≤ {value * 1000:g} ms"
-                                           for key, value in sorted(results.slo.bounds_s.items())))
+        parts.append("SLOs: " + ", ".join(f"{key} ≤ {value * 1000:g} ms" for key, value in sorted(results.slo.bounds_s.items())))
         parts.append("")
     parts += [f"### {headline_table(results, choices).title}", "", table_markdown(headline_table(results, choices)), ""]
     findings = knee_sentences(results) or [no_knee_reason(results)]
     cheap = cheapest(choices)
     if cheap is not None:
-        findings.append(f"cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} "
-                        "per million output tokens")
+        findings.append(
+            f"cheapest per token: {cheap.deployment} at ${cheap.usd_per_million_output_tokens:.2f} per million output tokens"
+        )
     if findings:
         parts += ["### Findings", ""] + [f"- {finding}" for finding in findings] + [""]
     cells = cell_table(results)

@@ -56,12 +56,18 @@ def breakdown_figure(title: str, bars: list[tuple[str, TtftBreakdown]]) -> go.Fi
         values = [_value(breakdown, field) for _, breakdown in bars]
         if all(value is None for value in values):
             continue
-        figure.add_trace(go.Bar(
-            y=labels, x=[value or 0.0 for value in values], name=name, orientation="h", marker={"color": colour},
-            customdata=[[breakdown.client_ttft_ms, breakdown.requests] for _, breakdown in bars],
-            hovertemplate=f"{name}: %{{x:.1f}} ms<br>TTFT %{{customdata[0]:.1f}} ms over %{{customdata[1]}} requests"
-                          "<extra>%{y}</extra>",
-        ))
+        figure.add_trace(
+            go.Bar(
+                y=labels,
+                x=[value or 0.0 for value in values],
+                name=name,
+                orientation="h",
+                marker={"color": colour},
+                customdata=[[breakdown.client_ttft_ms, breakdown.requests] for _, breakdown in bars],
+                hovertemplate=f"{name}: %{{x:.1f}} ms<br>TTFT %{{customdata[0]:.1f}} ms over %{{customdata[1]}} requests"
+                "<extra>%{y}</extra>",
+            )
+        )
     figure.update_layout(barmode="stack", yaxis={"autorange": "reversed"}, legend={"traceorder": "normal"})
     figure.update_xaxes(title_text="mean ms of the client's TTFT")
     return style(figure, title, height=max(300, 140 + 32 * len(bars)))
@@ -75,6 +81,7 @@ def breakdown_charts(results: SweepResults) -> list[tuple[str, str, go.Figure]]:
         ordered = sorted(cells, key=lambda cell: (cell.deployment, cell.load_level or 0.0))
         bars = [bar for cell in ordered for bar in _bars(cell, many)]
         if bars:
-            charts.append((label, f"chart-ttft-breakdown-{index}",
-                           breakdown_figure(f"Where TTFT goes, per request type: {label}", bars)))
+            charts.append(
+                (label, f"chart-ttft-breakdown-{index}", breakdown_figure(f"Where TTFT goes, per request type: {label}", bars))
+            )
     return charts

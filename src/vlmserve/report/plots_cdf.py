@@ -43,8 +43,9 @@ def cdf_points(values_s: list[float], max_points: int = MAX_POINTS) -> tuple[lis
 
 def latency_cdf_figure(title: str, series: list[tuple[str, list[RequestRecord]]]) -> go.Figure:
     """Three panels (TTFT, TPOT, E2E), one curve per series of successful records."""
-    figure = make_subplots(rows=1, cols=len(CDF_METRICS), subplot_titles=[name for name, _ in CDF_METRICS],
-                           horizontal_spacing=0.06)
+    figure = make_subplots(
+        rows=1, cols=len(CDF_METRICS), subplot_titles=[name for name, _ in CDF_METRICS], horizontal_spacing=0.06
+    )
     for index, (name, records) in enumerate(series):
         ok = [record for record in records if record.ok]
         for column, (_, metric) in enumerate(CDF_METRICS, start=1):
@@ -52,10 +53,19 @@ def latency_cdf_figure(title: str, series: list[tuple[str, list[RequestRecord]]]
             x, y = cdf_points(values)
             if not x:
                 continue
-            figure.add_trace(go.Scatter(
-                x=x, y=y, mode="lines", name=name, legendgroup=name, showlegend=column == 1,
-                line={"color": color(index), "shape": "hv"},
-            ), row=1, col=column)
+            figure.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=y,
+                    mode="lines",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=column == 1,
+                    line={"color": color(index), "shape": "hv"},
+                ),
+                row=1,
+                col=column,
+            )
     figure.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
     for column, (axis, _) in enumerate(CDF_METRICS, start=1):
         figure.update_xaxes(title_text=axis, row=1, col=column)
@@ -64,5 +74,6 @@ def latency_cdf_figure(title: str, series: list[tuple[str, list[RequestRecord]]]
 
 def latency_cdf_charts(results: SweepResults, records_for: RecordsLoader) -> list[tuple[str, str, go.Figure]]:
     """(workload label, element id, figure) per workload shape whose cells have stored records."""
-    return per_shape_record_charts(results, records_for, "chart-cdf",
-                                   lambda label, series: latency_cdf_figure(f"Latency CDFs: {label}", series))
+    return per_shape_record_charts(
+        results, records_for, "chart-cdf", lambda label, series: latency_cdf_figure(f"Latency CDFs: {label}", series)
+    )

@@ -17,8 +17,7 @@ from vlmserve.report.tables import level_label
 from vlmserve.results.records import RequestRecord
 from vlmserve.sweep.results import CellOutcome, SweepResults
 
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-           "#bcbd22", "#7f7f7f"]
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
 
 SIMULATED_TITLE_MARK = " (simulated)"
 """Appended to the title of every figure drawn from simulated runs."""
@@ -31,8 +30,12 @@ def color(index: int) -> str:
 def style(figure: go.Figure, title: str, height: int = 420) -> go.Figure:
     """The report's common look: white template, compact margins, small legend."""
     figure.update_layout(
-        title=title, template="plotly_white", height=height, hovermode="closest",
-        margin={"l": 60, "r": 20, "t": 60, "b": 50}, legend={"font": {"size": 11}},
+        title=title,
+        template="plotly_white",
+        height=height,
+        hovermode="closest",
+        margin={"l": 60, "r": 20, "t": 60, "b": 50},
+        legend={"font": {"size": 11}},
     )
     return figure
 
@@ -74,8 +77,9 @@ RecordSeries = list[tuple[str, list[RequestRecord]]]
 """(legend name, the cell's per-request records) for each cell drawn in one figure."""
 
 
-def per_shape_record_charts(results: SweepResults, records_for: RecordsLoader, id_prefix: str,
-                            figure_for: Callable[[str, RecordSeries], go.Figure]) -> list[tuple[str, str, go.Figure]]:
+def per_shape_record_charts(
+    results: SweepResults, records_for: RecordsLoader, id_prefix: str, figure_for: Callable[[str, RecordSeries], go.Figure]
+) -> list[tuple[str, str, go.Figure]]:
     """(workload label, element id, figure) per workload shape whose cells have stored records.
 
     Cells are ordered by deployment then load level; cells without records are left out.

@@ -30,8 +30,11 @@ _FINER_BUCKETS_S = (0.5, 0.2, 0.1, 0.05, 0.02, 0.01)
 
 def bucket_size_s(runs: list[list[RequestRecord]]) -> float:
     """One second, or the largest finer bucket giving the longest run `MIN_BUCKETS` buckets."""
-    spans = [max(record.finished_at_s or record.sent_at_s for record in records)
-             - min(record.sent_at_s for record in records) for records in runs if records]
+    spans = [
+        max(record.finished_at_s or record.sent_at_s for record in records) - min(record.sent_at_s for record in records)
+        for records in runs
+        if records
+    ]
     longest = max(spans, default=0.0)
     if longest >= MIN_BUCKETS * BUCKET_S:
         return BUCKET_S
@@ -75,8 +78,9 @@ def timeline(records: list[RequestRecord], bucket_s: float = BUCKET_S) -> Timeli
         if tpot is not None and record.finished_at_s is not None:
             tpots[bucket(record.finished_at_s)].append(tpot)
         if record.chunk_times_s:
-            carried = record.chunk_tokens if len(record.chunk_tokens) == len(record.chunk_times_s) \
-                else [1] * len(record.chunk_times_s)
+            carried = (
+                record.chunk_tokens if len(record.chunk_tokens) == len(record.chunk_times_s) else [1] * len(record.chunk_times_s)
+            )
             for moment, amount in zip(record.chunk_times_s, carried):
                 tokens[bucket(moment)] += amount
         elif record.output_tokens and record.finished_at_s is not None:
@@ -98,22 +102,37 @@ ROWS: tuple[tuple[str, str], ...] = (
 
 def timeline_figure(title: str, series: list[tuple[str, list[RequestRecord]]]) -> go.Figure:
     """Three stacked panels sharing the time axis; one line per run."""
-    figure = make_subplots(rows=len(ROWS), cols=1, shared_xaxes=True, vertical_spacing=0.07,
-                           subplot_titles=[axis for _, axis in ROWS])
+    figure = make_subplots(
+        rows=len(ROWS), cols=1, shared_xaxes=True, vertical_spacing=0.07, subplot_titles=[axis for _, axis in ROWS]
+    )
     bucket_s = bucket_size_s([records for _, records in series])
     for index, (name, records) in enumerate(series):
         line = timeline(records, bucket_s)
         for row, (attribute, _) in enumerate(ROWS, start=1):
-            figure.add_trace(go.Scatter(
-                x=line.start_s, y=getattr(line, attribute), mode="lines+markers", name=name, legendgroup=name,
-                showlegend=row == 1, connectgaps=False, marker={"size": 4, "color": color(index)},
-                line={"color": color(index)},
-            ), row=row, col=1)
+            figure.add_trace(
+                go.Scatter(
+                    x=line.start_s,
+                    y=getattr(line, attribute),
+                    mode="lines+markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=row == 1,
+                    connectgaps=False,
+                    marker={"size": 4, "color": color(index)},
+                    line={"color": color(index)},
+                ),
+                row=row,
+                col=1,
+            )
     figure.update_xaxes(title_text=f"seconds since the run's first send ({bucket_s:g} s buckets)", row=len(ROWS), col=1)
     return style(figure, title, height=620)
 
 
 def timeline_charts(results: SweepResults, records_for: RecordsLoader) -> list[tuple[str, str, go.Figure]]:
     """(workload label, element id, figure) per workload shape whose cells have stored records."""
-    return per_shape_record_charts(results, records_for, "chart-timeline",
-                                   lambda label, series: timeline_figure(f"Over time within each run: {label}", series))
+    return per_shape_record_charts(
+        results,
+        records_for,
+        "chart-timeline",
+        lambda label, series: timeline_figure(f"Over time within each run: {label}", series),
+    )

@@ -57,7 +57,8 @@ def results_from_sweep_dir(directory: Path) -> SweepResults:
                     status=str(cell_state.get("status", "pending")),
                     run_id=cell_state.get("run_id"),
                     summary=read_summary(cell_state["summary"], f"{directory}: cell {entry.name}/{cell.name}")
-                    if cell_state.get("summary") else None,
+                    if cell_state.get("summary")
+                    else None,
                     reason=cell_state.get("reason"),
                     wall_s=cell_state.get("wall_s"),
                 )
@@ -106,8 +107,9 @@ def results_from_run(run_id: str) -> SweepResults:
     """A stored bench run as a one-cell sweep."""
     from vlmserve.results import store
 
-    missing = (f"no stored run or sweep named '{run_id}'; give a run id (see `vlmserve runs list`), "
-               "a sweep directory or a sweep name")
+    missing = (
+        f"no stored run or sweep named '{run_id}'; give a run id (see `vlmserve runs list`), a sweep directory or a sweep name"
+    )
     if not store.database_path().exists():
         raise UserError(missing)
     try:
@@ -134,20 +136,10 @@ def results_from_run(run_id: str) -> SweepResults:
         server_version=meta.server_version,
     )
     cell = CellOutcome(
-        deployment=deployment_name,
-        cell=label,
-        load=load,
-        status="done",
-        run_id=meta.run_id or run_id,
-        summary=summary,
+        deployment=deployment_name, cell=label, load=load, status="done", run_id=meta.run_id or run_id, summary=summary
     )
     return SweepResults(
-        name=label,
-        deployments=[info],
-        cells=[cell],
-        slo=SLO(bounds_s=meta.slo or {}),
-        source=run_id,
-        notes=_import_notes(meta),
+        name=label, deployments=[info], cells=[cell], slo=SLO(bounds_s=meta.slo or {}), source=run_id, notes=_import_notes(meta)
     )
 
 
@@ -177,8 +169,9 @@ def load_source(name: str) -> SweepResults:
     path = Path(name).expanduser()
     if path.is_dir():
         if not SweepManifest.is_sweep_dir(path):
-            raise UserError(f"{path} is a directory but not a sweep directory (no manifest.json); "
-                            "give a sweep directory or a run id")
+            raise UserError(
+                f"{path} is a directory but not a sweep directory (no manifest.json); give a sweep directory or a run id"
+            )
         return results_from_sweep_dir(path)
     named = default_sweep_dir(name) if "/" not in name else None
     if named is not None and SweepManifest.is_sweep_dir(named):

@@ -25,8 +25,7 @@ class Table:
     def select(self, columns: list[str]) -> "Table":
         """The same table with only `columns` (those it has), for narrow outputs like a terminal."""
         keep = [self.columns.index(column) for column in columns if column in self.columns]
-        return Table(self.title, [self.columns[i] for i in keep], [[row[i] for i in keep] for row in self.rows],
-                     list(self.flags))
+        return Table(self.title, [self.columns[i] for i in keep], [[row[i] for i in keep] for row in self.rows], list(self.flags))
 
 
 def fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
@@ -67,8 +66,20 @@ def headline_table(results: SweepResults, choices: list[DeploymentChoice] | None
     choices = choices if choices is not None else rank_deployments(results)
     knees = find_knees(results)
     priced = any(choice.usd_per_million_output_tokens is not None for choice in choices)
-    columns = ["rank", "deployment", "devices", "cells ok", "best point", "goodput req/s", "goodput/dev",
-               "tok/s/dev", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "knee"]
+    columns = [
+        "rank",
+        "deployment",
+        "devices",
+        "cells ok",
+        "best point",
+        "goodput req/s",
+        "goodput/dev",
+        "tok/s/dev",
+        "TTFT p50 ms",
+        "TTFT p95 ms",
+        "TPOT p50 ms",
+        "knee",
+    ]
     if priced:
         columns.append("$ / 1M out tok")
     rows: list[list[str]] = []
@@ -97,14 +108,32 @@ def headline_table(results: SweepResults, choices: list[DeploymentChoice] | None
         flags.append("best" if index == 1 and choice.best_cell else ("failed" if not choice.best_cell else ""))
     shapes = {cell.workload_shape for cell in results.cells}
     workload = choices[0].workload if choices and len(shapes) > 1 else ""
-    title = "Headline: best operating point per deployment" + (f" (workload {workload}, the sweep's main shape)" if workload else "")
+    title = "Headline: best operating point per deployment" + (
+        f" (workload {workload}, the sweep's main shape)" if workload else ""
+    )
     return Table(title, columns, rows, flags)
 
 
 def cell_table(results: SweepResults) -> Table:
     """Every cell with its numbers; failed and client-limited cells marked."""
-    columns = ["deployment", "cell", "workload", "load", "status", "req/s", "out tok/s", "TTFT p50", "TTFT p95",
-               "TTFT p99", "TPOT p50", "ITL p95", "E2E p95", "failed req", "SLO", "run id / reason"]
+    columns = [
+        "deployment",
+        "cell",
+        "workload",
+        "load",
+        "status",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p95",
+        "TTFT p99",
+        "TPOT p50",
+        "ITL p95",
+        "E2E p95",
+        "failed req",
+        "SLO",
+        "run id / reason",
+    ]
     rows: list[list[str]] = []
     flags: list[str] = []
     for cell in results.cells:
@@ -120,24 +149,26 @@ def cell_table(results: SweepResults) -> Table:
             slo_text = "—"
             status = cell.status
             tail = cell.reason or ""
-        rows.append([
-            cell.deployment,
-            cell.cell,
-            workload_label(cell),
-            level_label(cell),
-            status,
-            fmt(cell.metric("throughput.requests_per_s"), 2),
-            fmt(cell.metric("throughput.output_tokens_per_s")),
-            fmt(cell.metric("ttft_ms.p50")),
-            fmt(cell.metric("ttft_ms.p95")),
-            fmt(cell.metric("ttft_ms.p99")),
-            fmt(cell.metric("tpot_ms.p50"), 2),
-            fmt(cell.metric("itl_ms.p95"), 2),
-            fmt(cell.metric("e2e_ms.p95")),
-            fmt(cell.metric("requests.failed"), 0),
-            slo_text,
-            tail,
-        ])
+        rows.append(
+            [
+                cell.deployment,
+                cell.cell,
+                workload_label(cell),
+                level_label(cell),
+                status,
+                fmt(cell.metric("throughput.requests_per_s"), 2),
+                fmt(cell.metric("throughput.output_tokens_per_s")),
+                fmt(cell.metric("ttft_ms.p50")),
+                fmt(cell.metric("ttft_ms.p95")),
+                fmt(cell.metric("ttft_ms.p99")),
+                fmt(cell.metric("tpot_ms.p50"), 2),
+                fmt(cell.metric("itl_ms.p95"), 2),
+                fmt(cell.metric("e2e_ms.p95")),
+                fmt(cell.metric("requests.failed"), 0),
+                slo_text,
+                tail,
+            ]
+        )
         flags.append("failed" if cell.status == "failed" else ("limited" if cell.client_limited else ""))
     return Table("Per-cell details (latencies in ms)", columns, rows, flags)
 
@@ -159,9 +190,20 @@ def features_table(results: SweepResults) -> Table | None:
 
     None when no cell ran `--features` (the report then has no such section).
     """
-    columns = ["deployment", "cell", "features", "schema-valid", "valid tool calls", "invalid answers",
-               "reasoning tok p50", "answer tok p50", "first reasoning p50 ms", "first answer p50 ms",
-               "first answer p95 ms", "rate SLO"]
+    columns = [
+        "deployment",
+        "cell",
+        "features",
+        "schema-valid",
+        "valid tool calls",
+        "invalid answers",
+        "reasoning tok p50",
+        "answer tok p50",
+        "first reasoning p50 ms",
+        "first answer p50 ms",
+        "first answer p95 ms",
+        "rate SLO",
+    ]
     rows: list[list[str]] = []
     flags: list[str] = []
     for cell in results.cells:
@@ -169,18 +211,22 @@ def features_table(results: SweepResults) -> Table | None:
         if features is None:
             continue
         reasons = "; ".join(f"{count} {kind}" for kind, count in features.invalid_reasons.items()) or "—"
-        rows.append([
-            cell.deployment, cell.cell, ", ".join(features.requested),
-            _rate_cell(features.schema_valid_rate, features.schema_valid, features.structured_requests),
-            _rate_cell(features.tool_call_valid_rate, features.tool_calls_valid, features.tool_calls_judged),
-            reasons,
-            fmt(features.reasoning_tokens.p50, 0) if features.thinking_requests else "—",
-            fmt(features.answer_tokens.p50, 0) if features.thinking_requests else "—",
-            fmt(features.time_to_first_reasoning_ms.p50),
-            fmt(features.time_to_first_answer_ms.p50),
-            fmt(features.time_to_first_answer_ms.p95),
-            _rate_slo_text(cell),
-        ])
+        rows.append(
+            [
+                cell.deployment,
+                cell.cell,
+                ", ".join(features.requested),
+                _rate_cell(features.schema_valid_rate, features.schema_valid, features.structured_requests),
+                _rate_cell(features.tool_call_valid_rate, features.tool_calls_valid, features.tool_calls_judged),
+                reasons,
+                fmt(features.reasoning_tokens.p50, 0) if features.thinking_requests else "—",
+                fmt(features.answer_tokens.p50, 0) if features.thinking_requests else "—",
+                fmt(features.time_to_first_reasoning_ms.p50),
+                fmt(features.time_to_first_answer_ms.p50),
+                fmt(features.time_to_first_answer_ms.p95),
+                _rate_slo_text(cell),
+            ]
+        )
         flags.append("failed" if features.slo_met is False else "")
     if not rows:
         return None

@@ -36,8 +36,10 @@ def per_adapter(records: Sequence[RequestRecord], counted: Sequence[RequestRecor
         warm = [r.ttft_s for r in chosen if r is not first and r.ok and r.ttft_s is not None]
         warm_p50 = float(np.percentile(warm, 50)) * 1000.0 if warm else None
         blocks[name] = {
-            **_group_summary(chosen), "share": len(chosen) / len(counted) if counted else 0.0,
-            "first_use_ttft_ms": first_ttft, "warm_ttft_p50_ms": warm_p50,
+            **_group_summary(chosen),
+            "share": len(chosen) / len(counted) if counted else 0.0,
+            "first_use_ttft_ms": first_ttft,
+            "warm_ttft_p50_ms": warm_p50,
             "first_use_penalty_ms": first_ttft - warm_p50 if first_ttft is not None and warm_p50 is not None else None,
         }
     return blocks

@@ -77,8 +77,7 @@ def request_breakdown(record: RequestRecord) -> RequestBreakdown | None:
     """The parts of one answered request; None without a client TTFT or an upload time."""
     if not record.ok or record.ttft_s is None or record.upload_s is None:
         return None
-    return RequestBreakdown(record.ttft_s, record.upload_s, record.engine_ttft_s, record.engine_queue_s,
-                            record.engine_prefill_s)
+    return RequestBreakdown(record.ttft_s, record.upload_s, record.engine_ttft_s, record.engine_queue_s, record.engine_prefill_s)
 
 
 def _mean_ms(values: Sequence[float | None]) -> float | None:

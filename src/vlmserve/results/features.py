@@ -79,15 +79,15 @@ def feature_summary(records: Sequence[RequestRecord], slo: SLO | None) -> dict[s
         "thinking_requests": len(thinking),
         "requests_with_reasoning": len(reasoned),
         "reasoning_tokens": distribution([record.reasoning_tokens or 0 for record in thinking]),
-        "answer_tokens": distribution([
-            record.output_tokens - (record.reasoning_tokens or 0) for record in thinking if record.output_tokens is not None
-        ]),
-        "time_to_first_reasoning_ms": distribution_ms([
-            record.first_reasoning_at_s - record.sent_at_s for record in ok if record.first_reasoning_at_s is not None
-        ]),
-        "time_to_first_answer_ms": distribution_ms([
-            record.first_answer_at_s - record.sent_at_s for record in ok if record.first_answer_at_s is not None
-        ]),
+        "answer_tokens": distribution(
+            [record.output_tokens - (record.reasoning_tokens or 0) for record in thinking if record.output_tokens is not None]
+        ),
+        "time_to_first_reasoning_ms": distribution_ms(
+            [record.first_reasoning_at_s - record.sent_at_s for record in ok if record.first_reasoning_at_s is not None]
+        ),
+        "time_to_first_answer_ms": distribution_ms(
+            [record.first_answer_at_s - record.sent_at_s for record in ok if record.first_answer_at_s is not None]
+        ),
         "slo": checks,
         "slo_met": all(check["met"] for check in checks.values()) if checks else None,
     }

@@ -41,15 +41,9 @@ def distribution(values: Sequence[float] | np.ndarray, scale: float = 1.0) -> di
         empty: dict[str, float | int | None] = {key: None for key in DISTRIBUTION_KEYS}
         empty.update(count=0, p50_p99_spread=None, p99_over_p50=None)
         return empty
-    result: dict[str, float | int | None] = {
-        key: float(np.percentile(data, q)) for key, q in PERCENTILES.items()
-    }
+    result: dict[str, float | int | None] = {key: float(np.percentile(data, q)) for key, q in PERCENTILES.items()}
     result.update(
-        mean=float(data.mean()),
-        std=float(data.std()),
-        min=float(data.min()),
-        max=float(data.max()),
-        count=int(data.size),
+        mean=float(data.mean()), std=float(data.std()), min=float(data.min()), max=float(data.max()), count=int(data.size)
     )
     p50, p99 = result["p50"], result["p99"]
     result["p50_p99_spread"] = float(p99 - p50)  # type: ignore[operator]
@@ -172,11 +166,7 @@ def goodput(records: Sequence[RequestRecord], slo: SLO | None, duration_s: float
     for key, bound_s in slo.bounds_s.items():
         metric, stat = key.split("_", 1)
         value = distributions[metric].get(stat)
-        checks[key] = {
-            "bound_ms": bound_s * 1000.0,
-            "measured_ms": value,
-            "met": value is not None and value <= bound_s * 1000.0,
-        }
+        checks[key] = {"bound_ms": bound_s * 1000.0, "measured_ms": value, "met": value is not None and value <= bound_s * 1000.0}
     return {
         "slo": {key: value * 1000.0 for key, value in slo.bounds_s.items()},
         "slo_text": ",".join(f"{key}={value * 1000.0:g}ms" for key, value in slo.bounds_s.items()),
@@ -242,15 +232,14 @@ def _token_block(records: Sequence[RequestRecord], agreement: TokenAgreement) ->
     output_mismatch = sum(
         1
         for r in ok
-        if r.requested_output_tokens is not None
-        and r.output_tokens is not None
-        and r.output_tokens != r.requested_output_tokens
+        if r.requested_output_tokens is not None and r.output_tokens is not None and r.output_tokens != r.requested_output_tokens
     )
     checked = [r for r in ok if r.output_tokens is not None and r.tokenizer_output_tokens is not None]
     disagreements = sum(
         1
         for r in checked
-        if r.output_tokens is not None and r.tokenizer_output_tokens is not None
+        if r.output_tokens is not None
+        and r.tokenizer_output_tokens is not None
         and abs(r.output_tokens - r.tokenizer_output_tokens) > max(agreement.absolute, agreement.relative * r.output_tokens)
     )
     reasoning = [r.reasoning_tokens for r in ok if r.reasoning_tokens is not None]
@@ -328,9 +317,7 @@ def summarize(
             "requests_per_s": len(ok) / window if window > 0 else 0.0,
             "output_tokens_per_s": tokens.output_total / window if window > 0 else 0.0,
             "input_tokens_per_s": tokens.prompt_total / window if window > 0 else 0.0,
-            "total_tokens_per_s": (tokens.output_total + tokens.prompt_total) / window
-            if window > 0
-            else 0.0,
+            "total_tokens_per_s": (tokens.output_total + tokens.prompt_total) / window if window > 0 else 0.0,
             "chunks_per_s": chunks / window if window > 0 else 0.0,
         },
         **_latency_block(counted),
@@ -353,9 +340,7 @@ def summarize(
         document["by_adapter"] = per_adapter(records, counted)
     workloads = sorted({record.workload for record in counted})
     if len(workloads) > 1:
-        document["per_workload"] = {
-            name: _group_summary([r for r in counted if r.workload == name]) for name in workloads
-        }
+        document["per_workload"] = {name: _group_summary([r for r in counted if r.workload == name]) for name in workloads}
     return RunSummary.model_validate(document)
 
 
@@ -447,4 +432,3 @@ def judge_client(client: ClientBlock, limits: ClientLimits = ClientLimits(), *, 
         if busy >= limits.cpu_busy_fraction:
             reasons.append(f"worker {worker} CPU {busy * 100:.0f}% busy")
     return client.model_copy(update={"limited": bool(reasons), "limited_reasons": reasons})
-

@@ -249,8 +249,7 @@ def load_run(run_id: str) -> RunResult:
     """The RunResult saved under `run_id` (a unique prefix is enough)."""
     with _connect(read_only=True) as connection:
         rows = connection.execute(
-            "SELECT run_id, summary, records_path FROM runs WHERE run_id LIKE ? ORDER BY run_id",
-            [f"{run_id}%"],
+            "SELECT run_id, summary, records_path FROM runs WHERE run_id LIKE ? ORDER BY run_id", [f"{run_id}%"]
         ).fetchall()
     if not rows:
         raise UserError(f"no run '{run_id}' in {database_path()}; see `vlmserve runs list`")

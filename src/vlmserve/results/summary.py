@@ -39,6 +39,7 @@ __all__ = ["DISTRIBUTION_STATS", "Distribution", "RunSummary", "FIGURES", "figur
 LATENCY_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 """The latency distributions every summary holds (docs/metrics.md defines each)."""
 
+
 class _Block(BaseModel):
     """A part of the summary: an unknown key is an error (a misspelled key must not become a silent extra)."""
 
@@ -142,8 +143,15 @@ class TtftBreakdown(_Block):
 
 
 BREAKDOWN_FIGURES: tuple[str, ...] = (
-    "client_ttft_ms", "upload_ms", "frontend_ms", "http_ms", "engine_frontend_ms", "queue_ms", "prefill_ms",
-    "engine_ttft_ms", "accounted",
+    "client_ttft_ms",
+    "upload_ms",
+    "frontend_ms",
+    "http_ms",
+    "engine_frontend_ms",
+    "queue_ms",
+    "prefill_ms",
+    "engine_ttft_ms",
+    "accounted",
 )
 
 
@@ -184,7 +192,10 @@ class FeatureSummary(_Block):
 
 
 FEATURE_DISTRIBUTIONS: tuple[str, ...] = (
-    "reasoning_tokens", "answer_tokens", "time_to_first_reasoning_ms", "time_to_first_answer_ms",
+    "reasoning_tokens",
+    "answer_tokens",
+    "time_to_first_reasoning_ms",
+    "time_to_first_answer_ms",
 )
 
 
@@ -290,8 +301,11 @@ class RunSummary(_Block):
         for name, info in type(self).model_fields.items():
             value = getattr(self, name)
             if name not in data and value != info.get_default(call_default_factory=True):
-                data[name] = value.model_dump(mode="json", exclude_unset=True) if isinstance(value, BaseModel) else (
-                    self.model_dump(mode="json", include={name})[name])
+                data[name] = (
+                    value.model_dump(mode="json", exclude_unset=True)
+                    if isinstance(value, BaseModel)
+                    else (self.model_dump(mode="json", include={name})[name])
+                )
         first: JSONObject = {key: data.pop(key) for key in ("meta", "warnings") if key in data}  # reads top-down
         return {**first, **data}
 
@@ -344,6 +358,7 @@ def _feature_figures() -> list[Figure]:
     for name in FEATURE_DISTRIBUTIONS:
         unit = "ms" if name.endswith("_ms") else "tok"
         for stat in ("p50", "p90", "p95", "p99", "mean"):
+
             def read(summary: RunSummary, name: str = name, stat: str = stat) -> float | None:
                 return None if summary.features is None else getattr(summary.features, name).stat(stat)
 
@@ -383,8 +398,9 @@ def _type_figures(request_type: str, split: str | None) -> list[Figure]:
             return None if block is None or block.breakdown is None else block.breakdown.part(name)
 
         unit = "" if name == "accounted" else "ms"
-        return Figure(f"{prefix}.breakdown.{name}", f"{shown} {name.removesuffix('_ms').replace('_', ' ')}", unit, read,
-                      name != "accounted")
+        return Figure(
+            f"{prefix}.breakdown.{name}", f"{shown} {name.removesuffix('_ms').replace('_', ' ')}", unit, read, name != "accounted"
+        )
 
     def count(name: str) -> Figure:
         def read(summary: RunSummary) -> float | None:
@@ -414,8 +430,7 @@ FIGURES: dict[str, Figure] = {
     for figure in [
         *(_latency_figure(metric, stat) for metric in LATENCY_METRICS for stat in DISTRIBUTION_STATS),
         Figure("throughput.requests_per_s", "requests/s", "req/s", lambda s: s.throughput.requests_per_s, False),
-        Figure("throughput.output_tokens_per_s", "output tok/s", "tok/s",
-               lambda s: s.throughput.output_tokens_per_s, False),
+        Figure("throughput.output_tokens_per_s", "output tok/s", "tok/s", lambda s: s.throughput.output_tokens_per_s, False),
         Figure("throughput.input_tokens_per_s", "input tok/s", "tok/s", lambda s: s.throughput.input_tokens_per_s, False),
         Figure("throughput.total_tokens_per_s", "total tok/s", "tok/s", lambda s: s.throughput.total_tokens_per_s, False),
         Figure("goodput.requests_per_s", "goodput req/s", "req/s", _goodput_rps, False),

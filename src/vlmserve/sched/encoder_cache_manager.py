@@ -124,8 +124,7 @@ class EncoderCacheManager:
 
 
 def placeholder_ranges(
-    num_prompt_tokens: int, images: int, image_tokens: int,
-    positions: tuple[PlaceholderRange, ...] | tuple[tuple[int, int], ...],
+    num_prompt_tokens: int, images: int, image_tokens: int, positions: tuple[PlaceholderRange, ...] | tuple[tuple[int, int], ...]
 ) -> tuple[PlaceholderRange, ...]:
     """Each image's placeholder range, in the order of the request's images.
 

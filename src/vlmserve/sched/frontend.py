@@ -67,8 +67,10 @@ class FrontendConfig:
             problems.append(f"--api-server-count must be at most {MAX_API_SERVER_COUNT}, got {self.api_server_count}")
         if self.per_image_ms < 0 or self.per_megapixel_ms < 0:
             problems.append("--mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative")
-        for flag, value in (("--mm-preprocess-ms-per-image", self.per_image_ms),
-                            ("--mm-preprocess-ms-per-megapixel", self.per_megapixel_ms)):
+        for flag, value in (
+            ("--mm-preprocess-ms-per-image", self.per_image_ms),
+            ("--mm-preprocess-ms-per-megapixel", self.per_megapixel_ms),
+        ):
             if not math.isfinite(value):  # NaN slips past `< 0` and would poison every clock it touches
                 problems.append(f"{flag} must be a finite number of milliseconds, got {value}")
             elif value > MAX_PREPROCESS_MS:
@@ -149,13 +151,22 @@ def only_fresh_images(request: SimRequest, fresh: Sequence[bool]) -> SimRequest:
     """
     if all(fresh):
         return request
-    ranges = placeholder_ranges(len(request.prompt_token_ids), request.images, request.image_tokens,
-                                request.mm_positions)
+    ranges = placeholder_ranges(len(request.prompt_token_ids), request.images, request.image_tokens, request.mm_positions)
     if len(ranges) != len(fresh) or len(request.image_items) != len(fresh):
         # no per-image layout to filter (e.g. an image priced at 0 tokens): scale the totals
         kept = [item for item, missed in zip(request.image_items, fresh) if missed]
-        return replace(request, images=len(kept), mm_positions=(), image_items=tuple(kept),
-                       image_tokens=round(request.image_tokens * len(kept) / len(fresh)))
+        return replace(
+            request,
+            images=len(kept),
+            mm_positions=(),
+            image_items=tuple(kept),
+            image_tokens=round(request.image_tokens * len(kept) / len(fresh)),
+        )
     positions, items = keep_fresh_images(ranges, request.image_items, tuple(fresh))
-    return replace(request, images=len(positions), image_tokens=sum(length for _offset, length in positions),
-                   mm_positions=positions, image_items=items)
+    return replace(
+        request,
+        images=len(positions),
+        image_tokens=sum(length for _offset, length in positions),
+        mm_positions=positions,
+        image_items=items,
+    )

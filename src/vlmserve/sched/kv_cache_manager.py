@@ -58,9 +58,7 @@ class KVCacheManager:
             blocks.append(block_id)
         return blocks, len(blocks) * self.block_size
 
-    def allocate_slots(
-        self, request: KVRequest, num_new_tokens: int, new_computed_blocks: Sequence[int] = ()
-    ) -> bool:
+    def allocate_slots(self, request: KVRequest, num_new_tokens: int, new_computed_blocks: Sequence[int] = ()) -> bool:
         """Give the request blocks for `num_new_tokens` more tokens; False if the pool is short."""
         block_size = self.block_size
         pool = self.block_pool

@@ -130,8 +130,9 @@ class SimRequest:
     def encoder_inputs(self) -> tuple[EncoderInput, ...]:
         """The images the engine encodes for this request, in prompt order."""
         digests = tuple(digest for digest, _pixels in self.image_items)
-        return layout_encoder_inputs(self.request_id, len(self.prompt_token_ids), self.images,
-                                     self.image_tokens, self.mm_positions, digests)
+        return layout_encoder_inputs(
+            self.request_id, len(self.prompt_token_ids), self.images, self.image_tokens, self.mm_positions, digests
+        )
 
 
 @dataclass
@@ -334,8 +335,7 @@ class Scheduler:
     # -- one engine step -------------------------------------------------------------------
     def step(self, now_s: float) -> StepResult:
         """Schedule, price and run one step that starts at `now_s`."""
-        plan = _StepPlan(
-            token_budget=self.config.max_num_batched_tokens, encoder_budget=self.max_num_encoder_input_tokens)
+        plan = _StepPlan(token_budget=self.config.max_num_batched_tokens, encoder_budget=self.max_num_encoder_input_tokens)
         self._schedule_running(plan)
         if self.lora_slots is not None:
             self.lora_slots.begin_step(request.lora for request, _ in plan.scheduled)
@@ -374,7 +374,8 @@ class Scheduler:
             new_encoder_budget = plan.encoder_budget
             if request.num_computed_tokens < request.encoder_end and num_new_tokens > 0:
                 to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
-                    request, request.num_computed_tokens, num_new_tokens, plan.encoder_budget)
+                    request, request.num_computed_tokens, num_new_tokens, plan.encoder_budget
+                )
             if num_new_tokens <= 0:
                 req_index += 1  # vLLM skips it (not FCFS) so later requests may still run
                 continue
@@ -415,7 +416,8 @@ class Scheduler:
             new_encoder_budget = plan.encoder_budget
             if request.num_computed_tokens + num_hit_tokens < request.encoder_end:
                 to_encode, num_new_tokens, new_encoder_budget = self._try_schedule_encoder_inputs(
-                    request, request.num_computed_tokens + num_hit_tokens, num_new_tokens, plan.encoder_budget)
+                    request, request.num_computed_tokens + num_hit_tokens, num_new_tokens, plan.encoder_budget
+                )
                 if num_new_tokens <= 0:
                     break  # its next image cannot be encoded this step: admission stops (FCFS)
             if not kv.allocate_slots(request, num_new_tokens, new_computed_blocks):
@@ -440,8 +442,7 @@ class Scheduler:
             plan.first_scheduled.append((request.request_id, num_hit_tokens))
 
     def _commit_scheduled(
-        self, plan: _StepPlan, request: Request, num_new_tokens: int, to_encode: list[EncoderInput],
-        new_encoder_budget: int,
+        self, plan: _StepPlan, request: Request, num_new_tokens: int, to_encode: list[EncoderInput], new_encoder_budget: int
     ) -> None:
         """Record a scheduled chunk: spend its tokens and put the images it encodes in the encoder cache."""
         plan.scheduled.append((request, num_new_tokens))
@@ -476,9 +477,7 @@ class Scheduler:
             images=len(plan.encoded),
         )
 
-    def _advance_scheduled(
-        self, plan: _StepPlan, end_s: float
-    ) -> tuple[list[tuple[str, int]], list[str], list[str]]:
+    def _advance_scheduled(self, plan: _StepPlan, end_s: float) -> tuple[list[tuple[str, int]], list[str], list[str]]:
         """Step 4: advance requests; those caught up sample one token, and finished ones free their blocks.
 
         Returns (tokens emitted, requests with their first token, requests finished)."""
@@ -535,8 +534,7 @@ class Scheduler:
                 continue  # the same image earlier in this prompt is encoded in this step
             if cache.check_and_update_cache(request.request_id, item):
                 continue  # encoded in an earlier step (or by another request with this image)
-            if (self.config.disable_chunked_mm_input and num_computed_tokens < item.offset
-                    and chunk_end < item.end):
+            if self.config.disable_chunked_mm_input and num_computed_tokens < item.offset and chunk_end < item.end:
                 num_new_tokens = item.offset - num_computed_tokens
                 break
             if not cache.can_allocate(item, encoder_budget, num_tokens_to_schedule):

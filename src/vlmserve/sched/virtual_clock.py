@@ -19,13 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
-from vlmserve.routing import (
-    LEAST_OUTSTANDING_TOKENS,
-    POLICY_ALIASES,
-    ROUND_ROBIN,
-    SIMULATED_POLICIES,
-    request_load_tokens,
-)
+from vlmserve.routing import LEAST_OUTSTANDING_TOKENS, POLICY_ALIASES, ROUND_ROBIN, SIMULATED_POLICIES, request_load_tokens
 from vlmserve.sched.engine_core import EngineCore
 from vlmserve.sched.frontend import Frontend, FrontendConfig, only_fresh_images
 from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest, StepResult
@@ -224,8 +218,11 @@ def run_virtual_clock(
         busy = [replica for replica in replicas if replica.core.has_work()]
         next_step = min(busy, key=lambda replica: _next_step_s(replica)) if busy else None
         step_s = _next_step_s(next_step) if next_step is not None else None
-        if pending and (step_s is None or pending[0].send_s <= step_s) and (
-                not arriving or pending[0].send_s <= arriving[0].ready_s):
+        if (
+            pending
+            and (step_s is None or pending[0].send_s <= step_s)
+            and (not arriving or pending[0].send_s <= arriving[0].ready_s)
+        ):
             send = heapq.heappop(pending)
             arrival = _hand_over(send, replicas, router, timings)
             if arrival is not None:
@@ -256,8 +253,9 @@ def _next_step_s(replica: ReplicaClock) -> float:
     return replica.clock_s if due is None else max(replica.clock_s, due)
 
 
-def _hand_over(send: Send, replicas: list[ReplicaClock], router: SimulatedRouter,
-               timings: dict[str, RequestTiming]) -> _Arrival | None:
+def _hand_over(
+    send: Send, replicas: list[ReplicaClock], router: SimulatedRouter, timings: dict[str, RequestTiming]
+) -> _Arrival | None:
     """Route a send; it enters its replica's scheduler now, or later (returned) after the frontend."""
     request = send.request
     if request.request_id in timings:

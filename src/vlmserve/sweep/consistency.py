@@ -29,13 +29,19 @@ def variant_spec(spec: DeploymentSpec, prefix_caching: bool) -> DeploymentSpec:
 
 
 def variant_name(spec: DeploymentSpec, prefix_caching: bool) -> str:
-    replicas = f"{spec.replicas} replicas behind the gateway" if spec.replicas > 1 and spec.gateway else f"{spec.replicas} replica(s)"
+    replicas = (
+        f"{spec.replicas} replicas behind the gateway" if spec.replicas > 1 and spec.gateway else f"{spec.replicas} replica(s)"
+    )
     return f"prefix caching {'on' if prefix_caching else 'off'}, {replicas}"
 
 
 def check_deployment(
-    spec_file: Path, options: ConsistencyOptions, prefix_caching: str, model: str | None = None,
-    api_key: str | None = None, progress: Callable[[str], None] = lambda _line: None,
+    spec_file: Path,
+    options: ConsistencyOptions,
+    prefix_caching: str,
+    model: str | None = None,
+    api_key: str | None = None,
+    progress: Callable[[str], None] = lambda _line: None,
 ) -> list[ConsistencyReport]:
     """Start each variant of the spec, check it, tear it down; one report per variant."""
     from vlmserve.sweep.hygiene import verify_serving, with_free_ports

@@ -70,8 +70,7 @@ def verify_serving(base_url: str, model: str, max_model_len: int | None = None) 
     match = next((entry for entry in models if entry.get("id") == model), None)
     if match is None:
         raise UserError(
-            f"endpoint {base_url} serves {', '.join(ids) or 'no model'}, not '{model}' "
-            "(a previous deployment still running?)"
+            f"endpoint {base_url} serves {', '.join(ids) or 'no model'}, not '{model}' (a previous deployment still running?)"
         )
     reported = match.get("max_model_len")
     if max_model_len is not None and isinstance(reported, (int, float, str)) and int(reported) != max_model_len:

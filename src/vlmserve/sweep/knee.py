@@ -94,8 +94,10 @@ def no_knee_reason(results: SweepResults) -> str:
     at all, which is not the same finding as throughput still scaling."""
     points = series_points(results.cells).values()
     if not any(len(series) >= 2 for series in points):
-        return ("no knee to look for: each deployment has at most one measured load level; "
-                "a knee needs two or more (add load levels to the sweep)")
+        return (
+            "no knee to look for: each deployment has at most one measured load level; "
+            "a knee needs two or more (add load levels to the sweep)"
+        )
     return "no knee found: throughput still scaled at the highest load measured"
 
 

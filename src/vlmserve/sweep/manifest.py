@@ -95,7 +95,12 @@ class SweepManifest:
 
     @classmethod
     def open_for_run(
-        cls, directory: Path, name: str, fingerprint: str, spec_json: JSONObject, restart: bool,
+        cls,
+        directory: Path,
+        name: str,
+        fingerprint: str,
+        spec_json: JSONObject,
+        restart: bool,
         overrides: Mapping[str, object] | None = None,
     ) -> "SweepManifest":
         """Create the directory, or reopen it to resume the same study (refusing a different one)."""
@@ -144,9 +149,7 @@ class SweepManifest:
     def is_done(self, deployment: str, cell: str) -> bool:
         return self.cell(deployment, cell).get("status") == "done"
 
-    def record_cell_done(
-        self, deployment: str, cell: str, run_id: str, summary: RunSummary, wall_s: float
-    ) -> None:
+    def record_cell_done(self, deployment: str, cell: str, run_id: str, summary: RunSummary, wall_s: float) -> None:
         self.data.setdefault("cells", {})[cell_key(deployment, cell)] = {
             "status": "done",
             "run_id": run_id,
@@ -156,9 +159,7 @@ class SweepManifest:
         }
         self.flush()
 
-    def record_cell_failed(
-        self, deployment: str, cell: str, reason: str, wall_s: float = 0.0, run_id: str | None = None
-    ) -> None:
+    def record_cell_failed(self, deployment: str, cell: str, reason: str, wall_s: float = 0.0, run_id: str | None = None) -> None:
         self.data.setdefault("cells", {})[cell_key(deployment, cell)] = {
             "status": "failed",
             "reason": reason,
@@ -172,8 +173,7 @@ class SweepManifest:
     def deployment(self, name: str) -> DeploymentState:
         return self.data.get("deployments", {}).get(name, {"status": "pending"})
 
-    def record_deployment(self, name: str, status: str, reason: str | None = None,
-                          **facts: Unpack[DeploymentFacts]) -> None:
+    def record_deployment(self, name: str, status: str, reason: str | None = None, **facts: Unpack[DeploymentFacts]) -> None:
         entry: DeploymentState = {**self.deployment(name), "status": status, "reason": reason, **facts}
         self.data.setdefault("deployments", {})[name] = entry
         self.flush()

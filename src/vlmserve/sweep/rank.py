@@ -73,9 +73,7 @@ class DeploymentChoice:
     """The workload shape the best point was chosen in, in words."""
 
 
-def best_operating_point(
-    cells: list[CellOutcome], slo: SLO, shape: str | None = None
-) -> tuple[CellOutcome | None, str]:
+def best_operating_point(cells: list[CellOutcome], slo: SLO, shape: str | None = None) -> tuple[CellOutcome | None, str]:
     """Highest-goodput cell meeting every SLO within one workload shape, and a note when none does.
 
     `shape`: a `CellOutcome.workload_shape`; default: the headline shape of `cells`.

@@ -19,8 +19,19 @@ SIMULATED_NOTE = "Figures from the simulated engine or the planner are simulated
 LOAD_LEVEL_FIELDS = ("concurrency", "rate")
 """LoadSpec fields that say how hard a cell pushes; cells differing only in these form a series."""
 
-_NOT_SERIES_FIELDS = {"name", "concurrency", "rate", "num_requests", "duration_s", "seed", "warmup", "workers",
-                      "request_timeout_s", "repeat", "stop_when_oversaturated"}
+_NOT_SERIES_FIELDS = {
+    "name",
+    "concurrency",
+    "rate",
+    "num_requests",
+    "duration_s",
+    "seed",
+    "warmup",
+    "workers",
+    "request_timeout_s",
+    "repeat",
+    "stop_when_oversaturated",
+}
 
 
 @dataclass
@@ -135,10 +146,12 @@ class SweepResults:
         """The sweep's notes, then every cell's run warnings (e.g. a prefix-cache hit rate above intent)."""
         warnings = [
             f"{cell.deployment}/{cell.cell}: {warning}"
-            for cell in self.cells if cell.ok
+            for cell in self.cells
+            if cell.ok
             for warning in (cell.summary.warnings if cell.summary is not None else None) or []
         ]
         return [*self.notes, *warnings]
+
     """Caveats a reader must see first (e.g. the sweep was shrunk for a smoke run)."""
 
     def simulated(self) -> bool:

@@ -81,8 +81,9 @@ def apply_overrides(spec: SweepSpec, overrides: SweepOverrides) -> SweepSpec:
     """The spec actually run: the selected cells, each with the overrides applied."""
     chosen = spec.cells
     if overrides.cell_patterns:
-        chosen = [cell for cell in spec.cells
-                  if any(fnmatch.fnmatchcase(cell.name, pattern) for pattern in overrides.cell_patterns)]
+        chosen = [
+            cell for cell in spec.cells if any(fnmatch.fnmatchcase(cell.name, pattern) for pattern in overrides.cell_patterns)
+        ]
         if not chosen:
             names = ", ".join(cell.name for cell in spec.cells)
             raise UserError(f"--cells {','.join(overrides.cell_patterns)} matches no cell; the spec has: {names}")
@@ -144,8 +145,9 @@ SWEEP_STOPS_WHEN_OVERSATURATED = True
 """A sweep cell's open loop stops early past saturation unless the cell sets stop_when_oversaturated."""
 
 
-def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str,
-              deployment: JSONObject | None, console: Console) -> "RunResult":
+def _run_load(
+    load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label: str, deployment: JSONObject | None, console: Console
+) -> "RunResult":
     """One cell: its repeats (LoadSpec.repeat) combined into one run, stopped early when oversaturated."""
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.target import Target
@@ -154,28 +156,38 @@ def _run_load(load: LoadSpec, base_url: str, model: str, spec: SweepSpec, label:
     if load.stop_when_oversaturated is None:
         load = load.model_copy(update={"stop_when_oversaturated": SWEEP_STOPS_WHEN_OVERSATURATED})
     return asyncio.run(
-        run_repeated(load, Target(base_url=base_url, model=model), slo=slo, progress=False, label=label,
-                     deployment=deployment, console=console)
+        run_repeated(
+            load,
+            Target(base_url=base_url, model=model),
+            slo=slo,
+            progress=False,
+            label=label,
+            deployment=deployment,
+            console=console,
+        )
     )
 
 
 def _warmup_load(spec: SweepSpec) -> LoadSpec:
     """A few short requests so the first cell does not pay for compilation and cold caches."""
     return LoadSpec(
-        name="warmup",
-        concurrency=min(2, spec.warmup_requests),
-        num_requests=spec.warmup_requests,
-        input_len=64,
-        output_len=8,
+        name="warmup", concurrency=min(2, spec.warmup_requests), num_requests=spec.warmup_requests, input_len=64, output_len=8
     )
 
 
 class SweepRunner:
     """Runs one sweep spec into one sweep directory, with a progress display."""
 
-    def __init__(self, spec: SweepSpec, directory: Path, *, restart: bool = False,
-                 console: Console | None = None, progress: bool = True,
-                 overrides: SweepOverrides | None = None) -> None:
+    def __init__(
+        self,
+        spec: SweepSpec,
+        directory: Path,
+        *,
+        restart: bool = False,
+        console: Console | None = None,
+        progress: bool = True,
+        overrides: SweepOverrides | None = None,
+    ) -> None:
         self.spec = spec
         self.directory = directory
         self.console = console or Console(stderr=True)
@@ -183,7 +195,11 @@ class SweepRunner:
         self._attempted: set[str] = set()
         """Cells of the current deployment tried in this pass (their own outcome is already recorded)."""
         self.manifest = SweepManifest.open_for_run(
-            directory, spec.name, spec.fingerprint(), spec.model_dump(mode="json"), restart,
+            directory,
+            spec.name,
+            spec.fingerprint(),
+            spec.model_dump(mode="json"),
+            restart,
             dataclasses.asdict(overrides) if overrides else None,
         )
 
@@ -244,13 +260,24 @@ class SweepRunner:
                 verify_serving(base_url, entry.served_model(), max_len)
                 version = server_version(base_url) or ready.engine_version
                 self.manifest.record_deployment(
-                    entry.name, "running", None, base_url=base_url, server_version=version,
+                    entry.name,
+                    "running",
+                    None,
+                    base_url=base_url,
+                    server_version=version,
                     start_s=round(time.monotonic() - started, 2),
                 )
                 if self.spec.warmup_requests:
                     progress.update(task, description=f"{self.spec.name}: warming up {entry.name}")
-                    warm = _run_load(_warmup_load(self.spec), base_url, entry.served_model(), self.spec,
-                                     f"{self.spec.name}/{entry.name}/warmup", None, self.console)
+                    warm = _run_load(
+                        _warmup_load(self.spec),
+                        base_url,
+                        entry.served_model(),
+                        self.spec,
+                        f"{self.spec.name}/{entry.name}/warmup",
+                        None,
+                        self.console,
+                    )
                     reason = failed_run_reason(warm)
                     if reason:
                         raise UserError(f"warm-up failed: {reason}")
@@ -268,16 +295,16 @@ class SweepRunner:
         failed = sum(1 for cell in self.spec.cells if self.manifest.cell(entry.name, cell.name).get("status") == "failed")
         self.manifest.record_deployment(entry.name, "done" if failed == 0 else "partial", None)
 
-    def _fail_deployment(self, entry: DeploymentEntry, cells: list[CellEntry], reason: str,
-                         progress: Progress, task: TaskID) -> None:
+    def _fail_deployment(
+        self, entry: DeploymentEntry, cells: list[CellEntry], reason: str, progress: Progress, task: TaskID
+    ) -> None:
         self.manifest.record_deployment(entry.name, "failed", reason)
         for cell in cells:
             self.manifest.record_cell_failed(entry.name, cell.name, f"deployment failed: {reason}")
             progress.advance(task)
         progress.console.print(f"[red]✗ {entry.name}[/]: deployment failed: {reason}")
 
-    def _run_cell(self, entry: DeploymentEntry, cell: CellEntry, base_url: str, progress: Progress,
-                  task: TaskID) -> None:
+    def _run_cell(self, entry: DeploymentEntry, cell: CellEntry, base_url: str, progress: Progress, task: TaskID) -> None:
         from vlmserve.results import store
 
         size = f"{cell.load.duration_s:g} s" if cell.load.duration_s is not None else f"{cell.load.num_requests} requests"
@@ -287,8 +314,15 @@ class SweepRunner:
         deployment: JSONObject = entry.spec.model_dump(mode="json") if entry.spec else {"endpoint": entry.endpoint}
         try:
             load = cell.load.model_copy(update={"name": cell.name, "seed": _cell_seed(self.spec, cell)})
-            result = _run_load(load, base_url, entry.served_model(),
-                               self.spec, f"{self.spec.name}/{entry.name}/{cell.name}", deployment, self.console)
+            result = _run_load(
+                load,
+                base_url,
+                entry.served_model(),
+                self.spec,
+                f"{self.spec.name}/{entry.name}/{cell.name}",
+                deployment,
+                self.console,
+            )
             run_id = store.save_run(result)
             wall = time.monotonic() - started
             reason = failed_run_reason(result)
@@ -337,11 +371,17 @@ def _cell_brief(summary: RunSummary) -> str:
     return "  ".join(parts)
 
 
-def run_sweep(spec: SweepSpec, directory: Path, *, overrides: SweepOverrides | None = None,
-              restart: bool = False, progress: bool = True, console: Console | None = None) -> SweepManifest:
+def run_sweep(
+    spec: SweepSpec,
+    directory: Path,
+    *,
+    overrides: SweepOverrides | None = None,
+    restart: bool = False,
+    progress: bool = True,
+    console: Console | None = None,
+) -> SweepManifest:
     """Run (or resume) `spec` into `directory`; the study's entry point for the CLI and tests."""
     overrides = overrides or SweepOverrides()
     effective = apply_overrides(spec, overrides)
-    runner = SweepRunner(effective, directory, restart=restart, console=console, progress=progress,
-                         overrides=overrides)
+    runner = SweepRunner(effective, directory, restart=restart, console=console, progress=progress, overrides=overrides)
     return runner.run()

@@ -19,14 +19,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vlmserve.errors import UserError
-from vlmserve.spec import (
-    SLO,
-    DeploymentSpec,
-    LoadSpec,
-    describe_validation_error,
-    load_yaml_file,
-    parse_duration_s,
-)
+from vlmserve.spec import SLO, DeploymentSpec, LoadSpec, describe_validation_error, load_yaml_file, parse_duration_s
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -59,7 +52,6 @@ class DeploymentEntry(BaseModel):
     """Devices this deployment uses, for per-GPU figures; default replicas × tensor_parallel_size."""
     usd_per_gpu_hour: float | None = Field(None, ge=0)
     """Price of one device-hour; enables cost per million tokens."""
-
 
     @field_validator("endpoint")
     @classmethod
@@ -122,7 +114,6 @@ class CellEntry(BaseModel):
     load: LoadSpec
 
 
-
 class KneeSettings(BaseModel):
     """When more load stops paying: throughput grows by less than `min_gain_fraction` of the load's growth.
 
@@ -147,7 +138,6 @@ class SweepSpec(BaseModel):
     knee: KneeSettings = Field(default_factory=KneeSettings)
     warmup_requests: int = Field(4, ge=0)
     """Requests sent (and discarded) after a deployment is ready, before its first cell."""
-
 
     @model_validator(mode="after")
     def _unique_names(self) -> "SweepSpec":
@@ -199,8 +189,9 @@ def _expand_cells(raw_cells: object) -> object:
         if "vary" in item or "base" in item:
             unknown = set(item) - {"base", "vary", "name"}
             if unknown:
-                raise UserError(f"field 'cells.{index}.{sorted(unknown)[0]}': unknown field in a matrix cell; "
-                                "use base:, vary: and name:")
+                raise UserError(
+                    f"field 'cells.{index}.{sorted(unknown)[0]}': unknown field in a matrix cell; use base:, vary: and name:"
+                )
             base = dict(item.get("base") or {})
             vary = item.get("vary") or {}
             if not isinstance(vary, dict) or not all(isinstance(v, list) and v for v in vary.values()):
@@ -283,8 +274,10 @@ def parse_sweep_spec(data: object, source: str, base_dir: Path | None = None) ->
         raise UserError(describe_validation_error(err, source)) from None
     for cell in spec.cells:
         if cell.load.dataset_path and not Path(cell.load.dataset_path).is_file():
-            raise UserError(f"{source}: field 'cells.{cell.name}.dataset_path': {cell.load.dataset_path} "
-                            "does not exist; check the path (relative paths are relative to the sweep file)")
+            raise UserError(
+                f"{source}: field 'cells.{cell.name}.dataset_path': {cell.load.dataset_path} "
+                "does not exist; check the path (relative paths are relative to the sweep file)"
+            )
     return spec
 
 

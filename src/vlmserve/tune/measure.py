@@ -56,8 +56,16 @@ def candidate_dirs(directory: Path, candidate_id: str) -> tuple[Path, Path]:
     return base / "state", base / "logs"
 
 
-def measure(spec: DeploymentSpec, candidate_id: str, template: LoadSpec, slo: SLO, space: SearchSpace,
-            directory: Path, label: str, console: Console) -> Measurement:
+def measure(
+    spec: DeploymentSpec,
+    candidate_id: str,
+    template: LoadSpec,
+    slo: SLO,
+    space: SearchSpace,
+    directory: Path,
+    label: str,
+    console: Console,
+) -> Measurement:
     """Deploy, verify, warm and search one candidate; a failure is a Measurement with its reason and log."""
     from vlmserve.deploy.supervisor import Supervisor
     from vlmserve.engines.launcher import served_model_name
@@ -75,15 +83,33 @@ def measure(spec: DeploymentSpec, candidate_id: str, template: LoadSpec, slo: SL
             model = served_model_name(spec)
             verify_serving(base_url, model, spec.engine_args.max_model_len)
             deployment = spec.model_dump(mode="json")
-            warm = _run(template.model_copy(update={
-                "rate": None, "concurrency": 2, "num_requests": WARMUP_REQUESTS, "duration_s": None, "repeat": 1,
-                "warmup": 0, "name": "warmup", "seed": template.seed + 100_000}), base_url, model, None,
-                f"{label} warmup", deployment, console, store=False)
+            warm = _run(
+                template.model_copy(
+                    update={
+                        "rate": None,
+                        "concurrency": 2,
+                        "num_requests": WARMUP_REQUESTS,
+                        "duration_s": None,
+                        "repeat": 1,
+                        "warmup": 0,
+                        "name": "warmup",
+                        "seed": template.seed + 100_000,
+                    }
+                ),
+                base_url,
+                model,
+                None,
+                f"{label} warmup",
+                deployment,
+                console,
+                store=False,
+            )
             reason = failed_run_reason(warm)
             if reason:
                 raise UserError(f"warm-up failed: {reason}")
-            found = asyncio.run(search(template, slo, space, _run_point(base_url, model, slo, label, deployment, console),
-                                       console))
+            found = asyncio.run(
+                search(template, slo, space, _run_point(base_url, model, slo, label, deployment, console), console)
+            )
             _fill(outcome, found)
     except KeyboardInterrupt:
         raise
@@ -106,13 +132,32 @@ def _fill(outcome: Measurement, found: SearchOutcome) -> None:
         outcome.ttft_p95_ms = held.result.summary.figure("ttft_ms.p95")
 
 
-def _run(load: LoadSpec, base_url: str, model: str, slo: SLO | None, label: str, deployment: JSONObject,
-         console: Console, *, store: bool = True) -> RunResult:
+def _run(
+    load: LoadSpec,
+    base_url: str,
+    model: str,
+    slo: SLO | None,
+    label: str,
+    deployment: JSONObject,
+    console: Console,
+    *,
+    store: bool = True,
+) -> RunResult:
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.target import Target
 
-    result = asyncio.run(run_repeated(load, Target(base_url=base_url, model=model), slo=slo, progress=False,
-                                      label=label, deployment=deployment, console=console, stop_on_ctrl_c=False))
+    result = asyncio.run(
+        run_repeated(
+            load,
+            Target(base_url=base_url, model=model),
+            slo=slo,
+            progress=False,
+            label=label,
+            deployment=deployment,
+            console=console,
+            stop_on_ctrl_c=False,
+        )
+    )
     if store:
         from vlmserve.results import store as run_store
 
@@ -120,8 +165,9 @@ def _run(load: LoadSpec, base_url: str, model: str, slo: SLO | None, label: str,
     return result
 
 
-def _run_point(base_url: str, model: str, slo: SLO, label: str, deployment: JSONObject,
-               console: Console) -> Callable[[LoadSpec, Callable[[list[RunResult]], bool]], Awaitable[RunResult]]:
+def _run_point(
+    base_url: str, model: str, slo: SLO, label: str, deployment: JSONObject, console: Console
+) -> Callable[[LoadSpec, Callable[[list[RunResult]], bool]], Awaitable[RunResult]]:
     """The SLO search's probe runner: every repeat of one level against this candidate, stored."""
     from vlmserve.bench.repeats import run_repeated
     from vlmserve.bench.target import Target
@@ -130,8 +176,17 @@ def _run_point(base_url: str, model: str, slo: SLO, label: str, deployment: JSON
     target = Target(base_url=base_url, model=model)
 
     async def run_point(load: LoadSpec, settled: Callable[[list[RunResult]], bool]) -> RunResult:
-        result = await run_repeated(load, target, slo=slo, settled=settled, console=console, progress=False,
-                                    label=f"{label} {load.name}", deployment=deployment, stop_on_ctrl_c=False)
+        result = await run_repeated(
+            load,
+            target,
+            slo=slo,
+            settled=settled,
+            console=console,
+            progress=False,
+            label=f"{label} {load.name}",
+            deployment=deployment,
+            stop_on_ctrl_c=False,
+        )
         run_store.save_run(result)
         return result
 

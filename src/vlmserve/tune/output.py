@@ -41,8 +41,10 @@ def write_recommended_spec(outcome: TuneOutcome, path: Path) -> Path | None:
     candidate = Candidate(chosen.id, dict(chosen.params), chosen.baseline)
     spec = outcome.space.spec_for(candidate)
     data = spec.model_dump(mode="json", exclude_unset=True)
-    header = (f"# vlmserve tune: recommended configuration ({outcome.recommendation.sentence})\n"
-              f"# goodput {measured_label(outcome)}; evidence: {outcome.directory / HTML_FILE}\n")
+    header = (
+        f"# vlmserve tune: recommended configuration ({outcome.recommendation.sentence})\n"
+        f"# goodput {measured_label(outcome)}; evidence: {outcome.directory / HTML_FILE}\n"
+    )
     path.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
@@ -56,7 +58,10 @@ def candidate_rows(outcome: TuneOutcome) -> list[dict[str, Any]]:
         record = records.get(candidate.id)
         prediction = outcome.predictions.get(candidate.id)
         row: dict[str, Any] = {
-            "id": candidate.id, "label": candidate.label, "params": candidate.params, "baseline": candidate.baseline,
+            "id": candidate.id,
+            "label": candidate.label,
+            "params": candidate.params,
+            "baseline": candidate.baseline,
             "predicted_goodput_rps": prediction.goodput_rps if prediction else None,
             "predicted_note": prediction.reason if prediction else None,
             "status": record.status if record else "not measured",
@@ -100,9 +105,14 @@ def result_json(outcome: TuneOutcome) -> dict[str, object]:
         "measured": sum(1 for record in outcome.records if record.status == "measured"),
         "failed": sum(1 for record in outcome.records if record.status == "failed"),
         "stopped_by": outcome.stopped_by,
-        "recommended": None if chosen is None else {"id": chosen.id, "params": chosen.params,
-                                                    "goodput_rps": chosen.goodput_rps,
-                                                    "interval": chosen.interval.model_dump() if chosen.interval else None},
+        "recommended": None
+        if chosen is None
+        else {
+            "id": chosen.id,
+            "params": chosen.params,
+            "goodput_rps": chosen.goodput_rps,
+            "interval": chosen.interval.model_dump() if chosen.interval else None,
+        },
         "best_measured": recommendation.best.id if recommendation.best else None,
         "within_best_interval": recommendation.within_interval,
         "sentence": recommendation.sentence,
@@ -117,24 +127,36 @@ def write_result_json(outcome: TuneOutcome, path: Path) -> Path:
 
 def print_table(outcome: TuneOutcome, console: Console) -> None:
     """Measured candidates in the order they ran, then the sentence."""
-    table = Table(title=f"vlmserve tune {outcome.space.base.name}: goodput at "
-                        f"{','.join(f'{k}={v * 1000:g}ms' for k, v in outcome.settings.slo.bounds_s.items())} "
-                        f"({measured_label(outcome)})", show_edge=False)
+    table = Table(
+        title=f"vlmserve tune {outcome.space.base.name}: goodput at "
+        f"{','.join(f'{k}={v * 1000:g}ms' for k, v in outcome.settings.slo.bounds_s.items())} "
+        f"({measured_label(outcome)})",
+        show_edge=False,
+    )
     for column in ("#", "candidate", "status", "goodput req/s", "interval", "TTFT p95 ms", "predicted req/s", "note"):
         table.add_column(column)
     chosen = outcome.recommendation.chosen
     for record in sorted(outcome.records, key=lambda item: item.order):
         interval = record.interval
-        interval_text = "" if interval is None else (
-            f"[{interval.low:g}, {interval.high:g})" if interval.high is not None else f"≥ {interval.low:g}")
+        interval_text = (
+            ""
+            if interval is None
+            else (f"[{interval.low:g}, {interval.high:g})" if interval.high is not None else f"≥ {interval.low:g}")
+        )
         table.add_row(
-            str(record.order + 1), record.label + (" ★" if chosen is not None and record.id == chosen.id else ""),
-            record.status, "" if record.goodput_rps is None else f"{record.goodput_rps:g}", interval_text,
+            str(record.order + 1),
+            record.label + (" ★" if chosen is not None and record.id == chosen.id else ""),
+            record.status,
+            "" if record.goodput_rps is None else f"{record.goodput_rps:g}",
+            interval_text,
             "" if record.ttft_p95_ms is None else f"{record.ttft_p95_ms:.0f}",
             "" if record.predicted_rps is None else f"{record.predicted_rps:g}",
-            (record.reason or "") + (f" (log: {record.log})" if record.log and record.log not in (record.reason or "") else ""))
+            (record.reason or "") + (f" (log: {record.log})" if record.log and record.log not in (record.reason or "") else ""),
+        )
     console.print(table)
     measured = len(outcome.records)
-    console.print(f"{measured} of {len(outcome.space.candidates())} candidates measured ({outcome.stopped_by}); "
-                  f"planner: {outcome.plan_note or 'ranked every candidate (simulated)'}")
+    console.print(
+        f"{measured} of {len(outcome.space.candidates())} candidates measured ({outcome.stopped_by}); "
+        f"planner: {outcome.plan_note or 'ranked every candidate (simulated)'}"
+    )
     console.print(outcome.recommendation.sentence)

@@ -67,10 +67,17 @@ def predict(spec: DeploymentSpec, template: LoadSpec, slo: SLO, space: SearchSpa
         sends = [Send(request.arrival_s, request.index, _sim_request(request)) for request in requests]
         timings, _ = run_virtual_clock(cores, sends, frontend=configs[0].frontend_config())
         epoch = time.time()
-        records = [timings[str(request.index)].to_request_record(
-            epoch_s=epoch, request_id=f"sim-{request.index}", scheduled_s=request.arrival_s,
-            requested_prompt_tokens=request.prompt_tokens - request.image_tokens,
-            requested_output_tokens=request.output_tokens, workload=load.dataset) for request in requests]
+        records = [
+            timings[str(request.index)].to_request_record(
+                epoch_s=epoch,
+                request_id=f"sim-{request.index}",
+                scheduled_s=request.arrival_s,
+                requested_prompt_tokens=request.prompt_tokens - request.image_tokens,
+                requested_output_tokens=request.output_tokens,
+                workload=load.dataset,
+            )
+            for request in requests
+        ]
         summary = summarize(records, slo)
         return bool(summary.goodput and summary.goodput.all_met and summary.requests.failed == 0)
 
@@ -98,6 +105,12 @@ def _count(load: LoadSpec) -> int:
 
 def _sim_request(planned: PlannedRequest) -> SimRequest:
     base = planned.index * TOKEN_ID_STRIDE
-    return SimRequest(request_id=str(planned.index), prompt_token_ids=list(range(base, base + planned.prompt_tokens)),
-                      max_output_tokens=planned.output_tokens, arrival_s=planned.arrival_s,
-                      image_tokens=planned.image_tokens, images=planned.images, image_items=planned.image_items)
+    return SimRequest(
+        request_id=str(planned.index),
+        prompt_token_ids=list(range(base, base + planned.prompt_tokens)),
+        max_output_tokens=planned.output_tokens,
+        arrival_s=planned.arrival_s,
+        image_tokens=planned.image_tokens,
+        images=planned.images,
+        image_items=planned.image_items,
+    )

@@ -64,10 +64,12 @@ class Proposer:
 
     def planner_order(self) -> list[Candidate]:
         """Candidates by simulated goodput, best first (those it cannot price or start last)."""
+
         def key(candidate: Candidate) -> tuple[float, int]:
             prediction = self.predictions.get(candidate.id)
             value = prediction.goodput_rps if prediction and prediction.goodput_rps is not None else -1.0
             return (-value, self.candidates.index(candidate))
+
         return sorted(self.candidates, key=key)
 
     def next(self, records: list[CandidateRecord]) -> Proposal | None:
@@ -88,8 +90,7 @@ class Proposer:
     def _optuna_next(self, records: list[CandidateRecord], pending: list[Candidate]) -> Proposal:
         optuna = self.optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        distributions = {axis.name: optuna.distributions.CategoricalDistribution(list(axis.values))
-                         for axis in self.space.axes}
+        distributions = {axis.name: optuna.distributions.CategoricalDistribution(list(axis.values)) for axis in self.space.axes}
         sampler = optuna.samplers.TPESampler(seed=self.seed + len(records), n_startup_trials=3)
         study = optuna.create_study(direction="maximize", sampler=sampler)
         by_key = {_key(candidate.params): candidate for candidate in self.candidates}
@@ -100,8 +101,9 @@ class Proposer:
             value = record.goodput_rps if record.status == "measured" else None
             recorded[_key(record.params)] = value
             state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL
-            study.add_trial(optuna.trial.create_trial(state=state, value=value, params=dict(record.params),
-                                                      distributions=distributions))
+            study.add_trial(
+                optuna.trial.create_trial(state=state, value=value, params=dict(record.params), distributions=distributions)
+            )
         for _ in range(MAX_ASKS):
             trial = study.ask(distributions)
             key = _key(trial.params)

@@ -48,18 +48,34 @@ def recommend(records: list[CandidateRecord]) -> Recommendation:
     best = max(measured, key=lambda record: (record.goodput_rps or 0.0, record.baseline, -record.order))
     within = [record.id for record in measured if record.id != best.id and not beats(best, record)]
     if best.goodput_rps == 0.0:
-        return Recommendation(None, best, baseline, "no candidate met the SLOs even at the low end of the rate "
-                              "range; lower the range or loosen the SLOs", within)
+        return Recommendation(
+            None,
+            best,
+            baseline,
+            "no candidate met the SLOs even at the low end of the rate range; lower the range or loosen the SLOs",
+            within,
+        )
     if baseline is None or baseline.status != "measured" or baseline.id == best.id:
-        why = ("the baseline is the best measured candidate" if baseline is not None and baseline.id == best.id
-               else "the baseline could not be measured")
+        why = (
+            "the baseline is the best measured candidate"
+            if baseline is not None and baseline.id == best.id
+            else "the baseline could not be measured"
+        )
         return Recommendation(best, best, baseline, f"{why}: {best.label}, goodput {_interval_text(best)}", within)
     if beats(best, baseline):
-        return Recommendation(best, best, baseline,
-                              f"{best.label} beats the baseline: goodput {_interval_text(best)} against "
-                              f"{_interval_text(baseline)} (the baseline missed the SLOs at a rate where it held them)",
-                              within)
-    return Recommendation(baseline, best, baseline,
-                          f"the baseline cannot be told apart from the best candidate ({best.label}: "
-                          f"{_interval_text(best)}; baseline {_interval_text(baseline)}); keeping the baseline",
-                          within)
+        return Recommendation(
+            best,
+            best,
+            baseline,
+            f"{best.label} beats the baseline: goodput {_interval_text(best)} against "
+            f"{_interval_text(baseline)} (the baseline missed the SLOs at a rate where it held them)",
+            within,
+        )
+    return Recommendation(
+        baseline,
+        best,
+        baseline,
+        f"the baseline cannot be told apart from the best candidate ({best.label}: "
+        f"{_interval_text(best)}; baseline {_interval_text(baseline)}); keeping the baseline",
+        within,
+    )

@@ -52,10 +52,19 @@ class TuneSettings:
         return min(space_size, max(MIN_CANDIDATES, space_size // SPACE_SHARE))
 
     def fingerprint_data(self) -> dict[str, object]:
-        return {"load": self.template.model_dump(mode="json"), "slo": self.slo.model_dump(mode="json"),
-                "search": {"knob": self.search.knob, "low": self.search.low, "high": self.search.high,
-                           "precision": self.search.precision, "max_probes": self.search.max_probes},
-                "seed": self.seed, "plan": self.plan}
+        return {
+            "load": self.template.model_dump(mode="json"),
+            "slo": self.slo.model_dump(mode="json"),
+            "search": {
+                "knob": self.search.knob,
+                "low": self.search.low,
+                "high": self.search.high,
+                "precision": self.search.precision,
+                "max_probes": self.search.max_probes,
+            },
+            "seed": self.seed,
+            "plan": self.plan,
+        }
 
 
 @dataclass
@@ -75,8 +84,7 @@ class TuneOutcome:
 
 
 def fingerprint(space: TuneSpace, settings: TuneSettings) -> str:
-    text = json.dumps({"space": space.fingerprint_data(), "settings": settings.fingerprint_data()}, sort_keys=True,
-                      default=str)
+    text = json.dumps({"space": space.fingerprint_data(), "settings": settings.fingerprint_data()}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -94,13 +102,17 @@ def plan_candidates(space: TuneSpace, settings: TuneSettings, console: Console) 
     return predictions, None
 
 
-def run_tune(space: TuneSpace, settings: TuneSettings, directory: Path, *, restart: bool = False,
-             console: Console | None = None) -> TuneOutcome:
+def run_tune(
+    space: TuneSpace, settings: TuneSettings, directory: Path, *, restart: bool = False, console: Console | None = None
+) -> TuneOutcome:
     """Plan, then measure within the budget; returns the outcome (also when the budget stops it)."""
     require_optuna()
     console = console or Console(stderr=True)
-    study = {"base": space.base.name, "flags": {axis.name: list(axis.values) for axis in space.axes},
-             **settings.fingerprint_data()}
+    study = {
+        "base": space.base.name,
+        "flags": {axis.name: list(axis.values) for axis in space.axes},
+        **settings.fingerprint_data(),
+    }
     store = TuneStore(directory, fingerprint(space, settings), study, restart=restart)
     candidates = space.candidates()
     budget = settings.budget(len(candidates))
@@ -123,34 +135,72 @@ def run_tune(space: TuneSpace, settings: TuneSettings, directory: Path, *, resta
             proposal = proposer.next(store.records)
             if proposal is None:
                 break
-            _measure_one(proposal.candidate, proposal.why, space, settings, store, predictions, directory, console,
-                         f"{len(store.records) + 1}/{budget}")
+            _measure_one(
+                proposal.candidate,
+                proposal.why,
+                space,
+                settings,
+                store,
+                predictions,
+                directory,
+                console,
+                f"{len(store.records) + 1}/{budget}",
+            )
     except KeyboardInterrupt:
         store.add_elapsed(time.monotonic() - started)
-        raise UserError(f"tune interrupted; {len(store.records)} candidate(s) finished and kept in {directory}; "
-                        "rerun the same command to resume", exit_code=130) from None
+        raise UserError(
+            f"tune interrupted; {len(store.records)} candidate(s) finished and kept in {directory}; "
+            "rerun the same command to resume",
+            exit_code=130,
+        ) from None
     store.add_elapsed(time.monotonic() - started)
     records = store.records
-    return TuneOutcome(space, settings, directory, predictions, plan_note, records, recommend(records), budget,
-                       stopped_by)
+    return TuneOutcome(space, settings, directory, predictions, plan_note, records, recommend(records), budget, stopped_by)
 
 
-def _measure_one(candidate: Candidate, why: str, space: TuneSpace, settings: TuneSettings, store: TuneStore,
-                 predictions: dict[str, Prediction], directory: Path, console: Console, position: str) -> None:
+def _measure_one(
+    candidate: Candidate,
+    why: str,
+    space: TuneSpace,
+    settings: TuneSettings,
+    store: TuneStore,
+    predictions: dict[str, Prediction],
+    directory: Path,
+    console: Console,
+    position: str,
+) -> None:
     prediction = predictions.get(candidate.id)
     predicted = prediction.goodput_rps if prediction else None
     hint = f", predicted {predicted:g} req/s (simulated)" if predicted is not None else ""
     console.print(f"[bold][{position}][/] {candidate.label} ({why}{hint})")
-    found = measure(space.spec_for(candidate), candidate.id, settings.template, settings.slo, settings.search,
-                    directory, f"tune {space.base.name}/{candidate.id}", console)
+    found = measure(
+        space.spec_for(candidate),
+        candidate.id,
+        settings.template,
+        settings.slo,
+        settings.search,
+        directory,
+        f"tune {space.base.name}/{candidate.id}",
+        console,
+    )
     record = CandidateRecord(
-        id=candidate.id, label=candidate.label, params=dict(candidate.params), baseline=candidate.baseline,
-        order=len(store.records), status="failed" if found.failed else "measured",
-        goodput_rps=found.goodput_rps, interval=None if found.failed else Interval(low=found.low, high=found.high),
-        search_status=found.search_status, predicted_rps=predicted, run_ids=found.run_ids,
-        held_run_id=found.held_run_id, ttft_p95_ms=found.ttft_p95_ms, devices=_devices(space, candidate),
+        id=candidate.id,
+        label=candidate.label,
+        params=dict(candidate.params),
+        baseline=candidate.baseline,
+        order=len(store.records),
+        status="failed" if found.failed else "measured",
+        goodput_rps=found.goodput_rps,
+        interval=None if found.failed else Interval(low=found.low, high=found.high),
+        search_status=found.search_status,
+        predicted_rps=predicted,
+        run_ids=found.run_ids,
+        held_run_id=found.held_run_id,
+        ttft_p95_ms=found.ttft_p95_ms,
+        devices=_devices(space, candidate),
         reason=found.reason,
-        log=found.log, wall_s=found.wall_s,
+        log=found.log,
+        wall_s=found.wall_s,
     )
     store.record(record)
     if record.status == "failed":
@@ -158,9 +208,10 @@ def _measure_one(candidate: Candidate, why: str, space: TuneSpace, settings: Tun
         console.print(f"  [red]✗ failed[/]: {record.reason}{where}")
     else:
         high = "" if found.high is None else f", missed at {found.high:g}"
-        console.print(f"  [green]✓[/] goodput {found.goodput_rps:g} req/s (held at {found.low:g}{high}; "
-                      f"{found.search_status}, {found.wall_s:.0f} s)")
-
+        console.print(
+            f"  [green]✓[/] goodput {found.goodput_rps:g} req/s (held at {found.low:g}{high}; "
+            f"{found.search_status}, {found.wall_s:.0f} s)"
+        )
 
 
 def _devices(space: TuneSpace, candidate: Candidate) -> int:

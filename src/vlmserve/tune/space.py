@@ -62,8 +62,9 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        parts = [f"{name.replace('_', '-')}={'default' if value is None else _text(value)}"
-                 for name, value in self.params.items()]
+        parts = [
+            f"{name.replace('_', '-')}={'default' if value is None else _text(value)}" for name, value in self.params.items()
+        ]
         return ("baseline: " if self.baseline else "") + " ".join(parts)
 
 
@@ -88,12 +89,16 @@ def check_flag_name(raw_name: str, engine: str) -> str:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise UserError(f"--flag '{raw_name}': not a flag name; write it like max-num-seqs=16,32")
     if name in NOT_TUNABLE:
-        raise UserError(f"--flag {raw_name}: names or shapes the deployment; tune takes serving flags "
-                        "such as max-num-seqs or max-num-batched-tokens")
+        raise UserError(
+            f"--flag {raw_name}: names or shapes the deployment; tune takes serving flags "
+            "such as max-num-seqs or max-num-batched-tokens"
+        )
     if engine == "sim":
         if name not in SIM_MODELLED_FLAGS:
-            raise UserError(f"--flag {raw_name}: the sim engine does not model it (every candidate would be the same); "
-                            f"it models {', '.join(flag.replace('_', '-') for flag in SIM_MODELLED_FLAGS)}")
+            raise UserError(
+                f"--flag {raw_name}: the sim engine does not model it (every candidate would be the same); "
+                f"it models {', '.join(flag.replace('_', '-') for flag in SIM_MODELLED_FLAGS)}"
+            )
         return name
     if name in EngineArgs.model_fields:
         return name
@@ -188,8 +193,10 @@ class TuneSpace:
             raise UserError(describe_validation_error(err, f"--flag candidate {candidate.label}")) from None
 
     def fingerprint_data(self) -> JSONObject:
-        return {"base": self.base.model_dump(mode="json"),
-                "axes": [{"name": axis.name, "values": list(axis.values)} for axis in self.axes]}
+        return {
+            "base": self.base.model_dump(mode="json"),
+            "axes": [{"name": axis.name, "values": list(axis.values)} for axis in self.axes],
+        }
 
 
 def _same(params: dict[str, Value | None], baseline: dict[str, Value | None]) -> bool:

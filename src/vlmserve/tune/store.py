@@ -83,8 +83,10 @@ class TuneStore:
         self.path = directory / STORE_FILE
         existing = None if restart else read_store(self.path)
         if existing is not None and existing.fingerprint != fingerprint:
-            raise UserError(f"{self.path}: holds a different tune (other spec, flags, workload or SLO); "
-                            "use another --out, or --restart to forget it")
+            raise UserError(
+                f"{self.path}: holds a different tune (other spec, flags, workload or SLO); "
+                "use another --out, or --restart to forget it"
+            )
         self.data = existing or TuneStoreData(version=STORE_VERSION, fingerprint=fingerprint, study=study)
         if existing is None:
             self.save()
@@ -113,8 +115,10 @@ class TuneStore:
             temporary.write_text(self.data.model_dump_json(indent=2) + "\n", encoding="utf-8")
             os.replace(temporary, self.path)
         except OSError as err:
-            raise UserError(f"{self.path}: cannot write the tune store ({err.strerror or type(err).__name__}); "
-                            "check the directory's permissions and free space") from None
+            raise UserError(
+                f"{self.path}: cannot write the tune store ({err.strerror or type(err).__name__}); "
+                "check the directory's permissions and free space"
+            ) from None
 
 
 def read_store(path: Path) -> TuneStoreData | None:

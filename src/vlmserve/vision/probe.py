@@ -49,7 +49,7 @@ def split_data_url(url: str) -> tuple[str, str]:
     match = _DATA_URL.match(url)
     if not match:
         raise ImageUnreadable("data URL must look like data:image/png;base64,<data>")
-    return (match.group(1) or "").lower(), url[match.end():]
+    return (match.group(1) or "").lower(), url[match.end() :]
 
 
 def decode_base64(payload: str) -> bytes:
@@ -86,11 +86,15 @@ def probe_image(data: bytes, formats: tuple[str, ...] | None = None) -> ImageHea
                 width, height = image.size
                 kind = (image.format or "unknown").lower()
     except Image.DecompressionBombError:
-        raise ImageTooLarge(f"image has more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels "
-                            "(a decompression bomb by PIL's rule)") from None
+        raise ImageTooLarge(
+            f"image has more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels (a decompression bomb by PIL's rule)"
+        ) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
-        raise ImageUnreadable("not a readable image (no decoder recognised its header)" if formats is None
-                              else f"not a readable image in an accepted format ({', '.join(formats)})") from None
+        raise ImageUnreadable(
+            "not a readable image (no decoder recognised its header)"
+            if formats is None
+            else f"not a readable image in an accepted format ({', '.join(formats)})"
+        ) from None
     if width < 1 or height < 1:
         raise ImageUnreadable(f"image header gives an empty size {width}x{height}")
     return ImageHeader(kind, width, height)

@@ -194,7 +194,10 @@ class Tiles(ImageTokenEstimator):
 # -- reading a model directory ---------------------------------------------------------------
 
 _PIXEL_DEFAULTS = {  # model_type -> (patch_size, merge_size)
-    "qwen2_vl": (14, 2), "qwen2_5_vl": (14, 2), "qwen3_vl": (16, 2), "qwen3_vl_moe": (16, 2),
+    "qwen2_vl": (14, 2),
+    "qwen2_5_vl": (14, 2),
+    "qwen3_vl": (16, 2),
+    "qwen3_vl_moe": (16, 2),
 }
 _TILE_TYPES = ("idefics3", "smolvlm")
 _LLAVA_TYPES = ("llava", "llava_next", "llava_onevision", "llava_next_video")
@@ -224,8 +227,12 @@ def _pixel_grid(model_type: str, pre: JSONObject) -> PixelGrid:
     min_pixels = _int(pre.get("min_pixels"), _int(size.get("shortest_edge"), 56 * 56))
     max_pixels = _int(pre.get("max_pixels"), _int(size.get("longest_edge"), 28 * 28 * 1280))
     return PixelGrid(
-        family=model_type, is_fallback=False, patch_size=_int(pre.get("patch_size"), patch),
-        merge_size=_int(pre.get("merge_size"), merge), min_pixels=min_pixels, max_pixels=max_pixels,
+        family=model_type,
+        is_fallback=False,
+        patch_size=_int(pre.get("patch_size"), patch),
+        merge_size=_int(pre.get("merge_size"), merge),
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
         source=f"preprocessor_config.json: min_pixels={min_pixels}, max_pixels={max_pixels}",
     )
 
@@ -239,14 +246,17 @@ def _tiles(model_type: str, config: JSONObject, pre: JSONObject, proc: JSONObjec
     seq_len = _int(proc.get("image_seq_len"), (tile // patch) ** 2 // scale**2)
     splitting = pre.get("do_image_splitting", True) is not False
     return Tiles(
-        family=model_type, is_fallback=False, longest_edge=longest, tile=tile, image_seq_len=seq_len,
+        family=model_type,
+        is_fallback=False,
+        longest_edge=longest,
+        tile=tile,
+        image_seq_len=seq_len,
         splitting=splitting,
         source=f"preprocessor_config.json: longest_edge={longest}, tile={tile}; image_seq_len={seq_len}",
     )
 
 
-def estimator_from_configs(config: JSONObject, preprocessor: JSONObject,
-                           processor: JSONObject) -> ImageTokenEstimator:
+def estimator_from_configs(config: JSONObject, preprocessor: JSONObject, processor: JSONObject) -> ImageTokenEstimator:
     """The estimator for a model given its config.json, preprocessor_config.json and processor_config.json."""
     model_type = str(config.get("model_type", "")).lower()
     nested = processor.get("image_processor")
@@ -258,19 +268,25 @@ def estimator_from_configs(config: JSONObject, preprocessor: JSONObject,
         return _tiles(model_type, config, preprocessor, processor)
     if model_type.startswith("gemma4") or "max_soft_tokens" in processor or "max_soft_tokens" in preprocessor:
         budget = _int(processor.get("max_soft_tokens"), _int(preprocessor.get("max_soft_tokens"), 280))
-        return SoftTokenBudget(family=model_type or "gemma4", is_fallback=False, budget=budget,
-                               source=f"processor config: max_soft_tokens={budget}")
+        return SoftTokenBudget(
+            family=model_type or "gemma4", is_fallback=False, budget=budget, source=f"processor config: max_soft_tokens={budget}"
+        )
     if model_type in ("gemma3", "gemma3n"):
         count = _int(config.get("mm_tokens_per_image"), 256)
-        return ImageTokenEstimator(tokens_per_image=count + 2, family=model_type, is_fallback=False,
-                                   source=f"config.json: mm_tokens_per_image={count}")
+        return ImageTokenEstimator(
+            tokens_per_image=count + 2, family=model_type, is_fallback=False, source=f"config.json: mm_tokens_per_image={count}"
+        )
     if model_type in _LLAVA_TYPES:
         vision = _dict(config.get("vision_config"))
         image_size, patch = _int(vision.get("image_size"), 336), _int(vision.get("patch_size"), 14)
         count = _int(config.get("image_seq_length"), (image_size // patch) ** 2)
         note = "" if model_type == "llava" else " (base grid only: any-resolution tiles are not counted)"
-        return ImageTokenEstimator(tokens_per_image=count, family=model_type, is_fallback=False,
-                                   source=f"config.json vision_config: ({image_size}/{patch})² = {count}{note}")
+        return ImageTokenEstimator(
+            tokens_per_image=count,
+            family=model_type,
+            is_fallback=False,
+            source=f"config.json vision_config: ({image_size}/{patch})² = {count}{note}",
+        )
     return ImageTokenEstimator(
         family="fallback",
         source=f"model_type {model_type or '(none)'!r} is not a known VLM family: a fixed {FALLBACK_IMAGE_TOKENS} per image",
@@ -290,5 +306,6 @@ def estimator_for_model_dir(model_dir: str | Path) -> ImageTokenEstimator:
 
 def fallback_estimator(tokens_per_image: int = FALLBACK_IMAGE_TOKENS) -> ImageTokenEstimator:
     """A fixed count, labelled as the fallback it is."""
-    return ImageTokenEstimator(tokens_per_image=tokens_per_image,
-                               source=f"no model configuration: a fixed {tokens_per_image} tokens per image")
+    return ImageTokenEstimator(
+        tokens_per_image=tokens_per_image, source=f"no model configuration: a fixed {tokens_per_image} tokens per image"
+    )

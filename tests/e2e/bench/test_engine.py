@@ -14,7 +14,12 @@ from vlmserve.spec import SLO, LoadSpec
 def test_bench_against_embedded_vllm(embedded_engine):
     target = Target(embedded_engine.base_url, embedded_engine.model)
     load = LoadSpec(
-        api="completions", concurrency=2, num_requests=6, warmup=1, input_len=64, output_len=12,
+        api="completions",
+        concurrency=2,
+        num_requests=6,
+        warmup=1,
+        input_len=64,
+        output_len=12,
         tokenizer=embedded_engine.model_path,
     )
     result = asyncio.run(run_load(load, target, slo=SLO.parse("ttft_p99=30s"), progress=False))

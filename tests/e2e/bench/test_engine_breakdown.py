@@ -26,28 +26,55 @@ def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(embedded_engin
     # 256-token prompts, so prefill is a visible part of the TTFT
     with engine.trace_sink.released() as port:
         load = LoadSpec(
-            dataset="mixed", mix={"random": 0.5, "images": 0.5}, concurrency=2, num_requests=24, warmup=2,
-            input_len=256, output_len=8, image_size=(64, 64), tokenizer=engine.model_path,
+            dataset="mixed",
+            mix={"random": 0.5, "images": 0.5},
+            concurrency=2,
+            num_requests=24,
+            warmup=2,
+            input_len=256,
+            output_len=8,
+            image_size=(64, 64),
+            tokenizer=engine.model_path,
         )
-        result = asyncio.run(run_load(
-            load, Target(engine.base_url, engine.model), progress=False, engine_traces=f"127.0.0.1:{port}",
-            slo=SLO.parse("image:ttft_p95=30s,text:ttft_p95=30s"),
-        ))
+        result = asyncio.run(
+            run_load(
+                load,
+                Target(engine.base_url, engine.model),
+                progress=False,
+                engine_traces=f"127.0.0.1:{port}",
+                slo=SLO.parse("image:ttft_p95=30s,text:ttft_p95=30s"),
+            )
+        )
 
         async def through_gateway():  # the gateway forwards the trace context, so spans still match
             async with running_gateway([engine.base_url]) as gateway:
-                return await run_load(load.model_copy(update={"num_requests": 6, "warmup": 0}),
-                                      Target(gateway.base_url, engine.model), progress=False,
-                                      engine_traces=f"127.0.0.1:{port}")
+                return await run_load(
+                    load.model_copy(update={"num_requests": 6, "warmup": 0}),
+                    Target(gateway.base_url, engine.model),
+                    progress=False,
+                    engine_traces=f"127.0.0.1:{port}",
+                )
 
         gateway_result = asyncio.run(through_gateway())
     assert gateway_result.summary.meta.engine_traces.measured_with_span == 6, gateway_result.summary.meta
     summary = result.summary
-    print(json.dumps({name: block.breakdown.model_dump() if block.breakdown else None
-                      for name, block in (summary.by_type or {}).items()}, indent=1))
-    print(json.dumps({"server_breakdown": (summary.server or {}).get("engine_breakdown"),
-                      "mm_cache_hit_rate": (summary.server or {}).get("mm_cache_hit_rate"),
-                      "engine_traces": summary.meta.model_dump(mode="json")["engine_traces"], "warnings": summary.warnings}, indent=1))
+    print(
+        json.dumps(
+            {name: block.breakdown.model_dump() if block.breakdown else None for name, block in (summary.by_type or {}).items()},
+            indent=1,
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "server_breakdown": (summary.server or {}).get("engine_breakdown"),
+                "mm_cache_hit_rate": (summary.server or {}).get("mm_cache_hit_rate"),
+                "engine_traces": summary.meta.model_dump(mode="json")["engine_traces"],
+                "warnings": summary.warnings,
+            },
+            indent=1,
+        )
+    )
     assert summary.requests.completed == 24, summary.requests
     assert not summary.warnings, summary.warnings
     assert summary.meta.engine_traces.measured_with_span == 24

@@ -35,9 +35,28 @@ def _chat(client: openai.OpenAI, model: str, **options: Any) -> Any:
 
 def _bench(cli: Any, base_url: str, model: str, feature: str, out: Path) -> tuple[dict[str, Any], Path]:
     summary_path, records_path = out / f"{feature}.json", out / f"{feature}.parquet"
-    done = cli("bench", "--base-url", base_url, "--model", model, "--no-progress", "--features", feature,
-               "--concurrency", 4, "--num-requests", REQUESTS, "--input-len", 32, "--output-len", OUTPUT_LEN,
-               "--json-out", summary_path, "--records-out", records_path)
+    done = cli(
+        "bench",
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--no-progress",
+        "--features",
+        feature,
+        "--concurrency",
+        4,
+        "--num-requests",
+        REQUESTS,
+        "--input-len",
+        32,
+        "--output-len",
+        OUTPUT_LEN,
+        "--json-out",
+        summary_path,
+        "--records-out",
+        records_path,
+    )
     print(done.out)
     assert "Traceback" not in done.err
     assert done.code == 0, done.err
@@ -53,17 +72,27 @@ def test_structured_and_tool_workloads_through_the_gateway(embedded_engine, cli,
         choice = answer.choices[0]
         assert choice.finish_reason in ("stop", "length")
         assert (choice.message.content or "").lstrip().startswith("{")  # constrained: JSON from the first token
-        called = _chat(client, model, tools=[tool_definition("schedule_visit"), tool_definition("lookup_term")],
-                       tool_choice={"type": "function", "function": {"name": "schedule_visit"}})
+        called = _chat(
+            client,
+            model,
+            tools=[tool_definition("schedule_visit"), tool_definition("lookup_term")],
+            tool_choice={"type": "function", "function": {"name": "schedule_visit"}},
+        )
         message = called.choices[0].message
         # the OpenAI SDK's own tool example leaves tool_choice at auto: the recipe's parser makes it a 200
-        auto = client.chat.completions.create(model=model, messages=MESSAGES, tools=[tool_definition("lookup_term")], max_tokens=8)
+        auto = client.chat.completions.create(
+            model=model, messages=MESSAGES, tools=[tool_definition("lookup_term")], max_tokens=8
+        )
         assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
         # a complete call comes back as a tool call naming the tool; one cut at max_tokens as the parser's raw text
         assert (message.tool_calls and message.tool_calls[0].function.name == "schedule_visit") or (
-            "schedule_visit" in (message.content or "") and called.choices[0].finish_reason == "length")
-        figures: dict[str, Any] = {"model": "embedded tiny Idefics3 (random weights), vLLM CPU build, through the gateway",
-                                   "requests": REQUESTS, "output_len": OUTPUT_LEN}
+            "schedule_visit" in (message.content or "") and called.choices[0].finish_reason == "length"
+        )
+        figures: dict[str, Any] = {
+            "model": "embedded tiny Idefics3 (random weights), vLLM CPU build, through the gateway",
+            "requests": REQUESTS,
+            "output_len": OUTPUT_LEN,
+        }
         for feature in ("structured", "tools"):
             summary, records_path = _bench(cli, gateway.base_url, model, feature, tmp_path)
             features = summary["features"]
@@ -75,9 +104,18 @@ def test_structured_and_tool_workloads_through_the_gateway(embedded_engine, cli,
             else:
                 assert (features["tool_calls_judged"], features["tool_calls_valid"]) == (counts.tools_judged, counts.tools_valid)
                 assert features["tool_requests"] == features["tool_calls_judged"] == REQUESTS
-            figures[feature] = {key: features[key] for key in (
-                "schema_valid_rate", "schema_valid", "structured_requests", "tool_call_valid_rate", "tool_calls_valid",
-                "tool_calls_judged", "invalid_reasons")}
+            figures[feature] = {
+                key: features[key]
+                for key in (
+                    "schema_valid_rate",
+                    "schema_valid",
+                    "structured_requests",
+                    "tool_call_valid_rate",
+                    "tool_calls_valid",
+                    "tool_calls_judged",
+                    "invalid_reasons",
+                )
+            }
             figures[feature]["time_to_first_answer_ms_p50"] = features["time_to_first_answer_ms"]["p50"]
     (artifacts_dir / "features-embedded.json").write_text(json.dumps(figures, indent=1))
     print(json.dumps(figures, indent=1))

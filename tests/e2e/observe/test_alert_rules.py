@@ -24,8 +24,9 @@ from vlmserve.observe.pack import ALERTS_FILE, to_yaml
 
 PROMTOOL = shutil.which("promtool")
 CASES = Path(__file__).with_name("alert_rules_test.yaml")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed "
-                                    "(Debian package 'prometheus'; scripts/ci-system-deps installs it)")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (Debian package 'prometheus'; scripts/ci-system-deps installs it)"
+)
 
 
 def _cases() -> dict:
@@ -51,8 +52,7 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
 def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
     (tmp_path / ALERTS_FILE).write_text(to_yaml(alert_rules(AlertSettings())))
     shutil.copy(CASES, tmp_path / CASES.name)
-    done = subprocess.run([PROMTOOL, "test", "rules", CASES.name], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([PROMTOOL, "test", "rules", CASES.name], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
@@ -66,8 +66,10 @@ def test_a_signal_with_or_is_compared_as_a_whole() -> None:
 @pytest.mark.slow
 def test_the_gateway_records_a_broken_stream_as_a_server_failure(tmp_path: Path) -> None:
     """The error-rate rule counts the status the real gateway writes when an engine breaks mid-stream."""
-    with start_sim_engine(model="m", ttft_ms=2, itl_ms=1, drop_after_tokens=2) as engine, \
-            start_gateway([engine.base_url], tmp_path) as gateway:
+    with (
+        start_sim_engine(model="m", ttft_ms=2, itl_ms=1, drop_after_tokens=2) as engine,
+        start_gateway([engine.base_url], tmp_path) as gateway,
+    ):
         body = {"model": "m", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         with httpx.stream("POST", f"{gateway.base_url}/v1/chat/completions", json=body, timeout=30) as response:
             assert response.status_code == 200

@@ -30,8 +30,12 @@ async def one_traced_request(engine, port: int) -> tuple[str, list[ReceivedSpan]
             client = AsyncOpenAI(base_url=gateway.base_url + "/v1", api_key="unused", max_retries=0)
             try:
                 stream = await client.chat.completions.create(
-                    model=engine.model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8,
-                    stream=True, stream_options={"include_usage": True})
+                    model=engine.model,
+                    messages=[{"role": "user", "content": "Name a colour."}],
+                    max_tokens=8,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
                 text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
             finally:
                 await client.close()

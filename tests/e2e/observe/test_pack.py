@@ -16,13 +16,15 @@ from vlmserve.observe.alerts import AlertSettings, alert_rules, build_alerts
 from vlmserve.observe.dashboards import DASHBOARD_FILTERS, GRAFANA_RATE_WINDOW
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed "
-                                    "(Debian package 'prometheus'; scripts/ci-system-deps installs it)")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (Debian package 'prometheus'; scripts/ci-system-deps installs it)"
+)
 
 
 def export(vlmserve_cmd: list[str], out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*vlmserve_cmd, "observe", "export", "--out", str(out), *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*vlmserve_cmd, "observe", "export", "--out", str(out), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 @needs_promtool
@@ -31,19 +33,23 @@ def test_promtool_accepts_rules_and_config(tmp_path: Path, vlmserve_cmd: list[st
     spec.write_text("name: clinic\nengine: sim\nreplicas: 3\nport: 9100\n")
     done = export(vlmserve_cmd, tmp_path / "pack", "-f", str(spec), "--ttft-slo", "300ms")
     assert done.returncode == 0, done.stderr
-    rules = subprocess.run([PROMTOOL, "check", "rules", str(tmp_path / "pack" / "vlmserve-alerts.yaml")],
-                           capture_output=True, text=True, timeout=60)
+    rules = subprocess.run(
+        [PROMTOOL, "check", "rules", str(tmp_path / "pack" / "vlmserve-alerts.yaml")], capture_output=True, text=True, timeout=60
+    )
     assert rules.returncode == 0, rules.stdout + rules.stderr
     assert "SUCCESS: 8 rules found" in rules.stdout
-    config = subprocess.run([PROMTOOL, "check", "config", str(tmp_path / "pack" / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+    config = subprocess.run(
+        [PROMTOOL, "check", "config", str(tmp_path / "pack" / "prometheus.yml")], capture_output=True, text=True, timeout=60
+    )
     assert config.returncode == 0, config.stdout + config.stderr
     prometheus = yaml.safe_load((tmp_path / "pack" / "prometheus.yml").read_text())
     targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in prometheus["scrape_configs"]}
-    assert targets == {q.GATEWAY_JOB: ["127.0.0.1:9100"],
-                       q.ENGINE_JOB: ["127.0.0.1:9101", "127.0.0.1:9102", "127.0.0.1:9103"]}
-    ttft = next(rule for rule in yaml.safe_load((tmp_path / "pack" / "vlmserve-alerts.yaml").read_text())
-                ["groups"][0]["rules"] if rule["alert"] == "VlmserveTTFTAboveSLO")
+    assert targets == {q.GATEWAY_JOB: ["127.0.0.1:9100"], q.ENGINE_JOB: ["127.0.0.1:9101", "127.0.0.1:9102", "127.0.0.1:9103"]}
+    ttft = next(
+        rule
+        for rule in yaml.safe_load((tmp_path / "pack" / "vlmserve-alerts.yaml").read_text())["groups"][0]["rules"]
+        if rule["alert"] == "VlmserveTTFTAboveSLO"
+    )
     assert ttft["expr"].endswith("> 0.3")
 
 
@@ -98,12 +104,15 @@ def test_alert_settings_reach_the_rules() -> None:
     assert all(rule["for"] == "0s" for rule in rules.values())
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--ttft-slo", "fast"], "--ttft-slo: 'fast' is not a duration"),
-    (["--window", "5 minutes"], "--window: '5 minutes' is not a Prometheus duration"),
-    (["--alert-for", "1.5m"], "--alert-for: '1.5m' is not a Prometheus duration"),
-    (["-f", "/nonexistent/deploy.yaml"], "no such file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ttft-slo", "fast"], "--ttft-slo: 'fast' is not a duration"),
+        (["--window", "5 minutes"], "--window: '5 minutes' is not a Prometheus duration"),
+        (["--alert-for", "1.5m"], "--alert-for: '1.5m' is not a Prometheus duration"),
+        (["-f", "/nonexistent/deploy.yaml"], "no such file"),
+    ],
+)
 def test_bad_flags_are_one_line(tmp_path: Path, vlmserve_cmd: list[str], args: list[str], message: str) -> None:
     done = export(vlmserve_cmd, tmp_path, *args)
     assert done.returncode == 2

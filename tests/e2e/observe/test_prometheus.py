@@ -29,8 +29,9 @@ from vlmserve.observe.scrape import prometheus_config
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = [
-    pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (Debian package 'prometheus'; "
-                       "scripts/ci-system-deps installs it)"),
+    pytest.mark.skipif(
+        PROMETHEUS is None, reason="prometheus not installed (Debian package 'prometheus'; scripts/ci-system-deps installs it)"
+    ),
     pytest.mark.slow,
 ]
 
@@ -57,8 +58,11 @@ class LoadThread(threading.Thread):
         index = 0
         while not self.stop_event.is_set():
             index += 1
-            body = {"model": MODEL, "max_tokens": 8,
-                    "messages": [{"role": "user", "content": f"shared clinic prefix {worker} {index}"}]}
+            body = {
+                "model": MODEL,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": f"shared clinic prefix {worker} {index}"}],
+            }
             try:
                 response = await client.post(f"{self.base_url}/v1/chat/completions", json=body)
                 self.statuses.append(response.status_code)
@@ -77,23 +81,44 @@ class LoadThread(threading.Thread):
 @pytest.fixture
 def prometheus_over_deployment(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     """(prometheus url, slow engine instance, fast engine instance) with load running."""
-    with start_sim_engine(model=MODEL, ttft_ms=2, itl_ms=1) as fast, \
-            start_sim_engine(model=MODEL, ttft_ms=300, itl_ms=1) as slow, \
-            start_gateway([fast.base_url, slow.base_url], tmp_path, "--policy", "least-outstanding-tokens",
-                          "--max-in-flight", "2", "--queue-limit-interactive", "0") as gateway:
+    with (
+        start_sim_engine(model=MODEL, ttft_ms=2, itl_ms=1) as fast,
+        start_sim_engine(model=MODEL, ttft_ms=300, itl_ms=1) as slow,
+        start_gateway(
+            [fast.base_url, slow.base_url],
+            tmp_path,
+            "--policy",
+            "least-outstanding-tokens",
+            "--max-in-flight",
+            "2",
+            "--queue-limit-interactive",
+            "0",
+        ) as gateway,
+    ):
         rules_path = tmp_path / "alerts.yaml"
         rules_path.write_text(to_yaml(alert_rules(SETTINGS)))
-        config = prometheus_config([_host_port(gateway.base_url)],
-                                   [_host_port(fast.base_url), _host_port(slow.base_url)],
-                                   deployment="test", scrape_interval="1s", rule_files=[str(rules_path)])
+        config = prometheus_config(
+            [_host_port(gateway.base_url)],
+            [_host_port(fast.base_url), _host_port(slow.base_url)],
+            deployment="test",
+            scrape_interval="1s",
+            rule_files=[str(rules_path)],
+        )
         config_path = tmp_path / "prometheus.yml"
         config_path.write_text(to_yaml(config))
         port = free_port()
         log = (tmp_path / "prometheus.log").open("wb")
         prometheus = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config_path}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT)
+            [
+                PROMETHEUS,
+                f"--config.file={config_path}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         load = LoadThread(gateway.base_url)
         load.start()
         try:
@@ -118,8 +143,9 @@ def _finite_samples(url: str, expr: str) -> list[dict]:
 
 def all_queries() -> dict[str, str]:
     """Every expression the dashboards and alerts use, keyed by where it is used."""
-    exprs = {f"{panel.key}[{index}]": query.render(WINDOW)
-             for panel in q.all_panels() for index, query in enumerate(panel.queries)}
+    exprs = {
+        f"{panel.key}[{index}]": query.render(WINDOW) for panel in q.all_panels() for index, query in enumerate(panel.queries)
+    }
     exprs.update({f"alert {alert.name}": alert.signal.render(WINDOW) for alert in build_alerts(SETTINGS)})
     return exprs
 

@@ -31,8 +31,13 @@ def stored_run(label: str, slowdown: float, simulated: bool = False) -> str:
 
     records = saturating_records(4, slowdown=slowdown)
     summary = summarize(records, None)
-    summary.meta = {"label": label, "target": "http://127.0.0.1:1", "model": "m", "simulated": simulated,
-                       "load_spec": {"dataset": "random", "input_len": 128, "output_len": 32, "concurrency": 4}}
+    summary.meta = {
+        "label": label,
+        "target": "http://127.0.0.1:1",
+        "model": "m",
+        "simulated": simulated,
+        "load_spec": {"dataset": "random", "input_len": 128, "output_len": 32, "concurrency": 4},
+    }
     return store.save_run(RunResult(records=records, summary=summary))
 
 
@@ -48,8 +53,9 @@ def test_page_shows_verdicts_tables_and_both_runs_plots(home: Path) -> None:
 
 
 def test_a_simulated_side_is_named_in_banner_and_titles(home: Path) -> None:
-    page = render_compare_html(compare(load_source(stored_run("measured", 1.0)),
-                                       load_source(stored_run("planned", 1.0, simulated=True))))
+    page = render_compare_html(
+        compare(load_source(stored_run("measured", 1.0)), load_source(stored_run("planned", 1.0, simulated=True)))
+    )
     assert "<b>candidate simulated.</b>" in page
     assert page.count(SIMULATED_TITLE_MARK) == 3
 
@@ -65,15 +71,18 @@ def test_missing_records_leave_a_note_not_an_error(home: Path) -> None:
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="chromium not installed (scripts/ci-system-deps)")
-def test_compare_html_from_the_cli_renders_in_chromium(home: Path, vlmserve_cmd: list[str], tmp_path: Path,
-                                                       artifacts_dir: Path) -> None:
+def test_compare_html_from_the_cli_renders_in_chromium(
+    home: Path, vlmserve_cmd: list[str], tmp_path: Path, artifacts_dir: Path
+) -> None:
     baseline, candidate = stored_run("baseline", 1.0), stored_run("candidate", 1.3, simulated=True)
     out = tmp_path / "compare.html"
     env = {**os.environ, "VLMSERVE_HOME": str(home), "COLUMNS": "200"}
-    done = subprocess.run([*vlmserve_cmd, "compare", baseline, candidate, "--html", str(out)],
-                          capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(
+        [*vlmserve_cmd, "compare", baseline, candidate, "--html", str(out)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0, done.stderr
     assert f"HTML comparison: {out}" in done.stdout
-    checks = check_report_in_browser(out, artifacts_dir / "compare.png", chart_ids=COMPARE_CHART_IDS,
-                                     title_mark=SIMULATED_TITLE_MARK.strip())
+    checks = check_report_in_browser(
+        out, artifacts_dir / "compare.png", chart_ids=COMPARE_CHART_IDS, title_mark=SIMULATED_TITLE_MARK.strip()
+    )
     assert checks["chart-compare-cdf-0"] == 2 * 3, "baseline and candidate in each of TTFT, TPOT, E2E"

@@ -25,13 +25,21 @@ needs_chromium = pytest.mark.skipif(find_chromium() is None, reason="chromium no
 
 
 def synthetic() -> SweepResults:
-    return sweep_results([1, 2, 4, 8, 16, 32], {"one-replica": 1.0, "slow-replica": 2.0},
-                         slo=SLO.parse("ttft_p95=300ms"), failed_cell=("one-replica", "c32"))
+    return sweep_results(
+        [1, 2, 4, 8, 16, 32],
+        {"one-replica": 1.0, "slow-replica": 2.0},
+        slo=SLO.parse("ttft_p95=300ms"),
+        failed_cell=("one-replica", "c32"),
+    )
 
 
 def synthetic_with_records() -> tuple[SweepResults, dict[str, list[RequestRecord]]]:
-    return sweep_with_records([1, 2, 4, 8, 16, 32], {"one-replica": 1.0, "slow-replica": 2.0},
-                              slo=SLO.parse("ttft_p95=300ms"), failed_cell=("one-replica", "c32"))
+    return sweep_with_records(
+        [1, 2, 4, 8, 16, 32],
+        {"one-replica": 1.0, "slow-replica": 2.0},
+        slo=SLO.parse("ttft_p95=300ms"),
+        failed_cell=("one-replica", "c32"),
+    )
 
 
 def loader(by_run: dict[str, list[RequestRecord]]):
@@ -61,8 +69,12 @@ def test_markdown_summary_has_headline_and_failures() -> None:
 def test_html_report_renders_in_chromium(tmp_path: Path, artifacts_dir: Path) -> None:
     results, by_run = synthetic_with_records()
     report = write_html(results, tmp_path / "report.html", loader(by_run))
-    checks = check_report_in_browser(report, artifacts_dir / "report-synthetic.png",
-                                     chart_ids=CHART_IDS + SHAPE_CHART_IDS, title_mark=SIMULATED_TITLE_MARK.strip())
+    checks = check_report_in_browser(
+        report,
+        artifacts_dir / "report-synthetic.png",
+        chart_ids=CHART_IDS + SHAPE_CHART_IDS,
+        title_mark=SIMULATED_TITLE_MARK.strip(),
+    )
     assert checks["chart-cdf-0"] >= 3 * 11, "a TTFT, TPOT and E2E curve for each of the 11 finished cells"
     assert checks["chart-latency-throughput-0"] >= 2 * 2 * 2, "p50 and p95, TTFT and TPOT, per deployment"
 
@@ -85,8 +97,18 @@ def test_per_shape_plots_come_from_the_history_records(tmp_path: Path, monkeypat
 
 def test_one_figure_set_per_workload_shape() -> None:
     results, by_run = synthetic_with_records()
-    long_prompts = [CellOutcome(cell.deployment, cell.cell + "-long", {**cell.load, "input_len": 2048}, cell.status,
-                                run_id=cell.run_id, summary=cell.summary) for cell in results.cells if cell.ok]
+    long_prompts = [
+        CellOutcome(
+            cell.deployment,
+            cell.cell + "-long",
+            {**cell.load, "input_len": 2048},
+            cell.status,
+            run_id=cell.run_id,
+            summary=cell.summary,
+        )
+        for cell in results.cells
+        if cell.ok
+    ]
     results.cells.extend(long_prompts)
     page = render_html(results, loader(by_run))
     for index in (0, 1):

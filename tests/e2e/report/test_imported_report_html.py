@@ -21,16 +21,19 @@ FIXTURES = TESTS_ROOT / "fixtures" / "imports"
 
 @pytest.mark.skipif(find_chromium() is None, reason="chromium not installed (scripts/ci-system-deps)")
 @pytest.mark.parametrize("name", ["aiperf-0.13-sim.json", "guidellm-0.8-sim.json"])
-def test_imported_runs_report_draws_every_chart_in_chromium(name: str, vlmserve_cmd: list[str], tmp_path: Path,
-                                                            artifacts_dir: Path) -> None:
+def test_imported_runs_report_draws_every_chart_in_chromium(
+    name: str, vlmserve_cmd: list[str], tmp_path: Path, artifacts_dir: Path
+) -> None:
     env = {**os.environ, "VLMSERVE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
-    imported = subprocess.run([*vlmserve_cmd, "runs", "import", str(FIXTURES / name)], capture_output=True,
-                              text=True, timeout=120, env=env)
+    imported = subprocess.run(
+        [*vlmserve_cmd, "runs", "import", str(FIXTURES / name)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert imported.returncode == 0, imported.stderr
     run_id = imported.stdout.split(" as run ")[1].split()[0]
     out = tmp_path / "report.html"
-    done = subprocess.run([*vlmserve_cmd, "report", run_id, "--html", str(out)], capture_output=True, text=True,
-                          timeout=120, env=env)
+    done = subprocess.run(
+        [*vlmserve_cmd, "report", run_id, "--html", str(out)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     page = out.read_text()
     assert "imported from " in page

@@ -25,15 +25,15 @@ REPO = REPO_ROOT
 
 @pytest.mark.engine
 @pytest.mark.slow
-def test_embedded_short_sweep(embedded_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                              artifacts_dir: Path) -> None:
+def test_embedded_short_sweep(embedded_engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, artifacts_dir: Path) -> None:
     monkeypatch.setenv("VLMSERVE_HOME", str(tmp_path / "home"))
     example = REPO / "examples" / "sweep-embedded-short.yaml"
     data = yaml.safe_load(example.read_text())
     parse_sweep_spec(data, str(example), base_dir=example.parent)  # the example as published, engine flags included
     # shortened for CI: the session's engine, and two of the cells
-    data["deployments"] = [{"name": data["deployments"][0]["name"], "endpoint": embedded_engine.base_url,
-                            "model": embedded_engine.model}]
+    data["deployments"] = [
+        {"name": data["deployments"][0]["name"], "endpoint": embedded_engine.base_url, "model": embedded_engine.model}
+    ]
     data["cells"] = [data["cells"][0], data["cells"][1]]
     data["cells"][0]["vary"] = {"concurrency": [1, 4]}
     data["cells"][0]["base"]["num_requests"] = 8

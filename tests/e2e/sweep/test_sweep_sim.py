@@ -48,26 +48,36 @@ def manifest(directory: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_prompt_length_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd: list[str],
-                                        artifacts_dir: Path) -> None:
+def test_prompt_length_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd: list[str], artifacts_dir: Path) -> None:
     out = tmp_path / "prompt-lengths"
     # users ×0.25 (64 -> 16, 16 -> 4, 4 and 1 -> 1): every cell still runs; at 64 users the simulated H100
     # took 7 s of 2,048-token prefills for nothing this test checks
-    done = run_cli(vlmserve_cmd, home, "sweep", "examples/sweep-prompt-lengths.yaml", "--out", str(out),
-                   "--md", str(out / "summary.md"), "--scale-users", "0.25", *SMOKE)
+    done = run_cli(
+        vlmserve_cmd,
+        home,
+        "sweep",
+        "examples/sweep-prompt-lengths.yaml",
+        "--out",
+        str(out),
+        "--md",
+        str(out / "summary.md"),
+        "--scale-users",
+        "0.25",
+        *SMOKE,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "15 of 15 cells succeeded" in done.stdout
     results = results_from_sweep_dir(out)
     assert all(cell.ok for cell in results.cells)
     by_name = {cell.cell: cell for cell in results.cells}
     # the workloads really differ: longer prompts, images and conversations reached the server
-    assert by_name["in2048-c1"].metric("tokens.actual_prompt_mean") > 4 * by_name["in128-c1"].metric(
-        "tokens.actual_prompt_mean")
+    assert by_name["in2048-c1"].metric("tokens.actual_prompt_mean") > 4 * by_name["in128-c1"].metric("tokens.actual_prompt_mean")
     assert by_name["images-c4"].metric("tokens.images_total") > 0
     assert by_name["chat-u4"].summary.to_dict()["meta"]["load_spec"]["dataset"] == "sharegpt"
     assert "| rank | deployment |" in (out / "summary.md").read_text()
-    assert ("shrunk run (users and rates ×0.25; 2 requests per user (counts and durations replaced); "
-            "outputs capped at 8 tokens)") in (out / "report.html").read_text()
+    assert (
+        "shrunk run (users and rates ×0.25; 2 requests per user (counts and durations replaced); outputs capped at 8 tokens)"
+    ) in (out / "report.html").read_text()
     (artifacts_dir / "sweep-prompt-lengths.html").write_bytes((out / "report.html").read_bytes())
 
 
@@ -75,8 +85,19 @@ def test_prompt_length_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd
 def test_replica_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd: list[str], artifacts_dir: Path) -> None:
     out = tmp_path / "replicas"
     # every deployment (1, 2, 4, 8 replicas started fresh), three of the six user levels to keep CI quick
-    done = run_cli(vlmserve_cmd, home, "sweep", "examples/sweep-replicas.yaml", "--out", str(out),
-                   "--scale-users", "0.04", "--cells", "u150,u300,u400", *SMOKE)
+    done = run_cli(
+        vlmserve_cmd,
+        home,
+        "sweep",
+        "examples/sweep-replicas.yaml",
+        "--out",
+        str(out),
+        "--scale-users",
+        "0.04",
+        "--cells",
+        "u150,u300,u400",
+        *SMOKE,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "12 of 12 cells succeeded" in done.stdout
     results = results_from_sweep_dir(out)
@@ -89,8 +110,12 @@ def test_replica_study_end_to_end(home: Path, tmp_path: Path, vlmserve_cmd: list
     if find_chromium():
         # the per-shape plots too, the CDF and timeline from the records the sweep stored
         shape_charts = ("chart-latency-throughput-0", "chart-cdf-0", "chart-timeline-0")
-        checks = check_report_in_browser(out / "report.html", artifacts_dir / "sweep-replicas.png",
-                                         chart_ids=CHART_IDS + shape_charts, title_mark="(simulated)")
+        checks = check_report_in_browser(
+            out / "report.html",
+            artifacts_dir / "sweep-replicas.png",
+            chart_ids=CHART_IDS + shape_charts,
+            title_mark="(simulated)",
+        )
         assert checks["chart-cdf-0"] == 3 * len(results.cells), "TTFT, TPOT and E2E curves for every cell"
 
 
@@ -165,8 +190,13 @@ warmup_requests: 0
 """)
     out = tmp_path / "out"
     env = {**os.environ, "VLMSERVE_HOME": str(home)}
-    process = subprocess.Popen([*vlmserve_cmd, "sweep", str(spec_file), "--out", str(out), "--no-progress"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        [*vlmserve_cmd, "sweep", str(spec_file), "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -187,17 +217,28 @@ warmup_requests: 0
 
 
 def test_cells_filter_names_what_exists() -> None:
-    spec = parse_sweep_spec({"name": "s", "deployments": [{"name": "e", "endpoint": "http://127.0.0.1:1", "model": "m"}],
-                             "cells": [{"name": "a1", "concurrency": 1, "num_requests": 1},
-                                       {"name": "b1", "concurrency": 1, "num_requests": 1}]}, "s")
+    spec = parse_sweep_spec(
+        {
+            "name": "s",
+            "deployments": [{"name": "e", "endpoint": "http://127.0.0.1:1", "model": "m"}],
+            "cells": [{"name": "a1", "concurrency": 1, "num_requests": 1}, {"name": "b1", "concurrency": 1, "num_requests": 1}],
+        },
+        "s",
+    )
     assert [cell.name for cell in apply_overrides(spec, SweepOverrides(cell_patterns=("a*",))).cells] == ["a1"]
     with pytest.raises(UserError, match="--cells zz matches no cell; the spec has: a1, b1"):
         apply_overrides(spec, SweepOverrides(cell_patterns=("zz",)))
 
 
 def test_overrides_shrink_cells() -> None:
-    spec = parse_sweep_spec({"name": "s", "deployments": [{"name": "e", "endpoint": "http://127.0.0.1:1", "model": "m"}],
-                             "cells": [{"name": "c", "concurrency": 100, "duration_s": 60, "output_len": 128}]}, "s")
+    spec = parse_sweep_spec(
+        {
+            "name": "s",
+            "deployments": [{"name": "e", "endpoint": "http://127.0.0.1:1", "model": "m"}],
+            "cells": [{"name": "c", "concurrency": 100, "duration_s": 60, "output_len": 128}],
+        },
+        "s",
+    )
     load = SweepOverrides(request_scale=0.1, user_scale=0.04, max_output_len=8).apply(spec.cells[0].load)
     assert (load.concurrency, load.duration_s, load.output_len) == (4, 6.0, 8)
     load = SweepOverrides(user_scale=0.04, requests_per_user=3).apply(spec.cells[0].load)

@@ -33,8 +33,7 @@ def request_line(index: int, url: str = "/v1/chat/completions") -> dict:
     if url == "/v1/completions":
         body = {"model": MODEL, "prompt": f"note {index}", "max_tokens": 4}
     else:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": f"summarise report {index}"}],
-                "max_tokens": 4}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": f"summarise report {index}"}], "max_tokens": 4}
     return {"custom_id": f"req-{index}", "method": "POST", "url": url, "body": body}
 
 
@@ -46,13 +45,13 @@ def write_input(path: Path, lines: list) -> Path:
 
 
 def batch_argv(vlmserve_cmd: list[str], input_path: Path, output: Path, base_url: str, *extra: str) -> list[str]:
-    return [*vlmserve_cmd, "batch", str(input_path), "--output", str(output), "--base-url", base_url,
-            "--no-progress", *extra]
+    return [*vlmserve_cmd, "batch", str(input_path), "--output", str(output), "--base-url", base_url, "--no-progress", *extra]
 
 
 def run_batch(vlmserve_cmd, input_path, output, base_url, *extra, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run(batch_argv(vlmserve_cmd, input_path, output, base_url, *extra),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        batch_argv(vlmserve_cmd, input_path, output, base_url, *extra), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def read_output(path: Path) -> list[dict]:
@@ -73,16 +72,18 @@ def wait_for_lines(path: Path, at_least: int, timeout_s: float = 60.0) -> None:
 def engine_requests_done(base_url: str) -> float:
     """Requests the engine finished, from its own /metrics (vllm:request_success_total)."""
     text = httpx.get(f"{base_url}/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
 
 
 def test_killed_job_resumes_and_answers_each_id_once(tmp_path, vlmserve_cmd, sim) -> None:
     total = 600
     input_path = write_input(tmp_path / "in.jsonl", [request_line(i) for i in range(total)])
     output = tmp_path / "out.jsonl"
-    job = subprocess.Popen(batch_argv(vlmserve_cmd, input_path, output, sim.base_url, "--concurrency", "8"),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        batch_argv(vlmserve_cmd, input_path, output, sim.base_url, "--concurrency", "8"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for_lines(output, 150)
     finally:
@@ -110,8 +111,12 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_completes(tmp_path, vlmserve_cmd, sim)
     total = 600
     input_path = write_input(tmp_path / "in.jsonl", [request_line(i) for i in range(total)])
     output = tmp_path / "out.jsonl"
-    job = subprocess.Popen(batch_argv(vlmserve_cmd, input_path, output, sim.base_url, "--concurrency", "8"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        batch_argv(vlmserve_cmd, input_path, output, sim.base_url, "--concurrency", "8"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_lines(output, 100)
     job.send_signal(signal.SIGINT)
     _, stderr = job.communicate(timeout=30)
@@ -126,13 +131,22 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_completes(tmp_path, vlmserve_cmd, sim)
 
 
 def test_malformed_lines_become_error_lines_and_the_job_goes_on(tmp_path, vlmserve_cmd, sim) -> None:
-    lines = [request_line(0), "{not json", request_line(1, "/v1/completions"),
-             {"custom_id": "wrong-url", "method": "POST", "url": "/v1/images", "body": {}},
-             {"custom_id": "no-body", "method": "POST", "url": "/v1/chat/completions"},
-             {"method": "POST", "url": "/v1/chat/completions", "body": {}}, "",
-             {"custom_id": "streaming", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": MODEL, "stream": True, "messages": []}},
-             request_line(2)]
+    lines = [
+        request_line(0),
+        "{not json",
+        request_line(1, "/v1/completions"),
+        {"custom_id": "wrong-url", "method": "POST", "url": "/v1/images", "body": {}},
+        {"custom_id": "no-body", "method": "POST", "url": "/v1/chat/completions"},
+        {"method": "POST", "url": "/v1/chat/completions", "body": {}},
+        "",
+        {
+            "custom_id": "streaming",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "stream": True, "messages": []},
+        },
+        request_line(2),
+    ]
     input_path = write_input(tmp_path / "in.jsonl", lines)
     output = tmp_path / "out.jsonl"
     done = run_batch(vlmserve_cmd, input_path, output, sim.base_url, "--price-per-gpu-hour", "2.5", "--gpus", "2")
@@ -162,8 +176,10 @@ def test_duplicate_custom_ids_are_refused_before_anything_is_sent(tmp_path, vlms
     before = engine_requests_done(sim.base_url)
     done = run_batch(vlmserve_cmd, input_path, output, sim.base_url)
     assert done.returncode == 2
-    assert done.stderr.strip() == (f"error: {input_path}: custom_id 'req-7' appears on lines 8, 51; custom_ids "
-                                   "must be unique — fix the file (nothing was sent)")
+    assert done.stderr.strip() == (
+        f"error: {input_path}: custom_id 'req-7' appears on lines 8, 51; custom_ids "
+        "must be unique — fix the file (nothing was sent)"
+    )
     assert not output.exists()
     assert engine_requests_done(sim.base_url) == before
 
@@ -184,32 +200,47 @@ def test_through_the_gateway_at_batch_priority_honouring_retry_after(tmp_path, v
     """Two replicas behind a gateway that admits two requests at a time and queues none: the
     job spreads over both replicas, and the gateway's 429 + Retry-After is waited out, not hammered."""
     flags = ("--max-in-flight", "2", "--queue-limit-batch", "0", "--queue-limit-interactive", "0")
-    with start_sim_engine(model=MODEL, ttft_ms=2, itl_ms=1) as second, \
-            start_gateway([sim.base_url, second.base_url], tmp_path, *flags) as gateway:
+    with (
+        start_sim_engine(model=MODEL, ttft_ms=2, itl_ms=1) as second,
+        start_gateway([sim.base_url, second.base_url], tmp_path, *flags) as gateway,
+    ):
         before = {url: engine_requests_done(url) for url in (sim.base_url, second.base_url)}
         input_path = write_input(tmp_path / "in.jsonl", [request_line(i) for i in range(16)])
         output = tmp_path / "out.jsonl"
         started = time.monotonic()
-        done = run_batch(vlmserve_cmd, input_path, output, gateway.base_url + "/v1", "--priority", "batch",
-                         "--concurrency", "6", "--max-retries", "20")
+        done = run_batch(
+            vlmserve_cmd,
+            input_path,
+            output,
+            gateway.base_url + "/v1",
+            "--priority",
+            "batch",
+            "--concurrency",
+            "6",
+            "--max-retries",
+            "20",
+        )
         elapsed = time.monotonic() - started
         shed = httpx.get(f"{gateway.base_url}/metrics", timeout=5).text
         served = {url: engine_requests_done(url) - count for url, count in before.items()}
     assert done.returncode == 0, done.stderr
     assert len(read_output(output)) == 16
     assert all(count > 0 for count in served.values()) and sum(served.values()) == 16, served
-    assert 'vlmserve_gateway_shed_requests_total{' in shed
+    assert "vlmserve_gateway_shed_requests_total{" in shed
     assert elapsed >= 1.0  # at least one Retry-After (>= 1 s) was honoured
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing_input", "no such file; give the batch input JSONL"),
-    ("same_file", "--output must differ from the input file"),
-    ("bad_scheme", "must start with http:// or https://"),
-    ("foreign_output", "is not a batch result line"),
-    ("empty_input", "no request lines"),
-    ("bad_priority", "--priority 'urgent': use batch or interactive"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing_input", "no such file; give the batch input JSONL"),
+        ("same_file", "--output must differ from the input file"),
+        ("bad_scheme", "must start with http:// or https://"),
+        ("foreign_output", "is not a batch result line"),
+        ("empty_input", "no request lines"),
+        ("bad_priority", "--priority 'urgent': use batch or interactive"),
+    ],
+)
 def test_bad_invocations_are_one_line(tmp_path, vlmserve_cmd, sim, case: str, message: str) -> None:
     input_path = write_input(tmp_path / "in.jsonl", [request_line(0)])
     output = tmp_path / "out.jsonl"
@@ -247,9 +278,12 @@ def test_engine_dying_mid_job_loses_nothing(tmp_path, vlmserve_cmd, sim) -> None
     input_path = write_input(tmp_path / "in.jsonl", [request_line(i) for i in range(total)])
     output = tmp_path / "out.jsonl"
     with start_sim_engine(model=MODEL, ttft_ms=2, itl_ms=1) as doomed:
-        job = subprocess.Popen(batch_argv(vlmserve_cmd, input_path, output, doomed.base_url, "--concurrency", "4",
-                                          "--max-retries", "1"),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        job = subprocess.Popen(
+            batch_argv(vlmserve_cmd, input_path, output, doomed.base_url, "--concurrency", "4", "--max-retries", "1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         wait_for_lines(output, 40)
         doomed.kill()
         _, stderr = job.communicate(timeout=60)

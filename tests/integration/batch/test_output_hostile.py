@@ -39,8 +39,7 @@ def slow_sim():
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A real, tiny filesystem at `path` (unmounted after)."""
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}); needs root")
     try:
@@ -68,8 +67,12 @@ def test_second_run_on_the_same_output_refuses(tmp_path, vlmserve_cmd, slow_sim)
     total = 300
     input_path = write_input(tmp_path / "in.jsonl", [request_line(index) for index in range(total)])
     output = tmp_path / "out.jsonl"
-    first = subprocess.Popen(batch_argv(vlmserve_cmd, input_path, output, slow_sim.base_url, "--concurrency", "4"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        batch_argv(vlmserve_cmd, input_path, output, slow_sim.base_url, "--concurrency", "4"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for_lines(output, 10)
         second = run_batch(vlmserve_cmd, input_path, output, slow_sim.base_url, "--concurrency", "4")

@@ -92,7 +92,10 @@ def test_wrong_model_is_one_line(sim, cli) -> None:
         (["--base-url", "localhost:8000"], "error: --base-url 'localhost:8000': give a URL like http://127.0.0.1:8000"),
         (["--concurrency", 1], "error: --concurrency 1: give at least 2 (the loaded run needs others in flight)"),
         (["--min-identical", 1.5], "error: --min-identical 1.5: give a fraction between 0 and 1"),
-        (["--num-requests", 0, "--num-image-requests", 0], "error: nothing to check: give --num-requests or --num-image-requests of at least 1"),
+        (
+            ["--num-requests", 0, "--num-image-requests", 0],
+            "error: nothing to check: give --num-requests or --num-image-requests of at least 1",
+        ),
         (["--num-image-requests", 1], "error: --num-image-requests 1 cannot show an image swap; give 0 or at least 2"),
         (["--num-requests", -1], "error: --num-requests and --num-image-requests must not be negative"),
         (["--output-len", 0], "error: --output-len 0: give at least 1 token"),
@@ -113,8 +116,10 @@ def test_bad_flags_are_one_line_errors(sim, cli, flags: list[object], message: s
 
 def _spec(tmp_path: Path, extra_args: list[str]) -> Path:
     spec = tmp_path / "deployment.yaml"
-    spec.write_text(f"name: consistency-dep\nengine: sim\nmodel: sim-dep\nreplicas: 2\ngateway: true\n"
-                    f"sim: {{ttft_ms: 20, itl_ms: 2, extra_args: {json.dumps(extra_args)}}}\n")
+    spec.write_text(
+        f"name: consistency-dep\nengine: sim\nmodel: sim-dep\nreplicas: 2\ngateway: true\n"
+        f"sim: {{ttft_ms: 20, itl_ms: 2, extra_args: {json.dumps(extra_args)}}}\n"
+    )
     return spec
 
 
@@ -122,21 +127,51 @@ def test_deployment_is_started_per_prefix_caching_variant_across_replicas(cli, t
     """Two sim replicas (seeded differently) behind the gateway: greedy answers agree across replicas,
     with prefix caching on and off, and every deployment is torn down."""
     out = tmp_path / "result.json"
-    done = cli("consistency", "--deployment", _spec(tmp_path, []), "--num-requests", 6, "--num-image-requests", 2,
-               "--concurrency", 4, "--output-len", 8, "--result-file", out)
+    done = cli(
+        "consistency",
+        "--deployment",
+        _spec(tmp_path, []),
+        "--num-requests",
+        6,
+        "--num-image-requests",
+        2,
+        "--concurrency",
+        4,
+        "--output-len",
+        8,
+        "--result-file",
+        out,
+    )
     assert done.code == 0, done.out + done.err
     data = json.loads(out.read_text())
     assert data["passed"] is True
     assert [variant["variant"] for variant in data["variants"]] == [
-        "prefix caching on, 2 replicas behind the gateway", "prefix caching off, 2 replicas behind the gateway"]
+        "prefix caching on, 2 replicas behind the gateway",
+        "prefix caching off, 2 replicas behind the gateway",
+    ]
     assert all(variant["identical_fraction"] == 1.0 and variant["compared"] == 8 for variant in data["variants"])
     assert "(prefix caching off, 2 replicas behind the gateway)" in done.out
 
 
 def test_deployment_with_swapped_answers_fails(cli, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    done = cli("consistency", "--deployment", _spec(tmp_path, ["--swap-answer-rate", "1"]), "--prefix-caching", "off",
-               "--num-requests", 6, "--num-image-requests", 0, "--concurrency", 4, "--output-len", 8, "--result-file", out)
+    done = cli(
+        "consistency",
+        "--deployment",
+        _spec(tmp_path, ["--swap-answer-rate", "1"]),
+        "--prefix-caching",
+        "off",
+        "--num-requests",
+        6,
+        "--num-image-requests",
+        0,
+        "--concurrency",
+        4,
+        "--output-len",
+        8,
+        "--result-file",
+        out,
+    )
     assert done.code == 1, done.out + done.err
     data = json.loads(out.read_text())
     assert data["passed"] is False and len(data["variants"]) == 1 and data["variants"][0]["differing"]
@@ -146,11 +181,18 @@ def test_deployment_with_swapped_answers_fails(cli, tmp_path: Path) -> None:
     ("args", "message"),
     [
         ([], "error: give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the check), not both"),
-        (["--base-url", "http://127.0.0.1:1", "--deployment", "x.yaml", "--model", "m"],
-         "error: give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the check), not both"),
-        (["--base-url", "http://127.0.0.1:1"], "error: --model is required with --base-url (the name in the endpoint's /v1/models)"),
-        (["--base-url", "http://127.0.0.1:1", "--model", "m", "--prefix-caching", "off"],
-         "error: --prefix-caching needs --deployment (an endpoint's engine is already configured)"),
+        (
+            ["--base-url", "http://127.0.0.1:1", "--deployment", "x.yaml", "--model", "m"],
+            "error: give --base-url URL (an endpoint) or --deployment SPEC.yaml (started for the check), not both",
+        ),
+        (
+            ["--base-url", "http://127.0.0.1:1"],
+            "error: --model is required with --base-url (the name in the endpoint's /v1/models)",
+        ),
+        (
+            ["--base-url", "http://127.0.0.1:1", "--model", "m", "--prefix-caching", "off"],
+            "error: --prefix-caching needs --deployment (an endpoint's engine is already configured)",
+        ),
     ],
 )
 def test_endpoint_or_deployment_flags(cli, args: list[object], message: str) -> None:

@@ -22,8 +22,7 @@ def test_traced_run_without_spans_keeps_client_figures_and_warns(sim, monkeypatc
     monkeypatch.setattr("vlmserve.bench.runner.SPAN_WAIT_S", 0.3)
     port = _free_port()
     load = LoadSpec(dataset="images", concurrency=2, num_requests=8, input_len=16, output_len=4, workers=2)
-    result = asyncio.run(run_load(load, Target(sim.base_url, SIM_MODEL), progress=False,
-                                  engine_traces=f"127.0.0.1:{port}"))
+    result = asyncio.run(run_load(load, Target(sim.base_url, SIM_MODEL), progress=False, engine_traces=f"127.0.0.1:{port}"))
     records = result.records
     assert all(record.ok for record in records)
     # a fresh trace id per request, made in each worker process

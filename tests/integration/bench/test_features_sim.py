@@ -38,13 +38,28 @@ def paced_engine() -> Iterator[SimHandle]:
         yield handle
 
 
-def bench(cli: Any, engine: SimHandle, tmp_path: Path, *extra: object,
-          output_len: int = 96) -> tuple[Any, dict[str, Any], Path]:
+def bench(cli: Any, engine: SimHandle, tmp_path: Path, *extra: object, output_len: int = 96) -> tuple[Any, dict[str, Any], Path]:
     """Run the bench; returns the CLI result, the JSON summary and the records file."""
     summary_path, records_path = tmp_path / "run.json", tmp_path / "run.parquet"
-    done = cli("bench", "--base-url", engine.base_url, "--model", MODEL, "--no-progress", "--concurrency", 4,
-               "--input-len", 24, "--output-len", output_len, "--json-out", summary_path, "--records-out", records_path,
-               *extra)
+    done = cli(
+        "bench",
+        "--base-url",
+        engine.base_url,
+        "--model",
+        MODEL,
+        "--no-progress",
+        "--concurrency",
+        4,
+        "--input-len",
+        24,
+        "--output-len",
+        output_len,
+        "--json-out",
+        summary_path,
+        "--records-out",
+        records_path,
+        *extra,
+    )
     assert "Traceback" not in done.err, done.err
     assert done.code == 0, done.err
     return done, json.loads(summary_path.read_text()), records_path
@@ -70,8 +85,9 @@ def test_structured_alone(cli, engine: SimHandle, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("tool_choice", ["named", "required", "auto"])
 def test_tools_alone(cli, engine: SimHandle, tmp_path: Path, tool_choice: str) -> None:
-    done, summary, records = bench(cli, engine, tmp_path, "--num-requests", 12, "--features", "tools",
-                                   "--tool-choice", tool_choice)
+    done, summary, records = bench(
+        cli, engine, tmp_path, "--num-requests", 12, "--features", "tools", "--tool-choice", tool_choice
+    )
     features = summary["features"]
     assert features["tool_requests"] == 12 and features["tool_choices"] == [tool_choice]
     assert features["tool_call_valid_rate"] == 1.0
@@ -87,8 +103,7 @@ def test_tools_alone(cli, engine: SimHandle, tmp_path: Path, tool_choice: str) -
 
 def test_thinking_alone(cli, paced_engine: SimHandle, tmp_path: Path) -> None:
     # 12 tokens at 25 ms: 0.3 s a request, three rounds of 4 users
-    done, summary, records = bench(cli, paced_engine, tmp_path, "--num-requests", 10, "--features", "thinking",
-                                   output_len=12)
+    done, summary, records = bench(cli, paced_engine, tmp_path, "--num-requests", 10, "--features", "thinking", output_len=12)
     features = summary["features"]
     assert features["thinking_requests"] == features["requests_with_reasoning"] == 10
     assert features["reasoning_tokens"]["p50"] == 6  # the engine's fixed reasoning length
@@ -111,8 +126,9 @@ def test_thinking_alone(cli, paced_engine: SimHandle, tmp_path: Path) -> None:
 
 
 def test_all_three_with_images(cli, engine: SimHandle, tmp_path: Path) -> None:
-    _, summary, records = bench(cli, engine, tmp_path, "--num-requests", 16, "--dataset", "images",
-                                "--features", "tools,structured,thinking")
+    _, summary, records = bench(
+        cli, engine, tmp_path, "--num-requests", 16, "--dataset", "images", "--features", "tools,structured,thinking"
+    )
     features = summary["features"]
     assert features["requested"] == ["structured", "thinking", "tools"]
     # a forced tool call and a response format cannot share an answer: each request carries one of them
@@ -125,8 +141,19 @@ def test_all_three_with_images(cli, engine: SimHandle, tmp_path: Path) -> None:
 
 
 def test_structured_and_thinking_with_the_mixed_workload_and_the_report(cli, engine: SimHandle, tmp_path: Path) -> None:
-    _, summary, records = bench(cli, engine, tmp_path, "--num-requests", 16, "--dataset", "mixed",
-                                "--mix", "random:0.5,images:0.5", "--features", "structured,thinking")
+    _, summary, records = bench(
+        cli,
+        engine,
+        tmp_path,
+        "--num-requests",
+        16,
+        "--dataset",
+        "mixed",
+        "--mix",
+        "random:0.5,images:0.5",
+        "--features",
+        "structured,thinking",
+    )
     features = summary["features"]
     assert set(summary["by_type"]) == {"text", "image"}
     assert features["structured_requests"] == features["thinking_requests"] == 16
@@ -144,8 +171,17 @@ def test_structured_and_thinking_with_the_mixed_workload_and_the_report(cli, eng
 
 def test_rate_slos_pass_and_fail(cli, engine: SimHandle, tmp_path: Path) -> None:
     # 96 tokens: every answer fits; both objectives met
-    done, summary, _ = bench(cli, engine, tmp_path, "--num-requests", 8, "--features", "tools,structured",
-                             "--slo", "schema_valid>=0.99,tool_call_valid>=95%,ttft_p95=5s")
+    done, summary, _ = bench(
+        cli,
+        engine,
+        tmp_path,
+        "--num-requests",
+        8,
+        "--features",
+        "tools,structured",
+        "--slo",
+        "schema_valid>=0.99,tool_call_valid>=95%,ttft_p95=5s",
+    )
     checks = summary["features"]["slo"]
     assert checks["schema_valid"] == {"bound": 0.99, "measured": 1.0, "met": True}
     assert checks["tool_call_valid"]["met"] is True and summary["features"]["slo_met"] is True
@@ -154,9 +190,28 @@ def test_rate_slos_pass_and_fail(cli, engine: SimHandle, tmp_path: Path) -> None
     # 8 tokens cannot hold the JSON: every answer is cut at max_tokens, so the rate is 0 and the SLO missed
     cut_dir = tmp_path / "cut"
     cut_dir.mkdir()
-    done = cli("bench", "--base-url", engine.base_url, "--model", MODEL, "--no-progress", "--concurrency", 2,
-               "--num-requests", 6, "--output-len", 8, "--features", "structured", "--slo", "schema_valid>=0.99",
-               "--json-out", cut_dir / "run.json", "--records-out", cut_dir / "run.parquet")
+    done = cli(
+        "bench",
+        "--base-url",
+        engine.base_url,
+        "--model",
+        MODEL,
+        "--no-progress",
+        "--concurrency",
+        2,
+        "--num-requests",
+        6,
+        "--output-len",
+        8,
+        "--features",
+        "structured",
+        "--slo",
+        "schema_valid>=0.99",
+        "--json-out",
+        cut_dir / "run.json",
+        "--records-out",
+        cut_dir / "run.parquet",
+    )
     assert done.code == 0, done.err
     features = json.loads((cut_dir / "run.json").read_text())["features"]
     assert features["schema_valid_rate"] == 0.0 and features["slo_met"] is False
@@ -166,8 +221,10 @@ def test_rate_slos_pass_and_fail(cli, engine: SimHandle, tmp_path: Path) -> None
     agrees_with_recount(features, cut_dir / "run.parquet")
 
 
-@pytest.mark.hostile("bench: unknown --features, a rate --slo without its feature or misspelt, a bad --tool-choice, "
-                     "--features with --api completions: one line, exit 2")
+@pytest.mark.hostile(
+    "bench: unknown --features, a rate --slo without its feature or misspelt, a bad --tool-choice, "
+    "--features with --api completions: one line, exit 2"
+)
 @pytest.mark.parametrize(("flags", "expected"), [
     (["--features", "tools,vision"],
      "error: --features: unknown feature 'vision'; use any of tools, structured, thinking (comma-separated)"),
@@ -185,8 +242,9 @@ def test_rate_slos_pass_and_fail(cli, engine: SimHandle, tmp_path: Path) -> None
      "error: --features needs --api chat: tools, response_format and chat_template_kwargs are chat-completions fields"),
 ])  # fmt: skip
 def test_bad_feature_inputs_are_one_line(cli, engine: SimHandle, flags: list[str], expected: str) -> None:
-    done = cli("bench", "--base-url", engine.base_url, "--model", MODEL, "--no-progress", "--concurrency", 1,
-               "--num-requests", 1, *flags)
+    done = cli(
+        "bench", "--base-url", engine.base_url, "--model", MODEL, "--no-progress", "--concurrency", 1, "--num-requests", 1, *flags
+    )
     assert done.code == 2
     assert done.error_line == expected
     assert "Traceback" not in done.err
@@ -202,5 +260,7 @@ def test_rate_objectives_are_refused_where_no_answer_is_judged(cli, engine: SimH
     done = cli(*argv, *target, "--slo", "ttft_p95=1s,schema_valid>=0.9")
     assert done.code == 2 and "Traceback" not in done.err
     verb = "vlmserve slo-search" if argv[0] == "slo-search" else "vlmserve plan"
-    assert done.error_line == (f"error: --slo schema_valid>=: rate objectives judge real answers (vlmserve bench "
-                               f"--features); {verb} takes latency objectives only")
+    assert done.error_line == (
+        f"error: --slo schema_valid>=: rate objectives judge real answers (vlmserve bench "
+        f"--features); {verb} takes latency objectives only"
+    )

@@ -69,8 +69,23 @@ def test_prompts_cached_by_an_earlier_run_are_flagged_everywhere(cached_sim, cli
     # the same seed draws the same prompts: the second run finds them in the engine's cache
     run(cached_sim, input_len=256, output_len=4, concurrency=2, num_requests=8, seed=404)
     out = tmp_path / "run.json"
-    result = cli(*bench_args(cached_sim, "--input-len", 256, "--output-len", 4, "--concurrency", 2,
-                             "--num-requests", 8, "--seed", 404, "--json-out", out))
+    result = cli(
+        *bench_args(
+            cached_sim,
+            "--input-len",
+            256,
+            "--output-len",
+            4,
+            "--concurrency",
+            2,
+            "--num-requests",
+            8,
+            "--seed",
+            404,
+            "--json-out",
+            out,
+        )
+    )
     assert result.code == 0, result.err
     import json
 
@@ -122,7 +137,6 @@ def test_fresh_variant_is_deterministic_keeps_words_and_shared_prefix():
     ],
 )
 def test_bad_reuse_options_are_one_line(cli, extra, message):
-    result = cli("bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--concurrency", 1,
-                 "--num-requests", 1, *extra)
+    result = cli("bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--concurrency", 1, "--num-requests", 1, *extra)
     assert result.code != 0
     assert message in result.error_line, result.err

@@ -22,8 +22,22 @@ from vlmserve.bench.scrape import ADMIN_KEY_NEEDED, COUNTERS, ServerScraper, par
 
 # 64 KV blocks of 16 tokens hold under three of the bench's 384-token requests: both engines fill and preempt
 ENGINE_OPTIONS = {"num_kv_blocks": 64, "max_model_len": 1024}
-LOAD = ("--model", MODEL, "--no-progress", "--no-store", "--num-requests", "32", "--concurrency", "16",
-        "--input-len", "256", "--output-len", "128", "--shared-prefix-len", "128")
+LOAD = (
+    "--model",
+    MODEL,
+    "--no-progress",
+    "--no-store",
+    "--num-requests",
+    "32",
+    "--concurrency",
+    "16",
+    "--input-len",
+    "256",
+    "--output-len",
+    "128",
+    "--shared-prefix-len",
+    "128",
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +57,9 @@ def bench(cli, base_url: str, out: Path, *flags: str) -> tuple[dict, str]:
     return json.loads(out.read_text())["server"], result.out
 
 
-def test_the_engines_figures_behind_a_gateway_are_their_own_pages_sums(cli, engines: list[SimHandle], tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engines_figures_behind_a_gateway_are_their_own_pages_sums(
+    cli, engines: list[SimHandle], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # each engine's own page, read right beside the bench's first and last scrapes (the bench's test
     # request comes before its first scrape, and is no part of its figures)
     own: dict[str, list[dict[str, float]]] = {}
@@ -69,8 +84,10 @@ def test_the_engines_figures_behind_a_gateway_are_their_own_pages_sums(cli, engi
     for key, (name, *_) in COUNTERS.items():
         each = [one_after.get(name, 0.0) - one_before.get(name, 0.0) for one_before, one_after in zip(before, after)]
         assert server["counters"][key] == sum(each), (key, each)
-    per_engine = [one_after[vllm.total(vllm.NUM_PREEMPTIONS)] - one_before[vllm.total(vllm.NUM_PREEMPTIONS)]
-                  for one_before, one_after in zip(before, after)]
+    per_engine = [
+        one_after[vllm.total(vllm.NUM_PREEMPTIONS)] - one_before[vllm.total(vllm.NUM_PREEMPTIONS)]
+        for one_before, one_after in zip(before, after)
+    ]
     assert all(count > 0 for count in per_engine), per_engine  # both caches were full during the run ...
     assert 0.5 < server["peak_kv_cache_usage"] <= 1.0  # ... and the peak is one cache's fill, not two added
     queries, hits = server["counters"]["prefix_cache_queries"], server["counters"]["prefix_cache_hits"]
@@ -78,8 +95,7 @@ def test_the_engines_figures_behind_a_gateway_are_their_own_pages_sums(cli, engi
     assert "prefix-cache hit rate unknown" not in out and "peak KV usage unknown" not in out
 
 
-def test_with_a_keys_file_a_non_admin_key_is_told_and_an_admin_key_reads(cli, engines: list[SimHandle],
-                                                                         tmp_path: Path) -> None:
+def test_with_a_keys_file_a_non_admin_key_is_told_and_an_admin_key_reads(cli, engines: list[SimHandle], tmp_path: Path) -> None:
     keys = tmp_path / "keys.yaml"
     keys.write_text("tenants:\n  - name: ops\n    keys: [sk-ops]\n    admin: true\n  - name: user\n    keys: [sk-user]\n")
     with start_gateway([engine.base_url for engine in engines], tmp_path, "--keys-file", str(keys)) as gateway:

@@ -33,12 +33,27 @@ def _histogram_sums(url: str, name: str) -> dict[tuple[tuple[str, str], ...], tu
 
 
 def test_the_gateways_ttft_is_the_engines_plus_its_own_time_after_a_bench(cli, sim, tmp_path: Path) -> None:
-    engine_before = sum(total for total, _ in _histogram_sums(f"{sim.base_url}/metrics", ENGINE_TTFT).values()), \
-        sum(count for _, count in _histogram_sums(f"{sim.base_url}/metrics", ENGINE_TTFT).values())
+    engine_before = (
+        sum(total for total, _ in _histogram_sums(f"{sim.base_url}/metrics", ENGINE_TTFT).values()),
+        sum(count for _, count in _histogram_sums(f"{sim.base_url}/metrics", ENGINE_TTFT).values()),
+    )
     with start_gateway([sim.base_url], tmp_path) as gateway:
         # no local tokenizer for the sim's model: the bench counts tokens with /tokenize, through the gateway
-        result = cli("bench", "--base-url", gateway.base_url, "--model", SIM_MODEL, "--no-progress", "--no-store",
-                     "--num-requests", "24", "--rate", "8", "--output-len", "16")
+        result = cli(
+            "bench",
+            "--base-url",
+            gateway.base_url,
+            "--model",
+            SIM_MODEL,
+            "--no-progress",
+            "--no-store",
+            "--num-requests",
+            "24",
+            "--rate",
+            "8",
+            "--output-len",
+            "16",
+        )
         assert result.code == 0, result.err
         ttft = _histogram_sums(f"{gateway.base_url}/metrics", GATEWAY_TTFT)
         e2e = _histogram_sums(f"{gateway.base_url}/metrics", GATEWAY_E2E)

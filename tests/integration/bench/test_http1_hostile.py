@@ -15,8 +15,11 @@ from vlmserve.bench.client import stream_request
 from vlmserve.bench.http_stream import ConnectionPool, HttpProtocolError, post_stream
 from vlmserve.results.records import RequestRecord
 
-REFUSED = [pytest.param(case, id=case_id(case), marks=pytest.mark.hostile(f"bench client, from a server: {case.name}"))
-           for case in CASES if case.refused]
+REFUSED = [
+    pytest.param(case, id=case_id(case), marks=pytest.mark.hostile(f"bench client, from a server: {case.name}"))
+    for case in CASES
+    if case.refused
+]
 ACCEPTED = [pytest.param(case, id=case_id(case)) for case in CASES if not case.refused]
 
 Answer = Callable[[int, int], bytes]
@@ -30,8 +33,9 @@ async def _read_request(reader: asyncio.StreamReader) -> None:
 
 
 @asynccontextmanager
-async def _server(answer: Answer, late: bytes = b"", late_sent: asyncio.Event | None = None,
-                  ) -> AsyncIterator[tuple[ConnectionPool, list[int]]]:
+async def _server(
+    answer: Answer, late: bytes = b"", late_sent: asyncio.Event | None = None
+) -> AsyncIterator[tuple[ConnectionPool, list[int]]]:
     """A raw server answering each request with `answer(...)`, keeping every connection open;
     yields a pool to it and the number of requests each accepted connection carried. `late`:
     bytes written, unasked, on the first connection a moment after its first answer."""

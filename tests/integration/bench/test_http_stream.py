@@ -78,6 +78,7 @@ def test_chunked_answer_split_into_single_bytes_is_reassembled_and_the_connectio
 
 def test_the_chunks_of_one_read_reach_the_sink_in_one_call_with_one_time():
     """llhttp reports each chunk on its own; the bench's timing is per read, so one read is one sink call."""
+
     async def handler(reader, writer):
         await _read_request(reader)
         writer.write(CHUNKED_HEAD + _chunked(*SSE))  # one write: one read on loopback
@@ -168,7 +169,8 @@ def test_dropped_and_stalled_streams_are_counted_by_cause(cli, tmp_path):
         assert json.loads(out.read_text())["requests"]["failed_by_cause"] == {"disconnected": 4}
     with start_sim_engine(model=SIM_MODEL, ttft_ms=5, itl_ms=2, stall_after_tokens=3) as stalling:
         out = tmp_path / "stall.json"
-        done = cli(*bench_args(stalling, "--concurrency", 2, "--num-requests", 2, "--output-len", 8, "--timeout", 1,
-                               "--json-out", out))
+        done = cli(
+            *bench_args(stalling, "--concurrency", 2, "--num-requests", 2, "--output-len", 8, "--timeout", 1, "--json-out", out)
+        )
         assert done.code == 0, done.err
         assert json.loads(out.read_text())["requests"]["failed_by_cause"] == {"timeout": 2}

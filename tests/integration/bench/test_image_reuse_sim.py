@@ -16,9 +16,32 @@ from vlmserve.results.summary import RunSummary
 def test_reported_cache_hit_rate_matches_the_stated_repeat_rate(cli, tmp_path: Path, repeat_rate: float) -> None:
     out = tmp_path / "run.json"
     with start_sim_engine(model="m", profile="tiny-cpu", mm_preprocess_ms_per_image=20) as engine:
-        result = cli("bench", "--base-url", engine.base_url, "--model", "m", "--no-progress", "--dataset", "images",
-                     "--image-repeat-rate", repeat_rate, "--image-size", "32x32", "--num-requests", 80,
-                     "--concurrency", 4, "--input-len", 8, "--output-len", 4, "--seed", 5, "--json-out", out)
+        result = cli(
+            "bench",
+            "--base-url",
+            engine.base_url,
+            "--model",
+            "m",
+            "--no-progress",
+            "--dataset",
+            "images",
+            "--image-repeat-rate",
+            repeat_rate,
+            "--image-size",
+            "32x32",
+            "--num-requests",
+            80,
+            "--concurrency",
+            4,
+            "--input-len",
+            8,
+            "--output-len",
+            4,
+            "--seed",
+            5,
+            "--json-out",
+            out,
+        )
     assert result.code == 0, result.err
     summary = RunSummary.model_validate(json.loads(out.read_text()))
     assert summary.server is not None

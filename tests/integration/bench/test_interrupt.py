@@ -31,14 +31,33 @@ def _running_requests(base_url: str) -> float:
     return 0.0
 
 
-def _bench_until_ctrl_c(base_url: str, tmp_path: Path, presses: int, *extra: str) -> tuple[subprocess.CompletedProcess, dict, Path]:
+def _bench_until_ctrl_c(
+    base_url: str, tmp_path: Path, presses: int, *extra: str
+) -> tuple[subprocess.CompletedProcess, dict, Path]:
     """Start a long bench, wait until requests are in flight, press Ctrl-C `presses` times."""
     json_out, records_out = tmp_path / "s.json", tmp_path / "r.parquet"
     env = {**os.environ, "VLMSERVE_HOME": str(tmp_path / "home")}
     command = [
-        sys.executable, "-m", "vlmserve", "bench", "--base-url", base_url, "--model", MODEL, "--input-len", "8",
-        "--output-len", "40", "--num-requests", str(NUM_REQUESTS), "--no-progress", "--json-out", str(json_out),
-        "--records-out", str(records_out), *extra,
+        sys.executable,
+        "-m",
+        "vlmserve",
+        "bench",
+        "--base-url",
+        base_url,
+        "--model",
+        MODEL,
+        "--input-len",
+        "8",
+        "--output-len",
+        "40",
+        "--num-requests",
+        str(NUM_REQUESTS),
+        "--no-progress",
+        "--json-out",
+        str(json_out),
+        "--records-out",
+        str(records_out),
+        *extra,
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:

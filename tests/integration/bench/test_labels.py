@@ -15,8 +15,25 @@ from vlmserve.results.summary import RunSummary, SloCheck
 
 def test_a_run_against_the_sim_engine_is_labelled_simulated_everywhere(sim, cli, tmp_path):
     out, parquet = tmp_path / "run.json", tmp_path / "records.parquet"
-    result = cli(*bench_args(sim, "--concurrency", 2, "--num-requests", 4, "--input-len", 16, "--output-len", 4,
-                             "--slo", "ttft_p95=1ms", "--json-out", out, "--records-out", parquet))
+    result = cli(
+        *bench_args(
+            sim,
+            "--concurrency",
+            2,
+            "--num-requests",
+            4,
+            "--input-len",
+            16,
+            "--output-len",
+            4,
+            "--slo",
+            "ttft_p95=1ms",
+            "--json-out",
+            out,
+            "--records-out",
+            parquet,
+        )
+    )
     assert result.code == 0, result.err
     summary = json.loads(out.read_text())
     assert summary["meta"]["simulated"] is True
@@ -34,7 +51,9 @@ def test_a_run_against_the_sim_engine_is_labelled_simulated_everywhere(sim, cli,
 
 def test_unknown_server_figures_read_unknown_not_zero():
     summary = {
-        "meta": {}, "requests": {"completed": 1, "failed": 0}, "duration_s": 1.0,
+        "meta": {},
+        "requests": {"completed": 1, "failed": 0},
+        "duration_s": 1.0,
         "throughput": {"requests_per_s": 1.0, "output_tokens_per_s": 1.0, "total_tokens_per_s": 1.0, "chunks_per_s": 1.0},
         "server": {"available": True, "prefix_cache_hit_rate": None, "peak_kv_cache_usage": None},
     }

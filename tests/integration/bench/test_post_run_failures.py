@@ -28,21 +28,46 @@ WARNINGS_EXIT_CODE = 3
 
 def _engine_finished(handle: SimHandle) -> float:
     text = handle.metrics_text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
 
 
 @pytest.mark.hostile("bench: the engine dies mid-run; records and summary are still written, with a warning")
-def test_engine_killed_mid_run_keeps_every_record(tmp_path: Path, vlmserve_home: Path,
-                                                 record_property: Callable[[str, object], None]) -> None:
+def test_engine_killed_mid_run_keeps_every_record(
+    tmp_path: Path, vlmserve_home: Path, record_property: Callable[[str, object], None]
+) -> None:
     requests = 400
     json_out, parquet_out = tmp_path / "run.json", tmp_path / "run.parquet"
     with start_sim_engine(model=SIM_MODEL, ttft_ms=5, itl_ms=2, seed=3) as engine:
-        argv = [sys.executable, "-m", "vlmserve", "bench", "--base-url", engine.base_url, "--model", SIM_MODEL,
-                "--no-progress", "--concurrency", "4", "--num-requests", str(requests), "--output-len", "16",
-                "--server-metrics-interval", "0", "--json-out", str(json_out), "--records-out", str(parquet_out)]
-        bench = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "VLMSERVE_HOME": str(vlmserve_home)})
+        argv = [
+            sys.executable,
+            "-m",
+            "vlmserve",
+            "bench",
+            "--base-url",
+            engine.base_url,
+            "--model",
+            SIM_MODEL,
+            "--no-progress",
+            "--concurrency",
+            "4",
+            "--num-requests",
+            str(requests),
+            "--output-len",
+            "16",
+            "--server-metrics-interval",
+            "0",
+            "--json-out",
+            str(json_out),
+            "--records-out",
+            str(parquet_out),
+        ]
+        bench = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "VLMSERVE_HOME": str(vlmserve_home)},
+        )
         try:
             deadline = time.monotonic() + 60
             while _engine_finished(engine) < 60:

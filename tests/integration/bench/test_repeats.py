@@ -21,7 +21,7 @@ from vlmserve.report.compare import COMPARED_METRICS
 def test_t_interval_matches_the_textbook() -> None:
     interval = confidence_interval([10.0, 12.0, 14.0])  # mean 12, s 2, t(2) 4.303
     assert interval.mean == pytest.approx(12.0)
-    assert interval.half_width == pytest.approx(4.303 * 2.0 / 3 ** 0.5, rel=1e-6)
+    assert interval.half_width == pytest.approx(4.303 * 2.0 / 3**0.5, rel=1e-6)
     assert confidence_interval([5.0]).low is None  # one value: no interval
     assert t_quantile_975(35) == t_quantile_975(30)  # between rows: the wider one
     assert repeat_seed(7, 0) == 7 and repeat_seed(7, 1) != repeat_seed(8, 0)
@@ -40,15 +40,38 @@ def test_repeat_writes_intervals_and_compare_says_unchanged(slow_sim, cli, tmp_p
     ids = []
     for name in ("a", "b"):
         out = tmp_path / f"{name}.json"
-        done = cli(*bench_args(slow_sim, "--concurrency", 2, "--num-requests", 8, "--input-len", 16, "--output-len", 4,
-                                "--repeat", 3, "--json-out", out, "--label", name))
+        done = cli(
+            *bench_args(
+                slow_sim,
+                "--concurrency",
+                2,
+                "--num-requests",
+                8,
+                "--input-len",
+                16,
+                "--output-len",
+                4,
+                "--repeat",
+                3,
+                "--json-out",
+                out,
+                "--label",
+                name,
+            )
+        )
         assert done.code == 0, done.err
         assert "mean and 95% CI over 3 repeats" in done.out
         summary = json.loads(out.read_text())
         repeats = summary["repeats"]
         assert repeats["count"] == 3 and len(set(repeats["seeds"])) == 3
-        for path in ("throughput.requests_per_s", "throughput.output_tokens_per_s", "ttft_ms.p50", "ttft_ms.p95",
-                     "tpot_ms.p50", "tpot_ms.p95"):
+        for path in (
+            "throughput.requests_per_s",
+            "throughput.output_tokens_per_s",
+            "ttft_ms.p50",
+            "ttft_ms.p95",
+            "tpot_ms.p50",
+            "tpot_ms.p95",
+        ):
             interval = repeats["intervals"][path]
             assert interval["low"] <= interval["mean"] <= interval["high"] and len(interval["values"]) == 3
         assert summary["requests"]["total"] == 24  # one run id holds all three repeats' records

@@ -14,8 +14,25 @@ from tests.helpers.sim import SimHandle
 
 def test_vllm_command_line_writes_a_vllm_result_file(sim: SimHandle, cli, tmp_path: Path) -> None:
     out = tmp_path / "vllm-result.json"
-    done = cli(*bench_args(sim, "--dataset-name", "random", "--random-input-len", 32, "--random-output-len", 8,
-                           "--num-prompts", 16, "--max-concurrency", 4, "--result-format", "vllm", "--json-out", out))
+    done = cli(
+        *bench_args(
+            sim,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            32,
+            "--random-output-len",
+            8,
+            "--num-prompts",
+            16,
+            "--max-concurrency",
+            4,
+            "--result-format",
+            "vllm",
+            "--json-out",
+            out,
+        )
+    )
     assert done.code == 0, done.err
     data = json.loads(out.read_text())
     assert data["completed"] == 16 and data["num_prompts"] == 16 and data["max_concurrency"] == 4
@@ -35,6 +52,5 @@ def test_vllm_command_line_writes_a_vllm_result_file(sim: SimHandle, cli, tmp_pa
 def test_result_format_needs_json_out_and_a_known_name(sim: SimHandle, cli) -> None:
     done = cli(*bench_args(sim, "--concurrency", 1, "--num-requests", 1, "--result-format", "vllm"))
     assert done.code == 2 and "give --json-out FILE with it" in done.error_line
-    done = cli(*bench_args(sim, "--concurrency", 1, "--num-requests", 1, "--json-out", "x.json",
-                           "--result-format", "guidellm"))
+    done = cli(*bench_args(sim, "--concurrency", 1, "--num-requests", 1, "--json-out", "x.json", "--result-format", "guidellm"))
     assert done.code == 2 and "--result-format 'guidellm': use vlmserve or vllm" in done.error_line

@@ -46,8 +46,9 @@ def test_random_closed_loop_exact_lengths(sim):
 
 
 def test_open_loop_poisson_and_constant(sim):
-    result = run(sim, rate=40, arrival="poisson", num_requests=30, input_len=16, output_len=4, api="completions",
-                 per_chunk_usage=False)
+    result = run(
+        sim, rate=40, arrival="poisson", num_requests=30, input_len=16, output_len=4, api="completions", per_chunk_usage=False
+    )
     summary = result.summary.to_dict()
     assert summary["requests"]["completed"] == 30
     # without per-chunk counts each chunk is one token, and usage's total still matches
@@ -93,23 +94,35 @@ def run_summary_with_slo(result, slo_text):
 
 def sharegpt_conversations():
     return [
-        {"id": "a", "conversations": [
-            {"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi how can I help"},
-            {"from": "human", "value": "tell me a story"}, {"from": "gpt", "value": "once upon a time"},
-        ]},
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "human", "value": "hello there"},
+                {"from": "gpt", "value": "hi how can I help"},
+                {"from": "human", "value": "tell me a story"},
+                {"from": "gpt", "value": "once upon a time"},
+            ],
+        },
         {"id": "b", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "one question only"}]},
         {"id": "empty", "conversations": []},
-        {"id": "c", "conversations": [
-            {"from": "human", "value": "first"}, {"from": "gpt", "value": "answer one"},
-            {"from": "human", "value": "second"}, {"from": "gpt", "value": "answer two"},
-            {"from": "human", "value": "third, no reply in the file"},
-        ]},
+        {
+            "id": "c",
+            "conversations": [
+                {"from": "human", "value": "first"},
+                {"from": "gpt", "value": "answer one"},
+                {"from": "human", "value": "second"},
+                {"from": "gpt", "value": "answer two"},
+                {"from": "human", "value": "third, no reply in the file"},
+            ],
+        },
     ]
 
 
 @pytest.mark.parametrize("mode", ["dataset", "live"])
 def test_sharegpt_multi_turn_with_truncated_tail(sim, tmp_path, mode):
-    path = write_sharegpt(tmp_path / "sg.json", sharegpt_conversations(), truncate_tail='{"id": "cut", "conversations": [{"from": "hum')
+    path = write_sharegpt(
+        tmp_path / "sg.json", sharegpt_conversations(), truncate_tail='{"id": "cut", "conversations": [{"from": "hum'
+    )
     result = run(sim, dataset="sharegpt", dataset_path=str(path), multi_turn=mode, concurrency=2, num_requests=8)
     summary = result.summary.to_dict()
     notices = " ".join(summary["meta"]["notices"])
@@ -130,8 +143,17 @@ def test_sharegpt_first_turn_only(sim, tmp_path):
 
 
 def test_images_synthetic_and_folder(sim, tmp_path):
-    result = run(sim, dataset="images", images_per_request=2, image_size=(32, 24), image_format="jpeg",
-                 concurrency=2, num_requests=6, input_len=20, output_len=4)
+    result = run(
+        sim,
+        dataset="images",
+        images_per_request=2,
+        image_size=(32, 24),
+        image_format="jpeg",
+        concurrency=2,
+        num_requests=6,
+        input_len=20,
+        output_len=4,
+    )
     summary = result.summary.to_dict()
     assert summary["requests"]["completed"] == 6
     assert summary["tokens"]["images_total"] == 12
@@ -143,15 +165,31 @@ def test_images_synthetic_and_folder(sim, tmp_path):
 
     Image.new("RGB", (16, 16), "red").save(folder / "red.png")
     (folder / "broken.png").write_bytes(b"not an image")
-    from_folder = run(sim, dataset="images", image_dir=str(folder), concurrency=1, num_requests=2, input_len=10,
-                      output_len=2, mm_processor_kwargs={"max_image_tokens": 64})
+    from_folder = run(
+        sim,
+        dataset="images",
+        image_dir=str(folder),
+        concurrency=1,
+        num_requests=2,
+        input_len=10,
+        output_len=2,
+        mm_processor_kwargs={"max_image_tokens": 64},
+    )
     assert from_folder.summary.to_dict()["requests"]["completed"] == 2
     assert any("skipped 1 unreadable (broken.png)" in notice for notice in from_folder.summary.to_dict()["meta"]["notices"])
 
 
 def test_mixed_workload_reports_per_workload(sim):
-    result = run(sim, dataset="mixed", mix={"random": 0.5, "images": 0.5}, concurrency=2, num_requests=12,
-                 input_len=12, output_len=3, seed=5)
+    result = run(
+        sim,
+        dataset="mixed",
+        mix={"random": 0.5, "images": 0.5},
+        concurrency=2,
+        num_requests=12,
+        input_len=12,
+        output_len=3,
+        seed=5,
+    )
     per_workload = result.summary.to_dict()["per_workload"]
     assert set(per_workload) == {"random", "images"}
     assert sum(block["requests"] for block in per_workload.values()) == 12
@@ -213,9 +251,31 @@ def test_cli_outputs_history_and_client_limited_mark(sim, cli, tmp_path):
     json_out, records_out = tmp_path / "s.json", tmp_path / "r.parquet"
     # One worker asked for a million req/s cannot keep the schedule (each send costs tens of
     # microseconds of Python, 200 sends several ms): the run must say the client limited it, everywhere.
-    done = cli(*bench_args(sim, "--rate", 1000000, "--arrival", "constant", "--num-requests", 200, "--input-len", 8,
-                           "--output-len", 2, "--workers", 1, "--max-send-lag-ms", 1, "--label", "overload",
-                           "--json-out", json_out, "--records-out", records_out))
+    done = cli(
+        *bench_args(
+            sim,
+            "--rate",
+            1000000,
+            "--arrival",
+            "constant",
+            "--num-requests",
+            200,
+            "--input-len",
+            8,
+            "--output-len",
+            2,
+            "--workers",
+            1,
+            "--max-send-lag-ms",
+            1,
+            "--label",
+            "overload",
+            "--json-out",
+            json_out,
+            "--records-out",
+            records_out,
+        )
+    )
     assert done.code == 0, done.err
     summary = json.loads(json_out.read_text())
     assert summary["client"]["limited"] is True and summary["meta"]["client_limited"] is True

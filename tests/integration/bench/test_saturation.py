@@ -24,7 +24,7 @@ def test_rule_needs_a_growing_backlog_and_growing_ttft() -> None:
     verdicts = []
     for second in range(1, 6):
         for done in range(2):
-            growing.observe(finished(0.1 * second ** 2, at_wall=second - 0.5 + done * 0.1))
+            growing.observe(finished(0.1 * second**2, at_wall=second - 0.5 + done * 0.1))
         verdicts.append(growing.close_window(now_perf=float(second), now_wall=float(second)))
     assert verdicts[:3] == [None, None, None] and verdicts[-1] is not None
     assert "requests waiting grew" in verdicts[-1] and "past saturation" in verdicts[-1]
@@ -41,8 +41,9 @@ def test_open_loop_past_saturation_stops_early_and_says_so() -> None:
         target = Target(engine.base_url, "m")
 
         def run(rate: float, stop: bool | None) -> dict:
-            load = LoadSpec(rate=rate, arrival="constant", duration_s=3.0, input_len=32, output_len=64,
-                            stop_when_oversaturated=stop)
+            load = LoadSpec(
+                rate=rate, arrival="constant", duration_s=3.0, input_len=32, output_len=64, stop_when_oversaturated=stop
+            )
             return asyncio.run(run_load(load, target, progress=False)).summary.to_dict()
 
         collapsing = run(20.0, True)

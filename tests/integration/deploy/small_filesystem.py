@@ -26,7 +26,9 @@ def small_filesystem(directory: Path, size_kib: int) -> Iterator[Path]:
     try:
         done = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k,mode=0755", "vlmserve-test-full", str(directory)],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except FileNotFoundError:
         pytest.skip("no `mount` command here: a full file system cannot be made for this test")

@@ -29,23 +29,63 @@ SLO = "ttft_p95=1s"
 def test_step_up_scales_up_and_step_down_scales_down_without_failures(vlmserve_cmd: list[str], tmp_path: Path) -> None:
     home = tmp_path / "home"
     port = free_ports(5)
-    spec = write_spec(tmp_path / "deploy.yaml", name=NAME, engine="sim", model="sim-model", port=port,
-                      sim={"ttft_ms": 50, "itl_ms": 10, "cold_start_s": 3},
-                      engine_args={"max_num_seqs": 8},
-                      autoscale={"waiting_per_replica": 5, "polling_interval_s": 1,
-                                 "scale_down_stabilization_s": 8, "scale_down_cooldown_s": 1})
+    spec = write_spec(
+        tmp_path / "deploy.yaml",
+        name=NAME,
+        engine="sim",
+        model="sim-model",
+        port=port,
+        sim={"ttft_ms": 50, "itl_ms": 10, "cold_start_s": 3},
+        engine_args={"max_num_seqs": 8},
+        autoscale={
+            "waiting_per_replica": 5,
+            "polling_interval_s": 1,
+            "scale_down_stabilization_s": 8,
+            "scale_down_cooldown_s": 1,
+        },
+    )
     log = (tmp_path / "up.log").open("w")
-    up = subprocess.Popen([*vlmserve_cmd, "up", "-f", str(spec), "--autoscale", "1:4"], env=cli_env(home),
-                          stdout=log, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [*vlmserve_cmd, "up", "-f", str(spec), "--autoscale", "1:4"],
+        env=cli_env(home),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        wait_for(lambda: (state := read_state(home, NAME)) and state["gateway"] and state["gateway"]["state"] == "ready",
-                 90, "the deployment to serve", up)
+        wait_for(
+            lambda: (state := read_state(home, NAME)) and state["gateway"] and state["gateway"]["state"] == "ready",
+            90,
+            "the deployment to serve",
+            up,
+        )
         summary_path = tmp_path / "run.json"
         bench = subprocess.run(
-            [*vlmserve_cmd, "bench", "--base-url", f"http://127.0.0.1:{port}", "--model", "sim-model",
-             "--load-shape", SHAPE, "--output-len", "64", "--slo", SLO, "--no-store", "--no-progress",
-             "--json-out", str(summary_path), "--html-out", str(tmp_path / "scaling.html")],
-            env=cli_env(home), capture_output=True, text=True, timeout=180)
+            [
+                *vlmserve_cmd,
+                "bench",
+                "--base-url",
+                f"http://127.0.0.1:{port}",
+                "--model",
+                "sim-model",
+                "--load-shape",
+                SHAPE,
+                "--output-len",
+                "64",
+                "--slo",
+                SLO,
+                "--no-store",
+                "--no-progress",
+                "--json-out",
+                str(summary_path),
+                "--html-out",
+                str(tmp_path / "scaling.html"),
+            ],
+            env=cli_env(home),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert bench.returncode == 0, bench.stdout + bench.stderr
         scaling = json.loads(summary_path.read_text())["scaling"]
         # scale-up: misses while the replicas start, none once they serve

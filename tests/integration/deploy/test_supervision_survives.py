@@ -58,10 +58,15 @@ def answered_by_a_new_process(port: int, old_pid: int) -> bool:
 
 
 @needs_sim
-@pytest.mark.hostile("the state directory is full (ENOSPC): a killed replica and gateway are restarted, "
-                     "status says the state could not be saved, freeing space clears it")
+@pytest.mark.hostile(
+    "the state directory is full (ENOSPC): a killed replica and gateway are restarted, "
+    "status says the state could not be saved, freeing space clears it"
+)
 def test_a_full_state_directory_does_not_end_supervision(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]],  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    tmp_path: Path,
+    up_process: list[subprocess.Popen[str]],  # noqa: F811
 ) -> None:
     name = "fulldisk"
     state_dir = home / "deployments" / name
@@ -99,7 +104,9 @@ def test_a_full_state_directory_does_not_end_supervision(
 
         def saved_again() -> dict | None:  # type: ignore[type-arg]
             now = read_state(home, name)
-            return now if now and now["replicas"][0]["pid"] != replica["pid"] and now["gateway"]["pid"] != gateway["pid"] else None
+            return (
+                now if now and now["replicas"][0]["pid"] != replica["pid"] and now["gateway"]["pid"] != gateway["pid"] else None
+            )
 
         state = wait_for(saved_again, 60, "the state to be saved again", proc)
         assert state["replicas"][0]["restarts"] == 1 and state["gateway"]["restarts"] == 1, state
@@ -113,16 +120,21 @@ def test_a_full_state_directory_does_not_end_supervision(
     # ended; besides, only the kills' own events (and at most one line saying supervisor.log cannot be appended to)
     assert output.count("could not save the deployment state") == 1, output
     assert output.count("deployment state saved again after") == 1, output
-    episode = output[before_full:output.index("deployment state saved again after")].splitlines()
+    episode = output[before_full : output.index("deployment state saved again after")].splitlines()
     assert sum("cannot append to" in line for line in episode) <= 1, episode  # a log whose last page has room takes a line or two
     assert len(episode) <= 12, episode
 
 
 @needs_sim
-@pytest.mark.hostile("the gateway is stopped (SIGSTOP) under `up`: its silent /health gets it killed and "
-                     "restarted, the waiting client is let go, and clients are answered again")
+@pytest.mark.hostile(
+    "the gateway is stopped (SIGSTOP) under `up`: its silent /health gets it killed and "
+    "restarted, the waiting client is let go, and clients are answered again"
+)
 def test_a_stopped_gateway_is_restarted(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]],  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    tmp_path: Path,
+    up_process: list[subprocess.Popen[str]],  # noqa: F811
 ) -> None:
     name = "stoppedgw"
     spec = write_spec(tmp_path / "gw.yaml", name=name, engine="sim", model="sim-model", replicas=1,
@@ -154,10 +166,14 @@ def test_a_stopped_gateway_is_restarted(
 
 
 @needs_sim
-@pytest.mark.hostile("a replica's engine loop freezes with requests waiting while its /health still answers: "
-                     "restarted, the reason logged")
+@pytest.mark.hostile(
+    "a replica's engine loop freezes with requests waiting while its /health still answers: restarted, the reason logged"
+)
 def test_a_replica_stuck_behind_a_healthy_api_is_restarted(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, up_process: list[subprocess.Popen[str]],  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    tmp_path: Path,
+    up_process: list[subprocess.Popen[str]],  # noqa: F811
 ) -> None:
     name = "stuck"
     # readiness sends two 1-token generations (text, image); the third request freezes the loop
@@ -173,7 +189,9 @@ def test_a_replica_stuck_behind_a_healthy_api_is_restarted(
         ask(replica["url"], timeout_s=120)
     assert not isinstance(waited.value, httpx.TimeoutException), waited.value  # let go by the kill
     output += read_until(proc, "replica 0 ready at", timeout_s=120)
-    assert f"replica 0 (pid {replica['pid']}) is stalled: 1 waiting and 0 running, no prompt or generation token" in output, output
+    assert f"replica 0 (pid {replica['pid']}) is stalled: 1 waiting and 0 running, no prompt or generation token" in output, (
+        output
+    )
     now = wait_for(lambda: (s := read_state(home, name)) and s["replicas"][0]["restarts"] == 1 and
                    s["replicas"][0]["state"] == "ready" and s, 60, "the replica's restart recorded", proc)  # fmt: skip
     assert now["replicas"][0]["last_restart_reason"].startswith("stalled: 1 waiting"), now["replicas"][0]
@@ -200,8 +218,9 @@ def flaky_supervisor(spec: object, state_dir: Path, events: list[str], faults: i
 
 
 @needs_sim
-@pytest.mark.hostile("an exception in the supervisor's monitor step: reported once, supervision goes on "
-                     "and a crashed replica is still restarted")
+@pytest.mark.hostile(
+    "an exception in the supervisor's monitor step: reported once, supervision goes on and a crashed replica is still restarted"
+)
 def test_an_exception_in_the_monitor_does_not_end_supervision(tmp_path: Path) -> None:
     from vlmserve.spec import DeploymentSpec
 

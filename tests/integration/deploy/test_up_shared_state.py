@@ -43,10 +43,19 @@ def test_the_spec_fields_reach_the_gateway_and_the_password_stays_out_of_its_arg
         DeploymentSpec.model_validate({"gateway_state_unavailable": "sometimes"})
 
 
-def test_print_plan_shows_the_state_without_its_password(vlmserve_cmd: list[str], home: Path,  # noqa: F811
-                                                         tmp_path: Path) -> None:
-    spec = write_spec(tmp_path / "deploy.yaml", name="planned", engine="sim", model="sim-model",
-                      port=free_ports(2), gateway_state="redis://:s3cret@cache.internal:6379/0")
+def test_print_plan_shows_the_state_without_its_password(
+    vlmserve_cmd: list[str],
+    home: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    spec = write_spec(
+        tmp_path / "deploy.yaml",
+        name="planned",
+        engine="sim",
+        model="sim-model",
+        port=free_ports(2),
+        gateway_state="redis://:s3cret@cache.internal:6379/0",
+    )
     done = run_up(vlmserve_cmd, home, "-f", str(spec), "--print-plan", timeout=120)
     assert done.returncode == 0, done.stderr
     assert "VLMSERVE_GATEWAY_STATE='redis://:***@cache.internal:6379/0'" in done.stdout
@@ -54,15 +63,21 @@ def test_print_plan_shows_the_state_without_its_password(vlmserve_cmd: list[str]
 
 
 @pytest.mark.hostile("a deployment spec with a malformed gateway_state: refused in one line before any engine starts")
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"gateway_state": "http://cache:6379/0"}, "gateway_state: --state 'http://cache:6379/0': the scheme must be redis://"),
-    ({"gateway_state": "redis://cache:6379/0", "gateway_state_unavailable": "maybe"}, "field 'gateway_state_unavailable'"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"gateway_state": "http://cache:6379/0"}, "gateway_state: --state 'http://cache:6379/0': the scheme must be redis://"),
+        ({"gateway_state": "redis://cache:6379/0", "gateway_state_unavailable": "maybe"}, "field 'gateway_state_unavailable'"),
+    ],
+)
 def test_a_bad_gateway_state_is_refused_before_engines_start(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, fields: dict[str, str], message: str  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    tmp_path: Path,
+    fields: dict[str, str],
+    message: str,  # noqa: F811
 ) -> None:
-    spec = write_spec(tmp_path / "deploy.yaml", name="badstate", engine="sim", model="sim-model",
-                      port=free_ports(2), **fields)
+    spec = write_spec(tmp_path / "deploy.yaml", name="badstate", engine="sim", model="sim-model", port=free_ports(2), **fields)
     done = run_up(vlmserve_cmd, home, "-f", str(spec), timeout=120)
     assert_one_line_error(done, message)
     assert "starting replica" not in done.stdout
@@ -70,22 +85,37 @@ def test_a_bad_gateway_state_is_refused_before_engines_start(
 
 
 def test_up_starts_its_gateway_on_the_shared_state(
-    vlmserve_cmd: list[str], home: Path, tmp_path: Path, redis_server: RedisServer,  # noqa: F811
+    vlmserve_cmd: list[str],
+    home: Path,
+    tmp_path: Path,
+    redis_server: RedisServer,  # noqa: F811
     up_process: list[subprocess.Popen[str]],  # noqa: F811
 ) -> None:
     keys = tmp_path / "keys.yaml"
     keys.write_text("tenants:\n  - name: clinic\n    keys: [sk-clinic]\n    requests_per_s: 5\n")
     name = "sharedstate"
-    spec = write_spec(tmp_path / "deploy.yaml", name=name, engine="sim", model="sim-model", port=free_ports(2),
-                      keys_file=str(keys), gateway_state=redis_server.url, gateway_state_unavailable="closed")
+    spec = write_spec(
+        tmp_path / "deploy.yaml",
+        name=name,
+        engine="sim",
+        model="sim-model",
+        port=free_ports(2),
+        keys_file=str(keys),
+        gateway_state=redis_server.url,
+        gateway_state_unavailable="closed",
+    )
     proc = spawn_up(vlmserve_cmd, home, up_process, "-f", str(spec))
     state = wait_for(lambda: ready_with_gateway(home, name, 1), 120, "sim replica and gateway ready", proc)
     endpoint = state["endpoint"]
     health = httpx.get(f"{endpoint}/health", timeout=10, trust_env=False).json()
     assert health["state"] == {"backend": redis_server.url, "available": True, "when_unavailable": "closed"}
-    reply = httpx.post(f"{endpoint}/v1/chat/completions", timeout=30, trust_env=False,
-                       headers={"Authorization": "Bearer sk-clinic"},
-                       json={"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    reply = httpx.post(
+        f"{endpoint}/v1/chat/completions",
+        timeout=30,
+        trust_env=False,
+        headers={"Authorization": "Bearer sk-clinic"},
+        json={"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert reply.status_code == 200, reply.text
     assert redis_server.client().exists(bucket_keys("clinic")[0]) == 1
     stop_up(proc)

@@ -18,12 +18,22 @@ from vlmserve.spec import DeploymentSpec
 
 
 def gpu_spec() -> DeploymentSpec:
-    return DeploymentSpec.model_validate({
-        "name": "radiology", "model": "Qwen/Qwen2.5-VL-7B-Instruct", "replicas": 2, "port": 9000,
-        "ready_timeout_s": 900, "env": {"VLLM_LOGGING_LEVEL": "INFO"},
-        "engine_args": {"tensor_parallel_size": 2, "max_model_len": 8192, "enable_prefix_caching": True,
-                        "limit_mm_per_prompt": {"image": 2}},
-    })
+    return DeploymentSpec.model_validate(
+        {
+            "name": "radiology",
+            "model": "Qwen/Qwen2.5-VL-7B-Instruct",
+            "replicas": 2,
+            "port": 9000,
+            "ready_timeout_s": 900,
+            "env": {"VLLM_LOGGING_LEVEL": "INFO"},
+            "engine_args": {
+                "tensor_parallel_size": 2,
+                "max_model_len": 8192,
+                "enable_prefix_caching": True,
+                "limit_mm_per_prompt": {"image": 2},
+            },
+        }
+    )
 
 
 def flag(args: list[str], name: str) -> str:
@@ -72,8 +82,9 @@ def test_gpu_deployment_manifests_validate_and_carry_the_spec() -> None:
 
 
 def test_sim_engine_spec_needs_no_gpu() -> None:
-    spec = DeploymentSpec.model_validate({"name": "demo", "engine": "sim", "replicas": 1,
-                                          "sim": {"profile": "fast"}, "gateway": False})
+    spec = DeploymentSpec.model_validate(
+        {"name": "demo", "engine": "sim", "replicas": 1, "sim": {"profile": "fast"}, "gateway": False}
+    )
     manifests = render_manifests(spec, K8sOptions(), AlertSettings())
     for manifest in manifests.values():
         validate(manifest)
@@ -115,8 +126,7 @@ def test_cli_writes_valid_manifests(tmp_path: Path, vlmserve_cmd: list[str]) -> 
     spec_file = tmp_path / "deploy.yaml"
     spec_file.write_text(yaml.safe_dump(gpu_spec().model_dump(mode="json")))
     out = tmp_path / "k8s"
-    done = run_cli(vlmserve_cmd, "-f", str(spec_file), "--out", str(out), "--monitoring-label",
-                   "release=kube-prometheus-stack")
+    done = run_cli(vlmserve_cmd, "-f", str(spec_file), "--out", str(out), "--monitoring-label", "release=kube-prometheus-stack")
     assert done.returncode == 0, done.stderr
     names = yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
     assert len(names) == 11  # engine, gateway and Redis Deployments and Services, 2 NetworkPolicies, 3 CRs
@@ -128,15 +138,19 @@ def test_cli_writes_valid_manifests(tmp_path: Path, vlmserve_cmd: list[str]) -> 
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
-@pytest.mark.parametrize("spec_text, extra, message", [
-    ("model: embedded\n", [], "model 'embedded' is the tiny test model"),
-    ("replicas: 0\n", [], "field 'replicas'"),
-    ("model: org/m\n", ["--monitoring-label", "release"], "--monitoring-label: 'release' has no '='"),
-    ("model: org/m\nreplicas: 3\n", ["--max-replicas", "2"], "--max-replicas 2 is below replicas: 3"),
-    ("model: org/m\n", ["--discovery", "consul"], "--discovery 'consul': choose dns or k8s"),
-])
-def test_cli_bad_input_is_one_line(tmp_path: Path, vlmserve_cmd: list[str], spec_text: str, extra: list[str],
-                                   message: str) -> None:
+@pytest.mark.parametrize(
+    "spec_text, extra, message",
+    [
+        ("model: embedded\n", [], "model 'embedded' is the tiny test model"),
+        ("replicas: 0\n", [], "field 'replicas'"),
+        ("model: org/m\n", ["--monitoring-label", "release"], "--monitoring-label: 'release' has no '='"),
+        ("model: org/m\nreplicas: 3\n", ["--max-replicas", "2"], "--max-replicas 2 is below replicas: 3"),
+        ("model: org/m\n", ["--discovery", "consul"], "--discovery 'consul': choose dns or k8s"),
+    ],
+)
+def test_cli_bad_input_is_one_line(
+    tmp_path: Path, vlmserve_cmd: list[str], spec_text: str, extra: list[str], message: str
+) -> None:
     spec_file = tmp_path / "deploy.yaml"
     spec_file.write_text(spec_text)
     done = run_cli(vlmserve_cmd, "-f", str(spec_file), "--out", str(tmp_path / "out"), *extra)
@@ -195,8 +209,9 @@ def test_endpointslice_discovery_gets_a_least_privilege_role() -> None:
     assert pod["serviceAccountName"] == "radiology-gateway"
     assert ("ServiceAccount", "radiology-gateway") in objects
     role = objects[("Role", "radiology-gateway")]
-    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                              "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}
+    ]
     binding = objects[("RoleBinding", "radiology-gateway")]
     assert binding["roleRef"]["name"] == "radiology-gateway"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "radiology-gateway", "namespace": "vision"}]

@@ -38,8 +38,16 @@ def test_exported_redis_needs_the_password_the_gateways_carry(tmp_path: Path) ->
     secret_env = {"REDIS_PASSWORD": PASSWORD, "REDISCLI_AUTH": PASSWORD}  # both from the Secret's key
     assert {e["name"] for e in container["env"]} == set(secret_env)
     port = free_port()
-    argv = [REDIS_SERVER, *(expand(arg, secret_env) for arg in container["args"]),
-            "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)]  # the pod's network, here
+    argv = [
+        REDIS_SERVER,
+        *(expand(arg, secret_env) for arg in container["args"]),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(tmp_path),
+    ]  # the pod's network, here
     assert container["command"] == ["redis-server"]
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
@@ -56,8 +64,7 @@ def test_exported_redis_needs_the_password_the_gateways_carry(tmp_path: Path) ->
             redis.Redis(host="127.0.0.1", port=port, socket_timeout=2).ping()
         gateway = manifests["gateway-deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
         state = next(e["value"] for e in gateway["env"] if e["name"] == STATE_ENV)
-        url = parse_state_url(expand(state, secret_env)).url.replace("radiology-redis.vision.svc:6379",
-                                                                    f"127.0.0.1:{port}")
+        url = parse_state_url(expand(state, secret_env)).url.replace("radiology-redis.vision.svc:6379", f"127.0.0.1:{port}")
         assert redis.Redis.from_url(url, socket_timeout=2).ping() is True
     finally:
         stop_process(process, timeout_s=5.0)

@@ -29,8 +29,20 @@ def export(vlmserve_cmd: list[str], *args: str) -> subprocess.CompletedProcess:
 
 def test_llmd_router(tmp_path: Path, vlmserve_cmd: list[str]) -> None:
     out = tmp_path / "llmd"
-    done = export(vlmserve_cmd, "k8s", "-f", str(spec_file(tmp_path)), "--out", str(out), "--router", "llm-d",
-                  "--model-pvc", "weights", "--namespace", "vision")
+    done = export(
+        vlmserve_cmd,
+        "k8s",
+        "-f",
+        str(spec_file(tmp_path)),
+        "--out",
+        str(out),
+        "--router",
+        "llm-d",
+        "--model-pvc",
+        "weights",
+        "--namespace",
+        "vision",
+    )
     assert done.returncode == 0, done.stderr
     assert "warning: llm-d: max_image_bytes not enforced" in done.stderr
     names = yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
@@ -53,8 +65,7 @@ def test_llmd_router(tmp_path: Path, vlmserve_cmd: list[str]) -> None:
 
 def test_production_stack_values(tmp_path: Path, vlmserve_cmd: list[str]) -> None:
     out = tmp_path / "values.yaml"
-    done = export(vlmserve_cmd, "production-stack", "-f", str(spec_file(tmp_path)), "--out", str(out),
-                  "--model-pvc", "weights")
+    done = export(vlmserve_cmd, "production-stack", "-f", str(spec_file(tmp_path)), "--out", str(out), "--model-pvc", "weights")
     assert done.returncode == 0, done.stderr
     assert "threshold 3 waiting requests per replica is not carried" in done.stderr
     text = out.read_text()

@@ -28,10 +28,10 @@ async def post(session: aiohttp.ClientSession, url: str, body: object, headers: 
         return answer.status, await answer.json()
 
 
-@pytest.mark.hostile("gateway /admin/lora/load: a non-admin key, an open gateway, a bad adapter name or path: refused, "
-                     "no replica asked")
-async def test_only_an_admin_key_may_load_and_its_request_is_checked(constant_engines: list[SimHandle],
-                                                                      tmp_path: Path) -> None:
+@pytest.mark.hostile(
+    "gateway /admin/lora/load: a non-admin key, an open gateway, a bad adapter name or path: refused, no replica asked"
+)
+async def test_only_an_admin_key_may_load_and_its_request_is_checked(constant_engines: list[SimHandle], tmp_path: Path) -> None:
     keys = tmp_path / "keys.yaml"
     keys.write_text(KEYS)
     good = {"lora_name": "clinic-b", "lora_path": "/models/clinic-b"}
@@ -41,9 +41,12 @@ async def test_only_an_admin_key_may_load_and_its_request_is_checked(constant_en
         assert status == 403 and body["error"]["code"] == "admin_required"
         status, body = await post(session, load, good, {})
         assert status == 401
-        for bad, code in (({"lora_name": "../x", "lora_path": "/m"}, "invalid_lora_name"),
-                          ({"lora_name": "ok"}, "invalid_lora_path"), ({"lora_name": "ok", "lora_path": "rel/dir"},
-                                                                       "invalid_lora_path"), ("[1,2]", "invalid_lora_name")):
+        for bad, code in (
+            ({"lora_name": "../x", "lora_path": "/m"}, "invalid_lora_name"),
+            ({"lora_name": "ok"}, "invalid_lora_path"),
+            ({"lora_name": "ok", "lora_path": "rel/dir"}, "invalid_lora_path"),
+            ("[1,2]", "invalid_lora_name"),
+        ):
             status, body = await post(session, load, bad, ADMIN)
             assert (status, body["error"]["code"]) == (400, code), bad
         # sim engines have no runtime adapter loading: every replica is asked, each failure is named

@@ -39,17 +39,21 @@ FREE_KEY = {"Authorization": "Bearer sk-free"}  # a tenant with no budget, for t
 @pytest.fixture(scope="module")
 def short_answers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHandle]:
     """One engine whose answers all end after ANSWER_TOKENS tokens, quickly (0.2 ms a token)."""
-    with sim_engines(1, tmp_path_factory.mktemp("budget-sims"), ttft_ms=1, itl_ms=0.2,
-                     output_len=f"fixed:{ANSWER_TOKENS}") as handles:
+    with sim_engines(
+        1, tmp_path_factory.mktemp("budget-sims"), ttft_ms=1, itl_ms=0.2, output_len=f"fixed:{ANSWER_TOKENS}"
+    ) as handles:
         yield handles[0]
 
 
 @asynccontextmanager
-async def budget_gateway(engine: SimHandle, tmp_path: Path, where: str,
-                         redis_server: RedisServer | None, **settings: object) -> AsyncIterator[RunningGateway]:
+async def budget_gateway(
+    engine: SimHandle, tmp_path: Path, where: str, redis_server: RedisServer | None, **settings: object
+) -> AsyncIterator[RunningGateway]:
     keys = tmp_path / "keys.yaml"
-    keys.write_text(f"tenants:\n  - name: metered\n    keys: [sk-budget]\n    tokens_per_min: {BUDGET_PER_MIN}\n"
-                    "  - name: free\n    keys: [sk-free]\n")
+    keys.write_text(
+        f"tenants:\n  - name: metered\n    keys: [sk-budget]\n    tokens_per_min: {BUDGET_PER_MIN}\n"
+        "  - name: free\n    keys: [sk-free]\n"
+    )
     state = {"state": redis_server.url, "state_unavailable": "closed"} if where == "redis" else {}
     async with running_gateway([engine], keys_file=keys, **state, **settings) as gateway:
         async with aiohttp.ClientSession() as session:  # the replica's model list is in before the first request
@@ -79,15 +83,16 @@ def assert_within_budget(costs: list[int], elapsed_s: float) -> None:
 
 @pytest.mark.hostile("max_tokens far over a tokens/min budget, to be refunded at settle (12 of 12 got through)")
 async def test_a_large_max_tokens_is_charged_not_refunded_past_its_charge(
-        short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None) -> None:
-    async with budget_gateway(short_answers, tmp_path, where, maybe_redis) as gateway, \
-            aiohttp.ClientSession() as session:
+    short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None
+) -> None:
+    async with budget_gateway(short_answers, tmp_path, where, maybe_redis) as gateway, aiohttp.ClientSession() as session:
         started = time.monotonic()
         costs: list[int] = []
         refused = []
         for i in range(12):
-            result = await post_chat(session, gateway.base_url, chat_body(f"q{i}", max_tokens=8000, stream=False,
-                                                                          ignore_eos=False), KEY)
+            result = await post_chat(
+                session, gateway.base_url, chat_body(f"q{i}", max_tokens=8000, stream=False, ignore_eos=False), KEY
+            )
             if result.status == 200:
                 usage = result.body["usage"]
                 assert usage["completion_tokens"] == ANSWER_TOKENS
@@ -96,22 +101,23 @@ async def test_a_large_max_tokens_is_charged_not_refunded_past_its_charge(
                 refused.append(result)
         elapsed_s = time.monotonic() - started
     assert costs, "the first request, with the budget full, is admitted (and charged all it may cost)"
-    assert all(r.status == 429 and r.body["error"]["code"] == "rate_limit_exceeded"
-               and "'metered'" in r.body["error"]["message"] for r in refused), [r.body for r in refused]
+    assert all(
+        r.status == 429 and r.body["error"]["code"] == "rate_limit_exceeded" and "'metered'" in r.body["error"]["message"]
+        for r in refused
+    ), [r.body for r in refused]
     assert_within_budget(costs, elapsed_s)
 
 
 @pytest.mark.hostile("streams without include_usage, so the settle refunded the prompt (12 of 12 got through)")
 async def test_a_stream_without_usage_is_settled_with_the_gateways_prompt_estimate(
-        short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None) -> None:
+    short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None
+) -> None:
     prompt = "word " * 1692  # 8,460 characters: about 2,115 tokens at the gateway's 4 characters a token
-    async with budget_gateway(short_answers, tmp_path, where, maybe_redis) as gateway, \
-            aiohttp.ClientSession() as session:
+    async with budget_gateway(short_answers, tmp_path, where, maybe_redis) as gateway, aiohttp.ClientSession() as session:
         started = time.monotonic()
         admitted = 0
         for i in range(12):
-            body = {"model": MODEL, "max_tokens": 20, "stream": True,
-                    "messages": [{"role": "user", "content": f"{i} {prompt}"}]}
+            body = {"model": MODEL, "max_tokens": 20, "stream": True, "messages": [{"role": "user", "content": f"{i} {prompt}"}]}
             result = await post_chat(session, gateway.base_url, body, KEY)
             if result.status == 200:
                 assert result.done and not any(e.get("usage") for e in result.events)  # the client asked for none
@@ -124,8 +130,9 @@ async def test_a_stream_without_usage_is_settled_with_the_gateways_prompt_estima
     assert admitted == 1
 
 
-async def read_slowly(session: aiohttp.ClientSession, base_url: str, body: dict[str, object],
-                      headers: dict[str, str]) -> tuple[int, list[dict[str, object]]]:
+async def read_slowly(
+    session: aiohttp.ClientSession, base_url: str, body: dict[str, object], headers: dict[str, str]
+) -> tuple[int, list[dict[str, object]]]:
     """POST a stream and read it a little at a time, pausing between reads (a slow client: the
     gateway's reads of the replica then merge more events); its status and its chunks' events."""
     async with session.post(base_url + "/v1/chat/completions", json=body, headers=headers) as response:
@@ -148,21 +155,29 @@ def content_tokens(events: list[dict[str, object]]) -> int:
 
 @pytest.mark.hostile("stream without usage: blocks merged by a fast engine or slow reader undercount the output")
 async def test_a_stream_without_usage_is_settled_from_its_events_not_the_blocks_they_came_in(
-        short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None) -> None:
+    short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None
+) -> None:
     audit = tmp_path / "audit.jsonl"
-    body = {"model": MODEL, "max_tokens": ANSWER_TOKENS, "stream": True, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "q00"}]}
-    async with budget_gateway(short_answers, tmp_path, where, maybe_redis, audit_log=audit) as gateway, \
-            aiohttp.ClientSession() as session:
+    body = {
+        "model": MODEL,
+        "max_tokens": ANSWER_TOKENS,
+        "stream": True,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": "q00"}],
+    }
+    async with (
+        budget_gateway(short_answers, tmp_path, where, maybe_redis, audit_log=audit) as gateway,
+        aiohttp.ClientSession() as session,
+    ):
         # the engine's own prompt count for this shape of request, from a tenant without a budget
-        control = await post_chat(session, gateway.base_url, {**body, "stream_options": {"include_usage": True}},
-                                  FREE_KEY)
+        control = await post_chat(session, gateway.base_url, {**body, "stream_options": {"include_usage": True}}, FREE_KEY)
         prompt_tokens = next(e["usage"]["prompt_tokens"] for e in control.events if e.get("usage"))
         started = time.monotonic()
         costs: list[int] = []
         for i in range(12):
-            status, events = await read_slowly(session, gateway.base_url, {
-                **body, "messages": [{"role": "user", "content": f"q{i:02d}"}]}, KEY)
+            status, events = await read_slowly(
+                session, gateway.base_url, {**body, "messages": [{"role": "user", "content": f"q{i:02d}"}]}, KEY
+            )
             if status == 200:
                 assert not any(e.get("usage") for e in events)  # the client asked for none
                 assert content_tokens(events) == ANSWER_TOKENS
@@ -173,20 +188,26 @@ async def test_a_stream_without_usage_is_settled_from_its_events_not_the_blocks_
         elapsed_s = time.monotonic() - started
     assert_within_budget(costs, elapsed_s)
     # what each was settled to: the role event and its 200 tokens (a block count was 22-32)
-    settled = [r["completion_tokens"] for r in map(json.loads, audit.read_text().splitlines())
-               if r["tenant"] == "metered" and r["status"] == "200"]
+    settled = [
+        r["completion_tokens"]
+        for r in map(json.loads, audit.read_text().splitlines())
+        if r["tenant"] == "metered" and r["status"] == "200"
+    ]
     assert len(settled) == len(costs)
     assert all(ANSWER_TOKENS <= tokens <= ANSWER_TOKENS * 1.02 for tokens in settled), settled
 
 
 @pytest.mark.hostile("max_tokens of 1e309, 10**309, negative, fractional or a string")
-@pytest.mark.parametrize("raw", ["1e309", "1" + "0" * 309, "-5", "0", "12.5", '"100"', "true", "-1e309"],
-                         ids=["1e309", "10**309", "negative", "zero", "fraction", "string", "bool", "-1e309"])
+@pytest.mark.parametrize(
+    "raw",
+    ["1e309", "1" + "0" * 309, "-5", "0", "12.5", '"100"', "true", "-1e309"],
+    ids=["1e309", "10**309", "negative", "zero", "fraction", "string", "bool", "-1e309"],
+)
 async def test_an_absurd_max_tokens_is_a_400_before_any_arithmetic(
-        short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None, raw: str) -> None:
+    short_answers: SimHandle, tmp_path: Path, where: str, maybe_redis: RedisServer | None, raw: str
+) -> None:
     body = ('{"model": "%s", "max_tokens": %s, "messages": [{"role": "user", "content": "hi"}]}' % (MODEL, raw)).encode()
-    async with budget_gateway(short_answers, tmp_path, where, maybe_redis) as gateway, \
-            aiohttp.ClientSession() as session:
+    async with budget_gateway(short_answers, tmp_path, where, maybe_redis) as gateway, aiohttp.ClientSession() as session:
         result = await post_chat(session, gateway.base_url, body, KEY)
         error = result.body["error"]
         assert result.status == 400 and error["code"] == "invalid_max_tokens", result.body
@@ -206,8 +227,12 @@ def test_a_keys_file_with_an_absurd_rate_stops_the_gateway_with_one_line(tmp_pat
     """As an operator runs it (a process: a gateway that took the file would serve until the timeout)."""
     keys = tmp_path / "keys.yaml"
     keys.write_text(f"tenants:\n  - name: greedy\n    keys: [sk-greedy]\n    {key}: {value}\n")
-    done = subprocess.run([sys.executable, "-m", "vlmserve", "gateway", "--replica", "http://127.0.0.1:1", "--port", "0",
-                           "--keys-file", str(keys)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "vlmserve", "gateway", "--replica", "http://127.0.0.1:1", "--port", "0", "--keys-file", str(keys)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     stderr = done.stderr
     assert done.returncode == 2 and stderr.startswith("error: ") and len(stderr.strip().splitlines()) == 1, stderr
     assert "tenant 'greedy'" in stderr and key in stderr and "must be a finite number from" in stderr

@@ -29,13 +29,31 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
         (["--replica", "http://127.0.0.1:1", "--keys-file", "/nonexistent/keys.yaml"], "does not exist"),
         (["--replica", "http://127.0.0.1:1", "--replica", "http://127.0.0.1:1"], "given twice"),
         # a socket would take 99999 modulo 65536 and listen on 34463
-        (["--replica", "http://127.0.0.1:1", "--port", "99999"], "--port must be between 1 and 65535 (or 0 for a free port), got 99999"),
-        (["--replica", "http://127.0.0.1:1", "--port", "-1"], "--port must be between 1 and 65535 (or 0 for a free port), got -1"),
+        (
+            ["--replica", "http://127.0.0.1:1", "--port", "99999"],
+            "--port must be between 1 and 65535 (or 0 for a free port), got 99999",
+        ),
+        (
+            ["--replica", "http://127.0.0.1:1", "--port", "-1"],
+            "--port must be between 1 and 65535 (or 0 for a free port), got -1",
+        ),
         # NaN passes every comparison: a NaN health interval would stop the health checks, an infinite timeout never fires
-        (["--replica", "http://127.0.0.1:1", "--health-interval", "nan"], "--health-interval must be a positive number of seconds, got nan"),
-        (["--replica", "http://127.0.0.1:1", "--first-token-timeout", "inf"], "--first-token-timeout must be a positive number of seconds, got inf"),
-        (["--replica", "http://127.0.0.1:1", "--connect-timeout", "0"], "--connect-timeout must be a positive number of seconds, got 0.0"),
-        (["--replica", "http://127.0.0.1:1", "--discover-interval", "nan"], "--discover-interval must be a positive number of seconds, got nan"),
+        (
+            ["--replica", "http://127.0.0.1:1", "--health-interval", "nan"],
+            "--health-interval must be a positive number of seconds, got nan",
+        ),
+        (
+            ["--replica", "http://127.0.0.1:1", "--first-token-timeout", "inf"],
+            "--first-token-timeout must be a positive number of seconds, got inf",
+        ),
+        (
+            ["--replica", "http://127.0.0.1:1", "--connect-timeout", "0"],
+            "--connect-timeout must be a positive number of seconds, got 0.0",
+        ),
+        (
+            ["--replica", "http://127.0.0.1:1", "--discover-interval", "nan"],
+            "--discover-interval must be a positive number of seconds, got nan",
+        ),
         (["--replica", "http://127.0.0.1:1", "--drain-timeout", "-1"], "--drain-timeout must be 0 or more seconds, got -1.0"),
         (["--replica", "http://127.0.0.1:1", "--max-body-bytes", "-1"], "--max-body-bytes must be at least 1, got -1"),
         (["--replica", "http://127.0.0.1:1", "--prefix-load-factor", "nan"], "--prefix-load-factor must be at least 1.0"),
@@ -70,8 +88,11 @@ def test_gateway_command_serves_and_exits_cleanly(constant_engines: list[SimHand
         health = httpx.get(gateway.base_url + "/health", timeout=5).json()
         assert health["policy"] == "prefix-affinity" and all(r["healthy"] for r in health["replicas"])
         assert [m["id"] for m in httpx.get(gateway.base_url + "/v1/models", timeout=5).json()["data"]] == [MODEL]
-        answer = httpx.post(gateway.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x-ray of a molar",
-                                                                         "max_tokens": 5, "ignore_eos": True}, timeout=10)
+        answer = httpx.post(
+            gateway.base_url + "/v1/completions",
+            json={"model": MODEL, "prompt": "x-ray of a molar", "max_tokens": 5, "ignore_eos": True},
+            timeout=10,
+        )
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 5
         tokenize = httpx.post(gateway.base_url + "/v1/nonexistent-route", json={}, timeout=10)
         assert tokenize.status_code == 404  # other /v1 paths reach an engine, which answers for itself

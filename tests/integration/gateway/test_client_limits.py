@@ -21,8 +21,10 @@ from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway
 from tests.helpers.sim import SimHandle
 from tests.helpers.tls import self_signed_certificate
 
-SLOW_HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
-             b"X-Padding: " + b"a" * 200 + b"\r\n\r\n")
+SLOW_HEAD = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+    b"X-Padding: " + b"a" * 200 + b"\r\n\r\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ async def _slowloris(port: int, head: bytes, byte_interval_s: float = 0.1) -> by
     async def trickle() -> None:
         try:
             for i in range(len(head)):
-                writer.write(head[i:i + 1])
+                writer.write(head[i : i + 1])
                 await writer.drain()
                 await asyncio.sleep(byte_interval_s)
         except ConnectionError:
@@ -94,8 +96,9 @@ def _send_after_408(port: int, first_line: bytes) -> tuple[bytes, str]:
     return answer, "taken"
 
 
-@pytest.mark.parametrize("first_line", [b"POST /v1/chat/completions HTTP/1.1\r\n", b"GET /v1/models HTTP/1.1\r\n"],
-                         ids=["post", "get"])
+@pytest.mark.parametrize(
+    "first_line", [b"POST /v1/chat/completions HTTP/1.1\r\n", b"GET /v1/models HTTP/1.1\r\n"], ids=["post", "get"]
+)
 @pytest.mark.hostile("a client that keeps sending after its header timeout")
 async def test_after_a_408_the_gateway_reads_on_before_closing(engine: SimHandle, first_line: bytes) -> None:
     """A socket closed with unread bytes, or one that bytes reach after its close, answers with a reset,
@@ -124,8 +127,7 @@ async def test_idle_keep_alive_connections_are_closed(engine: SimHandle) -> None
 
 @pytest.mark.hostile("a flood of connections beyond any server's file descriptors")
 async def test_connections_over_the_cap_get_503_and_later_ones_are_served(engine: SimHandle) -> None:
-    async with running_gateway([engine], max_connections=20, header_timeout_s=30.0) as gw, \
-            aiohttp.ClientSession() as session:
+    async with running_gateway([engine], max_connections=20, header_timeout_s=30.0) as gw, aiohttp.ClientSession() as session:
         stats = gw.gateway.client_stats
         held = [await asyncio.open_connection("127.0.0.1", gw.port) for _ in range(20)]
 
@@ -150,8 +152,7 @@ async def test_connections_over_the_cap_get_503_and_later_ones_are_served(engine
 
 
 @pytest.mark.hostile("malformed HTTP: garbage bytes, a bad request line, an invalid header")
-async def test_malformed_requests_get_400_and_one_log_line_each(engine: SimHandle,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+async def test_malformed_requests_get_400_and_one_log_line_each(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
     malformed = [
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n",
         b"GET /health HTTP/1.1 extra\r\n\r\n",
@@ -182,8 +183,9 @@ async def test_https_serves_with_the_given_certificate(engine: SimHandle, tmp_pa
         assert gw.base_url.startswith("https://")
         async with session.get(gw.base_url + "/health", ssl=trust) as response:
             assert response.status == 200
-        async with session.post(gw.base_url + "/v1/chat/completions", json=chat_body("over tls", max_tokens=4, stream=False),
-                                ssl=trust) as response:
+        async with session.post(
+            gw.base_url + "/v1/chat/completions", json=chat_body("over tls", max_tokens=4, stream=False), ssl=trust
+        ) as response:
             assert response.status == 200 and (await response.json())["choices"]
         with pytest.raises(aiohttp.ClientError):
             async with session.get(gw.base_url.replace("https://", "http://") + "/health") as response:
@@ -201,9 +203,25 @@ def test_bad_certificate_or_key_is_a_one_line_error(tmp_path: Path, problem: str
         key = self_signed_certificate(tmp_path, "two")[1]
     else:
         cert.write_text("not a certificate\n")
-    done = subprocess.run([sys.executable, "-m", "vlmserve", "gateway", "--replica", "http://127.0.0.1:9", "--port", "0",
-                           "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vlmserve",
+            "gateway",
+            "--replica",
+            "http://127.0.0.1:9",
+            "--port",
+            "0",
+            "--ssl-certfile",
+            str(cert),
+            "--ssl-keyfile",
+            str(key),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr

@@ -58,7 +58,9 @@ async def test_the_request_is_on_the_wire_before_the_caller_awaits() -> None:
     sent = pool.send("POST", url + "/v1/x", b"X-Request-ID: r2\r\n", b'{"a":1}')
     await replica.requests.get()  # the first request's
     received = await asyncio.wait_for(replica.requests.get(), 2)  # sent.response() not awaited yet
-    assert received.startswith(b"POST /v1/x HTTP/1.1\r\n") and received.endswith(b'X-Request-ID: r2\r\nContent-Length: 7\r\n\r\n{"a":1}')
+    assert received.startswith(b"POST /v1/x HTTP/1.1\r\n") and received.endswith(
+        b'X-Request-ID: r2\r\nContent-Length: 7\r\n\r\n{"a":1}'
+    )
     assert (await (await sent.response()).read()) == b"{}"
     assert replica.connections == 1
     pool.close()

@@ -60,8 +60,9 @@ def gateway_replicas(base_url: str) -> dict[str, dict]:
 def metric(base_url: str, name: str, **labels: str) -> float:
     """One sample of the gateway's /metrics (0 when the series does not exist)."""
     wanted = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
-    pattern = re.compile(rf"^{re.escape(name)}(\{{{re.escape(wanted)}\}})? ([0-9.e+-]+)$" if wanted
-                         else rf"^{re.escape(name)} ([0-9.e+-]+)$", re.M)
+    pattern = re.compile(
+        rf"^{re.escape(name)}(\{{{re.escape(wanted)}\}})? ([0-9.e+-]+)$" if wanted else rf"^{re.escape(name)} ([0-9.e+-]+)$", re.M
+    )
     match = pattern.search(httpx.get(base_url + "/metrics", timeout=5).text)
     return float(match.groups()[-1]) if match else 0.0
 
@@ -79,10 +80,32 @@ def test_replica_added_during_bench_gets_traffic_after_readiness_and_removed_one
             bench_log_path = tmp_path / "bench.log"
             bench_log = bench_log_path.open("wb")
             bench = subprocess.Popen(
-                [sys.executable, "-m", "vlmserve", "bench", "--base-url", gateway.base_url, "--model", MODEL,
-                 "--concurrency", "6", "--duration", "10m", "--input-len", "16", "--output-len", "24",
-                 "--server-metrics-interval", "0", "--json-out", str(bench_out), "--no-store"],
-                stdout=bench_log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "vlmserve",
+                    "bench",
+                    "--base-url",
+                    gateway.base_url,
+                    "--model",
+                    MODEL,
+                    "--concurrency",
+                    "6",
+                    "--duration",
+                    "10m",
+                    "--input-len",
+                    "16",
+                    "--output-len",
+                    "24",
+                    "--server-metrics-interval",
+                    "0",
+                    "--json-out",
+                    str(bench_out),
+                    "--no-store",
+                ],
+                stdout=bench_log,
+                stderr=subprocess.STDOUT,
+            )
             late: subprocess.Popen | None = None
             try:
                 wait_for(lambda: served(first) > 0 and served(second) > 0, "traffic on the first two replicas")
@@ -91,8 +114,9 @@ def test_replica_added_during_bench_gets_traffic_after_readiness_and_removed_one
                 port = free_port()
                 late_log = tmp_path / "late.log"
                 with late_log.open("wb") as log:
-                    late = subprocess.Popen(sim_engine_argv(port, model=MODEL, startup_delay=1.5, **timing),
-                                            stdout=log, stderr=subprocess.STDOUT)
+                    late = subprocess.Popen(
+                        sim_engine_argv(port, model=MODEL, startup_delay=1.5, **timing), stdout=log, stderr=subprocess.STDOUT
+                    )
                 third = SimHandle(late, port, late_log)
                 wait_ready(third, timeout_s=60, require_health=False)  # listening, /health still 503
                 write_replicas(replica_file, [first.base_url, second.base_url, third.base_url])
@@ -102,8 +126,10 @@ def test_replica_added_during_bench_gets_traffic_after_readiness_and_removed_one
                 assert bench.poll() is None, bench_log_path.read_text()[-2000:]
                 # Before its readiness check passed it got nothing: a request sent to a starting sim
                 # engine is answered 503, which the gateway would have retried and counted.
-                assert metric(gateway.base_url, "vlmserve_gateway_retries_total", replica=third.base_url[7:],
-                              reason="upstream_503") == 0
+                assert (
+                    metric(gateway.base_url, "vlmserve_gateway_retries_total", replica=third.base_url[7:], reason="upstream_503")
+                    == 0
+                )
 
                 # The first replica leaves the file: no new requests, the ones in flight finish.
                 write_replicas(replica_file, [second.base_url, third.base_url])
@@ -143,7 +169,10 @@ def test_hostile_file_contents_keep_the_previous_set(tmp_path: Path) -> None:
         with start_gateway([], tmp_path, "--discover", f"file:{replica_file}", *DISCOVERY_FLAGS) as gateway:
             bad_contents = {
                 "junk": (f"{engine.base_url}\nnot a url at all\n", "entry 2: 'not a url at all' must start with http://"),
-                "bad scheme": (f"{engine.base_url}\nftp://127.0.0.1:21\n", "entry 2: 'ftp://127.0.0.1:21' must start with http://"),
+                "bad scheme": (
+                    f"{engine.base_url}\nftp://127.0.0.1:21\n",
+                    "entry 2: 'ftp://127.0.0.1:21' must start with http://",
+                ),
                 "half-written list": (f'["{engine.base_url}", "http://127.0.0.1:1', "not a valid YAML/JSON list"),
                 "not a list": ('{"replicas": ["http://127.0.0.1:1"]}', "expected a list of replica URLs"),
             }
@@ -151,16 +180,21 @@ def test_hostile_file_contents_keep_the_previous_set(tmp_path: Path) -> None:
                 replica_file.write_text(text)
                 wait_for(lambda warning=warning: warning in gateway.log_path.read_text(), f"the {what} file to be refused")
                 assert list(gateway_replicas(gateway.base_url)) == [engine.base_url], what
-                answer = httpx.post(gateway.base_url + "/v1/completions",
-                                    json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+                answer = httpx.post(
+                    gateway.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30
+                )
                 assert answer.status_code == 200, what
             assert metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="malformed") >= 4
             replica_file.unlink()
-            wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unreadable") >= 1,
-                     "the missing file to be counted")
+            wait_for(
+                lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unreadable") >= 1,
+                "the missing file to be counted",
+            )
             replica_file.mkdir()  # a directory where the file was: unreadable too
-            wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unreadable") >= 3,
-                     "the directory to be counted")
+            wait_for(
+                lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unreadable") >= 3,
+                "the directory to be counted",
+            )
             assert list(gateway_replicas(gateway.base_url)) == [engine.base_url]
             assert httpx.get(gateway.base_url + "/health", timeout=5).status_code == 200
             replica_file.rmdir()
@@ -171,8 +205,10 @@ def test_hostile_file_contents_keep_the_previous_set(tmp_path: Path) -> None:
         # the missing file, the directory, and the missing file again if a poll fell between
         # rmdir() and the rewrite.
         assert len(bad_contents) + 1 <= len(warnings) <= len(bad_contents) + 3, "\n".join(warnings)
-        assert any(f"replica file {replica_file}: entry 2: 'ftp://127.0.0.1:21' must start with http:// or https://"
-                   in line for line in warnings)
+        assert any(
+            f"replica file {replica_file}: entry 2: 'ftp://127.0.0.1:21' must start with http:// or https://" in line
+            for line in warnings
+        )
         assert "Traceback" not in log
 
 
@@ -213,8 +249,13 @@ def test_dns_source_routes_to_every_address_the_name_resolves_to(tmp_path: Path)
     """`localhost` is a name every machine resolves without a network (127.0.0.1, and ::1 where
     the hosts file says so); a sim engine listens on each address it resolves to, on one port."""
     port = free_port()
-    addresses = sorted({info[4][0] for info in socket.getaddrinfo("localhost", port, type=socket.SOCK_STREAM)
-                        if info[0] in (socket.AF_INET, socket.AF_INET6)})
+    addresses = sorted(
+        {
+            info[4][0]
+            for info in socket.getaddrinfo("localhost", port, type=socket.SOCK_STREAM)
+            if info[0] in (socket.AF_INET, socket.AF_INET6)
+        }
+    )
     engines: list[SimHandle] = []
     try:
         for address in addresses:
@@ -229,8 +270,9 @@ def test_dns_source_routes_to_every_address_the_name_resolves_to(tmp_path: Path)
             expected = {url_for(address, port) for address in addresses}
             assert set(gateway_replicas(gateway.base_url)) == expected
             for _ in range(2 * len(expected)):
-                answer = httpx.post(gateway.base_url + "/v1/completions",
-                                    json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+                answer = httpx.post(
+                    gateway.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30
+                )
                 assert answer.status_code == 200
             assert metric(gateway.base_url, "vlmserve_gateway_replica_changes_total", change="added") == len(expected)
     finally:
@@ -241,20 +283,21 @@ def test_dns_source_routes_to_every_address_the_name_resolves_to(tmp_path: Path)
 def test_dns_name_that_does_not_resolve_keeps_the_static_replicas_and_is_counted(tmp_path: Path) -> None:
     """`.invalid` never resolves (RFC 6761), with or without a network."""
     with varied_sim_engines(tmp_path, [{"ttft_ms": 5, "itl_ms": 1}]) as (engine,):
-        with start_gateway([engine.base_url], tmp_path, "--discover", "dns:engines.invalid:8000",
-                           *DISCOVERY_FLAGS) as gateway:
-            wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unresolved") >= 2,
-                     "the unresolved name to be counted")
+        with start_gateway([engine.base_url], tmp_path, "--discover", "dns:engines.invalid:8000", *DISCOVERY_FLAGS) as gateway:
+            wait_for(
+                lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="unresolved") >= 2,
+                "the unresolved name to be counted",
+            )
             assert list(gateway_replicas(gateway.base_url)) == [engine.base_url]
-            answer = httpx.post(gateway.base_url + "/v1/completions",
-                                json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+            answer = httpx.post(
+                gateway.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30
+            )
             assert answer.status_code == 200
         warnings = [line for line in gateway.log_path.read_text().splitlines() if "does not resolve" in line]
         assert len(warnings) == 1 and "DNS name engines.invalid does not resolve" in warnings[0]
 
 
-def test_k8s_source_follows_endpoint_slices_through_the_official_client(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_k8s_source_follows_endpoint_slices_through_the_official_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The `kubernetes` client, configured from a kubeconfig, lists EndpointSlices from a local
     HTTP server speaking the API's JSON (tests/helpers/fake_k8s_api.py says why it stands in for
     a real API server): ready endpoints join, an endpoint that turns unready drains, an API error
@@ -277,21 +320,26 @@ def test_k8s_source_follows_endpoint_slices_through_the_official_client(
             assert authorization == f"Bearer {TOKEN}"
 
             api.slices[("vision", "engines")][1] = endpoint_slice(
-                "engines", "vision", [("127.0.0.1", False)], second.port, name_suffix="bbbbb")  # pod going away
+                "engines", "vision", [("127.0.0.1", False)], second.port, name_suffix="bbbbb"
+            )  # pod going away
             wait_for(lambda: set(gateway_replicas(gateway.base_url)) == {first.base_url}, "the unready endpoint to drain")
 
             api.fail_with = 503
-            wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="api_error") >= 2,
-                     "the API errors to be counted")
+            wait_for(
+                lambda: metric(gateway.base_url, "vlmserve_gateway_discovery_errors_total", reason="api_error") >= 2,
+                "the API errors to be counted",
+            )
             assert set(gateway_replicas(gateway.base_url)) == {first.base_url}
-            answer = httpx.post(gateway.base_url + "/v1/completions",
-                                json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+            answer = httpx.post(
+                gateway.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30
+            )
             assert answer.status_code == 200
         assert "listing EndpointSlices of vision/engines failed: HTTP 503" in gateway.log_path.read_text()
 
 
-def test_k8s_source_without_credentials_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_k8s_source_without_credentials_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from vlmserve.cli.app import main
 
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))

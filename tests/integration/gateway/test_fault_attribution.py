@@ -44,8 +44,10 @@ async def resetting_replica() -> AsyncIterator[tuple[str, list[int]]]:
             hits[0] += 1
             writer.transport.abort()  # connection reset before any answer
             return
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         await writer.drain()
         writer.close()
 
@@ -67,8 +69,12 @@ async def test_poison_requests_cannot_eject_replicas_or_starve_another_tenant(
     poisonable_engines: list[SimHandle], tmp_path: Path
 ) -> None:
     audit = tmp_path / "audit.jsonl"
-    async with running_gateway(poisonable_engines[:2], keys_file=_keys_file(tmp_path), audit_log=audit,
-                               breaker_failures=3, breaker_open_s=30) as gw, aiohttp.ClientSession() as session:
+    async with (
+        running_gateway(
+            poisonable_engines[:2], keys_file=_keys_file(tmp_path), audit_log=audit, breaker_failures=3, breaker_open_s=30
+        ) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         health_codes: list[int] = []
         stop = asyncio.Event()
 
@@ -81,22 +87,42 @@ async def test_poison_requests_cannot_eject_replicas_or_starve_another_tenant(
         async def attack() -> list[int]:
             codes = []
             for burst in range(10):
-                results = await asyncio.gather(*(
-                    post_chat(session, gw.base_url, chat_body(f"{POISON} {burst}.{i}", max_tokens=4),
-                              headers={"Authorization": "Bearer attacker-key"}) for i in range(6)))
+                results = await asyncio.gather(
+                    *(
+                        post_chat(
+                            session,
+                            gw.base_url,
+                            chat_body(f"{POISON} {burst}.{i}", max_tokens=4),
+                            headers={"Authorization": "Bearer attacker-key"},
+                        )
+                        for i in range(6)
+                    )
+                )
                 codes += [r.status for r in results]
             return codes
 
         async def use() -> list[bool]:
-            results = await asyncio.gather(*(
-                post_chat(session, gw.base_url, chat_body(f"question {i}", max_tokens=4),
-                          headers={"Authorization": "Bearer victim-key"}) for i in range(60)))
+            results = await asyncio.gather(
+                *(
+                    post_chat(
+                        session,
+                        gw.base_url,
+                        chat_body(f"question {i}", max_tokens=4),
+                        headers={"Authorization": "Bearer victim-key"},
+                    )
+                    for i in range(60)
+                )
+            )
             return [r.status == 200 and r.done and r.error is None for r in results]
 
         watcher = asyncio.create_task(watch_health())
         attacker_codes, victim_ok = await asyncio.gather(attack(), use())
-        after = [await post_chat(session, gw.base_url, chat_body(f"after {i}", max_tokens=4),
-                                 headers={"Authorization": "Bearer victim-key"}) for i in range(4)]
+        after = [
+            await post_chat(
+                session, gw.base_url, chat_body(f"after {i}", max_tokens=4), headers={"Authorization": "Bearer victim-key"}
+            )
+            for i in range(4)
+        ]
         stop.set()
         await watcher
         breakers = [r.breaker.state.value for r in gw.gateway.pool.replicas]
@@ -111,10 +137,18 @@ async def test_poison_requests_cannot_eject_replicas_or_starve_another_tenant(
 
 @pytest.mark.hostile("replicas that break every request would be ejected all at once")
 async def test_passive_ejection_never_removes_more_than_the_fraction(poisonable_engines: list[SimHandle]) -> None:
-    async with resetting_replica() as (broken_a, hits_a), resetting_replica() as (broken_b, hits_b), \
-            running_gateway([poisonable_engines[0].base_url, broken_a, broken_b], policy="round-robin",
-                            max_ejection_fraction=0.5, breaker_failures=1, breaker_open_s=60) as gw, \
-            aiohttp.ClientSession() as session:
+    async with (
+        resetting_replica() as (broken_a, hits_a),
+        resetting_replica() as (broken_b, hits_b),
+        running_gateway(
+            [poisonable_engines[0].base_url, broken_a, broken_b],
+            policy="round-robin",
+            max_ejection_fraction=0.5,
+            breaker_failures=1,
+            breaker_open_s=60,
+        ) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         most_ejected = 0
         results = []
         for i in range(24):
@@ -130,10 +164,18 @@ async def test_passive_ejection_never_removes_more_than_the_fraction(poisonable_
 @pytest.mark.hostile("with the only good replica killed and the others ejected, nothing would be routed to")
 async def test_panic_mode_routes_to_replicas_passing_health_checks(poisonable_engines: list[SimHandle]) -> None:
     victim = poisonable_engines[2]
-    async with resetting_replica() as (broken, hits), \
-            running_gateway([victim.base_url, broken], policy="round-robin", max_ejection_fraction=0.5,
-                            breaker_failures=1, breaker_open_s=60, health_interval_s=0.2) as gw, \
-            aiohttp.ClientSession() as session:
+    async with (
+        resetting_replica() as (broken, hits),
+        running_gateway(
+            [victim.base_url, broken],
+            policy="round-robin",
+            max_ejection_fraction=0.5,
+            breaker_failures=1,
+            breaker_open_s=60,
+            health_interval_s=0.2,
+        ) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         pool = gw.gateway.pool
         for i in range(4):
             assert (await post_chat(session, gw.base_url, chat_body(f"q{i}", max_tokens=2))).status == 200

@@ -51,18 +51,25 @@ def unary(content: str = "hello", max_tokens: int = 2, **extra: Any) -> bytes:
     return json.dumps(chat_body(content, max_tokens=max_tokens, stream=False, **extra)).encode()
 
 
-def post(body: bytes, *extra: bytes, path: bytes = b"/v1/chat/completions", version: bytes = b"HTTP/1.1",
-         length: bool = True) -> bytes:
+def post(
+    body: bytes, *extra: bytes, path: bytes = b"/v1/chat/completions", version: bytes = b"HTTP/1.1", length: bool = True
+) -> bytes:
     """A POST head (with `extra` header lines, each without its CRLF) and its body as given."""
-    lines = [b"POST " + path + b" " + version, b"Host: gateway", b"Content-Type: application/json",
-             *([b"Content-Length: %d" % len(body)] if length else []), *extra]
+    lines = [
+        b"POST " + path + b" " + version,
+        b"Host: gateway",
+        b"Content-Type: application/json",
+        *([b"Content-Length: %d" % len(body)] if length else []),
+        *extra,
+    ]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
 def chunked_post(body: bytes, size_line: bytes, *extra: bytes, trailer: bytes = b"") -> bytes:
     """`body` as one chunk whose size line is `size_line`, then the last chunk (and a trailer)."""
-    return post(size_line + b"\r\n" + body + b"\r\n0\r\n" + trailer + b"\r\n", b"Transfer-Encoding: chunked",
-                *extra, length=False)
+    return post(
+        size_line + b"\r\n" + body + b"\r\n0\r\n" + trailer + b"\r\n", b"Transfer-Encoding: chunked", *extra, length=False
+    )
 
 
 def get(path: bytes = b"/health", *extra: bytes, version: bytes = b"HTTP/1.1", method: bytes = b"GET") -> bytes:
@@ -133,8 +140,14 @@ async def send(writer: asyncio.StreamWriter, *pieces: bytes, pause_s: float = 0.
         await writer.drain()
 
 
-async def talk(port: int, *pieces: bytes, replies: int = 1, head_only: bool = False, shut_write: bool = False,
-               rest_timeout_s: float = CLOSE_WAIT_S) -> tuple[list[Reply], bytes | None]:
+async def talk(
+    port: int,
+    *pieces: bytes,
+    replies: int = 1,
+    head_only: bool = False,
+    shut_write: bool = False,
+    rest_timeout_s: float = CLOSE_WAIT_S,
+) -> tuple[list[Reply], bytes | None]:
     """Send `pieces`, read `replies` answers, then whatever comes until the close (None: still open)."""
     reader, writer = await connect(port)
     try:
@@ -150,8 +163,13 @@ async def talk(port: int, *pieces: bytes, replies: int = 1, head_only: bool = Fa
 async def engine_finished(engine: SimHandle, reason: str = "") -> int:
     """Requests the sim engine has finished (for any reason, or for `reason`): what reached it."""
     text = await asyncio.to_thread(engine.metrics_text)
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:request_success_total") and f'finished_reason="{reason}' in line))
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total") and f'finished_reason="{reason}' in line
+        )
+    )
 
 
 async def control(port: int) -> Reply:
@@ -166,9 +184,18 @@ def refusal_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "vlmserve.http1" and r.levelno >= logging.INFO]
 
 
-async def assert_refused(gw: Any, engine: SimHandle, caplog: pytest.LogCaptureFixture, *pieces: bytes,
-                         status: int, code: str, message: str, replies_before: int = 0,
-                         error_type: str = "invalid_request_error", logged: bool = True) -> list[Reply]:
+async def assert_refused(
+    gw: Any,
+    engine: SimHandle,
+    caplog: pytest.LogCaptureFixture,
+    *pieces: bytes,
+    status: int,
+    code: str,
+    message: str,
+    replies_before: int = 0,
+    error_type: str = "invalid_request_error",
+    logged: bool = True,
+) -> list[Reply]:
     """The request is answered `status` with `code` and `message` (a fragment), after `replies_before`
     good answers; then the connection closes; one log line (none for a timeout, which a slowloris
     would otherwise turn into a flood of lines); the engine never saw it."""
@@ -188,8 +215,7 @@ async def assert_refused(gw: Any, engine: SimHandle, caplog: pytest.LogCaptureFi
         assert lines == []
     assert "Traceback" not in caplog.text
     await control(gw.port)
-    assert await engine_finished(engine) == before + 1 + sum(r.json.get("object") == "chat.completion"
-                                                             for r in replies[:-1])
+    assert await engine_finished(engine) == before + 1 + sum(r.json.get("object") == "chat.completion" for r in replies[:-1])
     return replies
 
 
@@ -206,79 +232,269 @@ def _case(case_id: str, raw: bytes, status: int, code: str, message: str, what: 
 
 MALFORMED = "malformed_request"
 REFUSED = [
-    _case("cl+te", post(CHUNKED_BODY, b"Transfer-Encoding: chunked"), 400, MALFORMED,
-          "Transfer-Encoding can't be present with Content-Length",
-          "request smuggling: Content-Length and Transfer-Encoding: chunked together"),
-    _case("two equal content-lengths", post(BODY, b"Content-Length: %d" % len(BODY)), 400, MALFORMED,
-          "Duplicate Content-Length", "request smuggling: Content-Length sent twice with the same value"),
-    _case("two different content-lengths", post(BODY, b"Content-Length: 2"), 400, MALFORMED,
-          "Duplicate Content-Length", "request smuggling: Content-Length sent twice with different values"),
-    _case("content-length list", post(BODY, b"Content-Length: %d, %d" % (len(BODY), len(BODY)), length=False),
-          400, MALFORMED, "Invalid character in Content-Length", "request smuggling: a Content-Length list `N, N`"),
-    _case("signed content-length", post(BODY, b"Content-Length: +%d" % len(BODY), length=False), 400, MALFORMED,
-          "Invalid character in Content-Length", "request smuggling: a signed Content-Length `+N`"),
-    _case("te chunked, identity", post(CHUNKED_BODY, b"Transfer-Encoding: chunked, identity", length=False), 400,
-          MALFORMED, "Transfer-Encoding", "request smuggling: `Transfer-Encoding: chunked, identity`"),
-    _case("te identity, chunked", post(CHUNKED_BODY, b"Transfer-Encoding: identity, chunked", length=False), 400,
-          MALFORMED, "Transfer-Encoding 'identity, chunked' is not supported",
-          "request smuggling: `Transfer-Encoding: identity, chunked`"),
-    _case("te twice", post(CHUNKED_BODY, b"Transfer-Encoding: chunked", b"Transfer-Encoding: chunked", length=False),
-          400, MALFORMED, "Transfer-Encoding", "request smuggling: Transfer-Encoding sent twice"),
-    _case("te xchunked", post(CHUNKED_BODY, b"Transfer-Encoding: xchunked", length=False), 400, MALFORMED,
-          "Transfer-Encoding 'xchunked' is not supported", "request smuggling: an unknown Transfer-Encoding"),
-    _case("http/1.0 with te", post(CHUNKED_BODY, b"Transfer-Encoding: chunked", b"Connection: keep-alive",
-                                   version=b"HTTP/1.0", length=False), 400, MALFORMED,
-          "HTTP/1.0", "request smuggling: Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1)"),
-    _case("obs-fold", post(BODY, b"X-Folded: first", b" second"), 400, MALFORMED, "whitespace",
-          "request smuggling: a header continued on the next line (obs-fold)"),
-    _case("space before colon", post(BODY, b"Content-Length : 5"), 400, MALFORMED, "Invalid header field char",
-          "request smuggling: whitespace between a header name and its colon"),
-    _case("bare lf in the request line", b"POST /v1/chat/completions HTTP/1.1\nHost: gateway\r\nContent-Length: %d\r\n\r\n%s"
-          % (len(BODY), BODY), 400, MALFORMED, "malformed HTTP request", "request smuggling: a bare LF ending the request line"),
-    _case("bare lf in a header", post(BODY, b"X-A: a\nContent-Length: 0"), 400, MALFORMED, "malformed HTTP request",
-          "request smuggling: a bare LF inside the header block"),
-    _case("bare cr in a header", post(BODY, b"X-A: a\rContent-Length: 0"), 400, MALFORMED, "malformed HTTP request",
-          "request smuggling: a bare CR inside a header value"),
-    _case("nul in a header value", post(BODY, b"X-A: a\x00b"), 400, MALFORMED, "Invalid header value char",
-          "a NUL byte in a header value"),
-    _case("control byte in a header value", post(BODY, b"X-A: a\x01b"), 400, MALFORMED, "Invalid header value char",
-          "a control byte (0x01) in a header value"),
-    _case("del in a header value", post(BODY, b"X-A: a\x7fb"), 400, MALFORMED, "Invalid header value char",
-          "a DEL byte (0x7f) in a header value"),
-    _case("nul in the target", b"GET /hea\x00lth HTTP/1.1\r\nHost: gateway\r\n\r\n", 400, MALFORMED,
-          "malformed HTTP request", "a NUL byte in the request target"),
-    _case("chunk size 0x1a", chunked_post(BODY, b"0x" + SIZE), 400, MALFORMED, "Invalid character in chunk size",
-          "request smuggling: a chunk size written `0x1a`"),
-    _case("chunk size +1a", chunked_post(BODY, b"+" + SIZE), 400, MALFORMED, "Invalid character in chunk size",
-          "request smuggling: a chunk size written `+1a`"),
-    _case("chunk size 1_a", chunked_post(BODY, SIZE[:1] + b"_" + SIZE[1:]), 400, MALFORMED,
-          "Invalid character in chunk size", "request smuggling: a chunk size written `1_a`"),
-    _case("chunk size overflow", chunked_post(BODY, b"f" * 20), 400, MALFORMED, "Chunk size overflow",
-          "request smuggling: a chunk size of 20 hex digits that overflows 64 bits"),
-    _case("two hosts", get(b"/health", b"Host: other"), 400, MALFORMED, "header 'host' sent more than once",
-          "a repeated singleton header: Host twice"),
-    _case("two authorizations", post(BODY, b"Authorization: Bearer a", b"Authorization: Bearer b"), 400, MALFORMED,
-          "header 'authorization' sent more than once", "a repeated singleton header: Authorization twice"),
-    _case("two request ids", post(BODY, b"X-Request-ID: a", b"X-Request-ID: b"), 400, MALFORMED,
-          "header 'x-request-id' sent more than once", "a repeated singleton header: X-Request-ID twice"),
-    _case("no host", b"GET /health HTTP/1.1\r\n\r\n", 400, MALFORMED, "must carry a Host header",
-          "an HTTP/1.1 request without Host (RFC 9112 3.2)"),
-    _case("upgrade", get(b"/health", b"Connection: Upgrade", b"Upgrade: websocket"), 400, "upgrade_not_supported",
-          "protocol upgrades (Upgrade, CONNECT) are not supported", "a protocol upgrade (Upgrade: websocket)"),
-    _case("connect", b"CONNECT replica:8000 HTTP/1.1\r\nHost: replica:8000\r\n\r\n", 400, "upgrade_not_supported",
-          "CONNECT", "a CONNECT tunnel request"),
-    _case("http/2.0 request line", get(b"/health", version=b"HTTP/2.0"), 505, "http_version_not_supported",
-          "HTTP/2.0 is not supported", "an HTTP/2.0 request line"),
-    _case("http/0.9 request line", b"GET /health\r\n\r\n", 505, "http_version_not_supported",
-          "HTTP/0.9 is not supported", "an HTTP/0.9 request line (no version)"),
-    _case("h2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, MALFORMED, "malformed HTTP request",
-          "an HTTP/2 connection preface sent to the HTTP/1.1 port"),
+    _case(
+        "cl+te",
+        post(CHUNKED_BODY, b"Transfer-Encoding: chunked"),
+        400,
+        MALFORMED,
+        "Transfer-Encoding can't be present with Content-Length",
+        "request smuggling: Content-Length and Transfer-Encoding: chunked together",
+    ),
+    _case(
+        "two equal content-lengths",
+        post(BODY, b"Content-Length: %d" % len(BODY)),
+        400,
+        MALFORMED,
+        "Duplicate Content-Length",
+        "request smuggling: Content-Length sent twice with the same value",
+    ),
+    _case(
+        "two different content-lengths",
+        post(BODY, b"Content-Length: 2"),
+        400,
+        MALFORMED,
+        "Duplicate Content-Length",
+        "request smuggling: Content-Length sent twice with different values",
+    ),
+    _case(
+        "content-length list",
+        post(BODY, b"Content-Length: %d, %d" % (len(BODY), len(BODY)), length=False),
+        400,
+        MALFORMED,
+        "Invalid character in Content-Length",
+        "request smuggling: a Content-Length list `N, N`",
+    ),
+    _case(
+        "signed content-length",
+        post(BODY, b"Content-Length: +%d" % len(BODY), length=False),
+        400,
+        MALFORMED,
+        "Invalid character in Content-Length",
+        "request smuggling: a signed Content-Length `+N`",
+    ),
+    _case(
+        "te chunked, identity",
+        post(CHUNKED_BODY, b"Transfer-Encoding: chunked, identity", length=False),
+        400,
+        MALFORMED,
+        "Transfer-Encoding",
+        "request smuggling: `Transfer-Encoding: chunked, identity`",
+    ),
+    _case(
+        "te identity, chunked",
+        post(CHUNKED_BODY, b"Transfer-Encoding: identity, chunked", length=False),
+        400,
+        MALFORMED,
+        "Transfer-Encoding 'identity, chunked' is not supported",
+        "request smuggling: `Transfer-Encoding: identity, chunked`",
+    ),
+    _case(
+        "te twice",
+        post(CHUNKED_BODY, b"Transfer-Encoding: chunked", b"Transfer-Encoding: chunked", length=False),
+        400,
+        MALFORMED,
+        "Transfer-Encoding",
+        "request smuggling: Transfer-Encoding sent twice",
+    ),
+    _case(
+        "te xchunked",
+        post(CHUNKED_BODY, b"Transfer-Encoding: xchunked", length=False),
+        400,
+        MALFORMED,
+        "Transfer-Encoding 'xchunked' is not supported",
+        "request smuggling: an unknown Transfer-Encoding",
+    ),
+    _case(
+        "http/1.0 with te",
+        post(CHUNKED_BODY, b"Transfer-Encoding: chunked", b"Connection: keep-alive", version=b"HTTP/1.0", length=False),
+        400,
+        MALFORMED,
+        "HTTP/1.0",
+        "request smuggling: Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1)",
+    ),
+    _case(
+        "obs-fold",
+        post(BODY, b"X-Folded: first", b" second"),
+        400,
+        MALFORMED,
+        "whitespace",
+        "request smuggling: a header continued on the next line (obs-fold)",
+    ),
+    _case(
+        "space before colon",
+        post(BODY, b"Content-Length : 5"),
+        400,
+        MALFORMED,
+        "Invalid header field char",
+        "request smuggling: whitespace between a header name and its colon",
+    ),
+    _case(
+        "bare lf in the request line",
+        b"POST /v1/chat/completions HTTP/1.1\nHost: gateway\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY),
+        400,
+        MALFORMED,
+        "malformed HTTP request",
+        "request smuggling: a bare LF ending the request line",
+    ),
+    _case(
+        "bare lf in a header",
+        post(BODY, b"X-A: a\nContent-Length: 0"),
+        400,
+        MALFORMED,
+        "malformed HTTP request",
+        "request smuggling: a bare LF inside the header block",
+    ),
+    _case(
+        "bare cr in a header",
+        post(BODY, b"X-A: a\rContent-Length: 0"),
+        400,
+        MALFORMED,
+        "malformed HTTP request",
+        "request smuggling: a bare CR inside a header value",
+    ),
+    _case(
+        "nul in a header value",
+        post(BODY, b"X-A: a\x00b"),
+        400,
+        MALFORMED,
+        "Invalid header value char",
+        "a NUL byte in a header value",
+    ),
+    _case(
+        "control byte in a header value",
+        post(BODY, b"X-A: a\x01b"),
+        400,
+        MALFORMED,
+        "Invalid header value char",
+        "a control byte (0x01) in a header value",
+    ),
+    _case(
+        "del in a header value",
+        post(BODY, b"X-A: a\x7fb"),
+        400,
+        MALFORMED,
+        "Invalid header value char",
+        "a DEL byte (0x7f) in a header value",
+    ),
+    _case(
+        "nul in the target",
+        b"GET /hea\x00lth HTTP/1.1\r\nHost: gateway\r\n\r\n",
+        400,
+        MALFORMED,
+        "malformed HTTP request",
+        "a NUL byte in the request target",
+    ),
+    _case(
+        "chunk size 0x1a",
+        chunked_post(BODY, b"0x" + SIZE),
+        400,
+        MALFORMED,
+        "Invalid character in chunk size",
+        "request smuggling: a chunk size written `0x1a`",
+    ),
+    _case(
+        "chunk size +1a",
+        chunked_post(BODY, b"+" + SIZE),
+        400,
+        MALFORMED,
+        "Invalid character in chunk size",
+        "request smuggling: a chunk size written `+1a`",
+    ),
+    _case(
+        "chunk size 1_a",
+        chunked_post(BODY, SIZE[:1] + b"_" + SIZE[1:]),
+        400,
+        MALFORMED,
+        "Invalid character in chunk size",
+        "request smuggling: a chunk size written `1_a`",
+    ),
+    _case(
+        "chunk size overflow",
+        chunked_post(BODY, b"f" * 20),
+        400,
+        MALFORMED,
+        "Chunk size overflow",
+        "request smuggling: a chunk size of 20 hex digits that overflows 64 bits",
+    ),
+    _case(
+        "two hosts",
+        get(b"/health", b"Host: other"),
+        400,
+        MALFORMED,
+        "header 'host' sent more than once",
+        "a repeated singleton header: Host twice",
+    ),
+    _case(
+        "two authorizations",
+        post(BODY, b"Authorization: Bearer a", b"Authorization: Bearer b"),
+        400,
+        MALFORMED,
+        "header 'authorization' sent more than once",
+        "a repeated singleton header: Authorization twice",
+    ),
+    _case(
+        "two request ids",
+        post(BODY, b"X-Request-ID: a", b"X-Request-ID: b"),
+        400,
+        MALFORMED,
+        "header 'x-request-id' sent more than once",
+        "a repeated singleton header: X-Request-ID twice",
+    ),
+    _case(
+        "no host",
+        b"GET /health HTTP/1.1\r\n\r\n",
+        400,
+        MALFORMED,
+        "must carry a Host header",
+        "an HTTP/1.1 request without Host (RFC 9112 3.2)",
+    ),
+    _case(
+        "upgrade",
+        get(b"/health", b"Connection: Upgrade", b"Upgrade: websocket"),
+        400,
+        "upgrade_not_supported",
+        "protocol upgrades (Upgrade, CONNECT) are not supported",
+        "a protocol upgrade (Upgrade: websocket)",
+    ),
+    _case(
+        "connect",
+        b"CONNECT replica:8000 HTTP/1.1\r\nHost: replica:8000\r\n\r\n",
+        400,
+        "upgrade_not_supported",
+        "CONNECT",
+        "a CONNECT tunnel request",
+    ),
+    _case(
+        "http/2.0 request line",
+        get(b"/health", version=b"HTTP/2.0"),
+        505,
+        "http_version_not_supported",
+        "HTTP/2.0 is not supported",
+        "an HTTP/2.0 request line",
+    ),
+    _case(
+        "http/0.9 request line",
+        b"GET /health\r\n\r\n",
+        505,
+        "http_version_not_supported",
+        "HTTP/0.9 is not supported",
+        "an HTTP/0.9 request line (no version)",
+    ),
+    _case(
+        "h2 preface",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        400,
+        MALFORMED,
+        "malformed HTTP request",
+        "an HTTP/2 connection preface sent to the HTTP/1.1 port",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("raw", "status", "code", "message"), REFUSED)
-async def test_refused_framings(engine: SimHandle, caplog: pytest.LogCaptureFixture, raw: bytes, status: int,
-                                code: str, message: str) -> None:
+async def test_refused_framings(
+    engine: SimHandle, caplog: pytest.LogCaptureFixture, raw: bytes, status: int, code: str, message: str
+) -> None:
     async with running_gateway([engine]) as gw:
         await assert_refused(gw, engine, caplog, raw, status=status, code=code, message=message)
         metrics = (await talk(gw.port, get(b"/metrics", b"Connection: close")))[0][0].body.decode()
@@ -290,13 +506,18 @@ ACCEPTED = {
     "chunk size with leading zeros": chunked_post(BODY, SIZE.rjust(20, b"0")),
     "upper-case chunk size": chunked_post(BODY, SIZE.upper()),
     "chunk extensions": chunked_post(BODY, SIZE + b';name=value;quoted="a b"'),
-    "one-byte chunks and a trailer": post(b"".join(b"1\r\n%c\r\n" % byte for byte in BODY) + b"0\r\nX-Trailer: t\r\n\r\n",
-                                          b"Transfer-Encoding: chunked", length=False),
+    "one-byte chunks and a trailer": post(
+        b"".join(b"1\r\n%c\r\n" % byte for byte in BODY) + b"0\r\nX-Trailer: t\r\n\r\n",
+        b"Transfer-Encoding: chunked",
+        length=False,
+    ),
 }
 
 
-@pytest.mark.hostile("chunk sizes of 20 hex digits with leading zeros, chunk extensions and trailers: read as the "
-                     "value they spell, the body re-sent with the gateway's own Content-Length")
+@pytest.mark.hostile(
+    "chunk sizes of 20 hex digits with leading zeros, chunk extensions and trailers: read as the "
+    "value they spell, the body re-sent with the gateway's own Content-Length"
+)
 @pytest.mark.parametrize("case", sorted(ACCEPTED))
 async def test_accepted_framings_reach_the_engine_as_the_plain_body(engine: SimHandle, case: str) -> None:
     """Another hop could read these differently, which is harmless here: the gateway never passes
@@ -332,7 +553,7 @@ async def test_every_split_gets_the_answer_of_one_write(engine: SimHandle, which
             [split], rest = await talk(gw.port, raw[:at], raw[at:])
             assert split.normalised() == expected, (at, split.body[:200])
             assert rest == b""
-        trickled, _ = await talk(gw.port, *[raw[i:i + 1] for i in range(len(raw))])  # a byte per write
+        trickled, _ = await talk(gw.port, *[raw[i : i + 1] for i in range(len(raw))])  # a byte per write
         assert trickled[0].normalised() == expected
     if which == "post":
         assert whole.status == 404 and whole.error["code"] == "model_not_found" and MODEL in whole.error["message"]
@@ -355,20 +576,31 @@ NEVER_ENDS = b"GET /health HTTP/1.1\r\nHost: gateway\r\nX-Padding: " + b"p" * (H
 
 
 @pytest.mark.hostile("a request head over the 16 KiB limit, whole, split, or never ending: 431 at once")
-@pytest.mark.parametrize("pieces", [
-    pytest.param((OVER_LIMIT,), id="one write"),
-    pytest.param((OVER_LIMIT[:9000], OVER_LIMIT[9000:]), id="split at 9000"),
-    pytest.param((OVER_LIMIT[:HEAD_LIMIT], OVER_LIMIT[HEAD_LIMIT:]), id="split at the limit"),
-    pytest.param((NEVER_ENDS,), id="never ends, one write"),
-    pytest.param((NEVER_ENDS[:100], NEVER_ENDS[100:]), id="never ends, two writes"),
-    pytest.param(tuple(NEVER_ENDS[i:i + 4096] for i in range(0, len(NEVER_ENDS), 4096)), id="never ends, 4 KB writes"),
-])
-async def test_a_head_over_the_limit_is_refused_431(engine: SimHandle, caplog: pytest.LogCaptureFixture,
-                                                    pieces: tuple[bytes, ...]) -> None:
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        pytest.param((OVER_LIMIT,), id="one write"),
+        pytest.param((OVER_LIMIT[:9000], OVER_LIMIT[9000:]), id="split at 9000"),
+        pytest.param((OVER_LIMIT[:HEAD_LIMIT], OVER_LIMIT[HEAD_LIMIT:]), id="split at the limit"),
+        pytest.param((NEVER_ENDS,), id="never ends, one write"),
+        pytest.param((NEVER_ENDS[:100], NEVER_ENDS[100:]), id="never ends, two writes"),
+        pytest.param(tuple(NEVER_ENDS[i : i + 4096] for i in range(0, len(NEVER_ENDS), 4096)), id="never ends, 4 KB writes"),
+    ],
+)
+async def test_a_head_over_the_limit_is_refused_431(
+    engine: SimHandle, caplog: pytest.LogCaptureFixture, pieces: tuple[bytes, ...]
+) -> None:
     """header_timeout_s is long here: a 431 that came only at the header timeout would fail the wait."""
     async with running_gateway([engine], header_timeout_s=60.0) as gw:
-        await assert_refused(gw, engine, caplog, *pieces, status=431, code="request_header_fields_too_large",
-                             message=f"request head over the {HEAD_LIMIT}-byte limit")
+        await assert_refused(
+            gw,
+            engine,
+            caplog,
+            *pieces,
+            status=431,
+            code="request_header_fields_too_large",
+            message=f"request head over the {HEAD_LIMIT}-byte limit",
+        )
 
 
 # ---- pipelining and Connection: close -------------------------------------------------------------
@@ -388,8 +620,10 @@ async def test_pipelined_requests_are_answered_in_order(engine: SimHandle) -> No
 ASYNCIO_READ_BYTES = 256 * 1024  # the most asyncio's socket transport reads at once (selector_events.max_size)
 
 
-@pytest.mark.hostile("a client that pipelines thousands of requests and reads its answers slowly, or not at all: "
-                     "the gateway's queue and write buffer stay bounded")
+@pytest.mark.hostile(
+    "a client that pipelines thousands of requests and reads its answers slowly, or not at all: "
+    "the gateway's queue and write buffer stay bounded"
+)
 async def test_a_pipelining_client_that_does_not_read_holds_bounded_memory(engine: SimHandle) -> None:
     """Reading pauses while answers wait to be written or requests to be served, and resumes only
     once both are back under their limits. Before, answers piled up in the write buffer (GET
@@ -452,10 +686,14 @@ async def test_a_pipelining_client_that_never_reads_is_dropped(engine: SimHandle
 
 
 @pytest.mark.hostile("Connection: close followed by pipelined bytes: the first request answered, the rest never read")
-@pytest.mark.parametrize("following", [b"garbage\r\n\r\n", post(unary("never")), get(b"/health", b"X-A: \x00")],
-                         ids=["garbage", "a second request", "a malformed request"])
-async def test_connection_close_answers_the_first_request_only(engine: SimHandle, caplog: pytest.LogCaptureFixture,
-                                                               following: bytes) -> None:
+@pytest.mark.parametrize(
+    "following",
+    [b"garbage\r\n\r\n", post(unary("never")), get(b"/health", b"X-A: \x00")],
+    ids=["garbage", "a second request", "a malformed request"],
+)
+async def test_connection_close_answers_the_first_request_only(
+    engine: SimHandle, caplog: pytest.LogCaptureFixture, following: bytes
+) -> None:
     caplog.set_level(logging.INFO, logger="vlmserve.http1")
     async with running_gateway([engine]) as gw:
         before = await engine_finished(engine)
@@ -468,12 +706,14 @@ async def test_connection_close_answers_the_first_request_only(engine: SimHandle
 
 
 @pytest.mark.hostile("a malformed request pipelined after good ones: the good ones answered first, then the 400")
-async def test_a_refusal_after_pipelined_requests_waits_for_their_answers(engine: SimHandle,
-                                                                          caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_refusal_after_pipelined_requests_waits_for_their_answers(
+    engine: SimHandle, caplog: pytest.LogCaptureFixture
+) -> None:
     raw = post(unary("good")) + get(b"/health") + get(b"/health", b"X-A: \x00")
     async with running_gateway([engine]) as gw:
-        chat, health, _ = await assert_refused(gw, engine, caplog, raw, status=400, code=MALFORMED,
-                                               message="Invalid header value char", replies_before=2)
+        chat, health, _ = await assert_refused(
+            gw, engine, caplog, raw, status=400, code=MALFORMED, message="Invalid header value char", replies_before=2
+        )
     assert chat.json["object"] == "chat.completion" and health.json["status"] == "ok"
 
 
@@ -557,70 +797,115 @@ async def test_a_pipelined_100_continue_follows_the_answer_before_it(engine: Sim
 async def test_expect_100_continue_over_the_body_limit(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
     async with running_gateway([engine], max_body_bytes=BODY_LIMIT) as gw:
-        [answer] = await assert_refused(gw, engine, caplog, head % (BODY_LIMIT + 1), status=413, code="body_too_large",
-                                        message=f"request body is {BODY_LIMIT + 1} bytes over the {BODY_LIMIT}-byte limit")
+        [answer] = await assert_refused(
+            gw,
+            engine,
+            caplog,
+            head % (BODY_LIMIT + 1),
+            status=413,
+            code="body_too_large",
+            message=f"request body is {BODY_LIMIT + 1} bytes over the {BODY_LIMIT}-byte limit",
+        )
     assert answer.status == 413  # read_reply would have returned the 100 first
 
 
 @pytest.mark.hostile("Expect with anything but 100-continue: 417")
 async def test_other_expectations_get_417(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
     async with running_gateway([engine]) as gw:
-        await assert_refused(gw, engine, caplog, post(unary(), b"Expect: something-else"), status=417,
-                             code="expectation_failed", message="Expect 'something-else' is not supported")
+        await assert_refused(
+            gw,
+            engine,
+            caplog,
+            post(unary(), b"Expect: something-else"),
+            status=417,
+            code="expectation_failed",
+            message="Expect 'something-else' is not supported",
+        )
 
 
 # ---- bodies ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.hostile("a Content-Length over --max-body-bytes: 413 before the body is read")
-async def test_an_announced_oversized_body_is_refused_before_it_is_read(engine: SimHandle,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_announced_oversized_body_is_refused_before_it_is_read(
+    engine: SimHandle, caplog: pytest.LogCaptureFixture
+) -> None:
     announced = post(b"", length=False).replace(b"\r\n\r\n", b"\r\nContent-Length: 10000000\r\n\r\n")
     async with running_gateway([engine], max_body_bytes=BODY_LIMIT) as gw:
-        await assert_refused(gw, engine, caplog, announced, status=413, code="body_too_large",
-                             message=f"10000000 bytes over the {BODY_LIMIT}-byte limit: send smaller images or raise")
+        await assert_refused(
+            gw,
+            engine,
+            caplog,
+            announced,
+            status=413,
+            code="body_too_large",
+            message=f"10000000 bytes over the {BODY_LIMIT}-byte limit: send smaller images or raise",
+        )
 
 
 @pytest.mark.hostile("a chunked body that grows past --max-body-bytes: 413 once it passes the limit")
 async def test_a_chunked_body_over_the_limit_is_refused(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
     pieces = [post(b"", b"Transfer-Encoding: chunked", length=False)] + [b"400\r\n" + b"a" * 1024 + b"\r\n"] * 6
     async with running_gateway([engine], max_body_bytes=BODY_LIMIT) as gw:
-        await assert_refused(gw, engine, caplog, *pieces, status=413, code="body_too_large",
-                             message=f"request body is over the {BODY_LIMIT}-byte limit")
+        await assert_refused(
+            gw,
+            engine,
+            caplog,
+            *pieces,
+            status=413,
+            code="body_too_large",
+            message=f"request body is over the {BODY_LIMIT}-byte limit",
+        )
 
 
-ENDLESS_TRAILER = [post(b"", b"Transfer-Encoding: chunked", length=False) + b"2\r\n{}\r\n0\r\nX-Trailer: "] + \
-    [b"t" * 4096] * 8
+ENDLESS_TRAILER = [post(b"", b"Transfer-Encoding: chunked", length=False) + b"2\r\n{}\r\n0\r\nX-Trailer: "] + [b"t" * 4096] * 8
 ENDLESS_EXTENSION = [post(b"", b"Transfer-Encoding: chunked", length=False) + b"2;ext="] + [b"e" * 4096] * 8
 
 
-@pytest.mark.hostile("a chunked body whose trailer, or chunk extension, never ends: refused past a head's size, "
-                     "never buffered without limit")
+@pytest.mark.hostile(
+    "a chunked body whose trailer, or chunk extension, never ends: refused past a head's size, never buffered without limit"
+)
 @pytest.mark.parametrize("pieces", [ENDLESS_TRAILER, ENDLESS_EXTENSION], ids=["trailer", "chunk extension"])
-async def test_chunk_framing_without_end_is_refused(engine: SimHandle, caplog: pytest.LogCaptureFixture,
-                                                   pieces: list[bytes]) -> None:
+async def test_chunk_framing_without_end_is_refused(
+    engine: SimHandle, caplog: pytest.LogCaptureFixture, pieces: list[bytes]
+) -> None:
     async with running_gateway([engine], header_timeout_s=60.0) as gw:
-        await assert_refused(gw, engine, caplog, *pieces, status=400, code=MALFORMED,
-                             message="more bytes of chunk framing, extensions or trailers than of data")
+        await assert_refused(
+            gw,
+            engine,
+            caplog,
+            *pieces,
+            status=400,
+            code=MALFORMED,
+            message="more bytes of chunk framing, extensions or trailers than of data",
+        )
 
 
 @pytest.mark.hostile("more than 100 header fields: 431")
 async def test_too_many_header_fields_get_431(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
     raw = get(b"/health", *[b"X-Field-%d: v" % n for n in range(101)])
     async with running_gateway([engine]) as gw:
-        await assert_refused(gw, engine, caplog, raw, status=431, code="request_header_fields_too_large",
-                             message="more than 100 header fields")
+        await assert_refused(
+            gw, engine, caplog, raw, status=431, code="request_header_fields_too_large", message="more than 100 header fields"
+        )
 
 
-@pytest.mark.hostile("a client that stops sending in the middle of its body: 408 once header_timeout_s passes "
-                     "without a byte")
+@pytest.mark.hostile("a client that stops sending in the middle of its body: 408 once header_timeout_s passes without a byte")
 async def test_a_stalled_body_gets_408(engine: SimHandle, caplog: pytest.LogCaptureFixture) -> None:
     raw = post(unary("stalls"))
     async with running_gateway([engine], header_timeout_s=1.0) as gw:
         started = asyncio.get_running_loop().time()
-        await assert_refused(gw, engine, caplog, raw[:-10], status=408, code="request_timeout",
-                             message="request body not received in time", error_type="timeout_error",
-                             logged=False)
+        await assert_refused(
+            gw,
+            engine,
+            caplog,
+            raw[:-10],
+            status=408,
+            code="request_timeout",
+            message="request body not received in time",
+            error_type="timeout_error",
+            logged=False,
+        )
         elapsed = asyncio.get_running_loop().time() - started
     assert elapsed < 5.0
 
@@ -630,7 +915,7 @@ async def test_a_steady_slow_body_is_not_cut_by_the_header_timeout(engine: SimHa
     all than header_timeout_s, is served (before, it got a 408 'headers not received in time')."""
     raw = post(unary("steady"), b"Connection: close")
     head_end = raw.index(b"\r\n\r\n") + 4
-    pieces = [raw[:head_end]] + [raw[i:i + 16] for i in range(head_end, len(raw), 16)]
+    pieces = [raw[:head_end]] + [raw[i : i + 16] for i in range(head_end, len(raw), 16)]
     async with running_gateway([engine], header_timeout_s=0.6) as gw:
         reader, writer = await connect(gw.port)
         started = asyncio.get_running_loop().time()
@@ -644,7 +929,7 @@ async def test_a_steady_slow_body_is_not_cut_by_the_header_timeout(engine: SimHa
 async def test_a_body_that_arrives_in_pieces_is_served(engine: SimHandle) -> None:
     raw = post(unary("slow body"), b"Connection: close")
     async with running_gateway([engine]) as gw:
-        [answer], rest = await talk(gw.port, *[raw[i:i + 17] for i in range(0, len(raw), 17)])
+        [answer], rest = await talk(gw.port, *[raw[i : i + 17] for i in range(0, len(raw), 17)])
     assert answer.status == 200 and answer.json["object"] == "chat.completion" and rest == b""
 
 
@@ -653,9 +938,14 @@ async def test_a_body_that_arrives_in_pieces_is_served(engine: SimHandle) -> Non
 
 async def test_handler_errors_are_openai_errors_on_a_kept_alive_connection(engine: SimHandle) -> None:
     """Refusals of the request's content (not of its framing) keep the connection: its framing was sound."""
-    raw = (post(b"{not json") + post(b"[1, 2]") + post(unary("x", model="no-such-model"))
-           + post(b"{}", path=b"/v1/%2e%2e/chat/completions") + post(unary("q"), path=b"/v1/chat/completions?x=1")
-           + get(b"/metrics", method=b"POST"))
+    raw = (
+        post(b"{not json")
+        + post(b"[1, 2]")
+        + post(unary("x", model="no-such-model"))
+        + post(b"{}", path=b"/v1/%2e%2e/chat/completions")
+        + post(unary("q"), path=b"/v1/chat/completions?x=1")
+        + get(b"/metrics", method=b"POST")
+    )
     async with running_gateway([engine]) as gw:
         replies, still_open = await talk(gw.port, raw, replies=6, rest_timeout_s=0.3)
         reader, writer = await connect(gw.port)
@@ -676,10 +966,12 @@ async def test_handler_errors_are_openai_errors_on_a_kept_alive_connection(engin
 
 
 @pytest.mark.hostile("an X-Request-ID that is not Latin-1, not ASCII, too long or holds spaces: a 400, never a 500")
-@pytest.mark.parametrize("value", ["req-\u20ac".encode(), b"caf\xe9", b"r" * 129, b"two words"],
-                         ids=["utf-8 euro sign", "latin-1 byte", "129 chars", "space"])
-async def test_bad_client_request_ids_get_a_400(engine: SimHandle, caplog: pytest.LogCaptureFixture,
-                                                value: bytes) -> None:
+@pytest.mark.parametrize(
+    "value",
+    ["req-\u20ac".encode(), b"caf\xe9", b"r" * 129, b"two words"],
+    ids=["utf-8 euro sign", "latin-1 byte", "129 chars", "space"],
+)
+async def test_bad_client_request_ids_get_a_400(engine: SimHandle, caplog: pytest.LogCaptureFixture, value: bytes) -> None:
     async with running_gateway([engine]) as gw:
         before = await engine_finished(engine)
         [answer], rest = await talk(gw.port, post(unary(), b"X-Request-ID: " + value, b"Connection: close"))
@@ -707,8 +999,10 @@ async def test_a_half_closed_client_gets_its_get_answered(engine: SimHandle) -> 
     assert answer.status == 200 and answer.json["status"] == "ok" and rest == b""
 
 
-@pytest.mark.hostile("a client that sends engine work and shuts its sending side (SHUT_WR): taken to have left, "
-                     "the work is cancelled (no generation queued for a client that hung up), the gateway serves on")
+@pytest.mark.hostile(
+    "a client that sends engine work and shuts its sending side (SHUT_WR): taken to have left, "
+    "the work is cancelled (no generation queued for a client that hung up), the gateway serves on"
+)
 async def test_engine_work_from_a_half_closed_client_is_cancelled(engine: SimHandle) -> None:
     async with running_gateway([engine]) as gw:
         reader, writer = await connect(gw.port)
@@ -734,8 +1028,9 @@ async def _settled(gw: Any, within_s: float) -> None:
 
 
 @pytest.mark.hostile("a client that vanishes while its request is served: the request is cancelled")
-@pytest.mark.parametrize(("stream", "padding"), [(False, 0), (True, 0), (False, 1 << 20)],
-                         ids=["unary", "streamed", "unary with a 1 MiB body"])
+@pytest.mark.parametrize(
+    ("stream", "padding"), [(False, 0), (True, 0), (False, 1 << 20)], ids=["unary", "streamed", "unary with a 1 MiB body"]
+)
 async def test_a_client_gone_mid_request_cancels_it(engine: SimHandle, stream: bool, padding: int) -> None:
     """A body larger than the pipelining bound (MAX_QUEUED_BYTES) paused reading while it queued:
     the client's leaving is still seen once its request is being served."""
@@ -766,8 +1061,7 @@ async def test_a_client_gone_mid_request_cancels_it(engine: SimHandle, stream: b
 
 
 def _connection_tasks() -> list[asyncio.Task]:
-    return [task for task in asyncio.all_tasks()
-            if getattr(task.get_coro(), "__qualname__", "") == "HttpConnection._serve"]
+    return [task for task in asyncio.all_tasks() if getattr(task.get_coro(), "__qualname__", "") == "HttpConnection._serve"]
 
 
 async def test_one_task_serves_a_connections_requests_and_ends_with_it(engine: SimHandle) -> None:

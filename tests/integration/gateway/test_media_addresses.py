@@ -37,20 +37,25 @@ async def test_an_allowlisted_name_resolving_to_loopback_is_refused(constant_eng
 @pytest.mark.hostile("SSRF: literal private, metadata and loopback IPs on the allowlist")
 async def test_allowlisted_internal_ip_literals_are_refused(constant_engines: list[SimHandle]) -> None:
     listed = ["10.0.0.7", "169.254.169.254", "127.0.0.1", "::1"]
-    async with running_gateway(constant_engines[:1], allowed_media_domains=listed) as gw, \
-            aiohttp.ClientSession() as session:
-        for url, words in (("http://10.0.0.7/x.png", "a private address"),
-                           ("http://169.254.169.254/latest/meta-data", "a cloud metadata address"),
-                           ("http://127.0.0.1:1/x.png", "a loopback address"),
-                           ("http://[::1]:1/v.mp4", "a loopback address")):
+    async with running_gateway(constant_engines[:1], allowed_media_domains=listed) as gw, aiohttp.ClientSession() as session:
+        for url, words in (
+            ("http://10.0.0.7/x.png", "a private address"),
+            ("http://169.254.169.254/latest/meta-data", "a cloud metadata address"),
+            ("http://127.0.0.1:1/x.png", "a loopback address"),
+            ("http://[::1]:1/v.mp4", "a loopback address"),
+        ):
             assert_media_refused(await post_chat(session, gw.base_url, image_chat(url)), words, "data: URL")
 
 
 @pytest.mark.hostile("SSRF opt-in: --allow-internal-media-addresses lets an internal image host through")
 async def test_the_operator_may_allow_internal_media_hosts(constant_engines: list[SimHandle]) -> None:
-    async with image_host({"/x.png": png_bytes(16, 16)}) as host, \
-            running_gateway(constant_engines[:1], allowed_media_domains=["localhost", "127.0.0.1"],
-                            allow_internal_media_addresses=True) as gw, aiohttp.ClientSession() as session:
+    async with (
+        image_host({"/x.png": png_bytes(16, 16)}) as host,
+        running_gateway(
+            constant_engines[:1], allowed_media_domains=["localhost", "127.0.0.1"], allow_internal_media_addresses=True
+        ) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         for url in (host + "/x.png", host.replace("127.0.0.1", "localhost") + "/x.png"):
             result = await post_chat(session, gw.base_url, image_request(url))
             assert result.status == 200, result.body
@@ -58,8 +63,10 @@ async def test_the_operator_may_allow_internal_media_hosts(constant_engines: lis
 
 @pytest.mark.hostile("allowlisted media host name that does not resolve")
 async def test_an_unresolvable_allowlisted_name_is_a_400_naming_it(constant_engines: list[SimHandle]) -> None:
-    async with running_gateway(constant_engines[:1], allowed_media_domains=["gone.invalid"]) as gw, \
-            aiohttp.ClientSession() as session:
+    async with (
+        running_gateway(constant_engines[:1], allowed_media_domains=["gone.invalid"]) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         result = await post_chat(session, gw.base_url, image_chat("https://gone.invalid/x.png"))
         assert_media_refused(result, "'gone.invalid' does not resolve")
 
@@ -76,8 +83,10 @@ async def test_a_slow_resolution_neither_blocks_the_loop_nor_hangs(constant_engi
         release.wait(30)
         return _answer("127.0.0.1")
 
-    async with running_gateway(constant_engines[:1], allowed_media_domains=["slow.example", "stuck.example"]) as gw, \
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+    async with (
+        running_gateway(constant_engines[:1], allowed_media_domains=["slow.example", "stuck.example"]) as gw,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+    ):
         policy = gw.gateway.media_addresses
         policy.lookup = slow_lookup
         pending = asyncio.create_task(post_chat(session, gw.base_url, image_chat("http://slow.example/x.png")))
@@ -102,6 +111,7 @@ async def test_the_gateway_fetch_connects_only_to_checked_addresses(constant_eng
 
     async def picture(request: Any) -> Any:
         from aiohttp import web
+
         served.append(request.path)
         return web.Response(body=png_bytes(8, 8), content_type="image/png")
 
@@ -110,9 +120,11 @@ async def test_the_gateway_fetch_connects_only_to_checked_addresses(constant_eng
     def rebinding_lookup(host: str) -> list[tuple[Any, ...]]:  # public once, then the gateway's own loopback
         return _answer(next(answers, "127.0.0.1"))
 
-    async with image_host({"/x.png": picture}) as host, \
-            running_gateway(constant_engines[:1], allowed_media_domains=["rebind.example"]) as gw, \
-            aiohttp.ClientSession() as session:
+    async with (
+        image_host({"/x.png": picture}) as host,
+        running_gateway(constant_engines[:1], allowed_media_domains=["rebind.example"]) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         gw.gateway.media_addresses.lookup = rebinding_lookup
         gw.gateway.media_addresses.ttl_s = 0.0  # every resolution asks again: the attacker's best case
         port = host.rsplit(":", 1)[1]

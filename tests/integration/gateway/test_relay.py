@@ -66,7 +66,13 @@ async def test_usage_and_first_token_are_accounted(constant_engines: list[SimHan
 
 async def test_frames_split_across_reads_arrive_whole() -> None:
     big = token("x" * 200_000)  # one event far larger than a socket read
-    framed = frame(token("a")) + frame(big) + frame(token("b", {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6})) + frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    framed = (
+        frame(token("a"))
+        + frame(big)
+        + frame(token("b", {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}))
+        + frame(b"data: [DONE]\n\n")
+        + b"0\r\n\r\n"
+    )
     cut = [SSE_HEAD + framed[:3], framed[3:40], framed[40:70_000], framed[70_000:150_001], framed[150_001:-3], framed[-3:]]
 
     async def script(writer: asyncio.StreamWriter) -> None:
@@ -92,8 +98,11 @@ async def test_usage_event_cut_between_frames_is_read_whole(tmp_path: Path) -> N
         await send(writer, SSE_HEAD, *frames, pause_s=0.02)  # one frame per read
 
     audit = tmp_path / "audit.jsonl"
-    async with scripted_replica(script) as replica, running_gateway([replica.url], audit_log=audit) as gw, \
-            aiohttp.ClientSession() as session:
+    async with (
+        scripted_replica(script) as replica,
+        running_gateway([replica.url], audit_log=audit) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         result = await post_chat(session, gw.base_url, chat_body("q"))
     assert result.status == 200 and result.done and result.error is None
     assert [e["choices"][0]["delta"]["content"] for e in result.events if e.get("choices")] == [f"t{i}" for i in range(8)] + [""]
@@ -101,8 +110,10 @@ async def test_usage_event_cut_between_frames_is_read_whole(tmp_path: Path) -> N
     assert (record["prompt_tokens"], record["completion_tokens"]) == (4, 9)
 
 
-@pytest.mark.hostile("a replica dies mid-stream (between frames, mid-frame) or sends a malformed chunk frame: the client "
-                     "gets the tokens so far and one error event")
+@pytest.mark.hostile(
+    "a replica dies mid-stream (between frames, mid-frame) or sends a malformed chunk frame: the client "
+    "gets the tokens so far and one error event"
+)
 @pytest.mark.parametrize("where", ["between_frames", "mid_frame", "malformed_frame"])
 async def test_replica_vanishing_mid_stream_ends_with_an_error_event(where: str) -> None:
     start = SSE_HEAD + frame(token("a")) + frame(token("b"))
@@ -192,8 +203,10 @@ async def test_http10_client_gets_the_payload_without_framing() -> None:
     async with scripted_replica(script) as replica, running_gateway([replica.url]) as gw:
         payload = json.dumps(chat_body("q")).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
-        writer.write(b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(payload), payload))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(payload), payload)
+        )
         raw = await asyncio.wait_for(reader.read(), 10)
         writer.close()
     head, _, rest = raw.partition(b"\r\n\r\n")
@@ -209,8 +222,11 @@ async def test_a_replica_closing_an_idle_connection_costs_no_request() -> None:
         calls["n"] += 1
         await send(writer, answer)
 
-    async with scripted_replica(script, script, script) as replica, running_gateway([replica.url]) as gw, \
-            aiohttp.ClientSession() as session:
+    async with (
+        scripted_replica(script, script, script) as replica,
+        running_gateway([replica.url]) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         for _ in range(3):  # the scripted replica closes every connection after one answer
             result = await post_chat(session, gw.base_url, chat_body("q"))
             assert result.done and result.error is None
@@ -224,8 +240,10 @@ async def test_a_replica_closing_an_idle_connection_costs_no_request() -> None:
 def raw_chat_request(port: int) -> socket.socket:
     body = json.dumps(chat_body("q")).encode()
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     return sock
 
 
@@ -258,11 +276,12 @@ async def test_an_armed_stream_sends_the_head_with_the_first_token() -> None:
     assert body + rest == b"".join(answer)
 
 
-@pytest.mark.hostile("a replica sends its head, then closes, resets or sends an empty body before its first token: the "
-                     "request is retried on another replica and the client sees only that one's answer")
+@pytest.mark.hostile(
+    "a replica sends its head, then closes, resets or sends an empty body before its first token: the "
+    "request is retried on another replica and the client sees only that one's answer"
+)
 @pytest.mark.parametrize("failure", ["close", "reset", "empty body"])
-async def test_a_replica_failing_between_its_head_and_first_token_is_retried(
-        failure: str, tmp_path: Path) -> None:
+async def test_a_replica_failing_between_its_head_and_first_token_is_retried(failure: str, tmp_path: Path) -> None:
     answer = frame(token("a")) + frame(token("b")) + frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
     calls = {"n": 0}
 
@@ -278,8 +297,12 @@ async def test_a_replica_failing_between_its_head_and_first_token_is_retried(
         # "close": the handler returns, and the scripted replica closes the connection
 
     audit = tmp_path / "audit.jsonl"
-    async with scripted_replica(script, script) as one, scripted_replica(script, script) as two, \
-            running_gateway([one.url, two.url], audit_log=audit) as gw, aiohttp.ClientSession() as session:
+    async with (
+        scripted_replica(script, script) as one,
+        scripted_replica(script, script) as two,
+        running_gateway([one.url, two.url], audit_log=audit) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         result = await post_chat(session, gw.base_url, chat_body("q"))
     assert result.status == 200 and result.done and result.error is None
     assert [e["choices"][0]["delta"]["content"] for e in result.events if e.get("choices")] == ["a", "b"]
@@ -289,8 +312,10 @@ async def test_a_replica_failing_between_its_head_and_first_token_is_retried(
     assert calls["n"] == 2
 
 
-@pytest.mark.hostile("a client hangs up after the replica's head, before the first token: the replica connection "
-                     "closes within 1.5 s, the request is not retried, nothing is left in flight")
+@pytest.mark.hostile(
+    "a client hangs up after the replica's head, before the first token: the replica connection "
+    "closes within 1.5 s, the request is not retried, nothing is left in flight"
+)
 async def test_a_client_leaving_before_the_first_token_closes_the_replica_connection() -> None:
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD, pause_s=10)  # an engine still computing the first token
@@ -311,8 +336,10 @@ async def test_a_client_leaving_before_the_first_token_closes_the_replica_connec
 @pytest.mark.hostile("a media URL past the text-only fast path, its key plain or JSON-escaped (image\\u005furl): refused")
 @pytest.mark.parametrize("key", ["image_url", "image\\u005furl"])
 async def test_media_rules_hold_with_escaped_keys(constant_engines: list[SimHandle], key: str) -> None:
-    body = ('{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image_url", '
-            '"%s": {"url": "http://media.example/x.png"}}]}]}' % (MODEL, key)).encode()
+    body = (
+        '{"model": "%s", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "image_url", '
+        '"%s": {"url": "http://media.example/x.png"}}]}]}' % (MODEL, key)
+    ).encode()
     async with running_gateway(constant_engines[:1]) as gw, aiohttp.ClientSession() as session:
         result = await post_chat(session, gw.base_url, body)
     assert result.status == 400 and result.body["error"]["code"] == "media_url_not_allowed"

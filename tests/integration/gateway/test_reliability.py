@@ -10,14 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.helpers.gateway_fixtures import (
-    chat_body,
-    post_chat,
-    running_gateway,
-    scrape_engine,
-    varied_sim_engines,
-    wait_until,
-)
+from tests.helpers.gateway_fixtures import chat_body, post_chat, running_gateway, scrape_engine, varied_sim_engines, wait_until
 from tests.helpers.sim import SimHandle
 from vlmserve.gateway.config import GatewayConfig
 from vlmserve.gateway.server import start_gateway
@@ -41,10 +34,12 @@ async def test_replica_killed_mid_run_loses_no_unstarted_request(
 ) -> None:
     victim = troubled_engines["victim"]
     audit = tmp_path / "audit.jsonl"
-    async with running_gateway([*constant_engines[:2], victim], policy="round-robin", audit_log=audit) as gw, \
-            aiohttp.ClientSession() as session:
-        requests = [asyncio.create_task(post_chat(session, gw.base_url, chat_body(f"q{i}", max_tokens=30)))
-                    for i in range(45)]
+    async with (
+        running_gateway([*constant_engines[:2], victim], policy="round-robin", audit_log=audit) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        requests = [asyncio.create_task(post_chat(session, gw.base_url, chat_body(f"q{i}", max_tokens=30))) for i in range(45)]
+
         async def victim_streaming_with_a_queue() -> bool:
             figures = await scrape_engine(session, victim)
             return figures.get("vllm:generation_tokens_total", 0) >= 4 and figures.get("vllm:num_requests_waiting", 0) >= 1
@@ -54,7 +49,7 @@ async def test_replica_killed_mid_run_loses_no_unstarted_request(
         victim.kill()
         results = await asyncio.gather(*requests)
         after = [await post_chat(session, gw.base_url, chat_body(f"after {i}", max_tokens=4)) for i in range(6)]
-        retries = (await (await session.get(gw.base_url + "/metrics")).text())
+        retries = await (await session.get(gw.base_url + "/metrics")).text()
     complete = [r for r in results if r.done and r.error is None and r.completion_tokens == 30]
     cut = [r for r in results if r.error is not None]
     assert all(r.status == 200 for r in results)
@@ -72,8 +67,10 @@ async def test_failing_replica_is_ejected_and_requests_succeed_elsewhere(
     constant_engines: list[SimHandle], troubled_engines: dict[str, SimHandle]
 ) -> None:
     failing = troubled_engines["failing"]
-    async with running_gateway([constant_engines[0], failing], policy="round-robin", breaker_failures=3,
-                               breaker_open_s=30) as gw, aiohttp.ClientSession() as session:
+    async with (
+        running_gateway([constant_engines[0], failing], policy="round-robin", breaker_failures=3, breaker_open_s=30) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         results = [await post_chat(session, gw.base_url, chat_body(f"q{i}", max_tokens=3)) for i in range(10)]
         assert all(r.status == 200 and r.done for r in results)
         failing_replica = gw.gateway.pool.replicas[1]
@@ -85,11 +82,13 @@ async def test_failing_replica_is_ejected_and_requests_succeed_elsewhere(
 
 
 async def test_stalled_stream_ends_with_error_event_and_slow_first_token_times_out(
-    troubled_engines: dict[str, SimHandle]
+    troubled_engines: dict[str, SimHandle],
 ) -> None:
     staller = troubled_engines["staller"]
-    async with running_gateway([staller], idle_chunk_timeout_s=0.5, first_token_timeout_s=0.5, max_attempts=1) as gw, \
-            aiohttp.ClientSession() as session:
+    async with (
+        running_gateway([staller], idle_chunk_timeout_s=0.5, first_token_timeout_s=0.5, max_attempts=1) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         stalled = await asyncio.wait_for(post_chat(session, gw.base_url, chat_body("tell me", max_tokens=50)), 10)
         assert stalled.status == 200 and stalled.content_chunks >= 1 and not stalled.done
         assert stalled.error["code"] == "idle_chunk_timeout"
@@ -131,8 +130,9 @@ async def test_shutdown_drains_streams_in_progress(constant_engines: list[SimHan
     running = await start_gateway(GatewayConfig(replicas=[constant_engines[0].base_url], port=0, drain_timeout_s=10))
     async with aiohttp.ClientSession() as session:
         under_way = asyncio.Event()
-        stream = asyncio.create_task(post_chat(session, running.base_url, chat_body("finish me", max_tokens=100),
-                                               first_token=under_way))
+        stream = asyncio.create_task(
+            post_chat(session, running.base_url, chat_body("finish me", max_tokens=100), first_token=under_way)
+        )
         await asyncio.wait_for(under_way.wait(), 30)  # 100 tokens at 5 ms: most of it is still to come
         await running.stop()
         result = await stream

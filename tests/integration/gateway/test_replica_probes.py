@@ -92,8 +92,11 @@ async def test_probes_carry_the_replica_key_and_reuse_one_connection() -> None:
 
 
 async def test_probe_failures_are_told_apart_and_a_stalled_probe_closes_its_connection() -> None:
-    async with fake_replica(answers_500) as failing, fake_replica(answers_garbage) as garbled, \
-            fake_replica(stalls_after_the_head) as stalling:
+    async with (
+        fake_replica(answers_500) as failing,
+        fake_replica(answers_garbage) as garbled,
+        fake_replica(stalls_after_the_head) as stalling,
+    ):
         closed = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
         refused_url = f"http://127.0.0.1:{closed.sockets[0].getsockname()[1]}"
         closed.close()
@@ -112,6 +115,5 @@ async def test_probe_failures_are_told_apart_and_a_stalled_probe_closes_its_conn
 
 
 @pytest.mark.parametrize("health_interval_s, expected", [(0.2, 3.0), (1.0, 3.0), (5.0, 15.0)])
-def test_a_probe_may_take_three_health_intervals_and_at_least_three_seconds(health_interval_s: float,
-                                                                             expected: float) -> None:
+def test_a_probe_may_take_three_health_intervals_and_at_least_three_seconds(health_interval_s: float, expected: float) -> None:
     assert ReplicaPool(["http://127.0.0.1:9"], health_interval_s=health_interval_s).probe_timeout_s == expected

@@ -28,9 +28,12 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHandle]:
 @pytest.mark.hostile("clients reuse one X-Request-ID for concurrent requests: the routing counts stay exact")
 async def test_colliding_client_request_ids_leave_no_phantom_load(engine: SimHandle) -> None:
     async with running_gateway([engine], policy="least-outstanding-tokens") as gw, aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*[
-            post_chat(session, gw.base_url, chat_body("same id", max_tokens=30), headers={"X-Request-ID": "dup-1"})
-            for _ in range(8)])
+        results = await asyncio.gather(
+            *[
+                post_chat(session, gw.base_url, chat_body("same id", max_tokens=30), headers={"X-Request-ID": "dup-1"})
+                for _ in range(8)
+            ]
+        )
         assert [r.status for r in results] == [200] * 8
         outstanding = gw.gateway._outstanding_tokens()
         assert outstanding is not None and set(outstanding.values()) == {0}, outstanding
@@ -56,9 +59,9 @@ async def test_long_session_ids_pin_under_a_bounded_key(engine: SimHandle) -> No
     async with running_gateway([engine]) as gw, aiohttp.ClientSession() as session:
         long_ids = [f"{n:04d}" + "s" * 6000 for n in range(40)]
         for session_id in long_ids + long_ids[:1]:
-            result = await post_chat(session, gw.base_url, chat_body("pin", max_tokens=1, stream=False),
-                                     headers={"X-Session-ID": session_id})
+            result = await post_chat(
+                session, gw.base_url, chat_body("pin", max_tokens=1, stream=False), headers={"X-Session-ID": session_id}
+            )
             assert result.status == 200
         pins = gw.gateway.policy._sessions  # type: ignore[attr-defined]
         assert len(pins) == 40 and max(len(key) for key in pins) <= 64
-

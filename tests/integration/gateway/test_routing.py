@@ -35,8 +35,9 @@ def deltas(after: list[dict[str, float]], before: list[dict[str, float]], names:
     return [sum(a.get(n, 0.0) - b.get(n, 0.0) for n in names) for a, b in zip(after, before)]
 
 
-async def run_closed_loop(session: aiohttp.ClientSession, url: str, bodies: list[dict], concurrency: int,
-                          all_sent: asyncio.Event | None = None) -> list:
+async def run_closed_loop(
+    session: aiohttp.ClientSession, url: str, bodies: list[dict], concurrency: int, all_sent: asyncio.Event | None = None
+) -> list:
     """Send `bodies` in order with `concurrency` requests outstanding; `all_sent` is set when the last goes."""
     queue: asyncio.Queue = asyncio.Queue()
     for body in bodies:
@@ -66,8 +67,9 @@ def kv_engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[SimHan
         yield handles
 
 
-async def sample_kv_usage(session: aiohttp.ClientSession, engines: list[SimHandle], samples: list[list[float]],
-                          stop: asyncio.Event) -> None:
+async def sample_kv_usage(
+    session: aiohttp.ClientSession, engines: list[SimHandle], samples: list[list[float]], stop: asyncio.Event
+) -> None:
     """Poll each engine's vllm:kv_cache_usage_perc (tokens resident / capacity) until stopped."""
     while not stop.is_set():
         scrapes = await asyncio.gather(*(scrape_engine(session, engine) for engine in engines))
@@ -146,11 +148,15 @@ async def test_prefix_affinity_raises_engine_cache_hits_within_the_load_bound(ca
         round_robin = await cache_run(session, cache_engines, "round-robin", 0)
         affinity = await cache_run(session, cache_engines, "prefix-affinity", 1)
         if affinity.hit_rate < round_robin.hit_rate + 0.15:
-            print(f"short gain ({affinity.hit_rate:.3f}, requests per replica {affinity.per_replica}, bound overrode "
-                  f"affinity for {affinity.overridden_share:.0%}): run again")
+            print(
+                f"short gain ({affinity.hit_rate:.3f}, requests per replica {affinity.per_replica}, bound overrode "
+                f"affinity for {affinity.overridden_share:.0%}): run again"
+            )
             affinity = await cache_run(session, cache_engines, "prefix-affinity", 2)
-    print(f"engine prefix-cache hit rate: round-robin {round_robin.hit_rate:.3f}, prefix-affinity {affinity.hit_rate:.3f}; "
-          f"requests per replica: {affinity.per_replica}; bound overrode affinity for {affinity.overridden_share:.0%}")
+    print(
+        f"engine prefix-cache hit rate: round-robin {round_robin.hit_rate:.3f}, prefix-affinity {affinity.hit_rate:.3f}; "
+        f"requests per replica: {affinity.per_replica}; bound overrode affinity for {affinity.overridden_share:.0%}"
+    )
     assert affinity.hit_rate >= round_robin.hit_rate + 0.15, (round_robin, affinity)
     assert len(affinity.choices) >= affinity.requests
     assert all(in_flight <= bound for in_flight, bound in affinity.choices), affinity.choices
@@ -207,12 +213,12 @@ def record_bounded_choices(policy: PrefixAffinity, choices: list[tuple[int, floa
 
 async def test_session_header_pins_a_conversation_to_one_replica(constant_engines: list[SimHandle], tmp_path: Path) -> None:
     audit = tmp_path / "audit.jsonl"
-    async with running_gateway(constant_engines, policy="round-robin", audit_log=audit) as gw, \
-            aiohttp.ClientSession() as session:
+    async with running_gateway(constant_engines, policy="round-robin", audit_log=audit) as gw, aiohttp.ClientSession() as session:
         for turn in range(6):
             for session_id in ("alice", "bob"):
-                result = await post_chat(session, gw.base_url, chat_body(f"turn {turn}", max_tokens=2),
-                                         {"X-Session-ID": session_id})
+                result = await post_chat(
+                    session, gw.base_url, chat_body(f"turn {turn}", max_tokens=2), {"X-Session-ID": session_id}
+                )
                 assert result.status == 200
         for turn in range(6):  # without the header, round-robin spreads them
             await post_chat(session, gw.base_url, chat_body(f"anon {turn}", max_tokens=2))
@@ -223,12 +229,13 @@ async def test_session_header_pins_a_conversation_to_one_replica(constant_engine
 
 
 async def test_engine_aware_polls_engine_metrics_and_routes(constant_engines: list[SimHandle]) -> None:
-    async with running_gateway(constant_engines, policy="engine-aware", metrics_interval_s=0.2) as gw, \
-            aiohttp.ClientSession() as session:
+    async with (
+        running_gateway(constant_engines, policy="engine-aware", metrics_interval_s=0.2) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         state = gw.gateway
         assert all(replica.load is not None for replica in state.pool.replicas)  # polled before serving
-        results = await asyncio.gather(*(post_chat(session, gw.base_url, chat_body(f"q{i}", max_tokens=30))
-                                         for i in range(30)))
+        results = await asyncio.gather(*(post_chat(session, gw.base_url, chat_body(f"q{i}", max_tokens=30)) for i in range(30)))
         assert all(r.status == 200 and r.done for r in results)
         spread = Counter(r.dispatched_total for r in state.pool.replicas)
         assert sum(r.dispatched_total for r in state.pool.replicas) == 30

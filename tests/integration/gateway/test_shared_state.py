@@ -29,9 +29,11 @@ from vlmserve.gateway.redis_buckets import bucket_keys
 
 LIMITED = "sk-limited"
 FREE = "sk-free"
-KEYS = ("tenants:\n"
-        "  - name: limited\n    keys: [sk-limited]\n    requests_per_s: 5\n    burst_requests: 5\n"
-        "  - name: free\n    keys: [sk-free]\n")
+KEYS = (
+    "tenants:\n"
+    "  - name: limited\n    keys: [sk-limited]\n    requests_per_s: 5\n    burst_requests: 5\n"
+    "  - name: free\n    keys: [sk-free]\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +50,21 @@ def keys_file(tmp_path: Path, text: str = KEYS) -> Path:
 
 def wait_available(gateway: GatewayProcess) -> None:
     """Until the gateway's probe has found Redis (it PINGs every second while it is gone)."""
-    wait_for(lambda: metric(gateway.base_url, "vlmserve_gateway_state_available") == 1.0,
-             "the gateway to find Redis", timeout_s=10)
+    wait_for(
+        lambda: metric(gateway.base_url, "vlmserve_gateway_state_available") == 1.0, "the gateway to find Redis", timeout_s=10
+    )
 
 
 def ask(gateway: GatewayProcess, key: str) -> httpx.Response:
-    return httpx.post(gateway.base_url + "/v1/chat/completions", timeout=10, headers={"Authorization": f"Bearer {key}"},
-                      json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    return httpx.post(
+        gateway.base_url + "/v1/chat/completions",
+        timeout=10,
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+    )
 
 
-async def spread_load(urls: list[str], count: int, over_s: float, *, new_connections: bool = False
-                      ) -> tuple[list[int], float]:
+async def spread_load(urls: list[str], count: int, over_s: float, *, new_connections: bool = False) -> tuple[list[int], float]:
     """`count` requests of the limited tenant at an even rate over `over_s`, alternating between
     `urls`; the statuses, and the seconds from the first send to the last answer (every admission
     decision falls inside them). `new_connections`: one connection per request, so the kernel
@@ -67,13 +73,15 @@ async def spread_load(urls: list[str], count: int, over_s: float, *, new_connect
     body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x-ray"}]}
 
     async def one(session: aiohttp.ClientSession, url: str) -> None:
-        async with session.post(url + "/v1/chat/completions", json=body,
-                                headers={"Authorization": f"Bearer {LIMITED}"}) as response:
+        async with session.post(
+            url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {LIMITED}"}
+        ) as response:
             await response.read()
             statuses.append(response.status)
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30),
-                                     connector=aiohttp.TCPConnector(force_close=new_connections)) as session:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=30), connector=aiohttp.TCPConnector(force_close=new_connections)
+    ) as session:
         started, tasks = time.monotonic(), []
         for i in range(count):
             await asyncio.sleep(max(0.0, started + i * over_s / count - time.monotonic()))
@@ -95,16 +103,17 @@ async def test_two_gateway_processes_share_one_limit_and_without_state_each_admi
     with start_gateways([engine.base_url], tmp_path, [shared, shared, alone, alone]) as (a, b, c, d):
         duration_s = 10.0
         (shared_statuses, shared_span_s), (alone_statuses, _) = await asyncio.gather(
-            spread_load([a.base_url, b.base_url], 200, duration_s),
-            spread_load([c.base_url, d.base_url], 200, duration_s),
+            spread_load([a.base_url, b.base_url], 200, duration_s), spread_load([c.base_url, d.base_url], 200, duration_s)
         )
         for gateway in (a, b):
             assert metric(gateway.base_url, "vlmserve_gateway_state_available") == 1.0
             assert metric(gateway.base_url, "vlmserve_gateway_state_fallbacks_total", mode="open") == 0.0
     bound = 5 * duration_s + 5
     shared_ok, alone_ok = shared_statuses.count(200), alone_statuses.count(200)
-    print(f"admitted of 200 over {duration_s:.0f} s: shared {shared_ok} (bound {bound:.0f}; "
-          f"{5 * shared_span_s + 5:.1f} over the {shared_span_s:.2f} s the decisions took), per process {alone_ok}")
+    print(
+        f"admitted of 200 over {duration_s:.0f} s: shared {shared_ok} (bound {bound:.0f}; "
+        f"{5 * shared_span_s + 5:.1f} over the {shared_span_s:.2f} s the decisions took), per process {alone_ok}"
+    )
     assert set(shared_statuses) <= {200, 429} and set(alone_statuses) <= {200, 429}
     # exact: the burst plus what refilled while decisions were made (a loaded machine stretches
     # the 10 s a little; Redis's clock counts that time too)
@@ -139,21 +148,25 @@ async def test_worker_processes_of_one_gateway_share_one_limit_through_redis(
         )
         served_by = requests_per_worker(with_state.base_url)
     shared_ok, alone_ok = shared_statuses.count(200), alone_statuses.count(200)
-    print(f"--workers 2, admitted of 120 over {duration_s:.0f} s: shared {shared_ok}, per worker {alone_ok}; "
-          f"requests by pid {served_by}")
+    print(
+        f"--workers 2, admitted of 120 over {duration_s:.0f} s: shared {shared_ok}, per worker {alone_ok}; "
+        f"requests by pid {served_by}"
+    )
     assert len([pid for pid, count in served_by.items() if count > 0]) == 2
     assert set(shared_statuses) <= {200, 429} and set(alone_statuses) <= {200, 429}
     assert 0.8 * (5 * duration_s + 5) <= shared_ok <= 5 * shared_span_s + 5
     assert alone_ok > shared_span_s * 5 + 5  # without Redis, two buckets: more than one limit passes
 
 
-@pytest.mark.hostile("Redis is SIGKILLed under traffic, then restarted: open keeps serving on local limits, closed answers 503, both share again")
+@pytest.mark.hostile(
+    "Redis is SIGKILLed under traffic, then restarted: open keeps serving on local limits, closed answers 503, both share again"
+)
 def test_redis_dies_and_returns(engine: SimHandle, redis_server: RedisServer, tmp_path: Path) -> None:
     keys = str(keys_file(tmp_path))
     common = ["--keys-file", keys, "--state", redis_server.url, "--state-timeout", "0.25"]
-    with start_gateways([engine.base_url], tmp_path,
-                        [[*common, "--state-unavailable", "open"], [*common, "--state-unavailable", "closed"]]) as (
-            fail_open, fail_closed):
+    with start_gateways(
+        [engine.base_url], tmp_path, [[*common, "--state-unavailable", "open"], [*common, "--state-unavailable", "closed"]]
+    ) as (fail_open, fail_closed):
         client = redis_server.client()
         for gateway in (fail_open, fail_closed):
             assert ask(gateway, LIMITED).status_code == 200
@@ -202,17 +215,25 @@ def test_redis_dies_and_returns(engine: SimHandle, redis_server: RedisServer, tm
         assert "answers again" in log and "failed (connection:" in log
 
 
-@pytest.mark.hostile("Redis unreachable when the gateway starts (state URL from the environment): it serves per its mode, then shares once Redis appears")
+@pytest.mark.hostile(
+    "Redis unreachable when the gateway starts (state URL from the environment): it serves per its mode, then shares once Redis appears"
+)
 def test_redis_unreachable_at_start_then_appears(engine: SimHandle, tmp_path: Path) -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     keys = str(keys_file(tmp_path))
-    with start_gateways([engine.base_url], tmp_path,
-                        [["--keys-file", keys], ["--keys-file", keys, "--state-unavailable", "closed"]],
-                        env={"VLMSERVE_GATEWAY_STATE": url}) as (fail_open, fail_closed):
+    with start_gateways(
+        [engine.base_url],
+        tmp_path,
+        [["--keys-file", keys], ["--keys-file", keys, "--state-unavailable", "closed"]],
+        env={"VLMSERVE_GATEWAY_STATE": url},
+    ) as (fail_open, fail_closed):
         assert httpx.get(fail_open.base_url + "/health").json()["state"] == {
-            "backend": url, "available": False, "when_unavailable": "open",
-            "last_error": httpx.get(fail_open.base_url + "/health").json()["state"]["last_error"]}
+            "backend": url,
+            "available": False,
+            "when_unavailable": "open",
+            "last_error": httpx.get(fail_open.base_url + "/health").json()["state"]["last_error"],
+        }
         assert ask(fail_open, LIMITED).status_code == 200
         assert ask(fail_closed, LIMITED).status_code == 503
         with start_redis(tmp_path / "late-redis", port=port) as late:
@@ -229,8 +250,9 @@ def test_a_redis_that_never_answers_costs_one_timeout_not_one_per_request(engine
         silent.bind(("127.0.0.1", 0))
         silent.listen(64)
         url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-        with start_gateways([engine.base_url], tmp_path, [["--keys-file", str(keys_file(tmp_path)), "--state", url,
-                                                           "--state-timeout", "0.2"]]) as (gateway,):
+        with start_gateways(
+            [engine.base_url], tmp_path, [["--keys-file", str(keys_file(tmp_path)), "--state", url, "--state-timeout", "0.2"]]
+        ) as (gateway,):
             took = []
             for _ in range(5):
                 started = time.monotonic()
@@ -242,11 +264,13 @@ def test_a_redis_that_never_answers_costs_one_timeout_not_one_per_request(engine
             assert metric(gateway.base_url, "vlmserve_gateway_state_available") == 0.0
 
 
-@pytest.mark.hostile("Redis out of memory (answers PING, refuses writes): the gateway falls back and stays there until writes work")
-def test_a_redis_that_refuses_writes_counts_as_unavailable(engine: SimHandle, redis_server: RedisServer,
-                                                           tmp_path: Path) -> None:
-    with start_gateways([engine.base_url], tmp_path,
-                        [["--keys-file", str(keys_file(tmp_path)), "--state", redis_server.url]]) as (gateway,):
+@pytest.mark.hostile(
+    "Redis out of memory (answers PING, refuses writes): the gateway falls back and stays there until writes work"
+)
+def test_a_redis_that_refuses_writes_counts_as_unavailable(engine: SimHandle, redis_server: RedisServer, tmp_path: Path) -> None:
+    with start_gateways(
+        [engine.base_url], tmp_path, [["--keys-file", str(keys_file(tmp_path)), "--state", redis_server.url]]
+    ) as (gateway,):
         client = redis_server.client()
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", "1")  # every write is refused with OOM from now on
@@ -264,8 +288,9 @@ def test_a_redis_that_refuses_writes_counts_as_unavailable(engine: SimHandle, re
 def test_a_foreign_key_in_redis_is_replaced(engine: SimHandle, redis_server: RedisServer, tmp_path: Path) -> None:
     client = redis_server.client()
     client.set(bucket_keys("limited")[0], "someone else's value")
-    with start_gateways([engine.base_url], tmp_path,
-                        [["--keys-file", str(keys_file(tmp_path)), "--state", redis_server.url]]) as (gateway,):
+    with start_gateways(
+        [engine.base_url], tmp_path, [["--keys-file", str(keys_file(tmp_path)), "--state", redis_server.url]]
+    ) as (gateway,):
         assert ask(gateway, LIMITED).status_code == 200
         assert metric(gateway.base_url, "vlmserve_gateway_state_errors_total", kind="wrong_type") == 1.0
         assert metric(gateway.base_url, "vlmserve_gateway_state_available") == 1.0
@@ -281,8 +306,11 @@ def test_wrong_redis_password_stops_the_gateway_with_one_line(tmp_path: Path, pa
         auth = f":{password}@" if password else ""
         url = f"redis://{auth}127.0.0.1:{server.port}/0"
         done = subprocess.run(
-            [sys.executable, "-m", "vlmserve", "gateway", "--replica", "http://127.0.0.1:9", "--port", "0",
-             "--state", url], capture_output=True, text=True, timeout=60)
+            [sys.executable, "-m", "vlmserve", "gateway", "--replica", "http://127.0.0.1:9", "--port", "0", "--state", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
@@ -297,17 +325,20 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.hostile("garbage --state, --state-unavailable and --state-timeout values: one line each, exit 2")
-@pytest.mark.parametrize(("args", "message"), [
-    (["--state", "localhost:6379"], "the scheme must be redis:// or rediss://"),
-    (["--state", "http://cache:6379/0"], "the scheme must be redis:// or rediss://"),
-    (["--state", "redis://"], "names no host"),
-    (["--state", "redis://cache:99999/0"], "is not a valid URL"),
-    (["--state", "redis://cache:6379/zero"], "the database after the host must be a number"),
-    (["--state", "redis://:pw@cache:6379/0?x=1"], "no query or fragment"),
-    (["--state", "redis://x/0", "--state-unavailable", "maybe"], "choose open (admit on per-process limits) or closed"),
-    (["--state", "redis://x/0", "--state-timeout", "0"], "--state-timeout must be more than 0"),
-    (["--state", "redis://x/0", "--state-timeout", "nan"], "--state-timeout must be more than 0"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--state", "localhost:6379"], "the scheme must be redis:// or rediss://"),
+        (["--state", "http://cache:6379/0"], "the scheme must be redis:// or rediss://"),
+        (["--state", "redis://"], "names no host"),
+        (["--state", "redis://cache:99999/0"], "is not a valid URL"),
+        (["--state", "redis://cache:6379/zero"], "the database after the host must be a number"),
+        (["--state", "redis://:pw@cache:6379/0?x=1"], "no query or fragment"),
+        (["--state", "redis://x/0", "--state-unavailable", "maybe"], "choose open (admit on per-process limits) or closed"),
+        (["--state", "redis://x/0", "--state-timeout", "0"], "--state-timeout must be more than 0"),
+        (["--state", "redis://x/0", "--state-timeout", "nan"], "--state-timeout must be more than 0"),
+    ],
+)
 def test_bad_state_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     code, stderr = run_cli(capsys, *args)
     assert code == 2 and stderr.startswith("error: ") and message in stderr, stderr

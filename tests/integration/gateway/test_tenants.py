@@ -85,20 +85,25 @@ async def test_tenant_over_its_limit_gets_429_and_the_other_tenant_keeps_its_lat
     admitted = statuses.count(200)
     assert shed >= len(statuses) // 2 and admitted >= 5 and shed + admitted == len(statuses), statuses
     unloaded_median, loaded_median = statistics.median(unloaded), statistics.median(loaded)
-    print(f"calm median e2e: unloaded {unloaded_median * 1000:.1f} ms, with the flood {loaded_median * 1000:.1f} ms; "
-          f"noisy: {admitted} admitted, {shed} shed")
+    print(
+        f"calm median e2e: unloaded {unloaded_median * 1000:.1f} ms, with the flood {loaded_median * 1000:.1f} ms; "
+        f"noisy: {admitted} admitted, {shed} shed"
+    )
     assert loaded_median <= 1.10 * unloaded_median, (unloaded, loaded)
 
 
 async def test_capped_gateway_serves_interactive_first_and_sheds_a_full_queue(constant_engines: list[SimHandle]) -> None:
     """One request at a time reaches the engine; the rest wait by priority, and a full queue is 429."""
-    async with running_gateway(constant_engines[:1], max_in_flight=1, queue_limit_batch=1,
-                               queue_limit_interactive=1) as gw, aiohttp.ClientSession() as session:
+    async with (
+        running_gateway(constant_engines[:1], max_in_flight=1, queue_limit_batch=1, queue_limit_interactive=1) as gw,
+        aiohttp.ClientSession() as session,
+    ):
         finished: list[str] = []
 
         async def send(name: str, priority: str, max_tokens: int, first_token: asyncio.Event | None = None):
-            result = await post_chat(session, gw.base_url, chat_body(name, max_tokens=max_tokens), {"X-Priority": priority},
-                                     first_token=first_token)
+            result = await post_chat(
+                session, gw.base_url, chat_body(name, max_tokens=max_tokens), {"X-Priority": priority}, first_token=first_token
+            )
             finished.append(name)
             return result
 

@@ -16,12 +16,24 @@ from vlmserve.bench.engine_traces import TraceReceiver
 from vlmserve.cli.app import main
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--otlp-traces-endpoint", "grpc://collector:4317"], "error: --otlp-traces-endpoint 'grpc://collector:4317' is not an OTLP/HTTP URL"),
-    (["--otlp-traces-endpoint", "http://collector:70000/v1/traces"], "error: --otlp-traces-endpoint 'http://collector:70000/v1/traces': Port out of range"),
-    (["--trace-sample-ratio", "1.5"], "error: --trace-sample-ratio must be between 0 and 1 (the share of new traces kept), got 1.5"),
-    (["--trace-sample-ratio", "nan"], "error: --trace-sample-ratio must be between 0 and 1"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--otlp-traces-endpoint", "grpc://collector:4317"],
+            "error: --otlp-traces-endpoint 'grpc://collector:4317' is not an OTLP/HTTP URL",
+        ),
+        (
+            ["--otlp-traces-endpoint", "http://collector:70000/v1/traces"],
+            "error: --otlp-traces-endpoint 'http://collector:70000/v1/traces': Port out of range",
+        ),
+        (
+            ["--trace-sample-ratio", "1.5"],
+            "error: --trace-sample-ratio must be between 0 and 1 (the share of new traces kept), got 1.5",
+        ),
+        (["--trace-sample-ratio", "nan"], "error: --trace-sample-ratio must be between 0 and 1"),
+    ],
+)
 def test_bad_tracing_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["gateway", "--replica", "http://127.0.0.1:1", *args])
@@ -34,9 +46,12 @@ async def test_a_traced_gateway_with_workers_exports_every_request_and_flushes_o
     receiver = TraceReceiver("127.0.0.1", free_port(), keep_all=True)
     await receiver.start()
     try:
-        with sim_engines(1, tmp_path, ttft_ms=5, itl_ms=1) as engines, \
-                start_gateway([engines[0].base_url], tmp_path, "--workers", "2", "--otlp-traces-endpoint",
-                              f"http://127.0.0.1:{receiver.port}") as gateway:  # no path: /v1/traces is added
+        with (
+            sim_engines(1, tmp_path, ttft_ms=5, itl_ms=1) as engines,
+            start_gateway(
+                [engines[0].base_url], tmp_path, "--workers", "2", "--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}"
+            ) as gateway,
+        ):  # no path: /v1/traces is added
             results = []
             for _ in range(6):  # a connection each: the kernel spreads them over the workers
                 async with aiohttp.ClientSession() as session:

@@ -23,14 +23,20 @@ from tests.helpers.gateway_fixtures import MODEL, chat_body, post_chat, running_
 from tests.helpers.sim import SimHandle
 
 
-async def raw_request(base_url: str, method: str, target: str, body: bytes = b"",
-                      headers: dict[str, str] | None = None) -> tuple[int, Any]:
+async def raw_request(
+    base_url: str, method: str, target: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     """Send one HTTP/1.1 request with `target` byte for byte; (status, parsed JSON body or raw bytes)."""
     url = urlsplit(base_url)
     reader, writer = await asyncio.open_connection(url.hostname, url.port)
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {url.netloc}", f"Content-Length: {len(body)}",
-             "Content-Type: application/json", "Connection: close",
-             *(f"{name}: {value}" for name, value in (headers or {}).items())]
+    lines = [
+        f"{method} {target} HTTP/1.1",
+        f"Host: {url.netloc}",
+        f"Content-Length: {len(body)}",
+        "Content-Type: application/json",
+        "Connection: close",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
     await writer.drain()
     answer = await reader.read()
@@ -53,8 +59,10 @@ async def engine_state(session: aiohttp.ClientSession, engines: list[SimHandle])
     """What a hostile request must not change: each engine's timing record and request count."""
     state = []
     for engine in engines:
-        async with session.get(engine.base_url + "/debug/timing") as timing, \
-                session.get(engine.base_url + "/debug/state") as debug:
+        async with (
+            session.get(engine.base_url + "/debug/timing") as timing,
+            session.get(engine.base_url + "/debug/state") as debug,
+        ):
             state.append(((await timing.json())["chunks"], (await debug.json())["requests"]))
     return state
 
@@ -95,7 +103,8 @@ PATH_VARIANTS = [
     [pytest.param(m, t, s, marks=pytest.mark.hostile(f"path {why}: {t}"), id=t) for m, t, s, why in PATH_VARIANTS],
 )
 async def test_hostile_paths_are_refused_and_engines_untouched(
-        constant_engines: list[SimHandle], method: str, target: str, status: int) -> None:
+    constant_engines: list[SimHandle], method: str, target: str, status: int
+) -> None:
     engines = constant_engines[:2]
     async with running_gateway(engines) as gw, aiohttp.ClientSession() as session:
         for _ in engines:  # give every engine some timing record that a reset would wipe
@@ -133,12 +142,14 @@ def work_bodies() -> dict[str, dict[str, Any]]:
 async def test_every_engine_work_route_passes_admission(constant_engines: list[SimHandle], tmp_path: Path) -> None:
     bodies = work_bodies()
     keys = tmp_path / "keys.yaml"
-    keys.write_text("tenants:\n" + "".join(
-        f"  - name: t{i}\n    keys: [sk-{i}]\n    requests_per_s: 0.01\n    burst_requests: 1\n"
-        for i in range(len(bodies))))
+    keys.write_text(
+        "tenants:\n"
+        + "".join(
+            f"  - name: t{i}\n    keys: [sk-{i}]\n    requests_per_s: 0.01\n    burst_requests: 1\n" for i in range(len(bodies))
+        )
+    )
     audit = tmp_path / "audit.jsonl"
-    async with running_gateway(constant_engines[:2], keys_file=keys, audit_log=audit) as gw, \
-            aiohttp.ClientSession() as session:
+    async with running_gateway(constant_engines[:2], keys_file=keys, audit_log=audit) as gw, aiohttp.ClientSession() as session:
         for i, (path, body) in enumerate(bodies.items()):
             key = {"Authorization": f"Bearer sk-{i}"}
             first = await post_chat(session, gw.base_url, body, key, path=path)
@@ -181,8 +192,9 @@ def png_data_url() -> str:
 
 def image_chat(url: str, field: str = "image_url") -> dict[str, Any]:
     part = {"type": field, field: {"url": url}}
-    return chat_body("", max_tokens=2, stream=False,
-                     messages=[{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}])
+    return chat_body(
+        "", max_tokens=2, stream=False, messages=[{"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]
+    )
 
 
 def assert_media_refused(result: Any, *words: str) -> None:
@@ -200,8 +212,10 @@ async def test_remote_media_urls_are_refused_by_default(constant_engines: list[S
         ("/v1/chat/completions", image_chat(internal + "/v.mp4", "video_url")),
         ("/v1/chat/completions", image_chat(internal + "/a.wav", "audio_url")),
         ("/tokenize", {"model": MODEL, "messages": image_chat(internal + "/x.png")["messages"]}),
-        ("/v1/responses", {"model": MODEL, "input": [{"role": "user", "content": [
-            {"type": "input_image", "image_url": internal + "/x.png"}]}]}),
+        (
+            "/v1/responses",
+            {"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": internal + "/x.png"}]}]},
+        ),
     ]
     async with running_gateway(engines) as gw, aiohttp.ClientSession() as session:
         before = await engine_state(session, engines)
@@ -214,12 +228,16 @@ async def test_remote_media_urls_are_refused_by_default(constant_engines: list[S
 
 @pytest.mark.hostile("SSRF: allowlist bypass by subdomain or user-info")
 async def test_only_allowlisted_hosts_pass(constant_engines: list[SimHandle]) -> None:
-    async with running_gateway(constant_engines[:2], allowed_media_domains=["images.example.org"]) as gw, \
-            aiohttp.ClientSession() as session:
-        assert_media_refused(await post_chat(session, gw.base_url, image_chat("https://cdn.images.example.org/x.png")),
-                             "--allowed-media-domains")  # subdomains do not match, as in vLLM
-        assert_media_refused(await post_chat(session, gw.base_url, image_chat("http://images.example.org@127.0.0.1/x.png")),
-                             "user-info")
+    async with (
+        running_gateway(constant_engines[:2], allowed_media_domains=["images.example.org"]) as gw,
+        aiohttp.ClientSession() as session,
+    ):
+        assert_media_refused(
+            await post_chat(session, gw.base_url, image_chat("https://cdn.images.example.org/x.png")), "--allowed-media-domains"
+        )  # subdomains do not match, as in vLLM
+        assert_media_refused(
+            await post_chat(session, gw.base_url, image_chat("http://images.example.org@127.0.0.1/x.png")), "user-info"
+        )
         # A listed host passes the allowlist; then its addresses are checked and the gateway fetches it
         # itself. Without a network here the name does not resolve (400 naming it); with one, the fetch fails.
         allowed = await post_chat(session, gw.base_url, image_chat("https://images.example.org/x.png"))
@@ -238,13 +256,14 @@ async def test_file_urls_never_pass(constant_engines: list[SimHandle]) -> None:
 
 
 @pytest.mark.hostile("100,000-deep nested JSON body")
-async def test_deep_json_is_400_without_a_traceback(constant_engines: list[SimHandle],
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+async def test_deep_json_is_400_without_a_traceback(constant_engines: list[SimHandle], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     async with running_gateway(constant_engines[:2]) as gw, aiohttp.ClientSession() as session:
-        for body in (b"[" * 100_000 + b"]" * 100_000,
-                     b'{"model": "sim-model", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-                     b"[" * 100_000):
+        for body in (
+            b"[" * 100_000 + b"]" * 100_000,
+            b'{"model": "sim-model", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            b"[" * 100_000,
+        ):
             status, answer = await raw_request(gw.base_url, "POST", "/v1/chat/completions", body)
             assert_openai_error(status, answer, 400)
             assert answer["error"]["code"] in ("json_too_deep", "invalid_json"), answer

@@ -30,14 +30,17 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHandle]:
 def worker_requests(base_url: str) -> dict[str, float]:
     """vlmserve_gateway_worker_requests by pid, from one scrape (whichever worker answers it)."""
     text = httpx.get(base_url + "/metrics", timeout=5).text
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r'^vlmserve_gateway_worker_requests_total\{pid="(\d+)"\} (\S+)$', text, re.M)}
+    return {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'^vlmserve_gateway_worker_requests_total\{pid="(\d+)"\} (\S+)$', text, re.M)
+    }
 
 
 def requests_total(base_url: str) -> float:
     text = httpx.get(base_url + "/metrics", timeout=5).text
-    return sum(float(m.group(1)) for m in
-               re.finditer(r'^vlmserve_gateway_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.M))
+    return sum(
+        float(m.group(1)) for m in re.finditer(r'^vlmserve_gateway_requests_total\{[^}]*status="200"[^}]*\} (\S+)$', text, re.M)
+    )
 
 
 def fresh_connection_requests(base_url: str, count: int) -> list[int]:
@@ -45,8 +48,10 @@ def fresh_connection_requests(base_url: str, count: int) -> list[int]:
     statuses = []
     for i in range(count):
         with httpx.Client(timeout=10) as client:
-            answer = client.post(base_url + "/v1/completions",
-                                 json={"model": "sim-model", "prompt": f"tooth {i}", "max_tokens": 2, "ignore_eos": True})
+            answer = client.post(
+                base_url + "/v1/completions",
+                json={"model": "sim-model", "prompt": f"tooth {i}", "max_tokens": 2, "ignore_eos": True},
+            )
             statuses.append(answer.status_code)
     return statuses
 
@@ -93,9 +98,10 @@ def test_a_killed_worker_is_restarted_and_serving_goes_on(engine: SimHandle, tmp
 async def _streams_through_sigterm(gateway: GatewayProcess) -> list:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         under_way = [asyncio.Event() for _ in range(8)]
-        streams = [asyncio.create_task(post_chat(session, gateway.base_url, chat_body(f"q{i}", max_tokens=40),
-                                                 first_token=event))
-                   for i, event in enumerate(under_way)]
+        streams = [
+            asyncio.create_task(post_chat(session, gateway.base_url, chat_body(f"q{i}", max_tokens=40), first_token=event))
+            for i, event in enumerate(under_way)
+        ]
         # every stream is mid-answer (40 tokens x 20 ms: most of each is still to come)
         await asyncio.wait_for(asyncio.gather(*(event.wait() for event in under_way)), 60)
         gateway.process.send_signal(signal.SIGTERM)

@@ -66,8 +66,11 @@ def test_runs_import_puts_vllm_runs_beside_vlmserve_runs(home: Path, vlmserve_cm
 
     records = saturating_records(4, output_tokens=8)
     summary = summarize(records, None)
-    summary.meta = {"label": "ours", "model": "sim-model",
-                       "load_spec": {"dataset": "random", "input_len": 32, "output_len": 8, "concurrency": 4}}
+    summary.meta = {
+        "label": "ours",
+        "model": "sim-model",
+        "load_spec": {"dataset": "random", "input_len": 32, "output_len": 8, "concurrency": 4},
+    }
     ours = store.save_run(RunResult(records=records, summary=summary))
     comparison = compare(load_source(imported), load_source(ours))
     assert any(line.startswith("TTFT p50") for line in comparison.headlines())
@@ -75,18 +78,27 @@ def test_runs_import_puts_vllm_runs_beside_vlmserve_runs(home: Path, vlmserve_cm
     assert 'id="chart-cdf-0"' in page and 'id="chart-timeline-0"' in page, "imported records feed the plots"
 
 
-@pytest.mark.parametrize("content, expected", [
-    ("not json at all", "is not JSON (line 1"),
-    ('{"benchmarks": []}', "is JSON but not a result file vlmserve reads"),
-    ("[1, 2, 3]", "is JSON but not a result file vlmserve reads"),
-    ('{"duration": 1, "completed": 2, "request_throughput": 2, "output_throughput": 1, "request_rate": "fast",'
-     ' "max_concurrency": null}', "looks like vllm bench serve output but a field is malformed"),
-    ('{"duration": 1, "completed": 2, "request_throughput": 2, "output_throughput": 1, "start_times": [1],'
-     ' "ttfts": [], "itls": [], "latencies": [], "input_lens": [], "output_lens": [], "errors": []}',
-     "the per-request lists of this vllm bench serve file differ in length"),
-])
-def test_foreign_or_damaged_files_get_one_line(content: str, expected: str, tmp_path: Path, home: Path,
-                                               vlmserve_cmd: list[str]) -> None:
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("not json at all", "is not JSON (line 1"),
+        ('{"benchmarks": []}', "is JSON but not a result file vlmserve reads"),
+        ("[1, 2, 3]", "is JSON but not a result file vlmserve reads"),
+        (
+            '{"duration": 1, "completed": 2, "request_throughput": 2, "output_throughput": 1, "request_rate": "fast",'
+            ' "max_concurrency": null}',
+            "looks like vllm bench serve output but a field is malformed",
+        ),
+        (
+            '{"duration": 1, "completed": 2, "request_throughput": 2, "output_throughput": 1, "start_times": [1],'
+            ' "ttfts": [], "itls": [], "latencies": [], "input_lens": [], "output_lens": [], "errors": []}',
+            "the per-request lists of this vllm bench serve file differ in length",
+        ),
+    ],
+)
+def test_foreign_or_damaged_files_get_one_line(
+    content: str, expected: str, tmp_path: Path, home: Path, vlmserve_cmd: list[str]
+) -> None:
     bad = tmp_path / "result.json"
     bad.write_text(content)
     with pytest.raises(UserError) as caught:
@@ -107,8 +119,12 @@ def test_vllm_format_has_vllms_keys_and_types_and_reads_back() -> None:
     real = json.loads(DETAILED.read_text())
     records = saturating_records(4, output_tokens=8, requests=12)
     summary = summarize(records, None)
-    summary.meta = {"label": "ours", "model": "sim-model", "started_at": "2026-11-23T21:00:00+00:00",
-                       "load_spec": {"api": "completions", "concurrency": 4, "burstiness": 1.0}}
+    summary.meta = {
+        "label": "ours",
+        "model": "sim-model",
+        "started_at": "2026-11-23T21:00:00+00:00",
+        "load_spec": {"api": "completions", "concurrency": 4, "burstiness": 1.0},
+    }
     written = json.loads(json.dumps(to_vllm_result(RunResult(records=records, summary=summary))))
     assert set(real) <= set(written), set(real) - set(written)
     for key, value in real.items():
@@ -119,7 +135,9 @@ def test_vllm_format_has_vllms_keys_and_types_and_reads_back() -> None:
     assert written["max_concurrent_requests"] == 4 and written["max_output_tokens_per_s"] > 0
     back = from_vllm_result(written)
     assert back.summary.to_dict()["ttft_ms"]["p50"] == pytest.approx(summary.to_dict()["ttft_ms"]["p50"])
-    assert back.summary.to_dict()["throughput"]["output_tokens_per_s"] == pytest.approx(summary.to_dict()["throughput"]["output_tokens_per_s"])
+    assert back.summary.to_dict()["throughput"]["output_tokens_per_s"] == pytest.approx(
+        summary.to_dict()["throughput"]["output_tokens_per_s"]
+    )
     sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     from bench_vs_vllm_engine import vllm_figures  # the repository's own reader of vLLM result files
 

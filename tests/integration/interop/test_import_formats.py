@@ -57,8 +57,7 @@ def test_aiperf_013_file_gives_model_load_and_figures_in_ms() -> None:
     summary = result.summary.to_dict()
     assert result.meta.model == "sim-model" and result.meta.tool_version == "0.13.0"
     assert result.meta.target == "http://127.0.0.1:18431"
-    assert result.meta.load_spec == {"concurrency": 4, "api": "chat", "dataset": "synthetic",
-                                        "input_len": 32, "output_len": 8}
+    assert result.meta.load_spec == {"concurrency": 4, "api": "chat", "dataset": "synthetic", "input_len": 32, "output_len": 8}
     assert summary["ttft_ms"]["p50"] == pytest.approx(data["time_to_first_token"]["p50"])
     assert summary["e2e_ms"]["p99"] == pytest.approx(data["request_latency"]["p99"])
     assert summary["throughput"]["output_tokens_per_s"] == pytest.approx(data["output_token_throughput"]["avg"])
@@ -87,8 +86,10 @@ def test_aiperf_file_from_a_broken_run_says_so() -> None:
     failed = int(data["error_request_count"]["avg"])
     assert result.summary.to_dict()["requests"] == {"total": 24, "completed": 24 - failed, "failed": failed}
     broken = [line for line in result.warnings if "broken run" in line]
-    assert broken == [f"this AIPerf file is from a broken run ({failed} of 24 requests failed): its figures "
-                      "cover only the requests that succeeded"]
+    assert broken == [
+        f"this AIPerf file is from a broken run ({failed} of 24 requests failed): its figures "
+        "cover only the requests that succeeded"
+    ]
 
 
 def test_aiperf_file_with_no_completed_request_says_so(tmp_path: Path) -> None:
@@ -111,8 +112,14 @@ def test_guidellm_benchmark_becomes_a_run_with_its_strategy_and_figures() -> Non
     summary = result.summary.to_dict()
     assert result.meta.tool == "guidellm" and result.meta.tool_version == data["metadata"]["guidellm_version"]
     assert result.meta.model == "sim-model" and result.meta.strategy == "concurrent@4"
-    assert result.meta.load_spec == {"strategy": "concurrent", "dataset": "synthetic_text", "input_len": 32,
-                                        "output_len": 8, "concurrency": 4, "api": "chat"}
+    assert result.meta.load_spec == {
+        "strategy": "concurrent",
+        "dataset": "synthetic_text",
+        "input_len": 32,
+        "output_len": 8,
+        "concurrency": 4,
+        "api": "chat",
+    }
     ttft = metrics["time_to_first_token_ms"]["successful"]
     assert summary["ttft_ms"]["p50"] == pytest.approx(ttft["percentiles"]["p50"])
     assert summary["ttft_ms"]["p99"] == pytest.approx(ttft["percentiles"]["p99"])
@@ -130,8 +137,10 @@ def test_a_guidellm_sweep_becomes_one_run_per_benchmark_with_distinct_labels(tmp
     path = tmp_path / "benchmarks.json"
     path.write_text(json.dumps(data))
     runs = read_result_runs(path)
-    assert [run.meta.label for run in runs] == [f"guidellm: {tmp_path.name}/benchmarks concurrent@4",
-                                                   f"guidellm: {tmp_path.name}/benchmarks constant@2"]
+    assert [run.meta.label for run in runs] == [
+        f"guidellm: {tmp_path.name}/benchmarks concurrent@4",
+        f"guidellm: {tmp_path.name}/benchmarks constant@2",
+    ]
     assert runs[1].meta.load_spec["rate"] == 2.0 and "concurrency" not in runs[1].meta.load_spec
 
 
@@ -145,8 +154,7 @@ def test_inference_perf_report_reads_seconds_as_ms_and_its_config_beside_it() ->
     assert summary["itl_ms"]["p90"] == pytest.approx(latency["inter_token_latency"]["p90"] * 1000)
     assert summary["throughput"]["requests_per_s"] == pytest.approx(data["successes"]["throughput"]["requests_per_sec"])
     assert result.meta.model == "sim-model"  # from config.yaml beside the report
-    assert result.meta.load_spec == {"rate": 12.0, "api": "completions", "input_len": 32, "output_len": 8,
-                                        "dataset": "random"}
+    assert result.meta.load_spec == {"rate": 12.0, "api": "completions", "input_len": 32, "output_len": 8, "dataset": "random"}
     (warning,) = result.warnings
     assert warning.startswith("inference-perf's token counts disagree with the server's on 24 requests")
 
@@ -171,8 +179,9 @@ def test_labels_default_to_the_file_and_folder_and_label_sets_them(tmp_path: Pat
 
 
 @pytest.mark.parametrize("tool", sorted(REAL_TOOL_FILES))
-def test_import_then_report_html_and_compare_work_on_each_real_tool_file(tool: str, tmp_path: Path, home: Path,
-                                                                         vlmserve_cmd: list[str]) -> None:
+def test_import_then_report_html_and_compare_work_on_each_real_tool_file(
+    tool: str, tmp_path: Path, home: Path, vlmserve_cmd: list[str]
+) -> None:
     """The Done-when path as a user runs it: import, `report --html`, `compare` both ways, exit 0, no traceback."""
     imported = run_cli(vlmserve_cmd, home, "runs", "import", str(REAL_TOOL_FILES[tool]), "--label", f"from-{tool}")
     assert imported.returncode == 0, imported.stderr
@@ -192,8 +201,7 @@ def test_import_then_report_html_and_compare_work_on_each_real_tool_file(tool: s
         assert "not compared, unknown on one side:" in compared.stdout
 
 
-def test_import_prints_each_warning_on_one_stderr_line_and_simulated_marks_the_run(home: Path,
-                                                                                    vlmserve_cmd: list[str]) -> None:
+def test_import_prints_each_warning_on_one_stderr_line_and_simulated_marks_the_run(home: Path, vlmserve_cmd: list[str]) -> None:
     done = run_cli(vlmserve_cmd, home, "runs", "import", str(AIPERF_ERRORS), "--simulated")
     assert done.returncode == 0, done.stderr
     lines = done.stderr.strip().splitlines()

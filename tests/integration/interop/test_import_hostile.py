@@ -22,18 +22,30 @@ def one_error_line(vlmserve_cmd: list[str], home_dir: Path, path: Path) -> str:
     return done.stderr.strip()
 
 
-@pytest.mark.hostile("runs import: 100,000 nested brackets, a 5,000-digit integer, NaN, -Infinity, 1e999: one line naming the bound each")
-@pytest.mark.parametrize(("content", "expected"), [
-    ("{" + REQUIRED + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
-     f"nests deeper than {RESULT_FILE.max_depth} levels (the limit for a result file)"),
-    ("{" + REQUIRED + ', "failed": ' + "9" * 5000 + "}", "has an integer of 5,000 digits, over the 40-digit limit"),
-    ("{" + REQUIRED + ', "failed": NaN}', "has NaN, which is not a finite number"),
-    ("{" + REQUIRED.replace('"duration": 1', '"duration": -Infinity') + "}", "has -Infinity, which is not a finite number"),
-    ("{" + REQUIRED.replace('"duration": 1', '"duration": 1e999') + "}", "has the number 1e999, which is not finite"),
-    ("{" + REQUIRED + ', "request_rate": "nan"}', "a field is malformed (ValueError: request_rate is nan, not a finite number)"),
-], ids=["deep", "huge-integer", "nan", "minus-infinity", "1e999", "nan-as-text"])
-def test_hostile_numbers_and_nesting_are_one_line(content: str, expected: str, tmp_path: Path, home: Path,
-                                                  vlmserve_cmd: list[str]) -> None:
+@pytest.mark.hostile(
+    "runs import: 100,000 nested brackets, a 5,000-digit integer, NaN, -Infinity, 1e999: one line naming the bound each"
+)
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            "{" + REQUIRED + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+            f"nests deeper than {RESULT_FILE.max_depth} levels (the limit for a result file)",
+        ),
+        ("{" + REQUIRED + ', "failed": ' + "9" * 5000 + "}", "has an integer of 5,000 digits, over the 40-digit limit"),
+        ("{" + REQUIRED + ', "failed": NaN}', "has NaN, which is not a finite number"),
+        ("{" + REQUIRED.replace('"duration": 1', '"duration": -Infinity') + "}", "has -Infinity, which is not a finite number"),
+        ("{" + REQUIRED.replace('"duration": 1', '"duration": 1e999') + "}", "has the number 1e999, which is not finite"),
+        (
+            "{" + REQUIRED + ', "request_rate": "nan"}',
+            "a field is malformed (ValueError: request_rate is nan, not a finite number)",
+        ),
+    ],
+    ids=["deep", "huge-integer", "nan", "minus-infinity", "1e999", "nan-as-text"],
+)
+def test_hostile_numbers_and_nesting_are_one_line(
+    content: str, expected: str, tmp_path: Path, home: Path, vlmserve_cmd: list[str]
+) -> None:
     path = tmp_path / "result.json"
     path.write_text(content)
     line = one_error_line(vlmserve_cmd, home, path)
@@ -114,22 +126,40 @@ def _aiperf_without_its_required_blocks() -> str:
     return json.dumps(data)
 
 
-@pytest.mark.hostile("runs import: truncated, foreign, empty or malformed guidellm / inference-perf / AIPerf / vlmserve files: one error line each")
-@pytest.mark.parametrize(("content", "expected"), [
-    (lambda: (FORMATS_DIR / "guidellm-0.8-sim.json").read_text()[:5000], "is not JSON (line"),
-    (lambda: json.dumps({"benchmarks": [{}], "metadata": {"version": 2}}), "is JSON but not a result file vlmserve reads"),
-    (lambda: json.dumps({"successes": [], "failures": {}, "benchmark_time_seconds": 1}), "is JSON but not a result file"),
-    (_aiperf_without_its_required_blocks, "is JSON but not a result file vlmserve reads"),
-    (_guidellm_without_benchmarks, "this guidellm file holds no benchmark"),
-    (_guidellm_metrics_not_an_object, "looks like guidellm output but a field is malformed (ValueError: a benchmark has no metrics object)"),
-    (_guidellm_deeply_nested, f"nests deeper than {RESULT_FILE.max_depth} levels"),
-    (_vlmserve_count_not_a_number, "looks like vlmserve output but a field is malformed (ValidationError"),
-    (_inference_perf_count_not_a_number, "looks like inference-perf output but a field is malformed (ValueError"),
-], ids=["guidellm-truncated", "guidellm-without-version", "inference-perf-successes-a-list", "aiperf-missing-blocks",
-        "guidellm-no-benchmark", "guidellm-metrics-a-string", "guidellm-deep", "vlmserve-count-a-word",
-        "inference-perf-count-a-word"])
-def test_bad_files_of_every_format_are_one_line(content: Callable[[], str], expected: str, tmp_path: Path,
-                                                home: Path, vlmserve_cmd: list[str]) -> None:
+@pytest.mark.hostile(
+    "runs import: truncated, foreign, empty or malformed guidellm / inference-perf / AIPerf / vlmserve files: one error line each"
+)
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (lambda: (FORMATS_DIR / "guidellm-0.8-sim.json").read_text()[:5000], "is not JSON (line"),
+        (lambda: json.dumps({"benchmarks": [{}], "metadata": {"version": 2}}), "is JSON but not a result file vlmserve reads"),
+        (lambda: json.dumps({"successes": [], "failures": {}, "benchmark_time_seconds": 1}), "is JSON but not a result file"),
+        (_aiperf_without_its_required_blocks, "is JSON but not a result file vlmserve reads"),
+        (_guidellm_without_benchmarks, "this guidellm file holds no benchmark"),
+        (
+            _guidellm_metrics_not_an_object,
+            "looks like guidellm output but a field is malformed (ValueError: a benchmark has no metrics object)",
+        ),
+        (_guidellm_deeply_nested, f"nests deeper than {RESULT_FILE.max_depth} levels"),
+        (_vlmserve_count_not_a_number, "looks like vlmserve output but a field is malformed (ValidationError"),
+        (_inference_perf_count_not_a_number, "looks like inference-perf output but a field is malformed (ValueError"),
+    ],
+    ids=[
+        "guidellm-truncated",
+        "guidellm-without-version",
+        "inference-perf-successes-a-list",
+        "aiperf-missing-blocks",
+        "guidellm-no-benchmark",
+        "guidellm-metrics-a-string",
+        "guidellm-deep",
+        "vlmserve-count-a-word",
+        "inference-perf-count-a-word",
+    ],
+)
+def test_bad_files_of_every_format_are_one_line(
+    content: Callable[[], str], expected: str, tmp_path: Path, home: Path, vlmserve_cmd: list[str]
+) -> None:
     path = tmp_path / "result.json"
     path.write_text(content())
     line = one_error_line(vlmserve_cmd, home, path)
@@ -137,8 +167,7 @@ def test_bad_files_of_every_format_are_one_line(content: Callable[[], str], expe
 
 
 @pytest.mark.hostile("runs import: an inference-perf report beside a billion-laughs config.yaml imports with the model unknown")
-def test_hostile_config_beside_an_inference_perf_report_is_ignored(tmp_path: Path, home: Path,
-                                                                   vlmserve_cmd: list[str]) -> None:
+def test_hostile_config_beside_an_inference_perf_report_is_ignored(tmp_path: Path, home: Path, vlmserve_cmd: list[str]) -> None:
     report = tmp_path / "summary_lifecycle_metrics.json"
     report.write_text((FORMATS_DIR / "inference-perf-0.7" / "summary_lifecycle_metrics.json").read_text())
     laughs = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']

@@ -42,6 +42,10 @@ def test_sim_engine_serves_in_gpu_mode(vlmserve_cmd: list[str]) -> None:
         )
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 8
-    done = subprocess.run([*vlmserve_cmd, "engine", "sim", "--model", "llama-3.1-8b", "--gpu", "v100", "--port", "0"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*vlmserve_cmd, "engine", "sim", "--model", "llama-3.1-8b", "--gpu", "v100", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "unknown GPU 'v100'" in done.stderr

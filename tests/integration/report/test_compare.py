@@ -27,8 +27,12 @@ def stored_run(label: str, slowdown: float, input_len: int = 128) -> str:
 
     records = saturating_records(4, slowdown=slowdown)
     summary = summarize(records, None)
-    summary.meta = {"label": label, "target": "http://127.0.0.1:1", "model": "m",
-                       "load_spec": {"dataset": "random", "input_len": input_len, "output_len": 32, "concurrency": 4}}
+    summary.meta = {
+        "label": label,
+        "target": "http://127.0.0.1:1",
+        "model": "m",
+        "load_spec": {"dataset": "random", "input_len": input_len, "output_len": 32, "concurrency": 4},
+    }
     return store.save_run(RunResult(records=records, summary=summary))
 
 
@@ -69,14 +73,15 @@ def test_unknown_run_id_is_one_clear_line(home: Path, vlmserve_cmd: list[str]) -
     for argv in (("report", "no-such-run"), ("compare", "no-such-run", "other")):
         done = run_cli(vlmserve_cmd, home, *argv)
         assert done.returncode == 2
-        assert done.stderr.strip() == ("error: no stored run or sweep named 'no-such-run'; give a run id "
-                                       "(see `vlmserve runs list`), a sweep directory or a sweep name")
+        assert done.stderr.strip() == (
+            "error: no stored run or sweep named 'no-such-run'; give a run id "
+            "(see `vlmserve runs list`), a sweep directory or a sweep name"
+        )
 
 
 def test_report_of_a_stored_run_writes_html_and_markdown(home: Path, tmp_path: Path, vlmserve_cmd: list[str]) -> None:
     run_id = stored_run("single", slowdown=1.0)
-    done = run_cli(vlmserve_cmd, home, "report", run_id, "--html", str(tmp_path / "r.html"),
-                   "--md", str(tmp_path / "r.md"))
+    done = run_cli(vlmserve_cmd, home, "report", run_id, "--html", str(tmp_path / "r.html"), "--md", str(tmp_path / "r.md"))
     assert done.returncode == 0, done.stderr
     assert "1 of 1 cells succeeded" in done.stdout
     assert (tmp_path / "r.html").stat().st_size > 1_000_000  # plotly.js is embedded
@@ -94,11 +99,17 @@ def test_report_by_sweep_name_shows_cells_not_run_yet(home: Path, vlmserve_cmd: 
     from vlmserve.sweep.manifest import SweepManifest
     from vlmserve.sweep.spec import parse_sweep_spec
 
-    spec = parse_sweep_spec({"name": "planned", "deployments": [{"name": "e", "endpoint": "http://127.0.0.1:1",
-                                                                  "model": "m"}],
-                             "cells": [{"name": "c1", "concurrency": 1, "num_requests": 1}]}, "planned")
-    SweepManifest.open_for_run(default_sweep_dir("planned"), spec.name, spec.fingerprint(),
-                               spec.model_dump(mode="json"), restart=False)
+    spec = parse_sweep_spec(
+        {
+            "name": "planned",
+            "deployments": [{"name": "e", "endpoint": "http://127.0.0.1:1", "model": "m"}],
+            "cells": [{"name": "c1", "concurrency": 1, "num_requests": 1}],
+        },
+        "planned",
+    )
+    SweepManifest.open_for_run(
+        default_sweep_dir("planned"), spec.name, spec.fingerprint(), spec.model_dump(mode="json"), restart=False
+    )
     done = run_cli(vlmserve_cmd, home, "report", "planned")
     assert done.returncode == 0, done.stderr
     assert "0 of 1 cells succeeded; 1 not run yet" in done.stdout

@@ -129,8 +129,12 @@ def test_temperature_zero_answer_is_a_function_of_the_prompt_and_its_images(engi
         buffer = io.BytesIO()
         Image.new("RGB", (8, 8), colour).save(buffer, format="PNG")
         url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                             {"type": "text", "text": "What colour is this?"}]}]
+        return [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What colour is this?"}],
+            }
+        ]
 
     first = answer()
     _chat(engine, max_tokens=3)  # other requests in between do not change a greedy answer
@@ -141,7 +145,9 @@ def test_temperature_zero_answer_is_a_function_of_the_prompt_and_its_images(engi
     # without temperature 0 (vLLM's default sampling) answers still vary request to request
     sampled = [_chat(engine, max_tokens=30, ignore_eos=True).json()["choices"][0]["message"]["content"] for _ in range(2)]
     assert sampled[0] != sampled[1]
-    _assert_openai_error(_chat(engine, temperature="cold"), 400, "BadRequestError", "'temperature' must be a number >= 0, got 'cold'")
+    _assert_openai_error(
+        _chat(engine, temperature="cold"), 400, "BadRequestError", "'temperature' must be a number >= 0, got 'cold'"
+    )
     _assert_openai_error(_chat(engine, temperature=-1), 400, "BadRequestError", "'temperature' must be a number >= 0, got -1")
 
 
@@ -201,7 +207,9 @@ def test_metrics_use_vllm_names_types_and_labels(engine: SimHandle) -> None:
 # -- errors ------------------------------------------------------------------------------------------
 def test_malformed_json_is_a_400(engine: SimHandle) -> None:
     response = httpx.post(
-        f"{engine.base_url}/v1/chat/completions", content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"}
+        f"{engine.base_url}/v1/chat/completions",
+        content=b'{"model": "x", "messages": [',
+        headers={"content-type": "application/json"},
     )
     _assert_openai_error(response, 400, "BadRequestError", "not valid JSON")
 
@@ -217,8 +225,12 @@ def test_missing_messages_and_prompt_are_400s(engine: SimHandle) -> None:
 
 def test_bad_field_types_are_400s(engine: SimHandle) -> None:
     _assert_openai_error(_chat(engine, max_tokens="many"), 400, "BadRequestError", "'max_tokens' must be an integer")
-    _assert_openai_error(_chat(engine, messages=[{"content": "hi"}]), 400, "BadRequestError", "messages[0] must be an object with a string 'role'")
-    _assert_openai_error(_chat(engine, stream_options={"include_usage": True}), 400, "BadRequestError", "only be defined when `stream=True`")
+    _assert_openai_error(
+        _chat(engine, messages=[{"content": "hi"}]), 400, "BadRequestError", "messages[0] must be an object with a string 'role'"
+    )
+    _assert_openai_error(
+        _chat(engine, stream_options={"include_usage": True}), 400, "BadRequestError", "only be defined when `stream=True`"
+    )
 
 
 def test_unknown_model_is_a_404_with_vllms_wording(engine: SimHandle) -> None:
@@ -228,9 +240,16 @@ def test_unknown_model_is_a_404_with_vllms_wording(engine: SimHandle) -> None:
 def test_too_long_prompt_is_refused_as_vllm_refuses_it(engine: SimHandle) -> None:
     long_text = " ".join(["word"] * (MAX_MODEL_LEN + 10))
     response = _chat(engine, messages=[{"role": "user", "content": long_text}])
-    _assert_openai_error(response, 400, "BadRequestError", f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your prompt contains")
+    _assert_openai_error(
+        response,
+        400,
+        "BadRequestError",
+        f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your prompt contains",
+    )
     response = _chat(engine, max_tokens=MAX_MODEL_LEN + 1)
-    _assert_openai_error(response, 400, "BadRequestError", f"max_tokens={MAX_MODEL_LEN + 1} cannot be greater than max_model_len={MAX_MODEL_LEN}")
+    _assert_openai_error(
+        response, 400, "BadRequestError", f"max_tokens={MAX_MODEL_LEN + 1} cannot be greater than max_model_len={MAX_MODEL_LEN}"
+    )
 
 
 def test_prompt_plus_max_tokens_over_the_limit_is_clamped_like_vllm(engine: SimHandle) -> None:
@@ -245,16 +264,26 @@ def test_non_image_in_an_image_part_is_a_400(engine: SimHandle) -> None:
     response = _chat(engine, messages=[{"role": "user", "content": parts}])
     _assert_openai_error(response, 400, "BadRequestError", "does not hold a readable image")
     parts = [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]
-    _assert_openai_error(_chat(engine, messages=[{"role": "user", "content": parts}]), 400, "BadRequestError", "http(s) URL or a base64 data URL")
+    _assert_openai_error(
+        _chat(engine, messages=[{"role": "user", "content": parts}]), 400, "BadRequestError", "http(s) URL or a base64 data URL"
+    )
     parts = [{"type": "audio", "audio": {}}]
-    _assert_openai_error(_chat(engine, messages=[{"role": "user", "content": parts}]), 400, "BadRequestError", "unsupported type 'audio'")
+    _assert_openai_error(
+        _chat(engine, messages=[{"role": "user", "content": parts}]), 400, "BadRequestError", "unsupported type 'audio'"
+    )
 
 
 def test_client_disconnect_aborts_the_request(engine: SimHandle) -> None:
     import time
 
     aborted_before = _abort_count(engine)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1000,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{engine.base_url}/v1/chat/completions", json=body, timeout=10) as response:
         for line in response.iter_lines():
             if '"content":" ' in line.replace('"content": "', '"content":"'):
@@ -292,9 +321,13 @@ def test_reject_over_context_refuses_prompt_plus_max_tokens_like_earlier_vllm() 
     from vlmserve.engines.sim.options import SimEngineConfig
     from vlmserve.engines.sim.server import SimEngineThread
 
-    config = SimEngineConfig(model=MODEL, port=0, ttft_ms=1, itl_ms=1, max_model_len=256, num_kv_blocks=64, reject_over_context=True)
+    config = SimEngineConfig(
+        model=MODEL, port=0, ttft_ms=1, itl_ms=1, max_model_len=256, num_kv_blocks=64, reject_over_context=True
+    )
     with SimEngineThread(config) as strict:
         body = {"model": MODEL, "messages": [{"role": "user", "content": " ".join(["word"] * 100)}], "max_tokens": 200}
         response = httpx.post(f"{strict.base_url}/v1/chat/completions", json=body)
-        _assert_openai_error(response, 400, "BadRequestError", "This model's maximum context length is 256 tokens. However, you requested")
+        _assert_openai_error(
+            response, 400, "BadRequestError", "This model's maximum context length is 256 tokens. However, you requested"
+        )
         assert "in the messages, 200 in the completion" in response.json()["error"]["message"]

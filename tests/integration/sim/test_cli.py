@@ -29,12 +29,24 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         (["--num-kv-blocks", "10"], "error: the KV cache (10 blocks of 16 tokens = 160 tokens) cannot hold one request"),
         (["--api-server-count", "0"], "error: --api-server-count must be at least 1, got 0"),
         (["--api-server-count", "1000000000"], "error: --api-server-count must be at most 1024, got 1000000000"),
-        (["--mm-preprocess-ms-per-image", "-5"], "error: --mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative"),
-        (["--mm-preprocess-ms-per-megapixel", "nan"], "error: --mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got nan"),
+        (
+            ["--mm-preprocess-ms-per-image", "-5"],
+            "error: --mm-preprocess-ms-per-image and --mm-preprocess-ms-per-megapixel must not be negative",
+        ),
+        (
+            ["--mm-preprocess-ms-per-megapixel", "nan"],
+            "error: --mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got nan",
+        ),
         (["--mm-cache-items", "-1"], "error: --mm-cache-items must be 0 (no cache) or more, got -1"),
         (["--max-num-encoder-input-tokens", "0"], "error: --max-num-encoder-input-tokens must be at least 1"),
-        (["--encoder-cache-size", "-5"], "error: --encoder-cache-size must be at least 1 (leave it out for --max-num-batched-tokens), got -5"),
-        (["--port", "70000"], "error: --port must be between 1 and 65535 (or 0 for a free port), got 70000"),  # the last --port wins
+        (
+            ["--encoder-cache-size", "-5"],
+            "error: --encoder-cache-size must be at least 1 (leave it out for --max-num-batched-tokens), got -5",
+        ),
+        (
+            ["--port", "70000"],
+            "error: --port must be between 1 and 65535 (or 0 for a free port), got 70000",
+        ),  # the last --port wins
         # NaN passes a `< 0` check: a NaN latency or delay would reach the engine's sleeps
         (["--ttft-ms", "nan"], "error: --ttft-ms and --itl-ms must be 0 or more milliseconds: --ttft-ms is nan"),
         (["--itl-ms", "inf"], "error: --ttft-ms and --itl-ms must be 0 or more milliseconds: --itl-ms is inf"),
@@ -55,9 +67,7 @@ def test_port_in_use_is_a_clear_error(vlmserve_cmd: list[str]) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [*vlmserve_cmd, "engine", "sim", "--port", str(port)], capture_output=True, text=True, timeout=60
-        )
+        result = subprocess.run([*vlmserve_cmd, "engine", "sim", "--port", str(port)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}"), result.stderr
     assert "pick another --port" in result.stderr and "Traceback" not in result.stderr

@@ -30,8 +30,11 @@ def test_cold_start_refuses_then_serves(tmp_path) -> None:
     port = free_port()
     log_path = tmp_path / "sim.log"
     with log_path.open("wb") as log:
-        process = subprocess.Popen(sim_engine_argv(port, model=MODEL, ttft_ms=1, itl_ms=1, cold_start_s=COLD_START_S),
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            sim_engine_argv(port, model=MODEL, ttft_ms=1, itl_ms=1, cold_start_s=COLD_START_S),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     started = time.monotonic()
     try:
         deadline = started + 20
@@ -52,8 +55,11 @@ def test_cold_start_refuses_then_serves(tmp_path) -> None:
             assert process.poll() is None and time.monotonic() < deadline + 10, log_path.read_text()
             time.sleep(0.05)
         assert time.monotonic() - started >= COLD_START_S
-        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10, json={
-            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=10,
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        )
         assert reply.status_code == 200
         text = log_path.read_text()
         assert "Model loading took 0.00 GiB memory and 1.800000 seconds" in text, text
@@ -65,8 +71,9 @@ def test_cold_start_refuses_then_serves(tmp_path) -> None:
 @pytest.mark.hostile("a sim engine asked for a negative or NaN cold start")
 @pytest.mark.parametrize("value", ["-1", "nan"])
 def test_bad_cold_start_is_one_line(value: str, vlmserve_cmd: list[str]) -> None:
-    result = subprocess.run([*vlmserve_cmd, "engine", "sim", "--port", "0", "--cold-start-s", value],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [*vlmserve_cmd, "engine", "sim", "--port", "0", "--cold-start-s", value], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert result.stderr.startswith(f"error: --cold-start-s must be 0 or more seconds, got {float(value)}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

@@ -97,7 +97,9 @@ def test_stall_forever_leaves_the_client_waiting() -> None:
         lines: list[str] = []
         body = _chat_body(stream=True, max_tokens=10, ignore_eos=True)
         with pytest.raises(httpx.ReadTimeout):
-            with httpx.stream("POST", f"{engine.base_url}/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=1.0)) as response:
+            with httpx.stream(
+                "POST", f"{engine.base_url}/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=1.0)
+            ) as response:
                 for line in response.iter_lines():
                     if line:
                         lines.append(line)

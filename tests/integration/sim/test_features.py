@@ -51,7 +51,9 @@ REPORT_TOOL: dict[str, Any] = {"type": "function", "function": {"name": "file_re
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[SimHandle]:
-    with start_sim_engine(model=MODEL, ttft_ms=5, itl_ms=1, seed=5, max_model_len=4096, output_len=f"fixed:{ANSWER_TOKENS}") as handle:
+    with start_sim_engine(
+        model=MODEL, ttft_ms=5, itl_ms=1, seed=5, max_model_len=4096, output_len=f"fixed:{ANSWER_TOKENS}"
+    ) as handle:
         yield handle
 
 
@@ -120,7 +122,10 @@ def test_reasoning_effort_scales_or_disables_thinking(client: openai.OpenAI) -> 
 
 
 def test_include_reasoning_false_hides_but_bills_the_thinking(client: openai.OpenAI) -> None:
-    options: dict[str, Any] = {"seed": 4, "extra_body": {"chat_template_kwargs": {"enable_thinking": True}, "include_reasoning": False}}
+    options: dict[str, Any] = {
+        "seed": 4,
+        "extra_body": {"chat_template_kwargs": {"enable_thinking": True}, "include_reasoning": False},
+    }
     response = _chat(client, **options)
     assert _extra(response.choices[0].message, "reasoning") is None and response.choices[0].message.content
     assert response.usage is not None and response.usage.completion_tokens == 2 * ANSWER_TOKENS
@@ -192,7 +197,9 @@ def test_json_schema_response_is_valid_and_billed_by_the_tokenizer(client: opena
     assert content is not None and response.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(content), FINDINGS_SCHEMA)
     assert response.usage is not None and response.usage.completion_tokens == _token_count(engine, content)
-    streamed = "".join(c.choices[0].delta.content or "" for c in _stream(client, response_format=response_format, seed=9) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in _stream(client, response_format=response_format, seed=9) if c.choices
+    )
     assert streamed == content
 
 
@@ -226,7 +233,7 @@ def _check_chat_logprobs(entries: list[Any], top: int) -> None:
         assert len(entry.top_logprobs) == top
         values = [alt.logprob for alt in entry.top_logprobs]
         assert values == sorted(values, reverse=True) and entry.top_logprobs[0].token == entry.token
-        assert sum(2.718281828 ** v for v in values) <= 1.0 + 1e-9
+        assert sum(2.718281828**v for v in values) <= 1.0 + 1e-9
 
 
 def test_chat_logprobs_non_streaming_and_streaming(client: openai.OpenAI) -> None:
@@ -262,7 +269,9 @@ def test_n_choices_non_streaming_and_streaming(client: openai.OpenAI) -> None:
     chunks = _stream(client, n=3, seed=12, stream_options={"include_usage": True})
     order = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.content]
     assert order == [0, 1, 2] * ANSWER_TOKENS
-    streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)]
+    streamed = [
+        "".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)
+    ]
     assert streamed == texts
     finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason}
     assert finishes == {0: "stop", 1: "stop", 2: "stop"}
@@ -335,7 +344,9 @@ HOSTILE: list[tuple[dict[str, Any], str, str]] = [
 
 @pytest.mark.parametrize(("extra", "param", "words"), HOSTILE, ids=[h[2][:40] for h in HOSTILE])
 def test_what_cannot_be_honoured_is_a_400(engine: SimHandle, extra: dict[str, Any], param: str, words: str) -> None:
-    response = httpx.post(engine.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, **extra}, timeout=30)
+    response = httpx.post(
+        engine.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, **extra}, timeout=30
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "BadRequestError" and error["code"] == 400 and error["param"] == param

@@ -50,7 +50,7 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
     for block in raw.decode().split("\n\n"):
         if block.strip():
             assert block.startswith("data: "), block
-            data = block[len("data: "):]
+            data = block[len("data: ") :]
             events.append(data if data == "[DONE]" else _normalized(json.loads(data)))
     return response.status, events
 

@@ -50,11 +50,16 @@ ROUTES = ["/v1/chat/completions", "/v1/completions", "/tokenize"]
 @pytest.mark.parametrize("path", ROUTES)
 def test_lone_surrogate_escape_is_a_400(engine, path: str) -> None:
     for text in ("a\\ud800b", "\\udfff", "high then low reversed \\ude00\\ud83d"):
-        response = httpx.post(engine.base_url + path, content=_body(path, text).encode(),
-                              headers={"Content-Type": "application/json"}, timeout=10)
+        response = httpx.post(
+            engine.base_url + path, content=_body(path, text).encode(), headers={"Content-Type": "application/json"}, timeout=10
+        )
         _assert_openai_400(response, "lone UTF-16 surrogate")
-    paired = httpx.post(engine.base_url + path, content=_body(path, "emoji \\ud83d\\ude00 and \\\\ud800").encode(),
-                        headers={"Content-Type": "application/json"}, timeout=10)
+    paired = httpx.post(
+        engine.base_url + path,
+        content=_body(path, "emoji \\ud83d\\ude00 and \\\\ud800").encode(),
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
     assert paired.status_code == 200, paired.text  # a valid pair, and an escaped backslash, are fine
 
 
@@ -63,8 +68,7 @@ def test_lone_surrogate_escape_is_a_400(engine, path: str) -> None:
 def test_invalid_utf8_bytes_are_a_400(engine, path: str) -> None:
     for raw in (b"\xed\xa0\x80", b"\xff\xfe", b"\xc3"):
         body = _body(path, "x").encode().replace(b'"x"', b'"' + raw + b'"')
-        response = httpx.post(engine.base_url + path, content=body, headers={"Content-Type": "application/json"},
-                              timeout=10)
+        response = httpx.post(engine.base_url + path, content=body, headers={"Content-Type": "application/json"}, timeout=10)
         _assert_openai_400(response, "not valid UTF-8")
 
 
@@ -72,16 +76,22 @@ def _open_unread_stream(port: int, tokens: int) -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
-    body = json.dumps({"model": MODEL, "prompt": "a long story", "max_tokens": tokens, "ignore_eos": True,
-                       "stream": True}).encode()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    body = json.dumps(
+        {"model": MODEL, "prompt": "a long story", "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    ).encode()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     return sock
 
 
 def _finished_requests(handle: SimHandle) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in handle.metrics_text().splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in handle.metrics_text().splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
 
 
 def _read_to_end(sock: socket.socket) -> bytes:
@@ -97,8 +107,14 @@ def _read_to_end(sock: socket.socket) -> bytes:
 @pytest.mark.hostile("sim engine: clients stop reading long streams; engine memory stays bounded, streams stay whole")
 def test_slow_reader_does_not_grow_the_engine() -> None:
     tokens, clients = 250_000, 2
-    with start_sim_engine(model=MODEL, ttft_ms=1, itl_ms=0.01, max_model_len=tokens + 1000,
-                          num_kv_blocks=clients * (tokens + 1000) // 16 + 64, no_timing=True) as fast:
+    with start_sim_engine(
+        model=MODEL,
+        ttft_ms=1,
+        itl_ms=0.01,
+        max_model_len=tokens + 1000,
+        num_kv_blocks=clients * (tokens + 1000) // 16 + 64,
+        no_timing=True,
+    ) as fast:
         process = psutil.Process(fast.pid)
         before = process.memory_info().rss
         sockets = [_open_unread_stream(fast.port, tokens) for _ in range(clients)]

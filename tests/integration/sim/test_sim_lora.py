@@ -34,8 +34,9 @@ async def ttft_p50(base_url: str, hot: list[str], requests: int = 48, users: int
 
 
 async def test_adapters_are_served_listed_and_their_slots_shape_ttft(tmp_path: Path) -> None:
-    with start_sim_engine(model="sim-model", profile="tiny-cpu", max_loras=2, lora_step_ms=2, log_dir=tmp_path,
-                          lora_module=ADAPTERS) as engine:
+    with start_sim_engine(
+        model="sim-model", profile="tiny-cpu", max_loras=2, lora_step_ms=2, log_dir=tmp_path, lora_module=ADAPTERS
+    ) as engine:
         listed = httpx.get(f"{engine.base_url}/v1/models", timeout=10).json()["data"]
         parents = {entry["id"]: entry["parent"] for entry in listed}
         assert parents == {"sim-model": None, **{name: "sim-model" for name in ADAPTERS}}
@@ -44,6 +45,7 @@ async def test_adapters_are_served_listed_and_their_slots_shape_ttft(tmp_path: P
         assert beyond > 1.5 * within, (within, beyond)
         metrics = httpx.get(f"{engine.base_url}/metrics", timeout=10).text
         assert 'vllm:lora_requests_info{max_lora="2"' in metrics
-        unknown = httpx.post(f"{engine.base_url}/v1/chat/completions", timeout=10,
-                             json=chat_body("x", stream=False, model="lora-99"))
+        unknown = httpx.post(
+            f"{engine.base_url}/v1/chat/completions", timeout=10, json=chat_body("x", stream=False, model="lora-99")
+        )
         assert unknown.status_code == 404

@@ -16,8 +16,9 @@ def test_endpoint_serving_another_model_or_length_is_refused() -> None:
         assert verify_serving(engine.base_url, "previous", 1024)["id"] == "previous"
         with pytest.raises(UserError) as caught:
             verify_serving(engine.base_url, "wanted")
-        assert caught.value.message == (f"endpoint {engine.base_url} serves previous, not 'wanted' "
-                                        "(a previous deployment still running?)")
+        assert caught.value.message == (
+            f"endpoint {engine.base_url} serves previous, not 'wanted' (a previous deployment still running?)"
+        )
         with pytest.raises(UserError, match="with max_model_len 1024, not 4096 .still serving a previous"):
             verify_serving(engine.base_url, "previous", 4096)
 

@@ -25,17 +25,44 @@ import yaml
 from tests.helpers.procs import free_ports
 
 OPTIMUM = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "api_server_count": 2}
-FLAGS = ["--flag", "max-num-seqs=4,8,16,64", "--flag", "max-num-batched-tokens=512,1024,4096",
-         "--flag", "api-server-count=1,2"]
-LOAD = ["--slo", "ttft_p95=400ms", "--rate-range", "1:32", "--precision", "0.3", "--max-probes", "4", "--repeat", "1",
-        "--duration", "1s", "--input-len", "128", "--output-len", "16", "--arrival", "constant", "--timeout", "30"]
+FLAGS = ["--flag", "max-num-seqs=4,8,16,64", "--flag", "max-num-batched-tokens=512,1024,4096", "--flag", "api-server-count=1,2"]
+LOAD = [
+    "--slo",
+    "ttft_p95=400ms",
+    "--rate-range",
+    "1:32",
+    "--precision",
+    "0.3",
+    "--max-probes",
+    "4",
+    "--repeat",
+    "1",
+    "--duration",
+    "1s",
+    "--input-len",
+    "128",
+    "--output-len",
+    "16",
+    "--arrival",
+    "constant",
+    "--timeout",
+    "30",
+]
 
 
 def write_spec(path: Path, name: str, engine_args: dict[str, object], optimum: dict[str, int] = OPTIMUM) -> Path:
-    path.write_text(yaml.safe_dump({
-        "name": name, "engine": "sim", "model": f"{name}-model", "gateway": False, "engine_args": engine_args,
-        "sim": {"profile": "a10g-8b", "rehearsal_optimum": optimum},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": name,
+                "engine": "sim",
+                "model": f"{name}-model",
+                "gateway": False,
+                "engine_args": engine_args,
+                "sim": {"profile": "a10g-8b", "rehearsal_optimum": optimum},
+            }
+        )
+    )
     return path
 
 
@@ -44,16 +71,19 @@ def env(home: Path) -> dict[str, str]:
 
 
 def tune(vlmserve_cmd: list[str], home: Path, *args: object, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*vlmserve_cmd, "tune", *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env=env(home))
+    return subprocess.run(
+        [*vlmserve_cmd, "tune", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env(home)
+    )
 
 
 @pytest.mark.slow
 def test_tune_finds_the_constructed_optimum_within_a_third_of_the_space_and_the_spec_starts(
-        vlmserve_cmd: list[str], tmp_path: Path) -> None:
+    vlmserve_cmd: list[str], tmp_path: Path
+) -> None:
     home, out = tmp_path / "home", tmp_path / "tune"
-    spec = write_spec(tmp_path / "spec.yaml", "rehearsal",
-                      {"max_num_seqs": 64, "max_num_batched_tokens": 4096, "api_server_count": 1})
+    spec = write_spec(
+        tmp_path / "spec.yaml", "rehearsal", {"max_num_seqs": 64, "max_num_batched_tokens": 4096, "api_server_count": 1}
+    )
     done = tune(vlmserve_cmd, home, spec, *FLAGS, *LOAD, "--out", out)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
@@ -67,8 +97,11 @@ def test_tune_finds_the_constructed_optimum_within_a_third_of_the_space_and_the_
     assert recommended is not None, result["sentence"]
     optimum_row = next(row for row in result["candidates"] if row["params"] == OPTIMUM)
     assert optimum_row["status"] == "measured", "the planner's first pick is the optimum; it must be measured"
-    assert recommended["params"] == OPTIMUM or recommended["id"] in result["within_best_interval"] \
-        or optimum_row["id"] in result["within_best_interval"], result["sentence"]
+    assert (
+        recommended["params"] == OPTIMUM
+        or recommended["id"] in result["within_best_interval"]
+        or optimum_row["id"] in result["within_best_interval"]
+    ), result["sentence"]
     assert "beats the baseline" in result["sentence"]
     # every figure is labelled: measured on the sim engine (simulated), predictions simulated
     assert result["goodput_label"].startswith("measured on the sim engine: simulated")
@@ -88,8 +121,13 @@ def assert_up_serves(vlmserve_cmd: list[str], home: Path, spec: Path, params: di
     from vlmserve.sweep.hygiene import verify_serving
 
     port = free_ports(2)
-    proc = subprocess.Popen([*vlmserve_cmd, "up", "-f", str(spec), "--port", str(port)], env=env(home),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [*vlmserve_cmd, "up", "-f", str(spec), "--port", str(port)],
+        env=env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         state_file = home / "deployments" / "rehearsal" / "state.json"
         deadline = time.monotonic() + 120
@@ -120,10 +158,21 @@ def assert_up_serves(vlmserve_cmd: list[str], home: Path, spec: Path, params: di
 def test_an_interrupted_tune_resumes_without_remeasuring(vlmserve_cmd: list[str], tmp_path: Path) -> None:
     home, out = tmp_path / "home", tmp_path / "tune"
     spec = write_spec(tmp_path / "spec.yaml", "resume", {"max_num_seqs": 64, "max_num_batched_tokens": 4096})
-    args = [spec, "--flag", "max-num-seqs=16,64", "--flag", "max-num-batched-tokens=1024,4096", *LOAD,
-            "--max-candidates", "4", "--out", out]
-    proc = subprocess.Popen([*vlmserve_cmd, "tune", *map(str, args)], env=env(home), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    args = [
+        spec,
+        "--flag",
+        "max-num-seqs=16,64",
+        "--flag",
+        "max-num-batched-tokens=1024,4096",
+        *LOAD,
+        "--max-candidates",
+        "4",
+        "--out",
+        out,
+    ]
+    proc = subprocess.Popen(
+        [*vlmserve_cmd, "tune", *map(str, args)], env=env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     store = out / "tune.json"
     deadline = time.monotonic() + 300
     finished: list[dict[str, object]] = []
@@ -142,8 +191,9 @@ def test_an_interrupted_tune_resumes_without_remeasuring(vlmserve_cmd: list[str]
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     kept = json.loads(store.read_text())["candidates"]
-    assert f"error: tune interrupted; {len(kept)} candidate(s) finished and kept in {out}; rerun the same command " \
-           "to resume" in err
+    assert (
+        f"error: tune interrupted; {len(kept)} candidate(s) finished and kept in {out}; rerun the same command to resume" in err
+    )
     assert "Traceback" not in err
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"engines left running after the interrupt: {alive}"
@@ -165,8 +215,7 @@ def test_a_candidate_that_fails_to_start_is_recorded_with_its_log(vlmserve_cmd: 
     home, out = tmp_path / "home", tmp_path / "tune"
     spec = write_spec(tmp_path / "spec.yaml", "failing", {"max_num_seqs": 16, "max_model_len": 2048}, {"max_num_seqs": 16})
     # 1 Mi tokens of context does not fit the sim engine's KV cache (8192 blocks of 16 tokens): it exits at start
-    done = tune(vlmserve_cmd, home, spec, "--flag", "max-model-len=2048,1048576", *LOAD, "--max-candidates", "2",
-                "--out", out)
+    done = tune(vlmserve_cmd, home, spec, "--flag", "max-model-len=2048,1048576", *LOAD, "--max-candidates", "2", "--out", out)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {row["params"]["max_model_len"]: row for row in json.loads((out / "result.json").read_text())["candidates"]}
     failed, fine = rows[1048576], rows[2048]

@@ -19,7 +19,9 @@ def test_an_answer_with_a_lone_surrogate_is_written_escaped() -> None:
     assert json.loads(line)["response"]["body"]["text"] == "\ud800 echoed"
 
 
-@pytest.mark.hostile("batch: a custom_id with a lone surrogate escape is an error record without the id, never an encode traceback")
+@pytest.mark.hostile(
+    "batch: a custom_id with a lone surrogate escape is an error record without the id, never an encode traceback"
+)
 def test_a_surrogate_custom_id_is_malformed_and_its_record_is_writable() -> None:
     entry = parse_line(b'{"custom_id": "a\\udc80", "method": "POST", "url": "/v1/completions", "body": {}}', 3)
     assert isinstance(entry, MalformedLine) and entry.custom_id is None

@@ -23,23 +23,29 @@ from vlmserve.batch.send import RetryPolicy
 from vlmserve.errors import UserError
 
 
-@pytest.mark.parametrize("flag, env, expected", [
-    ("10.0.0.5:6379", {"RAY_ADDRESS": "elsewhere:1"}, "10.0.0.5:6379"),
-    (None, {"RAY_ADDRESS": "head:6379"}, "head:6379"),
-    (None, {}, "local"),
-    (None, {"RAY_ADDRESS": ""}, "local"),
-])
+@pytest.mark.parametrize(
+    "flag, env, expected",
+    [
+        ("10.0.0.5:6379", {"RAY_ADDRESS": "elsewhere:1"}, "10.0.0.5:6379"),
+        (None, {"RAY_ADDRESS": "head:6379"}, "head:6379"),
+        (None, {}, "local"),
+        (None, {"RAY_ADDRESS": ""}, "local"),
+    ],
+)
 def test_address_flag_then_env_then_a_local_instance(flag, env, expected) -> None:
     assert resolve_address(flag, env) == expected
 
 
-@pytest.mark.parametrize("address, expected", [
-    ("127.0.0.1:6379", ("127.0.0.1", 6379)),
-    ("ray://head.example:10001", ("head.example", 10001)),
-    ("[::1]:6379", ("::1", 6379)),
-    ("local", None),
-    ("auto", None),
-])
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("127.0.0.1:6379", ("127.0.0.1", 6379)),
+        ("ray://head.example:10001", ("head.example", 10001)),
+        ("[::1]:6379", ("::1", 6379)),
+        ("local", None),
+        ("auto", None),
+    ],
+)
 def test_host_port(address, expected) -> None:
     assert host_port(address) == expected
 
@@ -68,8 +74,15 @@ def _batch(rows: list[dict]) -> dict[str, np.ndarray]:
 
 def _row(custom_id: str, *, no_answer: str = "") -> dict:
     result = Result.answered(custom_id, 200, "r", {"usage": {"prompt_tokens": 2, "completion_tokens": 3}})
-    return {"custom_id": custom_id, "line": b"" if no_answer else result.line, "cause": "", "prompt_tokens": 2,
-            "completion_tokens": 3, "retries": 1, "no_answer": no_answer}
+    return {
+        "custom_id": custom_id,
+        "line": b"" if no_answer else result.line,
+        "cause": "",
+        "prompt_tokens": 2,
+        "completion_tokens": 3,
+        "retries": 1,
+        "no_answer": no_answer,
+    }
 
 
 def _collector(tmp_path: Path, concurrency: int = 4) -> tuple[_Collector, ResultFile, BatchOutcome]:
@@ -91,7 +104,9 @@ def test_a_result_delivered_twice_is_written_once(tmp_path: Path) -> None:
     assert (outcome.answered_now, outcome.succeeded, outcome.retries, outcome.completion_tokens) == (3, 3, 3, 9)
 
 
-@pytest.mark.hostile("Ray runner: the endpoint stops answering; no line for an unanswered request, a long streak stops the job with its cause")
+@pytest.mark.hostile(
+    "Ray runner: the endpoint stops answering; no line for an unanswered request, a long streak stops the job with its cause"
+)
 def test_no_answer_is_not_written_and_a_long_streak_stops_the_job(tmp_path: Path) -> None:
     collector, file, outcome = _collector(tmp_path, concurrency=2)  # streak limit 2 x 2
     assert collector.take(_batch([_row("a", no_answer="ClientConnectorError"), _row("b")])) is None
@@ -105,8 +120,10 @@ def test_no_answer_is_not_written_and_a_long_streak_stops_the_job(tmp_path: Path
 @pytest.mark.hostile("Ray runner: a line that is not JSON becomes an error record naming its line; the rest is sent")
 def test_feed_writes_malformed_lines_and_chunks_the_rest(tmp_path: Path) -> None:
     input_path = tmp_path / "in.jsonl"
-    lines = ["{oops"] + [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                                     "body": {"prompt": "p"}}) for i in range(1201)]
+    lines = ["{oops"] + [
+        json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}})
+        for i in range(1201)
+    ]
     input_path.write_text("\n".join(lines) + "\n")
     outcome = BatchOutcome(entries=1202, answered_before=0)
     file = ResultFile(tmp_path / "out.jsonl", outcome)
@@ -162,10 +179,16 @@ async def endpoint() -> AsyncIterator[str]:
 
 
 async def test_sender_builds_the_builtin_runners_lines(endpoint: str) -> None:
-    sender = RaySender(endpoint, {"X-Priority": "batch"}, concurrency=2, request_timeout_s=10,
-                       retry=RetryPolicy(max_retries=2, base_delay_s=0.01))
-    rows = [request_row(cid, "/v1/completions", {"prompt": prompt}) for cid, prompt in
-            (("a", "ok"), ("b", "bad"), ("c", "flaky"))]
+    sender = RaySender(
+        endpoint,
+        {"X-Priority": "batch"},
+        concurrency=2,
+        request_timeout_s=10,
+        retry=RetryPolicy(max_retries=2, base_delay_s=0.01),
+    )
+    rows = [
+        request_row(cid, "/v1/completions", {"prompt": prompt}) for cid, prompt in (("a", "ok"), ("b", "bad"), ("c", "flaky"))
+    ]
     batch = {key: np.array([row[key] for row in rows], dtype=object) for key in ("custom_id", "url", "body")}
     out = await sender(batch)
     await sender.session.close()
@@ -178,27 +201,46 @@ async def test_sender_builds_the_builtin_runners_lines(endpoint: str) -> None:
 
 @pytest.mark.hostile("Ray sender: an endpoint that refuses connections yields no answer, never a made-up result line")
 async def test_sender_reports_no_answer_instead_of_a_line() -> None:
-    sender = RaySender("http://127.0.0.1:9", {}, concurrency=1, request_timeout_s=2,
-                       retry=RetryPolicy(max_retries=0))
-    out = await sender({"custom_id": np.array(["a"], dtype=object), "url": np.array(["/v1/completions"], dtype=object),
-                        "body": np.array(['{"prompt": "x"}'], dtype=object)})
+    sender = RaySender("http://127.0.0.1:9", {}, concurrency=1, request_timeout_s=2, retry=RetryPolicy(max_retries=0))
+    out = await sender(
+        {
+            "custom_id": np.array(["a"], dtype=object),
+            "url": np.array(["/v1/completions"], dtype=object),
+            "body": np.array(['{"prompt": "x"}'], dtype=object),
+        }
+    )
     await sender.session.close()
     assert out["line"] == [b""] and out["no_answer"][0]
 
 
 def test_engine_row_carries_sampling_and_hides_the_model_name() -> None:
-    row = engine_row(request_row("a", "/v1/chat/completions",
-                                 {"model": "m", "max_completion_tokens": 9, "temperature": 0,
-                                  "messages": [{"role": "user", "content": "hi"}]}))
+    row = engine_row(
+        request_row(
+            "a",
+            "/v1/chat/completions",
+            {"model": "m", "max_completion_tokens": 9, "temperature": 0, "messages": [{"role": "user", "content": "hi"}]},
+        )
+    )
     assert row["sampling_params"] == {"max_tokens": 9, "temperature": 0.0, "top_p": 1.0}
     assert "model" not in row and row["request_model"] == "m"  # a `model` column would name a LoRA adapter
-    assert engine_row(request_row("b", "/v1/chat/completions", {"messages": []}))["sampling_params"]["max_tokens"] == \
-        DEFAULT_MAX_TOKENS
+    assert (
+        engine_row(request_row("b", "/v1/chat/completions", {"messages": []}))["sampling_params"]["max_tokens"]
+        == DEFAULT_MAX_TOKENS
+    )
 
 
 def test_engine_answer_becomes_the_same_result_row_as_an_http_answer() -> None:
-    out = result_row({"custom_id": "a", "request_model": "m", "generated_text": "ok", "num_input_tokens": 5,
-                      "num_generated_tokens": 4, "sampling_params": {"max_tokens": 4}, "__inference_error__": ""})
+    out = result_row(
+        {
+            "custom_id": "a",
+            "request_model": "m",
+            "generated_text": "ok",
+            "num_input_tokens": 5,
+            "num_generated_tokens": 4,
+            "sampling_params": {"max_tokens": 4},
+            "__inference_error__": "",
+        }
+    )
     assert set(out) == set(RESULT_COLUMNS) and out["cause"] == "" and out["completion_tokens"] == 4
     record = json.loads(out["line"])
     assert set(record) == {"id", "custom_id", "response", "error"}

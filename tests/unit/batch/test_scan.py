@@ -34,9 +34,11 @@ def test_partial_line_longer_than_one_read_chunk(tmp_path: Path) -> None:
 
 def test_scan_output_counts_prior_results(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
-    path.write_bytes(response_line("a", 200, None, {"usage": {"prompt_tokens": 3, "completion_tokens": 2}})
-                     + response_line("b", 400, None, {"error": {"message": "bad"}})
-                     + error_line(None, "malformed_line", "line 3: not valid JSON", 3))
+    path.write_bytes(
+        response_line("a", 200, None, {"usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        + response_line("b", 400, None, {"error": {"message": "bad"}})
+        + error_line(None, "malformed_line", "line 3: not valid JSON", 3)
+    )
     prior = scan_output(path)
     assert prior.lines == 3 and prior.succeeded == 1
     assert prior.failed_by_cause == {"http_400": 1, "malformed_line": 1}
@@ -61,10 +63,13 @@ def test_retry_after_seconds_and_dates() -> None:
     assert 3.0 <= retry_after_s(in_five) <= 5.0
 
 
-@pytest.mark.parametrize("given, root", [
-    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
-    ("https://host/prefix/v1", "https://host/prefix"),
-])
+@pytest.mark.parametrize(
+    "given, root",
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+        ("https://host/prefix/v1", "https://host/prefix"),
+    ],
+)
 def test_api_root(given: str, root: str) -> None:
     assert api_root(given) == root

@@ -47,8 +47,9 @@ def test_mixed_units_fall_back_to_characters() -> None:
 
 
 def test_identical_answers_report_their_logprob_drift() -> None:
-    case = CaseResult("t", "text", alone=Answer("ab", (1, 2), "token_id", (-0.1, -0.2)),
-                      loaded=Answer("ab", (1, 2), "token_id", (-0.1, -0.25)))
+    case = CaseResult(
+        "t", "text", alone=Answer("ab", (1, 2), "token_id", (-0.1, -0.2)), loaded=Answer("ab", (1, 2), "token_id", (-0.1, -0.25))
+    )
     assert case.identical and case.max_logprob_delta == pytest.approx(0.05)
 
 

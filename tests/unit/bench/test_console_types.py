@@ -18,8 +18,10 @@ def printed(summary) -> str:  # type: ignore[no-untyped-def]
 
 def test_types_splits_breakdown_and_slo_verdicts_are_printed() -> None:
     summary = summarize(mixed_run(), SLO.parse("image:ttft_p95=1s,text:ttft_p95=100ms"))
-    summary.server = {"engine_breakdown": {"ttft_ms": 100.0, "queue_ms": 10.0, "prefill_ms": 60.0, "frontend_ms": 30.0,
-                                           "requests": 8}, "mm_cache_hit_rate": 0.25}
+    summary.server = {
+        "engine_breakdown": {"ttft_ms": 100.0, "queue_ms": 10.0, "prefill_ms": 60.0, "frontend_ms": 30.0, "requests": 8},
+        "mm_cache_hit_rate": 0.25,
+    }
     text = printed(summary)
     assert "engine (its /metrics histograms): TTFT 100.0 ms = frontend 30.0 + queue 10.0 + prefill 60.0" in text
     assert "multimodal cache hit rate 25.0%" in text

@@ -10,15 +10,20 @@ from vlmserve.bench.scrape import ServerScraper, parse_samples
 LABELS = '{engine="0",model_name="m"}'
 
 
-def exposition(ttft: tuple[float, int], queue: tuple[float, int], prefill: tuple[float, int],
-               mm: tuple[int, int] = (0, 0)) -> str:
+def exposition(
+    ttft: tuple[float, int], queue: tuple[float, int], prefill: tuple[float, int], mm: tuple[int, int] = (0, 0)
+) -> str:
     """A /metrics page as vLLM writes it (histogram buckets included, which the scraper skips)."""
-    lines = ["# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
-             "# TYPE vllm:time_to_first_token_seconds histogram"]
-    for name, (total, count) in (("time_to_first_token", ttft), ("request_queue_time", queue),
-                                 ("request_prefill_time", prefill)):
-        lines += [f'vllm:{name}_seconds_bucket{{engine="0",le="0.1",model_name="m"}} {count}',
-                  f"vllm:{name}_seconds_sum{LABELS} {total}", f"vllm:{name}_seconds_count{LABELS} {count}"]
+    lines = [
+        "# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.",
+        "# TYPE vllm:time_to_first_token_seconds histogram",
+    ]
+    for name, (total, count) in (("time_to_first_token", ttft), ("request_queue_time", queue), ("request_prefill_time", prefill)):
+        lines += [
+            f'vllm:{name}_seconds_bucket{{engine="0",le="0.1",model_name="m"}} {count}',
+            f"vllm:{name}_seconds_sum{LABELS} {total}",
+            f"vllm:{name}_seconds_count{LABELS} {count}",
+        ]
     lines += [f"vllm:mm_cache_queries_total{LABELS} {mm[0]}", f"vllm:mm_cache_hits_total{LABELS} {mm[1]}"]
     return "\n".join(lines) + "\n"
 

@@ -11,12 +11,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from vlmserve.bench.engine_traces import (
-    TraceReceiver,
-    attach_engine_timings,
-    decode_spans,
-    parse_listen_address,
-)
+from vlmserve.bench.engine_traces import TraceReceiver, attach_engine_timings, decode_spans, parse_listen_address
 from vlmserve.bench.load import new_traceparent, request_type_of
 from vlmserve.errors import UserError
 from vlmserve.results.records import RequestRecord
@@ -34,13 +29,18 @@ def _attribute(key: str, value: float | int | str) -> KeyValue:
 
 def export_body(trace_id: bytes = TRACE_ID, name: str = "llm_request") -> bytes:
     """One export as vLLM's OTLP/HTTP exporter sends it: a resource, a scope, the span."""
-    span = Span(trace_id=trace_id, span_id=b"\x01" * 8, name=name, attributes=[
-        _attribute("gen_ai.latency.time_to_first_token", 0.25),
-        _attribute("gen_ai.latency.time_in_queue", 0.05),
-        _attribute("gen_ai.latency.time_in_model_prefill", 0.15),
-        _attribute("gen_ai.usage.prompt_tokens", 321),
-        _attribute("gen_ai.request.id", "chatcmpl-abc"),
-    ])
+    span = Span(
+        trace_id=trace_id,
+        span_id=b"\x01" * 8,
+        name=name,
+        attributes=[
+            _attribute("gen_ai.latency.time_to_first_token", 0.25),
+            _attribute("gen_ai.latency.time_in_queue", 0.05),
+            _attribute("gen_ai.latency.time_in_model_prefill", 0.15),
+            _attribute("gen_ai.usage.prompt_tokens", 321),
+            _attribute("gen_ai.request.id", "chatcmpl-abc"),
+        ],
+    )
     request = ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])])
     return request.SerializeToString()
 
@@ -110,11 +110,14 @@ def test_request_type_follows_the_images_a_text_turn_carries() -> None:
     assert request_type_of("video", 0) == "video"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("4318", "--engine-traces: '4318' is not HOST:PORT; write it like 127.0.0.1:4318"),
-    ("localhost:99999", "--engine-traces: port 99999 is out of range (1-65535)"),
-    ("http://x:1/v1/traces", "--engine-traces: 'http://x:1/v1/traces' is not HOST:PORT; write it like 127.0.0.1:4318"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("4318", "--engine-traces: '4318' is not HOST:PORT; write it like 127.0.0.1:4318"),
+        ("localhost:99999", "--engine-traces: port 99999 is out of range (1-65535)"),
+        ("http://x:1/v1/traces", "--engine-traces: 'http://x:1/v1/traces' is not HOST:PORT; write it like 127.0.0.1:4318"),
+    ],
+)
 def test_listen_address_refuses_what_is_not_host_port(text: str, message: str) -> None:
     with pytest.raises(UserError) as caught:
         parse_listen_address(text)

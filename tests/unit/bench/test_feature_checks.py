@@ -23,17 +23,37 @@ def invalid_answer(*case: object, why: str) -> object:
 
 
 def structured(index: int, text: str, finish: str = "stop", ok: bool = True) -> RequestRecord:
-    return RequestRecord(request_id=f"s{index}", scheduled_at_s=1.0, sent_at_s=1.0, first_token_at_s=1.1, finished_at_s=1.5,
-                         ok=ok, features=["structured"], response_schema="radiograph_finding", answer_text=text,
-                         finish_reason=finish, output_tokens=20)
+    return RequestRecord(
+        request_id=f"s{index}",
+        scheduled_at_s=1.0,
+        sent_at_s=1.0,
+        first_token_at_s=1.1,
+        finished_at_s=1.5,
+        ok=ok,
+        features=["structured"],
+        response_schema="radiograph_finding",
+        answer_text=text,
+        finish_reason=finish,
+        output_tokens=20,
+    )
 
 
 def tools(index: int, calls: list[dict] | None, choice: str = "named", finish: str = "tool_calls") -> RequestRecord:
-    return RequestRecord(request_id=f"t{index}", scheduled_at_s=1.0, sent_at_s=1.0, first_token_at_s=1.1, finished_at_s=1.5,
-                         ok=True, features=["tools"], offered_tools=["schedule_visit", "lookup_term"], tool_choice=choice,
-                         named_tool="schedule_visit" if choice == "named" else None,
-                         tool_call_text=json.dumps(calls) if calls is not None else None, finish_reason=finish,
-                         output_tokens=20)
+    return RequestRecord(
+        request_id=f"t{index}",
+        scheduled_at_s=1.0,
+        sent_at_s=1.0,
+        first_token_at_s=1.1,
+        finished_at_s=1.5,
+        ok=True,
+        features=["tools"],
+        offered_tools=["schedule_visit", "lookup_term"],
+        tool_choice=choice,
+        named_tool="schedule_visit" if choice == "named" else None,
+        tool_call_text=json.dumps(calls) if calls is not None else None,
+        finish_reason=finish,
+        output_tokens=20,
+    )
 
 
 @pytest.mark.parametrize(("text", "finish", "valid", "reason"), [
@@ -111,16 +131,28 @@ def test_rates_reasons_and_rate_slo_in_the_summary() -> None:
 def test_reasoning_figures() -> None:
     records = []
     for index in range(4):
-        record = RequestRecord(request_id=str(index), scheduled_at_s=0.0, sent_at_s=0.0, first_token_at_s=0.1,
-                               first_reasoning_at_s=0.1, first_answer_at_s=0.5 + index, finished_at_s=2.0 + index,
-                               ok=True, features=["thinking"], reasoning_tokens=30, output_tokens=40)
+        record = RequestRecord(
+            request_id=str(index),
+            scheduled_at_s=0.0,
+            sent_at_s=0.0,
+            first_token_at_s=0.1,
+            first_reasoning_at_s=0.1,
+            first_answer_at_s=0.5 + index,
+            finished_at_s=2.0 + index,
+            ok=True,
+            features=["thinking"],
+            reasoning_tokens=30,
+            output_tokens=40,
+        )
         records.append(record)
     features = metrics.summarize(records, None).features
     assert features is not None and features.thinking_requests == features.requests_with_reasoning == 4
     assert features.reasoning_tokens.p50 == 30 and features.answer_tokens.p50 == 10
     assert features.time_to_first_reasoning_ms.p50 == pytest.approx(100.0)
     assert features.time_to_first_answer_ms.min == pytest.approx(500.0)
-    assert metrics.summarize([records[0].__class__(request_id="x", scheduled_at_s=0, sent_at_s=0, ok=True)], None).features is None
+    assert (
+        metrics.summarize([records[0].__class__(request_id="x", scheduled_at_s=0, sent_at_s=0, ok=True)], None).features is None
+    )
 
 
 def test_requests_get_their_features_deterministically() -> None:
@@ -182,7 +214,9 @@ def _event(delta: dict, finish: str | None = None) -> bytes:
     return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode()
 
 
-@pytest.mark.hostile("bench client: malformed tool-call deltas in a stream (not an object, function not an object, arguments as an object): parsed without a crash")
+@pytest.mark.hostile(
+    "bench client: malformed tool-call deltas in a stream (not an object, function not an object, arguments as an object): parsed without a crash"
+)
 def test_the_stream_parser_times_reasoning_and_answer_and_keeps_tool_calls() -> None:
     from vlmserve.bench.client import _StreamState
 
@@ -190,8 +224,16 @@ def test_the_stream_parser_times_reasoning_and_answer_and_keeps_tool_calls() -> 
     state.event(_event({"role": "assistant", "content": ""}), 1.0)
     state.event(_event({"reasoning": "let me", "reasoning_content": "let me"}), 2.0)
     state.event(_event({"reasoning_content": " think"}), 3.0)
-    state.event(_event({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
-                                         "function": {"name": "schedule_visit", "arguments": ""}}]}), 4.0)
+    state.event(
+        _event(
+            {
+                "tool_calls": [
+                    {"index": 0, "id": "c1", "type": "function", "function": {"name": "schedule_visit", "arguments": ""}}
+                ]
+            }
+        ),
+        4.0,
+    )
     state.event(_event({"tool_calls": [{"index": 0, "function": {"arguments": '{"days_from_now": 3,'}}]}), 5.0)
     state.event(_event({"tool_calls": [{"index": 0, "function": {"arguments": ' "reason": "filling"}'}}]}), 6.0)
     # hostile shapes: not a call, a function that is not an object, arguments sent as an object

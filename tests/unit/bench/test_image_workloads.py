@@ -48,8 +48,12 @@ def test_multi_image_repeats_are_distinct_and_flagged() -> None:
 
 
 def test_images_workload_sets_types_repeats_budgets_and_sizes() -> None:
-    ctx = context(image_repeat_rate=0.5, images_per_request_mix={1: 0.5, 2: 0.5},
-                  vision_budget_mix={70: 0.5, 280: 0.5}, image_size_mix=[(8, 8, 1.0), (16, 8, 1.0)])
+    ctx = context(
+        image_repeat_rate=0.5,
+        images_per_request_mix={1: 0.5, 2: 0.5},
+        vision_budget_mix={70: 0.5, 280: 0.5},
+        image_size_mix=[(8, 8, 1.0), (16, 8, 1.0)],
+    )
     conversations = build_conversations(ctx, 200)
     turns = [c.turns[0] for c in conversations]
     assert {t.request_type for t in turns} == {"image", "multi-image"}
@@ -66,17 +70,21 @@ def test_text_requests_stay_text() -> None:
     assert turn.request_type == "text" and turn.image_repeat is None
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    ({"image_sizes": "256x256:x"}, "--image-sizes '256x256:x': write VALUE:WEIGHT pairs"),
-    ({"image_sizes": "banana:1"}, "--image-sizes 'banana:1': write VALUE:WEIGHT pairs"),
-    ({"image_sizes": "256x256:0"}, "--image-sizes: give at least one positive weight"),
-    ({"images_per_request_mix": "-1:1"}, "--images-per-request-mix '-1:1'"),
-    ({"vision_budgets": "0:1"}, "--vision-budgets: budgets are soft tokens per image"),
-    ({"image_repeat_rate": 1.5}, "--image-repeat-rate"),
-    ({"image_popularity_skew": -1.0}, "--image-popularity-skew"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"image_sizes": "256x256:x"}, "--image-sizes '256x256:x': write VALUE:WEIGHT pairs"),
+        ({"image_sizes": "banana:1"}, "--image-sizes 'banana:1': write VALUE:WEIGHT pairs"),
+        ({"image_sizes": "256x256:0"}, "--image-sizes: give at least one positive weight"),
+        ({"images_per_request_mix": "-1:1"}, "--images-per-request-mix '-1:1'"),
+        ({"vision_budgets": "0:1"}, "--vision-budgets: budgets are soft tokens per image"),
+        ({"image_repeat_rate": 1.5}, "--image-repeat-rate"),
+        ({"image_popularity_skew": -1.0}, "--image-popularity-skew"),
+    ],
+)
 def test_hostile_image_flags(flags: dict[str, object], message: str) -> None:
     with pytest.raises(UserError) as error:
-        build_load_spec(option_defaults({"base_url": "http://x", "concurrency": 1, "num_requests": 1,
-                                         "dataset": "images", **flags}))
+        build_load_spec(
+            option_defaults({"base_url": "http://x", "concurrency": 1, "num_requests": 1, "dataset": "images", **flags})
+        )
     assert message in str(error.value) and "\n" not in str(error.value)

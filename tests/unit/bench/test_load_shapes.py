@@ -24,7 +24,8 @@ def test_steps_send_each_rate_for_its_time() -> None:
 def test_a_constant_shape_sends_what_rate_sends() -> None:
     shape = parse_load_shape("steps:4@10")
     assert shape.arrival_offsets("constant", 1.0, random.Random(0)) == pytest.approx(
-        arrival_offsets("constant", 4.0, 1.0, random.Random(0), count=None, duration_s=10.0))
+        arrival_offsets("constant", 4.0, 1.0, random.Random(0), count=None, duration_s=10.0)
+    )
 
 
 def test_a_ramp_sends_more_as_the_rate_rises() -> None:
@@ -55,19 +56,22 @@ def test_the_shape_sets_the_load_specs_rate_and_duration() -> None:
 
 
 @pytest.mark.hostile("bench --load-shape with a malformed, empty or endless shape")
-@pytest.mark.parametrize(("text", "message"), [
-    ("waves:3", "--load-shape 'waves:3': write steps:R@S"),
-    ("steps:2", "--load-shape 'steps:2': step '2' has no @SECONDS"),
-    ("steps:x@10", "--load-shape 'steps:x@10': rate 'x' is not a number"),
-    ("steps:nan@10", "--load-shape 'steps:nan@10': rate 'nan' must be a finite number"),
-    ("steps:0@10", "--load-shape 'steps:0@10': sends no request (every rate is 0)"),
-    ("steps:2@-1", "--load-shape 'steps:2@-1': duration '-1' must be a finite number above 0"),
-    ("steps:2@1e9", "--load-shape 'steps:2@1e9': duration '1e9' must be a finite number above 0"),
-    ("steps:100000@600000", "--load-shape 'steps:100000@600000': sends about 60,000,000,000 requests, over the 5,000,000"),
-    ("ramp:2@10", "--load-shape 'ramp:2@10': ramp '2@10': write FROM-TO@SECONDS"),
-    ("burst:2,20@30/30@120", "--load-shape 'burst:2,20@30/30@120': a 30 s burst every 30 s never ends"),
-    ("trace:/nonexistent/day.csv", "--load-shape 'trace:/nonexistent/day.csv': cannot read /nonexistent/day.csv"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("waves:3", "--load-shape 'waves:3': write steps:R@S"),
+        ("steps:2", "--load-shape 'steps:2': step '2' has no @SECONDS"),
+        ("steps:x@10", "--load-shape 'steps:x@10': rate 'x' is not a number"),
+        ("steps:nan@10", "--load-shape 'steps:nan@10': rate 'nan' must be a finite number"),
+        ("steps:0@10", "--load-shape 'steps:0@10': sends no request (every rate is 0)"),
+        ("steps:2@-1", "--load-shape 'steps:2@-1': duration '-1' must be a finite number above 0"),
+        ("steps:2@1e9", "--load-shape 'steps:2@1e9': duration '1e9' must be a finite number above 0"),
+        ("steps:100000@600000", "--load-shape 'steps:100000@600000': sends about 60,000,000,000 requests, over the 5,000,000"),
+        ("ramp:2@10", "--load-shape 'ramp:2@10': ramp '2@10': write FROM-TO@SECONDS"),
+        ("burst:2,20@30/30@120", "--load-shape 'burst:2,20@30/30@120': a 30 s burst every 30 s never ends"),
+        ("trace:/nonexistent/day.csv", "--load-shape 'trace:/nonexistent/day.csv': cannot read /nonexistent/day.csv"),
+    ],
+)
 def test_bad_shapes_are_one_line(text: str, message: str) -> None:
     with pytest.raises(UserError) as caught:
         parse_load_shape(text)
@@ -75,13 +79,16 @@ def test_bad_shapes_are_one_line(text: str, message: str) -> None:
 
 
 @pytest.mark.hostile("a load-shape trace file with unordered times or a bad line")
-@pytest.mark.parametrize(("content", "message"), [
-    ("0,2\n10,5\n5,1\n", "line 3: time 5 is not after 10"),
-    ("1,2\n10,5\n", "line 1: the first time must be 0"),
-    ("0,2\n10\n", "line 2: write TIME,RATE"),
-    ("0,2\n", "give at least two TIME,RATE lines"),
-    ("".join(f"{t},1\n" for t in range(100_002)), "more than 100,000 TIME,RATE lines"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("0,2\n10,5\n5,1\n", "line 3: time 5 is not after 10"),
+        ("1,2\n10,5\n", "line 1: the first time must be 0"),
+        ("0,2\n10\n", "line 2: write TIME,RATE"),
+        ("0,2\n", "give at least two TIME,RATE lines"),
+        ("".join(f"{t},1\n" for t in range(100_002)), "more than 100,000 TIME,RATE lines"),
+    ],
+)
 def test_bad_trace_files_are_one_line(tmp_path: Path, content: str, message: str) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text(content)

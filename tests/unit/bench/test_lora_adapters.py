@@ -72,22 +72,51 @@ def test_bad_lora_flags_are_one_line_each() -> None:
     assert "give --lora-adapters" in refusal(lora_popularity="zipf")
     assert "--lora-popularity 'pareto': use one of uniform, zipf" in refusal(lora_adapters="a", lora_popularity="pareto")
     assert "--lora-base-share" in refusal(lora_adapters="a", lora_base_share=1.5)
-    ok = build_load_spec(option_defaults({"base_url": "http://x", "model": "m", "concurrency": 1, "num_requests": 1,
-                                          "lora_adapters": "a,b", "lora_popularity": "zipf", "lora_skew": 1.5}))
+    ok = build_load_spec(
+        option_defaults(
+            {
+                "base_url": "http://x",
+                "model": "m",
+                "concurrency": 1,
+                "num_requests": 1,
+                "lora_adapters": "a,b",
+                "lora_popularity": "zipf",
+                "lora_skew": 1.5,
+            }
+        )
+    )
     assert (ok.lora_adapters, ok.lora_popularity, ok.lora_skew) == (["a", "b"], "zipf", 1.5)
 
 
 def record(index: int, adapter: str | None, ttft_s: float, warmup: bool = False) -> RequestRecord:
     sent = float(index)
-    return RequestRecord(request_id=f"r{index}", scheduled_at_s=sent, sent_at_s=sent, first_token_at_s=sent + ttft_s,
-                         finished_at_s=sent + ttft_s + 0.1, chunk_times_s=[sent + ttft_s, sent + ttft_s + 0.1],
-                         chunk_tokens=[1, 1], output_tokens=2, prompt_tokens=10, ok=True, adapter=adapter, warmup=warmup)
+    return RequestRecord(
+        request_id=f"r{index}",
+        scheduled_at_s=sent,
+        sent_at_s=sent,
+        first_token_at_s=sent + ttft_s,
+        finished_at_s=sent + ttft_s + 0.1,
+        chunk_times_s=[sent + ttft_s, sent + ttft_s + 0.1],
+        chunk_tokens=[1, 1],
+        output_tokens=2,
+        prompt_tokens=10,
+        ok=True,
+        adapter=adapter,
+        warmup=warmup,
+    )
 
 
 def test_per_adapter_figures_carry_the_first_use_penalty() -> None:
-    records = [record(0, "cold", 0.5), record(1, "cold", 0.1), record(2, "cold", 0.12), record(3, "cold", 0.08),
-               record(4, "warmed", 0.9, warmup=True), record(5, "warmed", 0.1), record(6, "warmed", 0.1),
-               record(7, None, 0.05)]
+    records = [
+        record(0, "cold", 0.5),
+        record(1, "cold", 0.1),
+        record(2, "cold", 0.12),
+        record(3, "cold", 0.08),
+        record(4, "warmed", 0.9, warmup=True),
+        record(5, "warmed", 0.1),
+        record(6, "warmed", 0.1),
+        record(7, None, 0.05),
+    ]
     by_adapter = summarize(records, None).by_adapter
     assert by_adapter is not None and list(by_adapter) == ["cold", "warmed", "base"]  # most requested first
     cold = by_adapter["cold"]

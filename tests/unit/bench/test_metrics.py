@@ -11,15 +11,26 @@ from vlmserve.results.records import RequestRecord
 from vlmserve.spec import SLO
 
 
-def record(index: int, ttft: float, gaps: list[float], tokens: list[int] | None = None, ok: bool = True, **extra) -> RequestRecord:
+def record(
+    index: int, ttft: float, gaps: list[float], tokens: list[int] | None = None, ok: bool = True, **extra
+) -> RequestRecord:
     sent = 10.0 + index
     times = [sent + ttft]
     for gap in gaps:
         times.append(times[-1] + gap)
     chunk_tokens = tokens or [1] * len(times)
     return RequestRecord(
-        request_id=str(index), scheduled_at_s=sent, sent_at_s=sent, first_token_at_s=times[0], finished_at_s=times[-1],
-        chunk_times_s=times, chunk_tokens=chunk_tokens, prompt_tokens=100, output_tokens=sum(chunk_tokens), ok=ok, **extra,
+        request_id=str(index),
+        scheduled_at_s=sent,
+        sent_at_s=sent,
+        first_token_at_s=times[0],
+        finished_at_s=times[-1],
+        chunk_times_s=times,
+        chunk_tokens=chunk_tokens,
+        prompt_tokens=100,
+        output_tokens=sum(chunk_tokens),
+        ok=ok,
+        **extra,
     )
 
 
@@ -39,11 +50,17 @@ def test_one_token_answer_has_no_tpot():
 
 def test_summary_percentiles_and_denominators():
     records = [record(i, ttft=0.01 * (i + 1), gaps=[0.005] * 9) for i in range(100)]
-    records.append(RequestRecord(request_id="bad", scheduled_at_s=50.0, sent_at_s=50.0, finished_at_s=50.1, error_kind="http_503"))
+    records.append(
+        RequestRecord(request_id="bad", scheduled_at_s=50.0, sent_at_s=50.0, finished_at_s=50.1, error_kind="http_503")
+    )
     records.append(record(200, ttft=5.0, gaps=[], warmup=True))
     summary = metrics.summarize(records, None).to_dict()
     assert summary["requests"] == {
-        "total": 101, "completed": 100, "failed": 1, "failed_by_cause": {"http_503": 1}, "success_rate": 100 / 101,
+        "total": 101,
+        "completed": 100,
+        "failed": 1,
+        "failed_by_cause": {"http_503": 1},
+        "success_rate": 100 / 101,
         "warmup_excluded": 1,
     }
     ttft = summary["ttft_ms"]
@@ -86,14 +103,17 @@ def client(data: dict) -> ClientBlock:
 
 
 def test_client_judgement():
-    fine = metrics.judge_client(client({"send_lag_ms": {"p99": 1.0}, "offered_rate": 100, "achieved_send_rate": 99}),
-                                open_loop=True)
+    fine = metrics.judge_client(
+        client({"send_lag_ms": {"p99": 1.0}, "offered_rate": 100, "achieved_send_rate": 99}), open_loop=True
+    )
     assert fine.limited is False
-    lagging = metrics.judge_client(client({"send_lag_ms": {"p99": 80.0}, "offered_rate": 100, "achieved_send_rate": 70}),
-                                   open_loop=True)
+    lagging = metrics.judge_client(
+        client({"send_lag_ms": {"p99": 80.0}, "offered_rate": 100, "achieved_send_rate": 70}), open_loop=True
+    )
     assert lagging.limited is True and len(lagging.limited_reasons) == 2
-    busy = metrics.judge_client(client({"send_lag_ms": {"p99": 1.0}, "cpu": {"worker_busy_fraction": {"0": 0.97}}}),
-                                open_loop=False)
+    busy = metrics.judge_client(
+        client({"send_lag_ms": {"p99": 1.0}, "cpu": {"worker_busy_fraction": {"0": 0.97}}}), open_loop=False
+    )
     assert busy.limited and "worker 0 CPU 97% busy" in busy.limited_reasons[0]
 
 

@@ -11,9 +11,15 @@ SLO_1S = SLO.parse("ttft_p95=1s")
 
 
 def record(sent: float, ttft: float, ok: bool = True, e2e: float = 1.0) -> RequestRecord:
-    return RequestRecord(request_id=f"r{sent}", scheduled_at_s=T0 + sent, sent_at_s=T0 + sent,
-                         first_token_at_s=T0 + sent + ttft if ok else None,
-                         finished_at_s=T0 + sent + max(e2e, ttft), ok=ok, error_kind=None if ok else "http_500")
+    return RequestRecord(
+        request_id=f"r{sent}",
+        scheduled_at_s=T0 + sent,
+        sent_at_s=T0 + sent,
+        first_token_at_s=T0 + sent + ttft if ok else None,
+        finished_at_s=T0 + sent + max(e2e, ttft),
+        ok=ok,
+        error_kind=None if ok else "http_500",
+    )
 
 
 def run(slow_from: float, slow_until: float, failing_at: float | None = None) -> list[RequestRecord]:
@@ -26,8 +32,12 @@ def run(slow_from: float, slow_until: float, failing_at: float | None = None) ->
     return records
 
 
-TIMELINE = [(T0 + t, 1.0) for t in range(0, 28)] + [(T0 + 28, 2.0), (T0 + 29, 3.0)] + \
-    [(T0 + t, 3.0) for t in range(30, 50)] + [(T0 + t, 2.0) for t in range(50, 62)]
+TIMELINE = (
+    [(T0 + t, 1.0) for t in range(0, 28)]
+    + [(T0 + 28, 2.0), (T0 + 29, 3.0)]
+    + [(T0 + t, 3.0) for t in range(30, 50)]
+    + [(T0 + t, 2.0) for t in range(50, 62)]
+)
 
 
 def test_misses_fall_in_the_scale_up_and_none_after() -> None:

@@ -17,7 +17,7 @@ def random_value(rng: random.Random, depth: int) -> Any:
         return {f"k{index}": random_value(rng, depth + 1) for index in range(rng.randint(0, 4))}
     if kind == "list":
         return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
-    return {"str": "s [{\\\"", "int": rng.randint(-5, 10**12), "float": 2.5, "bool": True, "null": None}[kind]
+    return {"str": 's [{\\"', "int": rng.randint(-5, 10**12), "float": 2.5, "bool": True, "null": None}[kind]
 
 
 def test_items_match_json_loads(tmp_path: Path) -> None:
@@ -41,7 +41,9 @@ def test_a_conversation_over_the_byte_limit_is_one_error(tmp_path: Path, monkeyp
     try:
         list(_stream_items(path, Counter()))
     except UserError as err:
-        assert str(err) == f"{path}: a conversation is over the 1,000-byte limit for a conversation; not a ShareGPT " \
-                           "file, or a damaged one: check --dataset-path"
+        assert (
+            str(err) == f"{path}: a conversation is over the 1,000-byte limit for a conversation; not a ShareGPT "
+            "file, or a damaged one: check --dataset-path"
+        )
     else:
         raise AssertionError("the long conversation was read")

@@ -11,20 +11,17 @@ from vlmserve.bench.client import stream_request
 from vlmserve.bench.http_stream import ConnectionPool
 from vlmserve.results.records import RequestRecord
 
-ANSWER = (b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":{"completion_tokens":1}}\n\n'
-          b"data: [DONE]\n\n")
+ANSWER = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":{"completion_tokens":1}}\n\ndata: [DONE]\n\n'
 
 
-async def _slow_reader(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float,
-                       seen: list[bytes]) -> None:
+async def _slow_reader(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float, seen: list[bytes]) -> None:
     """Reads the head at once, waits, then drains the body: the client's upload waits with it."""
     head = await reader.readuntil(b"\r\n\r\n")
     seen.append(head)
     length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
     await asyncio.sleep(delay_s)
     await reader.readexactly(length)
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(ANSWER), ANSWER))
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
     await writer.drain()
     writer.close()
 
@@ -63,7 +60,9 @@ def test_a_body_larger_than_the_socket_buffers_takes_as_long_as_the_server_makes
 
 
 def test_a_small_body_is_written_at_once_and_the_traceparent_is_sent() -> None:
-    record, seen = asyncio.run(_one(b'{"x":1}', delay_s=0.2, extra=b"traceparent: 00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01\r\n"))
+    record, seen = asyncio.run(
+        _one(b'{"x":1}', delay_s=0.2, extra=b"traceparent: 00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01\r\n")
+    )
     assert record.ok and record.request_bytes == 7
     assert record.upload_s is not None and record.upload_s < 0.1
     assert b"\r\ntraceparent: 00-" + b"a" * 32 in seen[0] and b"Content-Length: 7" in seen[0]

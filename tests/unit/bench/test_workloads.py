@@ -28,7 +28,10 @@ def test_sharegpt_messy_file_loads_every_complete_conversation(tmp_path):
         {"id": "huge", "conversations": [{"from": "human", "value": "x" * (MAX_MESSAGE_CHARS + 1)}]},
         {"id": "odd-start", "conversations": [{"from": "gpt", "value": "hello"}, {"from": "human", "value": "q2"}]},
         {"id": "weird", "conversations": [{"from": "narrator", "value": "?"}]},
-        {"id": "two-humans", "conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"}, {"from": "gpt", "value": "c"}]},
+        {
+            "id": "two-humans",
+            "conversations": [{"from": "human", "value": "a"}, {"from": "human", "value": "b"}, {"from": "gpt", "value": "c"}],
+        },
         {"id": "nolist"},
     ]
     path = write_sharegpt(tmp_path / "messy.json", items, truncate_tail='{"id": "cut", "conv')
@@ -36,7 +39,12 @@ def test_sharegpt_messy_file_loads_every_complete_conversation(tmp_path):
     assert [conversation[0] for conversation in loaded] == ["ok", "odd-start", "two-humans"]
     assert loaded[1][2] == [("q2", None)]  # a reply before any question is dropped; the last question has no reply
     assert loaded[2][2] == [("a\nb", "c")]
-    assert dict(skips) == {"message too long": 1, "unknown speaker": 1, "no 'conversations' list": 1, "truncated at end of file": 1}
+    assert dict(skips) == {
+        "message too long": 1,
+        "unknown speaker": 1,
+        "no 'conversations' list": 1,
+        "truncated at end of file": 1,
+    }
 
 
 def test_sharegpt_stops_reading_at_limit(tmp_path):
@@ -102,8 +110,10 @@ def test_parse_mix():
 def test_trace_lengths_and_prompt(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text(
-        json.dumps({"arrival_s": 2.5, "input_length": 5, "output_length": 4}) + "\n"
-        + json.dumps({"arrival_s": 1.0, "prompt": "given words", "output_length": 2}) + "\n"
+        json.dumps({"arrival_s": 2.5, "input_length": 5, "output_length": 4})
+        + "\n"
+        + json.dumps({"arrival_s": 1.0, "prompt": "given words", "output_length": 2})
+        + "\n"
     )
     conversations = build_conversations(context(dataset="trace", dataset_path=str(path)), 10)
     assert [c.arrival_s for c in conversations] == [0.0, 1.5]

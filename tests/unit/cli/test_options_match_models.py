@@ -40,8 +40,11 @@ COMMANDS = dict(_commands(build_app()))
 
 
 def _generated(command: Callable[..., Any]) -> list[ModelOption]:
-    return [REGISTRY[id(parameter.default)] for parameter in inspect.signature(command).parameters.values()
-            if id(parameter.default) in REGISTRY]
+    return [
+        REGISTRY[id(parameter.default)]
+        for parameter in inspect.signature(command).parameters.values()
+        if id(parameter.default) in REGISTRY
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -49,10 +52,20 @@ def test_every_option_says_what_its_field_says(name: str) -> None:
     assert mismatches(COMMANDS[name]) == []
 
 
-@pytest.mark.parametrize(("name", "least"), [("bench", 40), ("tune", 15), ("slo-search", 17), ("gateway", 44),
-                                             ("engine sim", 45), ("up", 30),
-                                             ("plan", 12), ("plan search", 7),
-                                             ("consistency", 9)])
+@pytest.mark.parametrize(
+    ("name", "least"),
+    [
+        ("bench", 40),
+        ("tune", 15),
+        ("slo-search", 17),
+        ("gateway", 44),
+        ("engine sim", 45),
+        ("up", 30),
+        ("plan", 12),
+        ("plan search", 7),
+        ("consistency", 9),
+    ],
+)
 def test_the_option_groups_are_generated(name: str, least: int) -> None:
     """The walk above checks something: these commands' flags come from their models."""
     assert len(_generated(COMMANDS[name])) >= least
@@ -102,8 +115,11 @@ def _other_value(option: ModelOption) -> Any:
 
 def test_a_gateway_config_written_as_flags_reads_back_the_same() -> None:
     """`vlmserve up` starts its gateway with config_argv(config): every setting with a flag survives the trip."""
-    settings = {name: option for name, option in GATEWAY.options.items()
-                if isinstance(option, ModelOption) and option.field not in ENV_ONLY_SETTINGS}
+    settings = {
+        name: option
+        for name, option in GATEWAY.options.items()
+        if isinstance(option, ModelOption) and option.field not in ENV_ONLY_SETTINGS
+    }
     config = GatewayConfig(**{option.field: _other_value(option) for option in settings.values()})
     command = typer.main.get_command(build_app()).commands["gateway"]  # type: ignore[attr-defined]
     context = command.make_context("gateway", config_argv(config))
@@ -112,6 +128,7 @@ def test_a_gateway_config_written_as_flags_reads_back_the_same() -> None:
 
 
 # ---- the check catches each kind of difference ---------------------------------------------------
+
 
 def test_a_default_that_differs_from_the_field_is_caught() -> None:
     warmup = model_option(LoadSpec, "warmup", help="Requests left out.")
@@ -147,23 +164,45 @@ def test_choices_that_differ_from_the_field_are_caught() -> None:
 def test_a_flag_declared_by_hand_beside_generated_ones_is_caught() -> None:
     dataset = model_option(LoadSpec, "dataset", help="The workload.")
 
-    def wrong(dataset: str = dataset.info,
-              api: str = typer.Option("completions", "--api"),
-              label: Optional[str] = typer.Option(None, "--label")) -> None: ...
+    def wrong(
+        dataset: str = dataset.info,
+        api: str = typer.Option("completions", "--api"),
+        label: Optional[str] = typer.Option(None, "--label"),
+    ) -> None: ...
 
     assert mismatches(wrong) == ["--api: declared by hand, but it is LoadSpec.api; use model_option"]
 
 
 # ---- a value outside a field's choices, on each generated verb: one line, exit 2 ------------------
 
+
 @pytest.mark.hostile("a choice flag (bench, up, engine sim) given a value outside its field's Literal")
-@pytest.mark.parametrize(("argv", "line"), [
-    (["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--concurrency", "1", "--num-requests", "1",
-      "--arrival", "bursty"], "error: --arrival 'bursty': use one of poisson, constant, gamma"),
-    (["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--dataset-name", "tweets"],
-     "error: --dataset 'tweets': use one of random, sharegpt, images, mixed, trace"),
-    (["up", "--devices", "tpu", "--print-plan"], "error: --devices 'tpu': use one of auto, cpu, gpu"),
-])
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (
+            [
+                "bench",
+                "--base-url",
+                "http://127.0.0.1:9",
+                "--model",
+                "m",
+                "--concurrency",
+                "1",
+                "--num-requests",
+                "1",
+                "--arrival",
+                "bursty",
+            ],
+            "error: --arrival 'bursty': use one of poisson, constant, gamma",
+        ),
+        (
+            ["bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--dataset-name", "tweets"],
+            "error: --dataset 'tweets': use one of random, sharegpt, images, mixed, trace",
+        ),
+        (["up", "--devices", "tpu", "--print-plan"], "error: --devices 'tpu': use one of auto, cpu, gpu"),
+    ],
+)
 def test_a_value_outside_the_choices_is_one_line(argv: list[str], line: str, capsys: pytest.CaptureFixture[str]) -> None:
     from vlmserve.cli.app import main
 

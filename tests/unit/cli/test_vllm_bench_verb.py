@@ -26,13 +26,13 @@ def test_an_endpoint_needs_a_local_tokenizer(cli) -> None:
 
 @pytest.mark.hostile("vllm-bench passes --model to vLLM behind the verb's back")
 def test_filled_flags_belong_before_the_separator(cli, tmp_path: Path) -> None:
-    result = cli("vllm-bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", tmp_path,
-                 "--", "--model=other")
+    result = cli("vllm-bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", tmp_path, "--", "--model=other")
     _refused(result, "give --model to vlmserve vllm-bench itself")
 
 
 @pytest.mark.hostile("vllm-bench --result-dir would leave the verb without the result it stores")
 def test_result_paths_are_the_verbs_own(cli, tmp_path: Path) -> None:
-    result = cli("vllm-bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", tmp_path,
-                 "--", "--result-dir", tmp_path)
+    result = cli(
+        "vllm-bench", "--base-url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", tmp_path, "--", "--result-dir", tmp_path
+    )
     _refused(result, "--result-dir: vlmserve keeps the result itself")

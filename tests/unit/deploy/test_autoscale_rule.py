@@ -17,8 +17,16 @@ from vlmserve.export.k8s import K8sOptions, render_manifests, rule_from_keda
 from vlmserve.observe.alerts import AlertSettings
 from vlmserve.spec import DeploymentSpec, load_deployment_spec
 
-RULE = AutoscaleRule(min_replicas=1, max_replicas=4, waiting_per_replica=5, polling_interval_s=1,
-                     scale_up_stabilization_s=0, scale_down_stabilization_s=10, scale_down_cooldown_s=5, scale_up_step=4)
+RULE = AutoscaleRule(
+    min_replicas=1,
+    max_replicas=4,
+    waiting_per_replica=5,
+    polling_interval_s=1,
+    scale_up_stabilization_s=0,
+    scale_down_stabilization_s=10,
+    scale_down_cooldown_s=5,
+    scale_up_step=4,
+)
 
 
 def run(decider: AutoscaleDecider, readings: list[tuple[float, float]], current: int) -> list[tuple[float, int, str]]:
@@ -69,10 +77,25 @@ def test_up_and_keda_run_one_rule(tmp_path: Path) -> None:
     """`up -f spec --autoscale 1:4` and `export k8s -f spec` read one definition: the ScaledObject,
     read back field by field, is the rule up's autoscaler runs, on the metric it reads."""
     spec_file = tmp_path / "deploy.yaml"
-    spec_file.write_text(yaml.safe_dump({
-        "name": "clinic", "engine": "sim", "model": "sim-model", "sim": {"ttft_ms": 5},
-        "autoscale": {"min_replicas": 2, "max_replicas": 3, "waiting_per_replica": 3, "polling_interval_s": 2,
-                      "scale_down_stabilization_s": 120, "scale_down_cooldown_s": 30, "scale_up_step": 2}}))
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "clinic",
+                "engine": "sim",
+                "model": "sim-model",
+                "sim": {"ttft_ms": 5},
+                "autoscale": {
+                    "min_replicas": 2,
+                    "max_replicas": 3,
+                    "waiting_per_replica": 3,
+                    "polling_interval_s": 2,
+                    "scale_down_stabilization_s": 120,
+                    "scale_down_cooldown_s": 30,
+                    "scale_up_step": 2,
+                },
+            }
+        )
+    )
     up_spec = with_autoscale_bounds(build_spec(spec_file, {}, {}), "1:4")
     supervisor = Supervisor(up_spec, state_dir=tmp_path / "state")
     up_rule = Autoscaler(supervisor, up_spec.autoscale, say=lambda line: None).rule  # what `up` runs
@@ -92,12 +115,15 @@ def test_export_without_autoscale_keeps_its_defaults() -> None:
 
 
 @pytest.mark.hostile("up --autoscale with a malformed or inverted MIN:MAX")
-@pytest.mark.parametrize(("text", "message"), [
-    ("4", "--autoscale 4: '4' is not MIN:MAX; write it like 1:4"),
-    ("a:b", "--autoscale a:b: 'a:b' is not MIN:MAX; write it like 1:4"),
-    ("4:1", "--autoscale 4:1: Value error, max_replicas 1 is below min_replicas 4"),
-    ("0:2", "--autoscale 0:2: Input should be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("4", "--autoscale 4: '4' is not MIN:MAX; write it like 1:4"),
+        ("a:b", "--autoscale a:b: 'a:b' is not MIN:MAX; write it like 1:4"),
+        ("4:1", "--autoscale 4:1: Value error, max_replicas 1 is below min_replicas 4"),
+        ("0:2", "--autoscale 0:2: Input should be greater than or equal to 1"),
+    ],
+)
 def test_bad_autoscale_flag_is_one_line(text: str, message: str) -> None:
     with pytest.raises(UserError) as caught:
         with_autoscale_bounds(DeploymentSpec.model_validate({"engine": "sim"}), text)
@@ -105,10 +131,13 @@ def test_bad_autoscale_flag_is_one_line(text: str, message: str) -> None:
 
 
 @pytest.mark.hostile("autoscale without the gateway, or beside gateway_discover")
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"gateway": False}, "autoscale needs the gateway"),
-    ({"gateway_discover": "dns:engines.local:8000"}, "autoscale and gateway_discover both set the gateway's replicas"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"gateway": False}, "autoscale needs the gateway"),
+        ({"gateway_discover": "dns:engines.local:8000"}, "autoscale and gateway_discover both set the gateway's replicas"),
+    ],
+)
 def test_autoscale_settings_up_cannot_run_are_refused(extra: dict, message: str) -> None:
     spec = DeploymentSpec.model_validate({"engine": "sim", "autoscale": {"max_replicas": 2}, **extra})
     with pytest.raises(UserError, match=message):
@@ -124,8 +153,10 @@ def test_members_file_is_replaced_whole(tmp_path: Path) -> None:
 
 
 def test_gateway_view_reads_routable_and_draining_replicas() -> None:
-    page = ('vlmserve_gateway_in_flight{replica="127.0.0.1:9001"} 0.0\n'
-            'vlmserve_gateway_in_flight{replica="127.0.0.1:9002"} 3.0\n'
-            'vlmserve_gateway_replica_healthy{replica="127.0.0.1:9001"} 1.0\n'
-            'vlmserve_gateway_replica_healthy{replica="127.0.0.1:9002"} 0.0\n')
+    page = (
+        'vlmserve_gateway_in_flight{replica="127.0.0.1:9001"} 0.0\n'
+        'vlmserve_gateway_in_flight{replica="127.0.0.1:9002"} 3.0\n'
+        'vlmserve_gateway_replica_healthy{replica="127.0.0.1:9001"} 1.0\n'
+        'vlmserve_gateway_replica_healthy{replica="127.0.0.1:9002"} 0.0\n'
+    )
     assert gateway_replicas(page) == {"127.0.0.1:9001": True, "127.0.0.1:9002": False}

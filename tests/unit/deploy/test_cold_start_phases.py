@@ -24,15 +24,23 @@ def test_vllm_phases_from_its_log(tmp_path: Path) -> None:
     earlier = "=== vlmserve: starting replica 1 at ...\n(Worker pid=1) INFO 11-28 09:00:00 [default_loader.py:501] Loading weights took 9.00 seconds\n"
     log.write_text(earlier + VLLM_LOG)
     phases = cold_start_phases(log, len(earlier), at("11-29 10:27:20"), at("11-29 10:28:09"))
-    assert phases == {"start_to_ready_s": 49.0, "weights_read_s": 0.02, "engine_init_s": 1.02,
-                      "start_to_weights_s": 43.0, "weights_to_engine_s": 2.0, "engine_to_listening_s": 2.0,
-                      "listening_to_ready_s": 2.0}
+    assert phases == {
+        "start_to_ready_s": 49.0,
+        "weights_read_s": 0.02,
+        "engine_init_s": 1.02,
+        "start_to_weights_s": 43.0,
+        "weights_to_engine_s": 2.0,
+        "engine_to_listening_s": 2.0,
+        "listening_to_ready_s": 2.0,
+    }
 
 
 def test_sim_lines_read_alike(tmp_path: Path) -> None:
     log = tmp_path / "replica-2.log"
-    log.write_text("INFO 11-29 11:00:12 [sim] Model loading took 0.00 GiB memory and 12.000000 seconds\n"
-                   "INFO 11-29 11:00:20 [sim] init engine (profile, create kv cache, warmup model) took 8.00 s\n")
+    log.write_text(
+        "INFO 11-29 11:00:12 [sim] Model loading took 0.00 GiB memory and 12.000000 seconds\n"
+        "INFO 11-29 11:00:20 [sim] init engine (profile, create kv cache, warmup model) took 8.00 s\n"
+    )
     phases = cold_start_phases(log, 0, at("11-29 11:00:00"), at("11-29 11:00:21"))
     assert phases["start_to_weights_s"] == 12.0 and phases["weights_to_engine_s"] == 8.0
     assert phases["engine_to_ready_s"] == 1.0 and phases["weights_read_s"] == 12.0
@@ -54,10 +62,18 @@ def test_status_shows_the_last_start_and_its_phases() -> None:
     phases = {"start_to_ready_s": 49.0, "start_to_weights_s": 43.0, "weights_to_engine_s": 2.0, "engine_to_listening_s": 2.0}
     assert describe_cold_start(phases) == "49 s (weights 43, engine 2, listening 2)"
     assert describe_cold_start({"start_to_ready_s": 3.2}) == "3 s" and describe_cold_start(None) == ""
-    state = DeploymentState(name="d", replicas=[MemberRecord(role="replica", port=9001, state="ready", cold_start=phases),
-                                                MemberRecord(role="replica", index=1, port=9002, state="standby")],
-                            autoscale={"rule": {"min_replicas": 1, "max_replicas": 2}, "metric": "vllm:num_requests_waiting",
-                                       "last_decision": {"waiting": 3.0, "wants": 1, "reason": "at target"}})
+    state = DeploymentState(
+        name="d",
+        replicas=[
+            MemberRecord(role="replica", port=9001, state="ready", cold_start=phases),
+            MemberRecord(role="replica", index=1, port=9002, state="standby"),
+        ],
+        autoscale={
+            "rule": {"min_replicas": 1, "max_replicas": 2},
+            "metric": "vllm:num_requests_waiting",
+            "last_decision": {"waiting": 3.0, "wants": 1, "reason": "at target"},
+        },
+    )
     console = Console(width=200, record=True)
     console.print(status_table([state]))
     text = console.export_text()

@@ -97,7 +97,7 @@ def test_sim_replicas_differ_only_in_port_and_seed(tmp_path: Path) -> None:
     first, second = (plan.argv for plan in plans)
     assert [plan.port for plan in plans] == [9001, 9002] and notes == []
     assert first[first.index("--seed") + 1] == "0" and second[second.index("--seed") + 1] == "1"
-    assert normalised(first[:first.index("--seed")]) == normalised(second[:second.index("--seed")])
+    assert normalised(first[: first.index("--seed")]) == normalised(second[: second.index("--seed")])
 
 
 def test_launchers_say_what_a_ready_replica_must_serve_and_what_memory_it_takes() -> None:
@@ -132,6 +132,7 @@ def test_an_engine_exporting_traces_over_http_gets_the_otlp_http_protocol(monkey
     assert launch.argv[launch.argv.index("--otlp-traces-endpoint") + 1] == url
     # a gRPC collector (no scheme) keeps vLLM's default protocol; the spec's env wins
     assert tracing_env(DeploymentSpec(name="t", model="embedded", engine_args={"otlp_traces_endpoint": "otel:4317"})) == {}
-    own = DeploymentSpec(name="t", model="embedded", engine_args={"otlp_traces_endpoint": url},
-                         env={"OTEL_BSP_SCHEDULE_DELAY": "1000"})
+    own = DeploymentSpec(
+        name="t", model="embedded", engine_args={"otlp_traces_endpoint": url}, env={"OTEL_BSP_SCHEDULE_DELAY": "1000"}
+    )
     assert plan_launches(own, "/models/x", "cpu")[0].env["OTEL_BSP_SCHEDULE_DELAY"] == "1000"

@@ -36,12 +36,23 @@ def write_adapter(folder: Path, rank: int = 8, **config: Any) -> Path:
 
 def test_lora_fields_become_vllms_flags_under_vllms_names(tmp_path: Path) -> None:
     clinic = write_adapter(tmp_path / "clinic")
-    deployment = spec(lora_modules={"clinic-a": str(clinic), "tutor": str(clinic)}, max_loras=2,
-                      max_lora_rank=16, max_cpu_loras=4)
+    deployment = spec(
+        lora_modules={"clinic-a": str(clinic), "tutor": str(clinic)}, max_loras=2, max_lora_rank=16, max_cpu_loras=4
+    )
     argv = engine_arguments(deployment, "/m", 9001, "cpu")
     start = argv.index("--enable-lora")
-    assert argv[start:start + 10] == ["--enable-lora", "--lora-modules", f"clinic-a={clinic}", f"tutor={clinic}",
-                                      "--max-loras", "2", "--max-lora-rank", "16", "--max-cpu-loras", "4"]
+    assert argv[start : start + 10] == [
+        "--enable-lora",
+        "--lora-modules",
+        f"clinic-a={clinic}",
+        f"tutor={clinic}",
+        "--max-loras",
+        "2",
+        "--max-lora-rank",
+        "16",
+        "--max-cpu-loras",
+        "4",
+    ]
     assert "--enable-lora" not in engine_arguments(spec(), "/m", 9001, "cpu")  # off unless asked for
     assert lora_argv(spec(max_loras=3)) == ["--enable-lora", "--max-loras", "3"]  # slots for adapters loaded later
 
@@ -79,8 +90,9 @@ def test_bad_adapter_names_are_one_line(name: str) -> None:
 def test_lora_bounds_are_one_line_each() -> None:
     assert "17 is not a rank vLLM takes; use one of 1, 8, 16" in refusal(max_lora_rank=17)
     assert "max_cpu_loras 1 is below max_loras 2" in refusal(max_loras=2, max_cpu_loras=1)
-    assert "is the base model's served name" in refusal(lora_modules={"vision": "/x"},
-                                                        engine_args={"served_model_name": "vision"})
+    assert "is the base model's served name" in refusal(
+        lora_modules={"vision": "/x"}, engine_args={"served_model_name": "vision"}
+    )
     assert f"at most {MAX_SPEC_ADAPTERS}" in refusal(lora_modules={f"a{i}": "/x" for i in range(MAX_SPEC_ADAPTERS + 1)})
     assert "has no path" in refusal(lora_modules={"a": " "})
     assert "field 'engine_args.max_loras': set by vlmserve; use the spec's `max_loras`" in refusal(engine_args={"max_loras": 4})
@@ -104,7 +116,7 @@ def test_bad_adapter_directories_are_one_line_each(tmp_path: Path) -> None:
         str(write_adapter(tmp_path / "ia3", peft_type="IA3")): "a IA3 adapter; vLLM serves LoRA adapters only",
         str(write_adapter(tmp_path / "no-rank", rank=0)): "no positive integer 'r'",
         str(write_adapter(tmp_path / "big", rank=32)): "rank 32 is above max_lora_rank (vLLM's default is 16); "
-                                                        "set max_lora_rank to at least 32",
+        "set max_lora_rank to at least 32",
         "embedded:99": "embedded adapter 99 does not exist; use 0..63",
         "embedded:one": "write an embedded adapter as embedded:N",
     }
@@ -146,8 +158,9 @@ def test_runtime_adapter_loading_is_on_behind_a_gateway_only() -> None:
 def test_sim_replicas_get_the_specs_adapters_and_slots() -> None:
     from vlmserve.engines.launcher import make_launcher
 
-    deployment = DeploymentSpec.model_validate({"engine": "sim", "model": "m", "sim": {"profile": "tiny-cpu"},
-                                                "lora_modules": {"a": "sim", "b": "sim"}, "max_loras": 1})
+    deployment = DeploymentSpec.model_validate(
+        {"engine": "sim", "model": "m", "sim": {"profile": "tiny-cpu"}, "lora_modules": {"a": "sim", "b": "sim"}, "max_loras": 1}
+    )
     launcher = make_launcher(deployment)
     argv = launcher.arguments(host="127.0.0.1", port=9001, index=0)
     joined = " ".join(argv)

@@ -13,14 +13,7 @@ from pathlib import Path
 import pytest
 
 from vlmserve.deploy.state import DeploymentState, MemberRecord, read_state, write_state
-from vlmserve.deploy.state_saver import (
-    HEARTBEAT_S,
-    RETRY_S,
-    StateSaver,
-    marker_path,
-    slot_path,
-    state_alarm,
-)
+from vlmserve.deploy.state_saver import HEARTBEAT_S, RETRY_S, StateSaver, marker_path, slot_path, state_alarm
 
 
 def a_state(pid: int = 1234) -> DeploymentState:
@@ -52,8 +45,9 @@ def test_a_failed_write_leaves_the_previous_file_whole(tmp_path: Path) -> None:
     assert [item.name for item in tmp_path.iterdir()] == ["state.json"]  # no temporary file left behind
 
 
-@pytest.mark.hostile("state.json cannot be saved for a while: one line per episode, a note for status, "
-                     "and the next successful write clears it")
+@pytest.mark.hostile(
+    "state.json cannot be saved for a while: one line per episode, a note for status, and the next successful write clears it"
+)
 def test_failing_saves_are_one_alarm_and_recovery_clears_it(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     said: list[str] = []

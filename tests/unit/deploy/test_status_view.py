@@ -16,7 +16,9 @@ def _render(state: DeploymentState) -> str:
 
 def test_a_stopped_deployment_says_stopped_not_a_live_url() -> None:
     state = DeploymentState(
-        name="clinic", model="tiny", endpoint="http://127.0.0.1:8080",
+        name="clinic",
+        model="tiny",
+        endpoint="http://127.0.0.1:8080",
         replicas=[MemberRecord(role="replica", port=9001, state="stopped")],
         gateway=MemberRecord(role="gateway", port=8080, state="stopped (supervisor gone)"),
     )
@@ -27,9 +29,13 @@ def test_a_stopped_deployment_says_stopped_not_a_live_url() -> None:
 
 def test_a_running_deployment_shows_where_clients_go() -> None:
     state = DeploymentState(
-        name="clinic", model="tiny", endpoint="http://127.0.0.1:8080",
-        replicas=[MemberRecord(role="replica", port=9001, state="ready"),
-                  MemberRecord(role="replica", index=1, port=9002, state="stopped")],
+        name="clinic",
+        model="tiny",
+        endpoint="http://127.0.0.1:8080",
+        replicas=[
+            MemberRecord(role="replica", port=9001, state="ready"),
+            MemberRecord(role="replica", index=1, port=9002, state="stopped"),
+        ],
     )
     assert "tiny at http://127.0.0.1:8080" in _render(state)
 

@@ -34,10 +34,20 @@ def secured_spec(tmp_path: Path, **extra: Any) -> DeploymentSpec:
     keys = tmp_path / "keys.yaml"
     keys.write_text(KEYS_TEXT)
     cert, key = self_signed_certificate(tmp_path)
-    return DeploymentSpec.model_validate({
-        "name": "radiology", "engine": "sim", "model": "sim-vlm", "replicas": 2, "port": 9443,
-        "keys_file": str(keys), "ssl_certfile": str(cert), "ssl_keyfile": str(key),
-        "audit_log": str(tmp_path / "audit.jsonl"), **extra})
+    return DeploymentSpec.model_validate(
+        {
+            "name": "radiology",
+            "engine": "sim",
+            "model": "sim-vlm",
+            "replicas": 2,
+            "port": 9443,
+            "keys_file": str(keys),
+            "ssl_certfile": str(cert),
+            "ssl_keyfile": str(key),
+            "audit_log": str(tmp_path / "audit.jsonl"),
+            **extra,
+        }
+    )
 
 
 def objects(manifests: dict[str, dict]) -> dict[tuple[str, str], dict]:
@@ -111,15 +121,18 @@ def test_key_material_stays_out_of_the_manifests_by_default(tmp_path: Path) -> N
     commands = export.secret_commands
     assert commands[0].startswith("kubectl create secret generic radiology-redis --namespace vision ")
     assert '--from-literal=password="$(openssl rand -hex 24)"' in commands[0]
-    assert commands[1] == (f"kubectl create secret generic radiology-gateway-keys --namespace vision "
-                           f"--from-file=keys.yaml={tmp_path.resolve() / 'keys.yaml'}")
-    assert commands[2] == (f"kubectl create secret tls radiology-gateway-tls --namespace vision "
-                           f"--cert={tmp_path.resolve() / 'gw.crt'} --key={tmp_path.resolve() / 'gw.key'}")
+    assert commands[1] == (
+        f"kubectl create secret generic radiology-gateway-keys --namespace vision "
+        f"--from-file=keys.yaml={tmp_path.resolve() / 'keys.yaml'}"
+    )
+    assert commands[2] == (
+        f"kubectl create secret tls radiology-gateway-tls --namespace vision "
+        f"--cert={tmp_path.resolve() / 'gw.crt'} --key={tmp_path.resolve() / 'gw.key'}"
+    )
     # the audit log without a claim: an emptyDir, and a warning that says it does not survive
     gateway_pod = pod(objects(export.manifests)[("Deployment", "radiology-gateway")])
     assert {"name": "audit", "emptyDir": {}} in gateway_pod["volumes"]
-    assert any(note.startswith("warning: audit_log goes to an emptyDir") and "--audit-pvc" in note
-               for note in export.notes)
+    assert any(note.startswith("warning: audit_log goes to an emptyDir") and "--audit-pvc" in note for note in export.notes)
 
 
 def test_embed_secrets_writes_the_files_content_and_a_fresh_redis_password(tmp_path: Path) -> None:
@@ -147,8 +160,7 @@ def test_redis_asks_for_the_password_the_gateways_state_url_carries() -> None:
     env = {"REDIS_PASSWORD": password}
     assert expand(" ".join(redis["args"]), env).startswith(f"--requirepass {password} ")
     secret_refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in redis["env"]}
-    assert secret_refs["REDIS_PASSWORD"] == secret_refs["REDISCLI_AUTH"] == {"name": "radiology-redis",
-                                                                            "key": "password"}
+    assert secret_refs["REDIS_PASSWORD"] == secret_refs["REDISCLI_AUTH"] == {"name": "radiology-redis", "key": "password"}
     gateway = pod(found[("Deployment", "radiology-gateway")])["containers"][0]
     names = [e["name"] for e in gateway["env"]]
     assert names.index(REDIS_PASSWORD_ENV) < names.index(STATE_ENV)  # defined before it is expanded
@@ -165,11 +177,15 @@ def _admits(policy: dict, pod_labels: dict[str, str], namespace: str, port: int)
         if port not in [p["port"] for p in rule["ports"]]:
             continue
         for peer in rule["from"]:
-            if "podSelector" in peer and namespace == policy["metadata"]["namespace"] and \
-                    peer["podSelector"]["matchLabels"].items() <= pod_labels.items():
+            if (
+                "podSelector" in peer
+                and namespace == policy["metadata"]["namespace"]
+                and peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
+            ):
                 return True
-            if "namespaceSelector" in peer and \
-                    peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": namespace}:
+            if "namespaceSelector" in peer and peer["namespaceSelector"]["matchLabels"] == {
+                "kubernetes.io/metadata.name": namespace
+            }:
                 return True
     return False
 
@@ -178,8 +194,7 @@ def test_only_the_gateways_reach_the_engines_and_redis() -> None:
     """No Service exposes an engine's (or Redis's) port to other pods: each pod behind a Service is
     selected by a policy admitting the gateway pods alone (and Prometheus's namespace for the engines)."""
     spec = DeploymentSpec.model_validate({"name": "radiology", "model": "org/vlm", "port": 9000})
-    manifests = render_manifests(spec, K8sOptions(namespace="vision", monitoring_namespace="observability"),
-                                 AlertSettings())
+    manifests = render_manifests(spec, K8sOptions(namespace="vision", monitoring_namespace="observability"), AlertSettings())
     for manifest in manifests.values():
         validate(manifest)
     found = objects(manifests)
@@ -187,8 +202,12 @@ def test_only_the_gateways_reach_the_engines_and_redis() -> None:
     client_pod = {"app": "curl"}
     policies = [m for m in manifests.values() if m["kind"] == "NetworkPolicy"]
     for service in (m for m in manifests.values() if m["kind"] == "Service"):
-        backends = next(m for m in manifests.values() if m["kind"] == "Deployment"
-                        and service["spec"]["selector"].items() <= m["spec"]["template"]["metadata"]["labels"].items())
+        backends = next(
+            m
+            for m in manifests.values()
+            if m["kind"] == "Deployment"
+            and service["spec"]["selector"].items() <= m["spec"]["template"]["metadata"]["labels"].items()
+        )
         pod_labels = backends["spec"]["template"]["metadata"]["labels"]
         if backends["metadata"]["name"] == "radiology-gateway":
             assert not [p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()]
@@ -240,10 +259,7 @@ def test_a_missing_file_refuses_the_export_naming_it(tmp_path: Path, missing: st
 
 
 @pytest.mark.hostile("export k8s: a keys file the gateway would refuse, or a certificate not matching its key")
-@pytest.mark.parametrize("breakage, message", [
-    ("keys", "keys_file: "),
-    ("tls", "ssl_certfile/ssl_keyfile: "),
-])
+@pytest.mark.parametrize("breakage, message", [("keys", "keys_file: "), ("tls", "ssl_certfile/ssl_keyfile: ")])
 def test_files_the_gateway_would_refuse_stop_the_export(tmp_path: Path, breakage: str, message: str) -> None:
     spec = secured_spec(tmp_path)
     if breakage == "keys":
@@ -266,11 +282,14 @@ def test_gateway_settings_without_a_gateway_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.hostile("export k8s: a namespace or claim name Kubernetes would refuse")
-@pytest.mark.parametrize("options, flag", [
-    (K8sOptions(namespace="Vision_Team"), "--namespace"),
-    (K8sOptions(monitoring_namespace="monitoring; x"), "--monitoring-namespace"),
-    (K8sOptions(audit_pvc="-audit"), "--audit-pvc"),
-])
+@pytest.mark.parametrize(
+    "options, flag",
+    [
+        (K8sOptions(namespace="Vision_Team"), "--namespace"),
+        (K8sOptions(monitoring_namespace="monitoring; x"), "--monitoring-namespace"),
+        (K8sOptions(audit_pvc="-audit"), "--audit-pvc"),
+    ],
+)
 def test_names_kubernetes_would_refuse_are_one_line(options: K8sOptions, flag: str) -> None:
     spec = DeploymentSpec.model_validate({"name": "radiology", "model": "org/vlm"})
     with pytest.raises(UserError) as err:
@@ -278,14 +297,12 @@ def test_names_kubernetes_would_refuse_are_one_line(options: K8sOptions, flag: s
     assert err.value.message.startswith(f"{flag} ") and "is not a Kubernetes name" in err.value.message
 
 
-def test_cli_prints_the_secret_commands_and_writes_no_key_material(tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prints_the_secret_commands_and_writes_no_key_material(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = secured_spec(tmp_path)
     spec_file = tmp_path / "deploy.yaml"
     spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
     out = tmp_path / "k8s"
-    code, stdout, stderr = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(out),
-                                    "--namespace", "vision"], capsys)
+    code, stdout, stderr = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(out), "--namespace", "vision"], capsys)
     assert code == 0, stderr
     assert "warning: audit_log goes to an emptyDir" in stderr
     assert "kubectl create secret tls radiology-gateway-tls --namespace vision" in stdout
@@ -300,14 +317,14 @@ def test_cli_prints_the_secret_commands_and_writes_no_key_material(tmp_path: Pat
         validate(yaml.safe_load((out / name).read_text()))
 
 
-def test_cli_embedded_secrets_are_readable_by_their_owner_only(tmp_path: Path,
-                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_embedded_secrets_are_readable_by_their_owner_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = secured_spec(tmp_path)
     spec_file = tmp_path / "deploy.yaml"
     spec_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True)))
     out = tmp_path / "k8s"
-    code, stdout, stderr = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(out), "--embed-secrets",
-                                    "--audit-pvc", "audit-logs"], capsys)
+    code, stdout, stderr = run_cli(
+        ["export", "k8s", "-f", str(spec_file), "--out", str(out), "--embed-secrets", "--audit-pvc", "audit-logs"], capsys
+    )
     assert code == 0, stderr
     assert "kubectl create secret" not in stdout and not (out / "create-secrets.sh").exists()
     assert "audit_log" not in stderr  # kept on the claim: nothing to warn about
@@ -322,29 +339,45 @@ def test_cli_missing_keys_file_is_one_line(tmp_path: Path, capsys: pytest.Captur
     spec_file.write_text("name: radiology\nengine: sim\nmodel: m\nkeys_file: keys.yaml\n")
     code, stdout, stderr = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and not (tmp_path / "out").exists()
-    assert stderr == f"error: keys_file {tmp_path / 'keys.yaml'} does not exist; create it or fix the path " \
-                     "(relative paths are read next to the spec file)\n"
+    assert (
+        stderr == f"error: keys_file {tmp_path / 'keys.yaml'} does not exist; create it or fix the path "
+        "(relative paths are read next to the spec file)\n"
+    )
 
 
 def test_the_media_allowlist_and_image_limits_reach_the_gateway_as_up_passes_them() -> None:
-    spec = DeploymentSpec.model_validate({
-        "name": "radiology", "engine": "sim", "model": "m", "allowed_media_domains": ["images.example.com"],
-        "max_image_bytes": 2_000_000, "max_images_per_request": 2, "image_downscale_max_side": 1024})
+    spec = DeploymentSpec.model_validate(
+        {
+            "name": "radiology",
+            "engine": "sim",
+            "model": "m",
+            "allowed_media_domains": ["images.example.com"],
+            "max_image_bytes": 2_000_000,
+            "max_images_per_request": 2,
+            "image_downscale_max_side": 1024,
+        }
+    )
     container = pod(render_manifests(spec, K8sOptions(), AlertSettings())["gateway-deployment.yaml"])["containers"][0]
     params = gateway_params(container["args"])
     assert params["allowed_media_domains"] == ["images.example.com"]
-    assert (params["max_image_bytes"], params["max_images_per_request"], params["image_downscale_max_side"]) == \
-        (2_000_000, 2, 1024)
+    assert (params["max_image_bytes"], params["max_images_per_request"], params["image_downscale_max_side"]) == (
+        2_000_000,
+        2,
+        1024,
+    )
     assert params["allow_internal_media_addresses"] is False
 
 
-@pytest.mark.parametrize("file_name, break_it", [
-    ("servicemonitor.yaml", lambda m: m["spec"]["endpoints"][0].update(intervall="15s")),  # misspelt field
-    ("servicemonitor.yaml", lambda m: m["spec"]["endpoints"][0].update(scheme="ftp")),  # not in the enum
-    ("prometheusrule.yaml", lambda m: m["spec"]["groups"][0].update(interval="5 minutes")),  # not a duration
-    ("engine-scaledobject.yaml", lambda m: m["spec"].update(minReplicaCount="2")),  # a string for an integer
-    ("engine-scaledobject.yaml", lambda m: m["spec"].update(scaleTargetRef={})),  # required name missing
-])
+@pytest.mark.parametrize(
+    "file_name, break_it",
+    [
+        ("servicemonitor.yaml", lambda m: m["spec"]["endpoints"][0].update(intervall="15s")),  # misspelt field
+        ("servicemonitor.yaml", lambda m: m["spec"]["endpoints"][0].update(scheme="ftp")),  # not in the enum
+        ("prometheusrule.yaml", lambda m: m["spec"]["groups"][0].update(interval="5 minutes")),  # not a duration
+        ("engine-scaledobject.yaml", lambda m: m["spec"].update(minReplicaCount="2")),  # a string for an integer
+        ("engine-scaledobject.yaml", lambda m: m["spec"].update(scaleTargetRef={})),  # required name missing
+    ],
+)
 def test_the_published_crd_schemas_catch_what_a_cluster_would_refuse(file_name: str, break_it: Any) -> None:
     """The vendored schemas are real checks: each of these breaks the object as the CRD defines it."""
     import jsonschema
@@ -358,14 +391,14 @@ def test_the_published_crd_schemas_catch_what_a_cluster_would_refuse(file_name: 
 
 
 def test_cli_defaults_to_the_dockerfile_image_and_can_close_the_monitoring_exception(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from vlmserve.export.k8s import GATEWAY_IMAGE
 
     spec_file = tmp_path / "deploy.yaml"
     spec_file.write_text("name: radiology\nengine: sim\nmodel: m\n")
     out = tmp_path / "k8s"
-    code, _, stderr = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(out),
-                               "--monitoring-namespace", ""], capsys)
+    code, _, stderr = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(out), "--monitoring-namespace", ""], capsys)
     assert code == 0, stderr
     gateway = yaml.safe_load((out / "gateway-deployment.yaml").read_text())
     assert pod(gateway)["containers"][0]["image"] == GATEWAY_IMAGE

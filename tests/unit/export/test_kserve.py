@@ -33,8 +33,9 @@ def check_cel_rules(resource: dict) -> None:
 
 def test_resource_validates_and_carries_the_engine(tmp_path: Path) -> None:
     spec = recipe_spec(tmp_path)
-    found = export_kserve(spec, K8sOptions(namespace="vision", model_pvc="weights", hf_token_secret="hf"),
-                          drop_gateway_settings=False)
+    found = export_kserve(
+        spec, K8sOptions(namespace="vision", model_pvc="weights", hf_token_secret="hf"), drop_gateway_settings=False
+    )
     resource = found.resource
     validate(resource)
     check_cel_rules(resource)
@@ -65,14 +66,16 @@ def test_autoscaling_bounds_and_behaviour_travel_the_trigger_is_a_warning(tmp_pa
     assert (scaling["minReplicas"], scaling["maxReplicas"]) == (2, 7)
     behavior = keda_scaled_object_spec(rule, "", "", "")["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     assert scaling["wva"]["hpa"]["behavior"] == behavior
-    assert any("autoscaling trigger (3 waiting requests per replica, read every 10s) is not carried" in note
-               for note in found.notes)
+    assert any(
+        "autoscaling trigger (3 waiting requests per replica, read every 10s) is not carried" in note for note in found.notes
+    )
     assert "admission control" in found.header
 
 
 def test_hugging_face_model_and_no_parallelism() -> None:
-    found = export_kserve(DeploymentSpec(model="Qwen/Qwen2.5-VL-3B-Instruct", recipe=False), K8sOptions(),
-                          drop_gateway_settings=False)
+    found = export_kserve(
+        DeploymentSpec(model="Qwen/Qwen2.5-VL-3B-Instruct", recipe=False), K8sOptions(), drop_gateway_settings=False
+    )
     validate(found.resource)
     check_cel_rules(found.resource)
     assert found.resource["spec"]["model"]["uri"] == "hf://Qwen/Qwen2.5-VL-3B-Instruct"
@@ -91,15 +94,25 @@ def test_trust_settings_refused_then_warned(tmp_path: Path, capsys: pytest.Captu
 
     cert, key = self_signed_certificate(tmp_path)
     spec_file = tmp_path / "deploy.yaml"
-    spec_file.write_text(yaml.safe_dump({"name": "radiology", "model": "org/m", "ssl_certfile": str(cert),
-                                         "ssl_keyfile": str(key), "audit_log": str(tmp_path / "a.jsonl")}))
+    spec_file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "radiology",
+                "model": "org/m",
+                "ssl_certfile": str(cert),
+                "ssl_keyfile": str(key),
+                "audit_log": str(tmp_path / "a.jsonl"),
+            }
+        )
+    )
     out = tmp_path / "llmisvc.yaml"
     code, _, err = run_cli(["export", "kserve", "-f", str(spec_file), "--out", str(out)], capsys)
     assert code == 2
     assert err.strip().startswith("error: kserve has no vlmserve gateway to carry ssl_certfile, audit_log;")
     assert not out.exists()
-    code, _, err = run_cli(["export", "kserve", "-f", str(spec_file), "--out", str(out), "--drop-gateway-settings",
-                            "--namespace", "vision"], capsys)
+    code, _, err = run_cli(
+        ["export", "kserve", "-f", str(spec_file), "--out", str(out), "--drop-gateway-settings", "--namespace", "vision"], capsys
+    )
     assert code == 0, err
     text = out.read_text()
     assert "ssl_certfile from the spec (not carried)" in text and "audit_log from the spec (not carried)" in text

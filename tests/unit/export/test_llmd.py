@@ -38,7 +38,8 @@ def test_every_object_validates_and_the_pieces_point_at_each_other(tmp_path: Pat
     # the route sends the Gateway's traffic to the pool, the pool asks the EPP Service on its ext-proc port
     assert route["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "edge"}]
     assert route["spec"]["rules"][0]["backendRefs"] == [
-        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool["metadata"]["name"]}]
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool["metadata"]["name"]}
+    ]
     picker = pool["spec"]["endpointPickerRef"]
     service = names["epp-service.yaml"]
     assert picker["name"] == service["metadata"]["name"]
@@ -109,8 +110,7 @@ def test_nearest_policy_is_a_warning(tmp_path: Path) -> None:
 def test_unknown_router_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec_file = tmp_path / "deploy.yaml"
     spec_file.write_text("model: org/m\n")
-    code, _, err = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(tmp_path / "o"),
-                            "--router", "istio"], capsys)
+    code, _, err = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(tmp_path / "o"), "--router", "istio"], capsys)
     assert code == 2 and err.strip() == "error: --router 'istio': choose vlmserve or llm-d"
     assert not (tmp_path / "o").exists()
 
@@ -119,8 +119,7 @@ def test_unknown_router_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_llmd_flags_without_llmd_router_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec_file = tmp_path / "deploy.yaml"
     spec_file.write_text("model: org/m\n")
-    code, _, err = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(tmp_path / "o"),
-                            "--epp-image", "x:1"], capsys)
+    code, _, err = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(tmp_path / "o"), "--epp-image", "x:1"], capsys)
     assert code == 2 and err.strip() == "error: --epp-image only apply with --router llm-d"
 
 
@@ -128,8 +127,22 @@ def test_llmd_flags_without_llmd_router_are_refused(tmp_path: Path, capsys: pyte
 def test_gateway_flags_with_llmd_router_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec_file = tmp_path / "deploy.yaml"
     spec_file.write_text("model: org/m\n")
-    code, _, err = run_cli(["export", "k8s", "-f", str(spec_file), "--out", str(tmp_path / "o"), "--router", "llm-d",
-                            "--embed-secrets", "--discovery", "k8s"], capsys)
+    code, _, err = run_cli(
+        [
+            "export",
+            "k8s",
+            "-f",
+            str(spec_file),
+            "--out",
+            str(tmp_path / "o"),
+            "--router",
+            "llm-d",
+            "--embed-secrets",
+            "--discovery",
+            "k8s",
+        ],
+        capsys,
+    )
     assert code == 2
     assert err.strip() == "error: --embed-secrets, --discovery only apply with --router vlmserve (they configure its gateway)"
 
@@ -137,8 +150,11 @@ def test_gateway_flags_with_llmd_router_are_refused(tmp_path: Path, capsys: pyte
 @pytest.mark.hostile("export k8s --router llm-d of a spec with API keys the platform cannot carry")
 def test_keys_are_refused_unless_dropped_on_purpose(tmp_path: Path) -> None:
     spec = DeploymentSpec(model="org/m", keys_file=keys_file(tmp_path), audit_log=str(tmp_path / "a.jsonl"))
-    with pytest.raises(UserError, match=r"^llm-d has no vlmserve gateway to carry keys_file, audit_log; "
-                                        r"configure them on the platform's own gateway and pass --drop-gateway-settings"):
+    with pytest.raises(
+        UserError,
+        match=r"^llm-d has no vlmserve gateway to carry keys_file, audit_log; "
+        r"configure them on the platform's own gateway and pass --drop-gateway-settings",
+    ):
         export_llmd(spec, K8sOptions(), LlmdOptions())
     found = export_llmd(spec, K8sOptions(), LlmdOptions(drop_gateway_settings=True))
     assert sum("is not carried (no vlmserve gateway)" in note for note in found.notes) == 2

@@ -21,8 +21,16 @@ from vlmserve.export.production_stack import CHART_TRIGGER_THRESHOLD, ROUTING_LO
 from vlmserve.routing import GATEWAY_POLICIES
 from vlmserve.spec import DeploymentSpec
 
-CHART_WRITES = ("--tensor-parallel-size", "--max-model-len", "--dtype", "--enable-prefix-caching",
-                "--no-enable-prefix-caching", "--model", "--host", "--port")
+CHART_WRITES = (
+    "--tensor-parallel-size",
+    "--max-model-len",
+    "--dtype",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--model",
+    "--host",
+    "--port",
+)
 """Flags the chart's template writes itself (from vllmConfig keys and modelURL): never in extraArgs too."""
 
 
@@ -32,8 +40,11 @@ def model_entry(values: dict) -> dict:
 
 def test_values_validate_and_carry_the_engine(tmp_path: Path) -> None:
     spec = recipe_spec(tmp_path)
-    found = export_production_stack(spec, K8sOptions(model_pvc="weights", vllm_image="vllm/vllm-openai:v0.11.0",
-                                                     hf_token_secret="hf"), drop_gateway_settings=False)
+    found = export_production_stack(
+        spec,
+        K8sOptions(model_pvc="weights", vllm_image="vllm/vllm-openai:v0.11.0", hf_token_secret="hf"),
+        drop_gateway_settings=False,
+    )
     validate_helm_values(found.values)
     entry = model_entry(found.values)
     assert (entry["repository"], entry["tag"]) == ("vllm/vllm-openai", "v0.11.0")
@@ -74,8 +85,9 @@ def test_autoscaling_bounds_and_behaviour_travel_and_the_threshold_is_a_warning(
 
 @pytest.mark.parametrize("policy", GATEWAY_POLICIES)
 def test_each_policy_becomes_a_routing_logic_the_chart_takes(policy: str) -> None:
-    found = export_production_stack(DeploymentSpec(model="org/m", gateway_policy=policy), K8sOptions(),
-                                    drop_gateway_settings=False)
+    found = export_production_stack(
+        DeploymentSpec(model="org/m", gateway_policy=policy), K8sOptions(), drop_gateway_settings=False
+    )
     validate_helm_values(found.values)
     logic, differs = ROUTING_LOGIC[policy]
     assert found.values["routerSpec"]["routingLogic"] == logic
@@ -102,8 +114,9 @@ def test_image_reference_parts() -> None:
 @pytest.mark.hostile("export production-stack with an image pinned by digest, which the chart cannot take")
 def test_digest_image_is_one_line() -> None:
     with pytest.raises(UserError, match=r"^--vllm-image vllm/vllm-openai@sha256:ab: the chart takes repository and tag"):
-        export_production_stack(DeploymentSpec(model="org/m"), K8sOptions(vllm_image="vllm/vllm-openai@sha256:ab"),
-                                drop_gateway_settings=False)
+        export_production_stack(
+            DeploymentSpec(model="org/m"), K8sOptions(vllm_image="vllm/vllm-openai@sha256:ab"), drop_gateway_settings=False
+        )
 
 
 @pytest.mark.hostile("export production-stack of a sim-engine spec")
@@ -120,8 +133,9 @@ def test_trust_settings_refused_then_warned(tmp_path: Path, capsys: pytest.Captu
     code, _, err = run_cli(["export", "production-stack", "-f", str(spec_file), "--out", str(out)], capsys)
     assert code == 2 and err.strip().startswith("error: production-stack has no vlmserve gateway to carry keys_file;")
     assert not out.exists()
-    code, _, err = run_cli(["export", "production-stack", "-f", str(spec_file), "--out", str(out),
-                            "--drop-gateway-settings"], capsys)
+    code, _, err = run_cli(
+        ["export", "production-stack", "-f", str(spec_file), "--out", str(out), "--drop-gateway-settings"], capsys
+    )
     assert code == 0, err
     assert "warning: production-stack: keys_file is not carried" in err
     text = out.read_text()

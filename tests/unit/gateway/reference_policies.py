@@ -321,8 +321,15 @@ class EngineAware(RoutingPolicy):
     name = "engine-aware"
     uses_engine_load = True
 
-    def __init__(self, queue_weight: float = 1.0, waiting_weight: float = 1.0, kv_weight: float = 1.0,
-                 stale_after_s: float = 3.0, image_weight: float = 1.0, load_factor: float = 1.25) -> None:
+    def __init__(
+        self,
+        queue_weight: float = 1.0,
+        waiting_weight: float = 1.0,
+        kv_weight: float = 1.0,
+        stale_after_s: float = 3.0,
+        image_weight: float = 1.0,
+        load_factor: float = 1.25,
+    ) -> None:
         self.image_weight = image_weight
         self.load_factor = load_factor
         self.memory = ImageMemory()

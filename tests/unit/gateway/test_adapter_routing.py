@@ -18,8 +18,14 @@ def replicas(n: int) -> list[Replica]:
 
 
 def req(request_id: str, adapter: str | None, prompt: int = 100, output: int = 50) -> RoutedRequest:
-    return RoutedRequest(request_id=request_id, model=adapter or "base", stream=True, prompt_tokens=prompt,
-                         expected_output_tokens=output, adapter=adapter)
+    return RoutedRequest(
+        request_id=request_id,
+        model=adapter or "base",
+        stream=True,
+        prompt_tokens=prompt,
+        expected_output_tokens=output,
+        adapter=adapter,
+    )
 
 
 def send(policy: RoutingPolicy, request: RoutedRequest, pool: list[Replica]) -> Replica:
@@ -76,9 +82,11 @@ def test_a_rare_adapter_goes_where_a_slot_is_free_rather_than_behind_a_full_batc
 
 def test_the_engines_lora_metric_tells_which_replica_runs_an_adapter() -> None:
     pool, policy = replicas(3), AdapterAffinity()
-    scrape = ('vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 100.0\n'
-              'vllm:lora_requests_info{max_lora="2",running_lora_adapters="tutor,clinic",waiting_lora_adapters="x"} 200.0\n'
-              'vllm:num_requests_running 2\n')
+    scrape = (
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 100.0\n'
+        'vllm:lora_requests_info{max_lora="2",running_lora_adapters="tutor,clinic",waiting_lora_adapters="x"} 200.0\n'
+        "vllm:num_requests_running 2\n"
+    )
     load = parse_engine_load(scrape, time.monotonic())
     assert load.adapters == frozenset({"tutor", "clinic", "x"}) and load.max_loras == 2 and load.running == 2
     policy.on_load_update(pool[2], load)  # another gateway's requests: this one sent nothing there

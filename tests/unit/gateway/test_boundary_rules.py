@@ -9,8 +9,10 @@ from vlmserve.gateway.routes import RouteRefused, find_route, target_path
 from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media
 
 
-@pytest.mark.parametrize("target", ["/v1/./x", "/v1/../x", "/v1/%2E%2e/x", "/a%2fb", "/a%5Cb", "/a\\b", "//a", "/a//b",
-                                    "/a#b", "ftp://h/x", "http://h/v1/../x"])
+@pytest.mark.parametrize(
+    "target",
+    ["/v1/./x", "/v1/../x", "/v1/%2E%2e/x", "/a%2fb", "/a%5Cb", "/a\\b", "//a", "/a//b", "/a#b", "ftp://h/x", "http://h/v1/../x"],
+)
 def test_non_canonical_targets_are_400(target: str) -> None:
     with pytest.raises(RouteRefused) as refused:
         target_path(target)
@@ -34,12 +36,24 @@ def chat_with(url: str) -> dict:
 
 def test_media_policy() -> None:
     allowed = allowed_host_set(["Images.Example.org", "[::1]"])
-    for url in ("data:image/png;base64,AAAA", "https://images.example.org/a.png", "HTTP://IMAGES.EXAMPLE.ORG:8080/a",
-                "http://[::1]/a.png"):
+    for url in (
+        "data:image/png;base64,AAAA",
+        "https://images.example.org/a.png",
+        "HTTP://IMAGES.EXAMPLE.ORG:8080/a",
+        "http://[::1]/a.png",
+    ):
         check_media(chat_with(url), allowed)
-    for url in ("http://127.0.0.1/a.png", "https://x.images.example.org/a", "https://images.example.org.evil.com/a",
-                "http://u@images.example.org/a", "http://images.example.org\\@evil/a", "file:///etc/passwd",
-                "gopher://images.example.org/", "//images.example.org/a", "http://images.example.org:99999/a"):
+    for url in (
+        "http://127.0.0.1/a.png",
+        "https://x.images.example.org/a",
+        "https://images.example.org.evil.com/a",
+        "http://u@images.example.org/a",
+        "http://images.example.org\\@evil/a",
+        "file:///etc/passwd",
+        "gopher://images.example.org/",
+        "//images.example.org/a",
+        "http://images.example.org:99999/a",
+    ):
         with pytest.raises(MediaRefused):
             check_media(chat_with(url), allowed)
     with pytest.raises(MediaRefused):  # /v1/responses input items, string form
@@ -48,8 +62,12 @@ def test_media_policy() -> None:
 
 def test_json_shape() -> None:
     check_json_shape(b'{"a": "[[[[\\"]]]]", "b": [[1, 2], {"c": "\\\\"}]}', max_depth=3, max_items=10)
-    for body, code in ((b"[" * 5 + b"]" * 5, "json_too_deep"), (b"[" + b"1," * 20 + b"1]", "too_many_json_items"),
-                       (b'["' + b'",",' * 20 + b'"]', "too_many_json_items"), (b"[[]", "invalid_json")):
+    for body, code in (
+        (b"[" * 5 + b"]" * 5, "json_too_deep"),
+        (b"[" + b"1," * 20 + b"1]", "too_many_json_items"),
+        (b'["' + b'",",' * 20 + b'"]', "too_many_json_items"),
+        (b"[[]", "invalid_json"),
+    ):
         with pytest.raises(JsonShapeRefused) as refused:
             check_json_shape(body, max_depth=4, max_items=10)
         assert refused.value.code == code, body

@@ -70,8 +70,11 @@ def test_a_finished_request_is_settled_to_its_use_or_the_gateways_own_count() ->
 
 
 @pytest.mark.hostile("max_tokens of 1e309, 10**309, negative, zero, fractional, a string or a boolean")
-@pytest.mark.parametrize("value", [float("inf"), 10**309, -1, 0, 12.5, "100", True, float("nan"), MAX_OUTPUT_TOKENS + 1],
-                         ids=["inf", "10**309", "negative", "zero", "fraction", "string", "bool", "nan", "over-int32"])
+@pytest.mark.parametrize(
+    "value",
+    [float("inf"), 10**309, -1, 0, 12.5, "100", True, float("nan"), MAX_OUTPUT_TOKENS + 1],
+    ids=["inf", "10**309", "negative", "zero", "fraction", "string", "bool", "nan", "over-int32"],
+)
 @pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens", "max_output_tokens", "n"])
 def test_an_absurd_output_limit_is_a_400_naming_the_field(key: str, value: object) -> None:
     with pytest.raises(AdmissionRejected) as refused:
@@ -88,15 +91,26 @@ def test_sane_output_limits_pass() -> None:
 
 
 @pytest.mark.hostile("a tenant limit of inf, 1e-30, nan, 0 or negative in the keys file")
-@pytest.mark.parametrize(("key", "value"), [
-    ("tokens_per_min", ".inf"), ("tokens_per_min", "1e-30"), ("tokens_per_min", ".nan"), ("tokens_per_min", "0"),
-    ("requests_per_s", ".inf"), ("requests_per_s", "1e-30"), ("requests_per_s", "-2"),
-    ("burst_requests", "1e300"), ("burst_requests", "0.5"),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("tokens_per_min", ".inf"),
+        ("tokens_per_min", "1e-30"),
+        ("tokens_per_min", ".nan"),
+        ("tokens_per_min", "0"),
+        ("requests_per_s", ".inf"),
+        ("requests_per_s", "1e-30"),
+        ("requests_per_s", "-2"),
+        ("burst_requests", "1e300"),
+        ("burst_requests", "0.5"),
+    ],
+)
 def test_a_tenant_limit_out_of_bounds_is_one_line_naming_the_tenant_and_key(tmp_path: Path, key: str, value: str) -> None:
     keys = tmp_path / "keys.yaml"
-    keys.write_text(f"tenants:\n  - name: ok\n    keys: [sk-ok]\n    tokens_per_min: 1000\n"
-                    f"  - name: greedy\n    keys: [sk-greedy]\n    requests_per_s: 5\n    {key}: {value}\n")
+    keys.write_text(
+        f"tenants:\n  - name: ok\n    keys: [sk-ok]\n    tokens_per_min: 1000\n"
+        f"  - name: greedy\n    keys: [sk-greedy]\n    requests_per_s: 5\n    {key}: {value}\n"
+    )
     with pytest.raises(UserError) as bad:
         load_keys_file(keys)
     message = str(bad.value)
@@ -106,7 +120,8 @@ def test_a_tenant_limit_out_of_bounds_is_one_line_naming_the_tenant_and_key(tmp_
 
 def test_limits_within_bounds_load(tmp_path: Path) -> None:
     keys = tmp_path / "keys.yaml"
-    keys.write_text("tenants:\n  - name: t\n    keys: [k]\n    requests_per_s: 0.5\n    burst_requests: 2\n"
-                    "    tokens_per_min: 1e9\n")
+    keys.write_text(
+        "tenants:\n  - name: t\n    keys: [k]\n    requests_per_s: 0.5\n    burst_requests: 2\n    tokens_per_min: 1e9\n"
+    )
     (tenant,) = load_keys_file(keys)
     assert tenant.tokens_per_min == 1e9 and tenant.requests_per_s == 0.5

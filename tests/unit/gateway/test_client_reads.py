@@ -16,14 +16,22 @@ JSON = b'{"id": "cmpl-1", "choices": []}'
 HEAD = b"Content-Type: application/json\r\nX-A: 1\r\nx-a: 2\r\n"
 
 
-@pytest.mark.parametrize(("answer", "pooled"), [
-    (b"HTTP/1.1 200 OK\r\n" + HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(JSON), JSON), True),
-    (b"HTTP/1.1 200 OK\r\n" + HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n"
-     % (JSON[:5], len(JSON) - 5, JSON[5:]), True),
-    (b"HTTP/1.1 200 OK\r\n" + HEAD + b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(JSON), JSON), False),
-    (b"HTTP/1.0 200 OK\r\n" + HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(JSON), JSON), False),  # 1.0: no keep-alive
-    (b"HTTP/1.1 200 OK\r\n" + HEAD + b"\r\n" + JSON, False),  # ended by the close
-], ids=["content-length", "chunked", "connection-close", "http-1.0", "close-delimited"])
+@pytest.mark.parametrize(
+    ("answer", "pooled"),
+    [
+        (b"HTTP/1.1 200 OK\r\n" + HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(JSON), JSON), True),
+        (
+            b"HTTP/1.1 200 OK\r\n"
+            + HEAD
+            + b"Transfer-Encoding: chunked\r\n\r\n5\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (JSON[:5], len(JSON) - 5, JSON[5:]),
+            True,
+        ),
+        (b"HTTP/1.1 200 OK\r\n" + HEAD + b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(JSON), JSON), False),
+        (b"HTTP/1.0 200 OK\r\n" + HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(JSON), JSON), False),  # 1.0: no keep-alive
+        (b"HTTP/1.1 200 OK\r\n" + HEAD + b"\r\n" + JSON, False),  # ended by the close
+    ],
+    ids=["content-length", "chunked", "connection-close", "http-1.0", "close-delimited"],
+)
 async def test_a_whole_body_is_read_and_only_a_reusable_connection_is_pooled(answer: bytes, pooled: bool) -> None:
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, answer[:40], answer[40:], pause_s=0.02)
@@ -45,8 +53,11 @@ async def test_a_whole_body_is_read_and_only_a_reusable_connection_is_pooled(ans
 @pytest.mark.hostile("a replica body cut before its last chunk: reported as incomplete, not as a whole body")
 @pytest.mark.parametrize("cut", [b"3\r\nabc\r\n", b"3\r\nab", b"", b"Content-Length"])
 async def test_a_body_cut_short_is_an_error_not_a_body(cut: bytes) -> None:
-    head = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 10\r\n\r\n" if cut == b"Content-Length"
-            else b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n")
+    head = (
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 10\r\n\r\n"
+        if cut == b"Content-Length"
+        else b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
     body = b"abc" if cut == b"Content-Length" else cut
 
     async def script(writer: asyncio.StreamWriter) -> None:

@@ -13,14 +13,7 @@ import pytest
 from kubernetes import client
 
 from vlmserve.discovery.k8s import urls_from_slices
-from vlmserve.discovery.sources import (
-    DiscoveryError,
-    DiscoveryWatcher,
-    DnsSource,
-    FileSource,
-    parse_replica_list,
-    url_for,
-)
+from vlmserve.discovery.sources import DiscoveryError, DiscoveryWatcher, DnsSource, FileSource, parse_replica_list, url_for
 from vlmserve.gateway.engine_metrics import EngineLoad
 from vlmserve.gateway.replicas import Replica, ReplicaPool
 from vlmserve.gateway.request_info import RoutedRequest
@@ -93,11 +86,20 @@ def test_the_ejection_cap_follows_the_set_size() -> None:
     assert pool.max_ejections == 1
 
 
-def routed(request_id: str, hashes: list[int] | None = None, digests: list[str] | None = None,
-           session: str | None = None) -> RoutedRequest:
-    return RoutedRequest(request_id=request_id, model="m", stream=True, prompt_tokens=100, expected_output_tokens=50,
-                         prefix_hashes=hashes or [], image_digests=digests or [], image_tokens=100 if digests else 0,
-                         session_id=session)
+def routed(
+    request_id: str, hashes: list[int] | None = None, digests: list[str] | None = None, session: str | None = None
+) -> RoutedRequest:
+    return RoutedRequest(
+        request_id=request_id,
+        model="m",
+        stream=True,
+        prompt_tokens=100,
+        expected_output_tokens=50,
+        prefix_hashes=hashes or [],
+        image_digests=digests or [],
+        image_tokens=100 if digests else 0,
+        session_id=session,
+    )
 
 
 def kept_state(policy: Pipeline) -> list[dict]:
@@ -112,8 +114,9 @@ def kept_state(policy: Pipeline) -> list[dict]:
     return kept
 
 
-@pytest.mark.parametrize("inner", [LeastOutstandingTokens(), PrefixAffinity(), ImageAffinity(), EngineAware()],
-                         ids=lambda policy: policy.name)
+@pytest.mark.parametrize(
+    "inner", [LeastOutstandingTokens(), PrefixAffinity(), ImageAffinity(), EngineAware()], ids=lambda policy: policy.name
+)
 def test_policies_forget_a_drained_replica_and_route_past_it(inner) -> None:
     """Per-replica state (token counts, prefix and image LRUs, engine loads, session pins) is dropped
     when a replica leaves; a newcomer starts clean; a session pinned to the leaver re-pins."""
@@ -206,24 +209,29 @@ def test_endpoint_slices_give_ready_endpoints_on_the_named_port() -> None:
 
     port = client.DiscoveryV1EndpointPort
     slices = [
-        client.V1EndpointSlice(address_type="IPv4", endpoints=[endpoint("10.0.0.1", True), endpoint("10.0.0.2", False),
-                                                               endpoint("10.0.0.3", None)],
-                               ports=[port(name="metrics", port=9090), port(name="http", port=8000)]),
+        client.V1EndpointSlice(
+            address_type="IPv4",
+            endpoints=[endpoint("10.0.0.1", True), endpoint("10.0.0.2", False), endpoint("10.0.0.3", None)],
+            ports=[port(name="metrics", port=9090), port(name="http", port=8000)],
+        ),
         client.V1EndpointSlice(address_type="IPv6", endpoints=[endpoint("fd00::4", True)], ports=[port(name="http", port=8000)]),
         client.V1EndpointSlice(address_type="IPv4", endpoints=[endpoint("10.0.0.5", True)], ports=[port(name="grpc", port=9000)]),
     ]
     assert urls_from_slices(slices, "http") == ["http://10.0.0.1:8000", "http://10.0.0.3:8000", "http://[fd00::4]:8000"]
     # no port name: the slice's only port, else the one named http
-    assert urls_from_slices(slices, None) == ["http://10.0.0.1:8000", "http://10.0.0.3:8000", "http://10.0.0.5:9000",
-                                               "http://[fd00::4]:8000"]
+    assert urls_from_slices(slices, None) == [
+        "http://10.0.0.1:8000",
+        "http://10.0.0.3:8000",
+        "http://10.0.0.5:9000",
+        "http://[fd00::4]:8000",
+    ]
 
 
 def test_a_forgotten_replica_leaves_no_metric_series() -> None:
     from vlmserve.gateway.metrics import GatewayMetrics
     from vlmserve.http1.server import ClientStats
 
-    metrics = GatewayMetrics(lambda: {"replicas": {}, "queued": {}, "ejected": 0, "panic": False,
-                                      "clients": ClientStats()})
+    metrics = GatewayMetrics(lambda: {"replicas": {}, "queued": {}, "ejected": 0, "panic": False, "clients": ClientStats()})
     for replica in ("10.0.0.1:8000", "10.0.0.2:8000"):
         metrics.count_request("200", "default", replica)
         metrics.observe_latency(replica, "/v1/chat/completions", 0.1, 0.5)
@@ -233,7 +241,9 @@ def test_a_forgotten_replica_leaves_no_metric_series() -> None:
     text = metrics.render().decode()
     assert "10.0.0.1:8000" not in text and text.count('replica="10.0.0.2:8000"') > 4
     metrics.count_request("200", "default", "10.0.0.1:8000")  # it may come back
-    assert 'vlmserve_gateway_requests_total{replica="10.0.0.1:8000",status="200",tenant="default"} 1.0' in metrics.render().decode()
+    assert (
+        'vlmserve_gateway_requests_total{replica="10.0.0.1:8000",status="200",tenant="default"} 1.0' in metrics.render().decode()
+    )
 
 
 def test_a_file_malformed_from_the_start_applies_nothing_until_it_is_fixed(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def _count(blocks: list[bytes]) -> int:
 def test_every_cut_of_the_payload_counts_the_same_events() -> None:
     raw = _stream(40)
     assert _count([raw]) == 40  # one block: all events merged
-    assert _count([raw[i:i + 1] for i in range(len(raw))]) == 40  # one byte a block: every line start cut
+    assert _count([raw[i : i + 1] for i in range(len(raw))]) == 40  # one byte a block: every line start cut
     rng = random.Random(7)
     for _ in range(50):
         cuts = sorted(rng.sample(range(1, len(raw)), 30))
@@ -51,7 +51,7 @@ def test_a_line_start_or_done_cut_between_two_blocks_is_counted_once(cut: int) -
     at_second = len(event) - 1  # the LF before the second event's `data:`
     at_done = 2 * len(event) - 1
     for start in (at_second, at_done):
-        blocks = [raw[:start + cut], raw[start + cut:]]
+        blocks = [raw[: start + cut], raw[start + cut :]]
         assert _count(blocks) == 2, blocks
 
 
@@ -60,13 +60,16 @@ def test_counting_starts_empty_and_ignores_a_body_with_only_done() -> None:
     assert _count([b"data: [DONE]\n\n"]) == 0
 
 
-@pytest.mark.parametrize(("payload", "asked"), [
-    ({}, False),
-    ({"stream_options": {"include_usage": True}}, True),
-    ({"stream_options": {"include_usage": False}}, False),
-    ({"stream_options": {"include_usage": "true"}}, False),  # vLLM takes only a boolean
-    ({"stream_options": None}, False),
-    ({"stream_options": [True]}, False),
-])
+@pytest.mark.parametrize(
+    ("payload", "asked"),
+    [
+        ({}, False),
+        ({"stream_options": {"include_usage": True}}, True),
+        ({"stream_options": {"include_usage": False}}, False),
+        ({"stream_options": {"include_usage": "true"}}, False),  # vLLM takes only a boolean
+        ({"stream_options": None}, False),
+        ({"stream_options": [True]}, False),
+    ],
+)
 def test_only_include_usage_true_asks_for_usage(payload: dict[str, object], asked: bool) -> None:
     assert asks_for_usage(payload) is asked

@@ -18,14 +18,30 @@ from vlmserve.media.addresses import CheckedResolver, MediaAddressPolicy, intern
 from vlmserve.media.urls import MediaRefused, allowed_host_set, check_media
 
 
-@pytest.mark.parametrize("address, reason", [
-    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"), ("2002:7f00:1::1", "loopback"),
-    ("10.1.2.3", "private"), ("192.168.0.1", "private"), ("fd12::1", "private"), ("172.16.0.1", "private"),
-    ("169.254.169.254", "metadata"), ("fd00:ec2::254", "metadata"), ("64:ff9b::a9fe:a9fe", "metadata"),
-    ("100.100.100.200", "metadata"), ("169.254.1.1", "link-local"), ("fe80::1", "link-local"),
-    ("0.0.0.0", "unspecified"), ("::", "unspecified"), ("224.0.0.1", "multicast"), ("ff02::1", "multicast"),
-    ("100.64.0.1", "globally routable"),
-])
+@pytest.mark.parametrize(
+    "address, reason",
+    [
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("2002:7f00:1::1", "loopback"),
+        ("10.1.2.3", "private"),
+        ("192.168.0.1", "private"),
+        ("fd12::1", "private"),
+        ("172.16.0.1", "private"),
+        ("169.254.169.254", "metadata"),
+        ("fd00:ec2::254", "metadata"),
+        ("64:ff9b::a9fe:a9fe", "metadata"),
+        ("100.100.100.200", "metadata"),
+        ("169.254.1.1", "link-local"),
+        ("fe80::1", "link-local"),
+        ("0.0.0.0", "unspecified"),
+        ("::", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("ff02::1", "multicast"),
+        ("100.64.0.1", "globally routable"),
+    ],
+)
 def test_internal_addresses_are_named(address: str, reason: str) -> None:
     found = internal_reason(ipaddress.ip_address(address))
     assert found is not None and reason in found
@@ -38,11 +54,19 @@ def test_public_addresses_pass(address: str) -> None:
 
 def test_check_media_reports_each_remote_host_once() -> None:
     allowed = allowed_host_set(["a.example", "b.example"])
-    body = {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://a.example/1.png"}},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
-        {"type": "video_url", "video_url": {"url": "https://b.example/v.mp4"}},
-        {"type": "image_url", "image_url": {"url": "https://A.example/2.png"}}]}]}
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": "http://a.example/1.png"}},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    {"type": "video_url", "video_url": {"url": "https://b.example/v.mp4"}},
+                    {"type": "image_url", "image_url": {"url": "https://A.example/2.png"}},
+                ],
+            }
+        ]
+    }
     assert check_media(body, allowed) == [("image", "a.example"), ("video", "b.example")]
 
 
@@ -58,8 +82,12 @@ async def test_a_name_resolving_to_loopback_is_refused_unless_allowed() -> None:
 
 async def test_literal_and_odd_ip_spellings_are_checked() -> None:
     policy = MediaAddressPolicy()
-    for host, words in (("10.0.0.7", "is a private address"), ("169.254.169.254", "metadata"),
-                        ("2130706433", "resolves to 127.0.0.1"), ("127.1", "resolves to 127.0.0.1")):
+    for host, words in (
+        ("10.0.0.7", "is a private address"),
+        ("169.254.169.254", "metadata"),
+        ("2130706433", "resolves to 127.0.0.1"),
+        ("127.1", "resolves to 127.0.0.1"),
+    ):
         with pytest.raises(MediaRefused) as refused:
             await policy.addresses(host, "image")
         assert words in refused.value.message, host

@@ -25,10 +25,18 @@ def make_replicas(n: int) -> list[Replica]:
     return [Replica(index=i, url=f"http://127.0.0.1:{9000 + i}", breaker=CircuitBreaker(), healthy=True) for i in range(n)]
 
 
-def req(request_id: str, prompt: int = 100, output: int = 50, hashes: list[int] | None = None,
-        session: str | None = None) -> RoutedRequest:
-    return RoutedRequest(request_id=request_id, model="m", stream=True, prompt_tokens=prompt,
-                         expected_output_tokens=output, prefix_hashes=hashes or [], session_id=session)
+def req(
+    request_id: str, prompt: int = 100, output: int = 50, hashes: list[int] | None = None, session: str | None = None
+) -> RoutedRequest:
+    return RoutedRequest(
+        request_id=request_id,
+        model="m",
+        stream=True,
+        prompt_tokens=prompt,
+        expected_output_tokens=output,
+        prefix_hashes=hashes or [],
+        session_id=session,
+    )
 
 
 def dispatch(policy, request, replica) -> None:
@@ -167,30 +175,40 @@ def test_block_hashes_are_chained_and_skip_the_partial_tail() -> None:
 
 def test_describe_request_templates_chat_with_images() -> None:
     body = {
-        "model": "m", "stream": True, "max_tokens": 64,
+        "model": "m",
+        "stream": True,
+        "max_tokens": 64,
         "messages": [
             {"role": "system", "content": "You read dental radiographs. " * 20},
-            {"role": "user", "content": [{"type": "text", "text": "what is this?"},
-                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                ],
+            },
         ],
     }
     routed = describe_request(body, request_id="r", estimator=TokenEstimator(4.0, 500, 256), prefix_block_chars=64)
     assert routed.expected_output_tokens == 64 and routed.stream and routed.model == "m"
     assert routed.prompt_tokens > 500  # text estimate plus one image
-    other = describe_request({**body, "messages": body["messages"][:1]}, request_id="r2",
-                             estimator=TokenEstimator(), prefix_block_chars=64)
+    other = describe_request(
+        {**body, "messages": body["messages"][:1]}, request_id="r2", estimator=TokenEstimator(), prefix_block_chars=64
+    )
     assert routed.prefix_hashes[: len(other.prefix_hashes)] == other.prefix_hashes
 
 
 def test_parse_engine_load_reads_only_the_wanted_gauges() -> None:
-    text = "\n".join([
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-        'vllm:num_requests_running{engine="0",model_name="m"} 7.0',
-        'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0',
-        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42',
-        'vllm:num_requests_running_something_else{engine="0"} 100.0',
-        'vllm:prompt_tokens_total{engine="0"} 12345.0',
-    ])
+    text = "\n".join(
+        [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            'vllm:num_requests_running{engine="0",model_name="m"} 7.0',
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42',
+            'vllm:num_requests_running_something_else{engine="0"} 100.0',
+            'vllm:prompt_tokens_total{engine="0"} 12345.0',
+        ]
+    )
     load = parse_engine_load(text, scraped_at=1.0)
     assert (load.running, load.waiting, load.kv_usage) == (7.0, 3.0, 0.42)
 
@@ -307,13 +325,33 @@ def test_engine_aware_scores_images_held_under_the_bound() -> None:
 def test_image_digests_feed_prefix_hashes() -> None:
     estimator = TokenEstimator()
     DIGEST = "0f" * 16  # noqa: N806
+
     def body(url: str, question: str) -> dict:
-        return {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                         {"type": "text", "text": question}]}]}
-    one = describe_request(body("data:image/png;base64,AAAA", "what is this?" * 40), request_id="1",
-                           estimator=estimator, prefix_block_chars=32, image_digests=[DIGEST], image_tokens=34)
-    two = describe_request(body("https://elsewhere/x.png", "and this one?" * 40), request_id="2",
-                           estimator=estimator, prefix_block_chars=32, image_digests=[DIGEST], image_tokens=34)
+        return {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": question}],
+                }
+            ]
+        }
+
+    one = describe_request(
+        body("data:image/png;base64,AAAA", "what is this?" * 40),
+        request_id="1",
+        estimator=estimator,
+        prefix_block_chars=32,
+        image_digests=[DIGEST],
+        image_tokens=34,
+    )
+    two = describe_request(
+        body("https://elsewhere/x.png", "and this one?" * 40),
+        request_id="2",
+        estimator=estimator,
+        prefix_block_chars=32,
+        image_digests=[DIGEST],
+        image_tokens=34,
+    )
     # same image (same digest, whatever URL carried it), different question: the blocks up to the
     # end of the image are shared, the question's are not
     assert one.prefix_hashes[0] == two.prefix_hashes[0] and one.prefix_hashes[-1] != two.prefix_hashes[-1]

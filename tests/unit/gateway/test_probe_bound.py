@@ -46,11 +46,13 @@ async def replica(answer: Answer) -> AsyncIterator[ReplicaPool]:
 
 def endless(head: bytes, chunked: bool = False) -> Answer:
     """An answer of 10 GB, were it all read."""
+
     async def answer(writer: asyncio.StreamWriter) -> None:
         writer.write(head)
         for _ in range(10_000):
             writer.write(b"%x\r\n%s\r\n" % (len(PIECE), PIECE) if chunked else PIECE)
             await writer.drain()
+
     return answer
 
 
@@ -67,13 +69,19 @@ async def test_a_page_within_the_bound_is_read_whole_and_the_connection_kept() -
         assert sum(len(idle) for idle in pool._client._idle.values()) == 1  # one connection, reused
 
 
-@pytest.mark.hostile("a replica answering a gateway probe with an endless body (declared 10 GB, chunked, or "
-                     "delimited by the close): refused past 8 MiB at once, the connection closed, memory bounded")
-@pytest.mark.parametrize("answer", [
-    endless(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n"),
-    endless(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", chunked=True),
-    endless(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"),
-], ids=["length", "chunked", "close"])
+@pytest.mark.hostile(
+    "a replica answering a gateway probe with an endless body (declared 10 GB, chunked, or "
+    "delimited by the close): refused past 8 MiB at once, the connection closed, memory bounded"
+)
+@pytest.mark.parametrize(
+    "answer",
+    [
+        endless(b"HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n"),
+        endless(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", chunked=True),
+        endless(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"),
+    ],
+    ids=["length", "chunked", "close"],
+)
 async def test_an_endless_answer_is_cut_past_the_bound(answer: Answer) -> None:
     async with replica(answer) as pool:
         started = time.monotonic()

@@ -73,11 +73,21 @@ async def test_the_client_receives_exactly_what_the_replica_sent(seed: int) -> N
     def read_delay() -> float:
         return next(delays, 0.003 if rng.random() < 0.3 else 0.0)
 
-    async with scripted_replica(script) as replica, \
-            forwarding([replica.url], high_water=rng.choice([512, 4096, 65536]), send_buffer=4096 if slow_client else None,
-                       counts_events=counts_events) as harness:
-        view = await read_answer(harness.port, read_delays=read_delay if slow_client else None,
-                                 receive_buffer=4096 if slow_client else None, timeout_s=30)
+    async with (
+        scripted_replica(script) as replica,
+        forwarding(
+            [replica.url],
+            high_water=rng.choice([512, 4096, 65536]),
+            send_buffer=4096 if slow_client else None,
+            counts_events=counts_events,
+        ) as harness,
+    ):
+        view = await read_answer(
+            harness.port,
+            read_delays=read_delay if slow_client else None,
+            receive_buffer=4096 if slow_client else None,
+            timeout_s=30,
+        )
     assert view.error is None and view.ended, (framing, view.error)
     assert view.payload == payload, (framing, len(view.payload), len(payload))
     assert len(view.events()) == events  # every event whole and parseable (events() checks)

@@ -106,7 +106,7 @@ async def test_an_armed_stream_sends_the_head_with_the_first_token() -> None:
     async with scripted_replica(script) as replica, forwarding([replica.url]) as harness:
         sent_at = time.monotonic()
         view = await read_answer(harness.port, on_first=lambda data: first_reads.append((time.monotonic(), data)))
-    (at, first), = first_reads
+    ((at, first),) = first_reads
     assert at - sent_at >= 0.35  # no head before the first token
     head, _, body = first.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
@@ -114,8 +114,10 @@ async def test_an_armed_stream_sends_the_head_with_the_first_token() -> None:
     assert view.texts() == [f"t{i}" for i in range(5)] and view.ended
 
 
-@pytest.mark.hostile("a replica sends its head, then closes, resets, sends an empty body or garbage before its first "
-                     "token: the request is retried on another replica and the client sees only that one's answer")
+@pytest.mark.hostile(
+    "a replica sends its head, then closes, resets, sends an empty body or garbage before its first "
+    "token: the request is retried on another replica and the client sees only that one's answer"
+)
 @pytest.mark.parametrize("failure", ["close", "reset", "empty body", "garbage", "half an event, then close"])
 async def test_a_replica_failing_between_its_head_and_first_token_is_retried(failure: str) -> None:
     answer = frame(token("a")) + frame(token("b")) + END
@@ -135,8 +137,11 @@ async def test_a_replica_failing_between_its_head_and_first_token_is_retried(fai
         elif failure == "half an event, then close":
             await send(writer, frame(token("lost")[:20]), pause_s=0.1)
 
-    async with scripted_replica(script, script) as one, scripted_replica(script, script) as two, \
-            forwarding([one.url, two.url]) as harness:
+    async with (
+        scripted_replica(script, script) as one,
+        scripted_replica(script, script) as two,
+        forwarding([one.url, two.url]) as harness,
+    ):
         view = await read_answer(harness.port)
     assert view.head is not None and view.head.status == 200 and view.ended
     assert view.texts() == ["a", "b"] and view.error_event() is None
@@ -146,8 +151,10 @@ async def test_a_replica_failing_between_its_head_and_first_token_is_retried(fai
     assert harness.policy.finished == [Outcome.FAILED, Outcome.COMPLETED] and calls["n"] == 2
 
 
-@pytest.mark.hostile("a client hangs up after the replica's head, before the first token: the replica connection "
-                     "closes within 1.5 s, the request is not retried, nothing is left in flight")
+@pytest.mark.hostile(
+    "a client hangs up after the replica's head, before the first token: the replica connection "
+    "closes within 1.5 s, the request is not retried, nothing is left in flight"
+)
 async def test_a_client_leaving_before_the_first_token_closes_the_replica_connection() -> None:
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD, pause_s=10)  # an engine still computing the first token
@@ -169,8 +176,11 @@ async def test_a_first_token_timeout_is_retried_on_another_replica() -> None:
     async def quick(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD + frame(token("a")) + END)
 
-    async with scripted_replica(slow) as one, scripted_replica(quick) as two, \
-            forwarding([one.url, two.url], first_token_timeout_s=0.3) as harness:
+    async with (
+        scripted_replica(slow) as one,
+        scripted_replica(quick) as two,
+        forwarding([one.url, two.url], first_token_timeout_s=0.3) as harness,
+    ):
         view = await read_answer(harness.port)
     assert view.texts() == ["a"] and harness.logs[0].attempts[0]["error"] == "first_token_timeout"
 
@@ -178,15 +188,24 @@ async def test_a_first_token_timeout_is_retried_on_another_replica() -> None:
 # ---- mid-stream ----------------------------------------------------------------------------------
 
 
-@pytest.mark.hostile("a replica dies mid-stream (between frames, mid-event) or sends malformed chunk framing: the "
-                     "client gets the whole events so far and one error event, never a partial event")
-@pytest.mark.parametrize("tail", ["between frames", "mid event", "malformed frame", "bad size line", "no CRLF after a frame",
-                                  "event cut across frames"])
+@pytest.mark.hostile(
+    "a replica dies mid-stream (between frames, mid-event) or sends malformed chunk framing: the "
+    "client gets the whole events so far and one error event, never a partial event"
+)
+@pytest.mark.parametrize(
+    "tail",
+    ["between frames", "mid event", "malformed frame", "bad size line", "no CRLF after a frame", "event cut across frames"],
+)
 async def test_a_replica_failing_mid_stream_ends_with_an_error_event(tail: str) -> None:
     cut = token("c")
-    piece = {"between frames": b"", "mid event": frame(cut)[:25], "malformed frame": b"zz\r\nnot a frame\r\n",
-             "bad size line": b"-5\r\nhello\r\n", "no CRLF after a frame": b"5\r\nhelloXX",
-             "event cut across frames": frame(cut[:30]) + frame(cut[30:50])}[tail]
+    piece = {
+        "between frames": b"",
+        "mid event": frame(cut)[:25],
+        "malformed frame": b"zz\r\nnot a frame\r\n",
+        "bad size line": b"-5\r\nhello\r\n",
+        "no CRLF after a frame": b"5\r\nhelloXX",
+        "event cut across frames": frame(cut[:30]) + frame(cut[30:50]),
+    }[tail]
 
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD + frame(token("a")), frame(token("b")), pause_s=0.05)
@@ -327,8 +346,9 @@ async def test_a_replica_closing_an_idle_connection_costs_no_request() -> None:
     assert replica.posts == 3 and all(log.retries == 0 for log in harness.logs)
 
 
-@pytest.mark.hostile("a replica sends bytes after the end of its streamed body: the answer ends at the body's end and "
-                     "the connection is not reused")
+@pytest.mark.hostile(
+    "a replica sends bytes after the end of its streamed body: the answer ends at the body's end and the connection is not reused"
+)
 async def test_bytes_after_the_body_are_not_passed_on_and_the_connection_is_not_reused() -> None:
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD + frame(token("a")) + END + b"HTTP/1.1 200 OK\r\nsmuggled: yes\r\n\r\n")
@@ -346,6 +366,7 @@ async def test_bytes_after_the_body_are_not_passed_on_and_the_connection_is_not_
 async def test_a_finished_relay_is_freed_without_the_cycle_collector() -> None:
     """The relay's per-state handlers are methods bound to it: once detached it lets go of them, so
     a finished stream's relay (and its last pieces) go at once, not at the next collection."""
+
     async def script(writer: asyncio.StreamWriter) -> None:
         await send(writer, SSE_HEAD + frame(token("a", USAGE)) + END)
 

@@ -33,9 +33,11 @@ def answering(case: ResponseCase) -> AbstractAsyncContextManager[ScriptedReplica
     return scripted_replica(script, keep_alive=True)
 
 
-@pytest.mark.hostile("a replica's streamed answer that HTTP/1.1 framing refuses (http1_cases: chunk sizes 0x1a, +1a, "
-                     "1_a, overflowing; CL+TE, duplicate CL, chunked+identity, obs-fold, bare LF, NUL, 1xx, not HTTP, "
-                     "bytes after the body): 502 before the first byte, an SSE error event after; never reused")
+@pytest.mark.hostile(
+    "a replica's streamed answer that HTTP/1.1 framing refuses (http1_cases: chunk sizes 0x1a, +1a, "
+    "1_a, overflowing; CL+TE, duplicate CL, chunked+identity, obs-fold, bare LF, NUL, 1xx, not HTTP, "
+    "bytes after the body): 502 before the first byte, an SSE error event after; never reused"
+)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 async def test_a_streamed_answer(case: ResponseCase) -> None:
     async with answering(case) as replica, forwarding([replica.url], max_attempts=1) as harness:
@@ -60,13 +62,16 @@ async def test_a_streamed_answer(case: ResponseCase) -> None:
     assert case.error in error_event["message"], error_event
 
 
-@pytest.mark.hostile("a replica's whole (error or unary) answer that HTTP/1.1 framing refuses: an error naming the "
-                     "fault, never a hang; the connection is not pooled")
+@pytest.mark.hostile(
+    "a replica's whole (error or unary) answer that HTTP/1.1 framing refuses: an error naming the "
+    "fault, never a hang; the connection is not pooled"
+)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 async def test_a_whole_answer(case: ResponseCase) -> None:
     pool = ClientPool(connect_timeout_s=2)
     try:
         async with answering(case) as replica:
+
             async def read() -> tuple[bytes, dict[str, str]]:
                 response = await pool.request("POST", replica.url + "/v1/x", b"", b"{}")
                 return await response.read(), response.headers
@@ -91,8 +96,10 @@ async def test_an_answer_split_at_every_byte_of_its_head_is_read_as_one() -> Non
     splits = list(head_splits())
     scripts = []
     for first, rest in splits:
+
         async def script(writer: asyncio.StreamWriter, first: bytes = first, rest: bytes = rest) -> None:
             await send(writer, first, rest, pause_s=0.005)
+
         scripts.append(script)
     pool = ClientPool(connect_timeout_s=2)
     try:

@@ -64,10 +64,17 @@ def random_request(rng: random.Random, n: int) -> RoutedRequest:
     shared = rng.randint(0, blocks)
     hashes = [document * 1000 + k for k in range(shared)] + [n * 1000 + k for k in range(shared, blocks)]
     digests = rng.sample(IMAGES, rng.choice([0, 0, 1, 1, 2, 3]))
-    return RoutedRequest(request_id=f"r{n}", model="m", stream=True, prompt_tokens=rng.randint(1, 4000),
-                         expected_output_tokens=rng.randint(1, 1000), prefix_hashes=hashes, image_digests=digests,
-                         image_tokens=rng.choice([60, 576]) * len(digests),
-                         session_id=rng.choice([None, None, None, "alice", "bob", "carol", "dave"]))
+    return RoutedRequest(
+        request_id=f"r{n}",
+        model="m",
+        stream=True,
+        prompt_tokens=rng.randint(1, 4000),
+        expected_output_tokens=rng.randint(1, 1000),
+        prefix_hashes=hashes,
+        image_digests=digests,
+        image_tokens=rng.choice([60, 576]) * len(digests),
+        session_id=rng.choice([None, None, None, "alice", "bob", "carol", "dave"]),
+    )
 
 
 class Clock:
@@ -82,8 +89,12 @@ class Clock:
 
 def random_load(rng: random.Random, now: float) -> EngineLoad:
     kv = rng.random() if rng.random() > 0.25 else math.nan  # an engine that reports NaN
-    return EngineLoad(waiting=rng.choice([0.0, float(rng.randrange(20))]), running=float(rng.randrange(40)),
-                      kv_usage=kv, scraped_at=now - rng.choice(AGES_S))
+    return EngineLoad(
+        waiting=rng.choice([0.0, float(rng.randrange(20))]),
+        running=float(rng.randrange(40)),
+        kv_usage=kv,
+        scraped_at=now - rng.choice(AGES_S),
+    )
 
 
 def drive(old: before.RoutingPolicy, new: RoutingPolicy, rng: random.Random, clock: Clock) -> Tally:
@@ -181,8 +192,7 @@ def test_every_policy_name_chooses_as_before(name: str, clock: Clock) -> None:
     exercised = Tally()
     for seed in SEEDS:
         rng = random.Random(f"{name}-{seed}")
-        config = GatewayConfig(replicas=["http://127.0.0.1:1"], policy=name,
-                               prefix_load_factor=rng.choice([1.0, 1.25, 2.0, 4.0]))
+        config = GatewayConfig(replicas=["http://127.0.0.1:1"], policy=name, prefix_load_factor=rng.choice([1.0, 1.25, 2.0, 4.0]))
         old = before.build_policy(replace(config, policy=SAME_AS.get(name, name)))
         new = build_policy(config)
         tally = drive(old, new, rng, clock)
@@ -201,19 +211,30 @@ KNOBS: dict[str, PolicyPair] = {
     # small LRUs, so eviction decides too; weights and factors off their defaults
     "prefix-small-lru": lambda rng: (
         before.PrefixAffinity(load_factor=(f := rng.uniform(1.0, 3.0)), blocks_per_replica=(b := rng.randint(1, 8))),
-        PrefixAffinity(load_factor=f, blocks_per_replica=b)),
+        PrefixAffinity(load_factor=f, blocks_per_replica=b),
+    ),
     "image-small-lru": lambda rng: (
-        before.ImageAffinity(load_factor=(f := rng.uniform(1.0, 3.0)), images_per_replica=(i := rng.randint(1, 4)),
-                             hit_weight=(w := rng.uniform(0.0, 5.0))),
-        ImageAffinity(load_factor=f, images_per_replica=i, hit_weight=w)),
+        before.ImageAffinity(
+            load_factor=(f := rng.uniform(1.0, 3.0)),
+            images_per_replica=(i := rng.randint(1, 4)),
+            hit_weight=(w := rng.uniform(0.0, 5.0)),
+        ),
+        ImageAffinity(load_factor=f, images_per_replica=i, hit_weight=w),
+    ),
     "engine-weights": lambda rng: (  # image_weight stays 1: (w × held) / n and w × (held / n) may differ in the last bit
-        before.EngineAware(queue_weight=(q := rng.uniform(0, 3)), waiting_weight=(w := rng.uniform(0, 3)),
-                           kv_weight=(k := rng.uniform(0, 3)), load_factor=(f := rng.uniform(1.0, 3.0))),
-        EngineAware(queue_weight=q, waiting_weight=w, kv_weight=k, load_factor=f)),
+        before.EngineAware(
+            queue_weight=(q := rng.uniform(0, 3)),
+            waiting_weight=(w := rng.uniform(0, 3)),
+            kv_weight=(k := rng.uniform(0, 3)),
+            load_factor=(f := rng.uniform(1.0, 3.0)),
+        ),
+        EngineAware(queue_weight=q, waiting_weight=w, kv_weight=k, load_factor=f),
+    ),
     "round-robin-bare": lambda rng: (before.RoundRobin(), RoundRobin()),
     "session-small": lambda rng: (
         before.SessionAffinity(before.LeastOutstandingTokens(), load_factor=(f := rng.uniform(1.0, 3.0)), max_sessions=2),
-        SessionAffinity(LeastOutstandingTokens(), load_factor=f, max_sessions=2)),
+        SessionAffinity(LeastOutstandingTokens(), load_factor=f, max_sessions=2),
+    ),
 }
 
 

@@ -8,12 +8,15 @@ from vlmserve.errors import UserError
 from vlmserve.gateway.shared_state import check_state_settings, error_kind, parse_state_url
 
 
-@pytest.mark.parametrize(("url", "shown"), [
-    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
-    ("rediss://:s3cret@cache.internal:6380/2", "rediss://:***@cache.internal:6380/2"),
-    ("redis://admin:s3cret@cache", "redis://admin:***@cache"),
-    ("redis://:s3cret@[::1]:6379/0", "redis://:***@[::1]:6379/0"),
-])
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("rediss://:s3cret@cache.internal:6380/2", "rediss://:***@cache.internal:6380/2"),
+        ("redis://admin:s3cret@cache", "redis://admin:***@cache"),
+        ("redis://:s3cret@[::1]:6379/0", "redis://:***@[::1]:6379/0"),
+    ],
+)
 def test_accepted_urls_are_shown_without_their_password(url: str, shown: str) -> None:
     assert parse_state_url(url).redacted == shown
 

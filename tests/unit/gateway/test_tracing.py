@@ -40,16 +40,22 @@ def streamed(pause_s: float = 0.0):
         await send(writer, SSE_HEAD, frame(token("a")), frame(token("b")))
         if pause_s:
             await asyncio.sleep(pause_s)
-        await send(writer, frame(token("c", usage={"prompt_tokens": 5, "completion_tokens": 3})),
-                   frame(b"data: [DONE]\n\n"), b"0\r\n\r\n")
+        await send(
+            writer,
+            frame(token("c", usage={"prompt_tokens": 5, "completion_tokens": 3})),
+            frame(b"data: [DONE]\n\n"),
+            b"0\r\n\r\n",
+        )
 
     return script
 
 
 async def refused_503(writer: asyncio.StreamWriter) -> None:
     body = b'{"error": {"message": "overloaded"}}'
-    await send(writer, b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    await send(
+        writer,
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+    )
 
 
 @asynccontextmanager
@@ -69,8 +75,9 @@ def sent_context(replica: ScriptedReplica, index: int = 0) -> tuple[str, str, bo
     return None if match is None else (match.group(1), match.group(2), bool(int(match.group(3), 16) & 1))
 
 
-async def traced_request(replicas: list[ScriptedReplica], headers: dict[str, str] | None = None,
-                         **settings: Any) -> tuple[list[ReceivedSpan], int]:
+async def traced_request(
+    replicas: list[ScriptedReplica], headers: dict[str, str] | None = None, **settings: Any
+) -> tuple[list[ReceivedSpan], int]:
     """One streamed chat request through a traced gateway; the spans it exported (the gateway stopped:
     its last batch flushed) and the client's status."""
     async with receiver() as sink:
@@ -140,12 +147,19 @@ async def test_a_clients_traceparent_is_honoured() -> None:
     assert sent_context(replica) == (CLIENT_TRACE, attempt.span_id, True)
 
 
-@pytest.mark.hostile("a malformed traceparent from a client (bad version, short ids, all-zero trace id): ignored, "
-                     "the gateway starts a new trace and never forwards it")
-@pytest.mark.parametrize("bad", ["zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-                                 "00-4bf92f3577b34da6-00f067aa0ba902b7-01",
-                                 "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
-                                 "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01;evil"])
+@pytest.mark.hostile(
+    "a malformed traceparent from a client (bad version, short ids, all-zero trace id): ignored, "
+    "the gateway starts a new trace and never forwards it"
+)
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6-00f067aa0ba902b7-01",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01;evil",
+    ],
+)
 async def test_a_malformed_traceparent_starts_a_new_trace(bad: str) -> None:
     async with scripted_replica(streamed(), keep_alive=True) as replica:
         spans, status = await traced_request([replica], {"traceparent": bad})
@@ -165,8 +179,7 @@ async def test_each_attempt_is_a_span_and_a_retry_names_the_failure() -> None:
         answered.append(503 if not answered else 200)
         await (refused_503(writer) if answered[-1] == 503 else streamed()(writer))
 
-    async with scripted_replica(first_busy, keep_alive=True) as one, \
-            scripted_replica(first_busy, keep_alive=True) as other:
+    async with scripted_replica(first_busy, keep_alive=True) as one, scripted_replica(first_busy, keep_alive=True) as other:
         spans, status = await traced_request([one, other])
     assert status == 200 and answered == [503, 200]
     named = by_name(spans)
@@ -217,8 +230,9 @@ async def test_ratio_zero_exports_no_new_trace_but_follows_a_sampled_parent() ->
         async with running_gateway([replica.url], otlp_traces_endpoint=sink.url, trace_sample_ratio=0.0) as gateway:
             async with aiohttp.ClientSession() as session:
                 await post_chat(session, gateway.base_url, chat_body("hi"))
-                await post_chat(session, gateway.base_url, chat_body("hi"),
-                                headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+                await post_chat(
+                    session, gateway.base_url, chat_body("hi"), headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
+                )
         spans = list(sink.received or [])
     assert spans and {span.trace_id for span in spans} == {CLIENT_TRACE}  # only the client's sampled trace
     unsampled = sent_context(replica, 0)
@@ -237,16 +251,19 @@ async def test_tracing_off_builds_nothing_and_forwards_the_clients_context() -> 
     assert sent_context(replica) == (CLIENT_TRACE, CLIENT_SPAN, True)
 
 
-@pytest.mark.parametrize(("endpoint", "ratio", "message"), [
-    ("grpc://collector:4317", 1.0, "is not an OTLP/HTTP URL"),
-    ("collector:4318", 1.0, "is not an OTLP/HTTP URL"),
-    ("http://", 1.0, "is not an OTLP/HTTP URL"),
-    ("http://collector:99999/v1/traces", 1.0, "out of range"),
-    ("http://collector:4318/v1/traces?x=1", 1.0, "no query"),
-    ("http://collector:4318/v1/traces", 1.5, "--trace-sample-ratio must be between 0 and 1"),
-    ("http://collector:4318/v1/traces", float("nan"), "--trace-sample-ratio must be between 0 and 1"),
-    (None, -0.1, "--trace-sample-ratio must be between 0 and 1"),
-])
+@pytest.mark.parametrize(
+    ("endpoint", "ratio", "message"),
+    [
+        ("grpc://collector:4317", 1.0, "is not an OTLP/HTTP URL"),
+        ("collector:4318", 1.0, "is not an OTLP/HTTP URL"),
+        ("http://", 1.0, "is not an OTLP/HTTP URL"),
+        ("http://collector:99999/v1/traces", 1.0, "out of range"),
+        ("http://collector:4318/v1/traces?x=1", 1.0, "no query"),
+        ("http://collector:4318/v1/traces", 1.5, "--trace-sample-ratio must be between 0 and 1"),
+        ("http://collector:4318/v1/traces", float("nan"), "--trace-sample-ratio must be between 0 and 1"),
+        (None, -0.1, "--trace-sample-ratio must be between 0 and 1"),
+    ],
+)
 def test_bad_tracing_settings_are_one_line_errors(endpoint: str | None, ratio: float, message: str) -> None:
     config = GatewayConfig(replicas=["http://127.0.0.1:8001"], otlp_traces_endpoint=endpoint, trace_sample_ratio=ratio)
     with pytest.raises(UserError, match=re.escape(message)) as raised:

@@ -70,8 +70,13 @@ def test_async_scheduling_hides_cpu_overhead_behind_the_gpu_step() -> None:
     efficiency = Efficiency(bandwidth=0.5, compute=0.5, step_overhead_s=0.002, per_seq_overhead_s=0.00002)
 
     def cost(async_scheduling: bool):
-        return PlanSetup.from_names("llama-3.1-8b", "h100", calibration=Calibration(efficiency),
-                                    async_scheduling=async_scheduling, cost_model_kind="roofline").cost_model()
+        return PlanSetup.from_names(
+            "llama-3.1-8b",
+            "h100",
+            calibration=Calibration(efficiency),
+            async_scheduling=async_scheduling,
+            cost_model_kind="roofline",
+        ).cost_model()
 
     decode = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=256, kv_tokens_read=256 * 1000)
     serial, overlapped = cost(False).breakdown(decode), cost(True).breakdown(decode)
@@ -93,9 +98,16 @@ def test_the_api_server_bounds_a_step_only_when_it_has_more_to_do_than_the_engin
     small = StepContents(prefill_tokens=0, prefill_seqs=0, decode_seqs=1, kv_tokens_read=1000)
     burst = StepContents(prefill_tokens=64 * 128, prefill_seqs=64, decode_seqs=900, kv_tokens_read=900 * 130 + 64 * 128)
     for kind in ("roofline", "kernels"):
+
         def cost(eff: Efficiency, servers: int = 1, kind: str = kind):  # noqa: ANN202
-            return PlanSetup(model=model, gpu=get_gpu("h100"), calibration=Calibration(eff), cost_model_kind=kind,
-                             frontend=FrontendConfig(api_server_count=servers)).cost_model()
+            return PlanSetup(
+                model=model,
+                gpu=get_gpu("h100"),
+                calibration=Calibration(eff),
+                cost_model_kind=kind,
+                frontend=FrontendConfig(api_server_count=servers),
+            ).cost_model()
+
         assert cost(busy).step_time_s(small) == pytest.approx(cost(quiet).step_time_s(small))
         frontend = 1e-4 * (64 + 900) + 5e-3 * 64
         assert frontend_step_s(busy, burst) == pytest.approx(frontend)

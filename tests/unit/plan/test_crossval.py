@@ -24,8 +24,9 @@ def _measured(scenario_id: str, concurrency: int, gpu: str = "h100") -> Scenario
         return PlanSetup.from_names("llama-3.1-8b", gpu, calibration=calibration, cost_model_kind="roofline")
 
     summary = simulate_run(build(TRUTH), load).result.summary
-    measured = {metric: value for metric in ("mean_tpot_ms", "output_tok_s")
-                if (value := metric_value(summary, metric)) is not None}
+    measured = {
+        metric: value for metric in ("mean_tpot_ms", "output_tok_s") if (value := metric_value(summary, metric)) is not None
+    }
     return Scenario(scenario_id, build, load, measured)
 
 
@@ -52,8 +53,10 @@ def test_each_fold_is_fitted_without_its_row_and_predicts_it() -> None:
 
 def test_stage_results_are_reused_across_folds() -> None:
     scenarios = [_measured("c1", 1), _measured("a100-c2", 2, gpu="a100")]
-    stages = [FitStage("h100 bandwidth", ("c1",), (("default", "bandwidth"),)),
-              FitStage("a100 bandwidth", ("a100-c2",), (("a100", "bandwidth"),))]
+    stages = [
+        FitStage("h100 bandwidth", ("c1",), (("default", "bandwidth"),)),
+        FitStage("a100 bandwidth", ("a100-c2",), (("a100", "bandwidth"),)),
+    ]
     fitter = StagedFitter(stages, max_evaluations=10)
     fitter.fit(scenarios, START)
     after_full_fit = fitter.simulations

@@ -15,8 +15,16 @@ REQUESTS = 20
 
 def _load(**fields: object) -> LoadSpec:
     # 0.5 requests/s: each request meets an idle engine, so its steps can be counted by hand
-    return LoadSpec(dataset="images", rate=0.5, num_requests=REQUESTS, input_len=100, output_len=32,
-                    image_size=(1024, 1024), images_per_request=IMAGES_PER_REQUEST, **fields)
+    return LoadSpec(
+        dataset="images",
+        rate=0.5,
+        num_requests=REQUESTS,
+        input_len=100,
+        output_len=32,
+        image_size=(1024, 1024),
+        images_per_request=IMAGES_PER_REQUEST,
+        **fields,
+    )
 
 
 def test_a_budget_of_one_image_spreads_a_requests_images_over_one_step_each() -> None:

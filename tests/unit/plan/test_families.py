@@ -48,8 +48,14 @@ def test_dense_gqa_kv_and_weights() -> None:
 
 def test_sliding_layers_keep_only_their_window() -> None:
     config = {
-        "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
-        "head_dim": 128, "intermediate_size": 4096, "vocab_size": 32000, "sliding_window": 256,
+        "hidden_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "intermediate_size": 4096,
+        "vocab_size": 32000,
+        "sliding_window": 256,
         "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     }
     model = parse_config(config, "swa")
@@ -154,8 +160,10 @@ def test_fp8_is_w8a8_with_fp8_tensor_cores_and_weight_only_without() -> None:
     assert a100.peak_flops("fp8") == 312e12 * WEIGHT_ONLY_COMPUTE_EFFICIENCY < a100.peak_flops("bf16")
     # and a compute-bound prefill step of FP8 weights on A100 takes longer than the BF16 one
     prefill = StepContents(prefill_tokens=8192, prefill_seqs=4, decode_seqs=0, kv_tokens_read=16384)
-    step = {dtype: PlanSetup.from_names("llama-3.1-8b", "a100", weight_dtype=dtype).cost_model().step_time_s(prefill)
-            for dtype in ("bf16", "fp8")}
+    step = {
+        dtype: PlanSetup.from_names("llama-3.1-8b", "a100", weight_dtype=dtype).cost_model().step_time_s(prefill)
+        for dtype in ("bf16", "fp8")
+    }
     assert step["fp8"] > step["bf16"]
 
 
@@ -174,8 +182,11 @@ def test_int4_awq_and_gptq_with_their_group_scales() -> None:
     "quantization_config",
     [
         {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16},
-        {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-         "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}}},
+        {
+            "quant_method": "compressed-tensors",
+            "format": "nvfp4-pack-quantized",
+            "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}},
+        },
     ],
 )
 def test_nvfp4_is_w4a4_on_blackwell_and_weight_only_elsewhere(quantization_config: dict[str, Any]) -> None:
@@ -205,13 +216,18 @@ def test_mxfp4_quantizes_experts_only() -> None:
 @pytest.mark.parametrize(
     ("quantization_config", "message"),
     [
-        ({"quant_method": "bitsandbytes", "load_in_4bit": True},
-         "quant_method 'bitsandbytes' is not understood"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes' is not understood"),
         ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "bits is 3 for 'gptq'; only 4 and 8 are priced"),
         ({"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}, "modelopt quant_algo 'W4A8_AWQ' is not understood"),
-        ({"quant_method": "compressed-tensors", "config_groups": {"g": {
-            "weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}}},
-         "compressed-tensors int8 W8A8"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "g": {"weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}
+                },
+            },
+            "compressed-tensors int8 W8A8",
+        ),
     ],
 )
 def test_unknown_quantisation_is_refused_in_one_line(quantization_config: dict[str, Any], message: str) -> None:

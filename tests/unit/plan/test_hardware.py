@@ -40,7 +40,9 @@ def test_catalog_matches_reference_and_names_are_case_insensitive() -> None:
 
 
 def test_unknown_gpu_lists_known_ones() -> None:
-    with pytest.raises(UserError, match=r"unknown GPU 'v100'; known GPUs: a100, b200, b300, gb10, gb200, h100, h200, l4, l40s, mi300x"):
+    with pytest.raises(
+        UserError, match=r"unknown GPU 'v100'; known GPUs: a100, b200, b300, gb10, gb200, h100, h200, l4, l40s, mi300x"
+    ):
         get_gpu("v100")
 
 
@@ -73,7 +75,9 @@ def test_kv_capacity_from_memory_left_after_weights() -> None:
     setup = PlanSetup.from_names("llama-3.1-8b", "h100")
     memory = setup.memory()
     assert memory.kv_bytes_per_gpu == pytest.approx(
-        79.18 * GIB * DEFAULT_GPU_MEMORY_UTILIZATION - load_model("llama-3.1-8b").weight_bytes("bf16") - memory.reserved_bytes_per_gpu
+        79.18 * GIB * DEFAULT_GPU_MEMORY_UTILIZATION
+        - load_model("llama-3.1-8b").weight_bytes("bf16")
+        - memory.reserved_bytes_per_gpu
     )
     # whole 16-token blocks of 128 KiB tokens
     assert setup.kv_capacity_tokens(2000) == int(memory.kv_bytes_per_gpu / (131072 * 16)) * 16

@@ -12,8 +12,9 @@ from vlmserve.spec import LoadSpec
 
 
 def image_load(rate: float, **fields: object) -> LoadSpec:
-    return LoadSpec(dataset="images", rate=rate, num_requests=300, input_len=100, output_len=50,
-                    image_size=(2048, 2048), **fields)
+    return LoadSpec(
+        dataset="images", rate=rate, num_requests=300, input_len=100, output_len=50, image_size=(2048, 2048), **fields
+    )
 
 
 def test_image_tokens_follow_the_models_own_rule() -> None:

@@ -31,11 +31,14 @@ def test_older_vllm_version_picks_older_tables(capsys) -> None:
 
 
 @pytest.mark.hostile("plan --cost-model/--vllm-version with bad values: one line, exit 2")
-@pytest.mark.parametrize(("extra", "message"), [
-    (["--cost-model", "magic"], "error: --cost-model 'magic' is not known; use one of: auto, kernels, roofline"),
-    (["--gpu", "l4", "--cost-model", "kernels"], "error: --cost-model kernels: the measured kernel tables do not cover L4"),
-    (["--vllm-version", "../../etc/passwd"], "error: --vllm-version '../../etc/passwd' is not a version like 0.11.0"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--cost-model", "magic"], "error: --cost-model 'magic' is not known; use one of: auto, kernels, roofline"),
+        (["--gpu", "l4", "--cost-model", "kernels"], "error: --cost-model kernels: the measured kernel tables do not cover L4"),
+        (["--vllm-version", "../../etc/passwd"], "error: --vllm-version '../../etc/passwd' is not a version like 0.11.0"),
+    ],
+)
 def test_bad_cost_model_options_are_one_line_and_exit_2(extra: list[str], message: str, capsys) -> None:
     code, _out, err = run_cli([*PLAN, *extra], capsys)
     assert code == 2

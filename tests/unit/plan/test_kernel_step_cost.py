@@ -12,15 +12,7 @@ from vlmserve.errors import UserError
 from vlmserve.hardware.calibration import Calibration, Efficiency
 from vlmserve.hardware.kernels.locate import locate_table
 from vlmserve.hardware.kernels.quant import WEIGHT_ONLY_SLOWDOWN
-from vlmserve.hardware.kernels.step_cost import (
-    DECODE_ATTN,
-    ELEMENTWISE,
-    LM_HEAD,
-    MLP,
-    PREFILL_ATTN,
-    PROJ,
-    MeasuredStepCost,
-)
+from vlmserve.hardware.kernels.step_cost import DECODE_ATTN, ELEMENTWISE, LM_HEAD, MLP, PREFILL_ATTN, PROJ, MeasuredStepCost
 from vlmserve.hardware.setup import PlanSetup
 from vlmserve.plan.explain import step_cost_sources
 from vlmserve.sched.step_cost import StepContents
@@ -92,8 +84,18 @@ def _linear_by_hand(m: int) -> tuple[float, float, float]:
 
 
 def _attention(table: str, batch: int, **shape) -> float:
-    rows = _rows("h100", "attention", table, batch_size=batch, num_heads=32, num_key_value_heads=8, head_dim=128,
-                 kv_cache_dtype="bfloat16", window_size=0, **shape)
+    rows = _rows(
+        "h100",
+        "attention",
+        table,
+        batch_size=batch,
+        num_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        kv_cache_dtype="bfloat16",
+        window_size=0,
+        **shape,
+    )
     assert rows
     return min(row["latency"] for row in rows) / 1000
 
@@ -181,8 +183,10 @@ def test_int4_scales_the_measured_bf16_kernel_by_the_roofline_and_says_so() -> N
     setup = _setup()
     bf16 = MeasuredStepCost(setup.model, setup.gpu, 1, "bf16", "bf16", EFFICIENCY)
     int4 = MeasuredStepCost(setup.model, setup.gpu, 1, "int4", "bf16", EFFICIENCY)
-    assert "int4 weight-only GEMM: no measured table; the bf16 kernel × the roofline's int4/bf16 ratio" in \
-        int4.sources()[MLP].describe()
+    assert (
+        "int4 weight-only GEMM: no measured table; the bf16 kernel × the roofline's int4/bf16 ratio"
+        in int4.sources()[MLP].describe()
+    )
     decode, prefill = StepContents(0, 0, 1, 1024), StepContents(8192, 4, 0, 8192)
     # W4A16: a quarter of the weight bytes where decode is memory-bound, slower math where prefill is compute-bound
     assert int4.breakdown(decode).parts[MLP] < 0.5 * bf16.breakdown(decode).parts[MLP]
@@ -231,8 +235,9 @@ def test_attention_the_tables_did_not_measure_goes_to_the_roofline_by_name() -> 
     assert "roofline (partly)" in sources[DECODE_ATTN].label
     assert "linear attention: no measured table for this kind" in sources[DECODE_ATTN].describe()
     step = StepContents(0, 0, 8, 8 * 1024)
-    only_full = MeasuredStepCost(dataclasses.replace(mixed, attention=(dataclasses.replace(full, count=24),)),
-                                 setup.gpu, 1, "bf16", "bf16", EFFICIENCY)
+    only_full = MeasuredStepCost(
+        dataclasses.replace(mixed, attention=(dataclasses.replace(full, count=24),)), setup.gpu, 1, "bf16", "bf16", EFFICIENCY
+    )
     assert cost.step_time_s(step) > only_full.step_time_s(step)
     assert cost.breakdown(step).parts[PREFILL_ATTN] == 0.0  # a decode-only step: the roofline part lands in decode
 
@@ -248,11 +253,13 @@ def test_attention_the_tables_did_not_measure_goes_to_the_roofline_by_name() -> 
 
 def test_all_reduce_is_vllms_custom_kernel_on_nvlink_and_nccl_on_pcie_past_two_gpus() -> None:
     assert dict(step_cost_sources(_setup(gpu="l40s", tp=2)))["all-reduce (tensor parallel)"].startswith(
-        "comm/custom_allreduce_perf.parquet (l40s")
+        "comm/custom_allreduce_perf.parquet (l40s"
+    )
     pcie = dict(step_cost_sources(_setup(gpu="l40s", tp=4)))["all-reduce (tensor parallel)"]
     assert pcie.startswith("comm/nccl_perf.parquet (l40s, NCCL ") and "custom all-reduce does not run over PCIe" in pcie
     assert dict(step_cost_sources(_setup(tp=4)))["all-reduce (tensor parallel)"].startswith(
-        "comm/custom_allreduce_perf.parquet (h100_sxm")
+        "comm/custom_allreduce_perf.parquet (h100_sxm"
+    )
 
 
 def test_fp8_experts_use_the_block_scaled_rows_of_the_published_fp8_checkpoints() -> None:

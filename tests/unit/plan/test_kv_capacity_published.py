@@ -81,8 +81,16 @@ def test_the_memory_split_matches_what_the_logs_print_per_gpu() -> None:
     74.28 GiB, activation peak 5.58 GiB and 44.59 GiB of KV cache per GPU (vLLM 0.10.2)."""
     row = next(row for row in ROWS if row["id"] == "qwen3next-h200-tp2")
     model = load_model(row["model"])
-    memory = plan_memory(model, get_gpu("h200"), 2, weight_dtype="bf16", gpu_memory_utilization=0.9,
-                         max_num_batched_tokens=8192, max_num_seqs=1024, cuda_graphs_in_budget=False)
+    memory = plan_memory(
+        model,
+        get_gpu("h200"),
+        2,
+        weight_dtype="bf16",
+        gpu_memory_utilization=0.9,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
+        cuda_graphs_in_budget=False,
+    )
     assert memory.budget_bytes_per_gpu / GIB == pytest.approx(125.83, abs=0.01)  # "Desired ... (0.9, 125.83 GiB)"
     assert memory.weight_bytes_per_gpu / GIB == pytest.approx(74.28, rel=0.01)
     assert memory.activation_bytes_per_gpu / GIB == pytest.approx(5.58, rel=0.02)

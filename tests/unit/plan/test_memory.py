@@ -22,13 +22,17 @@ def test_an_80_gb_h100_is_80_gib_of_which_vllm_sees_79_18() -> None:
     assert h100.memory_bytes == 80 * 2**30
     assert h100.visible_memory_bytes == pytest.approx(79.18 * 2**30)
     model = load_model("llama-3.1-8b")
-    memory = plan_memory(model, h100, 1, weight_dtype="bf16", gpu_memory_utilization=0.9,
-                         max_num_batched_tokens=8192, max_num_seqs=256)
+    memory = plan_memory(
+        model, h100, 1, weight_dtype="bf16", gpu_memory_utilization=0.9, max_num_batched_tokens=8192, max_num_seqs=256
+    )
     # vLLM's budget is total × utilization, not free memory and not decimal GB
     assert memory.budget_bytes_per_gpu == pytest.approx(0.9 * 79.18 * GIB)
     assert memory.kv_bytes_per_gpu == pytest.approx(
-        memory.budget_bytes_per_gpu - model.weight_bytes("bf16") - memory.activation_bytes_per_gpu
-        - NON_TORCH_BYTES - CUDA_GRAPH_BYTES
+        memory.budget_bytes_per_gpu
+        - model.weight_bytes("bf16")
+        - memory.activation_bytes_per_gpu
+        - NON_TORCH_BYTES
+        - CUDA_GRAPH_BYTES
     )
 
 
@@ -59,8 +63,7 @@ def test_custom_allreduce_buffers_only_over_nvlink() -> None:
 def test_older_vllm_keeps_cuda_graphs_out_of_the_budget() -> None:
     model = load_model("qwen3-8b")
     new = plan_memory(model, get_gpu("l40s"), 1, weight_dtype="bf16", gpu_memory_utilization=0.9)
-    old = plan_memory(model, get_gpu("l40s"), 1, weight_dtype="bf16", gpu_memory_utilization=0.9,
-                      cuda_graphs_in_budget=False)
+    old = plan_memory(model, get_gpu("l40s"), 1, weight_dtype="bf16", gpu_memory_utilization=0.9, cuda_graphs_in_budget=False)
     assert old.kv_bytes_per_gpu - new.kv_bytes_per_gpu == pytest.approx(CUDA_GRAPH_BYTES)
 
 

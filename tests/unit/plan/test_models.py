@@ -98,8 +98,14 @@ def test_vision_tower_cost_per_image_token() -> None:
 
 def test_sliding_window_pattern_without_layer_types() -> None:
     config = {
-        "hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 4,
-        "head_dim": 128, "intermediate_size": 4096, "vocab_size": 32000, "sliding_window": 512,
+        "hidden_size": 1024,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 4096,
+        "vocab_size": 32000,
+        "sliding_window": 512,
         "sliding_window_pattern": 6,
     }
     model = parse_config(config, "pattern")

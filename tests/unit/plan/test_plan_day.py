@@ -11,8 +11,14 @@ from vlmserve.bench.load_shapes import parse_load_shape
 from vlmserve.cli.app import main
 from vlmserve.plan.day import ReplicaModel, plan_day, simulate
 
-RULE = AutoscaleRule(min_replicas=1, max_replicas=4, waiting_per_replica=5, polling_interval_s=1,
-                     scale_down_stabilization_s=60, scale_down_cooldown_s=5)
+RULE = AutoscaleRule(
+    min_replicas=1,
+    max_replicas=4,
+    waiting_per_replica=5,
+    polling_interval_s=1,
+    scale_down_stabilization_s=60,
+    scale_down_cooldown_s=5,
+)
 STEP = parse_load_shape("steps:2@20,20@70,2@90")
 REPLICA = ReplicaModel(slots=8, ttft_s=0.05, itl_s=0.01, output_len=64)
 
@@ -45,19 +51,36 @@ def test_fixed_at_peak_holds_the_slo_and_fixed_at_mean_does_not() -> None:
 def test_the_cli_reports_every_strategy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "day.csv"
     trace.write_text("0,1\n600,20\n1200,2\n1800,0\n")
-    main(["plan", "day", "--load-shape", f"trace:{trace}", "--autoscale", "1:4", "--cold-start-s", "30",
-          "--price", "2", "--json-out", str(tmp_path / "day.json")])
+    main(
+        [
+            "plan",
+            "day",
+            "--load-shape",
+            f"trace:{trace}",
+            "--autoscale",
+            "1:4",
+            "--cold-start-s",
+            "30",
+            "--price",
+            "2",
+            "--json-out",
+            str(tmp_path / "day.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert "SIMULATED" in out and "autoscaled" in out and "fixed at peak (2)" in out and "fixed at mean (1)" in out
     assert '"simulated": true' in (tmp_path / "day.json").read_text()
 
 
 @pytest.mark.hostile("plan day with an SLO that has no TTFT bound, or a negative cold start")
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--slo", "e2e_p95=5s"], "error: --slo e2e_p95=5s: plan day holds each request to a TTFT bound"),
-    (["--cold-start-s", "-3"], "error: --cold-start-s -3: give 0 or more"),
-    (["--ttft-ms", "0", "--itl-ms", "0"], "error: --ttft-ms and --itl-ms are both 0"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--slo", "e2e_p95=5s"], "error: --slo e2e_p95=5s: plan day holds each request to a TTFT bound"),
+        (["--cold-start-s", "-3"], "error: --cold-start-s -3: give 0 or more"),
+        (["--ttft-ms", "0", "--itl-ms", "0"], "error: --ttft-ms and --itl-ms are both 0"),
+    ],
+)
 def test_bad_plan_day_flags_are_one_line(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         main(["plan", "day", "--load-shape", "steps:2@10", *flags])

@@ -21,8 +21,18 @@ from vlmserve.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[3]
 REFERENCE = ROOT / "benchmarks/data/published_vllm.csv"
-SHARED_IDS = {"spark-oss-c1", "spark-oss-c4", "spark-oss-c16", "spark-oss-c64", "h100-oss-tp1", "h100-oss-tp2",
-              "h100-oss-tp4", "h100-qwen3-8b-c4", "h100-llama3-8b", "l4x4-qwen3-4b"}
+SHARED_IDS = {
+    "spark-oss-c1",
+    "spark-oss-c4",
+    "spark-oss-c16",
+    "spark-oss-c64",
+    "h100-oss-tp1",
+    "h100-oss-tp2",
+    "h100-oss-tp4",
+    "h100-qwen3-8b-c4",
+    "h100-llama3-8b",
+    "l4x4-qwen3-4b",
+}
 
 
 @pytest.fixture
@@ -79,12 +89,33 @@ def _write(path: Path, rows: list[dict[str, str]]) -> Path:
 
 
 def _run_row(run_id: str, source: str, split: str, **overrides: str) -> dict[str, str]:
-    row = {"id": run_id, "source": source, "split": split, "model": "Qwen/Qwen3-8B", "planner_model": "Qwen/Qwen3-8B",
-           "gpu": "H100 SXM", "gpus": "1", "tp": "1", "expert_parallel": "no", "weight_dtype": "bf16",
-           "kv_dtype": "auto (bf16)", "dataset": "random", "input_len": "256", "output_len": "16", "num_prompts": "8",
-           "max_concurrency": "2", "request_rate": "inf", "vllm_version": "", "flags": "",
-           "metric": "mean_tpot_ms", "value": "8.0", "unit": "ms", "citation_url": "https://example.org",
-           "citation_where": "table 1", "assumed": ""}
+    row = {
+        "id": run_id,
+        "source": source,
+        "split": split,
+        "model": "Qwen/Qwen3-8B",
+        "planner_model": "Qwen/Qwen3-8B",
+        "gpu": "H100 SXM",
+        "gpus": "1",
+        "tp": "1",
+        "expert_parallel": "no",
+        "weight_dtype": "bf16",
+        "kv_dtype": "auto (bf16)",
+        "dataset": "random",
+        "input_len": "256",
+        "output_len": "16",
+        "num_prompts": "8",
+        "max_concurrency": "2",
+        "request_rate": "inf",
+        "vllm_version": "",
+        "flags": "",
+        "metric": "mean_tpot_ms",
+        "value": "8.0",
+        "unit": "ms",
+        "citation_url": "https://example.org",
+        "citation_where": "table 1",
+        "assumed": "",
+    }
     row.update(overrides)
     return row
 
@@ -102,13 +133,16 @@ def test_a_split_that_is_neither_side_is_refused(published: ModuleType, tmp_path
 
 
 def test_runs_the_planner_cannot_price_are_refused_with_its_reason_not_dropped(published: ModuleType, tmp_path: Path) -> None:
-    path = _write(tmp_path / "ref.csv", [
-        _run_row("ok", "a", "validation"),
-        _run_row("gpu", "b", "validation", gpu="Imaginary X1 (12 GB)"),
-        _run_row("model", "c", "validation", planner_model="nobody/no-such-model"),
-        _run_row("spec", "d", "validation", flags="--speculative-config {}"),
-        _run_row("metric", "e", "validation", metric="tokens_per_joule"),
-    ])
+    path = _write(
+        tmp_path / "ref.csv",
+        [
+            _run_row("ok", "a", "validation"),
+            _run_row("gpu", "b", "validation", gpu="Imaginary X1 (12 GB)"),
+            _run_row("model", "c", "validation", planner_model="nobody/no-such-model"),
+            _run_row("spec", "d", "validation", flags="--speculative-config {}"),
+            _run_row("metric", "e", "validation", metric="tokens_per_joule"),
+        ],
+    )
     runs = published.read_runs(path)
     cases, refused = published.build_cases(runs, 1.0)
     assert [case.run.run_id for case in cases] == ["ok"]
@@ -122,11 +156,14 @@ def test_runs_the_planner_cannot_price_are_refused_with_its_reason_not_dropped(p
 def test_the_fit_sees_calibration_runs_only_and_the_held_out_table_validation_runs_only(
     published: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = _write(tmp_path / "ref.csv", [
-        _run_row("cal-c1", "cal", "calibration", max_concurrency="1"),
-        _run_row("cal-c2", "cal", "calibration"),
-        _run_row("val-c2", "val", "validation", value="10.0"),
-    ])
+    path = _write(
+        tmp_path / "ref.csv",
+        [
+            _run_row("cal-c1", "cal", "calibration", max_concurrency="1"),
+            _run_row("cal-c2", "cal", "calibration"),
+            _run_row("val-c2", "val", "validation", value="10.0"),
+        ],
+    )
     cases, refused = published.build_cases(published.read_runs(path), 1.0)
     assert not refused
     seen: list[str] = []
@@ -150,14 +187,16 @@ def test_the_fit_sees_calibration_runs_only_and_the_held_out_table_validation_ru
 
 def test_each_overhead_stage_fits_on_the_runs_where_its_cost_shows(published: ModuleType, tmp_path: Path) -> None:
     """Engine overheads on few-stream closed loops; the API server on all-at-once bursts; neither sees the other's runs."""
-    path = _write(tmp_path / "ref.csv", [
-        _run_row("few", "cal", "calibration", max_concurrency="4", num_prompts="40"),
-        _run_row("burst", "cal", "calibration", max_concurrency="", num_prompts="100"),
-        _run_row("mid", "cal", "calibration", max_concurrency="64", num_prompts="128"),
-    ])
+    path = _write(
+        tmp_path / "ref.csv",
+        [
+            _run_row("few", "cal", "calibration", max_concurrency="4", num_prompts="40"),
+            _run_row("burst", "cal", "calibration", max_concurrency="", num_prompts="100"),
+            _run_row("mid", "cal", "calibration", max_concurrency="64", num_prompts="128"),
+        ],
+    )
     cases, _ = published.build_cases(published.read_runs(path), 1.0)
-    stages = {stage.title: {case.run.run_id for case in cases if stage.selects(case)}
-              for stage in published.fit_stages(cases)}
+    stages = {stage.title: {case.run.run_id for case in cases if stage.selects(case)} for stage in published.fit_stages(cases)}
     assert stages["engine overheads at low concurrency on the reference GPU"] == {"few"}
     assert stages["API server under bursts on the reference GPU"] == {"burst"}
 

@@ -15,8 +15,9 @@ SLO_SPEC = SLO.parse("ttft_p95=400ms,tpot_p95=40ms")
 
 
 def _space(**overrides) -> SearchSpace:
-    fields = dict(model="llama-3.1-8b", gpus=["h100", "l40s", "l4"], tps=[1, 2], replicas=[1, 2, 3],
-                  max_num_seqs=[64], max_gpus=4)
+    fields = dict(
+        model="llama-3.1-8b", gpus=["h100", "l40s", "l4"], tps=[1, 2], replicas=[1, 2, 3], max_num_seqs=[64], max_gpus=4
+    )
     fields.update(overrides)
     return SearchSpace(**fields)
 
@@ -48,8 +49,9 @@ def test_pruning_keeps_the_same_winner_with_fewer_simulations() -> None:
 
 
 def test_model_that_does_not_fit_is_reported_not_simulated() -> None:
-    outcome = run_search(_space(model="llama-3.1-70b", gpus=["l40s"], tps=[1, 2], replicas=[1]), LOAD, SLO_SPEC,
-                         prices={}, calibration=CALIBRATION)
+    outcome = run_search(
+        _space(model="llama-3.1-70b", gpus=["l40s"], tps=[1, 2], replicas=[1]), LOAD, SLO_SPEC, prices={}, calibration=CALIBRATION
+    )
     assert all(c.status == "does not fit" for c in outcome.candidates)
     assert all("GiB missing" in c.reason for c in outcome.candidates)
     assert outcome.best is None

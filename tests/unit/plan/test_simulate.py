@@ -14,7 +14,9 @@ CALIBRATION = Calibration(Efficiency(bandwidth=0.7, compute=0.5, step_overhead_s
 
 
 def _setup(**options) -> PlanSetup:
-    return PlanSetup.from_names(options.pop("model", "llama-3.1-8b"), options.pop("gpu", "h100"), calibration=CALIBRATION, **options)
+    return PlanSetup.from_names(
+        options.pop("model", "llama-3.1-8b"), options.pop("gpu", "h100"), calibration=CALIBRATION, **options
+    )
 
 
 def test_closed_loop_produces_simulated_bench_records() -> None:
@@ -67,7 +69,9 @@ def test_sharegpt_builtin_lengths_and_images() -> None:
     images = LoadSpec(dataset="images", input_len=64, output_len=16, concurrency=4, num_requests=12, images_per_request=2)
     vlm = simulate_run(_setup(model="qwen3-vl-4b"), images).result
     assert all(record.image_count == 2 and record.prompt_tokens > 64 for record in vlm.records)
-    text_only = simulate_run(_setup(model="qwen3-vl-4b"), LoadSpec(input_len=64, output_len=16, concurrency=4, num_requests=12)).result
+    text_only = simulate_run(
+        _setup(model="qwen3-vl-4b"), LoadSpec(input_len=64, output_len=16, concurrency=4, num_requests=12)
+    ).result
     assert vlm.summary.to_dict()["ttft_ms"]["mean"] > text_only.summary.to_dict()["ttft_ms"]["mean"]
     with pytest.raises(UserError, match="has no vision tower"):
         simulate_run(_setup(), images)

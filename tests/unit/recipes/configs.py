@@ -10,10 +10,15 @@ from typing import Any
 GEMMA4_31B_IT: dict[str, Any] = {  # dense, vision, no audio_config
     "architectures": ["Gemma4ForConditionalGeneration"],
     "model_type": "gemma4",
-    "text_config": {"model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60,
-                    "num_attention_heads": 32, "num_key_value_heads": 16, "vocab_size": 262144},
-    "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "patch_size": 16,
-                      "pooling_kernel_size": 3},
+    "text_config": {
+        "model_type": "gemma4_text",
+        "hidden_size": 5376,
+        "num_hidden_layers": 60,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "vocab_size": 262144,
+    },
+    "vision_config": {"model_type": "gemma4_vision", "hidden_size": 1152, "patch_size": 16, "pooling_kernel_size": 3},
     "torch_dtype": "bfloat16",
 }
 
@@ -38,8 +43,7 @@ IDEFICS3: dict[str, Any] = {
     "vision_config": {"model_type": "idefics3_vision", "image_size": 364, "patch_size": 14},
 }
 
-UNKNOWN: dict[str, Any] = {"architectures": ["FancyNewVLM"], "model_type": "fancy_vlm",
-                           "vision_config": {"patch_size": 14}}
+UNKNOWN: dict[str, Any] = {"architectures": ["FancyNewVLM"], "model_type": "fancy_vlm", "vision_config": {"patch_size": 14}}
 
 
 def model_dir(root: Path, name: str, config: dict[str, Any]) -> Path:

@@ -34,14 +34,22 @@ def test_show_a_directory_holding_only_config_json(cli, tmp_path: Path) -> None:
 
 def test_user_flags_are_marked_user_and_win(cli, tmp_path: Path) -> None:
     directory = model_dir(tmp_path, "g", GEMMA4_31B_IT)
-    result = cli("recipe", "show", directory, "--benchmark", "--flag", "mm_processor_kwargs={\"max_soft_tokens\":560}",
-                 "--flag", "no-async-scheduling")
+    result = cli(
+        "recipe",
+        "show",
+        directory,
+        "--benchmark",
+        "--flag",
+        'mm_processor_kwargs={"max_soft_tokens":560}',
+        "--flag",
+        "no-async-scheduling",
+    )
     assert result.code == 0, result.err
     assert " user " in _row(result.out, "--mm-processor-kwargs")
     assert " user " in _row(result.out, "--no-async-scheduling")
     assert " recipe " in _row(result.out, "--no-enable-prefix-caching")
     command = next(line for line in result.out.splitlines() if line.startswith("vllm serve "))
-    assert "max_soft_tokens\":560" in command and "max_soft_tokens\":280" not in command
+    assert 'max_soft_tokens":560' in command and 'max_soft_tokens":280' not in command
     assert " --async-scheduling" not in command
 
 
@@ -95,17 +103,19 @@ def test_an_unreadable_config_json_is_one_line(cli, tmp_path: Path, monkeypatch:
 
         monkeypatch.setattr(Path, "open", refuse)
     result = cli("recipe", "show", directory)
-    assert result.error_line == (f"error: {config_file}: cannot read it (Permission denied); "
-                                 "check the file's permissions")
+    assert result.error_line == (f"error: {config_file}: cannot read it (Permission denied); check the file's permissions")
 
 
-@pytest.mark.parametrize(("flag", "expected"), [
-    ("=3", "error: --flag '=3': the name is not a flag name; write it like reasoning_parser=qwen3"),
-    ("max num seqs=3", "error: --flag 'max num seqs=3': max num seqs is not a flag name;"),
-    ("max_num_seqs=", "error: --flag 'max_num_seqs=': no value after '=';"),
-    ("limit_mm_per_prompt={image", "error: --flag 'limit_mm_per_prompt={image': the value is not valid JSON;"),
-    ("max_num_seqs=0", "error: --flag: field 'max_num_seqs': Input should be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("=3", "error: --flag '=3': the name is not a flag name; write it like reasoning_parser=qwen3"),
+        ("max num seqs=3", "error: --flag 'max num seqs=3': max num seqs is not a flag name;"),
+        ("max_num_seqs=", "error: --flag 'max_num_seqs=': no value after '=';"),
+        ("limit_mm_per_prompt={image", "error: --flag 'limit_mm_per_prompt={image': the value is not valid JSON;"),
+        ("max_num_seqs=0", "error: --flag: field 'max_num_seqs': Input should be greater than or equal to 1"),
+    ],
+)
 def test_bad_flag_syntax_is_one_line(cli, tmp_path: Path, flag: str, expected: str) -> None:
     result = cli("recipe", "show", model_dir(tmp_path, "g", GEMMA4_31B_IT), "--flag", flag)
     assert result.code != 0

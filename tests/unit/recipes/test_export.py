@@ -20,7 +20,7 @@ def _container_args(spec: DeploymentSpec) -> list[str]:
 def _without(argv: list[str], *flags: str) -> list[str]:
     out = list(argv)
     for flag in flags:
-        del out[out.index(flag):out.index(flag) + 2]
+        del out[out.index(flag) : out.index(flag) + 2]
     return out
 
 

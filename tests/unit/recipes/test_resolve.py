@@ -18,8 +18,9 @@ def _everything_known(key: str, value: Any) -> str | None:
     return None
 
 
-def _flags(tmp_path: Path, name: str, config: dict[str, Any], *, benchmark: bool = False,
-           args: EngineArgs | None = None) -> dict[str, Any]:
+def _flags(
+    tmp_path: Path, name: str, config: dict[str, Any], *, benchmark: bool = False, args: EngineArgs | None = None
+) -> dict[str, Any]:
     chosen = choose_recipe(str(model_dir(tmp_path, name, config)))
     resolution = resolve_for(chosen, args or EngineArgs(), benchmark=benchmark, check=_everything_known)
     assert not resolution.warnings
@@ -85,18 +86,21 @@ def test_a_user_flag_replaces_the_recipe_flag(tmp_path: Path) -> None:
     assert resolution.engine_args.async_scheduling is None  # the user's extra_args switch stands alone
 
 
-FAKE_FLAGS = {"reasoning_parser", "tool_call_parser", "enable_auto_tool_choice", "limit_mm_per_prompt",
-              "mm_processor_kwargs"}  # an older vLLM: no --async-scheduling
+FAKE_FLAGS = {
+    "reasoning_parser",
+    "tool_call_parser",
+    "enable_auto_tool_choice",
+    "limit_mm_per_prompt",
+    "mm_processor_kwargs",
+}  # an older vLLM: no --async-scheduling
 FAKE_PARSERS = {"reasoning_parser": {"qwen3"}, "tool_call_parser": {"hermes"}}  # and no gemma4 parsers
 
 
-def test_flags_the_installed_vllm_lacks_are_dropped_with_a_warning(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flags_the_installed_vllm_lacks_are_dropped_with_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resolve_module, "vllm_has_flag", lambda key: key in FAKE_FLAGS)
     monkeypatch.setattr(resolve_module, "vllm_has_parser", lambda key, name: name in FAKE_PARSERS[key])
     monkeypatch.setattr(resolve_module, "vllm_version", lambda: "0.9.0")
-    resolution = resolve_for(choose_recipe(str(model_dir(tmp_path, "g", GEMMA4_31B_IT))), EngineArgs(),
-                             benchmark=False)
+    resolution = resolve_for(choose_recipe(str(model_dir(tmp_path, "g", GEMMA4_31B_IT))), EngineArgs(), benchmark=False)
     assert list(resolution.warnings) == [
         "recipe flag --reasoning-parser gemma4 dropped: the installed vLLM 0.9.0 has no reasoning parser named 'gemma4'",
         "recipe flag --tool-call-parser gemma4 dropped: the installed vLLM 0.9.0 has no tool call parser named 'gemma4'",
@@ -109,8 +113,7 @@ def test_flags_the_installed_vllm_lacks_are_dropped_with_a_warning(tmp_path: Pat
 def test_without_vllm_flags_pass_unchecked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resolve_module, "vllm_has_flag", lambda key: None)
     monkeypatch.setattr(resolve_module, "vllm_has_parser", lambda key, name: None)
-    resolution = resolve_for(choose_recipe(str(model_dir(tmp_path, "g", GEMMA4_31B_IT))), EngineArgs(),
-                             benchmark=False)
+    resolution = resolve_for(choose_recipe(str(model_dir(tmp_path, "g", GEMMA4_31B_IT))), EngineArgs(), benchmark=False)
     assert not resolution.warnings and len(resolution.recipe_flags()) == 6
 
 
@@ -119,9 +122,16 @@ def test_the_installed_vllm_has_what_the_recipes_name() -> None:
 
     if vllm_package_dir() is None:
         pytest.skip("vLLM is not installed")
-    for key, value in [("reasoning_parser", "gemma4"), ("tool_call_parser", "gemma4"), ("reasoning_parser", "qwen3"),
-                       ("tool_call_parser", "hermes"), ("enable_auto_tool_choice", True),
-                       ("async_scheduling", True), ("limit_mm_per_prompt", {}), ("mm_processor_kwargs", {})]:
+    for key, value in [
+        ("reasoning_parser", "gemma4"),
+        ("tool_call_parser", "gemma4"),
+        ("reasoning_parser", "qwen3"),
+        ("tool_call_parser", "hermes"),
+        ("enable_auto_tool_choice", True),
+        ("async_scheduling", True),
+        ("limit_mm_per_prompt", {}),
+        ("mm_processor_kwargs", {}),
+    ]:
         assert resolve_module.installed_vllm_check(key, value) is None, key
     assert "no such flag" in (resolve_module.installed_vllm_check("surely_not_a_flag", 1) or "")
 

@@ -38,8 +38,7 @@ def repeated_run(latency_scale: float, jitter: tuple[float, ...] = JITTER) -> Sw
 
 def verdicts(comparison: Comparison) -> dict[str, str]:
     [cell] = comparison.cells
-    return {change.metric.label: change.verdict(comparison.threshold, comparison.min_effect)
-            for change in cell.changes}
+    return {change.metric.label: change.verdict(comparison.threshold, comparison.min_effect) for change in cell.changes}
 
 
 def printed(comparison: Comparison) -> str:
@@ -65,8 +64,10 @@ def test_a_large_shift_still_regresses_and_its_mirror_improves() -> None:
     assert set(verdicts(comparison).values()) == {"regressed"}
     regressions = comparison.regressions()
     assert len(regressions) == len(COMPARED_METRICS)
-    assert any(line.startswith("c2: TTFT p50 30% higher (") and line.endswith("; 95% intervals apart, at least 5%)")
-               for line in regressions), regressions
+    assert any(
+        line.startswith("c2: TTFT p50 30% higher (") and line.endswith("; 95% intervals apart, at least 5%)")
+        for line in regressions
+    ), regressions
     text = printed(comparison)
     assert "REGRESSION" in text and f"{len(COMPARED_METRICS)} regression(s) beyond the 95% confidence" in text
     assert set(verdicts(compare(repeated_run(1.3), repeated_run(1.0))).values()) == {"improved"}

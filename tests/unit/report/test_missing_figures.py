@@ -14,15 +14,22 @@ def one_run(name: str, load: dict, figures: dict) -> SweepResults:
     """A one-cell SweepResults as `report` builds from a stored run."""
     summary = RunSummary.from_partial({"requests": {"total": 10, "completed": 10, "failed": 0}, **figures})
     cell = CellOutcome(deployment="endpoint", cell=name, load=load, status="done", run_id=name, summary=summary)
-    info = DeploymentInfo(name="endpoint", kind="endpoint", devices=1.0, spec=None, endpoint=None, model="m",
-                          status="done", server_version=None)
+    info = DeploymentInfo(
+        name="endpoint", kind="endpoint", devices=1.0, spec=None, endpoint=None, model="m", status="done", server_version=None
+    )
     return SweepResults(name=name, deployments=[info], cells=[cell], slo=SLO(bounds_s={}), source=name)
 
 
-FULL = {"ttft_ms": {"p50": 30.0, "p95": 40.0, "p99": 45.0}, "tpot_ms": {"p50": 8.0},
-        "throughput": {"output_tokens_per_s": 300.0, "requests_per_s": 40.0}}
-NO_TTFT_TAIL = {"ttft_ms": {"p50": 36.0}, "tpot_ms": {"p50": 8.2},
-                "throughput": {"output_tokens_per_s": 290.0, "requests_per_s": 36.0}}
+FULL = {
+    "ttft_ms": {"p50": 30.0, "p95": 40.0, "p99": 45.0},
+    "tpot_ms": {"p50": 8.0},
+    "throughput": {"output_tokens_per_s": 300.0, "requests_per_s": 40.0},
+}
+NO_TTFT_TAIL = {
+    "ttft_ms": {"p50": 36.0},
+    "tpot_ms": {"p50": 8.2},
+    "throughput": {"output_tokens_per_s": 290.0, "requests_per_s": 36.0},
+}
 
 
 def test_a_run_without_a_load_level_draws_every_chart() -> None:
@@ -43,13 +50,25 @@ def test_compare_lists_figures_one_side_lacks_as_unknown_not_as_changes() -> Non
 
 
 def test_load_settings_one_side_lacks_are_unknown_and_the_real_difference_comes_first() -> None:
-    ours = {"api": "chat", "dataset": "random", "input_len": 32, "output_len": 8, "concurrency": 4, "arrival": "poisson",
-            "burstiness": 1.0, "image_size": [64, 64], "ignore_eos": True, "seed": 1}
+    ours = {
+        "api": "chat",
+        "dataset": "random",
+        "input_len": 32,
+        "output_len": 8,
+        "concurrency": 4,
+        "arrival": "poisson",
+        "burstiness": 1.0,
+        "image_size": [64, 64],
+        "ignore_eos": True,
+        "seed": 1,
+    }
     theirs = {"api": "completions", "rate": 12.0}
-    assert load_differences(ours, theirs) == ["closed loop, concurrency 4 → open loop, rate 12.0",
-                                              "api chat → completions"]
-    assert load_unknown(ours, theirs) == ["dataset (unknown in candidate)", "input_len (unknown in candidate)",
-                                          "output_len (unknown in candidate)",
-                                          "4 other load setting(s) recorded on one side only"]
+    assert load_differences(ours, theirs) == ["closed loop, concurrency 4 → open loop, rate 12.0", "api chat → completions"]
+    assert load_unknown(ours, theirs) == [
+        "dataset (unknown in candidate)",
+        "input_len (unknown in candidate)",
+        "output_len (unknown in candidate)",
+        "4 other load setting(s) recorded on one side only",
+    ]
     assert load_differences({"concurrency": 4}, {"concurrency": 8}) == ["concurrency 4 → 8"]
     assert load_unknown({"concurrency": 4}, {}) == ["concurrency (unknown in candidate)"]

@@ -21,8 +21,9 @@ from vlmserve.sched.scheduler import Scheduler, SchedulerConfig, SimRequest, Ste
 from vlmserve.sched.step_cost import StepContents
 from vlmserve.sched.virtual_clock import Send, run_virtual_clock
 
-COST = ParametricStepCost(fixed_s=0.001, per_prefill_token_s=1e-6, per_decode_seq_s=1e-5, per_kv_token_s=0.0,
-                          per_image_token_s=1e-5)
+COST = ParametricStepCost(
+    fixed_s=0.001, per_prefill_token_s=1e-6, per_decode_seq_s=1e-5, per_kv_token_s=0.0, per_image_token_s=1e-5
+)
 RED_PIXEL_PNG = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 )
@@ -32,12 +33,19 @@ def _config(**limits: int | bool) -> SchedulerConfig:
     return SchedulerConfig(max_num_seqs=16, num_kv_blocks=1024, block_size=16, max_model_len=4096, **limits)  # type: ignore[arg-type]
 
 
-def _request(request_id: str, prompt_len: int, images: tuple[tuple[int, int], ...], output: int = 2,
-             digests: tuple[int, ...] = ()) -> SimRequest:
+def _request(
+    request_id: str, prompt_len: int, images: tuple[tuple[int, int], ...], output: int = 2, digests: tuple[int, ...] = ()
+) -> SimRequest:
     base = 1_000_000 * (1 + sum(map(ord, request_id)))
-    return SimRequest(request_id, list(range(base, base + prompt_len)), output,
-                      images=len(images), image_tokens=sum(length for _offset, length in images),
-                      mm_positions=images, image_items=tuple((digest, 1) for digest in digests))
+    return SimRequest(
+        request_id,
+        list(range(base, base + prompt_len)),
+        output,
+        images=len(images),
+        image_tokens=sum(length for _offset, length in images),
+        mm_positions=images,
+        image_items=tuple((digest, 1) for digest in digests),
+    )
 
 
 def _steps(scheduler: Scheduler, count: int) -> list[StepResult]:
@@ -105,8 +113,9 @@ def test_abort_and_preemption_release_the_requests_entries() -> None:
     assert scheduler.encoder_cache_manager.num_used_slots == 300
     scheduler.abort_request("a")
     assert scheduler.encoder_cache_manager.num_used_slots == 0
-    tight = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=250, num_kv_blocks=30, block_size=16,
-                                      max_model_len=480), COST)
+    tight = Scheduler(
+        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=250, num_kv_blocks=30, block_size=16, max_model_len=480), COST
+    )
     tight.add_request(_request("x", 120, ((0, 100),), output=300))
     tight.add_request(_request("y", 120, ((0, 100),), output=300))
     results = _steps(tight, 1000)
@@ -160,8 +169,7 @@ def test_without_chunked_mm_input_a_chunk_never_ends_inside_an_image() -> None:
 
 
 def test_an_image_larger_than_the_budget_and_cache_raises_them_as_vllm_does_at_start_up() -> None:
-    scheduler = Scheduler(_config(max_num_batched_tokens=256, max_num_encoder_input_tokens=100,
-                                  encoder_cache_size=100), COST)
+    scheduler = Scheduler(_config(max_num_batched_tokens=256, max_num_encoder_input_tokens=100, encoder_cache_size=100), COST)
     scheduler.add_request(_request("a", 450, ((0, 300),)))
     results = _steps(scheduler, 10)
     assert not scheduler.has_work()  # no deadlock on an image bigger than both limits
@@ -181,8 +189,11 @@ def test_a_repeated_image_is_encoded_once_whether_the_frontend_or_the_encoder_ca
 
         core = Recording(_config(max_num_batched_tokens=4096), COST)
         requests = [_request(name, 600, ((0, 500),), digests=(77,)) for name in ("p", "q")]
-        run_virtual_clock([core], [Send(0.0, index, request) for index, request in enumerate(requests)],
-                          frontend=FrontendConfig(mm_cache_items=mm_cache_items))
+        run_virtual_clock(
+            [core],
+            [Send(0.0, index, request) for index, request in enumerate(requests)],
+            frontend=FrontendConfig(mm_cache_items=mm_cache_items),
+        )
         return contents
 
     with_frontend_cache = run(1024)  # q's image hits the multimodal cache: it never reaches the encoder
@@ -210,10 +221,19 @@ def test_the_cache_manager_evicts_the_oldest_freeable_entry_first() -> None:
 
 def test_the_sim_engine_records_where_each_image_sits_in_the_prompt() -> None:
     config = SimEngineConfig(image_tokens=64)
-    body = {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "look at this"}, {"type": "image_url", "image_url": {"url": RED_PIXEL_PNG}},
-        {"type": "text", "text": "and this"}, {"type": "image_url", "image_url": {"url": RED_PIXEL_PNG}},
-    ]}]}
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "look at this"},
+                    {"type": "image_url", "image_url": {"url": RED_PIXEL_PNG}},
+                    {"type": "text", "text": "and this"},
+                    {"type": "image_url", "image_url": {"url": RED_PIXEL_PNG}},
+                ],
+            }
+        ]
+    }
     parsed = parse_generation_request(body, "chat", config, ImageValidator())
     assert len(parsed.image_positions) == 2 and parsed.image_tokens == 128
     digest = parsed.image_items[0][0]

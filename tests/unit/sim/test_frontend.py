@@ -41,8 +41,14 @@ def test_config_problems_name_the_flag() -> None:
 @pytest.mark.parametrize(
     ("config", "problem"),
     [
-        (FrontendConfig(per_image_ms=float("nan")), "--mm-preprocess-ms-per-image must be a finite number of milliseconds, got nan"),
-        (FrontendConfig(per_megapixel_ms=float("inf")), "--mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got inf"),
+        (
+            FrontendConfig(per_image_ms=float("nan")),
+            "--mm-preprocess-ms-per-image must be a finite number of milliseconds, got nan",
+        ),
+        (
+            FrontendConfig(per_megapixel_ms=float("inf")),
+            "--mm-preprocess-ms-per-megapixel must be a finite number of milliseconds, got inf",
+        ),
         (FrontendConfig(per_image_ms=1e300), "--mm-preprocess-ms-per-image must be at most 3600000 (an hour), got 1e+300"),
         (FrontendConfig(api_server_count=10**9), "--api-server-count must be at most 1024, got 1000000000"),
         (FrontendConfig(mm_cache_items=10**12), "--mm-cache-items must be at most 10000000, got 1000000000000"),
@@ -58,14 +64,21 @@ def test_zero_costs_are_allowed_and_mean_no_preprocessing_time() -> None:
     assert Frontend(config).admit(3.0, [(1, MP)]).ready_s == 3.0
 
 
-COST = ParametricStepCost(fixed_s=0.002, per_prefill_token_s=1e-5, per_decode_seq_s=1e-4, per_kv_token_s=0.0,
-                          per_image_token_s=2e-5)
+COST = ParametricStepCost(
+    fixed_s=0.002, per_prefill_token_s=1e-5, per_decode_seq_s=1e-4, per_kv_token_s=0.0, per_image_token_s=2e-5
+)
 
 
 def _image_request(index: int, digest: int, arrival_s: float) -> SimRequest:
-    return SimRequest(request_id=str(index), prompt_token_ids=list(range(index * 10_000, index * 10_000 + 300)),
-                      max_output_tokens=4, arrival_s=arrival_s, image_tokens=256, images=1,
-                      image_items=((digest, 4 * MP),))
+    return SimRequest(
+        request_id=str(index),
+        prompt_token_ids=list(range(index * 10_000, index * 10_000 + 300)),
+        max_output_tokens=4,
+        arrival_s=arrival_s,
+        image_tokens=256,
+        images=1,
+        image_items=((digest, 4 * MP),),
+    )
 
 
 def _run(requests: list[SimRequest], frontend: FrontendConfig):

@@ -21,8 +21,11 @@ def requests(adapters: int, count: int = 400, rate: float = 40.0, seed: int = 0)
     now, made = 0.0, []
     for index in range(count):
         now += rng.expovariate(rate)
-        made.append(SimRequest(f"r{index}", [rng.randrange(50_000) for _ in range(64)], 32, arrival_s=now,
-                               lora=f"lora-{index % adapters}"))
+        made.append(
+            SimRequest(
+                f"r{index}", [rng.randrange(50_000) for _ in range(64)], 32, arrival_s=now, lora=f"lora-{index % adapters}"
+            )
+        )
     return made
 
 
@@ -42,8 +45,12 @@ def test_more_hot_adapters_than_slots_raises_ttft_and_fewer_do_not() -> None:
 
 
 def test_a_waiting_request_without_a_slot_is_skipped_not_blocking_and_loads_cost_once() -> None:
-    config = SchedulerConfig(max_num_batched_tokens=4096, num_kv_blocks=1024, max_model_len=1024,
-                             lora=LoraConfig(max_loras=1, max_cpu_loras=1, load_s=0.5))
+    config = SchedulerConfig(
+        max_num_batched_tokens=4096,
+        num_kv_blocks=1024,
+        max_model_len=1024,
+        lora=LoraConfig(max_loras=1, max_cpu_loras=1, load_s=0.5),
+    )
     scheduler = Scheduler(config, COST)
     scheduler.add_request(SimRequest("a1", list(range(32)), 4, lora="a"))
     scheduler.add_request(SimRequest("b1", list(range(100, 132)), 4, lora="b"))  # no slot: skipped

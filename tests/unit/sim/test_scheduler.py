@@ -152,9 +152,7 @@ def test_fully_cached_prompt_still_recomputes_its_last_token() -> None:
     rng = random.Random(6)
     prompt = _prompt(rng, 64)  # exactly 4 blocks
     timings = simulate(
-        [SimRequest("a", prompt, 2, arrival_s=0.0), SimRequest("b", list(prompt), 2, arrival_s=1.0)],
-        SchedulerConfig(),
-        UNIT_COST,
+        [SimRequest("a", prompt, 2, arrival_s=0.0), SimRequest("b", list(prompt), 2, arrival_s=1.0)], SchedulerConfig(), UNIT_COST
     )
     assert timings[1].cached_prompt_tokens == 48  # 3 blocks: the 4th holds the last token
 

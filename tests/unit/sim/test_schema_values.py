@@ -67,8 +67,9 @@ def test_unsatisfiable_or_unsupported_schemas_are_refused(schema: Any, words: st
     assert words in str(caught.value)
 
 
-def _plan(body: dict[str, Any], max_tokens: int = 100, output_len: str = "fixed:5", prompt_len: int = 10,
-          max_model_len: int = 4096) -> RichPlan:
+def _plan(
+    body: dict[str, Any], max_tokens: int = 100, output_len: str = "fixed:5", prompt_len: int = 10, max_model_len: int = 4096
+) -> RichPlan:
     features = parse_features(body, "chat")
     parsed = ParsedRequest(kind="chat", model="m", prompt_token_ids=list(range(prompt_len)), max_tokens=max_tokens)
     parsed.features = features

@@ -43,10 +43,14 @@ def test_plans_are_deterministic_and_lengths_follow_the_rules() -> None:
 
 
 def test_stop_string_is_cut_and_not_returned() -> None:
-    plan = plan_output(_request(max_tokens=2000, ignore_eos=True, stop=[","]), OutputLengthDistribution("fixed", 1), random.Random(5))
+    plan = plan_output(
+        _request(max_tokens=2000, ignore_eos=True, stop=[","]), OutputLengthDistribution("fixed", 1), random.Random(5)
+    )
     assert plan.finish_reason == "stop" and plan.stop_reason == ","
     assert "," not in plan.text and plan.num_tokens < 2000
-    multi = plan_output(_request(max_tokens=2000, ignore_eos=True, stop=[" ka", ","]), OutputLengthDistribution("fixed", 1), random.Random(5))
+    multi = plan_output(
+        _request(max_tokens=2000, ignore_eos=True, stop=[" ka", ","]), OutputLengthDistribution("fixed", 1), random.Random(5)
+    )
     assert multi.num_tokens <= plan.num_tokens
 
 

@@ -10,8 +10,13 @@ from vlmserve.sweep.rank import best_operating_point, cheapest, rank_deployments
 
 def test_knee_matches_the_issue_example() -> None:
     # 20% more users bought 4% more requests/s and 34% more p95 TTFT -> the knee is the lower level
-    points = [LoadPoint(150, 10.0, 200, "u150"), LoadPoint(200, 13.0, 260, "u200"),
-              LoadPoint(250, 15.0, 320, "u250"), LoadPoint(300, 15.6, 429, "u300"), LoadPoint(360, 15.8, 700, "u360")]
+    points = [
+        LoadPoint(150, 10.0, 200, "u150"),
+        LoadPoint(200, 13.0, 260, "u200"),
+        LoadPoint(250, 15.0, 320, "u250"),
+        LoadPoint(300, 15.6, 429, "u300"),
+        LoadPoint(360, 15.8, 700, "u360"),
+    ]
     knee = find_knee(points, min_gain_fraction=0.5)
     assert knee is not None and knee[0].cell == "u250" and knee[1].cell == "u300"
 

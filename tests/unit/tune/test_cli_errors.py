@@ -18,23 +18,38 @@ def spec(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--flag", "max-num-seqs=", "--slo", "ttft_p95=1s", "--rate-range", "1:8", "--duration", "1s"],
-     "error: --flag max-num-seqs: give at least one value, e.g. max-num-seqs=16,32"),
-    (["--flag", "kv-cache-dtype=fp8", "--slo", "ttft_p95=1s", "--rate-range", "1:8", "--duration", "1s"],
-     "error: --flag kv-cache-dtype: the sim engine does not model it (every candidate would be the same); it models "
-     "max-num-seqs, max-num-batched-tokens, api-server-count, max-model-len"),
-    (["--slo", "ttft_p95=1s", "--rate-range", "1:8", "--duration", "1s"],
-     "error: give at least one --flag NAME=V1,V2,..., e.g. --flag max-num-seqs=16,32,64"),
-    (["--flag", "max-num-seqs=8", "--slo", "image:ttft_p95=1s", "--rate-range", "1:8", "--duration", "1s"],
-     "error: --slo: tune judges run-wide objectives only; drop the TYPE: ones"),
-    (["--flag", "max-num-seqs=8", "--slo", "ttft_p95=1s", "--rate-range", "8:1", "--duration", "1s"],
-     "error: --rate-range 8:1: give LOW:HIGH with 0 < LOW < HIGH, e.g. 1:64"),
-    ([*GOOD, "--max-time", "soon"], "error: --max-time: 'soon' is not a duration; write it like 500ms or 5s"),
-    ([*GOOD, "--max-time", "0m"], "error: --max-time: '0m' must be positive"),
-    (["--flag", "max-num-seqs=8", "--slo", "ttft_p95=1s", "--rate-range", "1:8"],
-     "error: give --num-requests N or --duration S"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--flag", "max-num-seqs=", "--slo", "ttft_p95=1s", "--rate-range", "1:8", "--duration", "1s"],
+            "error: --flag max-num-seqs: give at least one value, e.g. max-num-seqs=16,32",
+        ),
+        (
+            ["--flag", "kv-cache-dtype=fp8", "--slo", "ttft_p95=1s", "--rate-range", "1:8", "--duration", "1s"],
+            "error: --flag kv-cache-dtype: the sim engine does not model it (every candidate would be the same); it models "
+            "max-num-seqs, max-num-batched-tokens, api-server-count, max-model-len",
+        ),
+        (
+            ["--slo", "ttft_p95=1s", "--rate-range", "1:8", "--duration", "1s"],
+            "error: give at least one --flag NAME=V1,V2,..., e.g. --flag max-num-seqs=16,32,64",
+        ),
+        (
+            ["--flag", "max-num-seqs=8", "--slo", "image:ttft_p95=1s", "--rate-range", "1:8", "--duration", "1s"],
+            "error: --slo: tune judges run-wide objectives only; drop the TYPE: ones",
+        ),
+        (
+            ["--flag", "max-num-seqs=8", "--slo", "ttft_p95=1s", "--rate-range", "8:1", "--duration", "1s"],
+            "error: --rate-range 8:1: give LOW:HIGH with 0 < LOW < HIGH, e.g. 1:64",
+        ),
+        ([*GOOD, "--max-time", "soon"], "error: --max-time: 'soon' is not a duration; write it like 500ms or 5s"),
+        ([*GOOD, "--max-time", "0m"], "error: --max-time: '0m' must be positive"),
+        (
+            ["--flag", "max-num-seqs=8", "--slo", "ttft_p95=1s", "--rate-range", "1:8"],
+            "error: give --num-requests N or --duration S",
+        ),
+    ],
+)
 @pytest.mark.hostile("tune: empty value lists, flags the engine ignores, no flag, typed SLOs, a reversed range, a bad --max-time")
 def test_bad_arguments_are_one_line(cli, spec: Path, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     done = cli("tune", spec, *args)
@@ -55,8 +70,9 @@ def test_corrupt_store_through_the_cli(cli, spec: Path, tmp_path: Path) -> None:
     (out / "tune.json").write_text('{"version": 1, "fingerprint": ')
     done = cli("tune", spec, *GOOD, "--out", out)
     assert done.code == 2
-    assert done.error_line == (f"error: {out / 'tune.json'}: not a tune store (not readable JSON); "
-                               "remove it, or pass --restart to start the tune over")
+    assert done.error_line == (
+        f"error: {out / 'tune.json'}: not a tune store (not readable JSON); remove it, or pass --restart to start the tune over"
+    )
     assert not (out / "candidates").exists(), "no candidate was started"
 
 

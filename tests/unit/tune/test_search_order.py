@@ -18,17 +18,32 @@ from vlmserve.tune.space import TuneSpace
 from vlmserve.tune.store import CandidateRecord, Interval
 
 OPTIMUM = {"max_num_seqs": 16, "max_num_batched_tokens": 1024}
-BASE = DeploymentSpec.model_validate({"name": "r", "engine": "sim", "model": "m", "gateway": False,
-                                      "engine_args": {"max_num_seqs": 64, "max_num_batched_tokens": 4096},
-                                      "sim": {"profile": "a10g-8b", "rehearsal_optimum": OPTIMUM}})
+BASE = DeploymentSpec.model_validate(
+    {
+        "name": "r",
+        "engine": "sim",
+        "model": "m",
+        "gateway": False,
+        "engine_args": {"max_num_seqs": 64, "max_num_batched_tokens": 4096},
+        "sim": {"profile": "a10g-8b", "rehearsal_optimum": OPTIMUM},
+    }
+)
 LOAD = LoadSpec(rate=1, duration_s=2, input_len=128, output_len=16, arrival="constant")
 SLO_ = SLO.parse("ttft_p95=400ms")
 RATES = SearchSpace("rate", 1, 32, 0.3, 6)
 
 
 def _measured(candidate_id: str, order: int, low: float, high: float | None, baseline: bool = False) -> CandidateRecord:
-    return CandidateRecord(id=candidate_id, label=candidate_id, params={"max_num_seqs": order}, baseline=baseline,
-                           order=order, status="measured", goodput_rps=low, interval=Interval(low=low, high=high))
+    return CandidateRecord(
+        id=candidate_id,
+        label=candidate_id,
+        params={"max_num_seqs": order},
+        baseline=baseline,
+        order=order,
+        status="measured",
+        goodput_rps=low,
+        interval=Interval(low=low, high=high),
+    )
 
 
 def test_the_planner_ranks_the_constructed_optimum_first(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,7 +66,8 @@ def test_a_candidate_that_would_not_start_is_predicted_as_such() -> None:
 
 def test_no_planner_model_for_vllm_specs() -> None:
     assert can_predict(DeploymentSpec(name="v", engine="vllm")) == (
-        "no planner model of the vLLM engine on this machine (the planner prices GPUs)")
+        "no planner model of the vLLM engine on this machine (the planner prices GPUs)"
+    )
 
 
 def test_baseline_first_then_planner_picks_then_optuna_without_repeats() -> None:
@@ -64,10 +80,18 @@ def test_baseline_first_then_planner_picks_then_optuna_without_repeats() -> None
     while (proposal := proposer.next(records)) is not None and len(records) < 12:
         whys.append(proposal.why)
         assert proposal.candidate.id not in {record.id for record in records}, "never proposes a measured point"
-        records.append(CandidateRecord(id=proposal.candidate.id, label=proposal.candidate.label,
-                                       params=dict(proposal.candidate.params), baseline=proposal.candidate.baseline,
-                                       order=len(records), status="measured", goodput_rps=1.0,
-                                       interval=Interval(low=1.0, high=2.0)))
+        records.append(
+            CandidateRecord(
+                id=proposal.candidate.id,
+                label=proposal.candidate.label,
+                params=dict(proposal.candidate.params),
+                baseline=proposal.candidate.baseline,
+                order=len(records),
+                status="measured",
+                goodput_rps=1.0,
+                interval=Interval(low=1.0, high=2.0),
+            )
+        )
     assert whys[:3] == ["baseline", "planner", "planner"]  # (5 - 1) / 2 planner slots
     assert [record.id for record in records[1:3]] == [candidates[-1].id, candidates[-2].id], "highest predicted first"
     assert set(whys[3:]) <= {"optuna", "fallback"} and whys.count("optuna") >= 3
@@ -76,10 +100,13 @@ def test_baseline_first_then_planner_picks_then_optuna_without_repeats() -> None
 
 def test_a_resumed_proposer_proposes_what_an_uninterrupted_one_would() -> None:
     space = TuneSpace.parse(BASE, ["max-num-seqs=4,8,16,64", "max-num-batched-tokens=512,1024,4096"])
-    records = [_measured(candidate.id, index, 1.0 + index, 2.0 + index, candidate.baseline)
-               for index, candidate in enumerate(space.candidates()[:4])]
-    records = [record.model_copy(update={"params": dict(candidate.params)})
-               for record, candidate in zip(records, space.candidates()[:4])]
+    records = [
+        _measured(candidate.id, index, 1.0 + index, 2.0 + index, candidate.baseline)
+        for index, candidate in enumerate(space.candidates()[:4])
+    ]
+    records = [
+        record.model_copy(update={"params": dict(candidate.params)}) for record, candidate in zip(records, space.candidates()[:4])
+    ]
     first = Proposer(space, {}, budget=8, seed=3).next(records)
     second = Proposer(space, {}, budget=8, seed=3).next(records)
     assert first is not None and second is not None and first.candidate.id == second.candidate.id

@@ -63,22 +63,34 @@ def test_misspelt_vllm_flag_is_refused_with_a_suggestion() -> None:
         TuneSpace.parse(base, ["max-num-seq=4,8"])
 
 
-@pytest.mark.parametrize("flags, message", [
-    ([], "give at least one --flag NAME=V1,V2,..., e.g. --flag max-num-seqs=16,32,64"),
-    (["max-num-seqs"], "--flag 'max-num-seqs': write NAME=V1,V2,..., e.g. --flag max-num-seqs=16,32,64"),
-    (["max-num-seqs="], "--flag max-num-seqs: give at least one value, e.g. max-num-seqs=16,32"),
-    (["max-num-seqs=4,,8"], "--flag max-num-seqs: an empty value in '4,,8'; separate values with single commas"),
-    (["max-num-seqs=4,4"], "--flag max-num-seqs: the value 4 is given twice"),
-    (["max-num-seqs=4", "max_num_seqs=8"], "--flag max-num-seqs is given twice; list all its values in one --flag"),
-    (["Max Seqs=4"], "--flag 'Max Seqs': not a flag name; write it like max-num-seqs=16,32"),
-    (["enable-prefix-caching=true"], "--flag enable-prefix-caching: the sim engine does not model it (every candidate "
-                                     "would be the same); it models max-num-seqs, max-num-batched-tokens, "
-                                     "api-server-count, max-model-len"),
-    (["served-model-name=a,b"], "--flag served-model-name: names or shapes the deployment; tune takes serving flags "
-                                "such as max-num-seqs or max-num-batched-tokens"),
-    (["max-num-seqs=[1,2]"], "--flag candidate max-num-seqs=[1: field 'engine_args.max_num_seqs': "
-                             "Input should be a valid integer, unable to parse string as an integer"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ([], "give at least one --flag NAME=V1,V2,..., e.g. --flag max-num-seqs=16,32,64"),
+        (["max-num-seqs"], "--flag 'max-num-seqs': write NAME=V1,V2,..., e.g. --flag max-num-seqs=16,32,64"),
+        (["max-num-seqs="], "--flag max-num-seqs: give at least one value, e.g. max-num-seqs=16,32"),
+        (["max-num-seqs=4,,8"], "--flag max-num-seqs: an empty value in '4,,8'; separate values with single commas"),
+        (["max-num-seqs=4,4"], "--flag max-num-seqs: the value 4 is given twice"),
+        (["max-num-seqs=4", "max_num_seqs=8"], "--flag max-num-seqs is given twice; list all its values in one --flag"),
+        (["Max Seqs=4"], "--flag 'Max Seqs': not a flag name; write it like max-num-seqs=16,32"),
+        (
+            ["enable-prefix-caching=true"],
+            "--flag enable-prefix-caching: the sim engine does not model it (every candidate "
+            "would be the same); it models max-num-seqs, max-num-batched-tokens, "
+            "api-server-count, max-model-len",
+        ),
+        (
+            ["served-model-name=a,b"],
+            "--flag served-model-name: names or shapes the deployment; tune takes serving flags "
+            "such as max-num-seqs or max-num-batched-tokens",
+        ),
+        (
+            ["max-num-seqs=[1,2]"],
+            "--flag candidate max-num-seqs=[1: field 'engine_args.max_num_seqs': "
+            "Input should be a valid integer, unable to parse string as an integer",
+        ),
+    ],
+)
 @pytest.mark.hostile("tune --flag: a missing '=', empty or repeated values, a repeated flag, a flag the sim ignores")
 def test_bad_flags_are_one_line(flags: list[str], message: str) -> None:
     with pytest.raises(UserError) as raised:
@@ -90,8 +102,9 @@ def test_bad_flags_are_one_line(flags: list[str], message: str) -> None:
 def test_a_value_the_spec_refuses_names_the_candidate() -> None:
     with pytest.raises(UserError) as raised:
         TuneSpace.parse(SIM, ["max-num-seqs=0,16"])
-    assert raised.value.message.startswith("--flag candidate baseline: max-num-seqs=0: field 'engine_args.max_num_seqs'") \
-        or raised.value.message.startswith("--flag candidate max-num-seqs=0: field 'engine_args.max_num_seqs'")
+    assert raised.value.message.startswith(
+        "--flag candidate baseline: max-num-seqs=0: field 'engine_args.max_num_seqs'"
+    ) or raised.value.message.startswith("--flag candidate max-num-seqs=0: field 'engine_args.max_num_seqs'")
     assert "greater than or equal to 1" in raised.value.message
 
 
@@ -99,5 +112,11 @@ def test_a_value_the_spec_refuses_names_the_candidate() -> None:
 def test_a_space_too_large_is_refused() -> None:
     values = ",".join(str(value) for value in range(1, 65))
     with pytest.raises(UserError, match=f"the space has {64 * 64 * 64} candidates; at most {MAX_SPACE_POINTS}"):
-        TuneSpace.parse(SIM, [f"max-num-seqs={values}", f"max-num-batched-tokens={values}",
-                              f"max-model-len={','.join(str(16 + value) for value in range(64))}"])
+        TuneSpace.parse(
+            SIM,
+            [
+                f"max-num-seqs={values}",
+                f"max-num-batched-tokens={values}",
+                f"max-model-len={','.join(str(16 + value) for value in range(64))}",
+            ],
+        )

@@ -13,10 +13,17 @@ from vlmserve.tune.store import STORE_FILE, CandidateRecord, Interval, TuneStore
 
 def _record(candidate_id: str, order: int, goodput: float | None = 4.0) -> CandidateRecord:
     failed = goodput is None
-    return CandidateRecord(id=candidate_id, label=candidate_id, params={"max_num_seqs": 16}, order=order,
-                           status="failed" if failed else "measured", goodput_rps=goodput,
-                           interval=None if failed else Interval(low=goodput or 0.0, high=(goodput or 0.0) * 1.2),
-                           reason="start failed" if failed else None, log="/tmp/x.log" if failed else None)
+    return CandidateRecord(
+        id=candidate_id,
+        label=candidate_id,
+        params={"max_num_seqs": 16},
+        order=order,
+        status="failed" if failed else "measured",
+        goodput_rps=goodput,
+        interval=None if failed else Interval(low=goodput or 0.0, high=(goodput or 0.0) * 1.2),
+        reason="start failed" if failed else None,
+        log="/tmp/x.log" if failed else None,
+    )
 
 
 def test_a_reopened_store_holds_every_recorded_candidate(tmp_path: Path) -> None:
@@ -38,18 +45,22 @@ def test_restart_forgets_and_a_different_study_is_refused(tmp_path: Path) -> Non
     assert read_store(tmp_path / STORE_FILE).fingerprint == "fp2"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("content, why", [
-    ('{"version": 1, "fingerprint": "fp", "study": {}, "candidates": [{"id": ', "not readable JSON"),
-    ("\xff\xfe garbage", "not readable JSON"),
-    ('["a", "list"]', "field '(top level)'"),
-    ('{"version": 1, "fingerprint": "fp", "study": {}, "candidates": [{"id": "c1"}]}', "field 'candidates.0.label'"),
-    ('{"version": 1, "fingerprint": "fp", "study": {}, "candidates": [], "extra": 1}', "field 'extra'"),
-    ("[" * 100_000 + "]" * 100_000, "nests deeper than 64 levels"),
-])
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        ('{"version": 1, "fingerprint": "fp", "study": {}, "candidates": [{"id": ', "not readable JSON"),
+        ("\xff\xfe garbage", "not readable JSON"),
+        ('["a", "list"]', "field '(top level)'"),
+        ('{"version": 1, "fingerprint": "fp", "study": {}, "candidates": [{"id": "c1"}]}', "field 'candidates.0.label'"),
+        ('{"version": 1, "fingerprint": "fp", "study": {}, "candidates": [], "extra": 1}', "field 'extra'"),
+        ("[" * 100_000 + "]" * 100_000, "nests deeper than 64 levels"),
+    ],
+)
 @pytest.mark.hostile("tune --out DIR: a truncated, non-JSON, mis-shaped or 100,000-deep tune.json is one line, never a traceback")
 def test_a_corrupt_store_is_one_line(tmp_path: Path, content: str, why: str) -> None:
-    (tmp_path / STORE_FILE).write_bytes(content.encode("utf-8", "surrogateescape") if "\xff" not in content
-                                         else b"\xff\xfe garbage")
+    (tmp_path / STORE_FILE).write_bytes(
+        content.encode("utf-8", "surrogateescape") if "\xff" not in content else b"\xff\xfe garbage"
+    )
     with pytest.raises(UserError) as raised:
         TuneStore(tmp_path, "fp", {})
     message = raised.value.message

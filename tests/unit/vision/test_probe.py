@@ -10,14 +10,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from vlmserve.vision.probe import (
-    ImageTooLarge,
-    ImageUnreadable,
-    content_digest,
-    decode_base64,
-    probe_image,
-    split_data_url,
-)
+from vlmserve.vision.probe import ImageTooLarge, ImageUnreadable, content_digest, decode_base64, probe_image, split_data_url
 
 
 def _png(width: int, height: int) -> bytes:
@@ -28,6 +21,7 @@ def _png(width: int, height: int) -> bytes:
 
 def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims a size its (absent) pixel data never backs: a bomb's shape."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 

@@ -31,12 +31,21 @@ def test_pixel_grid_matches_qwen2_vl_smart_resize() -> None:
 
 
 def _tiny_idefics3(tmp_path: Path, longest_edge: int = 128, tile: int = 64, seq_len: int = 4) -> Path:
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "idefics3", "scale_factor": 2, "vision_config": {"image_size": tile, "patch_size": 16}}))
-    (tmp_path / "processor_config.json").write_text(json.dumps({
-        "image_seq_len": seq_len,
-        "image_processor": {"size": {"longest_edge": longest_edge}, "max_image_size": {"longest_edge": tile},
-                            "do_image_splitting": True}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "idefics3", "scale_factor": 2, "vision_config": {"image_size": tile, "patch_size": 16}})
+    )
+    (tmp_path / "processor_config.json").write_text(
+        json.dumps(
+            {
+                "image_seq_len": seq_len,
+                "image_processor": {
+                    "size": {"longest_edge": longest_edge},
+                    "max_image_size": {"longest_edge": tile},
+                    "do_image_splitting": True,
+                },
+            }
+        )
+    )
     return tmp_path
 
 
@@ -67,8 +76,11 @@ def test_embedded_model_is_read_as_tiles() -> None:
     from vlmserve.engines import embedded
 
     estimator = estimator_from_configs(
-        {"model_type": "idefics3", "scale_factor": embedded.SCALE_FACTOR,
-         "vision_config": {"image_size": embedded.IMAGE_SIZE, "patch_size": embedded.PATCH_SIZE}},
+        {
+            "model_type": "idefics3",
+            "scale_factor": embedded.SCALE_FACTOR,
+            "vision_config": {"image_size": embedded.IMAGE_SIZE, "patch_size": embedded.PATCH_SIZE},
+        },
         {"size": {"longest_edge": embedded.IMAGE_LONGEST_EDGE}, "max_image_size": {"longest_edge": embedded.IMAGE_SIZE}},
         {},
     )
@@ -85,17 +97,22 @@ def test_gemma4_budget_and_per_request_override() -> None:
     assert estimator.downscale(2000, 2000, 240).mm_processor_kwargs == {"max_soft_tokens": 25}
 
 
-@pytest.mark.parametrize(("config", "expected"), [
-    ({"model_type": "llava", "vision_config": {"image_size": 336, "patch_size": 14}}, 576),
-    ({"model_type": "gemma3", "mm_tokens_per_image": 256}, 258),
-])
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"model_type": "llava", "vision_config": {"image_size": 336, "patch_size": 14}}, 576),
+        ({"model_type": "gemma3", "mm_tokens_per_image": 256}, 258),
+    ],
+)
 def test_fixed_families(config: dict[str, object], expected: int) -> None:
     estimator = estimator_from_configs(config, {}, {})
     assert estimator.tokens(10, 10) == expected and not estimator.is_fallback
 
 
 def test_qwen_reads_size_keys_of_newer_processors() -> None:
-    estimator = estimator_from_configs({"model_type": "qwen3_vl"}, {"size": {"shortest_edge": 65536, "longest_edge": 16777216}}, {})
+    estimator = estimator_from_configs(
+        {"model_type": "qwen3_vl"}, {"size": {"shortest_edge": 65536, "longest_edge": 16777216}}, {}
+    )
     assert isinstance(estimator, PixelGrid) and estimator.patch_size == 16 and estimator.max_pixels == 16777216
 
 

@@ -57,9 +57,7 @@ def _sentence(rng: random.Random, index: int) -> str:
     return f"{rng.choice(_TASKS)} {words} (item {index})."
 
 
-def build_cases(
-    seed: int, num_text: int, num_image: int, image_size: tuple[int, int], num_fillers: int
-) -> CaseSet:
+def build_cases(seed: int, num_text: int, num_image: int, image_size: tuple[int, int], num_fillers: int) -> CaseSet:
     """The checked text and image cases and `num_fillers` distinct filler prompts."""
     rng = random.Random(f"consistency:{seed}")
     checked: list[CheckedCase] = []

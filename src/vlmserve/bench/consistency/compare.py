@@ -117,9 +117,14 @@ class CaseResult:
 
     def to_dict(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
-            "case_id": self.case_id, "kind": self.kind, "identical": self.identical, "unit": self.unit,
-            "first_difference": self.first_difference, "first_difference_char": self.first_difference_char,
-            "in_flight_at_send": self.in_flight_at_send, "error": self.error,
+            "case_id": self.case_id,
+            "kind": self.kind,
+            "identical": self.identical,
+            "unit": self.unit,
+            "first_difference": self.first_difference,
+            "first_difference_char": self.first_difference_char,
+            "in_flight_at_send": self.in_flight_at_send,
+            "error": self.error,
             "alone_tokens": len(self.alone.sequence) if self.alone else None,
             "loaded_tokens": len(self.loaded.sequence) if self.loaded else None,
             "max_logprob_delta": self.max_logprob_delta,
@@ -258,15 +263,19 @@ class ConsistencyReport:
                 for kind in ("text", "image")
                 if (of_kind := [result for result in self.compared if result.kind == kind])
             },
-            "in_flight_at_send": {"min": min(in_flight, default=0), "max": max(in_flight, default=0),
-                                  "mean": sum(in_flight) / len(in_flight) if in_flight else 0.0},
+            "in_flight_at_send": {
+                "min": min(in_flight, default=0),
+                "max": max(in_flight, default=0),
+                "mean": sum(in_flight) / len(in_flight) if in_flight else 0.0,
+            },
             "max_logprob_delta_identical": max(deltas) if deltas else None,
             "image_cases": answered,
             "image_distinct_alone_answers": distinct,
             "image_swaps": [vars(swap) for swap in self.image_swaps],
             "differing": [
                 {**result.to_dict(), "same_as": same_as_other(result, self.results)}
-                for result in self.compared if not result.identical
+                for result in self.compared
+                if not result.identical
             ],
             "cases": [result.to_dict() for result in self.results],
             "notes": self.notes,

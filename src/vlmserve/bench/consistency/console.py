@@ -32,8 +32,10 @@ def print_report(report: ConsistencyReport, console: Console) -> None:
     if data["max_logprob_delta_identical"] is not None:
         console.print(f"largest logprob change within identical answers: {data['max_logprob_delta_identical']:.3g}")
     if data["image_cases"]:
-        console.print(f"image cases: {data['image_cases']}, {data['image_distinct_alone_answers']} distinct answers alone, "
-                      f"{len(report.image_swaps)} image swap(s)")
+        console.print(
+            f"image cases: {data['image_cases']}, {data['image_distinct_alone_answers']} distinct answers alone, "
+            f"{len(report.image_swaps)} image swap(s)"
+        )
     differing = [result for result in report.compared if not result.identical]
     if differing:
         table = Table(title="requests whose answer changed under load")
@@ -42,8 +44,11 @@ def print_report(report: ConsistencyReport, console: Console) -> None:
         for result in differing[:MAX_ROWS]:
             entry = result.to_dict()
             table.add_row(
-                result.case_id, _position(result.unit, result.first_difference), str(result.first_difference_char),
-                repr(entry.get("alone_excerpt", "")[:EXCERPT_CHARS]), repr(entry.get("loaded_excerpt", "")[:EXCERPT_CHARS]),
+                result.case_id,
+                _position(result.unit, result.first_difference),
+                str(result.first_difference_char),
+                repr(entry.get("alone_excerpt", "")[:EXCERPT_CHARS]),
+                repr(entry.get("loaded_excerpt", "")[:EXCERPT_CHARS]),
                 same_as_other(result, report.results) or "-",
             )
         console.print(table)

@@ -96,9 +96,14 @@ def _probe_token_detail(target: Target, timeout_s: float) -> tuple[bool, str | N
                 try:
                     answer = answer_from_response(response.json())
                 except ValueError:
-                    raise UserError(f"{url} did not return a chat completion; is --base-url an OpenAI-compatible server?") from None
+                    raise UserError(
+                        f"{url} did not return a chat completion; is --base-url an OpenAI-compatible server?"
+                    ) from None
                 if answer.unit == "char":
-                    return False, "the server returned neither token ids nor logprobs: answers are compared as text (char positions)"
+                    return (
+                        False,
+                        "the server returned neither token ids nor logprobs: answers are compared as text (char positions)",
+                    )
                 return True, None
         raise UserError(f"{url} rejected a temperature-0 chat request: HTTP {response.status_code}; check --model and the server")
     raise AssertionError("unreachable")
@@ -113,8 +118,12 @@ async def _alone(client: httpx.AsyncClient, url: str, bodies: list[JSONObject], 
 
 
 async def _loaded(
-    client: httpx.AsyncClient, url: str, bodies: list[JSONObject], results: list[CaseResult],
-    fillers: list[JSONObject], options: ConsistencyOptions,
+    client: httpx.AsyncClient,
+    url: str,
+    bodies: list[JSONObject],
+    results: list[CaseResult],
+    fillers: list[JSONObject],
+    options: ConsistencyOptions,
 ) -> int:
     """The loaded run; returns how many filler requests were sent."""
     filler_iter = iter(fillers)
@@ -155,8 +164,9 @@ def run_check(
     options.validate()
     facts = check_target(target, RequestOptions(api="chat", model=target.model, ignore_eos=False))
     detail, note = _probe_token_detail(target, options.timeout_s)
-    cases: CaseSet = build_cases(options.seed, options.num_requests, options.num_image_requests,
-                                 options.image_size, options.num_fillers)
+    cases: CaseSet = build_cases(
+        options.seed, options.num_requests, options.num_image_requests, options.image_size, options.num_fillers
+    )
     checked: list[CheckedCase] = cases.checked
     bodies = [request_body(target.model, case.messages, options.output_len, detail) for case in checked]
     fillers = [request_body(target.model, messages, 2 * options.output_len, False) for messages in cases.fillers]
@@ -175,9 +185,15 @@ def run_check(
     notes = [note] if note else []
     swaps = find_image_swaps(results, {case.case_id: case.question for case in checked})
     report = ConsistencyReport(
-        base_url=target.base_url, model=target.model, concurrency=options.concurrency,
-        min_identical=options.min_identical, fillers_sent=fillers_sent, simulated=facts.simulated,
-        results=results, image_swaps=swaps, notes=notes,
+        base_url=target.base_url,
+        model=target.model,
+        concurrency=options.concurrency,
+        min_identical=options.min_identical,
+        fillers_sent=fillers_sent,
+        simulated=facts.simulated,
+        results=results,
+        image_swaps=swaps,
+        notes=notes,
     )
     distinct, answered = report.distinct_alone_image_answers()
     if answered >= 2 and distinct < answered:

@@ -42,10 +42,7 @@ TOOLS: dict[str, JSONObject] = {
         "description": "Check a student's numeric answer to a homework question.",
         "parameters": {
             "type": "object",
-            "properties": {
-                "question": {"type": "integer", "minimum": 1, "maximum": 50},
-                "answer": {"type": "number"},
-            },
+            "properties": {"question": {"type": "integer", "minimum": 1, "maximum": 50}, "answer": {"type": "number"}},
             "required": ["question", "answer"],
             "additionalProperties": False,
         },
@@ -90,8 +87,12 @@ RESPONSE_SCHEMAS: dict[str, JSONObject] = {
     "image_labels": {
         "type": "object",
         "properties": {
-            "labels": {"type": "array", "minItems": 1, "maxItems": 3,
-                       "items": {"enum": ["tooth", "filling", "crown", "implant", "text", "diagram"]}},
+            "labels": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {"enum": ["tooth", "filling", "crown", "implant", "text", "diagram"]},
+            },
             "count": {"type": "integer", "minimum": 0, "maximum": 20},
         },
         "required": ["labels", "count"],
@@ -111,8 +112,10 @@ def tool_definition(name: str) -> JSONObject:
     unless the server runs with `--tool-strict-level parameter`; products that rely on the arguments set it.
     """
     tool = TOOLS[name]
-    return {"type": "function", "function": {"name": name, "description": tool["description"],
-                                             "parameters": tool["parameters"], "strict": True}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": tool["description"], "parameters": tool["parameters"], "strict": True},
+    }
 
 
 def response_format(name: str) -> JSONObject:

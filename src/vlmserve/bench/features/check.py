@@ -62,7 +62,8 @@ def check_structured(record: RequestRecord) -> tuple[bool, str | None]:
     text = record.answer_text or ""
     if not text.strip():
         return False, f"{_cut(record) or 'no content'}: the answer had no text" + (
-            " (a tool call instead)" if record.tool_call_text else "")
+            " (a tool call instead)" if record.tool_call_text else ""
+        )
     _, problem = _json_problem(text, "response", record.response_schema, "content", _cut(record))
     return problem is None, problem
 

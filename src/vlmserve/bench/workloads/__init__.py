@@ -144,11 +144,22 @@ def fresh_variant(conversation: Conversation, seed: int, variant: int) -> Conver
                 {**part, "text": freshen_text(str(part["text"]), rng, keep)} if part.get("type") == "text" else part
                 for part in turn.content
             ]
-        turns.append(Turn(
-            content, turn.max_tokens, turn.requested_prompt_tokens, turn.requested_output_tokens,
-            turn.reference_reply, turn.image_count, turn.shared_words, turn.request_type, turn.image_repeat, turn.mm_processor_kwargs,
-            turn.features, turn.adapter,
-        ))
+        turns.append(
+            Turn(
+                content,
+                turn.max_tokens,
+                turn.requested_prompt_tokens,
+                turn.requested_output_tokens,
+                turn.reference_reply,
+                turn.image_count,
+                turn.shared_words,
+                turn.request_type,
+                turn.image_repeat,
+                turn.mm_processor_kwargs,
+                turn.features,
+                turn.adapter,
+            )
+        )
     return Conversation(
         f"{conversation.conversation_id}~{variant}", conversation.workload, turns, conversation.system, conversation.arrival_s
     )

@@ -22,8 +22,15 @@ from collections.abc import Callable
 class ImagePicker:
     """Hands out each request's image URLs and says whether they were all sent before."""
 
-    def __init__(self, rng: random.Random, fresh: Callable[[], str], *, repeat_rate: float | None = None,
-                 skew: float = 1.0, pool: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        fresh: Callable[[], str],
+        *,
+        repeat_rate: float | None = None,
+        skew: float = 1.0,
+        pool: list[str] | None = None,
+    ) -> None:
         self.rng = rng
         self.fresh = fresh
         self.repeat_rate = repeat_rate

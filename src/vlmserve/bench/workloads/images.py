@@ -87,8 +87,9 @@ def build(context: WorkloadContext, count: int) -> list[Conversation]:
         width, height, _ = context.rng.choices(sizes, [weight for *_, weight in sizes])[0]
         return synthetic_image_url(context.rng, (width, height), load.image_format)
 
-    picker = ImagePicker(context.rng, fresh_synthetic, repeat_rate=load.image_repeat_rate,
-                         skew=load.image_popularity_skew, pool=pool)
+    picker = ImagePicker(
+        context.rng, fresh_synthetic, repeat_rate=load.image_repeat_rate, skew=load.image_popularity_skew, pool=pool
+    )
     conversations: list[Conversation] = []
     for index in range(count):
         text, _ = fit_prompt(context.rng, context.counter, load.api, load.input_len)

@@ -90,8 +90,10 @@ class _MeteredFile:
         data = self.handle.read(size)
         self.since_item += len(data)
         if self.since_item > DATASET_ITEM.max_bytes + READ_CHUNK:
-            raise UserError(f"{self.path}: a conversation {too_long(DATASET_ITEM)}; "
-                            "not a ShareGPT file, or a damaged one: check --dataset-path")
+            raise UserError(
+                f"{self.path}: a conversation {too_long(DATASET_ITEM)}; "
+                "not a ShareGPT file, or a damaged one: check --dataset-path"
+            )
         return data
 
 
@@ -129,8 +131,9 @@ class _ConversationBuilder:
         """Take one parser event: the finished conversation, else `_MORE`, or `_END` at the array's end."""
         self.values += 1
         if self.values > self.max_items:
-            raise UserError(f"{self.path}: conversation {self.completed + 1} {too_many(self.values, DATASET_ITEM)}; "
-                            "check --dataset-path")
+            raise UserError(
+                f"{self.path}: conversation {self.completed + 1} {too_many(self.values, DATASET_ITEM)}; check --dataset-path"
+            )
         if event == "map_key":
             self.keys[-1] = value
             return _MORE
@@ -160,8 +163,10 @@ class _ConversationBuilder:
         container: dict[object, object] | list[object] = {} if event == "start_map" else []
         self._attach(container)
         if len(self.open_values) >= DATASET_ITEM.max_depth:
-            raise UserError(f"{self.path}: conversation {self.completed + 1} {too_deep(DATASET_ITEM)}; "
-                            "a ShareGPT conversation nests 3 levels: check --dataset-path")
+            raise UserError(
+                f"{self.path}: conversation {self.completed + 1} {too_deep(DATASET_ITEM)}; "
+                "a ShareGPT conversation nests 3 levels: check --dataset-path"
+            )
         self.open_values.append(container)
         self.keys.append(None)
         return _MORE
@@ -192,9 +197,7 @@ def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, object
     with path.open("rb") as handle:
         head = handle.read(1024).lstrip()
         if not head.startswith(b"["):
-            raise UserError(
-                f"{path}: not a ShareGPT file (expected a JSON array of conversations); check --dataset-path"
-            )
+            raise UserError(f"{path}: not a ShareGPT file (expected a JSON array of conversations); check --dataset-path")
         handle.seek(0)
         metered = _MeteredFile(handle, path)
         builder = _ConversationBuilder(path)
@@ -214,7 +217,9 @@ def _stream_items(path: Path, skips: Counter[str]) -> Iterator[tuple[int, object
             skips[f"unparseable after conversation {builder.completed}"] += 1
 
 
-def read_conversations(path_text: str, limit: int | None = None) -> tuple[list[tuple[str, str | None, list[tuple[str, str | None]]]], Counter[str]]:
+def read_conversations(
+    path_text: str, limit: int | None = None
+) -> tuple[list[tuple[str, str | None, list[tuple[str, str | None]]]], Counter[str]]:
     """Up to `limit` replayable conversations (id, system, turns) and the skip counts."""
     path = require_dataset_file(path_text, "sharegpt")
     skips: Counter[str] = Counter()
@@ -246,7 +251,9 @@ def build(context: WorkloadContext, count: int) -> list[Conversation]:
     loaded, skips = read_conversations(load.dataset_path, limit=count)
     context.notices.append(describe(load.dataset_path, len(loaded), skips))
     if not loaded:
-        raise UserError(f"--dataset-path {load.dataset_path}: no usable conversation in the file ({describe(load.dataset_path, 0, skips)})")
+        raise UserError(
+            f"--dataset-path {load.dataset_path}: no usable conversation in the file ({describe(load.dataset_path, 0, skips)})"
+        )
     conversations: list[Conversation] = []
     for index in range(count):
         conversation_id, system, pairs = loaded[index % len(loaded)]

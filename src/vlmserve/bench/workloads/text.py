@@ -44,9 +44,7 @@ def chat_messages(text: str, system: str | None = None) -> list[JSONObject]:
     return messages
 
 
-def fit_prompt(
-    rng: random.Random, counter: TokenCounter, api: str, target_tokens: int, prefix: str = ""
-) -> tuple[str, bool]:
+def fit_prompt(rng: random.Random, counter: TokenCounter, api: str, target_tokens: int, prefix: str = "") -> tuple[str, bool]:
     """Random text whose prompt is exactly `target_tokens` tokens; (text, exact).
 
     `prefix` (a shared prefix) starts the text unchanged and counts toward the target;

@@ -32,8 +32,7 @@ MAX_TRACE_TOKENS = 1 << 20
 MAX_TRACE_IMAGES = 64
 """The most synthetic images one trace line may ask for."""
 
-FIELD_BOUNDS: dict[str, int] = {
-    "input_length": MAX_TRACE_TOKENS, "output_length": MAX_TRACE_TOKENS, "images": MAX_TRACE_IMAGES}
+FIELD_BOUNDS: dict[str, int] = {"input_length": MAX_TRACE_TOKENS, "output_length": MAX_TRACE_TOKENS, "images": MAX_TRACE_IMAGES}
 
 
 def _arrival_s(entry: dict) -> float:
@@ -52,8 +51,10 @@ def _check_bounds(path: Path, line_number: int, values: dict[str, int]) -> None:
     """A field over its bound is the user's to fix: one line naming the file, line and bound."""
     for name, value in values.items():
         if value > FIELD_BOUNDS[name]:
-            raise UserError(f"{path}: line {line_number}: {name} {value:,} is over the {FIELD_BOUNDS[name]:,} "
-                            f"limit for a trace line; fix the trace")
+            raise UserError(
+                f"{path}: line {line_number}: {name} {value:,} is over the {FIELD_BOUNDS[name]:,} "
+                f"limit for a trace line; fix the trace"
+            )
 
 
 @dataclass(frozen=True)
@@ -110,12 +111,10 @@ def _conversation(context: WorkloadContext, line: _TraceLine) -> Conversation | 
         image_count=line.images,
         request_type=request_type(line.images),
     )
-    return Conversation(conversation_id=f"trace-{line.line_number}", workload="trace", turns=[turn],
-                        arrival_s=line.arrival_s)
+    return Conversation(conversation_id=f"trace-{line.line_number}", workload="trace", turns=[turn], arrival_s=line.arrival_s)
 
 
-def _rebased(context: WorkloadContext, path: Path, conversations: list[Conversation],
-             skips: Counter[str]) -> list[Conversation]:
+def _rebased(context: WorkloadContext, path: Path, conversations: list[Conversation], skips: Counter[str]) -> list[Conversation]:
     """Arrivals made relative to the first and sorted, with one notice line; no usable line is an error."""
     if not conversations:
         reasons = ", ".join(f"{n} {why}" for why, n in skips.items()) or "empty file"
@@ -141,8 +140,7 @@ def build(context: WorkloadContext, count: int) -> list[Conversation]:
             if len(conversations) >= count:
                 break
             if raw is None:
-                raise UserError(f"{path}: line {line_number}: {too_long(TRACE_LINE)}; "
-                                "fix the trace")
+                raise UserError(f"{path}: line {line_number}: {too_long(TRACE_LINE)}; fix the trace")
             line = raw.decode("utf-8", errors="replace")
             if not line.strip():
                 continue

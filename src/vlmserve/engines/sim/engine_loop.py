@@ -66,9 +66,7 @@ class EngineLoop:
         self.steps = 0
         self.frozen = False
         """Fault (--freeze-after): the loop takes no more steps; requests are still accepted, and wait."""
-        metrics.bind_state(
-            running=lambda: core.num_running, waiting=lambda: core.num_waiting, kv_usage=lambda: core.kv_usage
-        )
+        metrics.bind_state(running=lambda: core.num_running, waiting=lambda: core.num_waiting, kv_usage=lambda: core.kv_usage)
         self.lora_modules: frozenset[str] = frozenset()
         """Adapter names requests may run with (set by the server from its config)."""
 
@@ -208,8 +206,11 @@ class EngineLoop:
             if request is None or not request.plain or count != 1 or request.transport is None:
                 continue
             index = request.emitted
-            if (request.written == index and 0 < index < request.plan.num_tokens - 1
-                    and request.transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES):
+            if (
+                request.written == index
+                and 0 < index < request.plan.num_tokens - 1
+                and request.transport.get_write_buffer_size() <= WRITE_BUFFER_HIGH_BYTES
+            ):
                 ready.append((request.transport, request.plain_frame(index)))
                 request.written = index + 1
         return ready
@@ -312,9 +313,7 @@ class EngineLoop:
     def _arm_backlog_retry(self, request: ActiveRequest) -> None:
         """A slow reader's pending tokens are offered again on a timer (one at a time; not while stalled)."""
         if request._flush_handle is None and request.stall_after is None:
-            request._flush_handle = asyncio.get_running_loop().call_later(
-                BACKLOG_RETRY_S, self._flush_backlog, request
-            )
+            request._flush_handle = asyncio.get_running_loop().call_later(BACKLOG_RETRY_S, self._flush_backlog, request)
 
     def _finish_requests(self, finished: list[str], emit_at: float) -> None:
         """Retire the step's finished requests: their outcome metrics, and resolve those fully written."""
@@ -338,8 +337,9 @@ class EngineLoop:
         """Append the request's emission times to the trace, once (it then stops collecting)."""
         if self.trace is None or request.chunk_s is None:
             return
-        self.trace.write(request.request_id, request.client_request_id, request.arrival_s, request.chunk_s,
-                         request.chunk_tokens or [], outcome)
+        self.trace.write(
+            request.request_id, request.client_request_id, request.arrival_s, request.chunk_s, request.chunk_tokens or [], outcome
+        )
         request.chunk_s = None
 
     def _deliver(self, request: ActiveRequest) -> bool:
@@ -360,9 +360,7 @@ class EngineLoop:
                 request.stall_until_s = now + (request.stall_duration_s or 0.0)
                 if not request.write_tokens_upto(request.stall_after):
                     return False
-                request._flush_handle = asyncio.get_running_loop().call_at(
-                    request.stall_until_s, self._flush_stalled, request
-                )
+                request._flush_handle = asyncio.get_running_loop().call_at(request.stall_until_s, self._flush_stalled, request)
                 return True
             if now < request.stall_until_s:
                 return not (request.transport is not None and request.transport.is_closing())
@@ -381,9 +379,7 @@ class EngineLoop:
             request.resolve("aborted")  # already finished by the engine: abort() no longer holds it
             return
         if request.backlogged:
-            request._flush_handle = asyncio.get_running_loop().call_later(
-                BACKLOG_RETRY_S, self._flush_backlog, request
-            )
+            request._flush_handle = asyncio.get_running_loop().call_later(BACKLOG_RETRY_S, self._flush_backlog, request)
         elif request.finish_reason is not None and request.written >= request.plan.num_tokens:
             request.resolve("finished")
 

@@ -153,7 +153,9 @@ def _thinking(body: JSONObject, features: Features) -> None:
     effort = body.get("reasoning_effort")
     if effort is not None:
         if not isinstance(effort, str) or effort not in REASONING_EFFORTS:
-            raise bad_request(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}", "reasoning_effort")
+            raise bad_request(
+                f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}", "reasoning_effort"
+            )
         features.reasoning_scale = REASONING_EFFORTS[effort] or 1.0
     # vLLM: reasoning_effort turns thinking on (off for "none") unless enable_thinking says otherwise
     features.thinking = enable if enable is not None else (effort is not None and effort != "none")
@@ -257,7 +259,10 @@ def _named_schema(response_format: JSONObject) -> JSONValue:
 
 
 _RESPONSE_FORMATS: dict[str, Callable[[JSONObject], JSONValue]] = {
-    "text": _free_text, "json_object": _any_object, "json_schema": _named_schema}
+    "text": _free_text,
+    "json_object": _any_object,
+    "json_schema": _named_schema,
+}
 """response_format type → the schema it asks for; any other type is refused."""
 
 

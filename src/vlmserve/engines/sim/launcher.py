@@ -22,8 +22,7 @@ SIM_ENGINE_HOST_GB = 0.3
 
 VLMSERVE_MODULE = "vlmserve"
 
-_SPEC_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "profile", "ttft_ms", "itl_ms",
-               "cold_start_s")
+_SPEC_FLAGS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "profile", "ttft_ms", "itl_ms", "cold_start_s")
 """SimEngineConfig fields a DeploymentSpec sets, in the order they are passed."""
 
 _VLLM_FLAGS = ("api_server_count",)
@@ -78,8 +77,9 @@ class SimLauncher:
             if value is not None:
                 argv += [flag, str(value)]
         if spec.sim.rehearsal_optimum:
-            optimum = RehearsalOptimum.parse(",".join(f"{key}={value:g}" for key, value in spec.sim.rehearsal_optimum.items()),
-                                             spec.sim.rehearsal_penalty)
+            optimum = RehearsalOptimum.parse(
+                ",".join(f"{key}={value:g}" for key, value in spec.sim.rehearsal_optimum.items()), spec.sim.rehearsal_penalty
+            )
             argv += ["--rehearsal-optimum", optimum.as_flag(), "--rehearsal-penalty", f"{optimum.penalty:g}"]
         return argv + list(spec.sim.extra_args)
 
@@ -89,13 +89,17 @@ class SimLauncher:
         spec = self.spec
         args = spec.engine_args
         values: dict[str, Any] = {
-            "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
-            "max_num_batched_tokens": args.max_num_batched_tokens, "profile": spec.sim.profile,
-            "ttft_ms": spec.sim.ttft_ms, "itl_ms": spec.sim.itl_ms,
+            "max_model_len": args.max_model_len,
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "profile": spec.sim.profile,
+            "ttft_ms": spec.sim.ttft_ms,
+            "itl_ms": spec.sim.itl_ms,
             "api_server_count": args.vllm_flags().get("api_server_count"),
         }
-        config = SimEngineConfig(model=served_model_name(spec), seed=index,
-                                 **{name: value for name, value in values.items() if value is not None})
+        config = SimEngineConfig(
+            model=served_model_name(spec), seed=index, **{name: value for name, value in values.items() if value is not None}
+        )
         if spec.sim.rehearsal_optimum:
             config.rehearsal_optimum = ",".join(f"{key}={value:g}" for key, value in spec.sim.rehearsal_optimum.items())
             config.rehearsal_penalty = spec.sim.rehearsal_penalty

@@ -73,12 +73,12 @@ class BatchedHistogram(Collector):
         yield family
 
 
-
 class _WithLora(Protocol):
     """A request as the LoRA gauge reads it: the adapter it asked for, if any."""
 
     @property
     def lora(self) -> str | None: ...
+
 
 class EngineMetrics:
     """The sim engine's Prometheus metrics, labelled as vLLM labels them."""
@@ -98,8 +98,12 @@ class EngineMetrics:
         def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return Histogram(name, doc, LABEL_NAMES, registry=registry, buckets=buckets)
 
-        self.num_requests_running = gauge(names.NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.").labels(*labels)
-        self.num_requests_waiting = gauge(names.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.").labels(*labels)
+        self.num_requests_running = gauge(names.NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.").labels(
+            *labels
+        )
+        self.num_requests_waiting = gauge(names.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.").labels(
+            *labels
+        )
         self.kv_cache_usage = gauge(names.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage.").labels(*labels)
         self.prefix_cache_queries = counter(
             names.PREFIX_CACHE_QUERIES, "Prefix cache queries, in terms of number of queried tokens."
@@ -110,9 +114,9 @@ class EngineMetrics:
         self.mm_cache_queries = counter(
             names.MM_CACHE_QUERIES, "Multi-modal cache queries, in terms of number of queried items."
         ).labels(*labels)
-        self.mm_cache_hits = counter(
-            names.MM_CACHE_HITS, "Multi-modal cache hits, in terms of number of cached items."
-        ).labels(*labels)
+        self.mm_cache_hits = counter(names.MM_CACHE_HITS, "Multi-modal cache hits, in terms of number of cached items.").labels(
+            *labels
+        )
         self.num_preemptions = counter(names.NUM_PREEMPTIONS, "Cumulative number of preemption from the engine.").labels(*labels)
         self.prompt_tokens = counter(names.PROMPT_TOKENS, "Number of prefill tokens processed.").labels(*labels)
         self.generation_tokens = counter(names.GENERATION_TOKENS, "Number of generation tokens processed.").labels(*labels)
@@ -131,8 +135,7 @@ class EngineMetrics:
             names.REQUEST_QUEUE_TIME, "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS
         ).labels(*labels)
         self.request_prefill_time = histogram(
-            names.REQUEST_PREFILL_TIME, "Histogram of time spent in PREFILL phase for request.",
-            REQUEST_LATENCY_BUCKETS,
+            names.REQUEST_PREFILL_TIME, "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS
         ).labels(*labels)
         self.request_prompt_tokens = histogram(
             names.REQUEST_PROMPT_TOKENS, "Number of prefill tokens processed.", _token_buckets()
@@ -155,8 +158,12 @@ class EngineMetrics:
     def set_lora_info(self, max_loras: int, running: Iterable[_WithLora], waiting: Iterable[_WithLora]) -> None:
         """vLLM's LoRA gauge: labels max_lora and the adapters with requests running / waiting, value the time now."""
         if self.lora_info is None:
-            self.lora_info = Gauge(names.LORA_REQUESTS_INFO, "Running stats on lora requests.",
-                                   ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=self.registry)
+            self.lora_info = Gauge(
+                names.LORA_REQUESTS_INFO,
+                "Running stats on lora requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=self.registry,
+            )
         self.lora_info.clear()  # vLLM keeps old label sets (older timestamps); one current set reads the same
         adapters = [",".join(sorted({r.lora for r in group if r.lora})) for group in (waiting, running)]
         self.lora_info.labels(str(max_loras), *adapters).set(time.time())

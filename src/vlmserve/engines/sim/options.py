@@ -196,16 +196,18 @@ class SimEngineConfig:
             chosen = "--profile" if self.profile else "--gpu"
             raise UserError(f"{chosen} and --ttft-ms/--itl-ms exclude each other; pick one timing model")
         if self.constant_mode and self.rehearsal_optimum:
-            raise UserError("--rehearsal-optimum scales a scheduler's step costs; constant mode (--ttft-ms/--itl-ms) "
-                            "has none; use --profile")
+            raise UserError(
+                "--rehearsal-optimum scales a scheduler's step costs; constant mode (--ttft-ms/--itl-ms) has none; use --profile"
+            )
         for flag, value in (("--ttft-ms", self.ttft_ms), ("--itl-ms", self.itl_ms)):
             if value is not None and not (math.isfinite(value) and value >= 0):  # NaN passes `< 0`
                 raise UserError(f"--ttft-ms and --itl-ms must be 0 or more milliseconds: {flag} is {value}")
         if self.image_tokens < 1:
             raise UserError("--image-tokens must be at least 1")
         if self.constant_mode and (self.lora_modules or self.max_loras):
-            raise UserError("--lora-module: adapter slots are modelled with vLLM's scheduler rules; use --profile, "
-                            "not --ttft-ms/--itl-ms")
+            raise UserError(
+                "--lora-module: adapter slots are modelled with vLLM's scheduler rules; use --profile, not --ttft-ms/--itl-ms"
+            )
         if not all(math.isfinite(value) and value >= 0 for value in (self.lora_load_ms, self.lora_step_ms)):
             raise UserError("--lora-load-ms and --lora-step-ms must be 0 or more milliseconds")
         for problem in self.frontend_config().validate():
@@ -254,8 +256,9 @@ class SimEngineConfig:
         return None
 
     def frontend_config(self) -> FrontendConfig:
-        return FrontendConfig(self.api_server_count, self.mm_preprocess_ms_per_image,
-                              self.mm_preprocess_ms_per_megapixel, self.mm_cache_items)
+        return FrontendConfig(
+            self.api_server_count, self.mm_preprocess_ms_per_image, self.mm_preprocess_ms_per_megapixel, self.mm_cache_items
+        )
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(
@@ -270,10 +273,9 @@ class SimEngineConfig:
             enable_chunked_prefill=self.enable_chunked_prefill,
             max_model_len=self.max_model_len,
             lora=LoraConfig(self.max_loras or 1, self.max_cpu_loras, self.lora_load_ms / 1000.0, self.lora_step_ms / 1000.0)
-            if self.lora_modules or self.max_loras else None,
+            if self.lora_modules or self.max_loras
+            else None,
         )
-
-
 
 
 def build_engine_core(config: SimEngineConfig) -> EngineCore:

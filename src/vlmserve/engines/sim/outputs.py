@@ -64,9 +64,7 @@ class ActiveRequest:
         "client_request_id", "chunk_s", "chunk_tokens", "queued_s", "scheduled_s", "image_fresh", "rich",
     )  # fmt: skip
 
-    def __init__(
-        self, request_id: str, response_id: str, parsed: ParsedRequest, plan: OutputPlan, arrival_s: float
-    ) -> None:
+    def __init__(self, request_id: str, response_id: str, parsed: ParsedRequest, plan: OutputPlan, arrival_s: float) -> None:
         self.request_id = request_id
         self.response_id = response_id
         self.parsed = parsed
@@ -132,12 +130,7 @@ class ActiveRequest:
     def attach_stream(self, transport: asyncio.Transport) -> None:
         """Stream to `transport`; call after faults are assigned (they decide the fast path)."""
         self.transport = transport
-        self.plain = (
-            self.stall_after is None
-            and self.drop_after is None
-            and not self.plan.trimmed
-            and self.rich is None
-        )
+        self.plain = self.stall_after is None and self.drop_after is None and not self.plan.trimmed and self.rich is None
 
     def plain_frame(self, index: int) -> bytes:
         """The HTTP chunk for a middle token (not first, not last) of a plain stream."""
@@ -150,8 +143,10 @@ class ActiveRequest:
         """The SSE event of a middle token, with the running usage when the client asked for it."""
         if self.parsed.continuous_usage:
             completion_tokens = index + 1
-            return self._prefix + piece_json_bytes + self._usage_suffix % (
-                self._prompt_tokens + completion_tokens, completion_tokens
+            return (
+                self._prefix
+                + piece_json_bytes
+                + self._usage_suffix % (self._prompt_tokens + completion_tokens, completion_tokens)
             )
         return self._prefix + piece_json_bytes + self._suffix
 

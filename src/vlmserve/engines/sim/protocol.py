@@ -202,9 +202,7 @@ class ImageValidator:
         elif url.startswith(("http://", "https://")):
             width = height = UNKNOWN_IMAGE_SIDE
         else:
-            raise bad_request(
-                "image_url must be an http(s) URL or a base64 data URL (data:image/...;base64,...)", "messages"
-            )
+            raise bad_request("image_url must be an http(s) URL or a base64 data URL (data:image/...;base64,...)", "messages")
         verdict = (int(key, 16), width, height)
         self._verdicts[key] = verdict
         if len(self._verdicts) > self._capacity:
@@ -226,9 +224,7 @@ def _check_data_url(url: str) -> tuple[int, int]:
             width, height = image.size
             image.verify()
     except Exception:  # PIL raises many types for non-images
-        raise bad_request(
-            "the image_url part does not hold a readable image (PIL could not decode it)", "messages"
-        ) from None
+        raise bad_request("the image_url part does not hold a readable image (PIL could not decode it)", "messages") from None
     return width, height
 
 
@@ -254,7 +250,10 @@ def _image_budget(body: JSONObject, config: SimEngineConfig) -> int | None:
 
 
 def _chat_prompt(
-    body: JSONObject, config: SimEngineConfig, images: ImageValidator, items: list[tuple[int, int]],
+    body: JSONObject,
+    config: SimEngineConfig,
+    images: ImageValidator,
+    items: list[tuple[int, int]],
     positions: list[tuple[int, int]],
 ) -> tuple[list[int], int, int]:
     """Token ids of the rendered chat (role headers + content + image placeholders)."""
@@ -277,8 +276,9 @@ def _chat_prompt(
             token_ids += tokenizer.encode(content)
         elif isinstance(content, list):
             for part_index, part in enumerate(content):
-                image_tokens += _add_content_part(part, index, part_index, budget, config.image_tokens, images,
-                                                  token_ids, items, positions)
+                image_tokens += _add_content_part(
+                    part, index, part_index, budget, config.image_tokens, images, token_ids, items, positions
+                )
         else:
             raise bad_request(f"messages[{index}].content must be a string or a list of parts", "messages")
         token_ids += tokenizer.encode("\n")
@@ -288,8 +288,15 @@ def _chat_prompt(
 
 
 def _add_content_part(
-    part: JSONValue, index: int, part_index: int, budget: int | None, default_tokens: int, images: ImageValidator,
-    token_ids: list[int], items: list[tuple[int, int]], positions: list[tuple[int, int]],
+    part: JSONValue,
+    index: int,
+    part_index: int,
+    budget: int | None,
+    default_tokens: int,
+    images: ImageValidator,
+    token_ids: list[int],
+    items: list[tuple[int, int]],
+    positions: list[tuple[int, int]],
 ) -> int:
     """Append one content part's tokens; returns the image's vision tokens (0 for text)."""
     where = f"messages[{index}].content[{part_index}]"
@@ -330,9 +337,7 @@ def _completion_prompt(body: JSONObject) -> tuple[list[int], str | None]:
 
 
 # -- the whole request -----------------------------------------------------------------------
-def parse_generation_request(
-    body: object, kind: str, config: SimEngineConfig, images: ImageValidator
-) -> ParsedRequest:
+def parse_generation_request(body: object, kind: str, config: SimEngineConfig, images: ImageValidator) -> ParsedRequest:
     """Validate a /v1/chat/completions (kind='chat') or /v1/completions body."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -385,8 +390,7 @@ def _served_model(body: JSONObject, config: SimEngineConfig) -> str:
     return model
 
 
-def _output_limits(body: JSONObject, kind: str, config: SimEngineConfig, prompt_len: int,
-                   limit_name: str) -> tuple[int, int]:
+def _output_limits(body: JSONObject, kind: str, config: SimEngineConfig, prompt_len: int, limit_name: str) -> tuple[int, int]:
     """(max_tokens, min_tokens) within the context, refused with vLLM's own messages where vLLM refuses."""
     max_model_len = config.max_model_len
     if prompt_len >= max_model_len:
@@ -399,8 +403,7 @@ def _output_limits(body: JSONObject, kind: str, config: SimEngineConfig, prompt_
     requested = _get_int(body, limit_name, 1)
     if requested is not None and requested > max_model_len:
         raise bad_request(
-            f"{limit_name}={requested} cannot be greater than max_model_len={max_model_len}. "
-            "Please request fewer output tokens.",
+            f"{limit_name}={requested} cannot be greater than max_model_len={max_model_len}. Please request fewer output tokens.",
             limit_name,
         )
     if requested is not None and prompt_len + requested > max_model_len and config.reject_over_context:

@@ -48,8 +48,9 @@ class RehearsalOptimum:
             name, sep, raw = part.partition("=")
             key = name.strip().replace("-", "_")
             if not sep or key not in REHEARSAL_SETTINGS:
-                raise UserError(f"--rehearsal-optimum '{part}': write NAME=VALUE with NAME one of "
-                                f"{', '.join(REHEARSAL_SETTINGS)}")
+                raise UserError(
+                    f"--rehearsal-optimum '{part}': write NAME=VALUE with NAME one of {', '.join(REHEARSAL_SETTINGS)}"
+                )
             try:
                 value = float(raw)
             except ValueError:
@@ -66,7 +67,7 @@ class RehearsalOptimum:
     def factor(self, settings: dict[str, float]) -> float:
         """The step-time multiplier of an engine running with `settings` (1 at the optimum)."""
         distance = sum(abs(math.log2(settings[name] / best)) for name, best in self.optimum.items())
-        return float(min(self.penalty ** distance, max(MAX_FACTOR, self.penalty)))
+        return float(min(self.penalty**distance, max(MAX_FACTOR, self.penalty)))
 
     def as_flag(self) -> str:
         """The `--rehearsal-optimum` text of this optimum."""

@@ -97,8 +97,7 @@ def _json_tokens(channel: str, text: str) -> list[Token]:
 
 
 def plan_rich_output(
-    request: ParsedRequest, features: Features, distribution: OutputLengthDistribution, rng: random.Random,
-    max_model_len: int,
+    request: ParsedRequest, features: Features, distribution: OutputLengthDistribution, rng: random.Random, max_model_len: int
 ) -> RichPlan:
     """Draw every choice's tokens (deterministic for a given rng state)."""
     prompt_len = len(request.prompt_token_ids)

@@ -134,8 +134,12 @@ class _Generator:
                 return "object"
             if "items" in schema:
                 return "array"
-            return "null" if not schema.keys() - {"description", "title", "default", "examples", "$schema", "$defs",
-                                                   "definitions", "additionalProperties"} else "object"
+            return (
+                "null"
+                if not schema.keys()
+                - {"description", "title", "default", "examples", "$schema", "$defs", "definitions", "additionalProperties"}
+                else "object"
+            )
         names = declared if isinstance(declared, list) else [declared]
         if not names or any(name not in _TYPES for name in names):
             raise SchemaError(f"'type' at {where} must be one of {', '.join(_TYPES)} (or a list of them), got {declared!r}")
@@ -199,14 +203,21 @@ _Rule = Callable[[_Generator, JSONObject, str, int], JSONValue]
 """How one keyword or type turns a sub-schema into its value."""
 
 _KEYWORD_RULES: tuple[tuple[str, _Rule], ...] = (
-    ("$ref", _Generator._ref), ("const", _Generator._const), ("enum", _Generator._enum),
-    ("anyOf", _Generator._any_of), ("oneOf", _Generator._one_of), ("allOf", _Generator._all_of),
+    ("$ref", _Generator._ref),
+    ("const", _Generator._const),
+    ("enum", _Generator._enum),
+    ("anyOf", _Generator._any_of),
+    ("oneOf", _Generator._one_of),
+    ("allOf", _Generator._all_of),
 )
 """Keywords that decide the value before the type does, in the order they are looked for."""
 
 _TYPE_RULES: dict[str, _Rule] = {
-    "object": _Generator._object, "array": _Generator._array, "string": _Generator._string_value,
-    "integer": _Generator._integer_value, "number": _Generator._number_value,
+    "object": _Generator._object,
+    "array": _Generator._array,
+    "string": _Generator._string_value,
+    "integer": _Generator._integer_value,
+    "number": _Generator._number_value,
     "boolean": _Generator._boolean_value,
     "null": _Generator._null_value,
 }

@@ -307,7 +307,9 @@ class SimEngine:
         if "messages" in body:
             parsed = parse_generation_request({**body, "stream": False, "max_tokens": None}, "chat", self.config, self.images)
         elif "prompt" in body:
-            parsed = parse_generation_request({**body, "stream": False, "max_tokens": None}, "completion", self.config, self.images)
+            parsed = parse_generation_request(
+                {**body, "stream": False, "max_tokens": None}, "completion", self.config, self.images
+            )
         else:
             raise bad_request("'prompt' or 'messages' is required")
         tokens = parsed.prompt_token_ids
@@ -330,9 +332,19 @@ class SimEngine:
             }
             for name in self.config.model_names
         ]
-        data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": name,
-                  "parent": self.config.model_names[0], "max_model_len": self.config.max_model_len, "permission": []}
-                 for name in self.config.lora_modules]  # as vLLM lists its adapters
+        data += [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": name,
+                "parent": self.config.model_names[0],
+                "max_model_len": self.config.max_model_len,
+                "permission": [],
+            }
+            for name in self.config.lora_modules
+        ]  # as vLLM lists its adapters
         return web.json_response({"object": "list", "data": data})
 
     async def health(self, _request: web.Request) -> web.Response:
@@ -407,9 +419,7 @@ async def start_server(config: SimEngineConfig) -> tuple[web.AppRunner, SimEngin
             await site.start()
     except OSError as err:
         await runner.cleanup()
-        raise UserError(
-            f"cannot listen on {config.host}:{config.port} ({err.strerror or err}); pick another --port"
-        ) from None
+        raise UserError(f"cannot listen on {config.host}:{config.port} ({err.strerror or err}); pick another --port") from None
     except BaseException:
         await runner.cleanup()
         raise
@@ -446,11 +456,15 @@ async def cold_start(seconds: float, port: int) -> None:
     print(f"sim engine cold start: port {port} bound, serving in {seconds:g} s", flush=True)
     weights = seconds * COLD_START_WEIGHTS_SHARE
     await asyncio.sleep(weights)
-    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] Model loading took 0.00 GiB memory and {weights:.6f} seconds",
-          flush=True)
+    print(
+        f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] Model loading took 0.00 GiB memory and {weights:.6f} seconds", flush=True
+    )
     await asyncio.sleep(seconds - weights)
-    print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] init engine (profile, create kv cache, warmup model) took "
-          f"{seconds - weights:.2f} s", flush=True)
+    print(
+        f"INFO {time.strftime('%m-%d %H:%M:%S')} [sim] init engine (profile, create kv cache, warmup model) took "
+        f"{seconds - weights:.2f} s",
+        flush=True,
+    )
 
 
 async def serve(config: SimEngineConfig, on_ready: Callable[[int], None] | None = None) -> None:

@@ -137,5 +137,9 @@ class AdapterAffinity(LeastOutstandingTokens):
     def __init__(self, load_factor: float = 1.25, weight: float = 1.0, recent_per_replica: int = 8) -> None:
         self.tokens = OutstandingTokens()
         self.residency = AdapterResidency(recent_per_replica)
-        Pipeline.__init__(self, [(1.0, self.tokens), (weight, AdapterHeld(self.residency, load_factor))],
-                          picker=fewer_in_flight_first, parts=(self.residency,))
+        Pipeline.__init__(
+            self,
+            [(1.0, self.tokens), (weight, AdapterHeld(self.residency, load_factor))],
+            picker=fewer_in_flight_first,
+            parts=(self.residency,),
+        )

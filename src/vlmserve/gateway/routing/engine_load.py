@@ -86,12 +86,23 @@ class EngineAware(Pipeline):
 
     name = ENGINE_AWARE
 
-    def __init__(self, queue_weight: float = 1.0, waiting_weight: float = 1.0, kv_weight: float = 1.0,
-                 stale_after_s: float = 3.0, image_weight: float = 1.0, load_factor: float = 1.25) -> None:
+    def __init__(
+        self,
+        queue_weight: float = 1.0,
+        waiting_weight: float = 1.0,
+        kv_weight: float = 1.0,
+        stale_after_s: float = 3.0,
+        image_weight: float = 1.0,
+        load_factor: float = 1.25,
+    ) -> None:
         self.engines = engines = EngineFigures(stale_after_s)
         self.memory = ImageMemory()
-        super().__init__([(queue_weight, EngineScore(engines.queue_scores)),
-                          (waiting_weight, EngineScore(engines.waiting_scores)),
-                          (kv_weight, EngineScore(engines.kv_scores)),
-                          (image_weight, ImagesHeld(self.memory, load_factor))],
-                         parts=(engines, self.memory))
+        super().__init__(
+            [
+                (queue_weight, EngineScore(engines.queue_scores)),
+                (waiting_weight, EngineScore(engines.waiting_scores)),
+                (kv_weight, EngineScore(engines.kv_scores)),
+                (image_weight, ImagesHeld(self.memory, load_factor)),
+            ],
+            parts=(engines, self.memory),
+        )

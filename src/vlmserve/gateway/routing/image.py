@@ -111,8 +111,11 @@ class ImageAffinity(LeastOutstandingTokens):
     def __init__(self, load_factor: float = 1.25, images_per_replica: int = 4096, hit_weight: float = 2.0) -> None:
         self.memory = ImageMemory(images_per_replica)
         self.load_factor = load_factor
-        super().__init__(ImageAwareTokens(self.memory, hit_weight),
-                         filters=(under_load_bound(load_factor, only_with_images=True),), parts=(self.memory,))
+        super().__init__(
+            ImageAwareTokens(self.memory, hit_weight),
+            filters=(under_load_bound(load_factor, only_with_images=True),),
+            parts=(self.memory,),
+        )
         self.affinity_hits = 0  # sent where (some of) its images are held
         self.affinity_declined = 0  # a holder existed but was too busy (or over the bound)
 

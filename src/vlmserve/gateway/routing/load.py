@@ -67,8 +67,9 @@ class LeastOutstandingTokens(Pipeline):
 
     name = LEAST_OUTSTANDING_TOKENS
 
-    def __init__(self, tokens: OutstandingTokens | None = None, filters: tuple[Filter, ...] = (),
-                 parts: tuple[Lifecycle, ...] = ()) -> None:
+    def __init__(
+        self, tokens: OutstandingTokens | None = None, filters: tuple[Filter, ...] = (), parts: tuple[Lifecycle, ...] = ()
+    ) -> None:
         self.tokens = tokens if tokens is not None else OutstandingTokens()
         super().__init__([(1.0, self.tokens)], filters=filters, picker=fewer_in_flight_first, parts=parts)
 

@@ -128,8 +128,14 @@ class Pipeline(RoutingPolicy):
 
     name = "pipeline"
 
-    def __init__(self, scorers: Sequence[tuple[float, Scorer]] = (), *, filters: Sequence[Filter] = (),
-                 picker: Picker = highest_score, parts: Sequence[Lifecycle] = ()) -> None:
+    def __init__(
+        self,
+        scorers: Sequence[tuple[float, Scorer]] = (),
+        *,
+        filters: Sequence[Filter] = (),
+        picker: Picker = highest_score,
+        parts: Sequence[Lifecycle] = (),
+    ) -> None:
         self.scorers = tuple(scorers)
         self.parts = tuple({id(part): part for part in (*(scorer for _, scorer in self.scorers), *parts)}.values())
         self.uses_prefix_hashes = any(part.uses_prefix_hashes for part in self.parts)

@@ -58,8 +58,7 @@ class PrefixCache(Scorer):
         self._blocks.pop(replica.index, None)
 
 
-def pick_by_prefix(request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None,
-                   rotation: int) -> Replica:
+def pick_by_prefix(request: RoutedRequest, candidates: Sequence[Replica], score: ScoreFn | None, rotation: int) -> Replica:
     """How prefix affinity breaks ties.
 
     No blocks to follow: the fewest requests in flight, rotating among equals. Blocks held

@@ -50,8 +50,6 @@ def interp_log(grid: list[float], values: list[float], x: float) -> tuple[float,
     return math.exp(math.log(low) + b.weight * (math.log(high) - math.log(low))), None
 
 
-
-
 def interp_curve(grid: list[float], values: list[float], x: float, grow: Callable[[float, float], float]) -> tuple[float, bool]:
     """Latency at x on one measured curve; beyond it, the end point times grow(end, x).
 

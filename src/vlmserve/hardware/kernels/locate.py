@@ -144,6 +144,9 @@ def covers(gpu_key: str) -> bool:
     """Whether the tables cover this GPU's GEMMs and attention (what `--cost-model auto` needs)."""
     return all(
         locate_table(gpu_key, op, table) is not None
-        for op, table in (("gemm", "gemm_perf"), ("attention", "context_attention_perf"),
-                          ("attention", "generation_attention_perf"))
+        for op, table in (
+            ("gemm", "gemm_perf"),
+            ("attention", "context_attention_perf"),
+            ("attention", "generation_attention_perf"),
+        )
     )

@@ -117,8 +117,7 @@ def _nearest_key(keys: list[tuple[Any, ...]], shape: AttentionShape, window: int
     if exact in keys:
         return exact, 1.0
     ratio = shape.q_heads / shape.kv_heads
-    candidates = [key for key in keys
-                  if key[2:] == (shape.head_dim, kv, window) and key[0] / key[1] == ratio]
+    candidates = [key for key in keys if key[2:] == (shape.head_dim, kv, window) and key[0] / key[1] == ratio]
     if not candidates:
         return None
     best = min(candidates, key=lambda key: abs(math.log(key[0] / shape.q_heads)))
@@ -143,13 +142,12 @@ class AttentionPricer:
     def __post_init__(self) -> None:
         self._donors: dict[str, OpRoofline] = {}
         self._table_window: bool = False
-        self._ctx, self._ctx_scale, self.context_source = self._resolve("context_attention_perf",
-                                                                         tables.context_attention_tables)
-        self._gen, self._gen_scale, self.generation_source = self._resolve("generation_attention_perf",
-                                                                            tables.generation_attention_tables)
+        self._ctx, self._ctx_scale, self.context_source = self._resolve("context_attention_perf", tables.context_attention_tables)
+        self._gen, self._gen_scale, self.generation_source = self._resolve(
+            "generation_attention_perf", tables.generation_attention_tables
+        )
 
-    def _resolve(self, name: str, load: Callable[[TableRef], tables.ShapeGrids]
-                 ) -> tuple[tables.GridTable | None, float, Source]:
+    def _resolve(self, name: str, load: Callable[[TableRef], tables.ShapeGrids]) -> tuple[tables.GridTable | None, float, Source]:
         """This GPU's measured grid for the shape; else a donor GPU's (`DONOR_GPUS`), recorded in
         `_donors[name]` so queries scale it by the two GPUs' roofline ratio; else the roofline."""
         table, scale, source = self._resolve_on(self.gpu_key, name, load)
@@ -162,14 +160,22 @@ class AttentionPricer:
             donor_table, donor_scale, donor_source = self._resolve_on(donor_key, name, load)
             if donor_table is not None:
                 self._donors[name] = OpRoofline(get_gpu(donor_key), self.roof.efficiency)
-                note = "; ".join(filter(None, [f"{source.note} on this GPU: {donor_key}'s measurement × this GPU's "
-                                                f"roofline / {donor_key}'s", donor_source.note]))
+                note = "; ".join(
+                    filter(
+                        None,
+                        [
+                            f"{source.note} on this GPU: {donor_key}'s measurement × this GPU's roofline / {donor_key}'s",
+                            donor_source.note,
+                        ],
+                    )
+                )
                 return donor_table, donor_scale, Source(f"{donor_source.label} (transferred)", note)
         self._table_window = own_window
         return None, 1.0, source
 
-    def _resolve_on(self, gpu_key: str, name: str, load: Callable[[TableRef], tables.ShapeGrids]
-                    ) -> tuple[tables.GridTable | None, float, Source]:
+    def _resolve_on(
+        self, gpu_key: str, name: str, load: Callable[[TableRef], tables.ShapeGrids]
+    ) -> tuple[tables.GridTable | None, float, Source]:
         ref: TableRef | None = locate_table(gpu_key, "attention", name, self.vllm_version)
         if ref is None:
             self._table_window = False
@@ -182,8 +188,15 @@ class AttentionPricer:
         if found is None:
             found = _nearest_key(keys, self.shape, 0)
         if found is None:
-            return None, 1.0, Source(ROOFLINE, f"no measured shape {self.shape.q_heads}/{self.shape.kv_heads} heads × "
-                                               f"{self.shape.head_dim}, KV {self.shape.kv_dtype}")
+            return (
+                None,
+                1.0,
+                Source(
+                    ROOFLINE,
+                    f"no measured shape {self.shape.q_heads}/{self.shape.kv_heads} heads × "
+                    f"{self.shape.head_dim}, KV {self.shape.kv_dtype}",
+                ),
+            )
         key, scale = found
         note = "" if scale == 1.0 else f"nearest measured heads {key[0]}/{key[1]} scaled ×{scale:.3g}"
         if window and not self._table_window:
@@ -285,9 +298,11 @@ class MoePricer:
             self._curve, label = found
             self.source = Source(label, "; ".join(filter(None, [choice.note, ep_note])))
             return
-        why = choice.note or ("no measured MoE table for this GPU" if ref is None else
-                              f"shape hidden {self.hidden}, width {self.width}, top-{self.top_k} of {self.experts}, "
-                              f"{parallel} not measured")
+        why = choice.note or (
+            "no measured MoE table for this GPU"
+            if ref is None
+            else f"shape hidden {self.hidden}, width {self.width}, top-{self.top_k} of {self.experts}, {parallel} not measured"
+        )
         if choice.table_dtypes:
             for donor_key in DONOR_GPUS:
                 if donor_key == self.gpu_key:
@@ -296,8 +311,9 @@ class MoePricer:
                 if donor is not None:
                     self._curve, label = donor
                     self._donor = OpRoofline(get_gpu(donor_key), self.roof.efficiency)
-                    note = (f"{why} on this GPU: {donor_key}'s measurement × this GPU's roofline / {donor_key}'s "
-                            f"at each token count")
+                    note = (
+                        f"{why} on this GPU: {donor_key}'s measurement × this GPU's roofline / {donor_key}'s at each token count"
+                    )
                     self.source = Source(f"{label} (transferred)", "; ".join(filter(None, [note, choice.note, ep_note])))
                     return
         self.source = Source(ROOFLINE, why)
@@ -311,8 +327,9 @@ class MoePricer:
             key = (dtype, self.hidden, self.width, self.top_k, self.experts, self.tp, self.ep)
             if key in curves:
                 parallel = f"EP {self.ep}" if self.ep > 1 else f"TP {self.tp}"
-                return curves[key], (f"{ref.label}, {dtype} hidden {self.hidden} width {self.width} "
-                                     f"top-{self.top_k}/{self.experts} {parallel}")
+                return curves[key], (
+                    f"{ref.label}, {dtype} hidden {self.hidden} width {self.width} top-{self.top_k}/{self.experts} {parallel}"
+                )
         return None
 
     def seconds(self, tokens: float) -> float:
@@ -326,8 +343,12 @@ class MoePricer:
         if self._curve is None:
             return fallback(tokens)
         measured_on = self._donor or own
-        value, beyond = interp_curve(self._curve[0], self._curve[1], tokens,
-                                     lambda a, b: self.roofline_layer_s(b, measured_on) / max(self.roofline_layer_s(a, measured_on), 1e-12))
+        value, beyond = interp_curve(
+            self._curve[0],
+            self._curve[1],
+            tokens,
+            lambda a, b: self.roofline_layer_s(b, measured_on) / max(self.roofline_layer_s(a, measured_on), 1e-12),
+        )
         self.source.extrapolated |= beyond
         if self._donor is not None:
             value *= fallback(tokens) / max(self.roofline_layer_s(tokens, self._donor), 1e-15)
@@ -366,8 +387,9 @@ class AllReducePricer:
             label = ref.label.replace(f"vLLM {ref.vllm_version}", f"NCCL {ref.vllm_version}") if note else ref.label
             self.source = Source(f"{label}, {self.tp} GPUs", note)
             return
-        self.source = Source(ROOFLINE, "no measured all-reduce for this GPU" if ref is None
-                             else f"all-reduce over {self.tp} GPUs not measured")
+        self.source = Source(
+            ROOFLINE, "no measured all-reduce for this GPU" if ref is None else f"all-reduce over {self.tp} GPUs not measured"
+        )
 
     def seconds(self, elements: float) -> float:
         """One all-reduce of `elements` bf16 values over the TP group."""
@@ -381,6 +403,7 @@ class AllReducePricer:
 
     def _grow(self, start: float, end: float) -> float:
         return self.roof.allreduce_s(end, self.tp) / max(self.roof.allreduce_s(start, self.tp), 1e-12)
+
 
 @dataclass
 class EncoderAttentionPricer:
@@ -420,6 +443,7 @@ class EncoderAttentionPricer:
         if self._grid is None:
             return self.roof.encoder_attention_s(images, patches, self.heads, self.head_dim)
         value, beyond = self._grid.latency_ms(
-            images, patches, lambda b, s: self.roof.encoder_attention_s(b, s, self.heads, self.head_dim))
+            images, patches, lambda b, s: self.roof.encoder_attention_s(b, s, self.heads, self.head_dim)
+        )
         self.source.extrapolated |= beyond
         return value * MS * self._scale

@@ -68,13 +68,19 @@ def gemm_kernel(weight: str, gpu_has_fp8: bool, gpu_has_fp4: bool) -> KernelChoi
     if fmt == "fp8":
         if gpu_has_fp8:
             return KernelChoice(("fp8", "fp8_block"), note="W8A8 FP8")
-        return KernelChoice(("bfloat16",), weight_only=True,
-                            note=f"FP8 weight-only (W8A16) on a GPU without FP8 tensor cores: bf16 kernel × {WEIGHT_ONLY_SLOWDOWN:.3g}")
+        return KernelChoice(
+            ("bfloat16",),
+            weight_only=True,
+            note=f"FP8 weight-only (W8A16) on a GPU without FP8 tensor cores: bf16 kernel × {WEIGHT_ONLY_SLOWDOWN:.3g}",
+        )
     if fmt == "nvfp4" and gpu_has_fp4:
         return KernelChoice(("nvfp4",), note="NVFP4 W4A4")
     if fmt in ("nvfp4", "int4", "int8", "mxfp4"):
-        return KernelChoice(("bfloat16",), roofline_scaled=True,
-                            note=f"{fmt} weight-only GEMM: no measured table; the bf16 kernel × the roofline's {fmt}/bf16 ratio")
+        return KernelChoice(
+            ("bfloat16",),
+            roofline_scaled=True,
+            note=f"{fmt} weight-only GEMM: no measured table; the bf16 kernel × the roofline's {fmt}/bf16 ratio",
+        )
     return KernelChoice((), note=f"weight format {weight!r}: no measured table")
 
 
@@ -97,7 +103,8 @@ def moe_kernel(weight: str, gpu_has_fp8: bool) -> KernelChoice:
     """How vLLM runs routed experts of this format: same rules as GEMMs, on the MoE table."""
     fmt = weight_format(weight)
     if fmt == "fp8" and not gpu_has_fp8:
-        return KernelChoice(("bfloat16",), weight_only=True,
-                            note=f"FP8 experts weight-only: bf16 kernel × {WEIGHT_ONLY_SLOWDOWN:.3g}")
+        return KernelChoice(
+            ("bfloat16",), weight_only=True, note=f"FP8 experts weight-only: bf16 kernel × {WEIGHT_ONLY_SLOWDOWN:.3g}"
+        )
     dtypes = MOE_TABLE_DTYPES.get(fmt, ())
     return KernelChoice(dtypes, note="" if dtypes else f"{fmt} experts: no measured table")

@@ -45,16 +45,18 @@ class OpRoofline:
         nbytes = n * k * bytes_per_weight(weight) + (m * k + m * n) * ACTIVATION_BYTES
         return self.time_s(2.0 * m * n * k, nbytes, weight)
 
-    def context_attention_s(self, batch: float, length: float, q_heads: int, kv_heads: int, head_dim: int,
-                            kv_bytes: float) -> float:
+    def context_attention_s(
+        self, batch: float, length: float, q_heads: int, kv_heads: int, head_dim: int, kv_bytes: float
+    ) -> float:
         """Causal prefill of `batch` prompts of `length`: ~length²/2 query-key pairs each."""
         pairs = batch * length * (length + 1) / 2.0
         flops = 4.0 * q_heads * head_dim * pairs
         nbytes = batch * length * head_dim * (2 * q_heads * ACTIVATION_BYTES + 2 * kv_heads * kv_bytes)
         return self.time_s(flops, nbytes)
 
-    def generation_attention_s(self, batch: float, context: float, q_heads: int, kv_heads: int, head_dim: int,
-                               kv_bytes: float) -> float:
+    def generation_attention_s(
+        self, batch: float, context: float, q_heads: int, kv_heads: int, head_dim: int, kv_bytes: float
+    ) -> float:
         """One query per sequence over `context` cached tokens: reads the KV, 4·heads·d FLOPs per key."""
         flops = 4.0 * batch * q_heads * head_dim * context
         nbytes = batch * context * 2 * kv_heads * head_dim * kv_bytes
@@ -68,8 +70,9 @@ class OpRoofline:
 
     def allreduce_s(self, elements: float, tp: int) -> float:
         """Ring all-reduce of bf16 elements over the GPU's link (calibrated link share and latency)."""
-        return allreduce_time_s(elements * ACTIVATION_BYTES, tp, self.gpu, self.efficiency.interconnect,
-                                self.efficiency.allreduce_latency_s)
+        return allreduce_time_s(
+            elements * ACTIVATION_BYTES, tp, self.gpu, self.efficiency.interconnect, self.efficiency.allreduce_latency_s
+        )
 
     def stream_s(self, nbytes: float) -> float:
         """Memory-bound elementwise work (norms, activations, residual adds)."""

@@ -136,8 +136,11 @@ class MeasuredStepCost:
         self._attention = [(group.count, self._attention_pricer(group)) for group in model.attention]
         self._moe = self._moe_pricer(weight) if model.is_moe else None
         self._allreduce = AllReducePricer(key, tp, self.roof, version)
-        self._vit_attention = (EncoderAttentionPricer(key, _split(self.vision.heads, tp), self.vision.head_dim, self.roof, version)
-                               if self.vision else None)
+        self._vit_attention = (
+            EncoderAttentionPricer(key, _split(self.vision.heads, tp), self.vision.head_dim, self.roof, version)
+            if self.vision
+            else None
+        )
         self._intermediate_per_gpu = self._mlp_shapes[1].k if len(self._mlp_shapes) > 1 else 0
 
     # ---- shapes -------------------------------------------------------------------------
@@ -167,23 +170,41 @@ class MeasuredStepCost:
             return []
         width = round(model.dense_mlp_params / (3 * model.hidden_size * model.num_layers))
         per_gpu = _split(width, self.tp)
-        return [GemmShape(model.num_layers, 2 * per_gpu, model.hidden_size),
-                GemmShape(model.num_layers, model.hidden_size, per_gpu)]
+        return [
+            GemmShape(model.num_layers, 2 * per_gpu, model.hidden_size),
+            GemmShape(model.num_layers, model.hidden_size, per_gpu),
+        ]
 
     def _attention_pricer(self, group: AttentionLayers) -> AttentionPricer | None:
         """The tables' pricer for a standard (full or sliding, MHA/GQA) group; None → the roofline, labelled."""
         if _unmodelled(group):
             return None
-        shape = AttentionShape(_split(group.q_heads, self.tp), _split(group.kv_heads, self.tp),
-                               group.head_dim, normalize_kv_dtype(self.kv_dtype), group.window)
+        shape = AttentionShape(
+            _split(group.q_heads, self.tp),
+            _split(group.kv_heads, self.tp),
+            group.head_dim,
+            normalize_kv_dtype(self.kv_dtype),
+            group.window,
+        )
         return AttentionPricer(self.gpu.key, shape, self.roof, self.vllm_version)
 
     def _moe_pricer(self, weight: str) -> MoePricer:
         model = self.model
         width = round(model.expert_params / (3 * model.hidden_size))
         moe_tp, moe_ep = (1, self.ep) if self.ep else (self.tp, 1)
-        return MoePricer(self.gpu.key, weight, model.hidden_size, width, model.experts_per_token, model.num_experts,
-                         moe_tp, self.roof, self._moe_roofline_layer_s, self.vllm_version, ep=moe_ep)
+        return MoePricer(
+            self.gpu.key,
+            weight,
+            model.hidden_size,
+            width,
+            model.experts_per_token,
+            model.num_experts,
+            moe_tp,
+            self.roof,
+            self._moe_roofline_layer_s,
+            self.vllm_version,
+            ep=moe_ep,
+        )
 
     def _moe_roofline_layer_s(self, tokens: float, roof: OpRoofline | None = None) -> float:
         """One MoE layer on the roofline (this GPU's unless `roof` names another): routed FLOPs, and
@@ -193,7 +214,9 @@ class MeasuredStepCost:
         spread = self.efficiency.moe_expert_spread
         shards = self.ep or self.tp
         flops = 2.0 * tokens * model.experts_per_token * model.expert_params / shards
-        nbytes = model.expected_experts_touched(tokens, spread) * model.expert_params * bytes_per_weight(self.weight_dtype) / shards
+        nbytes = (
+            model.expected_experts_touched(tokens, spread) * model.expert_params * bytes_per_weight(self.weight_dtype) / shards
+        )
         return roof.time_s(flops, nbytes, self.weight_dtype) / max(self.efficiency.moe_efficiency, 1e-6)
 
     # ---- pricing ------------------------------------------------------------------------
@@ -237,8 +260,9 @@ class MeasuredStepCost:
         self._attn_cache[key] = (prefill + roofline_prefill, decode + roofline_decode)
         return self._attn_cache[key]
 
-    def _attention_roofline_s(self, prefill_seqs: int, chunk: int, end: int, decode_seqs: int,
-                              decode_context: int) -> tuple[float, float]:
+    def _attention_roofline_s(
+        self, prefill_seqs: int, chunk: int, end: int, decode_seqs: int, decode_context: int
+    ) -> tuple[float, float]:
         """(prefill, decode) seconds of the attention groups no table can price (another kind, e.g. linear
         attention or MLA), on the model's own roofline terms (FLOPs per query, KV bytes per context)."""
         unpriced = tuple(group for group, (_count, pricer) in zip(self.model.attention, self._attention) if pricer is None)
@@ -246,12 +270,22 @@ class MeasuredStepCost:
             return 0.0, 0.0
         part = dataclasses.replace(self.model, attention=unpriced)
         fixed = sum(group.fixed_flops_per_token() for group in unpriced)  # linear attention's state update
-        prefill = self.roof.time_s(
-            prefill_seqs * chunk * (part.attention_flops_per_query(max(end - chunk / 2.0, 1.0), "prefill") + fixed) / self.tp,
-            prefill_seqs * part.kv_bytes_for_context_per_gpu(end, self.kv_dtype, self.tp)) if prefill_seqs else 0.0
-        decode = self.roof.time_s(
-            decode_seqs * (part.attention_flops_per_query(decode_context, "decode") + fixed) / self.tp,
-            decode_seqs * part.kv_bytes_for_context_per_gpu(decode_context, self.kv_dtype, self.tp)) if decode_seqs else 0.0
+        prefill = (
+            self.roof.time_s(
+                prefill_seqs * chunk * (part.attention_flops_per_query(max(end - chunk / 2.0, 1.0), "prefill") + fixed) / self.tp,
+                prefill_seqs * part.kv_bytes_for_context_per_gpu(end, self.kv_dtype, self.tp),
+            )
+            if prefill_seqs
+            else 0.0
+        )
+        decode = (
+            self.roof.time_s(
+                decode_seqs * (part.attention_flops_per_query(decode_context, "decode") + fixed) / self.tp,
+                decode_seqs * part.kv_bytes_for_context_per_gpu(decode_context, self.kv_dtype, self.tp),
+            )
+            if decode_seqs
+            else 0.0
+        )
         return prefill, decode
 
     def _vision_parts(self, image_tokens: int, images: int) -> tuple[float, float]:
@@ -268,11 +302,16 @@ class MeasuredStepCost:
         patches = image_tokens * vision.patches_per_token
         hidden, width = vision.hidden, _split(vision.intermediate, self.tp)
         heads_width = _split(vision.heads, self.tp) * vision.head_dim
-        per_layer = (self._vit.seconds(patches, 3 * heads_width, hidden) + self._vit.seconds(patches, hidden, heads_width)
-                     + self._vit.seconds(patches, width, hidden) + self._vit.seconds(patches, hidden, width)
-                     + 2 * self._allreduce.seconds(patches * hidden))
-        projector = (self._vit.seconds(image_tokens, vision.merged, vision.merged)
-                     + self._vit.seconds(image_tokens, vision.out_hidden, vision.merged))
+        per_layer = (
+            self._vit.seconds(patches, 3 * heads_width, hidden)
+            + self._vit.seconds(patches, hidden, heads_width)
+            + self._vit.seconds(patches, width, hidden)
+            + self._vit.seconds(patches, hidden, width)
+            + 2 * self._allreduce.seconds(patches * hidden)
+        )
+        projector = self._vit.seconds(image_tokens, vision.merged, vision.merged) + self._vit.seconds(
+            image_tokens, vision.out_hidden, vision.merged
+        )
         per_image = patches / max(images, 1)
         attention = vision.layers * self._vit_attention.seconds(max(images, 1), per_image)
         return vision.layers * per_layer + projector, attention
@@ -308,8 +347,12 @@ class MeasuredStepCost:
         if self._moe is not None:
             found[MOE] = self._moe.source
         found[LM_HEAD] = self._bf16.source
-        found[PREFILL_ATTN] = _merge([p.context_source if p else _unpriced(g) for g, (_c, p) in zip(model.attention, self._attention)])
-        found[DECODE_ATTN] = _merge([p.generation_source if p else _unpriced(g) for g, (_c, p) in zip(model.attention, self._attention)])
+        found[PREFILL_ATTN] = _merge(
+            [p.context_source if p else _unpriced(g) for g, (_c, p) in zip(model.attention, self._attention)]
+        )
+        found[DECODE_ATTN] = _merge(
+            [p.generation_source if p else _unpriced(g) for g, (_c, p) in zip(model.attention, self._attention)]
+        )
         if self.tp > 1:
             found[ALLREDUCE] = self._allreduce.source
         found[ELEMENTWISE] = Source(ROOFLINE, "memory-bound; no table measures norms and activations")
@@ -326,8 +369,9 @@ class MeasuredStepCost:
         return all(source.measured for name, source in self.sources().items() if name != ELEMENTWISE)
 
 
-MODELLED_GROUP_FIELDS = frozenset({"kind", "count", "q_heads", "kv_heads", "head_dim", "window", "owns_kv", "k_eq_v",
-                                   "output_gate"})
+MODELLED_GROUP_FIELDS = frozenset(
+    {"kind", "count", "q_heads", "kv_heads", "head_dim", "window", "owns_kv", "k_eq_v", "output_gate"}
+)
 """The attention-group fields the tables' attention kernels account for. A group with any other
 field set (an MLA latent rank, a linear-attention state, ...) is not standard attention: it goes
 to the roofline, named, rather than being read from the MHA/GQA rows."""
@@ -339,8 +383,11 @@ def _unmodelled(group: object) -> str | None:
     if kind not in ("full", "sliding"):
         return f"{kind} attention: no measured table for this kind"
     if dataclasses.is_dataclass(group):
-        extra = [f.name for f in dataclasses.fields(group)
-                 if f.name not in MODELLED_GROUP_FIELDS and getattr(group, f.name) not in (None, 0, False, "", ())]
+        extra = [
+            f.name
+            for f in dataclasses.fields(group)
+            if f.name not in MODELLED_GROUP_FIELDS and getattr(group, f.name) not in (None, 0, False, "", ())
+        ]
         if extra:
             return f"attention with {', '.join(extra)}: not the MHA/GQA kernels the tables measured"
     return None
@@ -366,7 +413,9 @@ def _merge(sources: list[Source]) -> Source:
 
 
 def _bucket(tokens: float) -> int:
-    return max(int(round(tokens / CONTEXT_BUCKET)) * CONTEXT_BUCKET, 1) if tokens >= CONTEXT_BUCKET else max(int(round(tokens)), 1)
+    return (
+        max(int(round(tokens / CONTEXT_BUCKET)) * CONTEXT_BUCKET, 1) if tokens >= CONTEXT_BUCKET else max(int(round(tokens)), 1)
+    )
 
 
 def _contexts(step: StepContents) -> tuple[int, int, int]:
@@ -385,5 +434,3 @@ def _contexts(step: StepContents) -> tuple[int, int, int]:
     end = max(chunk, mean)
     decode = max((step.kv_tokens_read - step.prefill_seqs * end) / step.decode_seqs, 1.0)
     return _bucket(chunk), _bucket(end), _bucket(decode)
-
-

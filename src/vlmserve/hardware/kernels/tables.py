@@ -63,8 +63,11 @@ def _columns(ref: TableRef, columns: tuple[str, ...]) -> dict[str, np.ndarray | 
     """
     schema = pq.ParquetFile(ref.path).schema_arrow
     present = [name for name in columns if name in schema.names]
-    strings = [name for name in present
-               if pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type)]
+    strings = [
+        name
+        for name in present
+        if pa.types.is_string(schema.field(name).type) or pa.types.is_large_string(schema.field(name).type)
+    ]
     table = pq.ParquetFile(ref.path, read_dictionary=strings).read(columns=present)
     arrays = {name: _to_numpy(table.column(name)) for name in present}
     for name in columns:
@@ -369,6 +372,7 @@ def allreduce_curves(ref: TableRef) -> dict[Hashable, Curve]:
 @lru_cache(maxsize=None)
 def nccl_allreduce_curves(ref: TableRef) -> dict[Hashable, Curve]:
     """NCCL all-reduce of 16-bit elements by message size in elements, per GPU count."""
-    rows = _rows(ref, ("num_gpus", "message_size", "latency", "op_name", "nccl_dtype"),
-                 {"op_name": "all_reduce", "nccl_dtype": "half"})
+    rows = _rows(
+        ref, ("num_gpus", "message_size", "latency", "op_name", "nccl_dtype"), {"op_name": "all_reduce", "nccl_dtype": "half"}
+    )
     return _curves(list(rows["num_gpus"]), [float(x) for x in rows["message_size"]], rows["latency"])
