@@ -28,10 +28,17 @@ QUESTIONS = [
     "List the three most important details in {topic}.",
     "What would an expert say about {topic}, step by step, with reasons?",
 ]
-FOLLOW_UPS = ["Why?", "Can you give an example?", "Make it shorter.", "What could go wrong?",
-              "Explain the second point in more detail, please."]
-FILLER = ("This is synthetic example text generated for load testing, not a real conversation. "
-          "It pads the message so lengths vary like real chat traffic. ")
+FOLLOW_UPS = [
+    "Why?",
+    "Can you give an example?",
+    "Make it shorter.",
+    "What could go wrong?",
+    "Explain the second point in more detail, please.",
+]
+FILLER = (
+    "This is synthetic example text generated for load testing, not a real conversation. "
+    "It pads the message so lengths vary like real chat traffic. "
+)
 
 
 def reply(rng: random.Random, detail: str) -> str:
@@ -40,8 +47,10 @@ def reply(rng: random.Random, detail: str) -> str:
 
 def conversation(rng: random.Random, index: int) -> dict:
     topic, detail = rng.choice(TOPICS)
-    messages = [{"from": "human", "value": rng.choice(QUESTIONS).format(topic=topic) + " " + FILLER * rng.choice([0, 1, 3, 6])},
-                {"from": "gpt", "value": reply(rng, detail)}]
+    messages = [
+        {"from": "human", "value": rng.choice(QUESTIONS).format(topic=topic) + " " + FILLER * rng.choice([0, 1, 3, 6])},
+        {"from": "gpt", "value": reply(rng, detail)},
+    ]
     for _ in range(rng.choice([0, 0, 1, 2])):
         messages += [{"from": "human", "value": rng.choice(FOLLOW_UPS)}, {"from": "gpt", "value": reply(rng, detail)}]
     return {"id": f"synthetic-{index:04d}", "synthetic": True, "conversations": messages}
