@@ -13,4 +13,6 @@ async def cancel_and_wait(task: asyncio.Task | None) -> None:
     try:
         await task
     except asyncio.CancelledError:
-        pass
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():  # the caller itself is being cancelled (Ctrl-C):
+            raise  # swallowing that would let the run go on as if nothing had been asked

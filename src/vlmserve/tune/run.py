@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from rich.console import Console
 
@@ -125,26 +130,9 @@ def run_tune(
     started = time.monotonic()
     stopped_by = "space measured"
     try:
-        while True:
-            if len(store.records) >= budget:
-                stopped_by = f"budget: {budget} candidates"
-                break
-            if settings.max_time_s is not None and time.monotonic() - started >= settings.max_time_s:
-                stopped_by = f"budget: {settings.max_time_s:g} s"
-                break
-            proposal = proposer.next(store.records)
-            if proposal is None:
-                break
-            _measure_one(
-                proposal.candidate,
-                proposal.why,
-                space,
-                settings,
-                store,
-                predictions,
-                directory,
-                console,
-                f"{len(store.records) + 1}/{budget}",
+        with ctrl_c_ends_the_tune() as interrupted:
+            stopped_by = _measure_within_budget(
+                space, settings, store, predictions, proposer, budget, directory, console, started, interrupted
             )
     except KeyboardInterrupt:
         store.add_elapsed(time.monotonic() - started)
@@ -156,6 +144,57 @@ def run_tune(
     store.add_elapsed(time.monotonic() - started)
     records = store.records
     return TuneOutcome(space, settings, directory, predictions, plan_note, records, recommend(records), budget, stopped_by)
+
+
+@contextmanager
+def ctrl_c_ends_the_tune() -> Iterator[Callable[[], bool]]:
+    """Ctrl-C ends the tune wherever it lands; yields "was Ctrl-C pressed?".
+
+    Why not asyncio's own handling: asyncio.run turns SIGINT into a cancellation of its main task,
+    and a cancellation swallowed on the way (a library's clean-up) would let the tune go on to the
+    next candidate. This handler raises KeyboardInterrupt at once and remembers the press, so the
+    loop stops before the next candidate even if that KeyboardInterrupt was swallowed too."""
+    pressed: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield lambda: False
+        return
+
+    def on_ctrl_c(signum: int, frame: FrameType | None) -> None:
+        pressed.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield lambda: bool(pressed)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _measure_within_budget(
+    space: TuneSpace,
+    settings: TuneSettings,
+    store: TuneStore,
+    predictions: dict[str, Prediction],
+    proposer: Proposer,
+    budget: int,
+    directory: Path,
+    console: Console,
+    started: float,
+    interrupted: Callable[[], bool],
+) -> str:
+    """Measure the proposer's candidates one by one until a budget or the space ends; says which."""
+    while True:
+        if interrupted():
+            raise KeyboardInterrupt
+        if len(store.records) >= budget:
+            return f"budget: {budget} candidates"
+        if settings.max_time_s is not None and time.monotonic() - started >= settings.max_time_s:
+            return f"budget: {settings.max_time_s:g} s"
+        proposal = proposer.next(store.records)
+        if proposal is None:
+            return "space measured"
+        position = f"{len(store.records) + 1}/{budget}"
+        _measure_one(proposal.candidate, proposal.why, space, settings, store, predictions, directory, console, position)
 
 
 def _measure_one(

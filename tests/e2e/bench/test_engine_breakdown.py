@@ -67,8 +67,7 @@ def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(embedded_engin
     print(
         json.dumps(
             {
-                "server_breakdown": (summary.server or {}).get("engine_breakdown"),
-                "mm_cache_hit_rate": (summary.server or {}).get("mm_cache_hit_rate"),
+                "server": summary.server.model_dump(mode="json") if summary.server else None,
                 "engine_traces": summary.meta.model_dump(mode="json")["engine_traces"],
                 "warnings": summary.warnings,
             },
@@ -101,6 +100,6 @@ def test_text_and_image_ttft_breakdown_adds_up_on_the_real_engine(embedded_engin
         assert block.goodput is not None and block.goodput.all_met
     assert by_type["image"].request_bytes_mean > by_type["text"].request_bytes_mean  # type: ignore[operator]
     assert summary.figure("by_type.image.breakdown.prefill_ms") == by_type["image"].breakdown.prefill_ms  # type: ignore[union-attr]
-    server = summary.server or {}
-    assert server["engine_breakdown"]["ttft_ms"] > 0 and server["engine_breakdown"]["frontend_ms"] is not None
-    assert server["mm_cache_hit_rate"] is not None
+    server = summary.server
+    assert server is not None and server.engine_breakdown is not None and (server.engine_breakdown.ttft_ms or 0) > 0
+    assert server.engine_breakdown.frontend_ms is not None and server.mm_cache_hit_rate is not None

@@ -17,6 +17,7 @@ from vlmserve.bench import runner
 from vlmserve.bench.prefix_cache import expected_hit_rate, prefix_cache_block, prefix_cache_warnings
 from vlmserve.bench.runner import Target, run_load
 from vlmserve.bench.workloads import Conversation, Turn, fresh_variant
+from vlmserve.results.blocks import ServerBlock
 from vlmserve.spec import LoadSpec
 
 
@@ -110,12 +111,12 @@ def test_expected_hit_rate_follows_the_workload():
 
 def test_mismatch_in_either_direction_is_one_warning_and_unknown_is_none():
     load = LoadSpec(concurrency=4, num_requests=10, input_len=512, prompt_pool_size=10)
-    server = {"available": True, "prefix_cache_hit_rate": 0.0}
+    server = ServerBlock(available=True, prefix_cache_hit_rate=0.0)
     block = prefix_cache_block(load, server, 100)
-    assert block["verdict"] == "below"
+    assert block.verdict == "below"
     assert "below the 90% this workload intends (a pool of 10 prompts)" in prefix_cache_warnings(block)[0]
-    unknown = prefix_cache_block(load, {"available": False}, 100)
-    assert unknown["verdict"] == "unknown" and prefix_cache_warnings(unknown) == []
+    unknown = prefix_cache_block(load, ServerBlock(available=False), 100)
+    assert unknown.verdict == "unknown" and prefix_cache_warnings(unknown) == []
 
 
 def test_fresh_variant_is_deterministic_keeps_words_and_shared_prefix():
