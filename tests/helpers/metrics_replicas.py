@@ -53,6 +53,8 @@ async def replica(metrics: Metrics) -> AsyncIterator[str]:
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except asyncio.CancelledError:  # the test's loop ends with a connection still open: not a failure
+            return
         finally:
             writer.close()
 
