@@ -405,8 +405,9 @@ class Gateway:
         routed.session_id = session_key(request.headers.get("X-Session-ID"))
         routed.priority = self.admission.priority_for(tenant, request.headers.get("X-Priority"))
         request_log.model, request_log.stream, request_log.priority = routed.model, routed.stream, routed.priority
-        # settled from the relay's count of events, not of pieces (relay.py)
-        routed.counts_events = routed.stream and tenant.token_bucket is not None and not asks_for_usage(payload)
+        # a budget settles, and the audit log records, the relay's count of events, not of pieces (relay.py)
+        counted = tenant.token_bucket is not None or self.audit.enabled
+        routed.counts_events = routed.stream and counted and not asks_for_usage(payload)
         if tenant.rate_limited:
             context = context_tokens(self.pool.known_models().get(routed.model)) if tenant.token_bucket and routed.model else None
             held.charged = await self.admission.check_rate(
